@@ -1,0 +1,233 @@
+"""GPU twins of ``ptx_lab.model``: the same five functions, run on the instruction.
+
+Each function here has the signature and the result of its namesake in
+``ptx_lab.model`` (numpy arrays in, numpy arrays out) but launches a single-warp
+probe kernel from ``ptx_lab/cuda/probes.cu`` through CuPy, so the hardware says
+which lane gets which element. ``tests/ptx_lab/test_device_vs_model.py``
+compares the two bit for bit.
+
+Inputs whose device result the PTX ISA leaves undefined are refused with a
+ValueError rather than run: misaligned or out-of-range addresses, and two
+lanes storing to the same shared-memory bytes (stmatrix rows, cp.async
+destinations), where which lane wins is unspecified. Arguments are checked
+before the GPU is looked for; without a usable GPU every function raises
+RuntimeError saying why (``ptx_lab.gpu.gpu_reason()``).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import CUDA_INCLUDE_DIR
+from .gpu import gpu_reason, load_module
+
+WARP = 32
+PROBES_CU = CUDA_INCLUDE_DIR / "probes.cu"
+ROW_BYTES = 16                 # one ldmatrix/stmatrix row: 8 x 16-bit elements
+CHUNK_BYTES = 16               # the probes copy images in uint4 chunks
+MAX_IMAGE_BYTES = 48 * 1024    # dynamic shared memory a launch gets without opt-in
+
+
+# ----------------------------------------------------------------- plumbing
+
+def _require_gpu() -> None:
+    reason = gpu_reason()
+    if reason is not None:
+        raise RuntimeError(f"ptx_lab.device needs a CUDA GPU and found none: {reason} "
+                           "(ptx_lab.model runs the same functions on the CPU)")
+
+
+def _cupy():
+    """CuPy, once a GPU is known to be usable."""
+    _require_gpu()
+    import cupy
+
+    return cupy
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str):
+    """The probe kernel `name` from probes.cu (the module compiles once per process)."""
+    _require_gpu()
+    return load_module(PROBES_CU.read_text()).get_function(name)
+
+
+def _launch(name: str, args: tuple, shared_mem: int = 0) -> None:
+    _kernel(name)((1,), (WARP,), args, shared_mem=shared_mem)
+
+
+def _array(name: str, x, shape: tuple[int, ...], dtype) -> np.ndarray:
+    a = np.asarray(x)
+    if a.shape != shape or a.dtype != np.dtype(dtype):
+        raise ValueError(f"{name} must be {np.dtype(dtype).name} {shape}; "
+                         f"got {a.dtype.name} {a.shape}")
+    return a
+
+
+def _lane_ints(name: str, x) -> np.ndarray:
+    """(32,) integer array -> int64 copy."""
+    a = np.asarray(x)
+    if a.shape != (WARP,) or a.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be an integer array of shape ({WARP},); "
+                         f"got {a.dtype.name} {a.shape}")
+    return a.astype(np.int64)
+
+
+def _bytes_1d(name: str, x, limit: int | None = None) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 1 or a.dtype != np.uint8:
+        raise ValueError(f"{name} must be a 1-D uint8 array; got {a.dtype.name} {a.shape}")
+    if limit is not None and a.size > limit:
+        raise ValueError(f"{name} holds {a.size} bytes; the probes take at most {limit}")
+    return a
+
+
+def _padded(a: np.ndarray) -> np.ndarray:
+    """Zero-pad a byte array to a non-empty multiple of CHUNK_BYTES."""
+    n = max(CHUNK_BYTES, -(-a.size // CHUNK_BYTES) * CHUNK_BYTES)
+    out = np.zeros(n, dtype=np.uint8)
+    out[:a.size] = a
+    return out
+
+
+def _check_num(num: int) -> None:
+    if num not in (1, 2, 4):
+        raise ValueError(f"num must be 1, 2 or 4; got {num!r}")
+
+
+def _check_rows(addrs: np.ndarray, num: int, smem_size: int, *, distinct: bool) -> None:
+    """Lanes 0..8*num-1 supply 16-byte row addresses that must lie inside smem."""
+    used = addrs[:8 * num]
+    bad = np.flatnonzero((used % ROW_BYTES != 0) | (used < 0) | (used + ROW_BYTES > smem_size))
+    if bad.size:
+        lane = int(bad[0])
+        raise ValueError(f"addrs[{lane}] = {int(used[lane])}: row addresses of lanes "
+                         f"0..{8 * num - 1} must be multiples of {ROW_BYTES} with the row "
+                         f"inside smem ({smem_size} bytes)")
+    if distinct and np.unique(used).size != used.size:
+        raise ValueError("addrs: two lanes name the same row; which store wins is undefined")
+
+
+def _used_addrs(addrs: np.ndarray, num: int) -> np.ndarray:
+    """Row addresses as launched: the lanes the instruction ignores get 0, a valid operand."""
+    out = np.zeros(WARP, dtype=np.uint32)
+    out[:8 * num] = addrs[:8 * num]
+    return out
+
+
+# ------------------------------------------------------------------ the twins
+
+def ldmatrix(smem, addrs, num: int, trans: bool) -> np.ndarray:
+    """ldmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16 on the GPU.
+
+    smem: uint8 (n,) shared-memory image, n <= 48 KiB. addrs: (32,) byte
+    offsets; lanes 8i..8i+7 give rows 0..7 of matrix i (16-byte aligned).
+    Returns uint32 (32, num): register i of every lane.
+    """
+    image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)
+    _check_num(num)
+    lanes = _lane_ints("addrs", addrs)
+    _check_rows(lanes, num, image.size, distinct=False)
+    cupy = _cupy()
+
+    padded = _padded(image)
+    out = cupy.zeros((WARP, num), dtype=cupy.uint32)
+    name = f"probe_ldmatrix_x{num}" + ("_trans" if trans else "")
+    _launch(name, (cupy.asarray(padded), np.uint32(padded.size // CHUNK_BYTES),
+                   cupy.asarray(_used_addrs(lanes, num)), out), shared_mem=padded.size)
+    return cupy.asnumpy(out)
+
+
+def stmatrix(smem, addrs, regs, trans: bool) -> np.ndarray:
+    """stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16 on the GPU.
+
+    regs: uint32 (32, num) with num = 1, 2 or 4; addrs as for ldmatrix, and the
+    used rows must be distinct. Returns the new uint8 smem image (same length).
+    """
+    image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)
+    regs = np.asarray(regs)
+    if regs.ndim != 2 or regs.shape[0] != WARP or regs.dtype != np.uint32:
+        raise ValueError(f"regs must be uint32 (32, num); got {regs.dtype.name} {regs.shape}")
+    num = regs.shape[1]
+    _check_num(num)
+    lanes = _lane_ints("addrs", addrs)
+    _check_rows(lanes, num, image.size, distinct=True)
+    cupy = _cupy()
+
+    padded = _padded(image)
+    out = cupy.zeros(padded.size, dtype=cupy.uint8)
+    name = f"probe_stmatrix_x{num}" + ("_trans" if trans else "")
+    _launch(name, (cupy.asarray(padded), np.uint32(padded.size // CHUNK_BYTES),
+                   cupy.asarray(_used_addrs(lanes, num)), cupy.asarray(regs), out),
+            shared_mem=padded.size)
+    return cupy.asnumpy(out)[:image.size]
+
+
+def movmatrix_trans(regs) -> np.ndarray:
+    """movmatrix.sync.aligned.m8n8.trans.b16 on the GPU: uint32 (32,) -> uint32 (32,)."""
+    regs = _array("regs", regs, (WARP,), np.uint32)
+    cupy = _cupy()
+    out = cupy.zeros(WARP, dtype=cupy.uint32)
+    _launch("probe_movmatrix_trans", (cupy.asarray(regs), out))
+    return cupy.asnumpy(out)
+
+
+def mma_m16n8k16(a, b, c, dtype: str) -> np.ndarray:
+    """mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32 on the GPU.
+
+    a: uint32 (32, 4), b: uint32 (32, 2) fragments of bf16 or f16 pairs;
+    c: float32 (32, 4). Returns d = a @ b + c as float32 (32, 4) fragments.
+    """
+    if dtype not in ("bf16", "f16"):
+        raise ValueError(f"dtype must be 'bf16' or 'f16'; got {dtype!r}")
+    a = _array("a", a, (WARP, 4), np.uint32)
+    b = _array("b", b, (WARP, 2), np.uint32)
+    c = _array("c", c, (WARP, 4), np.float32)
+    cupy = _cupy()
+    d = cupy.zeros((WARP, 4), dtype=cupy.float32)
+    _launch(f"probe_mma_m16n8k16_{dtype}", (cupy.asarray(a), cupy.asarray(b), cupy.asarray(c), d))
+    return cupy.asnumpy(d)
+
+
+def cp_async(smem, gmem, dst, src, size: int, src_bytes=None, cache: str = "ca") -> np.ndarray:
+    """cp.async.{cache}.shared.global of `size` bytes per lane on the GPU.
+
+    Lane l copies gmem[src[l] : src[l] + size] to smem[dst[l] : dst[l] + size];
+    with src_bytes ((32,) ints in 0..size) it copies src_bytes[l] bytes and
+    zero-fills the rest. dst and src must be multiples of `size`, in range, and
+    the destinations must not overlap. Returns the new uint8 smem image.
+    """
+    if cache not in ("ca", "cg"):
+        raise ValueError(f"cache must be 'ca' or 'cg'; got {cache!r}")
+    allowed = (16,) if cache == "cg" else (4, 8, 16)
+    if size not in allowed:
+        raise ValueError(f"size must be one of {allowed} for cp.async.{cache}; got {size!r}")
+    image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)
+    source = _bytes_1d("gmem", gmem)
+    dst = _lane_ints("dst", dst)
+    src = _lane_ints("src", src)
+    zfill = src_bytes is not None
+    nbytes = _lane_ints("src_bytes", src_bytes) if zfill else np.full(WARP, size, dtype=np.int64)
+    for lane in range(WARP):
+        if not 0 <= nbytes[lane] <= size:
+            raise ValueError(f"src_bytes[{lane}] = {int(nbytes[lane])}; must lie in 0..{size}")
+        if dst[lane] % size or not 0 <= dst[lane] <= image.size - size:
+            raise ValueError(f"dst[{lane}] = {int(dst[lane])}: must be a multiple of {size} "
+                             f"with the copy inside smem ({image.size} bytes)")
+        if src[lane] % size or src[lane] < 0 or src[lane] + nbytes[lane] > source.size:
+            raise ValueError(f"src[{lane}] = {int(src[lane])}: must be a multiple of {size} "
+                             f"with the {int(nbytes[lane])} bytes read inside gmem "
+                             f"({source.size} bytes)")
+    if np.unique(dst).size != WARP:  # aligned equal-size copies overlap only when equal
+        raise ValueError("dst: two lanes write the same bytes; which copy wins is undefined")
+    cupy = _cupy()
+
+    padded = _padded(image)
+    out = cupy.zeros(padded.size, dtype=cupy.uint8)
+    name = f"probe_cp_async_{cache}{size}" + ("_zfill" if zfill else "")
+    _launch(name, (cupy.asarray(padded), np.uint32(padded.size // CHUNK_BYTES),
+                   cupy.asarray(_padded(source)), cupy.asarray(dst.astype(np.uint32)),
+                   cupy.asarray(src.astype(np.uint32)), cupy.asarray(nbytes.astype(np.uint32)),
+                   out), shared_mem=padded.size)
+    return cupy.asnumpy(out)[:image.size]

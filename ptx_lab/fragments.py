@@ -21,6 +21,8 @@ All maps here are built from those formulas alone; nothing is measured.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 WARP = 32
@@ -64,6 +66,11 @@ def fragment_map(operand: str) -> np.ndarray:
     (see the module docstring for the formulas).
     """
     _check_operand(operand)
+    return _fragment_map(operand).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _fragment_map(operand: str) -> np.ndarray:
     _, _, nregs, per_reg = SHAPES[operand]
     out = np.empty((WARP, nregs, per_reg, 2), dtype=np.int64)
     for lane in range(WARP):

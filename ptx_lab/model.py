@@ -225,8 +225,8 @@ def stmatrix(smem: np.ndarray, addrs, regs, trans: bool) -> np.ndarray:
     """stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16 -> new smem image.
 
     The exact inverse of :func:`ldmatrix` with the same addresses: num is
-    regs.shape[1]. If two rows share an address the hardware does not say which
-    write wins; the model lets the later (matrix, row) win.
+    regs.shape[1]. Two used lanes naming the same row are refused (ValueError):
+    the ISA leaves open which store wins, and ``ptx_lab.device`` refuses them too.
     """
     smem = _bytes_image(smem, "smem")
     addrs = _lane_ints(addrs, "addrs")
@@ -236,6 +236,8 @@ def stmatrix(smem: np.ndarray, addrs, regs, trans: bool) -> np.ndarray:
     num = r.shape[1]
     _check_num(num)
     _check_row_addresses(addrs, num, smem.size, "stmatrix")
+    if np.unique(addrs[:8 * num]).size != 8 * num:
+        raise ValueError("addrs: two lanes name the same row; which store wins is undefined")
     lmap = ldmatrix_map(num, bool(trans))
     mats = np.empty((num, 8, 8), dtype=np.uint16)
     mats[lmap[..., 0], lmap[..., 1], lmap[..., 2]] = np.stack(_unpack_halves(r), axis=-1)
@@ -285,12 +287,13 @@ def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=
     Every lane copies src_bytes[lane] (default: size) bytes from gmem[src:] to
     smem[dst:] and writes zeros over the remaining size - src_bytes bytes;
     src_bytes = 0 reads nothing. The model applies the copies at once, i.e. as
-    seen after cp.async.wait_group and a barrier. Overlapping destinations are
-    applied in lane order (the hardware does not order them).
+    seen after cp.async.wait_group and a barrier.
 
     Refused with ValueError, as ptxas or the hardware would refuse them:
     size not 4/8/16, .cg with size != 16, dst or src not a multiple of size,
-    src_bytes outside 0..size, and ranges outside the images.
+    src_bytes outside 0..size, and ranges outside the images. Two lanes writing
+    the same bytes are refused too (the ISA does not say which copy wins; the
+    GPU twin refuses them as well).
     """
     smem = _bytes_image(smem, "smem")
     gmem = _bytes_image(gmem, "gmem")
@@ -318,6 +321,8 @@ def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=
             raise ValueError(f"src[{lane}] = {s}: [{s}, {s + n}) is outside gmem of {gmem.size} bytes")
         out[d:d + n] = gmem[s:s + n]
         out[d + n:d + size] = 0
+    if np.unique(dst).size != WARP:  # equal-size aligned copies overlap only when equal
+        raise ValueError("dst: two lanes write the same bytes; which copy wins is undefined")
     return out
 
 

@@ -1,0 +1,178 @@
+"""The `ptx-lab` command (also `python -m ptx_lab`).
+
+    ptx-lab list                      experiments, one line each
+    ptx-lab run <name>|all [--emulate]
+                                      run experiments on the GPU if one is usable, else on
+                                      the CPU model (the first line says which and why);
+                                      PASS/FAIL per experiment, exit 1 on any failure
+    ptx-lab show <operand>            picture of a fragment map (ptx_lab.fragments.show)
+    ptx-lab bench ...                 Kernel A's benchmark (kernel.bench:main), arguments passed on
+
+Experiments, fragments and the kernel are imported inside the commands that
+use them, so `ptx-lab --help` works on any machine.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from types import ModuleType
+from typing import Sequence
+
+PROG = "ptx-lab"
+EXIT_FAIL = 1   # an experiment failed
+EXIT_USAGE = 2  # bad name or a missing part of the project
+
+
+def _experiments() -> dict[str, ModuleType]:
+    try:
+        import experiments
+    except ImportError as exc:
+        raise SystemExit(f"{PROG}: cannot import the experiments package: {exc}") from exc
+    registry = getattr(experiments, "EXPERIMENTS", None)
+    if not isinstance(registry, dict):
+        raise SystemExit(f"{PROG}: experiments.EXPERIMENTS (name -> module) is not defined")
+    return registry
+
+
+def _first_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _gpu_name() -> str:
+    try:
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # the name is decoration; the run does not depend on it
+        return "CUDA device"
+
+
+def _choose_backend(emulate: bool, what: str) -> tuple[str, str]:
+    """("gpu" | "model", the line that says so and why)."""
+    if emulate:
+        return "model", f"--emulate: running {what} on the CPU model"
+    from .gpu import gpu_reason
+
+    reason = gpu_reason()
+    if reason is not None:
+        return "model", f"no GPU ({reason}): running {what} on the CPU model"
+    return "gpu", f"GPU ({_gpu_name()}): running {what} on the GPU"
+
+
+# ----------------------------------------------------------------- commands
+
+def cmd_list(args: argparse.Namespace) -> int:
+    registry = _experiments()
+    width = max((len(name) for name in registry), default=0)
+    for name, module in registry.items():
+        print(f"{name:<{width}}  {_first_line(getattr(module, 'SUMMARY', ''))}")
+    return 0
+
+
+def _run_one(module: ModuleType, backend: str) -> tuple[bool, list[str]]:
+    try:
+        result = module.run(backend)
+    except Exception as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]  # the innermost frame
+        return False, [f"raised {exc.__class__.__name__}: {exc}",
+                       f"  at {where.filename}:{where.lineno} in {where.name}"]
+    failures = [str(f) for f in getattr(result, "failures", [])]
+    return bool(result.passed) and not failures, failures
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    registry = _experiments()
+    if args.name == "all":
+        names, what = list(registry), "every experiment"
+    elif args.name in registry:
+        names, what = [args.name], f"experiment {args.name}"
+    else:
+        print(f"{PROG}: unknown experiment {args.name!r}; valid: all, {', '.join(registry)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    backend, line = _choose_backend(args.emulate, what)
+    print(line, flush=True)
+    n_failed = 0
+    for name in names:
+        ok, failures = _run_one(registry[name], backend)
+        n_failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+        for failure in failures:
+            print(f"      {failure}")
+        sys.stdout.flush()
+    print(f"{len(names) - n_failed} passed, {n_failed} failed")
+    return EXIT_FAIL if n_failed else 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from . import fragments
+
+    valid = tuple(getattr(fragments, "OPERANDS", ()))
+    if valid and args.operand not in valid:
+        print(f"{PROG}: unknown operand {args.operand!r}; valid operands: {', '.join(valid)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        picture = fragments.show(args.operand)
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if picture is not None:
+        print(picture)
+    return 0
+
+
+def cmd_bench(argv: Sequence[str]) -> int:
+    if importlib.util.find_spec("kernel") is None or importlib.util.find_spec("kernel.bench") is None:
+        print(f"{PROG}: bench needs kernel/bench.py, which is not in this tree", file=sys.stderr)
+        return EXIT_USAGE
+    bench = importlib.import_module("kernel.bench")
+    status = bench.main(list(argv))
+    return 0 if status is None else int(status)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Verified inline-PTX tensor-core primitives: experiments, "
+                               "fragment maps and Kernel A's benchmark.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    p = sub.add_parser("list", help="list the experiments with one-line summaries")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("run", help="run one experiment or all of them; exit 1 on any failure")
+    p.add_argument("name", help="an experiment name (see `list`) or 'all'")
+    p.add_argument("--emulate", action="store_true",
+                   help="run on the CPU model even where a GPU is usable")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("show", help="print which lane and register hold each element of an operand")
+    p.add_argument("operand", help="e.g. mma.a, mma.b, mma.c, m8n8, m8n8.trans")
+    p.set_defaults(func=cmd_show)
+
+    # Parsed by hand in main(): everything after `bench` belongs to kernel.bench.
+    sub.add_parser("bench", help="Kernel A's benchmark (kernel.bench); arguments are passed on",
+                   add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `ptx-lab show mma.a | head`: the reader left, nothing is wrong
+        sys.stdout = open(os.devnull, "w")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""kernel.bench on the CPU: arguments, configs, byte counts, index math, the table.
+
+No GPU numbers here: the timings and errors themselves only exist on a device
+run. What is checked is everything the bench computes on the host, against the
+spec's own figures (section 6) and against kernel.reference.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kernel import bench, reference as ref
+
+
+# ---------------------------------------------------------------- import ----
+
+def test_imports_without_torch_cupy_fla():
+    # a fresh interpreter in which torch, cupy, triton and fla cannot be imported
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'cupy', 'triton', 'fla', 'matplotlib'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import kernel.bench, kernel.fla_adapter\n"
+        "ok, why = kernel.fla_adapter.available()\n"
+        "assert not ok and 'torch' in why, why\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+# ------------------------------------------------------------- arguments ----
+
+def test_defaults():
+    a = bench.parse_args([])
+    assert a.configs.split(",") == list(bench.DEFAULT_CONFIGS)
+    assert a.modes == ["fla", "seed"] and a.vsplit == "auto" and a.heads == 32
+    assert (a.warmup, a.reps) == (3, 20) and not a.precision
+
+
+def test_quick_and_overrides():
+    a = bench.parse_args(["--quick"])
+    assert a.configs.split(",") == list(bench.QUICK_CONFIGS)
+    assert (a.warmup, a.reps) == (1, 5)
+    a = bench.parse_args(["--quick", "--reps", "7", "--configs", "2x64", "--snapshot", "seed",
+                          "--vsplit", "4", "--precision", "--json", "x.json", "--plot", "x.png"])
+    assert a.configs == "2x64" and a.reps == 7 and a.modes == ["seed"] and a.vsplit == 4
+    assert a.precision and a.json == "x.json" and a.plot == "x.png"
+
+
+@pytest.mark.parametrize("bad", [["--vsplit", "3"], ["--snapshot", "fp16"], ["--reps", "0"]])
+def test_bad_arguments_exit(bad):
+    with pytest.raises(SystemExit):
+        bench.parse_args(bad)
+
+
+def test_parse_config():
+    c = bench.parse_config("32x8192")
+    assert (c.B, c.T, c.N, c.tokens, c.varlen) == (32, 8192, 32, 262144, False)
+    v = bench.parse_config("varlen")
+    assert v.name == "varlen64x262144" and (v.B, v.N, v.tokens, v.varlen) == (1, 64, 262144, True)
+    v = bench.parse_config("varlen8x1000", seed=3)
+    assert v.N == 8 and v.tokens == 1000 and v.lengths == ref.ragged_lengths(8, 1000, seed=3)
+    for bad in ("32", "0x8", "varlen64", "abc"):
+        with pytest.raises(ValueError):
+            bench.parse_config(bad)
+
+
+def test_ragged_config_sums_and_edges():
+    v = bench.parse_config("varlen64x262144")
+    assert sum(v.lengths) == 262144 and len(v.lengths) == 64 and min(v.lengths) >= 1
+    assert {1, 15, 16, 17} <= set(v.lengths)
+
+
+# ------------------------------------------------------------ byte count ----
+
+def test_bytes_match_spec_figures():
+    # spec section 6: 32 x 8192 x H32 inputs ~11.3 GB; fp32 every tile adds 34.4 GB,
+    # bf16 every 64 tokens 4.3 GB; floors ~10.6 ms and ~3.6 ms at 4.3 TB/s
+    lengths = [8192] * 32
+    seed = bench.kernel_a_bytes(lengths, 32, snapshot_dtype="float32", snapshot_every=1)
+    fla = bench.kernel_a_bytes(lengths, 32, snapshot_dtype="bfloat16", snapshot_every=4)
+    assert seed["inputs"] == fla["inputs"]
+    assert abs(seed["inputs"] / 1e9 - 11.3) < 0.15
+    assert abs(seed["snapshots"] / 1e9 - 34.4) < 0.05
+    assert abs(fla["snapshots"] / 1e9 - 4.3) < 0.05
+    assert abs(seed["total"] / 4.3e12 * 1e3 - 10.6) < 0.1
+    assert abs(fla["total"] / 4.3e12 * 1e3 - 3.6) < 0.1
+
+
+def test_bytes_term_by_term():
+    lengths, H, d, C = [17, 1, 64], 3, bench.D, bench.TILE
+    tok, N = 82, 3
+    b = bench.kernel_a_bytes(lengths, H, snapshot_dtype="bfloat16", snapshot_every=4)
+    per_row = 3 * d * 2 + d * 4 + 4 + 2 * C * 2          # q, k, do + gc + beta + mqk, inv
+    assert b["inputs"] == tok * H * per_row + N * H * d * d * 4
+    # tiles 2, 1, 4 -> snapshots every 4 tiles: 1, 1, 1
+    assert b["snapshots"] == 3 * H * d * d * 2
+    assert b["dh0"] == N * H * d * d * 4
+    assert b["total"] == b["inputs"] + b["snapshots"] + b["dh0"]
+    nodht = bench.kernel_a_bytes(lengths, H, snapshot_dtype="float32", snapshot_every=1,
+                                 with_dht=False)
+    assert nodht["inputs"] == tok * H * per_row
+    assert nodht["snapshots"] == (2 + 1 + 4) * H * d * d * 4
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.sampled_from([1, 2, 4]))
+def test_n_snapshots_matches_reference_offsets(lengths, every):
+    assert bench.n_snapshots(lengths, every) == int(ref.snapshot_offsets(lengths, 16, every)[-1])
+
+
+# ------------------------------------------------------------ index math ----
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=6))
+def test_tile_table_covers_every_token_once(lengths):
+    start, length = bench.tile_table(lengths)
+    cover = np.concatenate([np.arange(s, s + n) for s, n in zip(start, length)])
+    assert np.array_equal(cover, np.arange(sum(lengths)))
+    assert length.min() >= 1 and length.max() <= 16
+    # tiles restart at every sequence start
+    bos = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    assert set(bos) <= set(start)
+
+
+def test_every_k_rows_against_reference_scan():
+    # snapshots every 4 tiles must be the every-tile ones at rows every_k_rows(...)
+    lengths = [1, 70, 16, 129, 33]
+    x = ref.random_inputs(0, 0, 2, K=4, V=3, lengths=lengths, seed=1)
+    gc, mqk, inv = ref.prepare_tiles(x["q"], x["k"], x["g"], x["beta"],
+                                     cu_seqlens=x["cu_seqlens"])
+    common = dict(dht=x["dht"], cu_seqlens=x["cu_seqlens"])
+    s1, h1 = ref.dstate_scan_reference(x["q"], x["k"], gc, x["beta"], mqk, inv, x["do"],
+                                       snapshot_every=1, **common)
+    s4, h4 = ref.dstate_scan_reference(x["q"], x["k"], gc, x["beta"], mqk, inv, x["do"],
+                                       snapshot_every=4, **common)
+    rows = bench.every_k_rows(lengths, 4)
+    assert rows.shape[0] == s4.shape[1]
+    np.testing.assert_array_equal(s1[0, rows], s4[0])
+    np.testing.assert_array_equal(h1, h4)
+
+
+def test_every_k_rows_equal_length():
+    # 2 sequences of 100 tokens: 7 tiles each, 2 snapshots each (tiles 3 and 6)
+    assert bench.every_k_rows([100, 100], 4).tolist() == [3, 6, 10, 13]
+    assert bench.every_k_rows([5], 4).tolist() == [0]
+    assert bench.every_k_rows([40, 8], 1).tolist() == [0, 1, 2, 3]
+
+
+# ----------------------------------------------------------------- table ----
+
+def _result(**over):
+    r = {"config": "4x8192",
+         "kernel_a": {"fla": {"median_ms": 0.5, "GBps": 3100.0, "vs_floor": 1.25},
+                      "seed": {"median_ms": 1.5, "GBps": 3500.0, "vs_floor": 1.1}},
+         "fla": {"dAv+dhu": {"median_ms": 1.084}, "recompute_w_u": {"median_ms": 0.722}},
+         "floor": {"fla": {"ms": 0.4}, "seed": {"ms": 1.36}},
+         "ratio_a_fla": 0.5 / 1.084}
+    r.update(over)
+    return r
+
+
+def test_table_row_values():
+    row = bench.table_row(_result())
+    assert row == ["4x8192", "0.500", "1.500", "1.084", "0.722", "0.46", "3100", "0.400", "1.25"]
+
+
+def test_table_row_missing_numbers_are_dashes():
+    row = bench.table_row({"config": "1x32768", "kernel_a": {}, "fla": {"dAv+dhu": {"median_ms": 1.674}},
+                           "floor": {}})
+    assert row[0] == "1x32768" and row[3] == "1.674"
+    assert all(c == "-" for i, c in enumerate(row) if i not in (0, 3))
+    # only the seed mode ran: GB/s, floor, A/floor come from it
+    r = _result()
+    del r["kernel_a"]["fla"]
+    row = bench.table_row(r)
+    assert row[1] == "-" and row[6:] == ["3500", "1.360", "1.10"]
+
+
+def test_format_table_shape():
+    rows = [bench.table_row(_result()), bench.table_row(_result(config="varlen64x262144"))]
+    text = bench.format_table(rows)
+    lines = text.splitlines()
+    assert len(lines) == 4
+    assert all(line.startswith("| ") and line.endswith(" |") for line in lines[:1] + lines[2:])
+    assert len({len(line) for line in lines}) == 1          # aligned columns
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == list(bench.TABLE_COLUMNS)
+    assert lines[1].count(":") == len(bench.TABLE_COLUMNS) - 1   # numbers right-aligned
+    with pytest.raises(ValueError):
+        bench.format_table([["too", "short"]])
+
+
+def test_precision_row():
+    r = _result(precision={"heads": 2, "sequences": 4,
+                           "kernel_a": {"fla": {"dh0": 1.7e-3, "snapshots": 2.3e-3}},
+                           "fla": {"dh0": 1.75e-3, "dh": 2.34e-3},
+                           "yardstick": {"bf16_of_exact_dh": 1.66e-3},
+                           "builder_fp32_vs_f64": {"gc": 1e-8, "mqk": 2e-7, "inv": 3e-7}})
+    row = bench.precision_row(r)
+    assert len(row) == len(bench.PRECISION_COLUMNS)
+    assert row[:4] == ["4x8192", "2 x 4", "1.70e-03", "2.30e-03"]
+    assert row[4:6] == ["-", "-"] and row[6:] == ["1.75e-03", "2.34e-03", "1.66e-03", "3.0e-07"]
+
+
+def test_main_without_torch_says_so(capsys):
+    # where torch is missing (this CPU machine) main reports it instead of crashing
+    import importlib.util
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here")
+    assert bench.main(["--quick"]) == 1
+    assert "torch is not installed" in capsys.readouterr().out

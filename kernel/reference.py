@@ -236,7 +236,8 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     lkk = xp.moveaxis(lkk_t, 2, 1)                                     # [n, H, C, C]
     eye = xp.eye(C, dtype=f64)
     inv = xp.zeros_like(lkk)
-    for c in range(C):
+    inv[..., 0, :] = eye[0]
+    for c in range(1, C):
         inv[..., c, :] = eye[c] - xp.einsum("nhj,nhjm->nhm", lkk[..., c, :c], inv[..., :c, :])
     inv_t = xp.moveaxis(inv, 1, 2)                                     # [n, C(row), H, C(col)]
 

@@ -52,7 +52,7 @@ DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
 DEFAULT_CONFIGS = ("32x8192", "8x32768", "1x131072", "4x8192", "varlen64x262144")
 QUICK_CONFIGS = ("4x8192", "1x32768")
-L2_FLUSH_BYTES = 256 << 20          # > the H200's 60 MB L2
+L2_FLUSH_BYTES = 512 << 20          # >> the H200's 60 MB L2; ~0.15 ms of memset hides launches
 COPY_CAP_BYTES = 16 << 30           # largest buffer for the floor copy; larger counts are scaled
 
 
@@ -371,7 +371,7 @@ def cupy_on_torch_stream():
 def time_cuda(fn: Callable[[], Any], *, warmup: int, reps: int, flush=None) -> dict:
     """Median/min/mean ms of `fn` over `reps` calls, each bracketed by CUDA events.
 
-    Before every timed call `flush` (a 256 MiB buffer) is zeroed: the call
+    Before every timed call `flush` (a 512 MiB buffer) is zeroed: the call
     starts with a cold L2 and the memset's GPU time hides the call's Python
     overhead from the events. Outputs are dropped between calls.
     """
@@ -394,6 +394,40 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int, reps: int, flush=None) -> d
     ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
     return {"median_ms": float(np.median(ms)), "min_ms": float(ms[0]),
             "mean_ms": float(np.mean(ms)), "reps": reps}
+
+
+def kernel_only_ms(fn: Callable[[], Any], *, reps: int) -> dict | None:
+    """GPU time of the kernels `fn` launches (CUPTI via torch.profiler), per call.
+
+    Unlike the event timing this leaves out every gap between kernels (host
+    overhead, a host-device copy that syncs the stream, ...); copies and memsets
+    are not counted. None when the profiler is not usable.
+    """
+    import torch
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                out = fn()
+                del out
+            torch.cuda.synchronize()
+        kernels: dict[str, float] = {}
+        for e in prof.key_averages():
+            if not str(getattr(e, "device_type", "")).endswith("CUDA"):
+                continue
+            if e.key.startswith(("Memcpy", "Memset")):
+                continue
+            us = getattr(e, "device_time_total", None)
+            if us is None:
+                us = getattr(e, "cuda_time_total", 0.0)
+            kernels[e.key] = kernels.get(e.key, 0.0) + float(us)
+        if not kernels:
+            return None
+        return {"ms": sum(kernels.values()) / reps / 1e3,
+                "kernels": {k[:80]: v / reps / 1e3 for k, v in kernels.items()}}
+    except Exception as exc:  # the profiler is optional
+        return {"error": _err(exc)}
 
 
 def copy_floor_ms(total_bytes: int, *, warmup: int, reps: int, flush=None) -> dict:
@@ -436,8 +470,9 @@ def fla_import():
 
 
 def _cu_for_kernel_a(cu):
-    import torch
-    return None if cu is None else torch.as_tensor(cu, dtype=torch.int32, device="cuda")
+    # host int64: a device tensor would cost dstate_scan a device-to-host copy (a stream
+    # sync) inside every timed call
+    return None if cu is None else np.asarray(cu, dtype=np.int64)
 
 
 def _cu_for_fla(cu):
@@ -499,10 +534,11 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     res["l2_note"] = (f"inputs {inputs_bytes / 1e9:.2f} GB vs L2 {l2 / 2**20:.0f} MiB: "
                       + ("no need to rotate input sets; " if inputs_bytes > 2 * l2 else
                          "inputs would fit in L2; ")
-                      + "L2 flushed (256 MiB memset) before every timed call")
+                      + "L2 flushed (512 MiB memset) before every timed call")
 
     # 3. Kernel A
     if dstate_scan is not None:
+        res["vsplit"] = _resolved_vsplit(args.vsplit, cfg.N * H)
         t0 = time.perf_counter()
         tiles = build_tiles(raw["q"], raw["k"], raw["g"], raw["beta"], lengths=cfg.lengths)
         torch.cuda.synchronize()
@@ -512,6 +548,9 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                 t = time_cuda(lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode,
                                                    vsplit=args.vsplit),
                               warmup=args.warmup, reps=args.reps, flush=flush)
+                t["kernel_only"] = kernel_only_ms(
+                    lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode, vsplit=args.vsplit),
+                    reps=min(args.reps, 5))
                 t["GBps"] = res["bytes"][mode]["total"] / (t["median_ms"] * 1e6)
                 t["vs_floor"] = t["median_ms"] / res["floor"][mode]["ms"]
                 res["kernel_a"][mode] = t
@@ -534,6 +573,7 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
             for name, fn in calls.items():
                 res["fla"][name] = time_cuda(fn, warmup=max(1, args.warmup), reps=args.reps,
                                              flush=flush)
+                res["fla"][name]["kernel_only"] = kernel_only_ms(fn, reps=min(args.reps, 5))
             del state, calls
         except Exception as exc:
             res["fla"]["error"] = _err(exc)
@@ -547,6 +587,18 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     raw.clear()
     free_memory()
     return res
+
+
+def _resolved_vsplit(vsplit, ctas: int):
+    """The split 'auto' picks (kernel.api.choose_vsplit), for the record."""
+    if vsplit != "auto":
+        return vsplit
+    try:
+        import torch
+        from kernel.api import choose_vsplit
+        return choose_vsplit(ctas, torch.cuda.get_device_properties(0).multi_processor_count)
+    except Exception:
+        return "auto"
 
 
 def _err(exc: BaseException) -> str:
@@ -863,10 +915,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "precision" in res and "error" not in res["precision"]:
                 extra = "; precision " + " ".join(
                     f"{h}={c}" for h, c in zip(PRECISION_COLUMNS[2:], precision_row(res)[2:]))
-            log(f"{tag}: A fla {cells['A fla-mode ms']} ms, A seed {cells['A seed-mode ms']} ms, "
+            ko = {m: _get(res, "kernel_a", m, "kernel_only", "ms") for m in MODES}
+            ko["FLA"] = _get(res, "fla", "dAv+dhu", "kernel_only", "ms")
+            ko_txt = ", ".join(f"{m} {v:.3f}" for m, v in ko.items() if v is not None)
+            log(f"{tag}: A (vsplit {res.get('vsplit', '-')}) fla {cells['A fla-mode ms']} ms, "
+                f"seed {cells['A seed-mode ms']} ms, "
                 f"FLA dAv+dhu {cells['FLA dAv+dhu ms']} ms (w_u {cells['FLA w_u ms']}), "
                 f"floor {cells['floor ms']} ms, A/floor {cells['A/floor']} "
-                f"[{res['wall_s']:.0f} s]{extra}")
+                f"[{res['wall_s']:.0f} s]; kernels only (CUPTI): {ko_txt or '-'}{extra}")
             if i == 0 and "l2_note" in res:
                 log(f"    {res['l2_note']}")
 

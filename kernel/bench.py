@@ -520,8 +520,14 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     free_memory()
     if dstate_scan is not None:
         for mode in args.modes:
-            res["floor"][mode] = copy_floor_ms(res["bytes"][mode]["total"], warmup=args.warmup,
-                                               reps=max(3, args.reps // 2), flush=flush)
+            try:
+                res["floor"][mode] = copy_floor_ms(res["bytes"][mode]["total"],
+                                                   warmup=args.warmup,
+                                                   reps=max(3, args.reps // 2), flush=flush)
+            except Exception as exc:
+                res["floor"][mode] = {"error": _err(exc)}
+                log(f"    floor copy ({mode}) failed: {_err(exc)}")
+                free_memory()
 
     # 2. raw inputs, shared by both
     t0 = time.perf_counter()
@@ -540,10 +546,16 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     if dstate_scan is not None:
         res["vsplit"] = _resolved_vsplit(args.vsplit, cfg.N * H)
         t0 = time.perf_counter()
-        tiles = build_tiles(raw["q"], raw["k"], raw["g"], raw["beta"], lengths=cfg.lengths)
-        torch.cuda.synchronize()
+        try:
+            tiles = build_tiles(raw["q"], raw["k"], raw["g"], raw["beta"], lengths=cfg.lengths)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            tiles = None
+            res["kernel_a"]["error"] = f"building gc/mqk/inv: {_err(exc)}"
+            log(f"    {res['kernel_a']['error']}")
+            free_memory()
         res["build_tiles_s"] = time.perf_counter() - t0
-        for mode in args.modes:
+        for mode in (args.modes if tiles is not None else []):
             try:
                 t = time_cuda(lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode,
                                                    vsplit=args.vsplit),
@@ -552,7 +564,8 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                     lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode, vsplit=args.vsplit),
                     reps=min(args.reps, 5))
                 t["GBps"] = res["bytes"][mode]["total"] / (t["median_ms"] * 1e6)
-                t["vs_floor"] = t["median_ms"] / res["floor"][mode]["ms"]
+                floor = _get(res, "floor", mode, "ms")
+                t["vs_floor"] = None if floor is None else t["median_ms"] / floor
                 res["kernel_a"][mode] = t
             except Exception as exc:
                 res["kernel_a"][mode] = {"error": _err(exc)}
@@ -571,9 +584,14 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
             torch.cuda.synchronize()
             res["fla_prepare_s"] = time.perf_counter() - t0
             for name, fn in calls.items():
-                res["fla"][name] = time_cuda(fn, warmup=max(1, args.warmup), reps=args.reps,
-                                             flush=flush)
-                res["fla"][name]["kernel_only"] = kernel_only_ms(fn, reps=min(args.reps, 5))
+                try:
+                    res["fla"][name] = time_cuda(fn, warmup=max(1, args.warmup),
+                                                 reps=args.reps, flush=flush)
+                    res["fla"][name]["kernel_only"] = kernel_only_ms(fn, reps=min(args.reps, 5))
+                except Exception as exc:
+                    res["fla"][name] = {"error": _err(exc)}
+                    log(f"    FLA {name} failed: {_err(exc)}")
+                    free_memory()
             del state, calls
         except Exception as exc:
             res["fla"]["error"] = _err(exc)

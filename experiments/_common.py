@@ -162,7 +162,7 @@ def run_warp(source: str, kernel: str, inputs: Sequence[Any],
     from ptx_lab.gpu import load_module
 
     fn = load_module(source).get_function(kernel)
-    args = [cupy.asarray(x) if isinstance(x, np.ndarray) else x for x in inputs]
+    args = [cupy.asarray(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x for x in inputs]
     outs = [cupy.zeros(shape, dtype=dtype) for shape, dtype in outputs]
     fn((1,), (WARP,), (*args, *outs))
     cupy.cuda.runtime.deviceSynchronize()

@@ -4,3 +4,7 @@
 arrays); see ``/work/shared/spec/kernel_a.md``. Importing this package never
 needs CuPy or a GPU.
 """
+
+from .api import dstate_scan  # noqa: E402  (numpy-only at import; CuPy is loaded on first call)
+
+__all__ = ["dstate_scan"]

@@ -1,0 +1,233 @@
+"""Kernel A behind an array API: validation, output allocation, launch.
+
+    snapshots, dh0 = dstate_scan(q, k, gc, beta, mqk, inv, do, ...)
+
+Inputs are CuPy arrays (bf16 tensors as uint16 arrays holding the bf16 bits,
+since CuPy has no bf16 dtype) or torch CUDA tensors (exchanged through DLPack;
+results come back as torch tensors, bf16 as torch.bfloat16).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from . import build
+from .build import CHUNK, D, Config
+
+SNAPSHOT_DTYPES = ("float32", "bfloat16")
+
+
+# ----------------------------------------------------------------------------
+# array plumbing
+# ----------------------------------------------------------------------------
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _to_cupy(name: str, x: Any, want: str):
+    """-> cupy array; `want` is 'bf16', 'f32', 'f32|bf16' or 'int'. bf16 comes back as uint16 bits."""
+    import cupy
+
+    if _is_torch(x):
+        import torch
+
+        if not x.is_cuda:
+            raise TypeError(f"{name} must be a CUDA tensor, got a tensor on {x.device}")
+        if x.dtype == torch.bfloat16:
+            x = cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
+        else:
+            x = cupy.from_dlpack(x)
+    elif not isinstance(x, cupy.ndarray):
+        raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}")
+    if x.device.id != cupy.cuda.Device().id:
+        raise ValueError(f"{name} is on device {x.device.id}, the current device is {cupy.cuda.Device().id}")
+    ok = {"bf16": x.dtype == np.uint16,
+          "f32": x.dtype == np.float32,
+          "f32|bf16": x.dtype in (np.float32, np.uint16),
+          "int": x.dtype in (np.int32, np.int64)}[want]
+    if not ok:
+        expect = {"bf16": "bf16 (uint16 bits in CuPy, torch.bfloat16)", "f32": "float32",
+                  "f32|bf16": "float32 or bf16", "int": "int32 or int64"}[want]
+        raise TypeError(f"{name} must be {expect}, got {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (call .contiguous() / cupy.ascontiguousarray)")
+    return x
+
+
+def _check_shape(name: str, x, expected: tuple) -> None:
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(x.shape)}")
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cfg: Config):
+    from ptx_lab.gpu import load_module
+
+    mod = load_module(build.source(), build.defines(cfg))
+    fn = mod.get_function(build.KERNEL_NAME)
+    smem = int(mod.get_global("kda_smem_bytes").view(np.int32).get()[0])
+    threads = int(mod.get_global("kda_threads").view(np.int32).get()[0])
+    if threads != cfg.threads:
+        raise RuntimeError(f"kernel built {threads} threads per CTA, build.Config expects {cfg.threads}")
+    fn.max_dynamic_shared_size_bytes = smem
+    return fn, smem, threads
+
+
+@functools.lru_cache(maxsize=64)
+def _device_tables(cu_bytes: bytes, snapshot_every: int):
+    """cu_seqlens, snapshot offsets and the CTA order on the device, cached per batch layout
+    (a host-to-device copy per call would stall the host inside a timed region)."""
+    import cupy
+
+    from .reference import snapshot_offsets
+
+    cu = np.frombuffer(cu_bytes, dtype=np.int64)
+    lengths = np.diff(cu)
+    offs = np.asarray(snapshot_offsets(lengths, CHUNK, snapshot_every), dtype=np.int64)
+    # Longest sequences first, so that a varlen batch's tail is not one long scan started last.
+    order = np.argsort(-lengths, kind="stable").astype(np.int32)
+    return cupy.asarray(cu), cupy.asarray(offs), cupy.asarray(order), int(offs[-1])
+
+
+def _sm_count() -> int:
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+
+def choose_vsplit(ctas: int, sm_count: int) -> int:
+    """Smallest v-split whose grid covers the SMs (more splits repeat R1 per CTA)."""
+    for v in build.VSPLITS:
+        if ctas * v >= sm_count:
+            return v
+    return build.VSPLITS[-1]
+
+
+# ----------------------------------------------------------------------------
+# the API
+# ----------------------------------------------------------------------------
+
+def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,
+                cu_seqlens=None, qk_l2norm: bool = True, snapshot_dtype: str = "float32",
+                snapshot_every: int = 1, vsplit: int | str = "auto"):
+    """Kernel A: the backward dstate scan of KDA (spec: shared/spec/kernel_a.md).
+
+    q, k, do: bf16 [B, T, H, 128]; gc: fp32 [B, T, H, 128]; beta: fp32 or bf16
+    [B, T, H]; mqk, inv: bf16 [B, T, H, 16]; dht: fp32 [N, H, 128, 128] or None.
+    Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 .. T, every length >= 1).
+    Returns (snapshots, dh0): snapshots [B, n_snap, H, 128, 128] (varlen:
+    [1, total snapshots, H, 128, 128], packed per sequence like FLA's
+    chunk_offsets) in `snapshot_dtype`, every `snapshot_every` tiles of 16
+    tokens; dh0 fp32 [N, H, 128, 128].
+    """
+    import cupy
+
+    torch_in = _is_torch(q)
+    if snapshot_dtype not in SNAPSHOT_DTYPES:
+        raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
+    if snapshot_every not in (1, 4):
+        raise ValueError(f"snapshot_every must be 1 or 4, got {snapshot_every!r}")
+
+    q = _to_cupy("q", q, "bf16")
+    if q.ndim != 4:
+        raise ValueError(f"q must be 4-D [B, T, H, {D}], got shape {tuple(q.shape)}")
+    B, T, H, Dq = q.shape
+    if Dq != D:
+        raise ValueError(f"q's head dimension must be {D}, got {Dq}")
+    if T == 0 or B == 0 or H == 0:
+        raise ValueError(f"q must have B, T, H >= 1, got shape {tuple(q.shape)}")
+    k = _to_cupy("k", k, "bf16")
+    _check_shape("k", k, (B, T, H, D))
+    do = _to_cupy("do", do, "bf16")
+    _check_shape("do", do, (B, T, H, D))
+    gc = _to_cupy("gc", gc, "f32")
+    _check_shape("gc", gc, (B, T, H, D))
+    beta = _to_cupy("beta", beta, "f32|bf16")
+    _check_shape("beta", beta, (B, T, H))
+    if beta.dtype == np.uint16:
+        beta = bits_to_f32(beta)   # the kernel copies beta with 4-byte cp.async
+    mqk = _to_cupy("mqk", mqk, "bf16")
+    _check_shape("mqk", mqk, (B, T, H, CHUNK))
+    inv = _to_cupy("inv", inv, "bf16")
+    _check_shape("inv", inv, (B, T, H, CHUNK))
+
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs a packed batch of size 1, got q with batch {B}")
+        cu = cu_seqlens.get() if isinstance(cu_seqlens, cupy.ndarray) else (
+            cu_seqlens.cpu().numpy() if _is_torch(cu_seqlens) else np.asarray(cu_seqlens))
+        if cu.ndim != 1 or cu.size < 2:
+            raise ValueError(f"cu_seqlens must be 1-D with N+1 >= 2 offsets, got shape {cu.shape}")
+        if not np.issubdtype(cu.dtype, np.integer):
+            raise TypeError(f"cu_seqlens must be int32 or int64, got {cu.dtype}")
+        cu = cu.astype(np.int64)
+        if cu[0] != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {cu[0]}")
+        if np.any(np.diff(cu) < 1):
+            raise ValueError("cu_seqlens must be strictly increasing (every sequence length >= 1)")
+        if cu[-1] != T:
+            raise ValueError(f"cu_seqlens must end at the total length {T}, got {cu[-1]}")
+    else:
+        cu = np.arange(B + 1, dtype=np.int64) * T
+    lengths = np.diff(cu)
+    N = lengths.size
+
+    if dht is not None:
+        dht = _to_cupy("dht", dht, "f32")
+        _check_shape("dht", dht, (N, H, D, D))
+
+    cu_d, offs_d, order, total_snaps = _device_tables(cu.tobytes(), snapshot_every)
+    if cu_seqlens is None:
+        snap_shape = (B, total_snaps // B, H, D, D)
+    else:
+        snap_shape = (1, total_snaps, H, D, D)
+
+    sm = _sm_count()
+    if vsplit == "auto":
+        vsplit = choose_vsplit(N * H, sm)
+    cfg = Config(vsplit=int(vsplit), snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every,
+                 has_dht=dht is not None, l2norm=bool(qk_l2norm))
+    fn, smem, threads = _kernel(cfg)
+
+    snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
+    dh0 = cupy.empty((N, H, D, D), dtype=np.float32)
+    s = float(scale) if scale is not None else D ** -0.5
+    null = np.uint64(0)
+    fn((N * H * cfg.vsplit,), (threads,),
+       (q, k, gc, beta, mqk, inv, do, dht if dht is not None else null, snapshots, dh0,
+        cu_d, offs_d, order, np.int32(H), np.float32(s)),
+       shared_mem=smem)
+
+    if torch_in:
+        import torch
+
+        snap_t = torch.from_dlpack(snapshots)
+        if cfg.snap_bf16:
+            snap_t = snap_t.view(torch.int16).view(torch.bfloat16) if snap_t.dtype != torch.int16 else snap_t.view(torch.bfloat16)
+        return snap_t, torch.from_dlpack(dh0)
+    return snapshots, dh0
+
+
+def bf16_bits(x):
+    """float array (numpy or cupy) -> uint16 bf16 bits, round to nearest even."""
+    xp = np
+    try:
+        import cupy
+
+        xp = cupy.get_array_module(x)
+    except ImportError:
+        pass
+    u = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    rounded = u + xp.uint32(0x7FFF) + ((u >> 16) & xp.uint32(1))
+    return (rounded >> 16).astype(xp.uint16)
+
+
+def bits_to_f32(bits):
+    """uint16 bf16 bits (numpy or cupy) -> float32 (exact)."""
+    return (bits.astype("uint32") << 16).view("float32")
+
+
+__all__ = ["dstate_scan", "choose_vsplit", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

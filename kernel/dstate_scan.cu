@@ -1,0 +1,476 @@
+// kernel/dstate_scan.cu -- Kernel A: the backward dstate scan of KDA.
+//
+// Math (../shared/spec/kernel_a.md, section 3), per sequence and head, tiles of
+// C = 16 tokens walked from the last to the first:
+//     snapshot[n] = dS
+//     dU     = Mqk^T @ do + kr @ dS          G1 + G2   [C, V]
+//     dvcorr = INV^T @ dU                    G3        [C, V]
+//     T1     = qd^T @ do - kd^T @ (beta*dvcorr)   G4 + G5   [K, V]
+//     dS     = exp2(gT)[:, None] * dS + T1   combine   [K, V]
+//
+// Design: everything is computed transposed, with the v axis as the MMA's M.
+//     dU^T     = do^T @ Mqk + dS^T @ kr^T     (M = v, N = c, K = c' / k)
+//     dvcorr^T = dU^T @ INV
+//     dS^T     = exp2(gT) * dS^T + do^T @ qd + (-beta*dvcorr)^T @ kd   (M = v, N = k)
+// A consumer warp owns a 16-wide band of v and keeps its dS^T band [16 v x 128 k]
+// in fp32 mma accumulators for the whole scan. Because the C fragments of two
+// adjacent n-tiles, packed to bf16 pairwise, ARE the A fragment of one k-step
+// (see ptx_lab/cuda/mma.cuh), dS^T (for G2), dU^T (for G3) and bdv^T (for G5)
+// feed the next MMA straight from registers: no movmatrix, no shared-memory
+// round trip, no barrier on the dS-dependent path, and dS never drops to bf16
+// between tiles (only G2's operand copy is rounded, as in FLA).
+//
+// Warp roles: warps [0, NUM_CONSUMERS) are consumers (one v band each);
+// NUM_PRODUCERS producer warps prefetch tile inputs with cp.async into a ring of
+// NSTAGE stages and rebuild qd/kd/kr on chip in fp32 (the seed's "R1"), so the
+// loads, R1 and the snapshot stores run ahead of / beside the serial chain.
+// Hand-off: named barriers FULL(s) (producers arrive, consumers sync) and
+// EMPTY(s) (consumers arrive, producers sync).
+//
+// Compile-time configuration (-D...):
+//   VSPLIT      1, 2, 4, 8   CTAs per (sequence, head), each owning D/VSPLIT v columns
+//   NSTAGE      2 or 3       depth of the input ring
+//   SNAP_BF16   0 / 1        snapshot dtype fp32 / bf16
+//   SNAP_EVERY  1 / 4        snapshot every tile / every 4th tile (FLA's 64-token dh)
+//   HAS_DHT     0 / 1        initial dS from dht (else zeros)
+//   L2NORM      0 / 1        l2-normalise q and k rows in R1
+//   G2_SPLIT    1, 2, 4      independent accumulator chains in G2 (shorter dS path)
+//   PRODUCERS   2, 4         producer warps (fewer leave consumers more registers)
+#include "common.cuh"
+#include "mma.cuh"
+#include "ldmatrix.cuh"
+#include "stmatrix.cuh"
+#include "cp_async.cuh"
+#include "barrier.cuh"
+
+using namespace ptx_lab;
+
+#ifndef VSPLIT
+#define VSPLIT 1
+#endif
+#ifndef NSTAGE
+#define NSTAGE 3
+#endif
+#ifndef SNAP_BF16
+#define SNAP_BF16 0
+#endif
+#ifndef SNAP_EVERY
+#define SNAP_EVERY 1
+#endif
+#ifndef HAS_DHT
+#define HAS_DHT 0
+#endif
+#ifndef L2NORM
+#define L2NORM 1
+#endif
+#ifndef G2_SPLIT
+#define G2_SPLIT 4
+#endif
+#ifndef PRODUCERS
+#define PRODUCERS 4
+#endif
+
+namespace kda {
+
+constexpr int D = 128;                    // K = V = D
+constexpr int C = 16;                     // tokens per tile
+constexpr int DV = D / VSPLIT;            // v columns per CTA
+constexpr int NUM_CONSUMERS = DV / 16;    // one warp per 16-wide v band
+constexpr int NUM_PRODUCERS = PRODUCERS;
+constexpr int TOKENS_PER_PRODUCER = C / NUM_PRODUCERS;   // R1 rows per producer warp
+constexpr int PRODUCER_THREADS = NUM_PRODUCERS * 32;
+constexpr int THREADS = (NUM_CONSUMERS + NUM_PRODUCERS) * 32;
+
+static_assert(D % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
+static_assert(NSTAGE >= 2 && 2 * NSTAGE + 1 <= 15, "named barrier ids run out");
+static_assert(PRODUCERS == 2 || PRODUCERS == 4, "PRODUCERS must be 2 or 4");
+static_assert(G2_SPLIT == 1 || G2_SPLIT == 2 || G2_SPLIT == 4, "G2_SPLIT must be 1, 2 or 4");
+
+// Row strides (in elements) of the shared tiles that ldmatrix reads. One 8x8
+// ldmatrix phase reads 8 rows x 16 B; a row stride of 16 B modulo 128 B puts the
+// 8 rows in 8 distinct 4-bank groups, i.e. conflict-free.
+constexpr int OP_STRIDE = D + 8;          // qd/kd/kr rows: 272 B = 2*128 + 16
+constexpr int DO_STRIDE = DV + 8;         // do rows: 2*DV + 16 B (DV = 128..16 all conflict-free)
+constexpr int SMALL_STRIDE = C + 8;       // Mqk/INV rows: 48 B (a 32 B row would be 2-way)
+constexpr int SNAP_STRIDE = 16 + 8;       // bf16 snapshot staging rows: 48 B
+
+// One ring stage: the raw inputs of one tile and the operands R1 builds from them.
+struct __align__(16) Stage {
+    unsigned short q[C * D];              // raw bf16 q rows (producers only)
+    unsigned short k[C * D];              // raw bf16 k rows (producers only)
+    float gc[C * D];                      // tile-local cumulative gate, log2
+    unsigned short dO[C * DO_STRIDE];     // do[c][v] for this CTA's DV columns
+    unsigned short mqk[C * SMALL_STRIDE]; // Mqk[c'][c]
+    unsigned short inv[C * SMALL_STRIDE]; // INV[c'][c]
+    float beta[C];
+    unsigned short qd[C * OP_STRIDE];     // s * q * exp2(gc)      [c][k] bf16
+    unsigned short kd[C * OP_STRIDE];     // k * exp2(gc)          [c][k] bf16
+    unsigned short kr[C * OP_STRIDE];     // k * exp2(gT - gc)     [c][k] bf16
+    float egT[D];                         // exp2(gT) per k
+};
+static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
+
+constexpr int SNAP_STAGING_BYTES = SNAP_BF16 ? D * SNAP_STRIDE * 2 : 0;   // per consumer warp
+constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES;
+
+// Named barrier ids (0 is __syncthreads).
+__device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
+__device__ __forceinline__ u32 empty_bar(int s) { return 1 + NSTAGE + s; }
+constexpr u32 PRODUCER_BAR = 1 + 2 * NSTAGE;
+
+struct Params {
+    const unsigned short* q;      // [tokens, H, D] bf16
+    const unsigned short* k;      // [tokens, H, D] bf16
+    const float* gc;              // [tokens, H, D]
+    const float* beta;            // [tokens, H]
+    const unsigned short* mqk;    // [tokens, H, C] bf16
+    const unsigned short* inv;    // [tokens, H, C] bf16
+    const unsigned short* dO;     // [tokens, H, D] bf16
+    const float* dht;             // [N, H, D, D] or null
+    void* snapshots;              // [total_snaps, H, D, D] fp32 or bf16
+    float* dh0;                   // [N, H, D, D]
+    const long long* cu_seqlens;  // [N + 1] token offsets
+    const long long* snap_offsets;// [N + 1] snapshot offsets
+    const int* order;             // [N] sequence processed by CTA slot (longest first) or null
+    int H;
+    float scale;
+};
+
+__device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// ---------------------------------------------------------------------------
+// Producer side
+// ---------------------------------------------------------------------------
+
+// cp.async `C` rows of `ROW_BYTES` each (16-byte chunks) from global rows
+// `row_stride` elements apart into shared rows `SMEM_STRIDE` elements apart.
+// Rows at or past `L` are zero-filled (src-size 0: global memory is not read;
+// the source address is clamped to row 0 so it stays a valid operand).
+template <typename T, int ROW_BYTES, int SMEM_STRIDE>
+__device__ __forceinline__ void load_rows(T* dst, const T* src, long long row_stride, int L, int ptid) {
+    constexpr int CHUNKS = ROW_BYTES / 16;
+    constexpr int ELEMS = 16 / sizeof(T);
+#pragma unroll
+    for (int idx = ptid; idx < C * CHUNKS; idx += PRODUCER_THREADS) {
+        const int c = idx / CHUNKS, ch = idx % CHUNKS;
+        const bool valid = c < L;
+        const T* s = src + (valid ? c : 0) * row_stride + ch * ELEMS;
+        cp_async_cg16_zfill(smem_addr(dst + c * SMEM_STRIDE + ch * ELEMS), s, valid ? 16u : 0u);
+    }
+}
+
+__device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
+                                                 int h, int vs, int ptid) {
+    const long long row = (long long)p.H * D;   // elements between consecutive tokens
+    const long long base = (tok0 * p.H + h) * D;
+    load_rows<unsigned short, D * 2, D>(st.q, p.q + base, row, L, ptid);
+    load_rows<unsigned short, D * 2, D>(st.k, p.k + base, row, L, ptid);
+    load_rows<float, D * 4, D>(st.gc, p.gc + base, row, L, ptid);
+    load_rows<unsigned short, DV * 2, DO_STRIDE>(st.dO, p.dO + base + vs * DV, row, L, ptid);
+    const long long sbase = (tok0 * p.H + h) * C;
+    load_rows<unsigned short, C * 2, SMALL_STRIDE>(st.mqk, p.mqk + sbase, (long long)p.H * C, L, ptid);
+    load_rows<unsigned short, C * 2, SMALL_STRIDE>(st.inv, p.inv + sbase, (long long)p.H * C, L, ptid);
+    if (ptid < C) {
+        const bool valid = ptid < L;
+        cp_async_ca_zfill<4>(smem_addr(&st.beta[ptid]),
+                             p.beta + (tok0 + (valid ? ptid : 0)) * p.H + h, valid ? 4u : 0u);
+    }
+}
+
+// R1: qd, kd, kr in fp32 from raw q/k and gc, rounded once to bf16.
+// Producer warp pw handles tokens TOKENS_PER_PRODUCER*pw + r; lane handles k = 4*lane .. 4*lane+3,
+// so every shared read and write is a contiguous row segment (no bank conflicts,
+// unlike a fragment-ordered walk where 32 lanes hit 32 tokens of one column).
+__device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane) {
+    const int k0 = 4 * lane;
+    const float4 gT = *reinterpret_cast<const float4*>(&st.gc[(L - 1) * D + k0]);  // gc stops at the last real token
+    if (pw == 0) {
+        *reinterpret_cast<float4*>(&st.egT[k0]) = make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
+    }
+#pragma unroll
+    for (int r = 0; r < TOKENS_PER_PRODUCER; ++r) {
+        const int c = pw * TOKENS_PER_PRODUCER + r;
+        const uint2 qraw = *reinterpret_cast<const uint2*>(&st.q[c * D + k0]);
+        const uint2 kraw = *reinterpret_cast<const uint2*>(&st.k[c * D + k0]);
+        const float4 g = *reinterpret_cast<const float4*>(&st.gc[c * D + k0]);
+        float qv[4] = {bf16_lo(qraw.x), bf16_hi(qraw.x), bf16_lo(qraw.y), bf16_hi(qraw.y)};
+        float kv[4] = {bf16_lo(kraw.x), bf16_hi(kraw.x), bf16_lo(kraw.y), bf16_hi(kraw.y)};
+        const float gv[4] = {g.x, g.y, g.z, g.w};
+        const float gt[4] = {gT.x, gT.y, gT.z, gT.w};
+        float qs = scale, ks = 1.f;
+#if L2NORM
+        // x / sqrt(sum(x^2) + 1e-6), fp32, as flash-linear-attention's l2norm.
+        const float qq = warp_sum(qv[0] * qv[0] + qv[1] * qv[1] + qv[2] * qv[2] + qv[3] * qv[3]);
+        const float kk = warp_sum(kv[0] * kv[0] + kv[1] * kv[1] + kv[2] * kv[2] + kv[3] * kv[3]);
+        qs *= 1.f / sqrtf(qq + 1e-6f);
+        ks = 1.f / sqrtf(kk + 1e-6f);
+#endif
+        float qd[4], kd[4], kr[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float eg = exp2f(gv[e]);
+            qd[e] = qs * qv[e] * eg;
+            kd[e] = ks * kv[e] * eg;
+            kr[e] = ks * kv[e] * exp2f(gt[e] - gv[e]);   // exp2 of a difference: no overflow for strong gates
+        }
+        *reinterpret_cast<uint2*>(&st.qd[c * OP_STRIDE + k0]) = make_uint2(pack_bf16x2(qd[0], qd[1]), pack_bf16x2(qd[2], qd[3]));
+        *reinterpret_cast<uint2*>(&st.kd[c * OP_STRIDE + k0]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
+        *reinterpret_cast<uint2*>(&st.kr[c * OP_STRIDE + k0]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Consumer side
+// ---------------------------------------------------------------------------
+
+// ldmatrix.x4 row address for the 16x16 block at (row0, col0) of a row-major
+// bf16 tile, matrices ordered (rows lo, cols lo), (rows hi, cols lo),
+// (rows lo, cols hi), (rows hi, cols hi): lane l gives row (l & 7) of matrix l >> 3.
+__device__ __forceinline__ u32 x4_addr_rows_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
+    const int m = lane >> 3;
+    return smem_addr(tile + (row0 + (lane & 7) + 8 * (m & 1)) * stride + col0 + 8 * (m >> 1));
+}
+// Same block, matrices ordered (rows lo, cols lo), (rows lo, cols hi), (rows hi, cols lo), (rows hi, cols hi).
+__device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
+    const int m = lane >> 3;
+    return smem_addr(tile + (row0 + (lane & 7) + 8 * (m >> 1)) * stride + col0 + 8 * (m & 1));
+}
+
+// Store this warp's dS^T band (fp32 accumulators) as dS[k][v] rows of `out`
+// (fp32 [D][D] with this band's first column at v0). Accumulator n-tile j holds
+// (v = g, k = 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t), (g+8, 8j+2t+1): each store
+// instruction writes 8 consecutive v (one full 32-byte sector) in 4 rows.
+__device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[16][4], int v0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int k = 8 * j + 2 * t;
+        __stcs(out + (k)*D + v0 + g, dS[j][0]);
+        __stcs(out + (k + 1) * D + v0 + g, dS[j][1]);
+        __stcs(out + (k)*D + v0 + g + 8, dS[j][2]);
+        __stcs(out + (k + 1) * D + v0 + g + 8, dS[j][3]);
+    }
+}
+
+// Same as bf16: stmatrix.trans turns the v-major fragments into k-major rows of
+// a warp-private staging tile [k][16 v], then 16-byte stores write 32 contiguous
+// bytes per k row.
+__device__ __forceinline__ void store_band_bf16(unsigned short* out, const float (&dS)[16][4],
+                                                unsigned short* staging, int v0, int lane) {
+    const int m = lane >> 3;
+#pragma unroll
+    for (int pr = 0; pr < 8; ++pr) {
+        // matrix m: v half (m & 1), k half (m >> 1) of k columns 16pr .. 16pr+15.
+        const u32 addr = smem_addr(staging + (16 * pr + 8 * (m >> 1) + (lane & 7)) * SNAP_STRIDE + 8 * (m & 1));
+        stmatrix_x4_trans(addr,
+                          pack_bf16x2(dS[2 * pr][0], dS[2 * pr][1]),       // v 0-7,  k 16pr+0..7
+                          pack_bf16x2(dS[2 * pr][2], dS[2 * pr][3]),       // v 8-15, k 16pr+0..7
+                          pack_bf16x2(dS[2 * pr + 1][0], dS[2 * pr + 1][1]),  // v 0-7,  k 16pr+8..15
+                          pack_bf16x2(dS[2 * pr + 1][2], dS[2 * pr + 1][3])); // v 8-15, k 16pr+8..15
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < (D * 2) / 32; ++it) {
+        const int chunk = it * 32 + lane;
+        const int k = chunk >> 1, half = chunk & 1;
+        const uint4 v = *reinterpret_cast<const uint4*>(staging + k * SNAP_STRIDE + 8 * half);
+        __stcs(reinterpret_cast<uint4*>(out + k * D + v0 + 8 * half), v);
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    const u32 b[2] = {b0, b1};
+    mma_m16n8k16_bf16(d, a, b, d);
+}
+
+}  // namespace kda
+
+using namespace kda;
+
+// Dynamic shared memory the launch must request (read by the host through the module).
+extern "C" __constant__ int kda_smem_bytes = SMEM_BYTES;
+extern "C" __constant__ int kda_threads = THREADS;
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* gc, const float* beta,
+                const unsigned short* mqk, const unsigned short* inv, const unsigned short* dO,
+                const float* dht, void* snapshots, float* dh0, const long long* cu_seqlens,
+                const long long* snap_offsets, const int* order, int H, float scale) {
+    const Params p{q, k, gc, beta, mqk, inv, dO, dht, snapshots, dh0, cu_seqlens, snap_offsets, order, H, scale};
+    extern __shared__ __align__(16) unsigned char smem[];
+    Stage* stages = reinterpret_cast<Stage*>(smem);
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int vs = blockIdx.x % VSPLIT;
+    const int h = (blockIdx.x / VSPLIT) % p.H;
+    const int slot = blockIdx.x / (VSPLIT * p.H);
+    const int seq = p.order ? p.order[slot] : slot;
+    const long long seq_start = p.cu_seqlens[seq];
+    const int len = (int)(p.cu_seqlens[seq + 1] - seq_start);
+    const int nt = (len + C - 1) / C;
+    const long long snap_base = p.snap_offsets[seq];
+    constexpr u32 ALL = THREADS;
+
+    if (warp >= NUM_CONSUMERS) {
+        // ----------------------------- producers -----------------------------
+        const int pw = warp - NUM_CONSUMERS;
+        const int ptid = threadIdx.x - NUM_CONSUMERS * 32;
+        // Tile i of the walk is tile n = nt - 1 - i of the sequence.
+        auto tile_len = [&](int n) { return min(C, len - n * C); };
+        issue_tile_loads(stages[0], p, seq_start + (long long)(nt - 1) * C, tile_len(nt - 1), h, vs, ptid);
+        cp_async_commit();
+        for (int i = 0; i < nt; ++i) {
+            const int s = i % NSTAGE;
+            if (i + 1 < nt) {
+                const int s1 = (i + 1) % NSTAGE;
+                if (i + 1 >= NSTAGE) named_barrier_sync(empty_bar(s1), ALL);  // consumers left tile i+1-NSTAGE
+                const int n1 = nt - 2 - i;
+                issue_tile_loads(stages[s1], p, seq_start + (long long)n1 * C, tile_len(n1), h, vs, ptid);
+            }
+            cp_async_commit();                         // one group per iteration, possibly empty
+            cp_async_wait<1>();                        // this thread's copies for tile i landed
+            named_barrier_sync(PRODUCER_BAR, PRODUCER_THREADS);  // ... and every producer's
+            rebuild_operands(stages[s], tile_len(nt - 1 - i), p.scale, pw, lane);
+            named_barrier_arrive(full_bar(s), ALL);    // release tile i to the consumers
+        }
+        return;
+    }
+
+    // ------------------------------- consumers -------------------------------
+    const int g = lane >> 2, t = lane & 3;
+    const int vb = warp * 16;                // band start inside this CTA's DV columns
+    const int v0 = vs * DV + vb;             // band start in [0, D)
+    const long long head_mat = (long long)D * D;
+#if SNAP_BF16
+    unsigned short* staging = reinterpret_cast<unsigned short*>(smem + NSTAGE * sizeof(Stage)) + warp * (D * SNAP_STRIDE);
+#endif
+
+    // dS^T band, fp32, for the whole scan: dS[j] is n-tile j (k = 8j .. 8j+7).
+    float dS[16][4];
+#if HAS_DHT
+    {
+        const float* src = p.dht + ((long long)seq * p.H + h) * head_mat;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int k = 8 * j + 2 * t;
+            dS[j][0] = src[k * D + v0 + g];
+            dS[j][1] = src[(k + 1) * D + v0 + g];
+            dS[j][2] = src[k * D + v0 + g + 8];
+            dS[j][3] = src[(k + 1) * D + v0 + g + 8];
+        }
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < 16; ++j) dS[j][0] = dS[j][1] = dS[j][2] = dS[j][3] = 0.f;
+#endif
+
+    // Not unrolled: an unrolled body (the compiler likes to unroll by SNAP_EVERY to
+    // make the snapshot test static) interleaves tiles and runs out of registers.
+#pragma unroll 1
+    for (int i = 0; i < nt; ++i) {
+        const int n = nt - 1 - i;
+        const int s = i % NSTAGE;
+
+        // snapshot[n] = dS at entry of tile n; written before waiting for the
+        // tile's operands so the stores overlap the producers' work.
+        if (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1) {
+            const long long idx = snap_base + n / SNAP_EVERY;
+#if SNAP_BF16
+            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS, staging, v0, lane);
+#else
+            store_band_f32(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS, v0, lane);
+#endif
+        }
+
+        named_barrier_sync(full_bar(s), ALL);
+        const Stage& st = stages[s];
+
+        // do^T as the A operand [v, c]: ldmatrix.trans of do[c][v] rows.
+        u32 doT[4];
+        ldmatrix_x4_trans(doT, x4_addr_cols_first(st.dO, DO_STRIDE, 0, vb, lane));
+        // dS^T as the A operand of G2, packed from the accumulators (k-step ks uses n-tiles 2ks, 2ks+1).
+        // G1: dU^T = do^T @ Mqk  (B[c'][c] = Mqk[c'][c], pairs along c' -> ldmatrix.trans)
+        u32 bm[4];
+        ldmatrix_x4_trans(bm, x4_addr_rows_first(st.mqk, SMALL_STRIDE, 0, 0, lane));
+        float acc[G2_SPLIT][2][4];
+#pragma unroll
+        for (int a = 0; a < G2_SPLIT; ++a)
+#pragma unroll
+            for (int nn = 0; nn < 2; ++nn) acc[a][nn][0] = acc[a][nn][1] = acc[a][nn][2] = acc[a][nn][3] = 0.f;
+        mma_bf16(acc[0][0], doT, bm[0], bm[1]);
+        mma_bf16(acc[0][1], doT, bm[2], bm[3]);
+
+        // G2: dU^T += dS^T @ kr^T  (B[k][c] = kr[c][k], pairs along k -> plain ldmatrix)
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+            const u32 a[4] = {pack_bf16x2(dS[2 * ks][0], dS[2 * ks][1]), pack_bf16x2(dS[2 * ks][2], dS[2 * ks][3]),
+                              pack_bf16x2(dS[2 * ks + 1][0], dS[2 * ks + 1][1]), pack_bf16x2(dS[2 * ks + 1][2], dS[2 * ks + 1][3])};
+            u32 bk[4];
+            ldmatrix_x4(bk, x4_addr_cols_first(st.kr, OP_STRIDE, 0, 16 * ks, lane));
+            // matrices: (c 0-7, k lo), (c 0-7, k hi), (c 8-15, k lo), (c 8-15, k hi)
+            mma_bf16(acc[ks % G2_SPLIT][0], a, bk[0], bk[1]);
+            mma_bf16(acc[ks % G2_SPLIT][1], a, bk[2], bk[3]);
+        }
+
+        // combine, first half: dS^T *= exp2(gT) per k column, then G4: dS^T += do^T @ qd.
+        // Neither depends on G2, so they fill its latency.
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const float2 e = *reinterpret_cast<const float2*>(&st.egT[8 * j + 2 * t]);
+            dS[j][0] *= e.x; dS[j][1] *= e.y; dS[j][2] *= e.x; dS[j][3] *= e.y;
+        }
+#pragma unroll
+        for (int pr = 0; pr < 8; ++pr) {
+            u32 bq[4];
+            ldmatrix_x4_trans(bq, x4_addr_rows_first(st.qd, OP_STRIDE, 0, 16 * pr, lane));
+            mma_bf16(dS[2 * pr], doT, bq[0], bq[1]);
+            mma_bf16(dS[2 * pr + 1], doT, bq[2], bq[3]);
+        }
+
+        // G3: dvcorr^T = dU^T @ INV; dU^T's accumulators are G3's A operand.
+        float dU[2][4];
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = acc[0][nn][e];
+#pragma unroll
+                for (int a = 1; a < G2_SPLIT; ++a) x += acc[a][nn][e];
+                dU[nn][e] = x;
+            }
+        const u32 aU[4] = {pack_bf16x2(dU[0][0], dU[0][1]), pack_bf16x2(dU[0][2], dU[0][3]),
+                           pack_bf16x2(dU[1][0], dU[1][1]), pack_bf16x2(dU[1][2], dU[1][3])};
+        u32 bi[4];
+        ldmatrix_x4_trans(bi, x4_addr_rows_first(st.inv, SMALL_STRIDE, 0, 0, lane));
+        float dv[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        mma_bf16(dv[0], aU, bi[0], bi[1]);
+        mma_bf16(dv[1], aU, bi[2], bi[3]);
+
+        // bdv^T = -beta[c] * dvcorr^T (column c = 8nn + 2t, +1), straight into G5's A operand.
+        const float2 b0 = *reinterpret_cast<const float2*>(&st.beta[2 * t]);
+        const float2 b1 = *reinterpret_cast<const float2*>(&st.beta[8 + 2 * t]);
+        const u32 aB[4] = {pack_bf16x2(-b0.x * dv[0][0], -b0.y * dv[0][1]), pack_bf16x2(-b0.x * dv[0][2], -b0.y * dv[0][3]),
+                           pack_bf16x2(-b1.x * dv[1][0], -b1.y * dv[1][1]), pack_bf16x2(-b1.x * dv[1][2], -b1.y * dv[1][3])};
+
+        // G5: dS^T += bdv^T @ kd   (the last step of the dS-dependent path)
+#pragma unroll
+        for (int pr = 0; pr < 8; ++pr) {
+            u32 bk[4];
+            ldmatrix_x4_trans(bk, x4_addr_rows_first(st.kd, OP_STRIDE, 0, 16 * pr, lane));
+            mma_bf16(dS[2 * pr], aB, bk[0], bk[1]);
+            mma_bf16(dS[2 * pr + 1], aB, bk[2], bk[3]);
+        }
+
+        if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL);  // the producer reloads stage s
+    }
+
+    store_band_f32(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS, v0, lane);
+}

@@ -1,0 +1,78 @@
+"""Kernel A on the GPU against the float64 reference (kernel.check), and its API's errors."""
+import numpy as np
+import pytest
+
+from kernel import check
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("case", check.CASES, ids=lambda c: c.name)
+def test_matches_float64_reference(case):
+    r = check.run_case(case)
+    assert not r["nan"], f"{case.name}: NaN in the output (an element was not written?)"
+    assert r["snapshots"] < check.BOUND, r
+    assert r["worst_snapshot"] < check.BOUND, r
+    assert r["dh0"] < check.BOUND, r
+    assert r["deterministic"], f"{case.name}: two runs on the same inputs differ"
+
+
+def _good_inputs(B=1, T=40, H=2):
+    kern, _ = check.inputs(check.Case("api", B=B, T=T, H=H))
+    return kern
+
+
+def _call(kern, **over):
+    from kernel.api import dstate_scan
+
+    args = {**kern, **over}
+    return dstate_scan(args["q"], args["k"], args["gc"], args["beta"], args["mqk"], args["inv"], args["do"],
+                       dht=args["dht"], cu_seqlens=args["cu_seqlens"])
+
+
+def test_bad_inputs_name_the_argument():
+    import cupy
+
+    kern = _good_inputs()
+    with pytest.raises(ValueError, match="k must have shape"):
+        _call(kern, k=kern["k"][:, :-1])
+    with pytest.raises(TypeError, match="gc must be float32"):
+        _call(kern, gc=kern["gc"].astype(np.float64))
+    with pytest.raises(TypeError, match="q must hold|q must be bf16"):
+        _call(kern, q=kern["q"].astype(np.float32))
+    with pytest.raises(ValueError, match="do must be C-contiguous"):
+        _call(kern, do=cupy.asfortranarray(kern["do"]))
+    with pytest.raises(TypeError, match="mqk must be a cupy.ndarray"):
+        _call(kern, mqk=kern["mqk"].get())
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+        _call(kern, cu_seqlens=np.array([1, 40]))
+    with pytest.raises(ValueError, match="cu_seqlens must be strictly increasing"):
+        _call(kern, cu_seqlens=np.array([0, 20, 20, 40]))
+    with pytest.raises(ValueError, match="cu_seqlens must end at the total length 40"):
+        _call(kern, cu_seqlens=np.array([0, 20, 39]))
+    with pytest.raises(ValueError, match="dht must have shape"):
+        _call(kern, dht=cupy.zeros((2, 2, 128, 128), dtype=np.float32))
+    from kernel.api import dstate_scan
+
+    with pytest.raises(ValueError, match="snapshot_every must be 1 or 4"):
+        dstate_scan(kern["q"], kern["k"], kern["gc"], kern["beta"], kern["mqk"], kern["inv"], kern["do"],
+                    snapshot_every=2)
+    with pytest.raises(ValueError, match="q's head dimension must be 128"):
+        _call(kern, q=kern["q"][..., :64].copy())
+
+
+def test_torch_tensors_round_trip():
+    torch = pytest.importorskip("torch")
+    from kernel.api import dstate_scan
+
+    kern = _good_inputs()
+    as_t = {n: torch.from_dlpack(v) for n, v in kern.items() if n != "cu_seqlens" and v is not None}
+    for n in ("q", "k", "do", "mqk", "inv"):
+        as_t[n] = as_t[n].view(torch.int16).view(torch.bfloat16)
+    s_t, d_t = dstate_scan(as_t["q"], as_t["k"], as_t["gc"], as_t["beta"], as_t["mqk"], as_t["inv"], as_t["do"],
+                           dht=as_t["dht"], snapshot_dtype="bfloat16", snapshot_every=4)
+    s_c, d_c = dstate_scan(kern["q"], kern["k"], kern["gc"], kern["beta"], kern["mqk"], kern["inv"], kern["do"],
+                           dht=kern["dht"], snapshot_dtype="bfloat16", snapshot_every=4)
+    assert isinstance(s_t, torch.Tensor) and s_t.dtype == torch.bfloat16 and s_t.is_cuda
+    assert torch.equal(s_t.view(torch.int16).cpu(), torch.from_numpy(s_c.get().view(np.int16)))
+    assert torch.equal(d_t.cpu(), torch.from_numpy(d_c.get()))

@@ -46,7 +46,7 @@ def _bytes_image(x, name: str) -> np.ndarray:
 
 def _lane_ints(x, name: str) -> np.ndarray:
     arr = np.asarray(x)
-    if arr.shape != (WARP,) or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool):
+    if arr.shape != (WARP,) or not np.issubdtype(arr.dtype, np.integer):
         raise _shape_error(name, f"{WARP} integers, shape ({WARP},)", arr)
     return arr.astype(np.int64)
 

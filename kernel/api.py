@@ -62,14 +62,20 @@ def _check_shape(name: str, x, expected: tuple) -> None:
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(x.shape)}")
 
 
+def _read_int_constant(mod, name: str) -> int:
+    import cupy
+
+    return int(cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global(name)).get()[0])
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(cfg: Config):
     from ptx_lab.gpu import load_module
 
     mod = load_module(build.source(), build.defines(cfg))
     fn = mod.get_function(build.KERNEL_NAME)
-    smem = int(mod.get_global("kda_smem_bytes").view(np.int32).get()[0])
-    threads = int(mod.get_global("kda_threads").view(np.int32).get()[0])
+    smem = _read_int_constant(mod, "kda_smem_bytes")
+    threads = _read_int_constant(mod, "kda_threads")
     if threads != cfg.threads:
         raise RuntimeError(f"kernel built {threads} threads per CTA, build.Config expects {cfg.threads}")
     fn.max_dynamic_shared_size_bytes = smem

@@ -85,6 +85,12 @@ def inputs(case: Case):
     raw = random_inputs(case.B, case.T, case.H, lengths=list(case.lengths) if case.lengths else None,
                         seed=case.seed, with_dht=case.dht, xp=cupy)
     cu = raw["cu_seqlens"]
+    if not case.l2norm:
+        # Without l2norm the kernel takes q, k as given: feed unit-scale rows (norm ~1), as a
+        # model that normalises upstream would. Raw N(0, 1) rows of norm ~11 make the delta
+        # rule itself diverge (I + Lkk is then far from well conditioned).
+        for name in ("q", "k"):
+            raw[name] = raw[name] * (raw[name].shape[-1] ** -0.5)
     q_b, k_b, do_b = bf16_bits(raw["q"]), bf16_bits(raw["k"]), bf16_bits(raw["do"])
     q_r, k_r = bits_to_f32(q_b), bits_to_f32(k_b)
     gc, mqk, inv = prepare_tiles(q_r, k_r, raw["g"], raw["beta"], qk_l2norm=case.l2norm, cu_seqlens=cu)

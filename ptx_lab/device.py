@@ -57,6 +57,11 @@ def _launch(name: str, args: tuple, shared_mem: int = 0) -> None:
     _kernel(name)((1,), (WARP,), args, shared_mem=shared_mem)
 
 
+def _dev(cupy, x: np.ndarray):
+    """Host array -> device array in C order, the layout the probes index."""
+    return cupy.asarray(np.ascontiguousarray(x))
+
+
 def _array(name: str, x, shape: tuple[int, ...], dtype) -> np.ndarray:
     a = np.asarray(x)
     if a.shape != shape or a.dtype != np.dtype(dtype):
@@ -134,8 +139,8 @@ def ldmatrix(smem, addrs, num: int, trans: bool) -> np.ndarray:
     padded = _padded(image)
     out = cupy.zeros((WARP, num), dtype=cupy.uint32)
     name = f"probe_ldmatrix_x{num}" + ("_trans" if trans else "")
-    _launch(name, (cupy.asarray(padded), np.uint32(padded.size // CHUNK_BYTES),
-                   cupy.asarray(_used_addrs(lanes, num)), out), shared_mem=padded.size)
+    _launch(name, (_dev(cupy, padded), np.uint32(padded.size // CHUNK_BYTES),
+                   _dev(cupy, _used_addrs(lanes, num)), out), shared_mem=padded.size)
     return cupy.asnumpy(out)
 
 
@@ -158,8 +163,8 @@ def stmatrix(smem, addrs, regs, trans: bool) -> np.ndarray:
     padded = _padded(image)
     out = cupy.zeros(padded.size, dtype=cupy.uint8)
     name = f"probe_stmatrix_x{num}" + ("_trans" if trans else "")
-    _launch(name, (cupy.asarray(padded), np.uint32(padded.size // CHUNK_BYTES),
-                   cupy.asarray(_used_addrs(lanes, num)), cupy.asarray(regs), out),
+    _launch(name, (_dev(cupy, padded), np.uint32(padded.size // CHUNK_BYTES),
+                   _dev(cupy, _used_addrs(lanes, num)), _dev(cupy, regs), out),
             shared_mem=padded.size)
     return cupy.asnumpy(out)[:image.size]
 
@@ -169,7 +174,7 @@ def movmatrix_trans(regs) -> np.ndarray:
     regs = _array("regs", regs, (WARP,), np.uint32)
     cupy = _cupy()
     out = cupy.zeros(WARP, dtype=cupy.uint32)
-    _launch("probe_movmatrix_trans", (cupy.asarray(regs), out))
+    _launch("probe_movmatrix_trans", (_dev(cupy, regs), out))
     return cupy.asnumpy(out)
 
 
@@ -186,7 +191,7 @@ def mma_m16n8k16(a, b, c, dtype: str) -> np.ndarray:
     c = _array("c", c, (WARP, 4), np.float32)
     cupy = _cupy()
     d = cupy.zeros((WARP, 4), dtype=cupy.float32)
-    _launch(f"probe_mma_m16n8k16_{dtype}", (cupy.asarray(a), cupy.asarray(b), cupy.asarray(c), d))
+    _launch(f"probe_mma_m16n8k16_{dtype}", (_dev(cupy, a), _dev(cupy, b), _dev(cupy, c), d))
     return cupy.asnumpy(d)
 
 
@@ -226,8 +231,8 @@ def cp_async(smem, gmem, dst, src, size: int, src_bytes=None, cache: str = "ca")
     padded = _padded(image)
     out = cupy.zeros(padded.size, dtype=cupy.uint8)
     name = f"probe_cp_async_{cache}{size}" + ("_zfill" if zfill else "")
-    _launch(name, (cupy.asarray(padded), np.uint32(padded.size // CHUNK_BYTES),
-                   cupy.asarray(_padded(source)), cupy.asarray(dst.astype(np.uint32)),
-                   cupy.asarray(src.astype(np.uint32)), cupy.asarray(nbytes.astype(np.uint32)),
+    _launch(name, (_dev(cupy, padded), np.uint32(padded.size // CHUNK_BYTES),
+                   _dev(cupy, _padded(source)), _dev(cupy, dst.astype(np.uint32)),
+                   _dev(cupy, src.astype(np.uint32)), _dev(cupy, nbytes.astype(np.uint32)),
                    out), shared_mem=padded.size)
     return cupy.asnumpy(out)[:image.size]

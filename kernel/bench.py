@@ -127,6 +127,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="Kernel A's V split (default auto)")
     p.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
     p.add_argument("--no-kernel", action="store_true", help="skip Kernel A")
+    p.add_argument("--cupti", action="store_true",
+                   help="also take kernel-only times with torch.profiler (CUPTI); off by default: "
+                        "on the device machine a profiled run stalled past 4 minutes")
     p.add_argument("--precision", action="store_true",
                    help="relative Frobenius errors vs the float64 reference on sampled heads")
     p.add_argument("--precision-heads", type=int, default=2,
@@ -560,9 +563,10 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                 t = time_cuda(lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode,
                                                    vsplit=args.vsplit),
                               warmup=args.warmup, reps=args.reps, flush=flush)
-                t["kernel_only"] = kernel_only_ms(
-                    lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode, vsplit=args.vsplit),
-                    reps=min(args.reps, 5))
+                if args.cupti:
+                    t["kernel_only"] = kernel_only_ms(
+                        lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode, vsplit=args.vsplit),
+                        reps=min(args.reps, 5))
                 t["GBps"] = res["bytes"][mode]["total"] / (t["median_ms"] * 1e6)
                 floor = _get(res, "floor", mode, "ms")
                 t["vs_floor"] = None if floor is None else t["median_ms"] / floor
@@ -587,7 +591,8 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                 try:
                     res["fla"][name] = time_cuda(fn, warmup=max(1, args.warmup),
                                                  reps=args.reps, flush=flush)
-                    res["fla"][name]["kernel_only"] = kernel_only_ms(fn, reps=min(args.reps, 5))
+                    if args.cupti:
+                        res["fla"][name]["kernel_only"] = kernel_only_ms(fn, reps=min(args.reps, 5))
                 except Exception as exc:
                     res["fla"][name] = {"error": _err(exc)}
                     log(f"    FLA {name} failed: {_err(exc)}")

@@ -105,9 +105,10 @@ def _sm_count() -> int:
 
 
 def choose_vsplit(ctas: int, sm_count: int) -> int:
-    """Smallest v-split whose grid covers the SMs (more splits repeat R1 per CTA)."""
+    """Smallest v-split whose grid covers ~90% of the SMs (more splits repeat R1 per CTA;
+    at 1 x 131072 x H32, vsplit 8 measured slower than 4 in bf16 mode: 37.3 vs 18.9 ms)."""
     for v in build.VSPLITS:
-        if ctas * v >= sm_count:
+        if ctas * v >= 0.9 * sm_count:
             return v
     return build.VSPLITS[-1]
 

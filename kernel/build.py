@@ -24,7 +24,7 @@ class Config:
     snap_every: int = 1      # snapshot every tile (1) or every 4th tile (4: FLA's dh)
     has_dht: bool = False
     l2norm: bool = True
-    nstage: int = 3          # input ring depth
+    nstage: int = 4          # input ring depth; loads run nstage - 1 tiles ahead
     g2_split: int = 4        # independent accumulator chains in G2 (dS path: 2 dependent MMAs, not 8)
     producers: int = 0       # producer warps; 0 = 2 for vsplit 1 (384 threads would cap
                              # registers at 168 and spill), else 4

@@ -5,7 +5,9 @@
                                       run experiments on the GPU if one is usable, else on
                                       the CPU model (the first line says which and why);
                                       PASS/FAIL per experiment, exit 1 on any failure
-    ptx-lab show <operand>            picture of a fragment map (ptx_lab.fragments.show)
+    ptx-lab show <operand> [--svg FILE] [--png FILE]
+                                      a fragment map (ptx_lab.fragments.show) or bank map
+                                      (banks:<preset>) as text, or drawn (ptx_lab.pictures)
     ptx-lab bench ...                 Kernel A's benchmark (kernel.bench:main), arguments passed on
 
 Experiments, fragments and the kernel are imported inside the commands that
@@ -110,16 +112,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_FAIL if n_failed else 0
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    from . import fragments
+def _show_names() -> tuple[str, ...]:
+    """Every operand `show` knows: fragments' text maps, then pictures' (incl. banks:<preset>)."""
+    from . import fragments, pictures
 
-    valid = tuple(getattr(fragments, "OPERANDS", ()))
-    if valid and args.operand not in valid:
+    names = list(getattr(fragments, "OPERANDS", ()))
+    names += [n for n in pictures.names() if n not in names]
+    return tuple(names)
+
+
+def _write_pictures(operand: str, svg: str | None, png: str | None) -> int:
+    """Write --svg/--png; a missing matplotlib fails before anything is written."""
+    from . import pictures
+
+    if png is not None:
+        try:
+            pictures._agg()
+        except pictures.MissingDependency as exc:
+            print(f"{PROG}: --png: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    picture = pictures.picture(operand)
+    for option, path, write in (("--svg", svg, pictures.write_svg), ("--png", png, pictures.write_png)):
+        if path is None:
+            continue
+        try:
+            write(picture, path)
+        except OSError as exc:
+            print(f"{PROG}: cannot write {option} {path}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from . import fragments, pictures
+
+    valid = _show_names()
+    if args.operand not in valid and not args.operand.startswith(pictures.BANK_PREFIX):
         print(f"{PROG}: unknown operand {args.operand!r}; valid operands: {', '.join(valid)}",
               file=sys.stderr)
         return EXIT_USAGE
     try:
-        picture = fragments.show(args.operand)
+        if args.svg is not None or args.png is not None:
+            return _write_pictures(args.operand, args.svg, args.png)
+        if args.operand in getattr(fragments, "OPERANDS", ()):
+            picture = fragments.show(args.operand)
+        else:
+            picture = pictures.to_text(pictures.picture(args.operand))
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -152,8 +191,29 @@ def _parser() -> argparse.ArgumentParser:
                    help="run on the CPU model even where a GPU is usable")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("show", help="print which lane and register hold each element of an operand")
-    p.add_argument("operand", help="e.g. mma.a, mma.b, mma.c, m8n8, m8n8.trans")
+    p = sub.add_parser(
+        "show", help="which lane and register hold each element of an operand, or a bank map; "
+                     "as text, or as a picture with --svg/--png",
+        description="Print which lane:register holds each element of an operand (text), or draw "
+                    "it: cells coloured by lane and labelled 'T<lane> r<register>.lo|hi'. "
+                    "banks:<preset> draws a shared-memory tile coloured by bank, with the cells "
+                    "of a conflicting warp access outlined in red.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="operands:\n"
+               "  mma.a, mma.b, mma.c (= C/D)    mma.m16n8k16 fragments\n"
+               "  m8n8, m8n8.trans               one 8x8 b16 fragment\n"
+               "  ldmatrix.x{1,2,4}[.trans]      each matrix as it lies in shared memory\n"
+               "  stmatrix.x{1,2,4}[.trans]      the same, for stores\n"
+               "  movmatrix                      M before (source) and after (destination)\n"
+               "  banks:<preset>                 a bank map (ptx_lab.banks presets)\n"
+               "an unknown operand lists every valid one.\n\n"
+               "examples:\n"
+               "  ptx-lab show mma.c                        text: lane:register per cell\n"
+               "  ptx-lab show ldmatrix.x4.trans --svg x.svg\n"
+               "  ptx-lab show movmatrix --png m.png        needs: pip install 'ptx-lab[plot]'")
+    p.add_argument("operand", help="e.g. mma.a, mma.c, ldmatrix.x4.trans, movmatrix, banks:<preset>")
+    p.add_argument("--svg", metavar="FILE", help="write the picture as SVG (no dependency)")
+    p.add_argument("--png", metavar="FILE", help="write the picture as PNG (needs matplotlib)")
     p.set_defaults(func=cmd_show)
 
     # Parsed by hand in main(): everything after `bench` belongs to kernel.bench.

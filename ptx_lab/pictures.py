@@ -192,22 +192,22 @@ _HALVES = "r<i>.lo = bits 0..15 of register i, .hi = bits 16..31"
 
 # operand -> (title, matrix name, row axis, col axis, notes)
 _MMA = {
-    "mma.a": ("mma.sync.aligned.m16n8k16  operand A  (16x16, row-major, bf16/f16)", "A",
+    "mma.a": ("mma.sync.aligned.m16n8k16 \u2014 operand A (16x16, row-major, bf16/f16)", "A",
               "row (m)", "col (k)",
               ("lane holds 4 b32 registers r0..r3 of two 16-bit elements: "
                "r, h -> A[g + 8(r & 1)][2t + h + 8(r >> 1)]", _GT + "; " + _HALVES)),
-    "mma.b": ("mma.sync.aligned.m16n8k16  operand B  (16x8, K x N, .col, bf16/f16)", "B",
+    "mma.b": ("mma.sync.aligned.m16n8k16 \u2014 operand B (16x8, K x N, .col, bf16/f16)", "B",
               "row (k)", "col (n)",
               ("lane holds 2 b32 registers r0, r1 of two 16-bit elements: "
                "r, h -> B[2t + h + 8r][g]", _GT + "; " + _HALVES)),
-    "mma.c": ("mma.sync.aligned.m16n8k16  operand C / D  (16x8 fp32 accumulator)", "C",
+    "mma.c": ("mma.sync.aligned.m16n8k16 \u2014 operand C / D (16x8 fp32 accumulator)", "C",
               "row (m)", "col (n)",
               ("lane holds 4 f32 registers r0..r3: r -> C[g + 8(r >> 1)][2t + (r & 1)]", _GT)),
-    "m8n8": ("m8n8 fragment  (ldmatrix / stmatrix register, movmatrix source)", "M",
+    "m8n8": ("m8n8 fragment (ldmatrix / stmatrix register, movmatrix source)", "M",
              "row", "col",
              ("lane holds 1 b32 register r0 of two 16-bit elements: h -> M[g][2t + h]",
               _GT + "; " + _HALVES)),
-    "m8n8.trans": ("m8n8.trans fragment  (.trans forms, movmatrix destination)", "M",
+    "m8n8.trans": ("m8n8.trans fragment (.trans forms, movmatrix destination)", "M",
                    "row", "col",
                    ("lane holds 1 b32 register r0 of two 16-bit elements: h -> M[2t + h][g]",
                     _GT + "; " + _HALVES)),
@@ -247,7 +247,7 @@ def ldst_picture(instr: str, num: int, trans: bool) -> Picture:
     form = "M[2t + h][g]" if trans else "M[g][2t + h]"
     arrow = "matrix {i} \u2192 r{i}" if instr == "ldmatrix" else "r{i} \u2192 matrix {i}"
     panels = tuple(
-        _grid_from_cells(f"{arrow.format(i=i)}  (row addresses from lanes {8 * i}..{8 * i + 7})",
+        _grid_from_cells(f"{arrow.format(i=i)} (row addresses from lanes {8 * i}..{8 * i + 7})",
                          8, 8, f"matrix {i}", _matrix_cells(num, trans, i),
                          row_notes=tuple(f"addr T{int(lanes[i, r])}" for r in range(8)))
         for i in range(num))
@@ -265,9 +265,9 @@ def movmatrix_picture() -> Picture:
     dst = _grid_from_cells("destination: the same M, now as the fragment of M^T",
                            8, 8, "M", _operand_cells("m8n8.trans"))
     notes = ("both panels index M itself: cell [i][j] shows which lane and half holds M[i][j]",
-             "source h -> M[g][2t + h];  destination h -> M[2t + h][g] (= M^T[g][2t + h])",
+             "source h -> M[g][2t + h]; destination h -> M[2t + h][g] (= M^T[g][2t + h])",
              _GT + "; " + _HALVES)
-    return Picture(title="movmatrix.sync.aligned.m8n8.trans.b16  d, a", panels=(src, dst),
+    return Picture(title="movmatrix.sync.aligned.m8n8.trans.b16 d, a", panels=(src, dst),
                    notes=notes, columns=2)
 
 
@@ -620,10 +620,12 @@ def _svg_shape(shape: Shape) -> list[str]:
         attrs += ' font-weight="bold"'
     if shape.rotate:
         # SVG rotates clockwise for positive angles; Text.rotate is counter-clockwise.
-        attrs = (f'x="{_num(shape.x + 0.35 * shape.size)}" y="{_num(shape.y)}" '
-                 f'font-size="{_num(shape.size)}" text-anchor="{shape.anchor}" fill="{shape.fill}" '
-                 f'transform="rotate({_num(-shape.rotate)} {_num(shape.x + 0.35 * shape.size)} '
-                 f'{_num(shape.y)})"')
+        # Turned a quarter clockwise, the glyphs stand to the right of their baseline,
+        # so the baseline goes 0.35 em left of the wanted centre (and right for ccw).
+        bx = shape.x - math.copysign(0.35 * shape.size, -shape.rotate)
+        attrs = (f'x="{_num(bx)}" y="{_num(shape.y)}" font-size="{_num(shape.size)}" '
+                 f'text-anchor="{shape.anchor}" fill="{shape.fill}" '
+                 f'transform="rotate({_num(-shape.rotate)} {_num(bx)} {_num(shape.y)})"')
     return [f"<text {attrs}>{escape(shape.text)}</text>"]
 
 

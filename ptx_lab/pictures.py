@@ -435,20 +435,22 @@ AXIS_SIZE = 13
 LABEL_SIZE = 15      # first line of a cell (the lane)
 SUBLABEL_SIZE = 12   # second line (register and half)
 GAP = 36             # between panels, and before the key
-CHAR_W = 0.6         # text width per character, in units of font size (for sizing only)
+CHAR_W = 0.62        # text width per character, in units of font size (for sizing only)
+BOLD_W = 0.72        # the same for bold (DejaVu Sans Bold digits are wide)
 
 
-def _text_width(text: str, size: float) -> float:
-    return len(text) * size * CHAR_W
+def _text_width(text: str, size: float, bold: bool = False) -> float:
+    """A generous estimate: too wide leaves margin, too narrow clips or overlaps."""
+    return len(text) * size * (BOLD_W if bold else CHAR_W)
 
 
 def _cell_size(grid: Grid) -> tuple[float, float]:
     """Wide enough for the longest label line at its font size; two-line labels are taller."""
     lines = [line for row in grid.labels for label in row for line in label.split("\n")[:1]]
     sublines = [label.split("\n")[1] for row in grid.labels for label in row if "\n" in label]
-    need = max([_text_width(t, LABEL_SIZE) for t in lines] +
+    need = max([_text_width(t, LABEL_SIZE, bold=True) for t in lines] +
                [_text_width(t, SUBLABEL_SIZE) for t in sublines] + [0.0])
-    width = max(34.0, math.ceil(need + 12))
+    width = max(36.0, math.ceil(need + 14))
     height = 46.0 if sublines else 30.0
     return width, height
 
@@ -479,7 +481,7 @@ def _panel_box(grid: Grid) -> _PanelBox:
     if grid.row_notes:
         right = 10 + max(_text_width(n, TICK_SIZE) for n in grid.row_notes)
     box = _PanelBox(grid, cell_w, cell_h, left, 26 + 20 + 20, right)
-    title_w = _text_width(grid.title, PANEL_TITLE_SIZE)
+    title_w = _text_width(grid.title, PANEL_TITLE_SIZE, bold=True)
     if title_w > box.width:  # a long panel title widens the right margin, never overlaps
         box = _PanelBox(grid, cell_w, cell_h, left, box.top, right + title_w - box.width)
     return box
@@ -537,7 +539,7 @@ KEY_CELL = (40.0, 26.0)
 
 
 def _key_size(picture: Picture) -> tuple[float, float]:
-    w = max(4 * KEY_CELL[0] + 30, _text_width(f"colour = {picture.key_name}", PANEL_TITLE_SIZE))
+    w = max(4 * KEY_CELL[0] + 30, _text_width(f"colour = {picture.key_name}", PANEL_TITLE_SIZE, bold=True))
     h = 26 + 22 + 8 * KEY_CELL[1] + (46 if picture.highlight_note else 0)
     if picture.highlight_note:
         w = max(w, 36 + _text_width(picture.highlight_note, TICK_SIZE))
@@ -586,7 +588,7 @@ def layout(picture: Picture) -> Scene:
     panels_w = sum(col_w) + GAP * (ncol - 1)
     key_w, key_h = _key_size(picture)
     shapes += _key_shapes(picture, MARGIN + panels_w + GAP, top)
-    text_w = max([_text_width(picture.title, TITLE_SIZE)] +
+    text_w = max([_text_width(picture.title, TITLE_SIZE, bold=True)] +
                  [_text_width(n, NOTE_SIZE) for n in picture.notes])
     width = max(MARGIN + panels_w + GAP + key_w, MARGIN + text_w) + MARGIN
     height = top + max(sum(row_h) + GAP * (len(row_h) - 1), key_h) + MARGIN

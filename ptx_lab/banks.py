@@ -1,0 +1,648 @@
+"""Shared-memory banks on Hopper: which accesses conflict, by how much, and why.
+
+Shared memory is 32 banks of 4-byte words: byte address ``a`` lives in word
+``a // 4`` of bank ``(a // 4) % 32``. Each *wavefront* (one pass through the
+data array, 128 bytes) lets every bank deliver or accept one word. An access
+therefore costs, per phase,
+
+    wavefronts(phase) = max over banks of |distinct words requested in that bank|
+
+and lanes that touch the *same* word never conflict (a read is broadcast to
+all of them; for a write one of them wins). "N-way conflict" means the worst
+bank holds N distinct words.
+
+The rule we model (and where it comes from)
+-------------------------------------------
+* 1-, 2- and 4-byte accesses: the whole warp is one phase. Source: CUDA C++
+  Programming Guide, shared memory of compute capability 5.x and later (32
+  banks, successive 32-bit words in successive banks, no conflict between lanes
+  that access the same 32-bit word); Hopper (9.0) keeps that organisation.
+* 8-byte accesses: two phases, lanes 0-15 and 16-31; 16-byte accesses: four
+  phases of 8 lanes. A phase is as many lanes as one 128-byte wavefront serves
+  at full width (``WAVEFRONT_BYTES // max(width, 4)``), so a conflict-free
+  8-byte access costs 2 wavefronts and a 16-byte one 4. Source: NVIDIA's own
+  descriptions (developer-forum answers, CUTLASS issue #328: a half-warp (8 B)
+  or quarter-warp (16 B) may touch any 128 bytes without loss), and Nsight
+  Compute's wavefront counters, which the bank experiment compares with.
+* ``ldmatrix`` / ``stmatrix``: one phase per 8x8 matrix, i.e. per 8 row
+  addresses (lanes 8i..8i+7) of 16 bytes each; x4 conflict-free = 4 wavefronts.
+* ``cp.async``: its shared-memory write is modelled as a store of the copy
+  size (4, 8 or 16 bytes) from each lane, phased like the loads above.
+
+What we do *not* model: the hardware is reported to merge phases in some
+cases, e.g. an 8-byte access whose two half-warps request the same words
+(every lane reading the same 8 bytes) may be served in one wavefront. We apply
+the strict phase rule (that example costs 2); the experiment
+``experiments.banks`` has a case for exactly this and reports what the GPU's
+counters say, without treating a difference there as a failure.
+
+Swizzles and layouts
+--------------------
+:func:`swizzle` is CuTe's ``Swizzle<B, M, S>``: XOR bits [M+S, M+S+B) of an
+offset into bits [M, M+B). :class:`Layout` maps a tile's (row, col) to a byte
+address: row/column strides (in elements, possibly hierarchical like a CuTe
+layout), the element size, and an optional swizzle of the byte offset.
+:func:`gmma_k` / :func:`gmma_mn` build the Hopper GMMA atoms (INTER, SW32,
+SW64, SW128) tiled over a tile; :data:`PRESETS` names the layouts of the seed's
+history. :func:`bank_map` returns per-cell bank numbers (and, for an access,
+which cells conflict) for ``ptx_lab.pictures`` to draw.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+WARP = 32
+BANKS = 32
+BANK_BYTES = 4                          # one word per bank per wavefront
+WAVEFRONT_BYTES = BANKS * BANK_BYTES     # 128: what one wavefront moves at most
+WIDTHS = (1, 2, 4, 8, 16)               # bytes per lane of ld/st.shared
+CP_ASYNC_SIZES = (4, 8, 16)
+MATRIX_ROWS = 8                          # an ldmatrix/stmatrix 8x8 matrix: 8 rows ...
+MATRIX_ROW_BYTES = 16                    # ... of 8 16-bit elements
+MATRIX_NUMS = (1, 2, 4)
+INACTIVE = -1                            # address of a lane that takes no part
+
+
+# ================================================================== the bank model
+
+def bank_of(address):
+    """Bank (0..31) of a byte address (int or integer array)."""
+    if isinstance(address, (int, np.integer)):
+        return (int(address) // BANK_BYTES) % BANKS
+    return (np.asarray(address, dtype=np.int64) // BANK_BYTES) % BANKS
+
+
+def lanes_per_phase(width: int) -> int:
+    """Lanes served together: as many as one 128-byte wavefront feeds at full width."""
+    _check_width(width)
+    return WAVEFRONT_BYTES // max(width, BANK_BYTES)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseBreakdown:
+    """One phase of an access: which lane touches which word of which bank.
+
+    ``banks[b][w]`` = the lanes whose request covers word ``w`` (byte address
+    ``4 * w``) of bank ``b``. The phase costs as many wavefronts as the fullest
+    bank has distinct words.
+    """
+    lanes: tuple[int, ...]
+    banks: Mapping[int, Mapping[int, tuple[int, ...]]]
+
+    @property
+    def wavefronts(self) -> int:
+        return max((len(words) for words in self.banks.values()), default=0)
+
+    def conflicts(self) -> dict[int, dict[int, tuple[int, ...]]]:
+        """The banks holding more than one distinct word: bank -> word -> lanes."""
+        return {b: dict(words) for b, words in self.banks.items() if len(words) > 1}
+
+    def describe(self) -> str:
+        """Teaching text: the lanes, the cost, and every conflicting bank."""
+        head = (f"lanes {_ranges(self.lanes)}: {self.wavefronts} wavefront"
+                f"{'s' if self.wavefronts != 1 else ''}")
+        lines = [head]
+        for b, words in sorted(self.conflicts().items()):
+            parts = [f"0x{4 * w:x} (lane{'s' if len(ls) > 1 else ''} {_ranges(ls)})"
+                     for w, ls in sorted(words.items())]
+            lines.append(f"  bank {b:2d}: {len(words)} words: " + ", ".join(parts))
+        if len(lines) == 1 and self.lanes:
+            lines.append("  no bank holds two distinct words: conflict-free")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Access:
+    """One warp-wide shared-memory instruction as the banks see it.
+
+    kind: e.g. "ld.shared.b32", "ldmatrix.x4.trans", "cp.async.16".
+    width: bytes each request covers (16 for an ldmatrix row).
+    phases: per phase, int64 (n, 2) rows of (lane, byte address), active lanes only.
+    """
+    kind: str
+    width: int
+    phases: tuple[np.ndarray, ...]
+
+    def breakdown(self) -> list[PhaseBreakdown]:
+        return [_phase_breakdown(requests, self.width) for requests in self.phases]
+
+    @property
+    def wavefronts(self) -> int:
+        """Total wavefronts: the sum over phases."""
+        return sum(p.wavefronts for p in self.breakdown())
+
+    @property
+    def ideal_wavefronts(self) -> int:
+        """Wavefronts without any conflict: one per phase that has an active lane."""
+        return sum(1 for requests in self.phases if len(requests))
+
+    @property
+    def bank_conflicts(self) -> int:
+        """Extra wavefronts caused by conflicts (what ncu's bank-conflict counters count)."""
+        return self.wavefronts - self.ideal_wavefronts
+
+    @property
+    def degree(self) -> int:
+        """N of "N-way": the worst phase's wavefronts (1 = conflict-free, 0 = no lane active)."""
+        return max((p.wavefronts for p in self.breakdown()), default=0)
+
+    def describe(self) -> str:
+        phases = self.breakdown()
+        head = (f"{self.kind}: {self.wavefronts} wavefronts over {len(phases)} phase"
+                f"{'s' if len(phases) != 1 else ''} (ideal {self.ideal_wavefronts}, "
+                f"{self.degree}-way)")
+        return "\n".join([head, *(p.describe() for p in phases if p.lanes)])
+
+
+def _phase_breakdown(requests: np.ndarray, width: int) -> PhaseBreakdown:
+    banks: dict[int, dict[int, list[int]]] = {}
+    for lane, address in requests.tolist():
+        first, last = address // BANK_BYTES, (address + width - 1) // BANK_BYTES
+        for word in range(first, last + 1):
+            banks.setdefault(word % BANKS, {}).setdefault(word, []).append(lane)
+    frozen = {b: {w: tuple(ls) for w, ls in words.items()} for b, words in banks.items()}
+    return PhaseBreakdown(tuple(int(l) for l in requests[:, 0]) if len(requests) else (), frozen)
+
+
+# ------------------------------------------------------------------ building accesses
+
+def shared_access(addresses, width: int, *, active=None, store: bool = False) -> Access:
+    """ld.shared / st.shared of `width` bytes per lane.
+
+    addresses: 32 byte addresses (numpy array or sequence); an entry of None or
+    -1 marks an inactive lane, and so does False in `active` (bool (32,)).
+    Active addresses must be multiples of `width` (the PTX alignment rule).
+    """
+    _check_width(width)
+    addrs, on = _lane_addresses(addresses, "addresses", active)
+    _check_aligned(addrs, on, width, "addresses")
+    per = lanes_per_phase(width)
+    kind = f"{'st' if store else 'ld'}.shared.b{width * 8}"
+    return Access(kind, width, _phases(addrs, on, per))
+
+
+def ldmatrix_access(row_addresses, num: int, *, trans: bool = False, store: bool = False) -> Access:
+    """ldmatrix (or, with store=True, stmatrix) .x{num}[.trans]: one phase per matrix.
+
+    row_addresses: 32 entries (or 8 * num); lanes 8i..8i+7 give the 16-byte
+    rows of matrix i, the other lanes' entries are ignored (may be None / -1).
+    .trans changes which register gets which element, not which bytes are read,
+    so it does not change the cost.
+    """
+    if num not in MATRIX_NUMS:
+        raise ValueError(f"num must be one of {MATRIX_NUMS}; got {num!r}")
+    used = MATRIX_ROWS * num
+    entries = list(row_addresses) if not isinstance(row_addresses, np.ndarray) else row_addresses
+    if len(entries) not in (WARP, used):
+        raise ValueError(f"row_addresses must have {WARP} entries (or {used} for x{num}); "
+                         f"got {len(entries)}")
+    padded = list(entries[:used]) + [None] * (WARP - used)
+    addrs, on = _lane_addresses(padded, "row_addresses", None)
+    if not on[:used].all():
+        lane = int(np.flatnonzero(~on[:used])[0])
+        raise ValueError(f"row_addresses[{lane}]: lanes 0..{used - 1} must all give a row for x{num}")
+    _check_aligned(addrs, on, MATRIX_ROW_BYTES, "row_addresses")
+    op = "stmatrix" if store else "ldmatrix"
+    kind = f"{op}.x{num}" + (".trans" if trans else "")
+    return Access(kind, MATRIX_ROW_BYTES, _phases(addrs, on, MATRIX_ROWS))
+
+
+def stmatrix_access(row_addresses, num: int, *, trans: bool = False) -> Access:
+    """stmatrix.x{num}[.trans]: the same phases as ldmatrix, writing."""
+    return ldmatrix_access(row_addresses, num, trans=trans, store=True)
+
+
+def cp_async_access(dst_addresses, size: int, *, active=None) -> Access:
+    """The shared-memory side of cp.async: each lane writes `size` bytes at its destination."""
+    if size not in CP_ASYNC_SIZES:
+        raise ValueError(f"size must be one of {CP_ASYNC_SIZES} bytes for cp.async; got {size!r}")
+    addrs, on = _lane_addresses(dst_addresses, "dst_addresses", active)
+    _check_aligned(addrs, on, size, "dst_addresses")
+    return Access(f"cp.async.{size}", size, _phases(addrs, on, lanes_per_phase(size)))
+
+
+# ------------------------------------------------------------------ the short forms
+
+def wavefronts(addresses, width: int, *, active=None) -> int:
+    """Wavefronts of one warp-wide ld/st.shared of `width` bytes (1 = conflict-free)."""
+    return shared_access(addresses, width, active=active).wavefronts
+
+
+def conflict_degree(addresses, width: int, *, active=None) -> int:
+    """N of an N-way conflict: the most distinct words any bank holds in one phase."""
+    return shared_access(addresses, width, active=active).degree
+
+
+def breakdown(addresses, width: int, *, active=None) -> list[PhaseBreakdown]:
+    """Per phase: bank -> word -> the lanes that collide there."""
+    return shared_access(addresses, width, active=active).breakdown()
+
+
+def ldmatrix_wavefronts(row_addresses, num: int) -> int:
+    return ldmatrix_access(row_addresses, num).wavefronts
+
+
+def stmatrix_wavefronts(row_addresses, num: int) -> int:
+    return stmatrix_access(row_addresses, num).wavefronts
+
+
+def cp_async_wavefronts(dst_addresses, size: int, *, active=None) -> int:
+    return cp_async_access(dst_addresses, size, active=active).wavefronts
+
+
+# ------------------------------------------------------------------ validation
+
+def _check_width(width) -> None:
+    if not isinstance(width, (int, np.integer)) or int(width) not in WIDTHS:
+        raise ValueError(f"width must be one of {WIDTHS} bytes per lane; got {width!r}")
+
+
+def _lane_addresses(addresses, name: str, active) -> tuple[np.ndarray, np.ndarray]:
+    """-> (int64 (32,) addresses with inactive = 0, bool (32,) active)."""
+    if isinstance(addresses, np.ndarray):
+        if addresses.dtype == object:
+            entries = addresses.tolist()
+        elif addresses.dtype.kind in "iu":
+            entries = addresses.astype(np.int64).tolist()
+        else:
+            raise ValueError(f"{name} must hold integers; got dtype {addresses.dtype}")
+        if addresses.ndim != 1:
+            raise ValueError(f"{name} must have shape ({WARP},); got {addresses.shape}")
+    else:
+        entries = list(addresses)
+    if len(entries) != WARP:
+        raise ValueError(f"{name} must have {WARP} entries, one per lane; got {len(entries)}")
+    on = np.ones(WARP, dtype=bool)
+    addrs = np.zeros(WARP, dtype=np.int64)
+    for lane, a in enumerate(entries):
+        if a is None or (isinstance(a, (int, np.integer)) and int(a) == INACTIVE):
+            on[lane] = False
+            continue
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)):
+            raise ValueError(f"{name}[{lane}] must be an integer byte address, None or -1; got {a!r}")
+        if int(a) < 0:
+            raise ValueError(f"{name}[{lane}] = {int(a)}: byte addresses are >= 0 (-1 = inactive)")
+        addrs[lane] = int(a)
+    if active is not None:
+        mask = np.asarray(active)
+        if mask.shape != (WARP,) or mask.dtype != bool:
+            raise ValueError(f"active must be a bool array of shape ({WARP},); "
+                             f"got {mask.dtype} {mask.shape}")
+        on &= mask
+    return addrs, on
+
+
+def _check_aligned(addrs: np.ndarray, on: np.ndarray, width: int, name: str) -> None:
+    bad = np.flatnonzero(on & (addrs % width != 0))
+    if bad.size:
+        lane = int(bad[0])
+        raise ValueError(f"{name}[{lane}] = {int(addrs[lane])} is not a multiple of {width}: "
+                         f"a {width}-byte access must be {width}-byte aligned")
+
+
+def _phases(addrs: np.ndarray, on: np.ndarray, per: int) -> tuple[np.ndarray, ...]:
+    out = []
+    for first in range(0, WARP, per):
+        lanes = np.arange(first, first + per)
+        lanes = lanes[on[lanes]]
+        out.append(np.stack([lanes, addrs[lanes]], axis=1).astype(np.int64))
+    return tuple(out)
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """(0, 1, 2, 5, 7, 8) -> "0-2, 5, 7-8"."""
+    vals = sorted(set(int(v) for v in values))
+    parts, i = [], 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        parts.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+# ================================================================== swizzles
+
+@dataclasses.dataclass(frozen=True)
+class Swizzle:
+    """CuTe's Swizzle<B, M, S>: XOR bits [M+S, M+S+B) of an offset into bits [M, M+B).
+
+    With S >= B the source and target bit fields do not overlap, so the
+    function is its own inverse and permutes every aligned block of
+    ``atom_size`` offsets (bits >= M+S+B and < M are left alone). B = 0 is
+    the identity. The offset's unit is whatever the caller uses; the GMMA
+    presets below apply it to byte offsets.
+    """
+    bits: int    # B: how many bits are XORed
+    base: int    # M: the lowest target bit (2**M units move together)
+    shift: int   # S: distance from the target bits up to the source bits
+
+    def __post_init__(self) -> None:
+        for name, v in (("bits", self.bits), ("base", self.base), ("shift", self.shift)):
+            if not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{name} must be a non-negative integer; got {v!r}")
+        if self.shift < self.bits:
+            raise ValueError(f"shift must be >= bits (CuTe requires |S| >= B so the fields "
+                             f"do not overlap); got bits={self.bits}, shift={self.shift}")
+
+    @property
+    def atom_size(self) -> int:
+        """Offsets [k * atom, (k+1) * atom) map onto themselves."""
+        return 1 << (self.base + self.shift + self.bits)
+
+    def __call__(self, offset):
+        mask = ((1 << self.bits) - 1) << (self.base + self.shift)   # the source field yyy
+        if isinstance(offset, (int, np.integer)):
+            return int(offset) ^ ((int(offset) & mask) >> self.shift)
+        o = np.asarray(offset, dtype=np.int64)
+        return o ^ ((o & mask) >> self.shift)
+
+    def __str__(self) -> str:
+        return f"Swizzle<{self.bits},{self.base},{self.shift}>"
+
+
+def swizzle(B: int, M: int, S: int) -> Swizzle:
+    """CuTe's Swizzle<B, M, S> as a function of an offset: swizzle(3, 4, 3)(off)."""
+    return Swizzle(B, M, S)
+
+
+# Hopper GMMA shared-memory atoms (CuTe's Layout_{K,MN}_{INTER,SW32,SW64,SW128}_Atom),
+# as swizzles of the *byte* offset. Every atom is 8 rows ("K-major": rows of
+# the non-contiguous mode) of 16 << B bytes. INTER = Swizzle<0,4,3> XORs no bits
+# at all: its only effect is the *interleaving*, i.e. each 8-row x 16-byte core
+# matrix of the tile is 128 contiguous bytes, so the 8 rows an ldmatrix phase
+# reads fill all 32 banks once, whatever the tile's size. SW32/64/128 also XOR
+# the 16-byte chunk index (bits 4..) with the row within the atom (bits 7..).
+GMMA_SWIZZLES: dict[str, Swizzle] = {
+    "INTER": Swizzle(0, 4, 3),
+    "SW32": Swizzle(1, 4, 3),
+    "SW64": Swizzle(2, 4, 3),
+    "SW128": Swizzle(3, 4, 3),
+}
+GMMA_ATOM_ROWS = 8
+CORE_ROW_BYTES = 16   # the 16-byte unit (bits 0..3) every GMMA swizzle leaves whole
+
+
+# ================================================================== layouts
+
+Mode = tuple[int, int]   # (extent, stride in elements)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Logical (row, col) of a tile -> byte address in shared memory.
+
+    The row index is split into digits by ``row_modes`` (first mode fastest,
+    CuTe's convention), each digit times its stride in elements; the same for
+    columns. offset = sum of digit * stride; address = swizzle(base + offset
+    * elem_bytes). A plain row-major tile has one mode each: ((rows, stride),)
+    and ((cols, 1),).
+    """
+    name: str
+    shape: tuple[int, int]             # (rows, cols) in elements
+    elem_bytes: int
+    row_modes: tuple[Mode, ...]
+    col_modes: tuple[Mode, ...]
+    swizzle: Swizzle | None = None     # applied to the byte address
+    base: int = 0                      # byte address of the unswizzled element (0, 0)
+
+    def __post_init__(self) -> None:
+        if self.elem_bytes not in (1, 2, 4, 8, 16):
+            raise ValueError(f"elem_bytes must be 1, 2, 4, 8 or 16; got {self.elem_bytes!r}")
+        for axis, n, modes in (("row_modes", self.shape[0], self.row_modes),
+                               ("col_modes", self.shape[1], self.col_modes)):
+            if math.prod(e for e, _ in modes) != n:
+                raise ValueError(f"{axis}: extents {[e for e, _ in modes]} must multiply to "
+                                 f"the {axis[:3]} count {n}")
+        if self.base % (self.swizzle.atom_size if self.swizzle else 1) or self.base < 0:
+            raise ValueError(f"base must be a non-negative multiple of the swizzle's atom "
+                             f"({self.swizzle.atom_size if self.swizzle else 1} bytes); got {self.base}")
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.shape[1]
+
+    def offset(self, row, col):
+        """Element offset before swizzling (ints or integer arrays, broadcast)."""
+        row, col = self._check_index(row, col)
+        return _mode_offset(row, self.row_modes) + _mode_offset(col, self.col_modes)
+
+    def address(self, row, col):
+        """Byte address of element (row, col); arrays broadcast like numpy."""
+        scalar = isinstance(row, (int, np.integer)) and isinstance(col, (int, np.integer))
+        byte = self.base + self.offset(row, col) * self.elem_bytes
+        if self.swizzle is not None:
+            byte = self.swizzle(byte)
+        return int(byte) if scalar else np.asarray(byte, dtype=np.int64)
+
+    def addresses(self) -> np.ndarray:
+        """int64 (rows, cols): the byte address of every element."""
+        r, c = np.meshgrid(np.arange(self.rows), np.arange(self.cols), indexing="ij")
+        return self.address(r, c)
+
+    def transpose(self, name: str | None = None) -> "Layout":
+        """The same bytes seen as the transposed tile: t.address(c, r) == self.address(r, c)."""
+        return dataclasses.replace(self, name=name or f"{self.name}, transposed",
+                                   shape=(self.cols, self.rows),
+                                   row_modes=self.col_modes, col_modes=self.row_modes)
+
+    @property
+    def cosize_bytes(self) -> int:
+        """Bytes from base to one past the last element (the footprint with padding)."""
+        return int(self.addresses().max()) + self.elem_bytes - self.base
+
+    def _check_index(self, row, col):
+        r, c = np.asarray(row), np.asarray(col)
+        for name, v, n in (("row", r, self.rows), ("col", c, self.cols)):
+            if v.dtype.kind not in "iu":
+                raise ValueError(f"{name} must be integer; got dtype {v.dtype}")
+            if v.size and (v.min() < 0 or v.max() >= n):
+                raise ValueError(f"{name} must lie in 0..{n - 1} for {self.name!r}; "
+                                 f"got {int(v.min())}..{int(v.max())}")
+        return r.astype(np.int64), c.astype(np.int64)
+
+
+def _mode_offset(index: np.ndarray, modes: Sequence[Mode]) -> np.ndarray:
+    out = np.zeros_like(index)
+    for extent, stride in modes:
+        out = out + (index % extent) * stride
+        index = index // extent
+    return out
+
+
+def row_major(rows: int, cols: int, row_stride: int, elem_bytes: int = 2, *,
+              swizzle: Swizzle | None = None, name: str | None = None) -> Layout:
+    """rows x cols, element (r, c) at r * row_stride + c elements; padding = row_stride - cols."""
+    if row_stride < cols:
+        raise ValueError(f"row_stride ({row_stride}) must be >= cols ({cols})")
+    return Layout(name or f"row-major {rows}x{cols}, stride {row_stride}", (rows, cols),
+                  elem_bytes, ((rows, row_stride),), ((cols, 1),), swizzle)
+
+
+def _gmma(kind: str, elem_bytes: int) -> tuple[Swizzle, int]:
+    if kind not in GMMA_SWIZZLES:
+        raise ValueError(f"kind must be one of {tuple(GMMA_SWIZZLES)}; got {kind!r}")
+    swz = GMMA_SWIZZLES[kind]
+    return swz, (CORE_ROW_BYTES << swz.bits) // elem_bytes   # contiguous elements per atom row
+
+
+def _check_order(order: str) -> None:
+    if order not in ("col", "row"):
+        raise ValueError(f"order must be 'col' (CuTe's tile_to_shape default: atoms run down "
+                         f"the rows first) or 'row'; got {order!r}")
+
+
+def gmma_k(kind: str, rows: int, cols: int, elem_bytes: int = 2, *, order: str = "col",
+           name: str | None = None) -> Layout:
+    """K-major GMMA atoms tiled over a rows x cols tile (cols contiguous, e.g. [N][K]).
+
+    Atom: 8 rows x (16 << B) bytes, Swizzle<B,4,3> of the byte offset. `order`
+    is the order of the atoms: "col" = down the rows first (tile_to_shape's
+    default), "row" = along the columns first.
+    """
+    swz, run = _gmma(kind, elem_bytes)
+    _check_order(order)
+    if rows % GMMA_ATOM_ROWS or cols % run:
+        raise ValueError(f"a {kind} K-major atom is {GMMA_ATOM_ROWS} x {run} elements; "
+                         f"rows ({rows}) and cols ({cols}) must be multiples of it")
+    atom = GMMA_ATOM_ROWS * run
+    if order == "col":
+        row_modes = ((GMMA_ATOM_ROWS, run), (rows // GMMA_ATOM_ROWS, atom))
+        col_modes = ((run, 1), (cols // run, rows * run))
+    else:
+        row_modes = ((GMMA_ATOM_ROWS, run), (rows // GMMA_ATOM_ROWS, cols * GMMA_ATOM_ROWS))
+        col_modes = ((run, 1), (cols // run, atom))
+    return Layout(name or f"K_{kind} over [{rows}, {cols}]", (rows, cols), elem_bytes,
+                  row_modes, col_modes, swz)
+
+
+def gmma_mn(kind: str, rows: int, cols: int, elem_bytes: int = 2, *, order: str = "col",
+            name: str | None = None) -> Layout:
+    """MN-major GMMA atoms over a rows x cols tile (rows contiguous, e.g. [M][K] stored K-outer).
+
+    The transpose of :func:`gmma_k`: runs of (16 << B) bytes go down the rows,
+    8 of them side by side make an atom.
+    """
+    swz, run = _gmma(kind, elem_bytes)
+    _check_order(order)
+    if rows % run or cols % GMMA_ATOM_ROWS:
+        raise ValueError(f"a {kind} MN-major atom is {run} x {GMMA_ATOM_ROWS} elements; "
+                         f"rows ({rows}) and cols ({cols}) must be multiples of it")
+    atom = GMMA_ATOM_ROWS * run
+    if order == "col":
+        row_modes = ((run, 1), (rows // run, atom))
+        col_modes = ((GMMA_ATOM_ROWS, run), (cols // GMMA_ATOM_ROWS, rows * GMMA_ATOM_ROWS))
+    else:
+        row_modes = ((run, 1), (rows // run, run * cols))
+        col_modes = ((GMMA_ATOM_ROWS, run), (cols // GMMA_ATOM_ROWS, atom))
+    return Layout(name or f"MN_{kind} over [{rows}, {cols}]", (rows, cols), elem_bytes,
+                  row_modes, col_modes, swz)
+
+
+# ------------------------------------------------------------------ the seed's layouts
+
+C = 16            # tokens per tile (CHUNK)
+D = 128           # key/query features
+DV = 128          # value features
+BF16, FP32 = 2, 4
+TOKENS_READ = 2 * C   # the token-strided read covers two 16-token tiles: one token per lane
+
+_DS_B = gmma_k("INTER", DV, D, name="dS_b: K_INTER over [Dv, D] (B operand dS[v][k])")
+
+PRESETS: dict[str, Layout] = {
+    # R1's raw q/k rows [token][feature], bf16: the row stride is the whole story
+    "qk_stride128": row_major(TOKENS_READ, D, D, BF16, name="q/k [token][k] bf16, stride 128 (256 B rows)"),
+    "qk_stride136": row_major(TOKENS_READ, D, D + 8, BF16, name="q/k bf16, stride 136 (16-B cp.async rows)"),
+    "qk_stride130": row_major(TOKENS_READ, D, D + 2, BF16, name="q/k bf16, stride 130 (odd half-stride)"),
+    # R1's gc rows, fp32
+    "gc_stride128": row_major(TOKENS_READ, D, D, FP32, name="gc [token][k] fp32, stride 128 (512 B rows)"),
+    "gc_stride132": row_major(TOKENS_READ, D, D + 4, FP32, name="gc fp32, stride 132"),
+    # a 16-token x 128-feature bf16 MMA operand tile read with ldmatrix(.trans)
+    "op_plain256": row_major(C, D, D, BF16, name="operand [c][k] bf16, plain 256 B rows"),
+    "op_pad272": row_major(C, D, D + 8, BF16, name="operand [c][k] bf16, 272 B rows (Kernel A's D + 8)"),
+    "op_k_inter": gmma_k("INTER", C, D, name="operand [c][k] bf16, K_INTER over [C, D]"),
+    # qd as R1 writes it: MN_INTER over [D, C] (the seed's QdKdSw)
+    "qd_mn_inter": gmma_mn("INTER", D, C, name="qd [k][c] bf16, MN_INTER over [D, C]"),
+    # dS, one copy read both ways (the transpose-dual pair) ...
+    "ds_b": _DS_B,
+    "ds_c": _DS_B.transpose(name="dS_c: MN_INTER over [D, Dv], atoms row-first (accumulator dS[k][v])"),
+    # ... and the plain layout it replaced
+    "ds_plain": row_major(DV, D, D, BF16, name="dS[v][k] bf16, plain 256 B rows"),
+    "ds_plain_t": row_major(DV, D, D, BF16).transpose(name="dS[k][v] view of plain 256 B rows"),
+    # the real swizzles, for pictures
+    "k_sw32": gmma_k("SW32", 16, 16, name="K_SW32 atom x2, bf16"),
+    "k_sw64": gmma_k("SW64", 16, 32, name="K_SW64 atom x2, bf16"),
+    "k_sw128": gmma_k("SW128", 16, 64, name="K_SW128 atom x2, bf16"),
+}
+
+
+# ================================================================== bank maps
+
+class BankMap(NamedTuple):
+    """Plain data for a picture of a tile's banks.
+
+    banks: int (rows, cols), the bank of each cell's first byte.
+    conflicts: bool (rows, cols) or None, cells the access touches in a bank
+        that holds another distinct word in the same phase.
+    lanes: int (rows, cols) or None, the lowest lane whose request covers the
+        cell (-1 = untouched).
+    """
+    title: str
+    banks: np.ndarray
+    conflicts: np.ndarray | None
+    lanes: np.ndarray | None
+
+
+def bank_map(layout: Layout, rows: int | None = None, cols: int | None = None,
+             access: Access | None = None, *, title: str | None = None) -> BankMap:
+    """Banks of the top-left rows x cols cells of `layout` (default: all of it).
+
+    With `access`, also which cells it touches and which of those sit in a
+    conflicting bank, so a picture can outline them.
+    """
+    rows = layout.rows if rows is None else rows
+    cols = layout.cols if cols is None else cols
+    for name, v, n in (("rows", rows, layout.rows), ("cols", cols, layout.cols)):
+        if not isinstance(v, (int, np.integer)) or not 1 <= v <= n:
+            raise ValueError(f"{name} must lie in 1..{n} for {layout.name!r}; got {v!r}")
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    addr = layout.address(r, c)                          # (rows, cols) bytes
+    banks = (addr // BANK_BYTES) % BANKS
+    head = title or f"{layout.name}: banks of {rows} x {cols} cells"
+    if access is None:
+        return BankMap(head, banks.astype(np.int64), None, None)
+
+    lanes = np.full((rows, cols), INACTIVE, dtype=np.int64)
+    conflicts = np.zeros((rows, cols), dtype=bool)
+    cell_first = addr // BANK_BYTES
+    cell_last = (addr + layout.elem_bytes - 1) // BANK_BYTES
+    for requests, phase in zip(access.phases, access.breakdown()):
+        bad_words = sorted({w for words in phase.conflicts().values() for w in words})
+        for lane, a in requests.tolist():
+            covered = (addr >= a) & (addr < a + access.width)
+            lanes[covered & (lanes == INACTIVE)] = lane
+            for w in bad_words:   # a cell conflicts if any of its words is a contested one
+                conflicts |= covered & (cell_first <= w) & (w <= cell_last)
+    head = title or (f"{layout.name}: {access.kind}, {access.wavefronts} wavefronts "
+                     f"({access.degree}-way)")
+    return BankMap(head, banks.astype(np.int64), conflicts, lanes)
+
+
+__all__ = [
+    "WARP", "BANKS", "BANK_BYTES", "WAVEFRONT_BYTES", "WIDTHS", "CP_ASYNC_SIZES", "INACTIVE",
+    "bank_of", "lanes_per_phase", "PhaseBreakdown", "Access",
+    "shared_access", "ldmatrix_access", "stmatrix_access", "cp_async_access",
+    "wavefronts", "conflict_degree", "breakdown",
+    "ldmatrix_wavefronts", "stmatrix_wavefronts", "cp_async_wavefronts",
+    "Swizzle", "swizzle", "GMMA_SWIZZLES",
+    "Layout", "row_major", "gmma_k", "gmma_mn", "PRESETS", "BankMap", "bank_map",
+]

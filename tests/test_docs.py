@@ -17,8 +17,9 @@ The convention (also stated at the top of docs/walkthrough.md):
   so the venv's packages are used even where the console script is not
   installed.
 * A path under ``docs/img/`` in a command is redirected to a temporary
-  directory: running the docs never rewrites the committed images, and each
-  image command is shown to still produce its file. Commands that write there
+  directory (and the directory is named ``docs/img/`` again in what the
+  command prints): running the docs never rewrites the committed images, and
+  each image command is shown to still produce its file. Commands that write there
   are skipped, with the reason, where matplotlib is not installed (CI installs it).
 * Every image a doc shows (``![...](img/NAME)``) sits directly next to (only
   blank lines between) a console block with the command that made it,
@@ -191,9 +192,11 @@ def run(cmd: Command, tmp: Path) -> subprocess.CompletedProcess:
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1",
                CUDA_VISIBLE_DEVICES="", MPLBACKEND="Agg", COLUMNS="100", LC_ALL="C.UTF-8")
     script = cmd.command.replace(IMG_PREFIX, f"{out_dir}/")
-    return subprocess.run(["bash", "-c", "set -o pipefail\n" + script], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", "-c", "set -o pipefail\n" + script], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=TIMEOUT_S)
+    proc.stdout = proc.stdout.replace(f"{out_dir}/", IMG_PREFIX)
+    return proc
 
 
 BLOCKS = console_blocks()

@@ -205,13 +205,18 @@ def _parser() -> argparse.ArgumentParser:
                "  ldmatrix.x{1,2,4}[.trans]      each matrix as it lies in shared memory\n"
                "  stmatrix.x{1,2,4}[.trans]      the same, for stores\n"
                "  movmatrix                      M before (source) and after (destination)\n"
-               "  banks:<preset>                 a bank map (ptx_lab.banks presets)\n"
+               "  banks:<preset>[:<access>]      a ptx_lab.banks layout coloured by bank under one\n"
+               "                                 warp access: ldmatrix (x4 over the top-left 16x16),\n"
+               "                                 column (lane l reads [l][0]) or none; default:\n"
+               "                                 column for 32-row tiles, else ldmatrix\n"
                "an unknown operand lists every valid one.\n\n"
                "examples:\n"
                "  ptx-lab show mma.c                        text: lane:register per cell\n"
                "  ptx-lab show ldmatrix.x4.trans --svg x.svg\n"
+               "  ptx-lab show banks:op_pad272 --svg b.svg\n"
                "  ptx-lab show movmatrix --png m.png        needs: pip install 'ptx-lab[plot]'")
-    p.add_argument("operand", help="e.g. mma.a, mma.c, ldmatrix.x4.trans, movmatrix, banks:<preset>")
+    p.add_argument("operand", help="e.g. mma.a, mma.c, ldmatrix.x4.trans, movmatrix, "
+                                   "banks:<preset>[:ldmatrix|column|none]")
     p.add_argument("--svg", metavar="FILE", help="write the picture as SVG (no dependency)")
     p.add_argument("--png", metavar="FILE", help="write the picture as PNG (needs matplotlib)")
     p.set_defaults(func=cmd_show)

@@ -97,7 +97,8 @@ class Grid:
     labels: the text of each cell; "\\n" splits it into a bold first line and
     a smaller second line. tips: tooltip per cell (SVG <title>); defaults to
     the label. highlight: bool (rows, cols), drawn with a thick red border.
-    block: a thicker line every `block` rows/cols (the 8x8 sub-matrices).
+    block: a thicker line every `block` rows/cols (the 8x8 sub-matrices);
+    row_block, when given, replaces it for rows.
     row_notes: text to the right of each row (e.g. which lane gives its address).
     """
 
@@ -110,6 +111,7 @@ class Grid:
     tips: Sequence[Sequence[str]] | None = None
     block: int = 8
     row_notes: Sequence[str] | None = None
+    row_block: int | None = None
 
     def __post_init__(self) -> None:
         keys = np.asarray(self.keys)
@@ -298,14 +300,18 @@ def fragment_picture(operand: str) -> Picture:
 
 # ------------------------------------------------------------------ bank pictures
 
-def bank_picture(title: str, banks: np.ndarray, conflicts: np.ndarray | None = None, *,
-                 notes: Sequence[str] = (), row_name: str = "row", col_name: str = "col",
-                 block: int = 0, highlight_note: str = "conflicting access") -> Picture:
+def bank_picture(title: str, banks: np.ndarray, conflicts: np.ndarray | None = None,
+                 lanes: np.ndarray | None = None, *, notes: Sequence[str] = (),
+                 row_name: str = "row", col_name: str = "col", block: int = 0,
+                 row_block: int | None = None,
+                 highlight_note: str = "conflicting access") -> Picture:
     """A shared-memory tile coloured and labelled by bank, conflicting cells outlined red.
 
     banks: int (rows, cols), the bank (0..31) of each cell, or < 0 for a cell
     not drawn. conflicts: bool (rows, cols), the cells a warp access touches in
     a bank some other lane of the same access also hits at another address.
+    lanes: int (rows, cols), the lane whose request covers the cell (< 0: none);
+    touched cells get "T<lane>" under the bank, so the access itself is visible.
     The arrays come from whatever computes them (ptx_lab.banks); this only draws.
     """
     banks = np.asarray(banks)
@@ -317,18 +323,31 @@ def bank_picture(title: str, banks: np.ndarray, conflicts: np.ndarray | None = N
         conflicts = np.asarray(conflicts, dtype=bool)
         if conflicts.shape != banks.shape:
             raise ValueError(f"conflicts: expected shape {banks.shape}, got {conflicts.shape}")
-    labels = [[str(int(b)) if b >= 0 else "" for b in row] for row in banks]
-    tips = [[f"[{r}][{c}]: bank {int(b)}" + (", conflicts" if conflicts is not None and conflicts[r, c]
-                                               else "")
-             for c, b in enumerate(row)] for r, row in enumerate(banks)]
-    grid = Grid(title=f"{banks.shape[0]} x {banks.shape[1]}", keys=banks.astype(np.int64),
-                labels=labels, tips=tips, highlight=conflicts, row_name=row_name,
-                col_name=col_name, block=block)
+    if lanes is not None:
+        lanes = np.asarray(lanes)
+        if lanes.shape != banks.shape or not np.issubdtype(lanes.dtype, np.integer):
+            raise ValueError(f"lanes: expected an integer array of shape {banks.shape}, "
+                             f"got {lanes.dtype} {lanes.shape}")
+    rows, cols = banks.shape
+    labels = [[""] * cols for _ in range(rows)]
+    tips = [[""] * cols for _ in range(rows)]
+    for r, c in np.ndindex(rows, cols):
+        b = int(banks[r, c])
+        lane = -1 if lanes is None else int(lanes[r, c])
+        labels[r][c] = ("" if b < 0 else str(b)) + (f"\nT{lane}" if lane >= 0 else "")
+        tips[r][c] = (f"[{r}][{c}]: bank {b}" + (f", read by lane {lane}" if lane >= 0 else "")
+                      + (", conflicts" if conflicts is not None and conflicts[r, c] else ""))
+    grid = Grid(title=f"{rows} x {cols} cells", keys=banks.astype(np.int64), labels=labels,
+                tips=tips, highlight=conflicts, row_name=row_name, col_name=col_name, block=block,
+                row_block=row_block)
     return Picture(title=title, panels=(grid,), key_name="bank", notes=tuple(notes), columns=1,
                    highlight_note=highlight_note if conflicts is not None else None)
 
 
-BANK_PREFIX = "banks:"  # `ptx-lab show banks:<preset>`
+BANK_PREFIX = "banks:"  # `ptx-lab show banks:<preset>[:<access>]`
+BANK_ACCESSES = ("ldmatrix", "column", "none")
+SHOWN_BYTES = 64    # row bytes drawn (more only for a wider swizzle atom): ~1300 px wide
+SHOWN_ROWS = 32     # most rows drawn: one per lane
 
 
 def _banks_module():
@@ -347,10 +366,82 @@ def bank_presets() -> tuple[str, ...]:
         return ()
 
 
-def bank_preset_picture(preset: str) -> Picture:
-    """The bank map of one of ptx_lab.banks' named layouts and warp accesses."""
-    _banks_module()  # says so when banks.py is missing, rather than listing no presets
-    raise ValueError(f"preset must be one of {', '.join(bank_presets())}; got {preset!r}")
+def _ldmatrix_rows(layout) -> list[int]:
+    """Row addresses of ldmatrix.x4 over the top-left 16x16 block, in mma-A order.
+
+    Matrix 0 = rows 0..7 x cols 0..7, 1 = rows 8..15, 2 = cols 8..15, 3 = both
+    (the A fragment's a0..a3). An ldmatrix "row" is 8 elements contiguous in
+    memory: along a row for a row-contiguous layout, down a column for an
+    MN-major one (then the picture shows what ldmatrix.trans reads).
+    """
+    if layout.elem_bytes != 2 or layout.rows < 16 or layout.cols < 16:
+        raise ValueError(f"access 'ldmatrix' reads a 16x16 block of 2-byte elements; "
+                         f"{layout.name!r} is {layout.rows}x{layout.cols} of {layout.elem_bytes}-byte")
+    a = layout.address
+    along_cols = a(0, 1) - a(0, 0) == 2
+    out = []
+    for i in range(4):
+        r0, c0 = 8 * (i & 1), 8 * (i >> 1)
+        for j in range(8):
+            rr, cc = (r0 + j, c0) if along_cols else (r0, c0 + j)
+            start = a(rr, cc)
+            run = [a(rr, cc + e) if along_cols else a(rr + e, cc) for e in range(8)]
+            if run != [start + 2 * e for e in range(8)]:
+                raise ValueError(f"access 'ldmatrix': in {layout.name!r} the 8 elements from "
+                                 f"[{rr}][{cc}] are not 16 contiguous bytes")
+            out.append(start)
+    return out
+
+
+def _preset_access(banks, layout, access: str):
+    """(banks.Access or None, one line saying what the warp does)."""
+    if access == "none":
+        return None, "no access drawn"
+    if access == "ldmatrix":
+        acc = banks.ldmatrix_access(_ldmatrix_rows(layout), 4)
+        return acc, ("access: ldmatrix.x4 over the top-left 16x16 block (matrix i from lanes "
+                     "8i..8i+7; the mma A order), one phase per 8x8 matrix")
+    n = min(WARP, layout.rows)
+    addrs = [layout.address(l, 0) if l < n else None for l in range(WARP)]
+    acc = banks.shared_access(addrs, layout.elem_bytes)
+    return acc, (f"access: lane l reads element [l][0] ({layout.elem_bytes} bytes, "
+                 f"{acc.kind}): one column, one row per lane")
+
+
+def bank_preset_picture(spec: str) -> Picture:
+    """The bank map of a ptx_lab.banks preset under one warp access.
+
+    spec: "<preset>" or "<preset>:<access>", access one of BANK_ACCESSES. The
+    default is "column" for a tile of exactly 32 rows (one per lane: the
+    token-strided reads of the q/k/gc presets) and "ldmatrix" otherwise.
+    At most SHOWN_ROWS rows and SHOWN_BYTES bytes per row are drawn (top-left),
+    or a whole swizzle atom row where that is wider: wider pictures shrink to
+    unreadable text in most viewers, and every access drawn lies in that corner.
+    """
+    banks = _banks_module()  # says so when banks.py is missing, rather than listing no presets
+    preset, _, access = spec.partition(":")
+    if preset not in banks.PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(banks.PRESETS)}; got {preset!r}")
+    layout = banks.PRESETS[preset]
+    access = access or ("column" if layout.rows == WARP else "ldmatrix")
+    if access not in BANK_ACCESSES:
+        raise ValueError(f"access (after banks:{preset}:) must be one of "
+                         f"{', '.join(BANK_ACCESSES)}; got {access!r}")
+    acc, what = _preset_access(banks, layout, access)
+    rows = min(layout.rows, SHOWN_ROWS)
+    swz = getattr(layout, "swizzle", None)
+    row_bytes = max(SHOWN_BYTES, (16 << swz.bits) if swz is not None else 0)
+    cols = min(layout.cols, row_bytes // layout.elem_bytes)
+    bm = banks.bank_map(layout, rows, cols, acc)
+    shown = ("" if (rows, cols) == layout.shape
+             else f"; drawn: the top-left {rows} x {cols} of [{layout.rows}, {layout.cols}]")
+    notes = (what, f"bank = (byte address // 4) % 32; T<lane> = the lane whose request covers "
+                   f"the cell{shown}")
+    # Thick lines every 16 bytes along a row (an ldmatrix row, a swizzle unit) and
+    # every 8 rows (an 8x8 matrix, a GMMA atom).
+    return bank_picture(bm.title, bm.banks, bm.conflicts, bm.lanes, notes=notes,
+                        block=16 // layout.elem_bytes if layout.elem_bytes < 16 else 0, row_block=8,
+                        highlight_note="in a conflicting bank")
 
 
 def names() -> tuple[str, ...]:
@@ -359,7 +450,7 @@ def names() -> tuple[str, ...]:
 
 
 def picture(name: str) -> Picture:
-    """Dispatch a `ptx-lab show` name: a fragment operand or "banks:<preset>"."""
+    """Dispatch a `ptx-lab show` name: a fragment operand or "banks:<preset>[:<access>]"."""
     if name.startswith(BANK_PREFIX):
         return bank_preset_picture(name[len(BANK_PREFIX):])
     return fragment_picture(name)
@@ -526,9 +617,11 @@ def _panel_shapes(p: int, box: _PanelBox, x0: float, y0: float) -> list[Shape]:
     for r, c in np.ndindex(rows, cols):
         out.append(_cell_shapes(p, r, c, grid, gx + c * box.cell_w, gy + r * box.cell_h,
                                 box.cell_w, box.cell_h))
-    if grid.block:
-        for r in range(grid.block, rows, grid.block):
+    row_block = grid.block if grid.row_block is None else grid.row_block
+    if row_block:
+        for r in range(row_block, rows, row_block):
             out.append(Line(gx, gy + r * box.cell_h, gx + gw, gy + r * box.cell_h, "#000000", 2.5))
+    if grid.block:
         for c in range(grid.block, cols, grid.block):
             out.append(Line(gx + c * box.cell_w, gy, gx + c * box.cell_w, gy + gh, "#000000", 2.5))
     out.append(Rect(gx, gy, gw, gh, "none", "#000000", 1.5))
@@ -746,5 +839,5 @@ def to_text(picture: Picture) -> str:
 __all__ = ["PALETTE", "HIGHLIGHT", "PLOT_HINT", "OPERANDS", "Grid", "Picture", "Scene",
            "MissingDependency", "colour", "ink", "mma_picture", "ldst_picture",
            "movmatrix_picture", "fragment_picture", "bank_picture", "BANK_PREFIX",
-           "bank_presets", "bank_preset_picture", "names", "picture", "layout", "to_svg",
+           "BANK_ACCESSES", "bank_presets", "bank_preset_picture", "names", "picture", "layout", "to_svg",
            "write_svg", "to_png", "write_png", "to_text"]

@@ -282,3 +282,58 @@ def test_cli_png_without_matplotlib(tmp_path, capsys, monkeypatch):
     assert not png.exists() and not svg.exists()  # fails before writing anything
     assert cli.main(["show", "mma.a", "--svg", str(svg)]) == 0  # --svg alone still works
     assert svg.exists()
+
+
+# ------------------------------------------------------------------ bank presets (ptx_lab.banks)
+
+def banks_module():
+    return pytest.importorskip("ptx_lab.banks", reason="ptx_lab/banks.py is not in this tree")
+
+
+def test_banks_plain_rows_ldmatrix_conflicts_8_way():
+    """256-byte rows: every row starts in bank 0, so the 8 rows of each ldmatrix phase collide.
+
+    Closed form: cell (r, c) of bf16 rows of 256 bytes is at byte 256r + 2c, bank (c // 2) % 32;
+    ldmatrix.x4 in mma-A order reads matrix i = r // 8 + 2 (c // 8) of the 16x16 block from
+    lane 8i + r % 8.
+    """
+    banks_module()
+    picture = pictures.picture("banks:op_plain256")
+    assert "ldmatrix.x4" in picture.title and "8-way" in picture.title
+    cells = svg_cells(pictures.to_svg(picture))
+    rows, cols = picture.panels[0].shape
+    assert (rows, cols) == (16, 32) and len(cells) == rows * cols
+    for (_, r, c), cell in cells.items():
+        bank = (c // 2) % 32
+        assert cell["fill"] == pictures.PALETTE[bank]
+        in_block = c < 16
+        lane = 8 * (r // 8 + 2 * (c // 8)) + r % 8
+        assert cell["texts"] == ([str(bank), f"T{lane}"] if in_block else [str(bank)]), (r, c)
+        assert cell["highlight"] == in_block, (r, c)
+
+
+def test_banks_padded_rows_are_conflict_free():
+    banks_module()
+    picture = pictures.picture("banks:op_pad272")
+    assert "4 wavefronts (1-way)" in picture.title
+    assert not np.asarray(picture.panels[0].highlight).any()
+    column = pictures.picture("banks:qk_stride130")  # lane l reads [l][0]: odd half-stride
+    assert "1-way" in column.title and not np.asarray(column.panels[0].highlight).any()
+    plain = pictures.picture("banks:qk_stride128:column")  # 256-byte rows: all in bank 0
+    assert "32-way" in plain.title
+    assert np.asarray(plain.panels[0].highlight)[:, 0].all()
+
+
+def test_cli_banks(tmp_path, capsys):
+    banks_module()
+    svg = tmp_path / "b.svg"
+    assert cli.main(["show", "banks:op_pad272", "--svg", str(svg)]) == 0
+    assert len(svg_cells(svg.read_text())) == 16 * 32
+    assert cli.main(["show", "banks:op_pad272"]) == 0
+    assert "4 wavefronts" in capsys.readouterr().out
+    assert cli.main(["show", "banks:nope"]) == cli.EXIT_USAGE
+    assert "preset must be one of" in capsys.readouterr().err
+    assert cli.main(["show", "banks:op_pad272:diagonal"]) == cli.EXIT_USAGE
+    assert "access (after banks:op_pad272:) must be one of ldmatrix, column, none" in capsys.readouterr().err
+    assert cli.main(["show", "banks:qk_stride130:ldmatrix"]) == cli.EXIT_USAGE
+    assert "16-byte aligned" in capsys.readouterr().err

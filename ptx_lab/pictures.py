@@ -526,7 +526,7 @@ AXIS_SIZE = 13
 LABEL_SIZE = 15      # first line of a cell (the lane)
 SUBLABEL_SIZE = 12   # second line (register and half)
 GAP = 36             # between panels, and before the key
-CHAR_W = 0.62        # text width per character, in units of font size (for sizing only)
+CHAR_W = 0.57        # text width per character, in units of font size (for sizing only)
 BOLD_W = 0.72        # the same for bold (DejaVu Sans Bold digits are wide)
 
 

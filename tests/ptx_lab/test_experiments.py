@@ -23,7 +23,7 @@ def lanes_named(result) -> set[int]:
 def test_registry_is_complete_and_ordered():
     assert list(EXPERIMENTS) == list(NAMES)
     assert set(NAMES) == {"mma_m16n8k16", "ldmatrix", "stmatrix", "movmatrix", "cp_async",
-                          "accumulator_as_a"}
+                          "accumulator_as_a", "banks"}
     for name, module in EXPERIMENTS.items():
         assert module.NAME == name
         assert module.SUMMARY and "\n" not in module.SUMMARY

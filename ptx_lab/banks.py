@@ -20,21 +20,28 @@ The rule we model (and where it comes from)
 * 8-byte accesses: two phases, lanes 0-15 and 16-31; 16-byte accesses: four
   phases of 8 lanes. A phase is as many lanes as one 128-byte wavefront serves
   at full width (``WAVEFRONT_BYTES // max(width, 4)``), so a conflict-free
-  8-byte access costs 2 wavefronts and a 16-byte one 4. Source: NVIDIA's own
-  descriptions (developer-forum answers, CUTLASS issue #328: a half-warp (8 B)
-  or quarter-warp (16 B) may touch any 128 bytes without loss), and Nsight
-  Compute's wavefront counters, which the bank experiment compares with.
+  8-byte access costs 2 wavefronts and a 16-byte one 4. Source: not the
+  Programming Guide, which is silent on it since compute capability 5.x, but
+  the rule as NVIDIA engineers state it in developer-forum answers and as
+  discussed in CUTLASS issue #328 (a half-warp of 8-byte or a quarter-warp of
+  16-byte accesses may touch any 128 bytes without loss). Nsight Compute's
+  wavefront counters check it: ``python -m experiments.banks`` on a GPU.
 * ``ldmatrix`` / ``stmatrix``: one phase per 8x8 matrix, i.e. per 8 row
-  addresses (lanes 8i..8i+7) of 16 bytes each; x4 conflict-free = 4 wavefronts.
+  addresses (lanes 8i..8i+7) of 16 bytes each; x4 conflict-free = 4
+  wavefronts. This is the rule every conflict-free ldmatrix layout (padding
+  by 16 bytes, CuTe's swizzles) is designed against; the GPU run checks it.
 * ``cp.async``: its shared-memory write is modelled as a store of the copy
-  size (4, 8 or 16 bytes) from each lane, phased like the loads above.
+  size (4, 8 or 16 bytes) from each lane, phased like the loads above. This
+  is the least certain rule here (the data arrives from L1, not from
+  registers); the GPU run checks it where ncu has an LDGSTS counter.
 
 What we do *not* model: the hardware is reported to merge phases in some
 cases, e.g. an 8-byte access whose two half-warps request the same words
 (every lane reading the same 8 bytes) may be served in one wavefront. We apply
 the strict phase rule (that example costs 2); the experiment
-``experiments.banks`` has a case for exactly this and reports what the GPU's
-counters say, without treating a difference there as a failure.
+``experiments.banks`` has a case for exactly this (``lds64_same_8_bytes``)
+and reports what the GPU's counters say, without treating a difference there
+as a failure.
 
 Swizzles and layouts
 --------------------
@@ -623,15 +630,16 @@ def bank_map(layout: Layout, rows: int | None = None, cols: int | None = None,
 
     lanes = np.full((rows, cols), INACTIVE, dtype=np.int64)
     conflicts = np.zeros((rows, cols), dtype=bool)
-    cell_first = addr // BANK_BYTES
-    cell_last = (addr + layout.elem_bytes - 1) // BANK_BYTES
     for requests, phase in zip(access.phases, access.breakdown()):
-        bad_words = sorted({w for words in phase.conflicts().values() for w in words})
+        contested = {w for words in phase.conflicts().values() for w in words}
         for lane, a in requests.tolist():
-            covered = (addr >= a) & (addr < a + access.width)
-            lanes[covered & (lanes == INACTIVE)] = lane
-            for w in bad_words:   # a cell conflicts if any of its words is a contested one
-                conflicts |= covered & (cell_first <= w) & (w <= cell_last)
+            for r_, c_ in zip(*np.nonzero((addr >= a) & (addr < a + access.width))):
+                if lanes[r_, c_] == INACTIVE:
+                    lanes[r_, c_] = lane
+                first = int(addr[r_, c_]) // BANK_BYTES          # the cell's words
+                last = (int(addr[r_, c_]) + layout.elem_bytes - 1) // BANK_BYTES
+                if any(w in contested for w in range(first, last + 1)):
+                    conflicts[r_, c_] = True
     head = title or (f"{layout.name}: {access.kind}, {access.wavefronts} wavefronts "
                      f"({access.degree}-way)")
     return BankMap(head, banks.astype(np.int64), conflicts, lanes)

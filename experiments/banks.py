@@ -89,6 +89,8 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
+from pathlib import Path
+
 import numpy as np
 
 from ptx_lab import CUDA_INCLUDE_DIR, banks
@@ -101,6 +103,7 @@ NAME = "banks"
 SUMMARY = "bank conflicts of the seed's access patterns: model vs seed figures, clock64 and ncu"
 
 BANK_PROBES_CU = CUDA_INCLUDE_DIR / "bank_probes.cu"
+REPO_ROOT = Path(__file__).resolve().parents[1]
 UNROLL = 32              # accesses per iteration (UNROLL in bank_probes.cu)
 SHIFT_BYTES = 128        # instance u runs at +u * SHIFT_BYTES (SHIFT_BYTES in bank_probes.cu)
 REPS_LO, REPS_HI = 4, 36  # two rep counts; their difference gives one access's share
@@ -378,7 +381,9 @@ def measure_ncu() -> tuple[dict[str, np.ndarray] | None, list[str]]:
 
     if ncu.ncu_path() is None:
         return None, ["ncu: not measured: ncu is not on PATH"]
-    env = dict(os.environ, **{CHILD_ENV: "1"})
+    # the child imports this package: from the repo root, wherever ncu was started
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONPATH": path})
     prof = ncu.profile([sys.executable, "-m", f"experiments.{NAME}", "--child"], _metric_names(),
                        kernel_regex="^bank_", env=env)
     notes = [f"ncu: dropped unknown metric {m}" for m in prof.dropped]
@@ -566,9 +571,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="internal: launch every case twice and exit (what ncu profiles)")
     parser.add_argument("--cases", action="store_true",
                         help="print each case's addresses and bank breakdown, then exit")
+    parser.add_argument("--ncu-command", action="store_true",
+                        help="print the ncu command line this experiment runs, then exit")
     args = parser.parse_args(argv)
     if args.child:
         return run_child()
+    if args.ncu_command:
+        from ptx_lab import ncu
+
+        print(" ".join([ncu.NCU, *ncu.BASE_OPTIONS, "--metrics", ",".join(_metric_names()),
+                        "--kernel-name", "regex:^bank_", "python3", "-m", f"experiments.{NAME}",
+                        "--child"]))
+        return 0
     if args.cases:
         for case in CASES:
             print(f"== {case.name}: {case.why}\n{case.access().describe()}\n")

@@ -25,7 +25,9 @@ import subprocess
 from typing import Sequence
 
 NCU = "ncu"
-BASE_OPTIONS = ("--clock-control", "none", "--target-processes", "all", "--csv")
+# --print-units base: counts as plain numbers ("1152", not "1.15 K"), so divisions are exact
+BASE_OPTIONS = ("--clock-control", "none", "--target-processes", "all", "--csv",
+                "--print-units", "base")
 _UNKNOWN_METRIC = re.compile(
     r"(?:failed to find|unknown|invalid|not found)[^\n]*?metric[s]?[\s:\"']+([A-Za-z0-9_.]+)",
     re.IGNORECASE)

@@ -412,10 +412,15 @@ def measure_ncu() -> tuple[dict[str, np.ndarray] | None, list[str]]:
             got[role] = b - a
         if "instructions" in got:
             out["instructions"][i] = got["instructions"] / per
-            for role in ("wavefronts", "conflicts"):
-                if role in got and got["instructions"] > 0:
-                    out[role][i] = got[role] / got["instructions"]
+        # without an instruction count, fall back on the SASS: one instruction per access
+        inst = got.get("instructions") or float(per)
+        for role in ("wavefronts", "conflicts"):
+            if role in got:
+                out[role][i] = got[role] / inst
     notes += [f"ncu: no value for {m}" for m in sorted(missing)]
+    if any("instructions" in m for m in missing):
+        notes.append("ncu: where instructions were missing, per-instruction counts assume one "
+                     "instruction per access (what the probes' SASS holds)")
     return out, notes
 
 

@@ -160,6 +160,17 @@ def test_missing_metrics_are_reported_not_failed(fake_ncu):
     assert any(n.startswith("ncu: no value for ldgsts") for n in notes)
 
 
+def test_without_instruction_counts_one_instruction_per_access_is_assumed(fake_ncu):
+    for launch in fake_ncu["launches"]:   # setup counts still cancel in the two-rep difference
+        for name in list(launch.metrics):
+            if "inst_executed" in name:
+                del launch.metrics[name]
+    counts, notes = exp.measure_ncu()
+    assert np.isnan(counts["instructions"]).all()
+    assert np.array_equal(counts["wavefronts"], model_obs()["model"])
+    assert any("assume one instruction per access" in n for n in notes)
+
+
 def test_wrong_launch_order_is_refused(fake_ncu):
     fake_ncu["launches"][0].kernel = "bank_ldsm_x4"
     counts, notes = exp.measure_ncu()

@@ -8,6 +8,7 @@ results come back as torch tensors, bf16 as torch.bfloat16).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -68,11 +69,16 @@ def _read_int_constant(mod, name: str) -> int:
     return int(cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global(name)).get()[0])
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config):
+def module(cfg: Config):
+    """The compiled cupy.RawModule of one configuration (cached)."""
     from ptx_lab.gpu import load_module
 
-    mod = load_module(build.source(), build.defines(cfg))
+    return load_module(build.source(), build.defines(cfg))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cfg: Config):
+    mod = module(cfg)
     fn = mod.get_function(build.KERNEL_NAME)
     smem = _read_int_constant(mod, "kda_smem_bytes")
     threads = _read_int_constant(mod, "kda_threads")
@@ -119,7 +125,7 @@ def choose_vsplit(ctas: int, sm_count: int) -> int:
 
 def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,
                 cu_seqlens=None, qk_l2norm: bool = True, snapshot_dtype: str = "float32",
-                snapshot_every: int = 1, vsplit: int | str = "auto"):
+                snapshot_every: int = 1, vsplit: int | str = "auto", tuning: dict | None = None):
     """Kernel A: the backward dstate scan of KDA (spec: shared/spec/kernel_a.md).
 
     q, k, do: bf16 [B, T, H, 128]; gc: fp32 [B, T, H, 128]; beta: fp32 or bf16
@@ -129,6 +135,9 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     [1, total snapshots, H, 128, 128], packed per sequence like FLA's
     chunk_offsets) in `snapshot_dtype`, every `snapshot_every` tiles of 16
     tokens; dh0 fp32 [N, H, 128, 128].
+
+    `tuning` (benchmarks and profiling): overrides of build.Config's knobs,
+    e.g. {"nstage": 3, "producers": 4, "timing": True}.
     """
     import cupy
 
@@ -195,8 +204,15 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     sm = _sm_count()
     if vsplit == "auto":
         vsplit = choose_vsplit(N * H, sm)
+    knobs = dict(tuning or {})
+    fixed = {"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm"} & set(knobs)
+    if fixed:
+        raise ValueError(f"tuning must not set {sorted(fixed)}: those follow from the other arguments")
+    unknown = set(knobs) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        raise ValueError(f"tuning has unknown knobs {sorted(unknown)}")
     cfg = Config(vsplit=int(vsplit), snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every,
-                 has_dht=dht is not None, l2norm=bool(qk_l2norm))
+                 has_dht=dht is not None, l2norm=bool(qk_l2norm), **knobs)
     fn, smem, threads = _kernel(cfg)
 
     snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
@@ -237,4 +253,4 @@ def bits_to_f32(bits):
     return (bits.astype("uint32") << 16).view("float32")
 
 
-__all__ = ["dstate_scan", "choose_vsplit", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]
+__all__ = ["dstate_scan", "module", "choose_vsplit", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

@@ -35,7 +35,9 @@
 //   HAS_DHT     0 / 1        initial dS from dht (else zeros)
 //   L2NORM      0 / 1        l2-normalise q and k rows in R1
 //   G2_SPLIT    1, 2, 4      independent accumulator chains in G2 (shorter dS path)
-//   PRODUCERS   2, 4         producer warps (fewer leave consumers more registers)
+//   PRODUCERS   2, 4, 8      producer warps (fewer leave consumers more registers)
+//   KDA_TIMING  0 / 1        clock64 accounting per warp and phase into kda_timing[]
+//                            (kernel.profile; off in every build the API launches)
 #include "common.cuh"
 #include "mma.cuh"
 #include "ldmatrix.cuh"
@@ -66,12 +68,11 @@ using namespace ptx_lab;
 #ifndef G2_SPLIT
 #define G2_SPLIT 4
 #endif
-#ifndef PRODUCERS
-#if VSPLIT == 1
-#define PRODUCERS 2   // 8 consumers + 4 producers = 384 threads would cap registers at 168 and spill
-#else
-#define PRODUCERS 4
+#ifndef KDA_TIMING
+#define KDA_TIMING 0
 #endif
+#ifndef PRODUCERS
+#define PRODUCERS 4
 #endif
 
 namespace kda {
@@ -86,9 +87,9 @@ constexpr int PRODUCER_THREADS = NUM_PRODUCERS * 32;
 constexpr int THREADS = (NUM_CONSUMERS + NUM_PRODUCERS) * 32;
 
 static_assert(D % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
-static_assert(NSTAGE >= 2 && 2 * NSTAGE + 1 <= 15, "named barrier ids run out");
+static_assert(NSTAGE >= 2 && 2 * NSTAGE + 2 <= 15, "named barrier ids run out");
 static_assert(NSTAGE - 1 <= 7, "cp.async.wait_group takes 0..7");
-static_assert(PRODUCERS == 2 || PRODUCERS == 4, "PRODUCERS must be 2 or 4");
+static_assert(PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "PRODUCERS must be 2, 4 or 8");
 static_assert(G2_SPLIT == 1 || G2_SPLIT == 2 || G2_SPLIT == 4, "G2_SPLIT must be 1, 2 or 4");
 
 // Row strides (in elements) of the shared tiles that ldmatrix reads. One 8x8
@@ -122,6 +123,38 @@ constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_ST
 __device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
 __device__ __forceinline__ u32 empty_bar(int s) { return 1 + NSTAGE + s; }
 constexpr u32 PRODUCER_BAR = 1 + 2 * NSTAGE;
+// Producers wait here for the consumers' last tile before they exit. Without it
+// compute-sanitizer racecheck reports every FULL hand-off of a sequence shorter
+// than the ring (the producers arrive, then exit before the consumers reach
+// bar.sync) as a RAW hazard; kernel.racecheck's "ring-arrive-exit" probe shows
+// the same report on a two-warp ring. Costs one barrier per CTA.
+constexpr u32 DONE_BAR = 2 + 2 * NSTAGE;
+
+// Where each warp's cycles go (KDA_TIMING=1 only): every thread sums clock64
+// deltas per phase in registers; at exit lane 0 of each warp of the first
+// TIMING_CTAS CTAs writes them to kda_timing[cta][warp][slot] (no global traffic
+// inside the scan). Producer slots: total, wait for own loads + producer
+// barrier, R1 (+ FULL arrive), wait EMPTY, issue loads. Consumer slots: total,
+// snapshot store, wait FULL, G1..G5.
+constexpr int TIMING_CTAS = 8, TIMING_WARPS = 16, TIMING_SLOTS = 8;
+enum TimingSlot { T_TOTAL = 0, T_P_WAIT_LOADS = 1, T_P_R1 = 2, T_P_WAIT_EMPTY = 3, T_P_ISSUE = 4,
+                  T_C_SNAPSHOT = 1, T_C_WAIT_FULL = 2, T_C_CHAIN = 3 };
+#if KDA_TIMING
+#define KDA_TIMERS long long kda_t[TIMING_SLOTS] = {}
+#define KDA_CLOCK(t) const long long t = clock64()
+#define KDA_ADD(slot, t0) (kda_t[(slot)] += clock64() - (t0))
+#define KDA_FLUSH()                                                                      \
+    do {                                                                                 \
+        if (blockIdx.x < TIMING_CTAS && lane == 0)                                       \
+            for (int s_ = 0; s_ < TIMING_SLOTS; ++s_)                                    \
+                kda_timing[(blockIdx.x * TIMING_WARPS + warp) * TIMING_SLOTS + s_] = kda_t[s_]; \
+    } while (0)
+#else
+#define KDA_TIMERS ((void)0)
+#define KDA_CLOCK(t) ((void)0)
+#define KDA_ADD(slot, t0) ((void)0)
+#define KDA_FLUSH() ((void)0)
+#endif
 
 struct Params {
     const unsigned short* q;      // [tokens, H, D] bf16
@@ -148,34 +181,47 @@ __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xf
 // Producer side
 // ---------------------------------------------------------------------------
 
-// cp.async `C` rows of `ROW_BYTES` each (16-byte chunks) from global rows
-// `row_stride` elements apart into shared rows `SMEM_STRIDE` elements apart.
-// Rows at or past `L` are zero-filled (src-size 0: global memory is not read;
-// the source address is clamped to row 0 so it stays a valid operand).
-template <typename T, int ROW_BYTES, int SMEM_STRIDE>
-__device__ __forceinline__ void load_rows(T* dst, const T* src, long long row_stride, int L, int ptid) {
+// cp.async one tensor's `C` rows of `ROW_BYTES` (16-byte chunks) of a tile from
+// global rows `src_row_bytes` apart (`src` = the tile's first row) into shared
+// rows `SMEM_ROW_BYTES` apart at `dst`. Chunk m of producer thread ptid is chunk
+// ptid + m * PRODUCER_THREADS of the tile: the same row and column every tile, so
+// the compiler keeps the offsets in registers and a copy costs a handful of
+// instructions (the generic loop with 64-bit index math cost ~20 per copy: ncu,
+// 700 of the producers' 3200 instructions per tile). Rows at or past `L` are
+// zero-filled (src-size 0: global memory is not read; the source address falls
+// back to row 0, which always exists, so it stays a valid operand).
+template <int ROW_BYTES, int SMEM_ROW_BYTES>
+__device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_bytes, int L, int ptid) {
     constexpr int CHUNKS = ROW_BYTES / 16;
-    constexpr int ELEMS = 16 / sizeof(T);
+    constexpr int TOTAL = C * CHUNKS;
 #pragma unroll
-    for (int idx = ptid; idx < C * CHUNKS; idx += PRODUCER_THREADS) {
-        const int c = idx / CHUNKS, ch = idx % CHUNKS;
-        const bool valid = c < L;
-        const T* s = src + (valid ? c : 0) * row_stride + ch * ELEMS;
-        cp_async_cg16_zfill(smem_addr(dst + c * SMEM_STRIDE + ch * ELEMS), s, valid ? 16u : 0u);
+    for (int m = 0; m < (TOTAL + PRODUCER_THREADS - 1) / PRODUCER_THREADS; ++m) {
+        const int idx = ptid + m * PRODUCER_THREADS;
+        if (TOTAL % PRODUCER_THREADS == 0 || idx < TOTAL) {
+            const int c = idx / CHUNKS, ch = idx % CHUNKS;
+            const bool valid = c < L;
+            const u32 off = valid ? c * src_row_bytes + ch * 16 : 0u;
+            cp_async_cg16_zfill(dst + c * SMEM_ROW_BYTES + ch * 16, src + off, valid ? 16u : 0u);
+        }
     }
 }
 
 __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
                                                  int h, int vs, int ptid) {
-    const long long row = (long long)p.H * D;   // elements between consecutive tokens
-    const long long base = (tok0 * p.H + h) * D;
-    load_rows<unsigned short, D * 2, D>(st.q, p.q + base, row, L, ptid);
-    load_rows<unsigned short, D * 2, D>(st.k, p.k + base, row, L, ptid);
-    load_rows<float, D * 4, D>(st.gc, p.gc + base, row, L, ptid);
-    load_rows<unsigned short, DV * 2, DO_STRIDE>(st.dO, p.dO + base + vs * DV, row, L, ptid);
-    const long long sbase = (tok0 * p.H + h) * C;
-    load_rows<unsigned short, C * 2, SMALL_STRIDE>(st.mqk, p.mqk + sbase, (long long)p.H * C, L, ptid);
-    load_rows<unsigned short, C * 2, SMALL_STRIDE>(st.inv, p.inv + sbase, (long long)p.H * C, L, ptid);
+    const u32 row_elems = (u32)p.H * D;          // elements between consecutive tokens
+    const long long first = (tok0 * p.H + h) * D;
+    const char* q = reinterpret_cast<const char*>(p.q + first);
+    const char* k = reinterpret_cast<const char*>(p.k + first);
+    const char* gc = reinterpret_cast<const char*>(p.gc + first);
+    const char* dO = reinterpret_cast<const char*>(p.dO + first + vs * DV);
+    copy_rows<D * 2, D * 2>(smem_addr(st.q), q, row_elems * 2, L, ptid);
+    copy_rows<D * 2, D * 2>(smem_addr(st.k), k, row_elems * 2, L, ptid);
+    copy_rows<D * 4, D * 4>(smem_addr(st.gc), gc, row_elems * 4, L, ptid);
+    copy_rows<DV * 2, DO_STRIDE * 2>(smem_addr(st.dO), dO, row_elems * 2, L, ptid);
+    const long long sfirst = (tok0 * p.H + h) * C;
+    const u32 srow_bytes = (u32)p.H * C * 2;
+    copy_rows<C * 2, SMALL_STRIDE * 2>(smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, L, ptid);
+    copy_rows<C * 2, SMALL_STRIDE * 2>(smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst), srow_bytes, L, ptid);
     if (ptid < C) {
         const bool valid = ptid < L;
         cp_async_ca_zfill<4>(smem_addr(&st.beta[ptid]),
@@ -231,8 +277,10 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
         }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        qs[r] = scale / sqrtf(qs[r] + 1e-6f);
-        ks[r] = 1.f / sqrtf(ks[r] + 1e-6f);
+        // rsqrtf: one MUFU.RSQ (<= 2 ulp); scale / sqrtf was an IEEE sqrt and divide
+        // with slow-path branches (ncu: ~200 BSSY/BSYNC/BRA per tile).
+        qs[r] = scale * rsqrtf(qs[r] + 1e-6f);
+        ks[r] = rsqrtf(ks[r] + 1e-6f);
     }
 #else
 #pragma unroll
@@ -327,6 +375,9 @@ using namespace kda;
 // Dynamic shared memory the launch must request (read by the host through the module).
 extern "C" __constant__ int kda_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kda_threads = THREADS;
+#if KDA_TIMING
+extern "C" __device__ unsigned long long kda_timing[TIMING_CTAS * TIMING_WARPS * TIMING_SLOTS];
+#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* gc, const float* beta,
@@ -347,6 +398,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     const int nt = (len + C - 1) / C;
     const long long snap_base = p.snap_offsets[seq];
     constexpr u32 ALL = THREADS;
+    KDA_TIMERS;
+    KDA_CLOCK(t_start);
 
     if (warp >= NUM_CONSUMERS) {
         // ----------------------------- producers -----------------------------
@@ -370,16 +423,27 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 #pragma unroll 1
         for (int i = 0; i < nt; ++i) {
             const int s = i % NSTAGE;
+            KDA_CLOCK(t0);
             cp_async_wait<PREFETCH - 1>();                       // this thread's copies for tile i landed
             named_barrier_sync(PRODUCER_BAR, PRODUCER_THREADS);  // ... and every producer's
+            KDA_ADD(T_P_WAIT_LOADS, t0);
+            KDA_CLOCK(t1);
             rebuild_operands(stages[s], tile_len(nt - 1 - i), p.scale, pw, lane);
             named_barrier_arrive(full_bar(s), ALL);              // release tile i to the consumers
+            KDA_ADD(T_P_R1, t1);
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it.
             // (After R1 and the arrive, so the wait never delays tile i.)
             const int j = i + PREFETCH;
+            KDA_CLOCK(t2);
             if (j < nt && j >= NSTAGE) named_barrier_sync(empty_bar(j % NSTAGE), ALL);
+            KDA_ADD(T_P_WAIT_EMPTY, t2);
+            KDA_CLOCK(t3);
             issue(j);
+            KDA_ADD(T_P_ISSUE, t3);
         }
+        named_barrier_sync(DONE_BAR, ALL);
+        KDA_ADD(T_TOTAL, t_start);
+        KDA_FLUSH();
         return;
     }
 
@@ -421,6 +485,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 
         // snapshot[n] = dS at entry of tile n; written before waiting for the
         // tile's operands so the stores overlap the producers' work.
+        KDA_CLOCK(t0);
         if (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1) {
             const long long idx = snap_base + n / SNAP_EVERY;
 #if SNAP_BF16
@@ -430,7 +495,11 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 #endif
         }
 
+        KDA_ADD(T_C_SNAPSHOT, t0);
+        KDA_CLOCK(t1);
         named_barrier_sync(full_bar(s), ALL);
+        KDA_ADD(T_C_WAIT_FULL, t1);
+        KDA_CLOCK(t2);
         const Stage& st = stages[s];
 
         // do^T as the A operand [v, c]: ldmatrix.trans of do[c][v] rows.
@@ -509,8 +578,12 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             mma_bf16(dS[2 * pr + 1], aB, bk[2], bk[3]);
         }
 
+        KDA_ADD(T_C_CHAIN, t2);
         if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL);  // the producer reloads stage s
     }
+    named_barrier_arrive(DONE_BAR, ALL);
+    KDA_ADD(T_TOTAL, t_start);
+    KDA_FLUSH();
 
     store_band_f32(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS, v0, lane);
 }

@@ -259,8 +259,8 @@ def _build_cases() -> tuple[Case, ...]:
         # -- how the rows get there: 16-B copies need stride % 8 == 0; 4-B copies do not
         _cells("qk_stride136_fill_cp16", "cp_ca16", "qk_stride136", LANE // 16, 8 * (LANE % 16), 4,
                "512 B, each quarter-warp 128 contiguous B: the 16-B floor"),
-        _cells("qk_stride130_fill_cp4", "cp_ca4", "qk_stride130", np.ones(WARP, int), 2 * LANE, 1,
-               "seed's copy4: 128 contiguous B of one row"),
+        _cells("qk_stride130_fill_cp4", "cp_ca4", "qk_stride130", np.ones(WARP, int), 2 * LANE, 4,
+               "seed's copy4, 128 contiguous B: no conflict, but 8 lanes per wavefront (H200, ncu)"),
         # -- ldmatrix.trans of an operand tile [c][k]: plain 256-B rows vs padding vs INTER
         _cells("op_plain256_ldsm_trans", "ldsm_x4_trans", "op_plain256", op_rows, op_cols, 32,
                "seed: 256 B = 2 bank rounds, rows alias: 8-way x 4 matrices"),

@@ -133,6 +133,7 @@ class Access:
     kind: str
     width: int
     phases: tuple[np.ndarray, ...]
+    ideal: int | None = None   # the conflict-free cost where it is not one wavefront per phase
 
     def breakdown(self) -> list[PhaseBreakdown]:
         return [_phase_breakdown(requests, self.width) for requests in self.phases]
@@ -144,7 +145,10 @@ class Access:
 
     @property
     def ideal_wavefronts(self) -> int:
-        """Wavefronts without any conflict: one per phase that has an active lane."""
+        """Wavefronts without any conflict: one per phase that has an active lane
+        (cp.async: the bytes over 128, as ncu counts its conflicts)."""
+        if self.ideal is not None:
+            return self.ideal
         return sum(1 for requests in self.phases if len(requests))
 
     @property
@@ -223,13 +227,24 @@ def stmatrix_access(row_addresses, num: int, *, trans: bool = False) -> Access:
     return ldmatrix_access(row_addresses, num, trans=trans, store=True)
 
 
+# cp.async writes shared memory a quarter-warp (8 lanes) per wavefront whatever
+# the copy size. Measured on the H200 (experiments.banks, ncu): 32 lanes copying
+# 4 B each into 128 contiguous bytes cost 4 wavefronts, as many as 16-B copies of
+# 512 B, and ncu counts 3 of them as bank conflicts (it takes 128 B per
+# wavefront as the ideal). So a 4-byte copy never conflicts within its phase,
+# but moves a quarter of the bytes per wavefront of a 16-byte one.
+CP_ASYNC_LANES_PER_PHASE = 8
+
+
 def cp_async_access(dst_addresses, size: int, *, active=None) -> Access:
-    """The shared-memory side of cp.async: each lane writes `size` bytes at its destination."""
+    """The shared-memory side of cp.async: each lane writes `size` bytes at its destination,
+    8 lanes per phase (CP_ASYNC_LANES_PER_PHASE)."""
     if size not in CP_ASYNC_SIZES:
         raise ValueError(f"size must be one of {CP_ASYNC_SIZES} bytes for cp.async; got {size!r}")
     addrs, on = _lane_addresses(dst_addresses, "dst_addresses", active)
     _check_aligned(addrs, on, size, "dst_addresses")
-    return Access(f"cp.async.{size}", size, _phases(addrs, on, lanes_per_phase(size)))
+    ideal = -(-int(np.count_nonzero(on)) * size // WAVEFRONT_BYTES)
+    return Access(f"cp.async.{size}", size, _phases(addrs, on, CP_ASYNC_LANES_PER_PHASE), ideal=ideal)
 
 
 # ------------------------------------------------------------------ the short forms

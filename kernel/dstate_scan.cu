@@ -87,7 +87,7 @@ constexpr int PRODUCER_THREADS = NUM_PRODUCERS * 32;
 constexpr int THREADS = (NUM_CONSUMERS + NUM_PRODUCERS) * 32;
 
 static_assert(D % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
-static_assert(NSTAGE >= 2 && 2 * NSTAGE + 2 <= 15, "named barrier ids run out");
+static_assert(NSTAGE >= 2 && 2 * NSTAGE <= 15, "named barrier ids run out");
 static_assert(NSTAGE - 1 <= 7, "cp.async.wait_group takes 0..7");
 static_assert(PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "PRODUCERS must be 2, 4 or 8");
 static_assert(G2_SPLIT == 1 || G2_SPLIT == 2 || G2_SPLIT == 4, "G2_SPLIT must be 1, 2 or 4");
@@ -105,6 +105,7 @@ struct __align__(16) Stage {
     unsigned short q[C * D];              // raw bf16 q rows (producers only)
     unsigned short k[C * D];              // raw bf16 k rows (producers only)
     float gc[C * D];                      // tile-local cumulative gate, log2
+    float gT[NUM_PRODUCERS][D];           // gc of the tile's last real token, one copy per producer warp
     unsigned short dO[C * DO_STRIDE];     // do[c][v] for this CTA's DV columns
     unsigned short mqk[C * SMALL_STRIDE]; // Mqk[c'][c]
     unsigned short inv[C * SMALL_STRIDE]; // INV[c'][c]
@@ -122,24 +123,16 @@ constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_ST
 // Named barrier ids (0 is __syncthreads).
 __device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
 __device__ __forceinline__ u32 empty_bar(int s) { return 1 + NSTAGE + s; }
-constexpr u32 PRODUCER_BAR = 1 + 2 * NSTAGE;
-// Producers wait here for the consumers' last tile before they exit. Without it
-// compute-sanitizer racecheck reports every FULL hand-off of a sequence shorter
-// than the ring (the producers arrive, then exit before the consumers reach
-// bar.sync) as a RAW hazard; kernel.racecheck's "ring-arrive-exit" probe shows
-// the same report on a two-warp ring. Costs one barrier per CTA.
-constexpr u32 DONE_BAR = 2 + 2 * NSTAGE;
-
 // Where each warp's cycles go (KDA_TIMING=1 only): every thread sums clock64
 // deltas per phase in registers; at exit lane 0 of each warp of the first
 // TIMING_CTAS CTAs writes them to kda_timing[cta][warp][slot] (no global traffic
-// inside the scan). Producer slots: total, wait for own loads + producer
+// inside the scan). Producer slots: total, wait for own loads + the warp's
 // barrier, R1 (+ FULL arrive), wait EMPTY, issue loads. Consumer slots: total,
 // snapshot store, wait FULL, G1..G5.
-constexpr int TIMING_CTAS = 8, TIMING_WARPS = 16, TIMING_SLOTS = 8;
 enum TimingSlot { T_TOTAL = 0, T_P_WAIT_LOADS = 1, T_P_R1 = 2, T_P_WAIT_EMPTY = 3, T_P_ISSUE = 4,
                   T_C_SNAPSHOT = 1, T_C_WAIT_FULL = 2, T_C_CHAIN = 3 };
 #if KDA_TIMING
+constexpr int TIMING_CTAS = 8, TIMING_WARPS = 16, TIMING_SLOTS = 8;
 #define KDA_TIMERS long long kda_t[TIMING_SLOTS] = {}
 #define KDA_CLOCK(t) const long long t = clock64()
 #define KDA_ADD(slot, t0) (kda_t[(slot)] += clock64() - (t0))
@@ -181,24 +174,25 @@ __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xf
 // Producer side
 // ---------------------------------------------------------------------------
 
-// cp.async one tensor's `C` rows of `ROW_BYTES` (16-byte chunks) of a tile from
-// global rows `src_row_bytes` apart (`src` = the tile's first row) into shared
-// rows `SMEM_ROW_BYTES` apart at `dst`. Chunk m of producer thread ptid is chunk
-// ptid + m * PRODUCER_THREADS of the tile: the same row and column every tile, so
-// the compiler keeps the offsets in registers and a copy costs a handful of
-// instructions (the generic loop with 64-bit index math cost ~20 per copy: ncu,
-// 700 of the producers' 3200 instructions per tile). Rows at or past `L` are
-// zero-filled (src-size 0: global memory is not read; the source address falls
-// back to row 0, which always exists, so it stays a valid operand).
-template <int ROW_BYTES, int SMEM_ROW_BYTES>
-__device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_bytes, int L, int ptid) {
+// cp.async rows [row0, row0 + ROWS) of one tensor's tile, `ROW_BYTES` each
+// (16-byte chunks), from global rows `src_row_bytes` apart (`src` = the tile's
+// first row) into shared rows `SMEM_ROW_BYTES` apart at `dst`, spread over
+// `THREADS` threads: chunk m of thread `tid` is chunk tid + m * THREADS of the
+// block, the same row and column every tile, so the compiler keeps the offsets in
+// registers and a copy costs a handful of instructions (the generic loop with
+// 64-bit index math cost ~20 per copy: ncu, 700 of the producers' 3200
+// instructions per tile). Rows at or past `L` are zero-filled (src-size 0:
+// global memory is not read; the source address falls back to the tile's first
+// row, which always exists, so it stays a valid operand).
+template <int ROW_BYTES, int SMEM_ROW_BYTES, int ROWS, int THREADS_>
+__device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_bytes, int L, int tid, int row0) {
     constexpr int CHUNKS = ROW_BYTES / 16;
-    constexpr int TOTAL = C * CHUNKS;
+    constexpr int TOTAL = ROWS * CHUNKS;
 #pragma unroll
-    for (int m = 0; m < (TOTAL + PRODUCER_THREADS - 1) / PRODUCER_THREADS; ++m) {
-        const int idx = ptid + m * PRODUCER_THREADS;
-        if (TOTAL % PRODUCER_THREADS == 0 || idx < TOTAL) {
-            const int c = idx / CHUNKS, ch = idx % CHUNKS;
+    for (int m = 0; m < (TOTAL + THREADS_ - 1) / THREADS_; ++m) {
+        const int idx = tid + m * THREADS_;
+        if (TOTAL % THREADS_ == 0 || idx < TOTAL) {
+            const int c = row0 + idx / CHUNKS, ch = idx % CHUNKS;
             const bool valid = c < L;
             const u32 off = valid ? c * src_row_bytes + ch * 16 : 0u;
             cp_async_cg16_zfill(dst + c * SMEM_ROW_BYTES + ch * 16, src + off, valid ? 16u : 0u);
@@ -206,22 +200,35 @@ __device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_
     }
 }
 
+// A tile's loads. Each producer warp copies the q, k and gc rows of the tokens it
+// rebuilds in R1, plus its own copy of gT (gc of the last real token), so R1
+// waits only for its own warp's copies (cp.async.wait_group + __syncwarp) and the
+// producer warps never wait for each other. (A producers-only barrier here made
+// compute-sanitizer racecheck report every FULL hand-off as a hazard: the
+// "ring2-producer-bar" probe in kernel.racecheck reproduces that report on a
+// race-free three-warp ring.) do, Mqk, INV and beta, read only by the consumers,
+// are spread over all producer threads; each waits for its own copies before it
+// arrives on FULL.
 __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
-                                                 int h, int vs, int ptid) {
+                                                 int h, int vs, int pw, int lane, int ptid) {
+    constexpr int R = TOKENS_PER_PRODUCER;
     const u32 row_elems = (u32)p.H * D;          // elements between consecutive tokens
     const long long first = (tok0 * p.H + h) * D;
     const char* q = reinterpret_cast<const char*>(p.q + first);
     const char* k = reinterpret_cast<const char*>(p.k + first);
     const char* gc = reinterpret_cast<const char*>(p.gc + first);
     const char* dO = reinterpret_cast<const char*>(p.dO + first + vs * DV);
-    copy_rows<D * 2, D * 2>(smem_addr(st.q), q, row_elems * 2, L, ptid);
-    copy_rows<D * 2, D * 2>(smem_addr(st.k), k, row_elems * 2, L, ptid);
-    copy_rows<D * 4, D * 4>(smem_addr(st.gc), gc, row_elems * 4, L, ptid);
-    copy_rows<DV * 2, DO_STRIDE * 2>(smem_addr(st.dO), dO, row_elems * 2, L, ptid);
+    copy_rows<D * 2, D * 2, R, 32>(smem_addr(st.q), q, row_elems * 2, L, lane, pw * R);
+    copy_rows<D * 2, D * 2, R, 32>(smem_addr(st.k), k, row_elems * 2, L, lane, pw * R);
+    copy_rows<D * 4, D * 4, R, 32>(smem_addr(st.gc), gc, row_elems * 4, L, lane, pw * R);
+    copy_rows<D * 4, D * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
+    copy_rows<DV * 2, DO_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, L, ptid, 0);
     const long long sfirst = (tok0 * p.H + h) * C;
     const u32 srow_bytes = (u32)p.H * C * 2;
-    copy_rows<C * 2, SMALL_STRIDE * 2>(smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, L, ptid);
-    copy_rows<C * 2, SMALL_STRIDE * 2>(smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst), srow_bytes, L, ptid);
+    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst),
+                                                            srow_bytes, L, ptid, 0);
+    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst),
+                                                            srow_bytes, L, ptid, 0);
     if (ptid < C) {
         const bool valid = ptid < L;
         cp_async_ca_zfill<4>(smem_addr(&st.beta[ptid]),
@@ -243,7 +250,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     constexpr int R = TOKENS_PER_PRODUCER;
     const int k0 = 4 * lane;
     const int c0 = pw * R;
-    const float4 gT = *reinterpret_cast<const float4*>(&st.gc[(L - 1) * D + k0]);  // gc stops at the last real token
+    const float4 gT = *reinterpret_cast<const float4*>(&st.gT[pw][k0]);  // gc stops at the last real token
     if (pw == 0) {
         *reinterpret_cast<float4*>(&st.egT[k0]) = make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
     }
@@ -376,7 +383,9 @@ using namespace kda;
 extern "C" __constant__ int kda_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kda_threads = THREADS;
 #if KDA_TIMING
-extern "C" __device__ unsigned long long kda_timing[TIMING_CTAS * TIMING_WARPS * TIMING_SLOTS];
+extern "C" {
+__device__ unsigned long long kda_timing[TIMING_CTAS * TIMING_WARPS * TIMING_SLOTS];
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -414,7 +423,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         auto issue = [&](int j) {   // loads of walk tile j into stage j % NSTAGE, if it exists
             if (j < nt) {
                 const int n = nt - 1 - j;
-                issue_tile_loads(stages[j % NSTAGE], p, seq_start + (long long)n * C, tile_len(n), h, vs, ptid);
+                issue_tile_loads(stages[j % NSTAGE], p, seq_start + (long long)n * C, tile_len(n), h, vs, pw, lane, ptid);
             }
             cp_async_commit();      // one group per tile slot, possibly empty: uniform wait counts
         };
@@ -424,8 +433,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         for (int i = 0; i < nt; ++i) {
             const int s = i % NSTAGE;
             KDA_CLOCK(t0);
-            cp_async_wait<PREFETCH - 1>();                       // this thread's copies for tile i landed
-            named_barrier_sync(PRODUCER_BAR, PRODUCER_THREADS);  // ... and every producer's
+            cp_async_wait<PREFETCH - 1>();   // this thread's copies for tile i landed
+            __syncwarp();                    // ... and its warp's: the rows this warp's R1 reads
             KDA_ADD(T_P_WAIT_LOADS, t0);
             KDA_CLOCK(t1);
             rebuild_operands(stages[s], tile_len(nt - 1 - i), p.scale, pw, lane);
@@ -441,7 +450,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             issue(j);
             KDA_ADD(T_P_ISSUE, t3);
         }
-        named_barrier_sync(DONE_BAR, ALL);
         KDA_ADD(T_TOTAL, t_start);
         KDA_FLUSH();
         return;
@@ -581,7 +589,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         KDA_ADD(T_C_CHAIN, t2);
         if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL);  // the producer reloads stage s
     }
-    named_barrier_arrive(DONE_BAR, ALL);
     KDA_ADD(T_TOTAL, t_start);
     KDA_FLUSH();
 

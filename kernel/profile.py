@@ -7,7 +7,7 @@ Builds the kernel with KDA_TIMING=1 (build.Config.timing): lane 0 of every warp
 of the first 8 CTAs adds clock64 deltas per phase into `kda_timing`. Printed per
 configuration, in cycles per tile (mean over those warps):
 
-    producers: wait for loads (cp.async.wait_group + producer barrier), R1
+    producers: wait for loads (cp.async.wait_group + __syncwarp), R1
                (+ FULL arrive), wait EMPTY (the consumers still hold the stage),
                issue loads (cp.async address math and issue)
     consumers: snapshot store, wait FULL (the producers are behind), G1..G5

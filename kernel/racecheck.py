@@ -75,6 +75,35 @@ __device__ void ring(float* out) {
 extern "C" __global__ void ring_arrive(float* out) { ring<false>(out); }
 extern "C" __global__ void ring_arrive_exit(float* out) { ring<true>(out); }
 
+// Two producer warps (1, 2) that first meet on a producers-only barrier (as Kernel A's
+// producers do before R1), then write and arrive on FULL; one consumer warp (0).
+template <bool PRODUCER_BARRIER>
+__device__ void ring2(float* out) {
+    constexpr int T = 96, PBAR = 1 + 2 * STAGES;
+    __shared__ float buf[STAGES][64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp >= 1) {
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            if (i >= STAGES) named_barrier_sync(empty_bar(s), T);
+            if (PRODUCER_BARRIER) named_barrier_sync(PBAR, 64);
+            buf[s][threadIdx.x - 32] = float(i * 32 + lane);
+            named_barrier_arrive(full_bar(s), T);
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            named_barrier_sync(full_bar(s), T);
+            acc += buf[s][63 - lane];
+            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
+        }
+        out[lane] = acc;
+    }
+}
+extern "C" __global__ void ring2_arrive(float* out) { ring2<false>(out); }
+extern "C" __global__ void ring2_producer_bar(float* out) { ring2<true>(out); }
+
 // Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
 extern "C" __global__ void no_empty(float* out) {
     __shared__ float buf[32];
@@ -106,8 +135,10 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 }
 """
 
-RUNS = ("ring-arrive", "ring-arrive-exit", "ring-syncthreads", "no-empty", "kernel-a")
-EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring-syncthreads": "race-free",
+RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-syncthreads",
+        "no-empty", "kernel-a")
+EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
+            "ring2-producer-bar": "race-free", "ring-syncthreads": "race-free",
             "no-empty": "a real race",
             "kernel-a": "?"}
 
@@ -120,7 +151,8 @@ def _child(run: str) -> None:
 
         mod = load_module(PROBE_SOURCE)
         out = cp.zeros(32, dtype=cp.float32)
-        mod.get_function(run.replace("-", "_"))((1,), (64,), (out,))
+        threads = 96 if run.startswith("ring2") else 64
+        mod.get_function(run.replace("-", "_"))((1,), (threads,), (out,))
         cp.cuda.Device().synchronize()
         want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words
         print(f"{run}: lane 0 sum {float(out[0].get()):.0f} (race-free value {want:.0f})")
@@ -128,13 +160,19 @@ def _child(run: str) -> None:
     from .api import bf16_bits, dstate_scan
     from .reference import random_inputs
 
-    r = random_inputs(1, 1, 2, lengths=(1, 17, 40), seed=8, xp=cp)
+    import json
+    import os
+
+    lengths = tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", "[1, 17, 40]")))
+    tuning = {"lineinfo": True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}"))}
+    vsplit = int(os.environ.get("KDA_RACECHECK_VSPLIT", "2"))
+    r = random_inputs(1, 1, 2, lengths=lengths, seed=8, xp=cp)
     snaps, dh0 = dstate_scan(bf16_bits(r["q"]), bf16_bits(r["k"]),
                              (cp.cumsum(r["g"], axis=1) / cp.log(2)).astype(cp.float32),
                              r["beta"], bf16_bits(cp.zeros(r["q"].shape[:3] + (16,), cp.float32) + 0.01),
                              bf16_bits(cp.zeros(r["q"].shape[:3] + (16,), cp.float32) + 0.01),
-                             bf16_bits(r["do"]), dht=r["dht"], cu_seqlens=r["cu_seqlens"], vsplit=2,
-                             tuning={"lineinfo": True})
+                             bf16_bits(r["do"]), dht=r["dht"], cu_seqlens=r["cu_seqlens"], vsplit=vsplit,
+                             tuning=tuning)
     cp.cuda.Device().synchronize()
     print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
 

@@ -77,15 +77,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_one(module: ModuleType, backend: str) -> tuple[bool, list[str]]:
+def _run_one(module: ModuleType, backend: str) -> tuple[bool, list[str], list[str]]:
+    """(passed, failure lines, extra lines: notes and table of experiments that have them)."""
     try:
         result = module.run(backend)
     except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]  # the innermost frame
         return False, [f"raised {exc.__class__.__name__}: {exc}",
-                       f"  at {where.filename}:{where.lineno} in {where.name}"]
+                       f"  at {where.filename}:{where.lineno} in {where.name}"], []
     failures = [str(f) for f in getattr(result, "failures", [])]
-    return bool(result.passed) and not failures, failures
+    extra = [str(n) for n in getattr(result, "notes", [])]
+    table = getattr(result, "table", None)
+    if table:
+        extra += str(table).splitlines()
+    return bool(result.passed) and not failures, failures, extra
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -102,11 +107,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(line, flush=True)
     n_failed = 0
     for name in names:
-        ok, failures = _run_one(registry[name], backend)
+        ok, failures, extra = _run_one(registry[name], backend)
         n_failed += not ok
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
-        for failure in failures:
-            print(f"      {failure}")
+        for line in (*failures, *extra):
+            print(f"      {line}")
         sys.stdout.flush()
     print(f"{len(names) - n_failed} passed, {n_failed} failed")
     return EXIT_FAIL if n_failed else 0

@@ -193,6 +193,13 @@ def shared_access(addresses, width: int, *, active=None, store: bool = False) ->
     _check_aligned(addrs, on, width, "addresses")
     per = lanes_per_phase(width)
     kind = f"{'st' if store else 'ld'}.shared.b{width * 8}"
+    if width == 8:
+        # Measured on the H200 (experiments.banks, ncu): when the whole warp's
+        # 8-byte requests fit one wavefront (here: all lanes on the same 8 bytes),
+        # the two half-warp phases merge into 1 wavefront, not 2.
+        whole = Access(kind, width, _phases(addrs, on, WARP))
+        if whole.wavefronts <= 1:
+            return whole
     return Access(kind, width, _phases(addrs, on, per))
 
 

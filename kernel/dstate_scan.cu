@@ -71,8 +71,12 @@ using namespace ptx_lab;
 #ifndef KDA_TIMING
 #define KDA_TIMING 0
 #endif
-#ifndef PRODUCERS
+#ifndef PRODUCERS   // as build.Config's auto rule
+#if VSPLIT == 1 && !SNAP_BF16
+#define PRODUCERS 2     // 4 spill here: 384 threads cap registers at 168
+#else
 #define PRODUCERS 4
+#endif
 #endif
 
 namespace kda {

@@ -559,22 +559,17 @@ def gmma_mn(kind: str, rows: int, cols: int, elem_bytes: int = 2, *, order: str 
     """MN-major GMMA atoms over a rows x cols tile (rows contiguous, e.g. [M][K] stored K-outer).
 
     The transpose of :func:`gmma_k`: runs of (16 << B) bytes go down the rows,
-    8 of them side by side make an atom.
+    8 of them side by side make an atom. Built as the K-major layout of the
+    transposed tile, with the atom order flipped (down this tile's rows first is
+    along the K-major tile's columns first).
     """
-    swz, run = _gmma(kind, elem_bytes)
+    _, run = _gmma(kind, elem_bytes)
     _check_order(order)
     if rows % run or cols % GMMA_ATOM_ROWS:
         raise ValueError(f"a {kind} MN-major atom is {run} x {GMMA_ATOM_ROWS} elements; "
                          f"rows ({rows}) and cols ({cols}) must be multiples of it")
-    atom = GMMA_ATOM_ROWS * run
-    if order == "col":
-        row_modes = ((run, 1), (rows // run, atom))
-        col_modes = ((GMMA_ATOM_ROWS, run), (cols // GMMA_ATOM_ROWS, rows * GMMA_ATOM_ROWS))
-    else:
-        row_modes = ((run, 1), (rows // run, run * cols))
-        col_modes = ((GMMA_ATOM_ROWS, run), (cols // GMMA_ATOM_ROWS, atom))
-    return Layout(name or f"MN_{kind} over [{rows}, {cols}]", (rows, cols), elem_bytes,
-                  row_modes, col_modes, swz)
+    k_major = gmma_k(kind, cols, rows, elem_bytes, order="row" if order == "col" else "col")
+    return k_major.transpose(name or f"MN_{kind} over [{rows}, {cols}]")
 
 
 # ------------------------------------------------------------------ the seed's layouts

@@ -20,8 +20,9 @@ probes with known answers before the kernel:
                     id) and no EMPTY: the producer really overwrites words the
                     consumer may not have read yet. A race.
 
-and then Kernel A on a small varlen case (lengths 1, 17, 40; H 2; v-split 2),
-built with -lineinfo so each hazard names its source line. Each run is a child
+and then Kernel A on kernel.check's small varlen case (lengths 1, 17, 40; H 2;
+v-split 2; KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it), built with
+-lineinfo so each hazard names its source line. Each run is a child
 process under `compute-sanitizer --tool racecheck`; the table at the end gives
 the hazards per run.
 """
@@ -157,22 +158,23 @@ def _child(run: str) -> None:
         want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words
         print(f"{run}: lane 0 sum {float(out[0].get()):.0f} (race-free value {want:.0f})")
         return
-    from .api import bf16_bits, dstate_scan
-    from .reference import random_inputs
-
+    import dataclasses
     import json
     import os
 
-    lengths = tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", "[1, 17, 40]")))
+    from . import check
+    from .api import dstate_scan
+
+    # kernel.check's small case (lengths 1, 17, 40; H 2; vsplit 2), its inputs and all;
+    # the environment can change the lengths, the v-split and build.Config knobs.
+    case = dataclasses.replace(
+        check.SMALL,
+        lengths=tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", json.dumps(check.SMALL.lengths)))),
+        vsplit=int(os.environ.get("KDA_RACECHECK_VSPLIT", check.SMALL.vsplit)))
     tuning = {"lineinfo": True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}"))}
-    vsplit = int(os.environ.get("KDA_RACECHECK_VSPLIT", "2"))
-    r = random_inputs(1, 1, 2, lengths=lengths, seed=8, xp=cp)
-    snaps, dh0 = dstate_scan(bf16_bits(r["q"]), bf16_bits(r["k"]),
-                             (cp.cumsum(r["g"], axis=1) / cp.log(2)).astype(cp.float32),
-                             r["beta"], bf16_bits(cp.zeros(r["q"].shape[:3] + (16,), cp.float32) + 0.01),
-                             bf16_bits(cp.zeros(r["q"].shape[:3] + (16,), cp.float32) + 0.01),
-                             bf16_bits(r["do"]), dht=r["dht"], cu_seqlens=r["cu_seqlens"], vsplit=vsplit,
-                             tuning=tuning)
+    x, _ = check.inputs(case)
+    snaps, dh0 = dstate_scan(x["q"], x["k"], x["gc"], x["beta"], x["mqk"], x["inv"], x["do"], dht=x["dht"],
+                             cu_seqlens=x["cu_seqlens"], vsplit=case.vsplit, tuning=tuning)
     cp.cuda.Device().synchronize()
     print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
 

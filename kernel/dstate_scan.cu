@@ -103,6 +103,8 @@ constexpr int OP_STRIDE = D + 8;          // qd/kd/kr rows: 272 B = 2*128 + 16
 constexpr int DO_STRIDE = DV + 8;         // do rows: 2*DV + 16 B (DV = 128..16 all conflict-free)
 constexpr int SMALL_STRIDE = C + 8;       // Mqk/INV rows: 48 B (a 32 B row would be 2-way)
 constexpr int SNAP_STRIDE = 16 + 8;       // bf16 snapshot staging rows: 48 B
+constexpr int SNAPF_STRIDE = 16 + 4;      // fp32 staging rows: 80 B, so the 4 k rows one fragment
+                                          // store touches (k = 8j + 2t) start 8 banks apart: conflict-free
 
 // One ring stage: the raw inputs of one tile and the operands R1 builds from them.
 struct __align__(16) Stage {
@@ -121,7 +123,7 @@ struct __align__(16) Stage {
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 
-constexpr int SNAP_STAGING_BYTES = SNAP_BF16 ? D * SNAP_STRIDE * 2 : 0;   // per consumer warp
+constexpr int SNAP_STAGING_BYTES = SNAP_BF16 ? D * SNAP_STRIDE * 2 : D * SNAPF_STRIDE * 4;   // per consumer warp
 constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES;
 
 // Named barrier ids (0 is __syncthreads).
@@ -333,18 +335,30 @@ __device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, in
 
 // Store this warp's dS^T band (fp32 accumulators) as dS[k][v] rows of `out`
 // (fp32 [D][D] with this band's first column at v0). Accumulator n-tile j holds
-// (v = g, k = 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t), (g+8, 8j+2t+1): each store
-// instruction writes 8 consecutive v (one full 32-byte sector) in 4 rows.
-__device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[16][4], int v0, int lane) {
+// (v = g, k = 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t), (g+8, 8j+2t+1). They go to a
+// warp-private staging tile [k][16 v] first, then every lane stores 16 bytes: 16
+// global stores per lane instead of 64 scattered 4-byte ones (which cost as much
+// as the five GEMMs in seed mode: kernel.profile, 2,558 of 5,855 cycles per tile
+// at 4 x 8192 vsplit 1).
+__device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[16][4], float* staging,
+                                               int v0, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const int k = 8 * j + 2 * t;
-        __stcs(out + (k)*D + v0 + g, dS[j][0]);
-        __stcs(out + (k + 1) * D + v0 + g, dS[j][1]);
-        __stcs(out + (k)*D + v0 + g + 8, dS[j][2]);
-        __stcs(out + (k + 1) * D + v0 + g + 8, dS[j][3]);
+        staging[k * SNAPF_STRIDE + g] = dS[j][0];
+        staging[(k + 1) * SNAPF_STRIDE + g] = dS[j][1];
+        staging[k * SNAPF_STRIDE + g + 8] = dS[j][2];
+        staging[(k + 1) * SNAPF_STRIDE + g + 8] = dS[j][3];
     }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < D / 8; ++it) {    // 8 k rows x 4 chunks of 16 B per instruction
+        const int k = 8 * it + (lane >> 2), ch = lane & 3;
+        const float4 v = *reinterpret_cast<const float4*>(staging + k * SNAPF_STRIDE + 4 * ch);
+        __stcs(reinterpret_cast<float4*>(out + k * D + v0 + 4 * ch), v);
+    }
+    __syncwarp();
 }
 
 // Same as bf16: stmatrix.trans turns the v-major fragments into k-major rows of
@@ -464,9 +478,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     const int vb = warp * 16;                // band start inside this CTA's DV columns
     const int v0 = vs * DV + vb;             // band start in [0, D)
     const long long head_mat = (long long)D * D;
-#if SNAP_BF16
-    unsigned short* staging = reinterpret_cast<unsigned short*>(smem + NSTAGE * sizeof(Stage)) + warp * (D * SNAP_STRIDE);
-#endif
+    // this warp's snapshot staging tile (bf16 [D][SNAP_STRIDE] or fp32 [D][SNAPF_STRIDE])
+    unsigned char* staging = smem + NSTAGE * sizeof(Stage) + warp * SNAP_STAGING_BYTES;
 
     // dS^T band, fp32, for the whole scan: dS[j] is n-tile j (k = 8j .. 8j+7).
     float dS[16][4];
@@ -501,9 +514,11 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         if (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1) {
             const long long idx = snap_base + n / SNAP_EVERY;
 #if SNAP_BF16
-            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS, staging, v0, lane);
+            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
+                            reinterpret_cast<unsigned short*>(staging), v0, lane);
 #else
-            store_band_f32(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS, v0, lane);
+            store_band_f32(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
+                           reinterpret_cast<float*>(staging), v0, lane);
 #endif
         }
 
@@ -596,5 +611,5 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     KDA_ADD(T_TOTAL, t_start);
     KDA_FLUSH();
 
-    store_band_f32(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS, v0, lane);
+    store_band_f32(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS, reinterpret_cast<float*>(staging), v0, lane);
 }

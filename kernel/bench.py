@@ -125,6 +125,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "seed = fp32 every tile (default both)")
     p.add_argument("--vsplit", default="auto", choices=("auto", "1", "2", "4", "8"),
                    help="Kernel A's V split (default auto)")
+    p.add_argument("--tune", nargs="*", default=[], metavar="KNOB=N",
+                   help="Kernel A build knobs (kernel.build.Config), e.g. ksplit=2 producers=8")
     p.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
     p.add_argument("--no-kernel", action="store_true", help="skip Kernel A")
     p.add_argument("--cupti", action="store_true",
@@ -152,6 +154,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.heads < 1 or args.reps < 1 or args.warmup < 0 or args.precision_heads < 1:
         p.error("--heads, --reps, --precision-heads must be >= 1 and --warmup >= 0")
     args.vsplit = args.vsplit if args.vsplit == "auto" else int(args.vsplit)
+    from kernel.build import parse_knobs
+    args.tuning = parse_knobs(args.tune)
     args.modes = list(MODES) if args.snapshot == "both" else [args.snapshot]
     return args
 
@@ -483,7 +487,7 @@ def _cu_for_fla(cu):
     return None if cu is None else torch.as_tensor(cu, dtype=torch.int64, device="cuda")
 
 
-def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, scale=None):
+def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, scale=None, tuning=None):
     """One dstate_scan call in snapshot mode `mode` (torch tensors in and out)
     -> (snapshots, dh0)."""
     dtype, every = MODES[mode]
@@ -492,7 +496,7 @@ def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, sca
         return dstate_scan(raw["q"], raw["k"], gc, raw["beta"], mqk, inv, raw["do"],
                            scale=scale, dht=raw["dht"], cu_seqlens=raw.get("cu_a"),
                            qk_l2norm=True, snapshot_dtype=dtype, snapshot_every=every,
-                           vsplit=vsplit)
+                           vsplit=vsplit, tuning=tuning)
 
 
 def as_torch(x, bf16_bits: bool = False):
@@ -561,11 +565,12 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
         for mode in (args.modes if tiles is not None else []):
             try:
                 t = time_cuda(lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode,
-                                                   vsplit=args.vsplit),
+                                                   vsplit=args.vsplit, tuning=args.tuning),
                               warmup=args.warmup, reps=args.reps, flush=flush)
                 if args.cupti:
                     t["kernel_only"] = kernel_only_ms(
-                        lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode, vsplit=args.vsplit),
+                        lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode, vsplit=args.vsplit,
+                                             tuning=args.tuning),
                         reps=min(args.reps, 5))
                 t["GBps"] = res["bytes"][mode]["total"] / (t["median_ms"] * 1e6)
                 floor = _get(res, "floor", mode, "ms")
@@ -724,7 +729,8 @@ def precision_config(cfg: Config, args, dstate_scan, fla) -> dict:
         out["kernel_a"] = {}
         for mode in args.modes:
             try:
-                snaps, dh0 = run_kernel_a(dstate_scan, sl, tiles, mode=mode, vsplit=args.vsplit)
+                snaps, dh0 = run_kernel_a(dstate_scan, sl, tiles, mode=mode, vsplit=args.vsplit,
+                                          tuning=args.tuning)
                 snaps, dh0 = as_torch(snaps, bf16_bits=mode == "fla"), as_torch(dh0)
                 refs = snaps4 if mode == "fla" else snaps1
                 out["kernel_a"][mode] = {"dh0": rel_fro(dh0, dh0_t), "snapshots": rel_fro(snaps, refs)}
@@ -905,7 +911,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fla, why = fla_import()
         log(f"FLA: {why}" if fla else f"flash-linear-attention not found ({why})")
     env["fla"] = why if fla else None
-    log(f"H={args.heads}, D={D}, modes={args.modes}, vsplit={args.vsplit}, warm-up "
+    log(f"H={args.heads}, D={D}, modes={args.modes}, vsplit={args.vsplit}, "
+        f"tuning={args.tuning or 'defaults'}, warm-up "
         f"{args.warmup}, median of {args.reps}; seed {args.seed}")
 
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")

@@ -24,13 +24,16 @@ class Config:
     snap_every: int = 1      # snapshot every tile (1) or every 4th tile (4: FLA's dh)
     has_dht: bool = False
     l2norm: bool = True
-    nstage: int = 4          # input ring depth; loads run nstage - 1 tiles ahead
-    g2_split: int = 4        # independent accumulator chains in G2 (dS path: 2 dependent MMAs, not 8)
-    producers: int = 0       # producer warps (cp.async + R1); 0 = auto: 4 (at 1 x 16384 x H32
-                             # bf16x4 they beat 2 at vsplit 1, 1.57 vs 1.84 ms, and tie 8 at
-                             # vsplit 4, 0.87 ms), but 2 at vsplit 1 with fp32 snapshots, where
-                             # 4 spill (384 threads cap registers at 168) and measured slower
-                             # (4 x 8192 f32x1: 1.95 vs 1.83 ms)
+    nstage: int = 0          # input ring depth; loads run nstage - 1 tiles ahead. 0 = auto: 4,
+                             # or 3 where 4 would leave too few named barriers (vsplit 1, ksplit 2)
+    # The knobs below default to 0 = auto, by the rules in __post_init__ (each one
+    # measured on the H200; BENCHMARKS.md, optimisation log).
+    g2_split: int = 0        # independent accumulator chains in G2 (dS path: 2 dependent MMAs, not 8)
+    producers: int = 0       # producer warps (cp.async + R1)
+    mt: int = 0              # 16-wide v m-tiles per consumer warp (2: each kr/qd/kd fragment
+                             # feeds two MMAs, half the consumers' shared-memory reads)
+    ksplit: int = 0          # consumer warps per v band (2: each holds half of the k columns;
+                             # their G2 partial sums meet in shared memory)
     timing: bool = False     # clock64 phase accounting into kda_timing[] (kernel.profile only)
     lineinfo: bool = False   # -lineinfo, so ncu / compute-sanitizer name source lines
 
@@ -39,23 +42,50 @@ class Config:
             raise ValueError(f"vsplit must be one of {VSPLITS}, got {self.vsplit}")
         if self.snap_every not in (1, 4):
             raise ValueError(f"snapshot_every must be 1 or 4, got {self.snap_every}")
+        auto = lambda name, value: getattr(self, name) == 0 and object.__setattr__(self, name, value)
+        # vsplit 1 (large batches): shared memory bound (ncu: L1 76% busy at 1 x 16384), and
+        # mt 2 halves the consumers' ldmatrix traffic: 32 x 8192 bf16x4 6.30 -> 5.37 ms,
+        # f32x1 14.09 -> 13.03 ms (the 16 KB more registers per warp fit: 256 threads).
+        auto("mt", 2 if self.vsplit == 1 else 1)
+        # vsplit 4 (B = 1): latency bound, and two warps per band with 8 producers cut a
+        # tile's chain: 1 x 131072 bf16x4 7.83 -> 7.18 ms.
+        auto("ksplit", 2 if self.vsplit == 4 else 1)
+        auto("g2_split", 4 if self.mt == 1 else 2)     # mt 2: 2 x 2 chains (5.37 ms; 5.52 with 1, 5.49 with 4)
+        # 4 producers beat 2 at vsplit 1 (1 x 16384 bf16x4: 1.57 vs 1.84 ms) and tie 8 at
+        # vsplit 4 with ksplit 1 (0.87 ms); 8 with ksplit 2 (above).
+        auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else 4)
+        if self.ksplit not in (1, 2):
+            raise ValueError(f"ksplit must be 1 or 2, got {self.ksplit}")
+        if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):
+            raise ValueError(f"mt must be 1 or 2 with D / vsplit = {D // self.vsplit} a multiple of 16 * mt, "
+                             f"got mt {self.mt}")
+        bands = D // self.vsplit // (16 * self.mt)
+        pair_bars = bands if self.ksplit == 2 else 0
+        if self.nstage == 0:
+            object.__setattr__(self, "nstage", 4 if 8 + pair_bars <= 15 else 3)
         if self.nstage not in (2, 3, 4):
             raise ValueError(f"nstage must be 2, 3 or 4, got {self.nstage}")
         if self.g2_split not in (1, 2, 4):
             raise ValueError(f"g2_split must be 1, 2 or 4, got {self.g2_split}")
-        if self.producers == 0:
-            object.__setattr__(self, "producers", 2 if self.vsplit == 1 and not self.snap_bf16 else 4)
         if self.producers not in (2, 4, 8):
             raise ValueError(f"producers must be 2, 4 or 8, got {self.producers}")
+        if 2 * self.nstage + pair_bars > 15:
+            raise ValueError(f"nstage {self.nstage} with vsplit {self.vsplit} and ksplit {self.ksplit} needs "
+                             f"{2 * self.nstage + pair_bars} named barriers, the SM has 15 besides __syncthreads")
+
+    @property
+    def consumers(self) -> int:
+        return D // self.vsplit // (16 * self.mt) * self.ksplit
 
     @property
     def threads(self) -> int:
-        return (D // self.vsplit // 16 + self.producers) * 32
+        return (self.consumers + self.producers) * 32
 
     def name(self) -> str:
         return (f"vs{self.vsplit}-{'bf16' if self.snap_bf16 else 'f32'}x{self.snap_every}"
                 f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}"
                 f"-st{self.nstage}-g2s{self.g2_split}-p{self.producers}"
+                f"{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
                 f"{'-timing' if self.timing else ''}{'-lineinfo' if self.lineinfo else ''}")
 
 
@@ -71,8 +101,26 @@ def defines(cfg: Config) -> tuple[str, ...]:
     return (*FAST_MATH, f"-DVSPLIT={cfg.vsplit}", f"-DSNAP_BF16={int(cfg.snap_bf16)}",
             f"-DSNAP_EVERY={cfg.snap_every}", f"-DHAS_DHT={int(cfg.has_dht)}",
             f"-DL2NORM={int(cfg.l2norm)}", f"-DNSTAGE={cfg.nstage}", f"-DG2_SPLIT={cfg.g2_split}",
-            f"-DPRODUCERS={cfg.producers}", f"-DKDA_TIMING={int(cfg.timing)}",
+            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
             *(("-lineinfo",) if cfg.lineinfo else ()))
+
+
+def parse_knobs(items) -> dict:
+    """["nstage=3", "ksplit=2"] -> {"nstage": 3, "ksplit": 2} (the --tune arguments of
+    kernel.bench and kernel.profile); names are checked by Config."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--tune takes key=value pairs, got {item!r}")
+        if key not in names:
+            raise SystemExit(f"--tune: unknown knob {key!r} (build.Config has {', '.join(sorted(names))})")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise SystemExit(f"--tune: {key} takes an integer, got {value!r}") from None
+    return out
 
 
 def source() -> str:

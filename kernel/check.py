@@ -40,6 +40,7 @@ class Case:
     l2norm: bool = True
     vsplit: int | str = "auto"
     seed: int = 0
+    tuning: tuple = ()       # build.Config knobs as (name, value) pairs, e.g. (("ksplit", 2),)
 
 
 VARLEN = (1, 15, 16, 17, 1000, 33)
@@ -55,6 +56,18 @@ CASES = (
     Case("eq-bf16x1-auto-nonorm-nodht", B=1, T=1000, H=2, snapshot_dtype="bfloat16", dht=False, l2norm=False, seed=5),
     Case("eq-f32x1-vs8-T64", B=3, T=64, H=1, vsplit=8, seed=6),
     Case("var-one-token", lengths=(1,), H=1, vsplit=1, seed=7),
+    # two consumer warps per v band (each half of k, G2 partial sums exchanged)
+    Case("eq-f32x1-vs1-ks2", B=2, T=200, H=3, vsplit=1, seed=9, tuning=(("ksplit", 2), ("g2_split", 1))),
+    Case("var-bf16x4-vs4-ks2", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=4,
+         seed=10, tuning=(("ksplit", 2),)),
+    Case("var-f32x4-vs8-ks2-p8-nodht", lengths=VARLEN, H=2, snapshot_every=4, dht=False, vsplit=8, seed=11,
+         tuning=(("ksplit", 2), ("producers", 8))),
+    # two 16-wide v m-tiles per consumer warp (alone and with the k split)
+    Case("eq-bf16x4-vs1-mt2", B=2, T=200, H=3, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1, seed=12,
+         tuning=(("mt", 2), ("g2_split", 1))),
+    Case("var-f32x1-vs2-mt2-ks2", lengths=VARLEN, H=2, vsplit=2, seed=13, tuning=(("mt", 2), ("ksplit", 2))),
+    Case("var-bf16x1-vs4-mt2-nonorm", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", l2norm=False, vsplit=4,
+         seed=14, tuning=(("mt", 2),)),
 )
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 
@@ -120,7 +133,7 @@ def run_case(case: Case, *, repeat_for_determinism: bool = True) -> dict:
     def launch():
         s, d = dstate_scan(kern["q"], kern["k"], kern["gc"], kern["beta"], kern["mqk"], kern["inv"], kern["do"],
                            dht=kern["dht"], cu_seqlens=kern["cu_seqlens"], snapshot_dtype=case.snapshot_dtype,
-                           vsplit=case.vsplit, **opts)
+                           vsplit=case.vsplit, tuning=dict(case.tuning), **opts)
         cupy.cuda.get_current_stream().synchronize()
         return s, d
 
@@ -160,6 +173,8 @@ def passed(r: dict) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernel.check", description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="one small case (fast; for compute-sanitizer)")
+    ap.add_argument("--case", action="append", default=[], metavar="NAME",
+                    help="run only the cases whose name contains NAME (repeatable)")
     args = ap.parse_args(argv)
     from ptx_lab.gpu import gpu_reason
 
@@ -167,6 +182,11 @@ def main(argv=None) -> int:
         print(f"kernel.check needs a GPU: {gpu_reason()}")
         return 2
     cases = (SMALL,) if args.small else CASES
+    if args.case:
+        cases = tuple(c for c in CASES + (SMALL,) if any(n in c.name for n in args.case))
+        if not cases:
+            print(f"no case matches {args.case}; the cases are: {', '.join(c.name for c in CASES + (SMALL,))}")
+            return 2
     rows = []
     for c in cases:
         r = run_case(c, repeat_for_determinism=not args.small)

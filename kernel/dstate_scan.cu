@@ -12,7 +12,8 @@
 //     dU^T     = do^T @ Mqk + dS^T @ kr^T     (M = v, N = c, K = c' / k)
 //     dvcorr^T = dU^T @ INV
 //     dS^T     = exp2(gT) * dS^T + do^T @ qd + (-beta*dvcorr)^T @ kd   (M = v, N = k)
-// A consumer warp owns a 16-wide band of v and keeps its dS^T band [16 v x 128 k]
+// A consumer warp owns a band of 16 * MT v columns and keeps its dS^T band [16 MT v x 128 k]
+// (with KSPLIT 2: half of it, [16 MT v x 64 k], the other half in a second warp)
 // in fp32 mma accumulators for the whole scan. Because the C fragments of two
 // adjacent n-tiles, packed to bf16 pairwise, ARE the A fragment of one k-step
 // (see ptx_lab/cuda/mma.cuh), dS^T (for G2), dU^T (for G3) and bdv^T (for G5)
@@ -36,6 +37,13 @@
 //   L2NORM      0 / 1        l2-normalise q and k rows in R1
 //   G2_SPLIT    1, 2, 4      independent accumulator chains in G2 (shorter dS path)
 //   PRODUCERS   2, 4, 8      producer warps (fewer leave consumers more registers)
+//   MT          1 / 2        16-wide v m-tiles per consumer warp: with 2, every B fragment
+//                            (kr, qd, kd: the same for all bands) serves two MMAs, which
+//                            halves the consumers' ldmatrix traffic (shared memory bound
+//                            at vsplit 1: ncu, L1 76% busy)
+//   KSPLIT      1 / 2        consumer warps per v band: with 2, each holds half of the
+//                            band's k columns and the two add their G2 partial sums (1 KB
+//                            through shared memory and a 64-thread named barrier per tile)
 //   KDA_TIMING  0 / 1        clock64 accounting per warp and phase into kda_timing[]
 //                            (kernel.profile; off in every build the API launches)
 #include "common.cuh"
@@ -65,18 +73,21 @@ using namespace ptx_lab;
 #ifndef L2NORM
 #define L2NORM 1
 #endif
-#ifndef G2_SPLIT
-#define G2_SPLIT 4
-#endif
 #ifndef KDA_TIMING
 #define KDA_TIMING 0
 #endif
-#ifndef PRODUCERS   // as build.Config's auto rule
-#if VSPLIT == 1 && !SNAP_BF16
-#define PRODUCERS 2     // 4 spill here: 384 threads cap registers at 168
-#else
-#define PRODUCERS 4
+// Defaults as build.Config's auto rules (which say why).
+#ifndef MT
+#define MT (VSPLIT == 1 ? 2 : 1)
 #endif
+#ifndef KSPLIT
+#define KSPLIT (VSPLIT == 4 ? 2 : 1)
+#endif
+#ifndef G2_SPLIT
+#define G2_SPLIT (MT == 1 ? 4 : 2)
+#endif
+#ifndef PRODUCERS
+#define PRODUCERS (KSPLIT == 2 && VSPLIT == 4 ? 8 : 4)
 #endif
 
 namespace kda {
@@ -84,14 +95,22 @@ namespace kda {
 constexpr int D = 128;                    // K = V = D
 constexpr int C = 16;                     // tokens per tile
 constexpr int DV = D / VSPLIT;            // v columns per CTA
-constexpr int NUM_CONSUMERS = DV / 16;    // one warp per 16-wide v band
+constexpr int BAND = 16 * MT;             // v columns per consumer band: MT m-tiles of 16
+constexpr int NUM_BANDS = DV / BAND;      // v bands of this CTA
+constexpr int NUM_CONSUMERS = NUM_BANDS * KSPLIT;   // KSPLIT warps per band
+constexpr int KW = D / KSPLIT;            // k columns of the dS^T band one consumer warp holds
+constexpr int NJ = KW / 8;                // its accumulator n-tiles (8 k each)
+constexpr int KSTEPS = KW / 16;           // its G2 k-steps
 constexpr int NUM_PRODUCERS = PRODUCERS;
 constexpr int TOKENS_PER_PRODUCER = C / NUM_PRODUCERS;   // R1 rows per producer warp
 constexpr int PRODUCER_THREADS = NUM_PRODUCERS * 32;
 constexpr int THREADS = (NUM_CONSUMERS + NUM_PRODUCERS) * 32;
 
 static_assert(D % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
-static_assert(NSTAGE >= 2 && 2 * NSTAGE <= 15, "named barrier ids run out");
+static_assert(KSPLIT == 1 || KSPLIT == 2, "KSPLIT must be 1 or 2");
+static_assert((MT == 1 || MT == 2) && DV % BAND == 0, "MT must be 1 or 2, and D / VSPLIT a multiple of 16 * MT");
+static_assert(NSTAGE >= 2 && 2 * NSTAGE + (KSPLIT > 1 ? NUM_BANDS : 0) <= 15,
+              "named barrier ids run out (FULL and EMPTY per stage, one per band with KSPLIT 2)");
 static_assert(NSTAGE - 1 <= 7, "cp.async.wait_group takes 0..7");
 static_assert(PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "PRODUCERS must be 2, 4 or 8");
 static_assert(G2_SPLIT == 1 || G2_SPLIT == 2 || G2_SPLIT == 4, "G2_SPLIT must be 1, 2 or 4");
@@ -102,8 +121,9 @@ static_assert(G2_SPLIT == 1 || G2_SPLIT == 2 || G2_SPLIT == 4, "G2_SPLIT must be
 constexpr int OP_STRIDE = D + 8;          // qd/kd/kr rows: 272 B = 2*128 + 16
 constexpr int DO_STRIDE = DV + 8;         // do rows: 2*DV + 16 B (DV = 128..16 all conflict-free)
 constexpr int SMALL_STRIDE = C + 8;       // Mqk/INV rows: 48 B (a 32 B row would be 2-way)
-constexpr int SNAP_STRIDE = 16 + 8;       // bf16 snapshot staging rows: 48 B
-constexpr int SNAPF_STRIDE = 16 + 4;      // fp32 staging rows: 80 B, so the 4 k rows one fragment
+constexpr int SNAP_STRIDE = 16 * MT + 8;  // bf16 snapshot staging rows: 48 B (MT 1) or 80 B (MT 2), an odd
+                                          // number of 16-byte bank groups: 8 rows, 8 distinct groups
+constexpr int SNAPF_STRIDE = 16 * MT + 4; // fp32 staging rows: 80 B or 144 B, so the 4 k rows one fragment
                                           // store touches (k = 8j + 2t) start 8 banks apart: conflict-free
 
 // One ring stage: the raw inputs of one tile and the operands R1 builds from them.
@@ -123,22 +143,29 @@ struct __align__(16) Stage {
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 
-constexpr int SNAP_STAGING_BYTES = SNAP_BF16 ? D * SNAP_STRIDE * 2 : D * SNAPF_STRIDE * 4;   // per consumer warp
-constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES;
+constexpr int SNAP_STAGING_BYTES = SNAP_BF16 ? KW * SNAP_STRIDE * 2 : KW * SNAPF_STRIDE * 4;   // per consumer warp
+// KSPLIT 2: each consumer warp's G2 partial dU^T (its 2 accumulator n-tiles, 8 floats a
+// lane, as float4 [2][32]: every 16-byte access is lane-contiguous, conflict-free),
+// double-buffered by tile parity: buffer i & 1 is rewritten at tile i + 2, after the
+// pair barrier of tile i + 1, which the partner reaches only after reading it.
+constexpr int XCHG_FLOAT4 = MT * 2 * 32;  // per warp and buffer
+constexpr int XCHG_BYTES = KSPLIT > 1 ? 2 * NUM_CONSUMERS * XCHG_FLOAT4 * 16 : 0;
+constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES + XCHG_BYTES;
 
 // Named barrier ids (0 is __syncthreads).
 __device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
 __device__ __forceinline__ u32 empty_bar(int s) { return 1 + NSTAGE + s; }
+__device__ __forceinline__ u32 pair_bar(int band) { return 1 + 2 * NSTAGE + band; }   // KSPLIT 2
 // Where each warp's cycles go (KDA_TIMING=1 only): every thread sums clock64
 // deltas per phase in registers; at exit lane 0 of each warp of the first
 // TIMING_CTAS CTAs writes them to kda_timing[cta][warp][slot] (no global traffic
 // inside the scan). Producer slots: total, wait for own loads + the warp's
 // barrier, R1 (+ FULL arrive), wait EMPTY, issue loads. Consumer slots: total,
-// snapshot store, wait FULL, G1..G5.
+// snapshot store, wait FULL, G1..G5 (with the pair exchange), of which the pair barrier.
 enum TimingSlot { T_TOTAL = 0, T_P_WAIT_LOADS = 1, T_P_R1 = 2, T_P_WAIT_EMPTY = 3, T_P_ISSUE = 4,
-                  T_C_SNAPSHOT = 1, T_C_WAIT_FULL = 2, T_C_CHAIN = 3 };
+                  T_C_SNAPSHOT = 1, T_C_WAIT_FULL = 2, T_C_CHAIN = 3, T_C_PAIR = 4 };
+constexpr int TIMING_CTAS = 8, TIMING_WARPS = 32, TIMING_SLOTS = 8;   // kda_timing's shape
 #if KDA_TIMING
-constexpr int TIMING_CTAS = 8, TIMING_WARPS = 16, TIMING_SLOTS = 8;
 #define KDA_TIMERS long long kda_t[TIMING_SLOTS] = {}
 #define KDA_CLOCK(t) const long long t = clock64()
 #define KDA_ADD(slot, t0) (kda_t[(slot)] += clock64() - (t0))
@@ -333,57 +360,77 @@ __device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, in
     return smem_addr(tile + (row0 + (lane & 7) + 8 * (m >> 1)) * stride + col0 + 8 * (m & 1));
 }
 
-// Store this warp's dS^T band (fp32 accumulators) as dS[k][v] rows of `out`
-// (fp32 [D][D] with this band's first column at v0). Accumulator n-tile j holds
-// (v = g, k = 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t), (g+8, 8j+2t+1). They go to a
-// warp-private staging tile [k][16 v] first, then every lane stores 16 bytes: 16
-// global stores per lane instead of 64 scattered 4-byte ones (which cost as much
-// as the five GEMMs in seed mode: kernel.profile, 2,558 of 5,855 cycles per tile
-// at 4 x 8192 vsplit 1).
-__device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[16][4], float* staging,
-                                               int v0, int lane) {
+// Store this warp's part of its dS^T band (fp32 accumulators, all MT m-tiles) as
+// dS[k][v] rows k0 .. k0 + KW - 1, columns v0 .. v0 + BAND - 1 of `out` (fp32
+// [D][D]). Accumulator n-tile j of m-tile m holds (k relative to k0, v to v0)
+// (v = 16m+g, k = 8j+2t), (16m+g, 8j+2t+1), (16m+g+8, 8j+2t), (16m+g+8, 8j+2t+1).
+// They go to a warp-private staging tile [k][BAND] first (rows SNAPF_STRIDE apart:
+// the 4 rows k = 8j+2t of one store start 8 banks apart, conflict-free), then
+// lane l stores 16 bytes of row l / CH (CH = 16-byte chunks per row; one quarter-warp
+// reads whole rows, conflict-free): 16 global stores per lane per m-tile instead of 64
+// scattered 4-byte ones (which cost as much as the five GEMMs in seed mode:
+// kernel.profile, 2,558 of 5,855 cycles per tile at 4 x 8192 vsplit 1). In PASSES
+// passes of KW / PASSES rows each, so that dh0 fits the smaller bf16 staging tile.
+template <int PASSES>
+__device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT][NJ][4], float* staging,
+                                               int k0, int v0, int lane) {
+    constexpr int JP = NJ / PASSES;          // n-tiles (8 rows each) per pass
+    constexpr int CH = BAND / 4;             // 16-byte chunks per staging row
+    constexpr int ROWS = 32 / CH;            // rows per store instruction
+    static_assert(NJ % PASSES == 0 && 8 * JP * SNAPF_STRIDE * 4 <= SNAP_STAGING_BYTES,
+                  "a pass must fit the warp's staging tile");
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int k = 8 * j + 2 * t;
-        staging[k * SNAPF_STRIDE + g] = dS[j][0];
-        staging[(k + 1) * SNAPF_STRIDE + g] = dS[j][1];
-        staging[k * SNAPF_STRIDE + g + 8] = dS[j][2];
-        staging[(k + 1) * SNAPF_STRIDE + g + 8] = dS[j][3];
-    }
-    __syncwarp();
+    for (int pass = 0; pass < PASSES; ++pass) {
 #pragma unroll
-    for (int it = 0; it < D / 8; ++it) {    // 8 k rows x 4 chunks of 16 B per instruction
-        const int k = 8 * it + (lane >> 2), ch = lane & 3;
-        const float4 v = *reinterpret_cast<const float4*>(staging + k * SNAPF_STRIDE + 4 * ch);
-        __stcs(reinterpret_cast<float4*>(out + k * D + v0 + 4 * ch), v);
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int jj = 0; jj < JP; ++jj) {
+                const int j = pass * JP + jj, k = 8 * jj + 2 * t, v = 16 * m + g;   // k: row of the staging tile
+                staging[k * SNAPF_STRIDE + v] = dS[m][j][0];
+                staging[(k + 1) * SNAPF_STRIDE + v] = dS[m][j][1];
+                staging[k * SNAPF_STRIDE + v + 8] = dS[m][j][2];
+                staging[(k + 1) * SNAPF_STRIDE + v + 8] = dS[m][j][3];
+            }
+        __syncwarp();
+#pragma unroll
+        for (int it = 0; it < 8 * JP / ROWS; ++it) {
+            const int k = ROWS * it + lane / CH, ch = lane % CH;
+            const float4 v = *reinterpret_cast<const float4*>(staging + k * SNAPF_STRIDE + 4 * ch);
+            __stcs(reinterpret_cast<float4*>(out + (k0 + 8 * JP * pass + k) * D + v0 + 4 * ch), v);
+        }
+        __syncwarp();
     }
-    __syncwarp();
 }
 
 // Same as bf16: stmatrix.trans turns the v-major fragments into k-major rows of
-// a warp-private staging tile [k][16 v], then 16-byte stores write 32 contiguous
-// bytes per k row.
-__device__ __forceinline__ void store_band_bf16(unsigned short* out, const float (&dS)[16][4],
-                                                unsigned short* staging, int v0, int lane) {
-    const int m = lane >> 3;
+// a warp-private staging tile [k][BAND] (rows SNAP_STRIDE apart: the 8 rows of a
+// matrix start in 8 distinct 16-byte bank groups), then 16-byte stores write
+// 2 * BAND contiguous bytes per k row; a quarter-warp reads 8 rows' chunk ch
+// (again 8 distinct bank groups).
+__device__ __forceinline__ void store_band_bf16(unsigned short* out, const float (&dS)[MT][NJ][4],
+                                                unsigned short* staging, int k0, int v0, int lane) {
+    constexpr int CH = BAND / 8;             // 16-byte chunks per staging row
+    constexpr int ROWS = 32 / CH;            // rows per store instruction
+    const int mm = lane >> 3;
 #pragma unroll
-    for (int pr = 0; pr < 8; ++pr) {
-        // matrix m: v half (m & 1), k half (m >> 1) of k columns 16pr .. 16pr+15.
-        const u32 addr = smem_addr(staging + (16 * pr + 8 * (m >> 1) + (lane & 7)) * SNAP_STRIDE + 8 * (m & 1));
-        stmatrix_x4_trans(addr,
-                          pack_bf16x2(dS[2 * pr][0], dS[2 * pr][1]),       // v 0-7,  k 16pr+0..7
-                          pack_bf16x2(dS[2 * pr][2], dS[2 * pr][3]),       // v 8-15, k 16pr+0..7
-                          pack_bf16x2(dS[2 * pr + 1][0], dS[2 * pr + 1][1]),  // v 0-7,  k 16pr+8..15
-                          pack_bf16x2(dS[2 * pr + 1][2], dS[2 * pr + 1][3])); // v 8-15, k 16pr+8..15
-    }
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int pr = 0; pr < NJ / 2; ++pr) {
+            // matrix mm: v half (mm & 1) of m-tile m, k half (mm >> 1) of k columns 16pr .. 16pr+15.
+            const u32 addr = smem_addr(staging + (16 * pr + 8 * (mm >> 1) + (lane & 7)) * SNAP_STRIDE + 16 * m + 8 * (mm & 1));
+            stmatrix_x4_trans(addr,
+                              pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]),          // v 0-7,  k 16pr+0..7
+                              pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]),          // v 8-15, k 16pr+0..7
+                              pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),  // v 0-7,  k 16pr+8..15
+                              pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3])); // v 8-15, k 16pr+8..15
+        }
     __syncwarp();
 #pragma unroll
-    for (int it = 0; it < (D * 2) / 32; ++it) {
-        const int chunk = it * 32 + lane;
-        const int k = chunk >> 1, half = chunk & 1;
-        const uint4 v = *reinterpret_cast<const uint4*>(staging + k * SNAP_STRIDE + 8 * half);
-        __stcs(reinterpret_cast<uint4*>(out + k * D + v0 + 8 * half), v);
+    for (int it = 0; it < KW / ROWS; ++it) {
+        const int k = ROWS * it + lane % ROWS, ch = lane / ROWS;
+        const uint4 v = *reinterpret_cast<const uint4*>(staging + k * SNAP_STRIDE + 8 * ch);
+        __stcs(reinterpret_cast<uint4*>(out + (k0 + k) * D + v0 + 8 * ch), v);
     }
     __syncwarp();
 }
@@ -400,6 +447,8 @@ using namespace kda;
 // Dynamic shared memory the launch must request (read by the host through the module).
 extern "C" __constant__ int kda_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kda_threads = THREADS;
+extern "C" __constant__ int kda_timing_dims[3] = {TIMING_CTAS, TIMING_WARPS, TIMING_SLOTS};   // kernel.profile
+static_assert(NUM_CONSUMERS + NUM_PRODUCERS <= TIMING_WARPS, "kda_timing has a row per warp");
 #if KDA_TIMING
 extern "C" {
 __device__ unsigned long long kda_timing[TIMING_CTAS * TIMING_WARPS * TIMING_SLOTS];
@@ -475,30 +524,43 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 
     // ------------------------------- consumers -------------------------------
     const int t = lane & 3;
-    const int vb = warp * 16;                // band start inside this CTA's DV columns
-    const int v0 = vs * DV + vb;             // band start in [0, D)
+    const int band = warp % NUM_BANDS;       // the two warps of a band sit on different
+    const int kh = warp / NUM_BANDS;         // sub-partitions wherever NUM_BANDS is 1 or 2
+    const int k0 = kh * KW;                  // this warp's k columns: k0 .. k0 + KW - 1
+    const int vb = band * BAND;              // band start inside this CTA's DV columns
+    const int v0 = vs * DV + vb;             // band start in [0, D); m-tile m starts at v0 + 16m
     const long long head_mat = (long long)D * D;
-    // this warp's snapshot staging tile (bf16 [D][SNAP_STRIDE] or fp32 [D][SNAPF_STRIDE])
+    // this warp's snapshot staging tile (bf16 [KW][SNAP_STRIDE] or fp32 [KW][SNAPF_STRIDE])
     unsigned char* staging = smem + NSTAGE * sizeof(Stage) + warp * SNAP_STAGING_BYTES;
 
-    // dS^T band, fp32, for the whole scan: dS[j] is n-tile j (k = 8j .. 8j+7).
-    float dS[16][4];
+#if KSPLIT > 1
+    float4* const xchg = reinterpret_cast<float4*>(smem + NSTAGE * sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES);
+    const int partner = band + (1 - kh) * NUM_BANDS;
+#endif
+
+    // dS^T band (its k0 .. k0 + KW - 1 part), fp32, for the whole scan: dS[m][j] is
+    // m-tile m (v = v0 + 16m ..), n-tile j (k = k0 + 8j .. k0 + 8j + 7).
+    float dS[MT][NJ][4];
 #if HAS_DHT
     {
         const float* src = p.dht + ((long long)seq * p.H + h) * head_mat;
         const int g = lane >> 2;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const int k = 8 * j + 2 * t;
-            dS[j][0] = src[k * D + v0 + g];
-            dS[j][1] = src[(k + 1) * D + v0 + g];
-            dS[j][2] = src[k * D + v0 + g + 8];
-            dS[j][3] = src[(k + 1) * D + v0 + g + 8];
-        }
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const int k = k0 + 8 * j + 2 * t, v = v0 + 16 * m + g;
+                dS[m][j][0] = src[k * D + v];
+                dS[m][j][1] = src[(k + 1) * D + v];
+                dS[m][j][2] = src[k * D + v + 8];
+                dS[m][j][3] = src[(k + 1) * D + v + 8];
+            }
     }
 #else
 #pragma unroll
-    for (int j = 0; j < 16; ++j) dS[j][0] = dS[j][1] = dS[j][2] = dS[j][3] = 0.f;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) dS[m][j][0] = dS[m][j][1] = dS[m][j][2] = dS[m][j][3] = 0.f;
 #endif
 
     // Not unrolled: an unrolled body (the compiler likes to unroll by SNAP_EVERY to
@@ -515,10 +577,10 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             const long long idx = snap_base + n / SNAP_EVERY;
 #if SNAP_BF16
             store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
-                            reinterpret_cast<unsigned short*>(staging), v0, lane);
+                            reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
 #else
-            store_band_f32(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
-                           reinterpret_cast<float*>(staging), v0, lane);
+            store_band_f32<1>(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
+                              reinterpret_cast<float*>(staging), k0, v0, lane);
 #endif
         }
 
@@ -529,80 +591,133 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         KDA_CLOCK(t2);
         const Stage& st = stages[s];
 
-        // do^T as the A operand [v, c]: ldmatrix.trans of do[c][v] rows.
-        u32 doT[4];
-        ldmatrix_x4_trans(doT, x4_addr_cols_first(st.dO, DO_STRIDE, 0, vb, lane));
-        // dS^T as the A operand of G2, packed from the accumulators (k-step ks uses n-tiles 2ks, 2ks+1).
+        // do^T as the A operand [v, c]: ldmatrix.trans of do[c][v] rows, one per m-tile.
+        u32 doT[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) ldmatrix_x4_trans(doT[m], x4_addr_cols_first(st.dO, DO_STRIDE, 0, vb + 16 * m, lane));
         // G1: dU^T = do^T @ Mqk  (B[c'][c] = Mqk[c'][c], pairs along c' -> ldmatrix.trans)
         u32 bm[4];
         ldmatrix_x4_trans(bm, x4_addr_rows_first(st.mqk, SMALL_STRIDE, 0, 0, lane));
-        float acc[G2_SPLIT][2][4];
+        float acc[MT][G2_SPLIT][2][4];
 #pragma unroll
-        for (int a = 0; a < G2_SPLIT; ++a)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int nn = 0; nn < 2; ++nn) acc[a][nn][0] = acc[a][nn][1] = acc[a][nn][2] = acc[a][nn][3] = 0.f;
-        mma_bf16(acc[0][0], doT, bm[0], bm[1]);
-        mma_bf16(acc[0][1], doT, bm[2], bm[3]);
+            for (int a = 0; a < G2_SPLIT; ++a)
+#pragma unroll
+                for (int nn = 0; nn < 2; ++nn) acc[m][a][nn][0] = acc[m][a][nn][1] = acc[m][a][nn][2] = acc[m][a][nn][3] = 0.f;
+        if (KSPLIT == 1 || kh == 0) {        // G1 once per band: in the k0 = 0 warp's partial sum
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_bf16(acc[m][0][0], doT[m], bm[0], bm[1]);
+                mma_bf16(acc[m][0][1], doT[m], bm[2], bm[3]);
+            }
+        }
 
-        // G2: dU^T += dS^T @ kr^T  (B[k][c] = kr[c][k], pairs along k -> plain ldmatrix)
+        // G2: dU^T += dS^T @ kr^T  (B[k][c] = kr[c][k], pairs along k -> plain ldmatrix),
+        // over this warp's k columns; dS^T's A operand is packed from the accumulators
+        // (k-step ks uses n-tiles 2ks, 2ks+1), and each B fragment serves all MT m-tiles.
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-            const u32 a[4] = {pack_bf16x2(dS[2 * ks][0], dS[2 * ks][1]), pack_bf16x2(dS[2 * ks][2], dS[2 * ks][3]),
-                              pack_bf16x2(dS[2 * ks + 1][0], dS[2 * ks + 1][1]), pack_bf16x2(dS[2 * ks + 1][2], dS[2 * ks + 1][3])};
+        for (int ks = 0; ks < KSTEPS; ++ks) {
             u32 bk[4];
-            ldmatrix_x4(bk, x4_addr_cols_first(st.kr, OP_STRIDE, 0, 16 * ks, lane));
+            ldmatrix_x4(bk, x4_addr_cols_first(st.kr, OP_STRIDE, 0, k0 + 16 * ks, lane));
             // matrices: (c 0-7, k lo), (c 0-7, k hi), (c 8-15, k lo), (c 8-15, k hi)
-            mma_bf16(acc[ks % G2_SPLIT][0], a, bk[0], bk[1]);
-            mma_bf16(acc[ks % G2_SPLIT][1], a, bk[2], bk[3]);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                const float (&x)[4] = dS[m][2 * ks];
+                const float (&y)[4] = dS[m][2 * ks + 1];
+                const u32 a[4] = {pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
+                                  pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3])};
+                mma_bf16(acc[m][ks % G2_SPLIT][0], a, bk[0], bk[1]);
+                mma_bf16(acc[m][ks % G2_SPLIT][1], a, bk[2], bk[3]);
+            }
         }
 
         // combine, first half: dS^T *= exp2(gT) per k column, then G4: dS^T += do^T @ qd.
         // Neither depends on G2, so they fill its latency.
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const float2 e = *reinterpret_cast<const float2*>(&st.egT[8 * j + 2 * t]);
-            dS[j][0] *= e.x; dS[j][1] *= e.y; dS[j][2] *= e.x; dS[j][3] *= e.y;
+        for (int j = 0; j < NJ; ++j) {
+            const float2 e = *reinterpret_cast<const float2*>(&st.egT[k0 + 8 * j + 2 * t]);
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                dS[m][j][0] *= e.x; dS[m][j][1] *= e.y; dS[m][j][2] *= e.x; dS[m][j][3] *= e.y;
+            }
         }
 #pragma unroll
-        for (int pr = 0; pr < 8; ++pr) {
+        for (int pr = 0; pr < NJ / 2; ++pr) {
             u32 bq[4];
-            ldmatrix_x4_trans(bq, x4_addr_rows_first(st.qd, OP_STRIDE, 0, 16 * pr, lane));
-            mma_bf16(dS[2 * pr], doT, bq[0], bq[1]);
-            mma_bf16(dS[2 * pr + 1], doT, bq[2], bq[3]);
+            ldmatrix_x4_trans(bq, x4_addr_rows_first(st.qd, OP_STRIDE, 0, k0 + 16 * pr, lane));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_bf16(dS[m][2 * pr], doT[m], bq[0], bq[1]);
+                mma_bf16(dS[m][2 * pr + 1], doT[m], bq[2], bq[3]);
+            }
         }
 
         // G3: dvcorr^T = dU^T @ INV; dU^T's accumulators are G3's A operand.
-        float dU[2][4];
+        float dU[MT][2][4];
 #pragma unroll
-        for (int nn = 0; nn < 2; ++nn)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = acc[0][nn][e];
+            for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
-                for (int a = 1; a < G2_SPLIT; ++a) x += acc[a][nn][e];
-                dU[nn][e] = x;
-            }
-        const u32 aU[4] = {pack_bf16x2(dU[0][0], dU[0][1]), pack_bf16x2(dU[0][2], dU[0][3]),
-                           pack_bf16x2(dU[1][0], dU[1][1]), pack_bf16x2(dU[1][2], dU[1][3])};
+                for (int e = 0; e < 4; ++e) {
+                    float x = acc[m][0][nn][e];
+#pragma unroll
+                    for (int a = 1; a < G2_SPLIT; ++a) x += acc[m][a][nn][e];
+                    dU[m][nn][e] = x;
+                }
+#if KSPLIT > 1
+        // dU^T = the two warps' partial sums. Both add them in the same order (a + b is
+        // commutative in IEEE arithmetic), so both run G3 on identical operands.
+        {
+            float4* mine = xchg + ((i & 1) * NUM_CONSUMERS + warp) * XCHG_FLOAT4;
+            const float4* theirs = xchg + ((i & 1) * NUM_CONSUMERS + partner) * XCHG_FLOAT4;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int nn = 0; nn < 2; ++nn)
+                    mine[(2 * m + nn) * 32 + lane] = make_float4(dU[m][nn][0], dU[m][nn][1], dU[m][nn][2], dU[m][nn][3]);
+            KDA_CLOCK(tp);
+            named_barrier_sync(pair_bar(band), 64);
+            KDA_ADD(T_C_PAIR, tp);
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int nn = 0; nn < 2; ++nn) {
+                    const float4 o = theirs[(2 * m + nn) * 32 + lane];
+                    dU[m][nn][0] += o.x; dU[m][nn][1] += o.y; dU[m][nn][2] += o.z; dU[m][nn][3] += o.w;
+                }
+        }
+#endif
         u32 bi[4];
         ldmatrix_x4_trans(bi, x4_addr_rows_first(st.inv, SMALL_STRIDE, 0, 0, lane));
-        float dv[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        mma_bf16(dv[0], aU, bi[0], bi[1]);
-        mma_bf16(dv[1], aU, bi[2], bi[3]);
-
         // bdv^T = -beta[c] * dvcorr^T (column c = 8nn + 2t, +1), straight into G5's A operand.
         const float2 b0 = *reinterpret_cast<const float2*>(&st.beta[2 * t]);
         const float2 b1 = *reinterpret_cast<const float2*>(&st.beta[8 + 2 * t]);
-        const u32 aB[4] = {pack_bf16x2(-b0.x * dv[0][0], -b0.y * dv[0][1]), pack_bf16x2(-b0.x * dv[0][2], -b0.y * dv[0][3]),
-                           pack_bf16x2(-b1.x * dv[1][0], -b1.y * dv[1][1]), pack_bf16x2(-b1.x * dv[1][2], -b1.y * dv[1][3])};
+        u32 aB[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const u32 aU[4] = {pack_bf16x2(dU[m][0][0], dU[m][0][1]), pack_bf16x2(dU[m][0][2], dU[m][0][3]),
+                               pack_bf16x2(dU[m][1][0], dU[m][1][1]), pack_bf16x2(dU[m][1][2], dU[m][1][3])};
+            float dv[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            mma_bf16(dv[0], aU, bi[0], bi[1]);
+            mma_bf16(dv[1], aU, bi[2], bi[3]);
+            aB[m][0] = pack_bf16x2(-b0.x * dv[0][0], -b0.y * dv[0][1]);
+            aB[m][1] = pack_bf16x2(-b0.x * dv[0][2], -b0.y * dv[0][3]);
+            aB[m][2] = pack_bf16x2(-b1.x * dv[1][0], -b1.y * dv[1][1]);
+            aB[m][3] = pack_bf16x2(-b1.x * dv[1][2], -b1.y * dv[1][3]);
+        }
 
         // G5: dS^T += bdv^T @ kd   (the last step of the dS-dependent path)
 #pragma unroll
-        for (int pr = 0; pr < 8; ++pr) {
+        for (int pr = 0; pr < NJ / 2; ++pr) {
             u32 bk[4];
-            ldmatrix_x4_trans(bk, x4_addr_rows_first(st.kd, OP_STRIDE, 0, 16 * pr, lane));
-            mma_bf16(dS[2 * pr], aB, bk[0], bk[1]);
-            mma_bf16(dS[2 * pr + 1], aB, bk[2], bk[3]);
+            ldmatrix_x4_trans(bk, x4_addr_rows_first(st.kd, OP_STRIDE, 0, k0 + 16 * pr, lane));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_bf16(dS[m][2 * pr], aB[m], bk[0], bk[1]);
+                mma_bf16(dS[m][2 * pr + 1], aB[m], bk[2], bk[3]);
+            }
         }
 
         KDA_ADD(T_C_CHAIN, t2);
@@ -611,5 +726,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     KDA_ADD(T_TOTAL, t_start);
     KDA_FLUSH();
 
-    store_band_f32(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS, reinterpret_cast<float*>(staging), v0, lane);
+    // dh0 (fp32) through the same staging tile: in two passes where it is the smaller bf16 one
+    store_band_f32<SNAP_BF16 ? 2 : 1>(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS,
+                                      reinterpret_cast<float*>(staging), k0, v0, lane);
 }

@@ -11,6 +11,8 @@ configuration, in cycles per tile (mean over those warps):
                (+ FULL arrive), wait EMPTY (the consumers still hold the stage),
                issue loads (cp.async address math and issue)
     consumers: snapshot store, wait FULL (the producers are behind), G1..G5
+               (with ksplit 2 this includes the pair exchange; its barrier wait is
+               also shown on its own, "of which pair wait")
 
 A role that waits most of the tile is not the bottleneck; the other one is.
 The uninstrumented time of the same launch is printed beside it, so the cost
@@ -28,7 +30,7 @@ from . import build
 
 PRODUCER_SLOTS = ("total", "wait loads", "R1", "wait EMPTY", "issue loads")
 CONSUMER_SLOTS = ("total", "snapshot", "wait FULL", "G1..G5")
-TIMING_CTAS, TIMING_WARPS, TIMING_SLOTS = 8, 16, 8   # as in dstate_scan.cu
+PAIR_SLOT = 4        # consumers: the ksplit-2 pair barrier, a part of G1..G5
 
 
 def _inputs(B: int, T: int, H: int, seed: int = 0):
@@ -78,8 +80,10 @@ def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
                                           tuning=tuning)
     plain_ms = _time_ms(lambda: call(tune))
     cfg = build.Config(vsplit=vsplit, snap_bf16=dtype == "bfloat16", snap_every=every, timing=True, **tune)
-    counters = cp.ndarray((TIMING_CTAS, TIMING_WARPS, TIMING_SLOTS), dtype=cp.uint64,
-                          memptr=api.module(cfg).get_global("kda_timing"))
+    mod = api.module(cfg)
+    dims = tuple(int(v) for v in cp.ndarray((3,), dtype=cp.int32, memptr=mod.get_global("kda_timing_dims")).get())
+    timing_ctas = dims[0]
+    counters = cp.ndarray(dims, dtype=cp.uint64, memptr=mod.get_global("kda_timing"))
     call({**tune, "timing": True})               # compile + warm
     counters.fill(0)
     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
@@ -90,32 +94,26 @@ def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
     timed_ms = cp.cuda.get_elapsed_time(e0, e1)
     c = counters.get().astype(np.float64)
     tiles = -(-T // 16)
-    consumers = build.D // vsplit // 16
-    ctas = min(TIMING_CTAS, B * H * vsplit)
-    cons = c[:ctas, :consumers, :len(CONSUMER_SLOTS)].mean(axis=(0, 1)) / tiles
+    consumers = cfg.consumers
+    ctas = min(timing_ctas, B * H * vsplit)
+    cons = c[:ctas, :consumers].mean(axis=(0, 1)) / tiles
     prod = c[:ctas, consumers:consumers + cfg.producers, :len(PRODUCER_SLOTS)].mean(axis=(0, 1)) / tiles
     return dict(shape=f"{B}x{T}", H=H, vsplit=vsplit, mode=mode, tune=tune, producers=cfg.producers,
-                plain_ms=plain_ms, timed_ms=timed_ms, tiles=tiles,
-                consumer=dict(zip(CONSUMER_SLOTS, cons)), producer=dict(zip(PRODUCER_SLOTS, prod)))
+                consumers=consumers, plain_ms=plain_ms, timed_ms=timed_ms, tiles=tiles,
+                consumer=dict(zip(CONSUMER_SLOTS, cons)), pair_wait=float(cons[PAIR_SLOT]),
+                producer=dict(zip(PRODUCER_SLOTS, prod)))
 
 
 def format_result(r: dict) -> str:
     tune = " ".join(f"{k}={v}" for k, v in r["tune"].items()) or "defaults"
-    head = (f"{r['shape']} H{r['H']} vsplit {r['vsplit']} {r['mode']} ({tune}; {r['producers']} producer warps): "
+    head = (f"{r['shape']} H{r['H']} vsplit {r['vsplit']} {r['mode']} ({tune}; {r.get('consumers', '?')} consumer, "
+            f"{r['producers']} producer warps): "
             f"{r['plain_ms']:.3f} ms plain, {r['timed_ms']:.3f} ms instrumented, {r['tiles']} tiles per CTA")
     cons = "  consumers, cycles/tile: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["consumer"].items())
+    if r.get("pair_wait"):
+        cons += f" (of which pair wait {r['pair_wait']:,.0f})"
     prod = "  producers, cycles/tile: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["producer"].items())
     return "\n".join((head, cons, prod))
-
-
-def _tune_arg(items: Sequence[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--tune takes key=value pairs, got {item!r}")
-        out[key] = int(value)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     B, T = (int(v) for v in args.shape.lower().split("x"))
     for vs in args.vsplit:
-        print(format_result(profile(B, T, args.H, vs, args.mode, _tune_arg(args.tune))), flush=True)
+        print(format_result(profile(B, T, args.H, vs, args.mode, build.parse_knobs(args.tune))), flush=True)
     return 0
 
 

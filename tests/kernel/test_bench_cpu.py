@@ -54,9 +54,12 @@ def test_quick_and_overrides():
                           "--vsplit", "4", "--precision", "--json", "x.json", "--plot", "x.png"])
     assert a.configs == "2x64" and a.reps == 7 and a.modes == ["seed"] and a.vsplit == 4
     assert a.precision and a.json == "x.json" and a.plot == "x.png"
+    assert a.tuning == {}
+    assert bench.parse_args(["--tune", "ksplit=2", "producers=8"]).tuning == {"ksplit": 2, "producers": 8}
 
 
-@pytest.mark.parametrize("bad", [["--vsplit", "3"], ["--snapshot", "fp16"], ["--reps", "0"]])
+@pytest.mark.parametrize("bad", [["--vsplit", "3"], ["--snapshot", "fp16"], ["--reps", "0"],
+                                 ["--tune", "ksplit"], ["--tune", "splits=2"]])
 def test_bad_arguments_exit(bad):
     with pytest.raises(SystemExit):
         bench.parse_args(bad)

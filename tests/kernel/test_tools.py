@@ -49,30 +49,41 @@ def test_racecheck_probes_compile_for_sm_90a(tmp_path):
 # ----------------------------------------------------------------- profile
 
 def test_tune_arguments_are_key_value_ints():
-    assert profile._tune_arg(["nstage=3", "producers=8"]) == {"nstage": 3, "producers": 8}
+    from kernel import build
+
+    assert build.parse_knobs(["nstage=3", "producers=8"]) == {"nstage": 3, "producers": 8}
     with pytest.raises(SystemExit, match="key=value"):
-        profile._tune_arg(["nstage"])
+        build.parse_knobs(["nstage"])
+    with pytest.raises(SystemExit, match="unknown knob 'stages'"):
+        build.parse_knobs(["stages=3"])
+    with pytest.raises(SystemExit, match="takes an integer"):
+        build.parse_knobs(["ksplit=two"])
 
 
 def test_profile_report_names_each_phase():
-    r = dict(shape="1x64", H=2, vsplit=4, mode="bf16x4", tune={"nstage": 3}, producers=4,
+    r = dict(shape="1x64", H=2, vsplit=4, mode="bf16x4", tune={"nstage": 3}, producers=4, consumers=4,
              plain_ms=0.5, timed_ms=0.52, tiles=4,
-             consumer=dict(zip(profile.CONSUMER_SLOTS, (1000.0, 100.0, 50.0, 800.0))),
+             consumer=dict(zip(profile.CONSUMER_SLOTS, (1000.0, 100.0, 50.0, 800.0))), pair_wait=70.0,
              producer=dict(zip(profile.PRODUCER_SLOTS, (1000.0, 10.0, 600.0, 40.0, 300.0))))
     text = profile.format_result(r)
-    assert "1x64 H2 vsplit 4 bf16x4 (nstage=3; 4 producer warps)" in text
+    assert "1x64 H2 vsplit 4 bf16x4 (nstage=3; 4 consumer, 4 producer warps)" in text
     assert "wait FULL 50" in text and "R1 600" in text and "issue loads 300" in text
+    assert "of which pair wait 70" in text
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("vsplit, mode", [(4, "bf16x4"), (1, "f32x1")])
-def test_profile_phases_add_up_to_at_most_the_total(vsplit, mode):
-    r = profile.profile(1, 200, 2, vsplit, mode, {})
+@pytest.mark.parametrize("vsplit, mode, tune", [(4, "bf16x4", {}), (1, "f32x1", {}), (2, "bf16x4", {"ksplit": 2})])
+def test_profile_phases_add_up_to_at_most_the_total(vsplit, mode, tune):
+    r = profile.profile(1, 200, 2, vsplit, mode, tune)
     assert r["tiles"] == 13
     for role, phases in (("consumer", profile.CONSUMER_SLOTS[1:]), ("producer", profile.PRODUCER_SLOTS[1:])):
         total = r[role]["total"]
         parts = sum(r[role][p] for p in phases)
         assert 0 < parts <= total * 1.01, (role, r[role])
+    if tune.get("ksplit") == 2:
+        assert 0 < r["pair_wait"] < r["consumer"]["G1..G5"]
+    else:
+        assert r["pair_wait"] == 0
 
 
 @pytest.mark.gpu
@@ -86,3 +97,55 @@ def test_tuning_knobs_are_checked():
         dstate_scan(*args, tuning={"vsplit": 2})
     with pytest.raises(ValueError, match="unknown knobs"):
         dstate_scan(*args, tuning={"stages": 3})
+
+
+# ----------------------------------------------------------------- build.Config
+
+def test_ksplit_and_mt_set_the_consumer_warps_and_a_ring_that_leaves_barriers():
+    from kernel import build
+
+    c = build.Config(vsplit=4, snap_bf16=True, snap_every=4, ksplit=2, producers=4)
+    assert (c.consumers, c.producers, c.nstage, c.threads) == (4, 4, 4, 256)
+    assert "-DKSPLIT=2" in build.defines(c) and c.name().endswith("-ks2")
+    # vsplit 1, mt 1: 8 bands need 8 pair barriers; FULL + EMPTY of 4 stages would make 16 of 15
+    c1 = build.Config(vsplit=1, mt=1, ksplit=2)
+    assert (c1.consumers, c1.nstage) == (16, 3)
+    with pytest.raises(ValueError, match="needs 16 named barriers"):
+        build.Config(vsplit=1, mt=1, ksplit=2, nstage=4)
+    assert build.Config(vsplit=1, mt=2, ksplit=2).nstage == 4      # 4 bands of 32 v
+    with pytest.raises(ValueError, match="ksplit must be 1 or 2"):
+        build.Config(ksplit=4)
+    with pytest.raises(ValueError, match="mt must be 1 or 2"):
+        build.Config(vsplit=8, mt=2)                               # a 16-column CTA has no 32-wide band
+
+
+@pytest.mark.parametrize("vsplit, want", [
+    (1, dict(mt=2, ksplit=1, g2_split=2, producers=4, consumers=4)),
+    (2, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=4)),
+    (4, dict(mt=1, ksplit=2, g2_split=4, producers=8, consumers=4)),
+    (8, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=1)),
+])
+def test_auto_knobs(vsplit, want):
+    from kernel import build
+
+    c = build.Config(vsplit=vsplit)
+    assert {k: getattr(c, k) for k in want} == want
+    assert c.nstage == 4
+
+
+def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
+    """CI's plain `nvcc dstate_scan.cu` build and the API's build agree on the shape."""
+    import re
+    import shutil
+    import subprocess
+
+    from kernel import build, resources
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    for vsplit in build.VSPLITS:
+        out = tmp_path / f"vs{vsplit}.ptx"
+        subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}",
+                        f"-DVSPLIT={vsplit}", "-ptx", str(build.SOURCE_PATH), "-o", str(out)], check=True)
+        threads = int(re.search(r"kda_threads\s*=\s*(\d+)", out.read_text()).group(1))
+        assert threads == build.Config(vsplit=vsplit).threads, vsplit

@@ -84,6 +84,12 @@ def _kernel(cfg: Config):
     threads = _read_int_constant(mod, "kda_threads")
     if threads != cfg.threads:
         raise RuntimeError(f"kernel built {threads} threads per CTA, build.Config expects {cfg.threads}")
+    import cupy
+
+    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if smem > limit:
+        raise ValueError(f"Kernel A configuration {cfg.name()} needs {smem} B of shared memory per CTA, "
+                         f"this GPU allows {limit} B: use fewer stages (tuning nstage) or other knobs")
     fn.max_dynamic_shared_size_bytes = smem
     return fn, smem, threads
 

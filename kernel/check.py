@@ -57,7 +57,7 @@ CASES = (
     Case("eq-f32x1-vs8-T64", B=3, T=64, H=1, vsplit=8, seed=6),
     Case("var-one-token", lengths=(1,), H=1, vsplit=1, seed=7),
     # two consumer warps per v band (each half of k, G2 partial sums exchanged)
-    Case("eq-f32x1-vs1-ks2", B=2, T=200, H=3, vsplit=1, seed=9, tuning=(("ksplit", 2), ("g2_split", 1))),
+    Case("eq-f32x1-vs1-ks2", B=2, T=200, H=3, vsplit=1, seed=9, tuning=(("mt", 1), ("ksplit", 2), ("g2_split", 1))),
     Case("var-bf16x4-vs4-ks2", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=4,
          seed=10, tuning=(("ksplit", 2),)),
     Case("var-f32x4-vs8-ks2-p8-nodht", lengths=VARLEN, H=2, snapshot_every=4, dht=False, vsplit=8, seed=11,

@@ -97,6 +97,11 @@ def test_tuning_knobs_are_checked():
         dstate_scan(*args, tuning={"vsplit": 2})
     with pytest.raises(ValueError, match="unknown knobs"):
         dstate_scan(*args, tuning={"stages": 3})
+    with pytest.raises(ValueError, match="ksplit must be 1 or 2"):
+        dstate_scan(*args, tuning={"ksplit": 3})
+    # vsplit 1 with mt 2, two warps per band and fp32 staging: more shared memory than a CTA may have
+    with pytest.raises(ValueError, match="B of shared memory per CTA"):
+        dstate_scan(*args, vsplit=1, tuning={"mt": 2, "ksplit": 2})
 
 
 # ----------------------------------------------------------------- build.Config

@@ -34,8 +34,6 @@ class Config:
                              # feeds two MMAs, half the consumers' shared-memory reads)
     ksplit: int = 0          # consumer warps per v band (2: each holds half of the k columns;
                              # their G2 partial sums meet in shared memory)
-    bulk: int = 1            # 1: tile loads and snapshot stores as cp.async.bulk (mbarrier per
-                             # stage); 0: 16-byte cp.async and st.global per thread
     timing: bool = False     # clock64 phase accounting into kda_timing[] (kernel.profile only)
     lineinfo: bool = False   # -lineinfo, so ncu / compute-sanitizer name source lines
 
@@ -56,8 +54,6 @@ class Config:
         # 4 producers beat 2 at vsplit 1 (1 x 16384 bf16x4: 1.57 vs 1.84 ms) and tie 8 at
         # vsplit 4 with ksplit 1 (0.87 ms); 8 with ksplit 2 (above).
         auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else 4)
-        if self.bulk not in (0, 1):
-            raise ValueError(f"bulk must be 0 or 1, got {self.bulk}")
         if self.ksplit not in (1, 2):
             raise ValueError(f"ksplit must be 1 or 2, got {self.ksplit}")
         if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):
@@ -89,7 +85,7 @@ class Config:
         return (f"vs{self.vsplit}-{'bf16' if self.snap_bf16 else 'f32'}x{self.snap_every}"
                 f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}"
                 f"-st{self.nstage}-g2s{self.g2_split}-p{self.producers}"
-                f"{'' if self.bulk else '-nobulk'}{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
+                f"{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
                 f"{'-timing' if self.timing else ''}{'-lineinfo' if self.lineinfo else ''}")
 
 
@@ -105,7 +101,7 @@ def defines(cfg: Config) -> tuple[str, ...]:
     return (*FAST_MATH, f"-DVSPLIT={cfg.vsplit}", f"-DSNAP_BF16={int(cfg.snap_bf16)}",
             f"-DSNAP_EVERY={cfg.snap_every}", f"-DHAS_DHT={int(cfg.has_dht)}",
             f"-DL2NORM={int(cfg.l2norm)}", f"-DNSTAGE={cfg.nstage}", f"-DG2_SPLIT={cfg.g2_split}",
-            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DBULK={cfg.bulk}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
+            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
             *(("-lineinfo",) if cfg.lineinfo else ()))
 
 

@@ -68,10 +68,6 @@ CASES = (
     Case("var-f32x1-vs2-mt2-ks2", lengths=VARLEN, H=2, vsplit=2, seed=13, tuning=(("mt", 2), ("ksplit", 2))),
     Case("var-bf16x1-vs4-mt2-nonorm", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", l2norm=False, vsplit=4,
          seed=14, tuning=(("mt", 2),)),
-    # the per-thread cp.async / st.global path instead of bulk copies
-    Case("var-bf16x4-vs1-nobulk", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1,
-         seed=15, tuning=(("bulk", 0),)),
-    Case("eq-f32x1-vs4-nobulk", B=2, T=200, H=3, vsplit=4, seed=16, tuning=(("bulk", 0),)),
 )
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 

@@ -41,10 +41,6 @@
 //                            (kr, qd, kd: the same for all bands) serves two MMAs, which
 //                            halves the consumers' ldmatrix traffic (shared memory bound
 //                            at vsplit 1: ncu, L1 76% busy)
-//   BULK        0 / 1        tile loads and snapshot stores as cp.async.bulk (one instruction
-//                            per row, completion on an mbarrier per stage / bulk groups)
-//                            instead of 16-byte cp.async and 16-byte st.global per thread
-//                            (ncu at vsplit 1: both stalled on the SM's global-memory queue)
 //   KSPLIT      1 / 2        consumer warps per v band: with 2, each holds half of the
 //                            band's k columns and the two add their G2 partial sums (1 KB
 //                            through shared memory and a 64-thread named barrier per tile)
@@ -56,7 +52,6 @@
 #include "stmatrix.cuh"
 #include "cp_async.cuh"
 #include "barrier.cuh"
-#include "bulk.cuh"
 
 using namespace ptx_lab;
 
@@ -93,9 +88,6 @@ using namespace ptx_lab;
 #endif
 #ifndef PRODUCERS
 #define PRODUCERS (KSPLIT == 2 && VSPLIT == 4 ? 8 : 4)
-#endif
-#ifndef BULK
-#define BULK 1
 #endif
 
 namespace kda {
@@ -139,9 +131,7 @@ struct __align__(16) Stage {
     unsigned short q[C * D];              // raw bf16 q rows (producers only)
     unsigned short k[C * D];              // raw bf16 k rows (producers only)
     float gc[C * D];                      // tile-local cumulative gate, log2
-#if !BULK
     float gT[NUM_PRODUCERS][D];           // gc of the tile's last real token, one copy per producer warp
-#endif
     unsigned short dO[C * DO_STRIDE];     // do[c][v] for this CTA's DV columns
     unsigned short mqk[C * SMALL_STRIDE]; // Mqk[c'][c]
     unsigned short inv[C * SMALL_STRIDE]; // INV[c'][c]
@@ -160,11 +150,7 @@ constexpr int SNAP_STAGING_BYTES = SNAP_BF16 ? KW * SNAP_STRIDE * 2 : KW * SNAPF
 // pair barrier of tile i + 1, which the partner reaches only after reading it.
 constexpr int XCHG_FLOAT4 = MT * 2 * 32;  // per warp and buffer
 constexpr int XCHG_BYTES = KSPLIT > 1 ? 2 * NUM_CONSUMERS * XCHG_FLOAT4 * 16 : 0;
-constexpr int MBAR_OFFSET = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES + XCHG_BYTES;
-constexpr int MBAR_BYTES = BULK ? 16 * ((NSTAGE * 8 + 15) / 16) : 0;   // BULK: one mbarrier per stage
-constexpr int SMEM_BYTES = MBAR_OFFSET + MBAR_BYTES;
-// Bytes one token row of a tile brings in (the stage's mbarrier waits for L of them).
-constexpr u32 TILE_ROW_BYTES = D * 2 + D * 2 + D * 4 + DV * 2 + C * 2 + C * 2;   // q, k, gc, do, Mqk, INV
+constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES + XCHG_BYTES;
 
 // Named barrier ids (0 is __syncthreads).
 __device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
@@ -256,7 +242,6 @@ __device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_
 // race-free three-warp ring.) do, Mqk, INV and beta, read only by the consumers,
 // are spread over all producer threads; each waits for its own copies before it
 // arrives on FULL.
-#if !BULK
 __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
                                                  int h, int vs, int pw, int lane, int ptid) {
     constexpr int R = TOKENS_PER_PRODUCER;
@@ -284,42 +269,6 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
     }
 }
 
-#endif
-
-// BULK: the same loads as cp.async.bulk, all issued by producer warp 0: lane l
-// copies row l % 16 of q, k (pass 0), gc, do (pass 1), Mqk, INV (pass 2), one
-// instruction per row, completing on the stage's mbarrier, which lane 0 arms with
-// the tile's byte count. Rows at or past L are not copied: the do, Mqk and INV
-// rows there are zeroed with ordinary stores (the consumers see them through the
-// FULL barrier that warp 0 arrives on after R1); R1 masks its own q, k, gc rows.
-// beta (4 bytes per token, H * 4 apart: too small for a bulk copy) stays a 4-byte
-// cp.async with zero fill, waited for by warp 0 before it arrives on FULL.
-__device__ __forceinline__ void issue_tile_bulk(Stage& st, u32 bar, const Params& p, long long tok0, int L,
-                                                int h, int vs, int lane) {
-    if (lane == 0) mbarrier_arrive_expect_tx(bar, (u32)L * TILE_ROW_BYTES);
-    const int c = lane & 15;
-    const bool hi = lane >= 16;
-    const long long row = (tok0 + c) * p.H + h;           // token c's row of every [tokens, H, *] tensor
-    if (c < L) {
-        cp_async_bulk_g2s(hi ? smem_addr(&st.k[c * D]) : smem_addr(&st.q[c * D]),
-                          hi ? (const void*)(p.k + row * D) : (const void*)(p.q + row * D), D * 2, bar);
-        cp_async_bulk_g2s(hi ? smem_addr(&st.dO[c * DO_STRIDE]) : smem_addr(&st.gc[c * D]),
-                          hi ? (const void*)(p.dO + row * D + vs * DV) : (const void*)(p.gc + row * D),
-                          hi ? DV * 2 : D * 4, bar);
-        cp_async_bulk_g2s(hi ? smem_addr(&st.inv[c * SMALL_STRIDE]) : smem_addr(&st.mqk[c * SMALL_STRIDE]),
-                          hi ? (const void*)(p.inv + row * C) : (const void*)(p.mqk + row * C), C * 2, bar);
-    } else {
-        uint4* d = reinterpret_cast<uint4*>(&st.dO[c * DO_STRIDE]);
-        for (int ch = hi ? DV / 16 : 0; ch < (hi ? DV / 8 : DV / 16); ++ch) d[ch] = make_uint4(0, 0, 0, 0);
-        uint4* m = reinterpret_cast<uint4*>(hi ? &st.inv[c * SMALL_STRIDE] : &st.mqk[c * SMALL_STRIDE]);
-        m[0] = m[1] = make_uint4(0, 0, 0, 0);
-    }
-    if (lane < C) {
-        const bool valid = lane < L;
-        cp_async_ca_zfill<4>(smem_addr(&st.beta[lane]), p.beta + (tok0 + (valid ? lane : 0)) * p.H + h, valid ? 4u : 0u);
-    }
-}
-
 // R1: qd, kd, kr in fp32 from raw q/k and gc, rounded once to bf16.
 // Producer warp pw handles tokens TOKENS_PER_PRODUCER*pw + r; lane handles k = 4*lane .. 4*lane+3,
 // so every shared read and write is a contiguous row segment (no bank conflicts,
@@ -334,11 +283,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     constexpr int R = TOKENS_PER_PRODUCER;
     const int k0 = 4 * lane;
     const int c0 = pw * R;
-#if BULK
-    const float4 gT = *reinterpret_cast<const float4*>(&st.gc[(L - 1) * D + k0]);  // gc stops at the last real token
-#else
-    const float4 gT = *reinterpret_cast<const float4*>(&st.gT[pw][k0]);
-#endif
+    const float4 gT = *reinterpret_cast<const float4*>(&st.gT[pw][k0]);  // gc stops at the last real token
     if (pw == 0) {
         *reinterpret_cast<float4*>(&st.egT[k0]) = make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
     }
@@ -346,15 +291,10 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     float qv[R][4], kv[R][4], gv[R][4];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        // rows at or past L hold whatever an earlier tile (or nothing: uninitialised
-        // shared memory, possibly NaN bits) left there with BULK loads: use zeros, so
-        // that qd, kd, kr are exactly 0 there
         const int c = c0 + r;
-        const bool live = c < L;
-        const uint2 zero2 = make_uint2(0u, 0u);
-        const uint2 qraw = live ? *reinterpret_cast<const uint2*>(&st.q[c * D + k0]) : zero2;
-        const uint2 kraw = live ? *reinterpret_cast<const uint2*>(&st.k[c * D + k0]) : zero2;
-        const float4 g = live ? *reinterpret_cast<const float4*>(&st.gc[c * D + k0]) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const uint2 qraw = *reinterpret_cast<const uint2*>(&st.q[c * D + k0]);
+        const uint2 kraw = *reinterpret_cast<const uint2*>(&st.k[c * D + k0]);
+        const float4 g = *reinterpret_cast<const float4*>(&st.gc[c * D + k0]);
         qv[r][0] = bf16_lo(qraw.x); qv[r][1] = bf16_hi(qraw.x); qv[r][2] = bf16_lo(qraw.y); qv[r][3] = bf16_hi(qraw.y);
         kv[r][0] = bf16_lo(kraw.x); kv[r][1] = bf16_hi(kraw.x); kv[r][2] = bf16_lo(kraw.y); kv[r][3] = bf16_hi(kraw.y);
         gv[r][0] = g.x; gv[r][1] = g.y; gv[r][2] = g.z; gv[r][3] = g.w;
@@ -435,15 +375,13 @@ template <int PASSES>
 __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT][NJ][4], float* staging,
                                                int k0, int v0, int lane) {
     constexpr int JP = NJ / PASSES;          // n-tiles (8 rows each) per pass
+    constexpr int CH = BAND / 4;             // 16-byte chunks per staging row
+    constexpr int ROWS = 32 / CH;            // rows per store instruction
     static_assert(NJ % PASSES == 0 && 8 * JP * SNAPF_STRIDE * 4 <= SNAP_STAGING_BYTES,
                   "a pass must fit the warp's staging tile");
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-#if BULK
-        cp_async_bulk_wait_read<0>();        // the last bulk stores from the staging tile have read it
-        __syncwarp();
-#endif
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -454,16 +392,6 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
                 staging[k * SNAPF_STRIDE + v + 8] = dS[m][j][2];
                 staging[(k + 1) * SNAPF_STRIDE + v + 8] = dS[m][j][3];
             }
-#if BULK
-        fence_proxy_async_shared();          // the stores above, before the copy engine reads them
-        __syncwarp();
-#pragma unroll
-        for (int k = lane; k < 8 * JP; k += 32)   // one bulk copy per row of BAND floats
-            cp_async_bulk_s2g(out + (k0 + 8 * JP * pass + k) * D + v0, smem_addr(staging + k * SNAPF_STRIDE), BAND * 4);
-        cp_async_bulk_commit();
-#else
-        constexpr int CH = BAND / 4;         // 16-byte chunks per staging row
-        constexpr int ROWS = 32 / CH;        // rows per store instruction
         __syncwarp();
 #pragma unroll
         for (int it = 0; it < 8 * JP / ROWS; ++it) {
@@ -472,7 +400,6 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
             __stcs(reinterpret_cast<float4*>(out + (k0 + 8 * JP * pass + k) * D + v0 + 4 * ch), v);
         }
         __syncwarp();
-#endif
     }
 }
 
@@ -483,11 +410,9 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
 // (again 8 distinct bank groups).
 __device__ __forceinline__ void store_band_bf16(unsigned short* out, const float (&dS)[MT][NJ][4],
                                                 unsigned short* staging, int k0, int v0, int lane) {
+    constexpr int CH = BAND / 8;             // 16-byte chunks per staging row
+    constexpr int ROWS = 32 / CH;            // rows per store instruction
     const int mm = lane >> 3;
-#if BULK
-    cp_async_bulk_wait_read<0>();            // the last bulk stores from the staging tile have read it
-    __syncwarp();
-#endif
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -500,16 +425,6 @@ __device__ __forceinline__ void store_band_bf16(unsigned short* out, const float
                               pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),  // v 0-7,  k 16pr+8..15
                               pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3])); // v 8-15, k 16pr+8..15
         }
-#if BULK
-    fence_proxy_async_shared();              // the stmatrix writes, before the copy engine reads them
-    __syncwarp();
-#pragma unroll
-    for (int k = lane; k < KW; k += 32)       // one bulk copy per row of BAND bf16
-        cp_async_bulk_s2g(out + (k0 + k) * D + v0, smem_addr(staging + k * SNAP_STRIDE), BAND * 2);
-    cp_async_bulk_commit();
-#else
-    constexpr int CH = BAND / 8;             // 16-byte chunks per staging row
-    constexpr int ROWS = 32 / CH;            // rows per store instruction
     __syncwarp();
 #pragma unroll
     for (int it = 0; it < KW / ROWS; ++it) {
@@ -518,7 +433,6 @@ __device__ __forceinline__ void store_band_bf16(unsigned short* out, const float
         __stcs(reinterpret_cast<uint4*>(out + (k0 + k) * D + v0 + 8 * ch), v);
     }
     __syncwarp();
-#endif
 }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
@@ -560,23 +474,13 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     const int nt = (len + C - 1) / C;
     const long long snap_base = p.snap_offsets[seq];
     constexpr u32 ALL = THREADS;
-    const u32 mbar = smem_addr(smem + MBAR_OFFSET);   // BULK: stage s's mbarrier at mbar + 8 s
-#if BULK
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < NSTAGE; ++s) mbarrier_init(mbar + 8 * s, 1);   // one arrival: warp 0's expect_tx
-        fence_mbarrier_init();
-    }
-    __syncthreads();
-#endif
     KDA_TIMERS;
     KDA_CLOCK(t_start);
 
     if (warp >= NUM_CONSUMERS) {
         // ----------------------------- producers -----------------------------
         const int pw = warp - NUM_CONSUMERS;
-#if !BULK
         const int ptid = threadIdx.x - NUM_CONSUMERS * 32;
-#endif
         // Tile i of the walk is tile n = nt - 1 - i of the sequence. Loads run
         // PREFETCH = NSTAGE - 1 tiles ahead of R1: one tile ahead is not enough, a
         // tile's loads then wait out a whole global-memory latency (~1-2 us under
@@ -584,19 +488,10 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         constexpr int PREFETCH = NSTAGE - 1;
         auto tile_len = [&](int n) { return min(C, len - n * C); };
         auto issue = [&](int j) {   // loads of walk tile j into stage j % NSTAGE, if it exists
-#if BULK
-            if (pw != 0) return;    // warp 0 issues the whole tile
-            if (j < nt) {
-                const int n = nt - 1 - j;
-                issue_tile_bulk(stages[j % NSTAGE], mbar + 8 * (j % NSTAGE), p, seq_start + (long long)n * C,
-                                tile_len(n), h, vs, lane);
-            }
-#else
             if (j < nt) {
                 const int n = nt - 1 - j;
                 issue_tile_loads(stages[j % NSTAGE], p, seq_start + (long long)n * C, tile_len(n), h, vs, pw, lane, ptid);
             }
-#endif
             cp_async_commit();      // one group per tile slot, possibly empty: uniform wait counts
         };
 #pragma unroll 1
@@ -605,13 +500,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         for (int i = 0; i < nt; ++i) {
             const int s = i % NSTAGE;
             KDA_CLOCK(t0);
-#if BULK
-            mbarrier_wait_parity(mbar + 8 * s, (i / NSTAGE) & 1);   // the tile's bulk copies landed
-            if (pw == 0) cp_async_wait<PREFETCH - 1>();           // and warp 0's beta copies
-#else
             cp_async_wait<PREFETCH - 1>();   // this thread's copies for tile i landed
             __syncwarp();                    // ... and its warp's: the rows this warp's R1 reads
-#endif
             KDA_ADD(T_P_WAIT_LOADS, t0);
             KDA_CLOCK(t1);
             rebuild_operands(stages[s], tile_len(nt - 1 - i), p.scale, pw, lane);
@@ -697,12 +587,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         KDA_ADD(T_C_SNAPSHOT, t0);
         KDA_CLOCK(t1);
         named_barrier_sync(full_bar(s), ALL);
-#if BULK
-        // The producers waited for this phase before arriving on FULL; waiting here too
-        // makes the bulk-copied do / Mqk / INV rows visible to this thread by the
-        // mbarrier's own acquire (it returns at once).
-        mbarrier_wait_parity(mbar + 8 * s, (i / NSTAGE) & 1);
-#endif
         KDA_ADD(T_C_WAIT_FULL, t1);
         KDA_CLOCK(t2);
         const Stage& st = stages[s];
@@ -845,7 +729,4 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     // dh0 (fp32) through the same staging tile: in two passes where it is the smaller bf16 one
     store_band_f32<SNAP_BF16 ? 2 : 1>(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS,
                                       reinterpret_cast<float*>(staging), k0, v0, lane);
-#if BULK
-    cp_async_bulk_wait<0>();                 // every bulk store of this thread has completed
-#endif
 }

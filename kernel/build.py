@@ -52,8 +52,11 @@ class Config:
         auto("ksplit", 2 if self.vsplit == 4 else 1)
         auto("g2_split", 4 if self.mt == 1 else 2)     # mt 2: 2 x 2 chains (5.37 ms; 5.52 with 1, 5.49 with 4)
         # 4 producers beat 2 at vsplit 1 (1 x 16384 bf16x4: 1.57 vs 1.84 ms) and tie 8 at
-        # vsplit 4 with ksplit 1 (0.87 ms); 8 with ksplit 2 (above).
-        auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else 4)
+        # vsplit 4 with ksplit 1 (0.87 ms); 8 with ksplit 2 (above). With fp32 snapshots at
+        # vsplit 1 the consumers' stores set the pace, and 2 are enough: 32 x 8192 f32x1
+        # 12.95 ms with 2, 13.28 with 4.
+        auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else
+             2 if self.vsplit == 1 and not self.snap_bf16 else 4)
         if self.ksplit not in (1, 2):
             raise ValueError(f"ksplit must be 1 or 2, got {self.ksplit}")
         if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):

@@ -80,7 +80,7 @@ def test_profile_phases_add_up_to_at_most_the_total(vsplit, mode, tune):
         total = r[role]["total"]
         parts = sum(r[role][p] for p in phases)
         assert 0 < parts <= total * 1.01, (role, r[role])
-    if tune.get("ksplit") == 2:
+    if r["ksplit"] == 2:      # vsplit 4 by default, or asked for
         assert 0 < r["pair_wait"] < r["consumer"]["G1..G5"]
     else:
         assert r["pair_wait"] == 0
@@ -124,6 +124,13 @@ def test_ksplit_and_mt_set_the_consumer_warps_and_a_ring_that_leaves_barriers():
         build.Config(vsplit=8, mt=2)                               # a 16-column CTA has no 32-wide band
 
 
+def test_fp32_snapshots_at_vsplit_1_take_two_producers():
+    from kernel import build
+
+    assert build.Config(vsplit=1, snap_bf16=False).producers == 2
+    assert build.Config(vsplit=2, snap_bf16=False).producers == 4
+
+
 @pytest.mark.parametrize("vsplit, want", [
     (1, dict(mt=2, ksplit=1, g2_split=2, producers=4, consumers=4)),
     (2, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=4)),
@@ -133,7 +140,7 @@ def test_ksplit_and_mt_set_the_consumer_warps_and_a_ring_that_leaves_barriers():
 def test_auto_knobs(vsplit, want):
     from kernel import build
 
-    c = build.Config(vsplit=vsplit)
+    c = build.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
     assert {k: getattr(c, k) for k in want} == want
     assert c.nstage == 4
 

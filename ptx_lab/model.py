@@ -7,6 +7,11 @@ shared and global memory are flat ``uint8`` byte images, addresses are byte
 offsets into them. Functions that write memory return a new image and leave
 their input alone.
 
+The one exception is bulk.cuh: an mbarrier's state outlives the instructions
+that change it, so :class:`MBarrier` is an object, and a bulk copy is issued by
+one thread (not a warp), so :func:`cp_async_bulk_g2s` and
+:func:`cp_async_bulk_s2g` take one address pair and one byte count.
+
 Which lane/register holds which matrix element comes from
 :mod:`ptx_lab.fragments` (the PTX ISA formulas); this module only moves bytes
 along those maps, so the model is exact for every layout question. The one
@@ -326,6 +331,190 @@ def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=
     return out
 
 
+# ---------------------------------------------------------------- mbarrier and bulk copies
+
+MBARRIER_MAX_COUNT = 2**20 - 1  # PTX ISA "Contents of the mbarrier object": arrival counts in 1..2^20-1
+MBARRIER_MAX_TX = 2**20 - 1     # ... and tx-count in -(2^20-1)..2^20-1
+BULK_ALIGN = 16                 # cp.async.bulk: both addresses 16-byte aligned, size a multiple of 16
+
+
+def _count_arg(x, name: str) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise ValueError(f"{name} must be an int; got {x!r}")
+    return int(x)
+
+
+class MBarrier:
+    """One mbarrier object (mbarrier.* in bulk.cuh), as the PTX ISA defines its state.
+
+    State: the current phase (``phase``, counted from 0 here; the hardware
+    keeps only its parity), the expected arrival count (``count``), the
+    pending arrivals of the current phase (``pending``) and the phase's
+    tx-count in bytes (``tx_count``). The current phase completes when
+    pending == 0 and tx_count == 0; then, atomically, the phase advances (its
+    parity flips), pending is reset to count and tx_count to 0.
+
+    The operations are the ones bulk.cuh issues: ``init`` (mbarrier.init),
+    ``arrive`` (mbarrier.arrive), ``arrive_expect_tx`` (mbarrier.arrive.expect_tx:
+    tx_count += bytes, then one arrival, so the phase cannot complete between
+    the two), ``complete_tx`` (what a cp.async.bulk does to its mbarrier when its
+    bytes land) and ``try_wait_parity`` (mbarrier.try_wait.parity).
+
+    Bytes may land before the arrival that expects them: tx_count then goes
+    negative within the phase, which the ISA allows (down to -(2^20 - 1)).
+    Which order the copies land in does not change when the phase completes
+    (tests/ptx_lab/test_bulk.py draws the orders), so the copy model below
+    lands each copy the moment it is issued.
+
+    Refused with ValueError: a count outside 1..2^20-1, negative byte counts,
+    a tx_count leaving -(2^20-1)..2^20-1, an arrival when none is pending, and
+    any operation that would leave the phase with every arrival in but more
+    bytes landed than expected: with the operations of bulk.cuh such a phase
+    can never complete (on the GPU: a hang). A refused operation changes nothing.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.init(count)
+
+    def init(self, count: int) -> None:
+        """mbarrier.init: phase 0 (parity 0), `count` arrivals pending, tx-count 0."""
+        count = _count_arg(count, "count")
+        if not 1 <= count <= MBARRIER_MAX_COUNT:
+            raise ValueError(f"count = {count}: an mbarrier expects 1..{MBARRIER_MAX_COUNT} "
+                             "arrivals per phase")
+        self.count = count
+        self.pending = count
+        self.tx_count = 0
+        self.phase = 0
+
+    @property
+    def parity(self) -> int:
+        """Parity of the current phase: 0, 1, 0, ... (all the hardware can be asked about)."""
+        return self.phase & 1
+
+    def __repr__(self) -> str:
+        return (f"MBarrier(count={self.count}, phase={self.phase}, parity={self.parity}, "
+                f"pending={self.pending}, tx_count={self.tx_count})")
+
+    def _bytes_arg(self, nbytes, what: str) -> int:
+        n = _count_arg(nbytes, f"{what}: nbytes")
+        if n < 0:
+            raise ValueError(f"{what}: nbytes = {n}; a byte count cannot be negative")
+        return n
+
+    def _update(self, arrivals: int, tx_delta: int, what: str) -> None:
+        """Apply `arrivals` arrivals and tx-count += tx_delta, after checking the result is legal."""
+        if arrivals > self.pending:
+            raise ValueError(f"{what}: phase {self.phase} has no arrival pending (all {self.count} "
+                             f"are in, {self.tx_count} bytes still to land); an arrival beyond the "
+                             f"count is a bug ({self!r})")
+        pending, tx = self.pending - arrivals, self.tx_count + tx_delta
+        if not -MBARRIER_MAX_TX <= tx <= MBARRIER_MAX_TX:
+            raise ValueError(f"{what}: tx-count would become {tx}, outside the "
+                             f"-{MBARRIER_MAX_TX}..{MBARRIER_MAX_TX} an mbarrier holds ({self!r})")
+        if pending == 0 and tx < 0:
+            raise ValueError(f"{what}: every arrival of phase {self.phase} would be in with {-tx} "
+                             f"more bytes landed than expected; the phase could never complete "
+                             f"({self!r})")
+        self.pending, self.tx_count = pending, tx
+        if pending == 0 and tx == 0:  # phase complete: the next one starts, parity flips
+            self.phase += 1
+            self.pending = self.count
+
+    def arrive(self) -> None:
+        """mbarrier.arrive: one arrival on the current phase."""
+        self._update(1, 0, "arrive")
+
+    def arrive_expect_tx(self, nbytes: int) -> None:
+        """mbarrier.arrive.expect_tx: tx-count += nbytes, then one arrival."""
+        self._update(1, self._bytes_arg(nbytes, "arrive_expect_tx"), "arrive_expect_tx")
+
+    def complete_tx(self, nbytes: int) -> None:
+        """complete-tx: nbytes of a tracked copy have landed (tx-count -= nbytes)."""
+        self._update(0, -self._bytes_arg(nbytes, "complete_tx"), "complete_tx")
+
+    def try_wait_parity(self, parity: int) -> bool:
+        """mbarrier.try_wait.parity: True once the phase with this parity has completed.
+
+        `parity` names the current phase or the one before it, so the answer is
+        True exactly when the current phase's parity differs. A waiter two
+        phases behind therefore blocks: parity cannot tell phase 0 from phase 2.
+        """
+        p = _count_arg(parity, "parity")
+        if p not in (0, 1):
+            raise ValueError(f"parity must be 0 or 1; got {p}")
+        return self.parity != p
+
+    def wait_parity(self, parity: int) -> None:
+        """mbarrier_wait_parity (bulk.cuh's try_wait loop), in a model that runs one thread at a time.
+
+        Returns if try_wait_parity(parity) is True; otherwise nothing else can
+        complete the phase, so the loop would spin forever: RuntimeError.
+        """
+        if not self.try_wait_parity(parity):
+            raise RuntimeError(f"wait_parity({parity}) would never return: the phase with parity "
+                               f"{parity} is the current one and still waits for {self.pending} "
+                               f"arrival(s) and {self.tx_count} byte(s) ({self!r})")
+
+
+def _check_bulk(dst: int, src: int, nbytes: int, dst_len: int, src_len: int,
+                dst_name: str, src_name: str) -> tuple[int, int, int]:
+    dst = _count_arg(dst, "dst")
+    src = _count_arg(src, "src")
+    nbytes = _count_arg(nbytes, "nbytes")
+    if nbytes <= 0 or nbytes % BULK_ALIGN:
+        raise ValueError(f"nbytes = {nbytes}: a bulk copy moves a positive multiple of "
+                         f"{BULK_ALIGN} bytes")
+    for name, addr, length, space in (("dst", dst, dst_len, dst_name), ("src", src, src_len, src_name)):
+        if addr % BULK_ALIGN:
+            raise ValueError(f"{name} = {addr}: a bulk copy's addresses must be "
+                             f"{BULK_ALIGN}-byte aligned")
+        if addr < 0 or addr + nbytes > length:
+            raise ValueError(f"{name} = {addr}: [{addr}, {addr + nbytes}) is outside {space} "
+                             f"of {length} bytes")
+    return dst, src, nbytes
+
+
+def cp_async_bulk_g2s(smem: np.ndarray, gmem: np.ndarray, dst: int, src: int, nbytes: int,
+                      bar: MBarrier) -> np.ndarray:
+    """cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes -> new smem image.
+
+    One thread's copy of gmem[src : src + nbytes] to smem[dst : dst + nbytes],
+    which then performs complete-tx of nbytes on `bar` (mutated in place). The
+    copy lands at once; see :class:`MBarrier` for why that loses nothing.
+    nbytes must be a positive multiple of 16, dst and src 16-byte aligned, both
+    ranges inside their images (ValueError otherwise, before anything moves).
+    """
+    smem = _bytes_image(smem, "smem")
+    gmem = _bytes_image(gmem, "gmem")
+    if not isinstance(bar, MBarrier):
+        raise ValueError(f"bar: expected an MBarrier; got {type(bar).__name__}")
+    dst, src, nbytes = _check_bulk(dst, src, nbytes, smem.size, gmem.size, "smem", "gmem")
+    out = smem.copy()
+    out[dst:dst + nbytes] = gmem[src:src + nbytes]
+    bar.complete_tx(nbytes)
+    return out
+
+
+def cp_async_bulk_s2g(gmem: np.ndarray, smem: np.ndarray, dst: int, src: int,
+                      nbytes: int) -> np.ndarray:
+    """cp.async.bulk.global.shared::cta.bulk_group -> new gmem image.
+
+    One thread's copy of smem[src : src + nbytes] to gmem[dst : dst + nbytes],
+    as seen after cp.async.bulk.wait_group 0. The same checks as
+    :func:`cp_async_bulk_g2s`. Shared memory written by ordinary stores must
+    have been fenced (fence.proxy.async.shared::cta) first; the model cannot
+    tell, the experiment bulk_copy shows the case.
+    """
+    gmem = _bytes_image(gmem, "gmem")
+    smem = _bytes_image(smem, "smem")
+    dst, src, nbytes = _check_bulk(dst, src, nbytes, gmem.size, smem.size, "gmem", "smem")
+    out = gmem.copy()
+    out[dst:dst + nbytes] = smem[src:src + nbytes]
+    return out
+
+
 __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", "unpack_f16x2",
            "fragments_to_matrix", "matrix_to_fragments", "acc_to_a_fragment", "ldmatrix",
-           "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async"]
+           "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "MBARRIER_MAX_COUNT",
+           "MBARRIER_MAX_TX", "BULK_ALIGN", "MBarrier", "cp_async_bulk_g2s", "cp_async_bulk_s2g"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
-NAMES = ("ldmatrix", "stmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a", "cp_async", "banks")
+NAMES = ("ldmatrix", "stmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a", "cp_async", "bulk_copy",
+         "banks")
 
 
 def __getattr__(name: str) -> dict[str, ModuleType]:

@@ -150,12 +150,14 @@ def num(v) -> str:
 # ------------------------------------------------------------------ running on the GPU
 
 def run_warp(source: str, kernel: str, inputs: Sequence[Any],
-             outputs: Sequence[tuple[tuple[int, ...], Any]]) -> list[np.ndarray]:
+             outputs: Sequence[tuple[tuple[int, ...], Any] | np.ndarray]) -> list[np.ndarray]:
     """Launch `kernel` from `source` on one warp (1 block x 32 threads).
 
     inputs: numpy arrays (copied to the device) or numpy scalars, in kernel
-    argument order; outputs: (shape, dtype) of the zero-initialised device
-    arrays passed after them. Returns the outputs as numpy arrays.
+    argument order; outputs: the device arrays passed after them, each given
+    as (shape, dtype) for a zero-initialised array or as a numpy array it
+    starts as a copy of (a sentinel the kernel must overwrite, or must not).
+    Returns the outputs as numpy arrays.
     """
     import cupy
 
@@ -163,7 +165,8 @@ def run_warp(source: str, kernel: str, inputs: Sequence[Any],
 
     fn = load_module(source).get_function(kernel)
     args = [cupy.asarray(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x for x in inputs]
-    outs = [cupy.zeros(shape, dtype=dtype) for shape, dtype in outputs]
+    outs = [cupy.array(np.ascontiguousarray(o)) if isinstance(o, np.ndarray) else cupy.zeros(*o)
+            for o in outputs]
     fn((1,), (WARP,), (*args, *outs))
     cupy.cuda.runtime.deviceSynchronize()
     return [cupy.asnumpy(o) for o in outs]

@@ -23,7 +23,7 @@ def lanes_named(result) -> set[int]:
 def test_registry_is_complete_and_ordered():
     assert list(EXPERIMENTS) == list(NAMES)
     assert set(NAMES) == {"mma_m16n8k16", "ldmatrix", "stmatrix", "movmatrix", "cp_async",
-                          "accumulator_as_a", "banks"}
+                          "bulk_copy", "accumulator_as_a", "banks"}
     for name, module in EXPERIMENTS.items():
         assert module.NAME == name
         assert module.SUMMARY and "\n" not in module.SUMMARY
@@ -44,7 +44,8 @@ def test_passes_on_the_gpu(name):
     assert result.passed, result.report()
 
 
-@pytest.mark.parametrize("name", ["ldmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a"])
+@pytest.mark.parametrize("name", ["ldmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a",
+                                  "bulk_copy"])
 def test_swapped_lanes_are_both_named(name):
     module = EXPERIMENTS[name]
     result = module.check(swap_lanes(module.observe("model"), 3, 17)).result(name, "model")
@@ -78,6 +79,48 @@ def test_cp_async_swapped_chunks_are_both_named():
     result = module.check(obs).result("cp_async", "model")
     assert not result.passed
     assert lanes_named(result) == {3, 17}, result.report()
+
+
+def test_bulk_copy_failures_name_the_row_byte_and_lane():
+    module = EXPERIMENTS["bulk_copy"]
+    obs = module.observe("model")
+    row = module.STORED_ROW
+    obs["out_a"][row, 2] = 1000 * row + 2      # the stale word a missing proxy fence could leave
+    obs["out_b"][0, 31] = 31                   # src row 0's word where row 16's belongs
+    obs["flags"][9, 0] = 1                     # a phase that completed before its arrival
+    result = module.check(obs).result(module.NAME, "model")
+    assert result.failures == [
+        "bulk store out_a: row 5 word 2 (byte 8), in lane 5's bulk store of 96 bytes of rows_a[5], "
+        "rewritten by fenced ordinary stores: got 5002, expected 905002",
+        "bulk store out_b: row 0 word 31 (byte 124), in lane 0's bulk store of 128 bytes of "
+        "rows_b[0]: got 31, expected 16031",
+        "mbarrier: lane 9 try_wait(0) after the phase-0 copies, before the arrival: got 1, expected 0",
+    ], result.report()
+
+
+def test_bulk_copy_untouched_words_and_reuse_are_checked():
+    module = EXPERIMENTS["bulk_copy"]
+    obs = module.observe("model")
+    obs["smem_b"][1, 30] = 1030                # a copy that ran past its 112 bytes
+    obs["out_a"][4, 0] = module.REUSED         # rows_a reused before its bulk store read it
+    result = module.check(obs).result(module.NAME, "model")
+    assert result.failures == [
+        "phase 1 rows_b: row 1 word 30 (byte 120), past lane 1's bulk copy of 112 bytes: "
+        "written by nothing: got 1030, expected 0xffffffff",
+        "bulk store out_a: row 4 word 0 (byte 0), in lane 4's bulk store of 80 bytes of rows_a[4]: "
+        "got 0xa5a5a5a5, expected 4000",
+    ], result.report()
+
+
+@pytest.mark.gpu
+def test_bulk_copy_gpu_equals_the_model_word_for_word():
+    module = EXPERIMENTS["bulk_copy"]
+    on_gpu, on_model = module.observe("gpu"), module.observe("model")
+    assert on_gpu.keys() == on_model.keys()
+    for key in on_model:
+        assert on_gpu[key].shape == on_model[key].shape, key
+        diff = np.argwhere(on_gpu[key] != on_model[key])
+        assert diff.size == 0, f"{key}: GPU and model differ at (row/lane, word/flag) {diff[:8].tolist()}"
 
 
 def test_mma_failure_line_reads_like_the_blog():

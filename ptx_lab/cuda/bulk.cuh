@@ -19,8 +19,16 @@
 //     all in; its parity (0, 1, 0, ...) then flips. mbarrier_wait_parity(bar, p)
 //     returns once the phase with parity p has completed; a thread that returns
 //     from it sees the copied bytes.
-// The arrive may come before or after the copies are issued (the count may go
-// negative within a phase); ptx_lab.model.MBarrier models this.
+// The arrive may come before or after the copies are issued: when bytes land
+// before the expect_tx, the phase's tx-count goes negative for a while (the
+// arrival count never does). Limits: count 1 .. 2^20 - 1, and the tx-count stays
+// within +-(2^20 - 1), so one phase expects under 1 MiB. ptx_lab.model.MBarrier
+// models all of this.
+//
+// One instruction per copy is per THREAD: when the lanes of a warp each issue a
+// copy, the compiler emits a loop that sends one UBLKCP per lane, one after
+// another (kernel A measured ~60 cycles per 32..512-byte copy that way;
+// BENCHMARKS.md, log entry 13).
 //
 // shared -> global is tracked per thread in bulk groups, like cp.async groups:
 // commit, then wait until at most N groups still READ shared memory (the source
@@ -51,8 +59,9 @@ __device__ __forceinline__ void mbarrier_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
 
-// true once the phase with this parity has completed (a suspend-time hint lets
-// the hardware park the thread for a while instead of spinning).
+// true once the phase with this parity has completed. Without a suspend-time
+// hint (none is passed) the hardware may park the thread for a system-dependent
+// time before it returns false.
 __device__ __forceinline__ bool mbarrier_try_wait_parity(u32 bar, u32 parity) {
     u32 done;
     asm volatile("{\n\t.reg .pred p;\n\t"

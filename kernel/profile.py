@@ -99,7 +99,7 @@ def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
     cons = c[:ctas, :consumers].mean(axis=(0, 1)) / tiles
     prod = c[:ctas, consumers:consumers + cfg.producers, :len(PRODUCER_SLOTS)].mean(axis=(0, 1)) / tiles
     return dict(shape=f"{B}x{T}", H=H, vsplit=vsplit, mode=mode, tune=tune, producers=cfg.producers,
-                consumers=consumers, plain_ms=plain_ms, timed_ms=timed_ms, tiles=tiles,
+                consumers=consumers, ksplit=cfg.ksplit, mt=cfg.mt, plain_ms=plain_ms, timed_ms=timed_ms, tiles=tiles,
                 consumer=dict(zip(CONSUMER_SLOTS, cons)), pair_wait=float(cons[PAIR_SLOT]),
                 producer=dict(zip(PRODUCER_SLOTS, prod)))
 

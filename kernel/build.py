@@ -62,10 +62,8 @@ class Config:
         if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):
             raise ValueError(f"mt must be 1 or 2 with D / vsplit = {D // self.vsplit} a multiple of 16 * mt, "
                              f"got mt {self.mt}")
-        bands = D // self.vsplit // (16 * self.mt)
-        pair_bars = bands if self.ksplit == 2 else 0
-        if self.nstage == 0:
-            object.__setattr__(self, "nstage", 4 if 8 + pair_bars <= 15 else 3)
+        pair_bars = self.bands if self.ksplit == 2 else 0
+        auto("nstage", 4 if 2 * 4 + pair_bars <= 15 else 3)
         if self.nstage not in (2, 3, 4):
             raise ValueError(f"nstage must be 2, 3 or 4, got {self.nstage}")
         if self.g2_split not in (1, 2, 4):
@@ -77,8 +75,13 @@ class Config:
                              f"{2 * self.nstage + pair_bars} named barriers, the SM has 15 besides __syncthreads")
 
     @property
+    def bands(self) -> int:
+        """v bands per CTA: D / vsplit columns, 16 * mt each."""
+        return D // self.vsplit // (16 * self.mt)
+
+    @property
     def consumers(self) -> int:
-        return D // self.vsplit // (16 * self.mt) * self.ksplit
+        return self.bands * self.ksplit
 
     @property
     def threads(self) -> int:

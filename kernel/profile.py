@@ -106,7 +106,7 @@ def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
 
 def format_result(r: dict) -> str:
     tune = " ".join(f"{k}={v}" for k, v in r["tune"].items()) or "defaults"
-    head = (f"{r['shape']} H{r['H']} vsplit {r['vsplit']} {r['mode']} ({tune}; {r.get('consumers', '?')} consumer, "
+    head = (f"{r['shape']} H{r['H']} vsplit {r['vsplit']} {r['mode']} ({tune}; {r['consumers']} consumer, "
             f"{r['producers']} producer warps): "
             f"{r['plain_ms']:.3f} ms plain, {r['timed_ms']:.3f} ms instrumented, {r['tiles']} tiles per CTA")
     cons = "  consumers, cycles/tile: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["consumer"].items())

@@ -11,7 +11,7 @@ from importlib import import_module
 from types import ModuleType
 
 NAMES = ("ldmatrix", "stmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a", "cp_async", "bulk_copy",
-         "banks")
+         "banks", "tma_tile")
 
 
 def __getattr__(name: str) -> dict[str, ModuleType]:

@@ -10,7 +10,11 @@ their input alone.
 The one exception is bulk.cuh: an mbarrier's state outlives the instructions
 that change it, so :class:`MBarrier` is an object, and a bulk copy is issued by
 one thread (not a warp), so :func:`cp_async_bulk_g2s` and
-:func:`cp_async_bulk_s2g` take one address pair and one byte count.
+:func:`cp_async_bulk_s2g` take one address pair and one byte count. The tensor
+copies of tma.cuh (:func:`cp_async_bulk_tensor_2d_g2s`,
+:func:`cp_async_bulk_tensor_2d_s2g`) are issued by one thread too, and take the
+tensor map as the :class:`ptx_lab.tensormap.TensorMap2D` it was encoded from,
+with its address an offset into the global image.
 
 Which lane/register holds which matrix element comes from
 :mod:`ptx_lab.fragments` (the PTX ISA formulas); this module only moves bytes
@@ -29,6 +33,7 @@ import ml_dtypes
 import numpy as np
 
 from .fragments import SHAPES, WARP, _check_num, fragment_map, ldmatrix_map
+from .tensormap import SMEM_ALIGN, TensorMap2D
 
 ROW_BYTES = 16  # one 8x8 b16 matrix row: 8 elements x 2 bytes
 
@@ -514,7 +519,110 @@ def cp_async_bulk_s2g(gmem: np.ndarray, smem: np.ndarray, dst: int, src: int,
     return out
 
 
+# ---------------------------------------------------------------- 2-D tensor copies (tma.cuh)
+
+TENSOR_COORD_MIN, TENSOR_COORD_MAX = -2**31, 2**31 - 1   # tensorCoords are .s32
+
+
+def _tensor_args(tmap, c0, c1) -> tuple[TensorMap2D, int, int]:
+    if not isinstance(tmap, TensorMap2D):
+        raise ValueError(f"tmap: expected a ptx_lab.tensormap.TensorMap2D; got {type(tmap).__name__}")
+    c0, c1 = _count_arg(c0, "c0"), _count_arg(c1, "c1")
+    for name, c in (("c0", c0), ("c1", c1)):
+        if not TENSOR_COORD_MIN <= c <= TENSOR_COORD_MAX:
+            raise ValueError(f"{name} = {c}: a tensor coordinate is a signed 32-bit integer")
+    return tmap, c0, c1
+
+
+def tensor_tile_2d(tmap: TensorMap2D, c0: int, c1: int) -> np.ndarray:
+    """Where each element of the box at (column c0, row c1) lives in global memory.
+
+    int64 (box_rows, box_cols): box element [i][j] is tensor element (row c1 + i,
+    column c0 + j), at byte ``tmap.address + row * row_stride + column * element size``
+    of the global image; -1 where that element is outside the tensor (a row outside
+    0..rows-1 or a column outside 0..cols-1). In shared memory, box element [i][j]
+    sits at byte ``(i * box_cols + j) * element size`` from the box's start.
+    """
+    tmap, c0, c1 = _tensor_args(tmap, c0, c1)
+    rows, cols = tmap.shape
+    i, j = np.indices(tmap.box, dtype=np.int64)
+    row, col = c1 + i, c0 + j
+    inside = (0 <= row) & (row < rows) & (0 <= col) & (col < cols)
+    offset = tmap.address + row * tmap.row_stride + col * tmap.element_bytes
+    return np.where(inside, offset, -1)
+
+
+def _tensor_bytes(tmap: TensorMap2D, c0: int, c1: int, smem_addr: int, smem_len: int,
+                  gmem_len: int, smem_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Checks one tensor copy; returns (global byte index, inside) per box byte, box order."""
+    offsets = tensor_tile_2d(tmap, c0, c1)
+    addr = _count_arg(smem_addr, smem_name)
+    if addr % SMEM_ALIGN:
+        raise ValueError(f"{smem_name} = {addr}: a tensor copy's shared-memory address must be "
+                         f"{SMEM_ALIGN}-byte aligned")
+    if addr < 0 or addr + tmap.box_bytes > smem_len:
+        raise ValueError(f"{smem_name} = {addr}: the {tmap.box[0]} x {tmap.box[1]} box "
+                         f"[{addr}, {addr + tmap.box_bytes}) is outside smem of {smem_len} bytes")
+    inside = offsets >= 0
+    if inside.any():
+        last = int(offsets[inside].max()) + tmap.element_bytes
+        if last > gmem_len:
+            raise ValueError(f"tmap: the box at (c0={c0}, c1={c1}) reaches tensor bytes up to {last}, "
+                             f"outside gmem of {gmem_len} bytes (the map describes more memory "
+                             "than the image holds)")
+    byte_inside = np.repeat(inside.reshape(-1), tmap.element_bytes)
+    index = (offsets[..., None] + np.arange(tmap.element_bytes)).reshape(-1)
+    return np.where(byte_inside, index, 0), byte_inside
+
+
+def cp_async_bulk_tensor_2d_g2s(smem: np.ndarray, gmem: np.ndarray, dst: int, tmap: TensorMap2D,
+                                c0: int, c1: int, bar: MBarrier) -> np.ndarray:
+    """cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes -> new smem.
+
+    One thread's copy of the box at (column c0, row c1) of the tensor `tmap`
+    describes to smem[dst:], densely, row after row (:func:`tensor_tile_2d`
+    says which element goes where). Box elements outside the tensor land as
+    zeros, and the copy completes the WHOLE box, tmap.box_bytes, on `bar`
+    (mutated in place): the mbarrier cannot tell a zero-filled row from a
+    copied one. Lands at once, as :func:`cp_async_bulk_g2s` does.
+
+    ValueError before anything moves: dst not 128-byte aligned, the box outside
+    smem, a coordinate outside int32, or in-bounds elements outside gmem.
+    """
+    smem = _bytes_image(smem, "smem")
+    gmem = _bytes_image(gmem, "gmem")
+    if not isinstance(bar, MBarrier):
+        raise ValueError(f"bar: expected an MBarrier; got {type(bar).__name__}")
+    tmap, c0, c1 = _tensor_args(tmap, c0, c1)
+    index, inside = _tensor_bytes(tmap, c0, c1, dst, smem.size, gmem.size, "dst")
+    out = smem.copy()
+    out[dst:dst + tmap.box_bytes] = np.where(inside, gmem[index], 0)
+    bar.complete_tx(tmap.box_bytes)
+    return out
+
+
+def cp_async_bulk_tensor_2d_s2g(gmem: np.ndarray, smem: np.ndarray, src: int, tmap: TensorMap2D,
+                                c0: int, c1: int) -> np.ndarray:
+    """cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group -> new gmem image.
+
+    One thread's store of the box at smem[src:] (dense rows, as a load leaves
+    it) to the tensor `tmap` describes, its first element at (column c0, row
+    c1), as seen after cp.async.bulk.wait_group 0. Box elements outside the
+    tensor are not written: the global bytes there keep what they held. The
+    same checks as :func:`cp_async_bulk_tensor_2d_g2s` (src for dst).
+    """
+    gmem = _bytes_image(gmem, "gmem")
+    smem = _bytes_image(smem, "smem")
+    tmap, c0, c1 = _tensor_args(tmap, c0, c1)
+    index, inside = _tensor_bytes(tmap, c0, c1, src, smem.size, gmem.size, "src")
+    out = gmem.copy()
+    out[index[inside]] = smem[src:src + tmap.box_bytes][inside]
+    return out
+
+
 __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", "unpack_f16x2",
            "fragments_to_matrix", "matrix_to_fragments", "acc_to_a_fragment", "ldmatrix",
            "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "MBARRIER_MAX_COUNT",
-           "MBARRIER_MAX_TX", "BULK_ALIGN", "MBarrier", "cp_async_bulk_g2s", "cp_async_bulk_s2g"]
+           "MBARRIER_MAX_TX", "BULK_ALIGN", "MBarrier", "cp_async_bulk_g2s", "cp_async_bulk_s2g",
+           "TENSOR_COORD_MIN", "TENSOR_COORD_MAX", "tensor_tile_2d", "cp_async_bulk_tensor_2d_g2s",
+           "cp_async_bulk_tensor_2d_s2g"]

@@ -23,7 +23,7 @@ def lanes_named(result) -> set[int]:
 def test_registry_is_complete_and_ordered():
     assert list(EXPERIMENTS) == list(NAMES)
     assert set(NAMES) == {"mma_m16n8k16", "ldmatrix", "stmatrix", "movmatrix", "cp_async",
-                          "bulk_copy", "accumulator_as_a", "banks"}
+                          "bulk_copy", "accumulator_as_a", "banks", "tma_tile"}
     for name, module in EXPERIMENTS.items():
         assert module.NAME == name
         assert module.SUMMARY and "\n" not in module.SUMMARY
@@ -121,6 +121,96 @@ def test_bulk_copy_gpu_equals_the_model_word_for_word():
         assert on_gpu[key].shape == on_model[key].shape, key
         diff = np.argwhere(on_gpu[key] != on_model[key])
         assert diff.size == 0, f"{key}: GPU and model differ at (row/lane, word/flag) {diff[:8].tolist()}"
+
+
+def test_tma_tile_failures_name_the_row_col_and_where_it_came_from():
+    module = EXPERIMENTS["tma_tile"]
+    obs = module.observe("model")
+    obs["smem"][9, 3] = 41 * 512 + 256 + 3     # row 41 read past the map instead of zero fill
+    obs["smem"][0, 0] = 0xFFFF                 # an element the load never wrote
+    obs["dst"][5, 0], obs["dst"][6, 1] = obs["dst"][6, 1], obs["dst"][5, 0]   # two rows swapped
+    obs["dst"][40, 448] = 0                    # store B not clipped at the map's last row
+    obs["dst"][31, 0] = 30 * 512 + 2 * 128 + 64   # store B wrapped a row's 65th column into the next
+    obs["flags"][7, 0] = 0                     # lane 7's wait gave up
+    result = module.check(obs).result(module.NAME, "model")
+    assert result.failures == [
+        "mbarrier: lane 7 wait(0) for the load's phase returned (a phase that never completes: "
+        "the load completed fewer than the box's 4096 bytes, or none): got 0, expected 1",
+        "tensor load: box row 0 col 0 (token 32, head 2, d 0): got 0xffff (sentinel: written by nothing), "
+        "expected 0x4100 (token 32, head 2, d 0)",
+        "tensor load: box row 9 col 3 (token 41, head 2, d 3), past the tensor's 40 rows: zero fill: "
+        "got 0x5303 (token 41, head 2, d 3), expected 0x0000 (zero)",
+        "tensor stores: dst row 5 col 0 (token 5, head 0, d 0), store A of box row 0 col 0: "
+        "got 0x4301 (token 33, head 2, d 1), expected 0x4100 (token 32, head 2, d 0)",
+        "tensor stores: dst row 6 col 1 (token 6, head 0, d 1), store A of box row 1 col 1: "
+        "got 0x4100 (token 32, head 2, d 0), expected 0x4301 (token 33, head 2, d 1)",
+        "tensor stores: dst row 31 col 0 (token 31, head 0, d 0), outside both stores: written by "
+        "nothing: got 0x3d40 (token 30, head 2, d 64), expected 0xffff (sentinel: written by nothing)",
+        "tensor stores: dst row 40 col 448 (token 40, head 3, d 64), past the map's 40 rows: written "
+        "by nothing: got 0x0000 (zero), expected 0xffff (sentinel: written by nothing)",
+    ], result.report()
+
+
+def test_tma_tile_rewritten_row_and_map_echo_are_checked():
+    module = EXPERIMENTS["tma_tile"]
+    obs = module.observe("model")
+    row = module.STORE_A[1] + module.REWRITTEN_ROW
+    obs["dst"][row, 2] = 35 * 512 + 256 + 2    # the loaded value: the ordinary stores were not fenced
+    sent = np.arange(32, dtype=np.uint64).reshape(2, 16)
+    obs["map_sent"], obs["map_received"] = sent, sent.copy()
+    obs["map_received"][1, 15] = 0
+    obs["map_address_mod_64"] = np.array([0, 48], dtype=np.uint64)
+    result = module.check(obs).result(module.NAME, "model")
+    assert result.failures == [
+        "tensor map: dst_map word 15 as the kernel received it: got 0x0000000000000000, "
+        "expected 0x000000000000001f",
+        "tensor map: dst_map's parameter address mod 64: got 48, expected 0",
+        "tensor stores: dst row 8 col 2 (token 8, head 0, d 2), store A of box row 3 col 2: "
+        "got 0x4702 (token 35, head 2, d 2), expected 0xc002 (rewritten row, col 2)",
+    ], result.report()
+
+
+def test_tma_tile_closed_form_by_hand():
+    module = EXPERIMENTS["tma_tile"]
+    box = module.expected_box()
+    assert hex(box[0, 2]) == "0x4102" and (box[8:] == 0).all() and box[7, 127] == 39 * 512 + 383
+    dst, who = module.expected_dst()
+    assert (who == 0).sum() == 16 * 128 and (who == 1).sum() == 10 * 64
+    assert dst[8, 5] == 0xC005 and dst[13, 0] == 0            # rewritten row; zero-filled row stored
+    assert dst[33, 448] == 0xC000 and dst[37, 511] == 39 * 512 + 256 + 63   # store B: box row 7
+    assert dst[39, 511] == 0                                  # box row 9 was zero-filled
+    assert (dst[40:] == module.SENTINEL).all()
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "float32", "uint32"])
+def test_tma_tile_same_bytes_through_every_map_type_on_the_model(dtype):
+    # The same buffers described in 2- or 4-byte elements: columns and boxes halve, bytes do not move.
+    module = EXPERIMENTS["tma_tile"]
+    tmap = module.tensor_map(0, dtype=dtype)
+    assert tmap.box_bytes == module.BOX_BYTES and tmap.row_stride == module.ROW_BYTES
+    result = module.check(module._observe_model(dtype)).result(f"tma_tile as {dtype}", "model")
+    assert result.passed, result.report()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["uint16", "float32", "uint32"])
+def test_tma_tile_same_bytes_through_every_map_type_on_the_gpu(dtype):
+    module = EXPERIMENTS["tma_tile"]
+    result = module.check(module._observe_gpu(dtype)).result(f"tma_tile as {dtype}", "gpu")
+    assert result.passed, result.report()
+
+
+@pytest.mark.gpu
+def test_tma_tile_gpu_equals_the_model_word_for_word():
+    module = EXPERIMENTS["tma_tile"]
+    on_gpu, on_model = module.observe("gpu"), module.observe("model")
+    assert set(on_model) <= set(on_gpu)
+    for key in on_model:
+        assert on_gpu[key].shape == on_model[key].shape, key
+        diff = np.argwhere(on_gpu[key] != on_model[key])
+        assert diff.size == 0, f"{key}: GPU and model differ at (row, col) {diff[:8].tolist()}"
+    assert (on_gpu["map_received"] == on_gpu["map_sent"]).all()
+    assert (on_gpu["map_address_mod_64"] == 0).all()
 
 
 def test_mma_failure_line_reads_like_the_blog():

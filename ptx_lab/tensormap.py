@@ -1,0 +1,274 @@
+"""Host side of the tensor copies in ``ptx_lab/cuda/tma.cuh``: the CUtensorMap.
+
+A tensor copy (``cp.async.bulk.tensor``) is told everything about the tensor by
+a 128-byte tensor map that the CUDA driver encodes on the host
+(``cuTensorMapEncodeTiled``): where the tensor is, its element type, its
+extent and row stride, and the box one copy moves. CuPy does not wrap that
+call, so :func:`encode` reaches it through ctypes in ``libcuda.so.1``.
+
+Only the form ``tma.cuh`` uses is offered: a 2-D row-major tensor, no
+interleave, no swizzle (the box lands in shared memory densely, row after
+row), out-of-bounds elements filled with zeros, element strides 1. Within
+that, :class:`TensorMap2D` checks every argument the driver would refuse, and
+says which and why; the driver's own answer to a bad argument is only
+``CUDA_ERROR_INVALID_VALUE``.
+
+Shapes and boxes are written the way the tensor is indexed, ``(rows, cols)``;
+the driver and the instruction want the innermost dimension first, so the
+map is encoded as ``globalDim = {cols, rows}`` and a copy names its box by
+``{c0, c1} = {column, row}``.
+
+The encoded map is returned as a numpy array of shape ``(1,)`` and dtype
+:data:`TENSOR_MAP_DTYPE` (128 bytes). CuPy passes a numpy array of size one
+to a kernel BY VALUE, copying the parameter's size from its data pointer
+(CuPy's user guide, "Kernel arguments" and "Custom user types"), which is
+exactly a ``const __grid_constant__ ptx_lab::TensorMap`` parameter::
+
+    tmap = tensormap.encode(tensormap.TensorMap2D(q.data.ptr, "bfloat16", (T, H * D),
+                                                  H * D * 2, box=(16, 128)))
+    kernel((1,), (32,), (tmap, ...))
+
+Importing this module loads nothing; the driver is opened on the first
+:func:`encode`.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+TENSOR_MAP_BYTES = 128      # sizeof(CUtensorMap)
+TENSOR_MAP_ALIGN = 64       # cuTensorMapEncodeTiled: "tensorMap address must be aligned to 64 bytes"
+GLOBAL_ALIGN = 16           # the tensor's address, and every row stride, a multiple of 16 bytes
+MAX_GLOBAL_DIM = 2**32      # globalDim: non-zero, <= 2^32
+MAX_GLOBAL_STRIDE = 2**40   # globalStrides: < 2^40
+MAX_BOX_DIM = 256           # boxDim: non-zero, <= 256
+BOX_INNER_ALIGN = 16        # interleave none: boxDim[0] * element size a multiple of 16 bytes
+SMEM_ALIGN = 128            # a tensor copy's shared-memory address (ptx_lab.model checks it)
+
+# One 128-byte opaque struct: 16 little-endian u64 words, as ptx_lab::TensorMap declares it.
+TENSOR_MAP_DTYPE = np.dtype([("opaque", "<u8", (16,))])
+assert TENSOR_MAP_DTYPE.itemsize == TENSOR_MAP_BYTES
+
+# cuda.h enums (CUDA 12.0 .. 13.0 give them these values).
+CU_TENSOR_MAP_DATA_TYPE = {"uint16": 1, "uint32": 2, "float32": 7, "bfloat16": 9}
+CU_TENSOR_MAP_INTERLEAVE_NONE = 0
+CU_TENSOR_MAP_SWIZZLE_NONE = 0
+CU_TENSOR_MAP_L2_PROMOTION = {0: 0, 128: 2}   # bytes -> CU_TENSOR_MAP_L2_PROMOTION_{NONE, L2_128B}
+CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0         # out-of-bounds elements read as zeros
+CUDA_SUCCESS = 0
+
+DTYPES = tuple(CU_TENSOR_MAP_DATA_TYPE)
+ELEMENT_BYTES = {"uint16": 2, "bfloat16": 2, "uint32": 4, "float32": 4}
+_NUMPY_DTYPES = {np.dtype(np.uint16): "uint16", np.dtype(ml_dtypes.bfloat16): "bfloat16",
+                 np.dtype(np.uint32): "uint32", np.dtype(np.float32): "float32"}
+
+
+class CudaDriverError(RuntimeError):
+    """libcuda.so.1 is missing, lacks cuTensorMapEncodeTiled, or refused the call."""
+
+
+# ---------------------------------------------------------------- validation
+
+def _int(x: Any, name: str) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise ValueError(f"{name} must be an int; got {x!r}")
+    return int(x)
+
+
+def _pair(x: Any, name: str, what: str) -> tuple[int, int]:
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise ValueError(f"{name} must be a pair {what}; got {x!r}")
+    return _int(x[0], f"{name}[0]"), _int(x[1], f"{name}[1]")
+
+
+def dtype_name(dtype: Any) -> str:
+    """'uint16' | 'bfloat16' | 'uint32' | 'float32' from that name or the numpy dtype."""
+    if isinstance(dtype, str) and dtype in CU_TENSOR_MAP_DATA_TYPE:
+        return dtype
+    try:
+        name = _NUMPY_DTYPES.get(np.dtype(dtype))
+    except TypeError:
+        name = None
+    if name is None:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or that numpy dtype); got {dtype!r}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap2D:
+    """A 2-D row-major tensor and the box one tensor copy moves, checked as the driver would.
+
+    address:      the tensor's first element (a device pointer for :func:`encode`; a byte
+                  offset into a memory image for ``ptx_lab.model``), 16-byte aligned
+    dtype:        'bfloat16', 'uint16', 'float32' or 'uint32' (or that numpy dtype)
+    shape:        (rows, cols) in elements, each 1..2^32
+    row_stride:   bytes from one row to the next: a multiple of 16, below 2^40, and at
+                  least cols * element size (rows may not overlap)
+    box:          (box_rows, box_cols) in elements, each 1..256, box_cols * element size a
+                  multiple of 16 bytes
+    l2_promotion: 0 (none) or 128 (fetch L2 lines from DRAM 128 bytes at a time)
+
+    ValueError names the first argument that breaks a rule, with the rule.
+    """
+
+    address: int
+    dtype: str
+    shape: tuple[int, int]
+    row_stride: int
+    box: tuple[int, int]
+    l2_promotion: int = 0
+
+    def __post_init__(self) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("dtype", dtype_name(self.dtype))
+        esize = ELEMENT_BYTES[self.dtype]
+
+        address = _int(self.address, "address")
+        if address < 0 or address % GLOBAL_ALIGN:
+            raise ValueError(f"address = {address:#x}: the tensor must start {GLOBAL_ALIGN}-byte aligned")
+        set_("address", address)
+
+        rows, cols = _pair(self.shape, "shape", "(rows, cols)")
+        for name, n in (("rows", rows), ("cols", cols)):
+            if not 1 <= n <= MAX_GLOBAL_DIM:
+                raise ValueError(f"shape: {name} = {n}; each dimension must be 1..2^32")
+        set_("shape", (rows, cols))
+
+        stride = _int(self.row_stride, "row_stride")
+        if stride <= 0 or stride % GLOBAL_ALIGN:
+            raise ValueError(f"row_stride = {stride}: must be a positive multiple of {GLOBAL_ALIGN} bytes")
+        if stride >= MAX_GLOBAL_STRIDE:
+            raise ValueError(f"row_stride = {stride}: must be below 2^40 bytes")
+        if stride < cols * esize:
+            raise ValueError(f"row_stride = {stride}: rows of {cols} {self.dtype} elements are "
+                             f"{cols * esize} bytes long, so rows {stride} bytes apart would overlap")
+        set_("row_stride", stride)
+
+        box_rows, box_cols = _pair(self.box, "box", "(box_rows, box_cols)")
+        for name, n in (("box_rows", box_rows), ("box_cols", box_cols)):
+            if not 1 <= n <= MAX_BOX_DIM:
+                raise ValueError(f"box: {name} = {n}; each box dimension must be 1..{MAX_BOX_DIM} elements")
+        if (box_cols * esize) % BOX_INNER_ALIGN:
+            raise ValueError(f"box: box_cols = {box_cols} {self.dtype} elements are {box_cols * esize} "
+                             f"bytes; a box row must be a multiple of {BOX_INNER_ALIGN} bytes")
+        set_("box", (box_rows, box_cols))
+
+        l2 = _int(self.l2_promotion, "l2_promotion")
+        if l2 not in CU_TENSOR_MAP_L2_PROMOTION:
+            raise ValueError(f"l2_promotion = {l2}: must be 0 (none) or 128 (bytes)")
+        set_("l2_promotion", l2)
+
+    @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes one copy moves, zero-filled elements included: what mbarrier.expect_tx expects."""
+        return self.box[0] * self.box[1] * self.element_bytes
+
+    @property
+    def box_row_bytes(self) -> int:
+        """Bytes of one box row in shared memory (rows follow each other densely)."""
+        return self.box[1] * self.element_bytes
+
+    def driver_args(self) -> dict[str, Any]:
+        """The arguments of cuTensorMapEncodeTiled, innermost dimension first."""
+        rows, cols = self.shape
+        box_rows, box_cols = self.box
+        return {
+            "tensorDataType": CU_TENSOR_MAP_DATA_TYPE[self.dtype],
+            "tensorRank": 2,
+            "globalAddress": self.address,
+            "globalDim": (cols, rows),
+            "globalStrides": (self.row_stride,),   # rank - 1 strides: dimension 0's is the element
+            "boxDim": (box_cols, box_rows),
+            "elementStrides": (1, 1),
+            "interleave": CU_TENSOR_MAP_INTERLEAVE_NONE,
+            "swizzle": CU_TENSOR_MAP_SWIZZLE_NONE,
+            "l2Promotion": CU_TENSOR_MAP_L2_PROMOTION[self.l2_promotion],
+            "oobFill": CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        }
+
+
+# ---------------------------------------------------------------- the driver
+
+@functools.lru_cache(maxsize=1)
+def _driver() -> ctypes.CDLL:
+    """libcuda.so.1 with cuInit and cuTensorMapEncodeTiled typed; CudaDriverError if unusable."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise CudaDriverError(
+            f"cannot load libcuda.so.1, the CUDA driver ({exc}); tensor maps are encoded by the "
+            "driver, so encode() needs an NVIDIA GPU machine (ptx_lab.model needs none)") from exc
+    try:
+        encode_fn = lib.cuTensorMapEncodeTiled
+    except AttributeError as exc:
+        raise CudaDriverError("libcuda.so.1 has no cuTensorMapEncodeTiled: the driver predates "
+                              "CUDA 12.0, which tensor maps need") from exc
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    encode_fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                          u64p, u64p, u32p, u32p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int]
+    encode_fn.restype = ctypes.c_int
+    lib.cuInit.argtypes = [ctypes.c_uint]
+    lib.cuInit.restype = ctypes.c_int
+    lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuGetErrorName.restype = ctypes.c_int
+    return lib
+
+
+def _error_name(lib: ctypes.CDLL, code: int) -> str:
+    """CUDA_ERROR_... for a CUresult (cuGetErrorName), or 'CUresult' where that fails."""
+    name = ctypes.c_char_p()
+    if lib.cuGetErrorName(code, ctypes.byref(name)) == CUDA_SUCCESS and name.value:
+        return name.value.decode()
+    return "CUresult"
+
+
+def encode(tmap: TensorMap2D) -> np.ndarray:
+    """cuTensorMapEncodeTiled for `tmap` -> the 128-byte map, shape (1,), dtype TENSOR_MAP_DTYPE.
+
+    Pass the result straight to a CuPy kernel whose parameter is
+    ``const __grid_constant__ ptx_lab::TensorMap``; ``.tobytes()`` gives the raw
+    bytes. `tmap.address` must be a device pointer (0 is refused here).
+    Raises CudaDriverError where libcuda.so.1 is missing or the driver refuses.
+    """
+    if not isinstance(tmap, TensorMap2D):
+        raise ValueError(f"tmap: expected a TensorMap2D; got {type(tmap).__name__}")
+    if tmap.address == 0:
+        raise ValueError("address = 0x0: encode() needs the tensor's device pointer, not NULL")
+    lib = _driver()
+    code = lib.cuInit(0)   # a no-op once CuPy (or anyone) has initialised the driver
+    if code != CUDA_SUCCESS:
+        raise CudaDriverError(f"cuInit(0) returned {code} ({_error_name(lib, code)})")
+    args = tmap.driver_args()
+    # The output must be 64-byte aligned: carve an aligned 128 bytes out of a larger buffer.
+    raw = np.zeros(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % TENSOR_MAP_ALIGN
+    out = raw[start:start + TENSOR_MAP_BYTES]
+    assert out.ctypes.data % TENSOR_MAP_ALIGN == 0
+
+    def array(ctype, values):
+        return (ctype * len(values))(*values)
+
+    code = lib.cuTensorMapEncodeTiled(
+        ctypes.c_void_p(out.ctypes.data), args["tensorDataType"], args["tensorRank"],
+        ctypes.c_void_p(args["globalAddress"]),
+        array(ctypes.c_uint64, args["globalDim"]), array(ctypes.c_uint64, args["globalStrides"]),
+        array(ctypes.c_uint32, args["boxDim"]), array(ctypes.c_uint32, args["elementStrides"]),
+        args["interleave"], args["swizzle"], args["l2Promotion"], args["oobFill"])
+    if code != CUDA_SUCCESS:
+        raise CudaDriverError(f"cuTensorMapEncodeTiled returned {code} ({_error_name(lib, code)}) "
+                              f"for {tmap}, which ptx_lab.tensormap accepted: {args}")
+    return out.copy().view(TENSOR_MAP_DTYPE)
+
+
+__all__ = ["TENSOR_MAP_BYTES", "TENSOR_MAP_ALIGN", "TENSOR_MAP_DTYPE", "SMEM_ALIGN", "DTYPES",
+           "ELEMENT_BYTES", "CudaDriverError", "TensorMap2D", "dtype_name", "encode"]

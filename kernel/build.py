@@ -34,6 +34,9 @@ class Config:
                              # feeds two MMAs, half the consumers' shared-memory reads)
     ksplit: int = 0          # consumer warps per v band (2: each holds half of the k columns;
                              # their G2 partial sums meet in shared memory)
+    snap_staged: int = 1     # fp32 stores through the staging tile (1) or straight from the
+                             # accumulators (0); staging measured faster at vsplit 1 (log 9),
+                             # not yet compared at vsplit 4 (B = 1), where latency counts
     timing: bool = False     # clock64 phase accounting into kda_timing[] (kernel.profile only)
     lineinfo: bool = False   # -lineinfo, so ncu / compute-sanitizer name source lines
 
@@ -57,6 +60,8 @@ class Config:
         # 12.95 ms with 2, 13.28 with 4.
         auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else
              2 if self.vsplit == 1 and not self.snap_bf16 else 4)
+        if self.snap_staged not in (0, 1):
+            raise ValueError(f"snap_staged must be 0 or 1, got {self.snap_staged}")
         if self.ksplit not in (1, 2):
             raise ValueError(f"ksplit must be 1 or 2, got {self.ksplit}")
         if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):
@@ -91,7 +96,7 @@ class Config:
         return (f"vs{self.vsplit}-{'bf16' if self.snap_bf16 else 'f32'}x{self.snap_every}"
                 f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}"
                 f"-st{self.nstage}-g2s{self.g2_split}-p{self.producers}"
-                f"{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
+                f"{'' if self.snap_staged else '-direct'}{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
                 f"{'-timing' if self.timing else ''}{'-lineinfo' if self.lineinfo else ''}")
 
 
@@ -107,7 +112,7 @@ def defines(cfg: Config) -> tuple[str, ...]:
     return (*FAST_MATH, f"-DVSPLIT={cfg.vsplit}", f"-DSNAP_BF16={int(cfg.snap_bf16)}",
             f"-DSNAP_EVERY={cfg.snap_every}", f"-DHAS_DHT={int(cfg.has_dht)}",
             f"-DL2NORM={int(cfg.l2norm)}", f"-DNSTAGE={cfg.nstage}", f"-DG2_SPLIT={cfg.g2_split}",
-            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
+            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DSNAP_STAGED={cfg.snap_staged}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
             *(("-lineinfo",) if cfg.lineinfo else ()))
 
 

@@ -66,6 +66,7 @@ CASES = (
     Case("eq-bf16x4-vs1-mt2", B=2, T=200, H=3, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1, seed=12,
          tuning=(("mt", 2), ("g2_split", 1))),
     Case("var-f32x1-vs2-mt2-ks2", lengths=VARLEN, H=2, vsplit=2, seed=13, tuning=(("mt", 2), ("ksplit", 2))),
+    Case("var-f32x1-vs4-direct", lengths=VARLEN, H=2, vsplit=4, seed=15, tuning=(("snap_staged", 0),)),
     Case("var-bf16x1-vs4-mt2-nonorm", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", l2norm=False, vsplit=4,
          seed=14, tuning=(("mt", 2),)),
 )

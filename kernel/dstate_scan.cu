@@ -41,6 +41,8 @@
 //                            (kr, qd, kd: the same for all bands) serves two MMAs, which
 //                            halves the consumers' ldmatrix traffic (shared memory bound
 //                            at vsplit 1: ncu, L1 76% busy)
+//   SNAP_STAGED 0 / 1        fp32 stores (snapshots, dh0) through the staging tile with 16-byte
+//                            stores (1), or straight from the accumulators with 4-byte ones (0)
 //   KSPLIT      1 / 2        consumer warps per v band: with 2, each holds half of the
 //                            band's k columns and the two add their G2 partial sums (1 KB
 //                            through shared memory and a 64-thread named barrier per tile)
@@ -75,6 +77,9 @@ using namespace ptx_lab;
 #endif
 #ifndef KDA_TIMING
 #define KDA_TIMING 0
+#endif
+#ifndef SNAP_STAGED
+#define SNAP_STAGED 1
 #endif
 // Defaults as build.Config's auto rules (which say why).
 #ifndef MT
@@ -380,6 +385,22 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
     static_assert(NJ % PASSES == 0 && 8 * JP * SNAPF_STRIDE * 4 <= SNAP_STAGING_BYTES,
                   "a pass must fit the warp's staging tile");
     const int g = lane >> 2, t = lane & 3;
+#if !SNAP_STAGED
+    // straight from the C fragments: each 4-byte store instruction writes 8
+    // consecutive v (one 32-byte sector) in 4 k rows; no shared-memory round trip
+    (void)staging;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int k = k0 + 8 * j + 2 * t, v = v0 + 16 * m + g;
+            __stcs(out + k * D + v, dS[m][j][0]);
+            __stcs(out + (k + 1) * D + v, dS[m][j][1]);
+            __stcs(out + k * D + v + 8, dS[m][j][2]);
+            __stcs(out + (k + 1) * D + v + 8, dS[m][j][3]);
+        }
+    return;
+#endif
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
 #pragma unroll

@@ -7,8 +7,12 @@ extent and row stride, and the box one copy moves. CuPy does not wrap that
 call, so :func:`encode` reaches it through ctypes in ``libcuda.so.1``.
 
 Only the form ``tma.cuh`` uses is offered: a 2-D row-major tensor, no
-interleave, no swizzle (the box lands in shared memory densely, row after
-row), out-of-bounds elements filled with zeros, element strides 1. Within
+interleave, out-of-bounds elements filled with zeros, element strides 1, and
+the box in shared memory either dense (row after row) or swizzled: with
+``swizzle`` = 32, 64 or 128 bytes, the 16-byte chunks of each box row are
+permuted as CuTe's Swizzle<1|2|3, 4, 3> permutes byte offsets
+(``ptx_lab.banks.GMMA_SWIZZLES``: SW32/SW64/SW128), so that 8 consecutive box
+rows of `swizzle` bytes fall in distinct bank groups. Within
 that, :class:`TensorMap2D` checks every argument the driver would refuse, and
 says which and why; the driver's own answer to a bad argument is only
 ``CUDA_ERROR_INVALID_VALUE``.
@@ -58,6 +62,7 @@ assert TENSOR_MAP_DTYPE.itemsize == TENSOR_MAP_BYTES
 CU_TENSOR_MAP_DATA_TYPE = {"uint16": 1, "uint32": 2, "float32": 7, "bfloat16": 9}
 CU_TENSOR_MAP_INTERLEAVE_NONE = 0
 CU_TENSOR_MAP_SWIZZLE_NONE = 0
+CU_TENSOR_MAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}   # bytes -> CU_TENSOR_MAP_SWIZZLE_{NONE, 32B, 64B, 128B}
 CU_TENSOR_MAP_L2_PROMOTION = {0: 0, 128: 2}   # bytes -> CU_TENSOR_MAP_L2_PROMOTION_{NONE, L2_128B}
 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0         # out-of-bounds elements read as zeros
 CUDA_SUCCESS = 0
@@ -112,6 +117,10 @@ class TensorMap2D:
     box:          (box_rows, box_cols) in elements, each 1..256, box_cols * element size a
                   multiple of 16 bytes
     l2_promotion: 0 (none) or 128 (fetch L2 lines from DRAM 128 bytes at a time)
+    swizzle:      0 (dense box) or 32, 64, 128: the shared-memory swizzle span in bytes;
+                  a box row must then be exactly `swizzle` bytes, and the box's shared
+                  address a multiple of 8 * swizzle (the pattern repeats every 8 rows,
+                  and the TMA unit reads it from the address bits)
 
     ValueError names the first argument that breaks a rule, with the rule.
     """
@@ -122,6 +131,7 @@ class TensorMap2D:
     row_stride: int
     box: tuple[int, int]
     l2_promotion: int = 0
+    swizzle: int = 0
 
     def __post_init__(self) -> None:
         set_ = functools.partial(object.__setattr__, self)
@@ -163,6 +173,15 @@ class TensorMap2D:
             raise ValueError(f"l2_promotion = {l2}: must be 0 (none) or 128 (bytes)")
         set_("l2_promotion", l2)
 
+        swz = _int(self.swizzle, "swizzle")
+        if swz not in CU_TENSOR_MAP_SWIZZLE:
+            raise ValueError(f"swizzle = {swz}: must be 0 (none), 32, 64 or 128 (bytes)")
+        if swz and box_cols * esize != swz:
+            raise ValueError(f"swizzle = {swz}: a box row of {box_cols} {self.dtype} elements is "
+                             f"{box_cols * esize} bytes; ptx_lab swizzles only box rows of exactly "
+                             f"{swz} bytes (the form its model and experiment check)")
+        set_("swizzle", swz)
+
     @property
     def element_bytes(self) -> int:
         return ELEMENT_BYTES[self.dtype]
@@ -171,6 +190,11 @@ class TensorMap2D:
     def box_bytes(self) -> int:
         """Bytes one copy moves, zero-filled elements included: what mbarrier.expect_tx expects."""
         return self.box[0] * self.box[1] * self.element_bytes
+
+    @property
+    def smem_align(self) -> int:
+        """The alignment the box's shared-memory address needs: 128 bytes dense, 8 swizzle rows swizzled."""
+        return max(SMEM_ALIGN, 8 * self.swizzle)
 
     @property
     def box_row_bytes(self) -> int:
@@ -190,7 +214,7 @@ class TensorMap2D:
             "boxDim": (box_cols, box_rows),
             "elementStrides": (1, 1),
             "interleave": CU_TENSOR_MAP_INTERLEAVE_NONE,
-            "swizzle": CU_TENSOR_MAP_SWIZZLE_NONE,
+            "swizzle": CU_TENSOR_MAP_SWIZZLE[self.swizzle],
             "l2Promotion": CU_TENSOR_MAP_L2_PROMOTION[self.l2_promotion],
             "oobFill": CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         }

@@ -91,7 +91,51 @@ def _kernel(cfg: Config):
         raise ValueError(f"Kernel A configuration {cfg.name()} needs {smem} B of shared memory per CTA, "
                          f"this GPU allows {limit} B: use fewer stages (tuning nstage) or other knobs")
     fn.max_dynamic_shared_size_bytes = smem
-    return fn, smem, threads
+    tma_dims = tuple(int(v) for v in cupy.ndarray((6,), dtype=np.int32, memptr=mod.get_global("kda_tma_dims")).get())
+    return fn, smem, threads, tma_dims
+
+
+# The kernel's last parameter, kda::TmaMaps: 7 tensor maps of 128 bytes, passed by value
+# (a numpy array of size one: CuPy copies its bytes into the parameter).
+TMA_MAP_NAMES = ("q", "k", "gc", "do", "mqk", "inv", "snap")
+MAPS_DTYPE = np.dtype([("opaque", "<u8", (16 * len(TMA_MAP_NAMES),))])
+INT32_MAX = 2**31 - 1   # tensor-copy coordinates are signed 32-bit
+
+
+def _tma_maps(cfg: Config, tma_dims, q, k, gc, do, mqk, inv, snapshots):
+    """The tensor maps the configuration uses (the others stay zero), as one parameter."""
+    from ptx_lab import tensormap
+    from ptx_lab.tensormap import TensorMap2D
+
+    maps = np.zeros(1, dtype=MAPS_DTYPE)
+    words = maps["opaque"][0]
+    do_cols, do_swz, gc_cols, kw, band, snap_swz = tma_dims
+    B, T, H, _ = q.shape
+    wanted = {}
+    if cfg.loads == build.LOADS_TMA:
+        if B * T > INT32_MAX:
+            raise ValueError(f"tensor-copy loads address tokens with 32-bit coordinates; B * T = {B * T}")
+        wanted["q"] = TensorMap2D(q.data.ptr, "bfloat16", (B * T, H * D), H * D * 2, (CHUNK, D))
+        wanted["k"] = TensorMap2D(k.data.ptr, "bfloat16", (B * T, H * D), H * D * 2, (CHUNK, D))
+        wanted["gc"] = TensorMap2D(gc.data.ptr, "float32", (B * T, H * D), H * D * 4, (CHUNK, gc_cols))
+        wanted["do"] = TensorMap2D(do.data.ptr, "bfloat16", (B * T, H * D), H * D * 2, (CHUNK, do_cols),
+                                   swizzle=do_swz)
+        wanted["mqk"] = TensorMap2D(mqk.data.ptr, "bfloat16", (B * T, H * CHUNK), H * CHUNK * 2, (CHUNK, CHUNK),
+                                    swizzle=2 * CHUNK)
+        wanted["inv"] = TensorMap2D(inv.data.ptr, "bfloat16", (B * T, H * CHUNK), H * CHUNK * 2, (CHUNK, CHUNK),
+                                    swizzle=2 * CHUNK)
+    if cfg.snap_store == build.SNAP_TMA:
+        rows = snapshots.size // D
+        if rows > INT32_MAX:
+            raise ValueError(f"tensor-store snapshots address rows with 32-bit coordinates; "
+                             f"snapshots have {rows} rows of {D}")
+        esize = snapshots.dtype.itemsize
+        wanted["snap"] = TensorMap2D(snapshots.data.ptr, "bfloat16" if cfg.snap_bf16 else "float32", (rows, D),
+                                     D * esize, (kw, band), swizzle=snap_swz)
+    for name, tmap in wanted.items():
+        i = TMA_MAP_NAMES.index(name)
+        words[16 * i:16 * (i + 1)] = tensormap.encode(tmap)["opaque"][0]
+    return maps
 
 
 @functools.lru_cache(maxsize=64)
@@ -219,15 +263,16 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
         raise ValueError(f"tuning has unknown knobs {sorted(unknown)}")
     cfg = Config(vsplit=int(vsplit), snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every,
                  has_dht=dht is not None, l2norm=bool(qk_l2norm), **knobs)
-    fn, smem, threads = _kernel(cfg)
+    fn, smem, threads, tma_dims = _kernel(cfg)
 
     snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
     dh0 = cupy.empty((N, H, D, D), dtype=np.float32)
     s = float(scale) if scale is not None else D ** -0.5
     null = np.uint64(0)
+    maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
     fn((N * H * cfg.vsplit,), (threads,),
        (q, k, gc, beta, mqk, inv, do, dht if dht is not None else null, snapshots, dh0,
-        cu_d, offs_d, order, np.int32(H), np.float32(s)),
+        cu_d, offs_d, order, np.int32(H), np.float32(s), maps),
        shared_mem=smem)
 
     if torch_in:

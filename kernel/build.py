@@ -15,6 +15,8 @@ KERNEL_NAME = "kda_dstate_scan"
 D = 128      # K = V
 CHUNK = 16   # tokens per tile
 VSPLITS = (1, 2, 4, 8)
+LOADS_CP_ASYNC, LOADS_TMA = 1, 2                  # Config.loads (the kernel's LOADS)
+SNAP_DIRECT, SNAP_STAGED, SNAP_TMA = 1, 2, 3      # Config.snap_store (the kernel's SNAP_STORE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +36,10 @@ class Config:
                              # feeds two MMAs, half the consumers' shared-memory reads)
     ksplit: int = 0          # consumer warps per v band (2: each holds half of the k columns;
                              # their G2 partial sums meet in shared memory)
-    snap_staged: int = 1     # fp32 stores through the staging tile (1) or straight from the
-                             # accumulators (0); staging measured faster at vsplit 1 (log 9),
-                             # not yet compared at vsplit 4 (B = 1), where latency counts
+    loads: int = 0           # tile inputs by cp.async (1) or by tensor copies (2: one
+                             # instruction per tensor and tile, host-built tensor maps)
+    snap_store: int = 0      # snapshots straight from the accumulators (1, fp32 only), through
+                             # a staging tile with 16-byte stores (2), or one tensor store (3)
     timing: bool = False     # clock64 phase accounting into kda_timing[] (kernel.profile only)
     lineinfo: bool = False   # -lineinfo, so ncu / compute-sanitizer name source lines
 
@@ -60,8 +63,19 @@ class Config:
         # 12.95 ms with 2, 13.28 with 4.
         auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else
              2 if self.vsplit == 1 and not self.snap_bf16 else 4)
-        if self.snap_staged not in (0, 1):
-            raise ValueError(f"snap_staged must be 0 or 1, got {self.snap_staged}")
+        auto("loads", LOADS_CP_ASYNC)
+        # fp32 through the staging tile at vsplit 1 (32 x 8192 f32x1: 13.10 ms, 14.05 direct),
+        # straight from the accumulators where latency counts (1 x 131072 f32x1 vsplit 4:
+        # 8.09 ms direct, 9.56 staged; one run, 2026-11-30). vsplit 2 and 8: not compared.
+        auto("snap_store", SNAP_STAGED if self.vsplit == 1 or self.snap_bf16 else SNAP_DIRECT)
+        if self.loads not in (LOADS_CP_ASYNC, LOADS_TMA):
+            raise ValueError(f"loads must be {LOADS_CP_ASYNC} (cp.async) or {LOADS_TMA} (tensor copies), got {self.loads}")
+        if self.snap_store not in (SNAP_DIRECT, SNAP_STAGED, SNAP_TMA):
+            raise ValueError(f"snap_store must be {SNAP_DIRECT} (direct), {SNAP_STAGED} (staged) or "
+                             f"{SNAP_TMA} (tensor store), got {self.snap_store}")
+        if self.snap_store == SNAP_DIRECT and self.snap_bf16:
+            raise ValueError("snap_store 1 (direct 4-byte stores) is fp32 only; bf16 snapshots go through "
+                             "the staging tile (2) or a tensor store (3)")
         if self.ksplit not in (1, 2):
             raise ValueError(f"ksplit must be 1 or 2, got {self.ksplit}")
         if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):
@@ -96,7 +110,9 @@ class Config:
         return (f"vs{self.vsplit}-{'bf16' if self.snap_bf16 else 'f32'}x{self.snap_every}"
                 f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}"
                 f"-st{self.nstage}-g2s{self.g2_split}-p{self.producers}"
-                f"{'' if self.snap_staged else '-direct'}{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
+                f"{'-tmaload' if self.loads == LOADS_TMA else ''}"
+                f"{ {SNAP_DIRECT: '-direct', SNAP_STAGED: '', SNAP_TMA: '-tmastore'}[self.snap_store] }"
+                f"{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
                 f"{'-timing' if self.timing else ''}{'-lineinfo' if self.lineinfo else ''}")
 
 
@@ -112,7 +128,7 @@ def defines(cfg: Config) -> tuple[str, ...]:
     return (*FAST_MATH, f"-DVSPLIT={cfg.vsplit}", f"-DSNAP_BF16={int(cfg.snap_bf16)}",
             f"-DSNAP_EVERY={cfg.snap_every}", f"-DHAS_DHT={int(cfg.has_dht)}",
             f"-DL2NORM={int(cfg.l2norm)}", f"-DNSTAGE={cfg.nstage}", f"-DG2_SPLIT={cfg.g2_split}",
-            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DSNAP_STAGED={cfg.snap_staged}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
+            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DLOADS={cfg.loads}", f"-DSNAP_STORE={cfg.snap_store}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
             *(("-lineinfo",) if cfg.lineinfo else ()))
 
 

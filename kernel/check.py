@@ -66,7 +66,21 @@ CASES = (
     Case("eq-bf16x4-vs1-mt2", B=2, T=200, H=3, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1, seed=12,
          tuning=(("mt", 2), ("g2_split", 1))),
     Case("var-f32x1-vs2-mt2-ks2", lengths=VARLEN, H=2, vsplit=2, seed=13, tuning=(("mt", 2), ("ksplit", 2))),
-    Case("var-f32x1-vs4-direct", lengths=VARLEN, H=2, vsplit=4, seed=15, tuning=(("snap_staged", 0),)),
+    Case("var-f32x1-vs4-staged", lengths=VARLEN, H=2, vsplit=4, seed=15, tuning=(("snap_store", 2),)),
+    # tensor copies (loads and snapshot stores): varlen for partial tiles whose boxes run
+    # into the next sequence, every vsplit for every do/snapshot swizzle (32, 64, 128 B)
+    Case("var-f32x1-vs1-tma", lengths=VARLEN, H=2, vsplit=1, seed=16, tuning=(("loads", 2), ("snap_store", 3))),
+    Case("var-bf16x4-vs1-tma", lengths=VARLEN, H=3, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1,
+         seed=17, tuning=(("loads", 2), ("snap_store", 3))),
+    Case("var-f32x1-vs2-tma", lengths=VARLEN, H=2, vsplit=2, seed=18, tuning=(("loads", 2), ("snap_store", 3))),
+    Case("var-bf16x4-vs4-tma", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=4,
+         seed=19, tuning=(("loads", 2), ("snap_store", 3))),
+    Case("eq-f32x1-vs4-tma-dht", B=2, T=200, H=3, vsplit=4, dht=True, seed=20, tuning=(("loads", 2), ("snap_store", 3))),
+    Case("var-bf16x1-vs8-tma", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", vsplit=8, seed=21,
+         tuning=(("loads", 2), ("snap_store", 3))),
+    Case("var-f32x1-vs1-tmaload", lengths=VARLEN, H=2, vsplit=1, seed=22, tuning=(("loads", 2),)),
+    Case("var-bf16x4-vs1-tmastore", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1,
+         seed=23, tuning=(("snap_store", 3),)),
     Case("var-bf16x1-vs4-mt2-nonorm", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", l2norm=False, vsplit=4,
          seed=14, tuning=(("mt", 2),)),
 )

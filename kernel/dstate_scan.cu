@@ -41,8 +41,12 @@
 //                            (kr, qd, kd: the same for all bands) serves two MMAs, which
 //                            halves the consumers' ldmatrix traffic (shared memory bound
 //                            at vsplit 1: ncu, L1 76% busy)
-//   SNAP_STAGED 0 / 1        fp32 stores (snapshots, dh0) through the staging tile with 16-byte
-//                            stores (1), or straight from the accumulators with 4-byte ones (0)
+//   LOADS       1 / 2        tile inputs by cp.async, 16 bytes a lane (1), or by tensor copies
+//                            (2, tma.cuh: one instruction per tensor and tile, on an mbarrier
+//                            per stage; host-built tensor maps; do and Mqk/INV swizzled)
+//   SNAP_STORE  1, 2, 3      snapshots: 4-byte stores straight from the accumulators (1, fp32
+//                            only), through a warp's staging tile with 16-byte stores (2), or
+//                            through a swizzled staging tile with one tensor store per warp (3)
 //   KSPLIT      1 / 2        consumer warps per v band: with 2, each holds half of the
 //                            band's k columns and the two add their G2 partial sums (1 KB
 //                            through shared memory and a 64-thread named barrier per tile)
@@ -54,6 +58,7 @@
 #include "stmatrix.cuh"
 #include "cp_async.cuh"
 #include "barrier.cuh"
+#include "tma.cuh"
 
 using namespace ptx_lab;
 
@@ -78,10 +83,18 @@ using namespace ptx_lab;
 #ifndef KDA_TIMING
 #define KDA_TIMING 0
 #endif
-#ifndef SNAP_STAGED
-#define SNAP_STAGED 1
-#endif
 // Defaults as build.Config's auto rules (which say why).
+#define LOADS_CP_ASYNC 1
+#define LOADS_TMA 2
+#ifndef LOADS
+#define LOADS LOADS_CP_ASYNC
+#endif
+#define SNAP_DIRECT 1
+#define SNAP_STAGED 2
+#define SNAP_TMA 3
+#ifndef SNAP_STORE
+#define SNAP_STORE (VSPLIT == 1 || SNAP_BF16 ? SNAP_STAGED : SNAP_DIRECT)
+#endif
 #ifndef MT
 #define MT (VSPLIT == 1 ? 2 : 1)
 #endif
@@ -96,6 +109,15 @@ using namespace ptx_lab;
 #endif
 
 namespace kda {
+
+// The tensor maps the host encodes (kernel.api, ptx_lab.tensormap), one kernel
+// parameter. Only those the configuration uses are encoded; the rest are zeros.
+struct TmaMaps {
+    TensorMap q, k, gc;   // [tokens][H * D]: boxes C x D (bf16), C x GC_BOX_COLS (fp32)
+    TensorMap dO;         // [tokens][H * D] bf16: boxes C x DO_BOX_COLS, swizzled DO_SWZ
+    TensorMap mqk, inv;   // [tokens][H * C] bf16: boxes C x C, swizzled 32
+    TensorMap snap;       // [snapshots * H * D][D]: boxes KW x BAND, swizzled SNAP_SWZ
+};
 
 constexpr int D = 128;                    // K = V = D
 constexpr int C = 16;                     // tokens per tile
@@ -119,6 +141,11 @@ static_assert(NSTAGE >= 2 && 2 * NSTAGE + (KSPLIT > 1 ? NUM_BANDS : 0) <= 15,
 static_assert(NSTAGE - 1 <= 7, "cp.async.wait_group takes 0..7");
 static_assert(PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "PRODUCERS must be 2, 4 or 8");
 static_assert(G2_SPLIT == 1 || G2_SPLIT == 2 || G2_SPLIT == 4, "G2_SPLIT must be 1, 2 or 4");
+static_assert(LOADS == LOADS_CP_ASYNC || LOADS == LOADS_TMA, "LOADS must be 1 (cp.async) or 2 (tensor copies)");
+static_assert(SNAP_STORE == SNAP_STAGED || SNAP_STORE == SNAP_TMA || (SNAP_STORE == SNAP_DIRECT && !SNAP_BF16),
+              "SNAP_STORE must be 1 (direct, fp32 only), 2 (staged) or 3 (tensor store)");
+constexpr bool TMA_LOADS = LOADS == LOADS_TMA;
+constexpr bool TMA_SNAP = SNAP_STORE == SNAP_TMA;
 
 // Row strides (in elements) of the shared tiles that ldmatrix reads. One 8x8
 // ldmatrix phase reads 8 rows x 16 B; a row stride of 16 B modulo 128 B puts the
@@ -131,15 +158,34 @@ constexpr int SNAP_STRIDE = 16 * MT + 8;  // bf16 snapshot staging rows: 48 B (M
 constexpr int SNAPF_STRIDE = 16 * MT + 4; // fp32 staging rows: 80 B or 144 B, so the 4 k rows one fragment
                                           // store touches (k = 8j + 2t) start 8 banks apart: conflict-free
 
+// Tensor-copy layouts (LOADS 2). A tensor copy lands its box densely, row after row,
+// or swizzled (tma.cuh: tma_swizzle). Dense 256-byte do rows would put the 8 rows one
+// ldmatrix phase reads in the same banks (8-way), so do comes in boxes of 32, 64 or
+// 128-byte rows swizzled by their row length (8 rows, 8 distinct 16-byte bank groups),
+// Mqk/INV (32-byte rows) swizzled by 32 bytes. q, k and gc, read by R1 a whole row per
+// warp instruction, stay dense; gc comes in two boxes of 64 floats (256-byte rows, the
+// row length the driver accepted for fp32 on the H200).
+constexpr int DO_BOX_COLS = DV < 64 ? DV : 64;     // bf16 columns per do box row
+constexpr int DO_SWZ = 2 * DO_BOX_COLS;            // its bytes = its swizzle: 32, 64 or 128
+constexpr int DO_BOXES = DV / DO_BOX_COLS;
+constexpr int SMALL_SWZ = 2 * C;                   // Mqk/INV box rows: 32 bytes
+constexpr int GC_BOX_COLS = 64;
+constexpr int GC_BOXES = D / GC_BOX_COLS;
+constexpr int TMA_ALIGN = 1024;                    // 8 rows of the widest swizzle (128 B)
+constexpr u32 TILE_TX_BYTES = 2 * C * D * 2 + C * D * 4 + C * DV * 2 + 2 * C * C * 2;   // q k gc do mqk inv
+
 // One ring stage: the raw inputs of one tile and the operands R1 builds from them.
-struct __align__(16) Stage {
+// The tensor-copy destinations come first, each a multiple of 512 bytes, so that
+// with a 1024-aligned stage every box starts at the alignment its swizzle needs.
+struct __align__(TMA_LOADS ? TMA_ALIGN : 16) Stage {
+    unsigned short dO[TMA_LOADS ? C * DV : C * DO_STRIDE];      // do[c][v] for this CTA's DV columns
+    unsigned short mqk[TMA_LOADS ? C * C : C * SMALL_STRIDE];   // Mqk[c'][c]
+    unsigned short inv[TMA_LOADS ? C * C : C * SMALL_STRIDE];   // INV[c'][c]
     unsigned short q[C * D];              // raw bf16 q rows (producers only)
     unsigned short k[C * D];              // raw bf16 k rows (producers only)
-    float gc[C * D];                      // tile-local cumulative gate, log2
-    float gT[NUM_PRODUCERS][D];           // gc of the tile's last real token, one copy per producer warp
-    unsigned short dO[C * DO_STRIDE];     // do[c][v] for this CTA's DV columns
-    unsigned short mqk[C * SMALL_STRIDE]; // Mqk[c'][c]
-    unsigned short inv[C * SMALL_STRIDE]; // INV[c'][c]
+    float gc[C * D];                      // tile-local cumulative gate, log2 (TMA: [GC_BOXES][C][64])
+    float gT[TMA_LOADS ? 1 : NUM_PRODUCERS][D];   // cp.async: gc of the tile's last real token, a copy
+                                                  // per producer warp (TMA: read from gc, unused)
     float beta[C];
     unsigned short qd[C * OP_STRIDE];     // s * q * exp2(gc)      [c][k] bf16
     unsigned short kd[C * OP_STRIDE];     // k * exp2(gc)          [c][k] bf16
@@ -147,15 +193,33 @@ struct __align__(16) Stage {
     float egT[D];                         // exp2(gT) per k
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
+static_assert(!TMA_LOADS || (__builtin_offsetof(Stage, dO) == 0 && __builtin_offsetof(Stage, mqk) % 512 == 0 &&
+                             __builtin_offsetof(Stage, inv) % 512 == 0 && __builtin_offsetof(Stage, q) % 128 == 0 &&
+                             __builtin_offsetof(Stage, k) % 128 == 0 && __builtin_offsetof(Stage, gc) % 128 == 0 &&
+                             ((C * DO_SWZ) % TMA_ALIGN == 0 || DO_BOXES == 1)),
+              "every tensor-copy box starts where its swizzle needs it (do boxes 1024, Mqk/INV 256, dense 128)");
 
-constexpr int SNAP_STAGING_BYTES = SNAP_BF16 ? KW * SNAP_STRIDE * 2 : KW * SNAPF_STRIDE * 4;   // per consumer warp
+// Per consumer warp; SNAP_TMA: [KW][BAND] swizzled by its row length (BAND * 2 or 4 bytes:
+// 32, 64 or 128), 1024-aligned. The padded tiles are larger, and dh0 uses them.
+constexpr int SNAP_STAGING_BYTES_PADDED = SNAP_BF16 ? KW * SNAP_STRIDE * 2 : KW * SNAPF_STRIDE * 4;
+constexpr int SNAP_STAGING_BYTES = TMA_SNAP ? (SNAP_STAGING_BYTES_PADDED + TMA_ALIGN - 1) / TMA_ALIGN * TMA_ALIGN
+                                            : SNAP_STAGING_BYTES_PADDED;
+constexpr int SNAP_ESIZE = SNAP_BF16 ? 2 : 4;
+constexpr int SNAP_SWZ = BAND * SNAP_ESIZE;        // 32, 64 or 128
+static_assert(!TMA_SNAP || KW * BAND * SNAP_ESIZE <= SNAP_STAGING_BYTES, "a snapshot box fits the staging tile");
 // KSPLIT 2: each consumer warp's G2 partial dU^T (its 2 accumulator n-tiles, 8 floats a
 // lane, as float4 [2][32]: every 16-byte access is lane-contiguous, conflict-free),
 // double-buffered by tile parity: buffer i & 1 is rewritten at tile i + 2, after the
 // pair barrier of tile i + 1, which the partner reaches only after reading it.
 constexpr int XCHG_FLOAT4 = MT * 2 * 32;  // per warp and buffer
 constexpr int XCHG_BYTES = KSPLIT > 1 ? 2 * NUM_CONSUMERS * XCHG_FLOAT4 * 16 : 0;
-constexpr int SMEM_BYTES = NSTAGE * (int)sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES + XCHG_BYTES;
+constexpr bool ALIGN_SMEM = TMA_LOADS || TMA_SNAP;
+constexpr int STAGING_OFFSET = ALIGN_SMEM ? (NSTAGE * (int)sizeof(Stage) + TMA_ALIGN - 1) / TMA_ALIGN * TMA_ALIGN
+                                          : NSTAGE * (int)sizeof(Stage);
+constexpr int XCHG_OFFSET = STAGING_OFFSET + NUM_CONSUMERS * SNAP_STAGING_BYTES;
+constexpr int MBAR_OFFSET = XCHG_OFFSET + XCHG_BYTES;   // TMA loads: one mbarrier (8 B) per stage
+constexpr int SMEM_BYTES = MBAR_OFFSET + (TMA_LOADS ? NSTAGE * 8 : 0)
+                         + (ALIGN_SMEM ? TMA_ALIGN : 0);   // slack to align the dynamic shared base
 
 // Named barrier ids (0 is __syncthreads).
 __device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
@@ -203,6 +267,7 @@ struct Params {
     const int* order;             // [N] sequence processed by CTA slot (longest first) or null
     int H;
     float scale;
+    const TmaMaps* maps;          // the tensor maps (a __grid_constant__ kernel parameter)
 };
 
 __device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
@@ -274,6 +339,56 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
     }
 }
 
+// LOADS 2: a tile's loads as tensor copies. One thread arms the stage's mbarrier
+// with the tile's bytes and issues one copy per tensor and box (7 at vsplit 1
+// instead of ~45 warp-wide LDGSTS; the SM's global-memory queue was the producers'
+// and the snapshot stores' common stall: ncu, log 12). A box starting at a partial
+// tile's first token also reads the rows after the sequence's end (the next
+// sequence's tokens, or zeros past the tensor): R1 masks q/k/gc rows >= L, and
+// zero_tail_rows clears those of do/Mqk/INV. beta (a 4-byte row, under the 16-byte
+// box minimum) still comes by cp.async, zero-filled.
+__device__ __forceinline__ void issue_tile_tma(Stage& st, const Params& p, u32 mbar, long long tok0, int h, int vs) {
+    const TmaMaps& m = *p.maps;
+    const int row = (int)tok0;
+    fence_proxy_async_shared();   // this stage's earlier generic writes (tail zeroing) before the async proxy's
+    mbarrier_arrive_expect_tx(mbar, TILE_TX_BYTES);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.q), &m.q, h * D, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.k), &m.k, h * D, row, mbar);
+#pragma unroll
+    for (int b = 0; b < GC_BOXES; ++b)
+        cp_async_bulk_tensor_2d_g2s(smem_addr(st.gc + b * C * GC_BOX_COLS), &m.gc, h * D + b * GC_BOX_COLS, row, mbar);
+#pragma unroll
+    for (int b = 0; b < DO_BOXES; ++b)
+        cp_async_bulk_tensor_2d_g2s(smem_addr(st.dO + b * C * DO_BOX_COLS), &m.dO, h * D + vs * DV + b * DO_BOX_COLS,
+                                    row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.mqk), &m.mqk, h * C, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.inv), &m.inv, h * C, row, mbar);
+}
+
+// Zeros rows [L, C) of do, Mqk and INV after a partial tile's tensor copies landed
+// (one warp). A swizzle permutes the 16-byte chunks within a box row only, so whole
+// rows are cleared without it.
+__device__ __forceinline__ void zero_tail_rows(Stage& st, int L, int lane) {
+    constexpr int DO_CH = DO_SWZ / 16, SMALL_CH = SMALL_SWZ / 16;   // 16-byte chunks per box row
+    const int rows = C - L;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+    for (int idx = lane; idx < DO_BOXES * rows * DO_CH; idx += 32) {
+        const int b = idx / (rows * DO_CH), r = L + (idx / DO_CH) % rows, ch = idx % DO_CH;
+        reinterpret_cast<uint4*>(st.dO)[(b * C + r) * DO_CH + ch] = z;
+    }
+    for (int idx = lane; idx < rows * SMALL_CH; idx += 32) {
+        const int r = L + idx / SMALL_CH, ch = idx % SMALL_CH;
+        reinterpret_cast<uint4*>(st.mqk)[r * SMALL_CH + ch] = z;
+        reinterpret_cast<uint4*>(st.inv)[r * SMALL_CH + ch] = z;
+    }
+}
+
+// gc[c][k] of a stage: dense rows (cp.async) or GC_BOXES boxes of 64 columns (TMA).
+__device__ __forceinline__ const float* gc_at(const Stage& st, int c, int k) {
+    return TMA_LOADS ? &st.gc[(k / GC_BOX_COLS) * C * GC_BOX_COLS + c * GC_BOX_COLS + k % GC_BOX_COLS]
+                     : &st.gc[c * D + k];
+}
+
 // R1: qd, kd, kr in fp32 from raw q/k and gc, rounded once to bf16.
 // Producer warp pw handles tokens TOKENS_PER_PRODUCER*pw + r; lane handles k = 4*lane .. 4*lane+3,
 // so every shared read and write is a contiguous row segment (no bank conflicts,
@@ -288,7 +403,8 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     constexpr int R = TOKENS_PER_PRODUCER;
     const int k0 = 4 * lane;
     const int c0 = pw * R;
-    const float4 gT = *reinterpret_cast<const float4*>(&st.gT[pw][k0]);  // gc stops at the last real token
+    // gc stops at the last real token
+    const float4 gT = *reinterpret_cast<const float4*>(TMA_LOADS ? gc_at(st, L - 1, k0) : &st.gT[pw][k0]);
     if (pw == 0) {
         *reinterpret_cast<float4*>(&st.egT[k0]) = make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
     }
@@ -297,9 +413,13 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int c = c0 + r;
-        const uint2 qraw = *reinterpret_cast<const uint2*>(&st.q[c * D + k0]);
-        const uint2 kraw = *reinterpret_cast<const uint2*>(&st.k[c * D + k0]);
-        const float4 g = *reinterpret_cast<const float4*>(&st.gc[c * D + k0]);
+        uint2 qraw = *reinterpret_cast<const uint2*>(&st.q[c * D + k0]);
+        uint2 kraw = *reinterpret_cast<const uint2*>(&st.k[c * D + k0]);
+        float4 g = *reinterpret_cast<const float4*>(gc_at(st, c, k0));
+        if (TMA_LOADS && c >= L) {   // a tensor copy's rows past the sequence (cp.async zero-fills them)
+            qraw = kraw = make_uint2(0u, 0u);
+            g = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
         qv[r][0] = bf16_lo(qraw.x); qv[r][1] = bf16_hi(qraw.x); qv[r][2] = bf16_lo(qraw.y); qv[r][3] = bf16_hi(qraw.y);
         kv[r][0] = bf16_lo(kraw.x); kv[r][1] = bf16_hi(kraw.x); kv[r][2] = bf16_lo(kraw.y); kv[r][3] = bf16_hi(kraw.y);
         gv[r][0] = g.x; gv[r][1] = g.y; gv[r][2] = g.z; gv[r][3] = g.w;
@@ -365,6 +485,73 @@ __device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, in
     return smem_addr(tile + (row0 + (lane & 7) + 8 * (m >> 1)) * stride + col0 + 8 * (m & 1));
 }
 
+// ldmatrix.x4 row addresses in the stage tiles whose layout depends on LOADS: the
+// matrix order of x4_addr_cols_first (do^T) and x4_addr_rows_first (Mqk, INV).
+__device__ __forceinline__ u32 do_addr_cols_first(const Stage& st, int col0, int lane) {
+    const int m = lane >> 3, c = (lane & 7) + 8 * (m >> 1), v = col0 + 8 * (m & 1);
+    if constexpr (TMA_LOADS)
+        return smem_addr(st.dO) + (v / DO_BOX_COLS) * (C * DO_SWZ) + tma_swizzle<DO_SWZ>(c * DO_SWZ + (v % DO_BOX_COLS) * 2);
+    return x4_addr_cols_first(st.dO, DO_STRIDE, 0, col0, lane);
+}
+__device__ __forceinline__ u32 small_addr_rows_first(const unsigned short* tile, int lane) {
+    const int m = lane >> 3, r = (lane & 7) + 8 * (m & 1), col = 8 * (m >> 1);
+    if constexpr (TMA_LOADS) return smem_addr(tile) + tma_swizzle<SMALL_SWZ>(r * SMALL_SWZ + col * 2);
+    return x4_addr_rows_first(tile, SMALL_STRIDE, 0, 0, lane);
+}
+
+// SNAP_STORE 3: this warp's dS^T band as ONE tensor store. The fragments go to the
+// warp's staging tile [KW][BAND] swizzled by its row length (bf16 by stmatrix.trans:
+// 8 rows of a matrix in 8 distinct bank groups; fp32 by 4-byte stores: the 4 rows
+// k = 8j + 2t of one store in distinct groups at 128-byte rows, 2-way at 64), then
+// lane 0 stores the box to rows row0 .. row0 + KW - 1, columns v0 .. of the snapshot
+// map. The store runs in the background (a bulk group); the next snapshot first
+// waits until it has read the tile. No 16-byte STGs through the SM's memory queue.
+__device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, int v0, const float (&dS)[MT][NJ][4],
+                                               unsigned char* staging, int lane) {
+    // The swizzle repeats every 8 rows (8 * SNAP_SWZ bytes), so a fragment's offset is
+    // its row's position within 8 rows, swizzled once, plus a constant per 8 rows.
+    constexpr u32 ROWS8 = 8 * SNAP_SWZ;
+    const u32 base = smem_addr(staging);
+    if (lane == 0) cp_async_bulk_wait_read<0>();   // the previous snapshot's store has read the tile
+    __syncwarp();
+#if SNAP_BF16
+    const int mm = lane >> 3;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        // matrix mm: rows k = 16 pr + 8 (mm >> 1) + (lane & 7), columns v = 16 m + 8 (mm & 1) ..
+        const u32 off = (mm >> 1) * ROWS8 + tma_swizzle<SNAP_SWZ>((lane & 7) * SNAP_SWZ + (16 * m + 8 * (mm & 1)) * 2);
+#pragma unroll
+        for (int pr = 0; pr < NJ / 2; ++pr) {
+            stmatrix_x4_trans(base + off + 2 * pr * ROWS8,
+                              pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]),
+                              pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]),
+                              pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),
+                              pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3]));
+        }
+    }
+#else
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        // n-tile j: rows k = 8 j + 2t (+1), columns v = 16 m + g (+8)
+        u32 off[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            off[e] = tma_swizzle<SNAP_SWZ>((2 * t + (e & 1)) * SNAP_SWZ + (16 * m + g + 8 * (e >> 1)) * 4);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) *reinterpret_cast<float*>(staging + off[e] + j * ROWS8) = dS[m][j][e];
+    }
+#endif
+    fence_proxy_async_shared();   // the tile's generic writes before the async proxy reads it
+    __syncwarp();
+    if (lane == 0) {
+        cp_async_bulk_tensor_2d_s2g(map, v0, row0, base);
+        cp_async_bulk_commit();
+    }
+}
+
 // Store this warp's part of its dS^T band (fp32 accumulators, all MT m-tiles) as
 // dS[k][v] rows k0 .. k0 + KW - 1, columns v0 .. v0 + BAND - 1 of `out` (fp32
 // [D][D]). Accumulator n-tile j of m-tile m holds (k relative to k0, v to v0)
@@ -385,7 +572,7 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
     static_assert(NJ % PASSES == 0 && 8 * JP * SNAPF_STRIDE * 4 <= SNAP_STAGING_BYTES,
                   "a pass must fit the warp's staging tile");
     const int g = lane >> 2, t = lane & 3;
-#if !SNAP_STAGED
+#if SNAP_STORE == SNAP_DIRECT
     // straight from the C fragments: each 4-byte store instruction writes 8
     // consecutive v (one 32-byte sector) in 4 k rows; no shared-memory round trip
     (void)staging;
@@ -468,6 +655,9 @@ using namespace kda;
 // Dynamic shared memory the launch must request (read by the host through the module).
 extern "C" __constant__ int kda_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kda_threads = THREADS;
+// The tensor-map boxes (kernel.api encodes the maps from these): do box columns and
+// swizzle, gc box columns, snapshot box rows (KW) and columns (BAND) and swizzle.
+extern "C" __constant__ int kda_tma_dims[6] = {DO_BOX_COLS, DO_SWZ, GC_BOX_COLS, KW, BAND, SNAP_SWZ};
 extern "C" __constant__ int kda_timing_dims[3] = {TIMING_CTAS, TIMING_WARPS, TIMING_SLOTS};   // kernel.profile
 static_assert(NUM_CONSUMERS + NUM_PRODUCERS <= TIMING_WARPS, "kda_timing has a row per warp");
 #if KDA_TIMING
@@ -480,10 +670,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* gc, const float* beta,
                 const unsigned short* mqk, const unsigned short* inv, const unsigned short* dO,
                 const float* dht, void* snapshots, float* dh0, const long long* cu_seqlens,
-                const long long* snap_offsets, const int* order, int H, float scale) {
-    const Params p{q, k, gc, beta, mqk, inv, dO, dht, snapshots, dh0, cu_seqlens, snap_offsets, order, H, scale};
-    extern __shared__ __align__(16) unsigned char smem[];
+                const long long* snap_offsets, const int* order, int H, float scale,
+                const __grid_constant__ TmaMaps maps) {
+    const Params p{q, k, gc, beta, mqk, inv, dO, dht, snapshots, dh0, cu_seqlens, snap_offsets, order, H, scale, &maps};
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // tensor copies: swizzled boxes need 1024-aligned addresses (SMEM_BYTES has the slack)
+    unsigned char* const smem = ALIGN_SMEM ? smem_raw + (TMA_ALIGN - smem_addr(smem_raw) % TMA_ALIGN) % TMA_ALIGN : smem_raw;
     Stage* stages = reinterpret_cast<Stage*>(smem);
+    const u32 mbar0 = smem_addr(smem + MBAR_OFFSET);   // LOADS 2: stage s's mbarrier at mbar0 + 8 s
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int vs = blockIdx.x % VSPLIT;
@@ -497,6 +691,14 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     constexpr u32 ALL = THREADS;
     KDA_TIMERS;
     KDA_CLOCK(t_start);
+    if constexpr (TMA_LOADS) {
+        if (threadIdx.x == 0) {
+#pragma unroll 1
+            for (int s = 0; s < NSTAGE; ++s) mbarrier_init(mbar0 + 8 * s, 1);   // one arrive (with the bytes) per use
+            fence_mbarrier_init();
+        }
+        __syncthreads();
+    }
 
     if (warp >= NUM_CONSUMERS) {
         // ----------------------------- producers -----------------------------
@@ -508,10 +710,25 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // load) per tile (measured: 2.3 us/tile at 1 x 131072, 4.6 us at 32 x 8192).
         constexpr int PREFETCH = NSTAGE - 1;
         auto tile_len = [&](int n) { return min(C, len - n * C); };
+        if (TMA_LOADS && ptid == 0) {
+            prefetch_tensormap(&maps.q); prefetch_tensormap(&maps.k); prefetch_tensormap(&maps.gc);
+            prefetch_tensormap(&maps.dO); prefetch_tensormap(&maps.mqk); prefetch_tensormap(&maps.inv);
+        }
         auto issue = [&](int j) {   // loads of walk tile j into stage j % NSTAGE, if it exists
             if (j < nt) {
                 const int n = nt - 1 - j;
-                issue_tile_loads(stages[j % NSTAGE], p, seq_start + (long long)n * C, tile_len(n), h, vs, pw, lane, ptid);
+                const long long tok0 = seq_start + (long long)n * C;
+                const int L = tile_len(n);
+                if constexpr (TMA_LOADS) {
+                    if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, vs);
+                    if (ptid < C) {
+                        const bool valid = ptid < L;
+                        cp_async_ca_zfill<4>(smem_addr(&stages[j % NSTAGE].beta[ptid]),
+                                             p.beta + (tok0 + (valid ? ptid : 0)) * p.H + h, valid ? 4u : 0u);
+                    }
+                } else {
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid);
+                }
             }
             cp_async_commit();      // one group per tile slot, possibly empty: uniform wait counts
         };
@@ -522,10 +739,13 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             const int s = i % NSTAGE;
             KDA_CLOCK(t0);
             cp_async_wait<PREFETCH - 1>();   // this thread's copies for tile i landed
+            if constexpr (TMA_LOADS) mbarrier_wait_parity(mbar0 + 8 * s, (i / NSTAGE) & 1);   // the tile's tensor copies
             __syncwarp();                    // ... and its warp's: the rows this warp's R1 reads
             KDA_ADD(T_P_WAIT_LOADS, t0);
             KDA_CLOCK(t1);
-            rebuild_operands(stages[s], tile_len(nt - 1 - i), p.scale, pw, lane);
+            const int L = tile_len(nt - 1 - i);
+            if (TMA_LOADS && L < C && pw == 0) zero_tail_rows(stages[s], L, lane);   // before this warp's FULL arrive
+            rebuild_operands(stages[s], L, p.scale, pw, lane);
             named_barrier_arrive(full_bar(s), ALL);              // release tile i to the consumers
             KDA_ADD(T_P_R1, t1);
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it.
@@ -552,10 +772,10 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     const int v0 = vs * DV + vb;             // band start in [0, D); m-tile m starts at v0 + 16m
     const long long head_mat = (long long)D * D;
     // this warp's snapshot staging tile (bf16 [KW][SNAP_STRIDE] or fp32 [KW][SNAPF_STRIDE])
-    unsigned char* staging = smem + NSTAGE * sizeof(Stage) + warp * SNAP_STAGING_BYTES;
+    unsigned char* staging = smem + STAGING_OFFSET + warp * SNAP_STAGING_BYTES;
 
 #if KSPLIT > 1
-    float4* const xchg = reinterpret_cast<float4*>(smem + NSTAGE * sizeof(Stage) + NUM_CONSUMERS * SNAP_STAGING_BYTES);
+    float4* const xchg = reinterpret_cast<float4*>(smem + XCHG_OFFSET);
     const int partner = band + (1 - kh) * NUM_BANDS;
 #endif
 
@@ -596,7 +816,9 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         KDA_CLOCK(t0);
         if (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1) {
             const long long idx = snap_base + n / SNAP_EVERY;
-#if SNAP_BF16
+#if SNAP_STORE == SNAP_TMA
+            store_band_tma(&maps.snap, (int)((idx * p.H + h) * D + k0), v0, dS, staging, lane);
+#elif SNAP_BF16
             store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
                             reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
 #else
@@ -615,10 +837,10 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // do^T as the A operand [v, c]: ldmatrix.trans of do[c][v] rows, one per m-tile.
         u32 doT[MT][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) ldmatrix_x4_trans(doT[m], x4_addr_cols_first(st.dO, DO_STRIDE, 0, vb + 16 * m, lane));
+        for (int m = 0; m < MT; ++m) ldmatrix_x4_trans(doT[m], do_addr_cols_first(st, vb + 16 * m, lane));
         // G1: dU^T = do^T @ Mqk  (B[c'][c] = Mqk[c'][c], pairs along c' -> ldmatrix.trans)
         u32 bm[4];
-        ldmatrix_x4_trans(bm, x4_addr_rows_first(st.mqk, SMALL_STRIDE, 0, 0, lane));
+        ldmatrix_x4_trans(bm, small_addr_rows_first(st.mqk, lane));
         float acc[MT][G2_SPLIT][2][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -711,7 +933,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         }
 #endif
         u32 bi[4];
-        ldmatrix_x4_trans(bi, x4_addr_rows_first(st.inv, SMALL_STRIDE, 0, 0, lane));
+        ldmatrix_x4_trans(bi, small_addr_rows_first(st.inv, lane));
         // bdv^T = -beta[c] * dvcorr^T (column c = 8nn + 2t, +1), straight into G5's A operand.
         const float2 b0 = *reinterpret_cast<const float2*>(&st.beta[2 * t]);
         const float2 b1 = *reinterpret_cast<const float2*>(&st.beta[8 + 2 * t]);
@@ -747,6 +969,10 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     KDA_ADD(T_TOTAL, t_start);
     KDA_FLUSH();
 
+    if constexpr (TMA_SNAP) {   // the last snapshot's tensor store has read the staging tile (and is done)
+        if (lane == 0) cp_async_bulk_wait<0>();
+        __syncwarp();
+    }
     // dh0 (fp32) through the same staging tile: in two passes where it is the smaller bf16 one
     store_band_f32<SNAP_BF16 ? 2 : 1>(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS,
                                       reinterpret_cast<float*>(staging), k0, v0, lane);

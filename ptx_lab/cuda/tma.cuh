@@ -51,6 +51,20 @@ struct alignas(64) TensorMap {
 static_assert(sizeof(TensorMap) == 128, "a tensor map is 128 bytes");
 static_assert(alignof(TensorMap) == 64, "a tensor map is 64-byte aligned");
 
+// Where a tensor copy with CU_TENSOR_MAP_SWIZZLE_<S>B (S = 32, 64, 128; ptx_lab.tensormap
+// TensorMap2D.swizzle; box rows of exactly S bytes) puts the byte at dense offset `off`
+// of its box (row * S + column byte): the 16-byte chunk index (bits 4..) XORed with
+// the row's position in its group of 8 rows (bits 7..), as CuTe's Swizzle<log2(S/16), 4, 3>
+// of the byte offset (ptx_lab.banks.GMMA_SWIZZLES SW32 / SW64 / SW128). The box's
+// shared address must be a multiple of 8 * S, so the offset's bits are the address's.
+// S = 0: the dense box, off itself.
+template <int S>
+__device__ __forceinline__ u32 tma_swizzle(u32 off) {
+    static_assert(S == 0 || S == 32 || S == 64 || S == 128, "a tensor-copy swizzle spans 32, 64 or 128 bytes");
+    if constexpr (S == 0) return off;
+    else return off ^ ((off >> 3) & ((S / 16 - 1) << 4));
+}
+
 // Generic address of a tensor map (a __grid_constant__ parameter): the operand form
 // cp.async.bulk.tensor and prefetch.tensormap take.
 __device__ __forceinline__ u64 tensormap_addr(const TensorMap* map) {

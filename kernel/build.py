@@ -63,11 +63,16 @@ class Config:
         # 12.95 ms with 2, 13.28 with 4.
         auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else
              2 if self.vsplit == 1 and not self.snap_bf16 else 4)
+        # tensor-copy loads measured slower (32 x 8192 bf16x4 with the tensor store 4.77 -> 5.59 ms;
+        # 1 x 131072 7.31 -> 8.91): BENCHMARKS.md, log 14
         auto("loads", LOADS_CP_ASYNC)
-        # fp32 through the staging tile at vsplit 1 (32 x 8192 f32x1: 13.10 ms, 14.05 direct),
-        # straight from the accumulators where latency counts (1 x 131072 f32x1 vsplit 4:
-        # 8.09 ms direct, 9.56 staged; one run, 2026-11-30). vsplit 2 and 8: not compared.
-        auto("snap_store", SNAP_STAGED if self.vsplit == 1 or self.snap_bf16 else SNAP_DIRECT)
+        # bf16 (fla mode): one tensor store per warp and snapshot, off the SM's memory queue:
+        # 32 x 8192 5.85 -> 4.77 ms, 8 x 32768 5.82 -> 4.74, 1 x 131072 (vsplit 4) 7.31 -> 6.85.
+        # fp32 through the staging tile at vsplit 1 (32 x 8192 f32x1: 13.10 ms, 14.05 direct,
+        # 13.89 tensor store), straight from the accumulators where latency counts (1 x 131072
+        # f32x1 vsplit 4: 8.09 ms direct, 9.56 staged, 8.12 tensor store). One run each,
+        # 2026-11-30 (BENCHMARKS.md, log 14); vsplit 2 and 8 follow the rule untimed.
+        auto("snap_store", SNAP_TMA if self.snap_bf16 else SNAP_STAGED if self.vsplit == 1 else SNAP_DIRECT)
         if self.loads not in (LOADS_CP_ASYNC, LOADS_TMA):
             raise ValueError(f"loads must be {LOADS_CP_ASYNC} (cp.async) or {LOADS_TMA} (tensor copies), got {self.loads}")
         if self.snap_store not in (SNAP_DIRECT, SNAP_STAGED, SNAP_TMA):

@@ -143,6 +143,26 @@ def test_auto_knobs(vsplit, want):
     c = build.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
     assert {k: getattr(c, k) for k in want} == want
     assert c.nstage == 4
+    assert (c.loads, c.snap_store) == (build.LOADS_CP_ASYNC, build.SNAP_TMA)
+
+
+@pytest.mark.parametrize("vsplit, store", [(1, 2), (2, 1), (4, 1), (8, 1)])
+def test_fp32_snapshot_store_rule(vsplit, store):
+    from kernel import build
+
+    assert build.Config(vsplit=vsplit).snap_store == store   # staged at vsplit 1, direct elsewhere
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(snap_bf16=True, snap_store=1), "fp32 only"),
+    (dict(snap_store=4), "snap_store must be"),
+    (dict(loads=3), "loads must be"),
+])
+def test_store_and_load_knobs_are_checked(knobs, message):
+    from kernel import build
+
+    with pytest.raises(ValueError, match=message):
+        build.Config(**knobs)
 
 
 def test_plain_source_defaults_follow_the_auto_rules(tmp_path):

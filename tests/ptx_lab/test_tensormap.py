@@ -57,6 +57,17 @@ def test_limits_are_inclusive():
     assert make(shape=[40, 512], box=[16, 128]).shape == (40, 512)   # lists become tuples
 
 
+@pytest.mark.parametrize("dtype, box, swizzle, code, align", [
+    ("bfloat16", (16, 128), 0, 0, 128), ("bfloat16", (16, 16), 32, 1, 256),
+    ("bfloat16", (16, 32), 64, 2, 512), ("bfloat16", (16, 64), 128, 3, 1024),
+    ("float32", (8, 8), 32, 1, 256), ("float32", (256, 32), 128, 3, 1024)])
+def test_swizzle_code_and_shared_alignment(dtype, box, swizzle, code, align):
+    tmap = make(dtype=dtype, row_stride=2048, box=box, swizzle=swizzle)
+    assert tmap.swizzle == swizzle and tmap.smem_align == align
+    assert tmap.driver_args()["swizzle"] == code     # CU_TENSOR_MAP_SWIZZLE_{NONE, 32B, 64B, 128B}
+    assert tmap.box_row_bytes == (swizzle or 256)
+
+
 def test_frozen():
     with pytest.raises(AttributeError):
         make().row_stride = 2048
@@ -94,6 +105,11 @@ def test_frozen():
     (dict(dtype="float32", row_stride=2048, box=(16, 6)), "box_cols = 6 float32 elements are 24 bytes"),
     (dict(l2_promotion=64), r"l2_promotion = 64: must be 0 \(none\) or 128 \(bytes\)"),
     (dict(l2_promotion=None), "l2_promotion must be an int"),
+    (dict(swizzle=16, box=(16, 8)), r"swizzle = 16: must be 0 \(none\), 32, 64 or 128 \(bytes\)"),
+    (dict(swizzle=None), "swizzle must be an int"),
+    (dict(swizzle=128), "swizzle = 128: a box row of 128 bfloat16 elements is 256 bytes; ptx_lab "
+                        "swizzles only box rows of exactly 128 bytes"),
+    (dict(swizzle=64, box=(16, 16)), "swizzle = 64: a box row of 16 bfloat16 elements is 32 bytes"),
 ])
 def test_every_rule_is_refused_by_name(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -152,6 +168,12 @@ def test_encode_passes_the_documented_arguments(fake_driver):
     assert out.shape == (1,) and out.dtype == TENSOR_MAP_DTYPE and out.nbytes == TENSOR_MAP_BYTES
     assert out.tobytes() == bytes((np.arange(TENSOR_MAP_BYTES) ^ 0x5A).astype(np.uint8))
     assert out["opaque"][0][0] == int.from_bytes(out.tobytes()[:8], "little")
+
+
+def test_encode_passes_the_swizzle(fake_driver):
+    encode(make(box=(16, 32), swizzle=64))
+    (call,) = fake_driver.calls
+    assert (call["swizzle"], call["box"]) == (2, (32, 16))
 
 
 def test_the_driver_refusing_is_a_clear_error(fake_driver):

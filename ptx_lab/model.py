@@ -575,9 +575,10 @@ def tensor_box_smem_offsets(tmap: TensorMap2D) -> np.ndarray:
     of the same row: ``c ^ (i % 8)`` for S = 128, ``c ^ ((i // 2) % 4)`` for 64,
     ``c ^ ((i // 4) % 2)`` for 32. Elements move with their chunk, bytes inside a chunk
     keep their order, and the pattern repeats every 8 rows (8 * S bytes: the
-    Swizzle's atom, hence ``tmap.smem_align``). The hardware takes the pattern from the
-    shared ADDRESS bits; with the box start aligned to tmap.smem_align (the copies
-    refuse anything else) address bits and offset bits agree.
+    Swizzle's atom, hence ``tmap.smem_align``). The hardware is reported to take the
+    pattern from the shared ADDRESS bits; with the box start aligned to tmap.smem_align
+    (the copies refuse anything else) address bits and offset bits agree, and nothing
+    here depends on which it is.
     """
     if not isinstance(tmap, TensorMap2D):
         raise ValueError(f"tmap: expected a ptx_lab.tensormap.TensorMap2D; got {type(tmap).__name__}")
@@ -597,9 +598,8 @@ def _tensor_bytes(tmap: TensorMap2D, c0: int, c1: int, smem_addr: int, smem_len:
     offsets = tensor_tile_2d(tmap, c0, c1)
     addr = _count_arg(smem_addr, smem_name)
     if addr % tmap.smem_align:
-        why = (f" (swizzle = {tmap.swizzle}: the TMA unit takes the swizzle pattern from the "
-               f"address bits, and it repeats every 8 rows of {tmap.swizzle} bytes)"
-               if tmap.swizzle else "")
+        why = (f" (swizzle = {tmap.swizzle}: the pattern repeats every 8 rows of {tmap.swizzle} "
+               "bytes and follows the address bits)" if tmap.swizzle else "")
         raise ValueError(f"{smem_name} = {addr}: a tensor copy's shared-memory address must be "
                          f"{tmap.smem_align}-byte aligned{why}")
     if addr < 0 or addr + tmap.box_bytes > smem_len:

@@ -246,8 +246,8 @@ def test_the_box_start_must_be_aligned_to_smem_align(swizzle, align):
     gmem, smem = np.zeros(40 * 1024, np.uint8), np.zeros(4096 + 2048, np.uint8)
     cp_async_bulk_tensor_2d_g2s(smem, gmem, align, tmap, 0, 0, MBarrier(1))       # aligned: fine
     cp_async_bulk_tensor_2d_s2g(gmem, smem, 2 * align, tmap, 0, 0)
-    why = (f" \\(swizzle = {swizzle}: the TMA unit takes the swizzle pattern from the address "
-           f"bits, and it repeats every 8 rows of {swizzle} bytes\\)" if swizzle else "$")
+    why = (f" \\(swizzle = {swizzle}: the pattern repeats every 8 rows of {swizzle} bytes and "
+           "follows the address bits\\)" if swizzle else "$")
     bad = align + 128 if swizzle else align + 64    # swizzled: 128-aligned is not enough
     bar = MBarrier(1)
     with pytest.raises(ValueError, match=f"dst = {bad}: a tensor copy's shared-memory "

@@ -23,6 +23,19 @@ Two things the tensor form does that the 1-D one cannot:
 * on a store they are simply not written (the tile past a sequence's end is
   dropped instead of overwriting the next sequence).
 
+And one thing Kernel A wants from it: the box can land SWIZZLED. With the map's
+swizzle S = 32, 64 or 128 bytes (a box row of exactly S bytes), the 16-byte
+chunks of each box row are permuted within the row, so that the same chunk of
+8 consecutive rows lies in 8 different bank groups and an ``ldmatrix`` of it
+is conflict-free; a store with the same map reads them back from the same
+places. ``ptx_lab.model.tensor_box_smem_offsets`` says where: box element
+[i][j] at byte ``swz(i * S + j * 2)`` of the box, ``swz`` being ptx_lab.banks'
+SW32/SW64/SW128 (``Swizzle<1|2|3, 4, 3>``): chunk c of row i goes to chunk
+``c ^ (i % 8)`` (S = 128), ``c ^ ((i // 2) % 4)`` (64), ``c ^ ((i // 4) % 2)``
+(32). The pattern repeats every 8 rows (8 * S bytes) and is reported to follow
+the shared ADDRESS bits, so the kernel's buffer is 1024-byte aligned (a
+multiple of every 8 * S), and the kernel reports that it is.
+
 Idea
 ----
 q: [T][H * D] bf16, T = 40 tokens, H = 4 heads, D = 128, row-major, so element
@@ -50,6 +63,13 @@ Kernel (``ptx_lab/cuda/tma_probes.cu``, one CTA of one warp, lane 0 issues every
                                                           only rows < 40, cols < 512 written
             commit; wait_group 0
 
+    for S in 32, 64, 128: tma_tile_2d_swizzled(src_map_S, dst_map_S)  # box 16 x S/2 bf16, swizzle S
+        buf[2048 B], 1024-aligned <- 0xffff; fence.proxy.async; mbarrier.init(bar, 1)
+        lane 0: arrive.expect_tx(bar, 16 S); tensor load src box at {c0 = D + S/2, c1 = 8} -> buf
+        every lane: wait(0) (bounded), try_wait(1); buf (raw, all 2048 bytes) -> smem_out;
+        buf's shared address mod 1024 -> buf_mod
+        lane 0: tensor store buf -> dst at the same {c0, c1}; commit; wait_group 0
+
 The model backend runs the same steps through ``ptx_lab.model``
 (``cp_async_bulk_tensor_2d_g2s``/``_s2g`` on an ``MBarrier``), with the maps'
 addresses as offsets into byte images; the driver's 128 bytes exist only on
@@ -63,6 +83,15 @@ is open (0); dst: the box (with row 3 rewritten) at rows 5..20 cols 0..127 and
 its top-left 10 x 64 corner at rows 30..39 cols 448..511; every other element,
 the guard rows included, still 0xffff. On the GPU also: both maps' 16 words
 as encoded, at a 64-byte aligned parameter address.
+
+Swizzled, for each S: the word at byte ``tensor_box_smem_offsets(map)[i][j]``
+of the raw buffer is element (8 + i, D + S/2 + j) of q for every box element
+(a wrong one is reported with its box row and column, the shared byte it was
+read from, and which box element the value found there is), the buffer past
+the box's 16 S bytes still 0xffff, the buffer's address 0 mod 1024, every
+lane's wait returned; dst holds the box at the same place as src and the
+sentinel everywhere else (a store that read the chunks from anywhere but
+where the load put them leaves them permuted).
 """
 from __future__ import annotations
 
@@ -77,7 +106,7 @@ from . import _common
 from ._common import WARP, Checker
 
 NAME = "tma_tile"
-SUMMARY = "cp.async.bulk.tensor.2d box of q (16 x 128 bf16): zero fill past T, clipped stores"
+SUMMARY = "cp.async.bulk.tensor.2d box of q (16 x 128 bf16): zero fill, clipped stores; 32/64/128 B swizzle"
 
 TMA_PROBES_CU = CUDA_INCLUDE_DIR / "tma_probes.cu"
 
@@ -101,6 +130,14 @@ STORE_B = (3 * D + D // 2, 30)  # tokens 30..45, cols 448..575: clipped at row 4
 COORDS = np.array([*LOAD, *STORE_A, *STORE_B], dtype=np.int32)
 COORD_NAMES = ("LOAD_C0", "LOAD_C1", "STORE_A_C0", "STORE_A_C1", "STORE_B_C0", "STORE_B_C1")
 
+# The swizzled boxes: 16 tokens of one head, rows of S bytes (S / 2 bf16), the head's second
+# S-byte box (Kernel A loads a 256-byte head row as 256 / S boxes), at token 8.
+SWIZZLES = (32, 64, 128)
+SWZ_BOX_ROWS = 16
+SWZ_BUF_BYTES = SWZ_BOX_ROWS * 128      # the kernel's buffer: room for the widest box
+SWZ_ALIGN = 1024                        # the buffer's alignment: 8 rows of 128 bytes
+SWZ_TOKEN = 8
+
 FLAGS = (("wait(0) for the load's phase returned", 1),
          ("try_wait(1) after the load: phase 1 is current", 0))
 FLAG_NAMES = ("FLAG_LOADED", "FLAG_P1_AFTER_LOAD")
@@ -109,7 +146,8 @@ EXPECTED_FLAGS = np.array([want for _, want in FLAGS], dtype=np.uint32)
 SOURCE = TMA_PROBES_CU.read_text()
 # The kernel and this file must agree on the box, the marks and the order of coords and flags.
 for _line in (f"BOX_ROWS = {BOX_ROWS};", f"BOX_COLS = {BOX_COLS};", "SENTINEL = 0xffffu;",
-              "STORE_MARK = 0xc000u;"):
+              "STORE_MARK = 0xc000u;", f"SWZ_BOX_ROWS = {SWZ_BOX_ROWS};",
+              "SWZ_BUF_BYTES = SWZ_BOX_ROWS * 128;", f"SWZ_ALIGN = {SWZ_ALIGN};"):
     assert _line in SOURCE, f"{TMA_PROBES_CU.name} no longer says {_line!r}"
 assert re.findall(r"^\s*(FLAG_\w+),", SOURCE, re.M) == list(FLAG_NAMES), \
     f"the Flag enum of {TMA_PROBES_CU.name} differs from FLAG_NAMES"
@@ -132,6 +170,18 @@ def tensor_map(address: int, l2_promotion: int = 0, dtype: str = "bfloat16") -> 
     per = ELEMENT_BYTES[dtype] // 2       # bf16 elements per element of `dtype`
     return TensorMap2D(address, dtype, (T, COLS // per), ROW_BYTES, (BOX_ROWS, BOX_COLS // per),
                        l2_promotion=l2_promotion)
+
+
+def swizzled_map(address: int, swizzle: int, dtype: str = "bfloat16") -> TensorMap2D:
+    """The same [T][H * D] tensor, box SWZ_BOX_ROWS x `swizzle` bytes, swizzled by `swizzle`."""
+    per = ELEMENT_BYTES[dtype] // 2
+    return TensorMap2D(address, dtype, (T, COLS // per), ROW_BYTES,
+                       (SWZ_BOX_ROWS, swizzle // ELEMENT_BYTES[dtype]), swizzle=swizzle)
+
+
+def swizzled_box(swizzle: int) -> tuple[int, int]:
+    """{c0, c1} (bf16 columns) of the swizzled box: head 1, d = S/2 .., tokens 8..23."""
+    return D + swizzle // 2, SWZ_TOKEN
 
 
 def coords(dtype: str = "bfloat16") -> np.ndarray:
@@ -170,8 +220,29 @@ def _observe_model(dtype: str = "bfloat16") -> dict[str, np.ndarray]:
     out = np.full(BUFFER_ROWS * ROW_BYTES, 0xFF, dtype=np.uint8)
     out = model.cp_async_bulk_tensor_2d_s2g(out, smem, 0, dst_map, *store_a)
     out = model.cp_async_bulk_tensor_2d_s2g(out, smem, 0, dst_map, *store_b)
-    return {"smem": smem_out, "flags": np.tile(flags, (WARP, 1)),
-            "dst": _halves(out, (BUFFER_ROWS, COLS))}
+    obs = {"smem": smem_out, "flags": np.tile(flags, (WARP, 1)), "dst": _halves(out, (BUFFER_ROWS, COLS))}
+    for swizzle in SWIZZLES:
+        obs.update(_observe_swizzled_model(swizzle, dtype))
+    return obs
+
+
+def _observe_swizzled_model(swizzle: int, dtype: str) -> dict[str, np.ndarray]:
+    """tma_tile_2d_swizzled's steps on ptx_lab.model: the buffer at offset 0 of its image."""
+    gmem = _image(src_tensor())
+    tmap = swizzled_map(0, swizzle, dtype)
+    c0, c1 = swizzled_box(swizzle)
+    c0 //= ELEMENT_BYTES[dtype] // 2
+    smem = np.full(SWZ_BUF_BYTES, 0xFF, dtype=np.uint8)
+    bar = model.MBarrier(1)
+    bar.arrive_expect_tx(tmap.box_bytes)
+    smem = model.cp_async_bulk_tensor_2d_g2s(smem, gmem, 0, tmap, c0, c1, bar)
+    flags = np.array([bar.try_wait_parity(0), bar.try_wait_parity(1)], dtype=np.uint32)
+    out = np.full(BUFFER_ROWS * ROW_BYTES, 0xFF, dtype=np.uint8)
+    out = model.cp_async_bulk_tensor_2d_s2g(out, smem, 0, tmap, c0, c1)
+    return {f"sw{swizzle}_smem": _halves(smem, (SWZ_BUF_BYTES // 2,)),
+            f"sw{swizzle}_flags": np.tile(flags, (WARP, 1)),
+            f"sw{swizzle}_dst": _halves(out, (BUFFER_ROWS, COLS)),
+            f"sw{swizzle}_buf_mod": np.zeros(1, dtype=np.uint32)}
 
 
 def _observe_gpu(dtype: str = "bfloat16") -> dict[str, np.ndarray]:
@@ -203,15 +274,33 @@ def _observe_gpu(dtype: str = "bfloat16") -> dict[str, np.ndarray]:
         (1,), (WARP,), (maps[0], maps[1], cupy.asarray(coords(dtype)), np.uint32(REWRITTEN_ROW), smem,
                         flags))
     cupy.cuda.runtime.deviceSynchronize()
-    return {"smem": cupy.asnumpy(smem), "flags": cupy.asnumpy(flags), "dst": cupy.asnumpy(dst),
-            "map_sent": np.stack([m["opaque"][0] for m in maps]).astype(np.uint64),
-            "map_received": np.stack(received).astype(np.uint64),
-            "map_address_mod_64": np.array(addresses, dtype=np.uint64) % TENSOR_MAP_ALIGN}
+    obs = {"smem": cupy.asnumpy(smem), "flags": cupy.asnumpy(flags), "dst": cupy.asnumpy(dst),
+           "map_sent": np.stack([m["opaque"][0] for m in maps]).astype(np.uint64),
+           "map_received": np.stack(received).astype(np.uint64),
+           "map_address_mod_64": np.array(addresses, dtype=np.uint64) % TENSOR_MAP_ALIGN}
+
+    swizzled = module.get_function("tma_tile_2d_swizzled")
+    for swizzle in SWIZZLES:
+        dst = cupy.full((BUFFER_ROWS, COLS), SENTINEL, dtype=cupy.uint16)
+        src_map = tensormap.encode(swizzled_map(src.data.ptr, swizzle, dtype))
+        dst_map = tensormap.encode(swizzled_map(dst.data.ptr, swizzle, dtype))
+        c0, c1 = swizzled_box(swizzle)
+        smem = cupy.zeros(SWZ_BUF_BYTES // 2, dtype=cupy.uint16)
+        flags = cupy.zeros((WARP, len(FLAGS)), dtype=cupy.uint32)
+        buf_mod = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
+        swizzled((1,), (WARP,), (src_map, dst_map, np.int32(c0 // (ELEMENT_BYTES[dtype] // 2)),
+                                 np.int32(c1), np.uint32(SWZ_BOX_ROWS * swizzle), smem, flags, buf_mod))
+        cupy.cuda.runtime.deviceSynchronize()
+        obs.update({f"sw{swizzle}_smem": cupy.asnumpy(smem), f"sw{swizzle}_flags": cupy.asnumpy(flags),
+                    f"sw{swizzle}_dst": cupy.asnumpy(dst), f"sw{swizzle}_buf_mod": cupy.asnumpy(buf_mod)})
+    return obs
 
 
 def observe(backend: str) -> dict[str, np.ndarray]:
-    """smem: uint16 (16, 128); flags: uint32 (32, 2); dst: uint16 (48, 512); on the GPU also
-    map_sent, map_received: uint64 (2, 16) and map_address_mod_64: uint64 (2,)."""
+    """smem: uint16 (16, 128); flags: uint32 (32, 2); dst: uint16 (48, 512); for each swizzle S,
+    sw{S}_smem: uint16 (1024,) (the raw buffer), sw{S}_flags: uint32 (32, 2), sw{S}_dst: uint16
+    (48, 512), sw{S}_buf_mod: uint32 (1,); on the GPU also map_sent, map_received: uint64
+    (2, 16) and map_address_mod_64: uint64 (2,)."""
     _common.check_backend(backend)
     return _observe_gpu() if backend == "gpu" else _observe_model()
 
@@ -277,6 +366,111 @@ def _where_dst(who: np.ndarray):
     return where
 
 
+def swizzled_offsets(swizzle: int) -> np.ndarray:
+    """int64 (16, S / 2): the shared byte of each box element, from the model (bf16 map)."""
+    return model.tensor_box_smem_offsets(swizzled_map(0, swizzle))
+
+
+def expected_swizzled_box(swizzle: int) -> np.ndarray:
+    """uint16 (16, S / 2): q's elements in the swizzled box (all inside the tensor)."""
+    c0, c1 = swizzled_box(swizzle)
+    i, j = np.indices((SWZ_BOX_ROWS, swizzle // 2))
+    return ((c1 + i) * COLS + c0 + j).astype(np.uint16)
+
+
+def expected_swizzled_raw(swizzle: int) -> np.ndarray:
+    """uint16 (1024,): the kernel's buffer after the load, as the model places the box."""
+    raw = np.full(SWZ_BUF_BYTES // 2, SENTINEL, dtype=np.uint16)
+    raw[swizzled_offsets(swizzle) // 2] = expected_swizzled_box(swizzle)
+    return raw
+
+
+def expected_swizzled_dst(swizzle: int) -> np.ndarray:
+    """uint16 (48, 512): the sentinel, and q's box where the store put it back."""
+    c0, c1 = swizzled_box(swizzle)
+    dst = np.full((BUFFER_ROWS, COLS), SENTINEL, dtype=np.uint16)
+    dst[c1:c1 + SWZ_BOX_ROWS, c0:c0 + swizzle // 2] = expected_swizzled_box(swizzle)
+    return dst
+
+
+def chunk_slots(raw: np.ndarray, swizzle: int) -> np.ndarray:
+    """int64 (16, S / 16): which 16-byte chunk of its box row (dense order) starts at each
+    16-byte slot of each row of the raw buffer `raw` (uint16 words); -1 where what starts
+    there is not the first element of a chunk of that row."""
+    c0, c1 = swizzled_box(swizzle)
+    i, k = np.indices((SWZ_BOX_ROWS, swizzle // 16))
+    t, c = np.divmod(raw[(i * swizzle + 16 * k) // 2].astype(np.int64), COLS)
+    j = c - c0
+    ok = (t == c1 + i) & (0 <= j) & (j < swizzle // 2) & (j % 8 == 0)
+    return np.where(ok, j // 8, -1)
+
+
+def _swizzled_element(swizzle: int):
+    """element(), plus which element of this swizzle's box a value of q is (if it is one)."""
+    c0, c1 = swizzled_box(swizzle)
+
+    def fmt(v) -> str:
+        t, c = divmod(int(v), COLS)
+        if int(v) != SENTINEL and 0 <= t - c1 < SWZ_BOX_ROWS and 0 <= c - c0 < swizzle // 2:
+            return f"{element(v)}, box row {t - c1} col {c - c0}"
+        return element(v)
+    return fmt
+
+
+def _where_swizzled(swizzle: int):
+    """Names box element [i][j]: its place in q, the shared byte the model puts it at, its chunk."""
+    c0, c1 = swizzled_box(swizzle)
+    offsets = swizzled_offsets(swizzle)
+
+    def where(i: int, j: int) -> str:
+        off, c = int(offsets[i, j]), c0 + j
+        return (f"box row {i} col {j} (token {c1 + i}, head {c // D}, d {c % D}) at shared byte "
+                f"{off} of the box (chunk {off % swizzle // 16} of its row; dense, chunk {2 * j // 16})")
+    return where
+
+
+def _where_swizzled_dst(swizzle: int):
+    c0, c1 = swizzled_box(swizzle)
+
+    def where(r: int, c: int) -> str:
+        place = f"dst row {r} col {c} (token {r}, head {c // D}, d {c % D})"
+        if 0 <= r - c1 < SWZ_BOX_ROWS and 0 <= c - c0 < swizzle // 2:
+            return f"{place}, stored from box row {r - c1} col {c - c0}"
+        return f"{place}, outside the box: written by nothing"
+    return where
+
+
+def _check_swizzled(chk: Checker, obs: dict[str, np.ndarray], swizzle: int) -> None:
+    case, box_bytes, fmt = f"swizzle {swizzle} B", SWZ_BOX_ROWS * swizzle, _swizzled_element(swizzle)
+    chk.compare(f"{case}, buffer", obs[f"sw{swizzle}_buf_mod"], np.zeros(1, dtype=np.uint32),
+                lambda _: f"the buffer's shared address mod {SWZ_ALIGN} (the pattern is reported to "
+                          "follow the address bits: the placements below assume 0)")
+    chk.compare(f"{case}, mbarrier", obs[f"sw{swizzle}_flags"], np.tile(EXPECTED_FLAGS, (WARP, 1)),
+                lambda l, k: f"lane {l} {FLAGS[k][0]}" + (
+                    " (a phase that never completes: the load completed fewer than the box's "
+                    f"{box_bytes} bytes, or none)" if k == 0 else ""))
+    raw = np.asarray(obs[f"sw{swizzle}_smem"])
+    sentinel = np.full(SWZ_BUF_BYTES // 2, SENTINEL, dtype=np.uint16)
+    if raw.shape != sentinel.shape:           # reported as one failure, the shapes named
+        chk.compare(f"{case}, tensor load", raw, sentinel, str)
+        return
+    # First the picture at chunk level (which chunk of its row each 16-byte slot holds: a
+    # different swizzle shows here in a few lines), then every box element where the model
+    # places it, then the rest of the buffer.
+    chk.compare(f"{case}, chunks", chunk_slots(raw, swizzle), chunk_slots(expected_swizzled_raw(swizzle), swizzle),
+                lambda i, k: f"box row {i} shared bytes {i * swizzle + 16 * k}..{i * swizzle + 16 * k + 15} "
+                             f"of the box (slot {k} of the row)",
+                lambda v: f"chunk {v}" if v >= 0 else "no chunk of this row")
+    chk.compare(f"{case}, tensor load", raw[swizzled_offsets(swizzle) // 2],
+                expected_swizzled_box(swizzle), _where_swizzled(swizzle), fmt)
+    past = box_bytes // 2
+    chk.compare(f"{case}, tensor load", raw[past:], sentinel[past:],
+                lambda w: f"shared byte {2 * (past + w)}, past the box's {box_bytes} bytes: "
+                          "written by nothing", fmt)
+    chk.compare(f"{case}, tensor store", obs[f"sw{swizzle}_dst"], expected_swizzled_dst(swizzle),
+                _where_swizzled_dst(swizzle), fmt)
+
+
 def check(obs: dict[str, np.ndarray]) -> Checker:
     chk = Checker()
     if "map_received" in obs:
@@ -292,6 +486,8 @@ def check(obs: dict[str, np.ndarray]) -> Checker:
     chk.compare("tensor load", obs["smem"], expected_box(), _where_box, element)
     want, who = expected_dst()
     chk.compare("tensor stores", obs["dst"], want, _where_dst(who), element)
+    for swizzle in SWIZZLES:
+        _check_swizzled(chk, obs, swizzle)
     return chk
 
 

@@ -32,8 +32,9 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
+from .banks import GMMA_SWIZZLES, Swizzle
 from .fragments import SHAPES, WARP, _check_num, fragment_map, ldmatrix_map
-from .tensormap import SMEM_ALIGN, TensorMap2D
+from .tensormap import TensorMap2D
 
 ROW_BYTES = 16  # one 8x8 b16 matrix row: 8 elements x 2 bytes
 
@@ -541,7 +542,9 @@ def tensor_tile_2d(tmap: TensorMap2D, c0: int, c1: int) -> np.ndarray:
     column c0 + j), at byte ``tmap.address + row * row_stride + column * element size``
     of the global image; -1 where that element is outside the tensor (a row outside
     0..rows-1 or a column outside 0..cols-1). In shared memory, box element [i][j]
-    sits at byte ``(i * box_cols + j) * element size`` from the box's start.
+    sits at byte ``tensor_box_smem_offsets(tmap)[i, j]`` from the box's start:
+    ``(i * box_cols + j) * element size`` for a dense box (tmap.swizzle = 0), with the
+    16-byte chunk of that offset permuted within its row for a swizzled one.
     """
     tmap, c0, c1 = _tensor_args(tmap, c0, c1)
     rows, cols = tmap.shape
@@ -552,14 +555,53 @@ def tensor_tile_2d(tmap: TensorMap2D, c0: int, c1: int) -> np.ndarray:
     return np.where(inside, offset, -1)
 
 
+# swizzle span in bytes (TensorMap2D.swizzle, CU_TENSOR_MAP_SWIZZLE_{32,64,128}B) -> the same
+# permutation of byte offsets as CuTe's GMMA atoms: Swizzle<B, 4, 3> with 2^B chunks of 16 bytes
+# per span. ptx_lab.banks is the one definition; the GPU run of experiments.tma_tile checks that
+# the TMA unit places the box this way.
+TENSOR_SWIZZLES: dict[int, Swizzle] = {32: GMMA_SWIZZLES["SW32"], 64: GMMA_SWIZZLES["SW64"],
+                                       128: GMMA_SWIZZLES["SW128"]}
+
+
+def tensor_box_smem_offsets(tmap: TensorMap2D) -> np.ndarray:
+    """int64 (box_rows, box_cols): the byte of shared memory, from the box's start, where a
+    tensor copy puts (load) or takes (store) box element [i][j].
+
+    Dense box (tmap.swizzle = 0): ``(i * box_cols + j) * element size``, row after row.
+    Swizzled (tmap.swizzle = S = 32, 64 or 128, box rows of exactly S bytes): that dense
+    offset through ``TENSOR_SWIZZLES[S]`` (SW32/SW64/SW128 = Swizzle<1|2|3, 4, 3> of
+    ptx_lab.banks): bits 4.. (the 16-byte chunk within the row) XOR bits 7.. (the
+    128-byte line), so chunk c of row i lands in chunk ``c ^ ((i * S // 128) % (S // 16))``
+    of the same row: ``c ^ (i % 8)`` for S = 128, ``c ^ ((i // 2) % 4)`` for 64,
+    ``c ^ ((i // 4) % 2)`` for 32. Elements move with their chunk, bytes inside a chunk
+    keep their order, and the pattern repeats every 8 rows (8 * S bytes: the
+    Swizzle's atom, hence ``tmap.smem_align``). The hardware is reported to take the
+    pattern from the shared ADDRESS bits; with the box start aligned to tmap.smem_align
+    (the copies refuse anything else) address bits and offset bits agree, and nothing
+    here depends on which it is.
+    """
+    if not isinstance(tmap, TensorMap2D):
+        raise ValueError(f"tmap: expected a ptx_lab.tensormap.TensorMap2D; got {type(tmap).__name__}")
+    i, j = np.indices(tmap.box, dtype=np.int64)
+    dense = i * tmap.box_row_bytes + j * tmap.element_bytes
+    if tmap.swizzle == 0:
+        return dense
+    swz = TENSOR_SWIZZLES[tmap.swizzle]
+    assert swz.atom_size == 8 * tmap.swizzle and tmap.smem_align % swz.atom_size == 0
+    return swz(dense)
+
+
 def _tensor_bytes(tmap: TensorMap2D, c0: int, c1: int, smem_addr: int, smem_len: int,
-                  gmem_len: int, smem_name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Checks one tensor copy; returns (global byte index, inside) per box byte, box order."""
+                  gmem_len: int, smem_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Checks one tensor copy; returns (global byte index, inside, shared byte index) per box
+    byte, in box order (element [0][0]'s bytes first)."""
     offsets = tensor_tile_2d(tmap, c0, c1)
     addr = _count_arg(smem_addr, smem_name)
-    if addr % SMEM_ALIGN:
+    if addr % tmap.smem_align:
+        why = (f" (swizzle = {tmap.swizzle}: the pattern repeats every 8 rows of {tmap.swizzle} "
+               "bytes and follows the address bits)" if tmap.swizzle else "")
         raise ValueError(f"{smem_name} = {addr}: a tensor copy's shared-memory address must be "
-                         f"{SMEM_ALIGN}-byte aligned")
+                         f"{tmap.smem_align}-byte aligned{why}")
     if addr < 0 or addr + tmap.box_bytes > smem_len:
         raise ValueError(f"{smem_name} = {addr}: the {tmap.box[0]} x {tmap.box[1]} box "
                          f"[{addr}, {addr + tmap.box_bytes}) is outside smem of {smem_len} bytes")
@@ -570,9 +612,11 @@ def _tensor_bytes(tmap: TensorMap2D, c0: int, c1: int, smem_addr: int, smem_len:
             raise ValueError(f"tmap: the box at (c0={c0}, c1={c1}) reaches tensor bytes up to {last}, "
                              f"outside gmem of {gmem_len} bytes (the map describes more memory "
                              "than the image holds)")
+    within = np.arange(tmap.element_bytes)
     byte_inside = np.repeat(inside.reshape(-1), tmap.element_bytes)
-    index = (offsets[..., None] + np.arange(tmap.element_bytes)).reshape(-1)
-    return np.where(byte_inside, index, 0), byte_inside
+    index = (offsets[..., None] + within).reshape(-1)
+    smem_index = (addr + tensor_box_smem_offsets(tmap)[..., None] + within).reshape(-1)
+    return np.where(byte_inside, index, 0), byte_inside, smem_index
 
 
 def cp_async_bulk_tensor_2d_g2s(smem: np.ndarray, gmem: np.ndarray, dst: int, tmap: TensorMap2D,
@@ -580,23 +624,26 @@ def cp_async_bulk_tensor_2d_g2s(smem: np.ndarray, gmem: np.ndarray, dst: int, tm
     """cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes -> new smem.
 
     One thread's copy of the box at (column c0, row c1) of the tensor `tmap`
-    describes to smem[dst:], densely, row after row (:func:`tensor_tile_2d`
-    says which element goes where). Box elements outside the tensor land as
-    zeros, and the copy completes the WHOLE box, tmap.box_bytes, on `bar`
-    (mutated in place): the mbarrier cannot tell a zero-filled row from a
-    copied one. Lands at once, as :func:`cp_async_bulk_g2s` does.
+    describes to smem[dst : dst + tmap.box_bytes]: densely, row after row, or
+    swizzled (:func:`tensor_tile_2d` says which tensor element is box element
+    [i][j], :func:`tensor_box_smem_offsets` at which byte it lands). Box elements
+    outside the tensor land as zeros, and the copy completes the WHOLE box,
+    tmap.box_bytes, on `bar` (mutated in place): the mbarrier cannot tell a
+    zero-filled row from a copied one. Lands at once, as :func:`cp_async_bulk_g2s`
+    does.
 
-    ValueError before anything moves: dst not 128-byte aligned, the box outside
-    smem, a coordinate outside int32, or in-bounds elements outside gmem.
+    ValueError before anything moves: dst not aligned to tmap.smem_align (128
+    bytes dense, 8 * swizzle swizzled), the box outside smem, a coordinate
+    outside int32, or in-bounds elements outside gmem.
     """
     smem = _bytes_image(smem, "smem")
     gmem = _bytes_image(gmem, "gmem")
     if not isinstance(bar, MBarrier):
         raise ValueError(f"bar: expected an MBarrier; got {type(bar).__name__}")
     tmap, c0, c1 = _tensor_args(tmap, c0, c1)
-    index, inside = _tensor_bytes(tmap, c0, c1, dst, smem.size, gmem.size, "dst")
+    index, inside, smem_index = _tensor_bytes(tmap, c0, c1, dst, smem.size, gmem.size, "dst")
     out = smem.copy()
-    out[dst:dst + tmap.box_bytes] = np.where(inside, gmem[index], 0)
+    out[smem_index] = np.where(inside, gmem[index], 0)
     bar.complete_tx(tmap.box_bytes)
     return out
 
@@ -605,18 +652,19 @@ def cp_async_bulk_tensor_2d_s2g(gmem: np.ndarray, smem: np.ndarray, src: int, tm
                                 c0: int, c1: int) -> np.ndarray:
     """cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group -> new gmem image.
 
-    One thread's store of the box at smem[src:] (dense rows, as a load leaves
-    it) to the tensor `tmap` describes, its first element at (column c0, row
-    c1), as seen after cp.async.bulk.wait_group 0. Box elements outside the
-    tensor are not written: the global bytes there keep what they held. The
-    same checks as :func:`cp_async_bulk_tensor_2d_g2s` (src for dst).
+    One thread's store of the box at smem[src:] (laid out as a load with the
+    same map leaves it: dense rows, or swizzled, :func:`tensor_box_smem_offsets`)
+    to the tensor `tmap` describes, its first element at (column c0, row c1), as
+    seen after cp.async.bulk.wait_group 0. Box elements outside the tensor are
+    not written: the global bytes there keep what they held. The same checks as
+    :func:`cp_async_bulk_tensor_2d_g2s` (src for dst).
     """
     gmem = _bytes_image(gmem, "gmem")
     smem = _bytes_image(smem, "smem")
     tmap, c0, c1 = _tensor_args(tmap, c0, c1)
-    index, inside = _tensor_bytes(tmap, c0, c1, src, smem.size, gmem.size, "src")
+    index, inside, smem_index = _tensor_bytes(tmap, c0, c1, src, smem.size, gmem.size, "src")
     out = gmem.copy()
-    out[index[inside]] = smem[src:src + tmap.box_bytes][inside]
+    out[index[inside]] = smem[smem_index[inside]]
     return out
 
 
@@ -624,5 +672,5 @@ __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", 
            "fragments_to_matrix", "matrix_to_fragments", "acc_to_a_fragment", "ldmatrix",
            "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "MBARRIER_MAX_COUNT",
            "MBARRIER_MAX_TX", "BULK_ALIGN", "MBarrier", "cp_async_bulk_g2s", "cp_async_bulk_s2g",
-           "TENSOR_COORD_MIN", "TENSOR_COORD_MAX", "tensor_tile_2d", "cp_async_bulk_tensor_2d_g2s",
-           "cp_async_bulk_tensor_2d_s2g"]
+           "TENSOR_COORD_MIN", "TENSOR_COORD_MAX", "tensor_tile_2d", "TENSOR_SWIZZLES",
+           "tensor_box_smem_offsets", "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_2d_s2g"]

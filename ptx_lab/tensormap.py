@@ -34,12 +34,19 @@ exactly a ``const __grid_constant__ ptx_lab::TensorMap`` parameter::
 
 Importing this module loads nothing; the driver is opened on the first
 :func:`encode`.
+
+On a GPU machine, ``python -m ptx_lab.tensormap --probe-driver`` hands the
+driver every box of :data:`DRIVER_PROBES` and prints which it accepts: the
+driver refuses some boxes its documentation allows, and that table is how
+the rule it applies will be found (tests/ptx_lab/test_tensormap.py runs it
+among the GPU tests).
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
 import functools
+import sys
 from typing import Any
 
 import ml_dtypes
@@ -245,6 +252,8 @@ def _driver() -> ctypes.CDLL:
     lib.cuInit.restype = ctypes.c_int
     lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuGetErrorName.restype = ctypes.c_int
+    lib.cuDriverGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.cuDriverGetVersion.restype = ctypes.c_int
     return lib
 
 
@@ -256,18 +265,16 @@ def _error_name(lib: ctypes.CDLL, code: int) -> str:
     return "CUresult"
 
 
-def encode(tmap: TensorMap2D) -> np.ndarray:
-    """cuTensorMapEncodeTiled for `tmap` -> the 128-byte map, shape (1,), dtype TENSOR_MAP_DTYPE.
+def driver_version() -> str:
+    """The driver's CUDA version as cuDriverGetVersion gives it (13000 = 13.0), or why not."""
+    lib = _driver()
+    version = ctypes.c_int()
+    code = lib.cuDriverGetVersion(ctypes.byref(version))
+    return str(version.value) if code == CUDA_SUCCESS else f"unknown ({_error_name(lib, code)})"
 
-    Pass the result straight to a CuPy kernel whose parameter is
-    ``const __grid_constant__ ptx_lab::TensorMap``; ``.tobytes()`` gives the raw
-    bytes. `tmap.address` must be a device pointer (0 is refused here).
-    Raises CudaDriverError where libcuda.so.1 is missing or the driver refuses.
-    """
-    if not isinstance(tmap, TensorMap2D):
-        raise ValueError(f"tmap: expected a TensorMap2D; got {type(tmap).__name__}")
-    if tmap.address == 0:
-        raise ValueError("address = 0x0: encode() needs the tensor's device pointer, not NULL")
+
+def _encode_call(tmap: TensorMap2D) -> tuple[int, np.ndarray]:
+    """cuTensorMapEncodeTiled for `tmap`: (its CUresult, the 128 bytes it wrote, 64-byte aligned)."""
     lib = _driver()
     code = lib.cuInit(0)   # a no-op once CuPy (or anyone) has initialised the driver
     if code != CUDA_SUCCESS:
@@ -288,11 +295,170 @@ def encode(tmap: TensorMap2D) -> np.ndarray:
         array(ctypes.c_uint64, args["globalDim"]), array(ctypes.c_uint64, args["globalStrides"]),
         array(ctypes.c_uint32, args["boxDim"]), array(ctypes.c_uint32, args["elementStrides"]),
         args["interleave"], args["swizzle"], args["l2Promotion"], args["oobFill"])
+    return code, out
+
+
+def encode(tmap: TensorMap2D) -> np.ndarray:
+    """cuTensorMapEncodeTiled for `tmap` -> the 128-byte map, shape (1,), dtype TENSOR_MAP_DTYPE.
+
+    Pass the result straight to a CuPy kernel whose parameter is
+    ``const __grid_constant__ ptx_lab::TensorMap``; ``.tobytes()`` gives the raw
+    bytes. `tmap.address` must be a device pointer (0 is refused here).
+    Raises CudaDriverError where libcuda.so.1 is missing or the driver refuses.
+    """
+    if not isinstance(tmap, TensorMap2D):
+        raise ValueError(f"tmap: expected a TensorMap2D; got {type(tmap).__name__}")
+    if tmap.address == 0:
+        raise ValueError("address = 0x0: encode() needs the tensor's device pointer, not NULL")
+    code, out = _encode_call(tmap)
     if code != CUDA_SUCCESS:
-        raise CudaDriverError(f"cuTensorMapEncodeTiled returned {code} ({_error_name(lib, code)}) "
-                              f"for {tmap}, which ptx_lab.tensormap accepted: {args}")
+        raise CudaDriverError(f"cuTensorMapEncodeTiled returned {code} ({_error_name(_driver(), code)}) "
+                              f"for {tmap}, which ptx_lab.tensormap accepted: {tmap.driver_args()}")
     return out.copy().view(TENSOR_MAP_DTYPE)
 
 
+# ---------------------------------------------------------------- which boxes the driver takes
+
+@dataclasses.dataclass(frozen=True)
+class DriverProbe:
+    """One map to hand the driver: a (rows, cols) tensor of `dtype` with rows padded to 16
+    bytes, and its box. `why` says which question the row helps answer."""
+
+    dtype: str
+    shape: tuple[int, int]
+    box: tuple[int, int]
+    swizzle: int = 0
+    why: str = ""
+
+    @property
+    def row_stride(self) -> int:
+        return -(-self.shape[1] * ELEMENT_BYTES[self.dtype] // GLOBAL_ALIGN) * GLOBAL_ALIGN
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.shape[0] * self.row_stride
+
+    def tensor_map(self, address: int) -> TensorMap2D:
+        return TensorMap2D(address, self.dtype, self.shape, self.row_stride, self.box, swizzle=self.swizzle)
+
+
+# cuTensorMapEncodeTiled's documentation (cuda.h 13.0) limits each box dimension to 1..256 and
+# the box row to a multiple of 16 bytes (at most the swizzle span when swizzled), and says
+# nothing more about the box. On the H200 it still refused a float32 box of 256 x 256 on a
+# (300, 8) tensor (CUDA_ERROR_INVALID_VALUE) and took a uint32 box of 256 x 4 on a (1, 4) one.
+# These rows vary one thing at a time (the box row's bytes, the box's total bytes, a box wider
+# or taller than the tensor, the swizzled maps Kernel A will use) so that the answers say which
+# rule the driver applied. No rule goes into TensorMap2D before they are in.
+DRIVER_PROBES: tuple[DriverProbe, ...] = (
+    DriverProbe("float32", (16, 64), (16, 64), why="box row 256 B, 4 KiB"),
+    DriverProbe("float32", (16, 128), (16, 128), why="box row 512 B, 8 KiB"),
+    DriverProbe("float32", (16, 256), (16, 256), why="box row 1024 B, 16 KiB"),
+    DriverProbe("bfloat16", (16, 256), (16, 256), why="box row 512 B in bf16"),
+    DriverProbe("float32", (256, 32), (256, 32), why="256 rows of 128 B, 32 KiB"),
+    DriverProbe("float32", (256, 64), (256, 64), why="256 rows of 256 B, 64 KiB"),
+    DriverProbe("float32", (256, 128), (256, 128), why="256 rows of 512 B, 128 KiB"),
+    DriverProbe("float32", (256, 256), (256, 256), why="256 rows of 1024 B, 256 KiB"),
+    DriverProbe("bfloat16", (256, 256), (256, 256), why="256 rows of 512 B in bf16, 128 KiB"),
+    DriverProbe("uint32", (1, 4), (256, 4), why="box taller than the tensor (the H200 took it)"),
+    DriverProbe("float32", (1, 64), (256, 64), why="box taller than the tensor, 64 KiB"),
+    DriverProbe("float32", (16, 8), (16, 64), why="box row wider than the tensor's, 256 B"),
+    DriverProbe("float32", (16, 8), (16, 256), why="box row wider than the tensor's, 1024 B"),
+    DriverProbe("float32", (300, 8), (256, 256), why="the H200 refused it"),
+    DriverProbe("bfloat16", (40, 512), (16, 64), 128, why="Kernel A: do, 128-byte swizzle"),
+    DriverProbe("bfloat16", (40, 512), (16, 32), 64, why="Kernel A: do, 64-byte swizzle"),
+    DriverProbe("bfloat16", (40, 512), (16, 16), 32, why="32-byte swizzle, bf16"),
+    DriverProbe("float32", (40, 128), (16, 32), 128, why="Kernel A: fp32 snapshot, 128-byte swizzle"),
+    DriverProbe("float32", (40, 128), (16, 16), 64, why="Kernel A: fp32 snapshot, 64-byte swizzle"),
+    DriverProbe("float32", (40, 128), (16, 8), 32, why="Kernel A: fp32 snapshot, 32-byte swizzle"),
+    DriverProbe("bfloat16", (256, 64), (256, 64), 128, why="256 rows, 128-byte swizzle, 32 KiB"),
+)
+
+PROBE_HEADER = ("#", "dtype", "shape", "row_stride", "box", "swizzle", "box row B", "box B",
+                "wider", "taller", "driver", "why")
+
+
+def probe_driver(address: int, probes: tuple[DriverProbe, ...] = DRIVER_PROBES) -> list[tuple[str, ...]]:
+    """Hands each probe's map (tensor at device pointer `address`) to cuTensorMapEncodeTiled.
+
+    Returns one row per probe, PROBE_HEADER's columns: "wider"/"taller" say whether the
+    box's row / its row count exceeds the tensor's, "driver" is "accepted",
+    "CUDA_ERROR_... (code)", or "refused by TensorMap2D: ..." (which none of
+    DRIVER_PROBES should be). Raises CudaDriverError where there is no driver at all.
+    """
+    rows = []
+    for n, probe in enumerate(probes):
+        esize = ELEMENT_BYTES[probe.dtype]
+        try:
+            tmap = probe.tensor_map(address)
+        except ValueError as exc:
+            answer = f"refused by TensorMap2D: {exc}"
+        else:
+            code, _ = _encode_call(tmap)
+            answer = "accepted" if code == CUDA_SUCCESS else f"{_error_name(_driver(), code)} ({code})"
+        rows.append((str(n), probe.dtype, f"{probe.shape[0]}x{probe.shape[1]}", str(probe.row_stride),
+                     f"{probe.box[0]}x{probe.box[1]}", str(probe.swizzle), str(probe.box[1] * esize),
+                     str(probe.box[0] * probe.box[1] * esize),
+                     "yes" if probe.box[1] > probe.shape[1] else "no",
+                     "yes" if probe.box[0] > probe.shape[0] else "no", answer, probe.why))
+    return rows
+
+
+def format_table(rows: list[tuple[str, ...]], header: tuple[str, ...] = PROBE_HEADER) -> str:
+    """Left-aligned columns two spaces apart, the header and a rule first."""
+    widths = [max(len(r[k]) for r in (header, *rows)) for k in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
+             for r in (header, tuple("-" * w for w in widths), *rows)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, allocate=None) -> int:
+    """``python -m ptx_lab.tensormap --probe-driver``: which of DRIVER_PROBES the driver encodes.
+
+    `allocate(nbytes) -> (device pointer, device name, object keeping the memory alive)`;
+    by default CuPy's. Exit status 0 whatever the driver answers, 2 without a GPU.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ptx_lab.tensormap",
+                                     description="Host side of the tensor copies (tma.cuh).")
+    parser.add_argument("--probe-driver", action="store_true",
+                        help="hand cuTensorMapEncodeTiled each box of DRIVER_PROBES (on a GPU machine) "
+                             "and print which it accepts")
+    args = parser.parse_args(argv)
+    if not args.probe_driver:
+        parser.print_help()
+        return 0
+    if allocate is None:
+        from .gpu import gpu_reason
+
+        reason = gpu_reason()
+        if reason is not None:
+            print(f"--probe-driver needs a GPU machine with CuPy (the driver wants a context and a "
+                  f"device pointer): {reason}", file=sys.stderr)
+            return 2
+        import cupy
+
+        def allocate(nbytes):
+            buf = cupy.zeros(nbytes, dtype=cupy.uint8)
+            name = cupy.cuda.runtime.getDeviceProperties(buf.device.id)["name"]
+            return buf.data.ptr, name.decode() if isinstance(name, bytes) else str(name), buf
+    address, device, _memory = allocate(max(p.tensor_bytes for p in DRIVER_PROBES))   # kept to the end
+    try:
+        version = driver_version()
+        rows = probe_driver(address)
+    except CudaDriverError as exc:
+        print(f"--probe-driver: {exc}", file=sys.stderr)
+        return 2
+    print(f"cuTensorMapEncodeTiled on {len(rows)} boxes ({device}, driver {version}; tensor at "
+          f"{address:#x}, rows padded to 16 B):")
+    print(format_table(rows))
+    return 0
+
+
 __all__ = ["TENSOR_MAP_BYTES", "TENSOR_MAP_ALIGN", "TENSOR_MAP_DTYPE", "SMEM_ALIGN", "DTYPES",
-           "ELEMENT_BYTES", "CudaDriverError", "TensorMap2D", "dtype_name", "encode"]
+           "ELEMENT_BYTES", "CudaDriverError", "TensorMap2D", "dtype_name", "encode", "DriverProbe",
+           "DRIVER_PROBES", "PROBE_HEADER", "probe_driver", "format_table", "driver_version", "main"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,8 +11,14 @@
 //
 // Coordinates are ELEMENT indices, innermost dimension first: {c0, c1} = {column,
 // row} of a row-major [rows][cols] tensor, signed 32-bit. The box lands in shared
-// memory densely, row after row (box_cols * element-size bytes each; no swizzle,
-// no interleave: the only layout ptx_lab.tensormap encodes). Elements of the box
+// memory row after row (box_cols * element-size bytes each; no interleave), either
+// densely or, when the map has a swizzle of S = 32, 64 or 128 bytes (box rows of
+// exactly S bytes in ptx_lab.tensormap), with the 16-byte chunks of each row permuted:
+// chunk c of box row i sits in chunk c ^ (i % 8) of the row for S = 128,
+// c ^ ((i / 2) % 4) for 64, c ^ ((i / 4) % 2) for 32 -- CuTe's SW128/SW64/SW32
+// (ptx_lab.banks), so the same chunk of 8 consecutive rows lies in 8 bank groups. A
+// store with the same map reads the chunks from the same places.
+// ptx_lab.model.tensor_box_smem_offsets gives every element's byte. Elements of the box
 // outside the tensor (a row >= rows, a column >= cols, or negative) are:
 //   * load:  filled with zeros, and they still count: the copy completes
 //            box_rows * box_cols * element-size bytes on its mbarrier, whether or
@@ -24,7 +30,11 @@
 // Addresses (ptx_lab.tensormap refuses the rest before the driver sees them):
 //   * the tensor in global memory: 16-byte aligned, row stride a multiple of 16 B;
 //   * the box in shared memory: 128-byte aligned (the TMA unit's requirement for
-//     tensor copies, stricter than the 16 bytes of the 1-D bulk copy);
+//     tensor copies, stricter than the 16 bytes of the 1-D bulk copy); swizzled, a
+//     multiple of 8 * S = 256, 512, 1024 bytes (TensorMap2D.smem_align): the pattern
+//     repeats every 8 rows of S bytes and is reported to follow the shared ADDRESS
+//     bits, so a box less aligned would be permuted otherwise (not measured here:
+//     experiments/tma_tile.py loads into a 1024-byte aligned buffer);
 //   * the tensor map itself: 64-byte aligned, in the kernel's parameter space. Pass
 //     it by value as `const __grid_constant__ TensorMap` (the qualifier keeps it in
 //     param space instead of a local copy) and hand the instruction its GENERIC
@@ -78,7 +88,8 @@ __device__ __forceinline__ void prefetch_tensormap(const TensorMap* map) {
 }
 
 // global -> shared (this CTA): the box whose first element is (column c0, row c1)
-// lands at `dst` (128-byte aligned) and completes box-bytes on `bar`.
+// lands at `dst` (aligned to the map's smem_align: 128 bytes, or 8 * swizzle) and
+// completes box-bytes on `bar`.
 __device__ __forceinline__ void cp_async_bulk_tensor_2d_g2s(u32 dst, const TensorMap* map, int c0,
                                                             int c1, u32 bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -87,7 +98,8 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_g2s(u32 dst, const Tenso
 }
 
 // shared (this CTA) -> global, in the issuing thread's current bulk group: the box at
-// `src` (128-byte aligned) is written with its first element at (column c0, row c1);
+// `src` (aligned as for the load, laid out as the load leaves it) is written with its
+// first element at (column c0, row c1);
 // box elements outside the tensor are dropped.
 __device__ __forceinline__ void cp_async_bulk_tensor_2d_s2g(const TensorMap* map, int c0, int c1,
                                                             u32 src) {

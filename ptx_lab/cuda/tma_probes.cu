@@ -18,6 +18,21 @@
 // destination buffer (and rows past both tensors' ends) so that bytes no store may
 // write are seen to be untouched.
 //
+// tma_tile_2d_swizzled: the same, with a swizzled map (swizzle S = 32, 64 or 128 bytes):
+// one load of a SWZ_BOX_ROWS x S-byte box into a 1024-byte aligned buffer, the buffer's raw
+// bytes copied out (the experiment finds each element where ptx_lab.model says the
+// swizzle puts it), then one store of the buffer, untouched, with the same map.
+//   src_map:  a [rows][cols] bf16 tensor, box SWZ_BOX_ROWS x (S / element size), swizzle S
+//   dst_map:  a second tensor of the same shape, box and swizzle
+//   c0, c1:   {column, row} of the box, the same for the load and the store
+//   box_bytes: SWZ_BOX_ROWS * S, what the load completes on the mbarrier
+//   smem_out: (SWZ_BUF_BYTES / 2,) u16   the whole buffer after the load: the box's bytes
+//             first, then the sentinel where the box (narrower than 128 bytes) does not reach
+//   flags:    (32, FLAGS) u32            lane l's mbarrier answers, in Flag order
+//   buf_mod:  (1,) u32                   the buffer's shared address mod SWZ_ALIGN: the TMA
+//             unit takes the pattern from the address bits, so 0 or nothing is where the
+//             model says
+//
 // The load's phase is awaited with a bounded loop: a phase that never completes (a
 // copy that completes fewer bytes than the box, or none) ends as FLAG_LOADED = 0 and
 // a readable failure instead of a hung kernel.
@@ -39,6 +54,12 @@ constexpr u16 STORE_MARK = 0xc000u;                // rewritten_row col c become
                                                    // sign set (no tensor element has it), a
                                                    // normal bf16 (-2 - c/64), never the sentinel
 constexpr int MAX_POLLS = 1 << 16;                 // try_wait polls before giving up on a phase
+
+// The swizzled boxes: 16 tokens, as Kernel A's tiles, of rows of S = 32, 64 or 128 bytes.
+constexpr int SWZ_BOX_ROWS = 16;
+constexpr int SWZ_BUF_BYTES = SWZ_BOX_ROWS * 128;   // room for the widest box (128-byte rows)
+constexpr int SWZ_ALIGN = 1024;                     // 8 rows of 128 bytes: SW128's period, and a
+                                                    // multiple of SW64's 512 and SW32's 256
 
 // coords[...]: where each box starts, {column, row} of its first element.
 enum Coord {
@@ -119,5 +140,43 @@ tma_tile_2d(const __grid_constant__ TensorMap src_map, const __grid_constant__ T
         cp_async_bulk_tensor_2d_s2g(&dst_map, coords[STORE_B_C0], coords[STORE_B_C1], smem_addr(&tile[0][0]));
         cp_async_bulk_commit();
         cp_async_bulk_wait<0>();   // both stores have written global memory
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARP)
+tma_tile_2d_swizzled(const __grid_constant__ TensorMap src_map, const __grid_constant__ TensorMap dst_map,
+                     int c0, int c1, u32 box_bytes, u16* smem_out, u32* flags, u32* buf_mod) {
+    // 1024-byte aligned: the swizzle pattern comes from the address bits, and the model's
+    // placement (offsets from the box start) is the hardware's only from a multiple of 8 * S.
+    __shared__ __align__(SWZ_ALIGN) u16 buf[SWZ_BUF_BYTES / 2];
+    __shared__ __align__(8) u64 bar_storage;
+    const u32 lane = threadIdx.x;
+    const u32 bar = smem_addr(&bar_storage);
+    u32* my_flags = flags + lane * FLAGS;
+
+    for (int i = lane; i < SWZ_BUF_BYTES / 2; i += WARP) buf[i] = SENTINEL;
+    fence_proxy_async_shared();  // the sentinel (generic proxy) before the load's bytes (async)
+    if (lane == 0) {
+        mbarrier_init(bar, 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    // ---- load (phase 0), swizzled by the map.
+    if (lane == 0) {
+        mbarrier_arrive_expect_tx(bar, box_bytes);
+        cp_async_bulk_tensor_2d_g2s(smem_addr(buf), &src_map, c0, c1, bar);
+    }
+    my_flags[FLAG_LOADED] = mbarrier_wait_parity_bounded(bar, 0);
+    my_flags[FLAG_P1_AFTER_LOAD] = mbarrier_try_wait_parity(bar, 1);
+    for (int i = lane; i < SWZ_BUF_BYTES / 2; i += WARP) smem_out[i] = buf[i];
+    if (lane == 0) buf_mod[0] = smem_addr(buf) % SWZ_ALIGN;
+
+    // ---- store: the buffer exactly as the load left it (no generic-proxy writes since, so
+    // no fence), through the same swizzled map: the tensor must come back unpermuted.
+    if (lane == 0) {
+        cp_async_bulk_tensor_2d_s2g(&dst_map, c0, c1, smem_addr(buf));
+        cp_async_bulk_commit();
+        cp_async_bulk_wait<0>();
     }
 }

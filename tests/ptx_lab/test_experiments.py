@@ -182,6 +182,66 @@ def test_tma_tile_closed_form_by_hand():
     assert (dst[40:] == module.SENTINEL).all()
 
 
+def test_tma_tile_swizzled_closed_form_by_hand():
+    module = EXPERIMENTS["tma_tile"]
+    assert module.swizzled_box(128) == (192, 8) and module.swizzled_box(32) == (144, 8)
+    raw128, raw32 = module.expected_swizzled_raw(128), module.expected_swizzled_raw(32)
+    # SW128 box [3][10] (token 11, column 192 + 10): dense byte 3*128 + 20 = 404, chunk 1 of row 3
+    # -> chunk 1^3 = 2: byte 384 + 32 + 4 = 420, word 210.
+    assert raw128[210] == 11 * 512 + 202
+    assert raw128[64] == 9 * 512 + 192 + 8          # row 1, slot 0 holds chunk 1 (cols 8..15)
+    # SW32 box [6][3] (token 14, column 147): dense byte 198, chunk 0 of row 6 -> 1: byte 214.
+    assert raw32[107] == 14 * 512 + 147
+    assert (raw32[256:] == module.SENTINEL).all()  # 16 rows x 32 bytes = 512 bytes, then nothing
+    assert module.chunk_slots(module.expected_swizzled_raw(64), 64)[:8].tolist() == [
+        [0, 1, 2, 3], [0, 1, 2, 3], [1, 0, 3, 2], [1, 0, 3, 2],
+        [2, 3, 0, 1], [2, 3, 0, 1], [3, 2, 1, 0], [3, 2, 1, 0]]
+    dst = module.expected_swizzled_dst(64)
+    assert dst[8, 160] == 8 * 512 + 160 and dst[23, 191] == 23 * 512 + 191
+    assert (dst != module.SENTINEL).sum() == 16 * 32
+
+
+def test_tma_tile_swizzled_failures_name_the_chunk_row_col_and_shared_byte():
+    module = EXPERIMENTS["tma_tile"]
+    obs = module.observe("model")
+    raw = obs["sw128_smem"]                    # row 1's slots 0 and 1 exchanged (words 64..79)
+    raw[64:72], raw[72:80] = raw[72:80].copy(), raw[64:72].copy()
+    obs["sw32_smem"][1000] = 0x1090            # the load wrote past its 512-byte box
+    obs["sw32_dst"][8, 144] = module.SENTINEL  # the store dropped box element [0][0]
+    obs["sw64_buf_mod"][0] = 512               # a buffer only 512-byte aligned
+    obs["sw64_flags"][5, 0] = 0
+    result = module.check(obs).result(module.NAME, "model")
+    assert result.failures[:7] == [
+        "swizzle 32 B, tensor load: shared byte 2000, past the box's 512 bytes: written by nothing: "
+        "got 0x1090 (token 8, head 1, d 16), box row 0 col 0, expected 0xffff (sentinel: written by nothing)",
+        "swizzle 32 B, tensor store: dst row 8 col 144 (token 8, head 1, d 16), stored from box row 0 col 0: "
+        "got 0xffff (sentinel: written by nothing), expected 0x1090 (token 8, head 1, d 16), box row 0 col 0",
+        "swizzle 64 B, buffer: the buffer's shared address mod 1024 (the pattern is reported to follow "
+        "the address bits: the placements below assume 0): got 512, expected 0",
+        "swizzle 64 B, mbarrier: lane 5 wait(0) for the load's phase returned (a phase that never "
+        "completes: the load completed fewer than the box's 1024 bytes, or none): got 0, expected 1",
+        "swizzle 128 B, chunks: box row 1 shared bytes 128..143 of the box (slot 0 of the row): "
+        "got chunk 0, expected chunk 1",
+        "swizzle 128 B, chunks: box row 1 shared bytes 144..159 of the box (slot 1 of the row): "
+        "got chunk 1, expected chunk 0",
+        "swizzle 128 B, tensor load: box row 1 col 0 (token 9, head 1, d 64) at shared byte 144 of the box "
+        "(chunk 1 of its row; dense, chunk 0): got 0x12c8 (token 9, head 1, d 72), box row 1 col 8, "
+        "expected 0x12c0 (token 9, head 1, d 64), box row 1 col 0",
+    ], result.report()
+    assert len(result.failures) == 7 + 15      # the other 15 elements of row 1's two chunks
+    assert all("swizzle 128 B, tensor load: box row 1 col " in f for f in result.failures[7:])
+
+
+def test_tma_tile_a_dense_load_is_not_a_swizzled_one():
+    # A GPU that ignored the map's swizzle would leave the box dense: every swizzle case fails.
+    module = EXPERIMENTS["tma_tile"]
+    obs = module.observe("model")
+    for swizzle in module.SWIZZLES:
+        obs[f"sw{swizzle}_smem"][:8 * swizzle] = module.expected_swizzled_box(swizzle).reshape(-1)
+    failures = module.check(obs).result(module.NAME, "model").failures
+    assert {f.split(",")[0] for f in failures} == {"swizzle 32 B", "swizzle 64 B", "swizzle 128 B"}
+
+
 @pytest.mark.parametrize("dtype", ["uint16", "float32", "uint32"])
 def test_tma_tile_same_bytes_through_every_map_type_on_the_model(dtype):
     # The same buffers described in 2- or 4-byte elements: columns and boxes halve, bytes do not move.

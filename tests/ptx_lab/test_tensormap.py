@@ -7,6 +7,10 @@ The driver itself is not needed: a stand-in for libcuda.so.1 records the call
 from __future__ import annotations
 
 import ctypes
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -16,6 +20,7 @@ from ptx_lab import tensormap
 from ptx_lab.tensormap import (TENSOR_MAP_BYTES, TENSOR_MAP_DTYPE, CudaDriverError, TensorMap2D,
                                dtype_name, encode)
 
+REPO = Path(__file__).resolve().parents[2]
 GOOD = dict(address=0x7F00_0000_0000, dtype="bfloat16", shape=(40, 512), row_stride=1024,
             box=(16, 128))
 
@@ -57,6 +62,17 @@ def test_limits_are_inclusive():
     assert make(shape=[40, 512], box=[16, 128]).shape == (40, 512)   # lists become tuples
 
 
+@pytest.mark.parametrize("dtype, box, swizzle, code, align", [
+    ("bfloat16", (16, 128), 0, 0, 128), ("bfloat16", (16, 16), 32, 1, 256),
+    ("bfloat16", (16, 32), 64, 2, 512), ("bfloat16", (16, 64), 128, 3, 1024),
+    ("float32", (8, 8), 32, 1, 256), ("float32", (256, 32), 128, 3, 1024)])
+def test_swizzle_code_and_shared_alignment(dtype, box, swizzle, code, align):
+    tmap = make(dtype=dtype, row_stride=2048, box=box, swizzle=swizzle)
+    assert tmap.swizzle == swizzle and tmap.smem_align == align
+    assert tmap.driver_args()["swizzle"] == code     # CU_TENSOR_MAP_SWIZZLE_{NONE, 32B, 64B, 128B}
+    assert tmap.box_row_bytes == (swizzle or 256)
+
+
 def test_frozen():
     with pytest.raises(AttributeError):
         make().row_stride = 2048
@@ -94,6 +110,11 @@ def test_frozen():
     (dict(dtype="float32", row_stride=2048, box=(16, 6)), "box_cols = 6 float32 elements are 24 bytes"),
     (dict(l2_promotion=64), r"l2_promotion = 64: must be 0 \(none\) or 128 \(bytes\)"),
     (dict(l2_promotion=None), "l2_promotion must be an int"),
+    (dict(swizzle=16, box=(16, 8)), r"swizzle = 16: must be 0 \(none\), 32, 64 or 128 \(bytes\)"),
+    (dict(swizzle=None), "swizzle must be an int"),
+    (dict(swizzle=128), "swizzle = 128: a box row of 128 bfloat16 elements is 256 bytes; ptx_lab "
+                        "swizzles only box rows of exactly 128 bytes"),
+    (dict(swizzle=64, box=(16, 16)), "swizzle = 64: a box row of 16 bfloat16 elements is 32 bytes"),
 ])
 def test_every_rule_is_refused_by_name(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -152,6 +173,12 @@ def test_encode_passes_the_documented_arguments(fake_driver):
     assert out.shape == (1,) and out.dtype == TENSOR_MAP_DTYPE and out.nbytes == TENSOR_MAP_BYTES
     assert out.tobytes() == bytes((np.arange(TENSOR_MAP_BYTES) ^ 0x5A).astype(np.uint8))
     assert out["opaque"][0][0] == int.from_bytes(out.tobytes()[:8], "little")
+
+
+def test_encode_passes_the_swizzle(fake_driver):
+    encode(make(box=(16, 32), swizzle=64))
+    (call,) = fake_driver.calls
+    assert (call["swizzle"], call["box"]) == (2, (32, 16))
 
 
 def test_the_driver_refusing_is_a_clear_error(fake_driver):
@@ -218,8 +245,94 @@ def test_the_driver_accepts_what_validation_accepts(dtype, shape, box, l2):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, shape, box", [("uint32", (1, 4), (256, 4)), ("float32", (300, 8), (256, 256))])
-def test_the_driver_on_boxes_larger_than_the_tensor(dtype, shape, box):
-    # Validation accepts a box larger than the tensor (the load is then mostly zero fill). Not
-    # seen on a GPU yet: if the driver refuses these, the rule belongs in TensorMap2D.
+@pytest.mark.parametrize("dtype, shape, box", [("uint32", (1, 4), (256, 4))])
+def test_the_driver_on_a_box_taller_than_the_tensor(dtype, shape, box):
+    # Validation accepts a box larger than the tensor (the load is then mostly zero fill), and the
+    # H200 took this one. It refused float32 (300, 8) with box (256, 256) (CUDA_ERROR_INVALID_VALUE),
+    # for a reason its documentation does not give: that case is a row of DRIVER_PROBES now
+    # (test_the_driver_probe_records_every_answer), and no rule enters TensorMap2D until the
+    # probe's table says which one the driver applies.
     _encode_on_device(dtype, shape, box)
+
+
+PROBE_ROW = re.compile(r"^(\d+)\s+(\S+)\s+(\d+)x(\d+)\s+(\d+)\s+(\d+)x(\d+)\s+(\d+)\s+.*?"
+                       r"\s(accepted|\S+ \(-?\d+\))\s")
+
+
+def probe_rows(table: str) -> dict[int, tuple[str, ...]]:
+    """Probe number -> (dtype, rows, cols, row_stride, box rows, box cols, swizzle, answer)."""
+    found = {}
+    for line in table.splitlines():
+        m = PROBE_ROW.match(line)
+        if m:
+            found[int(m[1])] = m.groups()[1:]
+    return found
+
+
+def expected_rows() -> dict[int, tuple[str, ...]]:
+    return {n: (p.dtype, str(p.shape[0]), str(p.shape[1]), str(p.row_stride), str(p.box[0]),
+                str(p.box[1]), str(p.swizzle)) for n, p in enumerate(tensormap.DRIVER_PROBES)}
+
+
+@pytest.mark.gpu
+def test_the_driver_probe_records_every_answer(capsys):
+    # Passes whatever the driver answers, as long as the answer to every probe is recorded: the
+    # table is written to the terminal (outside pytest's capture) for the run's log.
+    run = subprocess.run([sys.executable, "-m", "ptx_lab.tensormap", "--probe-driver"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    with capsys.disabled():
+        print("\n" + run.stdout + run.stderr)
+    assert run.returncode == 0, run.stderr
+    found = probe_rows(run.stdout)
+    assert {n: row[:-1] for n, row in found.items()} == expected_rows(), run.stdout
+
+
+# ------------------------------------------------------------------ the probe, stood in for
+
+class RuleDriver(FakeDriver):
+    """A driver that refuses box rows over 512 bytes: a made-up rule, to see the table show it."""
+
+    def cuTensorMapEncodeTiled(self, out, dtype, rank, address, dims, strides, box, estrides,
+                               interleave, swizzle, l2, oob):
+        super().cuTensorMapEncodeTiled(out, dtype, rank, address, dims, strides, box, estrides,
+                                       interleave, swizzle, l2, oob)
+        esize = 2 if dtype in (1, 9) else 4
+        return 1 if box[0] * esize > 512 else 0
+
+    def cuDriverGetVersion(self, version_ptr):
+        version_ptr._obj.value = 13000
+        return 0
+
+
+def test_every_probe_is_a_map_validation_accepts():
+    assert len(tensormap.DRIVER_PROBES) >= 20
+    for probe in tensormap.DRIVER_PROBES:
+        tmap = probe.tensor_map(0x7F00_0000_0000)
+        assert tmap.row_stride * tmap.shape[0] == probe.tensor_bytes
+    # The case the H200 refused, and the one it accepted, are both asked again.
+    cases = {(p.dtype, p.shape, p.box) for p in tensormap.DRIVER_PROBES}
+    assert {("float32", (300, 8), (256, 256)), ("uint32", (1, 4), (256, 4))} <= cases
+
+
+def test_the_probe_table_has_every_row_and_the_driver_s_answer(monkeypatch, capsys):
+    fake = RuleDriver()
+    monkeypatch.setattr(tensormap, "_driver", lambda: fake)
+    assert tensormap.main(["--probe-driver"], allocate=lambda n: (0x7F00_0000_0000, "Fake GPU", None)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"cuTensorMapEncodeTiled on {len(tensormap.DRIVER_PROBES)} boxes (Fake GPU, "
+                          "driver 13000; tensor at 0x7f0000000000, rows padded to 16 B):\n#   dtype")
+    found = probe_rows(out)
+    assert {n: row[:-1] for n, row in found.items()} == expected_rows(), out
+    for n, probe in enumerate(tensormap.DRIVER_PROBES):
+        refused = probe.box[1] * tensormap.ELEMENT_BYTES[probe.dtype] > 512
+        assert found[n][-1] == ("CUDA_ERROR_INVALID_VALUE (1)" if refused else "accepted")
+    assert len(fake.calls) == len(tensormap.DRIVER_PROBES)
+    assert fake.calls[13]["box"] == (256, 256) and fake.calls[13]["dims"] == (8, 300)
+
+
+def test_the_probe_without_a_gpu_says_so(monkeypatch, capsys):
+    from ptx_lab import gpu
+
+    monkeypatch.setattr(gpu, "gpu_reason", lambda: "CuPy is not installed")
+    assert tensormap.main(["--probe-driver"]) == 2
+    assert "--probe-driver needs a GPU machine with CuPy" in capsys.readouterr().err

@@ -58,6 +58,8 @@ GLOBAL_ALIGN = 16           # the tensor's address, and every row stride, a mult
 MAX_GLOBAL_DIM = 2**32      # globalDim: non-zero, <= 2^32
 MAX_GLOBAL_STRIDE = 2**40   # globalStrides: < 2^40
 MAX_BOX_DIM = 256           # boxDim: non-zero, <= 256
+MAX_BOX_BYTES = 227 * 1024  # a box must fit one CTA's shared memory on sm_90 (227 KiB); the H200's
+                            # driver refused 256 KiB boxes and took 128 KiB ones (--probe-driver)
 BOX_INNER_ALIGN = 16        # interleave none: boxDim[0] * element size a multiple of 16 bytes
 SMEM_ALIGN = 128            # a tensor copy's shared-memory address (ptx_lab.model checks it)
 
@@ -173,6 +175,10 @@ class TensorMap2D:
         if (box_cols * esize) % BOX_INNER_ALIGN:
             raise ValueError(f"box: box_cols = {box_cols} {self.dtype} elements are {box_cols * esize} "
                              f"bytes; a box row must be a multiple of {BOX_INNER_ALIGN} bytes")
+        if box_rows * box_cols * esize > MAX_BOX_BYTES:
+            raise ValueError(f"box: {box_rows} x {box_cols} {self.dtype} elements are "
+                             f"{box_rows * box_cols * esize} bytes; a box must fit one CTA's shared memory "
+                             f"({MAX_BOX_BYTES} bytes on sm_90; the H200's driver refuses 256 KiB boxes)")
         set_("box", (box_rows, box_cols))
 
         l2 = _int(self.l2_promotion, "l2_promotion")
@@ -348,7 +354,11 @@ class DriverProbe:
 # (300, 8) tensor (CUDA_ERROR_INVALID_VALUE) and took a uint32 box of 256 x 4 on a (1, 4) one.
 # These rows vary one thing at a time (the box row's bytes, the box's total bytes, a box wider
 # or taller than the tensor, the swizzled maps Kernel A will use) so that the answers say which
-# rule the driver applied. No rule goes into TensorMap2D before they are in.
+# rule the driver applied. The first run (H200, driver 13000, 2026-11-30) accepted every box of
+# up to 128 KiB, box rows of up to 1024 B, boxes wider or taller than the tensor and every
+# swizzled map, and refused exactly the two 256 KiB boxes: the size, not the shape. Hence
+# MAX_BOX_BYTES (one CTA's shared memory), and these rows between 128 and 227 KiB, which
+# narrow down the driver's own limit.
 DRIVER_PROBES: tuple[DriverProbe, ...] = (
     DriverProbe("float32", (16, 64), (16, 64), why="box row 256 B, 4 KiB"),
     DriverProbe("float32", (16, 128), (16, 128), why="box row 512 B, 8 KiB"),
@@ -357,13 +367,15 @@ DRIVER_PROBES: tuple[DriverProbe, ...] = (
     DriverProbe("float32", (256, 32), (256, 32), why="256 rows of 128 B, 32 KiB"),
     DriverProbe("float32", (256, 64), (256, 64), why="256 rows of 256 B, 64 KiB"),
     DriverProbe("float32", (256, 128), (256, 128), why="256 rows of 512 B, 128 KiB"),
-    DriverProbe("float32", (256, 256), (256, 256), why="256 rows of 1024 B, 256 KiB"),
+    DriverProbe("float32", (256, 160), (256, 160), why="256 rows of 640 B, 160 KiB"),
+    DriverProbe("float32", (256, 192), (256, 192), why="256 rows of 768 B, 192 KiB"),
+    DriverProbe("float32", (256, 224), (256, 224), why="256 rows of 896 B, 224 KiB"),
     DriverProbe("bfloat16", (256, 256), (256, 256), why="256 rows of 512 B in bf16, 128 KiB"),
     DriverProbe("uint32", (1, 4), (256, 4), why="box taller than the tensor (the H200 took it)"),
     DriverProbe("float32", (1, 64), (256, 64), why="box taller than the tensor, 64 KiB"),
     DriverProbe("float32", (16, 8), (16, 64), why="box row wider than the tensor's, 256 B"),
     DriverProbe("float32", (16, 8), (16, 256), why="box row wider than the tensor's, 1024 B"),
-    DriverProbe("float32", (300, 8), (256, 256), why="the H200 refused it"),
+    DriverProbe("float32", (300, 8), (256, 200), why="the refused case's shape, 200 KiB"),
     DriverProbe("bfloat16", (40, 512), (16, 64), 128, why="Kernel A: do, 128-byte swizzle"),
     DriverProbe("bfloat16", (40, 512), (16, 32), 64, why="Kernel A: do, 64-byte swizzle"),
     DriverProbe("bfloat16", (40, 512), (16, 16), 32, why="32-byte swizzle, bf16"),

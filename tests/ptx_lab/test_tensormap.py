@@ -115,6 +115,10 @@ def test_frozen():
     (dict(swizzle=128), "swizzle = 128: a box row of 128 bfloat16 elements is 256 bytes; ptx_lab "
                         "swizzles only box rows of exactly 128 bytes"),
     (dict(swizzle=64, box=(16, 16)), "swizzle = 64: a box row of 16 bfloat16 elements is 32 bytes"),
+    # the H200's driver refused exactly the 256 KiB boxes of --probe-driver (2026-11-30)
+    (dict(dtype="float32", shape=(300, 256), box=(256, 256)),
+     "box: 256 x 256 float32 elements are 262144 bytes; a box must fit one CTA's shared memory"),
+    (dict(shape=(300, 512), box=(256, 256 + 8 * 16)), "box: box_cols = 384"),
 ])
 def test_every_rule_is_refused_by_name(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -248,10 +252,9 @@ def test_the_driver_accepts_what_validation_accepts(dtype, shape, box, l2):
 @pytest.mark.parametrize("dtype, shape, box", [("uint32", (1, 4), (256, 4))])
 def test_the_driver_on_a_box_taller_than_the_tensor(dtype, shape, box):
     # Validation accepts a box larger than the tensor (the load is then mostly zero fill), and the
-    # H200 took this one. It refused float32 (300, 8) with box (256, 256) (CUDA_ERROR_INVALID_VALUE),
-    # for a reason its documentation does not give: that case is a row of DRIVER_PROBES now
-    # (test_the_driver_probe_records_every_answer), and no rule enters TensorMap2D until the
-    # probe's table says which one the driver applies.
+    # H200 took this one. It refused float32 (300, 8) with box (256, 256) (CUDA_ERROR_INVALID_VALUE):
+    # --probe-driver then showed it refuses 256 KiB boxes of any shape and accepts every box of up
+    # to 128 KiB, so TensorMap2D refuses boxes larger than one CTA's shared memory (MAX_BOX_BYTES).
     _encode_on_device(dtype, shape, box)
 
 
@@ -309,9 +312,10 @@ def test_every_probe_is_a_map_validation_accepts():
     for probe in tensormap.DRIVER_PROBES:
         tmap = probe.tensor_map(0x7F00_0000_0000)
         assert tmap.row_stride * tmap.shape[0] == probe.tensor_bytes
-    # The case the H200 refused, and the one it accepted, are both asked again.
+    # The shape of the case the H200 refused (at a size validation now accepts), and the case it
+    # accepted, are both asked again.
     cases = {(p.dtype, p.shape, p.box) for p in tensormap.DRIVER_PROBES}
-    assert {("float32", (300, 8), (256, 256)), ("uint32", (1, 4), (256, 4))} <= cases
+    assert {("float32", (300, 8), (256, 200)), ("uint32", (1, 4), (256, 4))} <= cases
 
 
 def test_the_probe_table_has_every_row_and_the_driver_s_answer(monkeypatch, capsys):
@@ -327,7 +331,8 @@ def test_the_probe_table_has_every_row_and_the_driver_s_answer(monkeypatch, caps
         refused = probe.box[1] * tensormap.ELEMENT_BYTES[probe.dtype] > 512
         assert found[n][-1] == ("CUDA_ERROR_INVALID_VALUE (1)" if refused else "accepted")
     assert len(fake.calls) == len(tensormap.DRIVER_PROBES)
-    assert fake.calls[13]["box"] == (256, 256) and fake.calls[13]["dims"] == (8, 300)
+    refused_shape = next(n for n, p in enumerate(tensormap.DRIVER_PROBES) if p.shape == (300, 8))
+    assert fake.calls[refused_shape]["box"] == (200, 256) and fake.calls[refused_shape]["dims"] == (8, 300)
 
 
 def test_the_probe_without_a_gpu_says_so(monkeypatch, capsys):

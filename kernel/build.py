@@ -54,15 +54,17 @@ class Config:
         # f32x1 14.09 -> 13.03 ms (the 16 KB more registers per warp fit: 256 threads).
         auto("mt", 2 if self.vsplit == 1 else 1)
         # vsplit 4 (B = 1): latency bound, and two warps per band with 8 producers cut a
-        # tile's chain: 1 x 131072 bf16x4 7.83 -> 7.18 ms.
-        auto("ksplit", 2 if self.vsplit == 4 else 1)
+        # tile's chain: 1 x 131072 bf16x4 7.83 -> 7.18 ms, while the snapshots still went out
+        # as 16-byte stores. With the tensor store (bf16), one warp per band and 8 producers
+        # is ahead: 6.903 -> 6.678 and 6.907 -> 6.679 ms in two calls (BENCHMARKS.md, log 17);
+        # fp32 snapshots keep the two warps (not re-measured).
+        auto("ksplit", 2 if self.vsplit == 4 and not self.snap_bf16 else 1)
         auto("g2_split", 4 if self.mt == 1 else 2)     # mt 2: 2 x 2 chains (5.37 ms; 5.52 with 1, 5.49 with 4)
-        # 4 producers beat 2 at vsplit 1 (1 x 16384 bf16x4: 1.57 vs 1.84 ms) and tie 8 at
-        # vsplit 4 with ksplit 1 (0.87 ms); 8 with ksplit 2 (above). With fp32 snapshots at
-        # vsplit 1 the consumers' stores set the pace, and 2 are enough: 32 x 8192 f32x1
-        # 12.95 ms with 2, 13.28 with 4.
-        auto("producers", 8 if self.ksplit == 2 and self.vsplit == 4 else
-             2 if self.vsplit == 1 and not self.snap_bf16 else 4)
+        # 4 producers beat 2 at vsplit 1 (1 x 16384 bf16x4: 1.57 vs 1.84 ms); 8 at vsplit 4
+        # (with ksplit 2 above; with ksplit 1 and the tensor store, 6.68 vs 7.28 ms with 4).
+        # With fp32 snapshots at vsplit 1 the consumers' stores set the pace, and 2 are
+        # enough: 32 x 8192 f32x1 12.95 ms with 2, 13.28 with 4.
+        auto("producers", 8 if self.vsplit == 4 else 2 if self.vsplit == 1 and not self.snap_bf16 else 4)
         # tensor-copy loads measured slower (32 x 8192 bf16x4 with the tensor store 4.77 -> 5.59 ms;
         # 1 x 131072 7.31 -> 8.91): BENCHMARKS.md, log 14
         auto("loads", LOADS_CP_ASYNC)

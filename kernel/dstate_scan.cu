@@ -99,13 +99,13 @@ using namespace ptx_lab;
 #define MT (VSPLIT == 1 ? 2 : 1)
 #endif
 #ifndef KSPLIT
-#define KSPLIT (VSPLIT == 4 ? 2 : 1)
+#define KSPLIT (VSPLIT == 4 && !SNAP_BF16 ? 2 : 1)
 #endif
 #ifndef G2_SPLIT
 #define G2_SPLIT (MT == 1 ? 4 : 2)
 #endif
 #ifndef PRODUCERS
-#define PRODUCERS (KSPLIT == 2 && VSPLIT == 4 ? 8 : VSPLIT == 1 && !SNAP_BF16 ? 2 : 4)
+#define PRODUCERS (VSPLIT == 4 ? 8 : VSPLIT == 1 && !SNAP_BF16 ? 2 : 4)
 #endif
 
 namespace kda {

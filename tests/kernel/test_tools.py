@@ -80,7 +80,7 @@ def test_profile_phases_add_up_to_at_most_the_total(vsplit, mode, tune):
         total = r[role]["total"]
         parts = sum(r[role][p] for p in phases)
         assert 0 < parts <= total * 1.01, (role, r[role])
-    if r["ksplit"] == 2:      # vsplit 4 by default, or asked for
+    if r["ksplit"] == 2:      # asked for here (the default only at vsplit 4 with fp32 snapshots)
         assert 0 < r["pair_wait"] < r["consumer"]["G1..G5"]
     else:
         assert r["pair_wait"] == 0
@@ -134,7 +134,7 @@ def test_fp32_snapshots_at_vsplit_1_take_two_producers():
 @pytest.mark.parametrize("vsplit, want", [
     (1, dict(mt=2, ksplit=1, g2_split=2, producers=4, consumers=4)),
     (2, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=4)),
-    (4, dict(mt=1, ksplit=2, g2_split=4, producers=8, consumers=4)),
+    (4, dict(mt=1, ksplit=1, g2_split=4, producers=8, consumers=2)),
     (8, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=1)),
 ])
 def test_auto_knobs(vsplit, want):

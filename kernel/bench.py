@@ -587,6 +587,8 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     if fla is not None:
         try:
             t0 = time.perf_counter()
+            # FLA's autotune keys leave out B and T: tune for this configuration, not the first one
+            res["fla_autotune_reset"] = fla.reset_autotune()
             state = fla.prepare(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"],
                                 cu_seqlens=_cu_for_fla(raw["cu_seqlens"]))
             calls = fla.callables(state, raw["do"], raw["dht"])

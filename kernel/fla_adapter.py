@@ -60,7 +60,29 @@ FLA_CHUNK = 64          # FLA's KDA chunk size (its default; 32 is the only othe
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
 __all__ = ["FLA_VERSION", "FLA_CHUNK", "available", "FlaState", "prepare", "dAv", "dhu",
-           "dAv_dhu", "recompute_w_u", "fwd_h", "dh_dh0", "callables"]
+           "dAv_dhu", "recompute_w_u", "fwd_h", "dh_dh0", "callables", "reset_autotune"]
+
+
+def reset_autotune() -> int:
+    """Makes every Triton autotuner in the process tune again on its next call; returns how many
+    had a choice to forget.
+
+    FLA's autotune keys leave out B, T and the sequence count (chunk_gated_delta_rule_bwd_dhu:
+    H, K, V, BT, BV, ...), so within one process the block sizes chosen for the first shape
+    stick for every later one. On the H200 that made FLA's dAv+dhu at 1x131072 take 6.60 ms
+    after tuning at 4x8192, against 4.60 ms when tuned at 1x131072 (BENCHMARKS.md, run E's
+    correction). A benchmark calls this before each configuration.
+    """
+    import gc
+
+    from triton.runtime.autotuner import Autotuner
+
+    reset = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, Autotuner) and obj.cache:
+            obj.cache.clear()
+            reset += 1
+    return reset
 
 
 def _import_fla():

@@ -221,3 +221,15 @@ def test_main_without_torch_says_so(capsys):
         pytest.skip("torch is installed here")
     assert bench.main(["--quick"]) == 1
     assert "torch is not installed" in capsys.readouterr().out
+
+
+def test_fla_autotune_is_reset_between_configurations():
+    # FLA's autotune keys leave out B and T; the bench makes each configuration tune afresh.
+    autotuner = pytest.importorskip("triton.runtime.autotuner")
+    from kernel import fla_adapter
+
+    tuner = autotuner.Autotuner.__new__(autotuner.Autotuner)   # no kernel: only its choice cache
+    tuner.cache = {(32, 128, 128, 64): "BV=64"}
+    assert fla_adapter.reset_autotune() >= 1
+    assert tuner.cache == {}
+    assert fla_adapter.reset_autotune() == 0 or tuner.cache == {}

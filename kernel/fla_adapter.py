@@ -79,8 +79,9 @@ def reset_autotune() -> int:
 
     reset = 0
     for obj in gc.get_objects():
-        if isinstance(obj, Autotuner) and obj.cache:
-            obj.cache.clear()
+        cache = getattr(obj, "cache", None) if isinstance(obj, Autotuner) else None
+        if isinstance(cache, dict) and cache:
+            cache.clear()
             reset += 1
     return reset
 

@@ -163,8 +163,9 @@ constexpr int SNAPF_STRIDE = 16 * MT + 4; // fp32 staging rows: 80 B or 144 B, s
 // ldmatrix phase reads in the same banks (8-way), so do comes in boxes of 32, 64 or
 // 128-byte rows swizzled by their row length (8 rows, 8 distinct 16-byte bank groups),
 // Mqk/INV (32-byte rows) swizzled by 32 bytes. q, k and gc, read by R1 a whole row per
-// warp instruction, stay dense; gc comes in two boxes of 64 floats (256-byte rows, the
-// row length the driver accepted for fp32 on the H200).
+// warp instruction, stay dense; gc comes in two boxes of 64 floats (256-byte rows: when
+// this was written, the longest fp32 box row seen accepted; ptx_lab.tensormap's driver
+// probe has since seen 512 and 1024-byte rows accepted, so one box would do).
 constexpr int DO_BOX_COLS = DV < 64 ? DV : 64;     // bf16 columns per do box row
 constexpr int DO_SWZ = 2 * DO_BOX_COLS;            // its bytes = its swizzle: 32, 64 or 128
 constexpr int DO_BOXES = DV / DO_BOX_COLS;
@@ -342,9 +343,10 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
 }
 
 // LOADS 2: a tile's loads as tensor copies. One thread arms the stage's mbarrier
-// with the tile's bytes and issues one copy per tensor and box (7 at vsplit 1
-// instead of ~45 warp-wide LDGSTS; the SM's global-memory queue was the producers'
-// and the snapshot stores' common stall: ncu, log 12). A box starting at a partial
+// with the tile's bytes and issues one copy per tensor and box (8 at vsplit 1, 7 at
+// the others, instead of ~45 warp-wide LDGSTS; the SM's global-memory queue was the
+// producers' and the snapshot stores' common stall: ncu, log 12). Measured slower all
+// the same, for reasons not yet found (BENCHMARKS.md, log 15). A box starting at a partial
 // tile's first token also reads the rows after the sequence's end (the next
 // sequence's tokens, or zeros past the tensor): R1 masks q/k/gc rows >= L, and
 // zero_tail_rows clears those of do/Mqk/INV. beta (a 4-byte row, under the 16-byte

@@ -306,6 +306,17 @@ __device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_
     }
 }
 
+// beta of a tile's tokens: one 4-byte cp.async per token from the first C producer
+// threads (a 16-byte .cg copy, or a tensor-copy box row, would be wider than a token's
+// beta); tokens past L are zero-filled.
+__device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long tok0, int L, int h, int ptid) {
+    if (ptid < C) {
+        const bool valid = ptid < L;
+        cp_async_ca_zfill<4>(smem_addr(&st.beta[ptid]),
+                             p.beta + (tok0 + (valid ? ptid : 0)) * p.H + h, valid ? 4u : 0u);
+    }
+}
+
 // A tile's loads. Each producer warp copies the q, k and gc rows of the tokens it
 // rebuilds in R1, plus its own copy of gT (gc of the last real token), so R1
 // waits only for its own warp's copies (cp.async.wait_group + __syncwarp) and the
@@ -335,11 +346,7 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
                                                             srow_bytes, L, ptid, 0);
     copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst),
                                                             srow_bytes, L, ptid, 0);
-    if (ptid < C) {
-        const bool valid = ptid < L;
-        cp_async_ca_zfill<4>(smem_addr(&st.beta[ptid]),
-                             p.beta + (tok0 + (valid ? ptid : 0)) * p.H + h, valid ? 4u : 0u);
-    }
+    copy_beta(st, p, tok0, L, h, ptid);
 }
 
 // LOADS 2: a tile's loads as tensor copies. One thread arms the stage's mbarrier
@@ -476,31 +483,58 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
 // Consumer side
 // ---------------------------------------------------------------------------
 
-// ldmatrix.x4 row address for the 16x16 block at (row0, col0) of a row-major
-// bf16 tile, matrices ordered (rows lo, cols lo), (rows hi, cols lo),
-// (rows lo, cols hi), (rows hi, cols hi): lane l gives row (l & 7) of matrix l >> 3.
-__device__ __forceinline__ u32 x4_addr_rows_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
+// The row (8 elements) lane l names in an ldmatrix / stmatrix .x4 of the 16x16 block at
+// (row0, col0): row (l & 7) of matrix l >> 3, with the matrices ordered
+//   rows first: (rows lo, cols lo), (rows hi, cols lo), (rows lo, cols hi), (rows hi, cols hi)
+//   cols first: (rows lo, cols lo), (rows lo, cols hi), (rows hi, cols lo), (rows hi, cols hi).
+struct RowCol {
+    int row, col;
+};
+__device__ __forceinline__ RowCol x4_rows_first(int row0, int col0, int lane) {
     const int m = lane >> 3;
-    return smem_addr(tile + (row0 + (lane & 7) + 8 * (m & 1)) * stride + col0 + 8 * (m >> 1));
+    return {row0 + (lane & 7) + 8 * (m & 1), col0 + 8 * (m >> 1)};
 }
-// Same block, matrices ordered (rows lo, cols lo), (rows lo, cols hi), (rows hi, cols lo), (rows hi, cols hi).
-__device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
+__device__ __forceinline__ RowCol x4_cols_first(int row0, int col0, int lane) {
     const int m = lane >> 3;
-    return smem_addr(tile + (row0 + (lane & 7) + 8 * (m >> 1)) * stride + col0 + 8 * (m & 1));
+    return {row0 + (lane & 7) + 8 * (m >> 1), col0 + 8 * (m & 1)};
+}
+// Their shared addresses in a row-major bf16 tile, rows `stride` elements apart.
+__device__ __forceinline__ u32 x4_addr_rows_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
+    const RowCol p = x4_rows_first(row0, col0, lane);
+    return smem_addr(tile + p.row * stride + p.col);
+}
+__device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
+    const RowCol p = x4_cols_first(row0, col0, lane);
+    return smem_addr(tile + p.row * stride + p.col);
 }
 
-// ldmatrix.x4 row addresses in the stage tiles whose layout depends on LOADS: the
-// matrix order of x4_addr_cols_first (do^T) and x4_addr_rows_first (Mqk, INV).
+// The same in the stage tiles whose layout depends on LOADS: do^T (cols first) and
+// Mqk, INV (rows first), padded rows (cp.async) or swizzled boxes (tensor copies).
 __device__ __forceinline__ u32 do_addr_cols_first(const Stage& st, int col0, int lane) {
-    const int m = lane >> 3, c = (lane & 7) + 8 * (m >> 1), v = col0 + 8 * (m & 1);
-    if constexpr (TMA_LOADS)
-        return smem_addr(st.dO) + (v / DO_BOX_COLS) * (C * DO_SWZ) + tma_swizzle<DO_SWZ>(c * DO_SWZ + (v % DO_BOX_COLS) * 2);
+    if constexpr (TMA_LOADS) {
+        const RowCol p = x4_cols_first(0, col0, lane);
+        return smem_addr(st.dO) + (p.col / DO_BOX_COLS) * (C * DO_SWZ) +
+               tma_swizzle<DO_SWZ>(p.row * DO_SWZ + (p.col % DO_BOX_COLS) * 2);
+    }
     return x4_addr_cols_first(st.dO, DO_STRIDE, 0, col0, lane);
 }
 __device__ __forceinline__ u32 small_addr_rows_first(const unsigned short* tile, int lane) {
-    const int m = lane >> 3, r = (lane & 7) + 8 * (m & 1), col = 8 * (m >> 1);
-    if constexpr (TMA_LOADS) return smem_addr(tile) + tma_swizzle<SMALL_SWZ>(r * SMALL_SWZ + col * 2);
+    if constexpr (TMA_LOADS) {
+        const RowCol p = x4_rows_first(0, 0, lane);
+        return smem_addr(tile) + tma_swizzle<SMALL_SWZ>(p.row * SMALL_SWZ + p.col * 2);
+    }
     return x4_addr_rows_first(tile, SMALL_STRIDE, 0, 0, lane);
+}
+
+// stmatrix.x4.trans of n-tiles 2 pr and 2 pr + 1 of m-tile m (bf16 pairs of the fp32
+// accumulators), `addr` the lane's x4_cols_first row with k as rows and v as columns:
+// matrices (v 0-7, k lo), (v 8-15, k lo), (v 0-7, k hi), (v 8-15, k hi).
+__device__ __forceinline__ void stmatrix_band_pair(u32 addr, const float (&dS)[MT][NJ][4], int m, int pr) {
+    stmatrix_x4_trans(addr,
+                      pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]),
+                      pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]),
+                      pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),
+                      pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3]));
 }
 
 // SNAP_STORE 3: this warp's dS^T band as ONE tensor store. The fragments go to the
@@ -519,19 +553,13 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
     if (lane == 0) cp_async_bulk_wait_read<0>();   // the previous snapshot's store has read the tile
     __syncwarp();
 #if SNAP_BF16
-    const int mm = lane >> 3;
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         // matrix mm: rows k = 16 pr + 8 (mm >> 1) + (lane & 7), columns v = 16 m + 8 (mm & 1) ..
+        const int mm = lane >> 3;
         const u32 off = (mm >> 1) * ROWS8 + tma_swizzle<SNAP_SWZ>((lane & 7) * SNAP_SWZ + (16 * m + 8 * (mm & 1)) * 2);
 #pragma unroll
-        for (int pr = 0; pr < NJ / 2; ++pr) {
-            stmatrix_x4_trans(base + off + 2 * pr * ROWS8,
-                              pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]),
-                              pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]),
-                              pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),
-                              pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3]));
-        }
+        for (int pr = 0; pr < NJ / 2; ++pr) stmatrix_band_pair(base + off + 2 * pr * ROWS8, dS, m, pr);
     }
 #else
     const int g = lane >> 2, t = lane & 3;
@@ -624,19 +652,11 @@ __device__ __forceinline__ void store_band_bf16(unsigned short* out, const float
                                                 unsigned short* staging, int k0, int v0, int lane) {
     constexpr int CH = BAND / 8;             // 16-byte chunks per staging row
     constexpr int ROWS = 32 / CH;            // rows per store instruction
-    const int mm = lane >> 3;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int pr = 0; pr < NJ / 2; ++pr) {
-            // matrix mm: v half (mm & 1) of m-tile m, k half (mm >> 1) of k columns 16pr .. 16pr+15.
-            const u32 addr = smem_addr(staging + (16 * pr + 8 * (mm >> 1) + (lane & 7)) * SNAP_STRIDE + 16 * m + 8 * (mm & 1));
-            stmatrix_x4_trans(addr,
-                              pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]),          // v 0-7,  k 16pr+0..7
-                              pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]),          // v 8-15, k 16pr+0..7
-                              pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),  // v 0-7,  k 16pr+8..15
-                              pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3])); // v 8-15, k 16pr+8..15
-        }
+        for (int pr = 0; pr < NJ / 2; ++pr)   // k columns 16 pr .. 16 pr + 15 of m-tile m
+            stmatrix_band_pair(x4_addr_cols_first(staging, SNAP_STRIDE, 16 * pr, 16 * m, lane), dS, m, pr);
     __syncwarp();
 #pragma unroll
     for (int it = 0; it < KW / ROWS; ++it) {
@@ -650,6 +670,23 @@ __device__ __forceinline__ void store_band_bf16(unsigned short* out, const float
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     const u32 b[2] = {b0, b1};
     mma_m16n8k16_bf16(d, a, b, d);
+}
+
+// dS^T += A @ B over this warp's k columns (G4 with A = do^T, B = qd; G5 with A = bdv^T,
+// B = kd): B[c][k] is a stage tile read with ldmatrix.trans (pairs along c), and each B
+// fragment serves all MT m-tiles.
+__device__ __forceinline__ void accumulate_band(float (&dS)[MT][NJ][4], const u32 (&a)[MT][4],
+                                                const unsigned short* tile, int k0, int lane) {
+#pragma unroll
+    for (int pr = 0; pr < NJ / 2; ++pr) {
+        u32 b[4];
+        ldmatrix_x4_trans(b, x4_addr_rows_first(tile, OP_STRIDE, 0, k0 + 16 * pr, lane));
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            mma_bf16(dS[m][2 * pr], a[m], b[0], b[1]);
+            mma_bf16(dS[m][2 * pr + 1], a[m], b[2], b[3]);
+        }
+    }
 }
 
 }  // namespace kda
@@ -725,11 +762,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                 const int L = tile_len(n);
                 if constexpr (TMA_LOADS) {
                     if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, vs);
-                    if (ptid < C) {
-                        const bool valid = ptid < L;
-                        cp_async_ca_zfill<4>(smem_addr(&stages[j % NSTAGE].beta[ptid]),
-                                             p.beta + (tok0 + (valid ? ptid : 0)) * p.H + h, valid ? 4u : 0u);
-                    }
+                    copy_beta(stages[j % NSTAGE], p, tok0, L, h, ptid);
                 } else {
                     issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid);
                 }
@@ -889,16 +922,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                 dS[m][j][0] *= e.x; dS[m][j][1] *= e.y; dS[m][j][2] *= e.x; dS[m][j][3] *= e.y;
             }
         }
-#pragma unroll
-        for (int pr = 0; pr < NJ / 2; ++pr) {
-            u32 bq[4];
-            ldmatrix_x4_trans(bq, x4_addr_rows_first(st.qd, OP_STRIDE, 0, k0 + 16 * pr, lane));
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                mma_bf16(dS[m][2 * pr], doT[m], bq[0], bq[1]);
-                mma_bf16(dS[m][2 * pr + 1], doT[m], bq[2], bq[3]);
-            }
-        }
+        accumulate_band(dS, doT, st.qd, k0, lane);
 
         // G3: dvcorr^T = dU^T @ INV; dU^T's accumulators are G3's A operand.
         float dU[MT][2][4];
@@ -956,16 +980,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         }
 
         // G5: dS^T += bdv^T @ kd   (the last step of the dS-dependent path)
-#pragma unroll
-        for (int pr = 0; pr < NJ / 2; ++pr) {
-            u32 bk[4];
-            ldmatrix_x4_trans(bk, x4_addr_rows_first(st.kd, OP_STRIDE, 0, k0 + 16 * pr, lane));
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                mma_bf16(dS[m][2 * pr], aB[m], bk[0], bk[1]);
-                mma_bf16(dS[m][2 * pr + 1], aB[m], bk[2], bk[3]);
-            }
-        }
+        accumulate_band(dS, aB, st.kd, k0, lane);
 
         KDA_ADD(T_C_CHAIN, t2);
         if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL);  // the producer reloads stage s

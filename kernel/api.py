@@ -63,10 +63,11 @@ def _check_shape(name: str, x, expected: tuple) -> None:
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(x.shape)}")
 
 
-def _read_int_constant(mod, name: str) -> int:
+def read_int_constants(mod, name: str, count: int) -> tuple[int, ...]:
+    """The `count` ints of the module's `extern "C" __constant__ int name[count]` (or a scalar, count 1)."""
     import cupy
 
-    return int(cupy.ndarray((1,), dtype=np.int32, memptr=mod.get_global(name)).get()[0])
+    return tuple(int(v) for v in cupy.ndarray((count,), dtype=np.int32, memptr=mod.get_global(name)).get())
 
 
 def module(cfg: Config):
@@ -80,8 +81,8 @@ def module(cfg: Config):
 def _kernel(cfg: Config):
     mod = module(cfg)
     fn = mod.get_function(build.KERNEL_NAME)
-    smem = _read_int_constant(mod, "kda_smem_bytes")
-    threads = _read_int_constant(mod, "kda_threads")
+    (smem,) = read_int_constants(mod, "kda_smem_bytes", 1)
+    (threads,) = read_int_constants(mod, "kda_threads", 1)
     if threads != cfg.threads:
         raise RuntimeError(f"kernel built {threads} threads per CTA, build.Config expects {cfg.threads}")
     import cupy
@@ -91,7 +92,7 @@ def _kernel(cfg: Config):
         raise ValueError(f"Kernel A configuration {cfg.name()} needs {smem} B of shared memory per CTA, "
                          f"this GPU allows {limit} B: use fewer stages (tuning nstage) or other knobs")
     fn.max_dynamic_shared_size_bytes = smem
-    tma_dims = tuple(int(v) for v in cupy.ndarray((6,), dtype=np.int32, memptr=mod.get_global("kda_tma_dims")).get())
+    tma_dims = read_int_constants(mod, "kda_tma_dims", 6)
     return fn, smem, threads, tma_dims
 
 

@@ -81,7 +81,7 @@ def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
     plain_ms = _time_ms(lambda: call(tune))
     cfg = build.Config(vsplit=vsplit, snap_bf16=dtype == "bfloat16", snap_every=every, timing=True, **tune)
     mod = api.module(cfg)
-    dims = tuple(int(v) for v in cp.ndarray((3,), dtype=cp.int32, memptr=mod.get_global("kda_timing_dims")).get())
+    dims = api.read_int_constants(mod, "kda_timing_dims", 3)
     timing_ctas = dims[0]
     counters = cp.ndarray(dims, dtype=cp.uint64, memptr=mod.get_global("kda_timing"))
     call({**tune, "timing": True})               # compile + warm

@@ -92,31 +92,95 @@ def tile_operands(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, q
     return tiles
 
 
+def exact(x: np.ndarray) -> np.ndarray:
+    """No rounding: the float64 forms below."""
+    return x
+
+
+# Every form below is written once, with `rnd` marking where a kernel would round an MMA
+# operand to bf16: `exact` gives the float64 statement, `bf16` the emulation.
+
+def _tile_map(t: dict, rnd=exact) -> tuple[np.ndarray, np.ndarray]:
+    """(M [K, K], B [K, V]) of one tile: dS_out = M dS + B."""
+    binv = rnd(t["beta"][:, None] * t["inv"].T)                     # diag(beta) INV^T   [C, C]
+    M = np.diag(t["egT"]) - t["kd"].T @ rnd(binv @ t["kr"])
+    B = t["qd"].T @ t["do"] - t["kd"].T @ rnd(binv @ rnd(t["mqk"].T @ t["do"]))
+    return M, B
+
+
 def tile_maps(tiles: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """(M [n, K, K], B [n, K, V]) of every tile, float64: dS_out = M dS + B."""
-    Ms, Bs = [], []
+    maps = [_tile_map(t) for t in tiles]
+    return np.stack([m for m, _ in maps]), np.stack([b for _, b in maps])
+
+
+def _tile_step(t: dict, dS: np.ndarray, rnd=exact) -> np.ndarray:
+    """One tile as today's Kernel A computes it (G1..G5 and the combine)."""
+    dU = t["mqk"].T @ t["do"] + t["kr"] @ rnd(dS)                     # G1 + G2
+    bdv = rnd(-t["beta"][:, None] * (t["inv"].T @ rnd(dU)))           # G3, G5's operand
+    return t["egT"][:, None] * dS + t["qd"].T @ t["do"] + t["kd"].T @ bdv
+
+
+def _lowrank_group(tiles: list[dict], rnd=exact):
+    first = tiles[0]
+    K, V, dt = first["kd"].shape[1], first["do"].shape[1], first["kd"].dtype
+    D, U, W, B = np.ones(K, dt), np.zeros((K, 0), dt), np.zeros((0, K), dt), np.zeros((K, V), dt)
     for t in tiles:
-        binv = t["beta"][:, None] * t["inv"].T                      # diag(beta) INV^T   [C, C]
-        Ms.append(np.diag(t["egT"]) - t["kd"].T @ (binv @ t["kr"]))
-        Bs.append(t["qd"].T @ t["do"] - t["kd"].T @ (binv @ (t["mqk"].T @ t["do"])))
-    return np.stack(Ms), np.stack(Bs)
+        P = t["kd"]                                                   # [C, K]
+        binv = rnd(t["beta"][:, None] * t["inv"].T)
+        X = rnd(binv @ t["kr"])                                       # diag(beta) INV^T kr  [C, K]
+        Bt = t["qd"].T @ t["do"] - P.T @ rnd(binv @ rnd(t["mqk"].T @ t["do"]))
+        # (D_m - P^T X)(D - U W) = D_m D - [D_m U, P^T] [W ; X D - (X U) W];  B <- M_m B + B_m
+        W = np.concatenate([W, rnd(X * D[None, :]) - rnd(X @ rnd(U)) @ rnd(W)])
+        B = t["egT"][:, None] * B - P.T @ rnd(X @ rnd(B)) + Bt
+        U = np.concatenate([t["egT"][:, None] * U, P.T], axis=1)
+        D = t["egT"] * D
+    return D, U, W, B
+
+
+def lowrank_group(tiles: list[dict]):
+    """(D [K], U [K, r], W [r, K], B [K, V]) of tiles given in WALK order (first applied first):
+    their composed map is dS -> D * dS - U (W dS) + B, r = C * len(tiles). float64."""
+    return _lowrank_group(tiles)
+
+
+def _scan(tiles, tile_map, dS0: np.ndarray, group: int, mode: str, rnd, dtype):
+    """The scan of `tiles` (their maps from `tile_map(i)` for mode "dense") in groups of
+    `group` tiles, aligned to tile 0 (the last group, walked first, may be short). Returns
+    (snapshots [ceil(n / group), K, V], dh0) in float64: snapshot m = dS entering tile
+    min(group * m + group - 1, n - 1), as the reference's with snapshot_every = group."""
+    n = len(tiles)
+    groups = -(-n // group)
+    snaps = np.zeros((groups,) + np.shape(dS0), np.float64)
+    dS = np.array(dS0, dtype)
+    for m in range(groups - 1, -1, -1):
+        snaps[m] = dS
+        walk = range(min(group * m + group, n) - 1, group * m - 1, -1)
+        if mode == "tile":
+            for i in walk:
+                dS = _tile_step(tiles[i], dS, rnd)
+        elif mode == "dense":
+            Mg, Bg = np.eye(dS.shape[0], dtype=dtype), np.zeros_like(dS)
+            for i in walk:
+                Mt, Bt = tile_map(i)
+                Mg, Bg = rnd(Mt) @ rnd(Mg), rnd(Mt) @ rnd(Bg) + Bt
+            dS = rnd(Mg) @ rnd(dS) + Bg                # the one serial step of the group
+        else:
+            D, U, W, Bg = _lowrank_group([tiles[i] for i in walk], rnd)
+            dS = D[:, None] * dS - rnd(U) @ rnd(rnd(W) @ rnd(dS)) + Bg   # two dependent GEMMs
+    return snaps, dS.astype(np.float64)
 
 
 def composed_scan(M: np.ndarray, B: np.ndarray, dS0: np.ndarray, group: int):
-    """The scan in steps of `group` tiles (aligned to tile 0, the last step walked first may be
-    short). Returns (snapshots [ceil(n / group), K, V], dh0): snapshot m = dS entering tile
-    min(group * m + group - 1, n - 1), as the reference's with snapshot_every = group."""
-    n, K, _ = M.shape
-    groups = -(-n // group)
-    snaps = np.zeros((groups,) + dS0.shape, np.float64)
-    dS = np.array(dS0, np.float64)
-    for m in range(groups - 1, -1, -1):
-        snaps[m] = dS
-        Mg, Bg = np.eye(K), np.zeros_like(dS)
-        for tile in range(min(group * m + group, n) - 1, group * m - 1, -1):   # walk order
-            Mg, Bg = M[tile] @ Mg, M[tile] @ Bg + B[tile]
-        dS = Mg @ dS + Bg                  # the one serial step of the group
-    return snaps, dS
+    """The scan in steps of `group` tiles of maps (M, B) (:func:`tile_maps`), float64.
+    Returns (snapshots [ceil(n / group), K, V], dh0) as the reference's with
+    snapshot_every = group: snapshot m = dS entering tile min(group * m + group - 1, n - 1)."""
+    return _scan(range(M.shape[0]), lambda i: (M[i], B[i]), dS0, group, "dense", exact, np.float64)
+
+
+def lowrank_scan(tiles: list[dict], dS0: np.ndarray, group: int):
+    """:func:`composed_scan` with every group in the diagonal + low-rank form (float64)."""
+    return _scan(tiles, None, dS0, group, "lowrank", exact, np.float64)
 
 
 EMULATIONS = ("tile", "dense", "lowrank")
@@ -133,78 +197,9 @@ def emulate(tiles: list[dict], dS0: np.ndarray, group: int, *, mode: str):
     steps dS <- D_g dS - bf16(U) bf16(bf16(W) bf16(dS)) + B_g."""
     if mode not in EMULATIONS:
         raise ValueError(f"mode must be one of {EMULATIONS}, got {mode!r}")
-    f32 = np.float32
-    n = len(tiles)
-    groups = -(-n // group)
-    snaps = np.zeros((groups,) + dS0.shape, np.float64)
-    dS = np.asarray(dS0, f32)
-    ops = [{name: (bf16(v) if name in ("qd", "kd", "kr", "mqk", "inv", "do") else np.asarray(v, f32))
+    ops = [{name: (bf16(v) if name in ("qd", "kd", "kr", "mqk", "inv", "do") else np.asarray(v, np.float32))
             for name, v in t.items()} for t in tiles]
-    K = dS.shape[0]
-    for m in range(groups - 1, -1, -1):
-        snaps[m] = dS
-        walk = range(min(group * m + group, n) - 1, group * m - 1, -1)
-        if mode == "tile":
-            for tile in walk:
-                o = ops[tile]
-                dU = o["mqk"].T @ o["do"] + o["kr"] @ bf16(dS)                  # G1 + G2
-                bdv = bf16(-o["beta"][:, None] * (o["inv"].T @ bf16(dU)))       # G3, G5's operand
-                dS = o["egT"][:, None] * dS + o["qd"].T @ o["do"] + o["kd"].T @ bdv
-            continue
-        if mode == "lowrank":
-            D, U, W, Bg = np.ones(K, f32), np.zeros((K, 0), f32), np.zeros((0, K), f32), np.zeros_like(dS)
-            for tile in walk:
-                o = ops[tile]
-                binv = bf16(o["beta"][:, None] * o["inv"].T)
-                X = bf16(binv @ o["kr"])
-                Bt = o["qd"].T @ o["do"] - o["kd"].T @ bf16(binv @ bf16(o["mqk"].T @ o["do"]))
-                W = np.concatenate([W, bf16(X * D[None, :]) - bf16(X @ bf16(U)) @ bf16(W)])
-                Bg = o["egT"][:, None] * Bg - o["kd"].T @ bf16(X @ bf16(Bg)) + Bt
-                U = np.concatenate([o["egT"][:, None] * U, o["kd"].T], axis=1)
-                D = o["egT"] * D
-            dS = D[:, None] * dS - bf16(U) @ bf16(bf16(W) @ bf16(dS)) + Bg
-            continue
-        Mg, Bg = np.eye(K, dtype=f32), np.zeros_like(dS)
-        for tile in walk:
-            o = ops[tile]
-            binv = bf16(o["beta"][:, None] * o["inv"].T)
-            Mt = np.diag(o["egT"]) - o["kd"].T @ bf16(binv @ o["kr"])
-            Bt = o["qd"].T @ o["do"] - o["kd"].T @ bf16(binv @ bf16(o["mqk"].T @ o["do"]))
-            Mg, Bg = bf16(Mt) @ bf16(Mg), bf16(Mt) @ bf16(Bg) + Bt
-        dS = bf16(Mg) @ bf16(dS) + Bg
-    return snaps, dS.astype(np.float64)
-
-
-def lowrank_group(tiles: list[dict]):
-    """(D [K], U [K, r], W [r, K], B [K, V]) of tiles given in WALK order (first applied first):
-    their composed map is dS -> D * dS - U (W dS) + B, r = C * len(tiles). float64."""
-    first = tiles[0]
-    K, V = first["kd"].shape[1], first["do"].shape[1]
-    D, U, W, B = np.ones(K), np.zeros((K, 0)), np.zeros((0, K)), np.zeros((K, V))
-    for t in tiles:
-        P = t["kd"]                                                   # [C, K]
-        X = (t["beta"][:, None] * t["inv"].T) @ t["kr"]               # diag(beta) INV^T kr  [C, K]
-        Bt = t["qd"].T @ t["do"] - P.T @ ((t["beta"][:, None] * t["inv"].T) @ (t["mqk"].T @ t["do"]))
-        # (D_m - P^T X)(D - U W) = D_m D - [D_m U, P^T] [W ; X D - (X U) W];  B <- M_m B + B_m
-        W = np.concatenate([W, X * D[None, :] - (X @ U) @ W])
-        B = t["egT"][:, None] * B - P.T @ (X @ B) + Bt
-        U = np.concatenate([t["egT"][:, None] * U, P.T], axis=1)
-        D = t["egT"] * D
-    return D, U, W, B
-
-
-def lowrank_scan(tiles: list[dict], dS0: np.ndarray, group: int):
-    """:func:`composed_scan` with every group in the diagonal + low-rank form (float64)."""
-    n = len(tiles)
-    groups = -(-n // group)
-    snaps = np.zeros((groups,) + np.shape(dS0), np.float64)
-    dS = np.array(dS0, np.float64)
-    for m in range(groups - 1, -1, -1):
-        snaps[m] = dS
-        walk = [tiles[i] for i in range(min(group * m + group, n) - 1, group * m - 1, -1)]
-        D, U, W, B = lowrank_group(walk)
-        dS = D[:, None] * dS - U @ (W @ dS) + B      # the serial step: two dependent GEMMs
-    return snaps, dS
+    return _scan(ops, lambda i: _tile_map(ops[i], bf16), dS0, group, mode, bf16, np.float32)
 
 
 def macs_per_tile(K: int = 128, V: int = 128, C: int = CHUNK, group: int = 4) -> dict:

@@ -232,4 +232,4 @@ def test_fla_autotune_is_reset_between_configurations():
     tuner.cache = {(32, 128, 128, 64): "BV=64"}
     assert fla_adapter.reset_autotune() >= 1
     assert tuner.cache == {}
-    assert fla_adapter.reset_autotune() == 0 or tuner.cache == {}
+    assert fla_adapter.reset_autotune() == 0      # nothing left to forget

@@ -128,24 +128,31 @@ def _encoded_maps(snap_bf16: bool, tma_dims: tuple, tokens: int, H: int, loads, 
 
     do_cols, do_swz, gc_cols, kw, band, snap_swz = tma_dims
     wanted = {}
+
+    def want(name, *args, **kwargs):   # TensorMap2D's own checks, with the argument named
+        try:
+            wanted[name] = TensorMap2D(*args, **kwargs)
+        except ValueError as exc:
+            raise ValueError(f"{name}: its tensor map for Kernel A's tensor copies: {exc}") from exc
+
     if loads is not None:
         if tokens > INT32_MAX:
             raise ValueError(f"tensor-copy loads address tokens with 32-bit coordinates; B * T = {tokens}")
         q, k, gc, do, mqk, inv = loads
         wide, small = (tokens, H * D), (tokens, H * CHUNK)
-        wanted["q"] = TensorMap2D(q, "bfloat16", wide, H * D * 2, (CHUNK, D))
-        wanted["k"] = TensorMap2D(k, "bfloat16", wide, H * D * 2, (CHUNK, D))
-        wanted["gc"] = TensorMap2D(gc, "float32", wide, H * D * 4, (CHUNK, gc_cols))
-        wanted["do"] = TensorMap2D(do, "bfloat16", wide, H * D * 2, (CHUNK, do_cols), swizzle=do_swz)
-        wanted["mqk"] = TensorMap2D(mqk, "bfloat16", small, H * CHUNK * 2, (CHUNK, CHUNK), swizzle=2 * CHUNK)
-        wanted["inv"] = TensorMap2D(inv, "bfloat16", small, H * CHUNK * 2, (CHUNK, CHUNK), swizzle=2 * CHUNK)
+        want("q", q, "bfloat16", wide, H * D * 2, (CHUNK, D))
+        want("k", k, "bfloat16", wide, H * D * 2, (CHUNK, D))
+        want("gc", gc, "float32", wide, H * D * 4, (CHUNK, gc_cols))
+        want("do", do, "bfloat16", wide, H * D * 2, (CHUNK, do_cols), swizzle=do_swz)
+        want("mqk", mqk, "bfloat16", small, H * CHUNK * 2, (CHUNK, CHUNK), swizzle=2 * CHUNK)
+        want("inv", inv, "bfloat16", small, H * CHUNK * 2, (CHUNK, CHUNK), swizzle=2 * CHUNK)
     if snap is not None:
         ptr, rows = snap
         if rows > INT32_MAX:
             raise ValueError(f"tensor-store snapshots address rows with 32-bit coordinates; "
                              f"snapshots have {rows} rows of {D}")
-        wanted["snap"] = TensorMap2D(ptr, "bfloat16" if snap_bf16 else "float32", (rows, D),
-                                     D * (2 if snap_bf16 else 4), (kw, band), swizzle=snap_swz)
+        want("snap", ptr, "bfloat16" if snap_bf16 else "float32", (rows, D), D * (2 if snap_bf16 else 4),
+             (kw, band), swizzle=snap_swz)
     maps = np.zeros(1, dtype=MAPS_DTYPE)
     words = maps["opaque"][0]
     for name, tmap in wanted.items():

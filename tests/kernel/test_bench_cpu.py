@@ -233,3 +233,4 @@ def test_fla_autotune_is_reset_between_configurations():
     assert fla_adapter.reset_autotune() >= 1
     assert tuner.cache == {}
     assert fla_adapter.reset_autotune() == 0      # nothing left to forget
+

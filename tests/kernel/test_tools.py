@@ -181,3 +181,15 @@ def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
                         f"-DVSPLIT={vsplit}", "-ptx", str(build.SOURCE_PATH), "-o", str(out)], check=True)
         threads = int(re.search(r"kda_threads\s*=\s*(\d+)", out.read_text()).group(1))
         assert threads == build.Config(vsplit=vsplit).threads, vsplit
+
+
+def test_a_tensor_map_error_names_the_argument():
+    # kernel.api's tensor maps keep ptx_lab.tensormap's checks and say which input broke one;
+    # validation runs before the driver, so no GPU is needed to see it.
+    from kernel import api
+
+    dims = (64, 128, 64, 128, 32, 64)   # vsplit 1's boxes: do 64 cols / SW128, gc 64, snapshot 128 x 32 / SW64
+    good = 0x7F00_0000_0000
+    with pytest.raises(ValueError, match=r"^mqk: its tensor map .*: address = 0x7f0000000008: the tensor must "
+                                         r"start 16-byte aligned"):
+        api._encoded_maps(True, dims, 4096, 32, (good, good, good, good, good + 8, good), None)

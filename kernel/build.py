@@ -94,8 +94,8 @@ class Config:
             raise ValueError(f"nstage must be 2, 3 or 4, got {self.nstage}")
         if self.g2_split not in (1, 2, 4):
             raise ValueError(f"g2_split must be 1, 2 or 4, got {self.g2_split}")
-        if self.producers not in (2, 4, 8):
-            raise ValueError(f"producers must be 2, 4 or 8, got {self.producers}")
+        if self.producers not in (2, 4, 8, 16):
+            raise ValueError(f"producers must be 2, 4, 8 or 16, got {self.producers}")
         if 2 * self.nstage + pair_bars > 15:
             raise ValueError(f"nstage {self.nstage} with vsplit {self.vsplit} and ksplit {self.ksplit} needs "
                              f"{2 * self.nstage + pair_bars} named barriers, the SM has 15 besides __syncthreads")

@@ -36,7 +36,7 @@
 //   HAS_DHT     0 / 1        initial dS from dht (else zeros)
 //   L2NORM      0 / 1        l2-normalise q and k rows in R1
 //   G2_SPLIT    1, 2, 4      independent accumulator chains in G2 (shorter dS path)
-//   PRODUCERS   2, 4, 8      producer warps (fewer leave consumers more registers)
+//   PRODUCERS   2, 4, 8, 16  producer warps (fewer leave consumers more registers)
 //   MT          1 / 2        16-wide v m-tiles per consumer warp: with 2, every B fragment
 //                            (kr, qd, kd: the same for all bands) serves two MMAs, which
 //                            halves the consumers' ldmatrix traffic (shared memory bound
@@ -50,6 +50,10 @@
 //   KSPLIT      1 / 2        consumer warps per v band: with 2, each holds half of the
 //                            band's k columns and the two add their G2 partial sums (1 KB
 //                            through shared memory and a 64-thread named barrier per tile)
+//   REGSPLIT    -1, 0, 1     setmaxnreg (sm_90a): the consumers' warpgroup takes CONSUMER_REGS
+//                            registers a thread, the producers' warpgroups give theirs back, so
+//                            more producer warps fit beside consumers that hold a 32-wide band
+//                            (needs NUM_CONSUMERS and PRODUCERS multiples of 4; -1 = auto)
 //   KDA_TIMING  0 / 1        clock64 accounting per warp and phase into kda_timing[]
 //                            (kernel.profile; off in every build the API launches)
 #include "common.cuh"
@@ -59,6 +63,7 @@
 #include "cp_async.cuh"
 #include "barrier.cuh"
 #include "tma.cuh"
+#include "setmaxnreg.cuh"
 
 using namespace ptx_lab;
 
@@ -82,6 +87,9 @@ using namespace ptx_lab;
 #endif
 #ifndef KDA_TIMING
 #define KDA_TIMING 0
+#endif
+#ifndef REGSPLIT
+#define REGSPLIT -1
 #endif
 // Defaults as build.Config's auto rules (which say why).
 #define LOADS_CP_ASYNC 1
@@ -139,11 +147,33 @@ static_assert((MT == 1 || MT == 2) && DV % BAND == 0, "MT must be 1 or 2, and D 
 static_assert(NSTAGE >= 2 && 2 * NSTAGE + (KSPLIT > 1 ? NUM_BANDS : 0) <= 15,
               "named barrier ids run out (FULL and EMPTY per stage, one per band with KSPLIT 2)");
 static_assert(NSTAGE - 1 <= 7, "cp.async.wait_group takes 0..7");
-static_assert(PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "PRODUCERS must be 2, 4 or 8");
+static_assert(PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8 || PRODUCERS == 16, "PRODUCERS must be 2, 4, 8 or 16");
 static_assert(G2_SPLIT == 1 || G2_SPLIT == 2 || G2_SPLIT == 4, "G2_SPLIT must be 1, 2 or 4");
 static_assert(LOADS == LOADS_CP_ASYNC || LOADS == LOADS_TMA, "LOADS must be 1 (cp.async) or 2 (tensor copies)");
 static_assert(SNAP_STORE == SNAP_STAGED || SNAP_STORE == SNAP_TMA || (SNAP_STORE == SNAP_DIRECT && !SNAP_BF16),
               "SNAP_STORE must be 1 (direct, fp32 only), 2 (staged) or 3 (tensor store)");
+// REGSPLIT: the launch gives every thread LAUNCH_REGS (__launch_bounds__(THREADS, 1): the
+// register file's 65536 over THREADS, in steps of 8); the consumers raise theirs to
+// CONSUMER_REGS (the 32-wide bands' code takes 215 when it may), the producers lower
+// theirs to what is left, so the CTA's pool balances. Auto (-1): on wherever it is
+// possible (whole warpgroups on both sides) and needed (LAUNCH_REGS < CONSUMER_REGS),
+// which is 8 or 16 producer warps beside 4 consumer warps.
+constexpr int LAUNCH_REGS = (65536 / THREADS) / 8 * 8 > 255 ? 255 : (65536 / THREADS) / 8 * 8;
+constexpr int CONSUMER_REGS = 240;
+constexpr int PRODUCER_REGS_RAW = (LAUNCH_REGS * THREADS - CONSUMER_REGS * NUM_CONSUMERS * 32) / PRODUCER_THREADS / 8 * 8;
+constexpr int PRODUCER_REGS = PRODUCER_REGS_RAW > 248 ? 248 : PRODUCER_REGS_RAW;
+// setmaxnreg exists for sm_90a builds only (an "a" target's feature macro); a plain
+// sm_90 build (e.g. an NVRTC that was not asked for sm_90a) runs without the split.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool HAS_SETMAXNREG = true;
+#else
+constexpr bool HAS_SETMAXNREG = false;
+#endif
+constexpr bool REGSPLIT_FITS = NUM_CONSUMERS % 4 == 0 && NUM_PRODUCERS % 4 == 0 && PRODUCER_REGS >= 56;
+constexpr bool REG_SPLIT = HAS_SETMAXNREG && (REGSPLIT < 0 ? REGSPLIT_FITS && LAUNCH_REGS < CONSUMER_REGS : REGSPLIT != 0);
+static_assert(!REG_SPLIT || REGSPLIT_FITS,
+              "REGSPLIT moves registers between whole warpgroups (consumers and producers in multiples of 4 "
+              "warps) and must leave the producers 56 or more");
 constexpr bool TMA_LOADS = LOADS == LOADS_TMA;
 constexpr bool TMA_SNAP = SNAP_STORE == SNAP_TMA;
 
@@ -272,6 +302,24 @@ struct Params {
     float scale;
     const TmaMaps* maps;          // the tensor maps (a __grid_constant__ kernel parameter)
 };
+
+// What a CTA works on: v split vs of head h of sequence seq (the order's slot-th longest).
+struct CtaWork {
+    int vs, h, seq, len, nt;
+    long long seq_start, snap_base;
+};
+__device__ __forceinline__ CtaWork cta_work(const Params& p) {
+    CtaWork w;
+    w.vs = blockIdx.x % VSPLIT;
+    w.h = (blockIdx.x / VSPLIT) % p.H;
+    const int slot = blockIdx.x / (VSPLIT * p.H);
+    w.seq = p.order ? p.order[slot] : slot;
+    w.seq_start = p.cu_seqlens[w.seq];
+    w.len = (int)(p.cu_seqlens[w.seq + 1] - w.seq_start);
+    w.nt = (w.len + C - 1) / C;
+    w.snap_base = p.snap_offsets[w.seq];
+    return w;
+}
 
 __device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
@@ -696,6 +744,7 @@ using namespace kda;
 // Dynamic shared memory the launch must request (read by the host through the module).
 extern "C" __constant__ int kda_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kda_threads = THREADS;
+extern "C" __constant__ int kda_reg_split = REG_SPLIT;   // 1: setmaxnreg moved registers to the consumers
 // The tensor-map boxes (kernel.api encodes the maps from these): do box columns and
 // swizzle, gc box columns, snapshot box rows (KW) and columns (BAND) and swizzle.
 extern "C" __constant__ int kda_tma_dims[6] = {DO_BOX_COLS, DO_SWZ, GC_BOX_COLS, KW, BAND, SNAP_SWZ};
@@ -721,14 +770,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     const u32 mbar0 = smem_addr(smem + MBAR_OFFSET);   // LOADS 2: stage s's mbarrier at mbar0 + 8 s
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int vs = blockIdx.x % VSPLIT;
-    const int h = (blockIdx.x / VSPLIT) % p.H;
-    const int slot = blockIdx.x / (VSPLIT * p.H);
-    const int seq = p.order ? p.order[slot] : slot;
-    const long long seq_start = p.cu_seqlens[seq];
-    const int len = (int)(p.cu_seqlens[seq + 1] - seq_start);
-    const int nt = (len + C - 1) / C;
-    const long long snap_base = p.snap_offsets[seq];
     constexpr u32 ALL = THREADS;
     KDA_TIMERS;
     KDA_CLOCK(t_start);
@@ -743,6 +784,12 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 
     if (warp >= NUM_CONSUMERS) {
         // ----------------------------- producers -----------------------------
+        // REGSPLIT: give registers back before anything is computed (a value live across the
+        // change would be spilled); the consumers' inc below waits for them.
+        if constexpr (REG_SPLIT) setmaxnreg_dec<PRODUCER_REGS>();
+        const CtaWork w = cta_work(p);
+        const int vs = w.vs, h = w.h, len = w.len, nt = w.nt;
+        const long long seq_start = w.seq_start;
         const int pw = warp - NUM_CONSUMERS;
         const int ptid = threadIdx.x - NUM_CONSUMERS * 32;
         // Tile i of the walk is tile n = nt - 1 - i of the sequence. Loads run
@@ -801,6 +848,10 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     }
 
     // ------------------------------- consumers -------------------------------
+    if constexpr (REG_SPLIT) setmaxnreg_inc<CONSUMER_REGS>();
+    const CtaWork w = cta_work(p);
+    const int vs = w.vs, h = w.h, seq = w.seq, nt = w.nt;
+    const long long snap_base = w.snap_base;
     const int t = lane & 3;
     const int band = warp % NUM_BANDS;       // the two warps of a band sit on different
     const int kh = warp / NUM_BANDS;         // sub-partitions wherever NUM_BANDS is 1 or 2

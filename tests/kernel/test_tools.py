@@ -193,3 +193,24 @@ def test_a_tensor_map_error_names_the_argument():
     with pytest.raises(ValueError, match=r"^mqk: its tensor map .*: address = 0x7f0000000008: the tensor must "
                                          r"start 16-byte aligned"):
         api._encoded_maps(True, dims, 4096, 32, (good, good, good, good, good + 8, good), None)
+
+
+@pytest.mark.parametrize("producers, split", [(4, False), (8, True), (16, True)])
+def test_more_producers_take_registers_from_the_pool_without_spilling(tmp_path, producers, split):
+    # vsplit 1's 4 consumer warps (32-wide bands) need ~215 registers; 8 or 16 producer warps
+    # beside them leave 168 or 96 per thread at launch, so setmaxnreg must move registers
+    # to the consumers' warpgroup (sm_90a), and nothing may spill on either side.
+    import shutil
+
+    from kernel import build, resources
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
+    row = resources.compile_variant(cfg, tmp_path)
+    assert "error" not in row, row.get("error")
+    assert row["spill"] == 0 and row["stack"] == 0, row["log"]
+    ptx = (tmp_path / f"{cfg.name()}.ptx").read_text()
+    assert ("setmaxnreg.inc.sync.aligned.u32 240" in ptx) == split
+    assert ("setmaxnreg.dec.sync.aligned.u32" in ptx) == split
+    assert row["threads"] == 32 * (4 + producers)

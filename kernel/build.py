@@ -64,7 +64,10 @@ class Config:
         # (with ksplit 2 above; with ksplit 1 and the tensor store, 6.68 vs 7.28 ms with 4).
         # With fp32 snapshots at vsplit 1 the consumers' stores set the pace, and 2 are
         # enough: 32 x 8192 f32x1 12.95 ms with 2, 13.28 with 4.
-        auto("producers", 8 if self.vsplit == 4 else 2 if self.vsplit == 1 and not self.snap_bf16 else 4)
+        # bf16 at vsplit 1: 8, with setmaxnreg moving registers to the consumers' warpgroup
+        # (the kernel's REGSPLIT): 32 x 8192 bf16x4 4.850 -> 4.532 ms (0.934x; 16: 0.997x).
+        auto("producers", 8 if self.vsplit == 4 or (self.vsplit == 1 and self.snap_bf16)
+             else 2 if self.vsplit == 1 else 4)
         # tensor-copy loads measured slower (32 x 8192 bf16x4 with the tensor store 4.77 -> 5.59 ms;
         # 1 x 131072 7.31 -> 8.91): BENCHMARKS.md, log 14
         auto("loads", LOADS_CP_ASYNC)

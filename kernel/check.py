@@ -84,6 +84,13 @@ CASES = (
     Case("var-bf16x1-vs4-mt2-nonorm", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", l2norm=False, vsplit=4,
          seed=14, tuning=(("mt", 2),)),
 )
+# more producer warps than the register file allows beside 32-wide bands: setmaxnreg
+# moves registers to the consumers' warpgroup (16 producers: one R1 token per warp)
+CASES += (
+    Case("var-bf16x4-vs1-p16", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1,
+         seed=24, tuning=(("producers", 16),)),
+    Case("eq-f32x1-vs1-p8-st3", B=2, T=200, H=3, vsplit=1, seed=25, tuning=(("producers", 8), ("nstage", 3))),
+)
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 
 

@@ -113,7 +113,7 @@ using namespace ptx_lab;
 #define G2_SPLIT (MT == 1 ? 4 : 2)
 #endif
 #ifndef PRODUCERS
-#define PRODUCERS (VSPLIT == 4 ? 8 : VSPLIT == 1 && !SNAP_BF16 ? 2 : 4)
+#define PRODUCERS (VSPLIT == 4 || (VSPLIT == 1 && SNAP_BF16) ? 8 : VSPLIT == 1 ? 2 : 4)
 #endif
 
 namespace kda {

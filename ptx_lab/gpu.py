@@ -37,6 +37,20 @@ def compile_options(extra: Sequence[str] = ()) -> tuple[str, ...]:
     return ("-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *extra)
 
 
+# Devices whose architecture-specific target ("a": features that are not forward
+# compatible, such as setmaxnreg and wgmma) NVRTC should build for. CuPy asks NVRTC
+# for the plain target (sm_90 on an H100/H200: measured, __CUDA_ARCH_FEAT_SM90_ALL
+# is then undefined); an -arch option of ours replaces it.
+ARCH_SPECIFIC = {"90": "sm_90a"}
+
+
+def arch_options(backend: str, compute_capability: str) -> tuple[str, ...]:
+    """The -arch option NVRTC gets for a device of `compute_capability` ("90")."""
+    target = ARCH_SPECIFIC.get(compute_capability)
+    # CuPy's nvcc backend passes its own -gencode, and a second target is an error
+    return (f"-arch={target}",) if backend == "nvrtc" and target else ()
+
+
 @functools.lru_cache(maxsize=None)
 def load_module(source: str, options: tuple[str, ...] = (), backend: str = "nvrtc",
                 name_expressions: tuple[str, ...] | None = None):
@@ -49,7 +63,8 @@ def load_module(source: str, options: tuple[str, ...] = (), backend: str = "nvrt
 
     if backend not in ("nvrtc", "nvcc"):
         raise ValueError(f"backend must be 'nvrtc' or 'nvcc', got {backend!r}")
-    mod = cupy.RawModule(code=source, options=compile_options(options), backend=backend,
+    arch = arch_options(backend, cupy.cuda.Device().compute_capability)
+    mod = cupy.RawModule(code=source, options=compile_options(options) + arch, backend=backend,
                          name_expressions=list(name_expressions) if name_expressions else None)
     mod.compile()
     return mod

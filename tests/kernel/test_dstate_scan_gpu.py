@@ -76,3 +76,16 @@ def test_torch_tensors_round_trip():
     assert isinstance(s_t, torch.Tensor) and s_t.dtype == torch.bfloat16 and s_t.is_cuda
     assert torch.equal(s_t.view(torch.int16).cpu(), torch.from_numpy(s_c.get().view(np.int16)))
     assert torch.equal(d_t.cpu(), torch.from_numpy(d_c.get()))
+
+
+@pytest.mark.parametrize("producers, split", [(4, 0), (8, 1), (16, 1)])
+def test_the_launched_build_moves_registers_where_it_should(producers, split):
+    # The API's NVRTC build must target sm_90a (ptx_lab.gpu.arch_options): on plain sm_90
+    # setmaxnreg is compiled out, and the 8 or 16 producers' build spills.
+    from kernel import api, build
+
+    cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
+    (reg_split,) = api.read_int_constants(api.module(cfg), "kda_reg_split", 1)
+    assert reg_split == split
+    attrs = api._kernel(cfg)[0].attributes
+    assert attrs["local_size_bytes"] == 0, attrs

@@ -132,7 +132,7 @@ def test_fp32_snapshots_at_vsplit_1_take_two_producers():
 
 
 @pytest.mark.parametrize("vsplit, want", [
-    (1, dict(mt=2, ksplit=1, g2_split=2, producers=4, consumers=4)),
+    (1, dict(mt=2, ksplit=1, g2_split=2, producers=8, consumers=4)),
     (2, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=4)),
     (4, dict(mt=1, ksplit=1, g2_split=4, producers=8, consumers=2)),
     (8, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=1)),
@@ -176,11 +176,13 @@ def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     for vsplit in build.VSPLITS:
-        out = tmp_path / f"vs{vsplit}.ptx"
-        subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}",
-                        f"-DVSPLIT={vsplit}", "-ptx", str(build.SOURCE_PATH), "-o", str(out)], check=True)
-        threads = int(re.search(r"kda_threads\s*=\s*(\d+)", out.read_text()).group(1))
-        assert threads == build.Config(vsplit=vsplit).threads, vsplit
+        for bf16 in (0, 1):
+            out = tmp_path / f"vs{vsplit}-{bf16}.ptx"
+            subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}",
+                            f"-DVSPLIT={vsplit}", f"-DSNAP_BF16={bf16}", "-ptx", str(build.SOURCE_PATH),
+                            "-o", str(out)], check=True)
+            threads = int(re.search(r"kda_threads\s*=\s*(\d+)", out.read_text()).group(1))
+            assert threads == build.Config(vsplit=vsplit, snap_bf16=bool(bf16)).threads, (vsplit, bf16)
 
 
 def test_a_tensor_map_error_names_the_argument():

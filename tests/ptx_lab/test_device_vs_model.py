@@ -385,3 +385,12 @@ def test_device_says_why_without_a_gpu() -> None:
     regs = np.zeros(WARP, dtype=np.uint32)
     with pytest.raises(RuntimeError, match=gpu_reason()):
         device.movmatrix_trans(regs)
+
+
+def test_nvrtc_builds_hopper_for_its_arch_specific_target():
+    # CuPy asks NVRTC for sm_90 on an H100/H200; setmaxnreg (and wgmma) need sm_90a.
+    from ptx_lab.gpu import arch_options
+
+    assert arch_options("nvrtc", "90") == ("-arch=sm_90a",)
+    assert arch_options("nvcc", "90") == ()      # CuPy's nvcc backend brings its own -gencode
+    assert arch_options("nvrtc", "89") == ()     # no arch-specific target wanted there

@@ -159,7 +159,9 @@ static_assert(SNAP_STORE == SNAP_STAGED || SNAP_STORE == SNAP_TMA || (SNAP_STORE
 // possible (whole warpgroups on both sides) and needed (LAUNCH_REGS < CONSUMER_REGS),
 // which is 8 or 16 producer warps beside 4 consumer warps.
 constexpr int LAUNCH_REGS = (65536 / THREADS) / 8 * 8 > 255 ? 255 : (65536 / THREADS) / 8 * 8;
-constexpr int CONSUMER_REGS = 240;
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 240
+#endif
 constexpr int PRODUCER_REGS_RAW = (LAUNCH_REGS * THREADS - CONSUMER_REGS * NUM_CONSUMERS * 32) / PRODUCER_THREADS / 8 * 8;
 constexpr int PRODUCER_REGS = PRODUCER_REGS_RAW > 248 ? 248 : PRODUCER_REGS_RAW;
 // setmaxnreg exists for sm_90a builds only (an "a" target's feature macro); a plain

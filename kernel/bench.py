@@ -144,6 +144,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="gate strength of kernel.reference.random_inputs (default 1)")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of the timings")
     p.add_argument("--json", metavar="FILE", default=None, help="write every number as JSON")
+    p.add_argument("--from-json", metavar="FILE", nargs="+", default=None,
+                   help="time nothing: print the tables (and --plot / --json) of earlier runs' JSON "
+                        "files, one row per config, e.g. configs timed in separate processes. Each "
+                        "row's ratios come from its own run; no GPU needed")
     args = p.parse_args(argv)
     if args.configs is None:
         args.configs = ",".join(QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
@@ -882,8 +886,45 @@ def environment() -> dict:
     return env
 
 
+def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
+    """The table, precision table and plot of configs timed by earlier runs (--json files)."""
+    results, runs = [], []
+    for path in paths:
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            rows = data["results"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(f"{path}: not a kernel.bench --json file ({_err(exc)})")
+            return 1
+        runs.append({"file": path, "environment": data.get("environment"), "args": data.get("args")})
+        for r in rows:
+            results.append({**r, "source": path})
+    ok = [r for r in results if "error" not in r]
+    log(f"{len(ok)} config(s) from {len(paths)} file(s); each row's ratios were measured in its own run")
+    log(format_table([table_row(r) for r in ok]))
+    prec = [r for r in ok if "precision" in r and "error" not in r["precision"]]
+    if prec:
+        log("")
+        log("relative Frobenius error vs the float64 reference (sampled heads):")
+        log(format_table([precision_row(r) for r in prec], PRECISION_COLUMNS))
+    for r in results:
+        if "error" in r:
+            log(f"{r['config']} ({r['source']}): {r['error']}")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"runs": runs, "results": results}, fh, indent=1, default=str)
+        log(f"wrote {json_path}")
+    if plot_path and ok:
+        plot(ok, plot_path)
+        log(f"wrote {plot_path}")
+    return 0 if ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        return report_from_json(args.from_json, args.plot, args.json)
     configs = []
     for spec in args.configs.split(","):
         if spec.strip():

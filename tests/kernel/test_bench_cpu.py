@@ -234,3 +234,26 @@ def test_fla_autotune_is_reset_between_configurations():
     assert tuner.cache == {}
     assert fla_adapter.reset_autotune() == 0      # nothing left to forget
 
+
+
+def test_from_json_reports_earlier_runs_without_a_gpu(tmp_path, capsys):
+    # configs timed in separate processes (one JSON each) become one table, plot and JSON
+    import json
+
+    for name, ms in (("4x8192", 0.5), ("32x8192", 4.0)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"environment": {"device": "H200"}, "args": {"configs": name},
+             "results": [_result(config=name, kernel_a={"fla": {"median_ms": ms, "GBps": 1.0, "vs_floor": 1.2}})]}))
+    merged = tmp_path / "all.json"
+    code = bench.main(["--from-json", str(tmp_path / "4x8192.json"), str(tmp_path / "32x8192.json"),
+                       "--json", str(merged)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2 config(s) from 2 file(s)" in out
+    assert "| 4x8192 " in out and "| 32x8192 " in out
+    data = json.loads(merged.read_text())
+    assert [r["config"] for r in data["results"]] == ["4x8192", "32x8192"]
+    assert [r["file"] for r in data["runs"]] == [str(tmp_path / "4x8192.json"), str(tmp_path / "32x8192.json")]
+    (tmp_path / "bad.json").write_text("{}")
+    assert bench.main(["--from-json", str(tmp_path / "bad.json")]) == 1
+    assert "not a kernel.bench --json file" in capsys.readouterr().out

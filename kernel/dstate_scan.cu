@@ -178,14 +178,6 @@ static_assert(!REG_SPLIT || REGSPLIT_FITS,
               "warps) and must leave the producers 56 or more");
 constexpr bool TMA_LOADS = LOADS == LOADS_TMA;
 constexpr bool TMA_SNAP = SNAP_STORE == SNAP_TMA;
-// bf16 snapshots by tensor store: G2 packs dS^T into exactly the bf16 pairs a snapshot
-// stores (its A operand, k-step ks = the snapshot's k rows 16 ks ..), so the snapshot's
-// stmatrix go from inside G2 and reuse them, instead of packing all of dS a second time
-// before the tile's wait (SNAP_IN_G2 0: the separate store_band_tma, as before).
-#ifndef SNAP_IN_G2
-#define SNAP_IN_G2 (SNAP_STORE == SNAP_TMA && SNAP_BF16)
-#endif
-static_assert(!SNAP_IN_G2 || (SNAP_STORE == SNAP_TMA && SNAP_BF16), "SNAP_IN_G2 needs bf16 snapshots by tensor store");
 
 // Row strides (in elements) of the shared tiles that ldmatrix reads. One 8x8
 // ldmatrix phase reads 8 rows x 16 B; a row stride of 16 B modulo 128 B puts the
@@ -584,21 +576,15 @@ __device__ __forceinline__ u32 small_addr_rows_first(const unsigned short* tile,
     return x4_addr_rows_first(tile, SMALL_STRIDE, 0, 0, lane);
 }
 
-// G2's A operand of k-step ks, m-tile m: dS^T's n-tiles 2 ks and 2 ks + 1 packed to bf16
-// pairs (the C fragments of two adjacent n-tiles are one A fragment: mma.cuh).
-__device__ __forceinline__ void pack_band_pair(u32 (&a)[4], const float (&dS)[MT][NJ][4], int m, int ks) {
-    const float (&x)[4] = dS[m][2 * ks];
-    const float (&y)[4] = dS[m][2 * ks + 1];
-    a[0] = pack_bf16x2(x[0], x[1]); a[1] = pack_bf16x2(x[2], x[3]);
-    a[2] = pack_bf16x2(y[0], y[1]); a[3] = pack_bf16x2(y[2], y[3]);
-}
 // stmatrix.x4.trans of n-tiles 2 pr and 2 pr + 1 of m-tile m (bf16 pairs of the fp32
 // accumulators), `addr` the lane's x4_cols_first row with k as rows and v as columns:
 // matrices (v 0-7, k lo), (v 8-15, k lo), (v 0-7, k hi), (v 8-15, k hi).
 __device__ __forceinline__ void stmatrix_band_pair(u32 addr, const float (&dS)[MT][NJ][4], int m, int pr) {
-    u32 a[4];
-    pack_band_pair(a, dS, m, pr);
-    stmatrix_x4_trans(addr, a[0], a[1], a[2], a[3]);
+    stmatrix_x4_trans(addr,
+                      pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]),
+                      pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]),
+                      pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),
+                      pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3]));
 }
 
 // SNAP_STORE 3: this warp's dS^T band as ONE tensor store. The fragments go to the
@@ -608,43 +594,23 @@ __device__ __forceinline__ void stmatrix_band_pair(u32 addr, const float (&dS)[M
 // lane 0 stores the box to rows row0 .. row0 + KW - 1, columns v0 .. of the snapshot
 // map. The store runs in the background (a bulk group); the next snapshot first
 // waits until it has read the tile. No 16-byte STGs through the SM's memory queue.
-// In three steps, so that the bf16 fragments can be written from inside G2 (SNAP_IN_G2).
-// The swizzle repeats every 8 rows (8 * SNAP_SWZ bytes), so a fragment's offset is its
-// row's position within 8 rows, swizzled once, plus a constant per 8 rows.
-constexpr u32 SNAP_ROWS8 = 8 * SNAP_SWZ;
-__device__ __forceinline__ void snapshot_tma_begin(int lane) {
-    if (lane == 0) cp_async_bulk_wait_read<0>();   // the previous snapshot's store has read the tile
-    __syncwarp();
-}
-// bf16: k columns 16 pr .. 16 pr + 15 of m-tile m, packed as G2's A operand of k-step pr
-// (stmatrix.x4.trans matrix mm: rows k = 16 pr + 8 (mm >> 1) + (lane & 7), columns
-// v = 16 m + 8 (mm & 1) ..).
-__device__ __forceinline__ void snapshot_tma_fragment(u32 base, int m, int pr, const u32 (&a)[4], int lane) {
-    const int mm = lane >> 3;
-    const u32 off = (mm >> 1) * SNAP_ROWS8 + tma_swizzle<SNAP_SWZ>((lane & 7) * SNAP_SWZ + (16 * m + 8 * (mm & 1)) * 2);
-    stmatrix_x4_trans(base + off + 2 * pr * SNAP_ROWS8, a[0], a[1], a[2], a[3]);
-}
-__device__ __forceinline__ void snapshot_tma_end(const TensorMap* map, int row0, int v0, u32 base, int lane) {
-    fence_proxy_async_shared();   // the tile's generic writes before the async proxy reads it
-    __syncwarp();
-    if (lane == 0) {
-        cp_async_bulk_tensor_2d_s2g(map, v0, row0, base);
-        cp_async_bulk_commit();
-    }
-}
 __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, int v0, const float (&dS)[MT][NJ][4],
                                                unsigned char* staging, int lane) {
+    // The swizzle repeats every 8 rows (8 * SNAP_SWZ bytes), so a fragment's offset is
+    // its row's position within 8 rows, swizzled once, plus a constant per 8 rows.
+    constexpr u32 ROWS8 = 8 * SNAP_SWZ;
     const u32 base = smem_addr(staging);
-    snapshot_tma_begin(lane);
+    if (lane == 0) cp_async_bulk_wait_read<0>();   // the previous snapshot's store has read the tile
+    __syncwarp();
 #if SNAP_BF16
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int m = 0; m < MT; ++m) {
+        // matrix mm: rows k = 16 pr + 8 (mm >> 1) + (lane & 7), columns v = 16 m + 8 (mm & 1) ..
+        const int mm = lane >> 3;
+        const u32 off = (mm >> 1) * ROWS8 + tma_swizzle<SNAP_SWZ>((lane & 7) * SNAP_SWZ + (16 * m + 8 * (mm & 1)) * 2);
 #pragma unroll
-        for (int pr = 0; pr < NJ / 2; ++pr) {
-            u32 a[4];
-            pack_band_pair(a, dS, m, pr);
-            snapshot_tma_fragment(base, m, pr, a, lane);
-        }
+        for (int pr = 0; pr < NJ / 2; ++pr) stmatrix_band_pair(base + off + 2 * pr * ROWS8, dS, m, pr);
+    }
 #else
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -657,10 +623,15 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) *reinterpret_cast<float*>(staging + off[e] + j * SNAP_ROWS8) = dS[m][j][e];
+            for (int e = 0; e < 4; ++e) *reinterpret_cast<float*>(staging + off[e] + j * ROWS8) = dS[m][j][e];
     }
 #endif
-    snapshot_tma_end(map, row0, v0, base, lane);
+    fence_proxy_async_shared();   // the tile's generic writes before the async proxy reads it
+    __syncwarp();
+    if (lane == 0) {
+        cp_async_bulk_tensor_2d_s2g(map, v0, row0, base);
+        cp_async_bulk_commit();
+    }
 }
 
 // Store this warp's part of its dS^T band (fp32 accumulators, all MT m-tiles) as
@@ -931,22 +902,17 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         const int s = i % NSTAGE;
 
         // snapshot[n] = dS at entry of tile n; written before waiting for the
-        // tile's operands so the stores overlap the producers' work (SNAP_IN_G2: from
-        // inside G2, below, which packs the same bf16 pairs as its A operand anyway).
+        // tile's operands so the stores overlap the producers' work.
         KDA_CLOCK(t0);
-        const bool snap_now = SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1;
-        const long long snap_idx = snap_base + n / SNAP_EVERY;
-        const int snap_row = (int)((snap_idx * p.H + h) * D + k0);   // SNAP_TMA: the snapshot map's row
-        if (SNAP_IN_G2) {
-            if (snap_now) snapshot_tma_begin(lane);
-        } else if (snap_now) {
+        if (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1) {
+            const long long idx = snap_base + n / SNAP_EVERY;
 #if SNAP_STORE == SNAP_TMA
-            store_band_tma(&maps.snap, snap_row, v0, dS, staging, lane);
+            store_band_tma(&maps.snap, (int)((idx * p.H + h) * D + k0), v0, dS, staging, lane);
 #elif SNAP_BF16
-            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
+            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
                             reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
 #else
-            store_band_f32<1>(static_cast<float*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
+            store_band_f32<1>(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
                               reinterpret_cast<float*>(staging), k0, v0, lane);
 #endif
         }
@@ -990,14 +956,14 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             // matrices: (c 0-7, k lo), (c 0-7, k hi), (c 8-15, k lo), (c 8-15, k hi)
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                u32 a[4];
-                pack_band_pair(a, dS, m, ks);
+                const float (&x)[4] = dS[m][2 * ks];
+                const float (&y)[4] = dS[m][2 * ks + 1];
+                const u32 a[4] = {pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
+                                  pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3])};
                 mma_bf16(acc[m][ks % G2_SPLIT][0], a, bk[0], bk[1]);
                 mma_bf16(acc[m][ks % G2_SPLIT][1], a, bk[2], bk[3]);
-                if (SNAP_IN_G2 && snap_now) snapshot_tma_fragment(smem_addr(staging), m, ks, a, lane);
             }
         }
-        if (SNAP_IN_G2 && snap_now) snapshot_tma_end(&maps.snap, snap_row, v0, smem_addr(staging), lane);
 
         // combine, first half: dS^T *= exp2(gT) per k column, then G4: dS^T += do^T @ qd.
         // Neither depends on G2, so they fill its latency.

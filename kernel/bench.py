@@ -609,6 +609,7 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                     log(f"    FLA {name} failed: {_err(exc)}")
                     free_memory()
             del state, calls
+            res["fla_autotune"] = fla.autotune_choices()   # FLA's block sizes for this shape
         except Exception as exc:
             res["fla"]["error"] = _err(exc)
             log(f"    FLA failed: {_err(exc)}")

@@ -60,7 +60,7 @@ FLA_CHUNK = 64          # FLA's KDA chunk size (its default; 32 is the only othe
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
 __all__ = ["FLA_VERSION", "FLA_CHUNK", "available", "FlaState", "prepare", "dAv", "dhu",
-           "dAv_dhu", "recompute_w_u", "fwd_h", "dh_dh0", "callables", "reset_autotune"]
+           "dAv_dhu", "recompute_w_u", "fwd_h", "dh_dh0", "callables", "reset_autotune", "autotune_choices"]
 
 
 def reset_autotune() -> int:
@@ -84,6 +84,24 @@ def reset_autotune() -> int:
             cache.clear()
             reset += 1
     return reset
+
+
+def autotune_choices() -> dict:
+    """What every Triton autotuner in the process chose: {kernel name: {key: config}}, as
+    text. A benchmark records it, so that two runs of the same shape whose FLA times differ
+    can be told apart by the block sizes FLA picked."""
+    import gc
+
+    from triton.runtime.autotuner import Autotuner
+
+    out = {}
+    for obj in gc.get_objects():
+        cache = getattr(obj, "cache", None) if isinstance(obj, Autotuner) else None
+        if isinstance(cache, dict) and cache:
+            fn = getattr(obj, "base_fn", None) or getattr(obj, "fn", None)
+            name = getattr(fn, "__name__", None) or repr(fn)
+            out.setdefault(name, {}).update({str(k): str(v) for k, v in cache.items()})
+    return out
 
 
 def _import_fla():

@@ -235,6 +235,19 @@ def test_fla_autotune_is_reset_between_configurations():
     assert fla_adapter.reset_autotune() == 0      # nothing left to forget
 
 
+def test_fla_autotune_choices_are_recorded():
+    autotuner = pytest.importorskip("triton.runtime.autotuner")
+    from kernel import fla_adapter
+
+    def chunk_dhu_kernel():
+        pass
+
+    tuner = autotuner.Autotuner.__new__(autotuner.Autotuner)
+    tuner.fn = chunk_dhu_kernel
+    tuner.cache = {(32, 128, 128, 64): "BV: 32, num_warps: 4"}
+    assert fla_adapter.autotune_choices()["chunk_dhu_kernel"] == {"(32, 128, 128, 64)": "BV: 32, num_warps: 4"}
+    tuner.cache.clear()
+
 
 def test_from_json_reports_earlier_runs_without_a_gpu(tmp_path, capsys):
     # configs timed in separate processes (one JSON each) become one table, plot and JSON

@@ -844,6 +844,8 @@ def plot(results: Sequence[dict], path: str) -> None:
               ("Kernel A seed-mode", ("kernel_a", "seed", "median_ms")),
               ("FLA dAv+dhu", ("fla", "dAv+dhu", "median_ms")),
               ("FLA recompute_w_u", ("fla", "recompute_w_u", "median_ms"))]
+    # a series no config has (e.g. --snapshot fla: no seed mode) gets no bar and no legend entry
+    series = [(label, keys) for label, keys in series if any(_get(r, *keys) is not None for r in results)]
     names = [r["config"] for r in results]
     x = np.arange(len(names))
     w = 0.8 / len(series)

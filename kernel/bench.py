@@ -889,6 +889,12 @@ def environment() -> dict:
     return env
 
 
+def log_precision_table(results: Sequence[dict]) -> None:
+    log("")
+    log("relative Frobenius error vs the float64 reference (sampled heads):")
+    log(format_table([precision_row(r) for r in results], PRECISION_COLUMNS))
+
+
 def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
     """The table, precision table and plot of configs timed by earlier runs (--json files)."""
     results, runs = [], []
@@ -908,9 +914,7 @@ def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str
     log(format_table([table_row(r) for r in ok]))
     prec = [r for r in ok if "precision" in r and "error" not in r["precision"]]
     if prec:
-        log("")
-        log("relative Frobenius error vs the float64 reference (sampled heads):")
-        log(format_table([precision_row(r) for r in prec], PRECISION_COLUMNS))
+        log_precision_table(prec)
     for r in results:
         if "error" in r:
             log(f"{r['config']} ({r['source']}): {r['error']}")
@@ -1009,9 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "snapshot every 64 tokens = FLA's dh); floor = device copy of the same bytes."
         % args.vsplit)
     if args.precision:
-        log("")
-        log("relative Frobenius error vs the float64 reference (sampled heads):")
-        log(format_table([precision_row(r) for r in ok if "precision" in r], PRECISION_COLUMNS))
+        log_precision_table([r for r in ok if "precision" in r])
     for r in results:
         if "error" in r:
             log(f"{r['config']}: {r['error']}")

@@ -73,16 +73,10 @@ def reset_autotune() -> int:
     after tuning at 4x8192, against 4.60 ms when tuned at 1x131072 (BENCHMARKS.md, run E's
     correction). A benchmark calls this before each configuration.
     """
-    import gc
-
-    from triton.runtime.autotuner import Autotuner
-
     reset = 0
-    for obj in gc.get_objects():
-        cache = getattr(obj, "cache", None) if isinstance(obj, Autotuner) else None
-        if isinstance(cache, dict) and cache:
-            cache.clear()
-            reset += 1
+    for _, cache in _autotuner_choices():
+        cache.clear()
+        reset += 1
     return reset
 
 
@@ -90,18 +84,24 @@ def autotune_choices() -> dict:
     """What every Triton autotuner in the process chose: {kernel name: {key: config}}, as
     text. A benchmark records it, so that two runs of the same shape whose FLA times differ
     can be told apart by the block sizes FLA picked."""
+    out = {}
+    for tuner, cache in _autotuner_choices():
+        fn = getattr(tuner, "base_fn", None) or getattr(tuner, "fn", None)
+        name = getattr(fn, "__name__", None) or repr(fn)
+        out.setdefault(name, {}).update({str(k): str(v) for k, v in cache.items()})
+    return out
+
+
+def _autotuner_choices():
+    """(autotuner, its choice cache) for every Triton autotuner in the process that has chosen."""
     import gc
 
     from triton.runtime.autotuner import Autotuner
 
-    out = {}
     for obj in gc.get_objects():
         cache = getattr(obj, "cache", None) if isinstance(obj, Autotuner) else None
         if isinstance(cache, dict) and cache:
-            fn = getattr(obj, "base_fn", None) or getattr(obj, "fn", None)
-            name = getattr(fn, "__name__", None) or repr(fn)
-            out.setdefault(name, {}).update({str(k): str(v) for k, v in cache.items()})
-    return out
+            yield obj, cache
 
 
 def _import_fla():

@@ -668,9 +668,116 @@ def cp_async_bulk_tensor_2d_s2g(gmem: np.ndarray, smem: np.ndarray, src: int, tm
     return out
 
 
+# ------------------------------------------------------------------ wgmma (sm_90a)
+# wgmma.mma_async m64nNk16 bf16 -> f32 with A from registers and B from shared memory
+# (wgmma.cuh). Not yet checked against the hardware (branch wip/wgmma).
+
+WGMMA_THREADS = 128          # one warpgroup
+WGMMA_N = (16, 128)          # the shapes wgmma.cuh has
+_DESC_FIELD_MASK = 0x3FFF    # 14-bit fields of address >> 4
+
+
+def wgmma_desc(start: int, lbo: int, sbo: int, swizzle: int = 0) -> int:
+    """The 64-bit shared-memory matrix descriptor (wgmma.cuh's wgmma_desc): bits 0-13 start
+    >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle. The three byte values must be
+    multiples of 16 below 2^18, as the 14-bit fields hold them."""
+    for name, v in (("start", start), ("lbo", lbo), ("sbo", sbo)):
+        if not (0 <= v < 1 << 18) or v % 16:
+            raise ValueError(f"wgmma_desc: {name} = {v} must be a multiple of 16 in [0, 2^18)")
+    if swizzle not in (0, 1, 2, 3):
+        raise ValueError(f"wgmma_desc: swizzle = {swizzle} must be 0 (none), 1 (128B), 2 (64B) or 3 (32B)")
+    return (start >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (swizzle << 62)
+
+
+def wgmma_desc_fields(desc: int) -> dict:
+    """wgmma_desc's inverse: {"start", "lbo", "sbo", "base_offset", "swizzle"} in bytes."""
+    return {"start": (desc & _DESC_FIELD_MASK) << 4, "lbo": ((desc >> 16) & _DESC_FIELD_MASK) << 4,
+            "sbo": ((desc >> 32) & _DESC_FIELD_MASK) << 4, "base_offset": (desc >> 49) & 7,
+            "swizzle": (desc >> 62) & 3}
+
+
+def wgmma_b_offsets(n: int, desc: int) -> np.ndarray:
+    """Byte address of B[k][n'] (16 x n int64) in a K-major B without swizzle: core matrices
+    of 8 n x 8 k (rows of 16 bytes, 16 bytes apart), lbo between the two k halves, sbo
+    between blocks of 8 n: start + (n' / 8) sbo + (k / 8) lbo + (n' % 8) 16 + (k % 8) 2."""
+    f = wgmma_desc_fields(desc)
+    if f["swizzle"] or f["base_offset"]:
+        raise ValueError("wgmma_b_offsets models the unswizzled layout (swizzle 0, base offset 0) only")
+    if n not in WGMMA_N:
+        raise ValueError(f"n must be one of {WGMMA_N}, got {n}")
+    k = np.arange(16)[:, None]
+    j = np.arange(n)[None, :]
+    return f["start"] + (j // 8) * f["sbo"] + (k // 8) * f["lbo"] + (j % 8) * 16 + (k % 8) * 2
+
+
+def wgmma_a_to_matrix(a, dtype: str = "bf16") -> np.ndarray:
+    """A [64 x 16] from the warpgroup's A registers (128, 4): warp w's are mma.sync's A
+    fragment of rows 16 w .. 16 w + 15."""
+    r = _regs_n(a, "a", WGMMA_THREADS, 4)
+    return np.vstack([fragments_to_matrix("mma.a", r[32 * w:32 * w + 32], dtype) for w in range(4)])
+
+
+def matrix_to_wgmma_a(A, dtype: str = "bf16") -> np.ndarray:
+    A = np.asarray(A)
+    if A.shape != (64, 16):
+        raise _shape_error("A", "(64, 16)", A)
+    return np.vstack([matrix_to_fragments("mma.a", A[16 * w:16 * w + 16], dtype) for w in range(4)])
+
+
+def wgmma_d_to_matrix(d, n: int) -> np.ndarray:
+    """D [64 x n] from the accumulators (128, n / 2): warp w holds rows 16 w ..; its floats
+    4j .. 4j + 3 are mma.sync's C fragment of columns 8j .. 8j + 7."""
+    r = _regs_n(d, "d", WGMMA_THREADS, n // 2, np.float32)
+    out = np.empty((64, n), dtype=np.float32)
+    for w in range(4):
+        for j in range(n // 8):
+            out[16 * w:16 * w + 16, 8 * j:8 * j + 8] = fragments_to_matrix(
+                "mma.c", r[32 * w:32 * w + 32, 4 * j:4 * j + 4], "f32")
+    return out
+
+
+def matrix_to_wgmma_d(D) -> np.ndarray:
+    D = np.asarray(D, dtype=np.float32)
+    if D.ndim != 2 or D.shape[0] != 64 or D.shape[1] not in WGMMA_N:
+        raise _shape_error("D", f"(64, n) with n in {WGMMA_N}", D)
+    n = D.shape[1]
+    out = np.empty((WGMMA_THREADS, n // 2), dtype=np.float32)
+    for w in range(4):
+        for j in range(n // 8):
+            out[32 * w:32 * w + 32, 4 * j:4 * j + 4] = matrix_to_fragments(
+                "mma.c", D[16 * w:16 * w + 16, 8 * j:8 * j + 8], "f32")
+    return out
+
+
+def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool = True) -> np.ndarray:
+    """wgmma.mma_async.m64n{n}k16.f32.bf16.bf16 with A from registers, B K-major in `smem`
+    (bytes) at `desc` (no swizzle): returns D = A @ B (+ C when scale_d) as the (128, n / 2)
+    accumulators. Rounded once from float64, like mma_m16n8k16: exact for data whose partial
+    sums fp32 holds, else compare with a tolerance."""
+    smem = _bytes_image(smem, "smem")
+    off = wgmma_b_offsets(n, desc)
+    if off.min() < 0 or off.max() + 2 > smem.size:
+        raise ValueError(f"B's bytes {off.min()}..{off.max() + 1} fall outside the {smem.size}-byte image")
+    bits = smem[off].astype(np.uint16) | (smem[off + 1].astype(np.uint16) << 8)
+    B = _from_bits(bits, "bf16").astype(np.float64)
+    A = wgmma_a_to_matrix(a).astype(np.float64)
+    C = wgmma_d_to_matrix(c, n).astype(np.float64) if scale_d else 0.0
+    return matrix_to_wgmma_d((A @ B + C).astype(np.float32))
+
+
+def _regs_n(x, name: str, threads: int, nregs: int, dtype=np.uint32) -> np.ndarray:
+    r = np.asarray(x)
+    if r.shape != (threads, nregs):
+        raise _shape_error(name, f"({threads}, {nregs})", r)
+    return r.astype(dtype, copy=False) if r.dtype != dtype else r
+
+
 __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", "unpack_f16x2",
            "fragments_to_matrix", "matrix_to_fragments", "acc_to_a_fragment", "ldmatrix",
            "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "MBARRIER_MAX_COUNT",
            "MBARRIER_MAX_TX", "BULK_ALIGN", "MBarrier", "cp_async_bulk_g2s", "cp_async_bulk_s2g",
            "TENSOR_COORD_MIN", "TENSOR_COORD_MAX", "tensor_tile_2d", "TENSOR_SWIZZLES",
-           "tensor_box_smem_offsets", "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_2d_s2g"]
+           "tensor_box_smem_offsets", "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_2d_s2g",
+           "WGMMA_THREADS", "WGMMA_N", "wgmma_desc", "wgmma_desc_fields", "wgmma_b_offsets",
+           "wgmma_a_to_matrix", "matrix_to_wgmma_a", "wgmma_d_to_matrix", "matrix_to_wgmma_d",
+           "wgmma_m64nNk16_rs"]

@@ -24,6 +24,10 @@
 #pragma once
 #include "common.cuh"
 
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "wgmma.cuh needs an sm_90a build: nvcc -gencode=arch=compute_90a,code=sm_90a, NVRTC -arch=sm_90a (ptx_lab.gpu does this on compute capability 9.0)"
+#endif
+
 namespace ptx_lab {
 
 // Shared-memory matrix descriptor (PTX ISA, "matrix descriptor"): bits 0-13 start address

@@ -40,6 +40,8 @@ class Config:
                              # instruction per tensor and tile, host-built tensor maps)
     snap_store: int = 0      # snapshots straight from the accumulators (1, fp32 only), through
                              # a staging tile with 16-byte stores (2), or one tensor store (3)
+    wgmma: int = -1          # G4 and G5 as warpgroup MMAs (1) or mma.sync (0); -1 = auto. Needs
+                             # 4 consumer warps holding all 128 k (vsplit 1 and 2, ksplit 1)
     timing: bool = False     # clock64 phase accounting into kda_timing[] (kernel.profile only)
     lineinfo: bool = False   # -lineinfo, so ncu / compute-sanitizer name source lines
 
@@ -91,6 +93,15 @@ class Config:
         if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):
             raise ValueError(f"mt must be 1 or 2 with D / vsplit = {D // self.vsplit} a multiple of 16 * mt, "
                              f"got mt {self.mt}")
+        wgmma_fits = self.consumers == 4 and self.ksplit == 1
+        if self.wgmma == -1:
+            object.__setattr__(self, "wgmma", 0)   # auto: off until measured
+        if self.wgmma not in (0, 1):
+            raise ValueError(f"wgmma must be -1 (auto), 0 or 1, got {self.wgmma}")
+        if self.wgmma and not wgmma_fits:
+            raise ValueError(f"wgmma 1 needs the consumers to be one warpgroup holding all 128 k: 4 consumer warps "
+                             f"with ksplit 1; vsplit {self.vsplit}, mt {self.mt}, ksplit {self.ksplit} has "
+                             f"{self.consumers} consumer warps")
         pair_bars = self.bands if self.ksplit == 2 else 0
         auto("nstage", 4 if 2 * 4 + pair_bars <= 15 else 3)
         if self.nstage not in (2, 3, 4):
@@ -123,7 +134,7 @@ class Config:
                 f"{'-tmaload' if self.loads == LOADS_TMA else ''}"
                 f"{ {SNAP_DIRECT: '-direct', SNAP_STAGED: '', SNAP_TMA: '-tmastore'}[self.snap_store] }"
                 f"{f'-mt{self.mt}' if self.mt != 1 else ''}{f'-ks{self.ksplit}' if self.ksplit != 1 else ''}"
-                f"{'-timing' if self.timing else ''}{'-lineinfo' if self.lineinfo else ''}")
+                f"{'-wgmma' if self.wgmma else ''}{'-timing' if self.timing else ''}{'-lineinfo' if self.lineinfo else ''}")
 
 
 # -ftz=true: exp2f is then a single MUFU.EX2 (without it, 4 instructions: a
@@ -138,7 +149,7 @@ def defines(cfg: Config) -> tuple[str, ...]:
     return (*FAST_MATH, f"-DVSPLIT={cfg.vsplit}", f"-DSNAP_BF16={int(cfg.snap_bf16)}",
             f"-DSNAP_EVERY={cfg.snap_every}", f"-DHAS_DHT={int(cfg.has_dht)}",
             f"-DL2NORM={int(cfg.l2norm)}", f"-DNSTAGE={cfg.nstage}", f"-DG2_SPLIT={cfg.g2_split}",
-            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DLOADS={cfg.loads}", f"-DSNAP_STORE={cfg.snap_store}", f"-DKSPLIT={cfg.ksplit}", f"-DKDA_TIMING={int(cfg.timing)}",
+            f"-DPRODUCERS={cfg.producers}", f"-DMT={cfg.mt}", f"-DLOADS={cfg.loads}", f"-DSNAP_STORE={cfg.snap_store}", f"-DKSPLIT={cfg.ksplit}", f"-DWGMMA={cfg.wgmma}", f"-DKDA_TIMING={int(cfg.timing)}",
             *(("-lineinfo",) if cfg.lineinfo else ()))
 
 

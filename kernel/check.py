@@ -91,6 +91,14 @@ CASES += (
          seed=24, tuning=(("producers", 16),)),
     Case("eq-f32x1-vs1-p8-st3", B=2, T=200, H=3, vsplit=1, seed=25, tuning=(("producers", 8), ("nstage", 3))),
 )
+# G4 and G5 as warpgroup MMAs (one warpgroup of consumers: vsplit 1 with mt 2, vsplit 2)
+CASES += (
+    Case("var-bf16x4-vs1-wgmma", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1,
+         seed=26, tuning=(("wgmma", 1),)),
+    Case("eq-f32x1-vs1-wgmma-dht", B=2, T=200, H=3, vsplit=1, seed=27, tuning=(("wgmma", 1),)),
+    Case("var-bf16x1-vs2-wgmma-nonorm", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", l2norm=False, vsplit=2,
+         seed=28, tuning=(("wgmma", 1),)),
+)
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 
 

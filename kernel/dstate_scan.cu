@@ -50,6 +50,11 @@
 //   KSPLIT      1 / 2        consumer warps per v band: with 2, each holds half of the
 //                            band's k columns and the two add their G2 partial sums (1 KB
 //                            through shared memory and a 64-thread named barrier per tile)
+//   WGMMA       0 / 1        G4 and G5 as warpgroup MMAs (sm_90a, wgmma.cuh): the 4 consumer warps
+//                            are one warpgroup, m-tile m of every warp one m64n128k16 with do^T /
+//                            bdv^T from registers and qd / kd read from shared memory once per
+//                            warpgroup (not by every warp's ldmatrix); needs 4 consumer warps
+//                            holding all 128 k (KSPLIT 1). qd/kd/kr then sit in core-matrix tiles
 //   REGSPLIT    -1, 0, 1     setmaxnreg (sm_90a): the consumers' warpgroup takes CONSUMER_REGS
 //                            registers a thread, the producers' warpgroups give theirs back, so
 //                            more producer warps fit beside consumers that hold a 32-wide band
@@ -64,6 +69,12 @@
 #include "barrier.cuh"
 #include "tma.cuh"
 #include "setmaxnreg.cuh"
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA
+#include "wgmma.cuh"
+#endif
 
 using namespace ptx_lab;
 
@@ -173,6 +184,8 @@ constexpr bool HAS_SETMAXNREG = false;
 #endif
 constexpr bool REGSPLIT_FITS = NUM_CONSUMERS % 4 == 0 && NUM_PRODUCERS % 4 == 0 && PRODUCER_REGS >= 56;
 constexpr bool REG_SPLIT = HAS_SETMAXNREG && (REGSPLIT < 0 ? REGSPLIT_FITS && LAUNCH_REGS < CONSUMER_REGS : REGSPLIT != 0);
+static_assert(!WGMMA || (NUM_CONSUMERS == 4 && KSPLIT == 1),
+              "WGMMA needs the consumers to be one warpgroup (4 warps) that holds all 128 k columns (KSPLIT 1)");
 static_assert(!REG_SPLIT || REGSPLIT_FITS,
               "REGSPLIT moves registers between whole warpgroups (consumers and producers in multiples of 4 "
               "warps) and must leave the producers 56 or more");
@@ -183,6 +196,19 @@ constexpr bool TMA_SNAP = SNAP_STORE == SNAP_TMA;
 // ldmatrix phase reads 8 rows x 16 B; a row stride of 16 B modulo 128 B puts the
 // 8 rows in 8 distinct 4-bank groups, i.e. conflict-free.
 constexpr int OP_STRIDE = D + 8;          // qd/kd/kr rows: 272 B = 2*128 + 16
+// WGMMA: qd/kd/kr as core matrices (8 c x 8 k, 128 contiguous bytes), the layout a wgmma
+// descriptor names (wgmma.cuh): byte of X[c][k] = (c % 8) 16 + (k % 8) 2 + (c / 8) OP_CBLOCK
+// + (k / 8) OP_KBLOCK. One tile is both qd as G4's N-major B (lbo OP_CBLOCK, sbo OP_KBLOCK)
+// and kr^T as a K-major B. Core matrices 144 bytes apart along k (not 128): R1's warp writes
+// one c row, 16 core matrices, and 144 = 9 x 16 puts them in 8 distinct bank groups
+// (at 128 all 16 would share one: 16-way). ldmatrix reads whole core matrices either way.
+constexpr int OP_KBLOCK = 144;
+constexpr int OP_CBLOCK = (D / 8) * OP_KBLOCK;   // 2304
+constexpr int OP_TILE_ELEMS = WGMMA ? (C / 8) * OP_CBLOCK / 2 : C * OP_STRIDE;
+// element offset of X[c][k] in an operand tile
+__host__ __device__ constexpr int op_offset(int c, int k) {
+    return WGMMA ? ((c % 8) * 16 + (k % 8) * 2 + (c / 8) * OP_CBLOCK + (k / 8) * OP_KBLOCK) / 2 : c * OP_STRIDE + k;
+}
 constexpr int DO_STRIDE = DV + 8;         // do rows: 2*DV + 16 B (DV = 128..16 all conflict-free)
 constexpr int SMALL_STRIDE = C + 8;       // Mqk/INV rows: 48 B (a 32 B row would be 2-way)
 constexpr int SNAP_STRIDE = 16 * MT + 8;  // bf16 snapshot staging rows: 48 B (MT 1) or 80 B (MT 2), an odd
@@ -220,9 +246,9 @@ struct __align__(TMA_LOADS ? TMA_ALIGN : 16) Stage {
     float gT[TMA_LOADS ? 1 : NUM_PRODUCERS][D];   // cp.async: gc of the tile's last real token, a copy
                                                   // per producer warp (TMA: read from gc, unused)
     float beta[C];
-    unsigned short qd[C * OP_STRIDE];     // s * q * exp2(gc)      [c][k] bf16
-    unsigned short kd[C * OP_STRIDE];     // k * exp2(gc)          [c][k] bf16
-    unsigned short kr[C * OP_STRIDE];     // k * exp2(gT - gc)     [c][k] bf16
+    unsigned short qd[OP_TILE_ELEMS];     // s * q * exp2(gc)      [c][k] bf16 (at op_offset)
+    unsigned short kd[OP_TILE_ELEMS];     // k * exp2(gc)          [c][k] bf16
+    unsigned short kr[OP_TILE_ELEMS];     // k * exp2(gT - gc)     [c][k] bf16
     float egT[D];                         // exp2(gT) per k
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
@@ -523,10 +549,14 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
             kd[e] = ks[r] * kv[r][e] * eg;
             kr[e] = ks[r] * kv[r][e] * exp2f(gt[e] - gv[r][e]);   // exp2 of a difference: no overflow for strong gates
         }
-        *reinterpret_cast<uint2*>(&st.qd[c * OP_STRIDE + k0]) = make_uint2(pack_bf16x2(qd[0], qd[1]), pack_bf16x2(qd[2], qd[3]));
-        *reinterpret_cast<uint2*>(&st.kd[c * OP_STRIDE + k0]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
-        *reinterpret_cast<uint2*>(&st.kr[c * OP_STRIDE + k0]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
+        const int o = op_offset(c, k0);   // 4 consecutive k stay inside one 8-k core-matrix row
+        *reinterpret_cast<uint2*>(&st.qd[o]) = make_uint2(pack_bf16x2(qd[0], qd[1]), pack_bf16x2(qd[2], qd[3]));
+        *reinterpret_cast<uint2*>(&st.kd[o]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
+        *reinterpret_cast<uint2*>(&st.kr[o]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
     }
+    // WGMMA: the consumers' warpgroup MMAs read qd/kd through the async proxy; these generic
+    // stores must be made visible to it before the FULL arrive releases them
+    if constexpr (WGMMA) fence_proxy_async_shared();
 }
 
 // ---------------------------------------------------------------------------
@@ -556,6 +586,17 @@ __device__ __forceinline__ u32 x4_addr_rows_first(const unsigned short* tile, in
 __device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
     const RowCol p = x4_cols_first(row0, col0, lane);
     return smem_addr(tile + p.row * stride + p.col);
+}
+
+// ... and in an operand tile (qd, kd, kr: op_offset): an 8x8 matrix is 8 rows of 16 bytes
+// either way (padded rows, or one core matrix).
+__device__ __forceinline__ u32 op_addr_rows_first(const unsigned short* tile, int row0, int col0, int lane) {
+    const RowCol p = x4_rows_first(row0, col0, lane);
+    return smem_addr(tile + op_offset(p.row, p.col));
+}
+__device__ __forceinline__ u32 op_addr_cols_first(const unsigned short* tile, int row0, int col0, int lane) {
+    const RowCol p = x4_cols_first(row0, col0, lane);
+    return smem_addr(tile + op_offset(p.row, p.col));
 }
 
 // The same in the stage tiles whose layout depends on LOADS: do^T (cols first) and
@@ -730,7 +771,7 @@ __device__ __forceinline__ void accumulate_band(float (&dS)[MT][NJ][4], const u3
 #pragma unroll
     for (int pr = 0; pr < NJ / 2; ++pr) {
         u32 b[4];
-        ldmatrix_x4_trans(b, x4_addr_rows_first(tile, OP_STRIDE, 0, k0 + 16 * pr, lane));
+        ldmatrix_x4_trans(b, op_addr_rows_first(tile, 0, k0 + 16 * pr, lane));
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             mma_bf16(dS[m][2 * pr], a[m], b[0], b[1]);
@@ -738,6 +779,22 @@ __device__ __forceinline__ void accumulate_band(float (&dS)[MT][NJ][4], const u3
         }
     }
 }
+
+#if WGMMA
+// The same as one warpgroup MMA per m-tile: m-tile m of the 4 consumer warps is rows
+// 16 w .. of an m64n128k16 whose accumulators are the warps' dS[m] (the wgmma D fragment
+// is the mma.sync C fragments of its 16 n-tiles in order, wgmma.cuh), with A from
+// registers and B = tile[c][k] N-major by descriptor (op_offset: lbo between c blocks,
+// sbo between k blocks). Asynchronous: the caller fences before and waits after.
+__device__ __forceinline__ void accumulate_band_wgmma(float (&dS)[MT][NJ][4], const u32 (&a)[MT][4],
+                                                      const unsigned short* tile) {
+    static_assert(NJ * 4 == 64, "m64n128k16: 64 accumulators a thread");
+    const u64 desc = wgmma_desc(smem_addr(tile), OP_CBLOCK, OP_KBLOCK, 0);
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+        wgmma_m64n128k16_bf16_rs<1>(reinterpret_cast<float(&)[64]>(dS[m]), a[m], desc, 1);
+}
+#endif
 
 }  // namespace kda
 
@@ -747,6 +804,7 @@ using namespace kda;
 extern "C" __constant__ int kda_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kda_threads = THREADS;
 extern "C" __constant__ int kda_reg_split = REG_SPLIT;   // 1: setmaxnreg moved registers to the consumers
+extern "C" __constant__ int kda_wgmma = WGMMA;           // 1: G4 and G5 are warpgroup MMAs
 // The tensor-map boxes (kernel.api encodes the maps from these): do box columns and
 // swizzle, gc box columns, snapshot box rows (KW) and columns (BAND) and swizzle.
 extern "C" __constant__ int kda_tma_dims[6] = {DO_BOX_COLS, DO_SWZ, GC_BOX_COLS, KW, BAND, SNAP_SWZ};
@@ -952,7 +1010,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
             u32 bk[4];
-            ldmatrix_x4(bk, x4_addr_cols_first(st.kr, OP_STRIDE, 0, k0 + 16 * ks, lane));
+            ldmatrix_x4(bk, op_addr_cols_first(st.kr, 0, k0 + 16 * ks, lane));
             // matrices: (c 0-7, k lo), (c 0-7, k hi), (c 8-15, k lo), (c 8-15, k hi)
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
@@ -975,7 +1033,13 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                 dS[m][j][0] *= e.x; dS[m][j][1] *= e.y; dS[m][j][2] *= e.x; dS[m][j][3] *= e.y;
             }
         }
+#if WGMMA
+        wgmma_fence();   // dS (just scaled) and doT were written by ordinary instructions
+        accumulate_band_wgmma(dS, doT, st.qd);
+        wgmma_commit_group();   // runs while G3 below computes bdv^T
+#else
         accumulate_band(dS, doT, st.qd, k0, lane);
+#endif
 
         // G3: dvcorr^T = dU^T @ INV; dU^T's accumulators are G3's A operand.
         float dU[MT][2][4];
@@ -1033,7 +1097,14 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         }
 
         // G5: dS^T += bdv^T @ kd   (the last step of the dS-dependent path)
+#if WGMMA
+        wgmma_fence();   // aB written by ordinary instructions
+        accumulate_band_wgmma(dS, aB, st.kd);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();   // dS is read next tile (snapshot, G2); qd/kd are read before EMPTY
+#else
         accumulate_band(dS, aB, st.kd, k0, lane);
+#endif
 
         KDA_ADD(T_C_CHAIN, t2);
         if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL);  // the producer reloads stage s

@@ -249,11 +249,12 @@ def _wgmma_kernel(name: str):
     return load_module(WGMMA_PROBES_CU.read_text()).get_function(name)
 
 
-def wgmma_m64nNk16_rs(a, smem, desc: int, c, n: int, scale_d: bool = True) -> np.ndarray:
+def wgmma_m64nNk16_rs(a, smem, desc: int, c, n: int, scale_d: bool = True, major: str = "k") -> np.ndarray:
     """wgmma.mma_async.m64n{n}k16.f32.bf16.bf16 on the GPU, one warpgroup: the twin of
     model.wgmma_m64nNk16_rs. a: uint32 (128, 4) A registers; smem: the uint8 image the
     B operand lives in; desc: model.wgmma_desc(start, lbo, sbo) with `start` an offset into
-    that image (the probe adds the image's shared address); c: float32 (128, n / 2)."""
+    that image (the probe adds the image's shared address); c: float32 (128, n / 2);
+    major: "k" (K-major B, TRANS_B 0) or "n" (N-major, TRANS_B 1)."""
     from . import model
 
     if n not in model.WGMMA_N:
@@ -262,13 +263,13 @@ def wgmma_m64nNk16_rs(a, smem, desc: int, c, n: int, scale_d: bool = True) -> np
     c = _array("c", c, (model.WGMMA_THREADS, n // 2), np.float32)
     image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)
     f = model.wgmma_desc_fields(desc)
-    off = model.wgmma_b_offsets(n, desc)   # refuses swizzled descriptors, as the model does
+    off = model.wgmma_b_offsets(n, desc, major)   # refuses swizzled descriptors and unknown majors
     if off.max() + 2 > image.size:
         raise ValueError(f"B's bytes reach {int(off.max()) + 1}, past the {image.size}-byte image")
     cupy = _cupy()
     padded = _padded(image)
     d = cupy.zeros((model.WGMMA_THREADS, n // 2), dtype=cupy.float32)
-    _wgmma_kernel(f"probe_wgmma_m64n{n}k16_bf16_rs")(
+    _wgmma_kernel(f"probe_wgmma_m64n{n}k16_bf16_rs" + ("_nmajor" if major == "n" else ""))(
         (1,), (model.WGMMA_THREADS,),
         (_dev(cupy, padded), np.uint32(padded.size // CHUNK_BYTES), _dev(cupy, a), _dev(cupy, c),
          np.uint32(f["lbo"]), np.uint32(f["sbo"]), np.uint32(f["start"]), np.int32(1 if scale_d else 0), d),

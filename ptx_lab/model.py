@@ -670,10 +670,11 @@ def cp_async_bulk_tensor_2d_s2g(gmem: np.ndarray, smem: np.ndarray, src: int, tm
 
 # ------------------------------------------------------------------ wgmma (sm_90a)
 # wgmma.mma_async m64nNk16 bf16 -> f32 with A from registers and B from shared memory
-# (wgmma.cuh). Not yet checked against the hardware (branch wip/wgmma).
+# (wgmma.cuh); B K-major or N-major, unswizzled.
 
 WGMMA_THREADS = 128          # one warpgroup
 WGMMA_N = (16, 128)          # the shapes wgmma.cuh has
+WGMMA_B_MAJORS = ("k", "n")  # TRANS_B 0 / 1
 _DESC_FIELD_MASK = 0x3FFF    # 14-bit fields of address >> 4
 
 
@@ -696,18 +697,23 @@ def wgmma_desc_fields(desc: int) -> dict:
             "swizzle": (desc >> 62) & 3}
 
 
-def wgmma_b_offsets(n: int, desc: int) -> np.ndarray:
-    """Byte address of B[k][n'] (16 x n int64) in a K-major B without swizzle: core matrices
-    of 8 n x 8 k (rows of 16 bytes, 16 bytes apart), lbo between the two k halves, sbo
-    between blocks of 8 n: start + (n' / 8) sbo + (k / 8) lbo + (n' % 8) 16 + (k % 8) 2."""
+def wgmma_b_offsets(n: int, desc: int, major: str = "k") -> np.ndarray:
+    """Byte address of B[k][n'] (16 x n int64) in an unswizzled B: core matrices of 8 rows x
+    16 bytes (128 B), lbo between the core matrices of k 0-7 and 8-15, sbo between blocks
+    of 8 n. K-major ("k", TRANS_B 0): a core matrix's rows are n', its 16 bytes 8 k:
+    start + (n' / 8) sbo + (k / 8) lbo + (n' % 8) 16 + (k % 8) 2. N-major ("n", TRANS_B 1):
+    rows are k, the 16 bytes 8 n': start + (n' / 8) sbo + (k / 8) lbo + (k % 8) 16 + (n' % 8) 2."""
     f = wgmma_desc_fields(desc)
     if f["swizzle"] or f["base_offset"]:
         raise ValueError("wgmma_b_offsets models the unswizzled layout (swizzle 0, base offset 0) only")
     if n not in WGMMA_N:
         raise ValueError(f"n must be one of {WGMMA_N}, got {n}")
+    if major not in WGMMA_B_MAJORS:
+        raise ValueError(f"major must be one of {WGMMA_B_MAJORS} (K-major or N-major B), got {major!r}")
     k = np.arange(16)[:, None]
     j = np.arange(n)[None, :]
-    return f["start"] + (j // 8) * f["sbo"] + (k // 8) * f["lbo"] + (j % 8) * 16 + (k % 8) * 2
+    blocks = f["start"] + (j // 8) * f["sbo"] + (k // 8) * f["lbo"]
+    return blocks + ((j % 8) * 16 + (k % 8) * 2 if major == "k" else (k % 8) * 16 + (j % 8) * 2)
 
 
 def wgmma_a_to_matrix(a, dtype: str = "bf16") -> np.ndarray:
@@ -749,13 +755,14 @@ def matrix_to_wgmma_d(D) -> np.ndarray:
     return out
 
 
-def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool = True) -> np.ndarray:
-    """wgmma.mma_async.m64n{n}k16.f32.bf16.bf16 with A from registers, B K-major in `smem`
-    (bytes) at `desc` (no swizzle): returns D = A @ B (+ C when scale_d) as the (128, n / 2)
+def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool = True,
+                      major: str = "k") -> np.ndarray:
+    """wgmma.mma_async.m64n{n}k16.f32.bf16.bf16 with A from registers, B in `smem` (bytes) at
+    `desc` (no swizzle), K-major or N-major (`major`, wgmma_b_offsets): returns D = A @ B (+ C when scale_d) as the (128, n / 2)
     accumulators. Rounded once from float64, like mma_m16n8k16: exact for data whose partial
     sums fp32 holds, else compare with a tolerance."""
     smem = _bytes_image(smem, "smem")
-    off = wgmma_b_offsets(n, desc)
+    off = wgmma_b_offsets(n, desc, major)
     if off.min() < 0 or off.max() + 2 > smem.size:
         raise ValueError(f"B's bytes {off.min()}..{off.max() + 1} fall outside the {smem.size}-byte image")
     bits = smem[off].astype(np.uint16) | (smem[off + 1].astype(np.uint16) << 8)
@@ -778,6 +785,6 @@ __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", 
            "MBARRIER_MAX_TX", "BULK_ALIGN", "MBarrier", "cp_async_bulk_g2s", "cp_async_bulk_s2g",
            "TENSOR_COORD_MIN", "TENSOR_COORD_MAX", "tensor_tile_2d", "TENSOR_SWIZZLES",
            "tensor_box_smem_offsets", "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_2d_s2g",
-           "WGMMA_THREADS", "WGMMA_N", "wgmma_desc", "wgmma_desc_fields", "wgmma_b_offsets",
+           "WGMMA_THREADS", "WGMMA_N", "WGMMA_B_MAJORS", "wgmma_desc", "wgmma_desc_fields", "wgmma_b_offsets",
            "wgmma_a_to_matrix", "matrix_to_wgmma_a", "wgmma_d_to_matrix", "matrix_to_wgmma_d",
            "wgmma_m64nNk16_rs"]

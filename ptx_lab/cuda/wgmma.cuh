@@ -20,7 +20,6 @@
 // Shared memory written by ordinary stores must be made visible to the async proxy
 // (fence_proxy_async_shared(), bulk.cuh) and synchronised before a wgmma reads it.
 //
-// Status: compiled for sm_90a and modelled; NOT yet run on a GPU (branch wip/wgmma).
 #pragma once
 #include "common.cuh"
 
@@ -34,9 +33,14 @@ namespace ptx_lab {
 // >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4,
 // 49-51 base offset (0 here), 62-63 swizzle (0 none, 1 128B, 2 64B, 3 32B). Without a
 // swizzle the operand is made of core matrices of 8 rows x 16 bytes (8 x 8 bf16, rows 16 B
-// apart, 128 B each); for a K-major B the rows are n and the 16 bytes are 8 consecutive k:
-//   byte of B[k][n] = start + (n / 8) * sbo + (k / 8) * lbo + (n % 8) * 16 + (k % 8) * 2
-// (lbo: between the two core matrices of k 0-7 and 8-15; sbo: between n blocks of 8).
+// apart, 128 B each). In both majors lbo steps between the core matrices of k 0-7 and
+// 8-15 and sbo between blocks of 8 n (CUTLASS's canonical INTERLEAVE layouts):
+//   K-major B (TRANS_B 0; a core matrix's rows are n, its 16 bytes 8 consecutive k):
+//     byte of B[k][n] = start + (n / 8) * sbo + (k / 8) * lbo + (n % 8) * 16 + (k % 8) * 2
+//   N-major B (TRANS_B 1; rows are k, the 16 bytes 8 consecutive n):
+//     byte of B[k][n] = start + (n / 8) * sbo + (k / 8) * lbo + (k % 8) * 16 + (n % 8) * 2
+// So one shared tile X[r][c] stored as (r % 8) * 16 + (c % 8) * 2 + (r / 8) * R + (c / 8) * Q
+// is B = X^T K-major (lbo Q, sbo R) and B = X N-major (lbo R, sbo Q) alike.
 __device__ __forceinline__ u64 wgmma_desc(u32 smem_address, u32 lbo_bytes, u32 sbo_bytes, u32 swizzle) {
     return (u64)((smem_address & 0x3FFFFu) >> 4) | ((u64)((lbo_bytes & 0x3FFFFu) >> 4) << 16) |
            ((u64)((sbo_bytes & 0x3FFFFu) >> 4) << 32) | ((u64)(swizzle & 3u) << 62);

@@ -1,5 +1,5 @@
-"""wgmma.mma_async m64nNk16 (wgmma.cuh): the model's algebra on the CPU, and the model
-against the hardware (gpu; not yet run: branch wip/wgmma).
+"""wgmma.mma_async m64nNk16 (wgmma.cuh), B K-major or N-major: the model's algebra on the
+CPU, and the model against the hardware (gpu).
 
 Hand-checkable data as everywhere here: A[i][k] = i, B[k][j] = j, so D = 16 i j.
 """
@@ -17,9 +17,9 @@ CPU = settings(max_examples=30, deadline=None, suppress_health_check=[HealthChec
 DEVICE = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def b_image(B: np.ndarray, desc: int, size: int) -> np.ndarray:
+def b_image(B: np.ndarray, desc: int, size: int, major: str = "k") -> np.ndarray:
     """The smem image holding B (16 x n, bf16-exact values) where desc says, zeros elsewhere."""
-    off = model.wgmma_b_offsets(B.shape[1], desc)
+    off = model.wgmma_b_offsets(B.shape[1], desc, major)
     bits = model._to_bits(B.astype(np.float32), "bf16")
     img = np.zeros(size, dtype=np.uint8)
     img[off] = bits & 0xFF
@@ -82,17 +82,38 @@ def test_hand_checkable_product_is_16_i_j(n):
     assert np.array_equal(model.wgmma_d_to_matrix(d, n), 16 * np.outer(np.arange(64), np.arange(n)))
 
 
+@pytest.mark.parametrize("major", model.WGMMA_B_MAJORS)
 @pytest.mark.parametrize("n", model.WGMMA_N)
 @CPU
 @given(data=st.data())
-def test_core_matrices_tile_b_exactly_once(n, data):
+def test_core_matrices_tile_b_exactly_once(n, major, data):
     desc = data.draw(layouts(n))
-    off = model.wgmma_b_offsets(n, desc)
+    off = model.wgmma_b_offsets(n, desc, major)
     assert np.unique(off).size == off.size and (off % 2 == 0).all()
-    # each 8 x 8 block of B is one 128-byte core matrix, row n' at 16 n' bytes, k at 2 k
+    # each 8 x 8 block of B is one 128-byte core matrix; K-major: row n' at 16 n' bytes,
+    # k at 2 k; N-major: row k at 16 k bytes, n' at 2 n'
     f = model.wgmma_desc_fields(desc)
     assert off[8, 8] - off[0, 0] == f["lbo"] + f["sbo"]      # the next k half and the next n block
-    assert (off[:, 1:8] - off[:, 0:7] == 16).all() and (off[1:8, :] - off[0:7, :] == 2).all()
+    along_n, along_k = (16, 2) if major == "k" else (2, 16)
+    assert (off[:, 1:8] - off[:, 0:7] == along_n).all() and (off[1:8, :] - off[0:7, :] == along_k).all()
+
+
+def tile_offsets(rows: int, cols: int, row_block: int, col_block: int) -> np.ndarray:
+    """Byte of X[r][c] in the kernel's operand tiles: (r % 8) 16 + (c % 8) 2 + (r / 8) R + (c / 8) Q."""
+    r = np.arange(rows)[:, None]
+    c = np.arange(cols)[None, :]
+    return (r % 8) * 16 + (c % 8) * 2 + (r // 8) * row_block + (c // 8) * col_block
+
+
+@pytest.mark.parametrize("n", model.WGMMA_N)
+def test_one_tile_is_x_transposed_k_major_and_x_n_major(n):
+    # Kernel A's qd / kd / kr tiles X[c][k] (16 rows c, 128 k, core matrices 144 B apart
+    # along k, 2304 along c) serve as B = X^T (K-major, G2) and as B = X (N-major, G4/G5).
+    R, Q = 2304, 144
+    X = tile_offsets(16, 128, R, Q)
+    # B[k][c] = X[c][k] for k < 16 (one k-step of G2)
+    assert np.array_equal(model.wgmma_b_offsets(16, model.wgmma_desc(0, lbo=Q, sbo=R), "k"), X[:16, :16].T)
+    assert np.array_equal(model.wgmma_b_offsets(n, model.wgmma_desc(0, lbo=R, sbo=Q), "n"), X[:, :n])
 
 
 def test_a_wrong_layout_gives_a_wrong_product():
@@ -121,10 +142,11 @@ def test_scale_d_zero_ignores_c():
 # ------------------------------------------------------------------ the hardware
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("major", model.WGMMA_B_MAJORS)
 @pytest.mark.parametrize("n", model.WGMMA_N)
 @DEVICE
 @given(data=st.data())
-def test_device_matches_model_exactly_on_small_integers(n, data):
+def test_device_matches_model_exactly_on_small_integers(n, major, data):
     # |A @ B + C| < 2^24 with integers: every partial sum is exact in fp32, so the
     # tensor core and the float64 model must agree bit for bit
     desc = data.draw(layouts(n))
@@ -133,23 +155,49 @@ def test_device_matches_model_exactly_on_small_integers(n, data):
     C = data.draw(hnp.arrays(np.int64, (64, n), elements=st.integers(-1000, 1000))).astype(np.float32)
     scale_d = data.draw(st.booleans())
     a, c = model.matrix_to_wgmma_a(A), model.matrix_to_wgmma_d(C)
-    img = b_image(B, desc, 16 * 1024)
-    got = device.wgmma_m64nNk16_rs(a, img, desc, c, n, scale_d)
-    want = model.wgmma_m64nNk16_rs(a, img, desc, c, n, scale_d)
+    img = b_image(B, desc, 16 * 1024, major)
+    got = device.wgmma_m64nNk16_rs(a, img, desc, c, n, scale_d, major)
+    want = model.wgmma_m64nNk16_rs(a, img, desc, c, n, scale_d, major)
+    assert np.array_equal(model.wgmma_d_to_matrix(want, n), A @ B + (C if scale_d else 0))   # the model reads B back
     bad = np.argwhere(got != want)
-    assert not bad.size, (f"wgmma m64n{n}k16 {model.wgmma_desc_fields(desc)}: {len(bad)} of {got.size} differ; "
+    assert not bad.size, (f"wgmma m64n{n}k16 {major}-major B {model.wgmma_desc_fields(desc)}: "
+                          f"{len(bad)} of {got.size} differ; "
                           + "; ".join(f"thread {t} float {r}: got {got[t, r]}, want {want[t, r]}" for t, r in bad[:6]))
 
 
 @pytest.mark.gpu
-def test_device_hand_checkable_product():
+@pytest.mark.parametrize("major", model.WGMMA_B_MAJORS)
+def test_device_hand_checkable_product(major):
     for n in model.WGMMA_N:
         A = np.repeat(np.arange(64, dtype=np.float32)[:, None], 16, axis=1)
         B = np.repeat(np.arange(n, dtype=np.float32)[None, :], 16, axis=0)
-        desc = model.wgmma_desc(start=64, lbo=128, sbo=256)
-        d = device.wgmma_m64nNk16_rs(model.matrix_to_wgmma_a(A), b_image(B, desc, 8192), desc,
-                                     np.zeros((128, n // 2), np.float32), n)
+        desc = model.wgmma_desc(start=64, lbo=128, sbo=256) if major == "k" else model.wgmma_desc(64, 128 * n // 8, 128)
+        d = device.wgmma_m64nNk16_rs(model.matrix_to_wgmma_a(A), b_image(B, desc, 8192, major), desc,
+                                     np.zeros((128, n // 2), np.float32), n, major=major)
         D = model.wgmma_d_to_matrix(d, n)
         want = 16 * np.outer(np.arange(64), np.arange(n))
         bad = np.argwhere(D != want)
-        assert not bad.size, f"m64n{n}k16: D[i][j] != 16 i j at {bad[:6].tolist()}"
+        assert not bad.size, f"m64n{n}k16 {major}-major B: D[i][j] != 16 i j at {bad[:6].tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", model.WGMMA_N)
+def test_device_reads_one_tile_as_k_major_x_transposed_and_n_major_x(n):
+    # Kernel A's layout claim on the hardware: one image of X[16][128] (tile_offsets, core
+    # matrices 144 B apart along columns, 2304 along rows) gives A @ X^T[:, :16] with a K-major
+    # descriptor and A @ X[:, :n] with an N-major one.
+    R, Q = 2304, 144
+    rng = np.random.default_rng(5)
+    X = rng.integers(-8, 9, (16, 128)).astype(np.float32)
+    off = tile_offsets(16, 128, R, Q)
+    bits = model._to_bits(X, "bf16")
+    img = np.zeros(2 * R, np.uint8)
+    img[off] = bits & 0xFF
+    img[off + 1] = bits >> 8
+    A = rng.integers(-8, 9, (64, 16)).astype(np.float32)
+    a, zero = model.matrix_to_wgmma_a(A), np.zeros((128, 8), np.float32)
+    kt = device.wgmma_m64nNk16_rs(a, img, model.wgmma_desc(0, lbo=Q, sbo=R), zero, 16, major="k")
+    assert np.array_equal(model.wgmma_d_to_matrix(kt, 16), A @ X[:, :16].T)
+    nm = device.wgmma_m64nNk16_rs(a, img, model.wgmma_desc(0, lbo=R, sbo=Q), np.zeros((128, n // 2), np.float32),
+                                  n, major="n")
+    assert np.array_equal(model.wgmma_d_to_matrix(nm, n), A @ X[:, :n])

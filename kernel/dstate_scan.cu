@@ -72,6 +72,21 @@
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+// Experiments (BENCHMARKS.md, log 20): PREPACK packs dS^T to bf16 once per tile, before the FULL
+// wait, for both G2's A operands and the snapshot; G4_WITH_G5 issues G4's wgmma beside G5's,
+// after G3, so G3's mma.sync do not queue behind it.
+#ifndef PREPACK
+#define PREPACK 0
+#endif
+#ifndef G4_WITH_G5
+#define G4_WITH_G5 0
+#endif
+// SNAP_LATE_ISSUE (tensor-store snapshots): the staging tile is written at the tile's start as
+// before, but its proxy fence and tensor store are issued at the tile's end, when its stmatrix
+// have long completed (the fence's MEMBAR then has nothing to wait for).
+#ifndef SNAP_LATE_ISSUE
+#define SNAP_LATE_ISSUE 0
+#endif
 #if WGMMA
 #include "wgmma.cuh"
 #endif
@@ -617,15 +632,24 @@ __device__ __forceinline__ u32 small_addr_rows_first(const unsigned short* tile,
     return x4_addr_rows_first(tile, SMALL_STRIDE, 0, 0, lane);
 }
 
-// stmatrix.x4.trans of n-tiles 2 pr and 2 pr + 1 of m-tile m (bf16 pairs of the fp32
-// accumulators), `addr` the lane's x4_cols_first row with k as rows and v as columns:
+// n-tiles 2 pr and 2 pr + 1 of m-tile m as bf16 pairs: both G2's A fragment of k-step pr
+// and the 4 registers of the snapshot's stmatrix.x4.trans.
+__device__ __forceinline__ void pack_pair(u32 (&b)[4], const float (&dS)[MT][NJ][4], int m, int pr) {
+    b[0] = pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]);
+    b[1] = pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]);
+    b[2] = pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]);
+    b[3] = pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3]);
+}
+// stmatrix.x4.trans of n-tiles 2 pr and 2 pr + 1 of m-tile m (pack_pair), `addr` the lane's
+// x4_cols_first row with k as rows and v as columns:
 // matrices (v 0-7, k lo), (v 8-15, k lo), (v 0-7, k hi), (v 8-15, k hi).
+__device__ __forceinline__ void stmatrix_band_pair(u32 addr, const u32 (&b)[4]) {
+    stmatrix_x4_trans(addr, b[0], b[1], b[2], b[3]);
+}
 __device__ __forceinline__ void stmatrix_band_pair(u32 addr, const float (&dS)[MT][NJ][4], int m, int pr) {
-    stmatrix_x4_trans(addr,
-                      pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]),
-                      pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]),
-                      pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]),
-                      pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3]));
+    u32 b[4];
+    pack_pair(b, dS, m, pr);
+    stmatrix_band_pair(addr, b);
 }
 
 // SNAP_STORE 3: this warp's dS^T band as ONE tensor store. The fragments go to the
@@ -635,8 +659,18 @@ __device__ __forceinline__ void stmatrix_band_pair(u32 addr, const float (&dS)[M
 // lane 0 stores the box to rows row0 .. row0 + KW - 1, columns v0 .. of the snapshot
 // map. The store runs in the background (a bulk group); the next snapshot first
 // waits until it has read the tile. No 16-byte STGs through the SM's memory queue.
+// The store itself (SNAP_LATE_ISSUE: called at the tile's end).
+__device__ __forceinline__ void issue_band_tma(const TensorMap* map, int row0, int v0, unsigned char* staging, int lane) {
+    fence_proxy_async_shared();   // the tile's generic writes before the async proxy reads it
+    __syncwarp();
+    if (lane == 0) {
+        cp_async_bulk_tensor_2d_s2g(map, v0, row0, smem_addr(staging));
+        cp_async_bulk_commit();
+    }
+}
+// `dSb`: dS already packed (PREPACK; bf16 only), else null.
 __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, int v0, const float (&dS)[MT][NJ][4],
-                                               unsigned char* staging, int lane) {
+                                               const u32 (*dSb)[NJ / 2][4], unsigned char* staging, int lane) {
     // The swizzle repeats every 8 rows (8 * SNAP_SWZ bytes), so a fragment's offset is
     // its row's position within 8 rows, swizzled once, plus a constant per 8 rows.
     constexpr u32 ROWS8 = 8 * SNAP_SWZ;
@@ -650,7 +684,10 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
         const int mm = lane >> 3;
         const u32 off = (mm >> 1) * ROWS8 + tma_swizzle<SNAP_SWZ>((lane & 7) * SNAP_SWZ + (16 * m + 8 * (mm & 1)) * 2);
 #pragma unroll
-        for (int pr = 0; pr < NJ / 2; ++pr) stmatrix_band_pair(base + off + 2 * pr * ROWS8, dS, m, pr);
+        for (int pr = 0; pr < NJ / 2; ++pr) {
+            if (dSb) stmatrix_band_pair(base + off + 2 * pr * ROWS8, dSb[m][pr]);
+            else stmatrix_band_pair(base + off + 2 * pr * ROWS8, dS, m, pr);
+        }
     }
 #else
     const int g = lane >> 2, t = lane & 3;
@@ -667,12 +704,7 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
             for (int e = 0; e < 4; ++e) *reinterpret_cast<float*>(staging + off[e] + j * ROWS8) = dS[m][j][e];
     }
 #endif
-    fence_proxy_async_shared();   // the tile's generic writes before the async proxy reads it
-    __syncwarp();
-    if (lane == 0) {
-        cp_async_bulk_tensor_2d_s2g(map, v0, row0, base);
-        cp_async_bulk_commit();
-    }
+    if constexpr (!SNAP_LATE_ISSUE) issue_band_tma(map, row0, v0, staging, lane);
 }
 
 // Store this warp's part of its dS^T band (fp32 accumulators, all MT m-tiles) as
@@ -962,10 +994,22 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // snapshot[n] = dS at entry of tile n; written before waiting for the
         // tile's operands so the stores overlap the producers' work.
         KDA_CLOCK(t0);
-        if (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1) {
-            const long long idx = snap_base + n / SNAP_EVERY;
+#if PREPACK
+        u32 dSb[MT][NJ / 2][4];   // dS^T in bf16 pairs: G2's A operands and (bf16) the snapshot's
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int pr = 0; pr < NJ / 2; ++pr) pack_pair(dSb[m][pr], dS, m, pr);
+        const u32 (*snap_packed)[NJ / 2][4] = SNAP_BF16 ? dSb : nullptr;
+#else
+        const u32 (*snap_packed)[NJ / 2][4] = nullptr;
+#endif
+        const bool snap_now = SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1;
+        const long long snap_idx = snap_base + n / SNAP_EVERY;
+        if (snap_now) {
+            const long long idx = snap_idx;
 #if SNAP_STORE == SNAP_TMA
-            store_band_tma(&maps.snap, (int)((idx * p.H + h) * D + k0), v0, dS, staging, lane);
+            store_band_tma(&maps.snap, (int)((idx * p.H + h) * D + k0), v0, dS, snap_packed, staging, lane);
 #elif SNAP_BF16
             store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
                             reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
@@ -1014,10 +1058,12 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             // matrices: (c 0-7, k lo), (c 0-7, k hi), (c 8-15, k lo), (c 8-15, k hi)
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                const float (&x)[4] = dS[m][2 * ks];
-                const float (&y)[4] = dS[m][2 * ks + 1];
-                const u32 a[4] = {pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
-                                  pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3])};
+#if PREPACK
+                const u32 (&a)[4] = dSb[m][ks];
+#else
+                u32 a[4];
+                pack_pair(a, dS, m, ks);
+#endif
                 mma_bf16(acc[m][ks % G2_SPLIT][0], a, bk[0], bk[1]);
                 mma_bf16(acc[m][ks % G2_SPLIT][1], a, bk[2], bk[3]);
             }
@@ -1033,10 +1079,12 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                 dS[m][j][0] *= e.x; dS[m][j][1] *= e.y; dS[m][j][2] *= e.x; dS[m][j][3] *= e.y;
             }
         }
-#if WGMMA
+#if WGMMA && !G4_WITH_G5
         wgmma_fence();   // dS (just scaled) and doT were written by ordinary instructions
         accumulate_band_wgmma(dS, doT, st.qd);
         wgmma_commit_group();   // runs while G3 below computes bdv^T
+#elif WGMMA
+        // G4 is issued with G5 below
 #else
         accumulate_band(dS, doT, st.qd, k0, lane);
 #endif
@@ -1099,6 +1147,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // G5: dS^T += bdv^T @ kd   (the last step of the dS-dependent path)
 #if WGMMA
         wgmma_fence();   // aB written by ordinary instructions
+        if constexpr (G4_WITH_G5) accumulate_band_wgmma(dS, doT, st.qd);
         accumulate_band_wgmma(dS, aB, st.kd);
         wgmma_commit_group();
         wgmma_wait_group<0>();   // dS is read next tile (snapshot, G2); qd/kd are read before EMPTY
@@ -1108,6 +1157,9 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 
         KDA_ADD(T_C_CHAIN, t2);
         if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL);  // the producer reloads stage s
+        if constexpr (TMA_SNAP && SNAP_LATE_ISSUE) {
+            if (snap_now) issue_band_tma(&maps.snap, (int)((snap_idx * p.H + h) * D + k0), v0, staging, lane);
+        }
     }
     KDA_ADD(T_TOTAL, t_start);
     KDA_FLUSH();

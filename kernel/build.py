@@ -94,8 +94,11 @@ class Config:
             raise ValueError(f"mt must be 1 or 2 with D / vsplit = {D // self.vsplit} a multiple of 16 * mt, "
                              f"got mt {self.mt}")
         wgmma_fits = self.consumers == 4 and self.ksplit == 1
+        # G4 and G5 as wgmma wherever the consumers are one warpgroup: with G4 issued beside G5
+        # and the snapshots' late tensor store, 32 x 8192 fla 0.96x, 4 x 8192 0.95x (BENCHMARKS.md,
+        # log 20); the kernel compiles it out of a plain sm_90 build
         if self.wgmma == -1:
-            object.__setattr__(self, "wgmma", 0)   # auto: off until measured
+            object.__setattr__(self, "wgmma", int(wgmma_fits))
         if self.wgmma not in (0, 1):
             raise ValueError(f"wgmma must be -1 (auto), 0 or 1, got {self.wgmma}")
         if self.wgmma and not wgmma_fits:

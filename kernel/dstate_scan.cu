@@ -69,26 +69,23 @@
 #include "barrier.cuh"
 #include "tma.cuh"
 #include "setmaxnreg.cuh"
-#ifndef WGMMA
-#define WGMMA 0
-#endif
-// Experiments (BENCHMARKS.md, log 20): PREPACK packs dS^T to bf16 once per tile, before the FULL
-// wait, for both G2's A operands and the snapshot; G4_WITH_G5 issues G4's wgmma beside G5's,
-// after G3, so G3's mma.sync do not queue behind it.
-#ifndef PREPACK
-#define PREPACK 0
-#endif
+// Scheduling switches, each measured (BENCHMARKS.md, log 20):
+//   G4_WITH_G5       (WGMMA) G4's wgmma is issued beside G5's, after G3, so G3's mma.sync do not
+//                    queue behind it on the tensor cores (32 x 8192 fla: 0.965x)
+//   SNAP_LATE_ISSUE  (tensor-store snapshots) the staging tile is written at the tile's start,
+//                    its proxy fence and tensor store issued at the tile's end, when the stmatrix
+//                    have long completed: the fence's MEMBAR has nothing left to wait for (0.971x;
+//                    both 0.961x)
+//   OVERLAP          (WGMMA) the next tile's FULL wait, do^T / Mqk fragments and G1 run while this
+//                    tile's G4/G5 wgmma are in flight, instead of after they completed
 #ifndef G4_WITH_G5
-#define G4_WITH_G5 0
+#define G4_WITH_G5 1
 #endif
-// SNAP_LATE_ISSUE (tensor-store snapshots): the staging tile is written at the tile's start as
-// before, but its proxy fence and tensor store are issued at the tile's end, when its stmatrix
-// have long completed (the fence's MEMBAR then has nothing to wait for).
 #ifndef SNAP_LATE_ISSUE
-#define SNAP_LATE_ISSUE 0
+#define SNAP_LATE_ISSUE 1
 #endif
-#if WGMMA
-#include "wgmma.cuh"
+#ifndef OVERLAP
+#define OVERLAP 0
 #endif
 
 using namespace ptx_lab;
@@ -137,6 +134,19 @@ using namespace ptx_lab;
 #endif
 #ifndef G2_SPLIT
 #define G2_SPLIT (MT == 1 ? 4 : 2)
+#endif
+// WGMMA auto: wherever the consumers are one warpgroup holding all 128 k (4 warps: VSPLIT * MT
+// == 2, KSPLIT 1). wgmma exists in sm_90a builds only: a plain build (an NVRTC not asked for
+// sm_90a) runs G4/G5 on mma.sync (kda_wgmma says which).
+#ifndef WGMMA
+#define WGMMA (VSPLIT * MT == 2 && KSPLIT == 1)
+#endif
+#if WGMMA && defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#undef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA
+#include "wgmma.cuh"
 #endif
 #ifndef PRODUCERS
 #define PRODUCERS (VSPLIT == 4 || (VSPLIT == 1 && SNAP_BF16) ? 8 : VSPLIT == 1 ? 2 : 4)
@@ -199,6 +209,7 @@ constexpr bool HAS_SETMAXNREG = false;
 #endif
 constexpr bool REGSPLIT_FITS = NUM_CONSUMERS % 4 == 0 && NUM_PRODUCERS % 4 == 0 && PRODUCER_REGS >= 56;
 constexpr bool REG_SPLIT = HAS_SETMAXNREG && (REGSPLIT < 0 ? REGSPLIT_FITS && LAUNCH_REGS < CONSUMER_REGS : REGSPLIT != 0);
+static_assert(!OVERLAP || WGMMA, "OVERLAP overlaps the next tile's front with this tile's wgmma: it needs WGMMA");
 static_assert(!WGMMA || (NUM_CONSUMERS == 4 && KSPLIT == 1),
               "WGMMA needs the consumers to be one warpgroup (4 warps) that holds all 128 k columns (KSPLIT 1)");
 static_assert(!REG_SPLIT || REGSPLIT_FITS,
@@ -668,9 +679,8 @@ __device__ __forceinline__ void issue_band_tma(const TensorMap* map, int row0, i
         cp_async_bulk_commit();
     }
 }
-// `dSb`: dS already packed (PREPACK; bf16 only), else null.
 __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, int v0, const float (&dS)[MT][NJ][4],
-                                               const u32 (*dSb)[NJ / 2][4], unsigned char* staging, int lane) {
+                                               unsigned char* staging, int lane) {
     // The swizzle repeats every 8 rows (8 * SNAP_SWZ bytes), so a fragment's offset is
     // its row's position within 8 rows, swizzled once, plus a constant per 8 rows.
     constexpr u32 ROWS8 = 8 * SNAP_SWZ;
@@ -684,10 +694,7 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
         const int mm = lane >> 3;
         const u32 off = (mm >> 1) * ROWS8 + tma_swizzle<SNAP_SWZ>((lane & 7) * SNAP_SWZ + (16 * m + 8 * (mm & 1)) * 2);
 #pragma unroll
-        for (int pr = 0; pr < NJ / 2; ++pr) {
-            if (dSb) stmatrix_band_pair(base + off + 2 * pr * ROWS8, dSb[m][pr]);
-            else stmatrix_band_pair(base + off + 2 * pr * ROWS8, dS, m, pr);
-        }
+        for (int pr = 0; pr < NJ / 2; ++pr) stmatrix_band_pair(base + off + 2 * pr * ROWS8, dS, m, pr);
     }
 #else
     const int g = lane >> 2, t = lane & 3;
@@ -984,56 +991,21 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         for (int j = 0; j < NJ; ++j) dS[m][j][0] = dS[m][j][1] = dS[m][j][2] = dS[m][j][3] = 0.f;
 #endif
 
-    // Not unrolled: an unrolled body (the compiler likes to unroll by SNAP_EVERY to
-    // make the snapshot test static) interleaves tiles and runs out of registers.
-#pragma unroll 1
-    for (int i = 0; i < nt; ++i) {
-        const int n = nt - 1 - i;
+    // The front of walk tile i: its FULL wait, do^T as the A operand [v, c] (ldmatrix.trans of
+    // do[c][v] rows, one per m-tile), and G1: dU^T = do^T @ Mqk (B[c'][c] = Mqk[c'][c], pairs
+    // along c' -> ldmatrix.trans) into acc. None of it depends on dS.
+    u32 doT[MT][4];
+    float acc[MT][G2_SPLIT][2][4];
+    auto front = [&](int i) {
         const int s = i % NSTAGE;
-
-        // snapshot[n] = dS at entry of tile n; written before waiting for the
-        // tile's operands so the stores overlap the producers' work.
-        KDA_CLOCK(t0);
-#if PREPACK
-        u32 dSb[MT][NJ / 2][4];   // dS^T in bf16 pairs: G2's A operands and (bf16) the snapshot's
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int pr = 0; pr < NJ / 2; ++pr) pack_pair(dSb[m][pr], dS, m, pr);
-        const u32 (*snap_packed)[NJ / 2][4] = SNAP_BF16 ? dSb : nullptr;
-#else
-        const u32 (*snap_packed)[NJ / 2][4] = nullptr;
-#endif
-        const bool snap_now = SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1;
-        const long long snap_idx = snap_base + n / SNAP_EVERY;
-        if (snap_now) {
-            const long long idx = snap_idx;
-#if SNAP_STORE == SNAP_TMA
-            store_band_tma(&maps.snap, (int)((idx * p.H + h) * D + k0), v0, dS, snap_packed, staging, lane);
-#elif SNAP_BF16
-            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
-                            reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
-#else
-            store_band_f32<1>(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
-                              reinterpret_cast<float*>(staging), k0, v0, lane);
-#endif
-        }
-
-        KDA_ADD(T_C_SNAPSHOT, t0);
         KDA_CLOCK(t1);
         named_barrier_sync(full_bar(s), ALL);
         KDA_ADD(T_C_WAIT_FULL, t1);
-        KDA_CLOCK(t2);
         const Stage& st = stages[s];
-
-        // do^T as the A operand [v, c]: ldmatrix.trans of do[c][v] rows, one per m-tile.
-        u32 doT[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m) ldmatrix_x4_trans(doT[m], do_addr_cols_first(st, vb + 16 * m, lane));
-        // G1: dU^T = do^T @ Mqk  (B[c'][c] = Mqk[c'][c], pairs along c' -> ldmatrix.trans)
         u32 bm[4];
         ldmatrix_x4_trans(bm, small_addr_rows_first(st.mqk, lane));
-        float acc[MT][G2_SPLIT][2][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -1047,6 +1019,38 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                 mma_bf16(acc[m][0][1], doT[m], bm[2], bm[3]);
             }
         }
+    };
+    if constexpr (OVERLAP) front(0);
+
+    // Not unrolled: an unrolled body (the compiler likes to unroll by SNAP_EVERY to
+    // make the snapshot test static) interleaves tiles and runs out of registers.
+#pragma unroll 1
+    for (int i = 0; i < nt; ++i) {
+        const int n = nt - 1 - i;
+        const int s = i % NSTAGE;
+
+        // snapshot[n] = dS at entry of tile n; written before waiting for the
+        // tile's operands so the stores overlap the producers' work.
+        KDA_CLOCK(t0);
+        const bool snap_now = SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1;
+        const long long snap_idx = snap_base + n / SNAP_EVERY;
+        if (snap_now) {
+            const long long idx = snap_idx;
+#if SNAP_STORE == SNAP_TMA
+            store_band_tma(&maps.snap, (int)((idx * p.H + h) * D + k0), v0, dS, staging, lane);
+#elif SNAP_BF16
+            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
+                            reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
+#else
+            store_band_f32<1>(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
+                              reinterpret_cast<float*>(staging), k0, v0, lane);
+#endif
+        }
+
+        KDA_ADD(T_C_SNAPSHOT, t0);
+        if constexpr (!OVERLAP) front(i);
+        KDA_CLOCK(t2);
+        const Stage& st = stages[s];
 
         // G2: dU^T += dS^T @ kr^T  (B[k][c] = kr[c][k], pairs along k -> plain ldmatrix),
         // over this warp's k columns; dS^T's A operand is packed from the accumulators
@@ -1058,12 +1062,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             // matrices: (c 0-7, k lo), (c 0-7, k hi), (c 8-15, k lo), (c 8-15, k hi)
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-#if PREPACK
-                const u32 (&a)[4] = dSb[m][ks];
-#else
                 u32 a[4];
                 pack_pair(a, dS, m, ks);
-#endif
                 mma_bf16(acc[m][ks % G2_SPLIT][0], a, bk[0], bk[1]);
                 mma_bf16(acc[m][ks % G2_SPLIT][1], a, bk[2], bk[3]);
             }
@@ -1150,6 +1150,9 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         if constexpr (G4_WITH_G5) accumulate_band_wgmma(dS, doT, st.qd);
         accumulate_band_wgmma(dS, aB, st.kd);
         wgmma_commit_group();
+        if constexpr (OVERLAP) {
+            if (i + 1 < nt) front(i + 1);   // doT / acc are new values: the in-flight wgmma keep theirs
+        }
         wgmma_wait_group<0>();   // dS is read next tile (snapshot, G2); qd/kd are read before EMPTY
 #else
         accumulate_band(dS, aB, st.kd, k0, lane);

@@ -34,7 +34,7 @@ from ptx_lab import CUDA_INCLUDE_DIR
 
 from . import build
 
-SASS_OPS = ("HMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
+SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
 REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, THREADS_PER_SM = 65536, 228 * 1024, 1024, 2048
 
 
@@ -107,7 +107,7 @@ def problems(row: dict) -> list[str]:
     if row["sass"] is None:
         out.append(f"no SASS (cuobjdump missing or failed: {row.get('sass_error', 'not found')})")
     else:
-        need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if row["cfg"].snap_bf16 else [])
+        need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if row["cfg"].snap_bf16 else []) + (["HGMMA"] if row["cfg"].wgmma else [])
         out += [f"SASS has no {op}" for op in need if row["sass"][op] == 0]
     return out
 

@@ -76,16 +76,15 @@
 //                    its proxy fence and tensor store issued at the tile's end, when the stmatrix
 //                    have long completed: the fence's MEMBAR has nothing left to wait for (0.971x;
 //                    both 0.961x)
-//   OVERLAP          (WGMMA) the next tile's FULL wait, do^T / Mqk fragments and G1 run while this
-//                    tile's G4/G5 wgmma are in flight, instead of after they completed
 #ifndef G4_WITH_G5
 #define G4_WITH_G5 1
 #endif
 #ifndef SNAP_LATE_ISSUE
 #define SNAP_LATE_ISSUE 1
 #endif
-#ifndef OVERLAP
-#define OVERLAP 0
+// R1_LANES: lanes per token in R1 (32, or 16 with two tokens per warp-wide pass)
+#ifndef R1_LANES
+#define R1_LANES 32
 #endif
 
 using namespace ptx_lab;
@@ -209,7 +208,6 @@ constexpr bool HAS_SETMAXNREG = false;
 #endif
 constexpr bool REGSPLIT_FITS = NUM_CONSUMERS % 4 == 0 && NUM_PRODUCERS % 4 == 0 && PRODUCER_REGS >= 56;
 constexpr bool REG_SPLIT = HAS_SETMAXNREG && (REGSPLIT < 0 ? REGSPLIT_FITS && LAUNCH_REGS < CONSUMER_REGS : REGSPLIT != 0);
-static_assert(!OVERLAP || WGMMA, "OVERLAP overlaps the next tile's front with this tile's wgmma: it needs WGMMA");
 static_assert(!WGMMA || (NUM_CONSUMERS == 4 && KSPLIT == 1),
               "WGMMA needs the consumers to be one warpgroup (4 warps) that holds all 128 k columns (KSPLIT 1)");
 static_assert(!REG_SPLIT || REGSPLIT_FITS,
@@ -502,10 +500,18 @@ __device__ __forceinline__ const float* gc_at(const Stage& st, int c, int k) {
                      : &st.gc[c * D + k];
 }
 
+// EPL consecutive bf16 as one shared-memory access (no <type_traits> under NVRTC).
+template <int EPL> struct BF16Row;
+template <> struct BF16Row<4> { using type = uint2; };
+template <> struct BF16Row<8> { using type = uint4; };
+
 // R1: qd, kd, kr in fp32 from raw q/k and gc, rounded once to bf16.
-// Producer warp pw handles tokens TOKENS_PER_PRODUCER*pw + r; lane handles k = 4*lane .. 4*lane+3,
-// so every shared read and write is a contiguous row segment (no bank conflicts,
-// unlike a fragment-ordered walk where 32 lanes hit 32 tokens of one column).
+// Producer warp pw handles tokens TOKENS_PER_PRODUCER*pw + r. R1_LANES lanes share a token:
+// 32 (lane handles k = 4*lane .. 4*lane+3) or 16 (two tokens at once, one per half-warp, lane
+// handles 8 consecutive k: a 16-byte store per operand, which is one core-matrix row, and 4
+// butterfly levels per norm instead of 5). Every shared read and write is a contiguous row
+// segment (no bank conflicts, unlike a fragment-ordered walk where 32 lanes hit 32 tokens
+// of one column).
 // Phased (load all rows, reduce all norms together, then compute and store):
 // written token by token, each token's 2 x 5 dependent shuffles and its
 // sqrt/div ran back to back (the compiler cannot hoist the next token's shared
@@ -513,41 +519,59 @@ __device__ __forceinline__ const float* gc_at(const Stage& st, int c, int k) {
 // the per-tile bottleneck (ncu: 0.25 IPC per scheduler, time per tile
 // proportional to tokens per producer warp: 2.3 us at 4, 4.6 us at 8).
 __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane) {
-    constexpr int R = TOKENS_PER_PRODUCER;
-    const int k0 = 4 * lane;
-    const int c0 = pw * R;
+    constexpr int EPL = D / R1_LANES;            // k per lane: 4 or 8
+    constexpr int TPP = 32 / R1_LANES;           // tokens per warp-wide pass: 1 or 2
+    constexpr int R = TOKENS_PER_PRODUCER / TPP; // passes
+    static_assert(TOKENS_PER_PRODUCER % TPP == 0, "R1_LANES 16 needs an even number of tokens per producer warp");
+    using RawRow = typename BF16Row<EPL>::type;
+    const int sub = lane / R1_LANES, hl = lane % R1_LANES;
+    const int k0 = EPL * hl;
+    const int c0 = pw * TOKENS_PER_PRODUCER + sub;
     // gc stops at the last real token
-    const float4 gT = *reinterpret_cast<const float4*>(TMA_LOADS ? gc_at(st, L - 1, k0) : &st.gT[pw][k0]);
-    if (pw == 0) {
-        *reinterpret_cast<float4*>(&st.egT[k0]) = make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
+    float gt[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; e += 4) {
+        const float4 g = *reinterpret_cast<const float4*>(TMA_LOADS ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
+        gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
+        if (pw == 0 && sub == 0)
+            *reinterpret_cast<float4*>(&st.egT[k0 + e]) = make_float4(exp2f(g.x), exp2f(g.y), exp2f(g.z), exp2f(g.w));
     }
-    const float gt[4] = {gT.x, gT.y, gT.z, gT.w};
-    float qv[R][4], kv[R][4], gv[R][4];
+    float qv[R][EPL], kv[R][EPL], gv[R][EPL];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const int c = c0 + r;
-        uint2 qraw = *reinterpret_cast<const uint2*>(&st.q[c * D + k0]);
-        uint2 kraw = *reinterpret_cast<const uint2*>(&st.k[c * D + k0]);
-        float4 g = *reinterpret_cast<const float4*>(gc_at(st, c, k0));
-        if (TMA_LOADS && c >= L) {   // a tensor copy's rows past the sequence (cp.async zero-fills them)
-            qraw = kraw = make_uint2(0u, 0u);
-            g = make_float4(0.f, 0.f, 0.f, 0.f);
+        const int c = c0 + TPP * r;
+        RawRow qraw = *reinterpret_cast<const RawRow*>(&st.q[c * D + k0]);
+        RawRow kraw = *reinterpret_cast<const RawRow*>(&st.k[c * D + k0]);
+        const u32* qw = reinterpret_cast<const u32*>(&qraw);
+        const u32* kw = reinterpret_cast<const u32*>(&kraw);
+        const bool tail = TMA_LOADS && c >= L;   // a tensor copy's rows past the sequence (cp.async zero-fills them)
+#pragma unroll
+        for (int e = 0; e < EPL; e += 2) {
+            qv[r][e] = tail ? 0.f : bf16_lo(qw[e / 2]); qv[r][e + 1] = tail ? 0.f : bf16_hi(qw[e / 2]);
+            kv[r][e] = tail ? 0.f : bf16_lo(kw[e / 2]); kv[r][e + 1] = tail ? 0.f : bf16_hi(kw[e / 2]);
         }
-        qv[r][0] = bf16_lo(qraw.x); qv[r][1] = bf16_hi(qraw.x); qv[r][2] = bf16_lo(qraw.y); qv[r][3] = bf16_hi(qraw.y);
-        kv[r][0] = bf16_lo(kraw.x); kv[r][1] = bf16_hi(kraw.x); kv[r][2] = bf16_lo(kraw.y); kv[r][3] = bf16_hi(kraw.y);
-        gv[r][0] = g.x; gv[r][1] = g.y; gv[r][2] = g.z; gv[r][3] = g.w;
+#pragma unroll
+        for (int e = 0; e < EPL; e += 4) {
+            const float4 g = *reinterpret_cast<const float4*>(gc_at(st, c, k0 + e));
+            gv[r][e] = tail ? 0.f : g.x; gv[r][e + 1] = tail ? 0.f : g.y;
+            gv[r][e + 2] = tail ? 0.f : g.z; gv[r][e + 3] = tail ? 0.f : g.w;
+        }
     }
     float qs[R], ks[R];
 #if L2NORM
     // x / sqrt(sum(x^2) + 1e-6), fp32, as flash-linear-attention's l2norm; the 2R
-    // butterfly reductions run interleaved.
+    // butterfly reductions (within each R1_LANES-lane group) run interleaved.
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        qs[r] = qv[r][0] * qv[r][0] + qv[r][1] * qv[r][1] + qv[r][2] * qv[r][2] + qv[r][3] * qv[r][3];
-        ks[r] = kv[r][0] * kv[r][0] + kv[r][1] * kv[r][1] + kv[r][2] * kv[r][2] + kv[r][3] * kv[r][3];
+        qs[r] = ks[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) {
+            qs[r] += qv[r][e] * qv[r][e];
+            ks[r] += kv[r][e] * kv[r][e];
+        }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = R1_LANES / 2; o > 0; o >>= 1)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], o);
@@ -566,19 +590,26 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
 #endif
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const int c = c0 + r;
-        float qd[4], kd[4], kr[4];
+        const int c = c0 + TPP * r;
+        u32 qd[EPL / 2], kd[EPL / 2], kr[EPL / 2];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float eg = exp2f(gv[r][e]);
-            qd[e] = qs[r] * qv[r][e] * eg;
-            kd[e] = ks[r] * kv[r][e] * eg;
-            kr[e] = ks[r] * kv[r][e] * exp2f(gt[e] - gv[r][e]);   // exp2 of a difference: no overflow for strong gates
+        for (int e = 0; e < EPL; e += 2) {
+            float a[2], b[2], d[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const float eg = exp2f(gv[r][e + u]);
+                a[u] = qs[r] * qv[r][e + u] * eg;
+                b[u] = ks[r] * kv[r][e + u] * eg;
+                d[u] = ks[r] * kv[r][e + u] * exp2f(gt[e + u] - gv[r][e + u]);   // exp2 of a difference: no overflow for strong gates
+            }
+            qd[e / 2] = pack_bf16x2(a[0], a[1]);
+            kd[e / 2] = pack_bf16x2(b[0], b[1]);
+            kr[e / 2] = pack_bf16x2(d[0], d[1]);
         }
-        const int o = op_offset(c, k0);   // 4 consecutive k stay inside one 8-k core-matrix row
-        *reinterpret_cast<uint2*>(&st.qd[o]) = make_uint2(pack_bf16x2(qd[0], qd[1]), pack_bf16x2(qd[2], qd[3]));
-        *reinterpret_cast<uint2*>(&st.kd[o]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
-        *reinterpret_cast<uint2*>(&st.kr[o]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
+        const int o = op_offset(c, k0);   // EPL consecutive k stay inside one 8-k core-matrix row
+        *reinterpret_cast<RawRow*>(&st.qd[o]) = *reinterpret_cast<const RawRow*>(qd);
+        *reinterpret_cast<RawRow*>(&st.kd[o]) = *reinterpret_cast<const RawRow*>(kd);
+        *reinterpret_cast<RawRow*>(&st.kr[o]) = *reinterpret_cast<const RawRow*>(kr);
     }
     // WGMMA: the consumers' warpgroup MMAs read qd/kd through the async proxy; these generic
     // stores must be made visible to it before the FULL arrive releases them
@@ -991,36 +1022,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         for (int j = 0; j < NJ; ++j) dS[m][j][0] = dS[m][j][1] = dS[m][j][2] = dS[m][j][3] = 0.f;
 #endif
 
-    // The front of walk tile i: its FULL wait, do^T as the A operand [v, c] (ldmatrix.trans of
-    // do[c][v] rows, one per m-tile), and G1: dU^T = do^T @ Mqk (B[c'][c] = Mqk[c'][c], pairs
-    // along c' -> ldmatrix.trans) into acc. None of it depends on dS.
-    u32 doT[MT][4];
-    float acc[MT][G2_SPLIT][2][4];
-    auto front = [&](int i) {
-        const int s = i % NSTAGE;
-        KDA_CLOCK(t1);
-        named_barrier_sync(full_bar(s), ALL);
-        KDA_ADD(T_C_WAIT_FULL, t1);
-        const Stage& st = stages[s];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) ldmatrix_x4_trans(doT[m], do_addr_cols_first(st, vb + 16 * m, lane));
-        u32 bm[4];
-        ldmatrix_x4_trans(bm, small_addr_rows_first(st.mqk, lane));
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int a = 0; a < G2_SPLIT; ++a)
-#pragma unroll
-                for (int nn = 0; nn < 2; ++nn) acc[m][a][nn][0] = acc[m][a][nn][1] = acc[m][a][nn][2] = acc[m][a][nn][3] = 0.f;
-        if (KSPLIT == 1 || kh == 0) {        // G1 once per band: in the k0 = 0 warp's partial sum
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                mma_bf16(acc[m][0][0], doT[m], bm[0], bm[1]);
-                mma_bf16(acc[m][0][1], doT[m], bm[2], bm[3]);
-            }
-        }
-    };
-    if constexpr (OVERLAP) front(0);
 
     // Not unrolled: an unrolled body (the compiler likes to unroll by SNAP_EVERY to
     // make the snapshot test static) interleaves tiles and runs out of registers.
@@ -1048,9 +1049,33 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         }
 
         KDA_ADD(T_C_SNAPSHOT, t0);
-        if constexpr (!OVERLAP) front(i);
+        KDA_CLOCK(t1);
+        named_barrier_sync(full_bar(s), ALL);
+        KDA_ADD(T_C_WAIT_FULL, t1);
         KDA_CLOCK(t2);
         const Stage& st = stages[s];
+
+        // do^T as the A operand [v, c]: ldmatrix.trans of do[c][v] rows, one per m-tile.
+        u32 doT[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) ldmatrix_x4_trans(doT[m], do_addr_cols_first(st, vb + 16 * m, lane));
+        // G1: dU^T = do^T @ Mqk  (B[c'][c] = Mqk[c'][c], pairs along c' -> ldmatrix.trans)
+        u32 bm[4];
+        ldmatrix_x4_trans(bm, small_addr_rows_first(st.mqk, lane));
+        float acc[MT][G2_SPLIT][2][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int a = 0; a < G2_SPLIT; ++a)
+#pragma unroll
+                for (int nn = 0; nn < 2; ++nn) acc[m][a][nn][0] = acc[m][a][nn][1] = acc[m][a][nn][2] = acc[m][a][nn][3] = 0.f;
+        if (KSPLIT == 1 || kh == 0) {        // G1 once per band: in the k0 = 0 warp's partial sum
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                mma_bf16(acc[m][0][0], doT[m], bm[0], bm[1]);
+                mma_bf16(acc[m][0][1], doT[m], bm[2], bm[3]);
+            }
+        }
 
         // G2: dU^T += dS^T @ kr^T  (B[k][c] = kr[c][k], pairs along k -> plain ldmatrix),
         // over this warp's k columns; dS^T's A operand is packed from the accumulators
@@ -1150,9 +1175,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         if constexpr (G4_WITH_G5) accumulate_band_wgmma(dS, doT, st.qd);
         accumulate_band_wgmma(dS, aB, st.kd);
         wgmma_commit_group();
-        if constexpr (OVERLAP) {
-            if (i + 1 < nt) front(i + 1);   // doT / acc are new values: the in-flight wgmma keep theirs
-        }
         wgmma_wait_group<0>();   // dS is read next tile (snapshot, G2); qd/kd are read before EMPTY
 #else
         accumulate_band(dS, aB, st.kd, k0, lane);

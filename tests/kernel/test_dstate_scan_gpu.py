@@ -89,3 +89,16 @@ def test_the_launched_build_moves_registers_where_it_should(producers, split):
     assert reg_split == split
     attrs = api._kernel(cfg)[0].attributes
     assert attrs["local_size_bytes"] == 0, attrs
+
+
+@pytest.mark.parametrize("vsplit, wgmma", [(1, 1), (2, 1), (4, 0)])
+def test_the_launched_build_runs_g4_g5_as_wgmma_where_it_should(vsplit, wgmma):
+    # WGMMA is compiled out of a plain sm_90 build: the API's NVRTC build (sm_90a) must keep it
+    # wherever build.Config turns it on (the consumers are one warpgroup).
+    from kernel import api, build
+
+    cfg = build.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
+    assert cfg.wgmma == wgmma
+    (on,) = api.read_int_constants(api.module(cfg), "kda_wgmma", 1)
+    assert on == wgmma
+    assert api._kernel(cfg)[0].attributes["local_size_bytes"] == 0

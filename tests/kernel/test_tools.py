@@ -165,6 +165,15 @@ def test_store_and_load_knobs_are_checked(knobs, message):
         build.Config(**knobs)
 
 
+def ptx_constant(ptx: str, name: str) -> int:
+    """An `extern "C" __constant__ int` of a PTX file (a zero one is written without "= 0")."""
+    import re
+
+    m = re.search(rf"\.u32 {name}(?:\s*=\s*(\d+))?;", ptx)
+    assert m, f"{name} not in the PTX"
+    return int(m.group(1) or 0)
+
+
 def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
     """CI's plain `nvcc dstate_scan.cu` build and the API's build agree on the shape."""
     import re
@@ -181,8 +190,12 @@ def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
             subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}",
                             f"-DVSPLIT={vsplit}", f"-DSNAP_BF16={bf16}", "-ptx", str(build.SOURCE_PATH),
                             "-o", str(out)], check=True)
-            threads = int(re.search(r"kda_threads\s*=\s*(\d+)", out.read_text()).group(1))
-            assert threads == build.Config(vsplit=vsplit, snap_bf16=bool(bf16)).threads, (vsplit, bf16)
+            ptx = out.read_text()
+            cfg = build.Config(vsplit=vsplit, snap_bf16=bool(bf16))
+            threads = int(re.search(r"kda_threads\s*=\s*(\d+)", ptx).group(1))
+            assert threads == cfg.threads, (vsplit, bf16)
+            wgmma = ptx_constant(ptx, "kda_wgmma")
+            assert wgmma == cfg.wgmma and ("wgmma.mma_async" in ptx) == bool(wgmma), (vsplit, bf16)
 
 
 def test_a_tensor_map_error_names_the_argument():
@@ -216,3 +229,44 @@ def test_more_producers_take_registers_from_the_pool_without_spilling(tmp_path, 
     assert ("setmaxnreg.inc.sync.aligned.u32 240" in ptx) == split
     assert ("setmaxnreg.dec.sync.aligned.u32" in ptx) == split
     assert row["threads"] == 32 * (4 + producers)
+
+
+def test_wgmma_auto_rule_and_its_checks():
+    # on wherever the consumers are one warpgroup holding all 128 k: vsplit 1 (mt 2) and 2 (mt 1)
+    from kernel import build
+
+    assert [build.Config(vsplit=v).wgmma for v in build.VSPLITS] == [1, 1, 0, 0]
+    assert build.Config(vsplit=1, wgmma=0).wgmma == 0
+    assert "-wgmma" in build.Config(vsplit=1).name() and "-wgmma" not in build.Config(vsplit=4).name()
+    assert "-DWGMMA=1" in build.defines(build.Config(vsplit=2))
+    for knobs in (dict(vsplit=4, wgmma=1), dict(vsplit=1, mt=1, wgmma=1), dict(vsplit=2, ksplit=2, wgmma=1)):
+        with pytest.raises(ValueError, match="one warpgroup"):
+            build.Config(**knobs)
+    with pytest.raises(ValueError, match="wgmma must be"):
+        build.Config(wgmma=2)
+
+
+def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_path):
+    # G4 / G5 are m64n128k16 with an N-major B (.tnspB) in the sm_90a build, 4 per tile; a plain
+    # sm_90 build (no wgmma there) falls back to mma.sync and says so in kda_wgmma.
+    import shutil
+    import subprocess
+
+    from kernel import build, resources
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4)
+    row = resources.compile_variant(cfg, tmp_path)
+    assert "error" not in row, row.get("error")
+    assert row["spill"] == 0 and row["stack"] == 0, row["log"]
+    if row["sass"] is not None:
+        assert row["sass"]["HGMMA"] == 4, row["sass"]     # G4 and G5, two m-tiles each
+    ptx = (tmp_path / f"{cfg.name()}.ptx").read_text()
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
+    assert "fence.proxy.async.shared::cta" in ptx          # R1's stores before the async proxy reads them
+    plain = tmp_path / "plain_sm90.ptx"
+    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}", *build.defines(cfg),
+                    "-ptx", str(build.SOURCE_PATH), "-o", str(plain)], check=True)
+    text = plain.read_text()
+    assert ptx_constant(text, "kda_wgmma") == 0 and "wgmma" not in text.replace("kda_wgmma", "")

@@ -1,4 +1,4 @@
-"""Single-warp experiments: each primitive run on data whose answer is known.
+"""Single-warp (and one warpgroup) experiments: each primitive run on data whose answer is known.
 
 One literate file per experiment (read it top to bottom as a lesson, run it as
 ``python -m experiments.<name> [--emulate]``). ``EXPERIMENTS`` maps each name
@@ -11,7 +11,7 @@ from importlib import import_module
 from types import ModuleType
 
 NAMES = ("ldmatrix", "stmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a", "cp_async", "bulk_copy",
-         "banks", "tma_tile")
+         "banks", "tma_tile", "wgmma")
 
 
 def __getattr__(name: str) -> dict[str, ModuleType]:

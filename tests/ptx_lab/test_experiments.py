@@ -23,7 +23,7 @@ def lanes_named(result) -> set[int]:
 def test_registry_is_complete_and_ordered():
     assert list(EXPERIMENTS) == list(NAMES)
     assert set(NAMES) == {"mma_m16n8k16", "ldmatrix", "stmatrix", "movmatrix", "cp_async",
-                          "bulk_copy", "accumulator_as_a", "banks", "tma_tile"}
+                          "bulk_copy", "accumulator_as_a", "banks", "tma_tile", "wgmma"}
     for name, module in EXPERIMENTS.items():
         assert module.NAME == name
         assert module.SUMMARY and "\n" not in module.SUMMARY
@@ -318,3 +318,34 @@ def test_runs_as_a_module():
 def test_backend_is_validated():
     with pytest.raises(ValueError, match="backend"):
         EXPERIMENTS["ldmatrix"].observe("cpu")
+
+
+def test_wgmma_swapped_threads_are_both_named():
+    # a warpgroup's accumulators are thread-first (128 threads): swap thread 3 (warp 0) and 97 (warp 3)
+    module = EXPERIMENTS["wgmma"]
+    obs = module.observe("model")
+    for arr in obs.values():
+        arr[[3, 97]] = arr[[97, 3]]
+    result = module.check(obs).result("wgmma", "model")
+    assert not result.passed
+    named = {(int(w), int(l)) for w, l in re.findall(r"\bwarp (\d) lane (\d+)\b", "\n".join(result.failures))}
+    assert named == {(0, 3), (3, 1)}, result.report()
+
+
+def test_wgmma_cases_pin_both_b_coordinates():
+    # B = j cannot see k misplaced and B = k + 1 cannot see n misplaced: a descriptor with LBO and
+    # SBO swapped (a wrong layout claim) must fail at least one of them for each major
+    from ptx_lab import model
+
+    module = EXPERIMENTS["wgmma"]
+    a = model.matrix_to_wgmma_a(module.a_matrix())
+    for major in model.WGMMA_B_MAJORS:
+        right = module.layouts(16, major)["kernel A's tile"]
+        f = model.wgmma_desc_fields(right)
+        wrong = model.wgmma_desc(0, lbo=f["sbo"], sbo=f["lbo"])
+        bad = 0
+        for case in module.B_CASES:
+            img = module.b_image(module.b_matrix(case, 16), right, major)
+            d = model.wgmma_m64nNk16_rs(a, img, wrong, np.zeros((128, 8), np.float32), 16, False, major)
+            bad += not np.array_equal(model.wgmma_d_to_matrix(d, 16), module.expected(case, 16))
+        assert bad >= 1, major

@@ -685,13 +685,22 @@ __device__ __forceinline__ void pack_pair(u32 (&b)[4], const float (&dS)[MT][NJ]
 // stmatrix.x4.trans of n-tiles 2 pr and 2 pr + 1 of m-tile m (pack_pair), `addr` the lane's
 // x4_cols_first row with k as rows and v as columns:
 // matrices (v 0-7, k lo), (v 8-15, k lo), (v 0-7, k hi), (v 8-15, k hi).
-__device__ __forceinline__ void stmatrix_band_pair(u32 addr, const u32 (&b)[4]) {
-    stmatrix_x4_trans(addr, b[0], b[1], b[2], b[3]);
-}
 __device__ __forceinline__ void stmatrix_band_pair(u32 addr, const float (&dS)[MT][NJ][4], int m, int pr) {
     u32 b[4];
     pack_pair(b, dS, m, pr);
-    stmatrix_band_pair(addr, b);
+    stmatrix_x4_trans(addr, b[0], b[1], b[2], b[3]);
+}
+
+// SNAP_STORE 3, the store of a staged snapshot: the warp's generic writes are fenced for the
+// async proxy and lane 0 issues the tensor store as a bulk group (SNAP_LATE_ISSUE: at the
+// tile's end, not right after the stmatrix).
+__device__ __forceinline__ void issue_band_tma(const TensorMap* map, int row0, int v0, unsigned char* staging, int lane) {
+    fence_proxy_async_shared();   // the tile's generic writes before the async proxy reads it
+    __syncwarp();
+    if (lane == 0) {
+        cp_async_bulk_tensor_2d_s2g(map, v0, row0, smem_addr(staging));
+        cp_async_bulk_commit();
+    }
 }
 
 // SNAP_STORE 3: this warp's dS^T band as ONE tensor store. The fragments go to the
@@ -701,15 +710,6 @@ __device__ __forceinline__ void stmatrix_band_pair(u32 addr, const float (&dS)[M
 // lane 0 stores the box to rows row0 .. row0 + KW - 1, columns v0 .. of the snapshot
 // map. The store runs in the background (a bulk group); the next snapshot first
 // waits until it has read the tile. No 16-byte STGs through the SM's memory queue.
-// The store itself (SNAP_LATE_ISSUE: called at the tile's end).
-__device__ __forceinline__ void issue_band_tma(const TensorMap* map, int row0, int v0, unsigned char* staging, int lane) {
-    fence_proxy_async_shared();   // the tile's generic writes before the async proxy reads it
-    __syncwarp();
-    if (lane == 0) {
-        cp_async_bulk_tensor_2d_s2g(map, v0, row0, smem_addr(staging));
-        cp_async_bulk_commit();
-    }
-}
 __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, int v0, const float (&dS)[MT][NJ][4],
                                                unsigned char* staging, int lane) {
     // The swizzle repeats every 8 rows (8 * SNAP_SWZ bytes), so a fragment's offset is
@@ -1022,7 +1022,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         for (int j = 0; j < NJ; ++j) dS[m][j][0] = dS[m][j][1] = dS[m][j][2] = dS[m][j][3] = 0.f;
 #endif
 
-
     // Not unrolled: an unrolled body (the compiler likes to unroll by SNAP_EVERY to
     // make the snapshot test static) interleaves tiles and runs out of registers.
 #pragma unroll 1
@@ -1036,14 +1035,13 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         const bool snap_now = SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1;
         const long long snap_idx = snap_base + n / SNAP_EVERY;
         if (snap_now) {
-            const long long idx = snap_idx;
 #if SNAP_STORE == SNAP_TMA
-            store_band_tma(&maps.snap, (int)((idx * p.H + h) * D + k0), v0, dS, staging, lane);
+            store_band_tma(&maps.snap, (int)((snap_idx * p.H + h) * D + k0), v0, dS, staging, lane);
 #elif SNAP_BF16
-            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
+            store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
                             reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
 #else
-            store_band_f32<1>(static_cast<float*>(p.snapshots) + (idx * p.H + h) * head_mat, dS,
+            store_band_f32<1>(static_cast<float*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
                               reinterpret_cast<float*>(staging), k0, v0, lane);
 #endif
         }

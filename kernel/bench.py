@@ -127,6 +127,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="Kernel A's V split (default auto)")
     p.add_argument("--tune", nargs="*", default=[], metavar="KNOB=N",
                    help="Kernel A build knobs (kernel.build.Config), e.g. ksplit=2 producers=8")
+    p.add_argument("--no-alternate", action="store_true",
+                   help="skip the alternating timing (Kernel A's fla mode and FLA's dAv+dhu called in "
+                        "turn, the same number of times, after the separate timings)")
     p.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
     p.add_argument("--no-kernel", action="store_true", help="skip Kernel A")
     p.add_argument("--cupti", action="store_true",
@@ -407,6 +410,47 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int, reps: int, flush=None) -> d
             "mean_ms": float(np.mean(ms)), "reps": reps}
 
 
+def time_alternating(fns: dict[str, Callable[[], Any]], *, warmup: int, reps: int, flush=None,
+                     record: list | None = None) -> dict[str, dict]:
+    """Median/min/mean ms of each of `fns`, called in turn: `reps` rounds, each calling every
+    function once (forward in even rounds, backward in odd ones), each call bracketed by CUDA
+    events after the same L2 flush as time_cuda.
+
+    Why: the H200 lowers its SM clock under its power limit (nvidia-smi: "SW power cap",
+    1440-1785 MHz during Kernel A at 32 x 8192), so two kernels timed one after the other
+    can run at different clocks. Called in turn, they see the same power state. `record`, if
+    given, gets the names in call order.
+    """
+    import torch
+
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            out = fns[name]()
+            del out
+    torch.cuda.synchronize()
+    events = {n: [] for n in names}
+    for r in range(reps):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            out = fns[name]()
+            end.record()
+            del out
+            events[name].append((start, end))
+            if record is not None:
+                record.append(name)
+    torch.cuda.synchronize()
+    res = {}
+    for name in names:
+        ms = sorted(s.elapsed_time(e) for s, e in events[name])
+        res[name] = {"median_ms": float(np.median(ms)), "min_ms": float(ms[0]),
+                     "mean_ms": float(np.mean(ms)), "reps": reps}
+    return res
+
+
 def kernel_only_ms(fn: Callable[[], Any], *, reps: int) -> dict | None:
     """GPU time of the kernels `fn` launches (CUPTI via torch.profiler), per call.
 
@@ -584,8 +628,8 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                 res["kernel_a"][mode] = {"error": _err(exc)}
                 log(f"    Kernel A {mode}-mode failed: {_err(exc)}")
             free_memory()
-        del tiles
-        free_memory()
+    else:
+        tiles = None
 
     # 4. FLA
     if fla is not None:
@@ -608,12 +652,29 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                     res["fla"][name] = {"error": _err(exc)}
                     log(f"    FLA {name} failed: {_err(exc)}")
                     free_memory()
+            # 5. both in turn, under the same power state (time_alternating says why)
+            if (not args.no_alternate and tiles is not None and "fla" in args.modes
+                    and "median_ms" in res["kernel_a"].get("fla", {}) and "median_ms" in res["fla"].get("dAv+dhu", {})):
+                try:
+                    alt = time_alternating(
+                        {"kernel_a_fla": lambda: run_kernel_a(dstate_scan, raw, tiles, mode="fla",
+                                                              vsplit=args.vsplit, tuning=args.tuning),
+                         "fla_dAv+dhu": calls["dAv+dhu"]},
+                        warmup=1, reps=args.reps, flush=flush)
+                    res["alternating"] = alt
+                    res["ratio_alternating"] = alt["kernel_a_fla"]["median_ms"] / alt["fla_dAv+dhu"]["median_ms"]
+                except Exception as exc:
+                    res["alternating"] = {"error": _err(exc)}
+                    log(f"    alternating timing failed: {_err(exc)}")
+                    free_memory()
             del state, calls
             res["fla_autotune"] = fla.autotune_choices()   # FLA's block sizes for this shape
         except Exception as exc:
             res["fla"]["error"] = _err(exc)
             log(f"    FLA failed: {_err(exc)}")
         free_memory()
+    del tiles
+    free_memory()
 
     a = res["kernel_a"].get("fla", {}).get("median_ms")
     f = res["fla"].get("dAv+dhu", {}).get("median_ms")
@@ -622,6 +683,16 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     raw.clear()
     free_memory()
     return res
+
+
+def _alternating_text(res: dict) -> str:
+    alt = res.get("alternating")
+    if not alt:
+        return "-"
+    if "error" in alt:
+        return f"failed ({alt['error']})"
+    return (f"A {alt['kernel_a_fla']['median_ms']:.3f} ms, FLA {alt['fla_dAv+dhu']['median_ms']:.3f} ms, "
+            f"ratio {res['ratio_alternating']:.3f}")
 
 
 def _resolved_vsplit(vsplit, ctas: int):
@@ -764,7 +835,7 @@ def precision_config(cfg: Config, args, dstate_scan, fla) -> dict:
 # ----------------------------------------------------------------------------
 
 TABLE_COLUMNS = ("config", "A fla-mode ms", "A seed-mode ms", "FLA dAv+dhu ms", "FLA w_u ms",
-                 "ratio A/FLA", "A GB/s", "floor ms", "A/floor")
+                 "ratio A/FLA", "A/FLA in turn", "A GB/s", "floor ms", "A/floor")
 
 
 def _get(d: dict, *keys):
@@ -789,6 +860,7 @@ def table_row(res: dict) -> list[str]:
         f(_get(res, "fla", "dAv+dhu", "median_ms"), ".3f"),
         f(_get(res, "fla", "recompute_w_u", "median_ms"), ".3f"),
         f(res.get("ratio_a_fla"), ".2f"),
+        f(res.get("ratio_alternating"), ".2f"),
         f(_get(res, "kernel_a", mode, "GBps"), ".0f"),
         f(_get(res, "floor", mode, "ms"), ".3f"),
         f(_get(res, "kernel_a", mode, "vs_floor"), ".2f"),
@@ -1001,7 +1073,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"{tag}: A (vsplit {res.get('vsplit', '-')}) fla {cells['A fla-mode ms']} ms, "
                 f"seed {cells['A seed-mode ms']} ms, "
                 f"FLA dAv+dhu {cells['FLA dAv+dhu ms']} ms (w_u {cells['FLA w_u ms']}), "
-                f"floor {cells['floor ms']} ms, A/floor {cells['A/floor']} "
+                f"floor {cells['floor ms']} ms, A/floor {cells['A/floor']}, "
+                f"in turn: {_alternating_text(res)} "
                 f"[{res['wall_s']:.0f} s]; kernels only (CUPTI): {ko_txt or '-'}{extra}")
             if i == 0 and "l2_note" in res:
                 log(f"    {res['l2_note']}")
@@ -1010,8 +1083,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("")
     log(format_table([table_row(r) for r in ok]))
     log("A = Kernel A (vsplit %s); ratio, A GB/s, floor and A/floor use the fla mode (bf16 "
-        "snapshot every 64 tokens = FLA's dh); floor = device copy of the same bytes."
-        % args.vsplit)
+        "snapshot every 64 tokens = FLA's dh); floor = device copy of the same bytes; "
+        "'A/FLA in turn' = both called alternately, %d times each (same power state)."
+        % (args.vsplit, args.reps))
     if args.precision:
         log_precision_table([r for r in ok if "precision" in r])
     for r in results:

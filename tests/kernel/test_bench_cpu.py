@@ -167,14 +167,19 @@ def _result(**over):
                       "seed": {"median_ms": 1.5, "GBps": 3500.0, "vs_floor": 1.1}},
          "fla": {"dAv+dhu": {"median_ms": 1.084}, "recompute_w_u": {"median_ms": 0.722}},
          "floor": {"fla": {"ms": 0.4}, "seed": {"ms": 1.36}},
-         "ratio_a_fla": 0.5 / 1.084}
+         "ratio_a_fla": 0.5 / 1.084,
+         "alternating": {"kernel_a_fla": {"median_ms": 0.49}, "fla_dAv+dhu": {"median_ms": 1.1}},
+         "ratio_alternating": 0.49 / 1.1}
     r.update(over)
     return r
 
 
 def test_table_row_values():
     row = bench.table_row(_result())
-    assert row == ["4x8192", "0.500", "1.500", "1.084", "0.722", "0.46", "3100", "0.400", "1.25"]
+    assert row == ["4x8192", "0.500", "1.500", "1.084", "0.722", "0.46", "0.45", "3100", "0.400", "1.25"]
+    assert bench._alternating_text(_result()) == "A 0.490 ms, FLA 1.100 ms, ratio 0.445"
+    assert bench._alternating_text({"alternating": {"error": "OutOfMemoryError: x"}}) == "failed (OutOfMemoryError: x)"
+    assert bench._alternating_text({}) == "-"
 
 
 def test_table_row_missing_numbers_are_dashes():
@@ -186,7 +191,7 @@ def test_table_row_missing_numbers_are_dashes():
     r = _result()
     del r["kernel_a"]["fla"]
     row = bench.table_row(r)
-    assert row[1] == "-" and row[6:] == ["3500", "1.360", "1.10"]
+    assert row[1] == "-" and row[7:] == ["3500", "1.360", "1.10"]
 
 
 def test_format_table_shape():

@@ -102,3 +102,21 @@ def test_the_launched_build_runs_g4_g5_as_wgmma_where_it_should(vsplit, wgmma):
     (on,) = api.read_int_constants(api.module(cfg), "kda_wgmma", 1)
     assert on == wgmma
     assert api._kernel(cfg)[0].attributes["local_size_bytes"] == 0
+
+
+def test_bench_times_kernels_in_turn():
+    """kernel.bench.time_alternating: every function once per round, forward then backward,
+    and each one's own time (a 4096^3 matmul is slower than adding 1 to a 4 MB vector)."""
+    torch = pytest.importorskip("torch")
+    from kernel import bench
+
+    vec = torch.zeros(1 << 20, device="cuda")
+    mat = torch.randn(4096, 4096, device="cuda")
+    order = []
+    res = bench.time_alternating({"add": lambda: vec.add_(1), "matmul": lambda: mat @ mat},
+                                 warmup=1, reps=3, record=order)
+    assert order == ["add", "matmul", "matmul", "add", "add", "matmul"]
+    assert set(res) == {"add", "matmul"}
+    assert all(r["reps"] == 3 and 0 < r["min_ms"] <= r["median_ms"] for r in res.values())
+    assert res["matmul"]["median_ms"] > res["add"]["median_ms"]
+    assert float(vec[0]) == 1 + 3   # the warm-up call and the three timed ones

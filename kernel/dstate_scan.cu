@@ -82,6 +82,18 @@
 #ifndef SNAP_LATE_ISSUE
 #define SNAP_LATE_ISSUE 1
 #endif
+//   GT_SHARED        (cp.async loads) a whole tile's gT (gc of its last token) is read from the gc
+//                    rows the last producer warp loads for R1, not from a copy of its own in every
+//                    producer warp: 7 of 8 copies (3.5 KB of L2 and shared-memory traffic a tile)
+//                    gone. The owner waits for those rows before the EMPTY barrier all producer
+//                    warps pass one iteration earlier, which publishes them; tiles that barrier
+//                    does not precede (the walk's first, a partial one, the last NSTAGE - 1) keep
+//                    the per-warp copies. On at vsplit 1 (32 x 8192 fla 0.964x, 4 x 8192 0.971x,
+//                    varlen 0.975x); at vsplit 4 (B = 1) the owner's wait delays every producer
+//                    at that barrier: 1.050x, so off there (and at 2 and 8, untimed)
+#ifndef GT_SHARED
+#define GT_SHARED (VSPLIT == 1)
+#endif
 // R1_LANES: lanes per token in R1 (32, or 16 with two tokens per warp-wide pass)
 #ifndef R1_LANES
 #define R1_LANES 32
@@ -427,7 +439,7 @@ __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long 
 // are spread over all producer threads; each waits for its own copies before it
 // arrives on FULL.
 __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
-                                                 int h, int vs, int pw, int lane, int ptid) {
+                                                 int h, int vs, int pw, int lane, int ptid, bool own_gt) {
     constexpr int R = TOKENS_PER_PRODUCER;
     const u32 row_elems = (u32)p.H * D;          // elements between consecutive tokens
     const long long first = (tok0 * p.H + h) * D;
@@ -438,7 +450,7 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
     copy_rows<D * 2, D * 2, R, 32>(smem_addr(st.q), q, row_elems * 2, L, lane, pw * R);
     copy_rows<D * 2, D * 2, R, 32>(smem_addr(st.k), k, row_elems * 2, L, lane, pw * R);
     copy_rows<D * 4, D * 4, R, 32>(smem_addr(st.gc), gc, row_elems * 4, L, lane, pw * R);
-    copy_rows<D * 4, D * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
+    if (own_gt) copy_rows<D * 4, D * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
     copy_rows<DV * 2, DO_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, L, ptid, 0);
     const long long sfirst = (tok0 * p.H + h) * C;
     const u32 srow_bytes = (u32)p.H * C * 2;
@@ -518,7 +530,7 @@ template <> struct BF16Row<8> { using type = uint4; };
 // loads above this token's shared stores), ~400 cycles a token, and R1 became
 // the per-tile bottleneck (ncu: 0.25 IPC per scheduler, time per tile
 // proportional to tokens per producer warp: 2.3 us at 4, 4.6 us at 8).
-__device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane) {
+__device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane, bool gt_in_gc) {
     constexpr int EPL = D / R1_LANES;            // k per lane: 4 or 8
     constexpr int TPP = 32 / R1_LANES;           // tokens per warp-wide pass: 1 or 2
     constexpr int R = TOKENS_PER_PRODUCER / TPP; // passes
@@ -531,7 +543,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     float gt[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; e += 4) {
-        const float4 g = *reinterpret_cast<const float4*>(TMA_LOADS ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
+        const float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
         gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
         if (pw == 0 && sub == 0)
             *reinterpret_cast<float4*>(&st.egT[k0 + e]) = make_float4(exp2f(g.x), exp2f(g.y), exp2f(g.z), exp2f(g.w));
@@ -928,6 +940,13 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // load) per tile (measured: 2.3 us/tile at 1 x 131072, 4.6 us at 32 x 8192).
         constexpr int PREFETCH = NSTAGE - 1;
         auto tile_len = [&](int n) { return min(C, len - n * C); };
+        // GT_SHARED: walk tile j (>= 1: whole) reads gT from the owner's gc rows when iteration
+        // j - 1 passes an EMPTY barrier (the condition below), before which the owner waits for them
+        constexpr int GT_OWNER = (C - 1) / TOKENS_PER_PRODUCER;
+        constexpr bool GT_SHARED_OK = GT_SHARED && !TMA_LOADS && PREFETCH >= 2;
+        auto gt_shared = [&](int j) {
+            return GT_SHARED_OK && j >= 1 && j - 1 + PREFETCH < nt && j - 1 + PREFETCH >= NSTAGE;
+        };
         if (TMA_LOADS && ptid == 0) {
             prefetch_tensormap(&maps.q); prefetch_tensormap(&maps.k); prefetch_tensormap(&maps.gc);
             prefetch_tensormap(&maps.dO); prefetch_tensormap(&maps.mqk); prefetch_tensormap(&maps.inv);
@@ -941,7 +960,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                     if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, vs);
                     copy_beta(stages[j % NSTAGE], p, tok0, L, h, ptid);
                 } else {
-                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid);
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid, !gt_shared(j));
                 }
             }
             cp_async_commit();      // one group per tile slot, possibly empty: uniform wait counts
@@ -959,13 +978,15 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             KDA_CLOCK(t1);
             const int L = tile_len(nt - 1 - i);
             if (TMA_LOADS && L < C && pw == 0) zero_tail_rows(stages[s], L, lane);   // before this warp's FULL arrive
-            rebuild_operands(stages[s], L, p.scale, pw, lane);
+            rebuild_operands(stages[s], L, p.scale, pw, lane, gt_shared(i));
             named_barrier_arrive(full_bar(s), ALL);              // release tile i to the consumers
             KDA_ADD(T_P_R1, t1);
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it.
             // (After R1 and the arrive, so the wait never delays tile i.)
             const int j = i + PREFETCH;
             KDA_CLOCK(t2);
+            // GT_SHARED: tile i + 1's rows (of PREFETCH + i groups, all but the last PREFETCH - 2)
+            if (pw == GT_OWNER && gt_shared(i + 1)) cp_async_wait<(PREFETCH >= 2 ? PREFETCH - 2 : 0)>();
             if (j < nt && j >= NSTAGE) named_barrier_sync(empty_bar(j % NSTAGE), ALL);
             KDA_ADD(T_P_WAIT_EMPTY, t2);
             KDA_CLOCK(t3);

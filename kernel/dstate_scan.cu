@@ -88,11 +88,12 @@
 //                    gone. The owner waits for those rows before the EMPTY barrier all producer
 //                    warps pass one iteration earlier, which publishes them; tiles that barrier
 //                    does not precede (the walk's first, a partial one, the last NSTAGE - 1) keep
-//                    the per-warp copies. On at vsplit 1 (32 x 8192 fla 0.964x, 4 x 8192 0.971x,
-//                    varlen 0.975x); at vsplit 4 (B = 1) the owner's wait delays every producer
-//                    at that barrier: 1.050x, so off there (and at 2 and 8, untimed)
+//                    the per-warp copies. On for bf16 snapshots at vsplit 1 (32 x 8192 fla 0.964x,
+//                    4 x 8192 0.971x, varlen 0.975x); off at vsplit 4 (B = 1: the owner's wait
+//                    delays every producer at that barrier, 1.050x), for fp32 snapshots (2
+//                    producer warps; 32 x 8192 seed 1.007x) and at vsplit 2 and 8 (untimed)
 #ifndef GT_SHARED
-#define GT_SHARED (VSPLIT == 1)
+#define GT_SHARED (VSPLIT == 1 && SNAP_BF16)
 #endif
 // R1_LANES: lanes per token in R1 (32, or 16 with two tokens per warp-wide pass)
 #ifndef R1_LANES

@@ -438,7 +438,9 @@ __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long 
 // "ring2-producer-bar" probe in kernel.racecheck reproduces that report on a
 // race-free three-warp ring.) do, Mqk, INV and beta, read only by the consumers,
 // are spread over all producer threads; each waits for its own copies before it
-// arrives on FULL.
+// arrives on FULL. GT_SHARED: own_gt false for tiles whose gT is read from the owner
+// warp's gc rows (published by an EMPTY barrier all producer warps pass, not a
+// producers-only one).
 __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
                                                  int h, int vs, int pw, int lane, int ptid, bool own_gt) {
     constexpr int R = TOKENS_PER_PRODUCER;

@@ -387,34 +387,17 @@ def time_cuda(fn: Callable[[], Any], *, warmup: int, reps: int, flush=None) -> d
 
     Before every timed call `flush` (a 512 MiB buffer) is zeroed: the call
     starts with a cold L2 and the memset's GPU time hides the call's Python
-    overhead from the events. Outputs are dropped between calls.
+    overhead from the events. Outputs are dropped between calls. (time_alternating
+    with one function.)
     """
-    import torch
-
-    for _ in range(warmup):
-        out = fn()
-        del out
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if flush is not None:
-            flush.zero_()
-        starts[i].record()
-        out = fn()
-        ends[i].record()
-        del out
-    torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return {"median_ms": float(np.median(ms)), "min_ms": float(ms[0]),
-            "mean_ms": float(np.mean(ms)), "reps": reps}
+    return time_alternating({"fn": fn}, warmup=warmup, reps=reps, flush=flush)["fn"]
 
 
 def time_alternating(fns: dict[str, Callable[[], Any]], *, warmup: int, reps: int, flush=None,
                      record: list | None = None) -> dict[str, dict]:
     """Median/min/mean ms of each of `fns`, called in turn: `reps` rounds, each calling every
     function once (forward in even rounds, backward in odd ones), each call bracketed by CUDA
-    events after the same L2 flush as time_cuda.
+    events after the L2 flush time_cuda describes; outputs are dropped between calls.
 
     Why: the H200 lowers its SM clock under its power limit (nvidia-smi: "SW power cap",
     1440-1785 MHz during Kernel A at 32 x 8192), so two kernels timed one after the other

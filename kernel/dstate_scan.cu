@@ -943,13 +943,14 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // load) per tile (measured: 2.3 us/tile at 1 x 131072, 4.6 us at 32 x 8192).
         constexpr int PREFETCH = NSTAGE - 1;
         auto tile_len = [&](int n) { return min(C, len - n * C); };
+        // Iteration i waits on EMPTY before refilling a stage with walk tile i + PREFETCH, if that
+        // tile exists and the stage held an earlier one.
+        auto empty_wait_at = [&](int i) { return i + PREFETCH < nt && i + PREFETCH >= NSTAGE; };
         // GT_SHARED: walk tile j (>= 1: whole) reads gT from the owner's gc rows when iteration
-        // j - 1 passes an EMPTY barrier (the condition below), before which the owner waits for them
+        // j - 1 passes that barrier, before which the owner waits for them
         constexpr int GT_OWNER = (C - 1) / TOKENS_PER_PRODUCER;
         constexpr bool GT_SHARED_OK = GT_SHARED && !TMA_LOADS && PREFETCH >= 2;
-        auto gt_shared = [&](int j) {
-            return GT_SHARED_OK && j >= 1 && j - 1 + PREFETCH < nt && j - 1 + PREFETCH >= NSTAGE;
-        };
+        auto gt_shared = [&](int j) { return GT_SHARED_OK && j >= 1 && empty_wait_at(j - 1); };
         if (TMA_LOADS && ptid == 0) {
             prefetch_tensormap(&maps.q); prefetch_tensormap(&maps.k); prefetch_tensormap(&maps.gc);
             prefetch_tensormap(&maps.dO); prefetch_tensormap(&maps.mqk); prefetch_tensormap(&maps.inv);
@@ -990,7 +991,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             KDA_CLOCK(t2);
             // GT_SHARED: tile i + 1's rows (of PREFETCH + i groups, all but the last PREFETCH - 2)
             if (pw == GT_OWNER && gt_shared(i + 1)) cp_async_wait<(PREFETCH >= 2 ? PREFETCH - 2 : 0)>();
-            if (j < nt && j >= NSTAGE) named_barrier_sync(empty_bar(j % NSTAGE), ALL);
+            if (empty_wait_at(i)) named_barrier_sync(empty_bar(j % NSTAGE), ALL);
             KDA_ADD(T_P_WAIT_EMPTY, t2);
             KDA_CLOCK(t3);
             issue(j);

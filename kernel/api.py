@@ -3,7 +3,7 @@
     snapshots, dh0 = dstate_scan(q, k, gc, beta, mqk, inv, do, ...)
 
 Inputs are CuPy arrays (bf16 tensors as uint16 arrays holding the bf16 bits,
-since CuPy has no bf16 dtype) or torch CUDA tensors (exchanged through DLPack;
+since CuPy has no bf16 dtype) or torch CUDA tensors (viewed in place, without a copy;
 results come back as torch tensors, bf16 as torch.bfloat16).
 """
 from __future__ import annotations
@@ -28,19 +28,44 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+def _torch_numpy_dtype(torch_dtype):
+    """The numpy dtype a CuPy view of a torch tensor gets (bf16 -> its uint16 bits), or None."""
+    import torch
+
+    return {torch.bfloat16: np.uint16, torch.float32: np.float32, torch.float64: np.float64,
+            torch.float16: np.float16, torch.int32: np.int32, torch.int64: np.int64,
+            torch.int16: np.int16, torch.uint8: np.uint8}.get(torch_dtype)
+
+
+def _cupy_view(x):
+    """A CuPy array over a contiguous torch CUDA tensor's memory (no copy; keeps `x` alive).
+
+    Built from the data pointer rather than through DLPack: torch's __dlpack__ costs
+    ~80 us of host time a tensor on the H200 machine's CPU (profiled), which made the
+    host, not the GPU, the longer part of a call at small shapes."""
+    import cupy
+
+    dtype = _torch_numpy_dtype(x.dtype)
+    if dtype is None:
+        return cupy.from_dlpack(x)                  # another dtype: _to_cupy's check names it
+    if x.numel() == 0:
+        return cupy.empty(tuple(x.shape), dtype=dtype)
+    if not x.is_contiguous():
+        raise ValueError("a CuPy view needs a contiguous tensor")
+    mem = cupy.cuda.UnownedMemory(x.data_ptr(), x.numel() * x.element_size(), x, x.device.index)
+    return cupy.ndarray(tuple(x.shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
 def _to_cupy(name: str, x: Any, want: str):
     """-> cupy array; `want` is 'bf16', 'f32', 'f32|bf16' or 'int'. bf16 comes back as uint16 bits."""
     import cupy
 
     if _is_torch(x):
-        import torch
-
         if not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor, got a tensor on {x.device}")
-        if x.dtype == torch.bfloat16:
-            x = cupy.from_dlpack(x.view(torch.int16)).view(cupy.uint16)
-        else:
-            x = cupy.from_dlpack(x)
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be C-contiguous (call .contiguous() / cupy.ascontiguousarray)")
+        x = _cupy_view(x)
     elif not isinstance(x, cupy.ndarray):
         raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}")
     if x.device.id != cupy.cuda.Device().id:
@@ -180,7 +205,15 @@ def _device_tables(cu_bytes: bytes, snapshot_every: int):
 def _sm_count() -> int:
     import cupy
 
-    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+    return _sm_count_of(cupy.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(device_id: int) -> int:
+    import cupy
+
+    # Device.attributes queries every attribute the driver has (host time on every call)
+    return cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMultiProcessorCount, device_id)
 
 
 def choose_vsplit(ctas: int, sm_count: int) -> int:
@@ -215,6 +248,7 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     import cupy
 
     torch_in = _is_torch(q)
+    dev = q.device if torch_in else None
     if snapshot_dtype not in SNAPSHOT_DTYPES:
         raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
     if snapshot_every not in (1, 4):
@@ -288,8 +322,15 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
                  has_dht=dht is not None, l2norm=bool(qk_l2norm), **knobs)
     fn, smem, threads, tma_dims = _kernel(cfg)
 
-    snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
-    dh0 = cupy.empty((N, H, D, D), dtype=np.float32)
+    if torch_in:   # torch's allocator and torch tensors out, CuPy views for the launch
+        import torch
+
+        snap_t = torch.empty(snap_shape, dtype=torch.bfloat16 if cfg.snap_bf16 else torch.float32, device=dev)
+        dh0_t = torch.empty((N, H, D, D), dtype=torch.float32, device=dev)
+        snapshots, dh0 = _cupy_view(snap_t), _cupy_view(dh0_t)
+    else:
+        snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
+        dh0 = cupy.empty((N, H, D, D), dtype=np.float32)
     s = float(scale) if scale is not None else D ** -0.5
     null = np.uint64(0)
     maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
@@ -299,12 +340,7 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
        shared_mem=smem)
 
     if torch_in:
-        import torch
-
-        snap_t = torch.from_dlpack(snapshots)
-        if cfg.snap_bf16:
-            snap_t = snap_t.view(torch.int16).view(torch.bfloat16) if snap_t.dtype != torch.int16 else snap_t.view(torch.bfloat16)
-        return snap_t, torch.from_dlpack(dh0)
+        return snap_t, dh0_t
     return snapshots, dh0
 
 

@@ -52,7 +52,11 @@ DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
 DEFAULT_CONFIGS = ("32x8192", "8x32768", "1x131072", "4x8192", "varlen64x262144")
 QUICK_CONFIGS = ("4x8192", "1x32768")
-L2_FLUSH_BYTES = 512 << 20          # >> the H200's 60 MB L2; ~0.15 ms of memset hides launches
+L2_FLUSH_BYTES = 512 << 20          # >> the H200's 60 MB L2
+# GPU work queued before each timed call (torch.cuda._sleep, ~2 ms at 1980 MHz): longer than a
+# call's host time, so that the GPU, not Python, is timed (time_cuda)
+HOST_AHEAD_CYCLES = 4_000_000
+HOST_AHEAD_WARN_MS = 1.5
 COPY_CAP_BYTES = 16 << 30           # largest buffer for the floor copy; larger counts are scaled
 
 
@@ -385,10 +389,13 @@ def cupy_on_torch_stream():
 def time_cuda(fn: Callable[[], Any], *, warmup: int, reps: int, flush=None) -> dict:
     """Median/min/mean ms of `fn` over `reps` calls, each bracketed by CUDA events.
 
-    Before every timed call `flush` (a 512 MiB buffer) is zeroed: the call
-    starts with a cold L2 and the memset's GPU time hides the call's Python
-    overhead from the events. Outputs are dropped between calls. (time_alternating
-    with one function.)
+    Before every timed call `flush` (a 512 MiB buffer) is zeroed, so the call
+    starts with a cold L2, and the GPU is first given HOST_AHEAD_CYCLES of work
+    (torch.cuda._sleep), so that the events time the GPU, not the call's Python:
+    on the H200 machine's CPU Kernel A's call took 0.63-0.76 ms of host time,
+    longer than the memset (0.17 ms), and 4x8192 read 0.68-0.70 ms instead of
+    0.55. The host time per call is returned too (`host_ms`). Outputs are dropped
+    between calls. (time_alternating with one function.)
     """
     return time_alternating({"fn": fn}, warmup=warmup, reps=reps, flush=flush)["fn"]
 
@@ -397,7 +404,8 @@ def time_alternating(fns: dict[str, Callable[[], Any]], *, warmup: int, reps: in
                      record: list | None = None) -> dict[str, dict]:
     """Median/min/mean ms of each of `fns`, called in turn: `reps` rounds, each calling every
     function once (forward in even rounds, backward in odd ones), each call bracketed by CUDA
-    events after the L2 flush time_cuda describes; outputs are dropped between calls.
+    events after the GPU-ahead sleep and L2 flush time_cuda describes; outputs are dropped
+    between calls.
 
     Why: the H200 lowers its SM clock under its power limit (nvidia-smi: "SW power cap",
     1440-1785 MHz during Kernel A at 32 x 8192), so two kernels timed one after the other
@@ -413,13 +421,17 @@ def time_alternating(fns: dict[str, Callable[[], Any]], *, warmup: int, reps: in
             del out
     torch.cuda.synchronize()
     events = {n: [] for n in names}
+    host = {n: [] for n in names}
     for r in range(reps):
         for name in (names if r % 2 == 0 else names[::-1]):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(HOST_AHEAD_CYCLES)   # the GPU busy while the host queues the call
             if flush is not None:
                 flush.zero_()
             start.record()
+            t0 = time.perf_counter()
             out = fns[name]()
+            host[name].append(time.perf_counter() - t0)
             end.record()
             del out
             events[name].append((start, end))
@@ -430,7 +442,11 @@ def time_alternating(fns: dict[str, Callable[[], Any]], *, warmup: int, reps: in
     for name in names:
         ms = sorted(s.elapsed_time(e) for s, e in events[name])
         res[name] = {"median_ms": float(np.median(ms)), "min_ms": float(ms[0]),
-                     "mean_ms": float(np.mean(ms)), "reps": reps}
+                     "mean_ms": float(np.mean(ms)), "reps": reps,
+                     "host_ms": float(np.median(host[name]) * 1e3)}
+        if res[name]["host_ms"] > HOST_AHEAD_WARN_MS:
+            log(f"    warning: {name} took {res[name]['host_ms']:.2f} ms of host time a call, close to the "
+                f"~2 ms of GPU work queued ahead of it: its time may include host gaps")
     return res
 
 

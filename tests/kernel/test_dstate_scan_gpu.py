@@ -78,6 +78,25 @@ def test_torch_tensors_round_trip():
     assert torch.equal(d_t.cpu(), torch.from_numpy(d_c.get()))
 
 
+def test_torch_inputs_are_checked_like_cupy_ones():
+    """torch tensors are viewed in place (no DLPack): the layout and device checks still name the argument."""
+    torch = pytest.importorskip("torch")
+    from kernel.api import dstate_scan
+
+    kern = _good_inputs()
+    as_t = {n: torch.from_dlpack(v) for n, v in kern.items() if n != "cu_seqlens" and v is not None}
+    for n in ("q", "k", "do", "mqk", "inv"):
+        as_t[n] = as_t[n].view(torch.int16).view(torch.bfloat16)
+    args = lambda **over: [over.get(n, as_t[n]) for n in ("q", "k", "gc", "beta", "mqk", "inv", "do")]
+    swapped = as_t["do"].transpose(1, 2).contiguous().transpose(1, 2)   # same shape, not C-contiguous
+    with pytest.raises(ValueError, match="do must be C-contiguous"):
+        dstate_scan(*args(do=swapped))
+    with pytest.raises(TypeError, match="gc must be a CUDA tensor"):
+        dstate_scan(*args(gc=as_t["gc"].cpu()))
+    with pytest.raises(TypeError, match="beta must be float32 or bf16"):
+        dstate_scan(*args(beta=as_t["beta"].double()))
+
+
 @pytest.mark.parametrize("producers, split", [(4, 0), (8, 1), (16, 1)])
 def test_the_launched_build_moves_registers_where_it_should(producers, split):
     # The API's NVRTC build must target sm_90a (ptx_lab.gpu.arch_options): on plain sm_90
@@ -120,3 +139,22 @@ def test_bench_times_kernels_in_turn():
     assert all(r["reps"] == 3 and 0 < r["min_ms"] <= r["median_ms"] for r in res.values())
     assert res["matmul"]["median_ms"] > res["add"]["median_ms"]
     assert float(vec[0]) == 1 + 3   # the warm-up call and the three timed ones
+
+
+def test_bench_times_the_gpu_not_the_host():
+    """time_cuda queues GPU work ahead of each call, so a call's host time (here 1 ms of
+    time.sleep before a tiny kernel) stays out of the event time and shows up as host_ms."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from kernel import bench
+
+    vec = torch.zeros(1 << 10, device="cuda")
+
+    def slow_host():
+        time.sleep(1e-3)
+        return vec.add_(1)
+
+    res = bench.time_cuda(slow_host, warmup=1, reps=5)
+    assert res["host_ms"] >= 1.0
+    assert res["median_ms"] < 0.5, res

@@ -95,6 +95,14 @@
 #ifndef GT_SHARED
 #define GT_SHARED (VSPLIT == 1 && SNAP_BF16)
 #endif
+//   SPREAD_EXTRA     the copies only the consumers read that fit one warp (Mqk, INV, beta) and the
+//                    egT row go to producer warps 1, 2, 3 and 4 instead of all to warp 0, which
+//                    issued 9 copies a tile to the others' 6. On at vsplit 1 (paired, alternating:
+//                    4 x 8192 0.994x, 32 x 8192 0.994x, varlen 0.998x) with bf16 snapshots; off at
+//                    vsplit 4 (B = 1: 1.04x slower), untimed at vsplit 2 and 8 and in seed mode
+#ifndef SPREAD_EXTRA
+#define SPREAD_EXTRA (VSPLIT == 1 && SNAP_BF16)
+#endif
 // R1_LANES: lanes per token in R1 (32, or 16 with two tokens per warp-wide pass)
 #ifndef R1_LANES
 #define R1_LANES 32
@@ -188,6 +196,15 @@ constexpr int NUM_PRODUCERS = PRODUCERS;
 constexpr int TOKENS_PER_PRODUCER = C / NUM_PRODUCERS;   // R1 rows per producer warp
 constexpr int PRODUCER_THREADS = NUM_PRODUCERS * 32;
 constexpr int THREADS = (NUM_CONSUMERS + NUM_PRODUCERS) * 32;
+// The producer warp that copies Mqk, INV and beta and writes egT (SPREAD_EXTRA: four different ones)
+constexpr int MQK_WARP = SPREAD_EXTRA ? 1 % NUM_PRODUCERS : 0;
+constexpr int INV_WARP = SPREAD_EXTRA ? 2 % NUM_PRODUCERS : 0;
+constexpr int BETA_WARP = SPREAD_EXTRA ? 3 % NUM_PRODUCERS : 0;
+constexpr int EGT_WARP = SPREAD_EXTRA ? 4 % NUM_PRODUCERS : 0;
+// ptid renumbered so that warp w's threads come first (copies of fewer than 33 chunks)
+__device__ __forceinline__ int from_warp(int ptid, int w) {
+    return w == 0 ? ptid : (ptid + PRODUCER_THREADS - 32 * w) % PRODUCER_THREADS;   // (ptid >= 0: not provable)
+}
 
 static_assert(D % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
 static_assert(KSPLIT == 1 || KSPLIT == 2, "KSPLIT must be 1 or 2");
@@ -458,10 +475,10 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
     const long long sfirst = (tok0 * p.H + h) * C;
     const u32 srow_bytes = (u32)p.H * C * 2;
     copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst),
-                                                            srow_bytes, L, ptid, 0);
+                                                            srow_bytes, L, from_warp(ptid, MQK_WARP), 0);
     copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst),
-                                                            srow_bytes, L, ptid, 0);
-    copy_beta(st, p, tok0, L, h, ptid);
+                                                            srow_bytes, L, from_warp(ptid, INV_WARP), 0);
+    copy_beta(st, p, tok0, L, h, from_warp(ptid, BETA_WARP));
 }
 
 // LOADS 2: a tile's loads as tensor copies. One thread arms the stage's mbarrier
@@ -548,7 +565,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     for (int e = 0; e < EPL; e += 4) {
         const float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
         gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
-        if (pw == 0 && sub == 0)
+        if (pw == EGT_WARP && sub == 0)
             *reinterpret_cast<float4*>(&st.egT[k0 + e]) = make_float4(exp2f(g.x), exp2f(g.y), exp2f(g.z), exp2f(g.w));
     }
     float qv[R][EPL], kv[R][EPL], gv[R][EPL];

@@ -103,9 +103,13 @@
 #ifndef SPREAD_EXTRA
 #define SPREAD_EXTRA (VSPLIT == 1 && SNAP_BF16)
 #endif
-// R1_LANES: lanes per token in R1 (32, or 16 with two tokens per warp-wide pass)
+// R1_LANES: lanes per token in R1: 32, or 16 with two tokens per warp-wide pass (4 butterfly
+// levels per norm instead of 5, 16-byte shared stores; needs an even number of tokens per
+// producer warp); -1 = auto (R1_LANE_COUNT): 16 at vsplit 1 with bf16 snapshots (alternating
+// A/B, paired: 4 x 8192 0.994x, 32 x 8192 0.992x, varlen 0.994x), 32 elsewhere (B = 1 at 16:
+// 1.012-1.020x, log 20)
 #ifndef R1_LANES
-#define R1_LANES 32
+#define R1_LANES -1
 #endif
 
 using namespace ptx_lab;
@@ -196,6 +200,9 @@ constexpr int NUM_PRODUCERS = PRODUCERS;
 constexpr int TOKENS_PER_PRODUCER = C / NUM_PRODUCERS;   // R1 rows per producer warp
 constexpr int PRODUCER_THREADS = NUM_PRODUCERS * 32;
 constexpr int THREADS = (NUM_CONSUMERS + NUM_PRODUCERS) * 32;
+static_assert(R1_LANES == -1 || R1_LANES == 16 || R1_LANES == 32, "R1_LANES must be -1 (auto), 16 or 32");
+constexpr int R1_LANE_COUNT = R1_LANES > 0 ? R1_LANES
+                            : VSPLIT == 1 && SNAP_BF16 && TOKENS_PER_PRODUCER % 2 == 0 ? 16 : 32;
 // The producer warp that copies Mqk, INV and beta and writes egT (SPREAD_EXTRA: four different ones)
 constexpr int MQK_WARP = SPREAD_EXTRA ? 1 % NUM_PRODUCERS : 0;
 constexpr int INV_WARP = SPREAD_EXTRA ? 2 % NUM_PRODUCERS : 0;
@@ -538,7 +545,7 @@ template <> struct BF16Row<4> { using type = uint2; };
 template <> struct BF16Row<8> { using type = uint4; };
 
 // R1: qd, kd, kr in fp32 from raw q/k and gc, rounded once to bf16.
-// Producer warp pw handles tokens TOKENS_PER_PRODUCER*pw + r. R1_LANES lanes share a token:
+// Producer warp pw handles tokens TOKENS_PER_PRODUCER*pw + r. R1_LANE_COUNT lanes share a token:
 // 32 (lane handles k = 4*lane .. 4*lane+3) or 16 (two tokens at once, one per half-warp, lane
 // handles 8 consecutive k: a 16-byte store per operand, which is one core-matrix row, and 4
 // butterfly levels per norm instead of 5). Every shared read and write is a contiguous row
@@ -551,12 +558,12 @@ template <> struct BF16Row<8> { using type = uint4; };
 // the per-tile bottleneck (ncu: 0.25 IPC per scheduler, time per tile
 // proportional to tokens per producer warp: 2.3 us at 4, 4.6 us at 8).
 __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane, bool gt_in_gc) {
-    constexpr int EPL = D / R1_LANES;            // k per lane: 4 or 8
-    constexpr int TPP = 32 / R1_LANES;           // tokens per warp-wide pass: 1 or 2
+    constexpr int EPL = D / R1_LANE_COUNT;       // k per lane: 4 or 8
+    constexpr int TPP = 32 / R1_LANE_COUNT;      // tokens per warp-wide pass: 1 or 2
     constexpr int R = TOKENS_PER_PRODUCER / TPP; // passes
     static_assert(TOKENS_PER_PRODUCER % TPP == 0, "R1_LANES 16 needs an even number of tokens per producer warp");
     using RawRow = typename BF16Row<EPL>::type;
-    const int sub = lane / R1_LANES, hl = lane % R1_LANES;
+    const int sub = lane / R1_LANE_COUNT, hl = lane % R1_LANE_COUNT;
     const int k0 = EPL * hl;
     const int c0 = pw * TOKENS_PER_PRODUCER + sub;
     // gc stops at the last real token
@@ -592,7 +599,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     float qs[R], ks[R];
 #if L2NORM
     // x / sqrt(sum(x^2) + 1e-6), fp32, as flash-linear-attention's l2norm; the 2R
-    // butterfly reductions (within each R1_LANES-lane group) run interleaved.
+    // butterfly reductions (within each R1_LANE_COUNT-lane group) run interleaved.
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         qs[r] = ks[r] = 0.f;
@@ -603,7 +610,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
         }
     }
 #pragma unroll
-    for (int o = R1_LANES / 2; o > 0; o >>= 1)
+    for (int o = R1_LANE_COUNT / 2; o > 0; o >>= 1)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], o);

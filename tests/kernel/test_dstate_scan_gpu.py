@@ -61,14 +61,20 @@ def test_bad_inputs_name_the_argument():
         _call(kern, q=kern["q"][..., :64].copy())
 
 
+def _as_torch(kern: dict, torch) -> dict:
+    """The CuPy inputs as torch tensors on the same memory, bf16 ones as torch.bfloat16."""
+    as_t = {n: torch.from_dlpack(v) for n, v in kern.items() if n != "cu_seqlens" and v is not None}
+    for n in ("q", "k", "do", "mqk", "inv"):
+        as_t[n] = as_t[n].view(torch.int16).view(torch.bfloat16)
+    return as_t
+
+
 def test_torch_tensors_round_trip():
     torch = pytest.importorskip("torch")
     from kernel.api import dstate_scan
 
     kern = _good_inputs()
-    as_t = {n: torch.from_dlpack(v) for n, v in kern.items() if n != "cu_seqlens" and v is not None}
-    for n in ("q", "k", "do", "mqk", "inv"):
-        as_t[n] = as_t[n].view(torch.int16).view(torch.bfloat16)
+    as_t = _as_torch(kern, torch)
     s_t, d_t = dstate_scan(as_t["q"], as_t["k"], as_t["gc"], as_t["beta"], as_t["mqk"], as_t["inv"], as_t["do"],
                            dht=as_t["dht"], snapshot_dtype="bfloat16", snapshot_every=4)
     s_c, d_c = dstate_scan(kern["q"], kern["k"], kern["gc"], kern["beta"], kern["mqk"], kern["inv"], kern["do"],
@@ -83,10 +89,7 @@ def test_torch_inputs_are_checked_like_cupy_ones():
     torch = pytest.importorskip("torch")
     from kernel.api import dstate_scan
 
-    kern = _good_inputs()
-    as_t = {n: torch.from_dlpack(v) for n, v in kern.items() if n != "cu_seqlens" and v is not None}
-    for n in ("q", "k", "do", "mqk", "inv"):
-        as_t[n] = as_t[n].view(torch.int16).view(torch.bfloat16)
+    as_t = _as_torch(_good_inputs(), torch)
     args = lambda **over: [over.get(n, as_t[n]) for n in ("q", "k", "gc", "beta", "mqk", "inv", "do")]
     swapped = as_t["do"].transpose(1, 2).contiguous().transpose(1, 2)   # same shape, not C-contiguous
     with pytest.raises(ValueError, match="do must be C-contiguous"):

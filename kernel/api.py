@@ -4,7 +4,10 @@
 
 Inputs are CuPy arrays (bf16 tensors as uint16 arrays holding the bf16 bits,
 since CuPy has no bf16 dtype) or torch CUDA tensors (viewed in place, without a copy;
-results come back as torch tensors, bf16 as torch.bfloat16).
+results come back as torch tensors, bf16 as torch.bfloat16, allocated by torch).
+The kernel runs on CuPy's current stream: when torch works on a stream other than
+the default one, point CuPy at it first (``with cupy.cuda.ExternalStream(
+torch.cuda.current_stream().cuda_stream): ...``, as kernel.bench does).
 """
 from __future__ import annotations
 

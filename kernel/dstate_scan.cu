@@ -818,8 +818,7 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
             __stcs(out + k * D + v + 8, dS[m][j][2]);
             __stcs(out + (k + 1) * D + v + 8, dS[m][j][3]);
         }
-    return;
-#endif
+#else
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
 #pragma unroll
@@ -841,6 +840,7 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
         }
         __syncwarp();
     }
+#endif
 }
 
 // Same as bf16: stmatrix.trans turns the v-major fragments into k-major rows of

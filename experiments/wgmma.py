@@ -100,12 +100,7 @@ def b_matrix(case: str, n: int) -> np.ndarray:
 
 def b_image(B: np.ndarray, desc: int, major: str) -> np.ndarray:
     """The shared-memory image with B's bf16 bits where the descriptor says, zeros elsewhere."""
-    off = model.wgmma_b_offsets(B.shape[1], desc, major)
-    bits = _common.to_bits(B, "bf16")
-    img = np.zeros(IMAGE_BYTES, dtype=np.uint8)
-    img[off] = bits & 0xFF
-    img[off + 1] = bits >> 8
-    return img
+    return model.wgmma_b_image(B, desc, IMAGE_BYTES, major)
 
 
 def case_names():

@@ -716,6 +716,23 @@ def wgmma_b_offsets(n: int, desc: int, major: str = "k") -> np.ndarray:
     return blocks + ((j % 8) * 16 + (k % 8) * 2 if major == "k" else (k % 8) * 16 + (j % 8) * 2)
 
 
+def wgmma_b_image(B, desc: int, size: int, major: str = "k") -> np.ndarray:
+    """The inverse of what wgmma_m64nNk16_rs reads: a `size`-byte shared-memory image (uint8)
+    holding B [16 x n] as bf16 (rounded to nearest even) where the descriptor puts it
+    (wgmma_b_offsets), zeros elsewhere."""
+    B = np.asarray(B, dtype=np.float32)
+    if B.ndim != 2 or B.shape[0] != 16 or B.shape[1] not in WGMMA_N:
+        raise _shape_error("B", f"(16, n) with n in {WGMMA_N}", B)
+    off = wgmma_b_offsets(B.shape[1], desc, major)
+    if off.max() + 2 > size:
+        raise ValueError(f"B's bytes reach {int(off.max()) + 1}, past the {size}-byte image")
+    bits = _to_bits(B, "bf16")
+    img = np.zeros(size, dtype=np.uint8)
+    img[off] = bits & 0xFF
+    img[off + 1] = bits >> 8
+    return img
+
+
 def wgmma_a_to_matrix(a, dtype: str = "bf16") -> np.ndarray:
     """A [64 x 16] from the warpgroup's A registers (128, 4): warp w's are mma.sync's A
     fragment of rows 16 w .. 16 w + 15."""
@@ -758,8 +775,8 @@ def matrix_to_wgmma_d(D) -> np.ndarray:
 def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool = True,
                       major: str = "k") -> np.ndarray:
     """wgmma.mma_async.m64n{n}k16.f32.bf16.bf16 with A from registers, B in `smem` (bytes) at
-    `desc` (no swizzle), K-major or N-major (`major`, wgmma_b_offsets): returns D = A @ B (+ C when scale_d) as the (128, n / 2)
-    accumulators. Rounded once from float64, like mma_m16n8k16: exact for data whose partial
+    `desc` (no swizzle), K-major or N-major (`major`, wgmma_b_offsets): returns D = A @ B
+    (+ C when scale_d) as the (128, n / 2) accumulators. Rounded once from float64, like mma_m16n8k16: exact for data whose partial
     sums fp32 holds, else compare with a tolerance."""
     smem = _bytes_image(smem, "smem")
     off = wgmma_b_offsets(n, desc, major)
@@ -786,5 +803,6 @@ __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", 
            "TENSOR_COORD_MIN", "TENSOR_COORD_MAX", "tensor_tile_2d", "TENSOR_SWIZZLES",
            "tensor_box_smem_offsets", "cp_async_bulk_tensor_2d_g2s", "cp_async_bulk_tensor_2d_s2g",
            "WGMMA_THREADS", "WGMMA_N", "WGMMA_B_MAJORS", "wgmma_desc", "wgmma_desc_fields", "wgmma_b_offsets",
+           "wgmma_b_image",
            "wgmma_a_to_matrix", "matrix_to_wgmma_a", "wgmma_d_to_matrix", "matrix_to_wgmma_d",
            "wgmma_m64nNk16_rs"]

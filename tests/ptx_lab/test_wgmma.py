@@ -5,6 +5,7 @@ Hand-checkable data as everywhere here: A[i][k] = i, B[k][j] = j, so D = 16 i j.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,16 +16,6 @@ from ptx_lab import device, model
 
 CPU = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DEVICE = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def b_image(B: np.ndarray, desc: int, size: int, major: str = "k") -> np.ndarray:
-    """The smem image holding B (16 x n, bf16-exact values) where desc says, zeros elsewhere."""
-    off = model.wgmma_b_offsets(B.shape[1], desc, major)
-    bits = model._to_bits(B.astype(np.float32), "bf16")
-    img = np.zeros(size, dtype=np.uint8)
-    img[off] = bits & 0xFF
-    img[off + 1] = bits >> 8
-    return img
 
 
 def layouts(n: int):
@@ -77,7 +68,7 @@ def test_hand_checkable_product_is_16_i_j(n):
     A = np.repeat(np.arange(64, dtype=np.float32)[:, None], 16, axis=1)
     B = np.repeat(np.arange(n, dtype=np.float32)[None, :], 16, axis=0)
     desc = model.wgmma_desc(start=64, lbo=128, sbo=256)
-    d = model.wgmma_m64nNk16_rs(model.matrix_to_wgmma_a(A), b_image(B, desc, 8192), desc,
+    d = model.wgmma_m64nNk16_rs(model.matrix_to_wgmma_a(A), model.wgmma_b_image(B, desc, 8192), desc,
                                 np.zeros((128, n // 2), np.float32), n)
     assert np.array_equal(model.wgmma_d_to_matrix(d, n), 16 * np.outer(np.arange(64), np.arange(n)))
 
@@ -116,6 +107,20 @@ def test_one_tile_is_x_transposed_k_major_and_x_n_major(n):
     assert np.array_equal(model.wgmma_b_offsets(n, model.wgmma_desc(0, lbo=R, sbo=Q), "n"), X[:, :n])
 
 
+def test_b_image_puts_bf16_bits_where_the_descriptor_says():
+    B = np.arange(16 * 16, dtype=np.float32).reshape(16, 16) / 4    # bf16-exact
+    desc = model.wgmma_desc(32, 128, 256)
+    img = model.wgmma_b_image(B, desc, 1024, "n")
+    off = model.wgmma_b_offsets(16, desc, "n")
+    bits = (img[off].astype(np.uint16) | (img[off + 1].astype(np.uint16) << 8))
+    assert np.array_equal(bits.view(ml_dtypes.bfloat16).astype(np.float32), B)
+    assert np.count_nonzero(img) == np.count_nonzero(img[np.concatenate([off.ravel(), off.ravel() + 1])])
+    with pytest.raises(ValueError, match="past the 256-byte image"):
+        model.wgmma_b_image(B, desc, 256, "n")
+    with pytest.raises(ValueError, match="B"):
+        model.wgmma_b_image(B[:, :8], desc, 1024)
+
+
 def test_a_wrong_layout_gives_a_wrong_product():
     # teeth: B written with lbo and sbo swapped reads back as another matrix
     n = 16
@@ -123,7 +128,7 @@ def test_a_wrong_layout_gives_a_wrong_product():
     B = np.arange(16 * n, dtype=np.float32).reshape(16, n) % 13
     right = model.wgmma_desc(0, 128, 512)
     wrong = model.wgmma_desc(0, 512, 128)
-    img = b_image(B, wrong, 4096)
+    img = model.wgmma_b_image(B, wrong, 4096)
     d = model.wgmma_m64nNk16_rs(model.matrix_to_wgmma_a(A), img, right, np.zeros((128, 8), np.float32), n)
     assert not np.array_equal(model.wgmma_d_to_matrix(d, n), A @ B)
 
@@ -134,7 +139,7 @@ def test_scale_d_zero_ignores_c():
     B = np.ones((16, n), np.float32)
     desc = model.wgmma_desc(0, 128, 256)
     c = np.full((128, 8), 7.0, np.float32)
-    a, img = model.matrix_to_wgmma_a(A), b_image(B, desc, 4096)
+    a, img = model.matrix_to_wgmma_a(A), model.wgmma_b_image(B, desc, 4096)
     assert (model.wgmma_m64nNk16_rs(a, img, desc, c, n, scale_d=False) == 16).all()
     assert (model.wgmma_m64nNk16_rs(a, img, desc, c, n) == 23).all()
 
@@ -155,7 +160,7 @@ def test_device_matches_model_exactly_on_small_integers(n, major, data):
     C = data.draw(hnp.arrays(np.int64, (64, n), elements=st.integers(-1000, 1000))).astype(np.float32)
     scale_d = data.draw(st.booleans())
     a, c = model.matrix_to_wgmma_a(A), model.matrix_to_wgmma_d(C)
-    img = b_image(B, desc, 16 * 1024, major)
+    img = model.wgmma_b_image(B, desc, 16 * 1024, major)
     got = device.wgmma_m64nNk16_rs(a, img, desc, c, n, scale_d, major)
     want = model.wgmma_m64nNk16_rs(a, img, desc, c, n, scale_d, major)
     assert np.array_equal(model.wgmma_d_to_matrix(want, n), A @ B + (C if scale_d else 0))   # the model reads B back
@@ -172,7 +177,7 @@ def test_device_hand_checkable_product(major):
         A = np.repeat(np.arange(64, dtype=np.float32)[:, None], 16, axis=1)
         B = np.repeat(np.arange(n, dtype=np.float32)[None, :], 16, axis=0)
         desc = model.wgmma_desc(start=64, lbo=128, sbo=256) if major == "k" else model.wgmma_desc(64, 128 * n // 8, 128)
-        d = device.wgmma_m64nNk16_rs(model.matrix_to_wgmma_a(A), b_image(B, desc, 8192, major), desc,
+        d = device.wgmma_m64nNk16_rs(model.matrix_to_wgmma_a(A), model.wgmma_b_image(B, desc, 8192, major), desc,
                                      np.zeros((128, n // 2), np.float32), n, major=major)
         D = model.wgmma_d_to_matrix(d, n)
         want = 16 * np.outer(np.arange(64), np.arange(n))

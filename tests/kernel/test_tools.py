@@ -176,7 +176,6 @@ def ptx_constant(ptx: str, name: str) -> int:
 
 def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
     """CI's plain `nvcc dstate_scan.cu` build and the API's build agree on the shape."""
-    import re
     import shutil
     import subprocess
 
@@ -192,8 +191,7 @@ def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
                             "-o", str(out)], check=True)
             ptx = out.read_text()
             cfg = build.Config(vsplit=vsplit, snap_bf16=bool(bf16))
-            threads = int(re.search(r"kda_threads\s*=\s*(\d+)", ptx).group(1))
-            assert threads == cfg.threads, (vsplit, bf16)
+            assert ptx_constant(ptx, "kda_threads") == cfg.threads, (vsplit, bf16)
             wgmma = ptx_constant(ptx, "kda_wgmma")
             assert wgmma == cfg.wgmma and ("wgmma.mma_async" in ptx) == bool(wgmma), (vsplit, bf16)
 

@@ -41,6 +41,7 @@ class Case:
     vsplit: int | str = "auto"
     seed: int = 0
     tuning: tuple = ()       # build.Config knobs as (name, value) pairs, e.g. (("ksplit", 2),)
+    gate_strength: float = 1.0   # reference.random_inputs: 1 = a tile decays to ~0.45; 8 = often to 0
 
 
 VARLEN = (1, 15, 16, 17, 1000, 33)
@@ -99,6 +100,13 @@ CASES += (
     Case("var-bf16x1-vs2-wgmma-nonorm", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", l2norm=False, vsplit=2,
          seed=28, tuning=(("wgmma", 1),)),
 )
+# strong gates (per token down to exp(-5)): a tile decays dS by 2^-9 typically and by 2^-115 at
+# most, R1's exp2 of gc and of gT - gc underflow, and each snapshot is dominated by the last tiles
+CASES += (
+    Case("var-bf16x4-vs1-strong-gates", lengths=VARLEN, H=2, snapshot_dtype="bfloat16", snapshot_every=4,
+         vsplit=1, seed=29, gate_strength=8.0),
+    Case("eq-f32x4-vs4-strong-gates", B=2, T=200, H=3, snapshot_every=4, vsplit=4, seed=30, gate_strength=4.0),
+)
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 
 
@@ -126,7 +134,7 @@ def inputs(case: Case):
     from .reference import prepare_tiles, random_inputs
 
     raw = random_inputs(case.B, case.T, case.H, lengths=list(case.lengths) if case.lengths else None,
-                        seed=case.seed, with_dht=case.dht, xp=cupy)
+                        seed=case.seed, with_dht=case.dht, gate_strength=case.gate_strength, xp=cupy)
     cu = raw["cu_seqlens"]
     if not case.l2norm:
         # Without l2norm the kernel takes q, k as given: feed unit-scale rows (norm ~1), as a

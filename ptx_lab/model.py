@@ -776,8 +776,8 @@ def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool =
                       major: str = "k") -> np.ndarray:
     """wgmma.mma_async.m64n{n}k16.f32.bf16.bf16 with A from registers, B in `smem` (bytes) at
     `desc` (no swizzle), K-major or N-major (`major`, wgmma_b_offsets): returns D = A @ B
-    (+ C when scale_d) as the (128, n / 2) accumulators. Rounded once from float64, like mma_m16n8k16: exact for data whose partial
-    sums fp32 holds, else compare with a tolerance."""
+    (+ C when scale_d) as the (128, n / 2) accumulators. Rounded once from float64, like
+    mma_m16n8k16: exact for data whose partial sums fp32 holds, else compare with a tolerance."""
     smem = _bytes_image(smem, "smem")
     off = wgmma_b_offsets(n, desc, major)
     if off.min() < 0 or off.max() + 2 > smem.size:

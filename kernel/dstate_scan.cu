@@ -1083,9 +1083,11 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         KDA_CLOCK(t0);
         const bool snap_now = SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1;
         const long long snap_idx = snap_base + n / SNAP_EVERY;
+        // the tensor map's row of this band's first k: where store_band_tma stages and issue_band_tma sends
+        const int snap_row = (int)((snap_idx * p.H + h) * D + k0);
         if (snap_now) {
 #if SNAP_STORE == SNAP_TMA
-            store_band_tma(&maps.snap, (int)((snap_idx * p.H + h) * D + k0), v0, dS, staging, lane);
+            store_band_tma(&maps.snap, snap_row, v0, dS, staging, lane);
 #elif SNAP_BF16
             store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
                             reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
@@ -1230,7 +1232,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         KDA_ADD(T_C_CHAIN, t2);
         if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL);  // the producer reloads stage s
         if constexpr (TMA_SNAP && SNAP_LATE_ISSUE) {
-            if (snap_now) issue_band_tma(&maps.snap, (int)((snap_idx * p.H + h) * D + k0), v0, staging, lane);
+            if (snap_now) issue_band_tma(&maps.snap, snap_row, v0, staging, lane);
         }
     }
     KDA_ADD(T_TOTAL, t_start);

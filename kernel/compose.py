@@ -144,18 +144,24 @@ def lowrank_group(tiles: list[dict]):
     return _lowrank_group(tiles)
 
 
+def walks(n: int, group: int):
+    """The serial steps of a scan of n tiles in groups of `group` (aligned to tile 0, so the
+    last group, walked first, may be short): (m, the group's tile indices, first applied
+    first), m from the last group down to 0."""
+    for m in range(-(-n // group) - 1, -1, -1):
+        yield m, range(min(group * m + group, n) - 1, group * m - 1, -1)
+
+
 def _scan(tiles, tile_map, dS0: np.ndarray, group: int, mode: str, rnd, dtype):
     """The scan of `tiles` (their maps from `tile_map(i)` for mode "dense") in groups of
     `group` tiles, aligned to tile 0 (the last group, walked first, may be short). Returns
     (snapshots [ceil(n / group), K, V], dh0) in float64: snapshot m = dS entering tile
     min(group * m + group - 1, n - 1), as the reference's with snapshot_every = group."""
     n = len(tiles)
-    groups = -(-n // group)
-    snaps = np.zeros((groups,) + np.shape(dS0), np.float64)
+    snaps = np.zeros((-(-n // group),) + np.shape(dS0), np.float64)
     dS = np.array(dS0, dtype)
-    for m in range(groups - 1, -1, -1):
+    for m, walk in walks(n, group):
         snaps[m] = dS
-        walk = range(min(group * m + group, n) - 1, group * m - 1, -1)
         if mode == "tile":
             for i in walk:
                 dS = _tile_step(tiles[i], dS, rnd)
@@ -197,9 +203,23 @@ def emulate(tiles: list[dict], dS0: np.ndarray, group: int, *, mode: str):
     steps dS <- D_g dS - bf16(U) bf16(bf16(W) bf16(dS)) + B_g."""
     if mode not in EMULATIONS:
         raise ValueError(f"mode must be one of {EMULATIONS}, got {mode!r}")
-    ops = [{name: (bf16(v) if name in ("qd", "kd", "kr", "mqk", "inv", "do") else np.asarray(v, np.float32))
-            for name, v in t.items()} for t in tiles]
+    ops = _bf16_operands(tiles)
     return _scan(ops, lambda i: _tile_map(ops[i], bf16), dS0, group, mode, bf16, np.float32)
+
+
+def _bf16_operands(tiles: list[dict]) -> list[dict]:
+    """The tiles as a kernel holds them: MMA operands bf16, the rest float32."""
+    return [{name: (bf16(v) if name in ("qd", "kd", "kr", "mqk", "inv", "do") else np.asarray(v, np.float32))
+             for name, v in t.items()} for t in tiles]
+
+
+def lowrank_steps(tiles: list[dict], group: int) -> list[tuple]:
+    """The operands of every serial step of :func:`emulate`'s "lowrank" scan, in walk order:
+    (D [K], U [K, r], W [r, K], B [K, V]) float32, composed with its bf16 roundings, so that a
+    kernel stepping dS <- D * dS - bf16(U) bf16(bf16(W) bf16(dS)) + B from them reproduces
+    that emulation (``kernel.composed_step`` does, on the GPU)."""
+    ops = _bf16_operands(tiles)
+    return [_lowrank_group([ops[i] for i in walk], bf16) for _, walk in walks(len(ops), group)]
 
 
 def macs_per_tile(K: int = 128, V: int = 128, C: int = CHUNK, group: int = 4) -> dict:

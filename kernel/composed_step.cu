@@ -1,0 +1,327 @@
+// kernel/composed_step.cu -- the serial step of the composed scan, alone (kernel.composed_step).
+//
+// At B = 1 Kernel A walks 8,192 tiles of 16 tokens per head one after another. kernel.compose
+// shows that 4 tiles compose into one 64-token map, diagonal plus rank 64:
+//     dS <- D * dS - U (W dS) + B          D [K], U [K, 64], W [64, K], B [K, V]
+// so a redesigned kernel would pay one step of two dependent GEMMs per 64 tokens on its serial
+// path and build D, U, W, B beside it. This file is that serial step and nothing else: per CTA
+// (one head and v-split of 32 columns, as Kernel A at vsplit 4) it walks `nsteps` steps whose
+// operands are already in shared memory, so the time it takes is the floor of such a design's
+// serial path. Both kernels hold dS^T [32 v x 128 k] in fp32 registers and compute
+//     X    = bf16(dS^T) bf16(W^T)                   [32 v x 64 r]    (X = (W dS)^T)
+//     dS^T = dS^T diag(D) + B^T - bf16(X) bf16(U^T)                  (= (D dS + B - U W dS)^T)
+// with the roundings of kernel.compose.emulate(mode="lowrank").
+//
+// Operands, per step, in one StepOperands block (host-packed by kernel/composed_step.py):
+//   w_rk   W    [64 r][128 k] bf16, rows padded to W_RK_STRIDE: the B operand of X = dS^T W^T
+//   negu_kr -U  [128 k][64 r] bf16, rows padded to NEGU_KR_STRIDE: the B operand of dS^T -= X U^T
+//   d      D    [128] fp32
+//   bt_vk  B^T  [32 v][128 k] fp32 (rows padded): float2 pairs along k, the mma.sync fragments'
+//   b_kv   B    [128 k][32 v] fp32 (rows padded): float2 pairs along v, the wgmma fragments'
+// flags: STEP_SNAPSHOT stores bf16 dS^T at every step's start (8 KB a CTA, the bytes of fla
+// mode's snapshots; in each kernel's own order, decoded on the host); STEP_STREAM copies step s's
+// operands from global memory (steps[cta * nsteps + s]) before the step, for the check against
+// numpy on real data (slow: the copy is on the serial path); without it the NBUF blocks at
+// `steps` are copied once and step s uses block s % NBUF (timing); STEP_A_ONCE (wgmma, timing
+// only, wrong results) loads the A fragments once instead of every step: the bound of a step
+// whose A operands need no ldmatrix.
+#include "mma.cuh"
+#include "ldmatrix.cuh"
+#include "stmatrix.cuh"
+#include "barrier.cuh"
+#include "bulk.cuh"
+#include "wgmma.cuh"
+
+using namespace ptx_lab;
+
+#define K_DIM 128            // k (and the v of a whole head)
+#define R_DIM 64             // rank of a 4-tile step
+#define V_CTA 32             // v columns a CTA holds (vsplit 4)
+#define W_RK_STRIDE (K_DIM + 8)      // bf16; 272-byte rows: ldmatrix conflict-free
+#define NEGU_KR_STRIDE (R_DIM + 8)   // bf16; 144-byte rows
+#define BT_VK_STRIDE (K_DIM + 8)     // fp32
+#define B_KV_STRIDE (V_CTA + 8)      // fp32
+#ifndef NBUF
+#define NBUF 2
+#endif
+#define STEP_SNAPSHOT 1
+#define STEP_STREAM 2
+#define STEP_A_ONCE 4
+
+struct __align__(16) StepOperands {
+    unsigned short w_rk[R_DIM * W_RK_STRIDE];
+    unsigned short negu_kr[K_DIM * NEGU_KR_STRIDE];
+    float d[K_DIM];
+    float bt_vk[V_CTA * BT_VK_STRIDE];
+    float b_kv[K_DIM * B_KV_STRIDE];
+};
+constexpr int OPERAND_BYTES = (int)sizeof(StepOperands);
+static_assert(OPERAND_BYTES % 16 == 0, "operand blocks are copied 16 bytes at a time");
+static_assert(OPERAND_BYTES == 74240, "kernel/composed_step.py packs 74,240-byte blocks (OPERAND_FIELDS)");
+
+// The operand block step s reads: NBUF resident blocks, or step s's own, copied in now.
+__device__ __forceinline__ const StepOperands& step_operands(StepOperands* ring, const StepOperands* steps,
+                                                              int nsteps, int s, int flags) {
+    StepOperands* block = ring + s % NBUF;
+    if (flags & STEP_STREAM) {
+        // the block was last read in step s - NBUF; every thread is past that step's barriers
+        const uint4* src = reinterpret_cast<const uint4*>(steps + (size_t)blockIdx.x * nsteps + s);
+        for (int i = threadIdx.x; i < OPERAND_BYTES / 16; i += blockDim.x) reinterpret_cast<uint4*>(block)[i] = src[i];
+        __syncthreads();
+    }
+    return *block;
+}
+
+__device__ __forceinline__ void copy_resident(StepOperands* ring, const StepOperands* steps, int flags) {
+    if (flags & STEP_STREAM) return;
+    for (int i = threadIdx.x; i < NBUF * OPERAND_BYTES / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(ring)[i] = reinterpret_cast<const uint4*>(steps)[i];
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------
+// mma.sync, 4 warps: warp w holds v rows 16 (w & 1) .. +16 and the k half kh = w >> 1 (64 k), so
+// all four sub-partitions' tensor cores work. X's two k-half partial sums meet in shared memory
+// (fragment order, double-buffered by step parity: one 64-thread named barrier a step), added in
+// the same order by both warps so that they round X alike.
+// Snapshot order: u32 [cta][step][warp][kk 4][e 4][lane 32], a[kk][e] of the step's A fragments.
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
+        const StepOperands* __restrict__ steps, int nsteps, int flags, const float* __restrict__ dsT_in,
+        float* __restrict__ dsT_out, u32* __restrict__ snapshots, long long* __restrict__ cycles) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    StepOperands* ring = reinterpret_cast<StepOperands*>(smem);
+    float4* x_exchange = reinterpret_cast<float4*>(smem + NBUF * OPERAND_BYTES);   // [parity][kh][mv][8][32]
+    copy_resident(ring, steps, flags);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int mv = warp & 1, kh = warp >> 1;
+    const int v0 = 16 * mv + g, k_base = 64 * kh;
+    const int mat = lane >> 3, mrow = lane & 7;   // ldmatrix x4: lane names row mrow of matrix mat
+    const float* in = dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM;
+    float dsT[8][4];   // dS^T: rows v0, v0 + 8; columns k_base + 8 j + 2 t (+1)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int k = k_base + 8 * j + 2 * t;
+        dsT[j][0] = in[v0 * K_DIM + k]; dsT[j][1] = in[v0 * K_DIM + k + 1];
+        dsT[j][2] = in[(v0 + 8) * K_DIM + k]; dsT[j][3] = in[(v0 + 8) * K_DIM + k + 1];
+    }
+    const long long c0 = clock64();
+    for (int s = 0; s < nsteps; ++s) {
+        const StepOperands& op = step_operands(ring, steps, nsteps, s, flags);
+        u32 a[4][4];   // bf16(dS^T) as the A operand of X's 4 k-steps (accumulator pairs = A fragment)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            a[kk][0] = pack_bf16x2(dsT[2 * kk][0], dsT[2 * kk][1]);
+            a[kk][1] = pack_bf16x2(dsT[2 * kk][2], dsT[2 * kk][3]);
+            a[kk][2] = pack_bf16x2(dsT[2 * kk + 1][0], dsT[2 * kk + 1][1]);
+            a[kk][3] = pack_bf16x2(dsT[2 * kk + 1][2], dsT[2 * kk + 1][3]);
+        }
+        if (flags & STEP_SNAPSHOT) {
+            u32* out = snapshots + ((size_t)(blockIdx.x * nsteps + s) * 4 + warp) * 16 * 32 + lane;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) out[(4 * kk + e) * 32] = a[kk][e];
+        }
+        float x[8][4];   // X partial over this warp's k half: rows v0 (+8), columns r = 8 n + 2 t (+1)
+#pragma unroll
+        for (int n = 0; n < 8; ++n) x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                u32 b[4];
+                ldmatrix_x4(b, smem_addr(&op.w_rk[(16 * np + mrow + 8 * (mat >> 1)) * W_RK_STRIDE + k_base + 16 * kk +
+                                                  8 * (mat & 1)]));
+                const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma_m16n8k16_bf16(x[2 * np], a[kk], b_lo, x[2 * np]);
+                mma_m16n8k16_bf16(x[2 * np + 1], a[kk], b_hi, x[2 * np + 1]);
+            }
+        float4* mine = x_exchange + ((((s & 1) * 2 + kh) * 2 + mv) * 8) * 32 + lane;
+        const float4* partner = x_exchange + ((((s & 1) * 2 + (kh ^ 1)) * 2 + mv) * 8) * 32 + lane;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) mine[n * 32] = make_float4(x[n][0], x[n][1], x[n][2], x[n][3]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {   // dS^T diag(D) + B^T, while the partner finishes its half
+            const int k = k_base + 8 * j + 2 * t;
+            const float2 dk = *reinterpret_cast<const float2*>(&op.d[k]);
+            const float2 b0 = *reinterpret_cast<const float2*>(&op.bt_vk[v0 * BT_VK_STRIDE + k]);
+            const float2 b1 = *reinterpret_cast<const float2*>(&op.bt_vk[(v0 + 8) * BT_VK_STRIDE + k]);
+            dsT[j][0] = fmaf(dsT[j][0], dk.x, b0.x); dsT[j][1] = fmaf(dsT[j][1], dk.y, b0.y);
+            dsT[j][2] = fmaf(dsT[j][2], dk.x, b1.x); dsT[j][3] = fmaf(dsT[j][3], dk.y, b1.y);
+        }
+        named_barrier_sync(1 + mv, 64);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {   // k half 0's partial sum first, in both warps
+            const float4 o = partner[n * 32];
+            if (kh == 0) { x[n][0] += o.x; x[n][1] += o.y; x[n][2] += o.z; x[n][3] += o.w; }
+            else { x[n][0] = o.x + x[n][0]; x[n][1] = o.y + x[n][1]; x[n][2] = o.z + x[n][2]; x[n][3] = o.w + x[n][3]; }
+        }
+        u32 xa[4][4];   // bf16(X) as the A operand of the 4 r-steps
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            xa[kk][0] = pack_bf16x2(x[2 * kk][0], x[2 * kk][1]);
+            xa[kk][1] = pack_bf16x2(x[2 * kk][2], x[2 * kk][3]);
+            xa[kk][2] = pack_bf16x2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+            xa[kk][3] = pack_bf16x2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                u32 b[4];
+                ldmatrix_x4(b, smem_addr(&op.negu_kr[(k_base + 16 * np + mrow + 8 * (mat >> 1)) * NEGU_KR_STRIDE +
+                                                     16 * kk + 8 * (mat & 1)]));
+                const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma_m16n8k16_bf16(dsT[2 * np], xa[kk], b_lo, dsT[2 * np]);
+                mma_m16n8k16_bf16(dsT[2 * np + 1], xa[kk], b_hi, dsT[2 * np + 1]);
+            }
+    }
+    const long long c1 = clock64();
+    if (lane == 0) cycles[blockIdx.x * 4 + warp] = c1 - c0;
+    float* out = dsT_out + (size_t)blockIdx.x * V_CTA * K_DIM;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int k = k_base + 8 * j + 2 * t;
+        out[v0 * K_DIM + k] = dsT[j][0]; out[v0 * K_DIM + k + 1] = dsT[j][1];
+        out[(v0 + 8) * K_DIM + k] = dsT[j][2]; out[(v0 + 8) * K_DIM + k + 1] = dsT[j][3];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma, one warpgroup: dS [128 k x 32 v] in the accumulators of two m64 blocks (kb) of two n16
+// pieces (p); warp w holds k rows 64 kb + 16 w + g (+8), v columns 16 p + 8 j + 2 t (+1). Both
+// GEMMs take their B (bf16 dS, then bf16 X^T) from shared memory as N-major core matrices that
+// stmatrix writes, and their A (W [r x k], then -U [k x r]) from registers (ldmatrix).
+// Snapshot: one 8 KB bulk store a step of the bf16 dS tile GEMM1 reads (core-matrix order:
+// byte of (k, v) = (v / 8) DS_SBO + (k / 8) 128 + (k % 8) 16 + (v % 8) 2), double-buffered.
+// Phase clocks (thread 0, summed over steps): pack + stmatrix + diag(D) + B; barrier 1;
+// GEMM1; stmatrix of X^T + barrier 2; GEMM2 -> cycles[4 * gridDim.x + 5 * cta + i].
+// ---------------------------------------------------------------------------------------------
+#define DS_SBO 2048   // bytes between 8-v blocks of the bf16 dS tile (16 k blocks of 128 B)
+#define XT_SBO 1024   // bytes between 8-v blocks of the bf16 X^T tile (8 r blocks of 128 B)
+
+extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
+        const StepOperands* __restrict__ steps, int nsteps, int flags, const float* __restrict__ dsT_in,
+        float* __restrict__ dsT_out, u32* __restrict__ snapshots, long long* __restrict__ cycles) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    StepOperands* ring = reinterpret_cast<StepOperands*>(smem);
+    unsigned char* ds_tiles = smem + NBUF * OPERAND_BYTES;   // [2][8192]
+    unsigned char* xt_tile = ds_tiles + 2 * 8192;            // [4096]
+    copy_resident(ring, steps, flags);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int mat = lane >> 3, mrow = lane & 7;
+    const float* in = dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM;
+    float ds[2][2][8];
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int k = 64 * kb + 16 * warp + g + 8 * ((e >> 1) & 1), v = 16 * p + 8 * (e >> 2) + 2 * t + (e & 1);
+                ds[kb][p][e] = in[v * K_DIM + k];
+            }
+    u32 a_w[8][4], a_negu[2][4][4];
+    long long phase[5] = {0, 0, 0, 0, 0};
+    const long long c0 = clock64();
+    for (int s = 0; s < nsteps; ++s) {
+        const StepOperands& op = step_operands(ring, steps, nsteps, s, flags);
+        unsigned char* ds_tile = ds_tiles + (s & 1) * 8192;
+        const long long ta = clock64();
+        if (!(flags & STEP_A_ONCE) || s == 0) {
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)   // W rows r = 16 w .., k = 16 kk ..
+                ldmatrix_x4(a_w[kk], smem_addr(&op.w_rk[(16 * warp + mrow + 8 * (mat & 1)) * W_RK_STRIDE + 16 * kk +
+                                                       8 * (mat >> 1)]));
+#pragma unroll
+            for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)   // -U rows k = 64 kb + 16 w .., r = 16 kk ..
+                    ldmatrix_x4(a_negu[kb][kk], smem_addr(&op.negu_kr[(64 * kb + 16 * warp + mrow + 8 * (mat & 1)) *
+                                                                      NEGU_KR_STRIDE + 16 * kk + 8 * (mat >> 1)]));
+        }
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                const int k = 64 * kb + 16 * warp + mrow + 8 * (mat & 1), v = 16 * p + 8 * (mat >> 1);
+                stmatrix_x4(smem_addr(ds_tile + (v / 8) * DS_SBO + (k / 8) * 128 + (k % 8) * 16),
+                            pack_bf16x2(ds[kb][p][0], ds[kb][p][1]), pack_bf16x2(ds[kb][p][2], ds[kb][p][3]),
+                            pack_bf16x2(ds[kb][p][4], ds[kb][p][5]), pack_bf16x2(ds[kb][p][6], ds[kb][p][7]));
+            }
+        // diag(D) dS + B here, before GEMM1 is issued, not while it runs: ptxas makes a warpgroup
+        // wait for every wgmma before it touches registers a wgmma once wrote (its C7517 note)
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+            for (int p = 0; p < 2; ++p)
+#pragma unroll
+                for (int e = 0; e < 8; e += 2) {
+                    const int k = 64 * kb + 16 * warp + g + 8 * ((e >> 1) & 1), v = 16 * p + 8 * (e >> 2) + 2 * t;
+                    const float dk = op.d[k];
+                    const float2 b = *reinterpret_cast<const float2*>(&op.b_kv[k * B_KV_STRIDE + v]);
+                    ds[kb][p][e] = fmaf(ds[kb][p][e], dk, b.x);
+                    ds[kb][p][e + 1] = fmaf(ds[kb][p][e + 1], dk, b.y);
+                }
+        const long long tb = clock64();
+        fence_proxy_async_shared();   // stmatrix's generic writes before the wgmma's (and the bulk store's) reads
+        __syncthreads();
+        const long long tc = clock64();
+        if ((flags & STEP_SNAPSHOT) && tid == 0) {
+            cp_async_bulk_s2g(snapshots + (size_t)(blockIdx.x * nsteps + s) * 2048, smem_addr(ds_tile), 8192);
+            cp_async_bulk_commit();
+        }
+        float xt[2][8];   // X^T = W bf16(dS): rows r = 16 w + g (+8), columns v = 16 p + 8 j + 2 t (+1)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+            for (int p = 0; p < 2; ++p)
+                wgmma_m64n16k16_bf16_rs<1>(xt[p], a_w[kk], wgmma_desc(smem_addr(ds_tile + 256 * kk + 2 * DS_SBO * p), 128,
+                                                                      DS_SBO, 0), kk > 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        const long long td = clock64();
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int r = 16 * warp + mrow + 8 * (mat & 1), v = 16 * p + 8 * (mat >> 1);
+            stmatrix_x4(smem_addr(xt_tile + (v / 8) * XT_SBO + (r / 8) * 128 + (r % 8) * 16),
+                        pack_bf16x2(xt[p][0], xt[p][1]), pack_bf16x2(xt[p][2], xt[p][3]),
+                        pack_bf16x2(xt[p][4], xt[p][5]), pack_bf16x2(xt[p][6], xt[p][7]));
+        }
+        // the bulk store of step s - 1 must have read its tile before step s + 1 overwrites it
+        if ((flags & STEP_SNAPSHOT) && tid == 0) cp_async_bulk_wait_read<1>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        const long long te = clock64();
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int p = 0; p < 2; ++p)
+                    wgmma_m64n16k16_bf16_rs<1>(ds[kb][p], a_negu[kb][kk],
+                                               wgmma_desc(smem_addr(xt_tile + 256 * kk + 2 * XT_SBO * p), 128, XT_SBO, 0), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        const long long tf = clock64();
+        phase[0] += tb - ta; phase[1] += tc - tb; phase[2] += td - tc; phase[3] += te - td; phase[4] += tf - te;
+    }
+    if ((flags & STEP_SNAPSHOT) && tid == 0) cp_async_bulk_wait<0>();
+    const long long c1 = clock64();
+    if (lane == 0) cycles[blockIdx.x * 4 + warp] = c1 - c0;
+    if (tid == 0)
+        for (int i = 0; i < 5; ++i) cycles[4 * gridDim.x + 5 * blockIdx.x + i] = phase[i];
+    float* out = dsT_out + (size_t)blockIdx.x * V_CTA * K_DIM;
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int k = 64 * kb + 16 * warp + g + 8 * ((e >> 1) & 1), v = 16 * p + 8 * (e >> 2) + 2 * t + (e & 1);
+                out[v * K_DIM + k] = ds[kb][p][e];
+            }
+}

@@ -84,8 +84,13 @@ def autotune_choices() -> dict:
     """What every Triton autotuner in the process chose: {kernel name: {key: config}}, as
     text. A benchmark records it, so that two runs of the same shape whose FLA times differ
     can be told apart by the block sizes FLA picked."""
+    import warnings
+
     out = {}
-    for tuner, cache in _autotuner_choices():
+    with warnings.catch_warnings():   # gc.get_objects() meets deprecated torch attributes on the way
+        warnings.simplefilter("ignore", FutureWarning)
+        choices = list(_autotuner_choices())
+    for tuner, cache in choices:
         fn = getattr(tuner, "base_fn", None) or getattr(tuner, "fn", None)
         name = getattr(fn, "__name__", None) or repr(fn)
         out.setdefault(name, {}).update({str(k): str(v) for k, v in cache.items()})

@@ -86,6 +86,27 @@ __device__ __forceinline__ void copy_resident(StepOperands* ring, const StepOper
 // the same order by both warps so that they round X alike.
 // Snapshot order: u32 [cta][step][warp][kk 4][e 4][lane 32], a[kk][e] of the step's A fragments.
 // ---------------------------------------------------------------------------------------------
+// Two adjacent n8 accumulator tiles, packed pairwise to bf16: the A fragment of one k-step
+// (mma.cuh's corollary), for mma.sync and for a register-A wgmma alike
+__device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+    a[0] = pack_bf16x2(lo[0], lo[1]); a[1] = pack_bf16x2(lo[2], lo[3]);
+    a[2] = pack_bf16x2(hi[0], hi[1]); a[3] = pack_bf16x2(hi[2], hi[3]);
+}
+
+// dS^T between the m16n8 accumulators (rows v0, v0 + 8; columns k_base + 8 j + 2 t, +1) and
+// this CTA's dS^T [32 v][128 k] in global memory
+template <bool TO_GLOBAL, typename Ptr>
+__device__ __forceinline__ void move_dsT(float (&dsT)[8][4], Ptr rows, int v0, int k_base, int t) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = (v0 + 8 * (e >> 1)) * K_DIM + k_base + 8 * j + 2 * t + (e & 1);
+            if constexpr (TO_GLOBAL) rows[i] = dsT[j][e];
+            else dsT[j][e] = rows[i];
+        }
+}
+
 extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
         const StepOperands* __restrict__ steps, int nsteps, int flags, const float* __restrict__ dsT_in,
         float* __restrict__ dsT_out, u32* __restrict__ snapshots, long long* __restrict__ cycles) {
@@ -97,25 +118,14 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
     const int mv = warp & 1, kh = warp >> 1;
     const int v0 = 16 * mv + g, k_base = 64 * kh;
     const int mat = lane >> 3, mrow = lane & 7;   // ldmatrix x4: lane names row mrow of matrix mat
-    const float* in = dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM;
     float dsT[8][4];   // dS^T: rows v0, v0 + 8; columns k_base + 8 j + 2 t (+1)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int k = k_base + 8 * j + 2 * t;
-        dsT[j][0] = in[v0 * K_DIM + k]; dsT[j][1] = in[v0 * K_DIM + k + 1];
-        dsT[j][2] = in[(v0 + 8) * K_DIM + k]; dsT[j][3] = in[(v0 + 8) * K_DIM + k + 1];
-    }
+    move_dsT<false>(dsT, dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM, v0, k_base, t);
     const long long c0 = clock64();
     for (int s = 0; s < nsteps; ++s) {
         const StepOperands& op = step_operands(ring, steps, nsteps, s, flags);
         u32 a[4][4];   // bf16(dS^T) as the A operand of X's 4 k-steps (accumulator pairs = A fragment)
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            a[kk][0] = pack_bf16x2(dsT[2 * kk][0], dsT[2 * kk][1]);
-            a[kk][1] = pack_bf16x2(dsT[2 * kk][2], dsT[2 * kk][3]);
-            a[kk][2] = pack_bf16x2(dsT[2 * kk + 1][0], dsT[2 * kk + 1][1]);
-            a[kk][3] = pack_bf16x2(dsT[2 * kk + 1][2], dsT[2 * kk + 1][3]);
-        }
+        for (int kk = 0; kk < 4; ++kk) pack_a(a[kk], dsT[2 * kk], dsT[2 * kk + 1]);
         if (flags & STEP_SNAPSHOT) {
             u32* out = snapshots + ((size_t)(blockIdx.x * nsteps + s) * 4 + warp) * 16 * 32 + lane;
 #pragma unroll
@@ -159,12 +169,7 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
         }
         u32 xa[4][4];   // bf16(X) as the A operand of the 4 r-steps
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            xa[kk][0] = pack_bf16x2(x[2 * kk][0], x[2 * kk][1]);
-            xa[kk][1] = pack_bf16x2(x[2 * kk][2], x[2 * kk][3]);
-            xa[kk][2] = pack_bf16x2(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-            xa[kk][3] = pack_bf16x2(x[2 * kk + 1][2], x[2 * kk + 1][3]);
-        }
+        for (int kk = 0; kk < 4; ++kk) pack_a(xa[kk], x[2 * kk], x[2 * kk + 1]);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -179,13 +184,7 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
     }
     const long long c1 = clock64();
     if (lane == 0) cycles[blockIdx.x * 4 + warp] = c1 - c0;
-    float* out = dsT_out + (size_t)blockIdx.x * V_CTA * K_DIM;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int k = k_base + 8 * j + 2 * t;
-        out[v0 * K_DIM + k] = dsT[j][0]; out[v0 * K_DIM + k + 1] = dsT[j][1];
-        out[(v0 + 8) * K_DIM + k] = dsT[j][2]; out[(v0 + 8) * K_DIM + k + 1] = dsT[j][3];
-    }
+    move_dsT<true>(dsT, dsT_out + (size_t)blockIdx.x * V_CTA * K_DIM, v0, k_base, t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,6 +200,25 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
 #define DS_SBO 2048   // bytes between 8-v blocks of the bf16 dS tile (16 k blocks of 128 B)
 #define XT_SBO 1024   // bytes between 8-v blocks of the bf16 X^T tile (8 r blocks of 128 B)
 
+// (k, v) of accumulator element e of block kb, piece p, in warp `warp` (wgmma.cuh's D layout)
+__device__ __forceinline__ int wg_k(int kb, int warp, int g, int e) { return 64 * kb + 16 * warp + g + 8 * ((e >> 1) & 1); }
+__device__ __forceinline__ int wg_v(int p, int t, int e) { return 16 * p + 8 * (e >> 2) + 2 * t + (e & 1); }
+
+// dS between the accumulators and this CTA's dS^T [32 v][128 k] in global memory
+template <bool TO_GLOBAL, typename Ptr>
+__device__ __forceinline__ void move_ds(float (&ds)[2][2][8], Ptr dsT, int warp, int g, int t) {
+#pragma unroll
+    for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+        for (int p = 0; p < 2; ++p)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int i = wg_v(p, t, e) * K_DIM + wg_k(kb, warp, g, e);
+                if constexpr (TO_GLOBAL) dsT[i] = ds[kb][p][e];
+                else ds[kb][p][e] = dsT[i];
+            }
+}
+
 extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
         const StepOperands* __restrict__ steps, int nsteps, int flags, const float* __restrict__ dsT_in,
         float* __restrict__ dsT_out, u32* __restrict__ snapshots, long long* __restrict__ cycles) {
@@ -211,17 +229,8 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
     copy_resident(ring, steps, flags);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     const int mat = lane >> 3, mrow = lane & 7;
-    const float* in = dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM;
     float ds[2][2][8];
-#pragma unroll
-    for (int kb = 0; kb < 2; ++kb)
-#pragma unroll
-        for (int p = 0; p < 2; ++p)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int k = 64 * kb + 16 * warp + g + 8 * ((e >> 1) & 1), v = 16 * p + 8 * (e >> 2) + 2 * t + (e & 1);
-                ds[kb][p][e] = in[v * K_DIM + k];
-            }
+    move_ds<false>(ds, dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM, warp, g, t);
     u32 a_w[8][4], a_negu[2][4][4];
     long long phase[5] = {0, 0, 0, 0, 0};
     const long long c0 = clock64();
@@ -258,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
             for (int p = 0; p < 2; ++p)
 #pragma unroll
                 for (int e = 0; e < 8; e += 2) {
-                    const int k = 64 * kb + 16 * warp + g + 8 * ((e >> 1) & 1), v = 16 * p + 8 * (e >> 2) + 2 * t;
+                    const int k = wg_k(kb, warp, g, e), v = wg_v(p, t, e);   // v even: the pair (v, v + 1)
                     const float dk = op.d[k];
                     const float2 b = *reinterpret_cast<const float2*>(&op.b_kv[k * B_KV_STRIDE + v]);
                     ds[kb][p][e] = fmaf(ds[kb][p][e], dk, b.x);
@@ -314,14 +323,5 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
     if (lane == 0) cycles[blockIdx.x * 4 + warp] = c1 - c0;
     if (tid == 0)
         for (int i = 0; i < 5; ++i) cycles[4 * gridDim.x + 5 * blockIdx.x + i] = phase[i];
-    float* out = dsT_out + (size_t)blockIdx.x * V_CTA * K_DIM;
-#pragma unroll
-    for (int kb = 0; kb < 2; ++kb)
-#pragma unroll
-        for (int p = 0; p < 2; ++p)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int k = 64 * kb + 16 * warp + g + 8 * ((e >> 1) & 1), v = 16 * p + 8 * (e >> 2) + 2 * t + (e & 1);
-                out[v * K_DIM + k] = ds[kb][p][e];
-            }
+    move_ds<true>(ds, dsT_out + (size_t)blockIdx.x * V_CTA * K_DIM, warp, g, t);
 }

@@ -84,29 +84,25 @@ def autotune_choices() -> dict:
     """What every Triton autotuner in the process chose: {kernel name: {key: config}}, as
     text. A benchmark records it, so that two runs of the same shape whose FLA times differ
     can be told apart by the block sizes FLA picked."""
-    import warnings
-
     out = {}
-    with warnings.catch_warnings():   # gc.get_objects() meets deprecated torch attributes on the way
-        warnings.simplefilter("ignore", FutureWarning)
-        choices = list(_autotuner_choices())
-    for tuner, cache in choices:
+    for tuner, cache in _autotuner_choices():
         fn = getattr(tuner, "base_fn", None) or getattr(tuner, "fn", None)
         name = getattr(fn, "__name__", None) or repr(fn)
         out.setdefault(name, {}).update({str(k): str(v) for k, v in cache.items()})
     return out
 
 
-def _autotuner_choices():
+def _autotuner_choices() -> list:
     """(autotuner, its choice cache) for every Triton autotuner in the process that has chosen."""
     import gc
+    import warnings
 
     from triton.runtime.autotuner import Autotuner
 
-    for obj in gc.get_objects():
-        cache = getattr(obj, "cache", None) if isinstance(obj, Autotuner) else None
-        if isinstance(cache, dict) and cache:
-            yield obj, cache
+    with warnings.catch_warnings():   # isinstance() on every live object wakes torch's deprecated aliases
+        warnings.simplefilter("ignore", FutureWarning)
+        tuners = [obj for obj in gc.get_objects() if isinstance(obj, Autotuner)]
+    return [(t, t.cache) for t in tuners if isinstance(getattr(t, "cache", None), dict) and t.cache]
 
 
 def _import_fla():

@@ -25,6 +25,11 @@
 // `steps` are copied once and step s uses block s % NBUF (timing); STEP_A_ONCE (wgmma, timing
 // only, wrong results) loads the A fragments once instead of every step: the bound of a step
 // whose A operands need no ldmatrix.
+// Companions (composed_step_mma, timing only): warps beyond the first 4 run independent
+// mma.sync work on the resident operand blocks, flat out until the chain warps are done, as a
+// stand-in for the redesign's off-path composition sharing the SM; each counts its HMMAs.
+// With STEP_WGMMA_COMPANIONS the 4 companion warps are one warpgroup issuing wgmma m64n128k16
+// instead (counted in HMMA equivalents: 64 each), on operands whose values do not matter.
 #include "mma.cuh"
 #include "ldmatrix.cuh"
 #include "stmatrix.cuh"
@@ -47,6 +52,7 @@ using namespace ptx_lab;
 #define STEP_SNAPSHOT 1
 #define STEP_STREAM 2
 #define STEP_A_ONCE 4
+#define STEP_WGMMA_COMPANIONS 8
 
 struct __align__(16) StepOperands {
     unsigned short w_rk[R_DIM * W_RK_STRIDE];
@@ -107,14 +113,99 @@ __device__ __forceinline__ void move_dsT(float (&dsT)[8][4], Ptr rows, int v0, i
         }
 }
 
-extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
+#define CHAIN_WARPS 4
+#define MAX_COMPANIONS 8
+
+// A companion warp: 32 independent HMMAs a round (A from -U, B from W: a [16 x 64] x [64 x 64]
+// product's worth of ldmatrix and mma.sync), rounds until all chain warps have arrived on
+// `chain_done`; its HMMA count goes to hmma_count.
+__device__ __forceinline__ void companion_work(const StepOperands* ring, const volatile int* chain_done,
+                                               unsigned long long* hmma_count, int lane) {
+    const int mat = lane >> 3, mrow = lane & 7;
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    unsigned long long rounds = 0;
+    while (*chain_done < CHAIN_WARPS) {
+        const StepOperands& op = ring[rounds % NBUF];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            u32 a[4];
+            ldmatrix_x4(a, smem_addr(&op.negu_kr[(16 * (rounds % 8) + mrow + 8 * (mat & 1)) * NEGU_KR_STRIDE + 16 * kk +
+                                                 8 * (mat >> 1)]));
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                u32 b[4];
+                ldmatrix_x4(b, smem_addr(&op.w_rk[(16 * np + mrow + 8 * (mat >> 1)) * W_RK_STRIDE + 16 * kk + 8 * (mat & 1)]));
+                const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma_m16n8k16_bf16(acc[2 * np], a, b_lo, acc[2 * np]);
+                mma_m16n8k16_bf16(acc[2 * np + 1], a, b_hi, acc[2 * np + 1]);
+            }
+        }
+        ++rounds;
+    }
+    float keep = 0.f;   // the products stay live: a sum no input makes exactly this value
+#pragma unroll
+    for (int n = 0; n < 8; ++n) keep += acc[n][0] + acc[n][1] + acc[n][2] + acc[n][3];
+    if (lane == 0) *hmma_count = rounds * 32 + (keep == 1.2345678e30f ? 1 : 0);
+}
+
+// The companion warpgroup (warps 4-7): rounds of 4 dependent wgmma m64n128k16 (A from registers,
+// B any 4 KB of the ring read as K-major core matrices), until the chain is done. wgmma is
+// warpgroup-collective, so the warps leave together: one thread samples chain_done into
+// stop[round & 1] before a 128-thread barrier, and every warp reads that sample after it.
+__device__ __forceinline__ void companion_work_wgmma(const StepOperands* ring, const volatile int* chain_done,
+                                                     volatile int* stop, unsigned long long* hmma_count, int warp,
+                                                     int lane) {
+    const int mat = lane >> 3, mrow = lane & 7, cw = warp - CHAIN_WARPS;
+    u32 a[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        ldmatrix_x4(a[kk], smem_addr(&ring[0].negu_kr[(16 * cw + mrow + 8 * (mat & 1)) * NEGU_KR_STRIDE + 16 * kk +
+                                                      8 * (mat >> 1)]));
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    const u32 b_base = smem_addr(ring);
+    unsigned long long rounds = 0;
+    for (;;) {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma_m64n128k16_bf16_rs<0>(acc, a[kk], wgmma_desc(b_base + 4096 * kk, 128, 256, 0), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        ++rounds;
+        if (threadIdx.x == 32 * CHAIN_WARPS) stop[rounds & 1] = (*chain_done >= CHAIN_WARPS);
+        named_barrier_sync(3, 128);   // ids 1 and 2 are the chain's warp pairs
+        if (stop[rounds & 1]) break;
+    }
+    float keep = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) keep += acc[i];
+    if (lane == 0) *hmma_count = rounds * 4 * 64 / 4 + (keep == 1.2345678e30f ? 1 : 0);   // this warp's quarter
+}
+
+extern "C" __global__ void __launch_bounds__(32 * (CHAIN_WARPS + MAX_COMPANIONS)) composed_step_mma(
         const StepOperands* __restrict__ steps, int nsteps, int flags, const float* __restrict__ dsT_in,
-        float* __restrict__ dsT_out, u32* __restrict__ snapshots, long long* __restrict__ cycles) {
+        float* __restrict__ dsT_out, u32* __restrict__ snapshots, long long* __restrict__ cycles,
+        unsigned long long* __restrict__ companion_hmma) {
     extern __shared__ __align__(16) unsigned char smem[];
     StepOperands* ring = reinterpret_cast<StepOperands*>(smem);
     float4* x_exchange = reinterpret_cast<float4*>(smem + NBUF * OPERAND_BYTES);   // [parity][kh][mv][8][32]
-    copy_resident(ring, steps, flags);
+    int* chain_done = reinterpret_cast<int*>(smem + NBUF * OPERAND_BYTES + 2 * 2 * 2 * 8 * 32 * 16);
+    if (threadIdx.x == 0) *chain_done = 0;
+    if ((flags & STEP_STREAM) && blockDim.x != 32 * CHAIN_WARPS) __trap();   // streaming syncs the chain warps only
+    if ((flags & STEP_WGMMA_COMPANIONS) && blockDim.x != 32 * (CHAIN_WARPS + 4)) __trap();   // one warpgroup
+    copy_resident(ring, steps, flags);   // (its __syncthreads also publishes chain_done = 0)
+    if (flags & STEP_STREAM) __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    if (warp >= CHAIN_WARPS) {
+        unsigned long long* count = companion_hmma + (size_t)blockIdx.x * MAX_COMPANIONS + warp - CHAIN_WARPS;
+        if (flags & STEP_WGMMA_COMPANIONS) companion_work_wgmma(ring, chain_done, chain_done + 2, count, warp, lane);
+        else companion_work(ring, chain_done, count, lane);
+        return;
+    }
     const int mv = warp & 1, kh = warp >> 1;
     const int v0 = 16 * mv + g, k_base = 64 * kh;
     const int mat = lane >> 3, mrow = lane & 7;   // ldmatrix x4: lane names row mrow of matrix mat
@@ -183,7 +274,10 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_mma(
             }
     }
     const long long c1 = clock64();
-    if (lane == 0) cycles[blockIdx.x * 4 + warp] = c1 - c0;
+    if (lane == 0) {
+        cycles[blockIdx.x * 4 + warp] = c1 - c0;
+        atomicAdd(chain_done, 1);   // the companions stop when all chain warps are here
+    }
     move_dsT<true>(dsT, dsT_out + (size_t)blockIdx.x * V_CTA * K_DIM, v0, k_base, t);
 }
 

@@ -40,14 +40,19 @@ SOURCE_PATH = Path(__file__).resolve().parent / "composed_step.cu"
 K, R, V_CTA, GROUP = 128, 64, 32, 4          # k, rank of a 4-tile step, v columns per CTA, tiles per step
 VSPLIT = 128 // V_CTA
 NBUF = 2                                     # resident operand blocks in the timing runs
-STEP_SNAPSHOT, STEP_STREAM, STEP_A_ONCE = 1, 2, 4
+STEP_SNAPSHOT, STEP_STREAM, STEP_A_ONCE, STEP_WGMMA_COMPANIONS = 1, 2, 4, 8
 KERNELS = ("composed_step_mma", "composed_step_wgmma")
 # kernel/composed_step.cu's StepOperands, field by field: (name, dtype, shape incl. row padding)
 OPERAND_FIELDS = (("w_rk", np.uint16, (R, K + 8)), ("negu_kr", np.uint16, (K, R + 8)), ("d", np.float32, (K,)),
                   ("bt_vk", np.float32, (V_CTA, K + 8)), ("b_kv", np.float32, (K, V_CTA + 8)))
 OPERAND_BYTES = sum(np.dtype(t).itemsize * int(np.prod(s)) for _, t, s in OPERAND_FIELDS)
-EXCHANGE_BYTES = {"composed_step_mma": 2 * 2 * 2 * 8 * 32 * 16,      # X's partial sums, [parity][kh][mv][8][32] float4
+EXCHANGE_BYTES = {"composed_step_mma": 2 * 2 * 2 * 8 * 32 * 16 + 16,  # X's partial sums ([parity][kh][mv][8][32]
+                                                                     # float4) and the chain-done counter
                   "composed_step_wgmma": 2 * 8192 + 4096}            # bf16 dS tiles (2) and the X^T tile
+MAX_COMPANIONS = 8
+# The off-path work a step of the redesign needs per CTA, in m16n8k16 HMMAs (2,048 multiply-adds
+# each): compose.macs_per_tile's low-rank off-path count for 4 tiles of a head, shared by its 4 CTAs
+OFF_PATH_HMMA_PER_STEP = compose.macs_per_tile(group=GROUP)["lowrank_off_path"] * GROUP / VSPLIT / 2048
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -125,12 +130,27 @@ def _module():
     return load_module(SOURCE_PATH.read_text(), (f"-DNBUF={NBUF}", "-ftz=true"))
 
 
-def _launch(kernel: str, steps, nsteps: int, flags: int, dsT_in, dsT_out, snapshots, cycles, ctas: int) -> None:
+def _launch(kernel: str, steps, nsteps: int, flags: int, dsT_in, dsT_out, snapshots, cycles, ctas: int,
+            companions: int = 0, companion_hmma=None) -> None:
+    """One launch; `companions` extra warps (composed_step_mma only) count their HMMAs into
+    companion_hmma [ctas * MAX_COMPANIONS] (uint64)."""
+    import cupy
+
     fn = _module().get_function(kernel)
     smem = NBUF * OPERAND_BYTES + EXCHANGE_BYTES[kernel]   # the ring of NBUF operand blocks, streamed or not
     fn.max_dynamic_shared_size_bytes = smem
-    fn((ctas,), (128,), (steps, np.int32(nsteps), np.int32(flags), dsT_in, dsT_out, snapshots, cycles),
-       shared_mem=smem)
+    args = (steps, np.int32(nsteps), np.int32(flags), dsT_in, dsT_out, snapshots, cycles)
+    if kernel == "composed_step_mma":
+        if companion_hmma is None:
+            companion_hmma = cupy.zeros(ctas * MAX_COMPANIONS, cupy.uint64)
+        args += (companion_hmma,)
+    elif companions:
+        raise ValueError("companion warps run beside composed_step_mma only")
+    if not 0 <= companions <= MAX_COMPANIONS or (companions and flags & STEP_STREAM):
+        raise ValueError(f"companions must be 0..{MAX_COMPANIONS}, and 0 when streaming; got {companions}")
+    if flags & STEP_WGMMA_COMPANIONS and companions != 4:
+        raise ValueError(f"wgmma companions are one warpgroup: 4 warps, got {companions}")
+    fn((ctas,), (128 + 32 * companions,), args, shared_mem=smem)
 
 
 def _rel(a, b) -> float:
@@ -199,10 +219,9 @@ def check(T: int = 4096, heads: int = 2, seed: int = 0) -> list[dict]:
     return rows
 
 
-def timing(nsteps: int = 2048, ctas: int = 128, reps: int = 10, seed: int = 0) -> list[dict]:
-    """Each kernel's time for `nsteps` steps on `ctas` CTAs, operands resident (NBUF blocks of a
-    real sequence's first steps, the same for every CTA). Rows: kernel, variant, ms, ns and
-    clock64 cycles a step (slowest warp), wgmma's phase split."""
+def resident_operands(ctas: int, seed: int = 0):
+    """The timing runs' inputs on the GPU: NBUF operand blocks (a random sequence's first NBUF
+    steps, v columns 0-31) and every CTA's dS^T (that sequence's dht)."""
     import cupy
 
     raw = random_inputs(1, 16 * GROUP * NBUF, 1, seed=seed)
@@ -210,22 +229,36 @@ def timing(nsteps: int = 2048, ctas: int = 128, reps: int = 10, seed: int = 0) -
     tiles = compose.tile_operands(raw["q"][0, :, 0], raw["k"][0, :, 0], gc[0, :, 0], raw["beta"][0, :, 0],
                                   mqk[0, :, 0], inv[0, :, 0], raw["do"][0, :, 0])
     blocks = np.stack([pack_step(*step, vs=0) for step in compose.lowrank_steps(tiles, GROUP)])
-    steps_d = cupy.asarray(blocks)
-    dsT_in = cupy.asarray(np.broadcast_to(np.asarray(raw["dht"][0, 0], np.float32)[:, :V_CTA].T,
-                                          (ctas, V_CTA, K)).copy())
+    dsT = np.broadcast_to(np.asarray(raw["dht"][0, 0], np.float32)[:, :V_CTA].T, (ctas, V_CTA, K))
+    return cupy.asarray(blocks), cupy.asarray(np.ascontiguousarray(dsT))
+
+
+def timing(nsteps: int = 2048, ctas: int = 128, reps: int = 10, seed: int = 0) -> list[dict]:
+    """Each kernel's time for `nsteps` steps on `ctas` CTAs, operands resident (NBUF blocks of a
+    real sequence's first steps, the same for every CTA), and the mma.sync chain's beside 4 or 8
+    companion warps of mma.sync work or a companion warpgroup of wgmma work running flat out (the
+    off-path composition's stand-in; its HMMAs per chain step counted). Rows: kernel, variant, ms,
+    ns and clock64 cycles a step (slowest chain warp), companion HMMAs a step, wgmma's phase split."""
+    import cupy
+
+    steps_d, dsT_in = resident_operands(ctas, seed)
     dsT_out = cupy.zeros((ctas, V_CTA, K), cupy.float32)
     snaps_d = cupy.zeros(ctas * nsteps * 2048, cupy.uint32)
     cycles = cupy.zeros(9 * ctas, cupy.int64)
     e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-    variants = [("composed_step_mma", "chain", 0), ("composed_step_mma", "chain + bf16 snapshot", STEP_SNAPSHOT),
-                ("composed_step_wgmma", "chain", 0), ("composed_step_wgmma", "chain + bf16 snapshot", STEP_SNAPSHOT),
-                ("composed_step_wgmma", "chain, A loaded once (bound)", STEP_A_ONCE)]
+    hmma = cupy.zeros(ctas * MAX_COMPANIONS, cupy.uint64)
+    variants = [("composed_step_mma", "chain", 0, 0), ("composed_step_mma", "chain + bf16 snapshot", STEP_SNAPSHOT, 0),
+                ("composed_step_mma", "chain + snapshot, 4 companions", STEP_SNAPSHOT, 4),
+                ("composed_step_mma", "chain + snapshot, 8 companions", STEP_SNAPSHOT, 8),
+                ("composed_step_mma", "chain + snapshot, wgmma companions", STEP_SNAPSHOT | STEP_WGMMA_COMPANIONS, 4),
+                ("composed_step_wgmma", "chain", 0, 0), ("composed_step_wgmma", "chain + bf16 snapshot", STEP_SNAPSHOT, 0),
+                ("composed_step_wgmma", "chain, A loaded once (bound)", STEP_A_ONCE, 0)]
     rows = []
-    for kernel, label, flags in variants:
+    for kernel, label, flags, companions in variants:
         times = []
         for r in range(reps + 2):
             e0.record()
-            _launch(kernel, steps_d, nsteps, flags, dsT_in, dsT_out, snaps_d, cycles, ctas)
+            _launch(kernel, steps_d, nsteps, flags, dsT_in, dsT_out, snaps_d, cycles, ctas, companions, hmma)
             e1.record(); e1.synchronize()
             times.append(cupy.cuda.get_elapsed_time(e0, e1))
         ms = float(np.median(times[2:]))
@@ -233,13 +266,16 @@ def timing(nsteps: int = 2048, ctas: int = 128, reps: int = 10, seed: int = 0) -
         row = {"kernel": kernel, "variant": label, "ms": ms, "ns_per_step": ms * 1e6 / nsteps,
                "cycles_per_step": float(cyc[:4 * ctas].max()) / nsteps,
                "finite": bool(np.isfinite(dsT_out.get()).all())}
+        if companions:   # the last launch's counts: HMMAs the companions did per chain step and CTA
+            row["companion_hmma_per_step"] = float(hmma.get().sum()) / ctas / nsteps
         if kernel == "composed_step_wgmma":
             ph = cyc[4 * ctas:].reshape(ctas, 5).mean(0) / nsteps
             row["phases"] = dict(zip(("A + pack + stmatrix + diag(D) + B", "barrier 1", "GEMM1",
                                       "X^T stmatrix + barrier 2", "GEMM2"), map(float, ph)))
         rows.append(row)
-        print(f"  {kernel:20s} {label:30s} {ms:7.3f} ms {row['ns_per_step']:7.1f} ns/step "
-              f"{row['cycles_per_step']:7.0f} cycles/step", flush=True)
+        print(f"  {kernel:20s} {label:32s} {ms:7.3f} ms {row['ns_per_step']:7.1f} ns/step "
+              f"{row['cycles_per_step']:7.0f} cycles/step"
+              + (f", companions {row['companion_hmma_per_step']:.0f} HMMA/step" if companions else ""), flush=True)
     return rows
 
 
@@ -300,17 +336,19 @@ def main(argv=None) -> int:
     print(f"timing: {args.steps} steps on {args.ctas} CTAs (128 threads), operands resident, median of {args.reps}",
           flush=True)
     rows = timing(args.steps, args.ctas, args.reps)
-    print(f"\n{'kernel':20s} {'variant':30s} {'ms':>7s} {'ns/step':>8s} {'cycles/step':>11s}")
+    print(f"\n{'kernel':20s} {'variant':32s} {'ms':>7s} {'ns/step':>8s} {'cycles/step':>11s} {'companion HMMA/step':>19s}")
     for r in rows:
-        print(f"{r['kernel']:20s} {r['variant']:30s} {r['ms']:7.3f} {r['ns_per_step']:8.1f} {r['cycles_per_step']:11.0f}"
-              + ("" if r["finite"] else "  (dS not finite)"))
+        print(f"{r['kernel']:20s} {r['variant']:32s} {r['ms']:7.3f} {r['ns_per_step']:8.1f} {r['cycles_per_step']:11.0f} "
+              f"{r.get('companion_hmma_per_step', float('nan')):19.0f}" + ("" if r["finite"] else "  (dS not finite)"))
+    print(f"(the redesign's off-path work per step and CTA: {OFF_PATH_HMMA_PER_STEP:.0f} HMMAs, "
+          "kernel.compose.macs_per_tile)")
     if args.fla:
         print(f"\nFLA's dAv+dhu at 1x{64 * args.steps}, 32 heads, this process ...", flush=True)
         ms, choices = fla_ms(T=64 * args.steps)
         dhu = {name: sorted(set(v.values())) for name, v in choices.items() if "dhu" in name}
         print(f"FLA {ms:.3f} ms (its dhu kernel's autotune choice: {dhu}); each variant's time / FLA's:")
         for r in rows:
-            print(f"  {r['kernel']:20s} {r['variant']:30s} {r['ms'] / ms:.3f}")
+            print(f"  {r['kernel']:20s} {r['variant']:32s} {r['ms'] / ms:.3f}")
     for r in rows:
         if "phases" in r:
             print(f"wgmma {r['variant']}: cycles a step (thread 0, mean over CTAs): "

@@ -89,3 +89,23 @@ def test_both_kernels_match_the_emulation_and_the_reference():
     for r in rows:
         assert r["passed"], r
         assert r["dh0_vs_emulation"] < 2e-3, r
+
+
+@pytest.mark.gpu
+def test_companion_warps_count_their_work_and_leave_the_chain_bit_identical():
+    import cupy
+
+    ctas, nsteps = 2, 64
+    steps, dsT_in = cs.resident_operands(ctas)
+    outs = []
+    for companions, flags, per_round in ((0, 0, 1), (8, 0, 32), (4, cs.STEP_WGMMA_COMPANIONS, 64)):
+        dsT_out = cupy.zeros((ctas, 32, 128), cupy.float32)
+        hmma = cupy.zeros(ctas * cs.MAX_COMPANIONS, cupy.uint64)
+        cs._launch("composed_step_mma", steps, nsteps, cs.STEP_SNAPSHOT | flags, dsT_in, dsT_out,
+                   cupy.zeros(ctas * nsteps * 2048, cupy.uint32), cupy.zeros(9 * ctas, cupy.int64), ctas,
+                   companions, hmma)
+        outs.append(dsT_out.get())
+        counts = hmma.get().reshape(ctas, cs.MAX_COMPANIONS)
+        assert (counts[:, :companions] > 0).all() and (counts[:, companions:] == 0).all()
+        assert (counts[:, :companions] % per_round == 0).all()      # whole rounds
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])

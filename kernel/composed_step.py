@@ -20,7 +20,10 @@ built:
 * **timing**: ``steps`` steps (2,048 = one 1 x 131072 head) on ``ctas`` CTAs (128 = 32 heads x
   vsplit 4), the operands resident in shared memory (2 blocks used alternately), as if built by
   the off-path warps of the redesign; with and without the bf16 snapshot per step (fla mode's
-  bytes), and (wgmma) with the A fragments loaded once (a bound, wrong results).
+  bytes), (wgmma) with the A fragments loaded once (a bound, wrong results), and (mma.sync)
+  beside companion warps that run mma.sync or wgmma work flat out, as the redesign's off-path
+  composition would share the SM, counting the HMMAs they manage per step against the
+  OFF_PATH_HMMA_PER_STEP the composition needs.
 
 ``python -m kernel.composed_step`` (needs an sm_90 GPU; without one it says so and exits 2).
 """

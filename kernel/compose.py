@@ -244,25 +244,33 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def study(T: int, heads: int, group: int, seed: int = 0) -> list[dict]:
-    """Both emulations against the float64 reference, per head of one random sequence."""
+def study_inputs(T: int, heads: int, group: int, seed: int = 0) -> dict:
+    """One random sequence of T tokens as a kernel sees it (bf16 where the API takes bf16; the
+    reference sees the same values), per head: "tiles" (:func:`tile_operands`), "dS0" (dht,
+    float64), and the float64 reference's "snapshots" [n_snap, H, K, V] (snapshot_every =
+    group) and "dh0" [H, K, V]."""
     raw = random_inputs(1, T, heads, seed=seed)
     gc, mqk, inv = prepare_tiles(raw["q"], raw["k"], raw["g"], raw["beta"])
-    # the kernel's inputs are bf16 where the API takes bf16: the reference sees the same values
     q, k, do = (bf16(raw[name]).astype(np.float64) for name in ("q", "k", "do"))
     mqk, inv = bf16(mqk).astype(np.float64), bf16(inv).astype(np.float64)
     gc = np.asarray(gc, np.float32).astype(np.float64)
     snaps_ref, dh0_ref = dstate_scan_reference(q, k, gc, raw["beta"], mqk, inv, do, dht=raw["dht"],
                                                snapshot_every=group)
+    tiles = [tile_operands(q[0, :, h], k[0, :, h], gc[0, :, h], raw["beta"][0, :, h],
+                           mqk[0, :, h], inv[0, :, h], do[0, :, h]) for h in range(heads)]
+    return {"tiles": tiles, "dS0": [np.asarray(raw["dht"][0, h], np.float64) for h in range(heads)],
+            "snapshots": snaps_ref[0], "dh0": dh0_ref[0]}
+
+
+def study(T: int, heads: int, group: int, seed: int = 0) -> list[dict]:
+    """Both emulations against the float64 reference, per head of one random sequence."""
+    case = study_inputs(T, heads, group, seed)
     out = []
     for h in range(heads):
-        tiles = tile_operands(q[0, :, h], k[0, :, h], gc[0, :, h], raw["beta"][0, :, h],
-                              mqk[0, :, h], inv[0, :, h], do[0, :, h])
-        dS0 = np.asarray(raw["dht"][0, h], np.float64)
         row = {"head": h}
         for mode in EMULATIONS:
-            s, d = emulate(tiles, dS0, group, mode=mode)
-            row[mode] = {"dh0": rel(d, dh0_ref[0, h]), "snapshots": rel(s, snaps_ref[0, :, h])}
+            s, d = emulate(case["tiles"][h], case["dS0"][h], group, mode=mode)
+            row[mode] = {"dh0": rel(d, case["dh0"][h]), "snapshots": rel(s, case["snapshots"][:, h])}
         out.append(row)
     return out
 

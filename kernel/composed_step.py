@@ -37,7 +37,7 @@ import ml_dtypes
 import numpy as np
 
 from . import compose
-from .reference import dstate_scan_reference, prepare_tiles, random_inputs
+from .reference import prepare_tiles, random_inputs
 
 SOURCE_PATH = Path(__file__).resolve().parent / "composed_step.cu"
 K, R, V_CTA, GROUP = 128, 64, 32, 4          # k, rank of a 4-tile step, v columns per CTA, tiles per step
@@ -167,20 +167,12 @@ def check(T: int = 4096, heads: int = 2, seed: int = 0) -> list[dict]:
         raise ValueError(f"T must be a positive multiple of {16 * GROUP} (whole 64-token steps), got {T}")
     import cupy
 
-    raw = random_inputs(1, T, heads, seed=seed)
-    gc, mqk, inv = prepare_tiles(raw["q"], raw["k"], raw["g"], raw["beta"])
-    q, k, do = (compose.bf16(raw[name]).astype(np.float64) for name in ("q", "k", "do"))
-    mqk, inv = compose.bf16(mqk).astype(np.float64), compose.bf16(inv).astype(np.float64)
-    gc = np.asarray(gc, np.float32).astype(np.float64)
-    snaps_ref, dh0_ref = dstate_scan_reference(q, k, gc, raw["beta"], mqk, inv, do, dht=raw["dht"],
-                                               snapshot_every=GROUP)
+    case = compose.study_inputs(T, heads, GROUP, seed)
     nsteps, ctas = T // (16 * GROUP), heads * VSPLIT
     blocks = np.zeros((ctas, nsteps, OPERAND_BYTES), np.uint8)
     emu_snaps, emu_dh0, dsT0 = [], [], np.zeros((ctas, V_CTA, K), np.float32)
     for h in range(heads):
-        tiles = compose.tile_operands(q[0, :, h], k[0, :, h], gc[0, :, h], raw["beta"][0, :, h],
-                                      mqk[0, :, h], inv[0, :, h], do[0, :, h])
-        dS0 = np.asarray(raw["dht"][0, h], np.float64)
+        tiles, dS0 = case["tiles"][h], case["dS0"][h]
         s, d = compose.emulate(tiles, dS0, GROUP, mode="lowrank")
         emu_snaps.append(s); emu_dh0.append(d)
         for s_i, (D, U, W, B) in enumerate(compose.lowrank_steps(tiles, GROUP)):
@@ -208,11 +200,11 @@ def check(T: int = 4096, heads: int = 2, seed: int = 0) -> list[dict]:
             snaps = np.concatenate([got[h * VSPLIT + vs].transpose(0, 2, 1) for vs in range(VSPLIT)], axis=2)[::-1]
             emu_s_bf16 = compose.bf16(emu_snaps[h])     # what a bf16 snapshot of the emulation would hold
             err["dh0_vs_emulation"].append(_rel(dh0, emu_dh0[h]))
-            err["dh0"].append(_rel(dh0, dh0_ref[0, h]))
-            err["dh0_emulation"].append(_rel(emu_dh0[h], dh0_ref[0, h]))
+            err["dh0"].append(_rel(dh0, case["dh0"][h]))
+            err["dh0_emulation"].append(_rel(emu_dh0[h], case["dh0"][h]))
             err["snapshots_vs_emulation"].append(_rel(snaps, emu_s_bf16))
-            err["snapshots"].append(_rel(snaps, snaps_ref[0, :, h]))
-            err["snapshots_emulation"].append(_rel(emu_s_bf16, snaps_ref[0, :, h]))
+            err["snapshots"].append(_rel(snaps, case["snapshots"][:, h]))
+            err["snapshots_emulation"].append(_rel(emu_s_bf16, case["snapshots"][:, h]))
         row.update({key: max(v) for key, v in err.items()})
         # the GPU differs from the emulation only in fp32 summation order (and the bf16 roundings
         # that order flips): its errors against float64 may exceed the emulation's by 25% at most

@@ -33,7 +33,7 @@ import ml_dtypes
 import numpy as np
 
 from .banks import GMMA_SWIZZLES, Swizzle
-from .fragments import SHAPES, WARP, _check_num, fragment_map, ldmatrix_map
+from .fragments import SHAPES, WARP, _check_flag, _check_num, fragment_map, ldmatrix_map
 from .tensormap import TensorMap2D
 
 ROW_BYTES = 16  # one 8x8 b16 matrix row: 8 elements x 2 bytes
@@ -221,13 +221,14 @@ def ldmatrix(smem: np.ndarray, addrs, num: int, trans: bool) -> np.ndarray:
     smem = _bytes_image(smem, "smem")
     addrs = _lane_ints(addrs, "addrs")
     _check_num(num)
+    trans = _check_flag(trans, "trans")
     _check_row_addresses(addrs, num, smem.size, "ldmatrix")
     mats = np.empty((num, 8, 8), dtype=np.uint16)  # mats[i, r, c] = matrix i as in memory
     for i in range(num):
         for r in range(8):
             a = int(addrs[8 * i + r])
             mats[i, r] = smem[a:a + ROW_BYTES].view("<u2")
-    lmap = ldmatrix_map(num, bool(trans))  # (32, num, 2, 3)
+    lmap = ldmatrix_map(num, trans)  # (32, num, 2, 3)
     vals = mats[lmap[..., 0], lmap[..., 1], lmap[..., 2]]  # (32, num, 2)
     return _pack_halves(vals[..., 0], vals[..., 1]).reshape(WARP, num)
 
@@ -246,10 +247,11 @@ def stmatrix(smem: np.ndarray, addrs, regs, trans: bool) -> np.ndarray:
         raise _shape_error("regs", "uint32 array of shape (32, num)", r)
     num = r.shape[1]
     _check_num(num)
+    trans = _check_flag(trans, "trans")
     _check_row_addresses(addrs, num, smem.size, "stmatrix")
     if np.unique(addrs[:8 * num]).size != 8 * num:
         raise ValueError("addrs: two lanes name the same row; which store wins is undefined")
-    lmap = ldmatrix_map(num, bool(trans))
+    lmap = ldmatrix_map(num, trans)
     mats = np.empty((num, 8, 8), dtype=np.uint16)
     mats[lmap[..., 0], lmap[..., 1], lmap[..., 2]] = np.stack(_unpack_halves(r), axis=-1)
     out = smem.copy()
@@ -310,6 +312,7 @@ def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=
     gmem = _bytes_image(gmem, "gmem")
     dst = _lane_ints(dst, "dst")
     src = _lane_ints(src, "src")
+    size = _count_arg(size, "size")
     if size not in (4, 8, 16):
         raise ValueError(f"size must be 4, 8 or 16 bytes; got {size!r}")
     if cache not in ("ca", "cg"):
@@ -682,6 +685,9 @@ def wgmma_desc(start: int, lbo: int, sbo: int, swizzle: int = 0) -> int:
     """The 64-bit shared-memory matrix descriptor (wgmma.cuh's wgmma_desc): bits 0-13 start
     >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle. The three byte values must be
     multiples of 16 below 2^18, as the 14-bit fields hold them."""
+    start, lbo, sbo = (_count_arg(v, f"wgmma_desc: {name}")
+                       for name, v in (("start", start), ("lbo", lbo), ("sbo", sbo)))
+    swizzle = _count_arg(swizzle, "wgmma_desc: swizzle")   # True would pass for 1 (128B)
     for name, v in (("start", start), ("lbo", lbo), ("sbo", sbo)):
         if not (0 <= v < 1 << 18) or v % 16:
             raise ValueError(f"wgmma_desc: {name} = {v} must be a multiple of 16 in [0, 2^18)")
@@ -692,9 +698,19 @@ def wgmma_desc(start: int, lbo: int, sbo: int, swizzle: int = 0) -> int:
 
 def wgmma_desc_fields(desc: int) -> dict:
     """wgmma_desc's inverse: {"start", "lbo", "sbo", "base_offset", "swizzle"} in bytes."""
+    desc = _count_arg(desc, "desc")
+    if not 0 <= desc < 1 << 64:
+        raise ValueError(f"desc = {desc:#x}: a matrix descriptor is a 64-bit unsigned integer")
     return {"start": (desc & _DESC_FIELD_MASK) << 4, "lbo": ((desc >> 16) & _DESC_FIELD_MASK) << 4,
             "sbo": ((desc >> 32) & _DESC_FIELD_MASK) << 4, "base_offset": (desc >> 49) & 7,
             "swizzle": (desc >> 62) & 3}
+
+
+def _check_wgmma_n(n) -> int:
+    # a float 16.0 passes `in WGMMA_N` and then indexes with floats; True is not a shape
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n not in WGMMA_N:
+        raise ValueError(f"n must be one of {WGMMA_N}, got {n!r}")
+    return int(n)
 
 
 def wgmma_b_offsets(n: int, desc: int, major: str = "k") -> np.ndarray:
@@ -706,8 +722,7 @@ def wgmma_b_offsets(n: int, desc: int, major: str = "k") -> np.ndarray:
     f = wgmma_desc_fields(desc)
     if f["swizzle"] or f["base_offset"]:
         raise ValueError("wgmma_b_offsets models the unswizzled layout (swizzle 0, base offset 0) only")
-    if n not in WGMMA_N:
-        raise ValueError(f"n must be one of {WGMMA_N}, got {n}")
+    n = _check_wgmma_n(n)
     if major not in WGMMA_B_MAJORS:
         raise ValueError(f"major must be one of {WGMMA_B_MAJORS} (K-major or N-major B), got {major!r}")
     k = np.arange(16)[:, None]
@@ -720,6 +735,7 @@ def wgmma_b_image(B, desc: int, size: int, major: str = "k") -> np.ndarray:
     """The inverse of what wgmma_m64nNk16_rs reads: a `size`-byte shared-memory image (uint8)
     holding B [16 x n] as bf16 (rounded to nearest even) where the descriptor puts it
     (wgmma_b_offsets), zeros elsewhere."""
+    size = _count_arg(size, "size")
     B = np.asarray(B, dtype=np.float32)
     if B.ndim != 2 or B.shape[0] != 16 or B.shape[1] not in WGMMA_N:
         raise _shape_error("B", f"(16, n) with n in {WGMMA_N}", B)
@@ -750,6 +766,7 @@ def matrix_to_wgmma_a(A, dtype: str = "bf16") -> np.ndarray:
 def wgmma_d_to_matrix(d, n: int) -> np.ndarray:
     """D [64 x n] from the accumulators (128, n / 2): warp w holds rows 16 w ..; its floats
     4j .. 4j + 3 are mma.sync's C fragment of columns 8j .. 8j + 7."""
+    n = _check_wgmma_n(n)
     r = _regs_n(d, "d", WGMMA_THREADS, n // 2, np.float32)
     out = np.empty((64, n), dtype=np.float32)
     for w in range(4):
@@ -779,6 +796,7 @@ def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool =
     (+ C when scale_d) as the (128, n / 2) accumulators. Rounded once from float64, like
     mma_m16n8k16: exact for data whose partial sums fp32 holds, else compare with a tolerance."""
     smem = _bytes_image(smem, "smem")
+    scale_d = _check_flag(scale_d, "scale_d")
     off = wgmma_b_offsets(n, desc, major)
     if off.min() < 0 or off.max() + 2 > smem.size:
         raise ValueError(f"B's bytes {off.min()}..{off.max() + 1} fall outside the {smem.size}-byte image")
@@ -790,10 +808,12 @@ def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool =
 
 
 def _regs_n(x, name: str, threads: int, nregs: int, dtype=np.uint32) -> np.ndarray:
+    # Refused rather than cast: float accumulators read as uint32 registers (or the
+    # reverse) would be converted by value, not reinterpreted, and come out wrong.
     r = np.asarray(x)
-    if r.shape != (threads, nregs):
-        raise _shape_error(name, f"({threads}, {nregs})", r)
-    return r.astype(dtype, copy=False) if r.dtype != dtype else r
+    if r.shape != (threads, nregs) or r.dtype != dtype:
+        raise _shape_error(name, f"{np.dtype(dtype).name} array of shape ({threads}, {nregs})", r)
+    return r
 
 
 __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", "unpack_f16x2",

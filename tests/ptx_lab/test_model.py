@@ -290,3 +290,85 @@ def test_src_bytes_zero_reads_nothing():
 
 def test_public_names():
     assert set(model.__all__) >= {"ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async"}
+
+
+# ------------------------------------------------------------------ flags are bools, counts are ints
+
+def _bool_parameters(module) -> set[tuple[str, str]]:
+    """(function, parameter) for every parameter annotated `bool` in the module's public API."""
+    import inspect
+
+    found = set()
+    for name in module.__all__:
+        fn = getattr(module, name)
+        if inspect.isfunction(fn):
+            for p in inspect.signature(fn).parameters.values():
+                if p.annotation in (bool, "bool"):
+                    found.add((name, p.name))
+    return found
+
+
+def _flag_calls():
+    """(function, flag) -> call(flag value) with every other argument valid."""
+    from ptx_lab import fragments
+
+    smem = np.zeros(512, dtype=np.uint8)
+    addrs = np.arange(32) * 16
+    regs = np.zeros((32, 4), dtype=np.uint32)
+    a = model.matrix_to_wgmma_a(np.ones((64, 16), np.float32))
+    img = np.zeros(4096, dtype=np.uint8)
+    desc = model.wgmma_desc(0, 128, 256)
+    c = np.zeros((128, 8), dtype=np.float32)
+    return {
+        ("ldmatrix", "trans"): lambda v: ldmatrix(smem, addrs, 4, v),
+        ("stmatrix", "trans"): lambda v: stmatrix(smem, addrs, regs, v),
+        ("wgmma_m64nNk16_rs", "scale_d"): lambda v: model.wgmma_m64nNk16_rs(a, img, desc, c, 16, v),
+        ("ldmatrix_map", "trans"): lambda v: fragments.ldmatrix_map(4, v),
+    }
+
+
+def test_every_bool_flag_of_the_api_is_tested_here():
+    from ptx_lab import fragments
+
+    assert _bool_parameters(model) | _bool_parameters(fragments) == set(_flag_calls())
+
+
+@pytest.mark.parametrize("key", sorted(_flag_calls()))
+@pytest.mark.parametrize("value", ["no", "yes", "False", 0, 1, 1.0, None, np.array([True]), np.int64(1)])
+def test_a_flag_that_is_not_a_bool_is_refused_by_name(key, value):
+    # "no" used to mean True: the flag was read for its truthiness
+    with pytest.raises(TypeError, match=rf"{key[1]} must be a bool \(True or False\); got"):
+        _flag_calls()[key](value)
+
+
+@pytest.mark.parametrize("key", sorted(_flag_calls()))
+def test_numpy_bools_are_bools(key):
+    call = _flag_calls()[key]
+    for flag in (False, True):
+        assert np.array_equal(call(np.bool_(flag)), call(flag))
+
+
+def test_counts_and_shapes_that_only_look_like_ints_are_refused():
+    smem = np.zeros(512, dtype=np.uint8)
+    addrs = np.arange(32) * 16
+    d = np.zeros((128, 8), dtype=np.float32)
+    a = np.zeros((128, 4), dtype=np.uint32)
+    cases = [
+        (lambda: ldmatrix(smem, addrs, True, False), r"num must be 1, 2 or 4.*got True"),    # was .x1
+        (lambda: ldmatrix(smem, addrs, 2.0, False), r"num must be 1, 2 or 4.*got 2.0"),
+        (lambda: cp_async(smem, smem, addrs, addrs, 16.0), "size must be an int; got 16.0"),
+        (lambda: model.wgmma_desc(0, 128, 256, swizzle=True), "swizzle must be an int"),  # was 128B
+        (lambda: model.wgmma_desc(0.0, 128, 256), "start must be an int"),
+        (lambda: model.wgmma_desc_fields(1.5), "desc must be an int"),
+        (lambda: model.wgmma_desc_fields(-1), "64-bit unsigned"),
+        (lambda: model.wgmma_b_offsets(16.0, model.wgmma_desc(0, 128, 256)), r"n must be one of .*16.0"),
+        # n = 20 used to return 64 x 20 with columns 16..19 left uninitialised
+        (lambda: model.wgmma_d_to_matrix(np.zeros((128, 10), np.float32), 20), "n must be one of"),
+        # float accumulators used to be cast by value to uint32 registers, and the reverse
+        (lambda: model.wgmma_a_to_matrix(a.astype(np.float32)), "a: expected uint32"),
+        (lambda: model.wgmma_d_to_matrix(d.view(np.uint32), 16), "d: expected float32"),
+        (lambda: model.wgmma_b_image(np.zeros((16, 16)), 0, 4096.0), "size must be an int"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()

@@ -24,6 +24,11 @@ place it is not bit-exact with hardware is the arithmetic inside
 
 16-bit elements are little-endian in memory, and within a b32 register the
 element with the lower index sits in bits 0..15.
+
+Element types are spelled as numpy / ml_dtypes name them (``'bfloat16'``,
+``'float16'``, ``'uint16'`` for raw 16-bit patterns, ``'float32'``), the same
+spelling as ``ptx_lab.tensormap``; PTX's ``'bf16'``, ``'f16'``, ``'b16'``,
+``'f32'`` are accepted as aliases (``ptx_lab.dtypes``).
 """
 from __future__ import annotations
 
@@ -32,14 +37,15 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
+from . import dtypes
 from .banks import GMMA_SWIZZLES, Swizzle
 from .fragments import SHAPES, WARP, _check_flag, _check_num, fragment_map, ldmatrix_map
 from .tensormap import TensorMap2D
 
 ROW_BYTES = 16  # one 8x8 b16 matrix row: 8 elements x 2 bytes
 
-_FLOAT16 = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
-DTYPES = ("bf16", "f16", "b16", "f32")  # b16 = raw 16-bit patterns, f32 = accumulator
+_FLOAT16 = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+DTYPES = ("bfloat16", "float16", "uint16", "float32")  # uint16 = raw 16-bit patterns, float32 = accumulator
 
 
 # ---------------------------------------------------------------- validation
@@ -70,9 +76,9 @@ def _regs(x, name: str, nregs: int | None, dtype=np.uint32) -> np.ndarray:
     return arr
 
 
-def _check_dtype(dtype: str, allowed: Sequence[str]) -> None:
-    if dtype not in allowed:
-        raise ValueError(f"dtype must be one of {', '.join(allowed)}; got {dtype!r}")
+def _check_dtype(dtype: str, allowed: Sequence[str]) -> str:
+    """`dtype` by its numpy name (aliases such as 'bf16' resolved), which must be in `allowed`."""
+    return dtypes.canonical(dtype, allowed)
 
 
 def _check_row_addresses(addrs: np.ndarray, num: int, smem_len: int, what: str) -> None:
@@ -116,24 +122,24 @@ def pack_bf16x2(lo, hi):
 
     Mirrors ``pack_bf16x2`` in common.cuh (cvt.rn.bf16x2.f32). Broadcasts.
     """
-    return _pack_halves(_to_bits(lo, "bf16"), _to_bits(hi, "bf16"))
+    return _pack_halves(_to_bits(lo, "bfloat16"), _to_bits(hi, "bfloat16"))
 
 
 def unpack_bf16x2(u32) -> tuple[np.ndarray, np.ndarray]:
     """b32 -> (lo, hi) as float32, lo from bits 0..15."""
     lo, hi = _unpack_halves(u32)
-    return _from_bits(lo, "bf16")[()], _from_bits(hi, "bf16")[()]
+    return _from_bits(lo, "bfloat16")[()], _from_bits(hi, "bfloat16")[()]
 
 
 def pack_f16x2(lo, hi):
     """Two floats -> one b32 of two f16 (round to nearest even); `lo` in bits 0..15."""
-    return _pack_halves(_to_bits(lo, "f16"), _to_bits(hi, "f16"))
+    return _pack_halves(_to_bits(lo, "float16"), _to_bits(hi, "float16"))
 
 
 def unpack_f16x2(u32) -> tuple[np.ndarray, np.ndarray]:
     """b32 -> (lo, hi) as float32, lo from bits 0..15."""
     lo, hi = _unpack_halves(u32)
-    return _from_bits(lo, "f16")[()], _from_bits(hi, "f16")[()]
+    return _from_bits(lo, "float16")[()], _from_bits(hi, "float16")[()]
 
 
 # ---------------------------------------------------------------- fragments <-> matrices
@@ -141,21 +147,21 @@ def unpack_f16x2(u32) -> tuple[np.ndarray, np.ndarray]:
 def _operand_dtypes(operand: str) -> tuple[str, ...]:
     if operand not in SHAPES:
         raise ValueError(f"operand must be one of {', '.join(SHAPES)}; got {operand!r}")
-    return ("f32",) if SHAPES[operand][3] == 1 else ("bf16", "f16", "b16")
+    return ("float32",) if SHAPES[operand][3] == 1 else ("bfloat16", "float16", "uint16")
 
 
 def fragments_to_matrix(operand: str, regs, dtype: str) -> np.ndarray:
     """Gather a warp's fragment registers into the matrix they hold.
 
     regs: uint32 (32, nregs) for 16-bit operands, float32 (32, 4) for "mma.c".
-    dtype: "bf16" / "f16" (returns float32 values), "b16" (returns the uint16
-    bit patterns) or "f32" (only for "mma.c").
+    dtype: "bfloat16" / "float16" (returns float32 values), "uint16" (returns the
+    bit patterns) or "float32" (only for "mma.c"); aliases "bf16", "f16", "b16", "f32".
     """
     allowed = _operand_dtypes(operand)
-    _check_dtype(dtype, allowed)
+    dtype = _check_dtype(dtype, allowed)
     rows, cols, nregs, _ = SHAPES[operand]
     fmap = fragment_map(operand)
-    if dtype == "f32":
+    if dtype == "float32":
         r = _regs(regs, "regs", nregs, np.float32)
         out = np.empty((rows, cols), dtype=np.float32)
         out[fmap[:, :, 0, 0], fmap[:, :, 0, 1]] = r
@@ -164,27 +170,28 @@ def fragments_to_matrix(operand: str, regs, dtype: str) -> np.ndarray:
     halves = np.stack(_unpack_halves(r), axis=-1)  # (32, nregs, 2) uint16
     bits = np.empty((rows, cols), dtype=np.uint16)
     bits[fmap[..., 0], fmap[..., 1]] = halves
-    return bits if dtype == "b16" else _from_bits(bits, dtype)
+    return bits if dtype == "uint16" else _from_bits(bits, dtype)
 
 
 def matrix_to_fragments(operand: str, M, dtype: str) -> np.ndarray:
     """Scatter a matrix into the warp's fragment registers (inverse of fragments_to_matrix).
 
-    "bf16"/"f16": M is rounded to nearest even and packed, uint32 (32, nregs);
-    "b16": M holds uint16 bit patterns; "f32" ("mma.c"): float32 (32, 4).
+    "bfloat16"/"float16": M is rounded to nearest even and packed, uint32 (32, nregs);
+    "uint16": M holds the bit patterns; "float32" ("mma.c"): float32 (32, 4).
+    Aliases "bf16", "f16", "b16", "f32".
     """
     allowed = _operand_dtypes(operand)
-    _check_dtype(dtype, allowed)
+    dtype = _check_dtype(dtype, allowed)
     rows, cols, nregs, _ = SHAPES[operand]
     M = np.asarray(M)
     if M.shape != (rows, cols):
         raise _shape_error("M", f"shape ({rows}, {cols}) for {operand}", M)
     fmap = fragment_map(operand)
-    if dtype == "f32":
+    if dtype == "float32":
         return M.astype(np.float32)[fmap[:, :, 0, 0], fmap[:, :, 0, 1]]
-    if dtype == "b16":
+    if dtype == "uint16":
         if M.dtype != np.uint16:
-            raise _shape_error("M", "uint16 bit patterns for dtype 'b16'", M)
+            raise _shape_error("M", "uint16 bit patterns for dtype 'uint16'", M)
         bits = M
     else:
         bits = _to_bits(M, dtype)
@@ -192,19 +199,19 @@ def matrix_to_fragments(operand: str, M, dtype: str) -> np.ndarray:
     return _pack_halves(vals[..., 0], vals[..., 1])
 
 
-def acc_to_a_fragment(c_left, c_right, dtype: str = "bf16") -> np.ndarray:
+def acc_to_a_fragment(c_left, c_right, dtype: str = "bfloat16") -> np.ndarray:
     """A fragment of [C_left | C_right] (16x16) from two 16x8 accumulator fragments.
 
     The identity Kernel A relies on instead of movmatrix: since c0,c1 = C[g][2t..2t+1]
     and c2,c3 = C[g+8][2t..2t+1], packing pairwise gives
         a0 = (l0, l1)  a1 = (l2, l3)  a2 = (r0, r1)  a3 = (r2, r3)
     which is exactly a0..a3 of the mma A layout. No lane exchanges data.
-    Returns uint32 (32, 4); values rounded to `dtype` ("bf16" or "f16").
+    Returns uint32 (32, 4); values rounded to `dtype` ("bfloat16" or "float16").
     """
-    _check_dtype(dtype, ("bf16", "f16"))
+    dtype = _check_dtype(dtype, ("bfloat16", "float16"))
     cl = _regs(c_left, "c_left", 4, np.float32)
     cr = _regs(c_right, "c_right", 4, np.float32)
-    pack = pack_bf16x2 if dtype == "bf16" else pack_f16x2
+    pack = pack_bf16x2 if dtype == "bfloat16" else pack_f16x2
     return np.stack([pack(cl[:, 0], cl[:, 1]), pack(cl[:, 2], cl[:, 3]),
                      pack(cr[:, 0], cr[:, 1]), pack(cr[:, 2], cr[:, 3])], axis=1).astype(np.uint32)
 
@@ -268,15 +275,16 @@ def movmatrix_trans(regs) -> np.ndarray:
     Input lane l holds {M[g][2t], M[g][2t+1]}; output lane l holds {M[2t][g], M[2t+1][g]}.
     """
     r = _regs(regs, "regs", None)
-    M = fragments_to_matrix("m8n8", r.reshape(WARP, 1), "b16")
-    return matrix_to_fragments("m8n8.trans", M, "b16").reshape(WARP)
+    M = fragments_to_matrix("m8n8", r.reshape(WARP, 1), "uint16")
+    return matrix_to_fragments("m8n8.trans", M, "uint16").reshape(WARP)
 
 
 def mma_m16n8k16(a, b, c, dtype: str) -> np.ndarray:
     """mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32: D = A @ B + C.
 
     a: uint32 (32, 4), b: uint32 (32, 2), c: float32 (32, 4); returns D as
-    float32 (32, 4) in the C layout. dtype: "bf16" or "f16".
+    float32 (32, 4) in the C layout. dtype: "bfloat16" or "float16" (PTX's .bf16
+    / .f16, accepted as aliases).
 
     The model gathers A, B, C through the fragment maps, multiplies in float64
     and rounds once to float32. Products of two 16-bit floats are exact in
@@ -285,12 +293,12 @@ def mma_m16n8k16(a, b, c, dtype: str) -> np.ndarray:
     adds in a different order and with its own internal precision and rounding,
     so results differ in the last bits of fp32: compare with a tolerance there.
     """
-    _check_dtype(dtype, ("bf16", "f16"))
+    dtype = _check_dtype(dtype, ("bfloat16", "float16"))
     A = fragments_to_matrix("mma.a", _regs(a, "a", 4), dtype).astype(np.float64)
     B = fragments_to_matrix("mma.b", _regs(b, "b", 2), dtype).astype(np.float64)
-    C = fragments_to_matrix("mma.c", _regs(c, "c", 4, np.float32), "f32").astype(np.float64)
+    C = fragments_to_matrix("mma.c", _regs(c, "c", 4, np.float32), "float32").astype(np.float64)
     D = (A @ B + C).astype(np.float32)
-    return matrix_to_fragments("mma.c", D, "f32")
+    return matrix_to_fragments("mma.c", D, "float32")
 
 
 def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=None,
@@ -742,21 +750,21 @@ def wgmma_b_image(B, desc: int, size: int, major: str = "k") -> np.ndarray:
     off = wgmma_b_offsets(B.shape[1], desc, major)
     if off.max() + 2 > size:
         raise ValueError(f"B's bytes reach {int(off.max()) + 1}, past the {size}-byte image")
-    bits = _to_bits(B, "bf16")
+    bits = _to_bits(B, "bfloat16")
     img = np.zeros(size, dtype=np.uint8)
     img[off] = bits & 0xFF
     img[off + 1] = bits >> 8
     return img
 
 
-def wgmma_a_to_matrix(a, dtype: str = "bf16") -> np.ndarray:
+def wgmma_a_to_matrix(a, dtype: str = "bfloat16") -> np.ndarray:
     """A [64 x 16] from the warpgroup's A registers (128, 4): warp w's are mma.sync's A
     fragment of rows 16 w .. 16 w + 15."""
     r = _regs_n(a, "a", WGMMA_THREADS, 4)
     return np.vstack([fragments_to_matrix("mma.a", r[32 * w:32 * w + 32], dtype) for w in range(4)])
 
 
-def matrix_to_wgmma_a(A, dtype: str = "bf16") -> np.ndarray:
+def matrix_to_wgmma_a(A, dtype: str = "bfloat16") -> np.ndarray:
     A = np.asarray(A)
     if A.shape != (64, 16):
         raise _shape_error("A", "(64, 16)", A)
@@ -772,7 +780,7 @@ def wgmma_d_to_matrix(d, n: int) -> np.ndarray:
     for w in range(4):
         for j in range(n // 8):
             out[16 * w:16 * w + 16, 8 * j:8 * j + 8] = fragments_to_matrix(
-                "mma.c", r[32 * w:32 * w + 32, 4 * j:4 * j + 4], "f32")
+                "mma.c", r[32 * w:32 * w + 32, 4 * j:4 * j + 4], "float32")
     return out
 
 
@@ -785,7 +793,7 @@ def matrix_to_wgmma_d(D) -> np.ndarray:
     for w in range(4):
         for j in range(n // 8):
             out[32 * w:32 * w + 32, 4 * j:4 * j + 4] = matrix_to_fragments(
-                "mma.c", D[16 * w:16 * w + 16, 8 * j:8 * j + 8], "f32")
+                "mma.c", D[16 * w:16 * w + 16, 8 * j:8 * j + 8], "float32")
     return out
 
 
@@ -801,7 +809,7 @@ def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool =
     if off.min() < 0 or off.max() + 2 > smem.size:
         raise ValueError(f"B's bytes {off.min()}..{off.max() + 1} fall outside the {smem.size}-byte image")
     bits = smem[off].astype(np.uint16) | (smem[off + 1].astype(np.uint16) << 8)
-    B = _from_bits(bits, "bf16").astype(np.float64)
+    B = _from_bits(bits, "bfloat16").astype(np.float64)
     A = wgmma_a_to_matrix(a).astype(np.float64)
     C = wgmma_d_to_matrix(c, n).astype(np.float64) if scale_d else 0.0
     return matrix_to_wgmma_d((A @ B + C).astype(np.float32))

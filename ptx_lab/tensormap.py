@@ -49,8 +49,9 @@ import functools
 import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from . import dtypes
 
 TENSOR_MAP_BYTES = 128      # sizeof(CUtensorMap)
 TENSOR_MAP_ALIGN = 64       # cuTensorMapEncodeTiled: "tensorMap address must be aligned to 64 bytes"
@@ -78,8 +79,6 @@ CUDA_SUCCESS = 0
 
 DTYPES = tuple(CU_TENSOR_MAP_DATA_TYPE)
 ELEMENT_BYTES = {"uint16": 2, "bfloat16": 2, "uint32": 4, "float32": 4}
-_NUMPY_DTYPES = {np.dtype(np.uint16): "uint16", np.dtype(ml_dtypes.bfloat16): "bfloat16",
-                 np.dtype(np.uint32): "uint32", np.dtype(np.float32): "float32"}
 
 
 class CudaDriverError(RuntimeError):
@@ -101,16 +100,9 @@ def _pair(x: Any, name: str, what: str) -> tuple[int, int]:
 
 
 def dtype_name(dtype: Any) -> str:
-    """'uint16' | 'bfloat16' | 'uint32' | 'float32' from that name or the numpy dtype."""
-    if isinstance(dtype, str) and dtype in CU_TENSOR_MAP_DATA_TYPE:
-        return dtype
-    try:
-        name = _NUMPY_DTYPES.get(np.dtype(dtype))
-    except TypeError:
-        name = None
-    if name is None:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or that numpy dtype); got {dtype!r}")
-    return name
+    """'uint16' | 'bfloat16' | 'uint32' | 'float32' from that name, its PTX alias ('bf16',
+    'b16', 'f32', 'b32', ...: ptx_lab.dtypes, as ptx_lab.model accepts them) or the numpy dtype."""
+    return dtypes.canonical(dtype, DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +111,8 @@ class TensorMap2D:
 
     address:      the tensor's first element (a device pointer for :func:`encode`; a byte
                   offset into a memory image for ``ptx_lab.model``), 16-byte aligned
-    dtype:        'bfloat16', 'uint16', 'float32' or 'uint32' (or that numpy dtype)
+    dtype:        'bfloat16', 'uint16', 'float32' or 'uint32' (or an alias of ptx_lab.dtypes
+                  such as 'bf16', or that numpy dtype)
     shape:        (rows, cols) in elements, each 1..2^32
     row_stride:   bytes from one row to the next: a multiple of 16, below 2^40, and at
                   least cols * element size (rows may not overlap)

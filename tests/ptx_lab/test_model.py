@@ -372,3 +372,61 @@ def test_counts_and_shapes_that_only_look_like_ints_are_refused():
     for call, match in cases:
         with pytest.raises(ValueError, match=match):
             call()
+
+
+# ------------------------------------------------------------------ dtype spellings (as ptx_lab.tensormap)
+
+@pytest.mark.parametrize("name, alias", [("bfloat16", "bf16"), ("float16", "f16"), ("uint16", "b16"),
+                                         ("uint16", "u16")])
+@given(seed=seeds)
+def test_numpy_names_and_ptx_aliases_are_the_same_dtype(name, alias, seed):
+    M = np.random.default_rng(seed).standard_normal((16, 16)).astype(np.float32)
+    if name == "uint16":
+        M = M.view(np.uint32).astype(np.uint16)
+    a = matrix_to_fragments("mma.a", M, name)
+    assert (a == matrix_to_fragments("mma.a", M, alias)).all()
+    assert np.array_equal(fragments_to_matrix("mma.a", a, name), fragments_to_matrix("mma.a", a, alias),
+                          equal_nan=True)
+
+
+def test_the_default_spelling_is_numpy_s_and_numpy_dtypes_are_accepted():
+    A = np.arange(256, dtype=np.float32).reshape(16, 16)
+    C = np.ones((16, 8), np.float32)
+    a = matrix_to_fragments("mma.a", A, ml_dtypes.bfloat16)
+    assert (a == matrix_to_fragments("mma.a", A, "bfloat16")).all()
+    assert (acc_to_a_fragment(matrix_to_fragments("mma.c", C, np.float32),
+                              matrix_to_fragments("mma.c", C, "float32")) == matrix_to_fragments(
+        "mma.a", np.ones((16, 16)), "bfloat16")).all()
+    assert model.DTYPES == ("bfloat16", "float16", "uint16", "float32")
+
+
+def test_model_and_tensormap_spell_their_common_dtypes_alike():
+    from ptx_lab import tensormap
+
+    for name, alias in (("bfloat16", "bf16"), ("uint16", "b16"), ("float32", "f32")):
+        assert tensormap.dtype_name(name) == tensormap.dtype_name(alias) == name
+        assert model.fragments_to_matrix("m8n8" if name != "float32" else "mma.c",
+                                         np.zeros((32, 1 if name != "float32" else 4),
+                                                  np.uint32 if name != "float32" else np.float32),
+                                         alias).dtype == (np.uint16 if name == "uint16" else np.float32)
+
+
+_ZERO_REGS = (np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32), np.zeros((32, 4), np.float32))
+
+
+@pytest.mark.parametrize("call, accepted", [
+    (lambda d: mma_m16n8k16(*_ZERO_REGS, d), r"bfloat16, float16 \(aliases bf16, f16;"),
+    (lambda d: fragments_to_matrix("mma.c", _ZERO_REGS[2], d), r"float32 \(aliases f32;"),
+    (lambda d: matrix_to_fragments("mma.a", np.zeros((16, 16)), d),
+     r"bfloat16, float16, uint16 \(aliases bf16, f16, b16, u16;"),
+])
+@pytest.mark.parametrize("dtype", ["bfloat", "BF16", "f2", "uint32", np.float64, None])
+def test_a_dtype_outside_the_operand_s_is_refused_with_the_accepted_spellings(call, accepted, dtype):
+    with pytest.raises(ValueError, match=rf"dtype must be one of {accepted}.*got"):
+        call(dtype)
+
+
+def test_f32_is_an_alias_only_where_float32_is_accepted():
+    assert fragments_to_matrix("mma.c", _ZERO_REGS[2], "f32").dtype == np.float32
+    with pytest.raises(ValueError, match=r"dtype must be one of bfloat16, float16 .*got 'f32'"):
+        mma_m16n8k16(*_ZERO_REGS, "f32")

@@ -53,6 +53,14 @@ def test_dtypes(dtype, name, code, size):
     assert tmap.driver_args()["tensorDataType"] == code
 
 
+@pytest.mark.parametrize("alias, name", [("bf16", "bfloat16"), ("b16", "uint16"), ("u16", "uint16"),
+                                         ("f32", "float32"), ("b32", "uint32"), ("u32", "uint32")])
+def test_ptx_spellings_are_aliases_of_the_numpy_names(alias, name):
+    # ptx_lab.model spells bf16 the same way and takes the same aliases (tests/ptx_lab/test_model.py)
+    assert dtype_name(alias) == name
+    assert make(dtype=alias, row_stride=2048, box=(8, 64)) == make(dtype=name, row_stride=2048, box=(8, 64))
+
+
 def test_limits_are_inclusive():
     make(shape=(2**32, 8), box=(256, 8))                          # globalDim <= 2^32, box <= 256
     make(dtype="float32", shape=(1, 4), row_stride=16, box=(1, 4))  # the smallest 16-byte box row
@@ -81,8 +89,11 @@ def test_frozen():
 # ------------------------------------------------------------------ refused, one rule each
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(dtype="float16"), "dtype must be one of uint16, uint32, float32, bfloat16"),
-    (dict(dtype="bf16"), r"dtype must be one of .*got 'bf16'"),
+    (dict(dtype="float16"), r"dtype must be one of uint16, uint32, float32, bfloat16 \(aliases "
+                            r"bf16, f32, b16, u16, b32, u32; or that numpy dtype\); got 'float16'"),
+    (dict(dtype="f16"), r"dtype must be one of .*got 'f16'"),
+    (dict(dtype=np.float16), r"dtype must be one of .*got <class 'numpy.float16'>"),
+    (dict(dtype="f2"), r"dtype must be one of .*got 'f2'"),      # numpy's own codes are not names
     (dict(dtype=np.float64), "dtype must be one of"),
     (dict(dtype=None), "dtype must be one of"),
     (dict(address=1.0), "address must be an int; got 1.0"),

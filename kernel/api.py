@@ -2,9 +2,13 @@
 
     snapshots, dh0 = dstate_scan(q, k, gc, beta, mqk, inv, do, ...)
 
-Inputs are CuPy arrays (bf16 tensors as uint16 arrays holding the bf16 bits,
-since CuPy has no bf16 dtype) or torch CUDA tensors (viewed in place, without a copy;
-results come back as torch tensors, bf16 as torch.bfloat16, allocated by torch).
+Inputs are device arrays: CuPy arrays (bf16 tensors as uint16 arrays holding the
+bf16 bits, since CuPy has no bf16 dtype: :func:`bf16_bits` makes them) or torch
+CUDA tensors (viewed in place, without a copy; results come back as torch tensors,
+bf16 as torch.bfloat16, allocated by torch). numpy arrays and CPU tensors are
+refused with a TypeError that says so. The launch goes through CuPy, for torch
+tensors too: without CuPy the call raises ModuleNotFoundError naming the install
+(``pip install -e '.[cuda]'``, i.e. cupy-cuda13x, and a CUDA GPU).
 The kernel runs on CuPy's current stream: when torch works on a stream other than
 the default one, point CuPy at it first (``with cupy.cuda.ExternalStream(
 torch.cuda.current_stream().cuda_stream): ...``, as kernel.bench does).
@@ -21,6 +25,9 @@ from . import build
 from .build import CHUNK, D, Config
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
+CUDA_INSTALL = "pip install -e '.[cuda]'"   # pyproject's cuda extra: cupy-cuda13x
+ARRAY_KINDS = ("CuPy arrays (bf16 as uint16 bits: kernel.api.bf16_bits) or torch CUDA tensors "
+               "(torch.bfloat16 / torch.float32)")
 
 
 # ----------------------------------------------------------------------------
@@ -38,6 +45,42 @@ def _torch_numpy_dtype(torch_dtype):
     return {torch.bfloat16: np.uint16, torch.float32: np.float32, torch.float64: np.float64,
             torch.float16: np.float16, torch.int32: np.int32, torch.int64: np.int64,
             torch.int16: np.int16, torch.uint8: np.uint8}.get(torch_dtype)
+
+
+def _require_cupy():
+    """cupy, or ModuleNotFoundError saying what is missing and how to install it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            "kernel.dstate_scan needs CuPy, which is not installed: Kernel A is compiled and launched "
+            f"through CuPy (for torch tensors too). Install it with {CUDA_INSTALL} (cupy-cuda13x, for "
+            "CUDA 13 drivers) on a machine with a CUDA GPU (Kernel A is built for sm_90a: H100/H200). "
+            "kernel.reference runs the same math in float64 on the CPU.", name="cupy") from exc
+    return cupy
+
+
+def _require_gpu() -> None:
+    """RuntimeError naming why, where CuPy finds no usable GPU (cached: no cost per call)."""
+    from ptx_lab.gpu import gpu_reason
+
+    reason = gpu_reason()
+    if reason is not None:
+        raise RuntimeError(f"kernel.dstate_scan needs a CUDA GPU: {reason}")
+
+
+def _check_device_arrays(**arrays) -> None:
+    """Host arrays are refused by name before CuPy is needed: numpy arrays and CPU tensors."""
+    for name, x in arrays.items():
+        if isinstance(x, np.ndarray):
+            raise TypeError(
+                f"{name} must be a cupy.ndarray or a torch CUDA tensor, got a numpy.ndarray: Kernel A "
+                f"runs on the GPU and takes device arrays, {ARRAY_KINDS}. Move it first, e.g. "
+                f"cupy.asarray(kernel.api.bf16_bits({name})) for a bf16 input, cupy.asarray({name}) for "
+                f"a float32 one, or torch.from_numpy({name}).cuda()")
+        if _is_torch(x) and not x.is_cuda:
+            raise TypeError(f"{name} must be a CUDA tensor, got a tensor on {x.device}: Kernel A "
+                            f"takes device arrays, {ARRAY_KINDS} (move it with .cuda())")
 
 
 def _cupy_view(x):
@@ -235,7 +278,14 @@ def choose_vsplit(ctas: int, sm_count: int) -> int:
 def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,
                 cu_seqlens=None, qk_l2norm: bool = True, snapshot_dtype: str = "float32",
                 snapshot_every: int = 1, vsplit: int | str = "auto", tuning: dict | None = None):
-    """Kernel A: the backward dstate scan of KDA (spec: shared/spec/kernel_a.md).
+    """Kernel A: the backward dstate scan of KDA. Its contract, in float64, is
+    :func:`kernel.reference.dstate_scan_reference` (same arguments, same layouts).
+
+    Arrays are device arrays: CuPy arrays (bf16 tensors as uint16 arrays of the
+    bf16 bits, see :func:`bf16_bits`) or torch CUDA tensors (torch.bfloat16 /
+    torch.float32, viewed in place; the results are then torch tensors). numpy
+    arrays and CPU tensors are refused (TypeError). It needs CuPy, for torch
+    tensors too, and a CUDA GPU: ``pip install -e '.[cuda]'`` (cupy-cuda13x).
 
     q, k, do: bf16 [B, T, H, 128]; gc: fp32 [B, T, H, 128]; beta: fp32 or bf16
     [B, T, H]; mqk, inv: bf16 [B, T, H, 16]; dht: fp32 [N, H, 128, 128] or None.
@@ -247,15 +297,59 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
 
     `tuning` (benchmarks and profiling): overrides of build.Config's knobs,
     e.g. {"nstage": 3, "producers": 4, "timing": True}.
+
+    What is checked, all of it host work that reads no tensor data:
+
+    * every array: its kind (CuPy / torch CUDA), that it lives on the current
+      device, its dtype, C-contiguity and shape (head dimension 128, B, T, H >= 1,
+      the others matching q's);
+    * cu_seqlens (copied to the host when on the device: N+1 ints): B == 1, 1-D,
+      integers, 0 first, strictly increasing, T last;
+    * snapshot_dtype, snapshot_every (1 or 4), vsplit, the tuning knobs, scale
+      (a finite number), qk_l2norm (a bool);
+    * that the configuration's shared memory fits this GPU and, for the
+      tensor-copy configurations, that B * T and the snapshot rows fit 32-bit
+      coordinates and every tensor map passes ptx_lab.tensormap's checks.
+
+    What is NOT checked: the values. No scan for NaN or inf, none for a gc that
+    is not a tile-local cumulative log2 gate of a g <= 0 (gc <= 0, non-increasing
+    within each 16-token tile, restarting at every tile and sequence), none that
+    mqk and inv belong to q, k, gc and beta. Such a scan would read every input
+    once: at 32 x 8192 tokens with H = 32 that is 11.4 GB (q, k, do 6.4 GB, gc
+    4.3 GB, mqk and inv 0.54 GB, beta 34 MB, dht 67 MB), as many bytes as the
+    kernel itself reads (1.0x its input reads; 72% of all its traffic with bf16
+    snapshots every 64 tokens, 25% with fp32 snapshots every tile): about 2.7 ms
+    at the copy floor's measured 4.3 TB/s, next to the kernel's 4.2 ms
+    (BENCHMARKS.md, run K). What happens instead: nothing is raised. A NaN or
+    inf in the inputs of one (sequence, head) makes that head's dS non-finite
+    from that tile backwards, so its snapshots of the earlier tiles and its dh0
+    come out NaN or inf; a gc above 0 or rising within a tile makes dS grow
+    instead of decay, i.e. wrong numbers that can overflow to inf. Each
+    (sequence, head) is scanned by its own CTAs from its own inputs, so the
+    damage stays in that head's outputs. To check the values, run the float64
+    reference on a sample (kernel.reference refuses NaN, inf and g > 0 by name).
     """
-    import cupy
+    if snapshot_dtype not in SNAPSHOT_DTYPES:
+        raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
+    if isinstance(snapshot_every, (bool, np.bool_)) or not isinstance(snapshot_every, (int, np.integer)) \
+            or snapshot_every not in (1, 4):
+        raise ValueError(f"snapshot_every must be 1 or 4, got {snapshot_every!r}")
+    if not isinstance(qk_l2norm, (bool, np.bool_)):
+        raise TypeError(f"qk_l2norm must be a bool (True or False), got {qk_l2norm!r}")
+    if scale is not None:
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scale must be a real number or None, got {scale!r}")
+        if not np.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    if vsplit != "auto" and (isinstance(vsplit, (bool, np.bool_)) or not isinstance(vsplit, (int, np.integer))
+                             or vsplit not in build.VSPLITS):   # int(2.5) would run vsplit 2
+        raise ValueError(f"vsplit must be 'auto' or one of {build.VSPLITS}, got {vsplit!r}")
+    _check_device_arrays(q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do, dht=dht)
+    cupy = _require_cupy()
+    _require_gpu()
 
     torch_in = _is_torch(q)
     dev = q.device if torch_in else None
-    if snapshot_dtype not in SNAPSHOT_DTYPES:
-        raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
-    if snapshot_every not in (1, 4):
-        raise ValueError(f"snapshot_every must be 1 or 4, got {snapshot_every!r}")
 
     q = _to_cupy("q", q, "bf16")
     if q.ndim != 4:

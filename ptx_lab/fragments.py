@@ -95,8 +95,17 @@ def inverse_map(operand: str) -> np.ndarray:
     return inv
 
 
+def _check_flag(x, name: str) -> bool:
+    """A boolean argument: True/False (or a numpy bool). Anything else is refused rather
+    than read for its truthiness, where "no", 0.0 or an array would pass for a choice."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False); got {x!r} ({type(x).__name__})")
+    return bool(x)
+
+
 def _check_num(num: int) -> None:
-    if num not in (1, 2, 4):
+    # bool and float pass `in (1, 2, 4)` (True == 1, 2.0 == 2): refused by type first
+    if isinstance(num, (bool, np.bool_)) or not isinstance(num, (int, np.integer)) or num not in (1, 2, 4):
         raise ValueError(f"num must be 1, 2 or 4 (ldmatrix/stmatrix .x1/.x2/.x4); got {num!r}")
 
 
@@ -108,6 +117,7 @@ def ldmatrix_map(num: int, trans: bool) -> np.ndarray:
     supplied by lane 8i + r). The same map describes stmatrix.
     """
     _check_num(num)
+    trans = _check_flag(trans, "trans")
     base = fragment_map("m8n8.trans" if trans else "m8n8")[:, 0]  # (32, 2, 2)
     out = np.empty((WARP, num, 2, 3), dtype=np.int64)
     for i in range(num):

@@ -24,6 +24,11 @@ place it is not bit-exact with hardware is the arithmetic inside
 
 16-bit elements are little-endian in memory, and within a b32 register the
 element with the lower index sits in bits 0..15.
+
+Element types are spelled as numpy / ml_dtypes name them (``'bfloat16'``,
+``'float16'``, ``'uint16'`` for raw 16-bit patterns, ``'float32'``), the same
+spelling as ``ptx_lab.tensormap``; PTX's ``'bf16'``, ``'f16'``, ``'b16'``,
+``'f32'`` are accepted as aliases (``ptx_lab.dtypes``).
 """
 from __future__ import annotations
 
@@ -32,14 +37,15 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
+from . import dtypes
 from .banks import GMMA_SWIZZLES, Swizzle
-from .fragments import SHAPES, WARP, _check_num, fragment_map, ldmatrix_map
+from .fragments import SHAPES, WARP, _check_flag, _check_num, fragment_map, ldmatrix_map
 from .tensormap import TensorMap2D
 
 ROW_BYTES = 16  # one 8x8 b16 matrix row: 8 elements x 2 bytes
 
-_FLOAT16 = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
-DTYPES = ("bf16", "f16", "b16", "f32")  # b16 = raw 16-bit patterns, f32 = accumulator
+_FLOAT16 = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+DTYPES = ("bfloat16", "float16", "uint16", "float32")  # uint16 = raw 16-bit patterns, float32 = accumulator
 
 
 # ---------------------------------------------------------------- validation
@@ -70,9 +76,9 @@ def _regs(x, name: str, nregs: int | None, dtype=np.uint32) -> np.ndarray:
     return arr
 
 
-def _check_dtype(dtype: str, allowed: Sequence[str]) -> None:
-    if dtype not in allowed:
-        raise ValueError(f"dtype must be one of {', '.join(allowed)}; got {dtype!r}")
+def _check_dtype(dtype: str, allowed: Sequence[str]) -> str:
+    """`dtype` by its numpy name (aliases such as 'bf16' resolved), which must be in `allowed`."""
+    return dtypes.canonical(dtype, allowed)
 
 
 def _check_row_addresses(addrs: np.ndarray, num: int, smem_len: int, what: str) -> None:
@@ -116,24 +122,24 @@ def pack_bf16x2(lo, hi):
 
     Mirrors ``pack_bf16x2`` in common.cuh (cvt.rn.bf16x2.f32). Broadcasts.
     """
-    return _pack_halves(_to_bits(lo, "bf16"), _to_bits(hi, "bf16"))
+    return _pack_halves(_to_bits(lo, "bfloat16"), _to_bits(hi, "bfloat16"))
 
 
 def unpack_bf16x2(u32) -> tuple[np.ndarray, np.ndarray]:
     """b32 -> (lo, hi) as float32, lo from bits 0..15."""
     lo, hi = _unpack_halves(u32)
-    return _from_bits(lo, "bf16")[()], _from_bits(hi, "bf16")[()]
+    return _from_bits(lo, "bfloat16")[()], _from_bits(hi, "bfloat16")[()]
 
 
 def pack_f16x2(lo, hi):
     """Two floats -> one b32 of two f16 (round to nearest even); `lo` in bits 0..15."""
-    return _pack_halves(_to_bits(lo, "f16"), _to_bits(hi, "f16"))
+    return _pack_halves(_to_bits(lo, "float16"), _to_bits(hi, "float16"))
 
 
 def unpack_f16x2(u32) -> tuple[np.ndarray, np.ndarray]:
     """b32 -> (lo, hi) as float32, lo from bits 0..15."""
     lo, hi = _unpack_halves(u32)
-    return _from_bits(lo, "f16")[()], _from_bits(hi, "f16")[()]
+    return _from_bits(lo, "float16")[()], _from_bits(hi, "float16")[()]
 
 
 # ---------------------------------------------------------------- fragments <-> matrices
@@ -141,21 +147,21 @@ def unpack_f16x2(u32) -> tuple[np.ndarray, np.ndarray]:
 def _operand_dtypes(operand: str) -> tuple[str, ...]:
     if operand not in SHAPES:
         raise ValueError(f"operand must be one of {', '.join(SHAPES)}; got {operand!r}")
-    return ("f32",) if SHAPES[operand][3] == 1 else ("bf16", "f16", "b16")
+    return ("float32",) if SHAPES[operand][3] == 1 else ("bfloat16", "float16", "uint16")
 
 
 def fragments_to_matrix(operand: str, regs, dtype: str) -> np.ndarray:
     """Gather a warp's fragment registers into the matrix they hold.
 
     regs: uint32 (32, nregs) for 16-bit operands, float32 (32, 4) for "mma.c".
-    dtype: "bf16" / "f16" (returns float32 values), "b16" (returns the uint16
-    bit patterns) or "f32" (only for "mma.c").
+    dtype: "bfloat16" / "float16" (returns float32 values), "uint16" (returns the
+    bit patterns) or "float32" (only for "mma.c"); aliases "bf16", "f16", "b16", "f32".
     """
     allowed = _operand_dtypes(operand)
-    _check_dtype(dtype, allowed)
+    dtype = _check_dtype(dtype, allowed)
     rows, cols, nregs, _ = SHAPES[operand]
     fmap = fragment_map(operand)
-    if dtype == "f32":
+    if dtype == "float32":
         r = _regs(regs, "regs", nregs, np.float32)
         out = np.empty((rows, cols), dtype=np.float32)
         out[fmap[:, :, 0, 0], fmap[:, :, 0, 1]] = r
@@ -164,27 +170,28 @@ def fragments_to_matrix(operand: str, regs, dtype: str) -> np.ndarray:
     halves = np.stack(_unpack_halves(r), axis=-1)  # (32, nregs, 2) uint16
     bits = np.empty((rows, cols), dtype=np.uint16)
     bits[fmap[..., 0], fmap[..., 1]] = halves
-    return bits if dtype == "b16" else _from_bits(bits, dtype)
+    return bits if dtype == "uint16" else _from_bits(bits, dtype)
 
 
 def matrix_to_fragments(operand: str, M, dtype: str) -> np.ndarray:
     """Scatter a matrix into the warp's fragment registers (inverse of fragments_to_matrix).
 
-    "bf16"/"f16": M is rounded to nearest even and packed, uint32 (32, nregs);
-    "b16": M holds uint16 bit patterns; "f32" ("mma.c"): float32 (32, 4).
+    "bfloat16"/"float16": M is rounded to nearest even and packed, uint32 (32, nregs);
+    "uint16": M holds the bit patterns; "float32" ("mma.c"): float32 (32, 4).
+    Aliases "bf16", "f16", "b16", "f32".
     """
     allowed = _operand_dtypes(operand)
-    _check_dtype(dtype, allowed)
+    dtype = _check_dtype(dtype, allowed)
     rows, cols, nregs, _ = SHAPES[operand]
     M = np.asarray(M)
     if M.shape != (rows, cols):
         raise _shape_error("M", f"shape ({rows}, {cols}) for {operand}", M)
     fmap = fragment_map(operand)
-    if dtype == "f32":
+    if dtype == "float32":
         return M.astype(np.float32)[fmap[:, :, 0, 0], fmap[:, :, 0, 1]]
-    if dtype == "b16":
+    if dtype == "uint16":
         if M.dtype != np.uint16:
-            raise _shape_error("M", "uint16 bit patterns for dtype 'b16'", M)
+            raise _shape_error("M", "uint16 bit patterns for dtype 'uint16'", M)
         bits = M
     else:
         bits = _to_bits(M, dtype)
@@ -192,19 +199,19 @@ def matrix_to_fragments(operand: str, M, dtype: str) -> np.ndarray:
     return _pack_halves(vals[..., 0], vals[..., 1])
 
 
-def acc_to_a_fragment(c_left, c_right, dtype: str = "bf16") -> np.ndarray:
+def acc_to_a_fragment(c_left, c_right, dtype: str = "bfloat16") -> np.ndarray:
     """A fragment of [C_left | C_right] (16x16) from two 16x8 accumulator fragments.
 
     The identity Kernel A relies on instead of movmatrix: since c0,c1 = C[g][2t..2t+1]
     and c2,c3 = C[g+8][2t..2t+1], packing pairwise gives
         a0 = (l0, l1)  a1 = (l2, l3)  a2 = (r0, r1)  a3 = (r2, r3)
     which is exactly a0..a3 of the mma A layout. No lane exchanges data.
-    Returns uint32 (32, 4); values rounded to `dtype` ("bf16" or "f16").
+    Returns uint32 (32, 4); values rounded to `dtype` ("bfloat16" or "float16").
     """
-    _check_dtype(dtype, ("bf16", "f16"))
+    dtype = _check_dtype(dtype, ("bfloat16", "float16"))
     cl = _regs(c_left, "c_left", 4, np.float32)
     cr = _regs(c_right, "c_right", 4, np.float32)
-    pack = pack_bf16x2 if dtype == "bf16" else pack_f16x2
+    pack = pack_bf16x2 if dtype == "bfloat16" else pack_f16x2
     return np.stack([pack(cl[:, 0], cl[:, 1]), pack(cl[:, 2], cl[:, 3]),
                      pack(cr[:, 0], cr[:, 1]), pack(cr[:, 2], cr[:, 3])], axis=1).astype(np.uint32)
 
@@ -221,13 +228,14 @@ def ldmatrix(smem: np.ndarray, addrs, num: int, trans: bool) -> np.ndarray:
     smem = _bytes_image(smem, "smem")
     addrs = _lane_ints(addrs, "addrs")
     _check_num(num)
+    trans = _check_flag(trans, "trans")
     _check_row_addresses(addrs, num, smem.size, "ldmatrix")
     mats = np.empty((num, 8, 8), dtype=np.uint16)  # mats[i, r, c] = matrix i as in memory
     for i in range(num):
         for r in range(8):
             a = int(addrs[8 * i + r])
             mats[i, r] = smem[a:a + ROW_BYTES].view("<u2")
-    lmap = ldmatrix_map(num, bool(trans))  # (32, num, 2, 3)
+    lmap = ldmatrix_map(num, trans)  # (32, num, 2, 3)
     vals = mats[lmap[..., 0], lmap[..., 1], lmap[..., 2]]  # (32, num, 2)
     return _pack_halves(vals[..., 0], vals[..., 1]).reshape(WARP, num)
 
@@ -246,10 +254,11 @@ def stmatrix(smem: np.ndarray, addrs, regs, trans: bool) -> np.ndarray:
         raise _shape_error("regs", "uint32 array of shape (32, num)", r)
     num = r.shape[1]
     _check_num(num)
+    trans = _check_flag(trans, "trans")
     _check_row_addresses(addrs, num, smem.size, "stmatrix")
     if np.unique(addrs[:8 * num]).size != 8 * num:
         raise ValueError("addrs: two lanes name the same row; which store wins is undefined")
-    lmap = ldmatrix_map(num, bool(trans))
+    lmap = ldmatrix_map(num, trans)
     mats = np.empty((num, 8, 8), dtype=np.uint16)
     mats[lmap[..., 0], lmap[..., 1], lmap[..., 2]] = np.stack(_unpack_halves(r), axis=-1)
     out = smem.copy()
@@ -266,15 +275,16 @@ def movmatrix_trans(regs) -> np.ndarray:
     Input lane l holds {M[g][2t], M[g][2t+1]}; output lane l holds {M[2t][g], M[2t+1][g]}.
     """
     r = _regs(regs, "regs", None)
-    M = fragments_to_matrix("m8n8", r.reshape(WARP, 1), "b16")
-    return matrix_to_fragments("m8n8.trans", M, "b16").reshape(WARP)
+    M = fragments_to_matrix("m8n8", r.reshape(WARP, 1), "uint16")
+    return matrix_to_fragments("m8n8.trans", M, "uint16").reshape(WARP)
 
 
 def mma_m16n8k16(a, b, c, dtype: str) -> np.ndarray:
     """mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32: D = A @ B + C.
 
     a: uint32 (32, 4), b: uint32 (32, 2), c: float32 (32, 4); returns D as
-    float32 (32, 4) in the C layout. dtype: "bf16" or "f16".
+    float32 (32, 4) in the C layout. dtype: "bfloat16" or "float16" (PTX's .bf16
+    / .f16, accepted as aliases).
 
     The model gathers A, B, C through the fragment maps, multiplies in float64
     and rounds once to float32. Products of two 16-bit floats are exact in
@@ -283,12 +293,12 @@ def mma_m16n8k16(a, b, c, dtype: str) -> np.ndarray:
     adds in a different order and with its own internal precision and rounding,
     so results differ in the last bits of fp32: compare with a tolerance there.
     """
-    _check_dtype(dtype, ("bf16", "f16"))
+    dtype = _check_dtype(dtype, ("bfloat16", "float16"))
     A = fragments_to_matrix("mma.a", _regs(a, "a", 4), dtype).astype(np.float64)
     B = fragments_to_matrix("mma.b", _regs(b, "b", 2), dtype).astype(np.float64)
-    C = fragments_to_matrix("mma.c", _regs(c, "c", 4, np.float32), "f32").astype(np.float64)
+    C = fragments_to_matrix("mma.c", _regs(c, "c", 4, np.float32), "float32").astype(np.float64)
     D = (A @ B + C).astype(np.float32)
-    return matrix_to_fragments("mma.c", D, "f32")
+    return matrix_to_fragments("mma.c", D, "float32")
 
 
 def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=None,
@@ -310,6 +320,7 @@ def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=
     gmem = _bytes_image(gmem, "gmem")
     dst = _lane_ints(dst, "dst")
     src = _lane_ints(src, "src")
+    size = _count_arg(size, "size")
     if size not in (4, 8, 16):
         raise ValueError(f"size must be 4, 8 or 16 bytes; got {size!r}")
     if cache not in ("ca", "cg"):
@@ -682,6 +693,9 @@ def wgmma_desc(start: int, lbo: int, sbo: int, swizzle: int = 0) -> int:
     """The 64-bit shared-memory matrix descriptor (wgmma.cuh's wgmma_desc): bits 0-13 start
     >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle. The three byte values must be
     multiples of 16 below 2^18, as the 14-bit fields hold them."""
+    start, lbo, sbo = (_count_arg(v, f"wgmma_desc: {name}")
+                       for name, v in (("start", start), ("lbo", lbo), ("sbo", sbo)))
+    swizzle = _count_arg(swizzle, "wgmma_desc: swizzle")   # True would pass for 1 (128B)
     for name, v in (("start", start), ("lbo", lbo), ("sbo", sbo)):
         if not (0 <= v < 1 << 18) or v % 16:
             raise ValueError(f"wgmma_desc: {name} = {v} must be a multiple of 16 in [0, 2^18)")
@@ -692,9 +706,19 @@ def wgmma_desc(start: int, lbo: int, sbo: int, swizzle: int = 0) -> int:
 
 def wgmma_desc_fields(desc: int) -> dict:
     """wgmma_desc's inverse: {"start", "lbo", "sbo", "base_offset", "swizzle"} in bytes."""
+    desc = _count_arg(desc, "desc")
+    if not 0 <= desc < 1 << 64:
+        raise ValueError(f"desc = {desc:#x}: a matrix descriptor is a 64-bit unsigned integer")
     return {"start": (desc & _DESC_FIELD_MASK) << 4, "lbo": ((desc >> 16) & _DESC_FIELD_MASK) << 4,
             "sbo": ((desc >> 32) & _DESC_FIELD_MASK) << 4, "base_offset": (desc >> 49) & 7,
             "swizzle": (desc >> 62) & 3}
+
+
+def _check_wgmma_n(n) -> int:
+    # a float 16.0 passes `in WGMMA_N` and then indexes with floats; True is not a shape
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n not in WGMMA_N:
+        raise ValueError(f"n must be one of {WGMMA_N}, got {n!r}")
+    return int(n)
 
 
 def wgmma_b_offsets(n: int, desc: int, major: str = "k") -> np.ndarray:
@@ -706,8 +730,7 @@ def wgmma_b_offsets(n: int, desc: int, major: str = "k") -> np.ndarray:
     f = wgmma_desc_fields(desc)
     if f["swizzle"] or f["base_offset"]:
         raise ValueError("wgmma_b_offsets models the unswizzled layout (swizzle 0, base offset 0) only")
-    if n not in WGMMA_N:
-        raise ValueError(f"n must be one of {WGMMA_N}, got {n}")
+    n = _check_wgmma_n(n)
     if major not in WGMMA_B_MAJORS:
         raise ValueError(f"major must be one of {WGMMA_B_MAJORS} (K-major or N-major B), got {major!r}")
     k = np.arange(16)[:, None]
@@ -720,27 +743,28 @@ def wgmma_b_image(B, desc: int, size: int, major: str = "k") -> np.ndarray:
     """The inverse of what wgmma_m64nNk16_rs reads: a `size`-byte shared-memory image (uint8)
     holding B [16 x n] as bf16 (rounded to nearest even) where the descriptor puts it
     (wgmma_b_offsets), zeros elsewhere."""
+    size = _count_arg(size, "size")
     B = np.asarray(B, dtype=np.float32)
     if B.ndim != 2 or B.shape[0] != 16 or B.shape[1] not in WGMMA_N:
         raise _shape_error("B", f"(16, n) with n in {WGMMA_N}", B)
     off = wgmma_b_offsets(B.shape[1], desc, major)
     if off.max() + 2 > size:
         raise ValueError(f"B's bytes reach {int(off.max()) + 1}, past the {size}-byte image")
-    bits = _to_bits(B, "bf16")
+    bits = _to_bits(B, "bfloat16")
     img = np.zeros(size, dtype=np.uint8)
     img[off] = bits & 0xFF
     img[off + 1] = bits >> 8
     return img
 
 
-def wgmma_a_to_matrix(a, dtype: str = "bf16") -> np.ndarray:
+def wgmma_a_to_matrix(a, dtype: str = "bfloat16") -> np.ndarray:
     """A [64 x 16] from the warpgroup's A registers (128, 4): warp w's are mma.sync's A
     fragment of rows 16 w .. 16 w + 15."""
     r = _regs_n(a, "a", WGMMA_THREADS, 4)
     return np.vstack([fragments_to_matrix("mma.a", r[32 * w:32 * w + 32], dtype) for w in range(4)])
 
 
-def matrix_to_wgmma_a(A, dtype: str = "bf16") -> np.ndarray:
+def matrix_to_wgmma_a(A, dtype: str = "bfloat16") -> np.ndarray:
     A = np.asarray(A)
     if A.shape != (64, 16):
         raise _shape_error("A", "(64, 16)", A)
@@ -750,12 +774,13 @@ def matrix_to_wgmma_a(A, dtype: str = "bf16") -> np.ndarray:
 def wgmma_d_to_matrix(d, n: int) -> np.ndarray:
     """D [64 x n] from the accumulators (128, n / 2): warp w holds rows 16 w ..; its floats
     4j .. 4j + 3 are mma.sync's C fragment of columns 8j .. 8j + 7."""
+    n = _check_wgmma_n(n)
     r = _regs_n(d, "d", WGMMA_THREADS, n // 2, np.float32)
     out = np.empty((64, n), dtype=np.float32)
     for w in range(4):
         for j in range(n // 8):
             out[16 * w:16 * w + 16, 8 * j:8 * j + 8] = fragments_to_matrix(
-                "mma.c", r[32 * w:32 * w + 32, 4 * j:4 * j + 4], "f32")
+                "mma.c", r[32 * w:32 * w + 32, 4 * j:4 * j + 4], "float32")
     return out
 
 
@@ -768,7 +793,7 @@ def matrix_to_wgmma_d(D) -> np.ndarray:
     for w in range(4):
         for j in range(n // 8):
             out[32 * w:32 * w + 32, 4 * j:4 * j + 4] = matrix_to_fragments(
-                "mma.c", D[16 * w:16 * w + 16, 8 * j:8 * j + 8], "f32")
+                "mma.c", D[16 * w:16 * w + 16, 8 * j:8 * j + 8], "float32")
     return out
 
 
@@ -779,21 +804,24 @@ def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool =
     (+ C when scale_d) as the (128, n / 2) accumulators. Rounded once from float64, like
     mma_m16n8k16: exact for data whose partial sums fp32 holds, else compare with a tolerance."""
     smem = _bytes_image(smem, "smem")
+    scale_d = _check_flag(scale_d, "scale_d")
     off = wgmma_b_offsets(n, desc, major)
     if off.min() < 0 or off.max() + 2 > smem.size:
         raise ValueError(f"B's bytes {off.min()}..{off.max() + 1} fall outside the {smem.size}-byte image")
     bits = smem[off].astype(np.uint16) | (smem[off + 1].astype(np.uint16) << 8)
-    B = _from_bits(bits, "bf16").astype(np.float64)
+    B = _from_bits(bits, "bfloat16").astype(np.float64)
     A = wgmma_a_to_matrix(a).astype(np.float64)
     C = wgmma_d_to_matrix(c, n).astype(np.float64) if scale_d else 0.0
     return matrix_to_wgmma_d((A @ B + C).astype(np.float32))
 
 
 def _regs_n(x, name: str, threads: int, nregs: int, dtype=np.uint32) -> np.ndarray:
+    # Refused rather than cast: float accumulators read as uint32 registers (or the
+    # reverse) would be converted by value, not reinterpreted, and come out wrong.
     r = np.asarray(x)
-    if r.shape != (threads, nregs):
-        raise _shape_error(name, f"({threads}, {nregs})", r)
-    return r.astype(dtype, copy=False) if r.dtype != dtype else r
+    if r.shape != (threads, nregs) or r.dtype != dtype:
+        raise _shape_error(name, f"{np.dtype(dtype).name} array of shape ({threads}, {nregs})", r)
+    return r
 
 
 __all__ = ["ROW_BYTES", "DTYPES", "pack_bf16x2", "unpack_bf16x2", "pack_f16x2", "unpack_f16x2",

@@ -4,7 +4,10 @@ A tensor copy (``cp.async.bulk.tensor``) is told everything about the tensor by
 a 128-byte tensor map that the CUDA driver encodes on the host
 (``cuTensorMapEncodeTiled``): where the tensor is, its element type, its
 extent and row stride, and the box one copy moves. CuPy does not wrap that
-call, so :func:`encode` reaches it through ctypes in ``libcuda.so.1``.
+call, so :func:`encode` reaches it through cuda-bindings
+(``cuda.bindings.driver.cuTensorMapEncodeTiled``) where that package is
+installed, and through ctypes in ``libcuda.so.1`` where it is not (the project
+does not require cuda-bindings); both give the same 128 bytes.
 
 Only the form ``tma.cuh`` uses is offered: a 2-D row-major tensor, no
 interleave, out-of-bounds elements filled with zeros, element strides 1, and
@@ -49,8 +52,9 @@ import functools
 import sys
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from . import dtypes
 
 TENSOR_MAP_BYTES = 128      # sizeof(CUtensorMap)
 TENSOR_MAP_ALIGN = 64       # cuTensorMapEncodeTiled: "tensorMap address must be aligned to 64 bytes"
@@ -78,12 +82,10 @@ CUDA_SUCCESS = 0
 
 DTYPES = tuple(CU_TENSOR_MAP_DATA_TYPE)
 ELEMENT_BYTES = {"uint16": 2, "bfloat16": 2, "uint32": 4, "float32": 4}
-_NUMPY_DTYPES = {np.dtype(np.uint16): "uint16", np.dtype(ml_dtypes.bfloat16): "bfloat16",
-                 np.dtype(np.uint32): "uint32", np.dtype(np.float32): "float32"}
 
 
 class CudaDriverError(RuntimeError):
-    """libcuda.so.1 is missing, lacks cuTensorMapEncodeTiled, or refused the call."""
+    """The driver (libcuda.so.1) is missing, lacks cuTensorMapEncodeTiled, or refused the call."""
 
 
 # ---------------------------------------------------------------- validation
@@ -101,16 +103,9 @@ def _pair(x: Any, name: str, what: str) -> tuple[int, int]:
 
 
 def dtype_name(dtype: Any) -> str:
-    """'uint16' | 'bfloat16' | 'uint32' | 'float32' from that name or the numpy dtype."""
-    if isinstance(dtype, str) and dtype in CU_TENSOR_MAP_DATA_TYPE:
-        return dtype
-    try:
-        name = _NUMPY_DTYPES.get(np.dtype(dtype))
-    except TypeError:
-        name = None
-    if name is None:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or that numpy dtype); got {dtype!r}")
-    return name
+    """'uint16' | 'bfloat16' | 'uint32' | 'float32' from that name, its PTX alias ('bf16',
+    'b16', 'f32', 'b32', ...: ptx_lab.dtypes, as ptx_lab.model accepts them) or the numpy dtype."""
+    return dtypes.canonical(dtype, DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +114,8 @@ class TensorMap2D:
 
     address:      the tensor's first element (a device pointer for :func:`encode`; a byte
                   offset into a memory image for ``ptx_lab.model``), 16-byte aligned
-    dtype:        'bfloat16', 'uint16', 'float32' or 'uint32' (or that numpy dtype)
+    dtype:        'bfloat16', 'uint16', 'float32' or 'uint32' (or an alias of ptx_lab.dtypes
+                  such as 'bf16', or that numpy dtype)
     shape:        (rows, cols) in elements, each 1..2^32
     row_stride:   bytes from one row to the next: a multiple of 16, below 2^40, and at
                   least cols * element size (rows may not overlap)
@@ -234,6 +230,47 @@ class TensorMap2D:
 
 
 # ---------------------------------------------------------------- the driver
+# cuTensorMapEncodeTiled is called through cuda-bindings (cuda.bindings.driver, NVIDIA's
+# Python bindings of the driver API) where that package is installed. The project does not
+# require it (ptx-lab[cuda] installs CuPy only), so where it is missing the same call goes
+# through hand-written ctypes into libcuda.so.1, and CuPy users without cuda-bindings still
+# get tensor copies. Both paths hand the driver the same arguments (driver_args) and return
+# the same 128 bytes: the GPU tests of tests/ptx_lab/test_tensormap.py compare them byte for
+# byte on every map of DRIVER_PROBES.
+
+BACKENDS = ("cuda-bindings", "ctypes")
+
+
+@functools.lru_cache(maxsize=1)
+def _bindings():
+    """cuda.bindings.driver, or None where cuda-bindings is not installed."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    return driver
+
+
+def backend() -> str:
+    """Which path encode() takes by default: 'cuda-bindings' where installed, else 'ctypes'."""
+    return BACKENDS[0] if _bindings() is not None else BACKENDS[1]
+
+
+def _via(via: str | None) -> str:
+    if via is None:
+        return backend()
+    if via not in BACKENDS:
+        raise ValueError(f"via must be one of {', '.join(BACKENDS)} or None (the default); got {via!r}")
+    if via == "cuda-bindings" and _bindings() is None:
+        raise CudaDriverError("via='cuda-bindings': cuda-bindings is not installed "
+                              "(pip install cuda-bindings; encode() falls back to ctypes without it)")
+    return via
+
+
+def _result(returned) -> Any:
+    """cuda-bindings returns a tuple whose first item is the CUresult, even for one value."""
+    return returned[0] if isinstance(returned, tuple) else returned
+
 
 @functools.lru_cache(maxsize=1)
 def _driver() -> ctypes.CDLL:
@@ -263,28 +300,63 @@ def _driver() -> ctypes.CDLL:
     return lib
 
 
-def _error_name(lib: ctypes.CDLL, code: int) -> str:
+def _error_name(code: int, via: str | None = None) -> str:
     """CUDA_ERROR_... for a CUresult (cuGetErrorName), or 'CUresult' where that fails."""
+    if _via(via) == "cuda-bindings":
+        drv = _bindings()
+        try:
+            err, name = drv.cuGetErrorName(drv.CUresult(code))
+        except ValueError:   # a code this cuda-bindings has no enum member for
+            return "CUresult"
+        return name.decode() if int(err) == CUDA_SUCCESS and name else "CUresult"
+    lib = _driver()
     name = ctypes.c_char_p()
     if lib.cuGetErrorName(code, ctypes.byref(name)) == CUDA_SUCCESS and name.value:
         return name.value.decode()
     return "CUresult"
 
 
-def driver_version() -> str:
+def driver_version(via: str | None = None) -> str:
     """The driver's CUDA version as cuDriverGetVersion gives it (13000 = 13.0), or why not."""
-    lib = _driver()
-    version = ctypes.c_int()
-    code = lib.cuDriverGetVersion(ctypes.byref(version))
-    return str(version.value) if code == CUDA_SUCCESS else f"unknown ({_error_name(lib, code)})"
+    via = _via(via)
+    if via == "cuda-bindings":
+        err, version = _bindings().cuDriverGetVersion()
+        code, value = int(err), int(version)
+    else:
+        lib = _driver()
+        out = ctypes.c_int()
+        code, value = lib.cuDriverGetVersion(ctypes.byref(out)), out.value
+    return str(value) if code == CUDA_SUCCESS else f"unknown ({_error_name(code, via)})"
 
 
-def _encode_call(tmap: TensorMap2D) -> tuple[int, np.ndarray]:
-    """cuTensorMapEncodeTiled for `tmap`: (its CUresult, the 128 bytes it wrote, 64-byte aligned)."""
+def _encode_bindings(tmap: TensorMap2D) -> tuple[int, np.ndarray]:
+    """cuTensorMapEncodeTiled through cuda.bindings.driver: (CUresult, the 128 bytes)."""
+    drv = _bindings()
+    code = int(_result(drv.cuInit(0)))   # a no-op once CuPy (or anyone) has initialised the driver
+    if code != CUDA_SUCCESS:
+        raise CudaDriverError(f"cuInit(0) returned {code} ({_error_name(code, 'cuda-bindings')})")
+    args = tmap.driver_args()
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, encoded = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType(args["tensorDataType"]), args["tensorRank"], args["globalAddress"],
+        [u64(v) for v in args["globalDim"]], [u64(v) for v in args["globalStrides"]],
+        [u32(v) for v in args["boxDim"]], [u32(v) for v in args["elementStrides"]],
+        drv.CUtensorMapInterleave(args["interleave"]), drv.CUtensorMapSwizzle(args["swizzle"]),
+        drv.CUtensorMapL2promotion(args["l2Promotion"]), drv.CUtensorMapFloatOOBfill(args["oobFill"]))
+    code = int(err)
+    if code != CUDA_SUCCESS:
+        return code, np.zeros(TENSOR_MAP_BYTES, dtype=np.uint8)
+    # the CUtensorMap object owns its 128 bytes (the driver's 64-byte aligned struct)
+    raw = ctypes.string_at(int(encoded.getPtr()), TENSOR_MAP_BYTES)
+    return code, np.frombuffer(raw, dtype=np.uint8).copy()
+
+
+def _encode_ctypes(tmap: TensorMap2D) -> tuple[int, np.ndarray]:
+    """cuTensorMapEncodeTiled through ctypes into libcuda.so.1: (CUresult, the 128 bytes)."""
     lib = _driver()
     code = lib.cuInit(0)   # a no-op once CuPy (or anyone) has initialised the driver
     if code != CUDA_SUCCESS:
-        raise CudaDriverError(f"cuInit(0) returned {code} ({_error_name(lib, code)})")
+        raise CudaDriverError(f"cuInit(0) returned {code} ({_error_name(code, 'ctypes')})")
     args = tmap.driver_args()
     # The output must be 64-byte aligned: carve an aligned 128 bytes out of a larger buffer.
     raw = np.zeros(TENSOR_MAP_BYTES + TENSOR_MAP_ALIGN, dtype=np.uint8)
@@ -301,26 +373,34 @@ def _encode_call(tmap: TensorMap2D) -> tuple[int, np.ndarray]:
         array(ctypes.c_uint64, args["globalDim"]), array(ctypes.c_uint64, args["globalStrides"]),
         array(ctypes.c_uint32, args["boxDim"]), array(ctypes.c_uint32, args["elementStrides"]),
         args["interleave"], args["swizzle"], args["l2Promotion"], args["oobFill"])
-    return code, out
+    return code, out.copy()
 
 
-def encode(tmap: TensorMap2D) -> np.ndarray:
+def _encode_call(tmap: TensorMap2D, via: str | None = None) -> tuple[int, np.ndarray]:
+    """cuTensorMapEncodeTiled for `tmap` by `via` (default: backend()): (its CUresult, 128 bytes)."""
+    return _encode_bindings(tmap) if _via(via) == "cuda-bindings" else _encode_ctypes(tmap)
+
+
+def encode(tmap: TensorMap2D, *, via: str | None = None) -> np.ndarray:
     """cuTensorMapEncodeTiled for `tmap` -> the 128-byte map, shape (1,), dtype TENSOR_MAP_DTYPE.
 
     Pass the result straight to a CuPy kernel whose parameter is
     ``const __grid_constant__ ptx_lab::TensorMap``; ``.tobytes()`` gives the raw
     bytes. `tmap.address` must be a device pointer (0 is refused here).
-    Raises CudaDriverError where libcuda.so.1 is missing or the driver refuses.
+    `via`: 'cuda-bindings' or 'ctypes'; None (default) takes cuda-bindings where it
+    is installed (:func:`backend`). Raises CudaDriverError where the driver is
+    missing or refuses.
     """
     if not isinstance(tmap, TensorMap2D):
         raise ValueError(f"tmap: expected a TensorMap2D; got {type(tmap).__name__}")
     if tmap.address == 0:
         raise ValueError("address = 0x0: encode() needs the tensor's device pointer, not NULL")
-    code, out = _encode_call(tmap)
+    via = _via(via)
+    code, out = _encode_call(tmap, via)
     if code != CUDA_SUCCESS:
-        raise CudaDriverError(f"cuTensorMapEncodeTiled returned {code} ({_error_name(_driver(), code)}) "
+        raise CudaDriverError(f"cuTensorMapEncodeTiled returned {code} ({_error_name(code, via)}) "
                               f"for {tmap}, which ptx_lab.tensormap accepted: {tmap.driver_args()}")
-    return out.copy().view(TENSOR_MAP_DTYPE)
+    return out.view(TENSOR_MAP_DTYPE)
 
 
 # ---------------------------------------------------------------- which boxes the driver takes
@@ -406,7 +486,7 @@ def probe_driver(address: int, probes: tuple[DriverProbe, ...] = DRIVER_PROBES) 
             answer = f"refused by TensorMap2D: {exc}"
         else:
             code, _ = _encode_call(tmap)
-            answer = "accepted" if code == CUDA_SUCCESS else f"{_error_name(_driver(), code)} ({code})"
+            answer = "accepted" if code == CUDA_SUCCESS else f"{_error_name(code)} ({code})"
         rows.append((str(n), probe.dtype, f"{probe.shape[0]}x{probe.shape[1]}", str(probe.row_stride),
                      f"{probe.box[0]}x{probe.box[1]}", str(probe.swizzle), str(probe.box[1] * esize),
                      str(probe.box[0] * probe.box[1] * esize),
@@ -461,14 +541,15 @@ def main(argv: list[str] | None = None, allocate=None) -> int:
     except CudaDriverError as exc:
         print(f"--probe-driver: {exc}", file=sys.stderr)
         return 2
-    print(f"cuTensorMapEncodeTiled on {len(rows)} boxes ({device}, driver {version}; tensor at "
-          f"{address:#x}, rows padded to 16 B):")
+    print(f"cuTensorMapEncodeTiled on {len(rows)} boxes ({device}, driver {version} through "
+          f"{backend()}; tensor at {address:#x}, rows padded to 16 B):")
     print(format_table(rows))
     return 0
 
 
 __all__ = ["TENSOR_MAP_BYTES", "TENSOR_MAP_ALIGN", "TENSOR_MAP_DTYPE", "SMEM_ALIGN", "DTYPES",
-           "ELEMENT_BYTES", "CudaDriverError", "TensorMap2D", "dtype_name", "encode", "DriverProbe",
+           "ELEMENT_BYTES", "CudaDriverError", "TensorMap2D", "dtype_name", "encode", "BACKENDS",
+           "backend", "DriverProbe",
            "DRIVER_PROBES", "PROBE_HEADER", "probe_driver", "format_table", "driver_version", "main"]
 
 

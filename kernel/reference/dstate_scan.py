@@ -19,6 +19,14 @@ dS. This module is the float64 statement of that contract
 Every function is array-module agnostic: numpy arrays in, numpy out; CuPy
 arrays in, CuPy out. CuPy is imported lazily and never required.
 
+Every argument is checked at the boundary, by name: shapes, integers that are
+integers (a length of 2.7 is refused, not truncated), flags that are bools, and
+the values themselves -- the reference refuses NaN and inf in any input array
+and a positive gate g (the gate is a natural-log decay: g <= 0). Each value check
+is one elementwise pass and one reduction per array (on CuPy arrays, one
+device-to-host scalar each); where it fails, a second look names the first bad
+element. TypeError for a wrong type, ValueError for a wrong value.
+
 Layout reminders (``..`` = ``B, T`` or ``1, total`` with ``cu_seqlens``)::
 
     q, k, g, gc : [.., H, K]      beta : [.., H]      do : [.., H, V]
@@ -77,15 +85,102 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _int_arg(x: Any, name: str, minimum: int | None = None) -> int:
+    """An int (numpy integers too; bool and float refused, never truncated), >= minimum."""
+    if not _is_int(x):
+        raise TypeError(f"{name} must be an int, got {x!r} ({type(x).__name__})")
+    if minimum is not None and x < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {x}")
+    return int(x)
+
+
+def _flag_arg(x: Any, name: str) -> bool:
+    """True or False (or a numpy bool): "no" or 0.0 is not read for its truthiness."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {x!r} ({type(x).__name__})")
+    return bool(x)
+
+
+def _real_arg(x: Any, name: str, minimum: float | None = None) -> float:
+    """A finite real number (int or float, numpy's too; not bool), >= minimum."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
+    v = float(x)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def _scale_arg(scale: Any, K: int) -> float:
+    return K ** -0.5 if scale is None else _real_arg(scale, "scale")
+
+
+def _lengths_arg(lengths: Any, name: str = "lengths", allow_empty: bool = False) -> np.ndarray:
+    """Host int64 [N] of sequence lengths, every one an integer >= 1."""
+    why = f"{name} must hold ints (a length is a token count: never rounded)"
+    if isinstance(lengths, (list, tuple)):
+        # by element, before numpy would turn [True, 3] into [1, 3] or [4, 3.0] into floats
+        for i, v in enumerate(lengths):
+            if not _is_int(v) and not isinstance(v, (list, tuple)):
+                raise TypeError(f"{why}, got {name}[{i}] = {v!r} ({type(v).__name__})")
+    n = _to_host(lengths)
+    if n.ndim > 1:
+        raise ValueError(f"{name} must be a flat list of ints, got shape {n.shape}")
+    n = n.reshape(-1)
+    if n.size == 0 and not allow_empty:
+        raise ValueError(f"{name} must be a non-empty list of ints >= 1, got []")
+    if n.size and n.dtype.kind not in "iu":
+        raise TypeError(f"{why}, got an array of {n.dtype}")
+    if n.size and n.min() < 1:
+        bad = int(np.argmax(n < 1))
+        raise ValueError(f"{name} must all be >= 1, got {name}[{bad}] = {int(n[bad])}")
+    return n.astype(np.int64)
+
+
+def _first_where(xp, mask) -> tuple[int, ...]:
+    """Index of the first True of a boolean array (only on the error path)."""
+    flat = int(xp.argmax(mask.reshape(-1).astype(np.int8)))
+    return tuple(int(i) for i in np.unravel_index(flat, mask.shape))
+
+
+def _finite_arg(xp, x, name: str):
+    """x (float64, as the caller passed it) must hold no NaN or inf: one reduction."""
+    if bool(xp.isfinite(x).all()):
+        return x
+    bad = ~xp.isfinite(x)
+    first = _first_where(xp, bad)
+    raise ValueError(f"{name} holds {int(bad.sum())} non-finite value(s) (NaN or inf), the first "
+                     f"{name}{list(first)} = {float(x[first])}: the float64 reference refuses them")
+
+
+def _gate_arg(xp, g, name: str = "g"):
+    """g (float64) must be a natural-log decay: finite and <= 0, in one reduction."""
+    if bool(xp.all((g <= 0) & (g > -xp.inf))):   # NaN fails both comparisons
+        return g
+    _finite_arg(xp, g, name)
+    first = _first_where(xp, g > 0)
+    raise ValueError(f"{name} must be <= 0 (a natural-log decay gate: exp(g) in (0, 1]), got "
+                     f"{int((g > 0).sum())} positive value(s), the first {name}{list(first)} = "
+                     f"{float(g[first])}")
+
+
 def _check_tiling(chunk: Any, snapshot_every: Any = 1) -> None:
     # chunk must divide 64 so that snapshot_every = 64 // chunk lands exactly on
     # FLA's 64-token chunk boundaries (its dh); any snapshot_every >= 1 is allowed.
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1 \
-            or FLA_CHUNK % int(chunk) != 0:
+    if not _is_int(chunk):
+        raise TypeError(f"chunk must be an int, a positive divisor of {FLA_CHUNK}, got {chunk!r}")
+    if chunk < 1 or FLA_CHUNK % int(chunk) != 0:
         raise ValueError(f"chunk must be a positive divisor of {FLA_CHUNK} "
                          f"(1, 2, 4, 8, 16, 32, 64), got {chunk!r}")
-    if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, (int, np.integer)) \
-            or snapshot_every < 1:
+    if not _is_int(snapshot_every):
+        raise TypeError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
+    if snapshot_every < 1:
         raise ValueError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
 
 
@@ -189,8 +284,12 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     with row c of a tile stored at the tile's token c; columns past a partial
     tile's end are 0. q, k are l2-normalised first when ``qk_l2norm``;
     s = scale or K**-0.5.
+
+    Refused (ValueError, naming the array and its first bad element): NaN or inf
+    in q, k, g or beta, and g > 0; a non-finite scale; qk_l2norm not a bool (TypeError).
     """
     _check_tiling(chunk)
+    qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
     _expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
     _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
@@ -200,10 +299,12 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
 
     xp = array_module(q)
     f64 = np.float64
-    s = float(scale) if scale is not None else K ** -0.5
+    s = _scale_arg(scale, K)
     total = B * T
-    qf = xp.asarray(q, dtype=f64).reshape(total, H, K)
-    kf = xp.asarray(k, dtype=f64).reshape(total, H, K)
+    qf = _finite_arg(xp, xp.asarray(q, dtype=f64), "q").reshape(total, H, K)
+    kf = _finite_arg(xp, xp.asarray(k, dtype=f64), "k").reshape(total, H, K)
+    gf = _gate_arg(xp, xp.asarray(g, dtype=f64)).reshape(total, H, K)
+    betaf = _finite_arg(xp, xp.asarray(beta, dtype=f64), "beta").reshape(total, H)
     if qk_l2norm:
         qf, kf = _l2norm(xp, qf), _l2norm(xp, kf)
 
@@ -212,8 +313,8 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     # tiles: [n_tiles, C, H, K]; padded rows are zero (q, k, g = 0 past the end)
     qt = _gather_tiles(xp, qf, start, length, C)
     kt = _gather_tiles(xp, kf, start, length, C)
-    gt = _gather_tiles(xp, xp.asarray(g, dtype=f64).reshape(total, H, K), start, length, C)
-    bt = _gather_tiles(xp, xp.asarray(beta, dtype=f64).reshape(total, H), start, length, C)
+    gt = _gather_tiles(xp, gf, start, length, C)
+    bt = _gather_tiles(xp, betaf, start, length, C)
     gct = xp.cumsum(gt, axis=1) / LN2                                 # [n, C, H, K]
 
     rows = np.arange(C)
@@ -259,9 +360,7 @@ def snapshot_offsets(lengths, chunk: int, snapshot_every: int) -> np.ndarray:
     chunk * snapshot_every = 64).
     """
     _check_tiling(chunk, snapshot_every)
-    n = _to_host(lengths).astype(np.int64).reshape(-1)
-    if n.size and n.min() < 1:
-        raise ValueError(f"lengths must all be >= 1, got {int(n.min())}")
+    n = _lengths_arg(lengths, allow_empty=True)
     n_tiles = -(-n // chunk)
     n_snap = -(-n_tiles // snapshot_every)
     return np.concatenate([[0], np.cumsum(n_snap)]).astype(np.int64)
@@ -288,8 +387,21 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
                 backward walk (the gradient w.r.t. the state after that tile),
                 e = ``snapshot_every``.
       dh0       [N, H, K, V], the gradient w.r.t. the initial state.
+
+    Refused (ValueError, naming the array and its first bad element): NaN or inf
+    in any input array or in scale; qk_l2norm not a bool (TypeError). gc is only
+    checked to be finite. A gc built from a gate g <= 0 is also <= 0 and
+    non-increasing within each tile, but gc usually comes from other code (FLA's
+    chunk-local cumsum, an fp32 tile builder) where float32 rounding in a parallel
+    scan can leave it a few ulps above 0 or rising by an ulp; the math here is
+    well defined for that and matches what the kernel computes, so a strict check
+    would refuse real inputs and a loose one would need a tolerance nobody has
+    measured. The monotonicity check would also cost a second pass with a
+    temporary the size of gc (differences that must skip tile and sequence
+    starts). The gate's sign is checked where it enters: :func:`prepare_tiles`.
     """
     _check_tiling(chunk, snapshot_every)
+    qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
     _expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
     _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
@@ -307,25 +419,26 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
 
     xp = array_module(q)
     f64 = np.float64
-    s = float(scale) if scale is not None else K ** -0.5
+    s = _scale_arg(scale, K)
     total = B * T
     C = chunk
 
-    def flat(x, *tail):
-        return xp.asarray(x, dtype=f64).reshape((total,) + tail)
+    def flat(name, x, *tail):
+        return _finite_arg(xp, xp.asarray(x, dtype=f64), name).reshape((total,) + tail)
 
-    qf, kf = flat(q, H, K), flat(k, H, K)
+    qf, kf = flat("q", q, H, K), flat("k", k, H, K)
     if qk_l2norm:
         qf, kf = _l2norm(xp, qf), _l2norm(xp, kf)
-    gcf, betaf, dof = flat(gc, H, K), flat(beta, H), flat(do, H, V)
-    mqkf, invf = flat(mqk, H, C), flat(inv, H, C)
+    gcf, betaf, dof = flat("gc", gc, H, K), flat("beta", beta, H), flat("do", do, H, V)
+    mqkf, invf = flat("mqk", mqk, H, C), flat("inv", inv, H, C)
 
     start, length, seq_tiles = _tile_table(cu, C)
     first_tile = np.concatenate([[0], np.cumsum(seq_tiles)])
     offsets = snapshot_offsets(np.diff(cu), C, snapshot_every)
     snapshots = xp.zeros((int(offsets[-1]), H, K, V), dtype=f64)
 
-    dS = xp.zeros((N, H, K, V), dtype=f64) if dht is None else xp.asarray(dht, dtype=f64).copy()
+    dS = xp.zeros((N, H, K, V), dtype=f64) if dht is None else \
+        _finite_arg(xp, xp.asarray(dht, dtype=f64), "dht").copy()
     # Walk all sequences at once, aligned at their ends: step i handles tile
     # n_t - 1 - i of every sequence that still has one.
     for i in range(int(seq_tiles.max())):
@@ -393,19 +506,29 @@ def random_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *,
 
     Returns dict with keys q, k, v, g, beta, do, dht, cu_seqlens; arrays are
     float32 on ``xp`` (numpy or cupy), cu_seqlens stays on the host.
+
+    Refused: B, T (without lengths), H, K, V that are not ints >= 1, lengths
+    that are not ints >= 1 (2.7 is refused, not truncated), a negative or
+    non-int seed, a gate_strength that is not a finite real >= 0 (NaN would
+    make g NaN, a negative one would turn decay into growth), with_dht not a
+    bool, xp without ``asarray``. TypeError for a type, ValueError for a value.
     """
     if lengths is not None:
-        lens = np.asarray(lengths, dtype=np.int64).reshape(-1)
-        if lens.size == 0 or lens.min() < 1:
-            raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {list(lengths)}")
+        lens = _lengths_arg(lengths)
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        for name, x in (("B", B), ("T", T)):
+            if x is not None and not _is_int(x):
+                raise TypeError(f"{name} must be an int or None (ignored with lengths), got {x!r}")
         B, T, N = 1, int(cu[-1]), int(lens.size)
     else:
-        if B < 1 or T < 1:
-            raise ValueError(f"B and T must be >= 1, got B={B}, T={T}")
+        B, T = _int_arg(B, "B", 1), _int_arg(T, "T", 1)
         cu, N = None, B
-    if H < 1 or K < 1 or V < 1:
-        raise ValueError(f"H, K, V must be >= 1, got H={H}, K={K}, V={V}")
+    H, K, V = _int_arg(H, "H", 1), _int_arg(K, "K", 1), _int_arg(V, "V", 1)
+    seed = _int_arg(seed, "seed", 0)
+    gate_strength = _real_arg(gate_strength, "gate_strength", 0.0)
+    with_dht = _flag_arg(with_dht, "with_dht")
+    if not callable(getattr(xp, "asarray", None)):
+        raise TypeError(f"xp must be an array module with asarray (numpy or cupy), got {xp!r}")
 
     rng = np.random.default_rng(seed)
     f32 = np.float32
@@ -431,8 +554,10 @@ def ragged_lengths(n: int, total: int, seed: int = 0) -> list[int]:
 
     Always contains the edge cases 1, 15, 16, 17; the other n - 4 lengths are
     random (>= 1) and nudged off multiples of 16 where possible, e.g.
-    ragged_lengths(64, 262144) for benchmarks.
+    ragged_lengths(64, 262144) for benchmarks. n, total and seed (>= 0) must be
+    ints (TypeError otherwise; 64.0 is not a count).
     """
+    n, total, seed = _int_arg(n, "n"), _int_arg(total, "total"), _int_arg(seed, "seed", 0)
     edge = [1, 15, 16, 17]
     rest_n, rest_total = n - len(edge), total - sum(edge)
     if rest_n < 0 or rest_total < rest_n or (rest_n == 0 and rest_total != 0):

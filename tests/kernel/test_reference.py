@@ -10,6 +10,7 @@ typical 2e-16..3e-15. Run with -s to print this run's worst.
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -350,7 +351,7 @@ def test_prepare_tiles_rejects_bad_input(over, match):
 
 
 def test_snapshot_offsets_rejects_bad_input():
-    with pytest.raises(ValueError, match=r"lengths must all be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"lengths must all be >= 1, got lengths\[1\] = 0"):
         snapshot_offsets([3, 0], 16, 1)
     with pytest.raises(ValueError, match=r"snapshot_every must be an integer >= 1"):
         snapshot_offsets([3], 16, 0)
@@ -408,6 +409,158 @@ def test_ragged_lengths_benchmark_shape():
         ragged_lengths(3, 100, 0)
 
 
+@pytest.mark.parametrize("kwargs, error, match", [
+    # a length is a token count: 2.7 used to be truncated to 2
+    (dict(lengths=[2.7, 3]), TypeError, r"lengths must hold ints .*got lengths\[0\] = 2.7 \(float\)"),
+    (dict(lengths=[4, 3.0]), TypeError, r"lengths\[1\] = 3.0"),
+    (dict(lengths=[3, True]), TypeError, r"lengths\[1\] = True \(bool\)"),
+    (dict(lengths=["4"]), TypeError, r"lengths\[0\] = '4'"),
+    (dict(lengths=np.array([4.0, 3.0])), TypeError, r"lengths must hold ints .*got an array of float64"),
+    (dict(lengths=[[4, 3]]), ValueError, r"lengths must be a flat list"),
+    (dict(lengths=[]), ValueError, r"lengths must be a non-empty list"),
+    (dict(lengths=[4, -1]), ValueError, r"lengths must all be >= 1, got lengths\[1\] = -1"),
+    (dict(lengths=[4], B=1.5), TypeError, r"B must be an int or None"),
+    (dict(B=2.0), TypeError, r"B must be an int, got 2.0"),
+    (dict(T=0), ValueError, r"T must be an int >= 1, got 0"),
+    (dict(T=np.float64(8)), TypeError, r"T must be an int"),
+    (dict(H=0), ValueError, r"H must be an int >= 1"),
+    (dict(K=True), TypeError, r"K must be an int, got True"),
+    (dict(V=3.5), TypeError, r"V must be an int"),
+    (dict(seed=-1), ValueError, r"seed must be an int >= 0, got -1"),
+    (dict(seed=1.5), TypeError, r"seed must be an int"),
+    # NaN made every g NaN; a negative strength turned decay into growth (g > 0)
+    (dict(gate_strength=float("nan")), ValueError, r"gate_strength must be finite, got nan"),
+    (dict(gate_strength=float("inf")), ValueError, r"gate_strength must be finite"),
+    (dict(gate_strength=-0.5), ValueError, r"gate_strength must be >= 0.0, got -0.5"),
+    (dict(gate_strength="1"), TypeError, r"gate_strength must be a real number"),
+    (dict(gate_strength=True), TypeError, r"gate_strength must be a real number"),
+    (dict(with_dht="no"), TypeError, r"with_dht must be a bool"),
+    (dict(with_dht=0), TypeError, r"with_dht must be a bool"),
+    (dict(xp="numpy"), TypeError, r"xp must be an array module"),
+])
+def test_random_inputs_rejects_bad_arguments_by_name(kwargs, error, match):
+    args = dict(B=1, T=8, H=1, K=2, V=2)
+    args.update(kwargs)
+    if "lengths" in kwargs:
+        args.setdefault("B", None)
+    with pytest.raises(error, match=match):
+        random_inputs(args.pop("B"), args.pop("T"), args.pop("H"), **args)
+
+
+def test_random_inputs_takes_numpy_ints_and_floats():
+    a = random_inputs(np.int64(1), np.int32(8), 1, 2, 2, seed=np.uint32(3), gate_strength=np.float32(0.5),
+                      with_dht=np.bool_(False), lengths=None)
+    b = random_inputs(1, 8, 1, 2, 2, seed=3, gate_strength=0.5, with_dht=False)
+    for key in ("q", "g", "beta"):
+        np.testing.assert_array_equal(a[key], b[key])
+    c = random_inputs(None, None, 1, 2, 2, lengths=np.array([3, 5], dtype=np.int32))
+    np.testing.assert_array_equal(c["cu_seqlens"], [0, 3, 8])
+    assert np.all(random_inputs(1, 5, 1, 2, 2, gate_strength=0)["g"] == 0)    # an int strength
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((64.0, 1000), TypeError, r"n must be an int, got 64.0"),
+    ((8, 1000.0), TypeError, r"total must be an int"),
+    ((8, 1000, -1), ValueError, r"seed must be an int >= 0"),
+    ((8, 1000, 0.5), TypeError, r"seed must be an int"),
+    ((True, 49), TypeError, r"n must be an int, got True"),
+])
+def test_ragged_lengths_rejects_bad_arguments_by_name(args, error, match):
+    with pytest.raises(error, match=match):
+        ragged_lengths(*args)
+
+
+def test_snapshot_offsets_refuses_lengths_it_would_truncate():
+    with pytest.raises(TypeError, match=r"lengths\[1\] = 2.5"):
+        snapshot_offsets([16, 2.5], 16, 1)
+    with pytest.raises(TypeError, match=r"got an array of float32"):
+        snapshot_offsets(np.array([16, 2.5], dtype=np.float32), 16, 1)
+    with pytest.raises(TypeError, match=r"chunk must be an int"):
+        snapshot_offsets([16], 16.0, 1)
+    with pytest.raises(TypeError, match=r"snapshot_every must be an integer"):
+        snapshot_offsets([16], 16, True)
+    assert snapshot_offsets([], 16, 1).tolist() == [0]
+
+
+# ----------------------------------------------------------------------------
+# non-finite inputs and positive gates are refused, by name
+# ----------------------------------------------------------------------------
+
+def _poisoned(x: np.ndarray, index: tuple, value: float) -> np.ndarray:
+    out = np.array(x, dtype=np.float64 if x.dtype.kind == "f" else x.dtype, copy=True)
+    out[index] = value
+    return out
+
+
+@pytest.mark.parametrize("name", ["q", "k", "g", "beta"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_prepare_tiles_refuses_non_finite_inputs(name, value):
+    inp = random_inputs(1, 20, 2, 3, 4, seed=0)
+    index = (0, 13, 1) + ((2,) if name != "beta" else ())
+    inp[name] = _poisoned(inp[name], index, value)
+    want = f"{name} holds 1 non-finite value(s) (NaN or inf), the first {name}{list(index)} = {value}"
+    with pytest.raises(ValueError, match=re.escape(want)):
+        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4)
+
+
+def test_prepare_tiles_refuses_a_positive_gate():
+    inp = random_inputs(1, 20, 2, 3, 4, seed=0)
+    g = _poisoned(inp["g"], (0, 7, 0, 1), 0.25)
+    g[0, 9, 1, 0] = 1e-30                            # the smallest growth is still growth
+    with pytest.raises(ValueError, match=r"g must be <= 0 \(a natural-log decay gate: exp\(g\) in \(0, 1\]\), "
+                                         r"got 2 positive value\(s\), the first g\[0, 7, 0, 1\] = 0.25"):
+        prepare_tiles(inp["q"], inp["k"], g, inp["beta"], chunk=4)
+    g0 = np.zeros_like(inp["g"])                    # g = 0 (no decay) is a gate
+    gc, _, _ = prepare_tiles(inp["q"], inp["k"], g0, inp["beta"], chunk=4)
+    assert np.all(gc == 0)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "gc", "beta", "mqk", "inv", "do", "dht"])
+def test_scan_refuses_non_finite_inputs(name):
+    args = _valid_args()
+    index = {"beta": (0, 5, 1), "dht": (0, 1, 2, 3)}.get(name, (0, 5, 1, 2))
+    args[name] = _poisoned(args[name], index, np.nan)
+    with pytest.raises(ValueError, match=rf"{name} holds 1 non-finite value\(s\)"):
+        _call_scan(**args)
+
+
+@pytest.mark.parametrize("call", ["prepare_tiles", "scan"])
+@pytest.mark.parametrize("scale, error, match", [
+    (float("nan"), ValueError, "scale must be finite"), (float("inf"), ValueError, "scale must be finite"),
+    ("0.5", TypeError, "scale must be a real number"), (True, TypeError, "scale must be a real number")])
+def test_scale_must_be_a_finite_number(call, scale, error, match):
+    with pytest.raises(error, match=match):
+        _call(call, scale=scale)
+
+
+@pytest.mark.parametrize("call", ["prepare_tiles", "scan"])
+@pytest.mark.parametrize("flag", ["no", 0, 1.0, None])
+def test_qk_l2norm_must_be_a_bool(call, flag):
+    # "no" used to mean True
+    with pytest.raises(TypeError, match=r"qk_l2norm must be a bool \(True or False\)"):
+        _call(call, qk_l2norm=flag)
+
+
+def _call(which: str, **over):
+    if which == "scan":
+        return _call_scan(**over)
+    inp = random_inputs(1, 20, 2, 3, 4, seed=0)
+    return prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4, **over)
+
+
+def test_gc_is_only_checked_to_be_finite():
+    # gc an ulp above 0 or rising by an ulp, as float32 reassociation can leave it, is
+    # accepted and moves the result by as little as it should
+    inp = random_inputs(1, 20, 2, 3, 4, seed=0, gate_strength=0.0)
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4)
+    assert np.all(gc == 0)
+    nudged = gc.copy()
+    nudged[0, 5, 1, 2] = np.spacing(np.float32(1))            # 1.2e-7, tile 1's second token
+    ref, got = (dstate_scan_reference(inp["q"], inp["k"], x, inp["beta"], mqk, inv, inp["do"],
+                                      dht=inp["dht"], chunk=4) for x in (gc, nudged))
+    assert 0 < _rel(got[1], ref[1]) < 1e-6
+
+
 # ----------------------------------------------------------------------------
 # CuPy in, CuPy out (needs a GPU)
 # ----------------------------------------------------------------------------
@@ -429,3 +582,19 @@ def test_cupy_matches_numpy():
         assert isinstance(s_d, cupy.ndarray) and isinstance(d_d, cupy.ndarray)
         np.testing.assert_allclose(cupy.asnumpy(s_d), s_h, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(cupy.asnumpy(d_d), d_h, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.gpu
+def test_cupy_inputs_are_checked_alike():
+    import cupy
+
+    inp = random_inputs(1, 20, 2, 3, 4, seed=0, xp=cupy)
+    g = inp["g"].copy()
+    g[0, 7, 0, 1] = 0.25
+    with pytest.raises(ValueError, match=re.escape("the first g[0, 7, 0, 1] = 0.25")):
+        prepare_tiles(inp["q"], inp["k"], g, inp["beta"], chunk=4)
+    q = inp["q"].copy()
+    q[0, 3, 1, 2] = cupy.nan
+    with pytest.raises(ValueError, match=re.escape("q holds 1 non-finite value(s) (NaN or inf), the first "
+                                                   "q[0, 3, 1, 2] = nan")):
+        prepare_tiles(q, inp["k"], inp["g"], inp["beta"], chunk=4)

@@ -290,3 +290,143 @@ def test_src_bytes_zero_reads_nothing():
 
 def test_public_names():
     assert set(model.__all__) >= {"ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async"}
+
+
+# ------------------------------------------------------------------ flags are bools, counts are ints
+
+def _bool_parameters(module) -> set[tuple[str, str]]:
+    """(function, parameter) for every parameter annotated `bool` in the module's public API."""
+    import inspect
+
+    found = set()
+    for name in module.__all__:
+        fn = getattr(module, name)
+        if inspect.isfunction(fn):
+            for p in inspect.signature(fn).parameters.values():
+                if p.annotation in (bool, "bool"):
+                    found.add((name, p.name))
+    return found
+
+
+def _flag_calls():
+    """(function, flag) -> call(flag value) with every other argument valid."""
+    from ptx_lab import fragments
+
+    smem = np.zeros(512, dtype=np.uint8)
+    addrs = np.arange(32) * 16
+    regs = np.zeros((32, 4), dtype=np.uint32)
+    a = model.matrix_to_wgmma_a(np.ones((64, 16), np.float32))
+    img = np.zeros(4096, dtype=np.uint8)
+    desc = model.wgmma_desc(0, 128, 256)
+    c = np.zeros((128, 8), dtype=np.float32)
+    return {
+        ("ldmatrix", "trans"): lambda v: ldmatrix(smem, addrs, 4, v),
+        ("stmatrix", "trans"): lambda v: stmatrix(smem, addrs, regs, v),
+        ("wgmma_m64nNk16_rs", "scale_d"): lambda v: model.wgmma_m64nNk16_rs(a, img, desc, c, 16, v),
+        ("ldmatrix_map", "trans"): lambda v: fragments.ldmatrix_map(4, v),
+    }
+
+
+def test_every_bool_flag_of_the_api_is_tested_here():
+    from ptx_lab import fragments
+
+    assert _bool_parameters(model) | _bool_parameters(fragments) == set(_flag_calls())
+
+
+@pytest.mark.parametrize("key", sorted(_flag_calls()))
+@pytest.mark.parametrize("value", ["no", "yes", "False", 0, 1, 1.0, None, np.array([True]), np.int64(1)])
+def test_a_flag_that_is_not_a_bool_is_refused_by_name(key, value):
+    # "no" used to mean True: the flag was read for its truthiness
+    with pytest.raises(TypeError, match=rf"{key[1]} must be a bool \(True or False\); got"):
+        _flag_calls()[key](value)
+
+
+@pytest.mark.parametrize("key", sorted(_flag_calls()))
+def test_numpy_bools_are_bools(key):
+    call = _flag_calls()[key]
+    for flag in (False, True):
+        assert np.array_equal(call(np.bool_(flag)), call(flag))
+
+
+def test_counts_and_shapes_that_only_look_like_ints_are_refused():
+    smem = np.zeros(512, dtype=np.uint8)
+    addrs = np.arange(32) * 16
+    d = np.zeros((128, 8), dtype=np.float32)
+    a = np.zeros((128, 4), dtype=np.uint32)
+    cases = [
+        (lambda: ldmatrix(smem, addrs, True, False), r"num must be 1, 2 or 4.*got True"),    # was .x1
+        (lambda: ldmatrix(smem, addrs, 2.0, False), r"num must be 1, 2 or 4.*got 2.0"),
+        (lambda: cp_async(smem, smem, addrs, addrs, 16.0), "size must be an int; got 16.0"),
+        (lambda: model.wgmma_desc(0, 128, 256, swizzle=True), "swizzle must be an int"),  # was 128B
+        (lambda: model.wgmma_desc(0.0, 128, 256), "start must be an int"),
+        (lambda: model.wgmma_desc_fields(1.5), "desc must be an int"),
+        (lambda: model.wgmma_desc_fields(-1), "64-bit unsigned"),
+        (lambda: model.wgmma_b_offsets(16.0, model.wgmma_desc(0, 128, 256)), r"n must be one of .*16.0"),
+        # n = 20 used to return 64 x 20 with columns 16..19 left uninitialised
+        (lambda: model.wgmma_d_to_matrix(np.zeros((128, 10), np.float32), 20), "n must be one of"),
+        # float accumulators used to be cast by value to uint32 registers, and the reverse
+        (lambda: model.wgmma_a_to_matrix(a.astype(np.float32)), "a: expected uint32"),
+        (lambda: model.wgmma_d_to_matrix(d.view(np.uint32), 16), "d: expected float32"),
+        (lambda: model.wgmma_b_image(np.zeros((16, 16)), 0, 4096.0), "size must be an int"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+# ------------------------------------------------------------------ dtype spellings (as ptx_lab.tensormap)
+
+@pytest.mark.parametrize("name, alias", [("bfloat16", "bf16"), ("float16", "f16"), ("uint16", "b16"),
+                                         ("uint16", "u16")])
+@given(seed=seeds)
+def test_numpy_names_and_ptx_aliases_are_the_same_dtype(name, alias, seed):
+    M = np.random.default_rng(seed).standard_normal((16, 16)).astype(np.float32)
+    if name == "uint16":
+        M = M.view(np.uint32).astype(np.uint16)
+    a = matrix_to_fragments("mma.a", M, name)
+    assert (a == matrix_to_fragments("mma.a", M, alias)).all()
+    assert np.array_equal(fragments_to_matrix("mma.a", a, name), fragments_to_matrix("mma.a", a, alias),
+                          equal_nan=True)
+
+
+def test_the_default_spelling_is_numpy_s_and_numpy_dtypes_are_accepted():
+    A = np.arange(256, dtype=np.float32).reshape(16, 16)
+    C = np.ones((16, 8), np.float32)
+    a = matrix_to_fragments("mma.a", A, ml_dtypes.bfloat16)
+    assert (a == matrix_to_fragments("mma.a", A, "bfloat16")).all()
+    assert (acc_to_a_fragment(matrix_to_fragments("mma.c", C, np.float32),
+                              matrix_to_fragments("mma.c", C, "float32")) == matrix_to_fragments(
+        "mma.a", np.ones((16, 16)), "bfloat16")).all()
+    assert model.DTYPES == ("bfloat16", "float16", "uint16", "float32")
+
+
+def test_model_and_tensormap_spell_their_common_dtypes_alike():
+    from ptx_lab import tensormap
+
+    for name, alias in (("bfloat16", "bf16"), ("uint16", "b16"), ("float32", "f32")):
+        assert tensormap.dtype_name(name) == tensormap.dtype_name(alias) == name
+        assert model.fragments_to_matrix("m8n8" if name != "float32" else "mma.c",
+                                         np.zeros((32, 1 if name != "float32" else 4),
+                                                  np.uint32 if name != "float32" else np.float32),
+                                         alias).dtype == (np.uint16 if name == "uint16" else np.float32)
+
+
+_ZERO_REGS = (np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32), np.zeros((32, 4), np.float32))
+
+
+@pytest.mark.parametrize("call, accepted", [
+    (lambda d: mma_m16n8k16(*_ZERO_REGS, d), r"bfloat16, float16 \(aliases bf16, f16;"),
+    (lambda d: fragments_to_matrix("mma.c", _ZERO_REGS[2], d), r"float32 \(aliases f32;"),
+    (lambda d: matrix_to_fragments("mma.a", np.zeros((16, 16)), d),
+     r"bfloat16, float16, uint16 \(aliases bf16, f16, b16, u16;"),
+])
+@pytest.mark.parametrize("dtype", ["bfloat", "BF16", "f2", "uint32", np.float64, None])
+def test_a_dtype_outside_the_operand_s_is_refused_with_the_accepted_spellings(call, accepted, dtype):
+    with pytest.raises(ValueError, match=rf"dtype must be one of {accepted}.*got"):
+        call(dtype)
+
+
+def test_f32_is_an_alias_only_where_float32_is_accepted():
+    assert fragments_to_matrix("mma.c", _ZERO_REGS[2], "f32").dtype == np.float32
+    with pytest.raises(ValueError, match=r"dtype must be one of bfloat16, float16 .*got 'f32'"):
+        mma_m16n8k16(*_ZERO_REGS, "f32")

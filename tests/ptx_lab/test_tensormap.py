@@ -1,12 +1,15 @@
 """ptx_lab.tensormap: every argument the driver would refuse is refused first, by name,
 and encode() hands cuTensorMapEncodeTiled what its documentation asks for.
 
-The driver itself is not needed: a stand-in for libcuda.so.1 records the call
-(the real one runs in the GPU tests, through the experiment tma_tile).
+The driver itself is not needed: stand-ins for libcuda.so.1 (the ctypes path) and
+for cuda.bindings.driver (the cuda-bindings path) record the call. The real driver
+runs in the GPU tests, through the experiment tma_tile and here, where both paths
+encode every map of DRIVER_PROBES and must produce the same 128 bytes.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
 import subprocess
 import sys
@@ -53,6 +56,14 @@ def test_dtypes(dtype, name, code, size):
     assert tmap.driver_args()["tensorDataType"] == code
 
 
+@pytest.mark.parametrize("alias, name", [("bf16", "bfloat16"), ("b16", "uint16"), ("u16", "uint16"),
+                                         ("f32", "float32"), ("b32", "uint32"), ("u32", "uint32")])
+def test_ptx_spellings_are_aliases_of_the_numpy_names(alias, name):
+    # ptx_lab.model spells bf16 the same way and takes the same aliases (tests/ptx_lab/test_model.py)
+    assert dtype_name(alias) == name
+    assert make(dtype=alias, row_stride=2048, box=(8, 64)) == make(dtype=name, row_stride=2048, box=(8, 64))
+
+
 def test_limits_are_inclusive():
     make(shape=(2**32, 8), box=(256, 8))                          # globalDim <= 2^32, box <= 256
     make(dtype="float32", shape=(1, 4), row_stride=16, box=(1, 4))  # the smallest 16-byte box row
@@ -81,8 +92,11 @@ def test_frozen():
 # ------------------------------------------------------------------ refused, one rule each
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(dtype="float16"), "dtype must be one of uint16, uint32, float32, bfloat16"),
-    (dict(dtype="bf16"), r"dtype must be one of .*got 'bf16'"),
+    (dict(dtype="float16"), r"dtype must be one of uint16, uint32, float32, bfloat16 \(aliases "
+                            r"bf16, f32, b16, u16, b32, u32; or that numpy dtype\); got 'float16'"),
+    (dict(dtype="f16"), r"dtype must be one of .*got 'f16'"),
+    (dict(dtype=np.float16), r"dtype must be one of .*got <class 'numpy.float16'>"),
+    (dict(dtype="f2"), r"dtype must be one of .*got 'f2'"),      # numpy's own codes are not names
     (dict(dtype=np.float64), "dtype must be one of"),
     (dict(dtype=None), "dtype must be one of"),
     (dict(address=1.0), "address must be an int; got 1.0"),
@@ -161,7 +175,14 @@ class FakeDriver:
 
 
 @pytest.fixture
-def fake_driver(monkeypatch):
+def ctypes_path(monkeypatch):
+    """encode() as it runs where cuda-bindings is not installed."""
+    monkeypatch.setattr(tensormap, "_bindings", lambda: None)
+    assert tensormap.backend() == "ctypes"
+
+
+@pytest.fixture
+def fake_driver(monkeypatch, ctypes_path):
     fake = FakeDriver()
     monkeypatch.setattr(tensormap, "_driver", lambda: fake)
     return fake
@@ -192,7 +213,7 @@ def test_the_driver_refusing_is_a_clear_error(fake_driver):
         encode(make())
 
 
-def test_a_missing_driver_is_a_clear_error(monkeypatch):
+def test_a_missing_driver_is_a_clear_error(monkeypatch, ctypes_path):
     def no_library(name, *args, **kwargs):
         raise OSError(f"{name}: cannot open shared object file: No such file or directory")
 
@@ -205,7 +226,7 @@ def test_a_missing_driver_is_a_clear_error(monkeypatch):
         tensormap._driver.cache_clear()
 
 
-def test_a_driver_without_tensor_maps_is_a_clear_error(monkeypatch):
+def test_a_driver_without_tensor_maps_is_a_clear_error(monkeypatch, ctypes_path):
     class OldDriver:
         pass
 
@@ -225,6 +246,115 @@ def test_the_map_dtype_is_what_the_kernel_declares():
     from ptx_lab import CUDA_INCLUDE_DIR
     header = (CUDA_INCLUDE_DIR / "tma.cuh").read_text()
     assert "struct alignas(64) TensorMap {\n    u64 opaque[16];\n};" in header
+
+
+# ------------------------------------------------------------------ cuda-bindings, stood in for
+
+class FakeBindings:
+    """cuda.bindings.driver as far as encode() uses it (the calls and return shapes of
+    cuda-bindings 12.x/13.x: a tuple whose first item is the CUresult; typed scalars and
+    enums wrap ints; the CUtensorMap object gives its address by getPtr())."""
+
+    class _Wrapped:
+        def __init__(self, value):
+            self.value = int(value)
+
+        def __int__(self):
+            return self.value
+
+        def __eq__(self, other):
+            return type(self) is type(other) and self.value == other.value
+
+        def __repr__(self):
+            return f"{type(self).__name__}({self.value})"
+
+    class cuuint64_t(_Wrapped): pass           # noqa: E701,N801
+    class cuuint32_t(_Wrapped): pass           # noqa: E701,N801
+    class CUresult(_Wrapped): pass             # noqa: E701
+    class CUtensorMapDataType(_Wrapped): pass  # noqa: E701
+    class CUtensorMapInterleave(_Wrapped): pass   # noqa: E701
+    class CUtensorMapSwizzle(_Wrapped): pass   # noqa: E701
+    class CUtensorMapL2promotion(_Wrapped): pass  # noqa: E701
+    class CUtensorMapFloatOOBfill(_Wrapped): pass  # noqa: E701
+
+    class CUtensorMap:
+        def __init__(self):
+            self.buffer = ctypes.create_string_buffer(bytes((np.arange(TENSOR_MAP_BYTES) ^ 0xA5)
+                                                            .astype(np.uint8)), TENSOR_MAP_BYTES)
+
+        def getPtr(self):   # noqa: N802 (cuda-bindings' name)
+            return ctypes.addressof(self.buffer)
+
+    def __init__(self, result: int = 0) -> None:
+        self.result = result
+        self.calls: list[tuple] = []
+
+    def cuInit(self, flags):   # noqa: N802
+        assert flags == 0
+        return (self.CUresult(0),)
+
+    def cuGetErrorName(self, error):   # noqa: N802
+        assert isinstance(error, self.CUresult)
+        return self.CUresult(0), b"CUDA_ERROR_INVALID_VALUE"
+
+    def cuDriverGetVersion(self):   # noqa: N802
+        return self.CUresult(0), 13000
+
+    def cuTensorMapEncodeTiled(self, *args):   # noqa: N802
+        self.calls.append(args)
+        return self.CUresult(self.result), (self.CUtensorMap() if self.result == 0 else None)
+
+
+@pytest.fixture
+def fake_bindings(monkeypatch):
+    fake = FakeBindings()
+    monkeypatch.setattr(tensormap, "_bindings", lambda: fake)
+    monkeypatch.setattr(tensormap, "_driver", lambda: pytest.fail("the ctypes path was taken"))
+    assert tensormap.backend() == "cuda-bindings"
+    return fake
+
+
+def test_cuda_bindings_get_the_documented_arguments_typed(fake_bindings):
+    F = FakeBindings
+    out = encode(make(box=(16, 32), swizzle=64, l2_promotion=128))
+    (call,) = fake_bindings.calls
+    assert call == (F.CUtensorMapDataType(9), 2, GOOD["address"],
+                    [F.cuuint64_t(512), F.cuuint64_t(40)], [F.cuuint64_t(1024)],
+                    [F.cuuint32_t(32), F.cuuint32_t(16)], [F.cuuint32_t(1), F.cuuint32_t(1)],
+                    F.CUtensorMapInterleave(0), F.CUtensorMapSwizzle(2), F.CUtensorMapL2promotion(2),
+                    F.CUtensorMapFloatOOBfill(0))
+    assert out.shape == (1,) and out.dtype == TENSOR_MAP_DTYPE
+    assert out.tobytes() == bytes((np.arange(TENSOR_MAP_BYTES) ^ 0xA5).astype(np.uint8))
+
+
+def test_cuda_bindings_refusing_is_the_same_clear_error(fake_bindings):
+    fake_bindings.result = 1
+    with pytest.raises(CudaDriverError, match=r"cuTensorMapEncodeTiled returned 1 "
+                                              r"\(CUDA_ERROR_INVALID_VALUE\) for TensorMap2D"):
+        encode(make())
+    assert tensormap.driver_version() == "13000"
+
+
+def test_both_paths_pass_the_driver_the_same_arguments(monkeypatch, fake_bindings):
+    ctypes_fake = FakeDriver()
+    monkeypatch.setattr(tensormap, "_driver", lambda: ctypes_fake)
+    for probe in tensormap.DRIVER_PROBES:
+        tmap = probe.tensor_map(0x7F00_0000_0000)
+        tensormap._encode_call(tmap, via="cuda-bindings")
+        tensormap._encode_call(tmap, via="ctypes")
+    assert len(fake_bindings.calls) == len(ctypes_fake.calls) == len(tensormap.DRIVER_PROBES)
+    for typed, raw in zip(fake_bindings.calls, ctypes_fake.calls):
+        plain = [[int(v) for v in a] if isinstance(a, list) else int(a) for a in typed]
+        assert plain == [raw["dtype"], raw["rank"], raw["address"], list(raw["dims"]), list(raw["strides"]),
+                         list(raw["box"]), list(raw["estrides"]), raw["interleave"], raw["swizzle"],
+                         raw["l2"], raw["oob"]]
+
+
+def test_via_names_a_path(monkeypatch, ctypes_path):
+    with pytest.raises(ValueError, match="via must be one of cuda-bindings, ctypes or None"):
+        encode(make(), via="cupy")
+    with pytest.raises(CudaDriverError, match="via='cuda-bindings': cuda-bindings is not installed"):
+        encode(make(), via="cuda-bindings")
 
 
 # ------------------------------------------------------------------ the real driver (GPU machine)
@@ -290,6 +420,34 @@ def test_the_driver_probe_records_every_answer(capsys):
     assert {n: row[:-1] for n, row in found.items()} == expected_rows(), run.stdout
 
 
+@pytest.mark.gpu
+def test_cuda_bindings_and_ctypes_encode_byte_identical_maps():
+    # The same maps through both paths, on the real driver: every map of DRIVER_PROBES at two
+    # addresses (one 16 bytes past a 256-byte boundary), with and without L2 promotion. Both
+    # paths must agree on the answer and, where the driver accepts, on all 128 bytes.
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed: only ctypes here")
+    import cupy
+
+    buf = cupy.zeros(max(p.tensor_bytes for p in tensormap.DRIVER_PROBES) + 256, dtype=cupy.uint8)
+    compared = 0
+    for probe in tensormap.DRIVER_PROBES:
+        for address in (buf.data.ptr, buf.data.ptr + 16):
+            for l2 in (0, 128):
+                tmap = dataclasses.replace(probe.tensor_map(address), l2_promotion=l2)
+                (code_b, bytes_b), (code_c, bytes_c) = (tensormap._encode_call(tmap, via=v)
+                                                        for v in ("cuda-bindings", "ctypes"))
+                assert code_b == code_c, (probe, address, l2)
+                if code_b == 0:
+                    assert bytes_b.tobytes() == bytes_c.tobytes(), (probe, address, l2)
+                    assert bytes_b.tobytes() != bytes(TENSOR_MAP_BYTES)
+                    compared += 1
+    assert compared >= 4 * (len(tensormap.DRIVER_PROBES) - 4), compared   # most probes are accepted
+    assert tensormap.backend() == "cuda-bindings"     # what encode() takes by default here
+    kernel_a_do = next(p for p in tensormap.DRIVER_PROBES if p.why == "Kernel A: do, 128-byte swizzle")
+    kernel_a_do = kernel_a_do.tensor_map(buf.data.ptr)
+    assert encode(kernel_a_do).tobytes() == encode(kernel_a_do, via="ctypes").tobytes()
+
+
 # ------------------------------------------------------------------ the probe, stood in for
 
 class RuleDriver(FakeDriver):
@@ -318,13 +476,14 @@ def test_every_probe_is_a_map_validation_accepts():
     assert {("float32", (300, 8), (256, 200)), ("uint32", (1, 4), (256, 4))} <= cases
 
 
-def test_the_probe_table_has_every_row_and_the_driver_s_answer(monkeypatch, capsys):
+def test_the_probe_table_has_every_row_and_the_driver_s_answer(monkeypatch, capsys, ctypes_path):
     fake = RuleDriver()
     monkeypatch.setattr(tensormap, "_driver", lambda: fake)
     assert tensormap.main(["--probe-driver"], allocate=lambda n: (0x7F00_0000_0000, "Fake GPU", None)) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"cuTensorMapEncodeTiled on {len(tensormap.DRIVER_PROBES)} boxes (Fake GPU, "
-                          "driver 13000; tensor at 0x7f0000000000, rows padded to 16 B):\n#   dtype")
+                          "driver 13000 through ctypes; tensor at 0x7f0000000000, rows padded to 16 B):"
+                          "\n#   dtype")
     found = probe_rows(out)
     assert {n: row[:-1] for n, row in found.items()} == expected_rows(), out
     for n, probe in enumerate(tensormap.DRIVER_PROBES):

@@ -1,7 +1,9 @@
 """Kernel A against its float64 reference, on the GPU.
 
-    python -m kernel.check            # every case, a table of relative errors
-    python -m kernel.check --small    # one small case (for compute-sanitizer)
+    ptx-lab check            # every case, a table of relative errors
+    ptx-lab check --small    # one small case (for compute-sanitizer)
+
+(also ``python -m kernel.tools.check``.)
 
 Each case draws fresh seeded inputs, rounds q, k, do, Mqk, INV to bf16 and gc
 to fp32 exactly as the kernel receives them, and evaluates the spec's scan in
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import Sequence
 
 import numpy as np
 
@@ -130,8 +133,8 @@ def inputs(case: Case):
     """Kernel inputs (bf16 bits / fp32) and the float64 views of the same values."""
     import cupy
 
-    from .api import bf16_bits, bits_to_f32
-    from .reference import prepare_tiles, random_inputs
+    from kernel.api import bf16_bits, bits_to_f32
+    from kernel.reference import prepare_tiles, random_inputs
 
     raw = random_inputs(case.B, case.T, case.H, lengths=list(case.lengths) if case.lengths else None,
                         seed=case.seed, with_dht=case.dht, gate_strength=case.gate_strength, xp=cupy)
@@ -157,8 +160,8 @@ def inputs(case: Case):
 def run_case(case: Case, *, repeat_for_determinism: bool = True) -> dict:
     import cupy
 
-    from .api import bits_to_f32, dstate_scan
-    from .reference import dstate_scan_reference
+    from kernel.api import bits_to_f32, dstate_scan
+    from kernel.reference import dstate_scan_reference
 
     kern, ref_in = inputs(case)
     opts = dict(qk_l2norm=case.l2norm, snapshot_every=case.snapshot_every)
@@ -198,7 +201,7 @@ def run_case(case: Case, *, repeat_for_determinism: bool = True) -> dict:
 
 
 def _round_bf16(x):
-    from .api import bf16_bits
+    from kernel.api import bf16_bits
 
     return bf16_bits(x.astype(np.float32))
 
@@ -208,8 +211,8 @@ def passed(r: dict) -> bool:
             and r.get("deterministic", True))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernel.check", description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.check") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--small", action="store_true", help="one small case (fast; for compute-sanitizer)")
     ap.add_argument("--case", action="append", default=[], metavar="NAME",
                     help="run only the cases whose name contains NAME (repeatable)")
@@ -217,7 +220,7 @@ def main(argv=None) -> int:
     from ptx_lab.gpu import gpu_reason
 
     if gpu_reason():
-        print(f"kernel.check needs a GPU: {gpu_reason()}")
+        print(f"{prog} needs a GPU: {gpu_reason()}")
         return 2
     cases = (SMALL,) if args.small else CASES
     if args.case:

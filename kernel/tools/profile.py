@@ -1,7 +1,7 @@
 """Where Kernel A's cycles go: per-warp clock64 accounting of each phase of a tile.
 
-    python -m kernel.profile [--shape 1x16384] [--H 32] [--vsplit 4 1] [--mode bf16x4]
-                             [--tune nstage=3 producers=4 ...]
+    ptx-lab profile [--shape 1x16384] [--H 32] [--vsplit 4 1] [--mode bf16x4]
+                    [--tune nstage=3 producers=4 ...]      (or python -m kernel.tools.profile)
 
 Builds the kernel with KDA_TIMING=1 (build.Config.timing): lane 0 of every warp
 of the first 8 CTAs adds clock64 deltas per phase into `kda_timing`. Printed per
@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import build
+from kernel import build
 
 PRODUCER_SLOTS = ("total", "wait loads", "R1", "wait EMPTY", "issue loads")
 CONSUMER_SLOTS = ("total", "snapshot", "wait FULL", "G1..G5")
@@ -38,8 +38,8 @@ def _inputs(B: int, T: int, H: int, seed: int = 0):
     gates of a few units per tile); values do not change the timing."""
     import cupy as cp
 
-    from .api import bf16_bits
-    from .reference import random_inputs
+    from kernel.api import bf16_bits
+    from kernel.reference import random_inputs
 
     r = random_inputs(B, T, H, seed=seed, xp=cp)
     T16 = -(-T // 16) * 16
@@ -70,7 +70,7 @@ def _time_ms(fn, reps: int = 5) -> float:
 def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
     import cupy as cp
 
-    from . import api
+    from kernel import api
 
     x = _inputs(B, T, H)
     dtype, every = {"bf16x4": ("bfloat16", 4), "f32x1": ("float32", 1),
@@ -116,8 +116,8 @@ def format_result(r: dict) -> str:
     return "\n".join((head, cons, prod))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernel.profile", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.profile") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="1x16384", help="BxT (default 1x16384)")
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--vsplit", type=int, nargs="+", default=[4, 1])
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ptx_lab.gpu import gpu_reason
 
     if gpu_reason() is not None:
-        print(f"kernel.profile needs a GPU ({gpu_reason()})", file=sys.stderr)
+        print(f"{prog} needs a GPU ({gpu_reason()})", file=sys.stderr)
         return 2
     B, T = (int(v) for v in args.shape.lower().split("x"))
     for vs in args.vsplit:

@@ -1,6 +1,8 @@
 """compute-sanitizer racecheck on Kernel A, with probes that calibrate the tool.
 
-    python -m kernel.racecheck            # needs a GPU and compute-sanitizer on PATH
+    ptx-lab racecheck        # needs a GPU and compute-sanitizer on PATH
+
+(also ``python -m kernel.tools.racecheck``.)
 
 Kernel A hands shared-memory stages between warps with named barriers:
 the writer does `bar.arrive`, the reader `bar.sync` on the same id (PTX: the
@@ -20,7 +22,7 @@ probes with known answers before the kernel:
                     id) and no EMPTY: the producer really overwrites words the
                     consumer may not have read yet. A race.
 
-and then Kernel A on kernel.check's small varlen case (lengths 1, 17, 40; H 2;
+and then Kernel A on kernel.tools.check's small varlen case (lengths 1, 17, 40; H 2;
 v-split 2; KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it), built with
 -lineinfo so each hazard names its source line. Each run is a child
 process under `compute-sanitizer --tool racecheck`; the table at the end gives
@@ -162,10 +164,11 @@ def _child(run: str) -> None:
     import json
     import os
 
-    from . import check
-    from .api import dstate_scan
+    from kernel.api import dstate_scan
 
-    # kernel.check's small case (lengths 1, 17, 40; H 2; vsplit 2), its inputs and all;
+    from . import check
+
+    # kernel.tools.check's small case (lengths 1, 17, 40; H 2; vsplit 2), its inputs and all;
     # the environment can change the lengths, the v-split and build.Config knobs.
     case = dataclasses.replace(
         check.SMALL,
@@ -192,7 +195,7 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
     for run in runs:
         print(f"[racecheck] {run} ...", flush=True)
         cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200",
-               sys.executable, "-m", "kernel.racecheck", "--child", run]
+               sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         except subprocess.TimeoutExpired as exc:
@@ -220,8 +223,8 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernel.racecheck", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.racecheck") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
     ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     ap.add_argument("--logs", type=Path, default=Path("racecheck-logs"))

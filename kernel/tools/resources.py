@@ -1,7 +1,9 @@
 """Kernel A's resource report, offline: no GPU needed.
 
-    python -m kernel.resources            # one row per variant
-    python -m kernel.resources --check    # ... and exit 1 on a spill or a missing instruction
+    ptx-lab resources            # one row per variant
+    ptx-lab resources --check    # ... and exit 1 on a spill or a missing instruction
+
+(also ``python -m kernel.tools.resources``.)
 
 Every variant the API can launch (`kernel.build.all_variants`) is compiled with
 nvcc for sm_90a from the same source and -D options the API uses. For each:
@@ -10,7 +12,8 @@ kernel's own `kda_smem_bytes` constant, read from the PTX), CTAs per SM that
 registers, shared memory and threads allow on an H100/H200 (64K registers,
 228 KB shared memory with 1 KB reserved per CTA, 2048 threads), and SASS
 instruction counts (cuobjdump; the nvidia-cuda-cuobjdump and
-nvidia-cuda-nvdisasm wheels provide it where the CUDA toolkit lacks it).
+nvidia-cuda-nvdisasm wheels, ``pip install -e '.[sass]'``, provide it where the
+CUDA toolkit lacks it; --check needs it, the plain report leaves the counts out).
 
 What the design relies on, checked with --check: HMMA (every GEMM is
 mma.sync), LDSM (operands via ldmatrix), LDGSTS (cp.async prefetch) and, for
@@ -29,10 +32,10 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
+from kernel import build
 from ptx_lab import CUDA_INCLUDE_DIR
-
-from . import build
 
 SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
 REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, THREADS_PER_SM = 65536, 228 * 1024, 1024, 2048
@@ -42,7 +45,7 @@ def _tool(name: str) -> str | None:
     found = shutil.which(name)
     if found:
         return found
-    # the pip wheels (nvidia-cuda-cuobjdump / -nvdisasm) install under site-packages/nvidia/cu13/bin
+    # the pip wheels (nvidia-cuda-cuobjdump / -nvdisasm / -nvcc) install under site-packages/nvidia/cu13/bin
     for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
         cand = Path(base) / "nvidia" / "cu13" / "bin" / name
         if cand.exists():
@@ -51,7 +54,7 @@ def _tool(name: str) -> str | None:
 
 
 def _nvcc_cmd(cfg: build.Config, out: Path, kind: str) -> list[str]:
-    return ["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
+    return [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
             *build.defines(cfg), kind, str(build.SOURCE_PATH), "-o", str(out)]
 
 
@@ -96,7 +99,11 @@ def compile_variant(cfg: build.Config, workdir: Path) -> dict:
     return row
 
 
+SASS_INSTALL = "pip install -e '.[sass]'"   # the cuobjdump and nvdisasm wheels (pyproject's sass extra)
+
+
 def problems(row: dict) -> list[str]:
+    """What --check fails a variant for; SASS is judged only where it was read."""
     if "error" in row:
         return [f"compile error:\n{row['error']}"]
     out = []
@@ -104,21 +111,36 @@ def problems(row: dict) -> list[str]:
         out.append(f"spills {row['spill']} bytes, stack frame {row['stack']} bytes")
     if row["ctas_per_sm"] < 1:
         out.append("does not fit on an SM")
-    if row["sass"] is None:
-        out.append(f"no SASS (cuobjdump missing or failed: {row.get('sass_error', 'not found')})")
-    else:
+    if row.get("sass_error"):
+        out.append(f"no SASS (cuobjdump failed: {row['sass_error']})")
+    elif row["sass"] is not None:
         need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if row["cfg"].snap_bf16 else []) + (["HGMMA"] if row["cfg"].wgmma else [])
         out += [f"SASS has no {op}" for op in need if row["sass"][op] == 0]
     return out
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernel.resources", description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 on any spill, compile error or missing instruction")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of parallel nvcc jobs, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (parallel nvcc jobs), got {n}")
+    return n
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.resources") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 on any spill, compile error or missing instruction "
+                                                        "(needs cuobjdump: " + SASS_INSTALL + ")")
+    ap.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1, help="parallel nvcc runs (default: one per CPU)")
     args = ap.parse_args(argv)
-    if shutil.which("nvcc") is None:
-        print("nvcc not found on PATH")
+    if _tool("nvcc") is None:
+        print(f"{prog}: nvcc not found on PATH (a CUDA 13 toolkit)", file=sys.stderr)
+        return 2
+    has_sass = _tool("cuobjdump") is not None
+    if args.check and not has_sass:
+        print(f"{prog} --check: cuobjdump not found, so the SASS cannot be checked: {SASS_INSTALL}", file=sys.stderr)
         return 2
     variants = build.all_variants()
     print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name} for sm_90a ({args.jobs} jobs)", flush=True)
@@ -139,6 +161,8 @@ def main(argv=None) -> int:
             bad += 1
             print(f"  ! {r['cfg'].name()}: {p}")
     print(f"{len(rows)} variants, {bad} problems")
+    if not has_sass:
+        print(f"SASS counts left out: cuobjdump not found ({SASS_INSTALL})")
     return 1 if (args.check and bad) else 0
 
 

@@ -15,7 +15,7 @@ linear in dS:
 so G tiles compose into one map (M_g = M_t ... M_t+G-1, and the B's carried
 through), built off the serial path, and the serial chain takes one step
 (dS <- M_g dS + B_g) per G tiles. With G = 4 that is one step per 64 tokens,
-exactly where fla mode stores its snapshots.
+exactly where Kernel A's bf16-every-64 snapshots are.
 
 Composing dense [K, K] products costs K^3 = 2.1 M multiply-adds per tile,
 4.7x a whole tile of Kernel A today (0.85 M). But M is a diagonal plus a rank-C
@@ -40,7 +40,7 @@ kernel is written:
   for today's tile-by-tile design and for the composed one, so that the
   precision cost of composing is measured, not guessed.
 
-``python -m kernel.compose --T 8192 --heads 2`` prints both emulations' errors
+``python -m kernel.studies.b1_composition.compose --T 8192 --heads 2`` (from a checkout) prints both emulations' errors
 against the float64 reference and the MAC counts. CPU only.
 """
 from __future__ import annotations
@@ -51,9 +51,8 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from .reference import prepare_tiles, random_inputs, dstate_scan_reference, _l2norm
-
-CHUNK = 16
+from kernel.build import CHUNK
+from kernel.reference import prepare_tiles, random_inputs, dstate_scan_reference, _l2norm
 
 
 def bf16(x: np.ndarray) -> np.ndarray:
@@ -217,7 +216,7 @@ def lowrank_steps(tiles: list[dict], group: int) -> list[tuple]:
     """The operands of every serial step of :func:`emulate`'s "lowrank" scan, in walk order:
     (D [K], U [K, r], W [r, K], B [K, V]) float32, composed with its bf16 roundings, so that a
     kernel stepping dS <- D * dS - bf16(U) bf16(bf16(W) bf16(dS)) + B from them reproduces
-    that emulation (``kernel.composed_step`` does, on the GPU)."""
+    that emulation (:mod:`.composed_step` does, on the GPU)."""
     ops = _bf16_operands(tiles)
     return [_lowrank_group([ops[i] for i in walk], bf16) for _, walk in walks(len(ops), group)]
 
@@ -276,7 +275,7 @@ def study(T: int, heads: int, group: int, seed: int = 0) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernel.compose", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kernel.studies.b1_composition.compose", description=__doc__.split("\n")[0])
     ap.add_argument("--T", type=int, default=8192, help="tokens of the one sequence (default 8192)")
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--group", type=int, default=4, help="tiles per serial step (default 4 = 64 tokens)")

@@ -5,27 +5,28 @@ Why
 Kernel A misses its B = 1 target (0.5x FLA at 1 x 131072) because it walks 8,192 tiles of 16
 tokens per head in sequence, each with a dependent chain of MMAs; with all of its math knocked
 out, its loads and hand-offs alone take 0.65-0.85x FLA (BENCHMARKS.md, logs 25-26).
-:mod:`kernel.compose` shows, in numpy, that 4 tiles compose into one 64-token step
+:mod:`.compose` shows, in numpy, that 4 tiles compose into one 64-token step
 ``dS <- D * dS - U (W dS) + B`` (diagonal plus rank 64). A kernel built on it would pay
 2,048 such steps per head on its serial path and build D, U, W, B beside them. This module
-runs that serial step alone on the GPU (``kernel/composed_step.cu``; two kernels, mma.sync on
-4 warps and wgmma on one warpgroup), so the redesign's serial floor is measured before it is
-built:
+runs that serial step alone on the GPU (``composed_step.cu``, beside this file; two kernels,
+mma.sync on 4 warps and wgmma on one warpgroup), so the redesign's serial floor is measured
+before it is built:
 
 * **check**: one random sequence (T tokens, a multiple of 64, ``heads`` heads, 4 CTAs of 32 v
   columns per head as Kernel A's vsplit 4), the steps' operands from
-  :func:`kernel.compose.lowrank_steps` (bf16 roundings of ``compose.emulate(mode="lowrank")``),
+  :func:`.compose.lowrank_steps` (bf16 roundings of ``compose.emulate(mode="lowrank")``),
   streamed to the kernels step by step. The GPU's snapshots and dh0 are compared with that
   emulation and with the float64 reference (:func:`kernel.reference.dstate_scan_reference`).
 * **timing**: ``steps`` steps (2,048 = one 1 x 131072 head) on ``ctas`` CTAs (128 = 32 heads x
   vsplit 4), the operands resident in shared memory (2 blocks used alternately), as if built by
-  the off-path warps of the redesign; with and without the bf16 snapshot per step (fla mode's
+  the off-path warps of the redesign; with and without the bf16 snapshot per step (bf16-every-64's
   bytes), (wgmma) with the A fragments loaded once (a bound, wrong results), and (mma.sync)
   beside companion warps that run mma.sync or wgmma work flat out, as the redesign's off-path
   composition would share the SM, counting the HMMAs they manage per step against the
   OFF_PATH_HMMA_PER_STEP the composition needs.
 
-``python -m kernel.composed_step`` (needs an sm_90 GPU; without one it says so and exits 2).
+``python -m kernel.studies.b1_composition.composed_step`` from a checkout (needs an sm_90 GPU;
+without one it says so and exits 2). The question, method and answer: README.md beside this file.
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from kernel.reference import prepare_tiles, random_inputs
+
 from . import compose
-from .reference import prepare_tiles, random_inputs
 
 SOURCE_PATH = Path(__file__).resolve().parent / "composed_step.cu"
 K, R, V_CTA, GROUP = 128, 64, 32, 4          # k, rank of a 4-tile step, v columns per CTA, tiles per step
@@ -45,7 +47,7 @@ VSPLIT = 128 // V_CTA
 NBUF = 2                                     # resident operand blocks in the timing runs
 STEP_SNAPSHOT, STEP_STREAM, STEP_A_ONCE, STEP_WGMMA_COMPANIONS = 1, 2, 4, 8
 KERNELS = ("composed_step_mma", "composed_step_wgmma")
-# kernel/composed_step.cu's StepOperands, field by field: (name, dtype, shape incl. row padding)
+# composed_step.cu's StepOperands, field by field: (name, dtype, shape incl. row padding)
 OPERAND_FIELDS = (("w_rk", np.uint16, (R, K + 8)), ("negu_kr", np.uint16, (K, R + 8)), ("d", np.float32, (K,)),
                   ("bt_vk", np.float32, (V_CTA, K + 8)), ("b_kv", np.float32, (K, V_CTA + 8)))
 OPERAND_BYTES = sum(np.dtype(t).itemsize * int(np.prod(s)) for _, t, s in OPERAND_FIELDS)
@@ -94,7 +96,7 @@ def unpack_step(block: np.ndarray) -> dict:
 
 def snapshot_index(kernel: str) -> np.ndarray:
     """For one CTA and step, the (v, k) each bf16 of the kernel's 4,096-element snapshot holds:
-    int [4096, 2] (see kernel/composed_step.cu for either order)."""
+    int [4096, 2] (see composed_step.cu for either order)."""
     idx = np.zeros((4096, 2), np.int64)
     if kernel == "composed_step_mma":   # u32 [warp][kk][e][lane], two bf16 along k
         for warp in range(4):
@@ -275,31 +277,31 @@ def timing(nsteps: int = 2048, ctas: int = 128, reps: int = 10, seed: int = 0) -
 
 
 def fla_ms(T: int = 131072, H: int = 32, reps: int = 5, seed: int = 0) -> tuple[float, dict]:
-    """FLA's dAv+dhu at 1 x T with H heads, timed in this process as kernel.bench times it
+    """FLA's dAv+dhu at 1 x T with H heads, timed in this process as ptx-lab bench times it
     (median ms), and its autotuner's choices: the time a B = 1 target is a fraction of."""
     import torch
 
-    from . import bench, fla_adapter as fla
+    from kernel.tools import fla_adapter as fla
+    from kernel.tools.bench import configs, inputs, timing
 
     ok, why = fla.available()
     if not ok:
         raise RuntimeError(f"--fla: flash-linear-attention is not available: {why}")
-    cfg = bench.parse_config(f"1x{T}")
-    raw = bench.make_inputs(cfg, H, seed=seed, gate_strength=1.0)
+    raw = inputs.make_inputs(configs.parse_config(f"1x{T}"), H, seed=seed, gate_strength=1.0)
     fla.reset_autotune()
     state = fla.prepare(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"],
-                        cu_seqlens=bench._cu_for_fla(raw["cu_seqlens"]))
+                        cu_seqlens=inputs.cu_for_fla(raw["cu_seqlens"]))
     fn = fla.callables(state, raw["do"], raw["dht"])["dAv+dhu"]
-    flush = torch.empty(bench.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    ms = bench.time_cuda(fn, warmup=2, reps=reps, flush=flush)["median_ms"]
+    flush = torch.empty(timing.L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    ms = timing.time_cuda(fn, warmup=2, reps=reps, flush=flush)["median_ms"]
     choices = fla.autotune_choices()
     del state, raw, flush
-    bench.free_memory()
+    timing.free_memory()
     return ms, choices
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernel.composed_step", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m kernel.studies.b1_composition.composed_step", description=__doc__.split("\n")[0])
     ap.add_argument("--T", type=int, default=4096, help="check: tokens of the sequence, a multiple of 64")
     ap.add_argument("--heads", type=int, default=2, help="check: heads (4 CTAs each)")
     ap.add_argument("--steps", type=int, default=2048, help="timing: 64-token steps (2048 = one 1x131072 head)")
@@ -314,10 +316,10 @@ def main(argv=None) -> int:
     from ptx_lab.gpu import gpu_reason
 
     if gpu_reason():
-        print(f"kernel.composed_step needs an sm_90 GPU: {gpu_reason()} "
-              f"(the numpy side of the composed scan: python -m kernel.compose)")
+        print(f"{ap.prog} needs an sm_90 GPU: {gpu_reason()} "
+              f"(the numpy side of the composed scan: python -m {__package__}.compose)")
         return 2
-    print(f"check: T = {args.T}, {args.heads} heads x {VSPLIT} CTAs, operands from kernel.compose.lowrank_steps; "
+    print(f"check: T = {args.T}, {args.heads} heads x {VSPLIT} CTAs, operands from compose.lowrank_steps; "
           "errors: relative Frobenius norm, worst head", flush=True)
     rows = check(args.T, args.heads)
     for r in rows:
@@ -336,7 +338,7 @@ def main(argv=None) -> int:
         print(f"{r['kernel']:20s} {r['variant']:32s} {r['ms']:7.3f} {r['ns_per_step']:8.1f} {r['cycles_per_step']:11.0f} "
               f"{r.get('companion_hmma_per_step', float('nan')):19.0f}" + ("" if r["finite"] else "  (dS not finite)"))
     print(f"(the redesign's off-path work per step and CTA: {OFF_PATH_HMMA_PER_STEP:.0f} HMMAs, "
-          "kernel.compose.macs_per_tile)")
+          "compose.macs_per_tile)")
     if args.fla:
         print(f"\nFLA's dAv+dhu at 1x{64 * args.steps}, 32 heads, this process ...", flush=True)
         ms, choices = fla_ms(T=64 * args.steps)

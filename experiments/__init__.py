@@ -3,7 +3,8 @@
 One literate file per experiment (read it top to bottom as a lesson, run it as
 ``python -m experiments.<name> [--emulate]``). ``EXPERIMENTS`` maps each name
 to its module, in the order they build on each other; ``python -m experiments``
-runs them all.
+runs them all. ``experiments.commands`` makes them the ``ptx-lab list`` and
+``ptx-lab run`` commands.
 """
 from __future__ import annotations
 

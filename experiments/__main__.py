@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ptx_lab.commands import quiet_broken_pipe
+
 from . import NAMES, EXPERIMENTS
 from ._common import choose_backend
 
@@ -18,13 +20,16 @@ def main(argv=None) -> int:
     unknown = [n for n in args.names if n not in NAMES]
     if unknown:
         parser.error(f"unknown experiment {unknown[0]!r}; choose from {', '.join(NAMES)}")
-    backend = choose_backend(args.emulate)
-    failed = 0
-    for name in args.names or NAMES:
-        module = EXPERIMENTS[name]
-        result = module.run(backend)
-        print(result.report())
-        failed += not result.passed
+    try:
+        backend = choose_backend(args.emulate)
+        failed = 0
+        for name in args.names or NAMES:
+            result = EXPERIMENTS[name].run(backend)
+            print(result.report())
+            failed += not result.passed
+        sys.stdout.flush()    # here, not at exit, where a reader that left could not be caught
+    except BrokenPipeError:   # `python -m experiments | head -1`: the reader left, nothing is wrong
+        return quiet_broken_pipe()
     return 1 if failed else 0
 
 

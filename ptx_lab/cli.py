@@ -1,120 +1,32 @@
 """The `ptx-lab` command (also `python -m ptx_lab`).
 
-    ptx-lab list                      experiments, one line each
-    ptx-lab run <name>|all [--emulate]
-                                      run experiments on the GPU if one is usable, else on
-                                      the CPU model (the first line says which and why);
-                                      PASS/FAIL per experiment, exit 1 on any failure
     ptx-lab show <operand> [--svg FILE] [--png FILE]
-                                      a fragment map (ptx_lab.fragments.show) or bank map
-                                      (banks:<preset>) as text, or drawn (ptx_lab.pictures)
-    ptx-lab bench ...                 Kernel A's benchmark (kernel.bench:main), arguments passed on
+                        a fragment map (ptx_lab.fragments.show) or bank map (banks:<preset>)
+                        as text, or drawn (ptx_lab.pictures)
+    ptx-lab <command> ...
+                        a command another package declares in the `ptx_lab.commands`
+                        entry-point group (ptx_lab.commands): in this project `list` and
+                        `run` (experiments) and `check`, `bench`, `profile`, `racecheck`,
+                        `resources` (kernel.tools); `ptx-lab --help` lists them
 
-Experiments, fragments and the kernel are imported inside the commands that
-use them, so `ptx-lab --help` works on any machine.
+ptx_lab imports none of the packages that use it: a command's module is imported
+when the command runs, so `ptx-lab --help` works on any machine.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import os
 import sys
-import traceback
-from types import ModuleType
 from typing import Sequence
 
+from . import commands
+
 PROG = "ptx-lab"
-EXIT_FAIL = 1   # an experiment failed
 EXIT_USAGE = 2  # bad name or a missing part of the project
-
-
-def _experiments() -> dict[str, ModuleType]:
-    try:
-        import experiments
-    except ImportError as exc:
-        raise SystemExit(f"{PROG}: cannot import the experiments package: {exc}") from exc
-    registry = getattr(experiments, "EXPERIMENTS", None)
-    if not isinstance(registry, dict):
-        raise SystemExit(f"{PROG}: experiments.EXPERIMENTS (name -> module) is not defined")
-    return registry
 
 
 def _first_line(text: str) -> str:
     lines = str(text).strip().splitlines()
     return lines[0] if lines else ""
-
-
-def _gpu_name() -> str:
-    try:
-        import cupy
-
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # the name is decoration; the run does not depend on it
-        return "CUDA device"
-
-
-def _choose_backend(emulate: bool, what: str) -> tuple[str, str]:
-    """("gpu" | "model", the line that says so and why)."""
-    if emulate:
-        return "model", f"--emulate: running {what} on the CPU model"
-    from .gpu import gpu_reason
-
-    reason = gpu_reason()
-    if reason is not None:
-        return "model", f"no GPU ({reason}): running {what} on the CPU model"
-    return "gpu", f"GPU ({_gpu_name()}): running {what} on the GPU"
-
-
-# ----------------------------------------------------------------- commands
-
-def cmd_list(args: argparse.Namespace) -> int:
-    registry = _experiments()
-    width = max((len(name) for name in registry), default=0)
-    for name, module in registry.items():
-        print(f"{name:<{width}}  {_first_line(getattr(module, 'SUMMARY', ''))}")
-    return 0
-
-
-def _run_one(module: ModuleType, backend: str) -> tuple[bool, list[str], list[str]]:
-    """(passed, failure lines, extra lines: notes and table of experiments that have them)."""
-    try:
-        result = module.run(backend)
-    except Exception as exc:
-        where = traceback.extract_tb(exc.__traceback__)[-1]  # the innermost frame
-        return False, [f"raised {exc.__class__.__name__}: {exc}",
-                       f"  at {where.filename}:{where.lineno} in {where.name}"], []
-    failures = [str(f) for f in getattr(result, "failures", [])]
-    extra = [str(n) for n in getattr(result, "notes", [])]
-    table = getattr(result, "table", None)
-    if table:
-        extra += str(table).splitlines()
-    return bool(result.passed) and not failures, failures, extra
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    registry = _experiments()
-    if args.name == "all":
-        names, what = list(registry), "every experiment"
-    elif args.name in registry:
-        names, what = [args.name], f"experiment {args.name}"
-    else:
-        print(f"{PROG}: unknown experiment {args.name!r}; valid: all, {', '.join(registry)}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    backend, line = _choose_backend(args.emulate, what)
-    print(line, flush=True)
-    n_failed = 0
-    for name in names:
-        ok, failures, extra = _run_one(registry[name], backend)
-        n_failed += not ok
-        print(f"{'PASS' if ok else 'FAIL'}  {name}")
-        for line in (*failures, *extra):
-            print(f"      {line}")
-        sys.stdout.flush()
-    print(f"{len(names) - n_failed} passed, {n_failed} failed")
-    return EXIT_FAIL if n_failed else 0
 
 
 def _show_names() -> tuple[str, ...]:
@@ -149,21 +61,33 @@ def _write_pictures(operand: str, svg: str | None, png: str | None) -> int:
     return 0
 
 
+def _canonical_operand(name: str, valid: Sequence[str], bank_prefix: str) -> str | None:
+    """The operand `name` means, in any case (mma.A is mma.a); None if it names none.
+    Bank maps (banks:<preset>[:<access>]) are checked by ptx_lab.pictures itself."""
+    by_case = {v.lower(): v for v in valid}
+    if name.lower() in by_case:
+        return by_case[name.lower()]
+    if name.lower().startswith(bank_prefix):
+        return name.lower()
+    return None
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     from . import fragments, pictures
 
     valid = _show_names()
-    if args.operand not in valid and not args.operand.startswith(pictures.BANK_PREFIX):
+    operand = _canonical_operand(args.operand, valid, pictures.BANK_PREFIX)
+    if operand is None:
         print(f"{PROG}: unknown operand {args.operand!r}; valid operands: {', '.join(valid)}",
               file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.svg is not None or args.png is not None:
-            return _write_pictures(args.operand, args.svg, args.png)
-        if args.operand in getattr(fragments, "OPERANDS", ()):
-            picture = fragments.show(args.operand)
+            return _write_pictures(operand, args.svg, args.png)
+        if operand in getattr(fragments, "OPERANDS", ()):
+            picture = fragments.show(operand)
         else:
-            picture = pictures.to_text(pictures.picture(args.operand))
+            picture = pictures.to_text(pictures.picture(operand))
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -172,29 +96,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(argv: Sequence[str]) -> int:
-    if importlib.util.find_spec("kernel") is None or importlib.util.find_spec("kernel.bench") is None:
-        print(f"{PROG}: bench needs kernel/bench.py, which is not in this tree", file=sys.stderr)
-        return EXIT_USAGE
-    bench = importlib.import_module("kernel.bench")
-    status = bench.main(list(argv))
-    return 0 if status is None else int(status)
+def _summary(ep) -> str:
+    try:
+        return commands.load(ep).summary
+    except Exception as exc:   # a command whose package is missing from this tree: say so, list the rest
+        return f"(not available here: {exc.__class__.__name__}: {_first_line(str(exc))})"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(found: dict) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Verified inline-PTX tensor-core primitives: experiments, "
-                               "fragment maps and Kernel A's benchmark.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
-
-    p = sub.add_parser("list", help="list the experiments with one-line summaries")
-    p.set_defaults(func=cmd_list)
-
-    p = sub.add_parser("run", help="run one experiment or all of them; exit 1 on any failure")
-    p.add_argument("name", help="an experiment name (see `list`) or 'all'")
-    p.add_argument("--emulate", action="store_true",
-                   help="run on the CPU model even where a GPU is usable")
-    p.set_defaults(func=cmd_run)
+                               "fragment maps, and Kernel A's tools.",
+        epilog=f"`{PROG} <command> --help` for a command's options.")
+    # not required=True: argparse would then report a missing command before an unknown flag
+    sub = parser.add_subparsers(dest="command", metavar="command")
+    for name, ep in found.items():
+        if name != "show":   # parsed by the command itself (main() hands it the rest of argv)
+            sub.add_parser(name, help=_summary(ep), add_help=False)
 
     p = sub.add_parser(
         "show", help="which lane and register hold each element of an operand, or a bank map; "
@@ -204,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
                     "banks:<preset> draws a shared-memory tile coloured by bank, with the cells "
                     "of a conflicting warp access outlined in red.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="operands:\n"
+        epilog="operands (any case):\n"
                "  mma.a, mma.b, mma.c (= C/D)    mma.m16n8k16 fragments\n"
                "  m8n8, m8n8.trans               one 8x8 b16 fragment\n"
                "  ldmatrix.x{1,2,4}[.trans]      each matrix as it lies in shared memory\n"
@@ -225,23 +143,37 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--svg", metavar="FILE", help="write the picture as SVG (no dependency)")
     p.add_argument("--png", metavar="FILE", help="write the picture as PNG (needs matplotlib)")
     p.set_defaults(func=cmd_show)
-
-    # Parsed by hand in main(): everything after `bench` belongs to kernel.bench.
-    sub.add_parser("bench", help="Kernel A's benchmark (kernel.bench); arguments are passed on",
-                   add_help=False)
     return parser
+
+
+def _run_command(name: str, ep, argv: Sequence[str]) -> int:
+    try:
+        command = commands.load(ep)
+        fn = command.load()
+    except Exception as exc:
+        print(f"{PROG} {name}: cannot load {ep.value} ({exc.__class__.__name__}: {_first_line(str(exc))})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    status = fn(list(argv), prog=f"{PROG} {name}")
+    return 0 if status is None else int(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        return cmd_bench(argv[1:])
-    args = _parser().parse_args(argv)
+    found = commands.entry_points()
     try:
-        return args.func(args)
-    except BrokenPipeError:  # `ptx-lab show mma.a | head`: the reader left, nothing is wrong
-        sys.stdout = open(os.devnull, "w")
-        return 0
+        if argv and argv[0] in found and argv[0] != "show":
+            status = _run_command(argv[0], found[argv[0]], argv[1:])
+        else:
+            parser = _parser(found)
+            args = parser.parse_args(argv)
+            if args.command is None:
+                parser.error(f"a command is needed: one of {', '.join(sorted({*found, 'show'}))}")
+            status = args.func(args)
+        sys.stdout.flush()    # here, not at exit, where a reader that left could not be caught
+        return status
+    except BrokenPipeError:   # `ptx-lab list | head -1`: the reader left, nothing is wrong
+        return commands.quiet_broken_pipe()
 
 
 if __name__ == "__main__":

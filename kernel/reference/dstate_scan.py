@@ -59,6 +59,7 @@ __all__ = [
     "prepare_tiles",
     "dstate_scan_reference",
     "snapshot_offsets",
+    "tile_table",
     "random_inputs",
     "ragged_lengths",
 ]
@@ -364,6 +365,17 @@ def snapshot_offsets(lengths, chunk: int, snapshot_every: int) -> np.ndarray:
     n_tiles = -(-n // chunk)
     n_snap = -(-n_tiles // snapshot_every)
     return np.concatenate([[0], np.cumsum(n_snap)]).astype(np.int64)
+
+
+def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every tile of sequences of these lengths, packed one after another, in token order:
+    (start, length) int64 [n_tiles]; tile i covers tokens start[i] .. start[i] + length[i] - 1."""
+    _check_tiling(chunk)
+    n = _to_host(lengths).astype(np.int64).reshape(-1)
+    if n.size == 0 or n.min() < 1:
+        raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {n.tolist()}")
+    start, length, _ = _tile_table(np.concatenate([[0], np.cumsum(n)]), chunk)
+    return start, length
 
 
 # ----------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""kernel.profile and kernel.racecheck: their pure parts on the CPU, the launches on the GPU."""
+"""kernel.tools.profile and kernel.tools.racecheck: their pure parts on the CPU, the launches on the GPU."""
 import shutil
 import subprocess
 
 import pytest
 
-from kernel import profile, racecheck
+from kernel.tools import profile, racecheck
 
 
 # ----------------------------------------------------------------- racecheck
@@ -179,7 +179,8 @@ def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
     import shutil
     import subprocess
 
-    from kernel import build, resources
+    from kernel import build
+    from kernel.tools import resources
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
@@ -215,7 +216,8 @@ def test_more_producers_take_registers_from_the_pool_without_spilling(tmp_path, 
     # to the consumers' warpgroup (sm_90a), and nothing may spill on either side.
     import shutil
 
-    from kernel import build, resources
+    from kernel import build
+    from kernel.tools import resources
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
@@ -250,7 +252,8 @@ def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_p
     import shutil
     import subprocess
 
-    from kernel import build, resources
+    from kernel import build
+    from kernel.tools import resources
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")

@@ -1,12 +1,13 @@
-"""kernel.compose: a tile of the scan as an affine map of dS, composed G tiles at a time.
+"""kernel.studies.b1_composition.compose: a tile of the scan as an affine map of dS, composed
+G tiles at a time.
 
 The float64 forms must equal the spec's reference scan (kernel.reference) to rounding; the
 bf16 emulations are held to the error band the GPU kernel measures (~1.8e-3 at T = 8192)."""
 import numpy as np
 import pytest
 
-from kernel import compose
 from kernel.reference import dstate_scan_reference, prepare_tiles, random_inputs
+from kernel.studies.b1_composition import compose
 
 
 @pytest.fixture(scope="module")

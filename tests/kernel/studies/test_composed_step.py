@@ -1,14 +1,15 @@
-"""kernel.composed_step: the composed scan's serial step on the GPU, and its host side.
+"""kernel.studies.b1_composition.composed_step: the composed scan's serial step on the GPU,
+and its host side.
 
 CPU: the operand blocks and snapshot orders the kernels read and write, and that the steps
-built by kernel.compose.lowrank_steps reproduce compose.emulate(mode="lowrank") exactly. GPU: both
+built by compose.lowrank_steps reproduce compose.emulate(mode="lowrank") exactly. GPU: both
 kernels against that emulation and the float64 reference on a random sequence."""
 import ml_dtypes
 import numpy as np
 import pytest
 
-from kernel import compose, composed_step as cs
 from kernel.reference import prepare_tiles, random_inputs
+from kernel.studies.b1_composition import compose, composed_step as cs
 
 
 def test_a_packed_block_holds_the_step_for_its_v_columns():

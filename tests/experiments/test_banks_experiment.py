@@ -1,9 +1,9 @@
 """experiments.banks: the model path, the table, the clock64 and ncu judgements on
-synthetic measurements (CPU), ncu's CSV parsing, and the real GPU run (gpu marker)."""
+synthetic measurements (CPU), and the real GPU run (gpu marker). ncu's CSV parsing is
+tests/ptx_lab/test_ncu.py."""
 from __future__ import annotations
 
 import re
-import subprocess
 
 import numpy as np
 import pytest
@@ -32,7 +32,7 @@ def test_model_run_passes_and_says_what_was_not_measured():
     assert [line.split()[0] for line in tail] == list(exp.CASE_NAMES)
 
 
-def test_the_seed_figures_are_in_the_cases():
+def test_the_design_notes_figures_are_in_the_cases():
     expected = {c.name: c.expected for c in exp.CASES}
     assert (expected["qk_stride128_read"], expected["qk_stride136_read"],
             expected["qk_stride130_read"]) == (32, 4, 1)
@@ -180,63 +180,6 @@ def test_no_ncu_on_path_is_said(monkeypatch):
     monkeypatch.setattr(ncu, "ncu_path", lambda: None)
     counts, notes = exp.measure_ncu()
     assert counts is None and notes == ["ncu: not measured: ncu is not on PATH"]
-
-
-# ------------------------------------------------------------------ ncu's CSV
-
-DETAILS = '''==PROF== Connected to process 123
-"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
-"0","123","python3","h","bank_ld_u16","1","7","(32, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed_op_shared_ld.sum","inst","1,152"
-"0","123","python3","h","bank_ld_u16","1","7","(32, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum","","n/a"
-"1","123","python3","h","bank_ld_b32","1","7","(32, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed_op_shared_ld.sum","inst","7"
-'''
-
-RAW = '''"ID","Process ID","Process Name","Host Name","Kernel Name","smsp__inst_executed_op_ldsm.sum","l1tex__x.sum"
-"","","","","","inst",""
-"0","9","python3","h","bank_ldsm_x4","2,048","n/a"
-'''
-
-
-def test_parse_details_page():
-    launches = ncu.parse_csv("app output\n" + DETAILS)
-    assert [(l.id, l.kernel) for l in launches] == [(0, "bank_ld_u16"), (1, "bank_ld_b32")]
-    assert launches[0].metrics == {"smsp__inst_executed_op_shared_ld.sum": 1152.0,
-                                   "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": None}
-
-
-def test_parse_raw_page():
-    (launch,) = ncu.parse_csv(RAW)
-    assert launch.metrics == {"smsp__inst_executed_op_ldsm.sum": 2048.0, "l1tex__x.sum": None}
-
-
-def test_parse_nothing():
-    assert ncu.parse_csv("==ERROR== the user does not have permission\n") == []
-
-
-def test_profile_drops_unknown_metrics_and_retries(monkeypatch):
-    calls = []
-
-    def fake_run(args, **kwargs):
-        calls.append(args)
-        metrics = args[args.index("--metrics") + 1].split(",")
-        if "bogus.sum" in metrics:
-            return subprocess.CompletedProcess(args, 1, "", "==ERROR== Failed to find metric bogus.sum\n")
-        return subprocess.CompletedProcess(args, 0, DETAILS, "")
-
-    monkeypatch.setattr(ncu, "ncu_path", lambda: "/usr/bin/ncu")
-    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
-    prof = ncu.profile(["python3", "-m", "x"], ["bogus.sum", "smsp__inst_executed_op_shared_ld.sum"], "^bank_")
-    assert prof.error is None and prof.dropped == ["bogus.sum"] and len(calls) == 2
-    assert calls[-1][:6] == ["/usr/bin/ncu", "--clock-control", "none", "--target-processes", "all", "--csv"]
-    assert "regex:^bank_" in calls[-1]
-
-
-def test_profile_reports_an_ncu_failure(monkeypatch):
-    monkeypatch.setattr(ncu, "ncu_path", lambda: "/usr/bin/ncu")
-    monkeypatch.setattr(ncu.subprocess, "run", lambda args, **k: subprocess.CompletedProcess(
-        args, 1, "", "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission\n"))
-    prof = ncu.profile(["true"], ["a.sum"])
-    assert prof.launches == [] and "ERR_NVGPUCTRPERM" in prof.error
 
 
 # ------------------------------------------------------------------ on the GPU

@@ -55,8 +55,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kernel.reference import FLA_CHUNK   # FLA's KDA chunk size (its default; 32 is the only other choice)
+
 FLA_VERSION = "0.6.0"
-FLA_CHUNK = 64          # FLA's KDA chunk size (its default; 32 is the only other choice)
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
 __all__ = ["FLA_VERSION", "FLA_CHUNK", "available", "FlaState", "prepare", "dAv", "dhu",

@@ -1,4 +1,4 @@
-"""kernel.bench on the CPU: arguments, configs, byte counts, index math, the table.
+"""ptx-lab bench (kernel.tools.bench) on the CPU: arguments, configs, byte counts, index math, the table.
 
 No GPU numbers here: the timings and errors themselves only exist on a device
 run. What is checked is everything the bench computes on the host, against the
@@ -6,14 +6,21 @@ spec's own figures (section 6) and against kernel.reference.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernel import bench, reference as ref
+from kernel import build, reference as ref
+from kernel.reference.dstate_scan import tile_table
+from kernel.tools.bench import cli, configs, inputs, report
+from kernel.tools.bench.configs import BF16_EVERY_64, FP32_EVERY_TILE
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 # ---------------------------------------------------------------- import ----
@@ -27,8 +34,8 @@ def test_imports_without_torch_cupy_fla():
         "        if name.split('.')[0] in ('torch', 'cupy', 'triton', 'fla', 'matplotlib'):\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import kernel.bench, kernel.fla_adapter\n"
-        "ok, why = kernel.fla_adapter.available()\n"
+        "import kernel.tools.bench.cli, kernel.tools.bench.measure, kernel.tools.fla_adapter\n"
+        "ok, why = kernel.tools.fla_adapter.available()\n"
         "assert not ok and 'torch' in why, why\n"
         "print('ok')\n"
     )
@@ -40,45 +47,45 @@ def test_imports_without_torch_cupy_fla():
 # ------------------------------------------------------------- arguments ----
 
 def test_defaults():
-    a = bench.parse_args([])
-    assert a.configs.split(",") == list(bench.DEFAULT_CONFIGS)
-    assert a.modes == ["fla", "seed"] and a.vsplit == "auto" and a.heads == 32
+    a = cli.parse_args([])
+    assert a.configs.split(",") == list(configs.DEFAULT_CONFIGS)
+    assert a.modes == [BF16_EVERY_64, FP32_EVERY_TILE] and a.vsplit == "auto" and a.heads == 32
     assert (a.warmup, a.reps) == (3, 20) and not a.precision
 
 
 def test_quick_and_overrides():
-    a = bench.parse_args(["--quick"])
-    assert a.configs.split(",") == list(bench.QUICK_CONFIGS)
+    a = cli.parse_args(["--quick"])
+    assert a.configs.split(",") == list(configs.QUICK_CONFIGS)
     assert (a.warmup, a.reps) == (1, 5)
-    a = bench.parse_args(["--quick", "--reps", "7", "--configs", "2x64", "--snapshot", "seed",
-                          "--vsplit", "4", "--precision", "--json", "x.json", "--plot", "x.png"])
-    assert a.configs == "2x64" and a.reps == 7 and a.modes == ["seed"] and a.vsplit == 4
+    a = cli.parse_args(["--quick", "--reps", "7", "--configs", "2x64", "--snapshot", "fp32-every-tile",
+                        "--vsplit", "4", "--precision", "--json", "x.json", "--plot", "x.png"])
+    assert a.configs == "2x64" and a.reps == 7 and a.modes == [FP32_EVERY_TILE] and a.vsplit == 4
     assert a.precision and a.json == "x.json" and a.plot == "x.png"
     assert a.tuning == {}
-    assert bench.parse_args(["--tune", "ksplit=2", "producers=8"]).tuning == {"ksplit": 2, "producers": 8}
+    assert cli.parse_args(["--tune", "ksplit=2", "producers=8"]).tuning == {"ksplit": 2, "producers": 8}
 
 
 @pytest.mark.parametrize("bad", [["--vsplit", "3"], ["--snapshot", "fp16"], ["--reps", "0"],
                                  ["--tune", "ksplit"], ["--tune", "splits=2"]])
 def test_bad_arguments_exit(bad):
     with pytest.raises(SystemExit):
-        bench.parse_args(bad)
+        cli.parse_args(bad)
 
 
 def test_parse_config():
-    c = bench.parse_config("32x8192")
+    c = configs.parse_config("32x8192")
     assert (c.B, c.T, c.N, c.tokens, c.varlen) == (32, 8192, 32, 262144, False)
-    v = bench.parse_config("varlen")
+    v = configs.parse_config("varlen")
     assert v.name == "varlen64x262144" and (v.B, v.N, v.tokens, v.varlen) == (1, 64, 262144, True)
-    v = bench.parse_config("varlen8x1000", seed=3)
+    v = configs.parse_config("varlen8x1000", seed=3)
     assert v.N == 8 and v.tokens == 1000 and v.lengths == ref.ragged_lengths(8, 1000, seed=3)
     for bad in ("32", "0x8", "varlen64", "abc"):
         with pytest.raises(ValueError):
-            bench.parse_config(bad)
+            configs.parse_config(bad)
 
 
 def test_ragged_config_sums_and_edges():
-    v = bench.parse_config("varlen64x262144")
+    v = configs.parse_config("varlen64x262144")
     assert sum(v.lengths) == 262144 and len(v.lengths) == 64 and min(v.lengths) >= 1
     assert {1, 15, 16, 17} <= set(v.lengths)
 
@@ -89,27 +96,27 @@ def test_bytes_match_spec_figures():
     # spec section 6: 32 x 8192 x H32 inputs ~11.3 GB; fp32 every tile adds 34.4 GB,
     # bf16 every 64 tokens 4.3 GB; floors ~10.6 ms and ~3.6 ms at 4.3 TB/s
     lengths = [8192] * 32
-    seed = bench.kernel_a_bytes(lengths, 32, snapshot_dtype="float32", snapshot_every=1)
-    fla = bench.kernel_a_bytes(lengths, 32, snapshot_dtype="bfloat16", snapshot_every=4)
-    assert seed["inputs"] == fla["inputs"]
-    assert abs(seed["inputs"] / 1e9 - 11.3) < 0.15
-    assert abs(seed["snapshots"] / 1e9 - 34.4) < 0.05
-    assert abs(fla["snapshots"] / 1e9 - 4.3) < 0.05
-    assert abs(seed["total"] / 4.3e12 * 1e3 - 10.6) < 0.1
-    assert abs(fla["total"] / 4.3e12 * 1e3 - 3.6) < 0.1
+    fp32_every_tile = configs.kernel_a_bytes(lengths, 32, snapshot_dtype="float32", snapshot_every=1)
+    bf16_every_64 = configs.kernel_a_bytes(lengths, 32, snapshot_dtype="bfloat16", snapshot_every=4)
+    assert fp32_every_tile["inputs"] == bf16_every_64["inputs"]
+    assert abs(fp32_every_tile["inputs"] / 1e9 - 11.3) < 0.15
+    assert abs(fp32_every_tile["snapshots"] / 1e9 - 34.4) < 0.05
+    assert abs(bf16_every_64["snapshots"] / 1e9 - 4.3) < 0.05
+    assert abs(fp32_every_tile["total"] / 4.3e12 * 1e3 - 10.6) < 0.1
+    assert abs(bf16_every_64["total"] / 4.3e12 * 1e3 - 3.6) < 0.1
 
 
 def test_bytes_term_by_term():
-    lengths, H, d, C = [17, 1, 64], 3, bench.D, bench.TILE
+    lengths, H, d, C = [17, 1, 64], 3, build.D, build.CHUNK
     tok, N = 82, 3
-    b = bench.kernel_a_bytes(lengths, H, snapshot_dtype="bfloat16", snapshot_every=4)
+    b = configs.kernel_a_bytes(lengths, H, snapshot_dtype="bfloat16", snapshot_every=4)
     per_row = 3 * d * 2 + d * 4 + 4 + 2 * C * 2          # q, k, do + gc + beta + mqk, inv
     assert b["inputs"] == tok * H * per_row + N * H * d * d * 4
     # tiles 2, 1, 4 -> snapshots every 4 tiles: 1, 1, 1
     assert b["snapshots"] == 3 * H * d * d * 2
     assert b["dh0"] == N * H * d * d * 4
     assert b["total"] == b["inputs"] + b["snapshots"] + b["dh0"]
-    nodht = bench.kernel_a_bytes(lengths, H, snapshot_dtype="float32", snapshot_every=1,
+    nodht = configs.kernel_a_bytes(lengths, H, snapshot_dtype="float32", snapshot_every=1,
                                  with_dht=False)
     assert nodht["inputs"] == tok * H * per_row
     assert nodht["snapshots"] == (2 + 1 + 4) * H * d * d * 4
@@ -118,7 +125,7 @@ def test_bytes_term_by_term():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(1, 300), min_size=1, max_size=8), st.sampled_from([1, 2, 4]))
 def test_n_snapshots_matches_reference_offsets(lengths, every):
-    assert bench.n_snapshots(lengths, every) == int(ref.snapshot_offsets(lengths, 16, every)[-1])
+    assert configs.n_snapshots(lengths, every) == int(ref.snapshot_offsets(lengths, 16, every)[-1])
 
 
 # ------------------------------------------------------------ index math ----
@@ -126,7 +133,7 @@ def test_n_snapshots_matches_reference_offsets(lengths, every):
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(1, 100), min_size=1, max_size=6))
 def test_tile_table_covers_every_token_once(lengths):
-    start, length = bench.tile_table(lengths)
+    start, length = tile_table(lengths, build.CHUNK)
     cover = np.concatenate([np.arange(s, s + n) for s, n in zip(start, length)])
     assert np.array_equal(cover, np.arange(sum(lengths)))
     assert length.min() >= 1 and length.max() <= 16
@@ -146,7 +153,7 @@ def test_every_k_rows_against_reference_scan():
                                        snapshot_every=1, **common)
     s4, h4 = ref.dstate_scan_reference(x["q"], x["k"], gc, x["beta"], mqk, inv, x["do"],
                                        snapshot_every=4, **common)
-    rows = bench.every_k_rows(lengths, 4)
+    rows = inputs.every_k_rows(lengths, 4)
     assert rows.shape[0] == s4.shape[1]
     np.testing.assert_array_equal(s1[0, rows], s4[0])
     np.testing.assert_array_equal(h1, h4)
@@ -154,67 +161,67 @@ def test_every_k_rows_against_reference_scan():
 
 def test_every_k_rows_equal_length():
     # 2 sequences of 100 tokens: 7 tiles each, 2 snapshots each (tiles 3 and 6)
-    assert bench.every_k_rows([100, 100], 4).tolist() == [3, 6, 10, 13]
-    assert bench.every_k_rows([5], 4).tolist() == [0]
-    assert bench.every_k_rows([40, 8], 1).tolist() == [0, 1, 2, 3]
+    assert inputs.every_k_rows([100, 100], 4).tolist() == [3, 6, 10, 13]
+    assert inputs.every_k_rows([5], 4).tolist() == [0]
+    assert inputs.every_k_rows([40, 8], 1).tolist() == [0, 1, 2, 3]
 
 
 # ----------------------------------------------------------------- table ----
 
 def _result(**over):
     r = {"config": "4x8192",
-         "kernel_a": {"fla": {"median_ms": 0.5, "GBps": 3100.0, "vs_floor": 1.25},
-                      "seed": {"median_ms": 1.5, "GBps": 3500.0, "vs_floor": 1.1}},
+         "kernel_a": {BF16_EVERY_64: {"median_ms": 0.5, "GBps": 3100.0, "vs_floor": 1.25},
+                      FP32_EVERY_TILE: {"median_ms": 1.5, "GBps": 3500.0, "vs_floor": 1.1}},
          "fla": {"dAv+dhu": {"median_ms": 1.084}, "recompute_w_u": {"median_ms": 0.722}},
-         "floor": {"fla": {"ms": 0.4}, "seed": {"ms": 1.36}},
+         "floor": {BF16_EVERY_64: {"ms": 0.4}, FP32_EVERY_TILE: {"ms": 1.36}},
          "ratio_a_fla": 0.5 / 1.084,
-         "alternating": {"kernel_a_fla": {"median_ms": 0.49}, "fla_dAv+dhu": {"median_ms": 1.1}},
+         "alternating": {report.ALTERNATING_A: {"median_ms": 0.49}, report.ALTERNATING_FLA: {"median_ms": 1.1}},
          "ratio_alternating": 0.49 / 1.1}
     r.update(over)
     return r
 
 
 def test_table_row_values():
-    row = bench.table_row(_result())
+    row = report.table_row(_result())
     assert row == ["4x8192", "0.500", "1.500", "1.084", "0.722", "0.46", "0.45", "3100", "0.400", "1.25"]
-    assert bench._alternating_text(_result()) == "A 0.490 ms, FLA 1.100 ms, ratio 0.445"
-    assert bench._alternating_text({"alternating": {"error": "OutOfMemoryError: x"}}) == "failed (OutOfMemoryError: x)"
-    assert bench._alternating_text({}) == "-"
+    assert report.alternating_text(_result()) == "A 0.490 ms, FLA 1.100 ms, ratio 0.445"
+    assert report.alternating_text({"alternating": {"error": "OutOfMemoryError: x"}}) == "failed (OutOfMemoryError: x)"
+    assert report.alternating_text({}) == "-"
 
 
 def test_table_row_missing_numbers_are_dashes():
-    row = bench.table_row({"config": "1x32768", "kernel_a": {}, "fla": {"dAv+dhu": {"median_ms": 1.674}},
+    row = report.table_row({"config": "1x32768", "kernel_a": {}, "fla": {"dAv+dhu": {"median_ms": 1.674}},
                            "floor": {}})
     assert row[0] == "1x32768" and row[3] == "1.674"
     assert all(c == "-" for i, c in enumerate(row) if i not in (0, 3))
-    # only the seed mode ran: GB/s, floor, A/floor come from it
+    # only fp32-every-tile ran: GB/s, floor, A/floor come from it
     r = _result()
-    del r["kernel_a"]["fla"]
-    row = bench.table_row(r)
+    del r["kernel_a"][BF16_EVERY_64]
+    row = report.table_row(r)
     assert row[1] == "-" and row[7:] == ["3500", "1.360", "1.10"]
 
 
 def test_format_table_shape():
-    rows = [bench.table_row(_result()), bench.table_row(_result(config="varlen64x262144"))]
-    text = bench.format_table(rows)
+    rows = [report.table_row(_result()), report.table_row(_result(config="varlen64x262144"))]
+    text = report.format_table(rows)
     lines = text.splitlines()
     assert len(lines) == 4
     assert all(line.startswith("| ") and line.endswith(" |") for line in lines[:1] + lines[2:])
     assert len({len(line) for line in lines}) == 1          # aligned columns
-    assert [c.strip() for c in lines[0].strip("|").split("|")] == list(bench.TABLE_COLUMNS)
-    assert lines[1].count(":") == len(bench.TABLE_COLUMNS) - 1   # numbers right-aligned
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == list(report.TABLE_COLUMNS)
+    assert lines[1].count(":") == len(report.TABLE_COLUMNS) - 1   # numbers right-aligned
     with pytest.raises(ValueError):
-        bench.format_table([["too", "short"]])
+        report.format_table([["too", "short"]])
 
 
 def test_precision_row():
     r = _result(precision={"heads": 2, "sequences": 4,
-                           "kernel_a": {"fla": {"dh0": 1.7e-3, "snapshots": 2.3e-3}},
+                           "kernel_a": {BF16_EVERY_64: {"dh0": 1.7e-3, "snapshots": 2.3e-3}},
                            "fla": {"dh0": 1.75e-3, "dh": 2.34e-3},
                            "yardstick": {"bf16_of_exact_dh": 1.66e-3},
                            "builder_fp32_vs_f64": {"gc": 1e-8, "mqk": 2e-7, "inv": 3e-7}})
-    row = bench.precision_row(r)
-    assert len(row) == len(bench.PRECISION_COLUMNS)
+    row = report.precision_row(r)
+    assert len(row) == len(report.PRECISION_COLUMNS)
     assert row[:4] == ["4x8192", "2 x 4", "1.70e-03", "2.30e-03"]
     assert row[4:6] == ["-", "-"] and row[6:] == ["1.75e-03", "2.34e-03", "1.66e-03", "3.0e-07"]
 
@@ -224,14 +231,14 @@ def test_main_without_torch_says_so(capsys):
     import importlib.util
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here")
-    assert bench.main(["--quick"]) == 1
+    assert cli.main(["--quick"]) == 1
     assert "torch is not installed" in capsys.readouterr().out
 
 
 def test_fla_autotune_is_reset_between_configurations():
     # FLA's autotune keys leave out B and T; the bench makes each configuration tune afresh.
     autotuner = pytest.importorskip("triton.runtime.autotuner")
-    from kernel import fla_adapter
+    from kernel.tools import fla_adapter
 
     tuner = autotuner.Autotuner.__new__(autotuner.Autotuner)   # no kernel: only its choice cache
     tuner.cache = {(32, 128, 128, 64): "BV=64"}
@@ -242,7 +249,7 @@ def test_fla_autotune_is_reset_between_configurations():
 
 def test_fla_autotune_choices_are_recorded():
     autotuner = pytest.importorskip("triton.runtime.autotuner")
-    from kernel import fla_adapter
+    from kernel.tools import fla_adapter
 
     def chunk_dhu_kernel():
         pass
@@ -256,15 +263,13 @@ def test_fla_autotune_choices_are_recorded():
 
 def test_from_json_reports_earlier_runs_without_a_gpu(tmp_path, capsys):
     # configs timed in separate processes (one JSON each) become one table, plot and JSON
-    import json
-
     for name, ms in (("4x8192", 0.5), ("32x8192", 4.0)):
         (tmp_path / f"{name}.json").write_text(json.dumps(
             {"environment": {"device": "H200"}, "args": {"configs": name},
-             "results": [_result(config=name, kernel_a={"fla": {"median_ms": ms, "GBps": 1.0, "vs_floor": 1.2}})]}))
+             "results": [_result(config=name, kernel_a={BF16_EVERY_64: {"median_ms": ms, "GBps": 1.0, "vs_floor": 1.2}})]}))
     merged = tmp_path / "all.json"
-    code = bench.main(["--from-json", str(tmp_path / "4x8192.json"), str(tmp_path / "32x8192.json"),
-                       "--json", str(merged)])
+    code = cli.main(["--from-json", str(tmp_path / "4x8192.json"), str(tmp_path / "32x8192.json"),
+                     "--json", str(merged)])
     out = capsys.readouterr().out
     assert code == 0
     assert "2 config(s) from 2 file(s)" in out
@@ -273,5 +278,63 @@ def test_from_json_reports_earlier_runs_without_a_gpu(tmp_path, capsys):
     assert [r["config"] for r in data["results"]] == ["4x8192", "32x8192"]
     assert [r["file"] for r in data["runs"]] == [str(tmp_path / "4x8192.json"), str(tmp_path / "32x8192.json")]
     (tmp_path / "bad.json").write_text("{}")
-    assert bench.main(["--from-json", str(tmp_path / "bad.json")]) == 1
-    assert "not a kernel.bench --json file" in capsys.readouterr().out
+    assert cli.main(["--from-json", str(tmp_path / "bad.json")]) == 1
+    assert "not a bench --json file" in capsys.readouterr().out
+
+
+# ------------------------------------------------------- the snapshot modes' names ----
+
+def test_snapshot_modes_are_named_by_what_they_store():
+    assert configs.MODES == {"bf16-every-64": ("bfloat16", 4), "fp32-every-tile": ("float32", 1)}
+    assert cli.parse_args(["--snapshot", "bf16-every-64"]).modes == [BF16_EVERY_64]
+    assert report.TABLE_COLUMNS[1:3] == ("A bf16-every-64 ms", "A fp32-every-tile ms")
+    assert report.PRECISION_COLUMNS[2:6] == ("A bf16-every-64 dh0", "A bf16-every-64 snaps",
+                                             "A fp32-every-tile dh0", "A fp32-every-tile snaps")
+
+
+@pytest.mark.parametrize("old, new", [("fla", "bf16-every-64"), ("seed", "fp32-every-tile")])
+def test_an_old_snapshot_name_is_refused_naming_the_new_one(old, new, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(["--snapshot", old])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --snapshot: '{old}' is now '{new}'" in err
+    assert "'both', 'bf16-every-64', 'fp32-every-tile'" in err
+
+
+def test_the_help_names_the_command_typed(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"], prog="ptx-lab bench")
+    assert capsys.readouterr().out.startswith("usage: ptx-lab bench ")
+
+
+def test_an_old_result_reads_with_the_new_names():
+    old = {"config": "4x8192", "kernel_a": {"fla": {"median_ms": 0.5}, "seed": {"median_ms": 1.5}},
+           "floor": {"fla": {"ms": 0.4}}, "bytes": {"seed": {"total": 7}},
+           "precision": {"heads": 2, "kernel_a": {"fla": {"dh0": 1e-3}}},
+           "alternating": {"kernel_a_fla": {"median_ms": 0.49}, "fla_dAv+dhu": {"median_ms": 1.1}},
+           "fla": {"dAv+dhu": {"median_ms": 1.0}}}
+    new = report.upgrade_result(old)
+    assert new["kernel_a"] == {BF16_EVERY_64: {"median_ms": 0.5}, FP32_EVERY_TILE: {"median_ms": 1.5}}
+    assert new["floor"] == {BF16_EVERY_64: {"ms": 0.4}} and new["bytes"] == {FP32_EVERY_TILE: {"total": 7}}
+    assert new["precision"] == {"heads": 2, "kernel_a": {BF16_EVERY_64: {"dh0": 1e-3}}}
+    assert set(new["alternating"]) == {report.ALTERNATING_A, report.ALTERNATING_FLA}
+    assert new["fla"] == old["fla"]                       # FLA's own results keep their keys
+    assert old["kernel_a"] == {"fla": {"median_ms": 0.5}, "seed": {"median_ms": 1.5}}   # not changed in place
+    assert report.upgrade_result(new) == new
+
+
+def test_the_committed_runs_json_files_still_make_their_tables(capsys):
+    # docs/bench holds earlier runs' --json files, written with the old mode names
+    runs = sorted((REPO / "docs" / "bench").glob("*.json"))
+    assert runs, "docs/bench has no JSON files"
+    for path in runs:
+        rows = [r for r in json.loads(path.read_text())["results"] if "error" not in r]
+        assert cli.main(["--from-json", str(path)]) == 0, path
+        out = capsys.readouterr().out
+        assert "| config " in out and "A bf16-every-64 ms" in out
+        for r in rows:
+            a = r["kernel_a"].get("fla", {}).get("median_ms")
+            cells = [c.strip() for c in next(line for line in out.splitlines()
+                                             if line.startswith(f"| {r['config']} ")).strip("|").split("|")]
+            assert cells[1] == ("-" if a is None else f"{a:.3f}"), (path.name, r["config"], cells)

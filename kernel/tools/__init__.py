@@ -1,0 +1,28 @@
+"""Kernel A's tools: what checks, times and inspects the product, apart from it.
+
+* :mod:`kernel.tools.check`      every case against the float64 reference (GPU)
+* :mod:`kernel.tools.bench`      Kernel A against flash-linear-attention (GPU, torch, fla-core)
+* :mod:`kernel.tools.profile`    clock64 cycles per tile and phase (GPU)
+* :mod:`kernel.tools.racecheck`  compute-sanitizer racecheck beside calibrating probes (GPU)
+* :mod:`kernel.tools.resources`  registers, spills, shared memory, SASS of every variant (nvcc)
+* :mod:`kernel.tools.fla_adapter` FLA's side of the bench
+
+Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
+``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product
+(``kernel.api``, ``kernel.build``, ``kernel.reference``) imports none of them; importing
+this package imports no tool.
+"""
+from __future__ import annotations
+
+from ptx_lab.commands import Command
+
+CHECK = Command("Kernel A against its float64 reference on the GPU: relative errors, determinism",
+                "kernel.tools.check:main")
+BENCH = Command("Kernel A against flash-linear-attention's dAv+dhu on one GPU (needs torch, fla-core)",
+                "kernel.tools.bench.cli:main")
+PROFILE = Command("where Kernel A's cycles go: clock64 cycles per tile, phase and warp role (GPU)",
+                  "kernel.tools.profile:main")
+RACECHECK = Command("compute-sanitizer racecheck of Kernel A beside probes with known answers (GPU)",
+                    "kernel.tools.racecheck:main")
+RESOURCES = Command("registers, spills, shared memory and SASS of every Kernel A variant (nvcc, no GPU)",
+                    "kernel.tools.resources:main")

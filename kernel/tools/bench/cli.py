@@ -1,0 +1,222 @@
+"""`ptx-lab bench` (also `python -m kernel.tools.bench`): arguments and the run loop.
+
+    ptx-lab bench                       # the five configs, H = 32, D = 128
+    ptx-lab bench --quick               # 4x8192 and 1x32768, few repetitions
+    ptx-lab bench --configs 32x8192,varlen64x262144 --precision --json out.json
+    ptx-lab bench --from-json a.json b.json --plot p.png    # earlier runs' tables, no GPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from typing import Any, Sequence
+
+from kernel.build import D, parse_knobs
+
+from .configs import (BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
+                      parse_config)
+from .measure import bench_config, fla_import, kernel_a_import, precision_config
+from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get, log,
+                     log_precision_table, plot, precision_row, report_from_json, table_row)
+from .timing import L2_FLUSH_BYTES, free_memory
+
+PROG = "python -m kernel.tools.bench"
+SNAPSHOT_CHOICES = ("both", *MODES)
+
+
+def _snapshot_mode(text: str) -> str:
+    if text in RENAMED_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r} is now {RENAMED_MODES[text]!r} (choose from "
+                                         f"{', '.join(map(repr, SNAPSHOT_CHOICES))})")
+    return text
+
+
+def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Kernel A (dstate scan) vs flash-linear-attention dAv+dhu on one GPU.")
+    p.add_argument("--configs", default=None,
+                   help="comma-separated BxT or varlenNxTOTAL (default: "
+                        + ",".join(DEFAULT_CONFIGS) + ")")
+    p.add_argument("--quick", action="store_true",
+                   help="small subset (" + ",".join(QUICK_CONFIGS) + "), few repetitions")
+    p.add_argument("--heads", type=int, default=32, help=f"H (default 32); D is fixed at {D}")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3, quick 1)")
+    p.add_argument("--reps", type=int, default=None, help="timed calls, median reported "
+                                                         "(default 20, quick 5)")
+    p.add_argument("--snapshot", type=_snapshot_mode, choices=SNAPSHOT_CHOICES, default="both",
+                   help=f"Kernel A's snapshot modes: {BF16_EVERY_64} = bf16 every 64 tokens (FLA's dh "
+                        f"layout), {FP32_EVERY_TILE} = fp32 after every 16-token tile (default both)")
+    p.add_argument("--vsplit", default="auto", choices=("auto", "1", "2", "4", "8"),
+                   help="Kernel A's V split (default auto)")
+    p.add_argument("--tune", nargs="*", default=[], metavar="KNOB=N",
+                   help="Kernel A build knobs (kernel.build.Config), e.g. ksplit=2 producers=8")
+    p.add_argument("--no-alternate", action="store_true",
+                   help=f"skip the alternating timing (Kernel A's {BF16_EVERY_64} and FLA's dAv+dhu called "
+                        "in turn, the same number of times, after the separate timings)")
+    p.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
+    p.add_argument("--no-kernel", action="store_true", help="skip Kernel A")
+    p.add_argument("--cupti", action="store_true",
+                   help="also take kernel-only times with torch.profiler (CUPTI); off by default: "
+                        "on the device machine a profiled run stalled past 4 minutes")
+    p.add_argument("--precision", action="store_true",
+                   help="relative Frobenius errors vs the float64 reference on sampled heads")
+    p.add_argument("--precision-heads", type=int, default=2,
+                   help="heads (the first ones) used by --precision (default 2)")
+    p.add_argument("--precision-seqs", type=int, default=None,
+                   help="at most this many sequences (the first ones) for --precision "
+                        "(default all)")
+    p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    p.add_argument("--gate-strength", type=float, default=1.0,
+                   help="gate strength of kernel.reference.random_inputs (default 1)")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of the timings")
+    p.add_argument("--json", metavar="FILE", default=None, help="write every number as JSON")
+    p.add_argument("--from-json", metavar="FILE", nargs="+", default=None,
+                   help="time nothing: print the tables (and --plot / --json) of earlier runs' JSON "
+                        "files, one row per config, e.g. configs timed in separate processes. Each "
+                        "row's ratios come from its own run; no GPU needed")
+    args = p.parse_args(argv)
+    if args.configs is None:
+        args.configs = ",".join(QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
+    if args.warmup is None:
+        args.warmup = 1 if args.quick else 3
+    if args.reps is None:
+        args.reps = 5 if args.quick else 20
+    if args.heads < 1 or args.reps < 1 or args.warmup < 0 or args.precision_heads < 1:
+        p.error("--heads, --reps, --precision-heads must be >= 1 and --warmup >= 0")
+    args.vsplit = args.vsplit if args.vsplit == "auto" else int(args.vsplit)
+    args.tuning = parse_knobs(args.tune)
+    args.modes = list(MODES) if args.snapshot == "both" else [args.snapshot]
+    return args
+
+
+def environment() -> dict:
+    env: dict[str, Any] = {"python": sys.version.split()[0]}
+    try:
+        import torch
+        env["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env["device"] = p.name
+            env["sms"] = p.multi_processor_count
+            env["l2_bytes"] = getattr(p, "L2_cache_size", None)
+            env["memory_bytes"] = p.total_memory
+    except ImportError:
+        env["torch"] = None
+    return env
+
+
+def _progress_line(tag: str, res: dict) -> str:
+    cells = dict(zip(TABLE_COLUMNS, table_row(res)))
+    extra = ""
+    if "precision" in res and "error" not in res["precision"]:
+        extra = "; precision " + " ".join(
+            f"{h}={c}" for h, c in zip(PRECISION_COLUMNS[2:], precision_row(res)[2:]))
+    ko = {m: get(res, "kernel_a", m, "kernel_only", "ms") for m in MODES}
+    ko["FLA"] = get(res, "fla", "dAv+dhu", "kernel_only", "ms")
+    ko_txt = ", ".join(f"{m} {v:.3f}" for m, v in ko.items() if v is not None)
+    return (f"{tag}: A (vsplit {res.get('vsplit', '-')}) {BF16_EVERY_64} {cells[TABLE_COLUMNS[1]]} ms, "
+            f"{FP32_EVERY_TILE} {cells[TABLE_COLUMNS[2]]} ms, "
+            f"FLA dAv+dhu {cells['FLA dAv+dhu ms']} ms (w_u {cells['FLA w_u ms']}), "
+            f"floor {cells['floor ms']} ms, A/floor {cells['A/floor']}, "
+            f"in turn: {alternating_text(res)} "
+            f"[{res['wall_s']:.0f} s]; kernels only (CUPTI): {ko_txt or '-'}{extra}")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
+    if args.from_json:
+        return report_from_json(args.from_json, args.plot, args.json)
+    configs = []
+    for spec in args.configs.split(","):
+        if spec.strip():
+            try:
+                configs.append(parse_config(spec, seed=args.seed))
+            except ValueError as exc:
+                log(f"skipping config: {exc}")
+
+    try:
+        import torch
+    except ImportError as exc:
+        log(f"torch is not installed ({exc}): the bench needs torch and a CUDA GPU")
+        return 1
+    if not torch.cuda.is_available():
+        log("torch sees no CUDA device: nothing to time")
+        return 1
+
+    env = environment()
+    log(f"device: {env.get('device')} ({env.get('sms')} SMs, L2 "
+        f"{(env.get('l2_bytes') or 0) / 2**20:.0f} MiB), torch {env['torch']}")
+    dstate_scan = None
+    if not args.no_kernel:
+        dstate_scan, why = kernel_a_import()
+        log("Kernel A: kernel.api.dstate_scan" if dstate_scan else f"Kernel A not available ({why})")
+    fla, why = None, "skipped (--no-fla)"
+    if not args.no_fla:
+        fla, why = fla_import()
+        log(f"FLA: {why}" if fla else f"flash-linear-attention not found ({why})")
+    env["fla"] = why if fla else None
+    log(f"H={args.heads}, D={D}, modes={args.modes}, vsplit={args.vsplit}, "
+        f"tuning={args.tuning or 'defaults'}, warm-up "
+        f"{args.warmup}, median of {args.reps}; seed {args.seed}")
+
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    results = []
+    for i, cfg in enumerate(configs):
+        tag = f"[{i + 1}/{len(configs)}] {cfg.name}"
+        t0 = time.perf_counter()
+        try:
+            res = bench_config(cfg, args, dstate_scan, fla, flush)
+        except Exception as exc:
+            log(f"{tag}: FAILED {error_text(exc)}")
+            traceback.print_exc(limit=3)
+            sys.stderr.flush()
+            res = {"config": cfg.name, "error": error_text(exc)}
+            free_memory()
+        if args.precision and "error" not in res:
+            try:
+                res["precision"] = precision_config(cfg, args, dstate_scan, fla)
+            except Exception as exc:
+                res["precision"] = {"error": error_text(exc)}
+                log(f"{tag}: precision FAILED {error_text(exc)}")
+                traceback.print_exc(limit=3)
+                sys.stderr.flush()
+                free_memory()
+        res["wall_s"] = time.perf_counter() - t0
+        results.append(res)
+        if "error" not in res:
+            log(_progress_line(tag, res))
+            if i == 0 and "l2_note" in res:
+                log(f"    {res['l2_note']}")
+
+    ok = [r for r in results if "error" not in r]
+    log("")
+    log(format_table([table_row(r) for r in ok]))
+    log(f"A = Kernel A (vsplit {args.vsplit}); ratio, A GB/s, floor and A/floor use {BF16_EVERY_64} (bf16 "
+        "snapshot every 64 tokens, FLA's dh layout); floor = device copy of the same bytes; "
+        f"'A/FLA in turn' = both called alternately, {args.reps} times each (same power state).")
+    if args.precision:
+        log_precision_table([r for r in ok if "precision" in r])
+    for r in results:
+        if "error" in r:
+            log(f"{r['config']}: {r['error']}")
+
+    del flush
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"environment": env, "args": dict(vars(args)), "results": results}, fh,
+                      indent=1, default=str)
+        log(f"wrote {args.json}")
+    if args.plot and ok:
+        try:
+            plot(ok, args.plot)
+            log(f"wrote {args.plot}")
+        except Exception as exc:
+            log(f"plot failed: {error_text(exc)}")
+    return 0 if ok or not configs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""What the bench prints and writes: progress lines, the timing and precision tables, the plot,
+and the tables of earlier runs' JSON files.
+
+Earlier runs' JSON files (docs/bench) use the snapshot modes' former names
+(configs.RENAMED_MODES); they are read with today's (:func:`upgrade_result`).
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import numpy as np
+
+from .configs import BF16_EVERY_64, FP32_EVERY_TILE, RENAMED_MODES
+
+ALTERNATING_A = f"kernel_a_{BF16_EVERY_64}"   # the result's "alternating" keys
+ALTERNATING_FLA = "fla_dAv+dhu"
+
+TABLE_COLUMNS = ("config", f"A {BF16_EVERY_64} ms", f"A {FP32_EVERY_TILE} ms", "FLA dAv+dhu ms",
+                 "FLA w_u ms", "ratio A/FLA", "A/FLA in turn", "A GB/s", "floor ms", "A/floor")
+PRECISION_COLUMNS = ("config", "heads x seqs", f"A {BF16_EVERY_64} dh0", f"A {BF16_EVERY_64} snaps",
+                     f"A {FP32_EVERY_TILE} dh0", f"A {FP32_EVERY_TILE} snaps", "FLA dh0", "FLA dh",
+                     "bf16(exact dh)", "mqk/inv in")
+
+
+def log(*args) -> None:
+    print(*args, flush=True)
+
+
+def error_text(exc: BaseException) -> str:
+    """'TypeName: first line of the message', for a table cell or a progress line."""
+    return f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def get(d: dict, *keys):
+    """d[k0][k1]..., or None where a key is missing."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def table_row(res: dict) -> list[str]:
+    """One row of the timing table; A GB/s, floor, A/floor are for bf16-every-64
+    (fp32-every-tile's when only it ran); '-' where a number is missing."""
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    mode = BF16_EVERY_64 if get(res, "kernel_a", BF16_EVERY_64, "median_ms") is not None else FP32_EVERY_TILE
+    return [
+        res.get("config", "?"),
+        f(get(res, "kernel_a", BF16_EVERY_64, "median_ms"), ".3f"),
+        f(get(res, "kernel_a", FP32_EVERY_TILE, "median_ms"), ".3f"),
+        f(get(res, "fla", "dAv+dhu", "median_ms"), ".3f"),
+        f(get(res, "fla", "recompute_w_u", "median_ms"), ".3f"),
+        f(res.get("ratio_a_fla"), ".2f"),
+        f(res.get("ratio_alternating"), ".2f"),
+        f(get(res, "kernel_a", mode, "GBps"), ".0f"),
+        f(get(res, "floor", mode, "ms"), ".3f"),
+        f(get(res, "kernel_a", mode, "vs_floor"), ".2f"),
+    ]
+
+
+def format_table(rows: Sequence[Sequence[str]], header: Sequence[str] = TABLE_COLUMNS) -> str:
+    """A Markdown table, numbers right-aligned."""
+    rows = [list(map(str, r)) for r in rows]
+    for r in rows:
+        if len(r) != len(header):
+            raise ValueError(f"row {r} has {len(r)} cells, header {len(header)}")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+
+    def line(cells):
+        return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2))
+                         for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), sep] + [line(r) for r in rows])
+
+
+def precision_row(res: dict) -> list[str]:
+    p = res.get("precision", {})
+
+    def e(*keys):
+        x = get(p, *keys)
+        return "-" if x is None else f"{x:.2e}"
+
+    b = get(p, "builder_fp32_vs_f64")
+    built = "-" if b is None else f"{max(b['mqk'], b['inv']):.1e}"
+    return [res.get("config", "?"), f"{p.get('heads', '-')} x {p.get('sequences', '-')}",
+            e("kernel_a", BF16_EVERY_64, "dh0"), e("kernel_a", BF16_EVERY_64, "snapshots"),
+            e("kernel_a", FP32_EVERY_TILE, "dh0"), e("kernel_a", FP32_EVERY_TILE, "snapshots"),
+            e("fla", "dh0"), e("fla", "dh"), e("yardstick", "bf16_of_exact_dh"), built]
+
+
+def alternating_text(res: dict) -> str:
+    alt = res.get("alternating")
+    if not alt:
+        return "-"
+    if "error" in alt:
+        return f"failed ({alt['error']})"
+    return (f"A {alt[ALTERNATING_A]['median_ms']:.3f} ms, FLA {alt[ALTERNATING_FLA]['median_ms']:.3f} ms, "
+            f"ratio {res['ratio_alternating']:.3f}")
+
+
+def log_precision_table(results: Sequence[dict]) -> None:
+    log("")
+    log("relative Frobenius error vs the float64 reference (sampled heads):")
+    log(format_table([precision_row(r) for r in results], PRECISION_COLUMNS))
+
+
+def plot(results: Sequence[dict], path: str) -> None:
+    """Grouped bars per config: Kernel A (each mode), FLA dAv+dhu, FLA + recompute_w_u;
+    the bf16-every-64 byte floor as a tick."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [(f"Kernel A {BF16_EVERY_64}", ("kernel_a", BF16_EVERY_64, "median_ms")),
+              (f"Kernel A {FP32_EVERY_TILE}", ("kernel_a", FP32_EVERY_TILE, "median_ms")),
+              ("FLA dAv+dhu", ("fla", "dAv+dhu", "median_ms")),
+              ("FLA recompute_w_u", ("fla", "recompute_w_u", "median_ms"))]
+    # a series no config has (e.g. --snapshot bf16-every-64 alone) gets no bar and no legend entry
+    series = [(label, keys) for label, keys in series if any(get(r, *keys) is not None for r in results)]
+    names = [r["config"] for r in results]
+    x = np.arange(len(names))
+    w = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(names)), 4.5))
+    for i, (label, keys) in enumerate(series):
+        vals = [get(r, *keys) for r in results]
+        ax.bar(x + (i - (len(series) - 1) / 2) * w, [v if v is not None else 0 for v in vals],
+               w, label=label)
+    floors = [get(r, "floor", BF16_EVERY_64, "ms") for r in results]
+    if any(f is not None for f in floors):
+        ax.scatter([xi - 1.5 * w for xi, f in zip(x, floors) if f is not None],
+                   [f for f in floors if f is not None], marker="_", s=400, color="k",
+                   label=f"byte floor ({BF16_EVERY_64})", zorder=3)
+    ax.set_xticks(x)
+    ax.set_xticklabels(names)
+    ax.set_ylabel("ms (median)")
+    ax.set_title("Kernel A vs flash-linear-attention (H200, H=32, D=128)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _renamed(d):
+    """A {mode: ...} dict with the old mode names replaced by the new ones."""
+    if not isinstance(d, dict):
+        return d
+    return {RENAMED_MODES.get(k, k): v for k, v in d.items()}
+
+
+def upgrade_result(res: dict) -> dict:
+    """One result of an earlier run's JSON with today's mode names (a copy; new ones unchanged)."""
+    out = dict(res)
+    for key in ("kernel_a", "floor", "bytes"):
+        if key in out:
+            out[key] = _renamed(out[key])
+    if isinstance(out.get("precision"), dict) and "kernel_a" in out["precision"]:
+        out["precision"] = {**out["precision"], "kernel_a": _renamed(out["precision"]["kernel_a"])}
+    alt = out.get("alternating")
+    if isinstance(alt, dict) and "kernel_a_fla" in alt:
+        out["alternating"] = {(ALTERNATING_A if k == "kernel_a_fla" else k): v for k, v in alt.items()}
+    return out
+
+
+def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
+    """The table, precision table and plot of configs timed by earlier runs (--json files)."""
+    results, runs = [], []
+    for path in paths:
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            rows = data["results"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(f"{path}: not a bench --json file ({error_text(exc)})")
+            return 1
+        runs.append({"file": path, "environment": data.get("environment"), "args": data.get("args")})
+        for r in rows:
+            results.append({**upgrade_result(r), "source": path})
+    ok = [r for r in results if "error" not in r]
+    log(f"{len(ok)} config(s) from {len(paths)} file(s); each row's ratios were measured in its own run")
+    log(format_table([table_row(r) for r in ok]))
+    prec = [r for r in ok if "precision" in r and "error" not in r["precision"]]
+    if prec:
+        log_precision_table(prec)
+    for r in results:
+        if "error" in r:
+            log(f"{r['config']} ({r['source']}): {r['error']}")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"runs": runs, "results": results}, fh, indent=1, default=str)
+        log(f"wrote {json_path}")
+    if plot_path and ok:
+        plot(ok, plot_path)
+        log(f"wrote {plot_path}")
+    return 0 if ok else 1

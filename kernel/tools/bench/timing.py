@@ -1,0 +1,173 @@
+"""Timing on the GPU: CUDA events around each call, alone or in turn, CUPTI kernel time, the copy floor.
+
+Every timed call starts with a cold L2 (a 512 MiB buffer zeroed first) and with
+~2 ms of GPU work queued ahead of it, so that the events time the GPU, not the
+call's Python (time_cuda says why). torch and CuPy are imported inside the
+functions.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc as _gc
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .report import error_text, log
+
+L2_FLUSH_BYTES = 512 << 20          # >> the H200's 60 MB L2
+# GPU work queued before each timed call (torch.cuda._sleep, ~2 ms at 1980 MHz): longer than a
+# call's host time, so that the GPU, not Python, is timed (time_cuda)
+HOST_AHEAD_CYCLES = 4_000_000
+HOST_AHEAD_WARN_MS = 1.5
+COPY_CAP_BYTES = 16 << 30           # largest buffer for the floor copy; larger counts are scaled
+
+
+def free_memory() -> None:
+    """Drop cached blocks of both allocators (torch's and CuPy's pools compete)."""
+    _gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+    if "cupy" in sys.modules:
+        cupy = sys.modules["cupy"]
+        try:
+            cupy.get_default_memory_pool().free_all_blocks()
+        except Exception:
+            pass
+
+
+@contextlib.contextmanager
+def cupy_on_torch_stream():
+    """Make CuPy launch on torch's current stream, so torch's events bracket Kernel A."""
+    try:
+        import cupy
+    except ImportError:
+        yield
+        return
+    import torch
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        yield
+
+
+def time_cuda(fn: Callable[[], Any], *, warmup: int, reps: int, flush=None) -> dict:
+    """Median/min/mean ms of `fn` over `reps` calls, each bracketed by CUDA events.
+
+    Before every timed call `flush` (a 512 MiB buffer) is zeroed, so the call
+    starts with a cold L2, and the GPU is first given HOST_AHEAD_CYCLES of work
+    (torch.cuda._sleep), so that the events time the GPU, not the call's Python:
+    on the H200 machine's CPU Kernel A's call took 0.63-0.76 ms of host time,
+    longer than the memset (0.17 ms), and 4x8192 read 0.68-0.70 ms instead of
+    0.55. The host time per call is returned too (`host_ms`). Outputs are dropped
+    between calls. (time_alternating with one function.)
+    """
+    return time_alternating({"fn": fn}, warmup=warmup, reps=reps, flush=flush)["fn"]
+
+
+def time_alternating(fns: dict[str, Callable[[], Any]], *, warmup: int, reps: int, flush=None,
+                     record: list | None = None) -> dict[str, dict]:
+    """Median/min/mean ms of each of `fns`, called in turn: `reps` rounds, each calling every
+    function once (forward in even rounds, backward in odd ones), each call bracketed by CUDA
+    events after the GPU-ahead sleep and L2 flush time_cuda describes; outputs are dropped
+    between calls.
+
+    Why: the H200 lowers its SM clock under its power limit (nvidia-smi: "SW power cap",
+    1440-1785 MHz during Kernel A at 32 x 8192), so two kernels timed one after the other
+    can run at different clocks. Called in turn, they see the same power state. `record`, if
+    given, gets the names in call order.
+    """
+    import torch
+
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            out = fns[name]()
+            del out
+    torch.cuda.synchronize()
+    events = {n: [] for n in names}
+    host = {n: [] for n in names}
+    for r in range(reps):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(HOST_AHEAD_CYCLES)   # the GPU busy while the host queues the call
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            t0 = time.perf_counter()
+            out = fns[name]()
+            host[name].append(time.perf_counter() - t0)
+            end.record()
+            del out
+            events[name].append((start, end))
+            if record is not None:
+                record.append(name)
+    torch.cuda.synchronize()
+    res = {}
+    for name in names:
+        ms = sorted(s.elapsed_time(e) for s, e in events[name])
+        res[name] = {"median_ms": float(np.median(ms)), "min_ms": float(ms[0]),
+                     "mean_ms": float(np.mean(ms)), "reps": reps,
+                     "host_ms": float(np.median(host[name]) * 1e3)}
+        if res[name]["host_ms"] > HOST_AHEAD_WARN_MS:
+            log(f"    warning: {name} took {res[name]['host_ms']:.2f} ms of host time a call, close to the "
+                f"~2 ms of GPU work queued ahead of it: its time may include host gaps")
+    return res
+
+
+def kernel_only_ms(fn: Callable[[], Any], *, reps: int) -> dict | None:
+    """GPU time of the kernels `fn` launches (CUPTI via torch.profiler), per call.
+
+    Unlike the event timing this leaves out every gap between kernels (host
+    overhead, a host-device copy that syncs the stream, ...); copies and memsets
+    are not counted. None when the profiler is not usable.
+    """
+    import torch
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                out = fn()
+                del out
+            torch.cuda.synchronize()
+        kernels: dict[str, float] = {}
+        for e in prof.key_averages():
+            if not str(getattr(e, "device_type", "")).endswith("CUDA"):
+                continue
+            if e.key.startswith(("Memcpy", "Memset")):
+                continue
+            us = getattr(e, "device_time_total", None)
+            if us is None:
+                us = getattr(e, "cuda_time_total", 0.0)
+            kernels[e.key] = kernels.get(e.key, 0.0) + float(us)
+        if not kernels:
+            return None
+        return {"ms": sum(kernels.values()) / reps / 1e3,
+                "kernels": {k[:80]: v / reps / 1e3 for k, v in kernels.items()}}
+    except Exception as exc:  # the profiler is optional
+        return {"error": error_text(exc)}
+
+
+def copy_floor_ms(total_bytes: int, *, warmup: int, reps: int, flush=None) -> dict:
+    """Time a device-to-device copy that reads and writes total_bytes / 2 each (so it
+    moves total_bytes, like the kernel). Buffers above COPY_CAP_BYTES are timed at
+    the cap and scaled linearly."""
+    import torch
+
+    half = max(1, total_bytes // 2)
+    n = min(half, COPY_CAP_BYTES)
+    buf = {"src": torch.ones(n, dtype=torch.uint8, device="cuda")}
+    buf["dst"] = torch.empty_like(buf["src"])
+    t = time_cuda(lambda: buf["dst"].copy_(buf["src"]), warmup=max(1, warmup), reps=reps,
+                  flush=flush)
+    buf.clear()
+    scale = half / n
+    ms = t["median_ms"] * scale
+    return {"ms": ms, "copied_bytes": n, "scaled_by": scale,
+            "GBps": total_bytes / (ms * 1e6)}

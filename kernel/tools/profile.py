@@ -1,0 +1,139 @@
+"""Where Kernel A's cycles go: per-warp clock64 accounting of each phase of a tile.
+
+    ptx-lab profile [--shape 1x16384] [--H 32] [--vsplit 4 1] [--mode bf16x4]
+                    [--tune nstage=3 producers=4 ...]      (or python -m kernel.tools.profile)
+
+Builds the kernel with KDA_TIMING=1 (build.Config.timing): lane 0 of every warp
+of the first 8 CTAs adds clock64 deltas per phase into `kda_timing`. Printed per
+configuration, in cycles per tile (mean over those warps):
+
+    producers: wait for loads (cp.async.wait_group + __syncwarp), R1
+               (+ FULL arrive), wait EMPTY (the consumers still hold the stage),
+               issue loads (cp.async address math and issue)
+    consumers: snapshot store, wait FULL (the producers are behind), G1..G5
+               (with ksplit 2 this includes the pair exchange; its barrier wait is
+               also shown on its own, "of which pair wait")
+
+A role that waits most of the tile is not the bottleneck; the other one is.
+The uninstrumented time of the same launch is printed beside it, so the cost
+of the accounting itself is visible. Needs a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from kernel import build
+
+PRODUCER_SLOTS = ("total", "wait loads", "R1", "wait EMPTY", "issue loads")
+CONSUMER_SLOTS = ("total", "snapshot", "wait FULL", "G1..G5")
+PAIR_SLOT = 4        # consumers: the ksplit-2 pair barrier, a part of G1..G5
+
+
+def _inputs(B: int, T: int, H: int, seed: int = 0):
+    """Kernel A inputs with the magnitudes of a real KDA layer (l2-normalised q/k,
+    gates of a few units per tile); values do not change the timing."""
+    import cupy as cp
+
+    from kernel.api import bf16_bits
+    from kernel.reference import random_inputs
+
+    r = random_inputs(B, T, H, seed=seed, xp=cp)
+    T16 = -(-T // 16) * 16
+    g = cp.pad(r["g"], ((0, 0), (0, T16 - T), (0, 0), (0, 0)))
+    gc = cp.cumsum(g.reshape(B, T16 // 16, 16, H, 128), axis=2).reshape(B, T16, H, 128)[:, :T]
+    gc = (gc / np.log(2)).astype(cp.float32)
+    rng = cp.random.default_rng(seed)
+    small = lambda: bf16_bits(rng.standard_normal((B, T, H, 16), dtype=cp.float32) * 0.1)
+    return dict(q=bf16_bits(r["q"]), k=bf16_bits(r["k"]), gc=gc, beta=r["beta"].astype(cp.float32),
+                mqk=small(), inv=small(), do=bf16_bits(r["do"]))
+
+
+def _time_ms(fn, reps: int = 5) -> float:
+    import cupy as cp
+
+    fn()
+    times = []
+    for _ in range(reps):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1))
+    return float(np.median(times))
+
+
+def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
+    import cupy as cp
+
+    from kernel import api
+
+    x = _inputs(B, T, H)
+    dtype, every = {"bf16x4": ("bfloat16", 4), "f32x1": ("float32", 1),
+                    "bf16x1": ("bfloat16", 1), "f32x4": ("float32", 4)}[mode]
+    call = lambda tuning: api.dstate_scan(x["q"], x["k"], x["gc"], x["beta"], x["mqk"], x["inv"], x["do"],
+                                          snapshot_dtype=dtype, snapshot_every=every, vsplit=vsplit,
+                                          tuning=tuning)
+    plain_ms = _time_ms(lambda: call(tune))
+    cfg = build.Config(vsplit=vsplit, snap_bf16=dtype == "bfloat16", snap_every=every, timing=True, **tune)
+    mod = api.module(cfg)
+    dims = api.read_int_constants(mod, "kda_timing_dims", 3)
+    timing_ctas = dims[0]
+    counters = cp.ndarray(dims, dtype=cp.uint64, memptr=mod.get_global("kda_timing"))
+    call({**tune, "timing": True})               # compile + warm
+    counters.fill(0)
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record()
+    call({**tune, "timing": True})
+    e1.record()
+    e1.synchronize()
+    timed_ms = cp.cuda.get_elapsed_time(e0, e1)
+    c = counters.get().astype(np.float64)
+    tiles = -(-T // 16)
+    consumers = cfg.consumers
+    ctas = min(timing_ctas, B * H * vsplit)
+    cons = c[:ctas, :consumers].mean(axis=(0, 1)) / tiles
+    prod = c[:ctas, consumers:consumers + cfg.producers, :len(PRODUCER_SLOTS)].mean(axis=(0, 1)) / tiles
+    return dict(shape=f"{B}x{T}", H=H, vsplit=vsplit, mode=mode, tune=tune, producers=cfg.producers,
+                consumers=consumers, ksplit=cfg.ksplit, mt=cfg.mt, plain_ms=plain_ms, timed_ms=timed_ms, tiles=tiles,
+                consumer=dict(zip(CONSUMER_SLOTS, cons)), pair_wait=float(cons[PAIR_SLOT]),
+                producer=dict(zip(PRODUCER_SLOTS, prod)))
+
+
+def format_result(r: dict) -> str:
+    tune = " ".join(f"{k}={v}" for k, v in r["tune"].items()) or "defaults"
+    head = (f"{r['shape']} H{r['H']} vsplit {r['vsplit']} {r['mode']} ({tune}; {r['consumers']} consumer, "
+            f"{r['producers']} producer warps): "
+            f"{r['plain_ms']:.3f} ms plain, {r['timed_ms']:.3f} ms instrumented, {r['tiles']} tiles per CTA")
+    cons = "  consumers, cycles/tile: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["consumer"].items())
+    if r.get("pair_wait"):
+        cons += f" (of which pair wait {r['pair_wait']:,.0f})"
+    prod = "  producers, cycles/tile: " + ", ".join(f"{k} {v:,.0f}" for k, v in r["producer"].items())
+    return "\n".join((head, cons, prod))
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.profile") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="1x16384", help="BxT (default 1x16384)")
+    ap.add_argument("--H", type=int, default=32)
+    ap.add_argument("--vsplit", type=int, nargs="+", default=[4, 1])
+    ap.add_argument("--mode", default="bf16x4", choices=("bf16x4", "f32x1", "bf16x1", "f32x4"))
+    ap.add_argument("--tune", nargs="*", default=[], help="build.Config knobs, e.g. nstage=3 producers=4")
+    args = ap.parse_args(argv)
+    from ptx_lab.gpu import gpu_reason
+
+    if gpu_reason() is not None:
+        print(f"{prog} needs a GPU ({gpu_reason()})", file=sys.stderr)
+        return 2
+    B, T = (int(v) for v in args.shape.lower().split("x"))
+    for vs in args.vsplit:
+        print(format_result(profile(B, T, args.H, vs, args.mode, build.parse_knobs(args.tune))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""compute-sanitizer racecheck on Kernel A, with probes that calibrate the tool.
+
+    ptx-lab racecheck        # needs a GPU and compute-sanitizer on PATH
+
+(also ``python -m kernel.tools.racecheck``.)
+
+Kernel A hands shared-memory stages between warps with named barriers:
+the writer does `bar.arrive`, the reader `bar.sync` on the same id (PTX: the
+barrier orders the arriving threads' earlier memory accesses before the
+accesses that follow the waiting threads' bar.sync). Whether racecheck models
+that hand-off decides how to read its report, so this tool runs three one-CTA
+probes with known answers before the kernel:
+
+    ring-arrive     a 2-stage producer/consumer ring exactly like Kernel A's
+                    (FULL: producer arrives, consumer syncs; EMPTY: the other
+                    way round). Race-free by construction.
+    ring-arrive-exit  the same ring, but the consumer spins ~1 ms before its
+                    last bar.sync, so the producer has exited by then (what a
+                    short sequence does in Kernel A). Race-free by PTX rules.
+    ring-syncthreads  the same data flow ordered by __syncthreads. Race-free.
+    no-empty        one buffer, a FULL hand-off per iteration (its own barrier
+                    id) and no EMPTY: the producer really overwrites words the
+                    consumer may not have read yet. A race.
+
+and then Kernel A on kernel.tools.check's small varlen case (lengths 1, 17, 40; H 2;
+v-split 2; KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it), built with
+-lineinfo so each hazard names its source line. Each run is a child
+process under `compute-sanitizer --tool racecheck`; the table at the end gives
+the hazards per run.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+PROBE_SOURCE = r"""
+#include "barrier.cuh"
+using namespace ptx_lab;
+
+// One producer warp (warp 1) and one consumer warp (warp 0); 2-stage ring of 32 floats.
+// The consumer reads lane 31 - l's word so that every read crosses lanes.
+constexpr int ITERS = 8, STAGES = 2, THREADS = 64;
+__device__ __forceinline__ unsigned full_bar(int s) { return 1 + s; }
+__device__ __forceinline__ unsigned empty_bar(int s) { return 1 + STAGES + s; }
+
+template <bool LATE_LAST_SYNC>
+__device__ void ring(float* out) {
+    __shared__ float buf[STAGES][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp == 1) {
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            if (i >= STAGES) named_barrier_sync(empty_bar(s), THREADS);
+            buf[s][lane] = float(i * 32 + lane);
+            named_barrier_arrive(full_bar(s), THREADS);
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            if (LATE_LAST_SYNC && i == ITERS - 1) {
+                const long long t0 = clock64();
+                while (clock64() - t0 < 2000000) {}
+            }
+            named_barrier_sync(full_bar(s), THREADS);
+            acc += buf[s][31 - lane];
+            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), THREADS);
+        }
+        out[lane] = acc;
+    }
+}
+
+extern "C" __global__ void ring_arrive(float* out) { ring<false>(out); }
+extern "C" __global__ void ring_arrive_exit(float* out) { ring<true>(out); }
+
+// Two producer warps (1, 2) that first meet on a producers-only barrier (as Kernel A's
+// producers do before R1), then write and arrive on FULL; one consumer warp (0).
+template <bool PRODUCER_BARRIER>
+__device__ void ring2(float* out) {
+    constexpr int T = 96, PBAR = 1 + 2 * STAGES;
+    __shared__ float buf[STAGES][64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp >= 1) {
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            if (i >= STAGES) named_barrier_sync(empty_bar(s), T);
+            if (PRODUCER_BARRIER) named_barrier_sync(PBAR, 64);
+            buf[s][threadIdx.x - 32] = float(i * 32 + lane);
+            named_barrier_arrive(full_bar(s), T);
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            named_barrier_sync(full_bar(s), T);
+            acc += buf[s][63 - lane];
+            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
+        }
+        out[lane] = acc;
+    }
+}
+extern "C" __global__ void ring2_arrive(float* out) { ring2<false>(out); }
+extern "C" __global__ void ring2_producer_bar(float* out) { ring2<true>(out); }
+
+// Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
+extern "C" __global__ void no_empty(float* out) {
+    __shared__ float buf[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int i = 0; i < ITERS; ++i) {
+        if (warp == 1) {
+            buf[lane] = float(i * 32 + lane);
+            named_barrier_arrive(1 + i, THREADS);
+        } else {
+            named_barrier_sync(1 + i, THREADS);
+            acc += buf[31 - lane];
+        }
+    }
+    if (warp == 0) out[lane] = acc;
+}
+
+extern "C" __global__ void ring_syncthreads(float* out) {
+    __shared__ float buf[STAGES][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float acc = 0.f;
+    for (int i = 0; i < ITERS; ++i) {
+        const int s = i % STAGES;
+        if (warp == 1) buf[s][lane] = float(i * 32 + lane);
+        __syncthreads();
+        if (warp == 0) acc += buf[s][31 - lane];
+    }
+    if (warp == 0) out[lane] = acc;
+}
+"""
+
+RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-syncthreads",
+        "no-empty", "kernel-a")
+EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
+            "ring2-producer-bar": "race-free", "ring-syncthreads": "race-free",
+            "no-empty": "a real race",
+            "kernel-a": "?"}
+
+
+def _child(run: str) -> None:
+    import cupy as cp
+
+    if run != "kernel-a":
+        from ptx_lab.gpu import load_module
+
+        mod = load_module(PROBE_SOURCE)
+        out = cp.zeros(32, dtype=cp.float32)
+        threads = 96 if run.startswith("ring2") else 64
+        mod.get_function(run.replace("-", "_"))((1,), (threads,), (out,))
+        cp.cuda.Device().synchronize()
+        want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words
+        print(f"{run}: lane 0 sum {float(out[0].get()):.0f} (race-free value {want:.0f})")
+        return
+    import dataclasses
+    import json
+    import os
+
+    from kernel.api import dstate_scan
+
+    from . import check
+
+    # kernel.tools.check's small case (lengths 1, 17, 40; H 2; vsplit 2), its inputs and all;
+    # the environment can change the lengths, the v-split and build.Config knobs.
+    case = dataclasses.replace(
+        check.SMALL,
+        lengths=tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", json.dumps(check.SMALL.lengths)))),
+        vsplit=int(os.environ.get("KDA_RACECHECK_VSPLIT", check.SMALL.vsplit)))
+    tuning = {"lineinfo": True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}"))}
+    x, _ = check.inputs(case)
+    snaps, dh0 = dstate_scan(x["q"], x["k"], x["gc"], x["beta"], x["mqk"], x["inv"], x["do"], dht=x["dht"],
+                             cu_seqlens=x["cu_seqlens"], vsplit=case.vsplit, tuning=tuning)
+    cp.cuda.Device().synchronize()
+    print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
+
+
+SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+
+
+def _parent(runs: Sequence[str], log_dir: Path) -> int:
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        print("compute-sanitizer is not on PATH: nothing measured", file=sys.stderr)
+        return 2
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for run in runs:
+        print(f"[racecheck] {run} ...", flush=True)
+        cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200",
+               sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            (log_dir / f"racecheck-{run}.log").write_text(out)
+            rows.append((run, EXPECTED[run], "timeout", "-", "-", -1, ""))
+            print("  timed out after 240 s")
+            continue
+        text = proc.stdout + proc.stderr
+        (log_dir / f"racecheck-{run}.log").write_text(text)
+        m = SUMMARY.search(text)
+        if m:
+            hazards, errors, warnings = m.groups()
+        elif "ERROR SUMMARY: 0 errors" in text:
+            hazards, errors, warnings = "0", "0", "0"
+        else:
+            hazards = errors = warnings = "?"
+        lines = sorted(set(re.findall(r"at (?:0x[0-9a-f]+ in )?(\S+\.cu:\d+)", text)))
+        rows.append((run, EXPECTED[run], hazards, errors, warnings, proc.returncode, " ".join(lines[:6])))
+        print(text[-1500:] if hazards == "?" else f"  {hazards} hazards ({errors} errors, {warnings} warnings)")
+    print(f"\n{'run':17s} {'by construction':16s} {'hazards':>7s} {'errors':>6s} {'warn':>5s} {'rc':>3s}  source lines")
+    for r in rows:
+        print(f"{r[0]:17s} {r[1]:16s} {r[2]:>7s} {r[3]:>6s} {r[4]:>5s} {r[5]:>3d}  {r[6]}")
+    print(f"logs: {log_dir}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.racecheck") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
+    ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    ap.add_argument("--logs", type=Path, default=Path("racecheck-logs"))
+    args = ap.parse_args(argv)
+    if args.child:
+        _child(args.child)
+        return 0
+    return _parent(args.runs, args.logs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

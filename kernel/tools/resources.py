@@ -1,0 +1,170 @@
+"""Kernel A's resource report, offline: no GPU needed.
+
+    ptx-lab resources            # one row per variant
+    ptx-lab resources --check    # ... and exit 1 on a spill or a missing instruction
+
+(also ``python -m kernel.tools.resources``.)
+
+Every variant the API can launch (`kernel.build.all_variants`) is compiled with
+nvcc for sm_90a from the same source and -D options the API uses. For each:
+registers and spill bytes (ptxas -v), dynamic shared memory per CTA (the
+kernel's own `kda_smem_bytes` constant, read from the PTX), CTAs per SM that
+registers, shared memory and threads allow on an H100/H200 (64K registers,
+228 KB shared memory with 1 KB reserved per CTA, 2048 threads), and SASS
+instruction counts (cuobjdump; the nvidia-cuda-cuobjdump and
+nvidia-cuda-nvdisasm wheels, ``pip install -e '.[sass]'``, provide it where the
+CUDA toolkit lacks it; --check needs it, the plain report leaves the counts out).
+
+What the design relies on, checked with --check: HMMA (every GEMM is
+mma.sync), LDSM (operands via ldmatrix), LDGSTS (cp.async prefetch) and, for
+bf16 snapshots, STSM (stmatrix.trans staging). No MOVM is expected: the
+transposed formulation turns accumulators into A operands by packing alone.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from kernel import build
+from ptx_lab import CUDA_INCLUDE_DIR
+
+SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
+REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, THREADS_PER_SM = 65536, 228 * 1024, 1024, 2048
+
+
+def _tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    # the pip wheels (nvidia-cuda-cuobjdump / -nvdisasm / -nvcc) install under site-packages/nvidia/cu13/bin
+    for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        cand = Path(base) / "nvidia" / "cu13" / "bin" / name
+        if cand.exists():
+            return str(cand)
+    return None
+
+
+def _nvcc_cmd(cfg: build.Config, out: Path, kind: str) -> list[str]:
+    return [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
+            *build.defines(cfg), kind, str(build.SOURCE_PATH), "-o", str(out)]
+
+
+def compile_variant(cfg: build.Config, workdir: Path) -> dict:
+    stem = workdir / cfg.name()
+    ptx = subprocess.run(_nvcc_cmd(cfg, stem.with_suffix(".ptx"), "-ptx"), capture_output=True, text=True)
+    if ptx.returncode:
+        return {"cfg": cfg, "error": ptx.stderr.strip()}
+    ptx_text = stem.with_suffix(".ptx").read_text()
+    smem = int(re.search(r"kda_smem_bytes\s*=\s*(\d+)", ptx_text).group(1))
+    threads = int(re.search(r"kda_threads\s*=\s*(\d+)", ptx_text).group(1))
+    cub = subprocess.run(_nvcc_cmd(cfg, stem.with_suffix(".cubin"), "-cubin") + ["-Xptxas", "-v"],
+                         capture_output=True, text=True)
+    if cub.returncode:
+        return {"cfg": cfg, "error": cub.stderr.strip()}
+    log = cub.stderr
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spill_st = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    spill_ld = int(re.search(r"(\d+) bytes spill loads", log).group(1))
+    stack = int(re.search(r"(\d+) bytes stack frame", log).group(1))
+    static_smem = int(m.group(1)) if (m := re.search(r"(\d+) bytes smem", log)) else 0
+    row = {"cfg": cfg, "regs": regs, "spill": spill_st + spill_ld, "stack": stack,
+           "smem": static_smem + smem, "threads": threads, "log": log}
+    warps = threads // 32
+    regs_per_warp = -(-regs * 32 // 256) * 256
+    row["ctas_per_sm"] = min(REGS_PER_SM // (regs_per_warp * warps),
+                             SMEM_PER_SM // (row["smem"] + SMEM_RESERVED_PER_CTA),
+                             THREADS_PER_SM // threads)
+    cuobjdump = _tool("cuobjdump")
+    if cuobjdump is None:
+        row["sass"] = None
+    else:
+        env = dict(os.environ)
+        env["PATH"] = str(Path(cuobjdump).parent) + os.pathsep + env.get("PATH", "")
+        sass = subprocess.run([cuobjdump, "-sass", str(stem.with_suffix(".cubin"))], capture_output=True,
+                              text=True, env=env)
+        if sass.returncode:
+            row["sass"] = None
+            row["sass_error"] = sass.stderr.strip()
+        else:
+            row["sass"] = {op: len(re.findall(rf"\b{op}\b", sass.stdout)) for op in SASS_OPS}
+    return row
+
+
+SASS_INSTALL = "pip install -e '.[sass]'"   # the cuobjdump and nvdisasm wheels (pyproject's sass extra)
+
+
+def problems(row: dict) -> list[str]:
+    """What --check fails a variant for; SASS is judged only where it was read."""
+    if "error" in row:
+        return [f"compile error:\n{row['error']}"]
+    out = []
+    if row["spill"] or row["stack"]:
+        out.append(f"spills {row['spill']} bytes, stack frame {row['stack']} bytes")
+    if row["ctas_per_sm"] < 1:
+        out.append("does not fit on an SM")
+    if row.get("sass_error"):
+        out.append(f"no SASS (cuobjdump failed: {row['sass_error']})")
+    elif row["sass"] is not None:
+        need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if row["cfg"].snap_bf16 else []) + (["HGMMA"] if row["cfg"].wgmma else [])
+        out += [f"SASS has no {op}" for op in need if row["sass"][op] == 0]
+    return out
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of parallel nvcc jobs, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (parallel nvcc jobs), got {n}")
+    return n
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.resources") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 on any spill, compile error or missing instruction "
+                                                        "(needs cuobjdump: " + SASS_INSTALL + ")")
+    ap.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1, help="parallel nvcc runs (default: one per CPU)")
+    args = ap.parse_args(argv)
+    if _tool("nvcc") is None:
+        print(f"{prog}: nvcc not found on PATH (a CUDA 13 toolkit)", file=sys.stderr)
+        return 2
+    has_sass = _tool("cuobjdump") is not None
+    if args.check and not has_sass:
+        print(f"{prog} --check: cuobjdump not found, so the SASS cannot be checked: {SASS_INSTALL}", file=sys.stderr)
+        return 2
+    variants = build.all_variants()
+    print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name} for sm_90a ({args.jobs} jobs)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(lambda c: compile_variant(c, Path(tmp)), variants))
+    head = f"{'variant':34s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'thr':>4s} {'CTA/SM':>6s}  " + \
+           " ".join(f"{op:>6s}" for op in SASS_OPS)
+    print(head)
+    bad = 0
+    for r in rows:
+        if "error" in r:
+            print(f"{r['cfg'].name():34s} COMPILE ERROR")
+        else:
+            sass = " ".join(f"{(r['sass'] or {}).get(op, '-'):>6}" for op in SASS_OPS)
+            print(f"{r['cfg'].name():34s} {r['regs']:4d} {r['spill']:5d} {r['smem']:7d} {r['threads']:4d} "
+                  f"{r['ctas_per_sm']:6d}  {sass}")
+        for p in problems(r):
+            bad += 1
+            print(f"  ! {r['cfg'].name()}: {p}")
+    print(f"{len(rows)} variants, {bad} problems")
+    if not has_sass:
+        print(f"SASS counts left out: cuobjdump not found ({SASS_INSTALL})")
+    return 1 if (args.check and bad) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

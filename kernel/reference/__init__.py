@@ -10,7 +10,8 @@ out) and never needs CuPy or a GPU.
 """
 from .dstate_scan import (FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module, dstate_scan_reference,
                           prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
-from .segments import dstate_scan_segmented, fold_summaries, segment_bounds, segment_summary
+from .segments import (dstate_scan_segmented, fold_summaries, segment_bounds, segment_snapshots,
+                       segment_summary)
 
 __all__ = [
     "array_module",
@@ -20,6 +21,7 @@ __all__ = [
     "random_inputs",
     "ragged_lengths",
     "segment_bounds",
+    "segment_snapshots",
     "segment_summary",
     "fold_summaries",
     "dstate_scan_segmented",

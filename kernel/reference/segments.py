@@ -49,6 +49,7 @@ keeps those that land on the sequence's own grid of every e-th tile.
 Public names
 ------------
 * :func:`segment_bounds`: a sequence's tile-edge split into up to S segments.
+* :func:`segment_snapshots`: which of its sequence's snapshots a segment writes.
 * :func:`segment_summary`: one segment's (M, d).
 * :func:`fold_summaries`: pass 2, the dS entering every segment.
 * :func:`dstate_scan_segmented`: :func:`dstate_scan_reference`'s arguments and
@@ -69,6 +70,7 @@ from .dstate_scan import (_check_tiling, _expect_rank, _expect_shape, _sequence_
 
 __all__ = [
     "segment_bounds",
+    "segment_snapshots",
     "segment_summary",
     "fold_summaries",
     "dstate_scan_segmented",
@@ -134,6 +136,27 @@ def segment_bounds(length: int, chunk: int, segments: int) -> list[tuple[int, in
     m = min(int(segments), n_tiles)
     edges = [j * n_tiles // m * chunk for j in range(m)] + [int(length)]
     return list(zip(edges[:-1], edges[1:]))
+
+
+def segment_snapshots(start: int, stop: int, length: int, chunk: int,
+                      snapshot_every: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which snapshots of its sequence a segment writes: (tiles, snapshots), int64.
+
+    For the segment of tokens start .. stop - 1 of a sequence of ``length``
+    tokens: ``tiles`` counts its tiles that carry a snapshot, from the segment's
+    first tile; ``snapshots`` is the index of each in the sequence's own
+    snapshot grid (snapshot m = dS entering tile min(e m + e - 1, n_t - 1),
+    e = ``snapshot_every``). A segment that starts inside a snapshot chunk
+    writes that chunk's snapshot only if it holds the chunk's last tile; the
+    snapshots of consecutive segments, concatenated, are the sequence's.
+    """
+    _check_tiling(chunk, snapshot_every)
+    seq_tiles = -(-length // chunk)
+    first = start // chunk
+    tiles = first + np.arange(-(-(stop - start) // chunk), dtype=np.int64)
+    e = snapshot_every
+    keep = (tiles % e == e - 1) | (tiles == seq_tiles - 1)
+    return tiles[keep] - first, tiles[keep] // e
 
 
 def _bounds_from_cuts(length: int, chunk: int, cuts: Sequence[int], name: str) -> list[tuple[int, int]]:
@@ -367,25 +390,18 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
         runs.append((rest,) + _scan_ranges(xp, flat, [bounds[n][j] for n, j in rest], dS_in, opts, 1))
 
     # every segment's every-tile snapshots -> the sequence's grid of every e-th tile
-    lengths = np.diff(cu)
-    seq_tiles = -(-lengths // chunk)
-    offsets = snapshot_offsets(lengths, chunk, snapshot_every)
+    offsets = snapshot_offsets(np.diff(cu), chunk, snapshot_every)
     snapshots = xp.zeros((int(offsets[-1]), H, K, V), dtype=f64)
     dh0 = xp.zeros((N, H, K, V), dtype=f64)
-    e = snapshot_every
     for keys, snaps, out in runs:
         row = 0
         for i, (n, j) in enumerate(keys):
+            bos, eos = int(cu[n]), int(cu[n + 1])
             start, stop = bounds[n][j]
-            first = (start - int(cu[n])) // chunk
-            count = -(-(stop - start) // chunk)
-            tiles = first + np.arange(count)
-            keep = (tiles % e == e - 1) | (tiles == seq_tiles[n] - 1)
-            if keep.any():
-                src = xp.asarray(row + np.nonzero(keep)[0])
-                dst = xp.asarray(offsets[n] + tiles[keep] // e)
-                snapshots[dst] = snaps[0, src]
-            row += count
+            tiles, which = segment_snapshots(start - bos, stop - bos, eos - bos, chunk, snapshot_every)
+            if tiles.size:
+                snapshots[xp.asarray(offsets[n] + which)] = snaps[0, xp.asarray(row + tiles)]
+            row += -(-(stop - start) // chunk)
             if j == 0:
                 dh0[n] = out[i]
     if cu_seqlens is None:

@@ -31,6 +31,7 @@ from kernel.reference import (
     prepare_tiles,
     random_inputs,
     segment_bounds,
+    segment_snapshots,
     segment_summary,
 )
 
@@ -340,6 +341,24 @@ def test_segment_bounds_cover_the_sequence_at_tile_edges(length, chunk, segments
     assert all(a % chunk == 0 and a < b for a, b in bounds)
     tiles = [-(-b // chunk) - a // chunk for a, b in bounds]
     assert max(tiles) - min(tiles) <= 1
+
+
+@given(st.integers(1, 600), st.sampled_from([1, 2, 4, 16]), st.integers(1, 6), st.data())
+def test_segment_snapshots_of_consecutive_segments_are_the_sequences(length, chunk, e, data):
+    edges = _tile_edges(length, chunk)
+    cuts = sorted(data.draw(st.sets(st.sampled_from(edges)), label="cuts")) if edges else []
+    bounds = list(zip([0] + cuts, cuts + [length]))
+    n_s = -(-(-(-length // chunk)) // e)
+    which = []
+    for a, b in bounds:
+        tiles, snaps = segment_snapshots(a, b, length, chunk, e)
+        n_tiles = -(-(b - a) // chunk)
+        assert np.all((0 <= tiles) & (tiles < n_tiles))
+        # snapshot m is the dS entering tile min(e m + e - 1, n_t - 1)
+        np.testing.assert_array_equal(np.minimum(e * snaps + e - 1, -(-length // chunk) - 1),
+                                      a // chunk + tiles)
+        which.extend(snaps.tolist())
+    assert which == list(range(n_s))
 
 
 # ----------------------------------------------------------------------------

@@ -5,9 +5,13 @@ out) and never needs CuPy or a GPU.
 
 * :mod:`kernel.reference.dstate_scan`: Kernel A's contract (tile quantities,
   the backward dstate scan, snapshot layout) and the seeded input generators.
+* :mod:`kernel.reference.segments`: the same scan split along the sequence
+  (segment summaries, their fold, the three passes).
 """
 from .dstate_scan import (FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module, dstate_scan_reference,
                           prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
+from .segments import (dstate_scan_segmented, fold_summaries, segment_bounds, segment_snapshots,
+                       segment_summary)
 
 __all__ = [
     "array_module",
@@ -16,4 +20,9 @@ __all__ = [
     "snapshot_offsets",
     "random_inputs",
     "ragged_lengths",
+    "segment_bounds",
+    "segment_snapshots",
+    "segment_summary",
+    "fold_summaries",
+    "dstate_scan_segmented",
 ]

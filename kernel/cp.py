@@ -1,0 +1,442 @@
+"""Context parallelism for Kernel A: one sequence's backward scan split over the ranks of a group.
+
+What and why
+------------
+Kernel A's scan is one serial chain per sequence. A long sequence can still be
+spread over several GPUs: rank r holds the contiguous tokens
+[start_r, stop_r) (rank order = token order, every boundary a tile edge) and the
+chain is cut there (:mod:`kernel.reference.segments` has the algebra):
+
+1. every rank computes its part's *summary* (M, d): dS entering the part from
+   the right maps to dS leaving it as M dS + d. The last rank knows what enters
+   it (dht), so it runs its real scan instead and its "summary" is the constant
+   dS leaving it; rank 0's summary is never needed and is not computed;
+2. the summaries travel by one ``all_gather`` (float64, [H, K, K + V] a rank),
+   and each rank folds those of the ranks after it into the dS entering its part;
+3. every rank but the last runs its scan from that dS and writes its snapshots.
+
+Rank r returns the snapshots whose tile lies in its part (concatenated in rank
+order they are the sequence's, :func:`kernel.reference.segment_snapshots`) and
+the dS leaving its part; rank 0's is dh0.
+
+Before any of that the ranks exchange a small header (token range, shapes,
+dtypes, options) with ``all_gather_object`` and every rank checks all headers
+the same way, so inconsistent parts make *every* rank raise
+:class:`CPInputError` naming the offending rank, instead of some ranks waiting
+forever. On gloo a ``monitored_barrier`` with ``timeout`` comes first (a rank
+that never arrives is named after ``timeout``); every later collective is bounded
+by the group's own timeout, which :func:`init_group` sets (NCCL has no monitored
+barrier: its bound is that group timeout alone). A rank whose own summary_fn or
+scan_fn fails raises there; the others give up when that group timeout expires.
+
+Plugging in a scan
+------------------
+The per-part work is two functions, so the float64 reference here and the GPU
+kernel later run the same exchange:
+
+    summary_fn(part, options) -> (M [H, K, K], d [H, K, V])
+    scan_fn(part, dS_in, options) -> (snapshots [1, n, H, K, V], dS_out [H, K, V])
+
+``dS_in`` is float64 in the part's array module (numpy or CuPy) or None for
+zeros; ``snapshots`` are the part's share of the sequence's grid (every
+``snapshot_every``-th tile counted from the *sequence's* start, as
+:func:`kernel.reference.segment_snapshots` says). :func:`reference_summary` and
+:func:`reference_scan` are the float64 pair. Summaries may come back in any
+float dtype and array type with DLPack (numpy, CuPy, torch); they are exchanged
+and folded in float64.
+
+torch is needed only by :func:`cp_dstate_scan` and :func:`init_group`;
+:func:`shard` and :func:`cp_dstate_scan_serial` (every part in turn, in one
+process: the single-GPU comparison) run without it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .reference import (array_module, dstate_scan_reference, fold_summaries, segment_bounds,
+                        segment_snapshots, segment_summary)
+from .reference.segments import _check_scan_inputs, _is_int
+
+__all__ = [
+    "INPUT_NAMES",
+    "DEFAULT_TIMEOUT",
+    "CPInputError",
+    "ScanOptions",
+    "Part",
+    "shard",
+    "reference_summary",
+    "reference_scan",
+    "cp_dstate_scan",
+    "cp_dstate_scan_serial",
+    "init_group",
+]
+
+INPUT_NAMES = ("q", "k", "gc", "beta", "mqk", "inv", "do")   # dstate_scan_reference's order
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=5)
+
+Array = Any
+
+
+class CPInputError(ValueError):
+    """The ranks' parts do not fit together; every rank of the group raises the same one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanOptions:
+    """The scan's knobs, the same on every rank (dstate_scan_reference's keywords)."""
+    chunk: int = 16
+    snapshot_every: int = 1
+    scale: float | None = None
+    qk_l2norm: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """Tokens [start, stop) of a sequence of ``length`` tokens, as one rank holds them.
+
+    ``inputs``: q, k, gc, beta, mqk, inv, do (:data:`INPUT_NAMES`), each the part's
+    slice [1, stop - start, H, ...] of dstate_scan_reference's inputs for the
+    sequence. ``dht`` [H, K, V] (or None: zeros) is read only by the part holding
+    the sequence's end.
+    """
+    inputs: Mapping[str, Array]
+    start: int
+    stop: int
+    length: int
+    dht: Array | None = None
+
+    @property
+    def holds_end(self) -> bool:
+        return self.stop == self.length
+
+    def args(self) -> tuple:
+        """The inputs in dstate_scan_reference's positional order."""
+        return tuple(self.inputs[name] for name in INPUT_NAMES)
+
+
+SummaryFn = Callable[[Part, ScanOptions], tuple[Array, Array]]
+ScanFn = Callable[[Part, Array | None, ScanOptions], tuple[Array, Array]]
+
+
+# ----------------------------------------------------------------------------
+# sharding
+# ----------------------------------------------------------------------------
+
+def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int = 16,
+          tokens: tuple[int, int] | None = None) -> Part:
+    """Rank ``rank``'s part of one sequence.
+
+    ``inputs``: q, k, gc, beta, mqk, inv, do of one sequence, [1, T, H, ...]
+    (dstate_scan_reference's layout, B = 1), and optionally ``dht`` [1, H, K, V]
+    or [H, K, V]. ``tokens`` None: the sequence's tiles split evenly
+    (:func:`kernel.reference.segment_bounds`; every rank needs at least one
+    tile); else this rank's (start, stop). Whether the ranks' parts fit
+    together is checked by :func:`cp_dstate_scan`, on every rank at once.
+    """
+    if not _is_int(world_size) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    if not _is_int(rank) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an integer in 0 .. {world_size - 1}, got {rank!r}")
+    missing = [name for name in INPUT_NAMES if name not in inputs]
+    if missing:
+        raise ValueError(f"inputs must hold {', '.join(INPUT_NAMES)} (and optionally dht); "
+                         f"missing {', '.join(missing)}")
+    q = inputs["q"]
+    shape = tuple(getattr(q, "shape", ()))
+    if len(shape) != 4 or shape[0] != 1:
+        raise ValueError(f"inputs['q'] must be one sequence [1, T, H, K], got shape {shape}")
+    T = shape[1]
+    if tokens is None:
+        bounds = segment_bounds(T, chunk, world_size)
+        if len(bounds) < world_size:
+            raise ValueError(f"a sequence of {T} tokens ({-(-T // chunk)} tiles of {chunk}) cannot "
+                             f"give each of {world_size} ranks a tile")
+        start, stop = bounds[rank]
+    else:
+        try:
+            start, stop = tokens
+        except (TypeError, ValueError):
+            raise ValueError(f"tokens must be a (start, stop) pair, got {tokens!r}") from None
+        if not (_is_int(start) and _is_int(stop)) or not 0 <= start < stop <= T:
+            raise ValueError(f"tokens must be (start, stop) with 0 <= start < stop <= {T}, got {tokens!r}")
+    dht = inputs.get("dht")
+    if dht is not None and len(dht.shape) == 4:
+        if dht.shape[0] != 1:
+            raise ValueError(f"inputs['dht'] must be [1, H, K, V] or [H, K, V] (one sequence), "
+                             f"got shape {tuple(dht.shape)}")
+        dht = dht[0]
+    sliced = {name: inputs[name][:, int(start):int(stop)] for name in INPUT_NAMES}
+    return Part(inputs=sliced, start=int(start), stop=int(stop), length=int(T),
+                dht=dht if stop == T else None)
+
+
+# ----------------------------------------------------------------------------
+# the float64 reference pair
+# ----------------------------------------------------------------------------
+
+def reference_summary(part: Part, options: ScanOptions) -> tuple[Array, Array]:
+    """The part's (M, d) in float64 (:func:`kernel.reference.segment_summary`)."""
+    return segment_summary(*part.args(), chunk=options.chunk, scale=options.scale,
+                           qk_l2norm=options.qk_l2norm)
+
+
+def reference_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[Array, Array]:
+    """The part's scan from ``dS_in`` in float64: its snapshots on the sequence's grid and dS_out."""
+    snaps, out = dstate_scan_reference(*part.args(), dht=None if dS_in is None else dS_in[None],
+                                       chunk=options.chunk, scale=options.scale,
+                                       qk_l2norm=options.qk_l2norm, snapshot_every=1)
+    tiles, _ = segment_snapshots(part.start, part.stop, part.length, options.chunk,
+                                 options.snapshot_every)
+    xp = array_module(snaps)
+    return snaps[:, xp.asarray(tiles)], out[0]
+
+
+# ----------------------------------------------------------------------------
+# headers: what every rank checks about every rank
+# ----------------------------------------------------------------------------
+
+def _local_problems(part: Part, options: ScanOptions) -> list[str]:
+    """What is wrong with one part on its own (empty: nothing)."""
+    if not isinstance(part, Part):
+        return [f"part must be a kernel.cp.Part, got {type(part).__name__}"]
+    if not isinstance(options, ScanOptions):
+        return [f"options must be a kernel.cp.ScanOptions, got {type(options).__name__}"]
+    missing = [name for name in INPUT_NAMES if name not in part.inputs]
+    if missing:
+        return [f"part.inputs lacks {', '.join(missing)}"]
+    try:
+        B, T, H, K, V, _ = _check_scan_inputs(*part.args(), options.chunk, options.snapshot_every, None)
+    except ValueError as exc:
+        return [str(exc)]
+    problems = []
+    if B != 1:
+        problems.append(f"the part's inputs must be [1, stop - start, ...], got batch {B}")
+    if not all(_is_int(x) for x in (part.start, part.stop, part.length)) \
+            or not 0 <= part.start < part.stop <= part.length:
+        problems.append(f"start, stop, length must be integers with 0 <= start < stop <= length, "
+                        f"got {part.start!r}, {part.stop!r}, {part.length!r}")
+        return problems
+    if T != part.stop - part.start:
+        problems.append(f"holds tokens {part.start} .. {part.stop - 1} ({part.stop - part.start}) "
+                        f"but its inputs have {T}")
+    c = options.chunk
+    if part.start % c:
+        problems.append(f"starts at token {part.start}, not a tile edge (a multiple of chunk = {c})")
+    if part.stop != part.length and part.stop % c:
+        problems.append(f"stops at token {part.stop}, neither a tile edge (a multiple of chunk = {c}) "
+                        f"nor the sequence's end ({part.length})")
+    if part.holds_end and part.dht is not None and tuple(part.dht.shape) != (H, K, V):
+        problems.append(f"dht must have shape {(H, K, V)} ([H, K, V]), got {tuple(part.dht.shape)}")
+    return problems
+
+
+def _header(part: Part, options: ScanOptions, rank: int, summary_fn, scan_fn) -> dict:
+    problems = _local_problems(part, options)
+    header = dict(rank=rank, problems=problems, options=dataclasses.astuple(options)
+                  if isinstance(options, ScanOptions) else None,
+                  functions=(_name(summary_fn), _name(scan_fn)))
+    if not problems:
+        q, do = part.inputs["q"], part.inputs["do"]
+        header.update(start=part.start, stop=part.stop, length=part.length,
+                      hkv=(q.shape[2], q.shape[3], do.shape[3]),
+                      dtypes={name: str(part.inputs[name].dtype) for name in INPUT_NAMES})
+    return header
+
+
+def _name(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _check_headers(headers: Sequence[dict]) -> list[str]:
+    """Every problem with the parts together, each naming its rank; the same on every rank."""
+    problems = [f"rank {h['rank']}: {p}" for h in headers for p in h["problems"]]
+    if problems:
+        return problems
+    first = headers[0]
+    for h in headers[1:]:
+        for key, what in (("length", "sequence length"), ("hkv", "H, K, V"), ("dtypes", "dtypes"),
+                          ("options", "options (chunk, snapshot_every, scale, qk_l2norm)"),
+                          ("functions", "summary_fn, scan_fn")):
+            if h[key] != first[key]:
+                problems.append(f"rank {h['rank']}: {what} {h[key]}, but rank 0 has {first[key]}")
+    if first["start"] != 0:
+        problems.append(f"rank 0: starts at token {first['start']}, but the first part must start at 0")
+    for prev, h in zip(headers, headers[1:]):
+        if h["start"] != prev["stop"]:
+            problems.append(f"rank {h['rank']}: starts at token {h['start']}, but rank {prev['rank']} "
+                            f"stops at {prev['stop']} (parts must be contiguous, in rank order)")
+    last = headers[-1]
+    if last["stop"] != last["length"]:
+        problems.append(f"rank {last['rank']}: stops at token {last['stop']}, but the last rank must "
+                        f"hold the sequence's end ({last['length']})")
+    return problems
+
+
+def _raise_if(problems: list[str], world: int) -> None:
+    if problems:
+        raise CPInputError(f"context-parallel dstate scan over {world} ranks: the parts do not fit "
+                           f"together (every rank raises this):\n  " + "\n  ".join(problems))
+
+
+# ----------------------------------------------------------------------------
+# the passes every rank runs (the exchange between them differs)
+# ----------------------------------------------------------------------------
+
+def _hkv(part: Part) -> tuple[int, int, int]:
+    return part.inputs["q"].shape[2], part.inputs["q"].shape[3], part.inputs["do"].shape[3]
+
+
+def _expect_output(fn, what: str, x, shape: tuple) -> None:
+    got = tuple(getattr(x, "shape", ()))
+    if got != shape:
+        raise ValueError(f"{_name(fn)} returned {what} of shape {got}, expected {shape}")
+
+
+def _run_scan(part: Part, dS_in, options: ScanOptions, scan_fn):
+    """scan_fn's (snapshots, dS_out), their shapes checked: a plugged-in scan must keep the layout."""
+    snaps, out = scan_fn(part, dS_in, options)
+    H, K, V = _hkv(part)
+    tiles, _ = segment_snapshots(part.start, part.stop, part.length, options.chunk, options.snapshot_every)
+    _expect_output(scan_fn, "snapshots", snaps, (1, tiles.size, H, K, V))
+    _expect_output(scan_fn, "dS_out", out, (H, K, V))
+    return snaps, out
+
+
+def _first_pass(part: Part, options: ScanOptions, summary_fn, scan_fn):
+    """(summary or None, result or None): the end part scans, the first part idles, others summarise."""
+    if part.holds_end:
+        result = _run_scan(part, _f64(part.dht, part), options, scan_fn)
+        return (None, result[1]), result
+    if part.start == 0:
+        return None, None                    # what leaves the first part is dh0: nobody folds it
+    M, d = summary_fn(part, options)
+    H, K, V = _hkv(part)
+    _expect_output(summary_fn, "M", M, (H, K, K))
+    _expect_output(summary_fn, "d", d, (H, K, V))
+    return (M, d), None
+
+
+def _f64(x, part: Part):
+    """x as a float64 array of the part's array module (numpy or CuPy), None stays None."""
+    if x is None:
+        return None
+    xp = array_module(part.inputs["q"])
+    if not isinstance(x, xp.ndarray) and hasattr(x, "__dlpack__"):     # a torch tensor
+        x = np.from_dlpack(x.cpu()) if xp is np else xp.from_dlpack(x)
+    return xp.asarray(x, dtype=np.float64)
+
+
+def cp_dstate_scan_serial(parts: Sequence[Part], options: ScanOptions = ScanOptions(), *,
+                          summary_fn: SummaryFn = reference_summary,
+                          scan_fn: ScanFn = reference_scan) -> list[tuple[Array, Array]]:
+    """Every rank's part in turn, in this process: what :func:`cp_dstate_scan` returns on each rank.
+
+    ``parts`` in rank order; the same checks (raising :class:`CPInputError`), the
+    same passes, the summaries folded in float64 in the parts' array module.
+    Returns [(snapshots, dS_out)] per part; part 0's dS_out is dh0.
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("parts must hold at least one Part, got none")
+    _raise_if(_check_headers([_header(p, options, r, summary_fn, scan_fn)
+                              for r, p in enumerate(parts)]), len(parts))
+    first = [_first_pass(p, options, summary_fn, scan_fn) for p in parts]
+    summaries = [None if s is None else (_f64(s[0], p), _f64(s[1], p)) for (s, _), p in zip(first, parts)]
+    incoming = fold_summaries(summaries, None)     # the end part's entry is a constant: dht is in it
+    return [result if result is not None else _run_scan(p, incoming[r], options, scan_fn)
+            for r, (p, (_, result)) in enumerate(zip(parts, first))]
+
+
+# ----------------------------------------------------------------------------
+# torch.distributed
+# ----------------------------------------------------------------------------
+
+def _torch():
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise ImportError("kernel.cp's distributed path needs torch: pip install 'ptx-lab[torch]' "
+                          "(a CPU build is enough for gloo)") from exc
+    return torch, dist
+
+
+def init_group(backend: str | None = None, *, timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+               init_method: str = "env://", rank: int | None = None,
+               world_size: int | None = None) -> None:
+    """``torch.distributed.init_process_group`` with a bounded ``timeout`` for every collective.
+
+    backend None: "nccl" where CUDA is available (each rank then uses GPU
+    LOCAL_RANK, as torchrun sets it), else "gloo". env:// reads MASTER_ADDR,
+    MASTER_PORT, RANK and WORLD_SIZE unless ``rank`` / ``world_size`` are given.
+    """
+    torch, dist = _torch()
+    if not isinstance(timeout, datetime.timedelta):
+        raise ValueError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    kwargs = {} if rank is None else dict(rank=rank)
+    if world_size is not None:
+        kwargs["world_size"] = world_size
+    dist.init_process_group(backend, init_method=init_method, timeout=timeout, **kwargs)
+
+
+def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=None,
+                   timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+                   summary_fn: SummaryFn = reference_summary,
+                   scan_fn: ScanFn = reference_scan) -> tuple[Array, Array]:
+    """This rank's share of the sequence's scan: (snapshots [1, n, H, K, V], dS_out [H, K, V]).
+
+    Call on every rank of ``group`` (default: the world), rank r with the r-th
+    part in token order. Rank 0's dS_out is dh0. Raises :class:`CPInputError` on
+    every rank when the parts do not fit together.
+    """
+    torch, dist = _torch()
+    if not dist.is_initialized():
+        raise RuntimeError("cp_dstate_scan needs torch.distributed initialised (kernel.cp.init_group)")
+    if not isinstance(timeout, datetime.timedelta):
+        raise ValueError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    backend = dist.get_backend(group)
+    if backend == "gloo":
+        try:
+            dist.monitored_barrier(group, timeout=timeout, wait_all_ranks=True)
+        except RuntimeError as exc:
+            raise RuntimeError(f"context-parallel dstate scan, rank {rank} of {world}: not every rank "
+                               f"reached the scan within {timeout}; torch.distributed says: {exc}") from exc
+    headers: list = [None] * world
+    dist.all_gather_object(headers, _header(part, options, rank, summary_fn, scan_fn), group=group)
+    _raise_if(_check_headers(headers), world)
+
+    summary, result = _first_pass(part, options, summary_fn, scan_fn)
+    H, K, V = headers[0]["hkv"]
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    mine = torch.zeros((H, K, K + V), dtype=torch.float64, device=device)
+    if summary is not None:
+        M, d = summary
+        if M is not None:
+            mine[..., :K] = _as_torch(torch, M, device)
+        mine[..., K:] = _as_torch(torch, d, device)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    if result is not None:
+        return result
+    # the ranks after this one; the last one's entry is the constant dS leaving it
+    after = [(None if r == world - 1 else g[..., :K], g[..., K:])
+             for r, g in enumerate(gathered) if r > rank]
+    incoming = fold_summaries([None] + after, None)[0]
+    return _run_scan(part, _f64(incoming, part), options, scan_fn)
+
+
+def _as_torch(torch, x, device):
+    """A numpy / CuPy / torch array as a float64 torch tensor on ``device``."""
+    if not isinstance(x, torch.Tensor):
+        x = torch.from_dlpack(x) if hasattr(x, "__cuda_array_interface__") else torch.tensor(np.asarray(x))
+    return x.to(device=device, dtype=torch.float64)

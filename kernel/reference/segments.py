@@ -1,0 +1,411 @@
+"""Kernel A's scan split along the sequence, in float64: segment summaries, their fold, three passes.
+
+What and why
+------------
+Kernel A walks a sequence backwards one tile at a time, so one sequence is one
+serial chain. The chain can still be cut: the tile step is affine in dS,
+
+    dS_before_tile = A_n dS_after_tile + b_n
+    A_n = Diag(exp2(gT_n)) - kd_n^T diag(beta_n) INV_n^T kr_n           [K, K]
+    b_n = qd_n^T do_n - kd_n^T diag(beta_n) INV_n^T Mqk_n^T do_n        [K, V]
+
+(read off the scan: dU = Mqk^T do + kr dS, dvcorr = INV^T dU,
+dS = exp2(gT) dS + qd^T do - kd^T (beta * dvcorr)). A run of consecutive tiles,
+a *segment*, is then affine too, and its *summary* (M, d) says
+
+    dS_before_segment = M dS_after_segment + d
+
+with M the product of its A_n (first tile leftmost) and d what the scan gives
+when started from zero. Both come out of the ordinary scan: M is the scan run on
+the K x K identity with do = 0 (so M needs neither q, nor do, nor Mqk: they only
+ever multiply do), d is the scan started from dS = 0.
+
+A sequence cut into segments 0 .. m-1 (token order) is then scanned in three passes:
+
+1. every middle segment (1 .. m-2) computes its summary, all in parallel;
+   the segment holding the sequence's end already knows what enters it (dht,
+   zeros when absent), so it runs its real scan instead, in the same pass;
+   the first segment's summary is never needed (what leaves it is dh0, which
+   its own scan produces);
+2. a short serial fold, right to left, gives every segment the dS entering it:
+   in[m-1] = dht, in[j-1] = M_j in[j] + d_j (for the end segment, whose real
+   scan already ran, its dS_before stands in for M_j in[j] + d_j);
+3. every other segment runs the normal scan from its true incoming dS and
+   writes its snapshots; the first one's outgoing dS is dh0.
+
+Where segments may start and stop
+---------------------------------
+Segment boundaries are tile edges of the sequence (a multiple of ``chunk``
+tokens from its start). Nothing finer is possible: ``gc``, ``Mqk`` and ``INV``
+are tile-local and INV couples every row of a tile, so a tile's step is one
+affine map that does not factor into two maps over its halves. A boundary may
+sit on any tile edge, not only on a snapshot edge: with ``snapshot_every`` = e
+> 1 (e = 4, chunk 16: FLA's 64-token chunks), a boundary at a tile edge that is
+not a multiple of e tiles falls *inside* a snapshot chunk. Such a snapshot
+belongs to the segment holding the chunk's last tile (the snapshot is the dS
+entering that tile), so each segment scans with a snapshot at every tile and
+keeps those that land on the sequence's own grid of every e-th tile.
+
+Public names
+------------
+* :func:`segment_bounds`: a sequence's tile-edge split into up to S segments.
+* :func:`segment_snapshots`: which of its sequence's snapshots a segment writes.
+* :func:`segment_summary`: one segment's (M, d).
+* :func:`fold_summaries`: pass 2, the dS entering every segment.
+* :func:`dstate_scan_segmented`: :func:`dstate_scan_reference`'s arguments and
+  outputs, computed by the three passes.
+
+Like the rest of :mod:`kernel.reference`, everything is array-module agnostic
+(numpy in, numpy out; CuPy in, CuPy out); :func:`fold_summaries` uses only ``@``
+and ``+``, so it also folds torch tensors (:mod:`kernel.cp`).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .dstate_scan import (_check_tiling, _expect_rank, _expect_shape, _sequence_offsets,
+                          array_module, dstate_scan_reference, snapshot_offsets)
+
+__all__ = [
+    "segment_bounds",
+    "segment_snapshots",
+    "segment_summary",
+    "fold_summaries",
+    "dstate_scan_segmented",
+]
+
+# Summaries keep no snapshots, but the scan stores one every snapshot_every
+# tiles; this many tiles apart keeps that scratch small (any e >= 1 is valid).
+_SUMMARY_SNAPSHOT_EVERY = 64
+
+Array = Any
+Summary = tuple[Any, Any]  # (M [H, K, K] or None, d [H, K, V])
+
+
+# ----------------------------------------------------------------------------
+# validation helpers
+# ----------------------------------------------------------------------------
+
+def _is_int(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, np.integer))
+
+
+def _check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk: int, snapshot_every: int, cu_seqlens):
+    """dstate_scan_reference's argument checks; returns (B, T, H, K, V, cu)."""
+    _check_tiling(chunk, snapshot_every)
+    _expect_rank("q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
+    _expect_shape("gc", gc, q.shape, "(same as q: [B, T, H, K])")
+    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
+    _expect_shape("mqk", mqk, (B, T, H, chunk), "([B, T, H, chunk])")
+    _expect_shape("inv", inv, (B, T, H, chunk), "([B, T, H, chunk])")
+    _expect_rank("do", do, 4, "[B, T, H, V]")
+    V = do.shape[3]
+    _expect_shape("do", do, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
+    return B, T, H, K, V, _sequence_offsets(B, T, cu_seqlens)
+
+
+def _is_tile_edge(offset: int, length: int, chunk: int) -> bool:
+    """A token offset inside a sequence of ``length`` tokens where a segment may start or stop."""
+    return offset == length or (0 <= offset < length and offset % chunk == 0)
+
+
+# ----------------------------------------------------------------------------
+# where the segments are
+# ----------------------------------------------------------------------------
+
+def segment_bounds(length: int, chunk: int, segments: int) -> list[tuple[int, int]]:
+    """Token ranges [start, stop) splitting a sequence of ``length`` tokens at tile edges.
+
+    The sequence's n_t = ceil(length / chunk) tiles are split into
+    m = min(segments, n_t) runs of consecutive tiles whose sizes differ by at
+    most one (segment j holds tiles floor(j n_t / m) .. floor((j+1) n_t / m) - 1);
+    a sequence shorter than ``segments`` tiles is cut into fewer segments, one of a
+    single tile is not cut. Ranges are relative to the sequence's first token;
+    the last one stops at ``length`` (a partial last tile stays whole).
+    """
+    _check_tiling(chunk)
+    if not _is_int(length) or length < 1:
+        raise ValueError(f"length must be an integer >= 1, got {length!r}")
+    if not _is_int(segments) or segments < 1:
+        raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
+    n_tiles = -(-int(length) // chunk)
+    m = min(int(segments), n_tiles)
+    edges = [j * n_tiles // m * chunk for j in range(m)] + [int(length)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def segment_snapshots(start: int, stop: int, length: int, chunk: int,
+                      snapshot_every: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which snapshots of its sequence a segment writes: (tiles, snapshots), int64.
+
+    For the segment of tokens start .. stop - 1 of a sequence of ``length``
+    tokens: ``tiles`` counts its tiles that carry a snapshot, from the segment's
+    first tile; ``snapshots`` is the index of each in the sequence's own
+    snapshot grid (snapshot m = dS entering tile min(e m + e - 1, n_t - 1),
+    e = ``snapshot_every``). A segment that starts inside a snapshot chunk
+    writes that chunk's snapshot only if it holds the chunk's last tile; the
+    snapshots of consecutive segments, concatenated, are the sequence's.
+    """
+    _check_tiling(chunk, snapshot_every)
+    seq_tiles = -(-length // chunk)
+    first = start // chunk
+    tiles = first + np.arange(-(-(stop - start) // chunk), dtype=np.int64)
+    e = snapshot_every
+    keep = (tiles % e == e - 1) | (tiles == seq_tiles - 1)
+    return tiles[keep] - first, tiles[keep] // e
+
+
+def _bounds_from_cuts(length: int, chunk: int, cuts: Sequence[int], name: str) -> list[tuple[int, int]]:
+    """Ranges between explicit interior cuts (token offsets, strictly increasing tile edges)."""
+    try:
+        cuts = [c for c in cuts]
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of token offsets, got {cuts!r}") from None
+    for i, c in enumerate(cuts):
+        if not _is_int(c):
+            raise ValueError(f"{name}[{i}] must be an integer token offset, got {c!r}")
+        if not 0 < c < length or c % chunk != 0:
+            raise ValueError(f"{name}[{i}] = {c} must be a tile edge strictly inside the sequence "
+                             f"(a multiple of chunk = {chunk} in 1 .. {length - 1})")
+        if i and c <= cuts[i - 1]:
+            raise ValueError(f"{name} must be strictly increasing, got {name}[{i - 1}] = {cuts[i - 1]} "
+                             f">= {name}[{i}] = {c}")
+    edges = [0] + [int(c) for c in cuts] + [int(length)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _all_bounds(cu: np.ndarray, chunk: int, segments) -> list[list[tuple[int, int]]]:
+    """Per sequence, its segments as absolute token ranges of the flattened token axis."""
+    lengths = np.diff(cu)
+    N = lengths.shape[0]
+    if _is_int(segments):
+        if segments < 1:
+            raise ValueError(f"segments must be an integer >= 1 or one list of cuts per sequence, "
+                             f"got {segments!r}")
+        rel = [segment_bounds(int(n), chunk, int(segments)) for n in lengths]
+    else:
+        if isinstance(segments, bool) or not isinstance(segments, Sequence) or isinstance(segments, str):
+            raise ValueError(f"segments must be an integer >= 1 or one list of cuts per sequence, "
+                             f"got {segments!r}")
+        if len(segments) != N:
+            raise ValueError(f"segments as cuts needs one list per sequence ({N}), got {len(segments)}")
+        rel = [_bounds_from_cuts(int(n), chunk, cuts, f"segments[{i}]")
+               for i, (n, cuts) in enumerate(zip(lengths, segments))]
+    return [[(int(bos) + a, int(bos) + b) for a, b in r] for bos, r in zip(cu[:-1], rel)]
+
+
+# ----------------------------------------------------------------------------
+# scans over a set of segments, each as its own packed "sequence"
+# ----------------------------------------------------------------------------
+
+def _gather_segments(xp, flat: dict, ranges: list[tuple[int, int]]):
+    """The tokens of ``ranges``, concatenated [1, sum, ...], and their cu_seqlens.
+
+    A segment starts at a tile edge of its sequence, so its tiles are the
+    sequence's own and the tile-local gc, Mqk, INV stay valid.
+    """
+    idx = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
+    cu = np.concatenate([[0], np.cumsum([b - a for a, b in ranges])]).astype(np.int64)
+    sel = xp.asarray(idx)
+    return {name: x[:, sel] for name, x in flat.items()}, cu
+
+
+def _scan_ranges(xp, flat: dict, ranges, dht, opts: dict, snapshot_every: int, do=None):
+    """dstate_scan_reference over the given segments at once (they are independent)."""
+    g, cu = _gather_segments(xp, flat, ranges)
+    return dstate_scan_reference(g["q"], g["k"], g["gc"], g["beta"], g["mqk"], g["inv"],
+                                 g["do"] if do is None else do(g["do"]), dht=dht, cu_seqlens=cu,
+                                 snapshot_every=snapshot_every, **opts)
+
+
+def _summaries(xp, flat: dict, ranges, opts: dict) -> tuple[Array, Array]:
+    """(M [n, H, K, K], d [n, H, K, V]) of each range, from one scan of width K + V.
+
+    The scan treats every column of dS independently (each column meets the same
+    column of do only), so the columns [I | 0] with do [0 | do] carry M and d side by side.
+    """
+    n = len(ranges)
+    _, _, H, K = flat["q"].shape
+    V = flat["do"].shape[-1]
+    eye = xp.broadcast_to(xp.eye(K, dtype=np.float64), (n, H, K, K))
+    dht = xp.concatenate([eye, xp.zeros((n, H, K, V), dtype=np.float64)], axis=-1)
+
+    def widen(do):
+        zeros = xp.zeros(do.shape[:-1] + (K,), dtype=np.float64)
+        return xp.concatenate([zeros, xp.asarray(do, dtype=np.float64)], axis=-1)
+
+    _, out = _scan_ranges(xp, flat, ranges, dht, opts, _SUMMARY_SNAPSHOT_EVERY, do=widen)
+    return out[..., :K], out[..., K:]
+
+
+def _flatten(B: int, T: int, **arrays) -> dict:
+    """[B, T, ...] -> [1, B*T, ...]: a batch of equal-length sequences as one packed batch."""
+    return {name: x.reshape((1, B * T) + tuple(x.shape[2:])) for name, x in arrays.items()}
+
+
+# ----------------------------------------------------------------------------
+# public API
+# ----------------------------------------------------------------------------
+
+def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int | None = None,
+                    scale: float | None = None, cu_seqlens=None, chunk: int = 16,
+                    qk_l2norm: bool = True) -> tuple[Array, Array]:
+    """One segment's summary (M [H, K, K], d [H, K, V]), float64.
+
+    The inputs are :func:`dstate_scan_reference`'s (same shapes, same
+    ``cu_seqlens`` packing); the segment is the tokens ``start .. stop - 1`` of
+    the flattened token axis (token t of batch row b is b*T + t; with
+    ``cu_seqlens``, the packed position). Both ends must be tile edges of one
+    sequence: a multiple of ``chunk`` tokens from its first token, or ``stop`` at
+    its end. ``stop`` None: the end of the sequence holding ``start``. So a
+    single sequence (or one context-parallel rank's part, which starts at a tile
+    edge) needs no range at all.
+
+    dS entering the segment's first tile (from the right, the gradient w.r.t.
+    the state before the segment) = M @ dS entering from after the segment + d.
+    """
+    B, T, H, K, V, cu = _check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, 1, cu_seqlens)
+    total = B * T
+    if not _is_int(start) or not 0 <= start < total:
+        raise ValueError(f"start must be an integer token position in 0 .. {total - 1}, got {start!r}")
+    n = int(np.searchsorted(cu, start, side="right")) - 1
+    bos, eos = int(cu[n]), int(cu[n + 1])
+    if stop is None:
+        stop = eos
+    if not _is_int(stop) or not start < stop <= eos:
+        raise ValueError(f"stop must be an integer in {start + 1} .. {eos} (the segment may not "
+                         f"cross the end of sequence {n}, tokens {bos} .. {eos - 1}), got {stop!r}")
+    for name, pos in (("start", int(start)), ("stop", int(stop))):
+        if not _is_tile_edge(pos - bos, eos - bos, chunk):
+            raise ValueError(f"{name} = {pos} is not a tile edge of sequence {n} (tokens {bos} .. "
+                             f"{eos - 1}, chunk {chunk}): segments start and stop at "
+                             f"{bos} + a multiple of {chunk}, or stop at {eos}")
+    xp = array_module(q)
+    flat = _flatten(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
+    opts = dict(scale=scale, chunk=chunk, qk_l2norm=qk_l2norm)
+    M, d = _summaries(xp, flat, [(int(start), int(stop))], opts)
+    return M[0], d[0]
+
+
+def fold_summaries(summaries: Sequence[Summary | None], dht=None) -> list:
+    """Pass 2: the dS entering every segment of one sequence, from the right.
+
+    ``summaries``: one entry per segment, in token order; entry j is (M, d),
+    M [H, K, K], d [H, K, V], meaning dS_before_j = M @ dS_after_j + d. M may be
+    None: the segment's dS_before is already known (its scan ran), and is d. The
+    first entry is never read (what leaves the first segment is dh0) and may be None.
+    ``dht`` [H, K, V] enters the last segment; None means zeros.
+
+    Returns incoming [m]: incoming[m-1] = dht, incoming[j-1] = M_j @ incoming[j] + d_j,
+    with None standing for zeros (as ``dht`` does) and an entry possibly being d_j
+    itself (no copy). Only ``@`` and ``+`` are used: numpy, CuPy and torch all fold.
+    """
+    try:
+        m = len(summaries)
+    except TypeError:
+        raise ValueError(f"summaries must be a sequence of (M, d) pairs, got "
+                         f"{type(summaries).__name__}") from None
+    if m < 1:
+        raise ValueError("summaries must hold at least one entry (one per segment), got none")
+    hkv = None if dht is None else tuple(dht.shape)
+    if hkv is not None and len(hkv) != 3:
+        raise ValueError(f"dht must be [H, K, V] (one sequence), got shape {hkv}")
+    for j in range(1, m):
+        entry = summaries[j]
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ValueError(f"summaries[{j}] must be an (M, d) pair, got {type(entry).__name__}")
+        M, d = entry
+        shape = tuple(getattr(d, "shape", ()))
+        if len(shape) != 3:
+            raise ValueError(f"summaries[{j}] d must be [H, K, V], got shape {shape}")
+        if hkv is None:
+            hkv = shape
+        elif shape != hkv:
+            raise ValueError(f"summaries[{j}] d must have shape {hkv} (as dht and the other "
+                             f"segments), got {shape}")
+        H, K, _ = hkv
+        if M is not None and tuple(getattr(M, "shape", ())) != (H, K, K):
+            raise ValueError(f"summaries[{j}] M must have shape {(H, K, K)} ([H, K, K]) or be None, "
+                             f"got {tuple(getattr(M, 'shape', ()))}")
+    incoming = [None] * m
+    incoming[-1] = dht
+    for j in range(m - 1, 0, -1):
+        M, d = summaries[j]
+        x = incoming[j]
+        incoming[j - 1] = d if (M is None or x is None) else M @ x + d
+    return incoming
+
+
+def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: float | None = None,
+                          dht=None, cu_seqlens=None, chunk: int = 16, qk_l2norm: bool = True,
+                          snapshot_every: int = 1):
+    """:func:`dstate_scan_reference`, computed by the three passes over segments.
+
+    Same arguments, same outputs (snapshots, dh0) in the same layout, plus
+    ``segments``: either an integer S >= 1 (each sequence cut into
+    min(S, its tile count) near-equal runs of tiles, :func:`segment_bounds`) or,
+    one list per sequence, the token offsets (from the sequence's first token)
+    of its interior cuts, each a tile edge: ``[[32, 48], [], [16]]``.
+    """
+    B, T, H, K, V, cu = _check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every,
+                                           cu_seqlens)
+    N = cu.shape[0] - 1
+    if dht is not None:
+        _expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
+    bounds = _all_bounds(cu, chunk, segments)
+    xp = array_module(q)
+    f64 = np.float64
+    flat = _flatten(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
+    opts = dict(scale=scale, chunk=chunk, qk_l2norm=qk_l2norm)
+    dht64 = None if dht is None else xp.asarray(dht, dtype=f64)
+
+    # pass 1: summaries of the middle segments; the end segments' real scans
+    middle = [(n, j) for n, b in enumerate(bounds) for j in range(1, len(b) - 1)]
+    summary = {}
+    if middle:
+        M, d = _summaries(xp, flat, [bounds[n][j] for n, j in middle], opts)
+        summary = {key: (M[i], d[i]) for i, key in enumerate(middle)}
+    ends = [(n, len(b) - 1) for n, b in enumerate(bounds)]
+    end_snaps, end_out = _scan_ranges(xp, flat, [bounds[n][j] for n, j in ends], dht64, opts, 1)
+    for i, key in enumerate(ends):
+        summary[key] = (None, end_out[i])            # known dS leaving the end segment
+
+    # pass 2: the serial fold, one sequence at a time
+    incoming = {}
+    for n, b in enumerate(bounds):
+        row = [None] + [summary[(n, j)] for j in range(1, len(b))]
+        for j, x in enumerate(fold_summaries(row, None if dht64 is None else dht64[n])):
+            incoming[(n, j)] = x
+
+    # pass 3: every other segment from its true incoming dS
+    rest = [(n, j) for n, b in enumerate(bounds) for j in range(len(b) - 1)]
+    runs = [(ends, end_snaps, end_out)]
+    if rest:
+        zeros = xp.zeros((H, K, V), dtype=f64)
+        dS_in = xp.stack([zeros if incoming[key] is None else incoming[key] for key in rest])
+        runs.append((rest,) + _scan_ranges(xp, flat, [bounds[n][j] for n, j in rest], dS_in, opts, 1))
+
+    # every segment's every-tile snapshots -> the sequence's grid of every e-th tile
+    offsets = snapshot_offsets(np.diff(cu), chunk, snapshot_every)
+    snapshots = xp.zeros((int(offsets[-1]), H, K, V), dtype=f64)
+    dh0 = xp.zeros((N, H, K, V), dtype=f64)
+    for keys, snaps, out in runs:
+        row = 0
+        for i, (n, j) in enumerate(keys):
+            bos, eos = int(cu[n]), int(cu[n + 1])
+            start, stop = bounds[n][j]
+            tiles, which = segment_snapshots(start - bos, stop - bos, eos - bos, chunk, snapshot_every)
+            if tiles.size:
+                snapshots[xp.asarray(offsets[n] + which)] = snaps[0, xp.asarray(row + tiles)]
+            row += -(-(stop - start) // chunk)
+            if j == 0:
+                dh0[n] = out[i]
+    if cu_seqlens is None:
+        snapshots = snapshots.reshape(B, -1, H, K, V)
+    else:
+        snapshots = snapshots[None]
+    return snapshots, dh0

@@ -1,0 +1,77 @@
+"""One rank of tests/kernel/test_cp.py, in a child process of its own.
+
+The parent and every child build the same seeded problem from a case (a plain
+dict, so it pickles), and each child reports every case back as a file in the
+run's directory: ``case<i>_rank<r>.npz`` (snapshots, dS_out) or
+``case<i>_rank<r>.err`` (the exception's type and message, JSON). A case's
+``fault`` makes one rank hand in a part that does not fit (``offsets``,
+``shapes``, ``tile_edge``) or not arrive at all (``absent``).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kernel import cp
+from kernel.reference import prepare_tiles, random_inputs
+
+
+def problem(case: dict) -> dict:
+    """The case's one sequence: dstate_scan_reference's inputs [1, T, ...] and dht [1, H, K, V]."""
+    inp = random_inputs(1, case["length"], case["H"], case["K"], case["V"], seed=case["seed"],
+                        with_dht=case["with_dht"])
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=case["chunk"])
+    return dict(q=inp["q"], k=inp["k"], gc=gc, beta=inp["beta"], mqk=mqk, inv=inv, do=inp["do"],
+                dht=inp["dht"])
+
+
+def options(case: dict) -> cp.ScanOptions:
+    return cp.ScanOptions(chunk=case["chunk"], snapshot_every=case["snapshot_every"])
+
+
+def part_of(case: dict, rank: int, world: int) -> cp.Part:
+    inputs = problem(case)
+    tokens = None if case.get("tokens") is None else tuple(case["tokens"][rank])
+    fault = case.get("fault")
+    if fault is not None and rank == case["fault_rank"]:
+        chunk = case["chunk"]
+        fair = cp.shard(inputs, rank, world, chunk=chunk, tokens=tokens)
+        start, stop = fair.start, fair.stop
+        if fault == "offsets":          # leaves a one-tile gap after the previous rank
+            tokens = (start + chunk, stop)
+        elif fault == "tile_edge":      # stops one token past a tile edge
+            tokens = (start, stop + 1)
+        elif fault == "shapes":         # one key dimension fewer than the others
+            inputs = {name: (x[..., :-1] if name in ("q", "k", "gc") else x) for name, x in inputs.items()}
+    return cp.shard(inputs, rank, world, chunk=case["chunk"], tokens=tokens)
+
+
+def run_rank(rank: int, world: int, port: int, cases: list, out_dir: str, timeout_s: float) -> None:
+    """torch.multiprocessing entry point: join the gloo group, run every case, report each."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    cp.init_group("gloo", timeout=timeout)
+    out = Path(out_dir)
+    import torch.distributed as dist
+    try:
+        for i, case in enumerate(cases):
+            stem = out / f"case{i}_rank{rank}"
+            if case.get("fault") == "absent" and rank == case["fault_rank"]:
+                time.sleep(case["absent_s"])   # never calls: the others must give up on their own
+                continue
+            began = time.monotonic()
+            try:
+                snaps, dS_out = cp.cp_dstate_scan(part_of(case, rank, world), options(case),
+                                                  timeout=timeout)
+                np.savez(f"{stem}.npz", snapshots=snaps, dS_out=dS_out)
+            except Exception as exc:   # reported to the parent, which decides
+                stem.with_suffix(".err").write_text(json.dumps(dict(
+                    type=type(exc).__name__, message=str(exc), seconds=time.monotonic() - began)))
+    finally:
+        dist.destroy_process_group()

@@ -5,9 +5,13 @@ out) and never needs CuPy or a GPU.
 
 * :mod:`kernel.reference.dstate_scan`: Kernel A's contract (tile quantities,
   the backward dstate scan, snapshot layout) and the seeded input generators.
+* :mod:`kernel.reference.fla_layout`: FLA's forward tensors (Aqk, Akk, g) and how
+  Kernel A's gc, Mqk, INV are read from them.
 """
 from .dstate_scan import (FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module, dstate_scan_reference,
                           prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
+from .fla_layout import (KERNEL_TILE, FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
+                         kernel_a_inputs_from_fla)
 
 __all__ = [
     "array_module",
@@ -16,4 +20,9 @@ __all__ = [
     "snapshot_offsets",
     "random_inputs",
     "ragged_lengths",
+    "KERNEL_TILE",
+    "FlaTensors",
+    "fla_forward_tensors",
+    "fla_diagonal_blocks",
+    "kernel_a_inputs_from_fla",
 ]

@@ -196,7 +196,8 @@ def fla_forward_tensors(q, k, g, beta, *, scale: float | None = None, cu_seqlens
     # forward substitution as prepare_tiles does): the tests compare two independent routes.
     # Rows past a partial chunk's end have k = beta = 0, so they are identity rows.
     a = xp.moveaxis(lkk, 3, 1) + xp.eye(chunk, dtype=f64)                   # [n, H, c, j]
-    akk = xp.linalg.solve(a, xp.broadcast_to(xp.eye(chunk, dtype=f64), a.shape))
+    identity = xp.ascontiguousarray(xp.broadcast_to(xp.eye(chunk, dtype=f64), a.shape))
+    akk = xp.linalg.solve(a, identity)
     # FLA stores exact zeros above the diagonal (a pivoting solve leaves rounding there)
     akk = xp.moveaxis(xp.where(on_or_below, akk, 0.0), 1, 2)                # [n, c, H, j]
     aqk = xp.moveaxis(aqk, 3, 2)                                            # [n, c, H, j]

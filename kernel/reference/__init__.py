@@ -7,9 +7,13 @@ out) and never needs CuPy or a GPU.
   the backward dstate scan, snapshot layout) and the seeded input generators.
 * :mod:`kernel.reference.segments`: the same scan split along the sequence
   (segment summaries, their fold, the three passes).
+* :mod:`kernel.reference.fla_layout`: FLA's forward tensors (Aqk, Akk, g) and how
+  Kernel A's gc, Mqk, INV are read from them.
 """
 from .dstate_scan import (FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module, dstate_scan_reference,
                           prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
+from .fla_layout import (KERNEL_TILE, FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
+                         kernel_a_inputs_from_fla)
 from .segments import (dstate_scan_segmented, fold_summaries, segment_bounds, segment_snapshots,
                        segment_summary)
 
@@ -25,4 +29,9 @@ __all__ = [
     "segment_summary",
     "fold_summaries",
     "dstate_scan_segmented",
+    "KERNEL_TILE",
+    "FlaTensors",
+    "fla_forward_tensors",
+    "fla_diagonal_blocks",
+    "kernel_a_inputs_from_fla",
 ]

@@ -328,8 +328,8 @@ def test_matches_the_tile_path_and_float64(case):
 
 
 def _fla_state(torch, lengths, seed=3, H=2):
-    """FLA's own forward on seeded inputs (kernel.fla_adapter.prepare), and the host inputs."""
-    from kernel import fla_adapter
+    """FLA's own forward on seeded inputs (kernel.tools.fla_adapter.prepare), and the host inputs."""
+    from kernel.tools import fla_adapter
     from kernel.reference import random_inputs
 
     ok, why = fla_adapter.available()

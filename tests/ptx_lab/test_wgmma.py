@@ -195,7 +195,7 @@ def test_device_reads_one_tile_as_k_major_x_transposed_and_n_major_x(n):
     rng = np.random.default_rng(5)
     X = rng.integers(-8, 9, (16, 128)).astype(np.float32)
     off = tile_offsets(16, 128, R, Q)
-    bits = model._to_bits(X, "bf16")
+    bits = model._to_bits(X, "bfloat16")
     img = np.zeros(2 * R, np.uint8)
     img[off] = bits & 0xFF
     img[off + 1] = bits >> 8

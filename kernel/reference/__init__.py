@@ -5,9 +5,12 @@ out) and never needs CuPy or a GPU.
 
 * :mod:`kernel.reference.dstate_scan`: Kernel A's contract (tile quantities,
   the backward dstate scan, snapshot layout) and the seeded input generators.
+* :mod:`kernel.reference.kda`: the whole KDA forward and backward, tile by
+  tile (dq, dk, dv, dg, dbeta, dh0 from Kernel A's dS and the forward states).
 """
 from .dstate_scan import (FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module, dstate_scan_reference,
                           prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
+from .kda import kda_backward_reference, kda_forward_reference
 
 __all__ = [
     "array_module",
@@ -16,4 +19,6 @@ __all__ = [
     "snapshot_offsets",
     "random_inputs",
     "ragged_lengths",
+    "kda_forward_reference",
+    "kda_backward_reference",
 ]

@@ -69,11 +69,11 @@ g_t for t > c, gamma holds every g_t of the tile::
     from_end[c]   = Qe.dQe + Ke.dKe - Kr.dKr         [C, K]
     dg[t] = sum_{c >= t} from_start[c] - sum_{c < t} from_end[c] + gamma.dgamma
 
-a reverse cumsum and an exclusive forward cumsum inside the tile. Summing
-from_end into the rows and subtracting its total at row L-1 (one reverse
-cumsum) is the same in exact arithmetic but cancels where dg is small next
-to its terms; so does sending Mqk's gate-free diagonal through both gated
-halves, hence d (docs/kda_backward.md has the measured difference).
+a reverse cumsum and an exclusive forward cumsum inside the tile (the same
+as one reverse cumsum with gT's share put on row L-1, without singling out
+the last row of a partial tile). Mqk's diagonal holds no gate: its gradient d
+goes to q, k directly, because sent through both gated halves it cancels in
+dg and loses digits where dg is small (docs/kda_backward.md has the numbers).
 
 g enters a tile only through its own gc (gT included: the tile's state decay
 gamma = 2^gT is a function of the same cumsum), and the earlier tiles' gates

@@ -391,3 +391,28 @@ def test_tile_decay_bound_is_the_documented_one():
     _call_backward(g=g * 0.999, initial_state=None, dht=None)
     with pytest.raises(ValueError, match=r"g: a tile of 4 tokens decays"):
         _call_backward(g=g * 1.01)
+
+
+# ----------------------------------------------------------------------------
+# the GEMM table of kernel.kda_floors is the reference's
+# ----------------------------------------------------------------------------
+
+def test_floor_gemms_are_the_reference_gemms():
+    """Every GEMM named in kda.py's comments has the M/N/K kernel.kda_floors counts."""
+    import re
+    from pathlib import Path
+
+    from kernel import kda_floors
+    from kernel.reference import kda
+
+    source = Path(kda.__file__).read_text()
+    named = re.findall(r"#\s+(G\d+)\s.*?M=(\w) N=(\w) K=(\w)", source)
+    seen = {name for name, *_ in named}
+    # G4, G5 (the dS re-scan) are Kernel A's and run outside this reference
+    assert seen == set(kda_floors.GEMMS) - {"G4", "G5"}, sorted(seen)
+    for name, m, n, k in named:
+        g = kda_floors.GEMMS[name]
+        assert (g.m, g.n, g.k) == (m, n, k), (name, (g.m, g.n, g.k), (m, n, k))
+    per_tile = sum(kda_floors.GEMMS[g].flops({"C": 16, "K": 128, "V": 128})
+                   for g in kda_floors.PER_TOKEN)
+    assert per_tile == 5 * 2 * 16 * 128 * 128 + 9 * 2 * 16 * 16 * 128

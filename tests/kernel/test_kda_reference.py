@@ -297,7 +297,8 @@ def test_cupy_in_cupy_out():
     got = _backward(p, dev)
     for name, x in got.items():
         assert array_module(x) is cupy and x.dtype == np.float64, name
-        np.testing.assert_allclose(cupy.asnumpy(x), host[name], rtol=1e-13, atol=1e-15)
+        # the same algebra, other summation orders: equal to float64 rounding
+        assert _rel(cupy.asnumpy(x), host[name]) < 1e-13, name
     o, final, states = kda_forward_reference(dev["q"], dev["k"], dev["v"], dev["g"], dev["beta"],
                                              **_kwargs(p, dev))
     assert all(array_module(x) is cupy for x in (o, final, states))

@@ -314,7 +314,7 @@ def _tile_backward(xp, blk: dict, r: dict, S0, dS1) -> dict:
     dbeta = dbeta + xp.sum(Ke * X, axis=-1)    # rowsum(dLkk . Akk) without forming Akk
     dKr = dKr + T(dLkk) @ (beta * Ke)          # G17 dLkk^T (beta Ke) M=C N=K K=C
 
-    # back to q, k (normalised) and the natural-log cumulative gate
+    # back to q, k (normalised) and the per-token gate: a reverse and an exclusive cumsum
     s = blk["s"]
     q, k = blk["q"], blk["k"]
     dq = s * (r["f_start"] * dQd + r["f_up"] * dQe + d * k)

@@ -9,11 +9,14 @@ out) and never needs CuPy or a GPU.
   (segment summaries, their fold, the three passes).
 * :mod:`kernel.reference.fla_layout`: FLA's forward tensors (Aqk, Akk, g) and how
   Kernel A's gc, Mqk, INV are read from them.
+* :mod:`kernel.reference.kda`: the whole KDA forward and backward, tile by
+  tile (dq, dk, dv, dg, dbeta, dh0 from Kernel A's dS and the forward states).
 """
 from .dstate_scan import (FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module, dstate_scan_reference,
                           prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
 from .fla_layout import (KERNEL_TILE, FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
                          kernel_a_inputs_from_fla)
+from .kda import kda_backward_reference, kda_forward_reference
 from .segments import (dstate_scan_segmented, fold_summaries, segment_bounds, segment_snapshots,
                        segment_summary)
 
@@ -34,4 +37,6 @@ __all__ = [
     "fla_forward_tensors",
     "fla_diagonal_blocks",
     "kernel_a_inputs_from_fla",
+    "kda_forward_reference",
+    "kda_backward_reference",
 ]

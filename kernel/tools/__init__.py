@@ -6,6 +6,7 @@
 * :mod:`kernel.tools.racecheck`  compute-sanitizer racecheck beside calibrating probes (GPU)
 * :mod:`kernel.tools.resources`  registers, spills, shared memory, SASS of every variant (nvcc)
 * :mod:`kernel.tools.fla_adapter` FLA's side of the bench
+* :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward (no GPU)
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
 ``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product
@@ -26,3 +27,5 @@ RACECHECK = Command("compute-sanitizer racecheck of Kernel A beside probes with 
                     "kernel.tools.racecheck:main")
 RESOURCES = Command("registers, spills, shared memory and SASS of every Kernel A variant (nvcc, no GPU)",
                     "kernel.tools.resources:main")
+FLOORS = Command("byte and tensor-core floors of the whole KDA backward per design and configuration (no GPU)",
+                 "kernel.tools.floors:main")

@@ -395,15 +395,15 @@ def test_tile_decay_bound_is_the_documented_one():
 
 
 # ----------------------------------------------------------------------------
-# the GEMM table of kernel.kda_floors is the reference's
+# the GEMM table of kernel.tools.floors is the reference's
 # ----------------------------------------------------------------------------
 
 def test_floor_gemms_are_the_reference_gemms():
-    """Every GEMM named in kda.py's comments has the M/N/K kernel.kda_floors counts."""
+    """Every GEMM named in kda.py's comments has the M/N/K kernel.tools.floors counts."""
     import re
     from pathlib import Path
 
-    from kernel import kda_floors
+    from kernel.tools import floors as kda_floors
     from kernel.reference import kda
 
     source = Path(kda.__file__).read_text()

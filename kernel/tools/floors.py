@@ -20,7 +20,7 @@ A floor is the time at a device rate: bytes / :data:`COPY_BYTES_PER_S`
 / :data:`MMA_FLOPS_PER_S` (bf16 dense mma). The rates are measured
 constants; change one here and every table follows.
 
-Run ``python -m kernel.kda_floors`` for the tables (``--copy-tbps``,
+Run ``ptx-lab floors`` (``python -m kernel.tools.floors``) for the tables (``--copy-tbps``,
 ``--mma-tflops`` to try other rates).
 """
 from __future__ import annotations
@@ -30,10 +30,11 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .reference import ragged_lengths
+from kernel.reference import ragged_lengths
 
-# H200, measured: device-to-device copy (read + write) and bf16 dense mma
-COPY_BYTES_PER_S = 4.28e12
+# H200, measured: device-to-device copy (read + write; 4.248 TB/s on 2026-12-01, `bash .ci/gpu-checks copy`)
+# and bf16 dense mma
+COPY_BYTES_PER_S = 4.248e12
 MMA_FLOPS_PER_S = 790e12
 
 HEADS, HEAD_DIM_K, HEAD_DIM_V = 32, 128, 128
@@ -283,8 +284,8 @@ def _kernel_table(shape: str, copy: float) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m kernel.kda_floors",
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.floors") -> None:
+    ap = argparse.ArgumentParser(prog=prog,
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--copy-tbps", type=float, default=COPY_BYTES_PER_S / 1e12,
                     help="DRAM read + write rate, TB/s (default: the measured copy)")

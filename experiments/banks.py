@@ -1,21 +1,22 @@
 """
-banks: the seed's shared-memory bank conflicts, predicted and measured
-======================================================================
+banks: the shared-memory bank conflicts Kernel A's design predicted, modelled and measured
+===========================================================================================
 
 What and why
 ------------
-Kernel A's history (the seed document) is half a fight against bank
-conflicts: R1's token-strided reads of q/k at row stride 128 (32-way), the
-padded 136 (stuck at 4-way because 16-byte cp.async writes force a stride
-that is a multiple of 8), the odd half-stride 130 with 4-byte cp.async.ca
-writes (conflict-free); gc's fp32 rows at 128 vs 132; ldmatrix.trans on plain
-256-byte rows ("rows alias to the same banks, ldmatrix.trans serialises") vs
-an INTER layout; the transpose-dual dS layout read both ways; and R1's scalar
-stores into a swizzled tile (16-way) vs stmatrix. This experiment puts every
-one of those access patterns through ``ptx_lab.banks`` (an exact model:
-32 banks x 4 bytes, broadcast within a word, phases of 32 / 16 / 8 lanes for
-<=4 / 8 / 16-byte accesses, one phase per ldmatrix matrix) and, on a GPU,
-through the hardware twice: timed with clock64 and counted with Nsight Compute.
+Kernel A's first design was half a fight against bank conflicts, with a
+predicted figure for each: R1's token-strided reads of q/k at row stride 128
+(32-way), the padded 136 (stuck at 4-way because 16-byte cp.async writes force
+a stride that is a multiple of 8), the odd half-stride 130 with 4-byte
+cp.async.ca writes (conflict-free); gc's fp32 rows at 128 vs 132;
+ldmatrix.trans on plain 256-byte rows ("rows alias to the same banks,
+ldmatrix.trans serialises") vs an INTER layout; the transpose-dual dS layout
+read both ways; and R1's scalar stores into a swizzled tile (16-way) vs
+stmatrix. This experiment puts every one of those access patterns through
+``ptx_lab.banks`` (an exact model: 32 banks x 4 bytes, broadcast within a
+word, phases of 32 / 16 / 8 lanes for <=4 / 8 / 16-byte accesses, one phase
+per ldmatrix matrix) and, on a GPU, through the hardware twice: timed with
+clock64 and counted with Nsight Compute.
 
 Idea
 ----
@@ -27,11 +28,11 @@ token-strided read
                                             # lanes 16-31: the same tokens of the next
     bank(l) = (l * stride * 2 / 4 + 3) % 32 -> gcd(stride / 2, 32) lanes per bank
 
-The seed counts 32 lanes over 16-token tiles; its three figures (32-way at
+The design counted 32 lanes over 16-token tiles; its three figures (32-way at
 128, 4-way at 136, none at 130) hold only if the two half-warps read rows 16
 apart, i.e. two consecutive tiles of the buffer, which is what we model. (Had
 the halves read features 64 apart in the same 16 rows, stride 130 would be
-2-way, contradicting the seed.)
+2-way, contradicting the design's figure.)
 
 The transpose-dual pair is the most instructive case: ldmatrix (B operand,
 dS[v][k]) and ldmatrix.trans / stmatrix.trans (accumulator, dS[k][v]) hand in
@@ -58,9 +59,9 @@ cancel. ncu runs this module again as a child
 
 Check
 -----
-* Always: the model's wavefronts per instruction equal the seed's figures and
-  the closed forms in ``CASES`` (32, 4, 1, 16, ...), written down
-  independently of the model.
+* Always: the model's wavefronts per instruction equal the predicted counts
+  in ``CASES`` (32, 4, 1, 16, ...): the figures Kernel A's design assumed
+  and closed forms, written down independently of the model.
 * clock64 (GPU): cycles per instruction relative to the conflict-free case of
   the same instruction (its baseline). A case the model calls as cheap as its
   baseline must time within ``CLOCK_SAME`` (+25 %) of it; a case the model
@@ -77,8 +78,8 @@ Check
 
 Numbers
 -------
-``python -m experiments.banks`` prints the table last: model, seed / closed
-form, clock64 and ncu per case.
+``python -m experiments.banks`` prints the table last: model, predicted
+(the design's figure or the closed form), clock64 and ncu per case.
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ from . import _common
 from ._common import WARP, Checker
 
 NAME = "banks"
-SUMMARY = "bank conflicts of the seed's access patterns: model vs seed figures, clock64 and ncu"
+SUMMARY = ("bank conflicts of the access patterns Kernel A's design went through: "
+           "model vs predicted counts, clock64 and ncu")
 
 BANK_PROBES_CU = CUDA_INCLUDE_DIR / "bank_probes.cu"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -200,14 +202,15 @@ QD_TOKEN, QD_J = 3, 1        # R1's scalar store: token 3, feature 4 * lane + 1
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One warp-wide access: which instruction, which 32 addresses, what the seed says it costs."""
+    """One warp-wide access: which instruction, which 32 addresses, what it is predicted to cost."""
     name: str
     op: str
     layout: Layout | None
     cells: tuple[np.ndarray, np.ndarray] | None   # (rows (32,), cols (32,)) in the layout
     addresses_: np.ndarray | None                 # or raw byte addresses
-    expected: int                                 # wavefronts per instruction, closed form
-    why: str                                      # where `expected` comes from
+    expected: int                                 # wavefronts per instruction, predicted
+    why: str                                      # where `expected` comes from ("design:" the
+                                                  # figure Kernel A's design assumed)
     exact: bool = True                            # False: the model's rule is uncertain here
 
     @property
@@ -248,30 +251,30 @@ def _build_cases() -> tuple[Case, ...]:
         _raw("sts16_consecutive", "st_u16", 2 * LANE, 1, "16 words, two lanes per word"),
         # -- R1's token-strided reads of q/k (bf16) and gc (fp32)
         _cells("qk_stride128_read", "ld_u16", "qk_stride128", LANE, np.full(WARP, FEATURE), 32,
-               "seed: 32-way; gcd(128/2, 32) = 32"),
+               "design: 32-way; gcd(128/2, 32) = 32"),
         _cells("qk_stride136_read", "ld_u16", "qk_stride136", LANE, np.full(WARP, FEATURE), 4,
-               "seed: 4-way floor; gcd(136/2, 32) = 4"),
+               "design: 4-way floor; gcd(136/2, 32) = 4"),
         _cells("qk_stride130_read", "ld_u16", "qk_stride130", LANE, np.full(WARP, FEATURE), 1,
-               "seed: conflict-free; gcd(130/2, 32) = 1"),
+               "design: conflict-free; gcd(130/2, 32) = 1"),
         _cells("gc_stride128_read", "ld_b32", "gc_stride128", LANE, np.full(WARP, FEATURE), 32,
                "32-way like q/k; gcd(128, 32) = 32"),
         _cells("gc_stride132_read", "ld_b32", "gc_stride132", LANE, np.full(WARP, FEATURE), 4,
-               "seed: -90 % conflicts; gcd(132, 32) = 4"),
+               "design: -90 % conflicts; gcd(132, 32) = 4"),
         # -- how the rows get there: 16-B copies need stride % 8 == 0; 4-B copies do not
         _cells("qk_stride136_fill_cp16", "cp_ca16", "qk_stride136", LANE // 16, 8 * (LANE % 16), 4,
                "512 B, each quarter-warp 128 contiguous B: the 16-B floor"),
         _cells("qk_stride130_fill_cp4", "cp_ca4", "qk_stride130", np.ones(WARP, int), 2 * LANE, 4,
-               "seed's copy4, 128 contiguous B: no conflict, but 8 lanes per wavefront (H200, ncu)"),
+               "design: 4-B copies, 128 contiguous B, no conflict; but 8 lanes a wavefront (H200, ncu)"),
         # -- ldmatrix.trans of an operand tile [c][k]: plain 256-B rows vs padding vs INTER
         _cells("op_plain256_ldsm_trans", "ldsm_x4_trans", "op_plain256", op_rows, op_cols, 32,
-               "seed: 256 B = 2 bank rounds, rows alias: 8-way x 4 matrices"),
+               "design: 256 B = 2 bank rounds, rows alias: 8-way x 4 matrices"),
         _cells("op_pad272_ldsm_trans", "ldsm_x4_trans", "op_pad272", op_rows, op_cols, 4,
                "Kernel A's D + 8: rows 16 B apart mod 128 B"),
         _cells("op_k_inter_ldsm_trans", "ldsm_x4_trans", "op_k_inter", op_rows, op_cols, 4,
                "INTER: each 8x8 core matrix is 128 contiguous B"),
         # -- dS, transpose-dual: one copy, read as B operand and as accumulator
         _cells("ds_b_ldsm", "ldsm_x4", "ds_b", ds_v, ds_k, 4,
-               "seed: transpose-dual, conflict-free (core matrices)"),
+               "design: transpose-dual, conflict-free (core matrices)"),
         _cells("ds_c_ldsm_trans", "ldsm_x4_trans", "ds_c", ds_k, ds_v, 4,
                "the same bytes as ds_b_ldsm, dealt transposed"),
         _cells("ds_c_stsm_trans", "stsm_x4_trans", "ds_c", ds_k, ds_v, 4,
@@ -282,9 +285,9 @@ def _build_cases() -> tuple[Case, ...]:
                "plain rows read as the accumulator: 8-way x 4"),
         # -- R1 writing qd into its swizzled (MN_INTER) tile: scalar stores vs stmatrix
         _cells("qd_scalar_sts16", "st_u16", "qd_mn_inter", 4 * LANE + QD_J, np.full(WARP, QD_TOKEN), 16,
-               "seed: 16-way STS (16 core matrices 128 B apart)"),
+               "design: 16-way STS (16 core matrices 128 B apart)"),
         _cells("qd_stsm_trans", "stsm_x4_trans", "qd_mn_inter", qd_k, qd_c, 4,
-               "seed: STSM writes the swizzled tile conflict-free"),
+               "design: STSM writes the swizzled tile conflict-free"),
     )
 
 
@@ -486,7 +489,7 @@ def clock_verdict(pred_ratio: float, meas_ratio: float) -> bool | None:
 def check(obs: dict[str, Any]) -> Checker:
     chk = Checker()
     index = {name: i for i, name in enumerate(CASE_NAMES)}
-    chk.compare("model vs seed/closed form", obs["model"], obs["expected"],
+    chk.compare("model vs predicted", obs["model"], obs["expected"],
                 lambda i: f"{CASES[i].name} ({CASES[i].why}) wavefronts")
     for i, case in enumerate(CASES):
         base = index[baseline_of(case).name]
@@ -522,7 +525,7 @@ def _fmt(x: float, spec: str = "g") -> str:
 
 def table(obs: dict[str, Any]) -> str:
     index = {name: i for i, name in enumerate(CASE_NAMES)}
-    head = ("case", "instruction", "model", "seed/closed", "clock64 cyc/inst", "ncu wf/inst",
+    head = ("case", "instruction", "model", "predicted", "clock64 cyc/inst", "ncu wf/inst",
             "ncu confl/inst", "verdict")
     rows = []
     for i, case in enumerate(CASES):
@@ -531,7 +534,7 @@ def table(obs: dict[str, Any]) -> str:
         clock = "-" if np.isnan(cyc) else f"{cyc:.1f} (x{cyc / cyc0:.1f})"
         verdicts = []
         if obs["model"][i] != obs["expected"][i]:
-            verdicts.append("MODEL != SEED")
+            verdicts.append("MODEL != PREDICTED")
         if not np.isnan(cyc):
             ok = clock_verdict(obs["model"][i] / obs["model"][base], cyc / cyc0) if case.exact else None
             verdicts.append({True: "clock ok", False: "CLOCK", None: "clock info"}[ok])
@@ -544,7 +547,7 @@ def table(obs: dict[str, Any]) -> str:
                              f"ncu info ({'strict' if round(wf, 3) == obs['model'][i] else 'merged'})")
         rows.append((case.name, OPS[case.op].ptx, str(obs["model"][i]), str(obs["expected"][i]), clock,
                      _fmt(wf, ".3g"), _fmt(obs["ncu_conflicts"][i], ".3g"),
-                     ", ".join(verdicts) or "model = seed"))
+                     ", ".join(verdicts) or "model = predicted"))
     widths = [max(len(r[k]) for r in (head, *rows)) for k in range(len(head))]
     line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
     return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, rows)])

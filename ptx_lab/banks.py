@@ -50,9 +50,9 @@ offset into bits [M, M+B). :class:`Layout` maps a tile's (row, col) to a byte
 address: row/column strides (in elements, possibly hierarchical like a CuTe
 layout), the element size, and an optional swizzle of the byte offset.
 :func:`gmma_k` / :func:`gmma_mn` build the Hopper GMMA atoms (INTER, SW32,
-SW64, SW128) tiled over a tile; :data:`PRESETS` names the layouts of the seed's
-history. :func:`bank_map` returns per-cell bank numbers (and, for an access,
-which cells conflict) for ``ptx_lab.pictures`` to draw.
+SW64, SW128) tiled over a tile; :data:`PRESETS` names the layouts Kernel A's
+design went through. :func:`bank_map` returns per-cell bank numbers (and, for an
+access, which cells conflict) for ``ptx_lab.pictures`` to draw.
 """
 from __future__ import annotations
 
@@ -572,7 +572,7 @@ def gmma_mn(kind: str, rows: int, cols: int, elem_bytes: int = 2, *, order: str 
     return k_major.transpose(name or f"MN_{kind} over [{rows}, {cols}]")
 
 
-# ------------------------------------------------------------------ the seed's layouts
+# ------------------------------------------------------- the layouts Kernel A's design went through
 
 C = 16            # tokens per tile (CHUNK)
 D = 128           # key/query features
@@ -594,7 +594,7 @@ PRESETS: dict[str, Layout] = {
     "op_plain256": row_major(C, D, D, BF16, name="operand [c][k] bf16, plain 256 B rows"),
     "op_pad272": row_major(C, D, D + 8, BF16, name="operand [c][k] bf16, 272 B rows (Kernel A's D + 8)"),
     "op_k_inter": gmma_k("INTER", C, D, name="operand [c][k] bf16, K_INTER over [C, D]"),
-    # qd as R1 writes it: MN_INTER over [D, C] (the seed's QdKdSw)
+    # qd as R1 writes it: MN_INTER over [D, C] (the design's swizzled qd/kd tile)
     "qd_mn_inter": gmma_mn("INTER", D, C, name="qd [k][c] bf16, MN_INTER over [D, C]"),
     # dS, one copy read both ways (the transpose-dual pair) ...
     "ds_b": _DS_B,

@@ -1,5 +1,5 @@
 """ptx_lab.banks against closed forms: conflict-free, 32-way, broadcast, phases,
-ldmatrix rows, swizzles, layouts and the seed's strides.
+ldmatrix rows, swizzles, layouts and the row strides Kernel A's design predicted.
 
 Every expected value is computed here from arithmetic on the addresses (a gcd,
 a count of 16-byte chunks, a bit-by-bit XOR), never from the code under test.
@@ -295,22 +295,22 @@ def test_transpose_dual_ds_views_name_the_same_bytes():
     assert np.array_equal(c.addresses(), gmma_mn("INTER", banks.D, banks.DV, order="row").addresses())
 
 
-# ------------------------------------------------------------------ the seed's figures
+# ------------------------------------------------------------------ the figures Kernel A's design assumed
 
-@pytest.mark.parametrize("name, stride, elem, seed_ways", [
+@pytest.mark.parametrize("name, stride, elem, predicted_ways", [
     ("qk_stride128", 128, 2, 32),   # "32 tokens all hit one bank"
     ("qk_stride136", 136, 2, 4),    # "stuck at 4-way"
     ("qk_stride130", 130, 2, 1),    # "65 coprime with 32: all 32 banks"
     ("gc_stride128", 128, 4, 32),
     ("gc_stride132", 132, 4, 4),
 ])
-def test_token_strided_column_read(name, stride, elem, seed_ways):
+def test_token_strided_column_read(name, stride, elem, predicted_ways):
     # 32 lanes read one feature column of 32 consecutive token rows:
     # word stride s = stride * elem / 4, cost gcd(s, 32)
     lay = PRESETS[name]
     for feature in (0, 7, 64):
         addrs = lay.address(LANES, np.full(32, feature))
-        assert wavefronts(addrs, elem) == math.gcd(stride * elem // 4, 32) == seed_ways
+        assert wavefronts(addrs, elem) == math.gcd(stride * elem // 4, 32) == predicted_ways
 
 
 def test_16_byte_writes_force_a_stride_multiple_of_8():

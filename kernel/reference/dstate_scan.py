@@ -5,7 +5,7 @@ What and why
 Kernel A walks each sequence backwards one tile (``chunk`` = 16 tokens on the
 GPU) at a time, carrying the state gradient dS [K, V], and stores snapshots of
 dS. This module is the float64 statement of that contract
-(spec ``kernel_a.md`` sections 1-3), used as the oracle for the GPU kernel:
+(the contract, docs/kernel_a.md, sections 1-3), used as the oracle for the GPU kernel:
 
 * :func:`prepare_tiles` builds what the forward pass hands to Kernel A:
   the tile-local log2 cumulative gate ``gc``, the masked attention ``Mqk`` and
@@ -266,7 +266,7 @@ def _l2norm(xp, x):
 
 
 # ----------------------------------------------------------------------------
-# tile quantities (spec section 2)
+# tile quantities (docs/kernel_a.md, section 2)
 # ----------------------------------------------------------------------------
 
 def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool = True,
@@ -379,13 +379,13 @@ def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------
-# the backward scan (spec section 3)
+# the backward scan (docs/kernel_a.md, section 3)
 # ----------------------------------------------------------------------------
 
 def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None,
                           dht=None, cu_seqlens=None, chunk: int = 16, qk_l2norm: bool = True,
                           snapshot_every: int = 1):
-    """Section 3 of the spec in float64, with the GPU kernel's output layout.
+    """The backward scan (docs/kernel_a.md, section 3) in float64, in the GPU kernel's layout.
 
     q, k: raw [B, T, H, K] (l2-normalised here when ``qk_l2norm``); gc: [B, T, H, K]
     (tile-local log2 cumulative gate, as from :func:`prepare_tiles`); beta [B, T, H];

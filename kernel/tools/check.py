@@ -5,13 +5,13 @@
 
 (also ``python -m kernel.tools.check``.)
 
-Each case draws fresh seeded inputs, rounds q, k, do, Mqk, INV to bf16 and gc
-to fp32 exactly as the kernel receives them, and evaluates the spec's scan in
-float64 on those same rounded inputs (`kernel.reference`, CuPy float64). The
-error measure is ||out - ref||_F / ||ref||_F over all snapshots and over dh0,
-plus the worst single snapshot. Outputs are allocated from a memory pool that
-was just filled with NaN, so an element the kernel forgets to write shows up as
-NaN rather than as a stale right answer.
+Each case draws fresh seeded inputs, rounds q, k, do, Mqk, INV to bf16 and gc to
+fp32 exactly as the kernel receives them, and evaluates the contract's scan
+(docs/kernel_a.md) in float64 on those same rounded inputs (`kernel.reference`,
+CuPy float64). The error measure is ||out - ref||_F / ||ref||_F over all
+snapshots and over dh0, plus the worst single snapshot. Outputs are allocated
+from a memory pool that was just filled with NaN, so an element the kernel
+forgets to write shows up as NaN rather than as a stale right answer.
 
 Bound: the kernel rounds its MMA operands (qd, kd, kr, dS for G2, dU, bdv) to
 bf16 (relative 2^-9 each) and accumulates in fp32, so relative errors of a few

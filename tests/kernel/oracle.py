@@ -1,6 +1,6 @@
 """An independent float64 oracle for Kernel A: state gradients by perturbation.
 
-No tile algebra and no autograd: a plain token-by-token KDA forward (spec
+No tile algebra and no autograd: a plain token-by-token KDA forward (docs/kernel_a.md,
 section 1) computes L = sum(o * do) + sum(S_T * dht). L is affine in the state
 handed from token t to token t + 1, so the gradient with respect to that state
 is, entry (i, j), L(with E_ij added to the state inside the loop) - L(as is).
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-L2NORM_EPS = 1e-6  # flash-linear-attention's l2norm eps (spec section 1)
+L2NORM_EPS = 1e-6  # flash-linear-attention's l2norm eps (docs/kernel_a.md, section 1)
 
 
 def _l2norm(x: np.ndarray) -> np.ndarray:

@@ -148,8 +148,8 @@ def test_last_snapshot_is_dht(p):
     np.testing.assert_array_equal(flat[off[1:] - 1], dht.astype(np.float64))
 
 
-def test_spec_example():
-    """The spec's own check: K=4, V=3, C=4, T=11 (partial last tile)."""
+def test_small_example_with_a_partial_tile():
+    """K=4, V=3, C=4, T=11 (a partial last tile), against the oracle."""
     p = dict(chunk=4, qk_l2norm=True, scale=None)
     inp = random_inputs(1, 11, 1, 4, 3, seed=7)
     snaps, dh0 = _scan(inp, p, _tiles(inp, p), 1)
@@ -190,7 +190,7 @@ def test_bf16_inputs_are_read_exactly():
 
 
 # ----------------------------------------------------------------------------
-# prepare_tiles against the definitions (spec section 2)
+# prepare_tiles against the definitions (docs/kernel_a.md, section 2)
 # ----------------------------------------------------------------------------
 
 @FAST

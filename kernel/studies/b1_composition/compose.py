@@ -5,8 +5,8 @@ Why
 At B = 1 Kernel A walks 8,192 tiles of 16 tokens one after another, and each
 tile's dS path (G2 -> G3 -> G5) is a chain of dependent MMAs: about 1,600
 cycles a tile on the H200, 1.45x FLA's dAv+dhu, whose dhu walks 2,048 chunks
-of 64 tokens (BENCHMARKS.md, run E's correction). The spec's tile math is
-linear in dS:
+of 64 tokens (docs/log/run-e.md, its correction). The tile math of the
+contract (docs/kernel_a.md, section 3) is linear in dS:
 
     dS_out = exp2(gT) * dS + qd^T do - kd^T diag(beta) INV^T (Mqk^T do + kr dS)
            = M dS + B,    M = diag(exp2 gT) - kd^T diag(beta) INV^T kr     [K, K]
@@ -32,7 +32,7 @@ tokens. The same per-tile update carries B (B <- D_m B - P^T (X B) + B_m).
 This module states that in numpy, per sequence and head, to check it before any
 kernel is written:
 
-* :func:`tile_maps`: (M, B) of every tile, float64, from the spec's tile
+* :func:`tile_maps`: (M, B) of every tile, float64, from the contract's tile
   quantities (the same as :func:`kernel.reference.dstate_scan_reference` uses);
 * :func:`composed_scan`: the scan in steps of G tiles, with the snapshot and
   dh0 layout of one head of the reference (snapshot_every = G);
@@ -65,7 +65,7 @@ def tile_operands(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, q
     """One sequence and head: q, k, gc [T, K], beta [T], mqk, inv [T, chunk], do [T, V] (numpy).
 
     Returns the tiles in token order, each a dict of float64 arrays: qd, kd, kr [C, K]
-    (R1 of the spec, rows past a partial tile zero), egT [K], beta [C], mqk, inv [C, C], do [C, V].
+    (R1, docs/kernel_a.md section 2; rows past a partial tile zero), egT [K], beta [C], mqk, inv [C, C], do [C, V].
     """
     T, K = q.shape
     s = float(scale) if scale is not None else K ** -0.5

@@ -2,7 +2,7 @@
 
 Both kernels get the same raw q, k, v, g, beta, do, dht, drawn by torch on the GPU
 with the recipe of ``kernel.reference.random_inputs``. Kernel A also needs its tile
-inputs gc, mqk, inv (spec section 2), built here in fp32 on the GPU: the float64
+inputs gc, mqk, inv (docs/kernel_a.md, section 2), built here in fp32 on the GPU: the float64
 ``kernel.reference.prepare_tiles`` would need ~100 GB at 32x8192x32.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def slice_inputs(raw: dict, cfg: Config, heads: int, seqs: int | None) -> tuple[
 
 def build_tiles(q, k, g, beta, *, lengths: Sequence[int], scale: float | None = None,
                 qk_l2norm: bool = True, out_dtype=None, max_elems: int = 1 << 27):
-    """Kernel A's tile inputs (spec section 2) from raw q, k, g, beta, in fp32 on the GPU.
+    """Kernel A's tile inputs (docs/kernel_a.md, section 2) from raw q, k, g, beta, in fp32 on the GPU.
 
     q, k, g [B, T, H, K] (packed [1, total, ...] when `lengths` has several ragged
     sequences), beta [B, T, H]. Returns gc fp32 [B, T, H, K] and mqk, inv [B, T, H, CHUNK]

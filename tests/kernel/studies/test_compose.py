@@ -1,7 +1,7 @@
 """kernel.studies.b1_composition.compose: a tile of the scan as an affine map of dS, composed
 G tiles at a time.
 
-The float64 forms must equal the spec's reference scan (kernel.reference) to rounding; the
+The float64 forms must equal the contract's reference scan (kernel.reference) to rounding; the
 bf16 emulations are held to the error band the GPU kernel measures (~1.8e-3 at T = 8192)."""
 import numpy as np
 import pytest

@@ -8,7 +8,7 @@ Kernel A loads, per 16-token tile, one head's rows of q, k, gc and do: 16 rows
 of 128 bf16 (256 bytes), the rows ``H * 256`` bytes apart because the heads of
 a token sit side by side. With ``cp.async`` that is 16 lane-copies per row;
 with one ``cp.async.bulk`` per row (experiment ``bulk_copy``) it is 16 copies
-that one lane issues one after another, which BENCHMARKS.md (log entry 13)
+that one lane issues one after another, which docs/log/13-bulk-copies.md
 measured at about 60 cycles each. ``cp.async.bulk.tensor`` (tma.cuh) moves the
 whole 16 x 128 box with ONE instruction of ONE thread: a tensor map, encoded
 on the host by the driver (ptx_lab.tensormap), tells the TMA unit where the

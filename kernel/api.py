@@ -320,7 +320,7 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     kernel itself reads (1.0x its input reads; 72% of all its traffic with bf16
     snapshots every 64 tokens, 25% with fp32 snapshots every tile): about 2.7 ms
     at the copy floor's measured 4.3 TB/s, next to the kernel's 4.2 ms
-    (BENCHMARKS.md, run K). What happens instead: nothing is raised. A NaN or
+    (docs/log/run-k.md). What happens instead: nothing is raised. A NaN or
     inf in the inputs of one (sequence, head) makes that head's dS non-finite
     from that tile backwards, so its snapshots of the earlier tiles and its dh0
     come out NaN or inf; a gc above 0 or rising within a tile makes dS grow

@@ -71,7 +71,7 @@ def reset_autotune() -> int:
     FLA's autotune keys leave out B, T and the sequence count (chunk_gated_delta_rule_bwd_dhu:
     H, K, V, BT, BV, ...), so within one process the block sizes chosen for the first shape
     stick for every later one. On the H200 that made FLA's dAv+dhu at 1x131072 take 6.60 ms
-    after tuning at 4x8192, against 4.60 ms when tuned at 1x131072 (BENCHMARKS.md, run E's
+    after tuning at 4x8192, against 4.60 ms when tuned at 1x131072 (docs/log/run-e.md, its
     correction). A benchmark calls this before each configuration.
     """
     reset = 0

@@ -28,7 +28,7 @@
 // One instruction per copy is per THREAD: when the lanes of a warp each issue a
 // copy, the compiler emits a loop that sends one UBLKCP per lane, one after
 // another (kernel A measured ~60 cycles per 32..512-byte copy that way;
-// BENCHMARKS.md, log entry 13).
+// docs/log/13-bulk-copies.md).
 //
 // shared -> global is tracked per thread in bulk groups, like cp.async groups:
 // commit, then wait until at most N groups still READ shared memory (the source

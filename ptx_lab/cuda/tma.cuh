@@ -4,7 +4,7 @@
 //
 // cp.async.bulk (bulk.cuh) moves one contiguous run of bytes per instruction, so a
 // 16-token tile of q (16 rows, H * 256 bytes apart) is 16 copies, issued one lane
-// after another (BENCHMARKS.md, log entry 13: about 60 cycles each). The tensor
+// after another (docs/log/13-bulk-copies.md: about 60 cycles each). The tensor
 // form, cp.async.bulk.tensor, moves the whole box: the tensor map says where the
 // tensor is, its element type, its extent and row stride, and the box (rows x cols)
 // one copy moves; the instruction names only the box's first element.

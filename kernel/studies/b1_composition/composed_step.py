@@ -4,7 +4,8 @@ Why
 ---
 Kernel A misses its B = 1 target (0.5x FLA at 1 x 131072) because it walks 8,192 tiles of 16
 tokens per head in sequence, each with a dependent chain of MMAs; with all of its math knocked
-out, its loads and hand-offs alone take 0.65-0.85x FLA (BENCHMARKS.md, logs 25-26).
+out, its loads and hand-offs alone take 0.65-0.85x FLA (docs/log/25-b1-taken-apart.md and
+docs/log/26-b1-redesign-in-parts.md).
 :mod:`.compose` shows, in numpy, that 4 tiles compose into one 64-token step
 ``dS <- D * dS - U (W dS) + B`` (diagonal plus rank 64). A kernel built on it would pay
 2,048 such steps per head on its serial path and build D, U, W, B beside them. This module

@@ -10,8 +10,10 @@ Inputs whose device result the PTX ISA leaves undefined are refused with a
 ValueError rather than run: misaligned or out-of-range addresses, and two
 lanes storing to the same shared-memory bytes (stmatrix rows, cp.async
 destinations), where which lane wins is unspecified. Arguments are checked
-before the GPU is looked for; without a usable GPU every function raises
-RuntimeError saying why (``ptx_lab.gpu.gpu_reason()``).
+as ``ptx_lab.model`` checks them (dtypes by ``ptx_lab.dtypes`` names or their
+PTX aliases, flags only as real bools, counts only as ints), and before the
+GPU is looked for or CuPy imported; without a usable GPU every function
+raises RuntimeError saying why (``ptx_lab.gpu.gpu_reason()``).
 """
 from __future__ import annotations
 
@@ -19,14 +21,18 @@ import functools
 
 import numpy as np
 
-from . import CUDA_INCLUDE_DIR
+from . import CUDA_INCLUDE_DIR, dtypes, model
+from .fragments import _check_flag, _check_num
 from .gpu import gpu_reason, load_module
+
+__all__ = ["ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "wgmma_m64nNk16_rs"]
 
 WARP = 32
 PROBES_CU = CUDA_INCLUDE_DIR / "probes.cu"
 ROW_BYTES = 16                 # one ldmatrix/stmatrix row: 8 x 16-bit elements
 CHUNK_BYTES = 16               # the probes copy images in uint4 chunks
 MAX_IMAGE_BYTES = 48 * 1024    # dynamic shared memory a launch gets without opt-in
+MMA_DTYPES = {"bfloat16": "bf16", "float16": "f16"}   # dtype -> the probe kernel's suffix (probes.cu)
 
 
 # ----------------------------------------------------------------- plumbing
@@ -96,11 +102,6 @@ def _padded(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _check_num(num: int) -> None:
-    if num not in (1, 2, 4):
-        raise ValueError(f"num must be 1, 2 or 4; got {num!r}")
-
-
 def _check_rows(addrs: np.ndarray, num: int, smem_size: int, *, distinct: bool) -> None:
     """Lanes 0..8*num-1 supply 16-byte row addresses that must lie inside smem."""
     used = addrs[:8 * num]
@@ -132,6 +133,7 @@ def ldmatrix(smem, addrs, num: int, trans: bool) -> np.ndarray:
     """
     image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)
     _check_num(num)
+    trans = _check_flag(trans, "trans")
     lanes = _lane_ints("addrs", addrs)
     _check_rows(lanes, num, image.size, distinct=False)
     cupy = _cupy()
@@ -156,6 +158,7 @@ def stmatrix(smem, addrs, regs, trans: bool) -> np.ndarray:
         raise ValueError(f"regs must be uint32 (32, num); got {regs.dtype.name} {regs.shape}")
     num = regs.shape[1]
     _check_num(num)
+    trans = _check_flag(trans, "trans")
     lanes = _lane_ints("addrs", addrs)
     _check_rows(lanes, num, image.size, distinct=True)
     cupy = _cupy()
@@ -182,16 +185,16 @@ def mma_m16n8k16(a, b, c, dtype: str) -> np.ndarray:
     """mma.sync.aligned.m16n8k16.row.col.f32.{dtype}.{dtype}.f32 on the GPU.
 
     a: uint32 (32, 4), b: uint32 (32, 2) fragments of bf16 or f16 pairs;
-    c: float32 (32, 4). Returns d = a @ b + c as float32 (32, 4) fragments.
+    c: float32 (32, 4). dtype: "bfloat16" or "float16" (or PTX's "bf16" / "f16",
+    or the numpy dtype). Returns d = a @ b + c as float32 (32, 4) fragments.
     """
-    if dtype not in ("bf16", "f16"):
-        raise ValueError(f"dtype must be 'bf16' or 'f16'; got {dtype!r}")
+    suffix = MMA_DTYPES[dtypes.canonical(dtype, tuple(MMA_DTYPES))]
     a = _array("a", a, (WARP, 4), np.uint32)
     b = _array("b", b, (WARP, 2), np.uint32)
     c = _array("c", c, (WARP, 4), np.float32)
     cupy = _cupy()
     d = cupy.zeros((WARP, 4), dtype=cupy.float32)
-    _launch(f"probe_mma_m16n8k16_{dtype}", (_dev(cupy, a), _dev(cupy, b), _dev(cupy, c), d))
+    _launch(f"probe_mma_m16n8k16_{suffix}", (_dev(cupy, a), _dev(cupy, b), _dev(cupy, c), d))
     return cupy.asnumpy(d)
 
 
@@ -203,11 +206,13 @@ def cp_async(smem, gmem, dst, src, size: int, src_bytes=None, cache: str = "ca")
     zero-fills the rest. dst and src must be multiples of `size`, in range, and
     the destinations must not overlap. Returns the new uint8 smem image.
     """
+    size = model._count_arg(size, "size")
+    if size not in (4, 8, 16):
+        raise ValueError(f"size must be 4, 8 or 16 bytes; got {size!r}")
     if cache not in ("ca", "cg"):
         raise ValueError(f"cache must be 'ca' or 'cg'; got {cache!r}")
-    allowed = (16,) if cache == "cg" else (4, 8, 16)
-    if size not in allowed:
-        raise ValueError(f"size must be one of {allowed} for cp.async.{cache}; got {size!r}")
+    if cache == "cg" and size != 16:
+        raise ValueError(f"cache='cg' copies only 16 bytes; got size={size}")
     image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)
     source = _bytes_1d("gmem", gmem)
     dst = _lane_ints("dst", dst)
@@ -254,11 +259,9 @@ def wgmma_m64nNk16_rs(a, smem, desc: int, c, n: int, scale_d: bool = True, major
     model.wgmma_m64nNk16_rs. a: uint32 (128, 4) A registers; smem: the uint8 image the
     B operand lives in; desc: model.wgmma_desc(start, lbo, sbo) with `start` an offset into
     that image (the probe adds the image's shared address); c: float32 (128, n / 2);
-    major: "k" (K-major B, TRANS_B 0) or "n" (N-major, TRANS_B 1)."""
-    from . import model
-
-    if n not in model.WGMMA_N:
-        raise ValueError(f"n must be one of {model.WGMMA_N}; got {n!r}")
+    major: "k" (K-major B, TRANS_B 0) or "n" (N-major, TRANS_B 1); scale_d: a bool."""
+    n = model._check_wgmma_n(n)
+    scale_d = _check_flag(scale_d, "scale_d")
     a = _array("a", a, (model.WGMMA_THREADS, 4), np.uint32)
     c = _array("c", c, (model.WGMMA_THREADS, n // 2), np.float32)
     image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)

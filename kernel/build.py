@@ -82,19 +82,19 @@ class Config:
         if self.snap_every not in (1, 4):
             raise ValueError(f"snapshot_every must be 1 or 4, got {self.snap_every}")
         auto = lambda name, value, unset=0: getattr(self, name) == unset and object.__setattr__(self, name, value)
-        # vsplit 1 is shared-memory bound: mt 2 halves the consumers' ldmatrix traffic
+        # vsplit 1 is shared-memory bound: mt 2 halves the consumers' ldmatrix traffic (log 11)
         auto("mt", 2 if self.vsplit == 1 else 1)
-        # B = 1 (vsplit 4) is latency bound: two warps per band cut a tile's chain; with the
-        # bf16 tensor store one warp per band is ahead again
+        # B = 1 (vsplit 4) is latency bound: two warps per band cut a tile's chain (log 10); with
+        # the bf16 tensor store one warp per band is ahead again (log 17)
         auto("ksplit", 2 if self.vsplit == 4 and not self.snap_bf16 else 1)
-        auto("g2_split", 4 if self.mt == 1 else 2)     # mt 2: 2 x 2 chains
+        auto("g2_split", 4 if self.mt == 1 else 2)     # mt 2: 2 x 2 chains (log 11)
         # the producers set the pace at vsplit 4 and with bf16 snapshots at vsplit 1 (there beside
-        # regsplit); fp32 snapshots at vsplit 1 are paced by the consumers' stores
+        # regsplit); fp32 snapshots at vsplit 1 are paced by the consumers' stores (logs 6, 17, 18)
         auto("producers", 8 if self.vsplit == 4 or (self.vsplit == 1 and self.snap_bf16)
              else 2 if self.vsplit == 1 else 4)
-        auto("loads", LOADS_CP_ASYNC)                 # tensor-copy loads measured slower
-        # bf16: one tensor store per warp, off the SM's memory queue; fp32 staged where throughput
-        # counts (vsplit 1), straight from the accumulators where latency does
+        auto("loads", LOADS_CP_ASYNC)                 # tensor-copy loads measured slower (log 15)
+        # bf16: one tensor store per warp, off the SM's memory queue (log 14); fp32 staged where
+        # throughput counts (vsplit 1), straight from the accumulators where latency does (log 16)
         auto("snap_store", SNAP_TMA if self.snap_bf16 else SNAP_STAGED if self.vsplit == 1 else SNAP_DIRECT)
         if self.loads not in (LOADS_CP_ASYNC, LOADS_TMA):
             raise ValueError(f"loads must be {LOADS_CP_ASYNC} (cp.async) or {LOADS_TMA} (tensor copies), got {self.loads}")
@@ -110,7 +110,7 @@ class Config:
             raise ValueError(f"mt must be 1 or 2 with D / vsplit = {D // self.vsplit} a multiple of 16 * mt, "
                              f"got mt {self.mt}")
         wgmma_fits = self.consumers == 4 and self.ksplit == 1
-        # G4 and G5 as wgmma wherever the consumers are one warpgroup
+        # G4 and G5 as wgmma wherever the consumers are one warpgroup (log 20)
         auto("wgmma", int(wgmma_fits), unset=-1)
         if self.wgmma not in (0, 1):
             raise ValueError(f"wgmma must be -1 (auto), 0 or 1, got {self.wgmma}")
@@ -170,16 +170,17 @@ class Config:
         return self.loads == LOADS_CP_ASYNC and self.nstage >= 3
 
     def _auto_gt_shared(self) -> int:
-        # bf16 snapshots at vsplit 1: 7 of 8 gT copies gone; at B = 1 the owner's wait delays the barrier
+        # bf16 snapshots at vsplit 1: 7 of 8 gT copies gone; at B = 1 the owner's wait delays the
+        # barrier every producer passes (log 22)
         return int(self.vsplit == 1 and self.snap_bf16 and self._gt_shared_fits)
 
     def _auto_spread_extra(self) -> int:
         # vsplit 1 with bf16 snapshots: warp 0 issued 9 copies a tile to the others' 6; at B = 1 the
-        # copies landed on a warp that was already the busiest
+        # copies landed on a warp that was already the busiest (log 23)
         return int(self.vsplit == 1 and self.snap_bf16)
 
     def _auto_r1_lanes(self) -> int:
-        # 16 at vsplit 1 with bf16 snapshots (where the producers pace the tile), 32 elsewhere
+        # 16 at vsplit 1 with bf16 snapshots (where the producers pace the tile), 32 elsewhere (logs 20, 23)
         return 16 if self.vsplit == 1 and self.snap_bf16 and self.tokens_per_producer % 2 == 0 else 32
 
     @property
@@ -189,6 +190,7 @@ class Config:
     def _auto_regsplit(self) -> int:
         # on wherever it is possible (whole warpgroups on both sides) and needed (the consumers'
         # 32-wide bands want more than the launch gives): 8 or 16 producers beside 4 consumer warps
+        # (log 18)
         return int(self._regsplit_fits and self.launch_regs < self.consumer_regs)
 
     @property

@@ -93,7 +93,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         const int ptid = threadIdx.x - NUM_CONSUMERS * 32;
         // Tile i of the walk is tile n = nt - 1 - i of the sequence. Loads run PREFETCH =
         // NSTAGE - 1 tiles ahead of R1: one tile ahead is not enough, a tile's loads then
-        // wait out a whole global-memory latency per tile.
+        // wait out a whole global-memory latency per tile (logs 1 and 2).
         auto tile_len = [&](int n) { return min(C, len - n * C); };
         // Iteration i waits on EMPTY before refilling a stage with walk tile i + PREFETCH, if that
         // tile exists and the stage held an earlier one.

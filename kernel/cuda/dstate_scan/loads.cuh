@@ -16,9 +16,8 @@ __device__ __forceinline__ int from_warp(int ptid, int w) {
 // first row) into shared rows `SMEM_ROW_BYTES` apart at `dst`, spread over
 // `THREADS` threads: chunk m of thread `tid` is chunk tid + m * THREADS of the
 // block, the same row and column every tile, so the compiler keeps the offsets in
-// registers and a copy costs a handful of instructions (the generic loop with
-// 64-bit index math cost ~20 per copy: ncu, 700 of the producers' 3200
-// instructions per tile). Rows at or past `L` are zero-filled (src-size 0:
+// registers and a copy costs a handful of instructions (the generic loop's 64-bit
+// index math was a large share of the producers' instructions: log 5). Rows at or past `L` are zero-filled (src-size 0:
 // global memory is not read; the source address falls back to the tile's first
 // row, which always exists, so it stays a valid operand).
 template <int ROW_BYTES, int SMEM_ROW_BYTES, int ROWS, int THREADS_>
@@ -84,9 +83,9 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
 
 // LOADS 2: a tile's loads as tensor copies. One thread arms the stage's mbarrier
 // with the tile's bytes and issues one copy per tensor and box (8 at vsplit 1, 7 at
-// the others, instead of ~45 warp-wide LDGSTS; the SM's global-memory queue was the
-// producers' and the snapshot stores' common stall: ncu, log 12). Measured slower all
-// the same, for reasons not yet found (BENCHMARKS.md, log 15). A box starting at a partial
+// the others, instead of dozens of warp-wide LDGSTS: the SM's global-memory queue was the
+// producers' and the snapshot stores' common stall, log 12). Measured slower all the same,
+// for reasons not yet found (log 15), so build.Config keeps cp.async. A box starting at a partial
 // tile's first token also reads the rows after the sequence's end (the next
 // sequence's tokens, or zeros past the tensor): R1 masks q/k/gc rows >= L, and
 // zero_tail_rows clears those of do/Mqk/INV. beta (a 4-byte row, under the 16-byte

@@ -29,9 +29,8 @@ template <> struct BF16Row<8> { using type = uint4; };
 // Phased (load all rows, reduce all norms together, then compute and store):
 // written token by token, each token's 2 x 5 dependent shuffles and its
 // sqrt/div ran back to back (the compiler cannot hoist the next token's shared
-// loads above this token's shared stores), ~400 cycles a token, and R1 became
-// the per-tile bottleneck (ncu: 0.25 IPC per scheduler, time per tile
-// proportional to tokens per producer warp: 2.3 us at 4, 4.6 us at 8).
+// loads above this token's shared stores), and R1 became the per-tile bottleneck,
+// its time proportional to the tokens per producer warp (logs 3 and 4).
 __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane, bool gt_in_gc) {
     constexpr int EPL = D / R1_LANE_COUNT;       // k per lane: 4 or 8
     constexpr int TPP = 32 / R1_LANE_COUNT;      // tokens per warp-wide pass: 1 or 2
@@ -94,7 +93,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         // rsqrtf: one MUFU.RSQ (<= 2 ulp); scale / sqrtf was an IEEE sqrt and divide
-        // with slow-path branches (ncu: ~200 BSSY/BSYNC/BRA per tile).
+        // with slow-path branches (log 5).
         qs[r] = scale * rsqrtf(qs[r] + 1e-6f);
         ks[r] = rsqrtf(ks[r] + 1e-6f);
     }

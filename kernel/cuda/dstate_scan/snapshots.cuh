@@ -79,8 +79,8 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
 // the 4 rows k = 8j+2t of one store start 8 banks apart, conflict-free), then
 // lane l stores 16 bytes of row l / CH (CH = 16-byte chunks per row; one quarter-warp
 // reads whole rows, conflict-free): 16 global stores per lane per m-tile instead of 64
-// scattered 4-byte ones (which cost as much as the five GEMMs in seed mode:
-// kernel.profile, 2,558 of 5,855 cycles per tile at 4 x 8192 vsplit 1). In PASSES
+// scattered 4-byte ones (which cost as much as the five GEMMs with fp32 snapshots every
+// tile: log 9). In PASSES
 // passes of KW / PASSES rows each, so that dh0 fits the smaller bf16 staging tile.
 template <int PASSES>
 __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT][NJ][4], float* staging,

@@ -12,19 +12,18 @@
 namespace kda {
 
 // The row (8 elements) lane l names in an ldmatrix / stmatrix .x4 of the 16x16 block at
-// (row0, col0): row (l & 7) of matrix l >> 3, with the matrices ordered
-//   rows first: (rows lo, cols lo), (rows hi, cols lo), (rows lo, cols hi), (rows hi, cols hi)
-//   cols first: (rows lo, cols lo), (rows lo, cols hi), (rows hi, cols lo), (rows hi, cols hi).
+// (row0, col0), in the rows-first or cols-first order of ptx_lab's x4_lane (ldmatrix.cuh,
+// which also says what each register receives).
 struct RowCol {
     int row, col;
 };
 __device__ __forceinline__ RowCol x4_rows_first(int row0, int col0, int lane) {
-    const int m = lane >> 3;
-    return {row0 + (lane & 7) + 8 * (m & 1), col0 + 8 * (m >> 1)};
+    const X4Lane x = x4_lane(lane);
+    return {row0 + x.row + x.rows_first_mat_row(), col0 + x.rows_first_mat_col()};
 }
 __device__ __forceinline__ RowCol x4_cols_first(int row0, int col0, int lane) {
-    const int m = lane >> 3;
-    return {row0 + (lane & 7) + 8 * (m >> 1), col0 + 8 * (m & 1)};
+    const X4Lane x = x4_lane(lane);
+    return {row0 + x.row + x.cols_first_mat_row(), col0 + x.cols_first_mat_col()};
 }
 // Their shared addresses in a row-major bf16 tile, rows `stride` elements apart.
 __device__ __forceinline__ u32 x4_addr_rows_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {

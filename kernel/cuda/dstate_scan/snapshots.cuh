@@ -47,7 +47,9 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
 #if SNAP_BF16
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        // matrix mm: rows k = 16 pr + 8 (mm >> 1) + (lane & 7), columns v = 16 m + 8 (mm & 1) ..
+        // the lane's row of x4_lane_cols_first (ldmatrix.cuh), split into its 8-row block and its row
+        // in it, which the swizzle needs: matrix mm, rows k = 16 pr + 8 (mm >> 1) + (lane & 7), columns
+        // v = 16 m + 8 (mm & 1) .. (written out: through the helper the SASS differs)
         const int mm = lane >> 3;
         const u32 off = (mm >> 1) * ROWS8 + tma_swizzle<SNAP_SWZ>((lane & 7) * SNAP_SWZ + (16 * m + 8 * (mm & 1)) * 2);
 #pragma unroll

@@ -21,18 +21,22 @@
 // round trip, no barrier on the dS-dependent path, and dS never drops to bf16
 // between tiles (only G2's operand copy is rounded, as in FLA).
 //
-// Warp roles: warps [0, NUM_CONSUMERS) are consumers (consumer.cuh, one v band each);
-// NUM_PRODUCERS producer warps (producer.cuh) prefetch tile inputs into a ring of NSTAGE
-// stages (loads.cuh) and rebuild qd/kd/kr on chip in fp32 (r1.cuh: R1), so the loads,
-// R1 and the snapshot stores (snapshots.cuh) run ahead of / beside the serial chain.
+// Warp roles: warps [0, NUM_CONSUMERS) are consumers (one v band each); NUM_PRODUCERS
+// producer warps prefetch tile inputs into a ring of NSTAGE stages (loads.cuh) and rebuild
+// qd/kd/kr on chip in fp32 (r1.cuh: R1), so the loads, R1 and the snapshot stores
+// (snapshots.cuh) run ahead of / beside the serial chain (consumer.cuh, operands.cuh).
 // Hand-off: named barriers FULL(s) (producers arrive, consumers sync) and
 // EMPTY(s) (consumers arrive, producers sync).
 //
 // The rooms: config.cuh (the knobs, every one set by kernel/build.py, and what follows from
 // them), layout.cuh (shared memory, stages, tensor maps, barrier ids), work.cuh (the
-// arguments, a CTA's work), timing.cuh (clock64 accounting), loads.cuh, r1.cuh,
-// producer.cuh, operands.cuh (ldmatrix addresses, fragments, G4/G5's accumulate),
-// snapshots.cuh, consumer.cuh. This file sets up shared memory and dispatches by warp role.
+// arguments, a CTA's work), timing.cuh (clock64 accounting), loads.cuh and r1.cuh (the
+// producers' steps), operands.cuh (ldmatrix addresses, fragments, G4/G5's accumulate),
+// consumer.cuh (the consumers' steps), snapshots.cuh. This file holds the kernel: it sets
+// up shared memory and runs each role's walk over the tiles. The two walks, and G2 and G3,
+// are written out here rather than as __forceinline__ functions of their own: NVVM
+// optimises a function before inlining it, and as functions they compiled to different
+// SASS; this split keeps the SASS of every build the same as the single file's.
 #include "barrier.cuh"
 #include "cp_async.cuh"
 #include "setmaxnreg.cuh"

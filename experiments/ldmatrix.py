@@ -42,13 +42,24 @@ Check
 Register i, half h of lane l must be M_m[row][col] = 0x0{m}{row}{col} for
 (m, row, col) = ptx_lab.fragments.ldmatrix_map(num, trans)[l, i, h], i.e.
 m = i and (row, col) = (g, 2t + h), or (2t + h, g) with .trans.
+
+A whole 16x16 tile
+------------------
+The kernels load mma operands as one x4 of a 16x16 tile, with the lane addresses of
+ldmatrix.cuh's X4Lane: lane l names row l % 8 of matrix l / 8, the matrices' corners in
+"rows first" order (0, 0), (8, 0), (0, 8), (8, 8) or "cols first" (0, 0), (0, 8), (8, 0),
+(8, 8). The second kernel takes its addresses from X4Lane (the CPU model from its twin,
+ptx_lab.fragments.x4_lane_row_col) on a tile T[r][c] = 0x7rc in rows padded to 48 bytes,
+and each of the four loads must give the mma fragment ldmatrix.cuh names: rows first, the
+A fragment of T (plain) or the B fragments of T's two 8-column halves (.trans); cols
+first, the B fragments of T^T (plain) or the A fragment of T^T (.trans).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ptx_lab import model
-from ptx_lab.fragments import ldmatrix_map
+from ptx_lab.fragments import X4_ORDERS, ldmatrix_map, x4_lane_row_col
 
 from . import _common
 from ._common import HALF, WARP, Checker, hex16
@@ -94,6 +105,39 @@ def variant_name(num: int, trans: bool) -> str:
     return f"x{num}" + (".trans" if trans else "")
 
 
+TILE_STRIDE = 16 + 8      # b16 elements between tile rows: 48 bytes (a 32-byte row would be 2-way)
+TILE_VARIANTS = [(order, trans) for order in X4_ORDERS for trans in (False, True)]
+
+
+def tile_value(r, c):
+    """T[r][c] of the 16x16 tile: 0x7rc."""
+    return 0x7000 | (r << 4) | c
+
+
+def tile_image() -> np.ndarray:
+    """uint8: T in rows of TILE_STRIDE elements, the padding holding the sentinel."""
+    rows = np.full((16, TILE_STRIDE), SENTINEL, dtype=np.uint16)
+    r, c = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    rows[:, :16] = tile_value(r, c)
+    return rows.astype("<u2").view(np.uint8).ravel()
+
+
+def tile_variant_name(order: str, trans: bool) -> str:
+    return f"tile x4{'.trans' if trans else ''} {order.replace('_', ' ')}"
+
+
+def tile_expected(order: str, trans: bool) -> np.ndarray:
+    """uint16 (32, 4, 2): the mma fragment ldmatrix.cuh says this load gives."""
+    from ._common import lane_values
+
+    T, T_t = tile_value, (lambda r, c: tile_value(c, r))   # T and its transpose as value(row, col)
+    if trans == (order == "cols_first"):                     # rows first plain, cols first .trans: an A fragment
+        return lane_values("mma.a", T if order == "rows_first" else T_t).astype(np.uint16)
+    M = T if order == "rows_first" else T_t                  # B[k][n] = M[k][n], n-tiles 0-7 and 8-15
+    return np.concatenate([lane_values("mma.b", M), lane_values("mma.b", lambda k, n: M(k, n + 8))],
+                          axis=1).astype(np.uint16)
+
+
 # ------------------------------------------------------------------ the kernel
 
 SOURCE = r"""
@@ -124,8 +168,29 @@ extern "C" __global__ void ldmatrix_probe(const u32* image, const u32* addrs, in
     }
     for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
 }
+
+constexpr int TILE_STRIDE = 24;            // b16 per tile row (TILE_STRIDE in ldmatrix.py)
+constexpr int TILE_WORDS = 16 * TILE_STRIDE / 2;
+
+// image: the 16x16 tile in rows of TILE_STRIDE elements; order 0 = rows first, 1 = cols first;
+// trans 0 / 1. The lane addresses come from ldmatrix.cuh's X4Lane. out: (32, 4) u32.
+extern "C" __global__ void ldmatrix_tile_probe(const u32* image, int order, int trans, u32* out) {
+    __shared__ __align__(16) u32 tile[TILE_WORDS];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < TILE_WORDS; i += WARP) tile[i] = image[i];
+    __syncwarp();
+
+    const X4Lane x = x4_lane(lane);
+    const int row = x.row + (order == 0 ? x.rows_first_mat_row() : x.cols_first_mat_row());
+    const int col = order == 0 ? x.rows_first_mat_col() : x.cols_first_mat_col();
+    const u32 addr = smem_addr(tile) + (row * TILE_STRIDE + col) * 2;
+    u32 r[4] = {0, 0, 0, 0};
+    if (trans) ldmatrix_x4_trans(r, addr);   // uniform across the warp
+    else ldmatrix_x4(r, addr);
+    for (int i = 0; i < 4; ++i) out[lane * 4 + i] = r[i];
+}
 """
-assert f"SMEM_BYTES = {SMEM_BYTES};" in SOURCE
+assert f"SMEM_BYTES = {SMEM_BYTES};" in SOURCE and f"TILE_STRIDE = {TILE_STRIDE};" in SOURCE
 
 
 def _variant_index(num: int, trans: bool) -> int:
@@ -150,6 +215,17 @@ def observe(backend: str) -> dict[str, np.ndarray]:
         else:
             regs = model.ldmatrix(image, addrs, num, trans)
         obs[variant_name(num, trans)] = regs
+    tile = tile_image()
+    for order, trans in TILE_VARIANTS:
+        if backend == "gpu":
+            (regs,) = _common.run_warp(
+                SOURCE, "ldmatrix_tile_probe",
+                [tile.view(np.uint32), np.int32(list(X4_ORDERS).index(order)), np.int32(trans)],
+                [((WARP, 4), np.uint32)])
+        else:
+            rc = x4_lane_row_col(order)
+            regs = model.ldmatrix(tile, (2 * (rc[:, 0] * TILE_STRIDE + rc[:, 1])).astype(np.uint32), 4, trans)
+        obs[tile_variant_name(order, trans)] = regs
     return obs
 
 
@@ -163,6 +239,10 @@ def check(obs: dict[str, np.ndarray]) -> Checker:
         chk.compare(variant_name(num, trans), _common.unpack(obs[variant_name(num, trans)]), want,
                     lambda l, i, h, lm=lmap: f"lane {l} r{i}.{HALF[h]} M{i}[{lm[l, i, h, 1]}][{lm[l, i, h, 2]}]",
                     hex16)
+    for order, trans in TILE_VARIANTS:
+        name = tile_variant_name(order, trans)
+        chk.compare(name, _common.unpack(obs[name]), tile_expected(order, trans),
+                    lambda l, i, h: f"lane {l} r{i}.{HALF[h]}", hex16)
     return chk
 
 

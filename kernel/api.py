@@ -142,10 +142,12 @@ def read_int_constants(mod, name: str, count: int) -> tuple[int, ...]:
 
 
 def module(cfg: Config):
-    """The compiled cupy.RawModule of one configuration (cached)."""
+    """The compiled cupy.RawModule of one configuration (cached): the entry file's text with
+    build.options(cfg), which name the directory of its headers (NVRTC compiles the text, so
+    it has no file to look beside)."""
     from ptx_lab.gpu import load_module
 
-    return load_module(build.source(), build.defines(cfg))
+    return load_module(build.source(), build.options(cfg))
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,7 +4,9 @@ Each function here has the signature and the result of its namesake in
 ``ptx_lab.model`` (numpy arrays in, numpy arrays out) but launches a single-warp
 probe kernel from ``ptx_lab/cuda/probes.cu`` through CuPy, so the hardware says
 which lane gets which element. ``tests/ptx_lab/test_device_vs_model.py``
-compares the two bit for bit.
+compares the two bit for bit. Beside them, :func:`x4_lane_row_col` runs the .x4
+address recipe of ``ldmatrix.cuh`` (the twin of ``ptx_lab.fragments.x4_lane_row_col``;
+``tests/ptx_lab/test_x4_lanes.py``).
 
 Inputs whose device result the PTX ISA leaves undefined are refused with a
 ValueError rather than run: misaligned or out-of-range addresses, and two
@@ -170,6 +172,23 @@ def stmatrix(smem, addrs, regs, trans: bool) -> np.ndarray:
                    _dev(cupy, _used_addrs(lanes, num)), _dev(cupy, regs), out),
             shared_mem=padded.size)
     return cupy.asnumpy(out)[:image.size]
+
+
+def x4_lane_row_col(order: str) -> np.ndarray:
+    """ldmatrix.cuh's X4Lane on the GPU: the twin of fragments.x4_lane_row_col.
+
+    int64 (32, 2): the (row, col) of a 16x16 tile each lane's .x4 address names, in
+    `order` "rows_first" or "cols_first" (the probe computes both; no instruction runs).
+    """
+    from .fragments import X4_ORDERS
+
+    if order not in X4_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(X4_ORDERS)}; got {order!r}")
+    cupy = _cupy()
+    out = cupy.zeros((WARP, 4), dtype=cupy.int32)
+    _launch("probe_x4_lanes", (out,))
+    both = cupy.asnumpy(out).astype(np.int64)
+    return both[:, 0:2] if order == "rows_first" else both[:, 2:4]
 
 
 def movmatrix_trans(regs) -> np.ndarray:

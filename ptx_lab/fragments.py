@@ -136,6 +136,39 @@ def address_lanes(num: int) -> np.ndarray:
     return np.arange(8 * num, dtype=np.int64).reshape(num, 8)
 
 
+# ldmatrix/stmatrix .x4 of a whole 16x16 tile: the corner (first row, first column) of
+# matrix i in the two orders the kernels use (ptx_lab/cuda/ldmatrix.cuh, X4Lane).
+X4_ORDERS: dict[str, tuple[tuple[int, int], ...]] = {
+    "rows_first": ((0, 0), (8, 0), (0, 8), (8, 8)),
+    "cols_first": ((0, 0), (0, 8), (8, 0), (8, 8)),
+}
+
+
+def _check_order(order: str) -> None:
+    if order not in X4_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(X4_ORDERS)}; got {order!r}")
+
+
+def x4_lane_row_col(order: str) -> np.ndarray:
+    """(row, col) of the 16x16 tile whose 8 elements each lane's address names in an .x4
+    ldmatrix / stmatrix; int64 (32, 2). Lane l names row l % 8 of matrix l / 8, and the
+    matrices' corners are X4_ORDERS[order]. The closed form of ldmatrix.cuh's X4Lane:
+
+        rows first: (l % 8 + 8 * ((l / 8) & 1), 8 * ((l / 8) >> 1))
+        cols first: (l % 8 + 8 * ((l / 8) >> 1), 8 * ((l / 8) & 1))
+
+    With register i receiving matrix i (ldmatrix_map), rows first loads the mma A fragment of
+    the tile (plain) or the B fragments of its two 8-column halves (.trans); cols first the
+    B fragments of the tile's transpose (plain) or its transpose's A fragment (.trans).
+    """
+    _check_order(order)
+    lane = np.arange(WARP, dtype=np.int64)
+    m, r = lane >> 3, lane & 7
+    if order == "rows_first":
+        return np.stack([r + 8 * (m & 1), 8 * (m >> 1)], axis=1)
+    return np.stack([r + 8 * (m >> 1), 8 * (m & 1)], axis=1)
+
+
 def _grid(title: str, values: np.ndarray, width: int) -> list[str]:
     rows, cols = values.shape
     lines = [title, "    " + "".join(f"{c:>{width}}" for c in range(cols))]
@@ -166,5 +199,5 @@ def show(operand: str) -> str:
     return "\n".join(_grid(title, cells, width=6))
 
 
-__all__ = ["WARP", "SHAPES", "OPERANDS", "fragment_map", "inverse_map", "ldmatrix_map",
-           "address_lanes", "show"]
+__all__ = ["WARP", "SHAPES", "OPERANDS", "X4_ORDERS", "fragment_map", "inverse_map", "ldmatrix_map",
+           "address_lanes", "x4_lane_row_col", "show"]

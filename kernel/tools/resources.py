@@ -55,7 +55,7 @@ def _tool(name: str) -> str | None:
 
 def _nvcc_cmd(cfg: build.Config, out: Path, kind: str) -> list[str]:
     return [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
-            *build.defines(cfg), kind, str(build.SOURCE_PATH), "-o", str(out)]
+            *build.options(cfg), kind, str(build.SOURCE_PATH), "-o", str(out)]
 
 
 def compile_variant(cfg: build.Config, workdir: Path) -> dict:

@@ -42,4 +42,33 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32
 __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) { ldmatrix_x4(r[0], r[1], r[2], r[3], addr); }
 __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) { ldmatrix_x4_trans(r[0], r[1], r[2], r[3], addr); }
 
+// An .x4 load of a whole 16x16 tile of 16-bit elements (the same recipe serves stmatrix .x4):
+// lane l supplies the address of row l % 8 of matrix l / 8, 8 elements (16 bytes), and
+// register i receives matrix i. Two orders of the four 8x8 matrices, by their first row
+// and column in the tile:
+//   rows first: (0, 0), (8, 0), (0, 8), (8, 8)
+//   cols first: (0, 0), (0, 8), (8, 0), (8, 8)
+// so lane l names tile[row + rows_first_mat_row()][rows_first_mat_col()] (or the cols_first_
+// pair), and for mma.m16n8k16 (mma.cuh) the four registers are
+//   rows first, plain:  the A fragment a0..a3 of A = tile            (A[m][k] at tile[m][k])
+//   rows first, .trans: the B fragments {r0, r1} of n 0-7 and {r2, r3} of n 8-15 of B = tile
+//                       (B[k][n] at tile[k][n])
+//   cols first, plain:  the B fragments {r0, r1} of n 0-7 and {r2, r3} of n 8-15 of B = tile^T
+//                       (B[k][n] at tile[n][k])
+//   cols first, .trans: the A fragment a0..a3 of A = tile^T          (A[m][k] at tile[k][m])
+// For a tile at (row0, col0) of a larger one the lane's row is row0 + row + rows_first_mat_row(),
+// added in that order: the kernels' SASS depends on it (so does it on the corners being
+// computed where they are used, from the lane, as here).
+// ptx_lab.fragments.x4_lane_row_col is the model twin; tests/ptx_lab/test_x4_lanes.py ties it to
+// the mma fragments and, through the probe_x4_lanes probe (probes.cu), to this code.
+struct X4Lane {
+    int lane;   // 0..31
+    int row;    // lane % 8: the row of its matrix that this lane addresses
+    __device__ __forceinline__ int rows_first_mat_row() const { return 8 * ((lane >> 3) & 1); }
+    __device__ __forceinline__ int rows_first_mat_col() const { return 8 * ((lane >> 3) >> 1); }
+    __device__ __forceinline__ int cols_first_mat_row() const { return 8 * ((lane >> 3) >> 1); }
+    __device__ __forceinline__ int cols_first_mat_col() const { return 8 * ((lane >> 3) & 1); }
+};
+__device__ __forceinline__ X4Lane x4_lane(int lane) { return {lane, lane & 7}; }
+
 }  // namespace ptx_lab

@@ -142,6 +142,19 @@ PTX_LAB_STMATRIX_PROBE(probe_stmatrix_x1_trans, 1, true)
 PTX_LAB_STMATRIX_PROBE(probe_stmatrix_x2_trans, 2, true)
 PTX_LAB_STMATRIX_PROBE(probe_stmatrix_x4_trans, 4, true)
 
+// -------------------------------------------------------------- x4 lanes
+// The .x4 recipe of ldmatrix.cuh (X4Lane), no instruction: out (32, 4) int, each lane's
+// (row, col) in a 16x16 tile, rows first then cols first (ptx_lab.fragments.x4_lane_row_col).
+extern "C" __global__ void __launch_bounds__(WARP)
+probe_x4_lanes(int* out) {
+    const int lane = threadIdx.x;
+    const X4Lane x = x4_lane(lane);
+    out[lane * 4 + 0] = x.row + x.rows_first_mat_row();
+    out[lane * 4 + 1] = x.rows_first_mat_col();
+    out[lane * 4 + 2] = x.row + x.cols_first_mat_row();
+    out[lane * 4 + 3] = x.cols_first_mat_col();
+}
+
 // --------------------------------------------------------------- movmatrix
 // in, out: (32,) u32, one b32 fragment register per lane.
 extern "C" __global__ void __launch_bounds__(WARP)

@@ -121,7 +121,7 @@ __device__ __forceinline__ void move_dsT(float (&dsT)[8][4], Ptr rows, int v0, i
 // `chain_done`; its HMMA count goes to hmma_count.
 __device__ __forceinline__ void companion_work(const StepOperands* ring, const volatile int* chain_done,
                                                unsigned long long* hmma_count, int lane) {
-    const int mat = lane >> 3, mrow = lane & 7;
+    const X4Lane xl = x4_lane(lane);   // ldmatrix x4 rows (ldmatrix.cuh): A rows first, B cols first
     float acc[8][4];
 #pragma unroll
     for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
@@ -131,12 +131,12 @@ __device__ __forceinline__ void companion_work(const StepOperands* ring, const v
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             u32 a[4];
-            ldmatrix_x4(a, smem_addr(&op.negu_kr[(16 * (rounds % 8) + mrow + 8 * (mat & 1)) * NEGU_KR_STRIDE + 16 * kk +
-                                                 8 * (mat >> 1)]));
+            ldmatrix_x4(a, smem_addr(&op.negu_kr[(16 * (rounds % 8) + xl.row + xl.rows_first_mat_row()) * NEGU_KR_STRIDE + 16 * kk +
+                                                 xl.rows_first_mat_col()]));
 #pragma unroll
             for (int np = 0; np < 4; ++np) {
                 u32 b[4];
-                ldmatrix_x4(b, smem_addr(&op.w_rk[(16 * np + mrow + 8 * (mat >> 1)) * W_RK_STRIDE + 16 * kk + 8 * (mat & 1)]));
+                ldmatrix_x4(b, smem_addr(&op.w_rk[(16 * np + xl.row + xl.cols_first_mat_row()) * W_RK_STRIDE + 16 * kk + xl.cols_first_mat_col()]));
                 const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
                 mma_m16n8k16_bf16(acc[2 * np], a, b_lo, acc[2 * np]);
                 mma_m16n8k16_bf16(acc[2 * np + 1], a, b_hi, acc[2 * np + 1]);
@@ -157,12 +157,13 @@ __device__ __forceinline__ void companion_work(const StepOperands* ring, const v
 __device__ __forceinline__ void companion_work_wgmma(const StepOperands* ring, const volatile int* chain_done,
                                                      volatile int* stop, unsigned long long* hmma_count, int warp,
                                                      int lane) {
-    const int mat = lane >> 3, mrow = lane & 7, cw = warp - CHAIN_WARPS;
+    const X4Lane xl = x4_lane(lane);   // ldmatrix x4 rows (ldmatrix.cuh): A rows first
+    const int cw = warp - CHAIN_WARPS;
     u32 a[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-        ldmatrix_x4(a[kk], smem_addr(&ring[0].negu_kr[(16 * cw + mrow + 8 * (mat & 1)) * NEGU_KR_STRIDE + 16 * kk +
-                                                      8 * (mat >> 1)]));
+        ldmatrix_x4(a[kk], smem_addr(&ring[0].negu_kr[(16 * cw + xl.row + xl.rows_first_mat_row()) * NEGU_KR_STRIDE + 16 * kk +
+                                                      xl.rows_first_mat_col()]));
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -208,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(32 * (CHAIN_WARPS + MAX_COMPANIONS)
     }
     const int mv = warp & 1, kh = warp >> 1;
     const int v0 = 16 * mv + g, k_base = 64 * kh;
-    const int mat = lane >> 3, mrow = lane & 7;   // ldmatrix x4: lane names row mrow of matrix mat
+    const X4Lane xl = x4_lane(lane);   // ldmatrix x4 rows (ldmatrix.cuh): B cols first
     float dsT[8][4];   // dS^T: rows v0, v0 + 8; columns k_base + 8 j + 2 t (+1)
     move_dsT<false>(dsT, dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM, v0, k_base, t);
     const long long c0 = clock64();
@@ -232,8 +233,8 @@ extern "C" __global__ void __launch_bounds__(32 * (CHAIN_WARPS + MAX_COMPANIONS)
 #pragma unroll
             for (int np = 0; np < 4; ++np) {
                 u32 b[4];
-                ldmatrix_x4(b, smem_addr(&op.w_rk[(16 * np + mrow + 8 * (mat >> 1)) * W_RK_STRIDE + k_base + 16 * kk +
-                                                  8 * (mat & 1)]));
+                ldmatrix_x4(b, smem_addr(&op.w_rk[(16 * np + xl.row + xl.cols_first_mat_row()) * W_RK_STRIDE + k_base + 16 * kk +
+                                                  xl.cols_first_mat_col()]));
                 const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
                 mma_m16n8k16_bf16(x[2 * np], a[kk], b_lo, x[2 * np]);
                 mma_m16n8k16_bf16(x[2 * np + 1], a[kk], b_hi, x[2 * np + 1]);
@@ -266,8 +267,8 @@ extern "C" __global__ void __launch_bounds__(32 * (CHAIN_WARPS + MAX_COMPANIONS)
 #pragma unroll
             for (int np = 0; np < 4; ++np) {
                 u32 b[4];
-                ldmatrix_x4(b, smem_addr(&op.negu_kr[(k_base + 16 * np + mrow + 8 * (mat >> 1)) * NEGU_KR_STRIDE +
-                                                     16 * kk + 8 * (mat & 1)]));
+                ldmatrix_x4(b, smem_addr(&op.negu_kr[(k_base + 16 * np + xl.row + xl.cols_first_mat_row()) * NEGU_KR_STRIDE +
+                                                     16 * kk + xl.cols_first_mat_col()]));
                 const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
                 mma_m16n8k16_bf16(dsT[2 * np], xa[kk], b_lo, dsT[2 * np]);
                 mma_m16n8k16_bf16(dsT[2 * np + 1], xa[kk], b_hi, dsT[2 * np + 1]);
@@ -322,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
     unsigned char* xt_tile = ds_tiles + 2 * 8192;            // [4096]
     copy_resident(ring, steps, flags);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-    const int mat = lane >> 3, mrow = lane & 7;
+    const X4Lane xl = x4_lane(lane);   // ldmatrix / stmatrix x4 rows (ldmatrix.cuh), rows first
     float ds[2][2][8];
     move_ds<false>(ds, dsT_in + (size_t)blockIdx.x * V_CTA * K_DIM, warp, g, t);
     u32 a_w[8][4], a_negu[2][4][4];
@@ -335,20 +336,20 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
         if (!(flags & STEP_A_ONCE) || s == 0) {
 #pragma unroll
             for (int kk = 0; kk < 8; ++kk)   // W rows r = 16 w .., k = 16 kk ..
-                ldmatrix_x4(a_w[kk], smem_addr(&op.w_rk[(16 * warp + mrow + 8 * (mat & 1)) * W_RK_STRIDE + 16 * kk +
-                                                       8 * (mat >> 1)]));
+                ldmatrix_x4(a_w[kk], smem_addr(&op.w_rk[(16 * warp + xl.row + xl.rows_first_mat_row()) * W_RK_STRIDE + 16 * kk +
+                                                       xl.rows_first_mat_col()]));
 #pragma unroll
             for (int kb = 0; kb < 2; ++kb)
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk)   // -U rows k = 64 kb + 16 w .., r = 16 kk ..
-                    ldmatrix_x4(a_negu[kb][kk], smem_addr(&op.negu_kr[(64 * kb + 16 * warp + mrow + 8 * (mat & 1)) *
-                                                                      NEGU_KR_STRIDE + 16 * kk + 8 * (mat >> 1)]));
+                    ldmatrix_x4(a_negu[kb][kk], smem_addr(&op.negu_kr[(64 * kb + 16 * warp + xl.row + xl.rows_first_mat_row()) *
+                                                                      NEGU_KR_STRIDE + 16 * kk + xl.rows_first_mat_col()]));
         }
 #pragma unroll
         for (int kb = 0; kb < 2; ++kb)
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
-                const int k = 64 * kb + 16 * warp + mrow + 8 * (mat & 1), v = 16 * p + 8 * (mat >> 1);
+                const int k = 64 * kb + 16 * warp + xl.row + xl.rows_first_mat_row(), v = 16 * p + xl.rows_first_mat_col();
                 stmatrix_x4(smem_addr(ds_tile + (v / 8) * DS_SBO + (k / 8) * 128 + (k % 8) * 16),
                             pack_bf16x2(ds[kb][p][0], ds[kb][p][1]), pack_bf16x2(ds[kb][p][2], ds[kb][p][3]),
                             pack_bf16x2(ds[kb][p][4], ds[kb][p][5]), pack_bf16x2(ds[kb][p][6], ds[kb][p][7]));
@@ -388,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(128) composed_step_wgmma(
         const long long td = clock64();
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
-            const int r = 16 * warp + mrow + 8 * (mat & 1), v = 16 * p + 8 * (mat >> 1);
+            const int r = 16 * warp + xl.row + xl.rows_first_mat_row(), v = 16 * p + xl.rows_first_mat_col();
             stmatrix_x4(smem_addr(xt_tile + (v / 8) * XT_SBO + (r / 8) * 128 + (r % 8) * 16),
                         pack_bf16x2(xt[p][0], xt[p][1]), pack_bf16x2(xt[p][2], xt[p][3]),
                         pack_bf16x2(xt[p][4], xt[p][5]), pack_bf16x2(xt[p][6], xt[p][7]));

@@ -174,8 +174,9 @@ def ptx_constant(ptx: str, name: str) -> int:
     return int(m.group(1) or 0)
 
 
-def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
-    """CI's plain `nvcc dstate_scan.cu` build and the API's build agree on the shape."""
+def test_the_kernel_built_from_build_options_has_build_configs_shape(tmp_path):
+    """The device source derives its shape from the -D's build.defines passes: threads per CTA
+    and whether G4/G5 are warpgroup MMAs agree with build.Config for every v-split."""
     import shutil
     import subprocess
 
@@ -186,15 +187,15 @@ def test_plain_source_defaults_follow_the_auto_rules(tmp_path):
         pytest.skip("nvcc is not on PATH")
     for vsplit in build.VSPLITS:
         for bf16 in (0, 1):
+            cfg = build.Config(vsplit=vsplit, snap_bf16=bool(bf16))
             out = tmp_path / f"vs{vsplit}-{bf16}.ptx"
             subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}",
-                            f"-DVSPLIT={vsplit}", f"-DSNAP_BF16={bf16}", "-ptx", str(build.SOURCE_PATH),
-                            "-o", str(out)], check=True)
+                            *build.options(cfg), "-ptx", str(build.SOURCE_PATH), "-o", str(out)], check=True)
             ptx = out.read_text()
-            cfg = build.Config(vsplit=vsplit, snap_bf16=bool(bf16))
             assert ptx_constant(ptx, "kda_threads") == cfg.threads, (vsplit, bf16)
             wgmma = ptx_constant(ptx, "kda_wgmma")
             assert wgmma == cfg.wgmma and ("wgmma.mma_async" in ptx) == bool(wgmma), (vsplit, bf16)
+            assert ptx_constant(ptx, "kda_reg_split") == cfg.regsplit, (vsplit, bf16)
 
 
 def test_a_tensor_map_error_names_the_argument():
@@ -228,6 +229,9 @@ def test_more_producers_take_registers_from_the_pool_without_spilling(tmp_path, 
     ptx = (tmp_path / f"{cfg.name()}.ptx").read_text()
     assert ("setmaxnreg.inc.sync.aligned.u32 240" in ptx) == split
     assert ("setmaxnreg.dec.sync.aligned.u32" in ptx) == split
+    assert cfg.regsplit == split
+    if split:   # build.Config's count of what the producers keep is the kernel's
+        assert f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};" in ptx, cfg.producer_regs
     assert row["threads"] == 32 * (4 + producers)
 
 

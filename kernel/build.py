@@ -43,6 +43,9 @@ class Config:
     snap_every: int = 1      # snapshot every tile (1) or every 4th tile (4: FLA's dh)
     has_dht: bool = False    # initial dS from dht (else zeros)
     l2norm: bool = True      # l2-normalise q and k rows in R1 (the step that rebuilds qd/kd/kr on chip)
+    fla_inputs: bool = False # gc, mqk, inv are FLA's forward tensors as stored: its 64-chunk-local g and
+                             # the 64-wide Aqk / Akk, whose 16 x 16 diagonal blocks are read in place
+                             # (lower triangle only) and whose gate is rebased per tile on chip
     # Tuning knobs. 0 (or -1 where 0 means off) = auto, by the rules in __post_init__.
     nstage: int = 0          # input ring depth; loads run nstage - 1 tiles ahead. Auto: 4, or 3 where
                              # 4 would leave too few named barriers (FULL and EMPTY per stage, and with
@@ -98,6 +101,9 @@ class Config:
         auto("snap_store", SNAP_TMA if self.snap_bf16 else SNAP_STAGED if self.vsplit == 1 else SNAP_DIRECT)
         if self.loads not in (LOADS_CP_ASYNC, LOADS_TMA):
             raise ValueError(f"loads must be {LOADS_CP_ASYNC} (cp.async) or {LOADS_TMA} (tensor copies), got {self.loads}")
+        if self.fla_inputs and self.loads != LOADS_CP_ASYNC:
+            raise ValueError("fla_inputs needs loads 1 (cp.async): its lower-triangle block copies are "
+                             "cp.async zero-fills, which tensor copies have no form of")
         if self.snap_store not in (SNAP_DIRECT, SNAP_STAGED, SNAP_TMA):
             raise ValueError(f"snap_store must be {SNAP_DIRECT} (direct), {SNAP_STAGED} (staged) or "
                              f"{SNAP_TMA} (tensor store), got {self.snap_store}")
@@ -226,7 +232,7 @@ class Config:
 
     def name(self) -> str:
         return (f"vs{self.vsplit}-{'bf16' if self.snap_bf16 else 'f32'}x{self.snap_every}"
-                f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}"
+                f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}{'-fla' if self.fla_inputs else ''}"
                 f"-st{self.nstage}-g2s{self.g2_split}-p{self.producers}"
                 f"{'-tmaload' if self.loads == LOADS_TMA else ''}"
                 f"{ {SNAP_DIRECT: '-direct', SNAP_STAGED: '', SNAP_TMA: '-tmastore'}[self.snap_store] }"
@@ -252,7 +258,7 @@ FAST_MATH = ("-ftz=true",)
 # has no defaults (tests/kernel/test_build.py checks both directions).
 KNOB_MACROS: dict[str, str] = {
     "vsplit": "VSPLIT", "snap_bf16": "SNAP_BF16", "snap_every": "SNAP_EVERY", "has_dht": "HAS_DHT",
-    "l2norm": "L2NORM", "nstage": "NSTAGE", "g2_split": "G2_SPLIT", "producers": "PRODUCERS", "mt": "MT",
+    "l2norm": "L2NORM", "fla_inputs": "FLA_INPUTS", "nstage": "NSTAGE", "g2_split": "G2_SPLIT", "producers": "PRODUCERS", "mt": "MT",
     "ksplit": "KSPLIT", "loads": "LOADS", "snap_store": "SNAP_STORE", "wgmma": "WGMMA",
     "g4_with_g5": "G4_WITH_G5", "snap_late_issue": "SNAP_LATE_ISSUE", "gt_shared": "GT_SHARED",
     "spread_extra": "SPREAD_EXTRA", "r1_lanes": "R1_LANES", "regsplit": "REGSPLIT",

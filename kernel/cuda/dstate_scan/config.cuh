@@ -69,6 +69,9 @@
 #ifndef KDA_TIMING
 #error "KDA_TIMING is not set: kernel/build.py sets every knob (build.defines)"
 #endif
+#ifndef FLA_INPUTS
+#error "FLA_INPUTS is not set: kernel/build.py sets every knob (build.defines)"
+#endif
 
 // The values of LOADS and SNAP_STORE (build.py's LOADS_* and SNAP_* name the same numbers)
 #define LOADS_CP_ASYNC 1
@@ -110,6 +113,12 @@ constexpr int BETA_WARP = SPREAD_EXTRA ? 3 % NUM_PRODUCERS : 0;
 constexpr int EGT_WARP = SPREAD_EXTRA ? 4 % NUM_PRODUCERS : 0;
 constexpr bool TMA_LOADS = LOADS == LOADS_TMA;
 constexpr bool TMA_SNAP = SNAP_STORE == SNAP_TMA;
+// FLA_INPUTS: gc, mqk and inv are flash-linear-attention's forward tensors as it stores them:
+// g (the 64-token chunk-local cumulative gate, log2), Aqk and Akk ([tokens, H, 64]). A tile's
+// Mqk / INV is the 16 x 16 diagonal block of its 64-token chunk, read in place.
+constexpr int FLA_CHUNK = 64;
+constexpr int TILES_PER_FLA_CHUNK = FLA_CHUNK / C;
+constexpr int SMALL_COLS = FLA_INPUTS ? FLA_CHUNK : C;   // elements between the Mqk/INV rows of one head
 
 static_assert(D % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
 static_assert(KSPLIT == 1 || KSPLIT == 2, "KSPLIT must be 1 or 2");
@@ -132,6 +141,8 @@ static_assert(SPREAD_EXTRA == 0 || SPREAD_EXTRA == 1, "SPREAD_EXTRA must be 0 or
 static_assert((R1_LANES == 16 || R1_LANES == 32) && TOKENS_PER_PRODUCER % (32 / R1_LANES) == 0,
               "R1_LANES must be 32, or 16 with an even number of tokens per producer warp");
 static_assert(KDA_TIMING == 0 || KDA_TIMING == 1, "KDA_TIMING must be 0 or 1");
+static_assert(FLA_INPUTS == 0 || (FLA_INPUTS == 1 && !TMA_LOADS),
+              "FLA_INPUTS must be 0, or 1 with cp.async loads (the lower-triangle copies are cp.async zero-fills)");
 
 // REGSPLIT: the launch gives every thread LAUNCH_REGS (__launch_bounds__(THREADS, 1): the
 // register file's 65536 over THREADS, in steps of 8); the consumers raise theirs to

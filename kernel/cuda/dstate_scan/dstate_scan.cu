@@ -119,7 +119,12 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                     if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, vs);
                     copy_beta(stages[j % NSTAGE], p, tok0, L, h, ptid);
                 } else {
+#if FLA_INPUTS   // (a preprocessor branch: the lambda of the other builds captures exactly what it did)
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid, !gt_shared(j), n,
+                                     smem_addr(gate_base(smem, j % NSTAGE, pw)));
+#else
                     issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid, !gt_shared(j));
+#endif
                 }
             }
             cp_async_commit();      // one group per tile slot, possibly empty: uniform wait counts
@@ -137,7 +142,11 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             const long long t1 = PhaseTimer::now();
             const int L = tile_len(nt - 1 - i);
             if (TMA_LOADS && L < C && pw == 0) zero_tail_rows(stages[s], L, lane);   // before this warp's FULL arrive
+#if FLA_INPUTS
+            rebuild_operands(stages[s], L, p.scale, pw, lane, gt_shared(i), gate_base(smem, s, pw));
+#else
             rebuild_operands(stages[s], L, p.scale, pw, lane, gt_shared(i));
+#endif
             named_barrier_arrive(full_bar(s), ALL_THREADS);              // release tile i to the consumers
             timer.add(T_P_R1, t1);
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it.

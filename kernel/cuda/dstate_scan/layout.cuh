@@ -105,8 +105,16 @@ constexpr int STAGING_OFFSET = ALIGN_SMEM ? (NSTAGE * (int)sizeof(Stage) + TMA_A
                                           : NSTAGE * (int)sizeof(Stage);
 constexpr int XCHG_OFFSET = STAGING_OFFSET + NUM_CONSUMERS * SNAP_STAGING_BYTES;
 constexpr int MBAR_OFFSET = XCHG_OFFSET + XCHG_BYTES;   // TMA loads: one mbarrier (8 B) per stage
-constexpr int SMEM_BYTES = MBAR_OFFSET + (TMA_LOADS ? NSTAGE * 8 : 0)
+// FLA_INPUTS: per stage and producer warp, g at the token before the tile (zeros for a 64-token
+// chunk's first tile): R1 subtracts it, which makes FLA's chunk-local gate tile-local. A copy per
+// warp, like gT, so that R1 waits for its own warp's copies only.
+constexpr int GBASE_OFFSET = MBAR_OFFSET + (TMA_LOADS ? NSTAGE * 8 : 0);
+constexpr int GBASE_BYTES = FLA_INPUTS ? NSTAGE * NUM_PRODUCERS * D * 4 : 0;
+constexpr int SMEM_BYTES = GBASE_OFFSET + GBASE_BYTES
                          + (ALIGN_SMEM ? TMA_ALIGN : 0);   // slack to align the dynamic shared base
+__device__ __forceinline__ float* gate_base(unsigned char* smem, int s, int pw) {
+    return reinterpret_cast<float*>(smem + GBASE_OFFSET) + (s * NUM_PRODUCERS + pw) * D;
+}
 
 
 // Named barrier ids (0 is __syncthreads). FULL and EMPTY count every thread of the CTA.

@@ -20,8 +20,13 @@ __device__ __forceinline__ int from_warp(int ptid, int w) {
 // index math was a large share of the producers' instructions: log 5). Rows at or past `L` are zero-filled (src-size 0:
 // global memory is not read; the source address falls back to the tile's first
 // row, which always exists, so it stays a valid operand).
-template <int ROW_BYTES, int SMEM_ROW_BYTES, int ROWS, int THREADS_>
+// LOWER (16 bf16 a row: FLA's Aqk / Akk blocks): row c keeps its elements 0..c and the copy
+// zero-fills the rest (src-size 2 (c + 1 - 8 ch), clamped to 0..16: experiment cp_async shows
+// every src-size 0..16 lands its bytes and zeros the rest), so what FLA left above the
+// diagonal (inf, NaN) never reaches shared memory.
+template <int ROW_BYTES, int SMEM_ROW_BYTES, int ROWS, int THREADS_, bool LOWER = false>
 __device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_bytes, int L, int tid, int row0) {
+    static_assert(!LOWER || ROW_BYTES == 32, "LOWER copies 16 x 16 bf16 blocks");
     constexpr int CHUNKS = ROW_BYTES / 16;
     constexpr int TOTAL = ROWS * CHUNKS;
 #pragma unroll
@@ -31,7 +36,8 @@ __device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_
             const int c = row0 + idx / CHUNKS, ch = idx % CHUNKS;
             const bool valid = c < L;
             const u32 off = valid ? c * src_row_bytes + ch * 16 : 0u;
-            cp_async_cg16_zfill(dst + c * SMEM_ROW_BYTES + ch * 16, src + off, valid ? 16u : 0u);
+            const int keep = LOWER ? min(max(2 * (c + 1 - 8 * ch), 0), 16) : 16;
+            cp_async_cg16_zfill(dst + c * SMEM_ROW_BYTES + ch * 16, src + off, valid ? (u32)keep : 0u);
         }
     }
 }
@@ -58,8 +64,12 @@ __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long 
 // arrives on FULL. GT_SHARED: own_gt false for tiles whose gT is read from the owner
 // warp's gc rows (published by an EMPTY barrier all producer warps pass, not a
 // producers-only one).
+// FLA_INPUTS: tile n of its sequence (FLA's 64-token chunks restart at every sequence start) reads
+// the diagonal block at column 16 (n mod 4) of the 64-wide Aqk / Akk rows, lower triangle only,
+// and this warp's copy of g at the token before the tile into gbase (zeros at a chunk's start).
 __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
-                                                 int h, int vs, int pw, int lane, int ptid, bool own_gt) {
+                                                 int h, int vs, int pw, int lane, int ptid, bool own_gt,
+                                                 int n = 0, u32 gbase = 0u) {
     constexpr int R = TOKENS_PER_PRODUCER;
     const u32 row_elems = (u32)p.H * D;          // elements between consecutive tokens
     const long long first = (tok0 * p.H + h) * D;
@@ -72,12 +82,17 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
     copy_rows<D * 4, D * 4, R, 32>(smem_addr(st.gc), gc, row_elems * 4, L, lane, pw * R);
     if (own_gt) copy_rows<D * 4, D * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
     copy_rows<DV * 2, DO_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, L, ptid, 0);
-    const long long sfirst = (tok0 * p.H + h) * C;
-    const u32 srow_bytes = (u32)p.H * C * 2;
-    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst),
-                                                            srow_bytes, L, from_warp(ptid, MQK_WARP), 0);
-    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst),
-                                                            srow_bytes, L, from_warp(ptid, INV_WARP), 0);
+    const int block_col = FLA_INPUTS ? (n % TILES_PER_FLA_CHUNK) * C : 0;
+    const long long sfirst = (tok0 * p.H + h) * SMALL_COLS + block_col;
+    const u32 srow_bytes = (u32)p.H * SMALL_COLS * 2;
+    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS, FLA_INPUTS>(
+        smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, L, from_warp(ptid, MQK_WARP), 0);
+    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS, FLA_INPUTS>(
+        smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst), srow_bytes, L, from_warp(ptid, INV_WARP), 0);
+    if constexpr (FLA_INPUTS) {
+        const bool chunk_start = n % TILES_PER_FLA_CHUNK == 0;
+        copy_rows<D * 4, D * 4, 1, 32>(gbase, chunk_start ? gc : gc - row_elems * 4, 0u, chunk_start ? 0 : 1, lane, 0);
+    }
     copy_beta(st, p, tok0, L, h, from_warp(ptid, BETA_WARP));
 }
 

@@ -31,7 +31,12 @@ template <> struct BF16Row<8> { using type = uint4; };
 // sqrt/div ran back to back (the compiler cannot hoist the next token's shared
 // loads above this token's shared stores), and R1 became the per-tile bottleneck,
 // its time proportional to the tokens per producer warp (logs 3 and 4).
-__device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane, bool gt_in_gc) {
+// FLA_INPUTS: gc holds FLA's chunk-local gate and gbase this warp's copy of it at the token
+// before the tile; R1 subtracts gbase from the rows of real tokens and from gT, which gives the
+// tile-local gate exactly as the tile inputs carry it. Rows past L stay zero: their q and k are
+// zero, and exp2 of a rebased zero (up to 2^460) would make 0 * inf.
+__device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane, bool gt_in_gc,
+                                                 const float* gbase = nullptr) {
     constexpr int EPL = D / R1_LANE_COUNT;       // k per lane: 4 or 8
     constexpr int TPP = 32 / R1_LANE_COUNT;      // tokens per warp-wide pass: 1 or 2
     constexpr int R = TOKENS_PER_PRODUCER / TPP; // passes
@@ -41,10 +46,13 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     const int k0 = EPL * hl;
     const int c0 = pw * TOKENS_PER_PRODUCER + sub;
     // gc stops at the last real token
-    float gt[EPL];
+    float gt[EPL], base[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; e += 4) {
-        const float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
+        const float4 b = FLA_INPUTS ? *reinterpret_cast<const float4*>(&gbase[k0 + e]) : make_float4(0.f, 0.f, 0.f, 0.f);
+        base[e] = b.x; base[e + 1] = b.y; base[e + 2] = b.z; base[e + 3] = b.w;
+        float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
+        if constexpr (FLA_INPUTS) { g.x -= b.x; g.y -= b.y; g.z -= b.z; g.w -= b.w; }
         gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
         if (pw == EGT_WARP && sub == 0)
             *reinterpret_cast<float4*>(&st.egT[k0 + e]) = make_float4(exp2f(g.x), exp2f(g.y), exp2f(g.z), exp2f(g.w));
@@ -65,7 +73,8 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
         }
 #pragma unroll
         for (int e = 0; e < EPL; e += 4) {
-            const float4 g = *reinterpret_cast<const float4*>(gc_at(st, c, k0 + e));
+            float4 g = *reinterpret_cast<const float4*>(gc_at(st, c, k0 + e));
+            if (FLA_INPUTS && c < L) { g.x -= base[e]; g.y -= base[e + 1]; g.z -= base[e + 2]; g.w -= base[e + 3]; }
             gv[r][e] = tail ? 0.f : g.x; gv[r][e + 1] = tail ? 0.f : g.y;
             gv[r][e + 2] = tail ? 0.f : g.z; gv[r][e + 3] = tail ? 0.f : g.w;
         }

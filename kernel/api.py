@@ -23,6 +23,7 @@ import numpy as np
 
 from . import build
 from .build import CHUNK, D, Config
+from .reference.dstate_scan import FLA_CHUNK   # with fla_inputs, mqk / inv are FLA's Aqk / Akk: FLA_CHUNK columns
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
 CUDA_INSTALL = "pip install -e '.[cuda]'"   # pyproject's cuda extra: cupy-cuda13x
@@ -331,6 +332,18 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     damage stays in that head's outputs. To check the values, run the float64
     reference on a sample (kernel.reference refuses NaN, inf and g > 0 by name).
     """
+    return launch(q, k, gc, beta, mqk, inv, do, scale=scale, dht=dht, cu_seqlens=cu_seqlens,
+                  qk_l2norm=qk_l2norm, snapshot_dtype=snapshot_dtype, snapshot_every=snapshot_every,
+                  vsplit=vsplit, tuning=tuning)
+
+
+def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None, cu_seqlens=None,
+           qk_l2norm: bool = True, snapshot_dtype: str = "float32", snapshot_every: int = 1,
+           vsplit: int | str = "auto", tuning: dict | None = None, fla_inputs: bool = False):
+    """:func:`dstate_scan`'s checks and launch. With ``fla_inputs`` the kernel reads gc, mqk
+    and inv as FLA's forward stored them (kernel.fla_entry: its g, and Aqk / Akk with 64
+    columns, whose 16 x 16 diagonal blocks are Kernel A's Mqk / INV)."""
+    small = FLA_CHUNK if fla_inputs else CHUNK   # columns of mqk / inv
     if snapshot_dtype not in SNAPSHOT_DTYPES:
         raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
     if isinstance(snapshot_every, (bool, np.bool_)) or not isinstance(snapshot_every, (int, np.integer)) \
@@ -372,9 +385,9 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     if beta.dtype == np.uint16:
         beta = bits_to_f32(beta)   # the kernel copies beta with 4-byte cp.async
     mqk = _to_cupy("mqk", mqk, "bf16")
-    _check_shape("mqk", mqk, (B, T, H, CHUNK))
+    _check_shape("mqk", mqk, (B, T, H, small))
     inv = _to_cupy("inv", inv, "bf16")
-    _check_shape("inv", inv, (B, T, H, CHUNK))
+    _check_shape("inv", inv, (B, T, H, small))
 
     if cu_seqlens is not None:
         if B != 1:
@@ -411,14 +424,14 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     if vsplit == "auto":
         vsplit = choose_vsplit(N * H, sm)
     knobs = dict(tuning or {})
-    fixed = {"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm"} & set(knobs)
+    fixed = {"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm", "fla_inputs"} & set(knobs)
     if fixed:
         raise ValueError(f"tuning must not set {sorted(fixed)}: those follow from the other arguments")
     unknown = set(knobs) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ValueError(f"tuning has unknown knobs {sorted(unknown)}")
     cfg = Config(vsplit=int(vsplit), snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every,
-                 has_dht=dht is not None, l2norm=bool(qk_l2norm), **knobs)
+                 has_dht=dht is not None, l2norm=bool(qk_l2norm), fla_inputs=bool(fla_inputs), **knobs)
     fn, smem, threads, tma_dims = _kernel(cfg)
 
     if torch_in:   # torch's allocator and torch tensors out, CuPy views for the launch

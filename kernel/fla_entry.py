@@ -23,10 +23,10 @@ The float64 statement of the mapping, its three identities and their tests are
 in :mod:`kernel.reference.fla_layout` (``kernel_a_inputs_from_fla`` is the
 blueprint of the device loads described below).
 
-The device side (not built yet)
--------------------------------
-The kernel keeps its parameter list; a build option makes it read three of them
-differently. What it will receive, per token row (``tokens`` = B * T, row
+The device side
+---------------
+The kernel keeps its parameter list; a build option (``build.Config.fla_inputs``,
+``-DFLA_INPUTS``) makes it read three of them differently. What it will receive, per token row (``tokens`` = B * T, row
 strides in elements; every array C-contiguous, as checked here)::
 
     q, k, do   bf16 [tokens, H, 128]  row stride H * 128   unchanged
@@ -58,8 +58,8 @@ restart at every sequence start, like Kernel A's tiles), rows tok0 .. tok0 + L -
   Mqk/INV maps become (tokens, H * 64) with 16 x 16 boxes at column h * 64 + 16 * (n mod 4).
 
 Everything in this module up to the launch runs on the host without a GPU
-(:func:`plan_fla_launch`); the launch itself raises ``NotImplementedError`` until
-the kernel has those loads (``FLA_LOADS_BUILT``).
+(:func:`plan_fla_launch`); the launch is :func:`kernel.api.launch` with
+``fla_inputs=True`` (kernel/cuda/dstate_scan/loads.cuh and r1.cuh hold the loads).
 """
 from __future__ import annotations
 
@@ -68,23 +68,15 @@ from typing import Any
 
 import numpy as np
 
+from . import api
 from .build import CHUNK, D, VSPLITS, Config
 from .reference.dstate_scan import FLA_CHUNK, _check_cu_seqlens, snapshot_offsets
 
 TILES_PER_FLA_CHUNK = FLA_CHUNK // CHUNK   # 4: dh every 4th tile is FLA's dh
 FLA_OTHER_CHUNK = 32                       # KDA's only other chunk_size in fla-core 0.6.0
 SNAPSHOT_DTYPES = ("bfloat16", "float32")
-FLA_LOADS_BUILT = False   # True once Kernel A reads g64/Aqk/Akk as described above
-# (tests/kernel/test_fla_entry.py's GPU comparisons skip, saying so, while this is False)
 
-NOT_BUILT = (
-    "dstate_scan_from_fla: the on-chip FLA-layout loads are not built yet (Kernel A reads "
-    "Mqk/INV as 16-wide rows and a tile-local gc today). Until they are: "
-    "gc, mqk, inv = kernel.reference.kernel_a_inputs_from_fla(Aqk, Akk, g64, cu_seqlens=...) "
-    "on CuPy arrays (bf16 as uint16 bits), then kernel.dstate_scan(q, k, gc, beta, mqk, inv, do, "
-    "qk_l2norm=False, snapshot_dtype='bfloat16', snapshot_every=4, ...)")
-
-__all__ = ["dstate_scan_from_fla", "plan_fla_launch", "FlaLaunch", "Operand", "FLA_LOADS_BUILT",
+__all__ = ["dstate_scan_from_fla", "plan_fla_launch", "FlaLaunch", "Operand",
            "TILES_PER_FLA_CHUNK", "SNAPSHOT_DTYPES"]
 
 
@@ -329,20 +321,11 @@ def dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=
     state after each 64-chunk; dh0 fp32 [N, H, 128, 128].
 
     Refused, with what to do instead: FLA's ``state_v_first``, GVA (more value heads than
-    key heads), chunk_size 32. Raises NotImplementedError until the kernel's FLA-layout
-    loads are built (``FLA_LOADS_BUILT``).
+    key heads), chunk_size 32.
     """
-    plan = plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens, scale=scale,
-                           snapshot_dtype=snapshot_dtype, state_v_first=state_v_first, vsplit=vsplit,
-                           tuning=tuning)
-    return _launch(plan)
-
-
-def _launch(plan: FlaLaunch):
-    """Allocate dh, dh0 (torch's allocator for torch inputs), copy cu_seqlens / offsets / order
-    to the device (kernel.api's cached tables), widen a bf16 beta, choose vsplit, build
-    Config(snap_every=4, l2norm=False, ...) with the FLA-layout load option and launch with
-    plan.operands' pointers in the kernel's parameter order."""
-    if not FLA_LOADS_BUILT:
-        raise NotImplementedError(NOT_BUILT)
-    raise AssertionError("FLA_LOADS_BUILT is set but the launch is not wired in kernel.fla_entry._launch")
+    plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens, scale=scale,
+                    snapshot_dtype=snapshot_dtype, state_v_first=state_v_first, vsplit=vsplit, tuning=tuning)
+    # FLA's q and k are used as it stored them (Aqk was built from exactly these): no l2norm here
+    return api.launch(q, k, g64, beta, Aqk, Akk, do, scale=scale, dht=dht, cu_seqlens=cu_seqlens,
+                      qk_l2norm=False, snapshot_dtype=snapshot_dtype, snapshot_every=TILES_PER_FLA_CHUNK,
+                      vsplit=vsplit, tuning=tuning, fla_inputs=True)

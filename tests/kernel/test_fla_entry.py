@@ -2,15 +2,14 @@
 
 On the CPU the arguments are stand-ins for GPU arrays (DeviceArray below: the
 CUDA array interface CuPy arrays expose, and a device id, with no memory behind
-them), so every check runs without a GPU; valid arguments must get as far as the
-launch and stop there with NotImplementedError while the kernel's FLA-layout
-loads are not built.
+them), so every check runs without a GPU; valid arguments pass
+plan_fla_launch, and without CuPy the call then stops at kernel.api's "needs
+CuPy" error.
 
 The `gpu` tests compare dstate_scan_from_fla with kernel.dstate_scan fed from
-prepare_tiles on the same inputs and with float64; they skip, saying why, while
-kernel.fla_entry.FLA_LOADS_BUILT is False. One `gpu` test needs no launch: it
-checks the three identities on the tensors FLA's own forward stored (torch and
-fla-core required).
+prepare_tiles on the same inputs and with float64, and with FLA's own dhu on
+its own forward's tensors; one checks the three identities on the tensors FLA's
+own forward stored (torch and fla-core required).
 """
 from __future__ import annotations
 
@@ -68,15 +67,21 @@ def _call(fn, a, kw, **over):
 # ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("beta_dtype", [np.float32, BF16])
-def test_valid_arguments_stop_at_the_launch(beta_dtype):
-    assert fla_entry.FLA_LOADS_BUILT is False
+def test_valid_arguments_pass_the_plan(beta_dtype):
     a, kw = _args(beta_dtype=beta_dtype)
-    with pytest.raises(NotImplementedError, match="the on-chip FLA-layout loads are not built yet"):
-        _call(dstate_scan_from_fla, a, kw)
+    _call(plan_fla_launch, a, kw)
     lengths = [1, 15, 16, 17, 63, 64, 65, 200]
     a, kw = _args(B=1, T=sum(lengths), dht=False)
-    with pytest.raises(NotImplementedError, match="kernel_a_inputs_from_fla"):
-        _call(dstate_scan_from_fla, a, kw, cu_seqlens=np.cumsum([0] + lengths))
+    plan = _call(plan_fla_launch, a, kw, cu_seqlens=np.cumsum([0] + lengths))
+    assert plan.dh_shape[1] == sum(-(-n // 64) for n in lengths)
+
+
+def test_without_cupy_the_launch_says_what_to_install(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "cupy", None)   # as on a machine without CuPy
+    a, kw = _args()
+    with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[cuda\]'"):
+        _call(dstate_scan_from_fla, a, kw)
 
 
 def test_the_plan_names_pointers_strides_and_outputs():
@@ -178,8 +183,7 @@ def test_explicit_c_strides_are_contiguous():
     a, kw = _args()
     q = a["q"]
     explicit = DeviceArray(q.shape, BF16, strides=np.empty(q.shape, dtype=BF16).strides)
-    with pytest.raises(NotImplementedError):
-        _call(dstate_scan_from_fla, a, kw, q=explicit)
+    _call(plan_fla_launch, a, kw, q=explicit)
 
 
 def test_q_itself():
@@ -280,19 +284,13 @@ def _rel(out, ref) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def _require_launch():
-    if not fla_entry.FLA_LOADS_BUILT:
-        pytest.skip("kernel.fla_entry.FLA_LOADS_BUILT is False: the on-chip FLA-layout loads of Kernel A "
-                    "are not built yet, so dstate_scan_from_fla cannot launch")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=["batch", "varlen"])
 def test_matches_the_tile_path_and_float64(case):
-    _require_launch()
     import cupy
 
-    from kernel import check, dstate_scan
+    from kernel import dstate_scan
+    from kernel.tools import check
     from kernel.api import bf16_bits, bits_to_f32
     from kernel.reference import (dstate_scan_reference, fla_forward_tensors, prepare_tiles,
                                   random_inputs)
@@ -371,9 +369,8 @@ def test_the_identities_hold_on_flas_own_tensors():
 def test_dh_matches_flas_own_backward():
     """dstate_scan_from_fla on FLA's stored tensors against FLA's dAv + dhu (fla_adapter.dh_dh0)
     and against float64: both within the bound kernel.check uses."""
-    _require_launch()
     torch = pytest.importorskip("torch")
-    from kernel import check, fla_adapter
+    from kernel.tools import check, fla_adapter
     from kernel.reference import dstate_scan_reference, prepare_tiles
 
     s, raw = _fla_state(torch, (1, 15, 16, 17, 63, 64, 65, 129, 300))

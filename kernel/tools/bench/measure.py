@@ -16,7 +16,7 @@ from kernel.build import CHUNK, D
 
 from .configs import BF16_EVERY_64, MODES, Config, kernel_a_bytes
 from .inputs import build_tiles, cu_for_fla, cu_for_kernel_a, every_k_rows, make_inputs, slice_inputs
-from .report import ALTERNATING_A, ALTERNATING_FLA, error_text, get, log
+from .report import ALTERNATING_A, ALTERNATING_FLA, ALTERNATING_FROM_FLA, error_text, get, log
 from .timing import copy_floor_ms, cupy_on_torch_stream, free_memory, kernel_only_ms, time_alternating, time_cuda
 
 
@@ -46,6 +46,15 @@ def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, sca
                            scale=scale, dht=raw["dht"], cu_seqlens=raw.get("cu_a"),
                            qk_l2norm=True, snapshot_dtype=dtype, snapshot_every=every,
                            vsplit=vsplit, tuning=tuning)
+
+
+def run_kernel_a_from_fla(state, raw: dict, *, vsplit, tuning=None):
+    """kernel.fla_entry.dstate_scan_from_fla on FLA's forward tensors as it stored them -> (dh, dh0)."""
+    from kernel.fla_entry import dstate_scan_from_fla
+    with cupy_on_torch_stream():
+        return dstate_scan_from_fla(state.q, state.k, state.gk, state.beta, state.Aqk, state.Akk, raw["do"],
+                                    dht=raw["dht"], cu_seqlens=raw.get("cu_a"), scale=state.scale,
+                                    vsplit=vsplit, tuning=tuning)
 
 
 def as_torch(x, bf16_bits: bool = False):
@@ -165,18 +174,32 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                     res["fla"][name] = {"error": error_text(exc)}
                     log(f"    FLA {name} failed: {error_text(exc)}")
                     free_memory()
+            # 4b. Kernel A fed straight from FLA's forward tensors (no tile inputs built)
+            from_fla = None
+            if dstate_scan is not None and BF16_EVERY_64 in args.modes:
+                from_fla = lambda: run_kernel_a_from_fla(state, raw, vsplit=args.vsplit, tuning=args.tuning)
+                try:
+                    res["kernel_a_from_fla"] = time_cuda(from_fla, warmup=args.warmup, reps=args.reps, flush=flush)
+                except Exception as exc:
+                    res["kernel_a_from_fla"], from_fla = {"error": error_text(exc)}, None
+                    log(f"    Kernel A from FLA's tensors failed: {error_text(exc)}")
+                    free_memory()
             # 5. both in turn, under the same power state (time_alternating says why)
             if (not args.no_alternate and tiles is not None and BF16_EVERY_64 in args.modes
                     and "median_ms" in res["kernel_a"].get(BF16_EVERY_64, {})
                     and "median_ms" in res["fla"].get("dAv+dhu", {})):
                 try:
-                    alt = time_alternating(
-                        {ALTERNATING_A: lambda: run_kernel_a(dstate_scan, raw, tiles, mode=BF16_EVERY_64,
-                                                             vsplit=args.vsplit, tuning=args.tuning),
-                         ALTERNATING_FLA: calls["dAv+dhu"]},
-                        warmup=1, reps=args.reps, flush=flush)
+                    turn = {ALTERNATING_A: lambda: run_kernel_a(dstate_scan, raw, tiles, mode=BF16_EVERY_64,
+                                                                vsplit=args.vsplit, tuning=args.tuning),
+                            ALTERNATING_FLA: calls["dAv+dhu"]}
+                    if from_fla is not None:
+                        turn[ALTERNATING_FROM_FLA] = from_fla
+                    alt = time_alternating(turn, warmup=1, reps=args.reps, flush=flush)
                     res["alternating"] = alt
                     res["ratio_alternating"] = alt[ALTERNATING_A]["median_ms"] / alt[ALTERNATING_FLA]["median_ms"]
+                    if from_fla is not None:
+                        res["ratio_alternating_from_fla"] = (alt[ALTERNATING_FROM_FLA]["median_ms"]
+                                                             / alt[ALTERNATING_FLA]["median_ms"])
                 except Exception as exc:
                     res["alternating"] = {"error": error_text(exc)}
                     log(f"    alternating timing failed: {error_text(exc)}")

@@ -15,9 +15,11 @@ from .configs import BF16_EVERY_64, FP32_EVERY_TILE, RENAMED_MODES
 
 ALTERNATING_A = f"kernel_a_{BF16_EVERY_64}"   # the result's "alternating" keys
 ALTERNATING_FLA = "fla_dAv+dhu"
+ALTERNATING_FROM_FLA = "kernel_a_from_fla"   # kernel.fla_entry on FLA's own forward tensors
 
-TABLE_COLUMNS = ("config", f"A {BF16_EVERY_64} ms", f"A {FP32_EVERY_TILE} ms", "FLA dAv+dhu ms",
-                 "FLA w_u ms", "ratio A/FLA", "A/FLA in turn", "A GB/s", "floor ms", "A/floor")
+TABLE_COLUMNS = ("config", f"A {BF16_EVERY_64} ms", f"A {FP32_EVERY_TILE} ms", "A from FLA ms", "FLA dAv+dhu ms",
+                 "FLA w_u ms", "ratio A/FLA", "A/FLA in turn", "from FLA/FLA in turn", "A GB/s", "floor ms",
+                 "A/floor")
 PRECISION_COLUMNS = ("config", "heads x seqs", f"A {BF16_EVERY_64} dh0", f"A {BF16_EVERY_64} snaps",
                      f"A {FP32_EVERY_TILE} dh0", f"A {FP32_EVERY_TILE} snaps", "FLA dh0", "FLA dh",
                      "bf16(exact dh)", "mqk/inv in")
@@ -52,10 +54,12 @@ def table_row(res: dict) -> list[str]:
         res.get("config", "?"),
         f(get(res, "kernel_a", BF16_EVERY_64, "median_ms"), ".3f"),
         f(get(res, "kernel_a", FP32_EVERY_TILE, "median_ms"), ".3f"),
+        f(get(res, "kernel_a_from_fla", "median_ms"), ".3f"),
         f(get(res, "fla", "dAv+dhu", "median_ms"), ".3f"),
         f(get(res, "fla", "recompute_w_u", "median_ms"), ".3f"),
         f(res.get("ratio_a_fla"), ".2f"),
         f(res.get("ratio_alternating"), ".2f"),
+        f(res.get("ratio_alternating_from_fla"), ".2f"),
         f(get(res, "kernel_a", mode, "GBps"), ".0f"),
         f(get(res, "floor", mode, "ms"), ".3f"),
         f(get(res, "kernel_a", mode, "vs_floor"), ".2f"),
@@ -100,8 +104,12 @@ def alternating_text(res: dict) -> str:
         return "-"
     if "error" in alt:
         return f"failed ({alt['error']})"
-    return (f"A {alt[ALTERNATING_A]['median_ms']:.3f} ms, FLA {alt[ALTERNATING_FLA]['median_ms']:.3f} ms, "
+    text = (f"A {alt[ALTERNATING_A]['median_ms']:.3f} ms, FLA {alt[ALTERNATING_FLA]['median_ms']:.3f} ms, "
             f"ratio {res['ratio_alternating']:.3f}")
+    if ALTERNATING_FROM_FLA in alt:
+        text += (f"; A from FLA's tensors {alt[ALTERNATING_FROM_FLA]['median_ms']:.3f} ms, "
+                 f"ratio {res['ratio_alternating_from_fla']:.3f}")
+    return text
 
 
 def log_precision_table(results: Sequence[dict]) -> None:

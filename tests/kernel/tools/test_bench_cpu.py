@@ -189,8 +189,15 @@ def _result(**over):
 
 def test_table_row_values():
     row = report.table_row(_result())
-    assert row == ["4x8192", "0.500", "1.500", "1.084", "0.722", "0.46", "0.45", "3100", "0.400", "1.25"]
+    assert row == ["4x8192", "0.500", "1.500", "-", "1.084", "0.722", "0.46", "0.45", "-", "3100", "0.400", "1.25"]
     assert report.alternating_text(_result()) == "A 0.490 ms, FLA 1.100 ms, ratio 0.445"
+    r = _result()
+    r["kernel_a_from_fla"] = {"median_ms": 0.51}
+    r["alternating"][report.ALTERNATING_FROM_FLA] = {"median_ms": 0.5}
+    r["ratio_alternating_from_fla"] = 0.5 / 1.1
+    row = report.table_row(r)
+    assert row[3] == "0.510" and row[8] == "0.45"
+    assert report.alternating_text(r).endswith("; A from FLA's tensors 0.500 ms, ratio 0.455")
     assert report.alternating_text({"alternating": {"error": "OutOfMemoryError: x"}}) == "failed (OutOfMemoryError: x)"
     assert report.alternating_text({}) == "-"
 
@@ -198,13 +205,13 @@ def test_table_row_values():
 def test_table_row_missing_numbers_are_dashes():
     row = report.table_row({"config": "1x32768", "kernel_a": {}, "fla": {"dAv+dhu": {"median_ms": 1.674}},
                            "floor": {}})
-    assert row[0] == "1x32768" and row[3] == "1.674"
-    assert all(c == "-" for i, c in enumerate(row) if i not in (0, 3))
+    assert row[0] == "1x32768" and row[4] == "1.674"
+    assert all(c == "-" for i, c in enumerate(row) if i not in (0, 4))
     # only fp32-every-tile ran: GB/s, floor, A/floor come from it
     r = _result()
     del r["kernel_a"][BF16_EVERY_64]
     row = report.table_row(r)
-    assert row[1] == "-" and row[7:] == ["3500", "1.360", "1.10"]
+    assert row[1] == "-" and row[9:] == ["3500", "1.360", "1.10"]
 
 
 def test_format_table_shape():

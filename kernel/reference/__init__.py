@@ -12,7 +12,8 @@ out) and never needs CuPy or a GPU.
 * :mod:`kernel.reference.kda`: the whole KDA forward and backward, tile by
   tile (dq, dk, dv, dg, dbeta, dh0 from Kernel A's dS and the forward states).
 """
-from .dstate_scan import (FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module, dstate_scan_reference,
+from .dstate_scan import (DHT_SCALE, DO_SCALE, FLA_CHUNK, GATE_LOGIT_MEAN, GATE_LOWER_BOUND, L2NORM_EPS, LN2,
+                          _l2norm, array_module, dstate_scan_reference,
                           prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
 from .fla_layout import (KERNEL_TILE, FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
                          kernel_a_inputs_from_fla)

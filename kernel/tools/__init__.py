@@ -7,6 +7,7 @@
 * :mod:`kernel.tools.resources`  registers, spills, shared memory, SASS of every variant (nvcc)
 * :mod:`kernel.tools.fla_adapter` FLA's side of the bench
 * :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward (no GPU)
+* :mod:`kernel.tools.kda_precision` FLA's whole-backward gradients against float64 (GPU, torch, fla-core)
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
 ``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product
@@ -29,3 +30,5 @@ RESOURCES = Command("registers, spills, shared memory and SASS of every Kernel A
                     "kernel.tools.resources:main")
 FLOORS = Command("byte and tensor-core floors of the whole KDA backward per design and configuration (no GPU)",
                  "kernel.tools.floors:main")
+KDA_PRECISION = Command("FLA's whole KDA backward against the float64 reference: every gradient's error "
+                        "(GPU, torch, fla-core)", "kernel.tools.kda_precision:main")

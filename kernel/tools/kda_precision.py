@@ -111,10 +111,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap.add_argument("--varlen", type=int, default=8, metavar="N",
                     help="also a packed batch of N ragged sequences totalling T tokens (0: none; default 8)")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
+    ap.add_argument("--safe-gate", nargs="+", choices=("true", "false"), default=["true", "false"],
+                    help="FLA's safe_gate settings to run (default both)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.T < 1 or a.heads < 1 or a.varlen < 0:
         ap.error("--T and --heads must be >= 1, --varlen >= 0")
+    a.safe_gate = [v == "true" for v in a.safe_gate]
 
     from ptx_lab.gpu import gpu_reason
     why = gpu_reason()
@@ -145,9 +148,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                 raw = random_inputs(1, a.T, a.heads, K, V, lengths=lengths, seed=a.seed)
                 raw["cu_seqlens"] = None if lengths is None else np.asarray(raw["cu_seqlens"], dtype=np.int64)
             ref = None
-            for safe_gate in (True, False):
+            for safe_gate in a.safe_gate:
+                print(f"[{recipe} {shape} safe_gate={safe_gate}] FLA's chunk_kda forward + backward "
+                      "(a new shape or option compiles and autotunes FLA's Triton kernels first: minutes)",
+                      flush=True)
                 grads, seen = fla_gradients(raw, safe_gate=safe_gate)
                 if ref is None:   # the same rounded inputs either way
+                    print(f"[{recipe} {shape}] the float64 reference (CuPy)", flush=True)
                     ref = reference_gradients(seen, raw["cu_seqlens"])
                     rows.append((recipe, shape, "bf16 rounding", *(f"{bf16_rounding(ref[n]):.2e}" for n in GRADIENTS)))
                 rows.append((recipe, shape, str(safe_gate), *(f"{rel_fro(grads[n], ref[n]):.2e}" for n in GRADIENTS)))

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import build
 from .build import CHUNK, D, Config
-from .reference.dstate_scan import FLA_CHUNK   # with fla_inputs, mqk / inv are FLA's Aqk / Akk: FLA_CHUNK columns
+from .reference.checks import FLA_CHUNK   # with fla_inputs, mqk / inv are FLA's Aqk / Akk: FLA_CHUNK columns
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
 CUDA_INSTALL = "pip install -e '.[cuda]'"   # pyproject's cuda extra: cupy-cuda13x

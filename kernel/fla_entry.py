@@ -70,7 +70,8 @@ import numpy as np
 
 from . import api
 from .build import CHUNK, D, VSPLITS, Config
-from .reference.dstate_scan import FLA_CHUNK, _check_cu_seqlens, snapshot_offsets
+from .reference.checks import FLA_CHUNK, _check_cu_seqlens
+from .reference.dstate_scan import snapshot_offsets
 
 TILES_PER_FLA_CHUNK = FLA_CHUNK // CHUNK   # 4: dh every 4th tile is FLA's dh
 FLA_OTHER_CHUNK = 32                       # KDA's only other chunk_size in fla-core 0.6.0

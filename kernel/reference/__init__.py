@@ -4,7 +4,9 @@ Every function is array-module agnostic (numpy in, numpy out; CuPy in, CuPy
 out) and never needs CuPy or a GPU.
 
 * :mod:`kernel.reference.dstate_scan`: Kernel A's contract (tile quantities,
-  the backward dstate scan, snapshot layout) and the seeded input generators.
+  the backward dstate scan, snapshot layout).
+* :mod:`kernel.reference.inputs`: the seeded input recipe of the tests and benchmarks.
+* :mod:`kernel.reference.checks`: the argument checks and tile layout they share.
 * :mod:`kernel.reference.segments`: the same scan split along the sequence
   (segment summaries, their fold, the three passes).
 * :mod:`kernel.reference.fla_layout`: FLA's forward tensors (Aqk, Akk, g) and how
@@ -12,9 +14,9 @@ out) and never needs CuPy or a GPU.
 * :mod:`kernel.reference.kda`: the whole KDA forward and backward, tile by
   tile (dq, dk, dv, dg, dbeta, dh0 from Kernel A's dS and the forward states).
 """
-from .dstate_scan import (DHT_SCALE, DO_SCALE, FLA_CHUNK, GATE_LOGIT_MEAN, GATE_LOWER_BOUND, L2NORM_EPS, LN2,
-                          _l2norm, array_module, dstate_scan_reference,
-                          prepare_tiles, ragged_lengths, random_inputs, snapshot_offsets)
+from .checks import FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module
+from .dstate_scan import dstate_scan_reference, prepare_tiles, snapshot_offsets
+from .inputs import DHT_SCALE, DO_SCALE, GATE_LOGIT_MEAN, GATE_LOWER_BOUND, ragged_lengths, random_inputs
 from .fla_layout import (KERNEL_TILE, FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
                          kernel_a_inputs_from_fla)
 from .kda import kda_backward_reference, kda_forward_reference

@@ -56,8 +56,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .dstate_scan import (FLA_CHUNK, LN2, _expect_rank, _expect_shape, _gather_tiles, _l2norm,
-                          _sequence_offsets, _tile_table, array_module)
+from .checks import (FLA_CHUNK, LN2, _expect_rank, _expect_shape, _gather_tiles, _l2norm,
+                     _sequence_offsets, _tile_table, array_module)
 
 KERNEL_TILE = 16    # Kernel A's tile (tokens); FLA's chunk of 64 holds 4 of them
 UPPER_FILLS = ("garbage", "zero")

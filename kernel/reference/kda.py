@@ -103,9 +103,9 @@ from typing import Any
 
 import numpy as np
 
-from .dstate_scan import (L2NORM_EPS, _check_tiling, _expect_rank, _expect_shape, _gather_tiles,
-                          _l2norm, _sequence_offsets, _tile_table, array_module,
-                          dstate_scan_reference, prepare_tiles)
+from .checks import (L2NORM_EPS, _check_tiling, _expect_rank, _expect_shape, _gather_tiles,
+                     _l2norm, _sequence_offsets, _tile_table, array_module)
+from .dstate_scan import dstate_scan_reference, prepare_tiles
 
 # 2^(gc - gT) and 2^(gT - gc) stay within 2^+-512: far from float64's overflow
 # and from its subnormals, so the factorised products round like direct ones.

@@ -65,8 +65,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dstate_scan import (_check_tiling, _expect_rank, _expect_shape, _sequence_offsets,
-                          array_module, dstate_scan_reference, snapshot_offsets)
+from .checks import _check_tiling, _expect_rank, _expect_shape, _sequence_offsets, array_module
+from .dstate_scan import dstate_scan_reference, snapshot_offsets
 
 __all__ = [
     "segment_bounds",

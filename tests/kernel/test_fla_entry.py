@@ -294,7 +294,7 @@ def test_matches_the_tile_path_and_float64(case):
     from kernel.api import bf16_bits, bits_to_f32
     from kernel.reference import (dstate_scan_reference, fla_forward_tensors, prepare_tiles,
                                   random_inputs)
-    from kernel.reference.dstate_scan import _l2norm
+    from kernel.reference.checks import _l2norm
 
     raw = random_inputs(case["B"], case["T"], 2, lengths=list(case["lengths"]) if case["lengths"] else None,
                         seed=5, with_dht=case["dht"])

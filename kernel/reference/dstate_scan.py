@@ -176,6 +176,23 @@ def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
 # the backward scan (docs/kernel_a.md, section 3)
 # ----------------------------------------------------------------------------
 
+def check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk: int, snapshot_every: int, cu_seqlens):
+    """The shape checks of :func:`dstate_scan_reference`'s arrays (kernel.reference.segments
+    makes the same ones); returns (B, T, H, K, V, cu) with cu the sequence offsets."""
+    _check_tiling(chunk, snapshot_every)
+    _expect_rank("q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
+    _expect_shape("gc", gc, q.shape, "(same as q: [B, T, H, K])")
+    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
+    _expect_shape("mqk", mqk, (B, T, H, chunk), "([B, T, H, chunk])")
+    _expect_shape("inv", inv, (B, T, H, chunk), "([B, T, H, chunk])")
+    _expect_rank("do", do, 4, "[B, T, H, V]")
+    V = do.shape[3]
+    _expect_shape("do", do, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
+    return B, T, H, K, V, _sequence_offsets(B, T, cu_seqlens)
+
+
 def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None,
                           dht=None, cu_seqlens=None, chunk: int = 16, qk_l2norm: bool = True,
                           snapshot_every: int = 1):
@@ -206,19 +223,8 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
     temporary the size of gc (differences that must skip tile and sequence
     starts). The gate's sign is checked where it enters: :func:`prepare_tiles`.
     """
-    _check_tiling(chunk, snapshot_every)
     qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
-    _expect_rank("q", q, 4, "[B, T, H, K]")
-    B, T, H, K = q.shape
-    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("gc", gc, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
-    _expect_shape("mqk", mqk, (B, T, H, chunk), "([B, T, H, chunk])")
-    _expect_shape("inv", inv, (B, T, H, chunk), "([B, T, H, chunk])")
-    _expect_rank("do", do, 4, "[B, T, H, V]")
-    V = do.shape[3]
-    _expect_shape("do", do, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
-    cu = _sequence_offsets(B, T, cu_seqlens)
+    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every, cu_seqlens)
     N = cu.shape[0] - 1
     if dht is not None:
         _expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")

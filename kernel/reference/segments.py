@@ -65,8 +65,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .checks import _check_tiling, _expect_rank, _expect_shape, _sequence_offsets, array_module
-from .dstate_scan import dstate_scan_reference, snapshot_offsets
+from .checks import _check_tiling, _expect_shape, _is_int, array_module
+from .dstate_scan import check_scan_inputs, dstate_scan_reference, snapshot_offsets
 
 __all__ = [
     "segment_bounds",
@@ -88,24 +88,7 @@ Summary = tuple[Any, Any]  # (M [H, K, K] or None, d [H, K, V])
 # validation helpers
 # ----------------------------------------------------------------------------
 
-def _is_int(x: Any) -> bool:
-    return not isinstance(x, bool) and isinstance(x, (int, np.integer))
-
-
-def _check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk: int, snapshot_every: int, cu_seqlens):
-    """dstate_scan_reference's argument checks; returns (B, T, H, K, V, cu)."""
-    _check_tiling(chunk, snapshot_every)
-    _expect_rank("q", q, 4, "[B, T, H, K]")
-    B, T, H, K = q.shape
-    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("gc", gc, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
-    _expect_shape("mqk", mqk, (B, T, H, chunk), "([B, T, H, chunk])")
-    _expect_shape("inv", inv, (B, T, H, chunk), "([B, T, H, chunk])")
-    _expect_rank("do", do, 4, "[B, T, H, V]")
-    V = do.shape[3]
-    _expect_shape("do", do, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
-    return B, T, H, K, V, _sequence_offsets(B, T, cu_seqlens)
+_check_scan_inputs = check_scan_inputs   # the unsplit scan's checks, written once there
 
 
 def _is_tile_edge(offset: int, length: int, chunk: int) -> bool:

@@ -23,6 +23,8 @@ from kernel.reference import (dstate_scan_reference, fla_diagonal_blocks, fla_fo
                               kernel_a_inputs_from_fla, prepare_tiles, random_inputs)
 from kernel.reference.fla_layout import GARBAGE
 
+from .scan_cases import scan_case, scan_inputs
+
 TOL = 1e-12     # float64 against float64 by another route: far above the ~5e-15 seen
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # (chunk, tile): FLA's 64 with Kernel A's 16 most often; any tile dividing the chunk works
@@ -63,25 +65,10 @@ def problems(draw):
         lengths, B, T = draw(st.lists(length, min_size=1, max_size=4)), None, None
     else:
         lengths, B, T = None, draw(st.integers(1, 2)), draw(length)
-    return dict(
-        shape=dict(B=B, T=T, H=draw(st.integers(1, 2)), K=draw(st.integers(2, 5)),
-                   V=draw(st.integers(2, 4)), lengths=lengths),
-        gen=dict(seed=draw(st.integers(0, 2**31 - 1)),
-                 gate_strength=draw(st.sampled_from([0.0, 1.0, 4.0]) | st.floats(0.0, 4.0)),
-                 with_dht=draw(st.booleans())),
-        chunk=chunk, tile=tile,
-        qk_l2norm=draw(st.booleans()),
-        scale=draw(st.none() | st.floats(0.1, 2.0)),
-    )
+    return scan_case(draw, B=B, T=T, lengths=lengths, chunk=chunk, V_max=4) | dict(tile=tile)
 
 
-def _inputs(p):
-    inp = random_inputs(**p["shape"], **p["gen"])
-    if not p["qk_l2norm"]:
-        # as in test_reference: |k|^2 ~ 0.5 keeps the delta rule contractive without l2norm
-        shrink = np.float32(0.7 / math.sqrt(inp["q"].shape[-1]))
-        inp["q"], inp["k"] = inp["q"] * shrink, inp["k"] * shrink
-    return inp
+_inputs = scan_inputs
 
 
 def _fla(inp, p, upper="garbage"):

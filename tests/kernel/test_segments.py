@@ -33,7 +33,10 @@ from kernel.reference import (
     segment_bounds,
     segment_snapshots,
     segment_summary,
+
 )
+
+from .scan_cases import scan_case, scan_inputs
 
 RTOL = 1e-12        # float64 against float64; the split only reorders a few sums
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -97,15 +100,7 @@ def problems(draw):
     else:
         segments = [sorted(draw(st.sets(st.sampled_from(edges)))) if edges else []
                     for edges in (_tile_edges(n, chunk) for n in seq_lengths)]
-    return dict(
-        shape=dict(B=B, T=T, H=draw(st.integers(1, 2)), K=draw(st.integers(2, 5)),
-                   V=draw(st.integers(2, 5)), lengths=lengths),
-        gen=dict(seed=draw(st.integers(0, 2**31 - 1)),
-                 gate_strength=draw(st.sampled_from([0.0, 1.0, 4.0]) | st.floats(0.0, 4.0)),
-                 with_dht=draw(st.booleans())),
-        chunk=chunk,
-        qk_l2norm=draw(st.booleans()),
-        scale=draw(st.none() | st.floats(0.1, 2.0)),
+    return scan_case(draw, B=B, T=T, lengths=lengths, chunk=chunk) | dict(
         snapshot_every=draw(st.sampled_from([1, 4]) | st.integers(1, 5)),
         segments=segments,
     )
@@ -113,11 +108,7 @@ def problems(draw):
 
 def _inputs(p) -> dict:
     """Inputs with their tile quantities; q, k shrunk when not l2-normalised (as test_reference)."""
-    inp = random_inputs(**p["shape"], **p["gen"])
-    if not p["qk_l2norm"]:
-        # raw N(0, 1) keys make the delta rule expansive: float64 loses digits to growth
-        shrink = np.float32(0.7 / math.sqrt(inp["q"].shape[-1]))
-        inp["q"], inp["k"] = inp["q"] * shrink, inp["k"] * shrink
+    inp = scan_inputs(p)
     gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], scale=p["scale"],
                                  qk_l2norm=p["qk_l2norm"], chunk=p["chunk"],
                                  cu_seqlens=inp["cu_seqlens"])

@@ -1,4 +1,4 @@
-"""Kernel A fed straight from FLA's forward tensors: the host side of the GPU entry point.
+"""Kernel A fed straight from FLA's forward tensors: the GPU entry point and its host-side checks.
 
     dh, dh0 = dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens)
 
@@ -26,8 +26,9 @@ blueprint of the device loads described below).
 The device side
 ---------------
 The kernel keeps its parameter list; a build option (``build.Config.fla_inputs``,
-``-DFLA_INPUTS``) makes it read three of them differently. What it will receive, per token row (``tokens`` = B * T, row
-strides in elements; every array C-contiguous, as checked here)::
+``-DFLA_INPUTS``) makes it read three of them differently. What it receives, per token
+row (``tokens`` = B * T, row strides in elements; every array C-contiguous, as checked
+here; :func:`plan_fla_launch` returns this description)::
 
     q, k, do   bf16 [tokens, H, 128]  row stride H * 128   unchanged
     beta       fp32 [tokens, H]       row stride H         (bf16 is widened on the host first)

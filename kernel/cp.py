@@ -60,7 +60,8 @@ import numpy as np
 
 from .reference import (array_module, dstate_scan_reference, fold_summaries, segment_bounds,
                         segment_snapshots, segment_summary)
-from .reference.segments import _check_scan_inputs, _is_int
+from .reference.checks import _is_int
+from .reference.dstate_scan import check_scan_inputs
 
 __all__ = [
     "INPUT_NAMES",
@@ -210,7 +211,7 @@ def _local_problems(part: Part, options: ScanOptions) -> list[str]:
     if missing:
         return [f"part.inputs lacks {', '.join(missing)}"]
     try:
-        B, T, H, K, V, _ = _check_scan_inputs(*part.args(), options.chunk, options.snapshot_every, None)
+        B, T, H, K, V, _ = check_scan_inputs(*part.args(), options.chunk, options.snapshot_every, None)
     except ValueError as exc:
         return [str(exc)]
     problems = []

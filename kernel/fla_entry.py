@@ -99,10 +99,6 @@ class _Array:
 DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)", "float32": "float32"}
 
 
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
 def _c_contiguous(shape: tuple[int, ...], strides, itemsize: int) -> bool:
     if strides is None:
         return True
@@ -118,13 +114,13 @@ def _describe(name: str, x: Any) -> _Array:
     """Shape, dtype, layout and device of a torch CUDA tensor or a CUDA-array-interface
     object (a CuPy array); numpy and other host arrays are refused."""
     on_host = hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")
-    if isinstance(x, np.ndarray) or (on_host and not _is_torch(x)):
+    if isinstance(x, np.ndarray) or (on_host and not api._is_torch(x)):
         raise TypeError(
             f"{name} is a {type(x).__module__}.{type(x).__name__} (host memory): dstate_scan_from_fla "
             f"runs Kernel A on the GPU and takes CuPy arrays or torch CUDA tensors. For a float64 "
             f"evaluation on the host use kernel.reference.kernel_a_inputs_from_fla, then "
             f"kernel.reference.dstate_scan_reference")
-    if _is_torch(x):
+    if api._is_torch(x):
         if not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor, got a tensor on {x.device} (use .cuda())")
         dtype = str(x.dtype).removeprefix("torch.")
@@ -173,7 +169,7 @@ def _refuse_chunk_32(name: str, a: _Array, B: int, T: int, H: int) -> None:
 
 
 def _host_offsets(cu_seqlens: Any) -> np.ndarray:
-    if _is_torch(cu_seqlens):
+    if api._is_torch(cu_seqlens):
         return cu_seqlens.detach().cpu().numpy()
     if hasattr(cu_seqlens, "__cuda_array_interface__"):
         if not hasattr(cu_seqlens, "get"):

@@ -88,7 +88,6 @@ Summary = tuple[Any, Any]  # (M [H, K, K] or None, d [H, K, V])
 # validation helpers
 # ----------------------------------------------------------------------------
 
-_check_scan_inputs = check_scan_inputs   # the unsplit scan's checks, written once there
 
 
 def _is_tile_edge(offset: int, length: int, chunk: int) -> bool:
@@ -251,7 +250,7 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
     dS entering the segment's first tile (from the right, the gradient w.r.t.
     the state before the segment) = M @ dS entering from after the segment + d.
     """
-    B, T, H, K, V, cu = _check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, 1, cu_seqlens)
+    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, 1, cu_seqlens)
     total = B * T
     if not _is_int(start) or not 0 <= start < total:
         raise ValueError(f"start must be an integer token position in 0 .. {total - 1}, got {start!r}")
@@ -334,7 +333,7 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
     one list per sequence, the token offsets (from the sequence's first token)
     of its interior cuts, each a tile edge: ``[[32, 48], [], [16]]``.
     """
-    B, T, H, K, V, cu = _check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every,
+    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every,
                                            cu_seqlens)
     N = cu.shape[0] - 1
     if dht is not None:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from kernel.build import CHUNK, D
+from kernel.fla_entry import dstate_scan_from_fla   # numpy-only at import, like kernel.api
 
 from .configs import BF16_EVERY_64, MODES, Config, kernel_a_bytes
 from .inputs import build_tiles, cu_for_fla, cu_for_kernel_a, every_k_rows, make_inputs, slice_inputs
@@ -50,7 +51,6 @@ def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, sca
 
 def run_kernel_a_from_fla(state, raw: dict, *, vsplit, tuning=None):
     """kernel.fla_entry.dstate_scan_from_fla on FLA's forward tensors as it stored them -> (dh, dh0)."""
-    from kernel.fla_entry import dstate_scan_from_fla
     with cupy_on_torch_stream():
         return dstate_scan_from_fla(state.q, state.k, state.gk, state.beta, state.Aqk, state.Akk, raw["do"],
                                     dht=raw["dht"], cu_seqlens=raw.get("cu_a"), scale=state.scale,

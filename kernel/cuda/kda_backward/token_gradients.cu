@@ -1,0 +1,632 @@
+// kernel/cuda/kda_backward/token_gradients.cu -- Kernel B: KDA's per-token gradients.
+//
+// One CTA per 64-token chunk and head walks the chunk's (up to) four 16-token tiles in
+// order. For each tile it has, from global memory, the forward's tensors as FLA's
+// chunk_kda forward leaves them (q, k, v, its 64-chunk-local log2 gate cumsum g, beta,
+// the 16 x 16 diagonal blocks of Aqk (Mqk) and Akk (INV)), do, and Kernel A's bf16 dS1
+// (dL/dS after the tile). The forward state entering the tile, S0, comes from the
+// forward-state scan's bf16 state at the chunk start (tile 0) and is carried on chip in
+// fp32 across the chunk's tiles (S1 = diag(gamma) S0 + Kr^T U). The math, GEMM by GEMM
+// (G1..G17), is kernel/reference/kda.py's _tile_backward; docs/kda_backward.md counts it.
+//
+// Two phases per tile, 8 warps:
+//   V phase: warp w owns v rows 16w..16w+15 and computes, transposed (v as the MMA's M),
+//     Vn^T = v^T - S0^T Kd^T (G6), U^T = (beta Vn)^T INV^T (G7), dU^T = do^T Mqk + dS1^T Kr^T
+//     (G1 + G2), dW^T = dU^T INV (G3), then its partial sums over its 16 v of dMqk = do U^T
+//     (G9), dLkk = dW U^T (G10), d = rowsum(do . U) and rowsum(dW . Vn), and the next
+//     state S1^T = gamma S0^T + U^T Kr (G8) in its fp32 accumulators. In this orientation
+//     every accumulator pair is the next MMA's A fragment (ptx_lab/cuda/mma.cuh), so the
+//     chain G6 -> G7 and G1/G2 -> G3 -> G8 never leaves registers.
+//   K phase: warp w owns k columns 16w..16w+15: dQd = do S0^T (G11), dW S0^T (G12),
+//     dKr = U dS1^T + dMqk^T Qe + dLkk^T (beta Ke) (G13 + G15 + G17), dQe = dMqk Kr (G14),
+//     X = dLkk Kr (G16), dgamma = rowsum(S0 . dS1), then dq, dk and dg's in-tile cumsums.
+// The partial sums over v meet in shared memory and are added in a fixed order, so two
+// runs give the same bits. Inputs of the next tile are prefetched by cp.async into the
+// second of two stages while this tile computes.
+#include "cp_async.cuh"
+#include "ldmatrix.cuh"
+#include "mma.cuh"
+#include "stmatrix.cuh"
+
+using namespace ptx_lab;
+
+namespace kdb {
+
+constexpr int D = 128;           // K = V
+constexpr int C = 16;            // tokens per tile
+constexpr int FLA_CHUNK = 64;    // tokens per CTA: FLA's chunk, 4 tiles
+constexpr int WARPS = 8;
+constexpr int THREADS = 32 * WARPS;
+constexpr int ROW = 2 * (D + 8); // bytes per padded bf16 row of 128: 272 = 68 words, so the
+                                 // 8 rows of an ldmatrix 8x8 matrix hit 8 different bank quads
+// One stage of tile inputs (bytes)
+constexpr int ST_Q = 0;
+constexpr int ST_K = ST_Q + C * ROW;
+constexpr int ST_V = ST_K + C * ROW;
+constexpr int ST_DO = ST_V + C * ROW;
+constexpr int ST_G = ST_DO + C * ROW;        // fp32 [16][128]
+constexpr int ST_GB = ST_G + C * D * 4;      // fp32 [128]: g at the token before the tile
+constexpr int ST_BETA = ST_GB + D * 4;       // fp32 [16]
+constexpr int ST_MQK = ST_BETA + C * 4;      // bf16 [16][16] (32-byte rows)
+constexpr int ST_INV = ST_MQK + C * C * 2;
+constexpr int ST_DS = ST_INV + C * C * 2;    // bf16 [128][136]: dS1
+constexpr int STAGE = ST_DS + D * ROW;
+// The rest (bytes from the end of the two stages)
+constexpr int SM_S = 2 * STAGE;              // bf16 [128 k][136]: S0, [K][V]
+constexpr int SM_KD = SM_S + D * ROW;        // bf16 [16][136] each
+constexpr int SM_KR = SM_KD + C * ROW;
+constexpr int SM_QE = SM_KR + C * ROW;
+constexpr int SM_BKE = SM_QE + C * ROW;
+constexpr int SM_U = SM_BKE + C * ROW;
+constexpr int SM_DW = SM_U + C * ROW;
+constexpr int SM_DV = SM_DW + C * ROW;
+constexpr int SM_GT = SM_DV + C * ROW;       // fp32 [128]
+constexpr int SM_GAMMA = SM_GT + D * 4;      // fp32 [128]
+constexpr int SM_PART = SM_GAMMA + D * 4;    // fp32 [2][8][256]: per-warp dMqk, dLkk; then per-warp
+                                             // from_start / from_end [8][2][16][16]
+constexpr int SM_MQKG = SM_PART + 2 * WARPS * C * C * 4;   // fp32 [256] dMqk (strict lower)
+constexpr int SM_LKKG = SM_MQKG + C * C * 4;               // fp32 [256] dLkk (strict lower)
+constexpr int SM_DPART = SM_LKKG + C * C * 4;              // fp32 [8][16] per-warp d
+constexpr int SM_B1PART = SM_DPART + WARPS * C * 4;        // fp32 [8][16] per-warp rowsum(dW . Vn)
+constexpr int SM_B2PART = SM_B1PART + WARPS * C * 4;       // fp32 [8][16] per-warp rowsum(Ke . X)
+constexpr int SM_DVEC = SM_B2PART + WARPS * C * 4;         // fp32 [16] d
+constexpr int SM_B1 = SM_DVEC + C * 4;                     // fp32 [16] rowsum(dW . Vn)
+constexpr int SMEM_BYTES = SM_B1 + C * 4;
+
+static_assert(STAGE % 16 == 0 && SM_KD % 16 == 0 && SM_PART % 16 == 0, "16-byte alignment");
+
+__device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+__device__ __forceinline__ float bf(unsigned short x) { return __uint_as_float(static_cast<u32>(x) << 16); }
+__device__ __forceinline__ unsigned short to_bf(float x) {
+    return static_cast<unsigned short>(pack_bf16x2(x, 0.f) & 0xffffu);
+}
+
+// ldmatrix / stmatrix x4 addresses of the 16 x 16 block at (row0, col0) of a bf16 tile with
+// `stride`-byte rows, in the two orders of X4Lane (ptx_lab/cuda/ldmatrix.cuh).
+__device__ __forceinline__ u32 rows_first(u32 base, int stride, int row0, int col0, X4Lane l) {
+    return base + (row0 + l.row + l.rows_first_mat_row()) * stride + (col0 + l.rows_first_mat_col()) * 2;
+}
+__device__ __forceinline__ u32 cols_first(u32 base, int stride, int row0, int col0, X4Lane l) {
+    return base + (row0 + l.row + l.cols_first_mat_row()) * stride + (col0 + l.cols_first_mat_col()) * 2;
+}
+// The four fragments an x4 load gives, named by what they are for mma.m16n8k16:
+//   a_of(tile) A = tile; b_of(tile) B = tile; b_of_t(tile) B = tile^T; a_of_t(tile) A = tile^T.
+__device__ __forceinline__ void a_of(u32 (&a)[4], u32 addr_rows) { ldmatrix_x4(a, addr_rows); }
+__device__ __forceinline__ void a_of_t(u32 (&a)[4], u32 addr_cols) { ldmatrix_x4_trans(a, addr_cols); }
+__device__ __forceinline__ void b_of(u32 (&b0)[2], u32 (&b1)[2], u32 addr_rows) {
+    ldmatrix_x4_trans(b0[0], b0[1], b1[0], b1[1], addr_rows);
+}
+__device__ __forceinline__ void b_of_t(u32 (&b0)[2], u32 (&b1)[2], u32 addr_cols) {
+    ldmatrix_x4(b0[0], b0[1], b1[0], b1[1], addr_cols);
+}
+// Two adjacent n-tiles of accumulators, packed: the A fragment of one k-step.
+__device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack_bf16x2(c0[0], c0[1]);
+    a[1] = pack_bf16x2(c0[2], c0[3]);
+    a[2] = pack_bf16x2(c1[0], c1[1]);
+    a[3] = pack_bf16x2(c1[2], c1[3]);
+}
+__device__ __forceinline__ void zero4(float (&c)[4]) { c[0] = c[1] = c[2] = c[3] = 0.f; }
+__device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+    mma_m16n8k16_bf16(d, a, b, d);
+}
+// The sum over the 8 lanes of one t (lanes t, t+4, .., t+28): a sum over the accumulator's rows.
+__device__ __forceinline__ float sum_over_g(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    x += __shfl_xor_sync(0xffffffffu, x, 16);
+    return x;
+}
+
+struct Args {
+    const unsigned short* q;      // bf16 [tokens, H, 128] (as the forward used them)
+    const unsigned short* k;
+    const unsigned short* v;
+    const unsigned short* dout;   // do
+    const float* g;               // fp32 [tokens, H, 128]: FLA's 64-chunk-local cumsum of the gate / ln 2
+    const float* beta;            // fp32 [tokens, H]
+    const unsigned short* aqk;    // bf16 [tokens, H, 64]
+    const unsigned short* akk;    // bf16 [tokens, H, 64]
+    const unsigned short* ds;     // bf16 [tiles, H, 128, 128]: Kernel A's dS after every tile
+    const unsigned short* states; // bf16 [chunks, H, 128, 128]: the state entering every chunk
+    float* dq;                    // fp32 [tokens, H, 128]
+    float* dk;
+    unsigned short* dv;           // bf16 [tokens, H, 128]
+    float* dg;                    // fp32 [tokens, H, 128]: w.r.t. the per-token natural-log gate
+    float* dbeta;                 // fp32 [tokens, H]
+    const long long* cu;          // [N + 1] sequence offsets
+    const long long* tile_offs;   // [N + 1] first dS snapshot (tile) of each sequence
+    const long long* chunk_offs;  // [N + 1] first state (64-chunk) of each sequence
+    const int* chunk_seq;         // [chunks] the sequence of each chunk
+    int H;
+    float scale;
+};
+
+}  // namespace kdb
+
+using namespace kdb;
+
+extern "C" __constant__ int kdb_smem_bytes = SMEM_BYTES;
+extern "C" __constant__ int kdb_threads = THREADS;
+
+// cp.async the inputs of tile `it` of this CTA's chunk into stage `st` (and, for tile 0, S0).
+__device__ __forceinline__ void load_tile(const Args& a, unsigned char* smem, int st, int it, long long tok0,
+                                          int lt, long long snap, long long chunk, int h, int tid) {
+    const u32 base = smem_addr(smem) + st * STAGE;
+    const long long H = a.H;
+    {   // q, k, v, do: 16 rows of 256 bytes, one 16-byte copy per thread and tensor
+        const int r = tid >> 4, c = tid & 15;
+        const bool ok = r < lt;
+        const long long off = ((tok0 + (ok ? r : 0)) * H + h) * D + c * 8;
+        const u32 dst = r * ROW + c * 16;
+        const u32 n = ok ? 16u : 0u;
+        cp_async_cg16_zfill(base + ST_Q + dst, a.q + off, n);
+        cp_async_cg16_zfill(base + ST_K + dst, a.k + off, n);
+        cp_async_cg16_zfill(base + ST_V + dst, a.v + off, n);
+        cp_async_cg16_zfill(base + ST_DO + dst, a.dout + off, n);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {   // g: 16 rows of 512 bytes
+        const int idx = tid + THREADS * e, r = idx >> 5, c = idx & 31;
+        const bool ok = r < lt;
+        cp_async_cg16_zfill(base + ST_G + r * D * 4 + c * 16, a.g + ((tok0 + (ok ? r : 0)) * H + h) * D + c * 4,
+                            ok ? 16u : 0u);
+    }
+    if (tid < 32) {   // g at the token before the tile: the tile's base, within the same 64-chunk
+        const bool ok = it > 0;
+        cp_async_cg16_zfill(base + ST_GB + tid * 16, a.g + ((tok0 - (ok ? 1 : 0)) * H + h) * D + tid * 4,
+                            ok ? 16u : 0u);
+    } else if (tid < 48) {   // beta, 4 bytes a token (its tokens are H * 4 bytes apart)
+        const int r = tid - 32;
+        const bool ok = r < lt;
+        cp_async_ca_zfill<4>(base + ST_BETA + r * 4, a.beta + (tok0 + (ok ? r : 0)) * H + h, ok ? 4u : 0u);
+    } else if (tid < 112) {   // the diagonal blocks of Aqk and Akk: row r keeps elements 0..r
+        const int x = tid - 48, which = x >> 5, r = (x & 31) >> 1, half = x & 1;
+        const bool ok = r < lt;
+        int bytes = 2 * (r + 1) - 16 * half;
+        bytes = ok ? (bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes)) : 0;
+        const unsigned short* src = (which ? a.akk : a.aqk) + ((tok0 + (ok ? r : 0)) * H + h) * FLA_CHUNK
+                                    + C * it + 8 * half;
+        cp_async_cg16_zfill(base + (which ? ST_INV : ST_MQK) + r * 32 + half * 16, src, static_cast<u32>(bytes));
+    }
+    {   // dS1: 128 rows of 256 bytes
+        const unsigned short* src = a.ds + (snap * H + h) * (D * D);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int idx = tid + THREADS * e, r = idx >> 4, c = idx & 15;
+            cp_async_cg16(base + ST_DS + r * ROW + c * 16, src + r * D + c * 8);
+        }
+    }
+    if (it == 0) {   // S0 at the chunk's start
+        const unsigned short* src = a.states + (chunk * H + h) * (D * D);
+        const u32 s = smem_addr(smem) + SM_S;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int idx = tid + THREADS * e, r = idx >> 4, c = idx & 15;
+            cp_async_cg16(s + r * ROW + c * 16, src + r * D + c * 8);
+        }
+    }
+    cp_async_commit();
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,
+        const float* gate, const float* beta, const unsigned short* aqk, const unsigned short* akk,
+        const unsigned short* ds, const unsigned short* states, float* dq, float* dk, unsigned short* dv,
+        float* dg, float* dbeta, const long long* cu, const long long* tile_offs, const long long* chunk_offs,
+        const int* chunk_seq, int H_, float scale) {
+    const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, cu, tile_offs,
+                 chunk_offs, chunk_seq, H_, scale};
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const X4Lane xl = x4_lane(lane);
+    const int h = blockIdx.y;
+    const long long chunk = blockIdx.x;
+    const int n = a.chunk_seq[chunk];
+    const long long j = chunk - a.chunk_offs[n];
+    const long long len = a.cu[n + 1] - a.cu[n];
+    const long long tok_chunk = a.cu[n] + FLA_CHUNK * j;
+    const int l64 = static_cast<int>(min(static_cast<long long>(FLA_CHUNK), len - FLA_CHUNK * j));
+    const int ntile = (l64 + C - 1) / C;
+    const long long snap0 = a.tile_offs[n] + 4 * j;
+    const long long H = a.H;
+    const float s = a.scale;
+    const u32 sb = smem_addr(smem);
+    float* const gt_s = reinterpret_cast<float*>(smem + SM_GT);
+    float* const gamma_s = reinterpret_cast<float*>(smem + SM_GAMMA);
+    float* const part = reinterpret_cast<float*>(smem + SM_PART);
+    float* const mqkg = reinterpret_cast<float*>(smem + SM_MQKG);
+    float* const lkkg = reinterpret_cast<float*>(smem + SM_LKKG);
+    float* const dpart = reinterpret_cast<float*>(smem + SM_DPART);
+    float* const b1part = reinterpret_cast<float*>(smem + SM_B1PART);
+    float* const b2part = reinterpret_cast<float*>(smem + SM_B2PART);
+    float* const dvec = reinterpret_cast<float*>(smem + SM_DVEC);
+    float* const b1 = reinterpret_cast<float*>(smem + SM_B1);
+
+    const int v0 = 16 * warp;   // V phase: this warp's v rows
+    const int k0 = 16 * warp;   // K phase: this warp's k columns
+    float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
+
+    load_tile(a, smem, 0, 0, tok_chunk, min(C, l64), snap0, chunk, h, tid);
+
+    for (int it = 0; it < ntile; ++it) {
+        const int st = it & 1;
+        const long long tok0 = tok_chunk + C * it;
+        const int lt = min(C, l64 - C * it);
+        if (it + 1 < ntile) {
+            load_tile(a, smem, st ^ 1, it + 1, tok0 + C, min(C, l64 - C * (it + 1)), snap0 + it + 1, chunk, h, tid);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();   // tile it's inputs (and S0) are in; the previous tile is done with everything
+
+        unsigned char* const stg = smem + st * STAGE;
+        const u32 stb = sb + st * STAGE;
+        const float* const gs = reinterpret_cast<const float*>(stg + ST_G);
+        const float* const gbs = reinterpret_cast<const float*>(stg + ST_GB);
+        const float* const betas = reinterpret_cast<const float*>(stg + ST_BETA);
+        const unsigned short* const qs = reinterpret_cast<const unsigned short*>(stg + ST_Q);
+        const unsigned short* const ks = reinterpret_cast<const unsigned short*>(stg + ST_K);
+
+        // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16 ----
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int idx = tid + THREADS * e, i = idx >> 7, kk = idx & (D - 1);
+            const float base = gbs[kk];
+            const float gT = gs[(lt - 1) * D + kk] - base;
+            const float gc = i < lt ? gs[i * D + kk] - base : gT;
+            const float fs = exp2f(gc), fu = exp2f(gc - gT), fd = exp2f(gT - gc);
+            const float qv = bf(qs[i * (ROW / 2) + kk]), kv = bf(ks[i * (ROW / 2) + kk]);
+            reinterpret_cast<unsigned short*>(smem + SM_KD)[i * (ROW / 2) + kk] = to_bf(kv * fs);
+            reinterpret_cast<unsigned short*>(smem + SM_KR)[i * (ROW / 2) + kk] = to_bf(kv * fd);
+            reinterpret_cast<unsigned short*>(smem + SM_QE)[i * (ROW / 2) + kk] = to_bf(s * qv * fu);
+            reinterpret_cast<unsigned short*>(smem + SM_BKE)[i * (ROW / 2) + kk] = to_bf(betas[i] * kv * fu);
+            if (i == 0) {
+                gt_s[kk] = gT;
+                gamma_s[kk] = exp2f(gT);
+            }
+        }
+        if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                u32 x[4];
+                a_of_t(x, cols_first(sb + SM_S, ROW, 16 * b, v0, xl));
+                S[2 * b][0] = bf_lo(x[0]); S[2 * b][1] = bf_hi(x[0]);
+                S[2 * b][2] = bf_lo(x[1]); S[2 * b][3] = bf_hi(x[1]);
+                S[2 * b + 1][0] = bf_lo(x[2]); S[2 * b + 1][1] = bf_hi(x[2]);
+                S[2 * b + 1][2] = bf_lo(x[3]); S[2 * b + 1][3] = bf_hi(x[3]);
+            }
+        }
+        __syncthreads();   // R1 is in
+
+        // ================= V phase: v rows v0..v0+15, tokens as N =================
+        float U[2][4];
+        {
+            // G6: P^T = S0^T Kd^T, then Vn^T = v^T - P^T
+            float P0[2][4], P1[2][4];
+            zero4(P0[0]); zero4(P0[1]); zero4(P1[0]); zero4(P1[1]);
+#pragma unroll
+            for (int ks2 = 0; ks2 < 8; ++ks2) {
+                u32 sa[4], b0[2], b1f[2];
+                pack_a(sa, S[2 * ks2], S[2 * ks2 + 1]);
+                b_of_t(b0, b1f, cols_first(sb + SM_KD, ROW, 0, 16 * ks2, xl));
+                if (ks2 & 1) { mma(P1[0], sa, b0); mma(P1[1], sa, b1f); }
+                else         { mma(P0[0], sa, b0); mma(P0[1], sa, b1f); }
+            }
+            u32 vt[4];
+            a_of_t(vt, cols_first(stb + ST_V, ROW, 0, v0, xl));
+            float Vn[2][4];
+            Vn[0][0] = bf_lo(vt[0]) - (P0[0][0] + P1[0][0]);
+            Vn[0][1] = bf_hi(vt[0]) - (P0[0][1] + P1[0][1]);
+            Vn[0][2] = bf_lo(vt[1]) - (P0[0][2] + P1[0][2]);
+            Vn[0][3] = bf_hi(vt[1]) - (P0[0][3] + P1[0][3]);
+            Vn[1][0] = bf_lo(vt[2]) - (P0[1][0] + P1[1][0]);
+            Vn[1][1] = bf_hi(vt[2]) - (P0[1][1] + P1[1][1]);
+            Vn[1][2] = bf_lo(vt[3]) - (P0[1][2] + P1[1][2]);
+            Vn[1][3] = bf_hi(vt[3]) - (P0[1][3] + P1[1][3]);
+
+            // G7: U^T = (beta Vn)^T INV^T (beta scales the token columns)
+            float bV[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const float be0 = betas[8 * nt + 2 * t], be1 = betas[8 * nt + 2 * t + 1];
+                bV[nt][0] = be0 * Vn[nt][0]; bV[nt][1] = be1 * Vn[nt][1];
+                bV[nt][2] = be0 * Vn[nt][2]; bV[nt][3] = be1 * Vn[nt][3];
+            }
+            {
+                u32 aa[4], b0[2], b1f[2];
+                pack_a(aa, bV[0], bV[1]);
+                b_of_t(b0, b1f, cols_first(stb + ST_INV, 32, 0, 0, xl));
+                zero4(U[0]); zero4(U[1]);
+                mma(U[0], aa, b0); mma(U[1], aa, b1f);
+            }
+
+            // G1 + G2: dU^T = do^T Mqk + dS1^T Kr^T
+            float dU0[2][4], dU1[2][4];
+            zero4(dU0[0]); zero4(dU0[1]); zero4(dU1[0]); zero4(dU1[1]);
+            u32 dot[4];
+            a_of_t(dot, cols_first(stb + ST_DO, ROW, 0, v0, xl));
+            {
+                u32 b0[2], b1f[2];
+                b_of(b0, b1f, rows_first(stb + ST_MQK, 32, 0, 0, xl));
+                mma(dU0[0], dot, b0); mma(dU0[1], dot, b1f);
+            }
+#pragma unroll
+            for (int ks2 = 0; ks2 < 8; ++ks2) {
+                u32 aa[4], b0[2], b1f[2];
+                a_of_t(aa, cols_first(stb + ST_DS, ROW, 16 * ks2, v0, xl));
+                b_of_t(b0, b1f, cols_first(sb + SM_KR, ROW, 0, 16 * ks2, xl));
+                if (ks2 & 1) { mma(dU1[0], aa, b0); mma(dU1[1], aa, b1f); }
+                else         { mma(dU0[0], aa, b0); mma(dU0[1], aa, b1f); }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dU0[nt][e] += dU1[nt][e];
+
+            // G3: dW^T = dU^T INV
+            float W[2][4];
+            {
+                u32 aa[4], b0[2], b1f[2];
+                pack_a(aa, dU0[0], dU0[1]);
+                b_of(b0, b1f, rows_first(stb + ST_INV, 32, 0, 0, xl));
+                zero4(W[0]); zero4(W[1]);
+                mma(W[0], aa, b0); mma(W[1], aa, b1f);
+            }
+
+            // U, dW and dv = beta dW to shared memory as [token][v] (stmatrix .trans of the
+            // transposed fragments), for the K phase, G9/G10 and the dv store
+            {
+                u32 x[4];
+                pack_a(x, U[0], U[1]);
+                stmatrix_x4_trans(cols_first(sb + SM_U, ROW, 0, v0, xl), x[0], x[1], x[2], x[3]);
+                pack_a(x, W[0], W[1]);
+                stmatrix_x4_trans(cols_first(sb + SM_DW, ROW, 0, v0, xl), x[0], x[1], x[2], x[3]);
+                float bW[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    const float be0 = betas[8 * nt + 2 * t], be1 = betas[8 * nt + 2 * t + 1];
+                    bW[nt][0] = be0 * W[nt][0]; bW[nt][1] = be1 * W[nt][1];
+                    bW[nt][2] = be0 * W[nt][2]; bW[nt][3] = be1 * W[nt][3];
+                }
+                pack_a(x, bW[0], bW[1]);
+                stmatrix_x4_trans(cols_first(sb + SM_DV, ROW, 0, v0, xl), x[0], x[1], x[2], x[3]);
+            }
+
+            // d = rowsum(do . U) and rowsum(dW . Vn), this warp's 16 v; column = token
+            {
+                const float dol[2][4] = {{bf_lo(dot[0]), bf_hi(dot[0]), bf_lo(dot[1]), bf_hi(dot[1])},
+                                         {bf_lo(dot[2]), bf_hi(dot[2]), bf_lo(dot[3]), bf_hi(dot[3])}};
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float dd = sum_over_g(dol[nt][e] * U[nt][e] + dol[nt][e + 2] * U[nt][e + 2]);
+                        const float bb = sum_over_g(W[nt][e] * Vn[nt][e] + W[nt][e + 2] * Vn[nt][e + 2]);
+                        if (g == 0) {
+                            dpart[warp * C + 8 * nt + 2 * t + e] = dd;
+                            b1part[warp * C + 8 * nt + 2 * t + e] = bb;
+                        }
+                    }
+            }
+        }
+        __syncwarp();   // this warp's U and dW columns are in shared memory
+
+        // G9 / G10 partials over this warp's v: dMqk = do U^T, dW U^T   [i][j]
+        {
+            u32 ad[4], aw[4], b0[2], b1f[2];
+            a_of(ad, rows_first(stb + ST_DO, ROW, 0, v0, xl));
+            a_of(aw, rows_first(sb + SM_DW, ROW, 0, v0, xl));
+            b_of_t(b0, b1f, cols_first(sb + SM_U, ROW, 0, v0, xl));
+            float M[2][4], Lk[2][4];
+            zero4(M[0]); zero4(M[1]); zero4(Lk[0]); zero4(Lk[1]);
+            mma(M[0], ad, b0); mma(M[1], ad, b1f);
+            mma(Lk[0], aw, b0); mma(Lk[1], aw, b1f);
+            float* const pm = part + warp * C * C;
+            float* const pl = part + (WARPS + warp) * C * C;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const int jj = 8 * nt + 2 * t;
+                pm[g * C + jj] = M[nt][0]; pm[g * C + jj + 1] = M[nt][1];
+                pm[(g + 8) * C + jj] = M[nt][2]; pm[(g + 8) * C + jj + 1] = M[nt][3];
+                pl[g * C + jj] = Lk[nt][0]; pl[g * C + jj + 1] = Lk[nt][1];
+                pl[(g + 8) * C + jj] = Lk[nt][2]; pl[(g + 8) * C + jj + 1] = Lk[nt][3];
+            }
+        }
+
+        // G8: S1^T = gamma S0^T + U^T Kr, kept in registers until the K phase has read S0
+        if (it + 1 < ntile) {
+            u32 ua[4];
+            pack_a(ua, U[0], U[1]);
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                u32 b0[2], b1f[2];
+                b_of(b0, b1f, rows_first(sb + SM_KR, ROW, 0, 16 * b, xl));
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    const int kk = 16 * b + 8 * hf + 2 * t;
+                    const float ga0 = gamma_s[kk], ga1 = gamma_s[kk + 1];
+                    float (&c)[4] = S[2 * b + hf];
+                    c[0] *= ga0; c[1] *= ga1; c[2] *= ga0; c[3] *= ga1;
+                }
+                mma(S[2 * b], ua, b0);
+                mma(S[2 * b + 1], ua, b1f);
+            }
+        }
+        __syncthreads();   // partials, U, dW complete
+
+        // the partial sums over v, added in a fixed order (deterministic)
+        {
+            const int i = tid >> 4, jj = tid & 15;
+            float m = 0.f, l = 0.f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                m += part[w * C * C + tid];
+                l += part[(WARPS + w) * C * C + tid];
+            }
+            mqkg[tid] = jj < i ? m : 0.f;
+            lkkg[tid] = jj < i ? -l : 0.f;
+            if (tid < C) {
+                float d = 0.f;
+#pragma unroll
+                for (int w = 0; w < WARPS; ++w) d += dpart[w * C + tid];
+                dvec[tid] = d;
+            } else if (tid < 2 * C) {
+                float x = 0.f;
+#pragma unroll
+                for (int w = 0; w < WARPS; ++w) x += b1part[w * C + tid - C];
+                b1[tid - C] = x;
+            }
+        }
+        __syncthreads();
+
+        // ================= K phase: k columns k0..k0+15, tokens as M =================
+        {
+            float Qd[2][4], WS[2][4], Kr[2][4], Qe[2][4], X[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) { zero4(Qd[nt]); zero4(WS[nt]); zero4(Kr[nt]); zero4(Qe[nt]); zero4(X[nt]); }
+            // G11, G12, G13 over v
+#pragma unroll
+            for (int ks2 = 0; ks2 < 8; ++ks2) {
+                u32 bs0[2], bs1[2], bd0[2], bd1[2], ad[4], aw[4], au[4];
+                b_of_t(bs0, bs1, cols_first(sb + SM_S, ROW, k0, 16 * ks2, xl));
+                b_of_t(bd0, bd1, cols_first(stb + ST_DS, ROW, k0, 16 * ks2, xl));
+                a_of(ad, rows_first(stb + ST_DO, ROW, 0, 16 * ks2, xl));
+                a_of(aw, rows_first(sb + SM_DW, ROW, 0, 16 * ks2, xl));
+                a_of(au, rows_first(sb + SM_U, ROW, 0, 16 * ks2, xl));
+                mma(Qd[0], ad, bs0); mma(Qd[1], ad, bs1);
+                mma(WS[0], aw, bs0); mma(WS[1], aw, bs1);
+                mma(Kr[0], au, bd0); mma(Kr[1], au, bd1);
+            }
+            // G14-G17: the C x C gradients against Kr, Qe and beta Ke
+            {
+                u32 am[4], amt[4], al[4], alt[4];
+                am[0] = pack_bf16x2(mqkg[g * C + 2 * t], mqkg[g * C + 2 * t + 1]);
+                am[1] = pack_bf16x2(mqkg[(g + 8) * C + 2 * t], mqkg[(g + 8) * C + 2 * t + 1]);
+                am[2] = pack_bf16x2(mqkg[g * C + 2 * t + 8], mqkg[g * C + 2 * t + 9]);
+                am[3] = pack_bf16x2(mqkg[(g + 8) * C + 2 * t + 8], mqkg[(g + 8) * C + 2 * t + 9]);
+                amt[0] = pack_bf16x2(mqkg[(2 * t) * C + g], mqkg[(2 * t + 1) * C + g]);
+                amt[1] = pack_bf16x2(mqkg[(2 * t) * C + g + 8], mqkg[(2 * t + 1) * C + g + 8]);
+                amt[2] = pack_bf16x2(mqkg[(2 * t + 8) * C + g], mqkg[(2 * t + 9) * C + g]);
+                amt[3] = pack_bf16x2(mqkg[(2 * t + 8) * C + g + 8], mqkg[(2 * t + 9) * C + g + 8]);
+                al[0] = pack_bf16x2(lkkg[g * C + 2 * t], lkkg[g * C + 2 * t + 1]);
+                al[1] = pack_bf16x2(lkkg[(g + 8) * C + 2 * t], lkkg[(g + 8) * C + 2 * t + 1]);
+                al[2] = pack_bf16x2(lkkg[g * C + 2 * t + 8], lkkg[g * C + 2 * t + 9]);
+                al[3] = pack_bf16x2(lkkg[(g + 8) * C + 2 * t + 8], lkkg[(g + 8) * C + 2 * t + 9]);
+                alt[0] = pack_bf16x2(lkkg[(2 * t) * C + g], lkkg[(2 * t + 1) * C + g]);
+                alt[1] = pack_bf16x2(lkkg[(2 * t) * C + g + 8], lkkg[(2 * t + 1) * C + g + 8]);
+                alt[2] = pack_bf16x2(lkkg[(2 * t + 8) * C + g], lkkg[(2 * t + 9) * C + g]);
+                alt[3] = pack_bf16x2(lkkg[(2 * t + 8) * C + g + 8], lkkg[(2 * t + 9) * C + g + 8]);
+                u32 bk0[2], bk1[2], bq0[2], bq1[2], be0[2], be1[2];
+                b_of(bk0, bk1, rows_first(sb + SM_KR, ROW, 0, k0, xl));
+                b_of(bq0, bq1, rows_first(sb + SM_QE, ROW, 0, k0, xl));
+                b_of(be0, be1, rows_first(sb + SM_BKE, ROW, 0, k0, xl));
+                mma(Qe[0], am, bk0); mma(Qe[1], am, bk1);     // G14
+                mma(X[0], al, bk0); mma(X[1], al, bk1);       // G16
+                mma(Kr[0], amt, bq0); mma(Kr[1], amt, bq1);   // G15
+                mma(Kr[0], alt, be0); mma(Kr[1], alt, be1);   // G17
+            }
+            // dgamma = rowsum(S0 . dS1) for this warp's 16 k rows: two lanes a row, 64 v each
+            float dgam;
+            {
+                const int r = k0 + (lane >> 1), half = lane & 1;
+                const uint4* sp = reinterpret_cast<const uint4*>(smem + SM_S + r * ROW + half * 128);
+                const uint4* dp = reinterpret_cast<const uint4*>(stg + ST_DS + r * ROW + half * 128);
+                float acc = 0.f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const uint4 x = sp[e], y = dp[e];
+                    acc += bf_lo(x.x) * bf_lo(y.x) + bf_hi(x.x) * bf_hi(y.x);
+                    acc += bf_lo(x.y) * bf_lo(y.y) + bf_hi(x.y) * bf_hi(y.y);
+                    acc += bf_lo(x.z) * bf_lo(y.z) + bf_hi(x.z) * bf_hi(y.z);
+                    acc += bf_lo(x.w) * bf_lo(y.w) + bf_hi(x.w) * bf_hi(y.w);
+                }
+                dgam = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+            }
+            // back to q, k and the gate (fp32 factors from g, as R1)
+            float* const fsb = part + warp * 2 * C * C;   // this warp's from_start [16 i][16 k]
+            float* const feb = fsb + C * C;               // and from_end
+            float b2[2] = {0.f, 0.f};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = g + 8 * r;
+                    const float be = betas[i], dd = dvec[i];
+                    float dq2[2], dk2[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int cl = 8 * nt + 2 * t + e, kk = k0 + cl, x = 2 * r + e;
+                        const float base = gbs[kk], gT = gt_s[kk];
+                        const float gc = i < lt ? gs[i * D + kk] - base : gT;
+                        const float fs = exp2f(gc), fu = exp2f(gc - gT), fd = exp2f(gT - gc);
+                        const float qv = bf(qs[i * (ROW / 2) + kk]), kv = bf(ks[i * (ROW / 2) + kk]);
+                        const float dQd = Qd[nt][x], dKd = -be * WS[nt][x], dQe = Qe[nt][x];
+                        const float dKe = be * X[nt][x], dKr = Kr[nt][x];
+                        dq2[e] = s * (fs * dQd + fu * dQe + dd * kv);
+                        dk2[e] = fs * dKd + fu * dKe + fd * dKr + s * dd * qv;
+                        fsb[i * C + cl] = s * qv * fs * dQd + kv * fs * dKd;
+                        feb[i * C + cl] = s * qv * fu * dQe + kv * fu * dKe - kv * fd * dKr;
+                        b2[r] += kv * fu * X[nt][x];
+                    }
+                    if (i < lt) {
+                        const long long off = ((tok0 + i) * H + h) * D + k0 + 8 * nt + 2 * t;
+                        *reinterpret_cast<float2*>(a.dq + off) = make_float2(dq2[0], dq2[1]);
+                        *reinterpret_cast<float2*>(a.dk + off) = make_float2(dk2[0], dk2[1]);
+                    }
+                }
+            }
+            // rowsum(Ke . X) over this warp's 16 k: the 4 lanes of a row, then one store per row
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float x = b2[r];
+                x += __shfl_xor_sync(0xffffffffu, x, 1);
+                x += __shfl_xor_sync(0xffffffffu, x, 2);
+                if (t == 0) b2part[warp * C + g + 8 * r] = x;
+            }
+            __syncwarp();
+            // dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma
+            {   // lanes 0..15: column k0 + lane, whose dgamma sits in lane 2 * lane
+                const float dgc = __shfl_sync(0xffffffffu, dgam, (2 * lane) & 31);
+                if (lane < C) {
+                    const int kk = k0 + lane;
+                    const float tail = gamma_s[kk] * dgc;
+                    float rev[C];
+                    float acc = 0.f;
+#pragma unroll
+                    for (int i = C - 1; i >= 0; --i) { acc += fsb[i * C + lane]; rev[i] = acc; }
+                    float ex = 0.f;
+#pragma unroll
+                    for (int i = 0; i < C; ++i) {
+                        if (i < lt) a.dg[((tok0 + i) * H + h) * D + kk] = rev[i] - ex + tail;
+                        ex += feb[i * C + lane];
+                    }
+                }
+            }
+        }
+        __syncthreads();   // the K phase has read S0, dS1, U, dW; the dbeta partials are in
+
+        if (tid < C && tid < lt) {
+            float x = b1[tid];
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) x += b2part[w * C + tid];
+            a.dbeta[(tok0 + tid) * H + h] = x;
+        }
+        {   // dv: 16 rows of 256 bytes from the staging tile
+            const int r = tid >> 4, c = tid & 15;
+            if (r < lt)
+                *reinterpret_cast<uint4*>(a.dv + ((tok0 + r) * H + h) * D + c * 8) =
+                    *reinterpret_cast<const uint4*>(smem + SM_DV + r * ROW + c * 16);
+        }
+        if (it + 1 < ntile) {   // S1 (bf16) for the next tile's K phase
+#pragma unroll
+            for (int b = 0; b < 8; ++b) {
+                u32 x[4];
+                pack_a(x, S[2 * b], S[2 * b + 1]);
+                stmatrix_x4_trans(cols_first(sb + SM_S, ROW, 16 * b, v0, xl), x[0], x[1], x[2], x[3]);
+            }
+        }
+    }
+}

@@ -1,0 +1,139 @@
+"""The whole KDA backward on the GPU, from FLA's forward tensors.
+
+    grads = kda_backward(q, k, v, g, beta, Aqk, Akk, do, dht=dht, initial_state=h0, cu_seqlens=cu)
+
+Three kernels run, all built from ptx_lab's headers:
+
+1. the forward-state scan (:mod:`kernel.forward_states`), the bf16 state entering every
+   64-token chunk, unless the caller passes the forward's own (``states``: FLA's ``h``,
+   which FLA keeps with ``disable_recompute=True``);
+2. Kernel A (:mod:`kernel.api`, fed FLA's tensors as in :mod:`kernel.fla_entry`), dS after
+   every 16-token tile in bf16, and dh0;
+3. Kernel B (:mod:`kernel.token_gradients`), dq, dk, dv, dg and dbeta, one CTA per
+   64-token chunk and head, carrying the state across the chunk's four tiles in fp32.
+
+The float64 statement of all of it is :func:`kernel.reference.kda_backward_reference`
+(on the raw per-token gate and, with ``qk_l2norm``, the raw q and k);
+``docs/kda_backward.md`` gives the tile math and counts the bytes.
+
+Arguments are FLA's (fla-core 0.6.0, ``chunk_kda_fwd``, chunk_size 64): q and k as its
+forward used them (l2-normalised when ``use_qk_l2norm_in_kernel``: the l2norm backward is
+the caller's, as in FLA), its ``g`` (the 64-chunk-local cumsum of the gate / ln 2), beta
+after its sigmoid, its ``Aqk`` and ``Akk``. The gate must decay a 16-token tile by at
+most 2^-126 in every channel (fp32's range for the tile's factorised products): a
+per-token gate >= -5 (FLA's ``safe_gate`` with ``lower_bound=-5``) is well inside it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import api, fla_entry, token_gradients
+from .build import D
+from .reference.checks import FLA_CHUNK
+
+__all__ = ["kda_backward", "plan_kda_backward", "GRADIENTS"]
+
+GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
+                      dht=None, cu_seqlens=None, states=None) -> fla_entry.FlaLaunch:
+    """Every check of :func:`kda_backward` that needs no GPU: kinds, dtypes, shapes, layouts,
+    devices and cu_seqlens, each named. Returns Kernel A's launch plan (batch layout included)."""
+    if scale is not None:
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scale must be a real number or None, got {scale!r}")
+        if not np.isfinite(scale) or scale == 0:
+            raise ValueError(f"scale must be finite and non-zero, got {scale}")
+    plan = fla_entry.plan_fla_launch(q, k, g, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens,
+                                     scale=scale, snapshot_dtype="bfloat16")
+    B, T, H, N = plan.B, plan.T, plan.H, plan.N
+    va = fla_entry._describe("v", v)
+    fla_entry._refuse_gva("v", va, B, T, H)
+    fla_entry._expect("v", va, (B, T, H, D), "[B, T, H, V], V = 128", ("bfloat16",))
+    named = {"v": va}
+    if initial_state is not None:
+        named["initial_state"] = fla_entry._describe("initial_state", initial_state)
+        fla_entry._expect("initial_state", named["initial_state"], (N, H, D, D), "[N, H, K, V]", ("float32",))
+    if states is not None:
+        n_chunks = int(plan.snapshot_offsets[-1])
+        shape = plan.dh_shape
+        named["states"] = fla_entry._describe("states", states)
+        fla_entry._expect("states", named["states"], shape,
+                          f"[B, NT, H, K, V]: the state entering each of the {n_chunks} {FLA_CHUNK}-token "
+                          f"chunks (FLA's h, state_v_first=False)", ("bfloat16",))
+    for name, a in named.items():
+        if a.device is not None and plan.device is not None and a.device != plan.device:
+            raise ValueError(f"{name} is on device {a.device}, q on device {plan.device}: all inputs must be on one GPU")
+    return plan
+
+
+def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
+                 dht=None, cu_seqlens=None, states=None) -> dict:
+    """KDA's gradients from FLA's forward tensors, on the GPU.
+
+    q, k, v, do: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's g_cumsum); beta: fp32 or
+    bf16 [B, T, H]; Aqk, Akk: bf16 [B, T, H, 64]; initial_state, dht: fp32 [N, H, 128, 128]
+    or None; states: FLA's h (bf16 [B, NT, H, 128, 128], the state entering each 64-chunk)
+    or None (recomputed). Varlen: B == 1 and cu_seqlens (N + 1 offsets). CuPy arrays (bf16
+    as uint16 bits) or torch CUDA tensors; torch in, torch out, on torch's current stream.
+    ``scale``: the forward's (default 128 ** -0.5).
+
+    Returns {"dq", "dk": fp32 [B, T, H, 128] w.r.t. the q, k given; "dv": bf16 [B, T, H, 128];
+    "dg": fp32 [B, T, H, 128] w.r.t. the per-token natural-log gate (before FLA's cumsum);
+    "dbeta": fp32 [B, T, H]; "dh0": fp32 [N, H, 128, 128]}. Two calls give the same bits.
+    """
+    plan = plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, scale=scale, initial_state=initial_state,
+                             dht=dht, cu_seqlens=cu_seqlens, states=states)
+    cupy = api._require_cupy()
+    api._require_gpu()
+    if plan.torch_out:
+        import torch
+
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            return _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
+    return _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
+
+
+def _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states) -> dict:
+    import cupy
+
+    B, T, H, N = plan.B, plan.T, plan.H, plan.N
+    c = {name: api._to_cupy(name, x, want) for name, x, want in (
+        ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
+        ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
+    beta_c = api._to_cupy("beta", beta, "f32|bf16")
+    if beta_c.dtype == np.uint16:
+        beta_c = api.bits_to_f32(beta_c)   # both kernels copy beta with 4-byte cp.async
+    if states is None:
+        from .forward_states import forward_states
+
+        states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], initial_state=(
+            api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None),
+            cu_seqlens=plan.cu_seqlens if cu_seqlens is not None else None)
+    else:
+        states_c = api._to_cupy("states", states, "bf16")
+    # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator)
+    ds, dh0 = api.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht,
+                         cu_seqlens=plan.cu_seqlens if cu_seqlens is not None else None,
+                         qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True)
+    ds_c = api._to_cupy("dS", ds, "bf16")
+
+    wide, row = (B, T, H, D), (B, T, H)
+    if plan.torch_out:
+        import torch
+
+        dev = q.device
+        out_t = {"dq": torch.empty(wide, dtype=torch.float32, device=dev),
+                 "dk": torch.empty(wide, dtype=torch.float32, device=dev),
+                 "dv": torch.empty(wide, dtype=torch.bfloat16, device=dev),
+                 "dg": torch.empty(wide, dtype=torch.float32, device=dev),
+                 "dbeta": torch.empty(row, dtype=torch.float32, device=dev)}
+        out = {name: api._cupy_view(x) for name, x in out_t.items()}
+    else:
+        out = {"dq": cupy.empty(wide, np.float32), "dk": cupy.empty(wide, np.float32),
+               "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
+               "dbeta": cupy.empty(row, np.float32)}
+    token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
+                           cu=plan.cu_seqlens, H=H, scale=plan.scale, out=out)
+    return {**(out_t if plan.torch_out else out), "dh0": dh0}

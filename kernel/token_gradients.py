@@ -1,0 +1,99 @@
+"""Kernel B, KDA's per-token gradients: the build and the launch.
+
+Kernel B (``kernel/cuda/kda_backward/token_gradients.cu``) turns the forward's tensors,
+do, Kernel A's dS after every 16-token tile and the forward state entering every
+64-token chunk into dq, dk, dv, dg and dbeta, one CTA per 64-token chunk and head.
+:func:`kernel.kda_backward.kda_backward` checks the arguments and calls
+:func:`launch`; this module only compiles, allocates and launches. Its float64
+statement is ``kernel.reference.kda``'s ``_tile_backward``.
+
+The kernel has no build knobs: its shape (8 warps, two stages of tile inputs, about
+206 KB of shared memory) is fixed in the source, which exports the shared memory
+and thread count it was built with (``kdb_smem_bytes``, ``kdb_threads``).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from ptx_lab import CUDA_INCLUDE_DIR
+
+from .build import CHUNK, D, FAST_MATH
+from .reference.checks import FLA_CHUNK
+from .reference.dstate_scan import snapshot_offsets
+
+SOURCE_PATH = Path(__file__).resolve().parent / "cuda" / "kda_backward" / "token_gradients.cu"
+KERNEL_NAME = "kda_token_gradients"
+TILES_PER_CTA = FLA_CHUNK // CHUNK   # 4
+
+__all__ = ["launch", "source", "options", "tables", "SOURCE_PATH", "KERNEL_NAME"]
+
+
+def source() -> str:
+    """The entry file's text, prefixed with a hash of ptx_lab's headers: CuPy keys its compile
+    cache on the text and the options only, so a header change alone would load a stale cubin."""
+    h = hashlib.sha256()
+    for path in sorted(Path(CUDA_INCLUDE_DIR).glob("*.cuh")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"// headers sha256 {h.hexdigest()}\n" + SOURCE_PATH.read_text()
+
+
+def options() -> tuple[str, ...]:
+    """What every build passes (CI's nvcc check and the launch alike)."""
+    return FAST_MATH
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    import cupy
+
+    from ptx_lab.gpu import load_module
+
+    from .api import read_int_constants
+
+    mod = load_module(source(), options())
+    fn = mod.get_function(KERNEL_NAME)
+    (smem,) = read_int_constants(mod, "kdb_smem_bytes", 1)
+    (threads,) = read_int_constants(mod, "kdb_threads", 1)
+    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if smem > limit:
+        raise RuntimeError(f"Kernel B needs {smem} B of shared memory per CTA, this GPU allows {limit} B")
+    fn.max_dynamic_shared_size_bytes = smem
+    return fn, smem, threads
+
+
+def tables(cu: np.ndarray) -> dict:
+    """Host tables of a batch layout (cu: int64 [N + 1]): the first dS snapshot (tile) and the
+    first 64-chunk state of each sequence, and the sequence of every 64-chunk (int32)."""
+    lengths = np.diff(cu)
+    tile_offs = snapshot_offsets(lengths, CHUNK, 1)
+    chunk_offs = snapshot_offsets(lengths, CHUNK, TILES_PER_CTA)
+    chunk_seq = np.repeat(np.arange(lengths.size, dtype=np.int32), np.diff(chunk_offs))
+    return {"tile_offs": tile_offs, "chunk_offs": chunk_offs, "chunk_seq": chunk_seq,
+            "tiles": int(tile_offs[-1]), "chunks": int(chunk_offs[-1])}
+
+
+@functools.lru_cache(maxsize=64)
+def _device_tables(cu_bytes: bytes):
+    """The tables on the device, cached per batch layout (no host-to-device copy per call)."""
+    import cupy
+
+    cu = np.frombuffer(cu_bytes, dtype=np.int64)
+    t = tables(cu)
+    return (cupy.asarray(cu), cupy.asarray(t["tile_offs"]), cupy.asarray(t["chunk_offs"]),
+            cupy.asarray(t["chunk_seq"]), t["chunks"])
+
+
+def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, scale: float,
+           out: dict) -> None:
+    """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
+    preallocated CuPy arrays of ``out``: dq, dk, dg (fp32), dv (bf16 bits), dbeta (fp32)."""
+    fn, smem, threads = _kernel()
+    cu_d, tile_d, chunk_d, seq_d, chunks = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes())
+    fn((chunks, H), (threads,),
+       (q, k, v, do, g, beta, aqk, akk, ds, states, out["dq"], out["dk"], out["dv"], out["dg"], out["dbeta"],
+        cu_d, tile_d, chunk_d, seq_d, np.int32(H), np.float32(scale)),
+       shared_mem=smem)

@@ -60,20 +60,27 @@ constexpr int SM_BKE = SM_QE + C * ROW;
 constexpr int SM_U = SM_BKE + C * ROW;
 constexpr int SM_DW = SM_U + C * ROW;
 constexpr int SM_DV = SM_DW + C * ROW;
-constexpr int SM_GT = SM_DV + C * ROW;       // fp32 [128]
-constexpr int SM_GAMMA = SM_GT + D * 4;      // fp32 [128]
-constexpr int SM_PART = SM_GAMMA + D * 4;    // fp32 [2][8][256]: per-warp dMqk, dLkk; then per-warp
-                                             // from_start / from_end [8][2][16][16]
-constexpr int SM_MQKG = SM_PART + 2 * WARPS * C * C * 4;   // fp32 [256] dMqk (strict lower)
-constexpr int SM_LKKG = SM_MQKG + C * C * 4;               // fp32 [256] dLkk (strict lower)
-constexpr int SM_DPART = SM_LKKG + C * C * 4;              // fp32 [8][16] per-warp d
+constexpr int SM_GT = SM_DV + C * ROW;       // fp32 [128]: gT
+constexpr int SM_GAMMA = SM_GT + D * 4;      // fp32 [128]: 2^gT
+constexpr int GC_ROW = D + 8;                // fp32 words per row of gc: a float2 per lane, 16 lanes
+                                             // over 4 rows, lands in 32 different banks
+constexpr int SM_GC = SM_GAMMA + D * 4;      // fp32 [16][136]: the rebased gate gc (rows >= L: gT)
+constexpr int PS = 24;                       // fp32 words per row of the 16 x 16 per-warp sums (float2
+                                             // stores by (row g, column 2t) lanes without conflicts)
+constexpr int SM_PART = SM_GC + C * GC_ROW * 4;   // fp32 [2][8][16][24]: per-warp dMqk, dLkk; later
+                                                  // per-warp from_start / from_end [8][2][16][24]
+constexpr int SM_FRAG = SM_PART + 2 * WARPS * C * PS * 4;  // u32 [4][32 lanes][4]: dMqk, dMqk^T, dLkk, dLkk^T
+                                                           // as bf16 A fragments, in lane order
+constexpr int SM_DPART = SM_FRAG + 4 * 32 * 4 * 4;         // fp32 [8][16] per-warp d
 constexpr int SM_B1PART = SM_DPART + WARPS * C * 4;        // fp32 [8][16] per-warp rowsum(dW . Vn)
 constexpr int SM_B2PART = SM_B1PART + WARPS * C * 4;       // fp32 [8][16] per-warp rowsum(Ke . X)
 constexpr int SM_DVEC = SM_B2PART + WARPS * C * 4;         // fp32 [16] d
 constexpr int SM_B1 = SM_DVEC + C * 4;                     // fp32 [16] rowsum(dW . Vn)
 constexpr int SMEM_BYTES = SM_B1 + C * 4;
+static_assert(SMEM_BYTES <= 232448, "more shared memory than an H200 SM lends one CTA");
 
-static_assert(STAGE % 16 == 0 && SM_KD % 16 == 0 && SM_PART % 16 == 0, "16-byte alignment");
+static_assert(STAGE % 16 == 0 && SM_KD % 16 == 0 && SM_GC % 16 == 0 && SM_PART % 16 == 0 && SM_FRAG % 16 == 0,
+              "16-byte alignment");
 
 __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
@@ -82,14 +89,17 @@ __device__ __forceinline__ unsigned short to_bf(float x) {
     return static_cast<unsigned short>(pack_bf16x2(x, 0.f) & 0xffffu);
 }
 
-// ldmatrix / stmatrix x4 addresses of the 16 x 16 block at (row0, col0) of a bf16 tile with
-// `stride`-byte rows, in the two orders of X4Lane (ptx_lab/cuda/ldmatrix.cuh).
-__device__ __forceinline__ u32 rows_first(u32 base, int stride, int row0, int col0, X4Lane l) {
-    return base + (row0 + l.row + l.rows_first_mat_row()) * stride + (col0 + l.rows_first_mat_col()) * 2;
+// ldmatrix / stmatrix x4 addresses: the lane's part of the address of a 16 x 16 block of a bf16
+// tile with `stride`-byte rows, in the two orders of X4Lane (ptx_lab/cuda/ldmatrix.cuh). It is
+// computed once; a block at (row0, col0) is then base + lane part + row0 * stride + col0 * 2, a
+// constant the compiler folds into the instruction's immediate offset.
+__device__ __forceinline__ u32 rows_first(int stride, X4Lane l) {
+    return (l.row + l.rows_first_mat_row()) * stride + l.rows_first_mat_col() * 2;
 }
-__device__ __forceinline__ u32 cols_first(u32 base, int stride, int row0, int col0, X4Lane l) {
-    return base + (row0 + l.row + l.cols_first_mat_row()) * stride + (col0 + l.cols_first_mat_col()) * 2;
+__device__ __forceinline__ u32 cols_first(int stride, X4Lane l) {
+    return (l.row + l.cols_first_mat_row()) * stride + l.cols_first_mat_col() * 2;
 }
+__device__ __forceinline__ constexpr u32 at(int row0, int col0) { return row0 * ROW + col0 * 2; }
 // The four fragments an x4 load gives, named by what they are for mma.m16n8k16:
 //   a_of(tile) A = tile; b_of(tile) B = tile; b_of_t(tile) B = tile^T; a_of_t(tile) A = tile^T.
 __device__ __forceinline__ void a_of(u32 (&a)[4], u32 addr_rows) { ldmatrix_x4(a, addr_rows); }
@@ -230,14 +240,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const int l64 = static_cast<int>(min(static_cast<long long>(FLA_CHUNK), len - FLA_CHUNK * j));
     const int ntile = (l64 + C - 1) / C;
     const long long snap0 = a.tile_offs[n] + 4 * j;
-    const long long H = a.H;
+    const long long H = a.H, RS = H * D;   // RS: elements from one token's row of a head to the next token's
     const float s = a.scale;
     const u32 sb = smem_addr(smem);
     float* const gt_s = reinterpret_cast<float*>(smem + SM_GT);
     float* const gamma_s = reinterpret_cast<float*>(smem + SM_GAMMA);
+    float* const gcs = reinterpret_cast<float*>(smem + SM_GC);
     float* const part = reinterpret_cast<float*>(smem + SM_PART);
-    float* const mqkg = reinterpret_cast<float*>(smem + SM_MQKG);
-    float* const lkkg = reinterpret_cast<float*>(smem + SM_LKKG);
+    unsigned short* const frag16 = reinterpret_cast<unsigned short*>(smem + SM_FRAG);
+    const uint4* const frag = reinterpret_cast<const uint4*>(smem + SM_FRAG);
     float* const dpart = reinterpret_cast<float*>(smem + SM_DPART);
     float* const b1part = reinterpret_cast<float*>(smem + SM_B1PART);
     float* const b2part = reinterpret_cast<float*>(smem + SM_B2PART);
@@ -246,6 +257,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
     const int v0 = 16 * warp;   // V phase: this warp's v rows
     const int k0 = 16 * warp;   // K phase: this warp's k columns
+    // lane parts of the ldmatrix / stmatrix addresses (rows first / cols first, 272- and 32-byte rows),
+    // with this warp's v columns (V phase) and k rows or columns (K phase) folded in
+    const u32 lr = rows_first(ROW, xl), lc = cols_first(ROW, xl);
+    const u32 lr32 = rows_first(32, xl), lc32 = cols_first(32, xl);
+    const u32 nr = sb + lr, nc = sb + lc;
+    const u32 ncv = nc + 2 * v0, nrv = nr + 2 * v0, nck = nc + k0 * ROW, nrk = nr + 2 * k0;
     float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
 
     load_tile(a, smem, 0, 0, tok_chunk, min(C, l64), snap0, chunk, h, tid);
@@ -253,6 +270,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     for (int it = 0; it < ntile; ++it) {
         const int st = it & 1;
         const long long tok0 = tok_chunk + C * it;
+        const long long row0 = (tok0 * H + h) * D;   // element offset of (token tok0, head h) in [tokens, H, D]
         const int lt = min(C, l64 - C * it);
         if (it + 1 < ntile) {
             load_tile(a, smem, st ^ 1, it + 1, tok0 + C, min(C, l64 - C * (it + 1)), snap0 + it + 1, chunk, h, tid);
@@ -264,35 +282,42 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         unsigned char* const stg = smem + st * STAGE;
         const u32 stb = sb + st * STAGE;
+        const u32 sr = stb + lr, sc = stb + lc, sr32 = stb + lr32, sc32 = stb + lc32;
+        const u32 scv = sc + 2 * v0, srv = sr + 2 * v0, sck = sc + k0 * ROW;
         const float* const gs = reinterpret_cast<const float*>(stg + ST_G);
         const float* const gbs = reinterpret_cast<const float*>(stg + ST_GB);
         const float* const betas = reinterpret_cast<const float*>(stg + ST_BETA);
         const unsigned short* const qs = reinterpret_cast<const unsigned short*>(stg + ST_Q);
         const unsigned short* const ks = reinterpret_cast<const unsigned short*>(stg + ST_K);
 
-        // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16 ----
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int idx = tid + THREADS * e, i = idx >> 7, kk = idx & (D - 1);
+        // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16; gc kept in fp32 ----
+        {
+            const int kk = tid & (D - 1), i0 = tid >> 7;   // a thread keeps its column, every other row
             const float base = gbs[kk];
             const float gT = gs[(lt - 1) * D + kk] - base;
-            const float gc = i < lt ? gs[i * D + kk] - base : gT;
-            const float fs = exp2f(gc), fu = exp2f(gc - gT), fd = exp2f(gT - gc);
-            const float qv = bf(qs[i * (ROW / 2) + kk]), kv = bf(ks[i * (ROW / 2) + kk]);
-            reinterpret_cast<unsigned short*>(smem + SM_KD)[i * (ROW / 2) + kk] = to_bf(kv * fs);
-            reinterpret_cast<unsigned short*>(smem + SM_KR)[i * (ROW / 2) + kk] = to_bf(kv * fd);
-            reinterpret_cast<unsigned short*>(smem + SM_QE)[i * (ROW / 2) + kk] = to_bf(s * qv * fu);
-            reinterpret_cast<unsigned short*>(smem + SM_BKE)[i * (ROW / 2) + kk] = to_bf(betas[i] * kv * fu);
-            if (i == 0) {
+            if (i0 == 0) {
                 gt_s[kk] = gT;
                 gamma_s[kk] = exp2f(gT);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int i = i0 + 2 * e;
+                const float gc = i < lt ? gs[i * D + kk] - base : gT;
+                const float fs = exp2f(gc), fu = exp2f(gc - gT), fd = exp2f(gT - gc);
+                const float qv = bf(qs[i * (ROW / 2) + kk]), kv = bf(ks[i * (ROW / 2) + kk]);
+                const int o = i * (ROW / 2) + kk;
+                reinterpret_cast<unsigned short*>(smem + SM_KD)[o] = to_bf(kv * fs);
+                reinterpret_cast<unsigned short*>(smem + SM_KR)[o] = to_bf(kv * fd);
+                reinterpret_cast<unsigned short*>(smem + SM_QE)[o] = to_bf(s * qv * fu);
+                reinterpret_cast<unsigned short*>(smem + SM_BKE)[o] = to_bf(betas[i] * kv * fu);
+                gcs[i * GC_ROW + kk] = gc;
             }
         }
         if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
                 u32 x[4];
-                a_of_t(x, cols_first(sb + SM_S, ROW, 16 * b, v0, xl));
+                a_of_t(x, ncv + SM_S + at(16 * b, 0));
                 S[2 * b][0] = bf_lo(x[0]); S[2 * b][1] = bf_hi(x[0]);
                 S[2 * b][2] = bf_lo(x[1]); S[2 * b][3] = bf_hi(x[1]);
                 S[2 * b + 1][0] = bf_lo(x[2]); S[2 * b + 1][1] = bf_hi(x[2]);
@@ -304,6 +329,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // ================= V phase: v rows v0..v0+15, tokens as N =================
         float U[2][4];
         {
+            // beta of this lane's token columns 2t, 2t+1, 8+2t, 9+2t
+            const float bet[2][2] = {{betas[2 * t], betas[2 * t + 1]}, {betas[8 + 2 * t], betas[9 + 2 * t]}};
             // G6: P^T = S0^T Kd^T, then Vn^T = v^T - P^T
             float P0[2][4], P1[2][4];
             zero4(P0[0]); zero4(P0[1]); zero4(P1[0]); zero4(P1[1]);
@@ -311,12 +338,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             for (int ks2 = 0; ks2 < 8; ++ks2) {
                 u32 sa[4], b0[2], b1f[2];
                 pack_a(sa, S[2 * ks2], S[2 * ks2 + 1]);
-                b_of_t(b0, b1f, cols_first(sb + SM_KD, ROW, 0, 16 * ks2, xl));
+                b_of_t(b0, b1f, nc + SM_KD + at(0, 16 * ks2));
                 if (ks2 & 1) { mma(P1[0], sa, b0); mma(P1[1], sa, b1f); }
                 else         { mma(P0[0], sa, b0); mma(P0[1], sa, b1f); }
             }
             u32 vt[4];
-            a_of_t(vt, cols_first(stb + ST_V, ROW, 0, v0, xl));
+            a_of_t(vt, scv + ST_V);
             float Vn[2][4];
             Vn[0][0] = bf_lo(vt[0]) - (P0[0][0] + P1[0][0]);
             Vn[0][1] = bf_hi(vt[0]) - (P0[0][1] + P1[0][1]);
@@ -328,17 +355,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             Vn[1][3] = bf_hi(vt[3]) - (P0[1][3] + P1[1][3]);
 
             // G7: U^T = (beta Vn)^T INV^T (beta scales the token columns)
-            float bV[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const float be0 = betas[8 * nt + 2 * t], be1 = betas[8 * nt + 2 * t + 1];
-                bV[nt][0] = be0 * Vn[nt][0]; bV[nt][1] = be1 * Vn[nt][1];
-                bV[nt][2] = be0 * Vn[nt][2]; bV[nt][3] = be1 * Vn[nt][3];
-            }
             {
+                float bV[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    bV[nt][0] = bet[nt][0] * Vn[nt][0]; bV[nt][1] = bet[nt][1] * Vn[nt][1];
+                    bV[nt][2] = bet[nt][0] * Vn[nt][2]; bV[nt][3] = bet[nt][1] * Vn[nt][3];
+                }
                 u32 aa[4], b0[2], b1f[2];
                 pack_a(aa, bV[0], bV[1]);
-                b_of_t(b0, b1f, cols_first(stb + ST_INV, 32, 0, 0, xl));
+                b_of_t(b0, b1f, sc32 + ST_INV);
                 zero4(U[0]); zero4(U[1]);
                 mma(U[0], aa, b0); mma(U[1], aa, b1f);
             }
@@ -347,17 +373,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             float dU0[2][4], dU1[2][4];
             zero4(dU0[0]); zero4(dU0[1]); zero4(dU1[0]); zero4(dU1[1]);
             u32 dot[4];
-            a_of_t(dot, cols_first(stb + ST_DO, ROW, 0, v0, xl));
+            a_of_t(dot, scv + ST_DO);
             {
                 u32 b0[2], b1f[2];
-                b_of(b0, b1f, rows_first(stb + ST_MQK, 32, 0, 0, xl));
+                b_of(b0, b1f, sr32 + ST_MQK);
                 mma(dU0[0], dot, b0); mma(dU0[1], dot, b1f);
             }
 #pragma unroll
             for (int ks2 = 0; ks2 < 8; ++ks2) {
                 u32 aa[4], b0[2], b1f[2];
-                a_of_t(aa, cols_first(stb + ST_DS, ROW, 16 * ks2, v0, xl));
-                b_of_t(b0, b1f, cols_first(sb + SM_KR, ROW, 0, 16 * ks2, xl));
+                a_of_t(aa, scv + ST_DS + at(16 * ks2, 0));
+                b_of_t(b0, b1f, nc + SM_KR + at(0, 16 * ks2));
                 if (ks2 & 1) { mma(dU1[0], aa, b0); mma(dU1[1], aa, b1f); }
                 else         { mma(dU0[0], aa, b0); mma(dU0[1], aa, b1f); }
             }
@@ -371,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             {
                 u32 aa[4], b0[2], b1f[2];
                 pack_a(aa, dU0[0], dU0[1]);
-                b_of(b0, b1f, rows_first(stb + ST_INV, 32, 0, 0, xl));
+                b_of(b0, b1f, sr32 + ST_INV);
                 zero4(W[0]); zero4(W[1]);
                 mma(W[0], aa, b0); mma(W[1], aa, b1f);
             }
@@ -381,18 +407,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             {
                 u32 x[4];
                 pack_a(x, U[0], U[1]);
-                stmatrix_x4_trans(cols_first(sb + SM_U, ROW, 0, v0, xl), x[0], x[1], x[2], x[3]);
+                stmatrix_x4_trans(ncv + SM_U, x[0], x[1], x[2], x[3]);
                 pack_a(x, W[0], W[1]);
-                stmatrix_x4_trans(cols_first(sb + SM_DW, ROW, 0, v0, xl), x[0], x[1], x[2], x[3]);
+                stmatrix_x4_trans(ncv + SM_DW, x[0], x[1], x[2], x[3]);
                 float bW[2][4];
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt) {
-                    const float be0 = betas[8 * nt + 2 * t], be1 = betas[8 * nt + 2 * t + 1];
-                    bW[nt][0] = be0 * W[nt][0]; bW[nt][1] = be1 * W[nt][1];
-                    bW[nt][2] = be0 * W[nt][2]; bW[nt][3] = be1 * W[nt][3];
+                    bW[nt][0] = bet[nt][0] * W[nt][0]; bW[nt][1] = bet[nt][1] * W[nt][1];
+                    bW[nt][2] = bet[nt][0] * W[nt][2]; bW[nt][3] = bet[nt][1] * W[nt][3];
                 }
                 pack_a(x, bW[0], bW[1]);
-                stmatrix_x4_trans(cols_first(sb + SM_DV, ROW, 0, v0, xl), x[0], x[1], x[2], x[3]);
+                stmatrix_x4_trans(ncv + SM_DV, x[0], x[1], x[2], x[3]);
             }
 
             // d = rowsum(do . U) and rowsum(dW . Vn), this warp's 16 v; column = token
@@ -417,22 +442,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // G9 / G10 partials over this warp's v: dMqk = do U^T, dW U^T   [i][j]
         {
             u32 ad[4], aw[4], b0[2], b1f[2];
-            a_of(ad, rows_first(stb + ST_DO, ROW, 0, v0, xl));
-            a_of(aw, rows_first(sb + SM_DW, ROW, 0, v0, xl));
-            b_of_t(b0, b1f, cols_first(sb + SM_U, ROW, 0, v0, xl));
+            a_of(ad, srv + ST_DO);
+            a_of(aw, nrv + SM_DW);
+            b_of_t(b0, b1f, ncv + SM_U);
             float M[2][4], Lk[2][4];
             zero4(M[0]); zero4(M[1]); zero4(Lk[0]); zero4(Lk[1]);
             mma(M[0], ad, b0); mma(M[1], ad, b1f);
             mma(Lk[0], aw, b0); mma(Lk[1], aw, b1f);
-            float* const pm = part + warp * C * C;
-            float* const pl = part + (WARPS + warp) * C * C;
+            float* const pm = part + warp * C * PS;
+            float* const pl = part + (WARPS + warp) * C * PS;
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
                 const int jj = 8 * nt + 2 * t;
-                pm[g * C + jj] = M[nt][0]; pm[g * C + jj + 1] = M[nt][1];
-                pm[(g + 8) * C + jj] = M[nt][2]; pm[(g + 8) * C + jj + 1] = M[nt][3];
-                pl[g * C + jj] = Lk[nt][0]; pl[g * C + jj + 1] = Lk[nt][1];
-                pl[(g + 8) * C + jj] = Lk[nt][2]; pl[(g + 8) * C + jj + 1] = Lk[nt][3];
+                *reinterpret_cast<float2*>(pm + g * PS + jj) = make_float2(M[nt][0], M[nt][1]);
+                *reinterpret_cast<float2*>(pm + (g + 8) * PS + jj) = make_float2(M[nt][2], M[nt][3]);
+                *reinterpret_cast<float2*>(pl + g * PS + jj) = make_float2(Lk[nt][0], Lk[nt][1]);
+                *reinterpret_cast<float2*>(pl + (g + 8) * PS + jj) = make_float2(Lk[nt][2], Lk[nt][3]);
             }
         }
 
@@ -443,13 +468,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
                 u32 b0[2], b1f[2];
-                b_of(b0, b1f, rows_first(sb + SM_KR, ROW, 0, 16 * b, xl));
+                b_of(b0, b1f, nr + SM_KR + at(0, 16 * b));
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
-                    const int kk = 16 * b + 8 * hf + 2 * t;
-                    const float ga0 = gamma_s[kk], ga1 = gamma_s[kk + 1];
+                    const float2 ga = *reinterpret_cast<const float2*>(gamma_s + 16 * b + 8 * hf + 2 * t);
                     float (&c)[4] = S[2 * b + hf];
-                    c[0] *= ga0; c[1] *= ga1; c[2] *= ga0; c[3] *= ga1;
+                    c[0] *= ga.x; c[1] *= ga.y; c[2] *= ga.x; c[3] *= ga.y;
                 }
                 mma(S[2 * b], ua, b0);
                 mma(S[2 * b + 1], ua, b1f);
@@ -457,17 +481,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         }
         __syncthreads();   // partials, U, dW complete
 
-        // the partial sums over v, added in a fixed order (deterministic)
+        // The partial sums over v, added in a fixed order (deterministic). dMqk and dLkk (strictly
+        // lower) go out as bf16 A fragments, each element written to its (lane, register, half)
+        // of the fragment of the matrix and of its transpose (mma.cuh's A layout).
         {
             const int i = tid >> 4, jj = tid & 15;
             float m = 0.f, l = 0.f;
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) {
-                m += part[w * C * C + tid];
-                l += part[(WARPS + w) * C * C + tid];
+                m += part[w * C * PS + i * PS + jj];
+                l += part[(WARPS + w) * C * PS + i * PS + jj];
             }
-            mqkg[tid] = jj < i ? m : 0.f;
-            lkkg[tid] = jj < i ? -l : 0.f;
+            const unsigned short mb = to_bf(jj < i ? m : 0.f), lb = to_bf(jj < i ? -l : 0.f);
+            const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);
+            const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);
+            frag16[0 * 256 + plain] = mb;    // dMqk
+            frag16[1 * 256 + trans] = mb;    // dMqk^T
+            frag16[2 * 256 + plain] = lb;    // dLkk
+            frag16[3 * 256 + trans] = lb;    // dLkk^T
             if (tid < C) {
                 float d = 0.f;
 #pragma unroll
@@ -491,38 +522,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
             for (int ks2 = 0; ks2 < 8; ++ks2) {
                 u32 bs0[2], bs1[2], bd0[2], bd1[2], ad[4], aw[4], au[4];
-                b_of_t(bs0, bs1, cols_first(sb + SM_S, ROW, k0, 16 * ks2, xl));
-                b_of_t(bd0, bd1, cols_first(stb + ST_DS, ROW, k0, 16 * ks2, xl));
-                a_of(ad, rows_first(stb + ST_DO, ROW, 0, 16 * ks2, xl));
-                a_of(aw, rows_first(sb + SM_DW, ROW, 0, 16 * ks2, xl));
-                a_of(au, rows_first(sb + SM_U, ROW, 0, 16 * ks2, xl));
+                b_of_t(bs0, bs1, nck + SM_S + at(0, 16 * ks2));
+                b_of_t(bd0, bd1, sck + ST_DS + at(0, 16 * ks2));
+                a_of(ad, sr + ST_DO + at(0, 16 * ks2));
+                a_of(aw, nr + SM_DW + at(0, 16 * ks2));
+                a_of(au, nr + SM_U + at(0, 16 * ks2));
                 mma(Qd[0], ad, bs0); mma(Qd[1], ad, bs1);
                 mma(WS[0], aw, bs0); mma(WS[1], aw, bs1);
                 mma(Kr[0], au, bd0); mma(Kr[1], au, bd1);
             }
             // G14-G17: the C x C gradients against Kr, Qe and beta Ke
             {
-                u32 am[4], amt[4], al[4], alt[4];
-                am[0] = pack_bf16x2(mqkg[g * C + 2 * t], mqkg[g * C + 2 * t + 1]);
-                am[1] = pack_bf16x2(mqkg[(g + 8) * C + 2 * t], mqkg[(g + 8) * C + 2 * t + 1]);
-                am[2] = pack_bf16x2(mqkg[g * C + 2 * t + 8], mqkg[g * C + 2 * t + 9]);
-                am[3] = pack_bf16x2(mqkg[(g + 8) * C + 2 * t + 8], mqkg[(g + 8) * C + 2 * t + 9]);
-                amt[0] = pack_bf16x2(mqkg[(2 * t) * C + g], mqkg[(2 * t + 1) * C + g]);
-                amt[1] = pack_bf16x2(mqkg[(2 * t) * C + g + 8], mqkg[(2 * t + 1) * C + g + 8]);
-                amt[2] = pack_bf16x2(mqkg[(2 * t + 8) * C + g], mqkg[(2 * t + 9) * C + g]);
-                amt[3] = pack_bf16x2(mqkg[(2 * t + 8) * C + g + 8], mqkg[(2 * t + 9) * C + g + 8]);
-                al[0] = pack_bf16x2(lkkg[g * C + 2 * t], lkkg[g * C + 2 * t + 1]);
-                al[1] = pack_bf16x2(lkkg[(g + 8) * C + 2 * t], lkkg[(g + 8) * C + 2 * t + 1]);
-                al[2] = pack_bf16x2(lkkg[g * C + 2 * t + 8], lkkg[g * C + 2 * t + 9]);
-                al[3] = pack_bf16x2(lkkg[(g + 8) * C + 2 * t + 8], lkkg[(g + 8) * C + 2 * t + 9]);
-                alt[0] = pack_bf16x2(lkkg[(2 * t) * C + g], lkkg[(2 * t + 1) * C + g]);
-                alt[1] = pack_bf16x2(lkkg[(2 * t) * C + g + 8], lkkg[(2 * t + 1) * C + g + 8]);
-                alt[2] = pack_bf16x2(lkkg[(2 * t + 8) * C + g], lkkg[(2 * t + 9) * C + g]);
-                alt[3] = pack_bf16x2(lkkg[(2 * t + 8) * C + g + 8], lkkg[(2 * t + 9) * C + g + 8]);
+                const uint4 fm = frag[0 * 32 + lane], fmt = frag[1 * 32 + lane];
+                const uint4 fl = frag[2 * 32 + lane], flt = frag[3 * 32 + lane];
+                const u32 am[4] = {fm.x, fm.y, fm.z, fm.w}, amt[4] = {fmt.x, fmt.y, fmt.z, fmt.w};
+                const u32 al[4] = {fl.x, fl.y, fl.z, fl.w}, alt[4] = {flt.x, flt.y, flt.z, flt.w};
                 u32 bk0[2], bk1[2], bq0[2], bq1[2], be0[2], be1[2];
-                b_of(bk0, bk1, rows_first(sb + SM_KR, ROW, 0, k0, xl));
-                b_of(bq0, bq1, rows_first(sb + SM_QE, ROW, 0, k0, xl));
-                b_of(be0, be1, rows_first(sb + SM_BKE, ROW, 0, k0, xl));
+                b_of(bk0, bk1, nrk + SM_KR);
+                b_of(bq0, bq1, nrk + SM_QE);
+                b_of(be0, be1, nrk + SM_BKE);
                 mma(Qe[0], am, bk0); mma(Qe[1], am, bk1);     // G14
                 mma(X[0], al, bk0); mma(X[1], al, bk1);       // G16
                 mma(Kr[0], amt, bq0); mma(Kr[1], amt, bq1);   // G15
@@ -545,34 +563,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 }
                 dgam = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
             }
-            // back to q, k and the gate (fp32 factors from g, as R1)
-            float* const fsb = part + warp * 2 * C * C;   // this warp's from_start [16 i][16 k]
-            float* const feb = fsb + C * C;               // and from_end
+            // back to q, k and the gate, with fp32 factors from gc (as R1)
+            float* const fsb = part + warp * 2 * C * PS;   // this warp's from_start [16 i][16 k]
+            float* const feb = fsb + C * PS;               // and from_end
             float b2[2] = {0.f, 0.f};
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
+                const int cl = 8 * nt + 2 * t, kk = k0 + cl;
+                const float2 gT = *reinterpret_cast<const float2*>(gt_s + kk);
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const int i = g + 8 * r;
+                    const int i = g + 8 * r, x = 2 * r;
                     const float be = betas[i], dd = dvec[i];
-                    float dq2[2], dk2[2];
+                    const float2 gc = *reinterpret_cast<const float2*>(gcs + i * GC_ROW + kk);
+                    const u32 q2 = *reinterpret_cast<const u32*>(qs + i * (ROW / 2) + kk);
+                    const u32 k2 = *reinterpret_cast<const u32*>(ks + i * (ROW / 2) + kk);
+                    const float gcv[2] = {gc.x, gc.y}, gTv[2] = {gT.x, gT.y};
+                    const float qv[2] = {bf_lo(q2), bf_hi(q2)}, kv[2] = {bf_lo(k2), bf_hi(k2)};
+                    float dq2[2], dk2[2], fs2[2], fe2[2];
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int cl = 8 * nt + 2 * t + e, kk = k0 + cl, x = 2 * r + e;
-                        const float base = gbs[kk], gT = gt_s[kk];
-                        const float gc = i < lt ? gs[i * D + kk] - base : gT;
-                        const float fs = exp2f(gc), fu = exp2f(gc - gT), fd = exp2f(gT - gc);
-                        const float qv = bf(qs[i * (ROW / 2) + kk]), kv = bf(ks[i * (ROW / 2) + kk]);
-                        const float dQd = Qd[nt][x], dKd = -be * WS[nt][x], dQe = Qe[nt][x];
-                        const float dKe = be * X[nt][x], dKr = Kr[nt][x];
-                        dq2[e] = s * (fs * dQd + fu * dQe + dd * kv);
-                        dk2[e] = fs * dKd + fu * dKe + fd * dKr + s * dd * qv;
-                        fsb[i * C + cl] = s * qv * fs * dQd + kv * fs * dKd;
-                        feb[i * C + cl] = s * qv * fu * dQe + kv * fu * dKe - kv * fd * dKr;
-                        b2[r] += kv * fu * X[nt][x];
+                        const float fs = exp2f(gcv[e]), fu = exp2f(gcv[e] - gTv[e]), fd = exp2f(gTv[e] - gcv[e]);
+                        const float dQd = Qd[nt][x + e], dKd = -be * WS[nt][x + e], dQe = Qe[nt][x + e];
+                        const float dKe = be * X[nt][x + e], dKr = Kr[nt][x + e];
+                        dq2[e] = s * (fs * dQd + fu * dQe + dd * kv[e]);
+                        dk2[e] = fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e];
+                        fs2[e] = s * qv[e] * fs * dQd + kv[e] * fs * dKd;
+                        fe2[e] = s * qv[e] * fu * dQe + kv[e] * fu * dKe - kv[e] * fd * dKr;
+                        b2[r] += kv[e] * fu * X[nt][x + e];
                     }
+                    *reinterpret_cast<float2*>(fsb + i * PS + cl) = make_float2(fs2[0], fs2[1]);
+                    *reinterpret_cast<float2*>(feb + i * PS + cl) = make_float2(fe2[0], fe2[1]);
                     if (i < lt) {
-                        const long long off = ((tok0 + i) * H + h) * D + k0 + 8 * nt + 2 * t;
+                        const long long off = row0 + i * RS + kk;
                         *reinterpret_cast<float2*>(a.dq + off) = make_float2(dq2[0], dq2[1]);
                         *reinterpret_cast<float2*>(a.dk + off) = make_float2(dk2[0], dk2[1]);
                     }
@@ -596,19 +619,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     float rev[C];
                     float acc = 0.f;
 #pragma unroll
-                    for (int i = C - 1; i >= 0; --i) { acc += fsb[i * C + lane]; rev[i] = acc; }
+                    for (int i = C - 1; i >= 0; --i) { acc += fsb[i * PS + lane]; rev[i] = acc; }
                     float ex = 0.f;
 #pragma unroll
                     for (int i = 0; i < C; ++i) {
-                        if (i < lt) a.dg[((tok0 + i) * H + h) * D + kk] = rev[i] - ex + tail;
-                        ex += feb[i * C + lane];
+                        if (i < lt) a.dg[row0 + i * RS + kk] = rev[i] - ex + tail;
+                        ex += feb[i * PS + lane];
                     }
                 }
             }
         }
         __syncthreads();   // the K phase has read S0, dS1, U, dW; the dbeta partials are in
 
-        if (tid < C && tid < lt) {
+        if (tid < lt) {
             float x = b1[tid];
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) x += b2part[w * C + tid];
@@ -617,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         {   // dv: 16 rows of 256 bytes from the staging tile
             const int r = tid >> 4, c = tid & 15;
             if (r < lt)
-                *reinterpret_cast<uint4*>(a.dv + ((tok0 + r) * H + h) * D + c * 8) =
+                *reinterpret_cast<uint4*>(a.dv + row0 + r * RS + c * 8) =
                     *reinterpret_cast<const uint4*>(smem + SM_DV + r * ROW + c * 16);
         }
         if (it + 1 < ntile) {   // S1 (bf16) for the next tile's K phase
@@ -625,7 +648,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             for (int b = 0; b < 8; ++b) {
                 u32 x[4];
                 pack_a(x, S[2 * b], S[2 * b + 1]);
-                stmatrix_x4_trans(cols_first(sb + SM_S, ROW, 16 * b, v0, xl), x[0], x[1], x[2], x[3]);
+                stmatrix_x4_trans(ncv + SM_S + at(16 * b, 0), x[0], x[1], x[2], x[3]);
             }
         }
     }

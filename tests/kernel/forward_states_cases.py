@@ -32,8 +32,13 @@ def bf16(x) -> np.ndarray:
 
 
 def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, seed: int = 0,
-              initial_state: bool = False, gate_strength: float = 1.0) -> dict:
+              initial_state: bool = False, gate_strength: float = 1.0, first_tile_only: bool = False,
+              beta_bf16: bool = False) -> dict:
     """Host inputs of forward_states (bf16 as uint16 bits) and the float64 entries they must give.
+
+    first_tile_only: k, v and beta are zero past each sequence's first 16 tokens, so a later entry
+    holds the first tile's contribution alone (decayed). beta_bf16: beta rounded to bf16 and passed
+    as bf16 bits.
 
     Returns dict: k, v (uint16 bits [.., H, 128]), g (fp32 FLA g), beta (fp32 [.., H]), Akk (uint16
     bits [.., H, 64]), initial_state (fp32 [N, H, 128, 128] or None), cu_seqlens (int64 or None),
@@ -46,7 +51,10 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     lens = np.diff(cu) if cu is not None else np.full(Bq, Tq, dtype=np.int64)
     k = bf16(_l2norm(np, inp["k"].astype(np.float64)))
     v = bf16(inp["v"])
-    beta = inp["beta"].astype(np.float32)
+    beta = bf16(inp["beta"]) if beta_bf16 else inp["beta"].astype(np.float32)
+    if first_tile_only:
+        late = np.concatenate([np.arange(n) >= TILE for n in lens]).reshape(Bq, Tq)
+        k[late], v[late], beta[late] = 0.0, 0.0, 0.0
     F = fla_forward_tensors(inp["q"], k, inp["g"], beta, cu_seqlens=cu, qk_l2norm=False, upper="zero")
     h0 = inp["dht"] if initial_state else None          # 0.1 N(0, 1), fp32 [N, H, K, V]
     _, _, states = kda_forward_reference(inp["q"], k, v, inp["g"], beta, initial_state=h0, cu_seqlens=cu,
@@ -56,7 +64,8 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     flat = states.reshape(-1, H, D, D)
     ref = np.concatenate([flat[tiles[n]:tiles[n + 1]][::EVERY] for n in range(len(lens))])
     assert ref.shape[0] == entries[-1]
-    return {"k": bf16_bits(k), "v": bf16_bits(v), "g": F.g64.astype(np.float32), "beta": beta,
+    return {"k": bf16_bits(k), "v": bf16_bits(v), "g": F.g64.astype(np.float32),
+            "beta": bf16_bits(beta) if beta_bf16 else beta, "beta_values": beta,
             "Akk": bf16_bits(F.Akk), "initial_state": h0, "cu_seqlens": cu, "lengths": [int(n) for n in lens],
             "ref": ref, "offsets": entries, "B": Bq, "T": Tq, "H": H}
 
@@ -66,7 +75,7 @@ def emulate(case: dict) -> np.ndarray:
     k = bits_to_f32(case["k"]).reshape(-1, case["H"], D)
     v = bits_to_f32(case["v"]).reshape(-1, case["H"], D)
     g = case["g"].reshape(-1, case["H"], D)
-    beta = case["beta"].reshape(-1, case["H"])
+    beta = case["beta_values"].reshape(-1, case["H"])
     akk = bits_to_f32(case["Akk"]).reshape(-1, case["H"], 4 * TILE)
     lens = case["lengths"]
     bos = np.concatenate([[0], np.cumsum(lens)])

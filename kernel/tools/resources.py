@@ -1,14 +1,15 @@
-"""Kernel A's resource report, offline: no GPU needed.
+"""The kernels' resource report, offline: no GPU needed.
 
     ptx-lab resources            # one row per variant
     ptx-lab resources --check    # ... and exit 1 on a spill or a missing instruction
 
 (also ``python -m kernel.tools.resources``.)
 
-Every variant the API can launch (`kernel.build.all_variants`) is compiled with
+Every variant the API can launch (`kernel.build.all_variants` for Kernel A,
+`kernel.forward_states.all_variants` for Kernel S, rows named ``states-...``) is compiled with
 nvcc for sm_90a from the same source and -D options the API uses. For each:
 registers and spill bytes (ptxas -v), dynamic shared memory per CTA (the
-kernel's own `kda_smem_bytes` constant, read from the PTX), CTAs per SM that
+kernel's own `kda_smem_bytes` / `fs_smem_bytes` constant, read from the PTX), CTAs per SM that
 registers, shared memory and threads allow on an H100/H200 (64K registers,
 228 KB shared memory with 1 KB reserved per CTA, 2048 threads), and SASS
 instruction counts (cuobjdump; the nvidia-cuda-cuobjdump and
@@ -17,7 +18,7 @@ CUDA toolkit lacks it; --check needs it, the plain report leaves the counts out)
 
 What the design relies on, checked with --check: HMMA (every GEMM is
 mma.sync), LDSM (operands via ldmatrix), LDGSTS (cp.async prefetch) and, for
-bf16 snapshots, STSM (stmatrix.trans staging). No MOVM is expected: the
+bf16 snapshots (and in Kernel S), STSM (stmatrix.trans staging). No MOVM is expected: the
 transposed formulation turns accumulators into A operands by packing alone.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from kernel import build
+from kernel import build, forward_states
 from ptx_lab import CUDA_INCLUDE_DIR
 
 SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
@@ -53,19 +54,35 @@ def _tool(name: str) -> str | None:
     return None
 
 
-def _nvcc_cmd(cfg: build.Config, out: Path, kind: str) -> list[str]:
+Variant = build.Config | forward_states.Config
+
+
+def label(cfg: Variant) -> str:
+    return f"states-{cfg.name()}" if isinstance(cfg, forward_states.Config) else cfg.name()
+
+
+def _source(cfg: Variant) -> tuple[Path, tuple[str, ...], str]:
+    """The entry file, its options and the prefix of its smem / threads constants."""
+    if isinstance(cfg, forward_states.Config):
+        return forward_states.SOURCE_PATH, forward_states.options(cfg), "fs"
+    return build.SOURCE_PATH, build.options(cfg), "kda"
+
+
+def _nvcc_cmd(cfg: Variant, out: Path, kind: str) -> list[str]:
+    source, options, _ = _source(cfg)
     return [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
-            *build.options(cfg), kind, str(build.SOURCE_PATH), "-o", str(out)]
+            *options, kind, str(source), "-o", str(out)]
 
 
-def compile_variant(cfg: build.Config, workdir: Path) -> dict:
-    stem = workdir / cfg.name()
+def compile_variant(cfg: Variant, workdir: Path) -> dict:
+    stem = workdir / label(cfg)
+    prefix = _source(cfg)[2]
     ptx = subprocess.run(_nvcc_cmd(cfg, stem.with_suffix(".ptx"), "-ptx"), capture_output=True, text=True)
     if ptx.returncode:
         return {"cfg": cfg, "error": ptx.stderr.strip()}
     ptx_text = stem.with_suffix(".ptx").read_text()
-    smem = int(re.search(r"kda_smem_bytes\s*=\s*(\d+)", ptx_text).group(1))
-    threads = int(re.search(r"kda_threads\s*=\s*(\d+)", ptx_text).group(1))
+    smem = int(re.search(rf"{prefix}_smem_bytes\s*=\s*(\d+)", ptx_text).group(1))
+    threads = int(re.search(rf"{prefix}_threads\s*=\s*(\d+)", ptx_text).group(1))
     cub = subprocess.run(_nvcc_cmd(cfg, stem.with_suffix(".cubin"), "-cubin") + ["-Xptxas", "-v"],
                          capture_output=True, text=True)
     if cub.returncode:
@@ -114,7 +131,11 @@ def problems(row: dict) -> list[str]:
     if row.get("sass_error"):
         out.append(f"no SASS (cuobjdump failed: {row['sass_error']})")
     elif row["sass"] is not None:
-        need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if row["cfg"].snap_bf16 else []) + (["HGMMA"] if row["cfg"].wgmma else [])
+        cfg = row["cfg"]
+        if isinstance(cfg, forward_states.Config):
+            need = ["HMMA", "LDSM", "LDGSTS", "STSM"]
+        else:
+            need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if cfg.snap_bf16 else []) + (["HGMMA"] if cfg.wgmma else [])
         out += [f"SASS has no {op}" for op in need if row["sass"][op] == 0]
     return out
 
@@ -142,8 +163,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if args.check and not has_sass:
         print(f"{prog} --check: cuobjdump not found, so the SASS cannot be checked: {SASS_INSTALL}", file=sys.stderr)
         return 2
-    variants = build.all_variants()
-    print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name} for sm_90a ({args.jobs} jobs)", flush=True)
+    variants = [*build.all_variants(), *forward_states.all_variants()]
+    print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name} and {forward_states.SOURCE_PATH.name} "
+          f"for sm_90a ({args.jobs} jobs)", flush=True)
     with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda c: compile_variant(c, Path(tmp)), variants))
     head = f"{'variant':34s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'thr':>4s} {'CTA/SM':>6s}  " + \
@@ -152,14 +174,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     bad = 0
     for r in rows:
         if "error" in r:
-            print(f"{r['cfg'].name():34s} COMPILE ERROR")
+            print(f"{label(r['cfg']):34s} COMPILE ERROR")
         else:
             sass = " ".join(f"{(r['sass'] or {}).get(op, '-'):>6}" for op in SASS_OPS)
-            print(f"{r['cfg'].name():34s} {r['regs']:4d} {r['spill']:5d} {r['smem']:7d} {r['threads']:4d} "
+            print(f"{label(r['cfg']):34s} {r['regs']:4d} {r['spill']:5d} {r['smem']:7d} {r['threads']:4d} "
                   f"{r['ctas_per_sm']:6d}  {sass}")
         for p in problems(r):
             bad += 1
-            print(f"  ! {r['cfg'].name()}: {p}")
+            print(f"  ! {label(r['cfg'])}: {p}")
     print(f"{len(rows)} variants, {bad} problems")
     if not has_sass:
         print(f"SASS counts left out: cuobjdump not found ({SASS_INSTALL})")

@@ -1,0 +1,303 @@
+"""Kernel S: KDA's forward state scan on the GPU, the state entering every 64-token chunk.
+
+    states = forward_states(k, v, g, beta, Akk, initial_state=h0, cu_seqlens=cu_seqlens)
+
+What and why
+------------
+The whole backward needs, for every 64-token chunk, the forward state entering it (FLA's
+``h``). When the forward did not keep it, this rebuilds it from the forward's own tensors:
+a serial scan over 16-token tiles per sequence and head (kernel/cuda/kda_backward/
+forward_states.cu). Per tile (rows c < L; rows >= L: gc = gT and k, v, beta zero)::
+
+    gc = g - g[row before the tile]  (nothing to subtract at a 64-chunk's first tile)
+    gT = gc[L-1];  Kd = k 2^gc;  Kr = k 2^(gT-gc);  gamma = 2^gT
+    INV = Akk's 16 x 16 diagonal block at columns 16 (tile mod 4), lower triangle incl. diagonal
+    Vn = v - Kd S;  U = INV (beta Vn);  S <- diag(gamma) S + Kr^T U
+
+The float64 statement is :func:`kernel.reference.kda_forward_reference` (its ``states``
+at every 4th tile are this function's entries), up to the kernel's bf16 operands
+(S, Kd, Kr, W = beta Vn and U are rounded to bf16 as MMA inputs; S itself is carried in fp32)
+and the bf16 rounding of the output.
+
+Tensors (FLA 0.6.0's forward, chunk_size 64; ``..`` = ``B, T`` or ``1, total`` with cu_seqlens)::
+
+    k, v           bf16 [.., H, 128]   k as FLA's forward used it (l2-normalised if it did)
+    g              fp32 [.., H, 128]   FLA's g: the 64-chunk-local cumsum of the gate / ln 2
+    beta           fp32 or bf16 [.., H]
+    Akk            bf16 [.., H, 64]    only the diagonal blocks' lower triangles are read
+    initial_state  fp32 [N, H, 128, 128] ([K, V]) or None (zeros)
+    -> states      bf16 [B, NT, H, 128, 128] ([K, V]; varlen [1, sum NT_n, H, 128, 128],
+                   packed by kernel.reference.snapshot_offsets(lengths, 16, 4), FLA's chunk_offsets)
+
+CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out (allocated by
+torch). The kernel runs on CuPy's current stream (see kernel.api for pointing it at torch's).
+Values are not checked (no scan for NaN, inf or a g that is not a chunk-local cumsum), as in
+kernel.api: a bad value spoils that (sequence, head)'s states only.
+
+:func:`plan_forward_states` does every check on the host (no GPU, no allocation);
+:func:`forward_states` plans, compiles (once per :class:`Config`) and launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import api
+from .build import FAST_MATH
+from .fla_entry import _describe, _expect, _host_offsets
+from .reference.checks import FLA_CHUNK, _check_cu_seqlens
+from .reference.dstate_scan import snapshot_offsets
+from ptx_lab import CUDA_INCLUDE_DIR
+
+SOURCE_DIR = Path(__file__).resolve().parent / "cuda" / "kda_backward"
+SOURCE_PATH = SOURCE_DIR / "forward_states.cu"
+KERNEL_NAME = "kda_forward_states"
+D = 128                 # K = V
+TILE = 16               # tokens per tile
+TILES_PER_CHUNK = FLA_CHUNK // TILE   # a state entry every 4th tile
+WARPS = (1, 2, 4, 8)    # Config.warps: 16 v rows of S^T per warp, 128 / (16 warps) CTAs per (sequence, head)
+NSTAGES = (2, 3, 4)
+H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' default)
+ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
+
+__all__ = ["forward_states", "plan_forward_states", "Config", "StatesPlan", "choose_warps", "all_variants",
+           "options", "source"]
+
+
+# ----------------------------------------------------------------------------
+# the knobs: one frozen Config, its -D options
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    warps: int = 8      # warps per CTA = v rows / 16 a CTA owns; fewer where few (sequence, head) pairs
+                        # would leave SMs idle (choose_warps)
+    nstage: int = 3     # input ring depth; loads run nstage - 1 tiles ahead
+
+    def __post_init__(self):
+        for name, allowed in (("warps", WARPS), ("nstage", NSTAGES)):
+            value = getattr(self, name)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
+                raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
+
+    @property
+    def vgroups(self) -> int:
+        """CTAs per (sequence, head): each owns 16 * warps of the 128 v rows."""
+        return D // (16 * self.warps)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def name(self) -> str:
+        return f"w{self.warps}-st{self.nstage}"
+
+
+# Config field -> the device source's macro; the source stops with an #error naming a missing one.
+KNOB_MACROS = {"warps": "FS_WARPS", "nstage": "FS_NSTAGE"}
+
+
+def options(cfg: Config) -> tuple[str, ...]:
+    """What every build passes: -ftz=true (exp2f as one MUFU.EX2, kernel.build.FAST_MATH), one -D per
+    knob and the source's directory (NVRTC compiles the text and has no file to look beside)."""
+    return (*FAST_MATH, *(f"-D{macro}={int(getattr(cfg, field))}" for field, macro in KNOB_MACROS.items()),
+            f"-I{SOURCE_DIR}")
+
+
+def header_digest() -> str:
+    """sha256 over the headers the source can include: ptx_lab's and this kernel's own
+    (forward_states_*.cuh), names and contents."""
+    h = hashlib.sha256()
+    for base, pattern in ((SOURCE_DIR, "forward_states_*.cuh"), (CUDA_INCLUDE_DIR, "*.cuh")):
+        for path in sorted(base.glob(pattern)):
+            h.update(f"{base.name}/{path.name}\0".encode())
+            h.update(path.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def source() -> str:
+    """The source with header_digest() as a first-line comment: CuPy's on-disk cache is keyed on
+    the text and the options only, so a changed header would otherwise load the old cubin."""
+    return f"// headers sha256 {header_digest()}\n" + SOURCE_PATH.read_text()
+
+
+def all_variants() -> list[Config]:
+    """Every configuration forward_states launches (the auto rule picks warps; nstage its default)."""
+    return [Config(warps=w) for w in WARPS]
+
+
+def choose_warps(pairs: int, sm_count: int) -> int:
+    """Most warps per CTA (fewest CTAs, each rebuilding Kd and Kr once for more v rows) whose grid
+    of pairs * 128 / (16 warps) CTAs still covers ~90% of the SMs; pairs = sequences x heads."""
+    for w in sorted(WARPS, reverse=True):
+        if pairs * (D // (16 * w)) >= 0.9 * sm_count:
+            return w
+    return min(WARPS)
+
+
+# ----------------------------------------------------------------------------
+# the plan: every check, on the host
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class StatesPlan:
+    """What the launch will do: shapes, offsets (host int64) and the build."""
+    B: int
+    T: int
+    H: int
+    N: int
+    cu_seqlens: np.ndarray          # [N+1]
+    snapshot_offsets: np.ndarray    # [N+1], FLA's chunk_offsets
+    states_shape: tuple[int, ...]
+    config: Config
+    torch_out: bool
+    device: int | None
+    beta_bf16: bool
+    has_initial_state: bool
+
+    @property
+    def ctas(self) -> int:
+        return self.N * self.H * self.config.vgroups
+
+
+def _device_array(name: str, x: Any):
+    """_describe, with the host-array refusal saying what this function takes instead."""
+    if isinstance(x, np.ndarray) or (hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")
+                                     and not api._is_torch(x)):
+        raise TypeError(
+            f"{name} is a {type(x).__module__}.{type(x).__name__} (host memory): forward_states runs on the GPU "
+            f"and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}), or torch.from_numpy({name}).cuda(); "
+            f"bf16 in CuPy as uint16 bits, kernel.api.bf16_bits). For a float64 evaluation on the host use "
+            f"kernel.reference.kda_forward_reference")
+    return _describe(name, x)
+
+
+def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None,
+                        config: Config | None = None, sm_count: int = H200_SM_COUNT) -> StatesPlan:
+    """Every check of :func:`forward_states` and the launch it would make; host only (nothing is
+    allocated or run on the GPU; a device cu_seqlens is copied to the host). ``config`` None: the
+    auto rule (:func:`choose_warps` for ``sm_count`` SMs; the launch passes the GPU's)."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a kernel.forward_states.Config or None, got {type(config).__name__}")
+    ka = _device_array("k", k)
+    if len(ka.shape) != 4:
+        raise ValueError(f"k must be 4-D [B, T, H, {D}], got shape {ka.shape}")
+    B, T, H, Dk = ka.shape
+    if Dk != D:
+        raise ValueError(f"k's head dimension must be {D}, got {Dk} (shape {ka.shape})")
+    if min(B, T, H) < 1:
+        raise ValueError(f"k must have B, T, H >= 1, got shape {ka.shape}")
+    wide = (B, T, H, D)
+    arrays = {"k": ka}
+    _expect("k", ka, wide, "[B, T, H, K], K = 128", ("bfloat16",))
+    specs = (("v", v, wide, "[B, T, H, V], V = 128, B, T, H as k", ("bfloat16",)),
+             ("g", g, wide, "[B, T, H, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
+             ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
+             ("Akk", Akk, (B, T, H, FLA_CHUNK), f"[B, T, H, {FLA_CHUNK}], FLA's chunk_size {FLA_CHUNK}",
+              ("bfloat16",)))
+    for name, x, shape, layout, dtypes in specs:
+        arrays[name] = _device_array(name, x)
+        _expect(name, arrays[name], shape, layout, dtypes)
+
+    if cu_seqlens is not None:
+        cu = _check_cu_seqlens(_host_offsets(cu_seqlens), B, T)
+    else:
+        cu = np.arange(B + 1, dtype=np.int64) * T
+    N = cu.shape[0] - 1
+    if initial_state is not None:
+        arrays["initial_state"] = _device_array("initial_state", initial_state)
+        _expect("initial_state", arrays["initial_state"], (N, H, D, D), "[N, H, K, V], N sequences", ("float32",))
+
+    device = ka.device
+    for name, a in arrays.items():
+        if a.device is not None and device is not None and a.device != device:
+            raise ValueError(f"{name} is on device {a.device}, k on device {device}: all inputs must be on one GPU")
+        if a.ptr % ALIGN:
+            raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
+                             f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
+
+    offsets = snapshot_offsets(np.diff(cu), TILE, TILES_PER_CHUNK)
+    shape = (B, int(offsets[-1]) // B, H, D, D) if cu_seqlens is None else (1, int(offsets[-1]), H, D, D)
+    cfg = config if config is not None else Config(warps=choose_warps(N * H, sm_count))
+    return StatesPlan(B=B, T=T, H=H, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
+                      config=cfg, torch_out=ka.torch, device=device, beta_bf16=arrays["beta"].dtype == "bfloat16",
+                      has_initial_state=initial_state is not None)
+
+
+# ----------------------------------------------------------------------------
+# build and launch
+# ----------------------------------------------------------------------------
+
+def module(cfg: Config):
+    """The compiled cupy.RawModule of one configuration (cached per process by ptx_lab.gpu)."""
+    from ptx_lab.gpu import load_module
+
+    return load_module(source(), options(cfg))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cfg: Config):
+    import cupy
+
+    mod = module(cfg)
+    fn = mod.get_function(KERNEL_NAME)
+    (smem,) = api.read_int_constants(mod, "fs_smem_bytes", 1)
+    (threads,) = api.read_int_constants(mod, "fs_threads", 1)
+    if threads != cfg.threads:
+        raise RuntimeError(f"Kernel S built {threads} threads per CTA, Config expects {cfg.threads}")
+    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if smem > limit:
+        raise ValueError(f"Kernel S configuration {cfg.name()} needs {smem} B of shared memory per CTA, "
+                         f"this GPU allows {limit} B: use fewer stages (Config.nstage) or fewer warps")
+    fn.max_dynamic_shared_size_bytes = smem
+    return fn, smem, threads
+
+
+def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None):
+    """Kernel S: the bf16 state entering every 64-token chunk (FLA's h), from FLA's forward tensors.
+
+    k, v: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's chunk-local cumsum / ln 2); beta: fp32 or
+    bf16 [B, T, H]; Akk: bf16 [B, T, H, 64]; initial_state: fp32 [N, H, 128, 128] or None (zeros).
+    Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
+    Returns bf16 [B, NT, H, 128, 128] (varlen [1, sum NT_n, H, 128, 128]), entry c of a sequence = its
+    state entering tokens 64c.. ([K, V]). ``config``: the build (None: the auto rule for this GPU).
+    """
+    plan = plan_forward_states(k, v, g, beta, Akk, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                               config=config, sm_count=H200_SM_COUNT)
+    cupy = api._require_cupy()
+    api._require_gpu()
+    if config is None:
+        plan = dataclasses.replace(plan, config=Config(warps=choose_warps(plan.N * plan.H, api._sm_count())))
+    cfg = plan.config
+
+    k_c = api._to_cupy("k", k, "bf16")
+    v_c = api._to_cupy("v", v, "bf16")
+    g_c = api._to_cupy("g", g, "f32")
+    beta_c = api._to_cupy("beta", beta, "f32|bf16")
+    if beta_c.dtype == np.uint16:
+        beta_c = api.bits_to_f32(beta_c)   # the kernel copies beta with 4-byte cp.async, as fp32
+    akk_c = api._to_cupy("Akk", Akk, "bf16")
+    h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
+
+    cu_d, offs_d, order, total = api._device_tables(plan.cu_seqlens.tobytes(), TILES_PER_CHUNK)
+    if total != int(plan.snapshot_offsets[-1]):
+        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
+    fn, smem, threads = _kernel(cfg)
+    if plan.torch_out:
+        import torch
+
+        out_t = torch.empty(plan.states_shape, dtype=torch.bfloat16, device=k.device)
+        out = api._cupy_view(out_t)
+    else:
+        out = cupy.empty(plan.states_shape, dtype=np.uint16)
+    null = np.uint64(0)
+    fn((plan.ctas,), (threads,),
+       (k_c, v_c, g_c, beta_c, akk_c, h0 if h0 is not None else null, out, cu_d, offs_d, order, np.int32(plan.H)),
+       shared_mem=smem)
+    return out_t if plan.torch_out else out

@@ -1,0 +1,136 @@
+"""Kernel S's test problems on the host: FLA-layout inputs, the float64 entries they must give,
+and the same scan in the kernel's precision.
+
+A case starts from kernel.reference.random_inputs (q, k, v, g, beta per token). The kernel's k
+is FLA's stored k: l2-normalised, then rounded to bf16; v is rounded to bf16. FLA's g (the
+64-chunk-local cumsum / ln 2) and Akk come from kernel.reference.fla_forward_tensors on exactly
+those rounded values, so the float64 reference (kda_forward_reference, qk_l2norm off, on the same
+rounded k and v) differs from the kernel only by what the kernel rounds: g to fp32, Akk to bf16,
+and its MMA operands (S, Kd, Kr, W, U) and output to bf16.
+
+:func:`emulate` runs the kernel's arithmetic in numpy (fp32 where the kernel keeps fp32, bf16 at
+the same points), so the bound of the GPU test is a multiple of an error measured on the CPU.
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from kernel.api import bf16_bits, bits_to_f32
+from kernel.reference import fla_forward_tensors, kda_forward_reference, random_inputs, snapshot_offsets
+from kernel.reference.checks import _l2norm
+
+D, TILE, EVERY = 128, 16, 4
+RAGGED = [1, 15, 16, 17, 63, 64, 65, 200]
+
+
+def bf16(x) -> np.ndarray:
+    """x rounded to bf16 (nearest even), as float32 values."""
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, seed: int = 0,
+              initial_state: bool = False, gate_strength: float = 1.0, first_tile_only: bool = False,
+              beta_bf16: bool = False) -> dict:
+    """Host inputs of forward_states (bf16 as uint16 bits) and the float64 entries they must give.
+
+    first_tile_only: k, v and beta are zero past each sequence's first 16 tokens, so a later entry
+    holds the first tile's contribution alone (decayed). beta_bf16: beta rounded to bf16 and passed
+    as bf16 bits.
+
+    Returns dict: k, v (uint16 bits [.., H, 128]), g (fp32 FLA g), beta (fp32 [.., H]), Akk (uint16
+    bits [.., H, 64]), initial_state (fp32 [N, H, 128, 128] or None), cu_seqlens (int64 or None),
+    lengths, ref (float64 [entries, H, 128, 128], FLA's packing), offsets (entries, int64 [N+1]).
+    """
+    inp = random_inputs(B, T, H, D, D, lengths=lengths, seed=seed, gate_strength=gate_strength,
+                        with_dht=initial_state)
+    cu = inp["cu_seqlens"]
+    Bq, Tq = inp["k"].shape[:2]
+    lens = np.diff(cu) if cu is not None else np.full(Bq, Tq, dtype=np.int64)
+    k = bf16(_l2norm(np, inp["k"].astype(np.float64)))
+    v = bf16(inp["v"])
+    beta = bf16(inp["beta"]) if beta_bf16 else inp["beta"].astype(np.float32)
+    if first_tile_only:
+        late = np.concatenate([np.arange(n) >= TILE for n in lens]).reshape(Bq, Tq)
+        k[late], v[late], beta[late] = 0.0, 0.0, 0.0
+    F = fla_forward_tensors(inp["q"], k, inp["g"], beta, cu_seqlens=cu, qk_l2norm=False, upper="zero")
+    h0 = inp["dht"] if initial_state else None          # 0.1 N(0, 1), fp32 [N, H, K, V]
+    _, _, states = kda_forward_reference(inp["q"], k, v, inp["g"], beta, initial_state=h0, cu_seqlens=cu,
+                                         qk_l2norm=False, chunk=TILE)
+    tiles = snapshot_offsets(lens, TILE, 1)
+    entries = snapshot_offsets(lens, TILE, EVERY)
+    flat = states.reshape(-1, H, D, D)
+    ref = np.concatenate([flat[tiles[n]:tiles[n + 1]][::EVERY] for n in range(len(lens))])
+    assert ref.shape[0] == entries[-1]
+    return {"k": bf16_bits(k), "v": bf16_bits(v), "g": F.g64.astype(np.float32),
+            "beta": bf16_bits(beta) if beta_bf16 else beta, "beta_values": beta,
+            "Akk": bf16_bits(F.Akk), "initial_state": h0, "cu_seqlens": cu, "lengths": [int(n) for n in lens],
+            "ref": ref, "offsets": entries, "B": Bq, "T": Tq, "H": H}
+
+
+def emulate(case: dict) -> np.ndarray:
+    """The kernel's scan in numpy, in its precision: float32 [entries, H, 128, 128] (bf16 values)."""
+    k = bits_to_f32(case["k"]).reshape(-1, case["H"], D)
+    v = bits_to_f32(case["v"]).reshape(-1, case["H"], D)
+    g = case["g"].reshape(-1, case["H"], D)
+    beta = case["beta_values"].reshape(-1, case["H"])
+    akk = bits_to_f32(case["Akk"]).reshape(-1, case["H"], 4 * TILE)
+    lens = case["lengths"]
+    bos = np.concatenate([[0], np.cumsum(lens)])
+    out = np.zeros((int(case["offsets"][-1]), case["H"], D, D), dtype=np.float32)
+    f64 = np.float64
+    lower = np.tril(np.ones((TILE, TILE), dtype=bool))
+    for n, length in enumerate(lens):
+        for h in range(case["H"]):
+            S = (case["initial_state"][n, h].astype(np.float32) if case["initial_state"] is not None
+                 else np.zeros((D, D), dtype=np.float32))
+            for i in range(math.ceil(length / TILE)):
+                t0, L = bos[n] + TILE * i, min(TILE, length - TILE * i)
+                if i % EVERY == 0:
+                    out[case["offsets"][n] + i // EVERY, h] = bf16(S)
+                base = g[t0 - 1, h] if i % EVERY else np.zeros(D, dtype=np.float32)
+                gc = np.empty((TILE, D), dtype=np.float32)
+                gc[:L] = g[t0:t0 + L, h] - base
+                gT = gc[L - 1].copy()
+                gc[L:] = gT
+                kt = np.zeros((TILE, D), dtype=np.float32)
+                vt = np.zeros((TILE, D), dtype=np.float32)
+                bt = np.zeros(TILE, dtype=np.float32)
+                inv = np.zeros((TILE, TILE), dtype=np.float32)
+                kt[:L], vt[:L], bt[:L] = k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
+                inv[:L] = akk[t0:t0 + L, h, TILE * (i % EVERY):TILE * (i % EVERY + 1)]
+                inv = np.where(lower, inv, 0.0).astype(np.float32)
+                Kd = bf16(kt * np.exp2(gc))
+                Kr = bf16(kt * np.exp2(gT[None, :] - gc))
+                P = (Kd.astype(f64) @ bf16(S).astype(f64)).astype(np.float32)
+                W = bt[:, None] * (vt - P)
+                U = (inv.astype(f64) @ bf16(W).astype(f64)).astype(np.float32)
+                S = (np.exp2(gT)[:, None] * S + (Kr.T.astype(f64) @ bf16(U).astype(f64))).astype(np.float32)
+    return out
+
+
+def rel(out, ref) -> float:
+    """||out - ref|| / ||ref|| (Frobenius); 0 where both are zero."""
+    num, den = float(np.linalg.norm(out - ref)), float(np.linalg.norm(ref))
+    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
+
+
+def worst_entry(out, case: dict) -> tuple[float, str]:
+    """The largest per-entry relative error and where it is: sequence, chunk, head."""
+    worst, where = -1.0, ""
+    ref = case["ref"]
+    for n in range(len(case["lengths"])):
+        for c in range(int(case["offsets"][n]), int(case["offsets"][n + 1])):
+            for h in range(case["H"]):
+                e = rel(out[c, h], ref[c, h])
+                if e > worst:
+                    a = np.abs(out[c, h] - ref[c, h])
+                    kk, vv = np.unravel_index(int(np.argmax(a)), a.shape)
+                    worst = e
+                    where = (f"sequence {n} (length {case['lengths'][n]}), chunk {c - int(case['offsets'][n])} "
+                             f"(entry {c}), head {h}: rel {e:.3e}, max |diff| {float(a.max()):.3e} at [k={kk}, v={vv}] "
+                             f"(out {float(out[c, h, kk, vv]):.4e}, ref {float(ref[c, h, kk, vv]):.4e}), "
+                             f"|ref| {float(np.linalg.norm(ref[c, h])):.3e}")
+    return worst, where

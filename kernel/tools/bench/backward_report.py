@@ -110,7 +110,8 @@ def plot_backward(results: Sequence[dict], path: str) -> None:
         ax.bar(x + (i - (len(series) - 1) / 2) * w, vals, w, label=LABELS[n])
     floors = [get(r, "floor", "ms") for r in results]
     if any(f is not None for f in floors):
-        ax.scatter([xi for xi, f in zip(x, floors) if f is not None], [f for f in floors if f is not None],
+        at = x + ((-(len(series) - 1) / 2) * w if series else 0.0)      # over the first bar, ours when it ran
+        ax.scatter([xi for xi, f in zip(at, floors) if f is not None], [f for f in floors if f is not None],
                    marker="_", s=600, color="k", zorder=3, label="byte floor (recommended design)")
     ax.set_title("whole KDA backward")
     steps = [n for n in (STEP_FLA, STEP_OURS) if any(get(r, "step", n, "median_ms") is not None for r in results)]
@@ -119,7 +120,7 @@ def plot_backward(results: Sequence[dict], path: str) -> None:
         vals = [get(r, "step", n, "median_ms") or 0.0 for r in results]
         ax2.bar(x + (i - (len(steps) - 1) / 2) * w2, vals, w2,
                 label={STEP_FLA: "FLA chunk_kda", STEP_OURS: "kernel.chunk_kda"}[n])
-    ax2.set_title("forward + backward (chunk_kda, autograd)")
+    ax2.set_title("training step: chunk_kda forward + backward")
     for a in (ax, ax2):
         a.set_xticks(x)
         a.set_xticklabels(names, fontsize=8)
@@ -141,7 +142,7 @@ def is_backward_json(path: str) -> bool:
             rows = json.load(fh).get("results") or []
     except (OSError, ValueError, AttributeError):
         return False
-    return any(isinstance(r, dict) and r.get("bench") == "backward" for r in rows)
+    return isinstance(rows, list) and any(isinstance(r, dict) and r.get("bench") == "backward" for r in rows)
 
 
 def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, *,

@@ -7,7 +7,8 @@
 * :mod:`kernel.tools.resources`  registers, spills, shared memory, SASS of every variant (nvcc)
 * :mod:`kernel.tools.fla_adapter` FLA's side of the bench
 * :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward (no GPU)
-* :mod:`kernel.tools.kda_precision` FLA's whole-backward gradients against float64 (GPU, torch, fla-core)
+* :mod:`kernel.tools.kda_precision` FLA's whole-backward gradients and ours against float64 (GPU, torch, fla-core)
+* :mod:`kernel.tools.fla_kda`     FLA's whole KDA forward and backward as its autograd function calls them
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
 ``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product
@@ -20,7 +21,8 @@ from ptx_lab.commands import Command
 
 CHECK = Command("Kernel A against its float64 reference on the GPU: relative errors, determinism",
                 "kernel.tools.check:main")
-BENCH = Command("Kernel A against flash-linear-attention's dAv+dhu on one GPU (needs torch, fla-core)",
+BENCH = Command("Kernel A against flash-linear-attention's dAv+dhu on one GPU (needs torch, fla-core); --backward: "
+                "the whole KDA backward, ours against FLA's", 
                 "kernel.tools.bench.cli:main")
 PROFILE = Command("where Kernel A's cycles go: clock64 cycles per tile, phase and warp role (GPU)",
                   "kernel.tools.profile:main")
@@ -30,5 +32,5 @@ RESOURCES = Command("registers, spills, shared memory and SASS of every Kernel A
                     "kernel.tools.resources:main")
 FLOORS = Command("byte and tensor-core floors of the whole KDA backward per design and configuration (no GPU)",
                  "kernel.tools.floors:main")
-KDA_PRECISION = Command("FLA's whole KDA backward against the float64 reference: every gradient's error "
-                        "(GPU, torch, fla-core)", "kernel.tools.kda_precision:main")
+KDA_PRECISION = Command("FLA's whole KDA backward and ours against the float64 reference: every gradient's "
+                        "error (GPU, torch, fla-core)", "kernel.tools.kda_precision:main")

@@ -133,6 +133,8 @@ DESIGNS = (
     Design("fp32-every-64 dS, fp32 states every 64 recomputed", FP32, 4, False, FP32, 4),
     Design("bf16-every-64 dS, bf16 states every 64 saved", BF16, 4, True, BF16, 4),
 )
+# docs/kda_backward.md, section 8: the design the GPU backward is built to
+RECOMMENDED = next(d for d in DESIGNS if d.name == "bf16-every-64 dS, bf16 states every 64 recomputed")
 
 SHAPES = {
     "4x8192": [8192] * 4,
@@ -199,6 +201,12 @@ def count(design: Design, lengths: Sequence[int], *, heads: int = HEADS, K: int 
         + flops(STATE_RESCAN, tiles - groups(design.state_every)),
     }
     return Count(out_b, out_f)
+
+
+def byte_floor_ms(lengths: Sequence[int], *, heads: int = HEADS, design: Design = RECOMMENDED,
+                  copy_bytes_per_s: float = COPY_BYTES_PER_S) -> float:
+    """The whole backward's byte floor in ms: every byte `count` says the design moves, at the copy rate."""
+    return count(design, lengths, heads=heads).total_bytes / copy_bytes_per_s * 1e3
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The whole KDA backward's precision yardstick: FLA's gradients against the float64 reference.
+"""The whole KDA backward's precision yardstick: FLA's gradients and ours against the float64 reference.
 
     ptx-lab kda-precision                       # T = 8192 and a varlen batch, 2 heads, both recipes
     ptx-lab kda-precision --T 2048 --heads 1    # smaller
@@ -23,8 +23,15 @@ Recipes:
 * ``random_inputs``: :func:`kernel.reference.random_inputs` (the tests' and
   the bench's recipe: weaker gates, do and dht scaled by 0.1).
 
-The last column of each row is the bf16 rounding of the exact gradient, the
-error any bf16 output has at best.
+Beside FLA's rows, one of ours (unless ``--no-ours``): FLA's forward on the same
+inputs (``kernel.tools.fla_kda.forward``: l2norm, ``chunk_kda_fwd`` with safe_gate
+True), our whole backward ``kernel.kda_backward.kda_backward`` on its tensors, and
+FLA's l2norm backward for dq and dk, as ``chunk_kda``'s autograd applies it (what
+``kernel.chunk_kda`` does). Where ``kernel.kda_backward`` cannot be imported the
+table says so and FLA's rows still come.
+
+The "bf16 rounding" row of each case is the bf16 rounding of the exact gradient,
+the error any bf16 output has at best.
 """
 from __future__ import annotations
 
@@ -58,31 +65,56 @@ def rel_fro(x, ref) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def fla_gradients(raw: dict, *, safe_gate: bool) -> tuple[dict, dict]:
-    """FLA's chunk_kda forward and backward on the raw inputs -> (gradients as float64 numpy,
-    the rounded inputs as float64 numpy, exactly what FLA saw)."""
+def device_inputs(raw: dict) -> dict:
+    """The raw inputs as both backwards get them, torch on the GPU: bf16 q, k, v, do, beta; fp32 g, dht; a
+    zero fp32 initial state (so that dh0 is a gradient); cu_seqlens int64 or None."""
     import torch
-    from fla.ops.kda import chunk_kda
 
     dev = "cuda"
     t = lambda x, dt: torch.from_numpy(np.ascontiguousarray(x)).to(dev, dt)
-    q, k, v = (t(raw[n], torch.bfloat16).requires_grad_() for n in ("q", "k", "v"))
-    g = t(raw["g"], torch.float32).requires_grad_()
-    beta = t(raw["beta"], torch.bfloat16).requires_grad_()
-    do, dht = t(raw["do"], torch.bfloat16), t(raw["dht"], torch.float32)
-    N, H, K, V = dht.shape
-    h0 = torch.zeros(N, H, K, V, dtype=torch.float32, device=dev, requires_grad=True)
-    cu = None if raw["cu_seqlens"] is None else torch.as_tensor(raw["cu_seqlens"], device=dev, dtype=torch.long)
-    o, ht = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                      use_qk_l2norm_in_kernel=True, safe_gate=safe_gate, cu_seqlens=cu)
-    loss = (o.float() * do.float()).sum() + (ht * dht).sum()
-    loss.backward()
-    host = lambda x: x.detach().double().cpu().numpy()
-    grads = {"dq": host(q.grad), "dk": host(k.grad), "dv": host(v.grad), "dg": host(g.grad),
-             "dbeta": host(beta.grad), "dh0": host(h0.grad)}
-    seen = {"q": host(q), "k": host(k), "v": host(v), "g": host(g), "beta": host(beta), "do": host(do),
-            "dht": host(dht)}
-    return grads, seen
+    out = {n: t(raw[n], torch.bfloat16) for n in ("q", "k", "v", "beta", "do")}
+    out["g"], out["dht"] = t(raw["g"], torch.float32), t(raw["dht"], torch.float32)
+    out["h0"] = torch.zeros_like(out["dht"])
+    out["cu_seqlens"] = (None if raw["cu_seqlens"] is None
+                         else torch.as_tensor(raw["cu_seqlens"], device=dev, dtype=torch.long))
+    return out
+
+
+def _host(x) -> np.ndarray:
+    return x.detach().double().cpu().numpy()
+
+
+def seen_inputs(dev: dict) -> dict:
+    """The rounded inputs both backwards saw, as float64 numpy (what the reference gets)."""
+    return {n: _host(dev[n]) for n in ("q", "k", "v", "g", "beta", "do", "dht")}
+
+
+def fla_gradients(dev: dict, *, safe_gate: bool) -> dict:
+    """FLA's chunk_kda forward and backward (autograd) on device_inputs -> the gradients as float64 numpy."""
+    import torch
+    from fla.ops.kda import chunk_kda
+
+    leaves = {n: dev[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
+    o, ht = chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                      initial_state=leaves["h0"], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      safe_gate=safe_gate, cu_seqlens=dev["cu_seqlens"])
+    loss = (o.float() * dev["do"].float()).sum() + (ht * dev["dht"]).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return {name: _host(x) for name, x in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads)}
+
+
+def ours_gradients(dev: dict, kda_backward) -> dict:
+    """Our whole backward (kernel.kda_backward) on FLA's forward tensors of device_inputs (FLA's chunk_kda_fwd,
+    safe_gate True, after FLA's l2norm, as kernel.tools.fla_kda runs them), then FLA's l2norm backward for
+    dq, dk (as chunk_kda's autograd applies it) -> the gradients as float64 numpy."""
+    from kernel.tools import fla_kda
+
+    f = fla_kda.forward(dev["q"], dev["k"], dev["v"], dev["g"], dev["beta"], h0=dev["h0"],
+                        cu_seqlens=dev["cu_seqlens"], safe_gate=True)
+    out = kda_backward(f.q, f.k, f.v, f.g, f.beta, f.Aqk, f.Akk, dev["do"], scale=f.scale, initial_state=f.h0,
+                       dht=dev["dht"], cu_seqlens=dev["cu_seqlens"])
+    dq, dk = fla_kda.l2norm_backward(f, out["dq"], out["dk"])
+    return {"dq": _host(dq), "dk": _host(dk), **{n: _host(out[n]) for n in ("dv", "dg", "dbeta", "dh0")}}
 
 
 def reference_gradients(seen: dict, cu_seqlens) -> dict:
@@ -112,7 +144,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                     help="also a packed batch of N ragged sequences totalling T tokens (0: none; default 8)")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
     ap.add_argument("--safe-gate", nargs="+", choices=("true", "false"), default=["true", "false"],
-                    help="FLA's safe_gate settings to run (default both)")
+                    help="FLA's safe_gate settings to run (default both; ours always runs on FLA's safe_gate "
+                         "True forward)")
+    ap.add_argument("--no-ours", dest="ours", action="store_false",
+                    help="leave out our backward (kernel.kda_backward); by default it runs beside FLA's")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.T < 1 or a.heads < 1 or a.varlen < 0:
@@ -138,7 +173,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     shapes = [("1x%d" % a.T, None)]
     if a.varlen:
         shapes.append((f"varlen{a.varlen}x{a.T}", ragged_lengths(a.varlen, a.T, seed=a.seed)))
-    header = ("recipe", "shape", "safe_gate", *GRADIENTS)
+    kda_backward, why_not_ours = None, "skipped (--no-ours)"
+    if a.ours:
+        try:
+            from kernel.kda_backward import kda_backward
+        except Exception as exc:   # the lead's module may not be there yet: FLA's rows still come
+            why_not_ours = f"kernel.kda_backward cannot be imported ({exc.__class__.__name__}: {exc})"
+            print(f"ours: {why_not_ours}", flush=True)
+    header = ("recipe", "shape", "backward", *GRADIENTS)
     rows = []
     for recipe in a.recipes:
         for shape, lengths in shapes:
@@ -147,22 +189,32 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
             else:
                 raw = random_inputs(1, a.T, a.heads, K, V, lengths=lengths, seed=a.seed)
                 raw["cu_seqlens"] = None if lengths is None else np.asarray(raw["cu_seqlens"], dtype=np.int64)
-            ref = None
-            for safe_gate in a.safe_gate:
-                print(f"[{recipe} {shape} safe_gate={safe_gate}] FLA's chunk_kda forward + backward "
-                      "(a new shape or option compiles and autotunes FLA's Triton kernels first: minutes)",
-                      flush=True)
-                grads, seen = fla_gradients(raw, safe_gate=safe_gate)
-                if ref is None:   # the same rounded inputs either way
-                    print(f"[{recipe} {shape}] the float64 reference (CuPy)", flush=True)
-                    ref = reference_gradients(seen, raw["cu_seqlens"])
-                    rows.append((recipe, shape, "bf16 rounding", *(f"{bf16_rounding(ref[n]):.2e}" for n in GRADIENTS)))
-                rows.append((recipe, shape, str(safe_gate), *(f"{rel_fro(grads[n], ref[n]):.2e}" for n in GRADIENTS)))
-                print(f"[{recipe} {shape} safe_gate={safe_gate}] "
-                      + ", ".join(f"{n} {rel_fro(grads[n], ref[n]):.2e}" for n in GRADIENTS), flush=True)
+            dev = device_inputs(raw)
+            print(f"[{recipe} {shape}] the float64 reference (CuPy)", flush=True)
+            ref = reference_gradients(seen_inputs(dev), raw["cu_seqlens"])   # the rounded inputs both saw
+            rows.append((recipe, shape, "bf16 rounding", *(f"{bf16_rounding(ref[n]):.2e}" for n in GRADIENTS)))
+            runs = [(f"FLA safe_gate={sg}", lambda sg=sg: fla_gradients(dev, safe_gate=sg)) for sg in a.safe_gate]
+            if kda_backward is not None:
+                runs.append(("ours (kda_backward)", lambda: ours_gradients(dev, kda_backward)))
+            for label, run in runs:
+                print(f"[{recipe} {shape}] {label} (FLA's first call on a new shape or option compiles and "
+                      "autotunes its Triton kernels: minutes)", flush=True)
+                try:
+                    grads = run()
+                except Exception as exc:
+                    rows.append((recipe, shape, label, *(["failed"] * len(GRADIENTS))))
+                    print(f"[{recipe} {shape}] {label} failed: {exc.__class__.__name__}: {exc}", flush=True)
+                    continue
+                errs = {n: rel_fro(grads[n], ref[n]) for n in GRADIENTS}
+                rows.append((recipe, shape, label, *(f"{errs[n]:.2e}" for n in GRADIENTS)))
+                print(f"[{recipe} {shape}] {label}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()), flush=True)
+            runs.clear()
+            dev.clear()
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
-    print(f"\nFLA chunk_kda's gradients vs float64 (relative Frobenius), H = {a.heads}, K = V = {K}:")
+    print(f"\nthe whole backward's gradients vs float64 (relative Frobenius), H = {a.heads}, K = V = {K}: FLA's "
+          "chunk_kda (autograd) and ours (FLA's forward, kernel.kda_backward, FLA's l2norm backward)"
+          + ("" if kda_backward is not None else f"; ours {why_not_ours}") + ":")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:

@@ -19,10 +19,14 @@ One module per concern:
 * :mod:`.measure`  one configuration: Kernel A and FLA timed, and their precision
 * :mod:`.report`   tables, the plot, earlier runs' JSON
 * :mod:`.cli`      arguments and the run loop (``main``)
+* :mod:`.backward`, :mod:`.backward_report`, :mod:`.backward_run`  ``--backward``: the whole KDA
+  backward, ours (``kernel.kda_backward``) against FLA's ``chunk_kda_bwd``: one configuration
+  measured, its table and plot, the loop that gives each configuration its own process
 
     ptx-lab bench                       # the five configs, H = 32, D = 128
     ptx-lab bench --quick               # 4x8192 and 1x32768, few repetitions
     ptx-lab bench --configs 32x8192,varlen64x262144 --precision --json out.json
+    ptx-lab bench --backward --json b.json --plot b.png
 
 Importing any of these needs neither torch, CuPy nor fla (only numpy); the
 device work is imported inside the functions that do it.

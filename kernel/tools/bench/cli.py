@@ -4,6 +4,7 @@
     ptx-lab bench --quick               # 4x8192 and 1x32768, few repetitions
     ptx-lab bench --configs 32x8192,varlen64x262144 --precision --json out.json
     ptx-lab bench --from-json a.json b.json --plot p.png    # earlier runs' tables, no GPU
+    ptx-lab bench --backward --json b.json --plot b.png      # the whole backward: ours vs FLA (.backward_run)
 """
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from typing import Any, Sequence
 
 from kernel.build import D, parse_knobs
 
-from .configs import (BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
+from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
                       parse_config)
 from .measure import bench_config, fla_import, kernel_a_import, precision_config
 from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get, log,
                      log_precision_table, plot, precision_row, report_from_json, table_row)
+from . import backward_report
+from .backward_run import main_backward
 from .timing import L2_FLUSH_BYTES, free_memory
 
 PROG = "python -m kernel.tools.bench"
@@ -37,6 +40,14 @@ def _snapshot_mode(text: str) -> str:
 def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog=prog, description="Kernel A (dstate scan) vs flash-linear-attention dAv+dhu on one GPU.")
+    p.add_argument("--backward", action="store_true",
+                   help="the whole KDA backward instead of Kernel A: ours (kernel.kda_backward) against FLA's "
+                        "chunk_kda_bwd with safe_gate True and False, their peak memory, Kernel A's share, the "
+                        "byte floor, and the chunk_kda training step (FLA's vs kernel.chunk_kda); each "
+                        "configuration in its own process (default configs " + ",".join(BACKWARD_CONFIGS) + ")")
+    p.add_argument("--in-process", action="store_true",
+                   help="--backward: measure every configuration in this process, one after the other")
+    p.add_argument("--no-step", action="store_true", help="--backward: skip the forward + backward step")
     p.add_argument("--configs", default=None,
                    help="comma-separated BxT or varlenNxTOTAL (default: "
                         + ",".join(DEFAULT_CONFIGS) + ")")
@@ -79,7 +90,8 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         "row's ratios come from its own run; no GPU needed")
     args = p.parse_args(argv)
     if args.configs is None:
-        args.configs = ",".join(QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
+        args.configs = ",".join(QUICK_CONFIGS if args.quick else BACKWARD_CONFIGS if args.backward
+                                else DEFAULT_CONFIGS)
     if args.warmup is None:
         args.warmup = 1 if args.quick else 3
     if args.reps is None:
@@ -128,7 +140,11 @@ def _progress_line(tag: str, res: dict) -> str:
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
     if args.from_json:
+        if args.backward or all(backward_report.is_backward_json(path) for path in args.from_json):
+            return backward_report.report_from_json(args.from_json, args.plot, args.json)
         return report_from_json(args.from_json, args.plot, args.json)
+    if args.backward:
+        return main_backward(args, prog)
     configs = []
     for spec in args.configs.split(","):
         if spec.strip():

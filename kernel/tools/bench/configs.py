@@ -27,6 +27,8 @@ DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
 
 DEFAULT_CONFIGS = ("32x8192", "8x32768", "1x131072", "4x8192", "varlen64x262144")
 QUICK_CONFIGS = ("4x8192", "1x32768")
+# --backward: the whole backward's configurations, smallest first
+BACKWARD_CONFIGS = ("4x8192", "32x8192", "8x32768", "1x131072", "varlen64x262144")
 
 
 @dataclass

@@ -1,0 +1,305 @@
+"""The whole KDA backward on one configuration: ours (``kernel.kda_backward``) against FLA's ``chunk_kda_bwd``.
+
+``ptx-lab bench --backward`` runs :func:`bench_backward_config` once per configuration, each in a
+process of its own (:mod:`.backward_run`). In this order:
+
+1. the raw inputs (:func:`.inputs.make_inputs`: gates in [-5, 0], the bound FLA's safe_gate asks
+   for, with lower_bound -5) and FLA's forward, once (:func:`kernel.tools.fla_kda.forward`,
+   safe_gate True): the l2-normalised q, k, g_cumsum, Aqk and Akk that both backwards read;
+2. each backward's first call alone (FLA compiles and autotunes its Triton kernels there, for
+   minutes on a new shape), then the three called in turn (:func:`.timing.time_alternating`, the
+   same power state for all): ours (forward-state scan, Kernel A, Kernel B and every cast it
+   runs), FLA's chunk_kda_bwd with safe_gate True and with safe_gate False, both recomputing
+   w, u and h (FLA's default, disable_recompute False). FLA's safe_gate False backward reads the
+   safe_gate True forward's tensors: which of FLA's intra-chunk kernels built Aqk and Akk does not
+   change the backward's work;
+3. each backward's peak GPU memory, once (:func:`peak_memory`);
+4. our pieces beside our whole backward, in turn: ``kernel.forward_states.forward_states`` and
+   Kernel A (``kernel.api.launch`` on FLA's tensors, bf16 dS after every tile); the rest (Kernel B
+   and the casts) is the total minus those two;
+5. the training step: FLA's ``chunk_kda`` forward and backward through autograd against
+   ``kernel.chunk_kda`` (FLA's forward, our backward), in turn.
+
+torch, CuPy, fla and the kernel's modules are imported inside the functions.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from typing import Any, Callable
+
+from kernel.tools import fla_adapter, fla_kda
+from kernel.tools.floors import RECOMMENDED, byte_floor_ms, count
+
+from .configs import Config
+from .inputs import cu_for_fla, cu_for_kernel_a, make_inputs
+from .report import error_text, log
+from .timing import cupy_on_torch_stream, free_memory, time_alternating
+
+OURS = "ours"
+FLA_SAFE = "fla_safe_gate_true"
+FLA_UNSAFE = "fla_safe_gate_false"
+BACKWARDS = (OURS, FLA_SAFE, FLA_UNSAFE)
+FORWARD_STATES, KERNEL_A = "forward_states", "kernel_a"
+STEP_FLA, STEP_OURS = "fla_chunk_kda", "kernel_chunk_kda"
+
+
+def missing_requirement() -> str | None:
+    """None when the backward bench can run here, else one line naming what is missing:
+    torch, then fla-core (and triton), then CuPy, then a CUDA device."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch is not installed ({exc})"
+    try:
+        fla_kda.import_fla()
+    except ImportError as exc:
+        return f"fla-core cannot be imported ({exc.__class__.__name__}: {exc})"
+    except Exception as exc:  # fla's import-time hardware probes can raise anything
+        return f"importing fla-core failed ({exc.__class__.__name__}: {exc})"
+    try:
+        importlib.import_module("cupy")
+    except ImportError as exc:
+        return f"CuPy is not installed ({exc}): our backward launches through it"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
+
+
+def import_ours(module: str, name: str) -> tuple[Callable | None, str | None]:
+    """(kernel.<module>.<name>, None), or (None, why): 'is missing' when the module or the name is not
+    there (another engineer may still be writing it), 'cannot be imported' when importing it raised."""
+    full = f"kernel.{module}"
+    try:
+        return getattr(importlib.import_module(full), name), None
+    except ModuleNotFoundError as exc:
+        if exc.name == full:
+            return None, f"{full}.{name} is missing ({error_text(exc)})"
+        return None, f"{full}.{name} cannot be imported ({error_text(exc)})"
+    except AttributeError as exc:
+        return None, f"{full}.{name} is missing ({error_text(exc)})"
+    except Exception as exc:
+        return None, f"{full}.{name} cannot be imported ({error_text(exc)})"
+
+
+def floor_entry(lengths, heads: int) -> dict:
+    """The recommended design's byte floor (kernel.tools.floors) for these sequence lengths."""
+    return {"design": RECOMMENDED.name, "ms": byte_floor_ms(lengths, heads=heads),
+            "gbytes": count(RECOMMENDED, lengths, heads=heads).total_bytes / 1e9}
+
+
+def peak_memory(fn: Callable[[], Any]) -> dict:
+    """GPU memory one call of `fn` takes at its peak, above what was allocated before it: torch's
+    allocator (max_memory_allocated after reset_peak_memory_stats) plus what CuPy's pool grew by
+    (emptied first, so its growth is what the call held at once). Outputs count: they are the
+    gradients the call returns."""
+    import torch
+
+    free_memory()
+    pool = sys.modules["cupy"].get_default_memory_pool() if "cupy" in sys.modules else None
+    before = torch.cuda.memory_allocated()
+    pool_before = pool.total_bytes() if pool is not None else 0
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    grew = (pool.total_bytes() - pool_before) if pool is not None else 0
+    del out
+    free_memory()
+    return {"torch_bytes": int(peak), "cupy_pool_bytes": int(grew), "bytes": int(peak + grew)}
+
+
+def _first_calls(calls: dict[str, Callable], res_part: dict, t_start: float, tag: str) -> dict[str, Callable]:
+    """Each call once, alone (compiles and autotunes); those that fail are recorded and dropped."""
+    ok = {}
+    for name, fn in calls.items():
+        t0 = time.perf_counter()
+        try:
+            out = fn()
+            del out
+            import torch
+            torch.cuda.synchronize()
+            ok[name] = fn
+            res_part.setdefault(name, {})["first_call_s"] = time.perf_counter() - t0
+            log(f"    {tag}: {name} first call {time.perf_counter() - t0:.1f} s "
+                f"[{time.perf_counter() - t_start:.0f} s]")
+        except Exception as exc:
+            res_part[name] = {"error": error_text(exc)}
+            log(f"    {tag}: {name} failed: {error_text(exc)}")
+            free_memory()
+    return ok
+
+
+def _ours_call(kda_backward, f: fla_kda.FlaForward, do, dht, cu_host, res: dict) -> tuple[Callable, Any]:
+    """Our whole backward on FLA's forward tensors as one zero-argument call, and the cu_seqlens it takes:
+    on the host (no device-to-host copy inside the timed call) unless kda_backward refuses it there."""
+    def call(cu):
+        with cupy_on_torch_stream():
+            return kda_backward(f.q, f.k, f.v, f.g, f.beta, f.Aqk, f.Akk, do, scale=f.scale,
+                                initial_state=f.h0, dht=dht, cu_seqlens=cu)
+
+    cu = cu_host
+    try:
+        out = call(cu_host)             # the first call: builds the kernels
+        res["ours_cu_seqlens"] = None if cu_host is None else "host int64"
+    except (TypeError, ValueError) as exc:
+        if cu_host is None:
+            raise
+        cu = f.cu_seqlens
+        res["ours_cu_seqlens"] = f"torch int64 on the GPU (host refused: {error_text(exc)})"
+        out = call(cu)
+    if isinstance(out, dict) and isinstance(out.get("timing"), dict):   # a timing hook, if kda_backward has one
+        res["kda_backward_timing"] = out["timing"]
+    del out
+    return (lambda: call(cu)), cu
+
+
+def _in_turn(calls: dict[str, Callable], args, flush, out: dict) -> None:
+    if not calls:
+        return
+    try:
+        out.update({n: {**out.get(n, {}), **t} for n, t in
+                    time_alternating(calls, warmup=args.warmup, reps=args.reps, flush=flush).items()})
+    except Exception as exc:
+        for n in calls:
+            out[n] = {**out.get(n, {}), "error": error_text(exc)}
+        log(f"    timing in turn failed: {error_text(exc)}")
+        free_memory()
+
+
+def _ms(d: dict, name: str):
+    return d.get(name, {}).get("median_ms")
+
+
+def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res: dict, t_start: float,
+                    tag: str) -> None:
+    """Steps 2 to 4: the three backwards (first calls, in turn, peak memory) and our pieces."""
+    do, dht = raw["do"], raw["dht"]
+    # 2. the three backwards: first calls alone, then in turn
+    calls: dict[str, Callable] = {}
+    cu_ours = cu_host
+    kda_backward, why = import_ours("kda_backward", "kda_backward")
+    if kda_backward is None:
+        res["backward"][OURS] = {"error": why}
+    else:
+        try:
+            calls[OURS], cu_ours = _ours_call(kda_backward, f, do, dht, cu_host, res)
+        except Exception as exc:
+            res["backward"][OURS] = {"error": error_text(exc)}
+    if not args.no_fla:
+        calls[FLA_SAFE] = lambda: fla_kda.backward(f, do, dht, safe_gate=True)
+        calls[FLA_UNSAFE] = lambda: fla_kda.backward(f, do, dht, safe_gate=False)
+    calls = _first_calls(calls, res["backward"], t_start, tag)
+    _in_turn(calls, args, flush, res["backward"])
+    for name in (FLA_SAFE, FLA_UNSAFE):
+        if _ms(res["backward"], OURS) and _ms(res["backward"], name):
+            res.setdefault("ratio", {})[f"{OURS}/{name}"] = _ms(res["backward"], OURS) / _ms(res["backward"], name)
+    log(f"    {tag}: backwards timed [{time.perf_counter() - t_start:.0f} s]")
+
+    # 3. peak memory, one call each
+    for name, fn in calls.items():
+        try:
+            res["peak_memory"][name] = peak_memory(fn)
+        except Exception as exc:
+            res["peak_memory"][name] = {"error": error_text(exc)}
+            free_memory()
+
+    # 4. our pieces beside our whole backward
+    if OURS in calls:
+        pieces = {OURS: calls[OURS]}
+        forward_states, why_fs = import_ours("forward_states", "forward_states")
+        if forward_states is None:
+            res["pieces"][FORWARD_STATES] = {"error": why_fs}
+        else:
+            def fs_call():
+                with cupy_on_torch_stream():
+                    return forward_states(f.k, f.v, f.g, f.beta, f.Akk, initial_state=f.h0, cu_seqlens=cu_ours)
+            pieces[FORWARD_STATES] = fs_call
+        from kernel.api import launch
+
+        def ka_call():
+            with cupy_on_torch_stream():
+                return launch(f.q, f.k, f.g, f.beta, f.Aqk, f.Akk, do, scale=f.scale, dht=dht, cu_seqlens=cu_host,
+                              qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True)
+        pieces[KERNEL_A] = ka_call
+        pieces = _first_calls(pieces, res["pieces"], t_start, tag)
+        _in_turn(pieces, args, flush, res["pieces"])
+        total, fs, ka = (_ms(res["pieces"], n) for n in (OURS, FORWARD_STATES, KERNEL_A))
+        if total and ka is not None:
+            res["pieces"]["kernel_a_share"] = ka / total
+            if fs is not None:
+                res["pieces"]["rest_ms"] = total - fs - ka
+        log(f"    {tag}: our pieces timed [{time.perf_counter() - t_start:.0f} s]")
+    calls.clear()
+
+
+def bench_backward_config(cfg: Config, args, flush) -> dict:
+    """Time ours and FLA's whole backward, their pieces, memory and the training step on one config."""
+    import torch
+
+    H, t_start, tag = args.heads, time.perf_counter(), cfg.name
+    res: dict[str, Any] = {"bench": "backward", "config": cfg.name, "B": cfg.B, "T": cfg.T, "H": H,
+                           "N": cfg.N, "tokens": cfg.tokens, "varlen": cfg.varlen,
+                           "floor": floor_entry(cfg.lengths, H), "backward": {}, "peak_memory": {},
+                           "pieces": {}, "step": {}}
+    if cfg.varlen:
+        res["lengths"] = list(cfg.lengths)
+    res["fla_autotune_reset"] = fla_adapter.reset_autotune()
+
+    raw = make_inputs(cfg, H, seed=args.seed, gate_strength=args.gate_strength)
+    cu_fla, cu_host = cu_for_fla(raw["cu_seqlens"]), cu_for_kernel_a(raw["cu_seqlens"])
+    h0 = torch.zeros_like(raw["dht"])
+    t0 = time.perf_counter()
+    f = fla_kda.forward(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"], h0=h0, cu_seqlens=cu_fla,
+                        safe_gate=True)
+    torch.cuda.synchronize()
+    res["fla_forward_s"] = time.perf_counter() - t0
+    log(f"    {tag}: inputs and FLA's forward ready [{time.perf_counter() - t_start:.0f} s]")
+    _time_backwards(f, raw, cu_host, args, flush, res, t_start, tag)
+    del f
+    free_memory()
+
+    # 5. the training step, forward + backward
+    if not args.no_step:
+        _step(raw, h0, cu_fla, args, flush, res, t_start, tag)
+    res["fla_autotune"] = fla_adapter.autotune_choices()
+    log(f"    {tag}: FLA's autotuners chose for {len(res['fla_autotune'])} kernels: "
+        + ", ".join(sorted(res["fla_autotune"])) + " (the JSON's 'fla_autotune' has their block sizes)")
+    raw.clear()
+    free_memory()
+    return res
+
+
+def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: str) -> None:
+    """FLA's chunk_kda and kernel.chunk_kda, forward + backward through autograd, in turn."""
+    import torch
+
+    inp = fla_kda.chunk_kda_step_inputs(raw, h0=h0, cu_seqlens=cu_fla)
+    leaves, kwargs = inp["leaves"], inp["kwargs"]
+    order = list(leaves.values())
+
+    def step_of(chunk_kda):
+        def call():
+            o, ht = chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                              initial_state=leaves["initial_state"], **kwargs)
+            return torch.autograd.grad((o, ht), order, (raw["do"], raw["dht"]))
+        return call
+
+    steps = {}
+    if not args.no_fla:
+        steps[STEP_FLA] = step_of(fla_kda.import_fla()["chunk_kda"])
+    ours, why = import_ours("chunk_kda", "chunk_kda")
+    if ours is None:
+        res["step"][STEP_OURS] = {"error": why}
+    else:
+        steps[STEP_OURS] = step_of(ours)
+    steps = _first_calls(steps, res["step"], t_start, tag)
+    _in_turn(steps, args, flush, res["step"])
+    a, b = _ms(res["step"], STEP_OURS), _ms(res["step"], STEP_FLA)
+    if a and b:
+        res["step"]["ratio"] = a / b
+    log(f"    {tag}: training step timed [{time.perf_counter() - t_start:.0f} s]")
+    leaves.clear()
+    order.clear()
+    free_memory()

@@ -1,0 +1,194 @@
+"""What ``ptx-lab bench --backward`` prints and writes: the progress line, the table, the plot, and the
+table of earlier runs' JSON files. Reads result dicts of :func:`.backward.bench_backward_config`; needs
+no GPU (matplotlib for the plot only).
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import numpy as np
+
+from .backward import BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, KERNEL_A, OURS, STEP_FLA, STEP_OURS
+from .report import error_text, format_table, get, log
+
+BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
+                    "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
+                    "step FLA ms", "step ours ms", "step ours/FLA")
+LABELS = {OURS: "ours (kernel.kda_backward)", FLA_SAFE: "FLA chunk_kda_bwd safe_gate=True",
+          FLA_UNSAFE: "FLA chunk_kda_bwd safe_gate=False"}
+LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state scan, Kernel A, Kernel B, casts); "
+          "FLA sg=T/F = chunk_kda_bwd as ChunkKDAFunction.backward calls it, safe_gate True/False, recomputing "
+          "w, u, h (FLA's default); the three in turn (same power state). floor = byte floor of the recommended "
+          "design (kernel.tools.floors.RECOMMENDED) at the copy rate. A share = Kernel A / ours, timed beside it. "
+          "GB = peak GPU memory of one backward above what was allocated before (torch + CuPy's pool; outputs "
+          "included). step = chunk_kda forward + backward through autograd, FLA's against kernel.chunk_kda "
+          "(FLA's forward, our backward), safe_gate True.")
+
+
+def _cell(part: dict | None, fmt: str, scale: float = 1.0, key: str = "median_ms") -> str:
+    """A number, or 'missing' (the module is not there), 'failed' (it raised), '-' (not run)."""
+    if not isinstance(part, dict):
+        return "-"
+    if part.get(key) is not None:
+        return format(part[key] * scale, fmt)
+    err = part.get("error")
+    if err is None:
+        return "-"
+    return "missing" if "is missing" in err else "failed"
+
+
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def backward_row(res: dict) -> list[str]:
+    """One row of the table; ratios are ours over the column's FLA backward, from the same run in turn."""
+    bw, mem, step = res.get("backward", {}), res.get("peak_memory", {}), res.get("step", {})
+    ours = get(bw, OURS, "median_ms")
+    floor = get(res, "floor", "ms")
+    return [
+        res.get("config", "?"),
+        _cell(bw.get(OURS), ".3f"), _cell(bw.get(FLA_SAFE), ".3f"), _cell(bw.get(FLA_UNSAFE), ".3f"),
+        _num(get(res, "ratio", f"{OURS}/{FLA_SAFE}"), ".3f"), _num(get(res, "ratio", f"{OURS}/{FLA_UNSAFE}"), ".3f"),
+        _num(floor, ".3f"), _num(None if ours is None or not floor else ours / floor, ".2f"),
+        _num(get(res, "pieces", "kernel_a_share"), ".2f"),
+        *(_cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in BACKWARDS),
+        _cell(step.get(STEP_FLA), ".3f"), _cell(step.get(STEP_OURS), ".3f"), _num(step.get("ratio"), ".3f"),
+    ]
+
+
+def progress_line(tag: str, res: dict) -> str:
+    cells = dict(zip(BACKWARD_COLUMNS, backward_row(res)))
+    p = res.get("pieces", {})
+    pieces = ", ".join(f"{n} {_cell(p.get(n), '.3f')} ms" for n in (FORWARD_STATES, KERNEL_A))
+    return (f"{tag}: ours {cells['ours ms']} ms, FLA safe_gate True {cells['FLA sg=T ms']} ms / False "
+            f"{cells['FLA sg=F ms']} ms (ratios {cells['ours/FLA sg=T']} / {cells['ours/FLA sg=F']}), floor "
+            f"{cells['floor ms']} ms; pieces: {pieces}, rest {_num(p.get('rest_ms'), '.3f')} ms, A share "
+            f"{cells['A share']}; step FLA {cells['step FLA ms']} ms, ours {cells['step ours ms']} ms "
+            f"[{res.get('wall_s', 0):.0f} s]")
+
+
+def problems(results: Sequence[dict]) -> list[str]:
+    """One line per error recorded anywhere in the results (a whole config, a backward, a piece, a step)."""
+    out = []
+    for r in results:
+        if "error" in r:
+            out.append(f"{r.get('config')}: {r['error']}")
+            continue
+        for part in ("backward", "peak_memory", "pieces", "step"):
+            for name, v in (r.get(part) or {}).items():
+                if isinstance(v, dict) and "error" in v:
+                    out.append(f"{r.get('config')}: {part} {name}: {v['error']}")
+    return out
+
+
+def log_backward_table(results: Sequence[dict]) -> None:
+    ok = [r for r in results if "error" not in r]
+    log("")
+    log(format_table([backward_row(r) for r in ok], BACKWARD_COLUMNS))
+    log(LEGEND)
+    for line in problems(results):
+        log(line)
+
+
+def plot_backward(results: Sequence[dict], path: str) -> None:
+    """Bars per configuration: the three backwards with the byte floor as a tick (left), the training
+    step FLA's and ours (right)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["config"] for r in results]
+    x = np.arange(len(names))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(9, 2.6 * len(names)), 4.5),
+                                  gridspec_kw={"width_ratios": [3, 2]})
+    series = [n for n in BACKWARDS if any(get(r, "backward", n, "median_ms") is not None for r in results)]
+    w = 0.8 / max(1, len(series))
+    for i, n in enumerate(series):
+        vals = [get(r, "backward", n, "median_ms") or 0.0 for r in results]
+        ax.bar(x + (i - (len(series) - 1) / 2) * w, vals, w, label=LABELS[n])
+    floors = [get(r, "floor", "ms") for r in results]
+    if any(f is not None for f in floors):
+        at = x + ((-(len(series) - 1) / 2) * w if series else 0.0)      # over the first bar, ours when it ran
+        ax.scatter([xi for xi, f in zip(at, floors) if f is not None], [f for f in floors if f is not None],
+                   marker="_", s=600, color="k", zorder=3, label="byte floor (recommended design)")
+    ax.set_title("whole KDA backward")
+    steps = [n for n in (STEP_FLA, STEP_OURS) if any(get(r, "step", n, "median_ms") is not None for r in results)]
+    w2 = 0.8 / max(1, len(steps))
+    for i, n in enumerate(steps):
+        vals = [get(r, "step", n, "median_ms") or 0.0 for r in results]
+        ax2.bar(x + (i - (len(steps) - 1) / 2) * w2, vals, w2,
+                label={STEP_FLA: "FLA chunk_kda", STEP_OURS: "kernel.chunk_kda"}[n])
+    ax2.set_title("training step: chunk_kda forward + backward")
+    for a in (ax, ax2):
+        a.set_xticks(x)
+        a.set_xticklabels(names, fontsize=8)
+        a.set_ylabel("ms (median)")
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
+    heads = {r.get("H") for r in results}
+    fig.suptitle(f"ours vs flash-linear-attention, H={'/'.join(map(str, sorted(h for h in heads if h)))}, "
+                 "K=V=128, bf16")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def is_backward_json(path: str) -> bool:
+    """True when `path` is a --backward run's JSON file (its results say so)."""
+    try:
+        with open(path) as fh:
+            rows = json.load(fh).get("results") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(rows, list) and any(isinstance(r, dict) and r.get("bench") == "backward" for r in rows)
+
+
+def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, *,
+                  environment: dict | None = None, args: dict | None = None) -> None:
+    """The JSON file (this run's environment and arguments, the runs it merged, every result) and the plot."""
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"environment": environment, "args": args, "runs": runs, "results": results}, fh,
+                      indent=1, default=str)
+        log(f"wrote {json_path}")
+    ok = [r for r in results if "error" not in r]
+    if plot_path and ok:
+        try:
+            plot_backward(ok, plot_path)
+            log(f"wrote {plot_path}")
+        except Exception as exc:
+            log(f"plot failed: {error_text(exc)}")
+
+
+def read_runs(paths: Sequence[str]) -> tuple[list[dict], list[dict]] | None:
+    """(results, runs) of --backward JSON files, each result tagged with its file; None (said why) if one
+    is not such a file."""
+    results, runs = [], []
+    for path in paths:
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            rows = data["results"]
+            if not isinstance(rows, list):
+                raise TypeError("'results' is not a list")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(f"{path}: not a bench --backward --json file ({error_text(exc)})")
+            return None
+        runs.append({"file": path, "environment": data.get("environment"), "args": data.get("args")})
+        results += [{**r, "source": path} for r in rows]
+    return results, runs
+
+
+def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
+    """The table (and --plot / --json) of configurations timed by earlier --backward runs."""
+    read = read_runs(paths)
+    if read is None:
+        return 1
+    results, runs = read
+    ok = [r for r in results if "error" not in r]
+    log(f"{len(ok)} config(s) from {len(paths)} file(s); each row's ratios were measured in its own run")
+    log_backward_table(results)
+    write_outputs(results, runs, plot_path, json_path)
+    return 0 if ok else 1

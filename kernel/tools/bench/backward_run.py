@@ -1,0 +1,112 @@
+"""``ptx-lab bench --backward``: the run loop, each configuration in a process of its own.
+
+FLA's Triton autotune keys leave out B and T (:func:`kernel.tools.fla_adapter.reset_autotune`), and
+one configuration's allocator pools and compiled kernels would follow it into the next. So with more
+than one configuration this process measures nothing itself: it runs ``python -m kernel.tools.bench
+--backward --configs ONE --json FILE`` for each (their output streams through), then reads the files
+and prints one table. ``--in-process`` measures every configuration here, one after the other.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+from kernel.tools.fla_adapter import FLA_VERSION
+
+from .backward import bench_backward_config, missing_requirement
+from .backward_report import log_backward_table, progress_line, read_runs, write_outputs
+from .configs import Config, parse_config
+from .report import error_text, log
+from .timing import L2_FLUSH_BYTES, free_memory
+
+NEEDS = f"torch, fla-core {FLA_VERSION} (with triton) and CuPy on a CUDA GPU"
+
+
+def child_argv(args, config: str, json_path: str) -> list[str]:
+    """The command line of one configuration's own process: this run's options, one config."""
+    argv = [sys.executable, "-m", "kernel.tools.bench", "--backward", "--in-process", "--configs", config,
+            "--json", json_path, "--heads", str(args.heads), "--warmup", str(args.warmup), "--reps", str(args.reps),
+            "--seed", str(args.seed), "--gate-strength", repr(args.gate_strength)]
+    if args.no_fla:
+        argv.append("--no-fla")
+    if args.no_step:
+        argv.append("--no-step")
+    return argv
+
+
+def run_each_in_own_process(args, configs: Sequence[Config]) -> tuple[list[dict], list[dict]]:
+    results, runs = [], []
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-backward-") as tmp:
+        for i, cfg in enumerate(configs):
+            path = str(Path(tmp) / f"{cfg.name}.json")
+            log(f"[{i + 1}/{len(configs)}] {cfg.name}: own process [{time.perf_counter() - t_all:.0f} s]")
+            t0 = time.perf_counter()
+            rc = subprocess.call(child_argv(args, cfg.name, path))
+            read = read_runs([path]) if Path(path).exists() else None
+            if rc != 0 or read is None:
+                results.append({"config": cfg.name, "error": f"its process exited with {rc}"
+                                + ("" if read else ", no JSON written"), "wall_s": time.perf_counter() - t0})
+                log(f"[{i + 1}/{len(configs)}] {cfg.name}: FAILED ({results[-1]['error']})")
+                if read is None:
+                    continue
+            results += [{k: v for k, v in r.items() if k != "source"} for r in read[0]]
+            runs += [{"config": cfg.name, "environment": run["environment"], "args": run["args"]} for run in read[1]]
+    return results, runs
+
+
+def run_in_process(args, configs: Sequence[Config]) -> list[dict]:
+    import torch
+
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    results = []
+    for i, cfg in enumerate(configs):
+        tag = f"[{i + 1}/{len(configs)}] {cfg.name}"
+        t0 = time.perf_counter()
+        try:
+            res = bench_backward_config(cfg, args, flush)
+        except Exception as exc:
+            log(f"{tag}: FAILED {error_text(exc)}")
+            traceback.print_exc(limit=3)
+            sys.stderr.flush()
+            res = {"bench": "backward", "config": cfg.name, "error": error_text(exc)}
+            free_memory()
+        res["wall_s"] = time.perf_counter() - t0
+        results.append(res)
+        if "error" not in res:
+            log(progress_line(tag, res))
+    del flush
+    return results
+
+
+def main_backward(args, prog: str) -> int:
+    """The --backward mode of ``ptx-lab bench`` (arguments parsed by cli.parse_args)."""
+    from .cli import environment
+
+    configs = []
+    for spec in args.configs.split(","):
+        if spec.strip():
+            try:
+                configs.append(parse_config(spec, seed=args.seed))
+            except ValueError as exc:
+                log(f"skipping config: {exc}")
+    why = missing_requirement()
+    if why:
+        log(f"{prog} --backward needs {NEEDS}: {why}")
+        return 1
+    env = environment()
+    log(f"device: {env.get('device')} ({env.get('sms')} SMs), torch {env['torch']}; H={args.heads}, K=V=128, "
+        f"bf16; warm-up {args.warmup}, median of {args.reps}, seed {args.seed}")
+    if len(configs) > 1 and not args.in_process:
+        results, runs = run_each_in_own_process(args, configs)
+    else:
+        results, runs = run_in_process(args, configs), []
+    log_backward_table(results)
+    write_outputs(results, runs, args.plot, args.json, environment=env, args=dict(vars(args)))
+    ok = [r for r in results if "error" not in r]
+    return 0 if ok or not configs else 1

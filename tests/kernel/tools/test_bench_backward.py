@@ -1,0 +1,204 @@
+"""ptx-lab bench --backward on the CPU: its arguments, the floor column, the refusal, and the rendering.
+
+The result dicts below are synthetic: they test how a result is rendered (table, JSON, PNG), not a
+measurement. The measured numbers exist only from a GPU run (test_bench_backward_gpu.py, .ci/gpu-checks).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel.tools import floors
+from kernel.tools.bench import backward, backward_report, backward_run, cli, configs
+from kernel.tools.bench.backward import FLA_SAFE, FLA_UNSAFE, OURS, STEP_FLA, STEP_OURS
+
+# ------------------------------------------------------------- arguments ----
+
+
+def test_backward_mode_arguments():
+    a = cli.parse_args(["--backward"])
+    assert a.backward and not a.in_process and not a.no_step
+    assert a.configs.split(",") == list(configs.BACKWARD_CONFIGS) == \
+        ["4x8192", "32x8192", "8x32768", "1x131072", "varlen64x262144"]
+    a = cli.parse_args(["--backward", "--quick", "--in-process", "--no-step", "--configs", "2x256", "--heads", "4"])
+    assert (a.configs, a.heads, a.reps, a.warmup, a.in_process, a.no_step) == ("2x256", 4, 5, 1, True, True)
+    assert not cli.parse_args([]).backward          # the default mode is unchanged
+
+
+def test_each_configuration_gets_this_runs_options():
+    a = cli.parse_args(["--backward", "--heads", "8", "--reps", "7", "--warmup", "2", "--seed", "3",
+                        "--gate-strength", "0.5", "--no-step", "--no-fla"])
+    argv = backward_run.child_argv(a, "varlen64x262144", "x.json")
+    assert argv[:3] == [sys.executable, "-m", "kernel.tools.bench"]
+    child = cli.parse_args(argv[3:])
+    assert child.backward and child.in_process and child.configs == "varlen64x262144" and child.json == "x.json"
+    for name in ("heads", "reps", "warmup", "seed", "gate_strength", "no_step", "no_fla"):
+        assert getattr(child, name) == getattr(a, name), name
+
+
+# ------------------------------------------------------------ the floor ----
+
+@pytest.mark.parametrize("bench_name, floors_name", [("4x8192", "4x8192"), ("32x8192", "32x8192"),
+                                                     ("8x32768", "8x32768"), ("1x131072", "1x131072"),
+                                                     ("varlen64x262144", "varlen 64 / 262144")])
+def test_floor_column_is_the_recommended_designs_from_floors(bench_name, floors_name):
+    cfg = configs.parse_config(bench_name)
+    assert cfg.lengths == floors.SHAPES[floors_name]
+    entry = backward.floor_entry(cfg.lengths, 32)
+    row = next(r for r in floors.floors() if r.design == floors.RECOMMENDED.name and r.shape == floors_name)
+    assert entry["design"] == floors.RECOMMENDED.name == "bf16-every-64 dS, bf16 states every 64 recomputed"
+    assert entry["ms"] == pytest.approx(row.byte_ms, rel=1e-12)
+    assert entry["gbytes"] == pytest.approx(row.gbytes, rel=1e-12)
+
+
+def test_floor_at_32x8192_is_the_documented_one():
+    # docs/kda_backward.md section 8: 14.55 ms at 32x8192 for the recommended design
+    assert backward.floor_entry([8192] * 32, 32)["ms"] == pytest.approx(14.55, abs=0.005)
+
+
+# ----------------------------------------------------------- the refusal ----
+
+def _run_blocked(blocked: tuple[str, ...]) -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {blocked!r}:\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from kernel.tools.bench import cli\n"
+        "sys.exit(cli.main(['--backward', '--configs', '2x256'], prog='ptx-lab bench'))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[3])
+
+
+def test_refused_without_torch_naming_it():
+    out = _run_blocked(("torch", "cupy", "triton", "fla", "matplotlib"))
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.strip() == ("ptx-lab bench --backward needs torch, fla-core 0.6.0 (with triton) and CuPy on a "
+                                  "CUDA GPU: torch is not installed (blocked: torch)")
+
+
+def test_refused_without_fla_naming_it():
+    out = _run_blocked(("fla", "triton"))
+    assert out.returncode == 1, out.stderr
+    assert "needs torch, fla-core 0.6.0 (with triton) and CuPy on a CUDA GPU: fla-core cannot be imported" \
+        in out.stdout
+    assert "blocked: " in out.stdout
+
+
+def test_refused_without_cupy_naming_it(monkeypatch, capsys):
+    # fla cannot be installed on this machine: its import is replaced by one that succeeds, so that the
+    # next requirement in line, CuPy, is the one missing
+    pytest.importorskip("torch")
+    monkeypatch.setattr(backward.fla_kda, "import_fla", lambda: {})
+    monkeypatch.setitem(sys.modules, "cupy", None)      # import cupy raises ImportError
+    assert cli.main(["--backward", "--configs", "2x256"], prog="ptx-lab bench") == 1
+    assert "CuPy on a CUDA GPU: CuPy is not installed" in capsys.readouterr().out
+
+
+def test_a_module_not_written_yet_is_called_missing():
+    fn, why = backward.import_ours("no_such_module", "f")
+    assert fn is None and why.startswith("kernel.no_such_module.f is missing (ModuleNotFoundError")
+    fn, why = backward.import_ours("api", "no_such_name")
+    assert fn is None and why.startswith("kernel.api.no_such_name is missing (AttributeError")
+    fn, why = backward.import_ours("api", "launch")
+    assert why is None and fn.__name__ == "launch"
+
+
+# ------------------------------------------------- rendering (synthetic) ----
+
+def _synthetic(config="4x8192", **over) -> dict:
+    """A made-up result in the shape bench_backward_config returns (numbers chosen to render exactly)."""
+    r = {"bench": "backward", "config": config, "H": 32,
+         "floor": backward.floor_entry(configs.parse_config(config).lengths, 32),
+         "backward": {OURS: {"median_ms": 6.0}, FLA_SAFE: {"median_ms": 12.0}, FLA_UNSAFE: {"median_ms": 15.0}},
+         "ratio": {f"{OURS}/{FLA_SAFE}": 0.5, f"{OURS}/{FLA_UNSAFE}": 0.4},
+         "peak_memory": {OURS: {"bytes": 1.5e9}, FLA_SAFE: {"bytes": 4.25e9}, FLA_UNSAFE: {"bytes": 4.25e9}},
+         "pieces": {"kernel_a_share": 0.25, "forward_states": {"median_ms": 1.0}, "kernel_a": {"median_ms": 1.5},
+                    "rest_ms": 3.5},
+         "step": {STEP_FLA: {"median_ms": 20.0}, STEP_OURS: {"median_ms": 15.0}, "ratio": 0.75}, "wall_s": 12.0}
+    r.update(over)
+    return r
+
+
+def test_rendering_a_row():
+    row = backward_report.backward_row(_synthetic())
+    floor = floors.byte_floor_ms([8192] * 4)
+    assert len(row) == len(backward_report.BACKWARD_COLUMNS)
+    assert row == ["4x8192", "6.000", "12.000", "15.000", "0.500", "0.400", f"{floor:.3f}", f"{6.0 / floor:.2f}",
+                   "0.25", "1.50", "4.25", "4.25", "20.000", "15.000", "0.750"]
+
+
+def test_rendering_what_is_missing_or_failed():
+    r = _synthetic(backward={OURS: {"error": "kernel.kda_backward.kda_backward is missing (ModuleNotFoundError: x)"},
+                             FLA_SAFE: {"median_ms": 12.0}, FLA_UNSAFE: {"error": "OutOfMemoryError: y"}},
+                   ratio={}, peak_memory={}, pieces={},
+                   step={STEP_FLA: {"median_ms": 20.0}, STEP_OURS: {"error": "kernel.chunk_kda.chunk_kda is missing"}})
+    cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(r)))
+    assert (cells["ours ms"], cells["FLA sg=T ms"], cells["FLA sg=F ms"]) == ("missing", "12.000", "failed")
+    assert (cells["ours/FLA sg=T"], cells["ours/floor"], cells["A share"], cells["ours GB"]) == ("-",) * 4
+    assert (cells["step FLA ms"], cells["step ours ms"], cells["step ours/FLA"]) == ("20.000", "missing", "-")
+    lines = backward_report.problems([r, {"config": "1x131072", "error": "its process exited with -9"}])
+    assert lines == ["4x8192: backward ours: kernel.kda_backward.kda_backward is missing (ModuleNotFoundError: x)",
+                     "4x8192: backward fla_safe_gate_false: OutOfMemoryError: y",
+                     "4x8192: step kernel_chunk_kda: kernel.chunk_kda.chunk_kda is missing",
+                     "1x131072: its process exited with -9"]
+    assert "ours" in backward_report.progress_line("[1/1] 4x8192", r)
+
+
+def test_rendering_from_json_table_json_and_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    paths = []
+    for name in ("4x8192", "varlen64x262144"):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"environment": {"device": "synthetic"}, "args": {"configs": name},
+                                 "runs": [], "results": [_synthetic(name)]}))
+        paths.append(str(p))
+    assert backward_report.is_backward_json(paths[0])
+    merged, png = tmp_path / "all.json", tmp_path / "all.png"
+    # --from-json tells a --backward file by its results, without --backward
+    assert cli.main(["--from-json", *paths, "--json", str(merged), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "2 config(s) from 2 file(s)" in out
+    header = next(line for line in out.splitlines() if line.startswith("| config "))
+    assert [c.strip() for c in header.strip("|").split("|")] == list(backward_report.BACKWARD_COLUMNS)
+    assert "| 4x8192 " in out and "| varlen64x262144 " in out
+    data = json.loads(merged.read_text())
+    assert [r["config"] for r in data["results"]] == ["4x8192", "varlen64x262144"]
+    assert [r["file"] for r in data["runs"]] == paths
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    # a plot with FLA alone (ours missing everywhere) still draws
+    only_fla = _synthetic(backward={FLA_SAFE: {"median_ms": 12.0}}, step={})
+    backward_report.plot_backward([only_fla], str(tmp_path / "fla.png"))
+    assert (tmp_path / "fla.png").stat().st_size > 0
+
+
+def test_a_file_that_is_not_a_backward_run_is_refused(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"results": 3}')
+    assert not backward_report.is_backward_json(str(bad))
+    assert cli.main(["--backward", "--from-json", str(bad)]) == 1
+    assert "not a bench --backward --json file" in capsys.readouterr().out
+
+
+def test_imports_without_torch_cupy_fla():
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'cupy', 'triton', 'fla', 'matplotlib'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import kernel.tools.bench.backward_run, kernel.tools.fla_kda\n"
+        "from kernel.tools.bench.backward import missing_requirement\n"
+        "print(missing_requirement())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch is not installed (blocked: torch)"

@@ -1,0 +1,39 @@
+"""ptx-lab kda-precision: FLA's whole-backward gradients and ours against float64.
+
+On the CPU: the options and the refusal without a GPU. On the GPU (marked): one small case, whose table
+has FLA's rows and ours (or says why ours is not there)."""
+from __future__ import annotations
+
+import pytest
+
+from kernel.tools import kda_precision
+
+
+def test_ours_is_on_by_default_and_can_be_left_out(capsys):
+    with pytest.raises(SystemExit):
+        kda_precision.main(["--help"])
+    assert "--no-ours" in capsys.readouterr().out
+
+
+def test_refused_without_a_gpu(capsys):
+    from ptx_lab.gpu import gpu_reason
+    if gpu_reason() is None:
+        pytest.skip("a GPU is usable here")
+    assert kda_precision.main(["--T", "64", "--no-ours"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_one_case_has_flas_rows_and_ours(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("fla")
+    assert kda_precision.main(["--T", "256", "--heads", "1", "--varlen", "0", "--recipes", "unit"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| unit ")]
+    labels = [r.split("|")[3].strip() for r in rows]
+    assert labels[:3] == ["bf16 rounding", "FLA safe_gate=True", "FLA safe_gate=False"]
+    if "kernel.kda_backward cannot be imported" not in out:
+        assert labels[3] == "ours (kda_backward)"
+        err = [[float(c) for c in r.strip().strip("|").split("|")[3:]] for r in rows]
+        # the yardstick: ours no worse than FLA's worse row, with a factor 2 of slack at this small T
+        assert all(o <= 2 * max(t, f) for o, t, f in zip(err[3], err[1], err[2])), rows

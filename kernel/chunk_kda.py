@@ -207,6 +207,7 @@ class ChunkKDAFunction(torch.autograd.Function):
                 lower_bound: float | None, disable_recompute: bool):
         l2norm_fwd, chunk_kda_fwd, prepare_chunk_indices = _fla_forward()
         q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        initial_state = None if initial_state is None else initial_state.contiguous()
         in_dtypes = (q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype)
         with torch.cuda.device(q.device):
             q_rstd = k_rstd = None

@@ -1,0 +1,307 @@
+"""kernel.chunk_kda: FLA's chunk_kda signature, its refusals (CPU), and its gradients (GPU).
+
+CPU: the signature is fla-core 0.6.0's, argument for argument; every argument it
+does not cover is refused by name before the GPU is touched; every covered call
+gets past the checks; ``import kernel`` stays free of torch.
+
+GPU (``-m gpu``; needs torch CUDA, fla-core 0.6.0, CuPy and kernel.kda_backward):
+the forward is FLA's to the bit, and every gradient (q, k, v, g, beta,
+initial_state) of L = sum(o * do) + sum(S_T * dht) has a relative Frobenius error
+against the float64 reference no worse than 2x FLA's own on the same inputs plus
+a small floor.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
+
+REPO = Path(__file__).resolve().parents[2]
+
+# fla-core 0.6.0's fla.ops.kda.chunk_kda, read from its source: (name, default), in order
+FLA_PARAMETERS = (
+    ("q", inspect.Parameter.empty), ("k", inspect.Parameter.empty), ("v", inspect.Parameter.empty),
+    ("g", inspect.Parameter.empty), ("beta", inspect.Parameter.empty),
+    ("scale", None), ("initial_state", None), ("output_final_state", False),
+    ("use_qk_l2norm_in_kernel", False), ("use_gate_in_kernel", False), ("use_beta_sigmoid_in_kernel", False),
+    ("allow_neg_eigval", False), ("safe_gate", False), ("lower_bound", None), ("disable_recompute", False),
+    ("return_intermediate_states", False), ("state_v_first", False), ("cu_seqlens", None),
+    ("cu_seqlens_cpu", None), ("cp_context", None), ("use_graph", False), ("max_num_seqs", None),
+)
+K = V = 128
+
+
+def _chunk_kda():
+    from kernel import chunk_kda
+
+    return chunk_kda
+
+
+def _cpu_inputs(B=1, T=8, H=2, Kd=K, Vd=V, HV=None, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(0)
+    HV = HV or H
+    q = torch.randn(B, T, H, Kd, generator=gen).to(dtype)
+    k = torch.randn(B, T, H, Kd, generator=gen).to(dtype)
+    v = torch.randn(B, T, HV, Vd, generator=gen).to(dtype)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, Kd, generator=gen)).clamp(min=-5)
+    beta = torch.rand(B, T, HV, generator=gen)
+    return q, k, v, g, beta
+
+
+# ----------------------------------------------------------------------------
+# CPU: the signature and the import
+# ----------------------------------------------------------------------------
+
+def test_the_signature_is_flas():
+    params = list(inspect.signature(_chunk_kda()).parameters.values())
+    assert [(p.name, p.default) for p in params[:-1]] == list(FLA_PARAMETERS)
+    assert params[-1].kind is inspect.Parameter.VAR_KEYWORD      # A_log, dt_bias, chunk_size, ...
+
+
+def test_the_signature_is_that_of_the_installed_fla():
+    pytest.importorskip("triton", reason="fla-core needs triton")
+    fla_kda = pytest.importorskip("fla.ops.kda", reason="fla-core is not installed")
+    theirs = inspect.signature(inspect.unwrap(fla_kda.chunk_kda)).parameters
+    ours = inspect.signature(_chunk_kda()).parameters
+    assert [(p.name, p.kind, p.default) for p in theirs.values()] == \
+           [(p.name, p.kind, p.default) for p in ours.values()]
+    assert [(n, d) for n, d in ((p.name, p.default) for p in theirs.values()) if n != "kwargs"] == \
+           list(FLA_PARAMETERS)
+
+
+def test_import_kernel_needs_no_torch_and_chunk_kda_is_one_object_in_any_order():
+    code = ("import sys, inspect\n"
+            "import kernel\n"
+            "assert 'torch' not in sys.modules, 'import kernel loaded torch'\n"
+            "{first}\n"
+            "from kernel import chunk_kda\n"
+            "import kernel.chunk_kda as module\n"
+            "assert chunk_kda is module is kernel.chunk_kda and callable(chunk_kda)\n"
+            "assert list(inspect.signature(chunk_kda).parameters)[:5] == ['q', 'k', 'v', 'g', 'beta']\n"
+            "print('ok')\n")
+    for first in ("pass", "import kernel.chunk_kda", "from kernel.chunk_kda import ChunkKDAFunction"):
+        proc = subprocess.run([sys.executable, "-c", code.format(first=first)], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok", (first, proc.stderr)
+
+
+# ----------------------------------------------------------------------------
+# CPU: the refusals, each by name
+# ----------------------------------------------------------------------------
+
+REFUSED_ARGUMENTS = [
+    ("use_gate_in_kernel", True),
+    ("use_beta_sigmoid_in_kernel", True),
+    ("allow_neg_eigval", True),
+    ("return_intermediate_states", True),
+    ("state_v_first", True),
+    ("cp_context", object()),
+    ("use_graph", True),
+    ("max_num_seqs", 4),
+    ("A_log", torch.zeros(2)),
+    ("dt_bias", torch.zeros(2 * K)),
+    ("transpose_state_layout", True),
+    ("chunk_size", 32),
+]
+
+
+@pytest.mark.parametrize("name, value", REFUSED_ARGUMENTS, ids=[n for n, _ in REFUSED_ARGUMENTS])
+def test_an_argument_not_covered_is_refused_by_name(name, value):
+    q, k, v, g, beta = _cpu_inputs()
+    with pytest.raises(ValueError, match=rf"does not cover {name}=.*; \w+"):
+        _chunk_kda()(q, k, v, g, beta, **{name: value})
+
+
+@pytest.mark.parametrize("shape, match", [
+    (dict(Kd=64), r"q\.shape\[-1\] \(the key head dim\)=64"),
+    (dict(Vd=256), r"v\.shape\[-1\] \(the value head dim\)=256"),
+    (dict(HV=4), r"v\.shape\[2\] \(value heads; grouped value attention\)=4"),
+], ids=["key-head-dim", "value-head-dim", "grouped-value-heads"])
+def test_a_shape_not_covered_is_refused_by_name(shape, match):
+    q, k, v, g, beta = _cpu_inputs(**shape)
+    with pytest.raises(ValueError, match=match):
+        _chunk_kda()(q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_q_k_v_must_be_bf16(name):
+    q, k, v, g, beta = _cpu_inputs()
+    args = dict(q=q, k=k, v=v)
+    args[name] = args[name].float()
+    with pytest.raises(ValueError, match=rf"does not cover {name}\.dtype=torch\.float32; cast {name} to "
+                                         r"torch\.bfloat16"):
+        _chunk_kda()(g=g, beta=beta, **args)
+
+
+def test_an_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match=r"does not know: \['use_gate'\]"):
+        _chunk_kda()(*_cpu_inputs(), use_gate=True)
+
+
+@pytest.mark.parametrize("low, refused", [(-5.0, False), (-5.45, False), (-5.46, True), (-20.0, True),
+                                          (math.nan, True)])
+def test_gates_below_the_floor_are_refused(low, refused):
+    from kernel.chunk_kda import GATE_FLOOR
+
+    assert 2.0 ** (16 * GATE_FLOOR / math.log(2.0)) == pytest.approx(2.0 ** -126)
+    q, k, v, g, beta = _cpu_inputs()
+    g[0, 3, 1, 7] = low
+    match = r"g: every per-token gate must be >= -5\.458" if refused else r"q: expected a CUDA tensor"
+    with pytest.raises(ValueError, match=match):
+        _chunk_kda()(q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("g-shape", r"g: expected \[B, T, H, K\]"),
+    ("beta-shape", r"beta: expected \[B, T, H\]"),
+    ("qk-shape", r"q and k must have the same shape"),
+    ("varlen-batch", r"cu_seqlens: the batch size must be 1"),
+    ("h0-count", r"initial_state: expected \[N, H, K, V\] = \[3, 2, 128, 128\]"),
+    ("h0-dtype", r"initial_state: expected torch\.float32"),
+])
+def test_inconsistent_inputs_name_the_argument(case, match):
+    q, k, v, g, beta = _cpu_inputs(B=1, T=8)
+    kw = {}
+    if case == "g-shape":
+        g = g[..., :64]
+    elif case == "beta-shape":
+        beta = beta[:, :4]
+    elif case == "qk-shape":
+        k = k[:, :4]
+    elif case == "varlen-batch":
+        q, k, v, g, beta = _cpu_inputs(B=2, T=8)
+        kw["cu_seqlens"] = torch.tensor([0, 8, 16])
+    elif case == "h0-count":
+        kw["cu_seqlens"] = torch.tensor([0, 2, 5, 8])
+        kw["initial_state"] = torch.zeros(1, 2, K, V)
+    elif case == "h0-dtype":
+        kw["initial_state"] = torch.zeros(1, 2, K, V, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        _chunk_kda()(q, k, v, g, beta, **kw)
+
+
+def test_every_covered_call_gets_past_the_checks():
+    # FLA's defaults passed explicitly (as code written for FLA may), the covered options on:
+    # the only complaint left is that CPU tensors cannot run FLA's forward
+    q, k, v, g, beta = _cpu_inputs(B=1, T=8)
+    defaults = {name: d for name, d in FLA_PARAMETERS if d is not inspect.Parameter.empty}
+    covered = dict(defaults, scale=0.1, initial_state=torch.zeros(3, 2, K, V), output_final_state=True,
+                   use_qk_l2norm_in_kernel=True, safe_gate=True, lower_bound=-5.0, disable_recompute=True,
+                   cu_seqlens=torch.tensor([0, 2, 5, 8]), cu_seqlens_cpu=torch.tensor([0, 2, 5, 8]),
+                   chunk_size=64, A_log=None, dt_bias=None, transpose_state_layout=False)
+    for kw in (defaults, covered):
+        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+            _chunk_kda()(q, k, v, g, beta, **kw)
+
+
+# ----------------------------------------------------------------------------
+# GPU: the gradients against FLA's and float64
+# ----------------------------------------------------------------------------
+
+GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+TIMES_FLA = 2.0        # our error may be at most this multiple of FLA's own ...
+ERROR_FLOOR = 1e-3     # ... plus this (bf16 rounding of a gradient alone is ~1e-3 relative)
+
+
+def _gpu_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    pytest.importorskip("triton", reason="fla-core needs triton")
+    pytest.importorskip("fla.ops.kda", reason="fla-core 0.6.0 is not installed")
+    pytest.importorskip("kernel.kda_backward", reason="kernel.kda_backward is not built yet")
+
+
+def _unit_inputs(lengths, B, T, H, seed):
+    """q, k, v, do ~ N(0, 1), g = logsigmoid(N(0, 1)) clamped to [-5, 0], beta ~ U(0, 1),
+    h0 ~ 0.1 N(0, 1), dht ~ 0.1 N(0, 1); rounded as the layer gets them."""
+    gen = torch.Generator().manual_seed(seed)
+    if lengths is not None:
+        B, T = 1, sum(lengths)
+    N = B if lengths is None else len(lengths)
+    n = lambda *s: torch.randn(*s, generator=gen)
+    x = {"q": n(B, T, H, K).bfloat16(), "k": n(B, T, H, K).bfloat16(), "v": n(B, T, H, V).bfloat16(),
+         "g": torch.nn.functional.logsigmoid(n(B, T, H, K)).clamp(-5.0, 0.0),
+         "beta": torch.rand(B, T, H, generator=gen).bfloat16(), "h0": 0.1 * n(N, H, K, V),
+         "do": n(B, T, H, V).bfloat16(), "dht": 0.1 * n(N, H, K, V)}
+    x["cu_seqlens"] = None if lengths is None else torch.tensor(np.concatenate([[0], np.cumsum(lengths)]))
+    return x
+
+
+def _run(fn, x, *, with_state: bool, **kw):
+    dev = "cuda"
+    leaves = {n: x[n].to(dev).requires_grad_() for n in ("q", "k", "v", "g", "beta")}
+    h0 = x["h0"].to(dev).requires_grad_() if with_state else None
+    cu = None if x["cu_seqlens"] is None else x["cu_seqlens"].to(dev)
+    o, ht = fn(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], initial_state=h0,
+               output_final_state=with_state, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **kw)
+    loss = (o.float() * x["do"].to(dev).float()).sum()
+    if with_state:
+        loss = loss + (ht * x["dht"].to(dev)).sum()
+    loss.backward()
+    grads = {"d" + n: t.grad for n, t in leaves.items()}
+    if with_state:
+        grads["dh0"] = h0.grad
+    return o.detach(), (None if ht is None else ht.detach()), grads
+
+
+def _reference(x, *, with_state: bool) -> dict:
+    from kernel.reference import kda_backward_reference
+
+    f64 = lambda t: t.double().numpy()
+    return kda_backward_reference(f64(x["q"]), f64(x["k"]), f64(x["v"]), f64(x["g"]), f64(x["beta"]),
+                                  f64(x["do"]), initial_state=f64(x["h0"]) if with_state else None,
+                                  dht=f64(x["dht"]) if with_state else None,
+                                  cu_seqlens=None if x["cu_seqlens"] is None else x["cu_seqlens"].numpy(),
+                                  qk_l2norm=True)
+
+
+def _rel(a, ref: np.ndarray) -> float:
+    a = a.detach().double().cpu().numpy()
+    return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+
+
+CASES = [
+    # id, lengths (None: equal length B x T), B, T, safe_gate, disable_recompute, with initial/final state
+    ("2x200-safe", None, 2, 200, True, False, True),
+    ("2x200-unsafe", None, 2, 200, False, False, True),
+    ("varlen-safe", [1, 15, 16, 17, 65, 200], None, None, True, False, True),
+    ("varlen-unsafe", [1, 15, 16, 17, 65, 200], None, None, False, False, True),
+    ("varlen-safe-kept-states", [1, 15, 16, 17, 65, 200], None, None, True, True, True),
+    ("1x130-no-state", None, 1, 130, True, False, False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gradients_match_flas_precision(case):
+    _gpu_or_skip()
+    from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+    name, lengths, B, T, safe_gate, disable_recompute, with_state = case
+    x = _unit_inputs(lengths, B, T, H=2, seed=7)
+    kw = dict(safe_gate=safe_gate, lower_bound=-5.0 if safe_gate else None, disable_recompute=disable_recompute)
+    o_fla, ht_fla, fla = _run(fla_chunk_kda, x, with_state=with_state, **kw)
+    o_ours, ht_ours, ours = _run(_chunk_kda(), x, with_state=with_state, **kw)
+    ref = _reference(x, with_state=with_state)
+
+    # the same forward kernels on the same inputs
+    assert torch.equal(o_ours, o_fla)
+    assert (ht_ours is None and ht_fla is None) or torch.equal(ht_ours, ht_fla)
+
+    print(f"\n[{name}] relative Frobenius error vs float64: gradient, ours, FLA's, ours vs FLA's")
+    failed = []
+    for grad in (g for g in GRADIENTS if g in ref and (with_state or g != "dh0")):
+        assert ours[grad].dtype == fla[grad].dtype and ours[grad].shape == fla[grad].shape, grad
+        e_ours, e_fla = _rel(ours[grad], ref[grad]), _rel(fla[grad], ref[grad])
+        between = _rel(ours[grad], fla[grad].double().cpu().numpy())
+        print(f"  {grad:6s} {e_ours:.3e} {e_fla:.3e} {between:.3e}")
+        if not e_ours <= TIMES_FLA * e_fla + ERROR_FLOOR:
+            failed.append(f"{grad}: ours {e_ours:.3e} > {TIMES_FLA} x FLA's {e_fla:.3e} + {ERROR_FLOOR}")
+    assert not failed, failed

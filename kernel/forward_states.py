@@ -259,7 +259,8 @@ def _kernel(cfg: Config):
     return fn, smem, threads
 
 
-def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None):
+def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,
+                   out=None):
     """Kernel S: the bf16 state entering every 64-token chunk (FLA's h), from FLA's forward tensors.
 
     k, v: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's chunk-local cumsum / ln 2); beta: fp32 or
@@ -267,6 +268,8 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
     Returns bf16 [B, NT, H, 128, 128] (varlen [1, sum NT_n, H, 128, 128]), entry c of a sequence = its
     state entering tokens 64c.. ([K, V]). ``config``: the build (None: the auto rule for this GPU).
+    ``out``: a C-contiguous bf16 array of that shape to write into (CuPy uint16 bits, or a torch
+    bfloat16 CUDA tensor), e.g. one allocated on another stream's behalf; it is returned.
     """
     plan = plan_forward_states(k, v, g, beta, Akk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                config=config, sm_count=H200_SM_COUNT)
@@ -289,15 +292,19 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     if total != int(plan.snapshot_offsets[-1]):
         raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
     fn, smem, threads = _kernel(cfg)
-    if plan.torch_out:
+    out_t = out
+    if out is not None:
+        out = api._to_cupy("out", out, "bf16")
+        api._check_shape("out", out, plan.states_shape)
+    elif plan.torch_out:
         import torch
 
         out_t = torch.empty(plan.states_shape, dtype=torch.bfloat16, device=k.device)
         out = api._cupy_view(out_t)
     else:
-        out = cupy.empty(plan.states_shape, dtype=np.uint16)
+        out = out_t = cupy.empty(plan.states_shape, dtype=np.uint16)
     null = np.uint64(0)
     fn((plan.ctas,), (threads,),
        (k_c, v_c, g_c, beta_c, akk_c, h0 if h0 is not None else null, out, cu_d, offs_d, order, np.int32(plan.H)),
        shared_mem=smem)
-    return out_t if plan.torch_out else out
+    return out_t

@@ -291,26 +291,37 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const unsigned short* const ks = reinterpret_cast<const unsigned short*>(stg + ST_K);
 
         // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16; gc kept in fp32 ----
-        {
-            const int kk = tid & (D - 1), i0 = tid >> 7;   // a thread keeps its column, every other row
-            const float base = gbs[kk];
-            const float gT = gs[(lt - 1) * D + kk] - base;
+        {   // a thread keeps a pair of columns and every 4th row: 4-byte bf16 pairs, 8-byte gate pairs
+            const int kk = 2 * (tid & 63), i0 = tid >> 6;
+            const float2 base = *reinterpret_cast<const float2*>(gbs + kk);
+            const float2 last = *reinterpret_cast<const float2*>(gs + (lt - 1) * D + kk);
+            const float gT[2] = {last.x - base.x, last.y - base.y};
             if (i0 == 0) {
-                gt_s[kk] = gT;
-                gamma_s[kk] = exp2f(gT);
+                *reinterpret_cast<float2*>(gt_s + kk) = make_float2(gT[0], gT[1]);
+                *reinterpret_cast<float2*>(gamma_s + kk) = make_float2(exp2f(gT[0]), exp2f(gT[1]));
             }
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int i = i0 + 2 * e;
-                const float gc = i < lt ? gs[i * D + kk] - base : gT;
-                const float fs = exp2f(gc), fu = exp2f(gc - gT), fd = exp2f(gT - gc);
-                const float qv = bf(qs[i * (ROW / 2) + kk]), kv = bf(ks[i * (ROW / 2) + kk]);
-                const int o = i * (ROW / 2) + kk;
-                reinterpret_cast<unsigned short*>(smem + SM_KD)[o] = to_bf(kv * fs);
-                reinterpret_cast<unsigned short*>(smem + SM_KR)[o] = to_bf(kv * fd);
-                reinterpret_cast<unsigned short*>(smem + SM_QE)[o] = to_bf(s * qv * fu);
-                reinterpret_cast<unsigned short*>(smem + SM_BKE)[o] = to_bf(betas[i] * kv * fu);
-                gcs[i * GC_ROW + kk] = gc;
+            for (int e = 0; e < 4; ++e) {
+                const int i = i0 + 4 * e, o = i * (ROW / 2) + kk;
+                const float2 graw = *reinterpret_cast<const float2*>(gs + i * D + kk);
+                const float gc[2] = {i < lt ? graw.x - base.x : gT[0], i < lt ? graw.y - base.y : gT[1]};
+                const u32 q2 = *reinterpret_cast<const u32*>(qs + o), k2 = *reinterpret_cast<const u32*>(ks + o);
+                const float qv[2] = {bf_lo(q2), bf_hi(q2)}, kv[2] = {bf_lo(k2), bf_hi(k2)};
+                const float be = betas[i];
+                float kd[2], kr[2], qe[2], bke[2];
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float fu = exp2f(gc[c] - gT[c]);
+                    kd[c] = kv[c] * exp2f(gc[c]);
+                    kr[c] = kv[c] * exp2f(gT[c] - gc[c]);
+                    qe[c] = s * qv[c] * fu;
+                    bke[c] = be * kv[c] * fu;
+                }
+                *reinterpret_cast<u32*>(smem + SM_KD + 2 * o) = pack_bf16x2(kd[0], kd[1]);
+                *reinterpret_cast<u32*>(smem + SM_KR + 2 * o) = pack_bf16x2(kr[0], kr[1]);
+                *reinterpret_cast<u32*>(smem + SM_QE + 2 * o) = pack_bf16x2(qe[0], qe[1]);
+                *reinterpret_cast<u32*>(smem + SM_BKE + 2 * o) = pack_bf16x2(bke[0], bke[1]);
+                *reinterpret_cast<float2*>(gcs + i * GC_ROW + kk) = make_float2(gc[0], gc[1]);
             }
         }
         if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state
@@ -515,21 +526,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         // ================= K phase: k columns k0..k0+15, tokens as M =================
         {
-            float Qd[2][4], WS[2][4], Kr[2][4], Qe[2][4], X[2][4];
+            float Qd[2][4], WS[2][4], Kr[2][4], Qe[2][4], X[2][4], Gm[2][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) { zero4(Qd[nt]); zero4(WS[nt]); zero4(Kr[nt]); zero4(Qe[nt]); zero4(X[nt]); }
-            // G11, G12, G13 over v
+            for (int nt = 0; nt < 2; ++nt) {
+                zero4(Qd[nt]); zero4(WS[nt]); zero4(Kr[nt]); zero4(Qe[nt]); zero4(X[nt]); zero4(Gm[nt]);
+            }
+            // G11, G12, G13 over v, and S0 dS1^T on this warp's 16 k rows, whose diagonal is
+            // dgamma = rowsum(S0 . dS1) (the dS1 fragments are G13's)
 #pragma unroll
             for (int ks2 = 0; ks2 < 8; ++ks2) {
-                u32 bs0[2], bs1[2], bd0[2], bd1[2], ad[4], aw[4], au[4];
+                u32 bs0[2], bs1[2], bd0[2], bd1[2], ad[4], aw[4], au[4], as[4];
                 b_of_t(bs0, bs1, nck + SM_S + at(0, 16 * ks2));
                 b_of_t(bd0, bd1, sck + ST_DS + at(0, 16 * ks2));
                 a_of(ad, sr + ST_DO + at(0, 16 * ks2));
                 a_of(aw, nr + SM_DW + at(0, 16 * ks2));
                 a_of(au, nr + SM_U + at(0, 16 * ks2));
+                a_of(as, nr + SM_S + at(k0, 16 * ks2));
                 mma(Qd[0], ad, bs0); mma(Qd[1], ad, bs1);
                 mma(WS[0], aw, bs0); mma(WS[1], aw, bs1);
                 mma(Kr[0], au, bd0); mma(Kr[1], au, bd1);
+                mma(Gm[0], as, bd0); mma(Gm[1], as, bd1);
             }
             // G14-G17: the C x C gradients against Kr, Qe and beta Ke
             {
@@ -546,22 +562,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 mma(Kr[0], amt, bq0); mma(Kr[1], amt, bq1);   // G15
                 mma(Kr[0], alt, be0); mma(Kr[1], alt, be1);   // G17
             }
-            // dgamma = rowsum(S0 . dS1) for this warp's 16 k rows: two lanes a row, 64 v each
-            float dgam;
+            // dgamma of row r of this warp's k: Gm's diagonal, in lane 4 (r mod 8) + (r mod 8) / 2:
+            // r < 8 in n-tile 0's register (r mod 2), r >= 8 in n-tile 1's register 2 + (r mod 2)
+            float dgc;
             {
-                const int r = k0 + (lane >> 1), half = lane & 1;
-                const uint4* sp = reinterpret_cast<const uint4*>(smem + SM_S + r * ROW + half * 128);
-                const uint4* dp = reinterpret_cast<const uint4*>(stg + ST_DS + r * ROW + half * 128);
-                float acc = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const uint4 x = sp[e], y = dp[e];
-                    acc += bf_lo(x.x) * bf_lo(y.x) + bf_hi(x.x) * bf_hi(y.x);
-                    acc += bf_lo(x.y) * bf_lo(y.y) + bf_hi(x.y) * bf_hi(y.y);
-                    acc += bf_lo(x.z) * bf_lo(y.z) + bf_hi(x.z) * bf_hi(y.z);
-                    acc += bf_lo(x.w) * bf_lo(y.w) + bf_hi(x.w) * bf_hi(y.w);
-                }
-                dgam = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+                const float lo = (g & 1) ? Gm[0][1] : Gm[0][0], hi = (g & 1) ? Gm[1][3] : Gm[1][2];
+                const int c = lane & 7, src = 4 * c + (c >> 1);
+                const float from_lo = __shfl_sync(0xffffffffu, lo, src), from_hi = __shfl_sync(0xffffffffu, hi, src);
+                dgc = (lane & 8) ? from_hi : from_lo;   // lanes 0..15: column k0 + lane
             }
             // back to q, k and the gate, with fp32 factors from gc (as R1)
             float* const fsb = part + warp * 2 * C * PS;   // this warp's from_start [16 i][16 k]
@@ -611,8 +619,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             }
             __syncwarp();
             // dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma
-            {   // lanes 0..15: column k0 + lane, whose dgamma sits in lane 2 * lane
-                const float dgc = __shfl_sync(0xffffffffu, dgam, (2 * lane) & 31);
+            {
                 if (lane < C) {
                     const int kk = k0 + lane;
                     const float tail = gamma_s[kk] * dgc;

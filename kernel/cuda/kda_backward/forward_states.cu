@@ -309,22 +309,31 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
 
         // P^T = S^T Kd^T [16 v x 16 tokens] in G6_SPLIT independent accumulator pairs; before the
         // update, every 4th tile stages S for its store
+        // (Every B fragment of the tile is loaded as soon as the stage is released, Kd's before the
+        // products and Kr's before the reduction: the chain then never waits out an ldmatrix.)
         const bool snap = i % TILES_PER_CHUNK == 0;
+        u32 bkd[D / 16][4], bkr[D / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+            ldmatrix_x4(bkd[ks], smem_addr(&st.kd[xl.row + xl.cols_first_mat_row()][16 * ks + xl.cols_first_mat_col()]));
         float pp[G6_SPLIT][2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-            u32 a[4], b[4];
+            u32 a[4];
             pack_a(a, acc[2 * ks], acc[2 * ks + 1]);
             if (snap)   // cols first, .trans: A = tile^T, so the tile is S [k][v] (ldmatrix.cuh)
                 stmatrix_x4_trans(smem_addr(&sh.snap[warp][16 * ks + xl.row + xl.cols_first_mat_row()]
                                                        [xl.cols_first_mat_col()]),
                                   a[0], a[1], a[2], a[3]);
-            ldmatrix_x4(b, smem_addr(&st.kd[xl.row + xl.cols_first_mat_row()][16 * ks + xl.cols_first_mat_col()]));
+            const u32 (&b)[4] = bkd[ks];
             const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
             float (&q)[2][4] = pp[ks % G6_SPLIT];
             mma_m16n8k16_bf16(q[0], a, b0, q[0]);
             mma_m16n8k16_bf16(q[1], a, b1, q[1]);
         }
+#pragma unroll
+        for (int j = 0; j < D / 16; ++j)
+            ldmatrix_x4_trans(bkr[j], smem_addr(&st.kr[xl.row + xl.rows_first_mat_row()][16 * j + xl.rows_first_mat_col()]));
         // the partial sums, pairwise: (0 + 1) + (2 + 3)
 #pragma unroll
         for (int w = 1; w < G6_SPLIT; w *= 2)
@@ -365,8 +374,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
             pack_a(a, u[0], u[1]);
 #pragma unroll
             for (int j = 0; j < D / 16; ++j) {
-                u32 b[4];
-                ldmatrix_x4_trans(b, smem_addr(&st.kr[xl.row + xl.rows_first_mat_row()][16 * j + xl.rows_first_mat_col()]));
+                const u32 (&b)[4] = bkr[j];
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
                     float (&sv)[4] = acc[2 * j + half];

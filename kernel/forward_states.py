@@ -60,12 +60,16 @@ KERNEL_NAME = "kda_forward_states"
 D = 128                 # K = V
 TILE = 16               # tokens per tile
 TILES_PER_CHUNK = FLA_CHUNK // TILE   # a state entry every 4th tile
-WARPS = (1, 2, 4, 8)    # Config.warps: 16 v rows of S^T per warp, 128 / (16 warps) CTAs per (sequence, head)
-NSTAGES = (2, 3, 4)
+WARPS = (1, 2, 4, 8)    # Config.warps: consumer warps, 16 v rows of S^T each, 128 / (16 warps) CTAs per (sequence, head)
+PRODUCERS = (1, 2, 4, 8)   # Config.producers: 16 / producers tile rows loaded and rebuilt by each producer warp
+NSTAGES = (2, 3, 4, 5, 6, 7)   # FULL and EMPTY per stage: 2 nstage of the 15 named barriers
+G6_SPLITS = (1, 2, 4)
+MAX_WARPS = 12          # warps + producers: 384 threads leave 168 registers a thread (ptxas: 0 spills)
+SMEM_OPTIN = 232448     # H100 / H200: dynamic shared memory a CTA may opt in to (227 KB)
 H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' default)
 ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
 
-__all__ = ["forward_states", "plan_forward_states", "Config", "StatesPlan", "choose_warps", "all_variants",
+__all__ = ["forward_states", "plan_forward_states", "Config", "StatesPlan", "choose_warps", "auto_config", "all_variants",
            "options", "source"]
 
 
@@ -75,15 +79,26 @@ __all__ = ["forward_states", "plan_forward_states", "Config", "StatesPlan", "cho
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    warps: int = 8      # warps per CTA = v rows / 16 a CTA owns; fewer where few (sequence, head) pairs
-                        # would leave SMs idle (choose_warps)
-    nstage: int = 3     # input ring depth; loads run nstage - 1 tiles ahead
+    warps: int = 8      # consumer warps per CTA = v rows / 16 a CTA owns; fewer where few (sequence, head)
+                        # pairs would leave SMs idle (choose_warps)
+    producers: int = 4  # producer warps per CTA: loads and R1 (Kd, Kr, gamma); 4 puts one on every SM
+                        # sub-partition, so R1's 2 exp2 an element spread over all four MUFU units
+    nstage: int = 6     # ring depth; loads run nstage - 1 tiles ahead of R1, which runs one ahead of
+                        # the consumers: nstage - 2 tiles of the chain hide a tile's global-memory latency
+    g6_split: int = 4   # independent accumulator pairs of P^T = S^T Kd^T (8 / g6_split dependent MMAs)
 
     def __post_init__(self):
-        for name, allowed in (("warps", WARPS), ("nstage", NSTAGES)):
+        for name, allowed in (("warps", WARPS), ("producers", PRODUCERS), ("nstage", NSTAGES),
+                              ("g6_split", G6_SPLITS)):
             value = getattr(self, name)
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
                 raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
+        if self.warps + self.producers > MAX_WARPS:
+            raise ValueError(f"Config.warps + Config.producers must be at most {MAX_WARPS}, got {self.warps} + "
+                             f"{self.producers}: a consumer thread needs ~160 registers and the SM has 64K")
+        if self.smem_bytes > SMEM_OPTIN:
+            raise ValueError(f"Config {self.name()} needs {self.smem_bytes} B of shared memory per CTA, more than "
+                             f"the {SMEM_OPTIN} B an H100 / H200 CTA may have: use fewer stages (Config.nstage)")
 
     @property
     def vgroups(self) -> int:
@@ -92,14 +107,21 @@ class Config:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        return 32 * (self.warps + self.producers)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per CTA, as the source's Shared lays it out (fs_smem_bytes)."""
+        stage = (TILE * D * 4 + 2 * self.producers * D * 4 + TILE * D * 2 + 2 * TILE * (D + 8) * 2 + D * 4
+                 + TILE * 16 * self.warps * 2 + TILE * (TILE + 8) * 2 + TILE * 4)
+        return self.nstage * stage + self.warps * D * (16 + 8) * 2
 
     def name(self) -> str:
-        return f"w{self.warps}-st{self.nstage}"
+        return f"w{self.warps}-p{self.producers}-st{self.nstage}-g{self.g6_split}"
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
-KNOB_MACROS = {"warps": "FS_WARPS", "nstage": "FS_NSTAGE"}
+KNOB_MACROS = {"warps": "FS_WARPS", "producers": "FS_PRODUCERS", "nstage": "FS_NSTAGE", "g6_split": "FS_G6_SPLIT"}
 
 
 def options(cfg: Config) -> tuple[str, ...]:
@@ -128,17 +150,28 @@ def source() -> str:
 
 
 def all_variants() -> list[Config]:
-    """Every configuration forward_states launches (the auto rule picks warps; nstage its default)."""
-    return [Config(warps=w) for w in WARPS]
+    """Every configuration forward_states launches (the auto rule picks warps, the rest follows)."""
+    return [auto_config(w) for w in WARPS]
 
 
 def choose_warps(pairs: int, sm_count: int) -> int:
-    """Most warps per CTA (fewest CTAs, each rebuilding Kd and Kr once for more v rows) whose grid
-    of pairs * 128 / (16 warps) CTAs still covers ~90% of the SMs; pairs = sequences x heads."""
+    """Most consumer warps per CTA (fewest CTAs, each rebuilding Kd and Kr once for more v rows) whose
+    grid of pairs * 128 / (16 warps) CTAs still covers ~90% of the SMs; pairs = sequences x heads."""
     for w in sorted(WARPS, reverse=True):
         if pairs * (D // (16 * w)) >= 0.9 * sm_count:
             return w
     return min(WARPS)
+
+
+def auto_config(warps: int) -> Config:
+    """The launch's configuration for `warps` consumer warps: 4 producers, the G6 split by 4, and the
+    deepest ring (at most 6 stages: 4 tiles of the chain, ~1.2 us, cover a loaded DRAM latency) that
+    fits the SM's shared memory."""
+    for nstage in (6, 5, 4, 3, 2):
+        cfg = Config(warps=warps, producers=4, nstage=nstage, g6_split=4)
+        if cfg.smem_bytes <= SMEM_OPTIN:
+            return cfg
+    raise AssertionError(f"no ring fits {warps} consumer warps")   # unreachable: 2 stages always fit
 
 
 # ----------------------------------------------------------------------------
@@ -224,7 +257,7 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
 
     offsets = snapshot_offsets(np.diff(cu), TILE, TILES_PER_CHUNK)
     shape = (B, int(offsets[-1]) // B, H, D, D) if cu_seqlens is None else (1, int(offsets[-1]), H, D, D)
-    cfg = config if config is not None else Config(warps=choose_warps(N * H, sm_count))
+    cfg = config if config is not None else auto_config(choose_warps(N * H, sm_count))
     return StatesPlan(B=B, T=T, H=H, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
                       config=cfg, torch_out=ka.torch, device=device, beta_bf16=arrays["beta"].dtype == "bfloat16",
                       has_initial_state=initial_state is not None)
@@ -276,7 +309,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     cupy = api._require_cupy()
     api._require_gpu()
     if config is None:
-        plan = dataclasses.replace(plan, config=Config(warps=choose_warps(plan.N * plan.H, api._sm_count())))
+        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.H, api._sm_count())))
     cfg = plan.config
 
     k_c = api._to_cupy("k", k, "bf16")

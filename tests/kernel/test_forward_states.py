@@ -77,17 +77,34 @@ def test_the_auto_rule_fills_the_sms(pairs, sm, warps):
 
 def test_the_plan_takes_the_auto_rule_or_the_given_config():
     a, kw = _args(B=2, T=100, H=4)                           # 8 pairs
-    assert _call(plan_forward_states, a, kw).config == Config(warps=1, nstage=3)
+    assert _call(plan_forward_states, a, kw).config == Config(warps=1, producers=4, nstage=6, g6_split=4)
     assert _call(plan_forward_states, a, kw, sm_count=16).config.warps == 4
-    assert _call(plan_forward_states, a, kw, config=Config(warps=2, nstage=2)).config == Config(2, 2)
+    assert _call(plan_forward_states, a, kw, config=Config(warps=2, nstage=2)).config == Config(2, nstage=2)
     assert _call(plan_forward_states, a, kw).ctas == 8 * 8
 
 
 @pytest.mark.parametrize("field, value", [("warps", 3), ("warps", 16), ("warps", True), ("nstage", 1),
-                                          ("nstage", 5), ("warps", 2.0)])
+                                          ("nstage", 8), ("warps", 2.0), ("producers", 3), ("producers", 16),
+                                          ("g6_split", 3), ("g6_split", 8)])
 def test_config_refuses_what_the_source_cannot_build(field, value):
     with pytest.raises(ValueError, match=f"Config.{field} must be one of"):
         Config(**{field: value})
+
+
+def test_config_refuses_what_an_sm_cannot_hold():
+    with pytest.raises(ValueError, match=r"Config.warps \+ Config.producers must be at most 12, got 8 \+ 8"):
+        Config(warps=8, producers=8)
+    with pytest.raises(ValueError, match=r"Config w8-p4-st7-g4 needs 262\d+ B of shared memory"):
+        Config(warps=8, producers=4, nstage=7)
+
+
+@pytest.mark.parametrize("warps", fs.WARPS)
+def test_the_auto_config_takes_the_deepest_ring_that_fits(warps):
+    cfg = fs.auto_config(warps)
+    assert (cfg.warps, cfg.producers, cfg.g6_split) == (warps, 4, 4)
+    assert cfg.smem_bytes <= fs.SMEM_OPTIN
+    deeper = cfg.nstage + 1
+    assert cfg.nstage == 6 or Config(warps=warps, nstage=deeper).smem_bytes > fs.SMEM_OPTIN
 
 
 # ----------------------------------------------------------------------------
@@ -202,8 +219,8 @@ def test_every_config_field_is_a_knob_and_reaches_the_source():
     import dataclasses
 
     assert {f.name for f in dataclasses.fields(Config)} == set(fs.KNOB_MACROS)
-    opts = fs.options(Config(warps=4, nstage=2))
-    assert "-DFS_WARPS=4" in opts and "-DFS_NSTAGE=2" in opts and "-ftz=true" in opts
+    opts = fs.options(Config(warps=4, producers=2, nstage=2, g6_split=1))
+    assert {"-DFS_WARPS=4", "-DFS_PRODUCERS=2", "-DFS_NSTAGE=2", "-DFS_G6_SPLIT=1", "-ftz=true"} <= set(opts)
     for macro in fs.KNOB_MACROS.values():
         assert re.search(rf"#ifndef {macro}\n#error \"{macro} is not set: kernel/forward_states.py sets every knob",
                          SRC), macro
@@ -216,7 +233,7 @@ def test_the_source_carries_the_header_digest():
     text = fs.source()
     assert text.startswith(f"// headers sha256 {fs.header_digest()}\n")
     assert text.endswith(SRC)
-    assert [c.name() for c in fs.all_variants()] == ["w1-st3", "w2-st3", "w4-st3", "w8-st3"]
+    assert [c.name() for c in fs.all_variants()] == ["w1-p4-st6-g4", "w2-p4-st6-g4", "w4-p4-st6-g4", "w8-p4-st6-g4"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -269,7 +286,8 @@ def _pack_a(lo, hi):
                     axis=1).astype(np.uint32)
 
 
-def test_the_tile_step_fragments_compute_the_tile_algebra():
+@pytest.mark.parametrize("g6_split", fs.G6_SPLITS)
+def test_the_tile_step_fragments_compute_the_tile_algebra(g6_split):
     rng = np.random.default_rng(7)
     S = rng.standard_normal((D, 16)).astype(np.float32)        # this warp's 16 v columns of S [K, V]
     Kd, Kr = bf16(rng.standard_normal((16, D))), bf16(rng.standard_normal((16, D)))
@@ -282,14 +300,22 @@ def test_the_tile_step_fragments_compute_the_tile_algebra():
     kd_img, kr_img = _image(Kd, OP_STRIDE), _image(Kr, OP_STRIDE)
     inv_img = _image(INV, INV_STRIDE)
     snap = np.zeros(D * SNAP_STRIDE * 2, dtype=np.uint8)
-    # P^T = S^T Kd^T, and the snapshot's stmatrix .trans of the same A fragments
-    p = [np.zeros((32, 4), np.float32), np.zeros((32, 4), np.float32)]
+    # P^T = S^T Kd^T in g6_split accumulator pairs (k-step ks into pair ks % g6_split, then the
+    # pairwise sums), and the snapshot's stmatrix .trans of the same A fragments
+    pp = np.zeros((g6_split, 2, 32, 4), np.float32)
     for ks in range(8):
         a = _pack_a(acc[:, 2 * ks], acc[:, 2 * ks + 1])
         snap = model.stmatrix(snap, _addr(COLS_FIRST, 16 * ks, 0, SNAP_STRIDE), a, trans=True)
         b = model.ldmatrix(kd_img, _addr(COLS_FIRST, 0, 16 * ks, OP_STRIDE), 4, trans=False)
-        p[0] = model.mma_m16n8k16(a, b[:, :2], p[0], "bfloat16")
-        p[1] = model.mma_m16n8k16(a, b[:, 2:], p[1], "bfloat16")
+        q = pp[ks % g6_split]
+        q[0] = model.mma_m16n8k16(a, b[:, :2], q[0], "bfloat16")
+        q[1] = model.mma_m16n8k16(a, b[:, 2:], q[1], "bfloat16")
+    w_ = 1
+    while w_ < g6_split:
+        for sp in range(0, g6_split, 2 * w_):
+            pp[sp] += pp[sp + w_]
+        w_ *= 2
+    p = [pp[0, 0], pp[0, 1]]
     staged = (snap.view(np.uint16).reshape(D, SNAP_STRIDE)[:, :16].astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(staged, bf16(S))             # the staging tile is S [k][v], rounded
     # W^T = beta (v^T - P^T)
@@ -337,5 +363,6 @@ def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_pa
         assert row["threads"] == cfg.threads and row["ctas_per_sm"] >= 1
         assert resources.problems(row) == [], (resources.label(cfg), resources.problems(row))
         assert row["spill"] == 0 and row["stack"] == 0, row["log"]
+        assert row["smem"] == cfg.smem_bytes, (cfg.name(), row["smem"], cfg.smem_bytes)   # Config's sum is the source's
         if row["sass"] is not None:   # the three products and the load: 16 + 2 + 16 HMMA, 8 + 1 + 8 LDSM
             assert (row["sass"]["HMMA"], row["sass"]["LDSM"], row["sass"]["STSM"], row["sass"]["MOVM"]) == (34, 17, 8, 0)

@@ -152,3 +152,19 @@ def test_torch_in_torch_out():
     assert isinstance(out_t, torch.Tensor) and out_t.dtype == torch.bfloat16 and out_t.is_cuda
     out_c = _run(case).get()
     assert np.array_equal(out_t.view(torch.int16).cpu().numpy().view(np.uint16), out_c)
+
+
+# ----------------------------------------------------------------------------
+# the knobs the auto rule leaves fixed: producers, ring depth, the G6 split
+# ----------------------------------------------------------------------------
+
+KNOB_CONFIGS = [Config(warps=2, producers=1, nstage=2, g6_split=1), Config(warps=2, producers=2, nstage=3, g6_split=2),
+                Config(warps=1, producers=8, nstage=7, g6_split=4), Config(warps=4, producers=8, nstage=4, g6_split=1),
+                Config(warps=8, producers=1, nstage=3, g6_split=2)]
+
+
+@pytest.mark.parametrize("config", KNOB_CONFIGS, ids=lambda c: c.name())
+def test_every_knob_setting_matches_float64(config):
+    # ragged lengths: sequences shorter than the ring (no EMPTY wait at all) beside longer ones
+    case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True)
+    _check(_host(_run(case, config)), case, f"{config.name()}, lengths {RAGGED + [1000]}")

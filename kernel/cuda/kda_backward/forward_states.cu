@@ -5,13 +5,13 @@
 //     gc = g - g[row before the tile]   (FLA's g restarts every 64 tokens: nothing to subtract
 //                                        at a 64-chunk's first tile)
 //     gT = gc[L-1];  rows >= L: gc = gT, k = v = beta = 0
-//     Kd = k 2^gc    Kr = k 2^(gT-gc)    gamma = 2^gT          (once per tile, for every warp)
+//     Kd = k 2^gc    Kr = k 2^(gT-gc)    gamma = 2^gT   (once per tile by the producers, for every consumer)
 //     Vn = v - Kd S;  U = INV (beta Vn);  S <- diag(gamma) S + Kr^T U
 // INV = the 16 x 16 diagonal block of Akk at columns 16 (tile mod 4), lower triangle only.
 // Before every 4th tile's update S goes out as bf16 [K][V] (FLA's h layout, state_v_first False).
 //
-// Design: S is held transposed, S^T [V x K], in mma.m16n8k16 fp32 accumulators, one warp per
-// 16 V rows (16 n-tiles of 8 K columns: 64 registers a thread) for the whole scan. Then every
+// Design: S is held transposed, S^T [V x K], in mma.m16n8k16 fp32 accumulators, one consumer warp
+// per 16 V rows (16 n-tiles of 8 K columns: 64 registers a thread) for the whole scan. Then every
 // product takes its A operand from registers (mma.cuh's corollary: two adjacent n-tiles' C
 // fragments, packed pairwise to bf16, are one k-step's A fragment) and its B operand from
 // shared memory by ldmatrix, with no transpose anywhere:
@@ -20,10 +20,20 @@
 //     U^T  = W^T INV^T           A = W^T                 B = INV^T: INV [i][j], cols first, plain
 //     S^T <- gamma S^T + U^T Kr  A = U^T                 B = Kr: Kr [token][K], rows first, .trans
 // and the snapshot's stmatrix .trans of S^T's A fragments writes S [K][V] rows to a staging tile.
+// P^T's 8 k-steps go to FS_G6_SPLIT independent accumulator pairs, summed at the end: the chain
+// of dependent MMAs is 8 / FS_G6_SPLIT long instead of 8.
 //
-// A CTA owns (sequence, head, VW = 16 FS_WARPS v rows). Tile inputs come by cp.async into a
-// ring of FS_NSTAGE stages, FS_NSTAGE - 1 tiles ahead. Per tile: barrier, issue the next loads,
-// every thread rebuilds a share of Kd, Kr, gamma, barrier, every warp runs its chain.
+// A CTA owns (sequence, head, VW = 16 FS_WARPS v rows) and has two roles. Warps [0, FS_WARPS)
+// are consumers: each runs only its chain above, tile after tile. FS_PRODUCERS producer warps
+// fill a ring of FS_NSTAGE stages: they issue a tile's cp.async loads FS_NSTAGE - 1 tiles ahead
+// and rebuild its Kd, Kr and gamma (R1) in the stage while the consumers run earlier tiles.
+// Producer warp pw copies and rebuilds tile rows [C/P pw, C/P (pw+1)) alone, with its own copies
+// of g at the tile's last row and at the row before the tile, so a producer waits only for its
+// own warp's copies (cp.async.wait_group + __syncwarp) and never for another producer. Hand-off
+// by named barriers (ptx_lab barrier.cuh), each counting all threads: FULL(s) producers arrive
+// once stage s holds a tile's operands, consumers sync; EMPTY(s) consumers arrive when done
+// reading stage s, producers sync before refilling it.
+#include "barrier.cuh"
 #include "cp_async.cuh"
 #include "ldmatrix.cuh"
 #include "mma.cuh"
@@ -34,8 +44,14 @@
 #ifndef FS_WARPS
 #error "FS_WARPS is not set: kernel/forward_states.py sets every knob (Config.warps)"
 #endif
+#ifndef FS_PRODUCERS
+#error "FS_PRODUCERS is not set: kernel/forward_states.py sets every knob (Config.producers)"
+#endif
 #ifndef FS_NSTAGE
 #error "FS_NSTAGE is not set: kernel/forward_states.py sets every knob (Config.nstage)"
+#endif
+#ifndef FS_G6_SPLIT
+#error "FS_G6_SPLIT is not set: kernel/forward_states.py sets every knob (Config.g6_split)"
 #endif
 
 namespace fs {
@@ -46,13 +62,22 @@ constexpr int D = 128;                  // K = V
 constexpr int C = 16;                   // tokens per tile
 constexpr int TILES_PER_CHUNK = 4;      // FLA's chunk of 64 tokens
 constexpr int AKK_COLS = C * TILES_PER_CHUNK;
-constexpr int WARPS = FS_WARPS;
+constexpr int WARPS = FS_WARPS;         // consumer warps
+constexpr int PRODUCERS = FS_PRODUCERS; // producer warps
 constexpr int NSTAGE = FS_NSTAGE;
-constexpr int THREADS = 32 * WARPS;
+constexpr int PREFETCH = NSTAGE - 1;    // tiles whose loads are in flight ahead of R1
+constexpr int G6_SPLIT = FS_G6_SPLIT;
+constexpr int CONSUMER_THREADS = 32 * WARPS;
+constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
+constexpr int THREADS = CONSUMER_THREADS + PRODUCER_THREADS;
+constexpr int ROWS_PER_PRODUCER = C / PRODUCERS;
 constexpr int VW = 16 * WARPS;          // v rows of S^T per CTA
 constexpr int VGROUPS = D / VW;         // CTAs per (sequence, head)
 static_assert(WARPS == 1 || WARPS == 2 || WARPS == 4 || WARPS == 8, "FS_WARPS must be 1, 2, 4 or 8");
-static_assert(NSTAGE >= 2 && NSTAGE <= 4, "FS_NSTAGE must be 2, 3 or 4");
+static_assert(PRODUCERS == 1 || PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "FS_PRODUCERS must be 1, 2, 4 or 8");
+// FULL(s) and EMPTY(s) take ids 1 .. 2 NSTAGE of the 15 named barriers
+static_assert(NSTAGE >= 2 && NSTAGE <= 7, "FS_NSTAGE must be 2 .. 7");
+static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "FS_G6_SPLIT must be 1, 2 or 4");
 
 // Row strides (elements) of the tiles ldmatrix / stmatrix address: 8 rows of 16 bytes must
 // fall on 8 different 4-bank groups.
@@ -60,20 +85,21 @@ constexpr int OP_STRIDE = D + 8;        // Kd, Kr rows: 272 B, 68 words = 4 mod 
 constexpr int INV_STRIDE = C + 8;       // INV rows: 48 B, 12 words a row apart
 constexpr int SNAP_STRIDE = 16 + 8;     // staging rows (16 v of one k): 48 B likewise
 
-// 16-byte chunks a tile's copies consist of
-constexpr int K_CHUNKS = C * D * 2 / 16;        // 256
-constexpr int G_CHUNKS = C * D * 4 / 16;        // 512
-constexpr int GBASE_CHUNKS = D * 4 / 16;        // 32
-constexpr int V_CHUNKS = C * VW * 2 / 16;       // 32 WARPS = THREADS
+// 16-byte chunks of the copies every producer thread shares in (v, INV; beta by 4 bytes)
+constexpr int V_CHUNKS = C * VW * 2 / 16;       // 32 WARPS
 constexpr int INV_CHUNKS = C * C * 2 / 16;      // 32
-static_assert(K_CHUNKS % THREADS == 0 && G_CHUNKS % THREADS == 0 && V_CHUNKS == THREADS, "copy split");
-static_assert(GBASE_CHUNKS <= THREADS && INV_CHUNKS <= THREADS && C <= THREADS, "copy split");
+constexpr int K_ROW_CHUNKS = D * 2 / 16;        // 16: a producer warp's k rows, 16 bytes a lane
+static_assert(ROWS_PER_PRODUCER * K_ROW_CHUNKS % 32 == 0 || ROWS_PER_PRODUCER * K_ROW_CHUNKS < 32, "k copy split");
 
-// One tile's inputs as copied (rows past the tile's L are zero-filled).
+// One tile: its inputs as copied (rows past the tile's L are zero-filled) and what R1 builds.
 struct Stage {
-    float g[C][D];                  // FLA's chunk-local g (log2), fp32
-    float gbase[D];                 // g at the token before the tile; zeros at a 64-chunk's start
+    float g[C][D];                  // FLA's chunk-local g (log2), fp32; producer warp pw's rows only it reads
+    float glast[PRODUCERS][D];      // per producer warp: g at the tile's last real row
+    float gbase[PRODUCERS][D];      // per producer warp: g at the row before the tile; zeros at a 64-chunk's start
     u16 k[C][D];                    // bf16
+    u16 kd[C][OP_STRIDE];           // R1: bf16 k 2^gc
+    u16 kr[C][OP_STRIDE];           // R1: bf16 k 2^(gT-gc)
+    float gamma[D];                 // R1: 2^gT
     u16 v[C][VW];                   // bf16, this CTA's v columns
     u16 inv[C][INV_STRIDE];         // bf16, Akk's diagonal block, zero above the diagonal
     float beta[C];
@@ -82,12 +108,13 @@ static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 
 struct Shared {
     Stage stage[NSTAGE];
-    u16 kd[C][OP_STRIDE];           // bf16 k 2^gc
-    u16 kr[C][OP_STRIDE];           // bf16 k 2^(gT-gc)
-    float gamma[D];                 // 2^gT
-    u16 snap[WARPS][D][SNAP_STRIDE];  // per warp: its 16 v columns of S [K][V], bf16
+    u16 snap[WARPS][D][SNAP_STRIDE];  // per consumer warp: its 16 v columns of S [K][V], bf16
 };
 constexpr int SMEM_BYTES = (int)sizeof(Shared);
+
+// Named barrier ids (0 is __syncthreads). Both count every thread of the CTA.
+__device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
+__device__ __forceinline__ u32 empty_bar(int s) { return 1 + NSTAGE + s; }
 
 __device__ __forceinline__ float bf16_to_f32(u16 bits) { return __uint_as_float((u32)bits << 16); }
 
@@ -99,78 +126,107 @@ __device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&lo)[4], const 
     a[3] = pack_bf16x2(hi[2], hi[3]);
 }
 
-// Tile i's copies into st. Row index of (token, head) pairs: tok * H + h.
+// Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): the warp's own g and k rows,
+// glast and gbase (lane l: columns 4l .. 4l+3 of g, the row's 16-byte chunks of k), and its share
+// of v, INV and beta (read by the consumers). Addresses are the tile's first (token, head) row plus
+// 32-bit element offsets (row c at c H D): the per-row parts stay in registers across tiles, so a
+// copy costs a select, one 64-bit add and the LDGSTS.
 __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k, const u16* __restrict__ v,
                                            const float* __restrict__ g, const float* __restrict__ beta,
                                            const u16* __restrict__ akk, long long tok0, int L, int i,
-                                           int H, int h, int vg, int tid) {
-    const long long row0 = tok0 * H + h;
+                                           int H, int h, int vg, int pw, int lane, int ptid) {
+    const long long row0 = tok0 * H + h;                 // (token, head) row of the tile's first token
+    const u32 tok = (u32)H * D;                          // elements between tokens of k, v, g
+    const float* gt = g + row0 * D;
+    const u16* kt = k + row0 * D;
+    const int c0 = pw * ROWS_PER_PRODUCER;
 #pragma unroll
-    for (int m = 0; m < K_CHUNKS / THREADS; ++m) {
-        const int idx = tid + m * THREADS, c = idx / (D / 8), ch = idx % (D / 8);
+    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
+        const int c = c0 + r;
         const bool valid = c < L;
-        cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), k + (row0 + (valid ? c : 0) * (long long)H) * D + ch * 8,
+        cp_async_cg16_zfill(smem_addr(&st.g[c][4 * lane]), gt + ((valid ? (u32)c * tok : 0u) + 4 * lane),
                             valid ? 16u : 0u);
     }
+    constexpr int KC = ROWS_PER_PRODUCER * K_ROW_CHUNKS;
 #pragma unroll
-    for (int m = 0; m < G_CHUNKS / THREADS; ++m) {
-        const int idx = tid + m * THREADS, c = idx / (D / 4), ch = idx % (D / 4);
-        const bool valid = c < L;
-        cp_async_cg16_zfill(smem_addr(&st.g[c][ch * 4]), g + (row0 + (valid ? c : 0) * (long long)H) * D + ch * 4,
-                            valid ? 16u : 0u);
+    for (int m = 0; m < (KC + 31) / 32; ++m) {
+        const int idx = lane + 32 * m;
+        if (KC % 32 == 0 || idx < KC) {
+            const int c = c0 + idx / K_ROW_CHUNKS, ch = idx % K_ROW_CHUNKS;
+            const bool valid = c < L;
+            cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + ((valid ? (u32)c * tok : 0u) + ch * 8),
+                                valid ? 16u : 0u);
+        }
     }
-    if (tid < GBASE_CHUNKS) {
+    cp_async_cg16(smem_addr(&st.glast[pw][4 * lane]), gt + ((u32)(L - 1) * tok + 4 * lane));
+    {
         const bool rebase = i % TILES_PER_CHUNK != 0;   // the token before is in the same 64-chunk
-        cp_async_cg16_zfill(smem_addr(&st.gbase[tid * 4]), g + (rebase ? row0 - H : row0) * D + tid * 4,
+        cp_async_cg16_zfill(smem_addr(&st.gbase[pw][4 * lane]), (rebase ? gt - tok : gt) + 4 * lane,
                             rebase ? 16u : 0u);
     }
-    {
-        const int c = tid / (VW / 8), ch = tid % (VW / 8);
-        const bool valid = c < L;
-        cp_async_cg16_zfill(smem_addr(&st.v[c][ch * 8]),
-                            v + (row0 + (valid ? c : 0) * (long long)H) * D + vg * VW + ch * 8, valid ? 16u : 0u);
+    const u16* vt = v + row0 * D + vg * VW;
+#pragma unroll
+    for (int m = 0; m < (V_CHUNKS + PRODUCER_THREADS - 1) / PRODUCER_THREADS; ++m) {
+        const int idx = ptid + m * PRODUCER_THREADS;
+        if (V_CHUNKS % PRODUCER_THREADS == 0 || idx < V_CHUNKS) {
+            const int c = idx / (VW / 8), ch = idx % (VW / 8);
+            const bool valid = c < L;
+            cp_async_cg16_zfill(smem_addr(&st.v[c][ch * 8]), vt + ((valid ? (u32)c * tok : 0u) + ch * 8),
+                                valid ? 16u : 0u);
+        }
     }
-    if (tid < INV_CHUNKS) {
+    // INV and beta from the last producer warp (warp 0 also copies v's first chunks)
+    const int tail = ptid - (PRODUCER_THREADS - 32);
+    if (tail >= 0) {
         // row c keeps its elements 0..c (2 (c + 1 - 8 ch) bytes of this chunk, clamped to 0..16);
         // the zero-fill, not a multiply, clears what lies above the diagonal
-        const int c = tid / 2, ch = tid % 2;
+        static_assert(INV_CHUNKS == 32, "one INV chunk a lane");
+        const int c = tail / 2, ch = tail % 2;
         const bool valid = c < L;
         const int keep = min(max(2 * (c + 1 - 8 * ch), 0), 16);
-        cp_async_cg16_zfill(smem_addr(&st.inv[c][ch * 8]),
-                            akk + (row0 + (valid ? c : 0) * (long long)H) * AKK_COLS + (i % TILES_PER_CHUNK) * C + ch * 8,
+        const u16* at = akk + row0 * AKK_COLS + (i % TILES_PER_CHUNK) * C;
+        cp_async_cg16_zfill(smem_addr(&st.inv[c][ch * 8]), at + ((valid ? (u32)c * H * AKK_COLS : 0u) + ch * 8),
                             valid ? (u32)keep : 0u);
-    }
-    if (tid < C) {
-        const bool valid = tid < L;
-        cp_async_ca_zfill<4>(smem_addr(&st.beta[tid]), beta + row0 + (valid ? tid : 0) * (long long)H, valid ? 4u : 0u);
+        if (tail < C) {
+            const bool bvalid = tail < L;
+            cp_async_ca_zfill<4>(smem_addr(&st.beta[tail]), beta + row0 + (bvalid ? (u32)tail * H : 0u),
+                                 bvalid ? 4u : 0u);
+        }
     }
 }
 
-// Kd, Kr and gamma of one tile, from its stage; every thread a share of 4-column groups.
-__device__ __forceinline__ void rebuild(Shared& sh, const Stage& st, int L, int tid) {
+// R1 of producer warp pw: Kd, Kr of its rows (lane l: columns 4l .. 4l+3), gamma from warp 0.
+// All rows are read before any is computed (independent shared loads in flight together).
+__device__ __forceinline__ void rebuild(Stage& st, int L, int pw, int lane) {
+    const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
+    const float4 base = *reinterpret_cast<const float4*>(&st.gbase[pw][col]);
+    const float4 last = *reinterpret_cast<const float4*>(&st.glast[pw][col]);
+    const float gT[4] = {last.x - base.x, last.y - base.y, last.z - base.z, last.w - base.w};
+    if (pw == 0)
+        *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+    float4 row[ROWS_PER_PRODUCER];
+    uint2 kb[ROWS_PER_PRODUCER];
 #pragma unroll
-    for (int m = 0; m < C * D / 4 / THREADS; ++m) {
-        const int idx = tid + m * THREADS, c = idx / (D / 4), col = (idx % (D / 4)) * 4;
-        const float4 base = *reinterpret_cast<const float4*>(&st.gbase[col]);
-        const float4 last = *reinterpret_cast<const float4*>(&st.g[L - 1][col]);
-        const float4 row = *reinterpret_cast<const float4*>(&st.g[c][col]);
-        const float gT[4] = {last.x - base.x, last.y - base.y, last.z - base.z, last.w - base.w};
+    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
+        row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
+        kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
+        const int c = c0 + r;
         const bool real = c < L;
-        const float gc[4] = {real ? row.x - base.x : gT[0], real ? row.y - base.y : gT[1],
-                             real ? row.z - base.z : gT[2], real ? row.w - base.w : gT[3]};
-        const uint2 kb = *reinterpret_cast<const uint2*>(&st.k[c][col]);
-        const float kf[4] = {bf16_to_f32((u16)(kb.x & 0xffffu)), bf16_to_f32((u16)(kb.x >> 16)),
-                             bf16_to_f32((u16)(kb.y & 0xffffu)), bf16_to_f32((u16)(kb.y >> 16))};
+        const float gc[4] = {real ? row[r].x - base.x : gT[0], real ? row[r].y - base.y : gT[1],
+                             real ? row[r].z - base.z : gT[2], real ? row[r].w - base.w : gT[3]};
+        const float kf[4] = {bf16_to_f32((u16)(kb[r].x & 0xffffu)), bf16_to_f32((u16)(kb[r].x >> 16)),
+                             bf16_to_f32((u16)(kb[r].y & 0xffffu)), bf16_to_f32((u16)(kb[r].y >> 16))};
         float kd[4], kr[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             kd[e] = kf[e] * exp2f(gc[e]);
             kr[e] = kf[e] * exp2f(gT[e] - gc[e]);
         }
-        *reinterpret_cast<uint2*>(&sh.kd[c][col]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
-        *reinterpret_cast<uint2*>(&sh.kr[c][col]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
-        if (c == 0)
-            *reinterpret_cast<float4*>(&sh.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+        *reinterpret_cast<uint2*>(&st.kd[c][col]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
+        *reinterpret_cast<uint2*>(&st.kr[c][col]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
     }
 }
 
@@ -185,7 +241,7 @@ extern "C" __constant__ int fs_threads = THREADS;
 // Grid: one CTA per (sequence rank, head, v group), v group fastest; order[rank] is the
 // sequence (longest first). states: bf16 [sum of entries, H, K, V], entry snap_offsets[n] + c
 // of sequence n is the state entering its tile 4c.
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const float* __restrict__ g,
                    const float* __restrict__ beta, const u16* __restrict__ akk, const float* __restrict__ h0,
                    u16* __restrict__ states, const long long* __restrict__ cu_seqlens,
@@ -193,13 +249,43 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int gr = lane / 4, t = lane % 4;                 // mma fragment row and column pair
     const int vg = blockIdx.x % VGROUPS;
     const int h = (blockIdx.x / VGROUPS) % H;
     const int n = order[blockIdx.x / VGROUPS / H];
     const long long bos = cu_seqlens[n];
     const int len = (int)(cu_seqlens[n + 1] - bos);
     const int ntiles = (len + C - 1) / C;
+
+    if (warp >= WARPS) {
+        // ---------------- producers: loads and R1, PREFETCH tiles / one tile ahead ----------------
+        const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
+        auto issue = [&](int i) {
+            if (i < ntiles)
+                issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)C * i, min(C, len - C * i), i,
+                           H, h, vg, pw, lane, ptid);
+            cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
+        };
+#pragma unroll 1
+        for (int s = 0; s < PREFETCH; ++s) issue(s);
+#pragma unroll 1
+        for (int i = 0; i < ntiles; ++i) {
+            const int s = i % NSTAGE;
+            cp_async_wait<PREFETCH - 1>();   // this thread's copies of tile i landed
+            __syncwarp();                    // ... and its warp's: the k rows R1 reads
+            rebuild(sh.stage[s], min(C, len - C * i), pw, lane);
+            named_barrier_arrive(full_bar(s), THREADS);   // release tile i to the consumers
+            // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it
+            // (after the arrive, so the wait never delays tile i).
+            const int j = i + PREFETCH;
+            if (j < ntiles && j >= NSTAGE) named_barrier_sync(empty_bar(j % NSTAGE), THREADS);
+            issue(j);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ---------------- consumers: the chain, one warp per 16 v rows ----------------
+    const int gr = lane / 4, t = lane % 4;                 // mma fragment row and column pair
     const long long snap0 = snap_offsets[n];
     const int vrow = 16 * warp;                            // this warp's first v row within the CTA's VW
     const X4Lane xl = x4_lane(lane);
@@ -220,51 +306,50 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         }
     }
 
-    auto issue = [&](int i) {
-        if (i < ntiles)
-            issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)C * i, min(C, len - C * i), i, H, h,
-                       vg, tid);
-        cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
-    };
-#pragma unroll
-    for (int s = 0; s < NSTAGE - 1; ++s) issue(s);
-
     const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
     for (int i = 0; i < ntiles; ++i) {
-        const int L = min(C, len - C * i);
-        const Stage& st = sh.stage[i % NSTAGE];
-        cp_async_wait<NSTAGE - 2>();
-        __syncthreads();   // tile i landed for all; every warp is done with tile i-1's stage and operands
-        issue(i + NSTAGE - 1);
-        rebuild(sh, st, L, tid);
-        __syncthreads();   // Kd, Kr, gamma
+        const int s = i % NSTAGE;
+        named_barrier_sync(full_bar(s), THREADS);   // tile i's inputs and operands are in stage s
+        const Stage& st = sh.stage[s];
 
-        // P^T = S^T Kd^T [16 v x 16 tokens]; before the update, every 4th tile stores S
+        // P^T = S^T Kd^T [16 v x 16 tokens] in G6_SPLIT independent accumulator pairs; before the
+        // update, every 4th tile stages S for its store
+        // (Every B fragment of the tile is loaded as soon as the stage is released, Kd's before the
+        // products and Kr's before the reduction: the chain then never waits out an ldmatrix.)
         const bool snap = i % TILES_PER_CHUNK == 0;
-        float p[2][4] = {};
+        u32 bkd[D / 16][4], bkr[D / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+            ldmatrix_x4(bkd[ks], smem_addr(&st.kd[xl.row + xl.cols_first_mat_row()][16 * ks + xl.cols_first_mat_col()]));
+        float pp[G6_SPLIT][2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-            u32 a[4], b[4];
+            u32 a[4];
             pack_a(a, acc[2 * ks], acc[2 * ks + 1]);
             if (snap)   // cols first, .trans: A = tile^T, so the tile is S [k][v] (ldmatrix.cuh)
                 stmatrix_x4_trans(smem_addr(&sh.snap[warp][16 * ks + xl.row + xl.cols_first_mat_row()]
                                                        [xl.cols_first_mat_col()]),
                                   a[0], a[1], a[2], a[3]);
-            ldmatrix_x4(b, smem_addr(&sh.kd[xl.row + xl.cols_first_mat_row()][16 * ks + xl.cols_first_mat_col()]));
+            const u32 (&b)[4] = bkd[ks];
             const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_m16n8k16_bf16(p[0], a, b0, p[0]);
-            mma_m16n8k16_bf16(p[1], a, b1, p[1]);
+            float (&q)[2][4] = pp[ks % G6_SPLIT];
+            mma_m16n8k16_bf16(q[0], a, b0, q[0]);
+            mma_m16n8k16_bf16(q[1], a, b1, q[1]);
         }
-        if (snap) {
-            __syncwarp();
-            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * H + h) * (long long)(D * D) + vg * VW + vrow;
 #pragma unroll
-            for (int m = 0; m < D * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane
-                const int idx = lane + 32 * m, row = idx / 2, half = idx % 2;
-                *reinterpret_cast<uint4*>(dst + (long long)row * D + half * 8) =
-                    *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
-            }
-        }
+        for (int j = 0; j < D / 16; ++j)
+            ldmatrix_x4_trans(bkr[j], smem_addr(&st.kr[xl.row + xl.rows_first_mat_row()][16 * j + xl.rows_first_mat_col()]));
+        // the partial sums, pairwise: (0 + 1) + (2 + 3)
+#pragma unroll
+        for (int w = 1; w < G6_SPLIT; w *= 2)
+#pragma unroll
+            for (int sp = 0; sp < G6_SPLIT; sp += 2 * w)
+#pragma unroll
+                for (int nt2 = 0; nt2 < 2; ++nt2)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pp[sp][nt2][e] += pp[sp + w][nt2][e];
+        const float (&p)[2][4] = pp[0];
 
         // W^T = beta (v^T - P^T): column = token 8 nt2 + 2t (+1), rows gr, gr + 8
         float w[2][4];
@@ -290,24 +375,37 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         }
 
         // S^T <- gamma S^T + U^T Kr
-        u32 a[4];
-        pack_a(a, u[0], u[1]);
+        {
+            u32 a[4];
+            pack_a(a, u[0], u[1]);
 #pragma unroll
-        for (int j = 0; j < D / 16; ++j) {
-            u32 b[4];
-            ldmatrix_x4_trans(b, smem_addr(&sh.kr[xl.row + xl.rows_first_mat_row()][16 * j + xl.rows_first_mat_col()]));
+            for (int j = 0; j < D / 16; ++j) {
+                const u32 (&b)[4] = bkr[j];
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                float (&s)[4] = acc[2 * j + half];
-                const float2 gm = *reinterpret_cast<const float2*>(&sh.gamma[8 * (2 * j + half) + 2 * t]);
-                s[0] *= gm.x;
-                s[1] *= gm.y;
-                s[2] *= gm.x;
-                s[3] *= gm.y;
-                const u32 bb[2] = {b[2 * half], b[2 * half + 1]};
-                mma_m16n8k16_bf16(s, a, bb, s);
+                for (int half = 0; half < 2; ++half) {
+                    float (&sv)[4] = acc[2 * j + half];
+                    const float2 gm = *reinterpret_cast<const float2*>(&st.gamma[8 * (2 * j + half) + 2 * t]);
+                    sv[0] *= gm.x;
+                    sv[1] *= gm.y;
+                    sv[2] *= gm.x;
+                    sv[3] *= gm.y;
+                    const u32 bb[2] = {b[2 * half], b[2 * half + 1]};
+                    mma_m16n8k16_bf16(sv, a, bb, sv);
+                }
+            }
+        }
+        if (i + NSTAGE < ntiles) named_barrier_arrive(empty_bar(s), THREADS);   // the producers refill stage s
+
+        // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
+        if (snap) {
+            __syncwarp();
+            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * H + h) * (long long)(D * D) + vg * VW + vrow;
+#pragma unroll
+            for (int m = 0; m < D * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane
+                const int idx = lane + 32 * m, row = idx / 2, half = idx % 2;
+                *reinterpret_cast<uint4*>(dst + (long long)row * D + half * 8) =
+                    *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
             }
         }
     }
-    cp_async_wait<0>();
 }

@@ -13,6 +13,7 @@ and thread count it was built with (``kdb_smem_bytes``, ``kdb_threads``).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from pathlib import Path
@@ -29,7 +30,20 @@ SOURCE_PATH = Path(__file__).resolve().parent / "cuda" / "kda_backward" / "token
 KERNEL_NAME = "kda_token_gradients"
 TILES_PER_CTA = FLA_CHUNK // CHUNK   # 4
 
-__all__ = ["launch", "source", "options", "tables", "SOURCE_PATH", "KERNEL_NAME"]
+__all__ = ["launch", "source", "options", "tables", "Build", "all_variants", "SOURCE_PATH", "KERNEL_NAME"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """Kernel B's one build (it has no knobs): what ``ptx-lab resources`` and CI compile."""
+
+    def name(self) -> str:
+        return "token-gradients"
+
+
+def all_variants() -> list[Build]:
+    """Every build the API can launch: the one."""
+    return [Build()]
 
 
 def source() -> str:
@@ -41,8 +55,8 @@ def source() -> str:
     return f"// headers sha256 {h.hexdigest()}\n" + SOURCE_PATH.read_text()
 
 
-def options() -> tuple[str, ...]:
-    """What every build passes (CI's nvcc check and the launch alike)."""
+def options(build: Build | None = None) -> tuple[str, ...]:
+    """What every build passes (CI's nvcc check, ``ptx-lab resources`` and the launch alike)."""
     return FAST_MATH
 
 

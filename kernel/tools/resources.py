@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from kernel import build, forward_states
+from kernel import build, forward_states, token_gradients
 from ptx_lab import CUDA_INCLUDE_DIR
 
 SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
@@ -54,17 +54,19 @@ def _tool(name: str) -> str | None:
     return None
 
 
-Variant = build.Config | forward_states.Config
+Variant = build.Config | forward_states.Config | token_gradients.Build
 
 
 def label(cfg: Variant) -> str:
-    return f"states-{cfg.name()}" if isinstance(cfg, forward_states.Config) else cfg.name()
+    return f"states-{cfg.name()}" if isinstance(cfg, forward_states.Config) else cfg.name()   # Kernel B: token-gradients
 
 
 def _source(cfg: Variant) -> tuple[Path, tuple[str, ...], str]:
     """The entry file, its options and the prefix of its smem / threads constants."""
     if isinstance(cfg, forward_states.Config):
         return forward_states.SOURCE_PATH, forward_states.options(cfg), "fs"
+    if isinstance(cfg, token_gradients.Build):
+        return token_gradients.SOURCE_PATH, token_gradients.options(cfg), "kdb"
     return build.SOURCE_PATH, build.options(cfg), "kda"
 
 
@@ -132,7 +134,7 @@ def problems(row: dict) -> list[str]:
         out.append(f"no SASS (cuobjdump failed: {row['sass_error']})")
     elif row["sass"] is not None:
         cfg = row["cfg"]
-        if isinstance(cfg, forward_states.Config):
+        if isinstance(cfg, (forward_states.Config, token_gradients.Build)):
             need = ["HMMA", "LDSM", "LDGSTS", "STSM"]
         else:
             need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if cfg.snap_bf16 else []) + (["HGMMA"] if cfg.wgmma else [])
@@ -163,8 +165,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if args.check and not has_sass:
         print(f"{prog} --check: cuobjdump not found, so the SASS cannot be checked: {SASS_INSTALL}", file=sys.stderr)
         return 2
-    variants = [*build.all_variants(), *forward_states.all_variants()]
-    print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name} and {forward_states.SOURCE_PATH.name} "
+    variants = [*build.all_variants(), *forward_states.all_variants(), *token_gradients.all_variants()]
+    print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name}, {forward_states.SOURCE_PATH.name} and "
+          f"{token_gradients.SOURCE_PATH.name} "
           f"for sm_90a ({args.jobs} jobs)", flush=True)
     with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda c: compile_variant(c, Path(tmp)), variants))

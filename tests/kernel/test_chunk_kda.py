@@ -156,6 +156,9 @@ def test_gates_below_the_floor_are_refused(low, refused):
     match = r"g: every per-token gate must be >= -5\.458" if refused else r"q: expected a CUDA tensor"
     with pytest.raises(ValueError, match=match):
         _chunk_kda()(q, k, v, g, beta)
+    # safe_gate=True: the caller promises bounded gates (as FLA's own safe-gate path needs), no host sync
+    with pytest.raises(ValueError, match=r"q: expected a CUDA tensor"):
+        _chunk_kda()(q, k, v, g, beta, safe_gate=True, lower_bound=-5.0)
 
 
 @pytest.mark.parametrize("case, match", [

@@ -1,0 +1,118 @@
+"""kernel.kda_backward's host side, without a GPU: every argument check names the argument,
+and Kernel B's batch tables (first tile, first chunk and sequence of every chunk)."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from kernel.kda_backward import kda_backward, plan_kda_backward
+from kernel.reference import snapshot_offsets
+from kernel.token_gradients import tables
+
+from .test_fla_entry import BF16, DeviceArray
+
+D, C64 = 128, 64
+
+
+def _args(B=2, T=100, H=3, *, N=None, h0=True, dht=True, states=False):
+    N = B if N is None else N
+    wide = (B, T, H, D)
+    a = dict(q=DeviceArray(wide, BF16), k=DeviceArray(wide, BF16), v=DeviceArray(wide, BF16),
+             g=DeviceArray(wide, np.float32), beta=DeviceArray((B, T, H), np.float32),
+             Aqk=DeviceArray((B, T, H, C64), BF16), Akk=DeviceArray((B, T, H, C64), BF16),
+             do=DeviceArray(wide, BF16))
+    nt = -(-T // C64)
+    kw = dict(initial_state=DeviceArray((N, H, D, D), np.float32) if h0 else None,
+              dht=DeviceArray((N, H, D, D), np.float32) if dht else None,
+              states=DeviceArray((B, nt, H, D, D), BF16) if states else None)
+    return a, kw
+
+
+def _plan(a, kw, **over):
+    args = {**a, **kw, **over}
+    pos = [args.pop(n) for n in ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")]
+    return plan_kda_backward(*pos, **args)
+
+
+def test_valid_arguments_give_kernel_a_s_plan():
+    a, kw = _args(states=True)
+    plan = _plan(a, kw)
+    assert (plan.B, plan.T, plan.H, plan.N) == (2, 100, 3, 2)
+    assert plan.dh_shape == (2, 2, 3, D, D)     # the states' shape too: one per 64-token chunk
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("v", DeviceArray((2, 100, 3, 64), BF16), r"v must have shape \(2, 100, 3, 128\)"),
+    ("v", DeviceArray((2, 100, 3, D), np.float32), r"v .*bf16"),
+    ("v", DeviceArray((2, 100, 6, D), BF16), r"v .*GVA|v .*value heads"),
+    ("initial_state", DeviceArray((3, 3, D, D), np.float32), r"initial_state must have shape \(2, 3, 128, 128\)"),
+    ("initial_state", DeviceArray((2, 3, D, D), BF16), r"initial_state .*float32"),
+    ("states", DeviceArray((2, 1, 3, D, D), BF16), r"states must have shape \(2, 2, 3, 128, 128\)"),
+    ("states", DeviceArray((2, 2, 3, D, D), np.float32), r"states .*bf16"),
+    ("v", np.zeros((2, 100, 3, D), np.uint16), r"v is a numpy.ndarray \(host memory\)"),
+])
+def test_bad_arguments_are_named(name, value, message):
+    a, kw = _args(states=True)
+    (a if name in a else kw)[name] = value
+    with pytest.raises((ValueError, TypeError), match=message):
+        _plan(a, kw)
+
+
+def test_the_fla_entry_checks_run_too():
+    a, kw = _args()
+    a["Aqk"] = DeviceArray((2, 100, 3, 16), BF16)
+    with pytest.raises(ValueError, match="Aqk"):
+        _plan(a, kw)
+
+
+@pytest.mark.parametrize("scale, exc", [(0.0, ValueError), (float("nan"), ValueError), (True, TypeError),
+                                        ("0.1", TypeError)])
+def test_scale(scale, exc):
+    a, kw = _args()
+    with pytest.raises(exc, match="scale"):
+        _plan(a, kw, scale=scale)
+
+
+def test_arrays_on_two_devices_are_refused():
+    a, kw = _args()
+    a["v"] = DeviceArray((2, 100, 3, D), BF16, device=1)
+    with pytest.raises(ValueError, match="v is on device 1"):
+        _plan(a, kw)
+
+
+def test_varlen_states_are_packed_by_chunk_offsets():
+    lengths = [1, 64, 65, 200]
+    total = sum(lengths)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    a, kw = _args(B=1, T=total, N=len(lengths))
+    n_chunks = int(snapshot_offsets(lengths, 16, 4)[-1])
+    assert n_chunks == 1 + 1 + 2 + 4
+    kw["states"] = DeviceArray((1, n_chunks, 3, D, D), BF16)
+    plan = _plan(a, kw, cu_seqlens=cu)
+    assert plan.dh_shape == (1, n_chunks, 3, D, D)
+    kw["states"] = DeviceArray((1, n_chunks - 1, 3, D, D), BF16)
+    with pytest.raises(ValueError, match="states must have shape"):
+        _plan(a, kw, cu_seqlens=cu)
+
+
+def test_tables_name_every_chunk_s_sequence_and_first_tile():
+    cu = np.array([0, 1, 65, 130, 330], dtype=np.int64)
+    t = tables(cu)
+    assert t["tile_offs"].tolist() == [0, 1, 5, 10, 23]      # ceil(n / 16) tiles a sequence
+    assert t["chunk_offs"].tolist() == [0, 1, 2, 4, 8]       # ceil(n / 64) chunks a sequence
+    assert t["chunk_seq"].tolist() == [0, 1, 2, 2, 3, 3, 3, 3]
+    assert (t["tiles"], t["chunks"]) == (23, 8)
+    # a chunk's first tile is its sequence's first tile + 4 (chunk - first chunk)
+    for c, n in enumerate(t["chunk_seq"]):
+        assert t["tile_offs"][n] + 4 * (c - t["chunk_offs"][n]) < t["tile_offs"][n + 1]
+
+
+def test_without_cupy_the_call_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    a, kw = _args()
+    args = {**a, **kw}
+    pos = [args.pop(n) for n in ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")]
+    with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[cuda\]'"):
+        kda_backward(*pos, **args)

@@ -132,9 +132,13 @@ DESIGNS = (
     Design("bf16-every-64 dS, bf16 states every 64 recomputed", BF16, 4, False, BF16, 4),
     Design("fp32-every-64 dS, fp32 states every 64 recomputed", FP32, 4, False, FP32, 4),
     Design("bf16-every-64 dS, bf16 states every 64 saved", BF16, 4, True, BF16, 4),
+    Design("bf16-every-tile dS, bf16 states every 64 recomputed", BF16, 1, False, BF16, 4),
 )
 # docs/kda_backward.md, section 8: the design the GPU backward is built to
 RECOMMENDED = next(d for d in DESIGNS if d.name == "bf16-every-64 dS, bf16 states every 64 recomputed")
+# what kernel.kda_backward runs today (docs/kda_backward.md, section 9): Kernel B reads dS after
+# every tile, so it needs no in-chunk re-scan of dS and no K x V matrices kept across tiles
+BUILT = next(d for d in DESIGNS if d.name == "bf16-every-tile dS, bf16 states every 64 recomputed")
 
 SHAPES = {
     "4x8192": [8192] * 4,

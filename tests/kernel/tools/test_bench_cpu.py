@@ -338,9 +338,10 @@ def test_an_old_result_reads_with_the_new_names():
 
 
 def test_the_committed_runs_json_files_still_make_their_tables(capsys):
-    # docs/bench holds runs' --json files, the earlier ones written with the old mode names
-    runs = sorted((REPO / "docs" / "bench").glob("*.json"))
-    assert runs, "docs/bench has no JSON files"
+    # docs/bench holds Kernel A's runs' --json files (kernel_a_*), the earlier ones written with the
+    # old mode names; the whole backward's (whole_backward_*) and the training study's are others
+    runs = sorted((REPO / "docs" / "bench").glob("kernel_a_*.json"))
+    assert runs, "docs/bench has no Kernel A JSON files"
     for path in runs:
         rows = [r for r in json.loads(path.read_text())["results"] if "error" not in r]
         assert cli.main(["--from-json", str(path)]) == 0, path
@@ -351,3 +352,15 @@ def test_the_committed_runs_json_files_still_make_their_tables(capsys):
             cells = [c.strip() for c in next(line for line in out.splitlines()
                                              if line.startswith(f"| {r['config']} ")).strip("|").split("|")]
             assert cells[1] == ("-" if a is None else f"{a:.3f}"), (path.name, r["config"], cells)
+
+
+def test_the_committed_backward_runs_still_make_their_table(capsys):
+    runs = sorted((REPO / "docs" / "bench").glob("whole_backward_*.json"))
+    assert runs, "docs/bench has no whole-backward JSON files"
+    for path in runs:
+        rows = [r for r in json.loads(path.read_text())["results"] if "error" not in r]
+        assert cli.main(["--backward", "--from-json", str(path)]) == 0, path
+        out = capsys.readouterr().out
+        for r in rows:
+            line = next(line for line in out.splitlines() if line.startswith(f"| {r['config']} "))
+            assert f"{r['backward']['ours']['median_ms']:.3f}" in line, (path.name, r["config"], line)

@@ -17,6 +17,12 @@ probes with known answers before the kernel:
     ring-arrive-exit  the same ring, but the consumer spins ~1 ms before its
                     last bar.sync, so the producer has exited by then (what a
                     short sequence does in Kernel A). Race-free by PTX rules.
+    ring-cp-async   the ring with its stages filled by cp.async in Kernel A's order
+                    (a tile's copy issued after the previous FULL arrive, waited for
+                    before its own). Race-free: a report means racecheck does not order
+                    cp.async writes by the hand-off (Kernel A, its FLA-input build and
+                    the forward-state scan report such hazards once a sequence is longer
+                    than their rings, log 28).
     ring-syncthreads  the same data flow ordered by __syncthreads. Race-free.
     no-empty        one buffer, a FULL hand-off per iteration (its own barrier
                     id) and no EMPTY: the producer really overwrites words the
@@ -40,6 +46,7 @@ from typing import Sequence
 
 PROBE_SOURCE = r"""
 #include "barrier.cuh"
+#include "cp_async.cuh"
 using namespace ptx_lab;
 
 // One producer warp (warp 1) and one consumer warp (warp 0); 2-stage ring of 32 floats.
@@ -107,6 +114,40 @@ __device__ void ring2(float* out) {
 extern "C" __global__ void ring2_arrive(float* out) { ring2<false>(out); }
 extern "C" __global__ void ring2_producer_bar(float* out) { ring2<true>(out); }
 
+// The ring of ring_arrive with the stages filled by cp.async, in Kernel A's order: the copy of
+// tile i + 1 is issued after tile i's FULL arrive, into the stage the consumer left (EMPTY),
+// and each tile's group is waited for before its FULL arrive. Race-free by construction: a
+// report here means racecheck does not order cp.async writes by the barrier hand-off.
+__device__ float ring_cp_async_src[ITERS][32];
+extern "C" __global__ void ring_cp_async(float* out) {
+    __shared__ __align__(16) float buf[STAGES][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp == 1) {
+        cp_async_ca<4>(smem_addr(&buf[0][lane]), &ring_cp_async_src[0][lane]);
+        cp_async_commit();
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            cp_async_wait<0>();
+            named_barrier_arrive(full_bar(s), THREADS);
+            const int j = i + 1;
+            if (j < ITERS) {
+                if (j >= STAGES) named_barrier_sync(empty_bar(j % STAGES), THREADS);
+                cp_async_ca<4>(smem_addr(&buf[j % STAGES][lane]), &ring_cp_async_src[j][lane]);
+            }
+            cp_async_commit();
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            named_barrier_sync(full_bar(s), THREADS);
+            acc += buf[s][31 - lane];
+            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), THREADS);
+        }
+        out[lane] = acc;
+    }
+}
+
 // Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
 extern "C" __global__ void no_empty(float* out) {
     __shared__ float buf[32];
@@ -138,10 +179,10 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 }
 """
 
-RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-syncthreads",
-        "no-empty", "kernel-a")
+RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-cp-async",
+        "ring-syncthreads", "no-empty", "kernel-a")
 EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
-            "ring2-producer-bar": "race-free", "ring-syncthreads": "race-free",
+            "ring2-producer-bar": "race-free", "ring-cp-async": "race-free", "ring-syncthreads": "race-free",
             "no-empty": "a real race",
             "kernel-a": "?"}
 
@@ -155,6 +196,9 @@ def _child(run: str) -> None:
         mod = load_module(PROBE_SOURCE)
         out = cp.zeros(32, dtype=cp.float32)
         threads = 96 if run.startswith("ring2") else 64
+        if run == "ring-cp-async":   # the values the other rings write, copied from global memory
+            src = cp.ndarray((8, 32), dtype=cp.float32, memptr=mod.get_global("ring_cp_async_src"))
+            src[...] = cp.arange(8 * 32, dtype=cp.float32).reshape(8, 32)
         mod.get_function(run.replace("-", "_"))((1,), (threads,), (out,))
         cp.cuda.Device().synchronize()
         want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words

@@ -151,21 +151,32 @@ def module(cfg: Config):
     return load_module(build.source(), build.options(cfg))
 
 
+def kernel_function(mod, name: str, prefix: str, *, label: str, threads_expected: int | None = None,
+                    advice: str = ""):
+    """(function, shared memory bytes, threads) of a module's kernel, from the module's own
+    ``<prefix>_smem_bytes`` and ``<prefix>_threads`` constants: the threads checked against the
+    host's expectation, the shared memory against this GPU's opt-in limit (``label`` names the
+    build in the errors, ``advice`` says what to change), then requested for every launch."""
+    import cupy
+
+    fn = mod.get_function(name)
+    (smem,) = read_int_constants(mod, f"{prefix}_smem_bytes", 1)
+    (threads,) = read_int_constants(mod, f"{prefix}_threads", 1)
+    if threads_expected is not None and threads != threads_expected:
+        raise RuntimeError(f"{label} was built with {threads} threads per CTA, its Config expects {threads_expected}")
+    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    if smem > limit:
+        raise ValueError(f"{label} needs {smem} B of shared memory per CTA, this GPU allows {limit} B{advice}")
+    fn.max_dynamic_shared_size_bytes = smem
+    return fn, smem, threads
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(cfg: Config):
     mod = module(cfg)
-    fn = mod.get_function(build.KERNEL_NAME)
-    (smem,) = read_int_constants(mod, "kda_smem_bytes", 1)
-    (threads,) = read_int_constants(mod, "kda_threads", 1)
-    if threads != cfg.threads:
-        raise RuntimeError(f"kernel built {threads} threads per CTA, build.Config expects {cfg.threads}")
-    import cupy
-
-    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-    if smem > limit:
-        raise ValueError(f"Kernel A configuration {cfg.name()} needs {smem} B of shared memory per CTA, "
-                         f"this GPU allows {limit} B: use fewer stages (tuning nstage) or other knobs")
-    fn.max_dynamic_shared_size_bytes = smem
+    fn, smem, threads = kernel_function(mod, build.KERNEL_NAME, "kda", label=f"Kernel A configuration {cfg.name()}",
+                                        threads_expected=cfg.threads,
+                                        advice=": use fewer stages (tuning nstage) or other knobs")
     tma_dims = read_int_constants(mod, "kda_tma_dims", 6)
     return fn, smem, threads, tma_dims
 

@@ -276,20 +276,9 @@ def module(cfg: Config):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(cfg: Config):
-    import cupy
-
-    mod = module(cfg)
-    fn = mod.get_function(KERNEL_NAME)
-    (smem,) = api.read_int_constants(mod, "fs_smem_bytes", 1)
-    (threads,) = api.read_int_constants(mod, "fs_threads", 1)
-    if threads != cfg.threads:
-        raise RuntimeError(f"Kernel S built {threads} threads per CTA, Config expects {cfg.threads}")
-    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-    if smem > limit:
-        raise ValueError(f"Kernel S configuration {cfg.name()} needs {smem} B of shared memory per CTA, "
-                         f"this GPU allows {limit} B: use fewer stages (Config.nstage) or fewer warps")
-    fn.max_dynamic_shared_size_bytes = smem
-    return fn, smem, threads
+    return api.kernel_function(module(cfg), KERNEL_NAME, "fs", label=f"Kernel S configuration {cfg.name()}",
+                               threads_expected=cfg.threads,
+                               advice=": use fewer stages (Config.nstage) or fewer warps")
 
 
 def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,

@@ -110,7 +110,7 @@ def _side_stream(device_id: int):
 def _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states) -> dict:
     import cupy
 
-    B, T, H, N = plan.B, plan.T, plan.H, plan.N
+    B, T, H = plan.B, plan.T, plan.H
     c = {name: api._to_cupy(name, x, want) for name, x, want in (
         ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}

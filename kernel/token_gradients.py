@@ -22,7 +22,7 @@ import numpy as np
 
 from ptx_lab import CUDA_INCLUDE_DIR
 
-from .build import CHUNK, D, FAST_MATH
+from .build import CHUNK, FAST_MATH
 from .reference.checks import FLA_CHUNK
 from .reference.dstate_scan import snapshot_offsets
 
@@ -62,21 +62,12 @@ def options(build: Build | None = None) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _kernel():
-    import cupy
-
     from ptx_lab.gpu import load_module
 
-    from .api import read_int_constants
+    from .api import kernel_function
 
-    mod = load_module(source(), options())
-    fn = mod.get_function(KERNEL_NAME)
-    (smem,) = read_int_constants(mod, "kdb_smem_bytes", 1)
-    (threads,) = read_int_constants(mod, "kdb_threads", 1)
-    limit = cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-    if smem > limit:
-        raise RuntimeError(f"Kernel B needs {smem} B of shared memory per CTA, this GPU allows {limit} B")
-    fn.max_dynamic_shared_size_bytes = smem
-    return fn, smem, threads
+    return kernel_function(load_module(source(), options()), KERNEL_NAME, "kdb", label="Kernel B",
+                           advice=" (it is built for sm_90a: H100 / H200)")
 
 
 def tables(cu: np.ndarray) -> dict:

@@ -20,7 +20,7 @@ from kernel.tools.fla_adapter import FLA_VERSION
 
 from .backward import bench_backward_config, missing_requirement
 from .backward_report import log_backward_table, progress_line, read_runs, write_outputs
-from .configs import Config, parse_config
+from .configs import Config, parse_configs
 from .report import error_text, log
 from .timing import L2_FLUSH_BYTES, free_memory
 
@@ -88,13 +88,7 @@ def main_backward(args, prog: str) -> int:
     """The --backward mode of ``ptx-lab bench`` (arguments parsed by cli.parse_args)."""
     from .cli import environment
 
-    configs = []
-    for spec in args.configs.split(","):
-        if spec.strip():
-            try:
-                configs.append(parse_config(spec, seed=args.seed))
-            except ValueError as exc:
-                log(f"skipping config: {exc}")
+    configs = parse_configs(args.configs, args.seed, log)
     why = missing_requirement()
     if why:
         log(f"{prog} --backward needs {NEEDS}: {why}")

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from kernel.build import D, parse_knobs
 
 from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
-                      parse_config)
+                      parse_configs)
 from .measure import bench_config, fla_import, kernel_a_import, precision_config
 from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get, log,
                      log_precision_table, plot, precision_row, report_from_json, table_row)
@@ -145,13 +145,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         return report_from_json(args.from_json, args.plot, args.json)
     if args.backward:
         return main_backward(args, prog)
-    configs = []
-    for spec in args.configs.split(","):
-        if spec.strip():
-            try:
-                configs.append(parse_config(spec, seed=args.seed))
-            except ValueError as exc:
-                log(f"skipping config: {exc}")
+    configs = parse_configs(args.configs, args.seed, log)
 
     try:
         import torch

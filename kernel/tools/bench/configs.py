@@ -73,6 +73,19 @@ def parse_config(spec: str, seed: int = 0) -> Config:
                      f"(e.g. varlen64x262144)")
 
 
+def parse_configs(text: str, seed: int, skipped) -> list[Config]:
+    """The comma-separated configurations of --configs; a bad one is reported through
+    ``skipped(message)`` and left out, so the others still run."""
+    configs = []
+    for spec in text.split(","):
+        if spec.strip():
+            try:
+                configs.append(parse_config(spec, seed=seed))
+            except ValueError as exc:
+                skipped(f"skipping config: {exc}")
+    return configs
+
+
 def n_snapshots(lengths: Sequence[int], snapshot_every: int) -> int:
     """Total snapshots of all sequences (FLA's NT for bf16-every-64)."""
     return int(snapshot_offsets(lengths, CHUNK, snapshot_every)[-1])

@@ -16,6 +16,8 @@ from kernel.tools import floors
 from kernel.tools.bench import backward, backward_report, backward_run, cli, configs
 from kernel.tools.bench.backward import FLA_SAFE, FLA_UNSAFE, OURS, STEP_FLA, STEP_OURS
 
+from .blocked_imports import run_blocked
+
 # ------------------------------------------------------------- arguments ----
 
 
@@ -188,17 +190,8 @@ def test_a_file_that_is_not_a_backward_run_is_refused(tmp_path, capsys):
 
 
 def test_imports_without_torch_cupy_fla():
-    code = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'cupy', 'triton', 'fla', 'matplotlib'):\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "import kernel.tools.bench.backward_run, kernel.tools.fla_kda\n"
-        "from kernel.tools.bench.backward import missing_requirement\n"
-        "print(missing_requirement())\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = run_blocked("import kernel.tools.bench.backward_run, kernel.tools.fla_kda\n"
+                      "from kernel.tools.bench.backward import missing_requirement\n"
+                      "print(missing_requirement())\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "torch is not installed (blocked: torch)"

@@ -7,8 +7,6 @@ figures docs/kda_backward.md gives (section 5) and against kernel.reference.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,8 @@ from hypothesis import given, settings, strategies as st
 from kernel import build, reference as ref
 from kernel.reference.dstate_scan import tile_table
 from kernel.tools import floors
+
+from .blocked_imports import run_blocked
 from kernel.tools.bench import cli, configs, inputs, report
 from kernel.tools.bench.configs import BF16_EVERY_64, FP32_EVERY_TILE
 
@@ -28,19 +28,10 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_imports_without_torch_cupy_fla():
     # a fresh interpreter in which torch, cupy, triton and fla cannot be imported
-    code = (
-        "import sys\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch', 'cupy', 'triton', 'fla', 'matplotlib'):\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "import kernel.tools.bench.cli, kernel.tools.bench.measure, kernel.tools.fla_adapter\n"
-        "ok, why = kernel.tools.fla_adapter.available()\n"
-        "assert not ok and 'torch' in why, why\n"
-        "print('ok')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = run_blocked("import kernel.tools.bench.cli, kernel.tools.bench.measure, kernel.tools.fla_adapter\n"
+                      "ok, why = kernel.tools.fla_adapter.available()\n"
+                      "assert not ok and 'torch' in why, why\n"
+                      "print('ok')\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 

@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -50,6 +51,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seed of runs 1 and 2 (weights and batches)")
     ap.add_argument("--noise-seed", type=int, default=1, help="seed of run 3 (default 1)")
     ap.add_argument("--smooth", type=int, default=25, help="trailing-mean window of the curves (default 25)")
+    ap.add_argument("--replot", type=Path, default=None,
+                    help="draw --out again from the --json file of an earlier run (no training, no GPU)")
     ap.add_argument("--log-every", type=int, default=50, help="progress line every this many steps (default 50)")
     a = ap.parse_args(argv)
     for name in ("steps", "batch", "T", "vocab", "layers", "heads", "smooth", "log_every"):
@@ -168,7 +171,7 @@ def plot(runs: dict[str, dict], summary: dict, path: Path, title: str, *, refere
             bottom.plot(steps, [x - y for x, y in zip(curve, base)], color=colour, linewidth=1.5,
                         label=f"{name} minus {reference}")
     top.set_ylabel("training loss (next-token cross entropy)")
-    top.set_title(title, fontsize=10)
+    top.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=10)
     top.legend()
     bottom.axhline(0.0, color="black", linewidth=0.6)
     bottom.set_xlabel("step")
@@ -180,8 +183,25 @@ def plot(runs: dict[str, dict], summary: dict, path: Path, title: str, *, refere
     plt.close(fig)
 
 
+def describe(a) -> str:
+    """The run's shape, for the table's heading and the picture's title."""
+    return (f"{a.layers} KDA layers x {a.heads} heads of 128, batch {a.batch} x T {a.T}, vocab {a.vocab}, "
+            f"segments of {a.min_period}-{a.max_period} tokens, {a.steps} steps")
+
+
+def replot(a) -> int:
+    record = json.loads(a.replot.read_text())
+    cfg = argparse.Namespace(**record["config"])
+    plot(record["runs"], record["summary"], a.out, f"KDA LM, FLA's backward vs ours: {describe(cfg)}",
+         reference=f"FLA backward, seed {cfg.seed}")
+    print(f"wrote {a.out} from {a.replot} ({record['device']}, torch {record['torch']}, fla {record['fla']})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.replot is not None:
+        return replot(a)
     try:
         import torch
     except ImportError as exc:
@@ -201,8 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fla_run, our_run, noise_run = (f"FLA backward, seed {a.seed}", f"our backward, seed {a.seed}",
                                    f"FLA backward, seed {a.noise_seed}")
     plan = ((fla_run, fla_chunk_kda, a.seed), (our_run, our_chunk_kda, a.seed), (noise_run, fla_chunk_kda, a.noise_seed))
-    shape = (f"{a.layers} KDA layers x {a.heads} heads of 128, batch {a.batch} x T {a.T}, vocab {a.vocab}, "
-             f"segments of {a.min_period}-{a.max_period} tokens, {a.steps} steps")
+    shape = describe(a)
     print(f"{shape}, on {torch.cuda.get_device_name()}; FLA's first call compiles and autotunes its kernels",
           flush=True)
     runs = {}

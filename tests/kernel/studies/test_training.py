@@ -117,3 +117,14 @@ def test_the_comparison_runs_on_the_gpu(tmp_path):
     assert len(r["runs"]) == 3 and all(len(run["losses"]) == 20 and all(np.isfinite(run["losses"]))
                                        for run in r["runs"].values())
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_committed_run_redraws_without_a_gpu(tmp_path):
+    from pathlib import Path
+
+    from kernel.studies.training import compare
+
+    recorded = Path(__file__).resolve().parents[3] / "docs" / "bench" / "training.json"
+    out = tmp_path / "training.png"
+    assert compare.main(["--replot", str(recorded), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -318,10 +318,12 @@ def source() -> str:
 
 def all_variants() -> list[Config]:
     """Every configuration the API can launch (with the default tuning knobs): kernel.dstate_scan's
-    64, then kernel.fla_entry's 16 (FLA's tensors: snapshots every 64 tokens, q and k as FLA stored
-    them, so no l2norm)."""
+    64, kernel.fla_entry's 16 (FLA's tensors: snapshots every 64 tokens, q and k as FLA stored
+    them, so no l2norm), then kernel.kda_backward's 8 (FLA's tensors, bf16 dS after every tile)."""
     tiles = [Config(vsplit=v, snap_bf16=b, snap_every=e, has_dht=d, l2norm=n)
              for v, b, e, d, n in itertools.product(VSPLITS, (False, True), (1, 4), (False, True), (False, True))]
     fla = [Config(vsplit=v, snap_bf16=b, snap_every=4, has_dht=d, l2norm=False, fla_inputs=True)
            for v, b, d in itertools.product(VSPLITS, (False, True), (False, True))]
-    return tiles + fla
+    backward = [Config(vsplit=v, snap_bf16=True, snap_every=1, has_dht=d, l2norm=False, fla_inputs=True)
+                for v, d in itertools.product(VSPLITS, (False, True))]
+    return tiles + fla + backward

@@ -1,0 +1,749 @@
+"""Kernel B (kernel/cuda/kda_backward/token_gradients.cu) on the CPU, lane by lane.
+
+One CTA of the .cu (8 warps, one 64-token chunk of one head) is replayed through
+:mod:`ptx_lab.model`: every ldmatrix, stmatrix, mma.m16n8k16 and cp.async of the .cu is the
+model's, at the address the .cu computes, on a shared-memory image with the .cu's layout;
+the scalar code between them (R1, the reductions, the gate's cumsums) is numpy over lanes
+or threads, in fp32 where the .cu keeps fp32. A layout or address mistake in the .cu shows
+here as an O(1) error, with no GPU (tests/kernel/test_token_gradients_model.py).
+
+Three things are read from the .cu itself rather than copied, so that they cannot drift:
+
+* the shared-memory layout: every ``constexpr int NAME = expr;`` line of the .cu
+  (:data:`LAYOUT`; ROW = 272-byte bf16 rows, 32-byte rows for Mqk / INV, PS = 24, GC_ROW = 136);
+* every fragment load and store: :data:`SITES` holds the .cu's statement verbatim (``a_of``,
+  ``a_of_t``, ``b_of``, ``b_of_t``, ``stmatrix_x4_trans``); the emulation evaluates the
+  statement's address expression (``nc + SM_KR + at(0, 16 * ks2)``) with the lane parts of
+  ``rows_first`` / ``cols_first`` (from ptx_lab.fragments.x4_lane_row_col, X4Lane's twin),
+  and a statement missing from the .cu is an error that names it;
+* the reduce step's A-fragment positions (:data:`FRAG_INDEX`, the .cu's ``plain`` / ``trans``).
+
+The rest mirrors the .cu by hand, one function per part (line numbers of the .cu as of this
+file's writing; search for the quoted comment if they moved):
+
+    copies_of, load_tile    .cu 163-245   "What a thread copies of every tile", load_tile
+    CtaModel.__init__       .cu 247-293   the prologue: tables, lane parts, the first load_tile
+    CtaModel.run, _tile     .cu 295-317   the tile loop, tile it + 1 prefetched into stage st ^ 1
+    CtaModel._r1            .cu 319-352   R1: Kd, Kr, Qe, beta Ke in bf16, gc in fp32; gamma, gT
+    CtaModel._load_state    .cu 353-363   it == 0: S0^T into the fp32 accumulators
+    CtaModel._v_phase       .cu 366-499   G6, G7, G1 + G2, G3, the U / dW / dv stores, the d and
+                                          rowsum(dW . Vn) partials, the G9 / G10 partials
+    CtaModel._g8            .cu 501-518   S1^T = gamma S0^T + U^T Kr in the accumulators
+    CtaModel._reduce        .cu 521-550   the fixed-order sums over warps, dMqk / dLkk fragments
+    CtaModel._k_phase       .cu 553-664   G11-G13, S0 dS1^T, G14-G17, dgamma, dq / dk / dg
+    CtaModel._finish        .cu 667-686   dbeta, dv, S1 to shared memory (bf16)
+
+cp.async copies land at once (the model's), which is what the .cu sees after its
+cp_async_wait and barrier; the warps run one after another within a phase, which the .cu's
+barriers make equivalent.
+
+``swaps`` replaces what one statement does, at the same address: a load's recipe (say ``b_of``
+for ``b_of_t``), a store's (``stmatrix_x4`` for ``stmatrix_x4_trans``), or one of the reduce
+step's fragment positions (``{"plain": "trans"}``): the test's proof that such mistakes are caught.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from kernel.token_gradients import SOURCE_PATH, tables
+from ptx_lab import model
+from ptx_lab.fragments import x4_lane_row_col
+
+CU = SOURCE_PATH.read_text()
+WARP = 32
+LANE = np.arange(WARP)
+G, T = LANE >> 2, LANE & 3          # the .cu's g = lane >> 2, t = lane & 3
+
+
+# ----------------------------------------------------------------------------
+# the layout, read from the .cu's constexpr lines
+# ----------------------------------------------------------------------------
+
+def _layout(src: str) -> dict[str, int]:
+    """Every ``constexpr int NAME = expr;`` of the .cu, evaluated in order (integer + and *)."""
+    out: dict[str, int] = {}
+    for name, expr in re.findall(r"^\s*constexpr int (\w+) = ([^;]+);", src, flags=re.M):
+        if not re.fullmatch(r"[\w\s+*()-]+", expr):
+            raise ValueError(f"token_gradients.cu: constexpr {name} = {expr}: not a sum of products")
+        out[name] = int(eval(expr, {"__builtins__": {}}, dict(out)))   # noqa: S307 (the .cu's own text)
+    return out
+
+
+LAYOUT = _layout(CU)
+D, C, WARPS, ROW = LAYOUT["D"], LAYOUT["C"], LAYOUT["WARPS"], LAYOUT["ROW"]
+STAGE, SMEM_BYTES, PS, GC_ROW = LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"], LAYOUT["PS"], LAYOUT["GC_ROW"]
+FLA_CHUNK = LAYOUT["FLA_CHUNK"]
+THREADS = WARPS * WARP
+# cp.async by part of a warp: the idle lanes' copies go to a scratch area past the .cu's shared
+# memory with 0 source bytes (model.cp_async takes all 32 lanes; nothing reads the scratch)
+SCRATCH = WARP * 16
+
+
+# ----------------------------------------------------------------------------
+# the fragment loads and stores, the .cu's statements verbatim
+# ----------------------------------------------------------------------------
+
+SITES: dict[str, str] = {
+    "S0 regs": "a_of_t(x, ncv + SM_S + at(16 * b, 0));",
+    "G6 B Kd^T": "b_of_t(b0, b1f, nc + SM_KD + at(0, 16 * ks2));",
+    "v^T": "a_of_t(vt, scv + ST_V);",
+    "G7 B INV^T": "b_of_t(b0, b1f, sc32 + ST_INV);",
+    "G1 A do^T": "a_of_t(dot, scv + ST_DO);",
+    "G1 B Mqk": "b_of(b0, b1f, sr32 + ST_MQK);",
+    "G2 A dS1^T": "a_of_t(aa, scv + ST_DS + at(16 * ks2, 0));",
+    "G2 B Kr^T": "b_of_t(b0, b1f, nc + SM_KR + at(0, 16 * ks2));",
+    "G3 B INV": "b_of(b0, b1f, sr32 + ST_INV);",
+    "U store": "stmatrix_x4_trans(ncv + SM_U, x[0], x[1], x[2], x[3]);",
+    "dW store": "stmatrix_x4_trans(ncv + SM_DW, x[0], x[1], x[2], x[3]);",
+    "dv store": "stmatrix_x4_trans(ncv + SM_DV, x[0], x[1], x[2], x[3]);",
+    "G9 A do": "a_of(ad, srv + ST_DO);",
+    "G10 A dW": "a_of(aw, nrv + SM_DW);",
+    "G9 B U^T": "b_of_t(b0, b1f, ncv + SM_U);",
+    "G8 B Kr": "b_of(b0, b1f, nr + SM_KR + at(0, 16 * b));",
+    "G11 B S0^T": "b_of_t(bs0, bs1, nck + SM_S + at(0, 16 * ks2));",
+    "G13 B dS1^T": "b_of_t(bd0, bd1, sck + ST_DS + at(0, 16 * ks2));",
+    "G11 A do": "a_of(ad, sr + ST_DO + at(0, 16 * ks2));",
+    "G12 A dW": "a_of(aw, nr + SM_DW + at(0, 16 * ks2));",
+    "G13 A U": "a_of(au, nr + SM_U + at(0, 16 * ks2));",
+    "dgamma A S0": "a_of(as, nr + SM_S + at(k0, 16 * ks2));",
+    "G14 B Kr": "b_of(bk0, bk1, nrk + SM_KR);",
+    "G15 B Qe": "b_of(bq0, bq1, nrk + SM_QE);",
+    "G17 B beta Ke": "b_of(be0, be1, nrk + SM_BKE);",
+    "S1 store": "stmatrix_x4_trans(ncv + SM_S + at(16 * b, 0), x[0], x[1], x[2], x[3]);",
+}
+RECIPES = ("a_of", "a_of_t", "b_of", "b_of_t")
+# what the four recipes are in the .cu (checked verbatim): ldmatrix x4 plain or .trans, B's
+# registers 0, 1 the first 8-column n-tile and 2, 3 the second -- as CtaModel.load reads them
+RECIPE_DEFS = (
+    "__device__ __forceinline__ void a_of(u32 (&a)[4], u32 addr_rows) { ldmatrix_x4(a, addr_rows); }",
+    "__device__ __forceinline__ void a_of_t(u32 (&a)[4], u32 addr_cols) { ldmatrix_x4_trans(a, addr_cols); }",
+    "ldmatrix_x4_trans(b0[0], b0[1], b1[0], b1[1], addr_rows);",
+    "ldmatrix_x4(b0[0], b0[1], b1[0], b1[1], addr_cols);",
+)
+STORES = ("stmatrix_x4_trans", "stmatrix_x4")   # the second only as a swap: the .cu stores .trans
+# the reduce step's element positions in the A fragment of the matrix and of its transpose
+FRAG_INDEX: dict[str, str] = {
+    "plain": "const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);",
+    "trans": "const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);",
+}
+
+
+def _split_args(text: str) -> list[str]:
+    """Top-level comma split of a call's argument list."""
+    args, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            args.append(cur.strip())
+            cur = ""
+            continue
+        depth += (ch in "([") - (ch in ")]")
+        cur += ch
+    return args + [cur.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    recipe: str   # a_of, a_of_t, b_of, b_of_t or stmatrix_x4_trans
+    addr: str     # the address expression, as C (and as Python: + * and at())
+
+
+def _sites(src: str) -> dict[str, Site]:
+    code = {line.strip() for line in src.splitlines()}
+    out = {}
+    for name, stmt in SITES.items():
+        if stmt not in code:
+            raise LookupError(f"SITES[{name!r}]: the statement {stmt!r} is not in token_gradients.cu; "
+                              f"mirror the .cu's change in tests/kernel/token_gradients_model.py")
+        m = re.fullmatch(r"(\w+)\((.*)\);", stmt)
+        args = _split_args(m.group(2))
+        out[name] = Site(m.group(1), args[0] if m.group(1) == "stmatrix_x4_trans" else args[-1])
+    for name, stmt in FRAG_INDEX.items():
+        if stmt not in code:
+            raise LookupError(f"FRAG_INDEX[{name!r}]: {stmt!r} is not in token_gradients.cu")
+    for stmt in RECIPE_DEFS:
+        if stmt not in code:
+            raise LookupError(f"RECIPE_DEFS: {stmt!r} is not in token_gradients.cu")
+    return out
+
+
+SITE = _sites(CU)
+
+
+def frag_index(which: str, i: np.ndarray, jj: np.ndarray) -> np.ndarray:
+    """The .cu's ``plain`` or ``trans`` (u16 position in a [32 lanes][4] u32 fragment)."""
+    expr = FRAG_INDEX[which].split("=", 1)[1].rstrip(";")
+    return eval(expr, {"__builtins__": {}}, {"i": i, "jj": jj})   # noqa: S307 (the .cu's own text)
+
+
+def rows_first(stride: int) -> np.ndarray:
+    """The .cu's rows_first(stride, xl): the lane's byte offset in a 16 x 16 block, rows first."""
+    rc = x4_lane_row_col("rows_first")
+    return rc[:, 0] * stride + rc[:, 1] * 2
+
+
+def cols_first(stride: int) -> np.ndarray:
+    rc = x4_lane_row_col("cols_first")
+    return rc[:, 0] * stride + rc[:, 1] * 2
+
+
+def at(row0, col0):
+    """The .cu's at(row0, col0): byte offset of element (row0, col0) of a 272-byte-row tile."""
+    return row0 * ROW + col0 * 2
+
+
+# ----------------------------------------------------------------------------
+# the inputs, as the kernel's global arrays
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Inputs:
+    """Kernel B's global arrays (Args in the .cu), numpy: bf16 as uint16 bits.
+
+    q, k, v, do [tokens, H, 128] bf16; g [tokens, H, 128] fp32 (FLA's 64-chunk-local log2
+    cumsum); beta [tokens, H] fp32; aqk, akk [tokens, H, 64] bf16; ds [tiles, H, 128, 128] bf16
+    (dS after every tile); states [chunks, H, 128, 128] bf16 (the state entering every chunk);
+    cu [N + 1] int64 offsets; scale.
+    """
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    do: np.ndarray
+    g: np.ndarray
+    beta: np.ndarray
+    aqk: np.ndarray
+    akk: np.ndarray
+    ds: np.ndarray
+    states: np.ndarray
+    cu: np.ndarray
+    scale: float
+
+    def image(self, name: str) -> np.ndarray:
+        """The array as a flat byte image (the model's global memory)."""
+        return np.ascontiguousarray(getattr(self, name)).reshape(-1).view(np.uint8)
+
+
+@dataclasses.dataclass
+class Copies:
+    """The .cu's Copies of every thread (vectors over tid 0..255)."""
+    row16: np.ndarray
+    col16: np.ndarray
+    grow: np.ndarray
+    gcol: np.ndarray
+    off16: np.ndarray
+    offg: np.ndarray
+    beta_row: np.ndarray
+    blk_row: np.ndarray
+    blk_half: np.ndarray
+    blk_which: np.ndarray
+
+
+def copies_of(tid: np.ndarray, RS: int) -> Copies:
+    x = tid - 48
+    return Copies(row16=tid >> 4, col16=tid & 15, grow=tid >> 5, gcol=tid & 31,
+                  off16=(tid >> 4) * RS + (tid & 15) * 8, offg=(tid >> 5) * RS + (tid & 31) * 4,
+                  beta_row=tid - 32, blk_row=(x & 31) >> 1, blk_half=x & 1, blk_which=x >> 5)
+
+
+# ----------------------------------------------------------------------------
+# one CTA
+# ----------------------------------------------------------------------------
+
+def _f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def _sum_over_g(x: np.ndarray) -> np.ndarray:
+    """The .cu's sum_over_g: xor shuffles 4, 8, 16 (fp32, the same order)."""
+    for m in (4, 8, 16):
+        x = _f32(x + x[LANE ^ m])
+    return x
+
+
+def _halves(regs: np.ndarray) -> list[np.ndarray]:
+    """The .cu's bf_lo / bf_hi of registers 0..3, in the order lo0, hi0, lo1, hi1, ..."""
+    out = []
+    for r in range(regs.shape[1]):
+        lo, hi = model.unpack_bf16x2(regs[:, r])
+        out += [_f32(lo), _f32(hi)]
+    return out
+
+
+def _pack_a(c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
+    """The .cu's pack_a: two accumulators -> one A fragment (no lane exchange)."""
+    return model.acc_to_a_fragment(_f32(c0), _f32(c1))
+
+
+def _mma(d: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return model.mma_m16n8k16(a, np.ascontiguousarray(b), _f32(d), "bfloat16")
+
+
+def _zeros() -> np.ndarray:
+    return np.zeros((WARP, 4), np.float32)
+
+
+@dataclasses.dataclass
+class Outputs:
+    """What the CTA wrote: the .cu's outputs in their global layouts (never written: NaN), and
+    the state it carries after every tile but the last (fp32 accumulators and the bf16 image),
+    each as S1 [K, V]."""
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray      # float32 values of the bf16 dv
+    dg: np.ndarray
+    dbeta: np.ndarray
+    S1_fp32: list
+    S1_bf16: list
+
+
+class CtaModel:
+    """One CTA of Kernel B: blockIdx = (chunk, h)."""
+
+    def __init__(self, inp: Inputs, chunk: int, h: int, *, swaps: dict[str, str] | None = None):
+        self.inp = inp
+        self.swaps = dict(swaps or {})
+        for site, recipe in self.swaps.items():
+            kinds = (RECIPES if SITE[site].recipe in RECIPES else STORES) if site in SITE else FRAG_INDEX
+            if (site not in SITE and site not in FRAG_INDEX) or recipe not in kinds:
+                raise ValueError(f"swaps: {site!r} -> {recipe!r}: expected a site of SITES with one of "
+                                 f"{RECIPES} (loads) or {STORES} (stores), or 'plain' / 'trans' -> the other")
+        tokens, self.H = inp.q.shape[:2]
+        H = self.H
+        self.h, self.s = h, np.float32(inp.scale)
+        tab = tables(np.asarray(inp.cu, dtype=np.int64))
+        n = int(tab["chunk_seq"][chunk])
+        j = chunk - int(tab["chunk_offs"][n])
+        length = int(inp.cu[n + 1] - inp.cu[n])
+        self.tok_chunk = int(inp.cu[n]) + FLA_CHUNK * j
+        self.l64 = min(FLA_CHUNK, length - FLA_CHUNK * j)
+        self.ntile = (self.l64 + C - 1) // C
+        self.snap0 = int(tab["tile_offs"][n]) + 4 * j
+        self.chunk = chunk
+        self.RS = H * D
+        self.smem = np.zeros(SMEM_BYTES + SCRATCH, np.uint8)
+        self.glob = {name: inp.image(name) for name in ("q", "k", "v", "do", "g", "beta", "aqk", "akk", "ds",
+                                                        "states")}
+        self.cps = copies_of(np.arange(THREADS), self.RS)
+        self.S = np.zeros((WARPS, WARP, 16, 4), np.float32)   # every warp's float S[16][4]
+        size = tokens * H * D
+        self.out = Outputs(dq=np.full(size, np.nan, np.float32), dk=np.full(size, np.nan, np.float32),
+                           dv=np.full(size, 0xFFFF, np.uint16), dg=np.full(size, np.nan, np.float32),
+                           dbeta=np.full(tokens * H, np.nan, np.float32), S1_fp32=[], S1_bf16=[])
+        self.load_tile(0, 0, (self.tok_chunk * H + h) * D, min(C, self.l64), self.snap0)
+
+    # ---- shared memory views (the image is replaced by every store the model makes)
+    def f32(self, byte_off: int) -> np.ndarray:
+        return self.smem[byte_off:SMEM_BYTES].view(np.float32)
+
+    def u16(self, byte_off: int) -> np.ndarray:
+        return self.smem[byte_off:SMEM_BYTES].view(np.uint16)
+
+    def u32(self, byte_off: int) -> np.ndarray:
+        return self.smem[byte_off:SMEM_BYTES].view(np.uint32)
+
+    # ---- the fragment sites
+    def load(self, site: str, env: dict, **loop):
+        """A SITES load at the .cu's address: A -> (32, 4); B -> (b0, b1), each (32, 2)."""
+        s = SITE[site]
+        addr = np.asarray(eval(s.addr, {"__builtins__": {}, "at": at}, {**env, **loop}))   # noqa: S307
+        recipe = self.swaps.get(site, s.recipe)
+        regs = model.ldmatrix(self.smem, addr.astype(np.int64), 4, trans=recipe in ("a_of_t", "b_of"))
+        return regs if recipe.startswith("a_") else (regs[:, 0:2], regs[:, 2:4])
+
+    def store(self, site: str, env: dict, regs: np.ndarray, **loop) -> None:
+        s = SITE[site]
+        assert s.recipe == "stmatrix_x4_trans", site
+        addr = np.asarray(eval(s.addr, {"__builtins__": {}, "at": at}, {**env, **loop}))   # noqa: S307
+        trans = self.swaps.get(site, s.recipe) == "stmatrix_x4_trans"
+        self.smem = model.stmatrix(self.smem, addr.astype(np.int64), regs, trans=trans)
+
+    # ---- cp.async by a part of a warp
+    def cp_async(self, warp: int, active: np.ndarray, dst, src, size: int, nbytes, cache: str,
+                 gname: str) -> None:
+        """The copies of warp `warp`'s lanes where `active`; dst, src in bytes."""
+        sl = slice(32 * warp, 32 * warp + 32)
+        act = np.broadcast_to(active, (THREADS,))[sl]
+        if not act.any():
+            return
+        d = np.where(act, np.broadcast_to(dst, (THREADS,))[sl], SMEM_BYTES + 16 * LANE)
+        s_ = np.where(act, np.broadcast_to(src, (THREADS,))[sl], 0)
+        n = np.where(act, np.broadcast_to(nbytes, (THREADS,))[sl], 0)
+        self.smem = model.cp_async(self.smem, self.glob[gname], d.astype(np.int64), s_.astype(np.int64), size,
+                                   n.astype(np.int64), cache)
+
+    def load_tile(self, st: int, it: int, row0: int, lt: int, snap: int) -> None:
+        """The .cu's load_tile (every thread's copies, warp by warp)."""
+        cp, RS, H, h = self.cps, self.RS, self.H, self.h
+        tid = np.arange(THREADS)
+        base = st * STAGE
+        L = LAYOUT
+        every = np.ones(THREADS, bool)
+        ok = cp.row16 < lt
+        off = row0 + np.where(ok, cp.off16, cp.col16 * 8)
+        dst = cp.row16 * ROW + cp.col16 * 16
+        n16 = np.where(ok, 16, 0)
+        copies = []   # (active, dst, src bytes, size, nbytes, cache, tensor)
+        for name, at_ in (("q", "ST_Q"), ("k", "ST_K"), ("v", "ST_V"), ("do", "ST_DO")):
+            copies.append((every, base + L[at_] + dst, 2 * off, 16, n16, "cg", name))
+        for e in range(2):
+            r = cp.grow + 8 * e
+            okg = r < lt
+            offg = row0 + np.where(okg, cp.offg + 8 * e * RS, cp.gcol * 4)
+            copies.append((every, base + L["ST_G"] + r * D * 4 + cp.gcol * 16, 4 * offg, 16,
+                           np.where(okg, 16, 0), "cg", "g"))
+        okb = it > 0
+        copies.append((tid < 32, base + L["ST_GB"] + tid * 16, 4 * (row0 - (RS if okb else 0) + tid * 4), 16,
+                       16 if okb else 0, "cg", "g"))
+        r = cp.beta_row
+        okr = r < lt
+        copies.append(((tid >= 32) & (tid < 48), base + L["ST_BETA"] + r * 4, 4 * (row0 // D + np.where(okr, r * H, 0)),
+                       4, np.where(okr, 4, 0), "ca", "beta"))
+        r, half = cp.blk_row, cp.blk_half
+        okr = r < lt
+        nb = 2 * (r + 1) - 16 * half
+        nb = np.where(okr, np.clip(nb, 0, 16), 0)
+        src = (row0 // D + np.where(okr, r * H, 0)) * FLA_CHUNK + C * it + 8 * half
+        blk = (tid >= 48) & (tid < 112)
+        for which, name, at_ in ((0, "aqk", "ST_MQK"), (1, "akk", "ST_INV")):
+            copies.append((blk & (cp.blk_which == which), base + L[at_] + r * 32 + half * 16, 2 * src, 16, nb,
+                           "cg", name))
+        src = (snap * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8
+        dst = base + L["ST_DS"] + cp.row16 * ROW + cp.col16 * 16
+        for e in range(8):
+            copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * D), 16, 16, "cg", "ds"))
+        if it == 0:
+            src = (self.chunk * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8
+            dst = L["SM_S"] + cp.row16 * ROW + cp.col16 * 16
+            for e in range(8):
+                copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * D), 16, 16, "cg", "states"))
+        for warp in range(WARPS):
+            for active, d, s_, size, nb_, cache, name in copies:
+                self.cp_async(warp, active, d, s_, size, nb_, cache, name)
+
+    # ---- the tile loop
+    def run(self, tiles: int | None = None) -> Outputs:
+        """Walk the chunk's tiles (the first `tiles` of them), as the .cu's loop."""
+        H, h, RS = self.H, self.h, self.RS
+        for it in range(self.ntile if tiles is None else min(tiles, self.ntile)):
+            st = it & 1
+            tok0 = self.tok_chunk + C * it
+            row0 = (tok0 * H + h) * D
+            lt = min(C, self.l64 - C * it)
+            if it + 1 < self.ntile:
+                self.load_tile(st ^ 1, it + 1, row0 + C * RS, min(C, self.l64 - C * (it + 1)), self.snap0 + it + 1)
+            self._tile(it, st, tok0, row0, lt)
+        return self.out
+
+    def _tile(self, it: int, st: int, tok0: int, row0: int, lt: int) -> None:
+        self.stb = st * STAGE
+        self._r1(lt)
+        if it == 0:
+            for w in range(WARPS):
+                self._load_state(w)
+        last = it + 1 >= self.ntile
+        self.U = {}
+        for w in range(WARPS):
+            self._v_phase(w)
+            if not last:
+                self._g8(w)
+        self._reduce()
+        for w in range(WARPS):
+            self._k_phase(w, row0, lt)
+        self._finish(tok0, row0, lt, last)
+
+    def env(self, warp: int) -> dict:
+        """The .cu's lane parts of the addresses (sb = 0: byte offsets in the image) for `warp`."""
+        lr, lc = rows_first(ROW), cols_first(ROW)
+        lr32, lc32 = rows_first(32), cols_first(32)
+        v0 = k0 = 16 * warp
+        nr, nc = lr, lc
+        sr, sc, sr32, sc32 = self.stb + lr, self.stb + lc, self.stb + lr32, self.stb + lc32
+        return dict(LAYOUT, nr=nr, nc=nc, ncv=nc + 2 * v0, nrv=nr + 2 * v0, nck=nc + k0 * ROW, nrk=nr + 2 * k0,
+                    sr=sr, sc=sc, sr32=sr32, sc32=sc32, scv=sc + 2 * v0, srv=sr + 2 * v0, sck=sc + k0 * ROW,
+                    k0=k0, v0=v0)
+
+    def _r1(self, lt: int) -> None:
+        """R1, every thread: kk = 2 (tid & 63), rows i0 + 4 e."""
+        L, stb, s = LAYOUT, self.stb, self.s
+        tid = np.arange(THREADS)
+        kk, i0 = 2 * (tid & 63), tid >> 6
+        gbs, gs = self.f32(stb + L["ST_GB"]), self.f32(stb + L["ST_G"])
+        betas = self.f32(stb + L["ST_BETA"])
+        base = [gbs[kk], gbs[kk + 1]]
+        last = [gs[(lt - 1) * D + kk], gs[(lt - 1) * D + kk + 1]]
+        gT = [_f32(last[c] - base[c]) for c in range(2)]
+        first = i0 == 0
+        gt_s, gamma_s = self.f32(L["SM_GT"]), self.f32(L["SM_GAMMA"])
+        for c in range(2):
+            gt_s[kk[first] + c] = gT[c][first]
+            gamma_s[kk[first] + c] = np.exp2(gT[c][first])
+        gcs = self.f32(L["SM_GC"])
+        smem32 = self.u32(0)
+        for e in range(4):
+            i = i0 + 4 * e
+            o = i * (ROW // 2) + kk
+            gc = [np.where(i < lt, _f32(gs[i * D + kk + c] - base[c]), gT[c]) for c in range(2)]
+            qv = model.unpack_bf16x2(self.u32(stb + L["ST_Q"])[o // 2])
+            kv = model.unpack_bf16x2(self.u32(stb + L["ST_K"])[o // 2])
+            be = betas[i]
+            kd, kr, qe, bke = [], [], [], []
+            for c in range(2):
+                fu = np.exp2(_f32(gc[c] - gT[c]))
+                kd.append(kv[c] * np.exp2(gc[c]))
+                kr.append(kv[c] * np.exp2(_f32(gT[c] - gc[c])))
+                qe.append(_f32(s * qv[c]) * fu)
+                bke.append(_f32(be * kv[c]) * fu)
+            for at_, val in (("SM_KD", kd), ("SM_KR", kr), ("SM_QE", qe), ("SM_BKE", bke)):
+                smem32[(L[at_] + 2 * o) // 4] = model.pack_bf16x2(_f32(val[0]), _f32(val[1]))
+            gcs[i * GC_ROW + kk] = gc[0]
+            gcs[i * GC_ROW + kk + 1] = gc[1]
+
+    def _load_state(self, w: int) -> None:
+        env = self.env(w)
+        S = self.S[w]
+        for b in range(8):
+            x = _halves(self.load("S0 regs", env, b=b))
+            S[:, 2 * b] = np.stack(x[0:4], axis=1)
+            S[:, 2 * b + 1] = np.stack(x[4:8], axis=1)
+
+    def _v_phase(self, w: int) -> None:
+        """V phase of warp w: v rows v0..v0+15, tokens as N (G6, G7, G1 + G2, G3, G9, G10)."""
+        L, env, S = LAYOUT, self.env(w), self.S[w]
+        betas = self.f32(self.stb + L["ST_BETA"])
+        bet = [[betas[2 * T], betas[2 * T + 1]], [betas[8 + 2 * T], betas[9 + 2 * T]]]
+        # G6: P^T = S0^T Kd^T, in two accumulator sets by k-step parity
+        P = [[_zeros(), _zeros()], [_zeros(), _zeros()]]
+        for ks2 in range(8):
+            sa = _pack_a(S[:, 2 * ks2], S[:, 2 * ks2 + 1])
+            b0, b1 = self.load("G6 B Kd^T", env, ks2=ks2)
+            p = P[ks2 & 1]
+            p[0], p[1] = _mma(p[0], sa, b0), _mma(p[1], sa, b1)
+        vt = _halves(self.load("v^T", env))
+        Vn = [np.stack([vt[4 * nt + e] - _f32(P[0][nt][:, e] + P[1][nt][:, e]) for e in range(4)], axis=1)
+              for nt in range(2)]
+        # G7: U^T = (beta Vn)^T INV^T
+        bV = [np.stack([bet[nt][e & 1] * Vn[nt][:, e] for e in range(4)], axis=1) for nt in range(2)]
+        aa = _pack_a(bV[0], bV[1])
+        b0, b1 = self.load("G7 B INV^T", env)
+        U = [_mma(_zeros(), aa, b0), _mma(_zeros(), aa, b1)]
+        # G1 + G2: dU^T = do^T Mqk + dS1^T Kr^T
+        dU0, dU1 = [_zeros(), _zeros()], [_zeros(), _zeros()]
+        dot = self.load("G1 A do^T", env)
+        b0, b1 = self.load("G1 B Mqk", env)
+        dU0 = [_mma(dU0[0], dot, b0), _mma(dU0[1], dot, b1)]
+        for ks2 in range(8):
+            aa = self.load("G2 A dS1^T", env, ks2=ks2)
+            b0, b1 = self.load("G2 B Kr^T", env, ks2=ks2)
+            acc = dU1 if ks2 & 1 else dU0
+            acc[0], acc[1] = _mma(acc[0], aa, b0), _mma(acc[1], aa, b1)
+        dU0 = [_f32(dU0[nt] + dU1[nt]) for nt in range(2)]
+        # G3: dW^T = dU^T INV
+        aa = _pack_a(dU0[0], dU0[1])
+        b0, b1 = self.load("G3 B INV", env)
+        W = [_mma(_zeros(), aa, b0), _mma(_zeros(), aa, b1)]
+        # U, dW, dv = beta dW to shared memory as [token][v]
+        self.store("U store", env, _pack_a(U[0], U[1]))
+        self.store("dW store", env, _pack_a(W[0], W[1]))
+        bW = [np.stack([bet[nt][e & 1] * W[nt][:, e] for e in range(4)], axis=1) for nt in range(2)]
+        self.store("dv store", env, _pack_a(bW[0], bW[1]))
+        # d = rowsum(do . U), rowsum(dW . Vn): this warp's 16 v, column = token
+        dol = _halves(dot)
+        dpart, b1part = self.f32(L["SM_DPART"]), self.f32(L["SM_B1PART"])
+        g0 = G == 0
+        for nt in range(2):
+            for e in range(2):
+                dd = _sum_over_g(_f32(dol[4 * nt + e] * U[nt][:, e]) + _f32(dol[4 * nt + e + 2] * U[nt][:, e + 2]))
+                bb = _sum_over_g(_f32(W[nt][:, e] * Vn[nt][:, e]) + _f32(W[nt][:, e + 2] * Vn[nt][:, e + 2]))
+                idx = w * C + 8 * nt + 2 * T + e
+                dpart[idx[g0]] = dd[g0]
+                b1part[idx[g0]] = bb[g0]
+        # G9 / G10 partials over this warp's v: dMqk = do U^T, dW U^T
+        ad = self.load("G9 A do", env)
+        aw = self.load("G10 A dW", env)
+        b0, b1 = self.load("G9 B U^T", env)
+        M = [_mma(_zeros(), ad, b0), _mma(_zeros(), ad, b1)]
+        Lk = [_mma(_zeros(), aw, b0), _mma(_zeros(), aw, b1)]
+        part = self.f32(L["SM_PART"])
+        pm, pl = w * C * PS, (WARPS + w) * C * PS
+        for nt in range(2):
+            jj = 8 * nt + 2 * T
+            for base, X in ((pm, M), (pl, Lk)):
+                for r in range(2):
+                    part[base + (G + 8 * r) * PS + jj] = X[nt][:, 2 * r]
+                    part[base + (G + 8 * r) * PS + jj + 1] = X[nt][:, 2 * r + 1]
+        self.U[w] = U
+
+    def _g8(self, w: int) -> None:
+        """S1^T = gamma S0^T + U^T Kr in warp w's accumulators."""
+        env, S = self.env(w), self.S[w]
+        gamma_s = self.f32(LAYOUT["SM_GAMMA"])
+        ua = _pack_a(self.U[w][0], self.U[w][1])
+        for b in range(8):
+            b0, b1 = self.load("G8 B Kr", env, b=b)
+            for hf in range(2):
+                i = 16 * b + 8 * hf + 2 * T
+                ga = np.stack([gamma_s[i], gamma_s[i + 1], gamma_s[i], gamma_s[i + 1]], axis=1)
+                S[:, 2 * b + hf] = _f32(S[:, 2 * b + hf] * ga)
+            S[:, 2 * b] = _mma(S[:, 2 * b], ua, b0)
+            S[:, 2 * b + 1] = _mma(S[:, 2 * b + 1], ua, b1)
+
+    def _reduce(self) -> None:
+        """Every thread: i = tid >> 4, jj = tid & 15; sums over warps 0..7 in order."""
+        L = LAYOUT
+        tid = np.arange(THREADS)
+        i, jj = tid >> 4, tid & 15
+        part = self.f32(L["SM_PART"])
+        m = np.zeros(THREADS, np.float32)
+        l_ = np.zeros(THREADS, np.float32)
+        for w in range(WARPS):
+            m = _f32(m + part[w * C * PS + i * PS + jj])
+            l_ = _f32(l_ + part[(WARPS + w) * C * PS + i * PS + jj])
+        mb = model.pack_bf16x2(np.where(jj < i, m, 0), 0) & 0xFFFF
+        lb = model.pack_bf16x2(np.where(jj < i, -l_, 0), 0) & 0xFFFF
+        plain, trans = (frag_index(self.swaps.get(x, x), i, jj) for x in ("plain", "trans"))
+        frag16 = self.u16(L["SM_FRAG"])
+        frag16[0 * 256 + plain] = mb
+        frag16[1 * 256 + trans] = mb
+        frag16[2 * 256 + plain] = lb
+        frag16[3 * 256 + trans] = lb
+        dpart, b1part = self.f32(L["SM_DPART"]), self.f32(L["SM_B1PART"])
+        d = np.zeros(C, np.float32)
+        x = np.zeros(C, np.float32)
+        for w in range(WARPS):
+            d = _f32(d + dpart[w * C + np.arange(C)])
+            x = _f32(x + b1part[w * C + np.arange(C)])
+        self.f32(L["SM_DVEC"])[:C] = d
+        self.f32(L["SM_B1"])[:C] = x
+
+    def _k_phase(self, w: int, row0: int, lt: int) -> None:
+        """K phase of warp w: k columns k0..k0+15, tokens as M."""
+        L, env, s = LAYOUT, self.env(w), self.s
+        k0 = 16 * w
+        Qd, WS, Kr, Gm = ([_zeros(), _zeros()] for _ in range(4))
+        for ks2 in range(8):
+            bs = self.load("G11 B S0^T", env, ks2=ks2)
+            bd = self.load("G13 B dS1^T", env, ks2=ks2)
+            ad = self.load("G11 A do", env, ks2=ks2)
+            aw = self.load("G12 A dW", env, ks2=ks2)
+            au = self.load("G13 A U", env, ks2=ks2)
+            as_ = self.load("dgamma A S0", env, ks2=ks2)
+            for nt in range(2):
+                Qd[nt] = _mma(Qd[nt], ad, bs[nt])
+                WS[nt] = _mma(WS[nt], aw, bs[nt])
+                Kr[nt] = _mma(Kr[nt], au, bd[nt])
+                Gm[nt] = _mma(Gm[nt], as_, bd[nt])
+        # G14-G17 from the dMqk / dLkk fragments in lane order
+        frag = self.u32(L["SM_FRAG"]).reshape(-1)[:4 * 32 * 4].reshape(4, 32, 4)
+        am, amt, al, alt = (np.ascontiguousarray(frag[x]) for x in range(4))
+        bk = self.load("G14 B Kr", env)
+        bq = self.load("G15 B Qe", env)
+        be = self.load("G17 B beta Ke", env)
+        Qe = [_mma(_zeros(), am, bk[nt]) for nt in range(2)]
+        X = [_mma(_zeros(), al, bk[nt]) for nt in range(2)]
+        for nt in range(2):
+            Kr[nt] = _mma(Kr[nt], amt, bq[nt])
+        for nt in range(2):
+            Kr[nt] = _mma(Kr[nt], alt, be[nt])
+        # dgamma of row r of this warp's k: Gm's diagonal, in lane 4 (r mod 8) + (r mod 8) / 2
+        odd = (G & 1) == 1
+        lo = np.where(odd, Gm[0][:, 1], Gm[0][:, 0])
+        hi = np.where(odd, Gm[1][:, 3], Gm[1][:, 2])
+        c = LANE & 7
+        src = 4 * c + (c >> 1)
+        dgc = np.where((LANE & 8) != 0, hi[src], lo[src])
+        # back to q, k and the gate
+        stb = self.stb
+        betas, dvec = self.f32(stb + L["ST_BETA"]), self.f32(L["SM_DVEC"])
+        gt_s, gcs, gamma_s = self.f32(L["SM_GT"]), self.f32(L["SM_GC"]), self.f32(L["SM_GAMMA"])
+        part = self.f32(L["SM_PART"])
+        fsb = w * 2 * C * PS
+        feb = fsb + C * PS
+        qs32, ks32 = self.u32(stb + L["ST_Q"]), self.u32(stb + L["ST_K"])
+        b2 = [np.zeros(WARP, np.float32), np.zeros(WARP, np.float32)]
+        for nt in range(2):
+            cl = 8 * nt + 2 * T
+            kk = k0 + cl
+            gT = [gt_s[kk], gt_s[kk + 1]]
+            for r in range(2):
+                i, x = G + 8 * r, 2 * r
+                be_, dd = betas[i], dvec[i]
+                gc = [gcs[i * GC_ROW + kk], gcs[i * GC_ROW + kk + 1]]
+                qv = model.unpack_bf16x2(qs32[(i * (ROW // 2) + kk) // 2])
+                kv = model.unpack_bf16x2(ks32[(i * (ROW // 2) + kk) // 2])
+                dq2, dk2, fs2, fe2 = [], [], [], []
+                for e in range(2):
+                    fs = np.exp2(gc[e])
+                    fu, fd = np.exp2(_f32(gc[e] - gT[e])), np.exp2(_f32(gT[e] - gc[e]))
+                    dQd, dKd, dQe = Qd[nt][:, x + e], _f32(-be_ * WS[nt][:, x + e]), Qe[nt][:, x + e]
+                    dKe, dKr = _f32(be_ * X[nt][:, x + e]), Kr[nt][:, x + e]
+                    dq2.append(_f32(s * _f32(fs * dQd + fu * dQe + dd * kv[e])))
+                    dk2.append(_f32(fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e]))
+                    fs2.append(_f32(s * qv[e] * fs * dQd + kv[e] * fs * dKd))
+                    fe2.append(_f32(s * qv[e] * fu * dQe + kv[e] * fu * dKe - kv[e] * fd * dKr))
+                    b2[r] = _f32(b2[r] + kv[e] * fu * X[nt][:, x + e])
+                for e in range(2):
+                    part[fsb + i * PS + cl + e] = fs2[e]
+                    part[feb + i * PS + cl + e] = fe2[e]
+                    ok = i < lt
+                    off = row0 + i * self.RS + kk + e
+                    self.out.dq[off[ok]] = dq2[e][ok]
+                    self.out.dk[off[ok]] = dk2[e][ok]
+        b2part = self.f32(L["SM_B2PART"])
+        for r in range(2):
+            x = b2[r]
+            x = _f32(x + x[LANE ^ 1])
+            x = _f32(x + x[LANE ^ 2])
+            t0 = T == 0
+            b2part[(w * C + G + 8 * r)[t0]] = x[t0]
+        # dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma (lanes 0..15)
+        ln = np.arange(C)
+        kk = k0 + ln
+        tail = _f32(gamma_s[kk] * dgc[:C])
+        rev = np.zeros((C, C), np.float32)
+        acc = np.zeros(C, np.float32)
+        for i in range(C - 1, -1, -1):
+            acc = _f32(acc + part[fsb + i * PS + ln])
+            rev[i] = acc
+        ex = np.zeros(C, np.float32)
+        for i in range(C):
+            if i < lt:
+                self.out.dg[row0 + i * self.RS + kk] = _f32(rev[i] - ex + tail)
+            ex = _f32(ex + part[feb + i * PS + ln])
+
+    def _finish(self, tok0: int, row0: int, lt: int, last: bool) -> None:
+        L, H = LAYOUT, self.H
+        b1, b2part = self.f32(L["SM_B1"]), self.f32(L["SM_B2PART"])
+        for tid in range(lt):
+            x = np.float32(b1[tid])
+            for w in range(WARPS):
+                x = np.float32(x + b2part[w * C + tid])
+            self.out.dbeta[(tok0 + tid) * H + self.h] = x
+        dv16 = self.u16(L["SM_DV"])
+        for r in range(lt):
+            self.out.dv[row0 + r * self.RS + np.arange(D)] = dv16[r * (ROW // 2) + np.arange(D)]
+        if not last:
+            for w in range(WARPS):
+                env, S = self.env(w), self.S[w]
+                for b in range(8):
+                    self.store("S1 store", env, _pack_a(S[:, 2 * b], S[:, 2 * b + 1]), b=b)
+            self.out.S1_fp32.append(self.state_matrix())
+            img = self.u16(L["SM_S"])[:D * (ROW // 2)].reshape(D, ROW // 2)[:, :D]
+            self.out.S1_bf16.append((img.astype(np.uint32) << 16).view(np.float32).astype(np.float64))
+
+    def state_matrix(self) -> np.ndarray:
+        """The accumulators S[16][4] of the 8 warps as S [K, V] (warp w: v 16w..16w+15 = rows of S^T)."""
+        St = np.zeros((D, D))
+        for w in range(WARPS):
+            for nt in range(16):
+                k = 8 * nt + 2 * T
+                St[16 * w + G, k] = self.S[w][:, nt, 0]
+                St[16 * w + G, k + 1] = self.S[w][:, nt, 1]
+                St[16 * w + G + 8, k] = self.S[w][:, nt, 2]
+                St[16 * w + G + 8, k + 1] = self.S[w][:, nt, 3]
+        return St.T
+
+
+def dv_values(dv_bits: np.ndarray) -> np.ndarray:
+    return (dv_bits.astype(np.uint32) << 16).view(np.float32)

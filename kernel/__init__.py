@@ -6,8 +6,9 @@
   flash-linear-attention's forward tensors as they are.
 * ``kernel.cp``: the scan split over ranks (context parallelism).
 * ``chunk_kda``: a drop-in for FLA's ``fla.ops.kda.chunk_kda``, FLA's forward
-  with our backward; the module ``kernel.chunk_kda``, callable as its function,
-  loaded (with torch) on first use.
+  with our backward (``kernel.fla_dropin``, loaded with torch on first use).
+* :func:`kernel.kda_backward.kda_backward`: the whole KDA backward on FLA's
+  forward tensors.
 
 Importing this package never needs CuPy, torch or a GPU.
 """
@@ -18,10 +19,9 @@ __all__ = ["dstate_scan", "chunk_kda"]
 
 
 def __getattr__(name: str):
-    # chunk_kda needs torch: import it only when asked for. Importing the submodule binds
-    # kernel.chunk_kda to it (a module callable as the function), whatever the import order.
+    # chunk_kda needs torch: import it only when asked for
     if name == "chunk_kda":
-        import importlib
+        from .fla_dropin import chunk_kda
 
-        return importlib.import_module(".chunk_kda", __name__)
+        return chunk_kda
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

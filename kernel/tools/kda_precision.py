@@ -42,7 +42,8 @@ from typing import Sequence
 
 import numpy as np
 
-GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+from kernel.kda_backward import GRADIENTS
+
 RECIPES = ("unit", "random_inputs")
 
 

@@ -289,7 +289,7 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
     steps = {}
     if not args.no_fla:
         steps[STEP_FLA] = step_of(fla_kda.import_fla()["chunk_kda"])
-    ours, why = import_ours("chunk_kda", "chunk_kda")
+    ours, why = import_ours("fla_dropin", "chunk_kda")
     if ours is None:
         res["step"][STEP_OURS] = {"error": why}
     else:

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernel.kda_backward import GRADIENTS
+
 torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,11 +84,11 @@ def test_import_kernel_needs_no_torch_and_chunk_kda_is_one_object_in_any_order()
             "assert 'torch' not in sys.modules, 'import kernel loaded torch'\n"
             "{first}\n"
             "from kernel import chunk_kda\n"
-            "import kernel.chunk_kda as module\n"
-            "assert chunk_kda is module is kernel.chunk_kda and callable(chunk_kda)\n"
+            "from kernel.fla_dropin import chunk_kda as function\n"
+            "assert chunk_kda is function is kernel.chunk_kda and callable(chunk_kda)\n"
             "assert list(inspect.signature(chunk_kda).parameters)[:5] == ['q', 'k', 'v', 'g', 'beta']\n"
             "print('ok')\n")
-    for first in ("pass", "import kernel.chunk_kda", "from kernel.chunk_kda import ChunkKDAFunction"):
+    for first in ("pass", "import kernel.fla_dropin", "from kernel.fla_dropin import ChunkKDAFunction"):
         proc = subprocess.run([sys.executable, "-c", code.format(first=first)], cwd=REPO, capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", (first, proc.stderr)
@@ -148,7 +150,7 @@ def test_an_unknown_keyword_is_a_type_error():
 @pytest.mark.parametrize("low, refused", [(-5.0, False), (-5.45, False), (-5.46, True), (-20.0, True),
                                           (math.nan, True)])
 def test_gates_below_the_floor_are_refused(low, refused):
-    from kernel.chunk_kda import GATE_FLOOR
+    from kernel.fla_dropin import GATE_FLOOR
 
     assert 2.0 ** (16 * GATE_FLOOR / math.log(2.0)) == pytest.approx(2.0 ** -126)
     q, k, v, g, beta = _cpu_inputs()
@@ -208,7 +210,6 @@ def test_every_covered_call_gets_past_the_checks():
 # GPU: the gradients against FLA's and float64
 # ----------------------------------------------------------------------------
 
-GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 TIMES_FLA = 2.0        # our error may be at most this multiple of FLA's own ...
 ERROR_FLOOR = 1e-3     # ... plus this (bf16 rounding of a gradient alone is ~1e-3 relative)
 

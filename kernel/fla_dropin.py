@@ -1,4 +1,4 @@
-"""``chunk_kda``: flash-linear-attention's KDA layer with FLA's forward and our backward.
+"""``kernel.chunk_kda``: flash-linear-attention's KDA layer with FLA's forward and our backward.
 
     from kernel import chunk_kda          # instead of: from fla.ops.kda import chunk_kda
     o, final_state = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
@@ -32,21 +32,20 @@ before anything touches the GPU: the gate or beta activation inside the kernel
 ``allow_neg_eigval``), grouped value heads (v with more heads than q),
 ``state_v_first`` (and its old name ``transpose_state_layout``), ``cp_context``,
 ``chunk_size`` other than 64, ``return_intermediate_states``, ``use_graph`` /
-``max_num_seqs``, head dimensions other than 128, q, k, v not bf16, and gates
-below :data:`GATE_FLOOR` (our backward needs every 16-token tile to decay by at
-most 2^-126 per channel; a gate clamped to [-5, 0], as FLA's safe_gate with
-lower_bound -5 asks, always qualifies). A keyword FLA does not know is a
+``max_num_seqs``, head dimensions other than 128, q, k, v not bf16, and, with
+``safe_gate=False``, gates below :data:`GATE_FLOOR` (our backward needs every
+16-token tile to decay by at most 2^-126 per channel; a gate clamped to [-5, 0]
+always qualifies; with ``safe_gate=True`` the caller promises bounded gates, as
+FLA's own safe-gate path needs, and nothing is read back). A keyword FLA does not know is a
 TypeError (FLA ignores it).
 
 torch is imported with this module; fla and :mod:`kernel.kda_backward` (CuPy)
 only when the forward or the backward runs. ``import kernel`` needs none of
-them: ``kernel.chunk_kda`` is loaded on first use.
+them: ``kernel.chunk_kda`` loads this module on first use.
 """
 from __future__ import annotations
 
 import math
-import sys
-import types
 from typing import Any
 
 import torch
@@ -323,16 +322,3 @@ def chunk_kda(
     return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, output_final_state,
                                   use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu, safe_gate, lower_bound,
                                   disable_recompute)
-
-
-# `kernel.chunk_kda` names this module and, through `from kernel import chunk_kda`, the
-# function: once anything imports the module, Python binds the package attribute to the
-# module, so the module itself must be callable as the function (with its signature).
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any):
-        return chunk_kda(*args, **kwargs)
-
-
-_module = sys.modules[__name__]
-_module.__class__ = _CallableModule
-_module.__wrapped__ = chunk_kda   # inspect.signature(kernel.chunk_kda) is chunk_kda's

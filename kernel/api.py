@@ -130,6 +130,13 @@ def _to_cupy(name: str, x: Any, want: str):
     return x
 
 
+def beta_f32(beta):
+    """beta as a float32 CuPy array: bf16 is widened, because every kernel copies beta with
+    4-byte cp.async (a token's beta alone, H * 4 bytes from the next token's)."""
+    b = _to_cupy("beta", beta, "f32|bf16")
+    return bits_to_f32(b) if b.dtype == np.uint16 else b
+
+
 def _check_shape(name: str, x, expected: tuple) -> None:
     if tuple(x.shape) != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(x.shape)}")
@@ -391,10 +398,8 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
     _check_shape("do", do, (B, T, H, D))
     gc = _to_cupy("gc", gc, "f32")
     _check_shape("gc", gc, (B, T, H, D))
-    beta = _to_cupy("beta", beta, "f32|bf16")
+    beta = beta_f32(beta)
     _check_shape("beta", beta, (B, T, H))
-    if beta.dtype == np.uint16:
-        beta = bits_to_f32(beta)   # the kernel copies beta with 4-byte cp.async
     mqk = _to_cupy("mqk", mqk, "bf16")
     _check_shape("mqk", mqk, (B, T, H, small))
     inv = _to_cupy("inv", inv, "bf16")

@@ -281,8 +281,7 @@ def _kernel(cfg: Config):
                                advice=": use fewer stages (Config.nstage) or fewer warps")
 
 
-def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,
-                   out=None):
+def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None):
     """Kernel S: the bf16 state entering every 64-token chunk (FLA's h), from FLA's forward tensors.
 
     k, v: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's chunk-local cumsum / ln 2); beta: fp32 or
@@ -290,8 +289,6 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
     Returns bf16 [B, NT, H, 128, 128] (varlen [1, sum NT_n, H, 128, 128]), entry c of a sequence = its
     state entering tokens 64c.. ([K, V]). ``config``: the build (None: the auto rule for this GPU).
-    ``out``: a C-contiguous bf16 array of that shape to write into (CuPy uint16 bits, or a torch
-    bfloat16 CUDA tensor), e.g. one allocated on another stream's behalf; it is returned.
     """
     plan = plan_forward_states(k, v, g, beta, Akk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                config=config, sm_count=H200_SM_COUNT)
@@ -304,9 +301,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     k_c = api._to_cupy("k", k, "bf16")
     v_c = api._to_cupy("v", v, "bf16")
     g_c = api._to_cupy("g", g, "f32")
-    beta_c = api._to_cupy("beta", beta, "f32|bf16")
-    if beta_c.dtype == np.uint16:
-        beta_c = api.bits_to_f32(beta_c)   # the kernel copies beta with 4-byte cp.async, as fp32
+    beta_c = api.beta_f32(beta)
     akk_c = api._to_cupy("Akk", Akk, "bf16")
     h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
 
@@ -314,11 +309,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     if total != int(plan.snapshot_offsets[-1]):
         raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
     fn, smem, threads = _kernel(cfg)
-    out_t = out
-    if out is not None:
-        out = api._to_cupy("out", out, "bf16")
-        api._check_shape("out", out, plan.states_shape)
-    elif plan.torch_out:
+    if plan.torch_out:
         import torch
 
         out_t = torch.empty(plan.states_shape, dtype=torch.bfloat16, device=k.device)

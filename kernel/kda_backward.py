@@ -25,8 +25,6 @@ per-token gate >= -5 (FLA's ``safe_gate`` with ``lower_bound=-5``) is well insid
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from . import api, fla_entry, token_gradients
@@ -97,16 +95,6 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     return _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
 
 
-@functools.lru_cache(maxsize=None)
-def _side_stream(device_id: int):
-    """One non-blocking CuPy stream per device for the forward-state scan (made once: creating a
-    stream per call costs host time)."""
-    import cupy
-
-    with cupy.cuda.Device(device_id):
-        return cupy.cuda.Stream(non_blocking=True)
-
-
 def _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states) -> dict:
     import cupy
 
@@ -114,38 +102,19 @@ def _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, s
     c = {name: api._to_cupy(name, x, want) for name, x, want in (
         ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
-    beta_c = api._to_cupy("beta", beta, "f32|bf16")
-    if beta_c.dtype == np.uint16:
-        beta_c = api.bits_to_f32(beta_c)   # both kernels copy beta with 4-byte cp.async
-    main = cupy.cuda.get_current_stream()
+    beta_c = api.beta_f32(beta)
+    cu = plan.cu_seqlens if cu_seqlens is not None else None
     if states is None:
-        # The forward-state scan and Kernel A need nothing of each other: the scan runs on a side
-        # stream beside Kernel A (at B = 1 both are latency-bound chains that leave most SMs idle).
-        # Its output is allocated here, on the caller's stream, so that the pool hands that memory
-        # out again only in the caller's stream order, after Kernel B has read it.
         from .forward_states import forward_states
 
-        states_c = cupy.empty(plan.dh_shape, dtype=np.uint16)
-        ready = cupy.cuda.Event(disable_timing=True)
-        ready.record(main)
-        side = _side_stream(cupy.cuda.Device().id)
-        side.wait_event(ready)
-        with side:
-            forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], initial_state=(
-                api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None),
-                cu_seqlens=plan.cu_seqlens if cu_seqlens is not None else None, out=states_c)
-        states_done = cupy.cuda.Event(disable_timing=True)
-        states_done.record(side)
+        states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu, initial_state=(
+            api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None))
     else:
         states_c = api._to_cupy("states", states, "bf16")
-        states_done = None
     # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator)
-    ds, dh0 = api.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht,
-                         cu_seqlens=plan.cu_seqlens if cu_seqlens is not None else None,
+    ds, dh0 = api.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht, cu_seqlens=cu,
                          qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True)
     ds_c = api._to_cupy("dS", ds, "bf16")
-    if states_done is not None:
-        main.wait_event(states_done)
 
     wide, row = (B, T, H, D), (B, T, H)
     if plan.torch_out:

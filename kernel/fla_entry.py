@@ -110,16 +110,20 @@ def _c_contiguous(shape: tuple[int, ...], strides, itemsize: int) -> bool:
     return True
 
 
-def _describe(name: str, x: Any) -> _Array:
+# What the host-array refusal of dstate_scan_from_fla says after "(host memory): "
+HOST_ADVICE = ("dstate_scan_from_fla runs Kernel A on the GPU and takes CuPy arrays or torch CUDA tensors. "
+               "For a float64 evaluation on the host use kernel.reference.kernel_a_inputs_from_fla, then "
+               "kernel.reference.dstate_scan_reference")
+
+
+def _describe(name: str, x: Any, host_advice: str = HOST_ADVICE) -> _Array:
     """Shape, dtype, layout and device of a torch CUDA tensor or a CUDA-array-interface
-    object (a CuPy array); numpy and other host arrays are refused."""
+    object (a CuPy array); numpy and other host arrays are refused, the error ending in
+    ``host_advice`` (formatted with ``name``): what the caller takes instead."""
     on_host = hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")
     if isinstance(x, np.ndarray) or (on_host and not api._is_torch(x)):
-        raise TypeError(
-            f"{name} is a {type(x).__module__}.{type(x).__name__} (host memory): dstate_scan_from_fla "
-            f"runs Kernel A on the GPU and takes CuPy arrays or torch CUDA tensors. For a float64 "
-            f"evaluation on the host use kernel.reference.kernel_a_inputs_from_fla, then "
-            f"kernel.reference.dstate_scan_reference")
+        raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__name__} (host memory): "
+                        + host_advice.format(name=name))
     if api._is_torch(x):
         if not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor, got a tensor on {x.device} (use .cuda())")
@@ -134,6 +138,18 @@ def _describe(name: str, x: Any) -> _Array:
     device = getattr(getattr(x, "device", None), "id", None)
     return _Array(shape, dtype, _c_contiguous(shape, cai.get("strides"), dt.itemsize), device,
                   int(cai["data"][0]), False)
+
+
+def _leading(name: str, a: _Array) -> tuple[int, int, int]:
+    """(B, T, H) of the array that fixes the batch: 4-D [B, T, H, 128], B, T, H >= 1."""
+    if len(a.shape) != 4:
+        raise ValueError(f"{name} must be 4-D [B, T, H, {D}], got shape {a.shape}")
+    B, T, H, last = a.shape
+    if last != D:
+        raise ValueError(f"{name}'s head dimension must be {D}, got {last} (shape {a.shape})")
+    if min(B, T, H) < 1:
+        raise ValueError(f"{name} must have B, T, H >= 1, got shape {a.shape}")
+    return B, T, H
 
 
 def _expect(name: str, a: _Array, shape: tuple, layout: str, dtypes: tuple[str, ...]) -> None:
@@ -225,9 +241,10 @@ class FlaLaunch:
 def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
                     scale: float | None = None, snapshot_dtype: str = "bfloat16",
                     state_v_first: bool = False, vsplit: int | str = "auto",
-                    tuning: dict | None = None) -> FlaLaunch:
+                    tuning: dict | None = None, host_advice: str = HOST_ADVICE) -> FlaLaunch:
     """Every check of :func:`dstate_scan_from_fla` and the launch it would make; host only
-    (no allocation, nothing on the GPU; a device cu_seqlens is copied to the host)."""
+    (no allocation, nothing on the GPU; a device cu_seqlens is copied to the host).
+    ``host_advice``: what a host array's refusal tells the caller to do instead."""
     if snapshot_dtype not in SNAPSHOT_DTYPES:
         raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
     if state_v_first:
@@ -245,17 +262,11 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
     if unknown:
         raise ValueError(f"tuning has unknown knobs {sorted(unknown)}")
 
-    qa = _describe("q", q)
-    if len(qa.shape) != 4:
-        raise ValueError(f"q must be 4-D [B, T, H, {D}], got shape {qa.shape}")
-    B, T, H, Dq = qa.shape
-    if Dq != D:
-        raise ValueError(f"q's head dimension must be {D}, got {Dq}")
-    if min(B, T, H) < 1:
-        raise ValueError(f"q must have B, T, H >= 1, got shape {qa.shape}")
+    qa = _describe("q", q, host_advice)
+    B, T, H = _leading("q", qa)
     wide = (B, T, H, D)
     _expect("q", qa, wide, "[B, T, H, K]", ("bfloat16",))
-    arrays = {"q": qa, "k": _describe("k", k)}
+    arrays = {"q": qa, "k": _describe("k", k, host_advice)}
     _expect("k", arrays["k"], wide, "same as q: [B, T, H, K]", ("bfloat16",))
     specs = (("g64", g64, wide, "[B, T, H, K], FLA's chunk-local cumsum of g / ln 2", ("float32",)),
              ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
@@ -263,7 +274,7 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
              ("Akk", Akk, (B, T, H, FLA_CHUNK), f"[B, T, H, {FLA_CHUNK}]", ("bfloat16",)),
              ("do", do, wide, "[B, T, H, V], V = 128", ("bfloat16",)))
     for name, x, shape, layout, dtypes in specs:
-        a = _describe(name, x)
+        a = _describe(name, x, host_advice)
         _refuse_gva(name, a, B, T, H)
         if name in ("Aqk", "Akk"):
             _refuse_chunk_32(name, a, B, T, H)
@@ -274,7 +285,7 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
         else np.arange(B + 1, dtype=np.int64) * T
     N = cu.shape[0] - 1
     if dht is not None:
-        arrays["dht"] = _describe("dht", dht)
+        arrays["dht"] = _describe("dht", dht, host_advice)
         _expect("dht", arrays["dht"], (N, H, D, D), "[N, H, K, V]", ("float32",))
 
     device = qa.device

@@ -49,7 +49,7 @@ import numpy as np
 
 from . import api
 from .build import FAST_MATH
-from .fla_entry import _describe, _expect, _host_offsets
+from .fla_entry import _describe, _expect, _host_offsets, _leading
 from .reference.checks import FLA_CHUNK, _check_cu_seqlens
 from .reference.dstate_scan import snapshot_offsets
 from ptx_lab import CUDA_INCLUDE_DIR
@@ -199,16 +199,14 @@ class StatesPlan:
         return self.N * self.H * self.config.vgroups
 
 
+# What the host-array refusal says after "(host memory): "
+HOST_ADVICE = ("forward_states runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}), "
+               "or torch.from_numpy({name}).cuda(); bf16 in CuPy as uint16 bits, kernel.api.bf16_bits). For a "
+               "float64 evaluation on the host use kernel.reference.kda_forward_reference")
+
+
 def _device_array(name: str, x: Any):
-    """_describe, with the host-array refusal saying what this function takes instead."""
-    if isinstance(x, np.ndarray) or (hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")
-                                     and not api._is_torch(x)):
-        raise TypeError(
-            f"{name} is a {type(x).__module__}.{type(x).__name__} (host memory): forward_states runs on the GPU "
-            f"and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}), or torch.from_numpy({name}).cuda(); "
-            f"bf16 in CuPy as uint16 bits, kernel.api.bf16_bits). For a float64 evaluation on the host use "
-            f"kernel.reference.kda_forward_reference")
-    return _describe(name, x)
+    return _describe(name, x, HOST_ADVICE)
 
 
 def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None,
@@ -219,13 +217,7 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a kernel.forward_states.Config or None, got {type(config).__name__}")
     ka = _device_array("k", k)
-    if len(ka.shape) != 4:
-        raise ValueError(f"k must be 4-D [B, T, H, {D}], got shape {ka.shape}")
-    B, T, H, Dk = ka.shape
-    if Dk != D:
-        raise ValueError(f"k's head dimension must be {D}, got {Dk} (shape {ka.shape})")
-    if min(B, T, H) < 1:
-        raise ValueError(f"k must have B, T, H >= 1, got shape {ka.shape}")
+    B, T, H = _leading("k", ka)
     wide = (B, T, H, D)
     arrays = {"k": ka}
     _expect("k", ka, wide, "[B, T, H, K], K = 128", ("bfloat16",))

@@ -34,6 +34,9 @@ from .reference.checks import FLA_CHUNK
 __all__ = ["kda_backward", "plan_kda_backward", "GRADIENTS"]
 
 GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+# What a host array's refusal says after "(host memory): "
+HOST_ADVICE = ("kda_backward runs on the GPU and takes CuPy arrays or torch CUDA tensors. For a float64 "
+               "evaluation on the host use kernel.reference.kda_backward_reference (on the raw gate)")
 
 
 def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
@@ -46,19 +49,19 @@ def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = N
         if not np.isfinite(scale) or scale == 0:
             raise ValueError(f"scale must be finite and non-zero, got {scale}")
     plan = fla_entry.plan_fla_launch(q, k, g, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens,
-                                     scale=scale, snapshot_dtype="bfloat16")
+                                     scale=scale, snapshot_dtype="bfloat16", host_advice=HOST_ADVICE)
     B, T, H, N = plan.B, plan.T, plan.H, plan.N
-    va = fla_entry._describe("v", v)
+    va = fla_entry._describe("v", v, HOST_ADVICE)
     fla_entry._refuse_gva("v", va, B, T, H)
     fla_entry._expect("v", va, (B, T, H, D), "[B, T, H, V], V = 128", ("bfloat16",))
     named = {"v": va}
     if initial_state is not None:
-        named["initial_state"] = fla_entry._describe("initial_state", initial_state)
+        named["initial_state"] = fla_entry._describe("initial_state", initial_state, HOST_ADVICE)
         fla_entry._expect("initial_state", named["initial_state"], (N, H, D, D), "[N, H, K, V]", ("float32",))
     if states is not None:
         n_chunks = int(plan.snapshot_offsets[-1])
         shape = plan.dh_shape
-        named["states"] = fla_entry._describe("states", states)
+        named["states"] = fla_entry._describe("states", states, HOST_ADVICE)
         fla_entry._expect("states", named["states"], shape,
                           f"[B, NT, H, K, V]: the state entering each of the {n_chunks} {FLA_CHUNK}-token "
                           f"chunks (FLA's h, state_v_first=False)", ("bfloat16",))

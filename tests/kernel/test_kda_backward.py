@@ -51,7 +51,8 @@ def test_valid_arguments_give_kernel_a_s_plan():
     ("initial_state", DeviceArray((2, 3, D, D), BF16), r"initial_state .*float32"),
     ("states", DeviceArray((2, 1, 3, D, D), BF16), r"states must have shape \(2, 2, 3, 128, 128\)"),
     ("states", DeviceArray((2, 2, 3, D, D), np.float32), r"states .*bf16"),
-    ("v", np.zeros((2, 100, 3, D), np.uint16), r"v is a numpy.ndarray \(host memory\)"),
+    ("v", np.zeros((2, 100, 3, D), np.uint16), r"v is a numpy.ndarray \(host memory\): kda_backward .*kda_backward_reference"),
+    ("q", np.zeros((2, 100, 3, D), np.uint16), r"q is a numpy.ndarray \(host memory\): kda_backward .*kda_backward_reference"),
 ])
 def test_bad_arguments_are_named(name, value, message):
     a, kw = _args(states=True)

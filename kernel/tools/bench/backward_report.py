@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from .backward import BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, KERNEL_A, OURS, STEP_FLA, STEP_OURS
+from . import report
 from .report import error_text, format_table, get, log
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
@@ -165,20 +166,7 @@ def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, 
 def read_runs(paths: Sequence[str]) -> tuple[list[dict], list[dict]] | None:
     """(results, runs) of --backward JSON files, each result tagged with its file; None (said why) if one
     is not such a file."""
-    results, runs = [], []
-    for path in paths:
-        try:
-            with open(path) as fh:
-                data = json.load(fh)
-            rows = data["results"]
-            if not isinstance(rows, list):
-                raise TypeError("'results' is not a list")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log(f"{path}: not a bench --backward --json file ({error_text(exc)})")
-            return None
-        runs.append({"file": path, "environment": data.get("environment"), "args": data.get("args")})
-        results += [{**r, "source": path} for r in rows]
-    return results, runs
+    return report.read_runs(paths, "bench --backward --json")
 
 
 def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:

@@ -175,20 +175,32 @@ def upgrade_result(res: dict) -> dict:
     return out
 
 
-def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
-    """The table, precision table and plot of configs timed by earlier runs (--json files)."""
+def read_runs(paths: Sequence[str], what: str, upgrade=lambda r: r) -> tuple[list[dict], list[dict]] | None:
+    """(results, runs) of bench JSON files (``what``: the command that writes them, for the error),
+    each result passed through ``upgrade`` and tagged with its file; None (said why) if one is not
+    such a file."""
     results, runs = [], []
     for path in paths:
         try:
             with open(path) as fh:
                 data = json.load(fh)
             rows = data["results"]
+            if not isinstance(rows, list):
+                raise TypeError("'results' is not a list")
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log(f"{path}: not a bench --json file ({error_text(exc)})")
-            return 1
+            log(f"{path}: not a {what} file ({error_text(exc)})")
+            return None
         runs.append({"file": path, "environment": data.get("environment"), "args": data.get("args")})
-        for r in rows:
-            results.append({**upgrade_result(r), "source": path})
+        results += [{**upgrade(r), "source": path} for r in rows]
+    return results, runs
+
+
+def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
+    """The table, precision table and plot of configs timed by earlier runs (--json files)."""
+    read = read_runs(paths, "bench --json", upgrade_result)
+    if read is None:
+        return 1
+    results, runs = read
     ok = [r for r in results if "error" not in r]
     log(f"{len(ok)} config(s) from {len(paths)} file(s); each row's ratios were measured in its own run")
     log(format_table([table_row(r) for r in ok]))

@@ -87,6 +87,7 @@ def test_refused_without_torch_naming_it():
 
 
 def test_refused_without_fla_naming_it():
+    pytest.importorskip("torch", reason="the fla-core refusal comes after torch's check: needs torch")
     out = _run_blocked(("fla", "triton"))
     assert out.returncode == 1, out.stderr
     assert "needs torch, fla-core 0.6.0 (with triton) and CuPy on a CUDA GPU: fla-core cannot be imported" \

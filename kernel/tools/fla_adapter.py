@@ -59,9 +59,11 @@ from kernel.reference import FLA_CHUNK   # FLA's KDA chunk size (its default; 32
 
 FLA_VERSION = "0.6.0"
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+AUTOTUNE_DISK_CACHE_ENV = "FLA_CACHE_RESULTS"
 
 __all__ = ["FLA_VERSION", "FLA_CHUNK", "available", "FlaState", "prepare", "dAv", "dhu",
-           "dAv_dhu", "recompute_w_u", "fwd_h", "dh_dh0", "callables", "reset_autotune", "autotune_choices"]
+           "dAv_dhu", "recompute_w_u", "fwd_h", "dh_dh0", "callables", "reset_autotune", "autotune_choices",
+           "set_import_env"]
 
 
 def reset_autotune() -> int:
@@ -106,10 +108,24 @@ def _autotuner_choices() -> list:
     return [(t, t.cache) for t in tuners if isinstance(getattr(t, "cache", None), dict) and t.cache]
 
 
-def _import_fla():
-    """The FLA functions used here, imported with backend dispatch disabled."""
-    # read once by fla.backends at import time: must be set before the first import
+def set_import_env() -> None:
+    """Sets what fla reads once, when it is first imported, for a measurement of its Triton path.
+
+    * ``FLA_DISABLE_BACKEND_DISPATCH=1``: every call takes the Triton kernels, never another backend.
+    * ``FLA_CACHE_RESULTS=0`` unless it is set already: no autotune choice is read from, or
+      written to, Triton's disk cache. That cache is keyed by the autotune key, which holds no
+      B, T or sequence count, so with it on, the first shape ever tuned on a machine fixes the
+      block sizes of every later process there: a 1x131072 run after a 32x8192 one times FLA
+      at 32x8192's choice. Off, each process tunes FLA for its own shape (the compiled kernels
+      stay cached on disk either way).
+    """
     os.environ[DISPATCH_ENV] = "1"
+    os.environ.setdefault(AUTOTUNE_DISK_CACHE_ENV, "0")
+
+
+def _import_fla():
+    """The FLA functions used here, imported as :func:`set_import_env` says."""
+    set_import_env()
     import fla
     from fla.modules.norm.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import (chunk_gated_delta_rule_bwd_dhu,

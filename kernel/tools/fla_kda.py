@@ -18,19 +18,18 @@ The whole backward of ours (``kernel.kda_backward``) is compared with FLA's
   ``chunk_kda_bwd`` by the autograd function) is not part of it: our
   ``kda_backward`` returns the gradients with respect to the normalised q, k too.
 
-``FLA_DISABLE_BACKEND_DISPATCH=1`` is set before fla is imported (as
-:mod:`kernel.tools.fla_adapter` does), so that every call is the Triton path.
+fla is imported after :func:`kernel.tools.fla_adapter.set_import_env`: every call is the
+Triton path, and every process tunes FLA for its own shape.
 Importing this module needs neither torch nor fla.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from kernel.reference import FLA_CHUNK, GATE_LOWER_BOUND
 
-from .fla_adapter import DISPATCH_ENV
+from .fla_adapter import set_import_env
 
 __all__ = ["import_fla", "FlaForward", "forward", "backward", "chunk_kda_step_inputs", "l2norm_backward"]
 
@@ -38,7 +37,7 @@ __all__ = ["import_fla", "FlaForward", "forward", "backward", "chunk_kda_step_in
 def import_fla() -> dict:
     """The FLA functions used here, imported with backend dispatch disabled (ImportError if fla or
     triton is missing)."""
-    os.environ[DISPATCH_ENV] = "1"   # read once by fla.backends at import time
+    set_import_env()
     import fla
     from fla.modules.norm.l2norm import l2norm_bwd, l2norm_fwd
     from fla.ops.kda import chunk_kda

@@ -7,6 +7,7 @@ figures docs/kda_backward.md gives (section 5) and against kernel.reference.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -249,6 +250,21 @@ def test_fla_autotune_is_reset_between_configurations():
     assert fla_adapter.reset_autotune() >= 1
     assert tuner.cache == {}
     assert fla_adapter.reset_autotune() == 0      # nothing left to forget
+
+
+def test_fla_is_imported_to_tune_for_each_process(monkeypatch):
+    # Triton's disk cache of autotune choices is keyed without B and T: with it on, the first
+    # shape tuned on a machine would fix FLA's block sizes for every later configuration
+    from kernel.tools import fla_adapter
+
+    monkeypatch.delenv(fla_adapter.AUTOTUNE_DISK_CACHE_ENV, raising=False)
+    monkeypatch.delenv(fla_adapter.DISPATCH_ENV, raising=False)
+    fla_adapter.set_import_env()
+    assert os.environ[fla_adapter.AUTOTUNE_DISK_CACHE_ENV] == "0"
+    assert os.environ[fla_adapter.DISPATCH_ENV] == "1"
+    monkeypatch.setenv(fla_adapter.AUTOTUNE_DISK_CACHE_ENV, "1")   # a user's explicit choice stays
+    fla_adapter.set_import_env()
+    assert os.environ[fla_adapter.AUTOTUNE_DISK_CACHE_ENV] == "1"
 
 
 def test_fla_autotune_choices_are_recorded():

@@ -23,6 +23,14 @@ probes with known answers before the kernel:
                     cp.async writes by the hand-off (Kernel A, its FLA-input build and
                     the forward-state scan report such hazards once a sequence is longer
                     than their rings, log 28).
+    ring2-cp-async-ldmatrix  the same with two producer warps, each copying half of a stage,
+                    and the consumer reading the whole stage with ldmatrix (as Kernel A's
+                    consumers read the words several producer warps copied). Race-free.
+    ring2-consumer-bar  one cp.async producer warp and two consumer warps that meet on a
+                    consumers-only barrier before they read the stage with ldmatrix (as
+                    Kernel A's two warps of a band do before G3's INV read). Race-free: a
+                    report here, beside ring2-producer-bar's, says racecheck misorders a
+                    hand-off whenever a barrier of a subset of the threads lies between.
     ring-syncthreads  the same data flow ordered by __syncthreads. Race-free.
     no-empty        one buffer, a FULL hand-off per iteration (its own barrier
                     id) and no EMPTY: the producer really overwrites words the
@@ -47,6 +55,7 @@ from typing import Sequence
 PROBE_SOURCE = r"""
 #include "barrier.cuh"
 #include "cp_async.cuh"
+#include "ldmatrix.cuh"
 using namespace ptx_lab;
 
 // One producer warp (warp 1) and one consumer warp (warp 0); 2-stage ring of 32 floats.
@@ -148,6 +157,80 @@ extern "C" __global__ void ring_cp_async(float* out) {
     }
 }
 
+// ring_cp_async with two producer warps (1, 2), each copying its half of a 64-word stage, and a
+// consumer warp that reads the whole stage with ldmatrix: lane l gets words l and 32 + l, one
+// from each producer warp. Race-free by construction.
+__device__ float ring2_cp_async_src[ITERS][64];
+extern "C" __global__ void ring2_cp_async_ldmatrix(float* out) {
+    constexpr int T = 96;
+    __shared__ __align__(16) float buf[STAGES][64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp >= 1) {
+        const int e = threadIdx.x - 32;   // this thread's word of a stage
+        cp_async_ca<4>(smem_addr(&buf[0][e]), &ring2_cp_async_src[0][e]);
+        cp_async_commit();
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            cp_async_wait<0>();
+            named_barrier_arrive(full_bar(s), T);
+            const int j = i + 1;
+            if (j < ITERS) {
+                if (j >= STAGES) named_barrier_sync(empty_bar(j % STAGES), T);
+                cp_async_ca<4>(smem_addr(&buf[j % STAGES][e]), &ring2_cp_async_src[j][e]);
+            }
+            cp_async_commit();
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            named_barrier_sync(full_bar(s), T);
+            u32 r0, r1;   // two 8 x 16-byte matrices: the stage's 64 words, row r at byte 16 r
+            ldmatrix_x2(r0, r1, smem_addr(&buf[s][0]) + 16u * (lane & 15));
+            acc += __uint_as_float(r0) + __uint_as_float(r1);
+            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
+        }
+        out[lane] = acc;
+    }
+}
+
+// One producer warp (2) filling each 64-word stage by cp.async, two consumer warps (0, 1) that
+// meet on a consumers-only barrier and then read the whole stage with ldmatrix. Race-free.
+__device__ float ring2_consumer_bar_src[ITERS][64];
+extern "C" __global__ void ring2_consumer_bar(float* out) {
+    constexpr int T = 96, PAIR = 1 + 2 * STAGES;
+    __shared__ __align__(16) float buf[STAGES][64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp == 2) {
+        for (int e = lane; e < 64; e += 32) cp_async_ca<4>(smem_addr(&buf[0][e]), &ring2_consumer_bar_src[0][e]);
+        cp_async_commit();
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            cp_async_wait<0>();
+            named_barrier_arrive(full_bar(s), T);
+            const int j = i + 1;
+            if (j < ITERS) {
+                if (j >= STAGES) named_barrier_sync(empty_bar(j % STAGES), T);
+                for (int e = lane; e < 64; e += 32)
+                    cp_async_ca<4>(smem_addr(&buf[j % STAGES][e]), &ring2_consumer_bar_src[j][e]);
+            }
+            cp_async_commit();
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < ITERS; ++i) {
+            const int s = i % STAGES;
+            named_barrier_sync(full_bar(s), T);
+            named_barrier_sync(PAIR, 64);   // the two consumer warps meet (Kernel A: their partial sums)
+            u32 r0, r1;
+            ldmatrix_x2(r0, r1, smem_addr(&buf[s][0]) + 16u * (lane & 15));
+            acc += __uint_as_float(r0) + __uint_as_float(r1);
+            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
+        }
+        if (warp == 0) out[lane] = acc;
+    }
+}
+
 // Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
 extern "C" __global__ void no_empty(float* out) {
     __shared__ float buf[32];
@@ -180,11 +263,16 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 """
 
 RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-cp-async",
-        "ring-syncthreads", "no-empty", "kernel-a")
+        "ring2-cp-async-ldmatrix", "ring2-consumer-bar", "ring-syncthreads", "no-empty", "kernel-a")
 EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
-            "ring2-producer-bar": "race-free", "ring-cp-async": "race-free", "ring-syncthreads": "race-free",
+            "ring2-producer-bar": "race-free", "ring-cp-async": "race-free",
+            "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "ring-syncthreads": "race-free",
             "no-empty": "a real race",
             "kernel-a": "?"}
+
+# the probes whose stages cp.async fills: their source array in global memory, words a stage
+COPIED_FROM = {"ring-cp-async": ("ring_cp_async_src", 32), "ring2-cp-async-ldmatrix": ("ring2_cp_async_src", 64),
+               "ring2-consumer-bar": ("ring2_consumer_bar_src", 64)}
 
 
 def _child(run: str) -> None:
@@ -196,12 +284,16 @@ def _child(run: str) -> None:
         mod = load_module(PROBE_SOURCE)
         out = cp.zeros(32, dtype=cp.float32)
         threads = 96 if run.startswith("ring2") else 64
-        if run == "ring-cp-async":   # the values the other rings write, copied from global memory
-            src = cp.ndarray((8, 32), dtype=cp.float32, memptr=mod.get_global("ring_cp_async_src"))
-            src[...] = cp.arange(8 * 32, dtype=cp.float32).reshape(8, 32)
+        # what tile i's stage holds: word w (of 32 or 64) is i * 32 + w % 32, as the other rings write it
+        want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words
+        if run in COPIED_FROM:   # the stages are copied from global memory
+            name, words = COPIED_FROM[run]
+            src = cp.ndarray((8, words), dtype=cp.float32, memptr=mod.get_global(name))
+            src[...] = cp.arange(8, dtype=cp.float32)[:, None] * 32 + cp.arange(words) % 32
+            if words == 64:
+                want = sum(2 * i * 32 for i in range(8))   # lane 0 reads words 0 and 32
         mod.get_function(run.replace("-", "_"))((1,), (threads,), (out,))
         cp.cuda.Device().synchronize()
-        want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words
         print(f"{run}: lane 0 sum {float(out[0].get()):.0f} (race-free value {want:.0f})")
         return
     import dataclasses

@@ -8,7 +8,7 @@ do, Kernel A's dS after every 16-token tile and the forward state entering every
 statement is ``kernel.reference.kda``'s ``_tile_backward``.
 
 The kernel has no build knobs: its shape (8 warps, two stages of tile inputs, about
-227 KB of shared memory) is fixed in the source, which exports the shared memory
+229 KB of shared memory) is fixed in the source, which exports the shared memory
 and thread count it was built with (``kdb_smem_bytes``, ``kdb_threads``).
 """
 from __future__ import annotations

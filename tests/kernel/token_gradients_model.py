@@ -22,16 +22,18 @@ The rest mirrors the .cu by hand, one function per part (line numbers of the .cu
 file's writing; search for the quoted comment if they moved):
 
     copies_of, load_tile    .cu 163-245   "What a thread copies of every tile", load_tile
-    CtaModel.__init__       .cu 247-293   the prologue: tables, lane parts, the first load_tile
-    CtaModel.run, _tile     .cu 295-317   the tile loop, tile it + 1 prefetched into stage st ^ 1
-    CtaModel._r1            .cu 319-352   R1: Kd, Kr, Qe, beta Ke in bf16, gc in fp32; gamma, gT
-    CtaModel._load_state    .cu 353-363   it == 0: S0^T into the fp32 accumulators
-    CtaModel._v_phase       .cu 366-499   G6, G7, G1 + G2, G3, the U / dW / dv stores, the d and
+    CtaModel.__init__       .cu 248-294   the prologue: tables, lane parts, the first load_tile
+    CtaModel.run, _tile     .cu 296-318   the tile loop, tile it + 1 prefetched into stage st ^ 1
+    CtaModel._r1            .cu 320-353   R1: Kd, Kr, Qe, beta Ke in bf16, gc in fp32; gamma, gT
+    CtaModel._load_state    .cu 354-364   it == 0: S0^T into the fp32 accumulators
+    CtaModel._v_phase       .cu 367-500   G6, G7, G1 + G2, G3, the U / dW / dv stores, the d and
                                           rowsum(dW . Vn) partials, the G9 / G10 partials
-    CtaModel._g8            .cu 501-518   S1^T = gamma S0^T + U^T Kr in the accumulators
-    CtaModel._reduce        .cu 521-550   the fixed-order sums over warps, dMqk / dLkk fragments
-    CtaModel._k_phase       .cu 553-664   G11-G13, S0 dS1^T, G14-G17, dgamma, dq / dk / dg
-    CtaModel._finish        .cu 667-686   dbeta, dv, S1 to shared memory (bf16)
+    CtaModel._g8            .cu 502-519   S1^T = gamma S0^T + U^T Kr in the accumulators
+    CtaModel._reduce        .cu 522-559   the fixed-order sums over warps, dMqk / dLkk fragments
+                                          and the fragments of what their bf16 rounding left
+    CtaModel._k_phase       .cu 562-692   G11-G13, S0 dS1^T, G14-G17 (twice: the roundings,
+                                          the remainders), dgamma, dq / dk / dg
+    CtaModel._finish        .cu 695-715   dbeta, dv, S1 to shared memory (bf16)
 
 cp.async copies land at once (the model's), which is what the .cu sees after its
 cp_async_wait and barrier; the warps run one after another within a phase, which the .cu's
@@ -253,6 +255,11 @@ def copies_of(tid: np.ndarray, RS: int) -> Copies:
 
 def _f32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
+
+
+def _bf(bits) -> np.ndarray:
+    """bf16 bits (the low 16 of an integer array) as fp32: the .cu's bf()."""
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
 
 
 def _sum_over_g(x: np.ndarray) -> np.ndarray:
@@ -600,14 +607,21 @@ class CtaModel:
         for w in range(WARPS):
             m = _f32(m + part[w * C * PS + i * PS + jj])
             l_ = _f32(l_ + part[(WARPS + w) * C * PS + i * PS + jj])
-        mb = model.pack_bf16x2(np.where(jj < i, m, 0), 0) & 0xFFFF
-        lb = model.pack_bf16x2(np.where(jj < i, -l_, 0), 0) & 0xFFFF
+        mv, lv = _f32(np.where(jj < i, m, 0)), _f32(np.where(jj < i, -l_, 0))
+        mb = model.pack_bf16x2(mv, 0) & 0xFFFF
+        lb = model.pack_bf16x2(lv, 0) & 0xFFFF
+        mr = model.pack_bf16x2(_f32(mv - _bf(mb)), 0) & 0xFFFF   # the remainders (exact in fp32)
+        lr = model.pack_bf16x2(_f32(lv - _bf(lb)), 0) & 0xFFFF
         plain, trans = (frag_index(self.swaps.get(x, x), i, jj) for x in ("plain", "trans"))
         frag16 = self.u16(L["SM_FRAG"])
         frag16[0 * 256 + plain] = mb
         frag16[1 * 256 + trans] = mb
         frag16[2 * 256 + plain] = lb
         frag16[3 * 256 + trans] = lb
+        frag16[4 * 256 + plain] = mr
+        frag16[5 * 256 + trans] = mr
+        frag16[6 * 256 + plain] = lr
+        frag16[7 * 256 + trans] = lr
         dpart, b1part = self.f32(L["SM_DPART"]), self.f32(L["SM_B1PART"])
         d = np.zeros(C, np.float32)
         x = np.zeros(C, np.float32)
@@ -635,8 +649,8 @@ class CtaModel:
                 Kr[nt] = _mma(Kr[nt], au, bd[nt])
                 Gm[nt] = _mma(Gm[nt], as_, bd[nt])
         # G14-G17 from the dMqk / dLkk fragments in lane order
-        frag = self.u32(L["SM_FRAG"]).reshape(-1)[:4 * 32 * 4].reshape(4, 32, 4)
-        am, amt, al, alt = (np.ascontiguousarray(frag[x]) for x in range(4))
+        frag = self.u32(L["SM_FRAG"]).reshape(-1)[:8 * 32 * 4].reshape(8, 32, 4)
+        am, amt, al, alt, rm, rmt, rl, rlt = (np.ascontiguousarray(frag[x]) for x in range(8))
         bk = self.load("G14 B Kr", env)
         bq = self.load("G15 B Qe", env)
         be = self.load("G17 B beta Ke", env)
@@ -646,6 +660,14 @@ class CtaModel:
             Kr[nt] = _mma(Kr[nt], amt, bq[nt])
         for nt in range(2):
             Kr[nt] = _mma(Kr[nt], alt, be[nt])
+        for nt in range(2):   # the remainders' fragments, in the .cu's order
+            Qe[nt] = _mma(Qe[nt], rm, bk[nt])
+        for nt in range(2):
+            X[nt] = _mma(X[nt], rl, bk[nt])
+        for nt in range(2):
+            Kr[nt] = _mma(Kr[nt], rmt, bq[nt])
+        for nt in range(2):
+            Kr[nt] = _mma(Kr[nt], rlt, be[nt])
         # dgamma of row r of this warp's k: Gm's diagonal, in lane 4 (r mod 8) + (r mod 8) / 2
         odd = (G & 1) == 1
         lo = np.where(odd, Gm[0][:, 1], Gm[0][:, 0])
@@ -672,6 +694,9 @@ class CtaModel:
                 gc = [gcs[i * GC_ROW + kk], gcs[i * GC_ROW + kk + 1]]
                 qv = model.unpack_bf16x2(qs32[(i * (ROW // 2) + kk) // 2])
                 kv = model.unpack_bf16x2(ks32[(i * (ROW // 2) + kk) // 2])
+                so = (i * ROW + 2 * kk) // 4   # the pair's word in R1's operand tiles
+                kdb, krb, qeb, beb = (model.unpack_bf16x2(self.u32(L[at_])[so])
+                                      for at_ in ("SM_KD", "SM_KR", "SM_QE", "SM_BKE"))
                 dq2, dk2, fs2, fe2 = [], [], [], []
                 for e in range(2):
                     fs = np.exp2(gc[e])
@@ -680,8 +705,8 @@ class CtaModel:
                     dKe, dKr = _f32(be_ * X[nt][:, x + e]), Kr[nt][:, x + e]
                     dq2.append(_f32(s * _f32(fs * dQd + fu * dQe + dd * kv[e])))
                     dk2.append(_f32(fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e]))
-                    fs2.append(_f32(s * qv[e] * fs * dQd + kv[e] * fs * dKd))
-                    fe2.append(_f32(s * qv[e] * fu * dQe + kv[e] * fu * dKe - kv[e] * fd * dKr))
+                    fs2.append(_f32(s * qv[e] * fs * dQd + kdb[e] * dKd))
+                    fe2.append(_f32(qeb[e] * dQe + beb[e] * X[nt][:, x + e] - krb[e] * dKr))
                     b2[r] = _f32(b2[r] + kv[e] * fu * X[nt][:, x + e])
                 for e in range(2):
                     part[fsb + i * PS + cl + e] = fs2[e]

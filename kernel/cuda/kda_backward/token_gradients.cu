@@ -69,9 +69,10 @@ constexpr int PS = 24;                       // fp32 words per row of the 16 x 1
                                              // stores by (row g, column 2t) lanes without conflicts)
 constexpr int SM_PART = SM_GC + C * GC_ROW * 4;   // fp32 [2][8][16][24]: per-warp dMqk, dLkk; later
                                                   // per-warp from_start / from_end [8][2][16][24]
-constexpr int SM_FRAG = SM_PART + 2 * WARPS * C * PS * 4;  // u32 [4][32 lanes][4]: dMqk, dMqk^T, dLkk, dLkk^T
-                                                           // as bf16 A fragments, in lane order
-constexpr int SM_DPART = SM_FRAG + 4 * 32 * 4 * 4;         // fp32 [8][16] per-warp d
+constexpr int SM_FRAG = SM_PART + 2 * WARPS * C * PS * 4;  // u32 [2][4][32 lanes][4]: dMqk, dMqk^T, dLkk,
+                                                           // dLkk^T as bf16 A fragments in lane order:
+                                                           // their bf16 roundings, then what those left
+constexpr int SM_DPART = SM_FRAG + 2 * 4 * 32 * 4 * 4;     // fp32 [8][16] per-warp d
 constexpr int SM_B1PART = SM_DPART + WARPS * C * 4;        // fp32 [8][16] per-warp rowsum(dW . Vn)
 constexpr int SM_B2PART = SM_B1PART + WARPS * C * 4;       // fp32 [8][16] per-warp rowsum(Ke . X)
 constexpr int SM_DVEC = SM_B2PART + WARPS * C * 4;         // fp32 [16] d
@@ -520,7 +521,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         // The partial sums over v, added in a fixed order (deterministic). dMqk and dLkk (strictly
         // lower) go out as bf16 A fragments, each element written to its (lane, register, half)
-        // of the fragment of the matrix and of its transpose (mma.cuh's A layout).
+        // of the fragment of the matrix and of its transpose (mma.cuh's A layout). Each goes as
+        // two: its bf16 rounding and the bf16 rounding of the remainder, so that G14-G17 see
+        // them to about 2^-17 (one bf16 fragment cost dq and dk about a tenth of their error).
         {
             const int i = tid >> 4, jj = tid & 15;
             float m = 0.f, l = 0.f;
@@ -529,13 +532,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 m += part[w * C * PS + i * PS + jj];
                 l += part[(WARPS + w) * C * PS + i * PS + jj];
             }
-            const unsigned short mb = to_bf(jj < i ? m : 0.f), lb = to_bf(jj < i ? -l : 0.f);
+            const float mv = jj < i ? m : 0.f, lv = jj < i ? -l : 0.f;
+            const unsigned short mb = to_bf(mv), lb = to_bf(lv);
+            const unsigned short mr = to_bf(mv - bf(mb)), lr = to_bf(lv - bf(lb));   // exact differences
             const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);
             const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);
             frag16[0 * 256 + plain] = mb;    // dMqk
             frag16[1 * 256 + trans] = mb;    // dMqk^T
             frag16[2 * 256 + plain] = lb;    // dLkk
             frag16[3 * 256 + trans] = lb;    // dLkk^T
+            frag16[4 * 256 + plain] = mr;    // the remainders, in the same order
+            frag16[5 * 256 + trans] = mr;
+            frag16[6 * 256 + plain] = lr;
+            frag16[7 * 256 + trans] = lr;
             if (tid < C) {
                 float d = 0.f;
 #pragma unroll
@@ -587,6 +596,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 mma(X[0], al, bk0); mma(X[1], al, bk1);       // G16
                 mma(Kr[0], amt, bq0); mma(Kr[1], amt, bq1);   // G15
                 mma(Kr[0], alt, be0); mma(Kr[1], alt, be1);   // G17
+                const uint4 rm = frag[4 * 32 + lane], rmt = frag[5 * 32 + lane];   // the remainders
+                const uint4 rl = frag[6 * 32 + lane], rlt = frag[7 * 32 + lane];
+                const u32 bm[4] = {rm.x, rm.y, rm.z, rm.w}, bmt[4] = {rmt.x, rmt.y, rmt.z, rmt.w};
+                const u32 bl[4] = {rl.x, rl.y, rl.z, rl.w}, blt[4] = {rlt.x, rlt.y, rlt.z, rlt.w};
+                mma(Qe[0], bm, bk0); mma(Qe[1], bm, bk1);
+                mma(X[0], bl, bk0); mma(X[1], bl, bk1);
+                mma(Kr[0], bmt, bq0); mma(Kr[1], bmt, bq1);
+                mma(Kr[0], blt, be0); mma(Kr[1], blt, be1);
             }
             // dgamma of row r of this warp's k: Gm's diagonal, in lane 4 (r mod 8) + (r mod 8) / 2:
             // r < 8 in n-tile 0's register (r mod 2), r >= 8 in n-tile 1's register 2 + (r mod 2)
@@ -597,7 +614,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 const float from_lo = __shfl_sync(0xffffffffu, lo, src), from_hi = __shfl_sync(0xffffffffu, hi, src);
                 dgc = (lane & 8) ? from_hi : from_lo;   // lanes 0..15: column k0 + lane
             }
-            // back to q, k and the gate, with fp32 factors from gc (as R1)
+            // back to q, k and the gate, with fp32 factors from gc (as R1). The gate's products
+            // pair each gated operand an MMA read (Kd, Qe, beta Ke, Kr) with its gradient at the
+            // bf16 value that MMA used: the cancellations between a tile's gated halves then hold
+            // in rounding too. (With the fp32 values, dg's error was 1.8x FLA's on unit-norm keys
+            // with gates down to -5.) Qd feeds no MMA here and keeps its fp32 value.
             float* const fsb = part + warp * 2 * C * PS;   // this warp's from_start [16 i][16 k]
             float* const feb = fsb + C * PS;               // and from_end
             float b2[2] = {0.f, 0.f};
@@ -614,6 +635,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     const u32 k2 = *reinterpret_cast<const u32*>(ks + i * (ROW / 2) + kk);
                     const float gcv[2] = {gc.x, gc.y}, gTv[2] = {gT.x, gT.y};
                     const float qv[2] = {bf_lo(q2), bf_hi(q2)}, kv[2] = {bf_lo(k2), bf_hi(k2)};
+                    const int so = i * ROW + 2 * kk;   // the pair's byte in R1's operand tiles
+                    const u32 kd2 = *reinterpret_cast<const u32*>(smem + SM_KD + so);
+                    const u32 kr2 = *reinterpret_cast<const u32*>(smem + SM_KR + so);
+                    const u32 qe2 = *reinterpret_cast<const u32*>(smem + SM_QE + so);
+                    const u32 be2 = *reinterpret_cast<const u32*>(smem + SM_BKE + so);
+                    const float kdb[2] = {bf_lo(kd2), bf_hi(kd2)}, krb[2] = {bf_lo(kr2), bf_hi(kr2)};
+                    const float qeb[2] = {bf_lo(qe2), bf_hi(qe2)}, beb[2] = {bf_lo(be2), bf_hi(be2)};
                     float dq2[2], dk2[2], fs2[2], fe2[2];
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
@@ -622,8 +650,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                         const float dKe = be * X[nt][x + e], dKr = Kr[nt][x + e];
                         dq2[e] = s * (fs * dQd + fu * dQe + dd * kv[e]);
                         dk2[e] = fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e];
-                        fs2[e] = s * qv[e] * fs * dQd + kv[e] * fs * dKd;
-                        fe2[e] = s * qv[e] * fu * dQe + kv[e] * fu * dKe - kv[e] * fd * dKr;
+                        fs2[e] = s * qv[e] * fs * dQd + kdb[e] * dKd;
+                        fe2[e] = qeb[e] * dQe + beb[e] * X[nt][x + e] - krb[e] * dKr;   // Ke dKe = (beta Ke) X
                         b2[r] += kv[e] * fu * X[nt][x + e];
                     }
                     *reinterpret_cast<float2*>(fsb + i * PS + cl) = make_float2(fs2[0], fs2[1]);

@@ -1,12 +1,13 @@
-"""kernel.studies.gradient_rounding: the rounding hook is the reference when nothing is rounded, and
-the study's two findings hold on a short sequence (the GPU measurement is in docs/log/29)."""
+"""kernel.studies.gradient_rounding: each rounding hook is the reference when nothing is rounded, and
+the study's findings hold on a short sequence (the GPU measurement is in docs/log/29)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from kernel.reference import dstate_scan_reference
 from kernel.reference import kda as ref_kda
-from kernel.studies.gradient_rounding import rounding
+from kernel.studies.gradient_rounding import rounding, scan_rounding
 
 
 @pytest.mark.parametrize("recipe", ["unit", "random_inputs"])
@@ -31,3 +32,21 @@ def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         rounding.main(["--T", "100"])
     assert exc.value.code == 2 and "multiple of 16" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the scan (dh0)
+
+
+@pytest.mark.parametrize("recipe", ["unit", "random_inputs"])
+def test_the_scan_unrounded_is_the_reference(recipe):
+    q, k, gc, beta, mqk, inv, do, dht = scan_rounding.scan_inputs(recipe, 64, 2)
+    got = scan_rounding.scan(q, k, gc, beta, mqk, inv, do, dht, frozenset())
+    _, want = dstate_scan_reference(q[None], k[None], gc[None], beta[None], mqk[None], inv[None], do[None],
+                                    dht=dht[None], qk_l2norm=False)
+    assert rounding.rel_fro(got, want[0]) < 1e-13
+
+
+def test_qds_rounding_makes_dh0s_error():
+    rows = scan_rounding.rows_for("unit", 256, 1, scan_rounding.variants())
+    assert rows["qd alone"] > 0.8 * rows["every group"]            # 4096 tokens: 1.67e-3 of 1.67e-3
+    assert rows["every group but qd"] < 0.3 * rows["every group"]  # 1.66e-4

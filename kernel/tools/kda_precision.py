@@ -36,8 +36,10 @@ the error any bf16 output has at best.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -58,6 +60,34 @@ def unit_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: int) -> d
            "do": rng.standard_normal((B, T, H, V)), "dht": 0.1 * rng.standard_normal((N, H, K, V))}
     out = {name: x.astype(np.float32) for name, x in out.items()}
     out["cu_seqlens"] = None if lengths is None else np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return out
+
+
+OURS = "ours (kda_backward)"
+
+
+def verdict(rows: Sequence[tuple]) -> list[str]:
+    """The precision target, case by case: every gradient of ours no worse than the best of FLA's rows
+    of that case. rows: (recipe, shape, backward, *errors as text in GRADIENTS' order), as main prints
+    them. Returns one line per case with ours and an FLA row: "met", or each gradient that is worse
+    with its ratio to FLA's best; a case whose rows failed says so."""
+    cases: dict = {}
+    for r in rows:
+        cases.setdefault((r[0], r[1]), []).append(r)
+    out = []
+    for (recipe, shape), rs in cases.items():
+        ours = [r for r in rs if r[2] == OURS]
+        fla = [r for r in rs if r[2].startswith("FLA")]
+        if not ours or not fla:
+            continue
+        try:
+            mine = [float(x) for x in ours[0][3:]]
+            best = [min(float(r[3 + i]) for r in fla) for i in range(len(GRADIENTS))]
+        except ValueError:
+            out.append(f"{recipe} {shape}: not judged (a backward failed)")
+            continue
+        worse = [f"{n} {m / b:.2f}x" for n, m, b in zip(GRADIENTS, mine, best) if m > b]
+        out.append(f"{recipe} {shape}: " + ("met" if not worse else "worse than FLA's best: " + ", ".join(worse)))
     return out
 
 
@@ -150,6 +180,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap.add_argument("--no-ours", dest="ours", action="store_false",
                     help="leave out our backward (kernel.kda_backward); by default it runs beside FLA's")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, metavar="FILE", help="also write the table and the verdict there")
     a = ap.parse_args(argv)
     if a.T < 1 or a.heads < 1 or a.varlen < 0:
         ap.error("--T and --heads must be >= 1, --varlen >= 0")
@@ -196,7 +227,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
             rows.append((recipe, shape, "bf16 rounding", *(f"{bf16_rounding(ref[n]):.2e}" for n in GRADIENTS)))
             runs = [(f"FLA safe_gate={sg}", lambda sg=sg: fla_gradients(dev, safe_gate=sg)) for sg in a.safe_gate]
             if kda_backward is not None:
-                runs.append(("ours (kda_backward)", lambda: ours_gradients(dev, kda_backward)))
+                runs.append((OURS, lambda: ours_gradients(dev, kda_backward)))
             for label, run in runs:
                 print(f"[{recipe} {shape}] {label} (FLA's first call on a new shape or option compiles and "
                       "autotunes its Triton kernels: minutes)", flush=True)
@@ -220,6 +251,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         print(line(r))
+    judged = verdict(rows)
+    if judged:
+        print("\nthe target, every gradient of ours no worse than FLA's best row of the case:")
+        for v in judged:
+            print(f"  {v}")
+    if a.json is not None:
+        a.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+                                      "header": list(header), "rows": [list(r) for r in rows],
+                                      "verdict": judged}, indent=1) + "\n")
+        print(f"wrote {a.json}")
     return 0
 
 

@@ -37,3 +37,19 @@ def test_one_case_has_flas_rows_and_ours(capsys):
         err = [[float(c) for c in r.strip().strip("|").split("|")[3:]] for r in rows]
         # the yardstick: ours no worse than FLA's worse row, with a factor 2 of slack at this small T
         assert all(o <= 2 * max(t, f) for o, t, f in zip(err[3], err[1], err[2])), rows
+
+
+def test_the_verdict_names_each_gradient_worse_than_flas_best():
+    G = kda_precision.GRADIENTS
+    row = lambda case, label, errs: ("unit", case, label, *(f"{e:.2e}" for e in errs))   # noqa: E731
+    fla_t = [3.36e-3, 3.37e-3, 3.83e-3, 3.43e-3, 3.95e-3, 2.32e-3][:len(G)]
+    fla_f = [3.36e-3, 3.37e-3, 3.76e-3, 3.40e-3, 3.85e-3, 2.32e-3][:len(G)]
+    ours = [3.15e-3, 3.18e-3, 3.79e-3, 4.03e-3, 3.49e-3, 2.57e-3][:len(G)]
+    rows = [row("1x8192", "bf16 rounding", [1.7e-3] * len(G)), row("1x8192", "FLA safe_gate=True", fla_t),
+            row("1x8192", "FLA safe_gate=False", fla_f), row("1x8192", kda_precision.OURS, ours),
+            row("2x64", "FLA safe_gate=True", fla_t), row("2x64", kda_precision.OURS, [1e-3] * len(G)),
+            row("3x64", "FLA safe_gate=True", fla_t), ("unit", "3x64", kda_precision.OURS, *["failed"] * len(G)),
+            row("4x64", "FLA safe_gate=True", fla_t)]                       # no row of ours: not judged
+    got = kda_precision.verdict(rows)
+    assert got[0] == "unit 1x8192: worse than FLA's best: dv 1.01x, dg 1.19x, dh0 1.11x"   # dv vs False's 3.76e-3
+    assert got[1:] == ["unit 2x64: met", "unit 3x64: not judged (a backward failed)"]

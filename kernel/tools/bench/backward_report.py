@@ -84,6 +84,36 @@ def problems(results: Sequence[dict]) -> list[str]:
     return out
 
 
+TIME_TARGET = 0.5   # the whole backward's time over FLA's safe_gate=True backward, at most
+DHU_KERNEL = "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64"
+
+
+def dhu_block_v(res: dict) -> str:
+    """The BV FLA's autotuner chose for its dhu kernel in this run ("?" where not recorded): at B = 1 its
+    time depends on it (4.6 ms for dAv+dhu with BV 32, 6.6 with BV 64 at 1x131072)."""
+    choices = sorted({c.split(",")[0].split(":")[-1].strip() for c in
+                      (res.get("fla_autotune") or {}).get(DHU_KERNEL, {}).values() if c.startswith("BV")})
+    return "/".join(choices) if choices else "?"
+
+
+def verdict(results: Sequence[dict]) -> list[str]:
+    """One line per configuration: the time target (ours at most TIME_TARGET of FLA's safe_gate=True
+    backward, both from this run) and the memory one (our peak no more than FLA's), with FLA's dhu BV."""
+    out = []
+    for r in results:
+        if "error" in r:
+            continue
+        ratio = get(r, "ratio", f"{OURS}/{FLA_SAFE}")
+        mem = r.get("peak_memory", {})
+        ours_b, fla_b = get(mem, OURS, "bytes"), get(mem, FLA_SAFE, "bytes")
+        t = "time not measured" if ratio is None else (
+            f"time {ratio:.3f}x FLA's: " + ("met" if ratio <= TIME_TARGET else f"NOT met (target {TIME_TARGET}x)"))
+        m = "memory not measured" if ours_b is None or fla_b is None else (
+            f"memory {ours_b / fla_b:.2f}x FLA's: " + ("met" if ours_b <= fla_b else "NOT met"))
+        out.append(f"{r.get('config', '?')}: {t}; {m}; FLA's dhu BV {dhu_block_v(r)}")
+    return out
+
+
 def log_backward_table(results: Sequence[dict]) -> None:
     ok = [r for r in results if "error" not in r]
     log("")
@@ -91,6 +121,11 @@ def log_backward_table(results: Sequence[dict]) -> None:
     log(LEGEND)
     for line in problems(results):
         log(line)
+    lines = verdict(results)
+    if lines:
+        log("targets (the whole backward at most 0.5x FLA's safe_gate=True backward; peak memory no more):")
+        for line in lines:
+            log(f"  {line}")
 
 
 def plot_backward(results: Sequence[dict], path: str) -> None:

@@ -155,6 +155,18 @@ def test_rendering_what_is_missing_or_failed():
     assert "ours" in backward_report.progress_line("[1/1] 4x8192", r)
 
 
+def test_the_verdict_judges_time_and_memory_and_names_flas_dhu_choice():
+    dhu = {backward_report.DHU_KERNEL: {"(32, 32, 128)": "BV: 32, num_warps: 4, num_ctas: 1"}}
+    slow = _synthetic("1x131072", ratio={f"{OURS}/{FLA_SAFE}": 0.51},
+                      peak_memory={OURS: {"bytes": 5e9}, FLA_SAFE: {"bytes": 4e9}}, fla_autotune=dhu)
+    lines = backward_report.verdict([_synthetic(), slow, _synthetic(ratio={}, peak_memory={}),
+                                     {"config": "8x32768", "error": "its process exited with -9"}])
+    assert lines == ["4x8192: time 0.500x FLA's: met; memory 0.35x FLA's: met; FLA's dhu BV ?",
+                     "1x131072: time 0.510x FLA's: NOT met (target 0.5x); memory 1.25x FLA's: NOT met; "
+                     "FLA's dhu BV 32",
+                     "4x8192: time not measured; memory not measured; FLA's dhu BV ?"]
+
+
 def test_rendering_from_json_table_json_and_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     paths = []

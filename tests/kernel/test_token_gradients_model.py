@@ -33,20 +33,42 @@ def _rb(x) -> np.ndarray:
     return bits_to_f32(bf16_bits(np.asarray(x, dtype=np.float32))).astype(np.float64)
 
 
-def make_case(T: int, seed: int, recipe: str = "random_inputs") -> dict:
+def _recipe(recipe: str, T: int, seed: int) -> dict:
+    if recipe == "unit":
+        return unit_inputs(1, T, H, D, D, [T], seed)
+    return random_inputs(1, 1, H, lengths=[T], seed=seed, with_dht=True)
+
+
+def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(S0, dS after the chunk) of a chunk with `context` tokens of the same recipe before it and after
+    it: the state the forward reaches over the tokens before, and the gradient the tokens after send
+    back (what Kernel S and Kernel A hand Kernel B in the middle of a long sequence)."""
+    from kernel.reference import kda_forward_reference
+
+    before, after = _recipe(recipe, context, seed + 1000), _recipe(recipe, context, seed + 2000)
+    _, h0, _ = kda_forward_reference(*(before[n].astype(np.float64) for n in ("q", "k", "v", "g", "beta")))
+    F = fla_forward_tensors(*(after[n].astype(np.float64) for n in ("q", "k", "g", "beta")))
+    gc, mqk, inv = kernel_a_inputs_from_fla(F.Aqk, F.Akk, F.g64)
+    _, dS = dstate_scan_reference(after["q"], after["k"], gc, after["beta"], mqk, inv, after["do"],
+                                  dht=after["dht"])
+    return h0, dS
+
+
+def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0) -> dict:
     """One sequence of T <= 64 tokens (one 64-token chunk), H heads: the kernel's inputs and the
     float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, tile 1 from tile 0's S1).
     recipe: kernel.reference.random_inputs, or "unit" (kernel.tools.kda_precision's: q, k, v, do
-    ~ N(0, 1), gates logsigmoid(N(0, 1)) clamped to [-5, 0])."""
-    if recipe == "unit":
-        raw = unit_inputs(1, T, H, D, D, [T], seed)
-    else:
-        raw = random_inputs(1, 1, H, lengths=[T], seed=seed, with_dht=True)
+    ~ N(0, 1), gates logsigmoid(N(0, 1)) clamped to [-5, 0]). With `context`, the chunk's entry
+    state and the dS entering it from the right are those of a chunk in the middle of a sequence
+    (:func:`_inside_a_long_sequence`); without, a small random state and the recipe's dht."""
+    raw = _recipe(recipe, T, seed)
     cu = raw["cu_seqlens"]
     q, k = _rb(_l2norm(np, raw["q"].astype(np.float64))), _rb(_l2norm(np, raw["k"].astype(np.float64)))
     v, do = _rb(raw["v"]), _rb(raw["do"])
     g, beta = raw["g"].astype(np.float64), raw["beta"].astype(np.float64)
     h0 = 0.1 * np.random.default_rng(seed + 1).standard_normal((1, H, D, D))
+    if context:
+        h0, raw["dht"] = _inside_a_long_sequence(recipe, context, seed)
     F = fla_forward_tensors(q, k, g, beta, cu_seqlens=cu, qk_l2norm=False)       # Aqk's upper: garbage
     aqk, akk, g64 = bf16_bits(F.Aqk.astype(np.float32)), bf16_bits(F.Akk.astype(np.float32)), F.g64.astype(np.float32)
     # what the kernel computes from them: gc (the fp32 rebase), Mqk and INV (masked bf16 blocks)
@@ -167,23 +189,24 @@ def test_a_partial_tile_after_the_carried_state_matches(partial_case):
     _check(partial_case, out, got, 2)
 
 
-# Six 64-token chunks of the unit recipe, walked whole. dg's error over them was 3.69e-3 when the
-# gate's products paired the gradients with the fp32 operands and 2.88e-3 with the bf16 values the
-# MMAs read (the .cu's K phase says why); on the H200 the whole backward's dg went from 6.29e-3 to
-# 4.03e-3 against float64 (unit recipe, 1x8192).
-UNIT_DG_BOUND = 3.3e-3
+# Four 64-token chunks of the unit recipe, walked whole, each in the middle of a sequence (512 tokens
+# of the recipe before and after it: the entry state and the dS from the right a long sequence has).
+# dg's error over them was 5.82e-3 when the gate's products paired the gradients with the fp32
+# operands and 3.32e-3 with the bf16 values the MMAs read (the .cu's K phase says why); on the H200
+# the whole backward's dg went from 6.29e-3 to 4.03e-3 against float64 (unit recipe, 1x8192).
+UNIT_DG_BOUND = 4.5e-3
 
 
 def test_the_gate_products_use_the_operands_the_mmas_read():
     num = den = 0.0
-    for seed in range(6):
-        case = make_case(64, seed, recipe="unit")
+    for seed in range(4):
+        case = make_case(64, seed, recipe="unit", context=512)
         _, got = emulate(case, tiles=4)
         e = np.concatenate([got["dg"][ref["rows"], HEAD].reshape(-1) for ref in case["ref"]])
         r = np.concatenate([ref["dg"].reshape(-1) for ref in case["ref"]])
         num, den = num + float(np.sum((e - r) ** 2)), den + float(np.sum(r * r))
     err = (num / den) ** 0.5
-    print(f"unit recipe, 6 chunks: dg {err:.2e}")
+    print(f"unit recipe, 4 chunks inside 1,088-token sequences: dg {err:.2e}")
     assert err < UNIT_DG_BOUND
 
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Sequence
 
@@ -21,8 +20,8 @@ from kernel.tools.fla_adapter import FLA_VERSION
 from .backward import bench_backward_config, missing_requirement
 from .backward_report import log_backward_table, progress_line, read_runs, write_outputs
 from .configs import Config, parse_configs
-from .report import error_text, log
-from .timing import L2_FLUSH_BYTES, free_memory
+from .report import log
+from .timing import L2_FLUSH_BYTES, run_configs
 
 NEEDS = f"torch, fla-core {FLA_VERSION} (with triton) and CuPy on a CUDA GPU"
 
@@ -64,22 +63,8 @@ def run_in_process(args, configs: Sequence[Config]) -> list[dict]:
     import torch
 
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    results = []
-    for i, cfg in enumerate(configs):
-        tag = f"[{i + 1}/{len(configs)}] {cfg.name}"
-        t0 = time.perf_counter()
-        try:
-            res = bench_backward_config(cfg, args, flush)
-        except Exception as exc:
-            log(f"{tag}: FAILED {error_text(exc)}")
-            traceback.print_exc(limit=3)
-            sys.stderr.flush()
-            res = {"bench": "backward", "config": cfg.name, "error": error_text(exc)}
-            free_memory()
-        res["wall_s"] = time.perf_counter() - t0
-        results.append(res)
-        if "error" not in res:
-            log(progress_line(tag, res))
+    results = run_configs(configs, lambda cfg: bench_backward_config(cfg, args, flush),
+                          lambda i, tag, res: log(progress_line(tag, res)), failed={"bench": "backward"})
     del flush
     return results
 

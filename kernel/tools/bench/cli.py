@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-import traceback
 from typing import Any, Sequence
 
 from kernel.build import D, parse_knobs
@@ -24,7 +22,7 @@ from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_t
                      log_precision_table, plot, precision_row, report_from_json, table_row)
 from . import backward_report
 from .backward_run import main_backward
-from .timing import L2_FLUSH_BYTES, free_memory
+from .timing import L2_FLUSH_BYTES, log_failure, run_configs
 
 PROG = "python -m kernel.tools.bench"
 SNAPSHOT_CHOICES = ("both", *MODES)
@@ -173,33 +171,20 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         f"{args.warmup}, median of {args.reps}; seed {args.seed}")
 
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    results = []
-    for i, cfg in enumerate(configs):
-        tag = f"[{i + 1}/{len(configs)}] {cfg.name}"
-        t0 = time.perf_counter()
+
+    def precision(cfg, res, tag):
         try:
-            res = bench_config(cfg, args, dstate_scan, fla, flush)
+            res["precision"] = precision_config(cfg, args, dstate_scan, fla)
         except Exception as exc:
-            log(f"{tag}: FAILED {error_text(exc)}")
-            traceback.print_exc(limit=3)
-            sys.stderr.flush()
-            res = {"config": cfg.name, "error": error_text(exc)}
-            free_memory()
-        if args.precision and "error" not in res:
-            try:
-                res["precision"] = precision_config(cfg, args, dstate_scan, fla)
-            except Exception as exc:
-                res["precision"] = {"error": error_text(exc)}
-                log(f"{tag}: precision FAILED {error_text(exc)}")
-                traceback.print_exc(limit=3)
-                sys.stderr.flush()
-                free_memory()
-        res["wall_s"] = time.perf_counter() - t0
-        results.append(res)
-        if "error" not in res:
-            log(_progress_line(tag, res))
-            if i == 0 and "l2_note" in res:
-                log(f"    {res['l2_note']}")
+            res["precision"] = {"error": log_failure(f"{tag}: precision", exc)}
+
+    def progress(i, tag, res):
+        log(_progress_line(tag, res))
+        if i == 0 and "l2_note" in res:
+            log(f"    {res['l2_note']}")
+
+    results = run_configs(configs, lambda cfg: bench_config(cfg, args, dstate_scan, fla, flush), progress,
+                          failed={}, after=precision if args.precision else None)
 
     ok = [r for r in results if "error" not in r]
     log("")

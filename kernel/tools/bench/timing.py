@@ -11,6 +11,7 @@ import contextlib
 import gc as _gc
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -41,6 +42,39 @@ def free_memory() -> None:
             cupy.get_default_memory_pool().free_all_blocks()
         except Exception:
             pass
+
+
+def log_failure(label: str, exc: BaseException) -> str:
+    """Logs `label FAILED <error>` with a short traceback, frees the GPU memory the failed step held,
+    and returns the error's text for the result dict."""
+    log(f"{label} FAILED {error_text(exc)}")
+    traceback.print_exc(limit=3)
+    sys.stderr.flush()
+    free_memory()
+    return error_text(exc)
+
+
+def run_configs(configs, bench_one: Callable, progress: Callable, *, failed: dict,
+                after: Callable | None = None) -> list[dict]:
+    """bench_one(cfg) for every configuration in turn, each result timed in ``wall_s``. One that raises
+    is logged and recorded as ``{**failed, "config": name, "error": text}``, and the run goes on.
+    after(cfg, res, tag) runs, inside the timing, on each result without an error; then
+    progress(i, tag, res) reports it."""
+    results = []
+    for i, cfg in enumerate(configs):
+        tag = f"[{i + 1}/{len(configs)}] {cfg.name}"
+        t0 = time.perf_counter()
+        try:
+            res = bench_one(cfg)
+        except Exception as exc:
+            res = {**failed, "config": cfg.name, "error": log_failure(f"{tag}:", exc)}
+        if after is not None and "error" not in res:
+            after(cfg, res, tag)
+        res["wall_s"] = time.perf_counter() - t0
+        results.append(res)
+        if "error" not in res:
+            progress(i, tag, res)
+    return results
 
 
 @contextlib.contextmanager

@@ -371,3 +371,26 @@ def test_the_committed_backward_runs_still_make_their_table(capsys):
         for r in rows:
             line = next(line for line in out.splitlines() if line.startswith(f"| {r['config']} "))
             assert f"{r['backward']['ours']['median_ms']:.3f}" in line, (path.name, r["config"], line)
+
+
+def test_a_failing_configuration_is_recorded_and_the_run_goes_on(capsys):
+    from types import SimpleNamespace
+
+    from kernel.tools.bench.timing import run_configs
+
+    configs = [SimpleNamespace(name="4x8192"), SimpleNamespace(name="1x131072"), SimpleNamespace(name="2x64")]
+
+    def bench_one(cfg):
+        if cfg.name == "1x131072":
+            raise MemoryError("out of memory")
+        return {"config": cfg.name, "ms": 1.0}
+
+    seen = []
+    results = run_configs(configs, bench_one, lambda i, tag, res: seen.append((i, tag)), failed={"bench": "backward"},
+                          after=lambda cfg, res, tag: res.update(after=tag))
+    assert [r["config"] for r in results] == ["4x8192", "1x131072", "2x64"]
+    assert results[1]["error"] == "MemoryError: out of memory" and results[1]["bench"] == "backward"
+    assert "after" not in results[1] and results[2]["after"] == "[3/3] 2x64"
+    assert all(r["wall_s"] >= 0 for r in results)
+    assert seen == [(0, "[1/3] 4x8192"), (2, "[3/3] 2x64")]
+    assert "[2/3] 1x131072: FAILED MemoryError: out of memory" in capsys.readouterr().out

@@ -157,52 +157,21 @@ extern "C" __global__ void ring_cp_async(float* out) {
     }
 }
 
-// ring_cp_async with two producer warps (1, 2), each copying its half of a 64-word stage, and a
-// consumer warp that reads the whole stage with ldmatrix: lane l gets words l and 32 + l, one
-// from each producer warp. Race-free by construction.
+// Stages of 64 words filled by cp.async (as ring_cp_async) and read whole by ldmatrix: lane l gets
+// words l and 32 + l. CONSUMER_PAIR false: producer warps 1 and 2 copy a half each, consumer warp 0
+// reads (Kernel A's consumers read words several producer warps copied). true: producer warp 2
+// copies it all, consumer warps 0 and 1 meet on a consumers-only barrier and then read (as Kernel
+// A's two warps of a band do before G3). Race-free by construction either way.
 __device__ float ring2_cp_async_src[ITERS][64];
-extern "C" __global__ void ring2_cp_async_ldmatrix(float* out) {
-    constexpr int T = 96;
-    __shared__ __align__(16) float buf[STAGES][64];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp >= 1) {
-        const int e = threadIdx.x - 32;   // this thread's word of a stage
-        cp_async_ca<4>(smem_addr(&buf[0][e]), &ring2_cp_async_src[0][e]);
-        cp_async_commit();
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            cp_async_wait<0>();
-            named_barrier_arrive(full_bar(s), T);
-            const int j = i + 1;
-            if (j < ITERS) {
-                if (j >= STAGES) named_barrier_sync(empty_bar(j % STAGES), T);
-                cp_async_ca<4>(smem_addr(&buf[j % STAGES][e]), &ring2_cp_async_src[j][e]);
-            }
-            cp_async_commit();
-        }
-    } else {
-        float acc = 0.f;
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            named_barrier_sync(full_bar(s), T);
-            u32 r0, r1;   // two 8 x 16-byte matrices: the stage's 64 words, row r at byte 16 r
-            ldmatrix_x2(r0, r1, smem_addr(&buf[s][0]) + 16u * (lane & 15));
-            acc += __uint_as_float(r0) + __uint_as_float(r1);
-            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
-        }
-        out[lane] = acc;
-    }
-}
-
-// One producer warp (2) filling each 64-word stage by cp.async, two consumer warps (0, 1) that
-// meet on a consumers-only barrier and then read the whole stage with ldmatrix. Race-free.
-__device__ float ring2_consumer_bar_src[ITERS][64];
-extern "C" __global__ void ring2_consumer_bar(float* out) {
+template <bool CONSUMER_PAIR>
+__device__ void ring2_cp_async(float* out) {
     constexpr int T = 96, PAIR = 1 + 2 * STAGES;
     __shared__ __align__(16) float buf[STAGES][64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp == 2) {
-        for (int e = lane; e < 64; e += 32) cp_async_ca<4>(smem_addr(&buf[0][e]), &ring2_consumer_bar_src[0][e]);
+    if (CONSUMER_PAIR ? warp == 2 : warp >= 1) {
+        // this thread's words of a stage: lane and 32 + lane (one producer warp) or its half's one
+        const int e0 = CONSUMER_PAIR ? lane : threadIdx.x - 32, step = CONSUMER_PAIR ? 32 : 64;
+        for (int e = e0; e < 64; e += step) cp_async_ca<4>(smem_addr(&buf[0][e]), &ring2_cp_async_src[0][e]);
         cp_async_commit();
         for (int i = 0; i < ITERS; ++i) {
             const int s = i % STAGES;
@@ -211,8 +180,8 @@ extern "C" __global__ void ring2_consumer_bar(float* out) {
             const int j = i + 1;
             if (j < ITERS) {
                 if (j >= STAGES) named_barrier_sync(empty_bar(j % STAGES), T);
-                for (int e = lane; e < 64; e += 32)
-                    cp_async_ca<4>(smem_addr(&buf[j % STAGES][e]), &ring2_consumer_bar_src[j][e]);
+                for (int e = e0; e < 64; e += step)
+                    cp_async_ca<4>(smem_addr(&buf[j % STAGES][e]), &ring2_cp_async_src[j][e]);
             }
             cp_async_commit();
         }
@@ -221,8 +190,8 @@ extern "C" __global__ void ring2_consumer_bar(float* out) {
         for (int i = 0; i < ITERS; ++i) {
             const int s = i % STAGES;
             named_barrier_sync(full_bar(s), T);
-            named_barrier_sync(PAIR, 64);   // the two consumer warps meet (Kernel A: their partial sums)
-            u32 r0, r1;
+            if (CONSUMER_PAIR) named_barrier_sync(PAIR, 64);
+            u32 r0, r1;   // two 8 x 16-byte matrices: the stage's 64 words, row r at byte 16 r
             ldmatrix_x2(r0, r1, smem_addr(&buf[s][0]) + 16u * (lane & 15));
             acc += __uint_as_float(r0) + __uint_as_float(r1);
             if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
@@ -230,6 +199,8 @@ extern "C" __global__ void ring2_consumer_bar(float* out) {
         if (warp == 0) out[lane] = acc;
     }
 }
+extern "C" __global__ void ring2_cp_async_ldmatrix(float* out) { ring2_cp_async<false>(out); }
+extern "C" __global__ void ring2_consumer_bar(float* out) { ring2_cp_async<true>(out); }
 
 // Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
 extern "C" __global__ void no_empty(float* out) {
@@ -272,7 +243,7 @@ EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-
 
 # the probes whose stages cp.async fills: their source array in global memory, words a stage
 COPIED_FROM = {"ring-cp-async": ("ring_cp_async_src", 32), "ring2-cp-async-ldmatrix": ("ring2_cp_async_src", 64),
-               "ring2-consumer-bar": ("ring2_consumer_bar_src", 64)}
+               "ring2-consumer-bar": ("ring2_cp_async_src", 64)}
 
 
 def _child(run: str) -> None:

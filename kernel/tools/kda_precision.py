@@ -91,6 +91,20 @@ def verdict(rows: Sequence[tuple]) -> list[str]:
     return out
 
 
+def recipe_inputs(recipe: str, B: int, T: int, H: int, K: int, V: int, lengths=None, seed: int = 0) -> dict:
+    """One recipe's inputs (RECIPES): :func:`unit_inputs`, or kernel.reference.random_inputs (with
+    ``lengths``, a packed batch and B, T ignored); cu_seqlens int64 numpy or None."""
+    if recipe == "unit":
+        return unit_inputs(B, T, H, K, V, lengths, seed)
+    if recipe != "random_inputs":
+        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    from kernel.reference import random_inputs
+
+    raw = random_inputs(B, T, H, K, V, lengths=lengths, seed=seed)
+    raw["cu_seqlens"] = None if lengths is None else np.asarray(raw["cu_seqlens"], dtype=np.int64)
+    return raw
+
+
 def rel_fro(x, ref) -> float:
     num, den = float(np.linalg.norm(x - ref)), float(np.linalg.norm(ref))
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
@@ -199,7 +213,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
               file=sys.stderr)
         return 2
 
-    from kernel.reference import ragged_lengths, random_inputs
+    from kernel.reference import ragged_lengths
 
     K = V = 128
     shapes = [("1x%d" % a.T, None)]
@@ -216,11 +230,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     rows = []
     for recipe in a.recipes:
         for shape, lengths in shapes:
-            if recipe == "unit":
-                raw = unit_inputs(1, a.T, a.heads, K, V, lengths, a.seed)
-            else:
-                raw = random_inputs(1, a.T, a.heads, K, V, lengths=lengths, seed=a.seed)
-                raw["cu_seqlens"] = None if lengths is None else np.asarray(raw["cu_seqlens"], dtype=np.int64)
+            raw = recipe_inputs(recipe, 1, a.T, a.heads, K, V, lengths, a.seed)
             dev = device_inputs(raw)
             print(f"[{recipe} {shape}] the float64 reference (CuPy)", flush=True)
             ref = reference_gradients(seen_inputs(dev), raw["cu_seqlens"])   # the rounded inputs both saw

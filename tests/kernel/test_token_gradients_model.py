@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from kernel.api import bf16_bits, bits_to_f32
-from kernel.reference import dstate_scan_reference, fla_forward_tensors, random_inputs
+from kernel.reference import dstate_scan_reference, fla_forward_tensors
 from kernel.reference.checks import _l2norm
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla
 from kernel.reference.kda import _rebuild, _tile_backward, _tile_forward
-from kernel.tools.kda_precision import unit_inputs
+from kernel.tools.kda_precision import recipe_inputs
 
 from . import token_gradients_model as kb
 
@@ -34,9 +34,7 @@ def _rb(x) -> np.ndarray:
 
 
 def _recipe(recipe: str, T: int, seed: int) -> dict:
-    if recipe == "unit":
-        return unit_inputs(1, T, H, D, D, [T], seed)
-    return random_inputs(1, 1, H, lengths=[T], seed=seed, with_dht=True)
+    return recipe_inputs(recipe, 1, T, H, D, D, [T], seed)
 
 
 def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -33,9 +33,9 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-from kernel.reference import dstate_scan_reference, random_inputs
+from kernel.reference import dstate_scan_reference
 from kernel.reference import kda as ref_kda
-from kernel.tools.kda_precision import rel_fro, unit_inputs
+from kernel.tools.kda_precision import recipe_inputs, rel_fro
 
 GRADS = ("dq", "dk", "dv", "dg", "dbeta")
 GROUPS = ("ops", "S0", "dS1", "Vn", "U", "dU", "dW", "dA")
@@ -100,8 +100,7 @@ def tile_backward(blk: dict, r: dict, S0, dS1, rounded: frozenset) -> dict:
 def tiles_of(recipe: str, T: int, H: int, seed: int = 0):
     """(blk, r, S0, dS1) of every tile of one sequence: the reference's blocks and serial scans."""
     K = V = 128
-    raw = (unit_inputs(1, T, H, K, V, None, seed) if recipe == "unit"
-           else random_inputs(1, T, H, K, V, seed=seed))
+    raw = recipe_inputs(recipe, 1, T, H, K, V, None, seed)
     wide = {n: np.asarray(raw[n], dtype=np.float64) for n in ("q", "k", "v", "g", "beta", "do")}
     for n in ("q", "k", "v", "do", "beta"):
         wide[n] = bf16(wide[n])

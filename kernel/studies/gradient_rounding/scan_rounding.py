@@ -23,9 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
-from kernel.reference import prepare_tiles, random_inputs
+from kernel.reference import prepare_tiles
 from kernel.reference.checks import _l2norm
-from kernel.tools.kda_precision import rel_fro, unit_inputs
+from kernel.tools.kda_precision import recipe_inputs, rel_fro
 
 from .rounding import bf16
 
@@ -56,8 +56,7 @@ def scan(q, k, gc, beta, mqk, inv, do, dht, rounded: frozenset) -> np.ndarray:
 
 def scan_inputs(recipe: str, T: int, H: int, seed: int = 0) -> tuple:
     K = V = 128
-    raw = (unit_inputs(1, T, H, K, V, None, seed) if recipe == "unit"
-           else random_inputs(1, T, H, K, V, seed=seed))
+    raw = recipe_inputs(recipe, 1, T, H, K, V, None, seed)
     x = {n: np.asarray(raw[n], dtype=np.float64)[0] for n in ("q", "k", "g", "beta", "do")}
     for n in ("q", "k", "do", "beta"):
         x[n] = bf16(x[n])

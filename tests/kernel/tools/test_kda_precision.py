@@ -53,3 +53,14 @@ def test_the_verdict_names_each_gradient_worse_than_flas_best():
     got = kda_precision.verdict(rows)
     assert got[0] == "unit 1x8192: worse than FLA's best: dv 1.01x, dg 1.19x, dh0 1.11x"   # dv vs False's 3.76e-3
     assert got[1:] == ["unit 2x64: met", "unit 3x64: not judged (a backward failed)"]
+
+
+def test_recipe_inputs_gives_either_recipe_and_refuses_others():
+    unit = kda_precision.recipe_inputs("unit", 1, 32, 2, 16, 8, [20, 12], seed=3)
+    rand = kda_precision.recipe_inputs("random_inputs", 1, 32, 2, 16, 8, [20, 12], seed=3)
+    for raw in (unit, rand):
+        assert raw["q"].shape == (1, 32, 2, 16) and raw["dht"].shape == (2, 2, 16, 8)
+        assert raw["cu_seqlens"].tolist() == [0, 20, 32] and raw["cu_seqlens"].dtype.name == "int64"
+    assert float(unit["g"].min()) >= -5.0 and kda_precision.recipe_inputs("unit", 1, 32, 2, 16, 8)["cu_seqlens"] is None
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        kda_precision.recipe_inputs("gaussian", 1, 32, 2, 16, 8)

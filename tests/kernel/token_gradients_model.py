@@ -31,9 +31,9 @@ file's writing; search for the quoted comment if they moved):
     CtaModel._g8            .cu 502-519   S1^T = gamma S0^T + U^T Kr in the accumulators
     CtaModel._reduce        .cu 522-559   the fixed-order sums over warps, dMqk / dLkk fragments
                                           and the fragments of what their bf16 rounding left
-    CtaModel._k_phase       .cu 562-692   G11-G13, S0 dS1^T, G14-G17 (twice: the roundings,
+    CtaModel._k_phase       .cu 562-693   G11-G13, S0 dS1^T, G14-G17 (twice: the roundings,
                                           the remainders), dgamma, dq / dk / dg
-    CtaModel._finish        .cu 695-715   dbeta, dv, S1 to shared memory (bf16)
+    CtaModel._finish        .cu 696-716   dbeta, dv, S1 to shared memory (bf16)
 
 cp.async copies land at once (the model's), which is what the .cu sees after its
 cp_async_wait and barrier; the warps run one after another within a phase, which the .cu's

@@ -523,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // lower) go out as bf16 A fragments, each element written to its (lane, register, half)
         // of the fragment of the matrix and of its transpose (mma.cuh's A layout). Each goes as
         // two: its bf16 rounding and the bf16 rounding of the remainder, so that G14-G17 see
-        // them to about 2^-17 (one bf16 fragment cost dq and dk about a tenth of their error).
+        // them to about 2^-17 (in one bf16 fragment they carry about a tenth of dq's and dk's error).
         {
             const int i = tid >> 4, jj = tid & 15;
             float m = 0.f, l = 0.f;
@@ -617,8 +617,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // back to q, k and the gate, with fp32 factors from gc (as R1). The gate's products
             // pair each gated operand an MMA read (Kd, Qe, beta Ke, Kr) with its gradient at the
             // bf16 value that MMA used: the cancellations between a tile's gated halves then hold
-            // in rounding too. (With the fp32 values, dg's error was 1.8x FLA's on unit-norm keys
-            // with gates down to -5.) Qd feeds no MMA here and keeps its fp32 value.
+            // in rounding too. (With the fp32 values, fp32 - bf16 times the gradient is left over,
+            // large against dg under strong gates and large states: kernel/studies/gradient_rounding.)
+            // Qd feeds no MMA here and keeps its fp32 value.
             float* const fsb = part + warp * 2 * C * PS;   // this warp's from_start [16 i][16 k]
             float* const feb = fsb + C * PS;               // and from_end
             float b2[2] = {0.f, 0.f};

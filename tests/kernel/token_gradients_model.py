@@ -26,14 +26,15 @@ file's writing; search for the quoted comment if they moved):
     CtaModel.run, _tile     .cu 296-318   the tile loop, tile it + 1 prefetched into stage st ^ 1
     CtaModel._r1            .cu 320-353   R1: Kd, Kr, Qe, beta Ke in bf16, gc in fp32; gamma, gT
     CtaModel._load_state    .cu 354-364   it == 0: S0^T into the fp32 accumulators
-    CtaModel._v_phase       .cu 367-500   G6, G7, G1 + G2, G3, the U / dW / dv stores, the d and
-                                          rowsum(dW . Vn) partials, the G9 / G10 partials
-    CtaModel._g8            .cu 502-519   S1^T = gamma S0^T + U^T Kr in the accumulators
-    CtaModel._reduce        .cu 522-559   the fixed-order sums over warps, dMqk / dLkk fragments
+    CtaModel._v_phase       .cu 367-506   G6, G7 (beta Vn in two parts), G1 + G2, G3, the U / dW /
+                                          dv stores, the d and rowsum(dW . Vn) partials, the
+                                          G9 / G10 partials
+    CtaModel._g8            .cu 508-525   S1^T = gamma S0^T + U^T Kr in the accumulators
+    CtaModel._reduce        .cu 528-565   the fixed-order sums over warps, dMqk / dLkk fragments
                                           and the fragments of what their bf16 rounding left
-    CtaModel._k_phase       .cu 562-693   G11-G13, S0 dS1^T, G14-G17 (twice: the roundings,
+    CtaModel._k_phase       .cu 568-699   G11-G13, S0 dS1^T, G14-G17 (twice: the roundings,
                                           the remainders), dgamma, dq / dk / dg
-    CtaModel._finish        .cu 696-716   dbeta, dv, S1 to shared memory (bf16)
+    CtaModel._finish        .cu 702-722   dbeta, dv, S1 to shared memory (bf16)
 
 cp.async copies land at once (the model's), which is what the .cu sees after its
 cp_async_wait and barrier; the warps run one after another within a phase, which the .cu's
@@ -531,10 +532,12 @@ class CtaModel:
         Vn = [np.stack([vt[4 * nt + e] - _f32(P[0][nt][:, e] + P[1][nt][:, e]) for e in range(4)], axis=1)
               for nt in range(2)]
         # G7: U^T = (beta Vn)^T INV^T
-        bV = [np.stack([bet[nt][e & 1] * Vn[nt][:, e] for e in range(4)], axis=1) for nt in range(2)]
-        aa = _pack_a(bV[0], bV[1])
+        bV = [_f32(np.stack([bet[nt][e & 1] * Vn[nt][:, e] for e in range(4)], axis=1)) for nt in range(2)]
+        rV = [_f32(x - _bf(model.pack_bf16x2(x, 0) & 0xFFFF)) for x in bV]   # what the rounding left
+        aa, ar = _pack_a(bV[0], bV[1]), _pack_a(rV[0], rV[1])
         b0, b1 = self.load("G7 B INV^T", env)
         U = [_mma(_zeros(), aa, b0), _mma(_zeros(), aa, b1)]
+        U = [_mma(U[0], ar, b0), _mma(U[1], ar, b1)]
         # G1 + G2: dU^T = do^T Mqk + dS1^T Kr^T
         dU0, dU1 = [_zeros(), _zeros()], [_zeros(), _zeros()]
         dot = self.load("G1 A do^T", env)

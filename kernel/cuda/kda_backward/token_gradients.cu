@@ -392,19 +392,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             Vn[1][2] = bf_lo(vt[3]) - (P0[1][2] + P1[1][2]);
             Vn[1][3] = bf_hi(vt[3]) - (P0[1][3] + P1[1][3]);
 
-            // G7: U^T = (beta Vn)^T INV^T (beta scales the token columns)
+            // G7: U^T = (beta Vn)^T INV^T (beta scales the token columns). beta Vn goes in two
+            // bf16 parts, its rounding and what that left: its one rounding was the largest
+            // single share of dq's and dk's error (kernel/studies/gradient_rounding)
             {
-                float bV[2][4];
+                float bV[2][4], rV[2][4];
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt) {
                     bV[nt][0] = bet[nt][0] * Vn[nt][0]; bV[nt][1] = bet[nt][1] * Vn[nt][1];
                     bV[nt][2] = bet[nt][0] * Vn[nt][2]; bV[nt][3] = bet[nt][1] * Vn[nt][3];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) rV[nt][e] = bV[nt][e] - bf(to_bf(bV[nt][e]));   // exact
                 }
-                u32 aa[4], b0[2], b1f[2];
+                u32 aa[4], ar[4], b0[2], b1f[2];
                 pack_a(aa, bV[0], bV[1]);
+                pack_a(ar, rV[0], rV[1]);
                 b_of_t(b0, b1f, sc32 + ST_INV);
                 zero4(U[0]); zero4(U[1]);
                 mma(U[0], aa, b0); mma(U[1], aa, b1f);
+                mma(U[0], ar, b0); mma(U[1], ar, b1f);
             }
 
             // G1 + G2: dU^T = do^T Mqk + dS1^T Kr^T

@@ -12,6 +12,12 @@ Three kernels run, all built from ptx_lab's headers:
 3. Kernel B (:mod:`kernel.token_gradients`), dq, dk, dv, dg and dbeta, one CTA per
    64-token chunk and head, carrying the state across the chunk's four tiles in fp32.
 
+The first two are serial scans over each sequence and independent of each other. With
+few sequences x heads (B = 1) neither has enough chains to use the GPU's throughput,
+and each alone still takes about every SM (one CTA an SM: both use most of its shared
+memory). There they run side by side on two streams, each on a grid chosen for half
+of the SMs (:func:`plan_scans`).
+
 The float64 statement of all of it is :func:`kernel.reference.kda_backward_reference`
 (on the raw per-token gate and, with ``qk_l2norm``, the raw q and k);
 ``docs/kda_backward.md`` gives the tile math and counts the bytes.
@@ -25,18 +31,55 @@ per-token gate >= -5 (FLA's ``safe_gate`` with ``lower_bound=-5``) is well insid
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from . import api, fla_entry, token_gradients
 from .build import D
 from .reference.checks import FLA_CHUNK
 
-__all__ = ["kda_backward", "plan_kda_backward", "GRADIENTS"]
+__all__ = ["kda_backward", "plan_kda_backward", "plan_scans", "ScanPlan", "GRADIENTS"]
 
 GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 # What a host array's refusal says after "(host memory): "
 HOST_ADVICE = ("kda_backward runs on the GPU and takes CuPy arrays or torch CUDA tensors. For a float64 "
                "evaluation on the host use kernel.reference.kda_backward_reference (on the raw gate)")
+
+
+def _side_by_side_arg(side_by_side):
+    if side_by_side is not None and not isinstance(side_by_side, (bool, np.bool_)):
+        raise TypeError(f"side_by_side must be True, False or None (the rule), got {side_by_side!r}")
+    return None if side_by_side is None else bool(side_by_side)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanPlan:
+    """How the two scans run: side by side on two streams or one after the other, and their grids
+    (Kernel A's v-split, the forward-state scan's consumer warps; "auto" / None: their own rules)."""
+    side_by_side: bool
+    vsplit: int | str
+    states_warps: int | None
+
+
+def plan_scans(pairs: int, sm_count: int, side_by_side: bool | None = None) -> ScanPlan:
+    """The two scans' plan for `pairs` = sequences x heads on a GPU of `sm_count` SMs.
+
+    Side by side, each scan takes the grid its own rule picks for half of the SMs; they go side by
+    side (None) when those two grids fit on the GPU together. On the H200 that is pairs <= 64:
+    1 x 131072 x H32 runs Kernel A at vsplit 2 (64 CTAs) beside the forward-state scan with 4 consumer
+    warps (64 CTAs), instead of 128 CTAs each in turn. True or False forces it either way."""
+    from .forward_states import choose_warps
+
+    side_by_side = _side_by_side_arg(side_by_side)
+    half = max(1, sm_count // 2)
+    vsplit, warps = api.choose_vsplit(pairs, half), choose_warps(pairs, half)
+    fits = pairs * vsplit + pairs * (D // (16 * warps)) <= sm_count   # Kernel A's CTAs + Kernel S's
+    if side_by_side is None:
+        side_by_side = fits
+    if side_by_side:
+        return ScanPlan(True, vsplit, warps)
+    return ScanPlan(False, "auto", None)
 
 
 def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
@@ -72,7 +115,7 @@ def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = N
 
 
 def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
-                 dht=None, cu_seqlens=None, states=None) -> dict:
+                 dht=None, cu_seqlens=None, states=None, side_by_side: bool | None = None) -> dict:
     """KDA's gradients from FLA's forward tensors, on the GPU.
 
     q, k, v, do: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's g_cumsum); beta: fp32 or
@@ -80,7 +123,9 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     or None; states: FLA's h (bf16 [B, NT, H, 128, 128], the state entering each 64-chunk)
     or None (recomputed). Varlen: B == 1 and cu_seqlens (N + 1 offsets). CuPy arrays (bf16
     as uint16 bits) or torch CUDA tensors; torch in, torch out, on torch's current stream.
-    ``scale``: the forward's (default 128 ** -0.5).
+    ``scale``: the forward's (default 128 ** -0.5). ``side_by_side``: run the forward-state scan
+    beside Kernel A on a second stream, each on a grid for half the SMs (None: when both fit,
+    :func:`plan_scans`; only when the states are recomputed).
 
     Returns {"dq", "dk": fp32 [B, T, H, 128] w.r.t. the q, k given; "dv": bf16 [B, T, H, 128];
     "dg": fp32 [B, T, H, 128] w.r.t. the per-token natural-log gate (before FLA's cumsum);
@@ -88,17 +133,32 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     """
     plan = plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, scale=scale, initial_state=initial_state,
                              dht=dht, cu_seqlens=cu_seqlens, states=states)
+    side_by_side = _side_by_side_arg(side_by_side)
     cupy = api._require_cupy()
     api._require_gpu()
+    scans = (plan_scans(plan.N * plan.H, api._sm_count(), side_by_side) if states is None
+             else ScanPlan(False, "auto", None))
     if plan.torch_out:
         import torch
 
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            return _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
-    return _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
+            return _run(plan, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
+    return _run(plan, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
 
 
-def _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states) -> dict:
+_SIDE_STREAMS: dict = {}   # device id -> the stream the forward-state scan runs on beside Kernel A
+
+
+def _side_stream():
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    if dev not in _SIDE_STREAMS:
+        _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
+    return _SIDE_STREAMS[dev]
+
+
+def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states) -> dict:
     import cupy
 
     B, T, H = plan.B, plan.T, plan.H
@@ -107,17 +167,35 @@ def _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, s
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
     beta_c = api.beta_f32(beta)
     cu = plan.cu_seqlens if cu_seqlens is not None else None
+    main = cupy.cuda.get_current_stream()
+    side = _side_stream() if scans.side_by_side else None
     if states is None:
-        from .forward_states import forward_states
+        from .forward_states import auto_config, forward_states
 
-        states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu, initial_state=(
-            api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None))
+        h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
+        config = auto_config(scans.states_warps) if scans.states_warps is not None else None
+        if side is not None:
+            # the scan's cached device tables are copied here on the caller's stream if new, so that
+            # the fork below orders them with the inputs made there
+            from .forward_states import TILES_PER_CHUNK
+            api._device_tables(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes(), TILES_PER_CHUNK)
+            side.wait_event(main.record())
+            with side:
+                states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu,
+                                          initial_state=h0, config=config)
+                states_ready = side.record()
+        else:
+            states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu,
+                                      initial_state=h0, config=config)
     else:
         states_c = api._to_cupy("states", states, "bf16")
     # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator)
     ds, dh0 = api.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht, cu_seqlens=cu,
-                         qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True)
+                         qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
+                         vsplit=scans.vsplit)
     ds_c = api._to_cupy("dS", ds, "bf16")
+    if side is not None:
+        main.wait_event(states_ready)
 
     wide, row = (B, T, H, D), (B, T, H)
     if plan.torch_out:
@@ -136,4 +214,8 @@ def _run(plan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, s
                "dbeta": cupy.empty(row, np.float32)}
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
                            cu=plan.cu_seqlens, H=H, scale=plan.scale, out=out)
+    if side is not None:
+        # states_c came from CuPy's pool on the side stream and returns to it when freed: the side
+        # stream's next allocation must wait for Kernel B, which reads it on the caller's stream
+        side.wait_event(main.record())
     return {**(out_t if plan.torch_out else out), "dh0": dh0}

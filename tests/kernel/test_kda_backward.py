@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from kernel.kda_backward import kda_backward, plan_kda_backward
+from kernel.kda_backward import ScanPlan, kda_backward, plan_kda_backward, plan_scans
 from kernel.reference import snapshot_offsets
 from kernel.token_gradients import tables
 
@@ -117,3 +117,31 @@ def test_without_cupy_the_call_names_the_install(monkeypatch):
     pos = [args.pop(n) for n in ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")]
     with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[cuda\]'"):
         kda_backward(*pos, **args)
+
+
+# The two scans' plan on the H200 (132 SMs): each side-by-side grid is what its own rule picks for 66.
+@pytest.mark.parametrize("pairs, expect", [
+    (32, ScanPlan(True, 2, 4)),          # 1 x T x H32: 64 + 64 CTAs instead of 128 and 128 in turn
+    (64, ScanPlan(True, 1, 8)),          # 2 x T x H32: 64 + 64
+    (65, ScanPlan(True, 1, 8)),          # 65 + 65 = 130 still fit
+    (1, ScanPlan(True, 8, 1)),           # too few chains for either rule to fill even half
+    (128, ScanPlan(False, "auto", None)),   # 4 x T x H32: 128 + 128 do not fit; each fills the GPU
+    (1024, ScanPlan(False, "auto", None)),
+])
+def test_the_scans_go_side_by_side_when_both_halved_grids_fit(pairs, expect):
+    assert plan_scans(pairs, 132) == expect
+
+
+def test_side_by_side_can_be_forced_either_way():
+    assert plan_scans(1024, 132, True) == ScanPlan(True, 1, 8)
+    assert plan_scans(32, 132, False) == ScanPlan(False, "auto", None)
+    assert plan_scans(32, 132, np.bool_(True)).side_by_side is True
+
+
+@pytest.mark.parametrize("bad", [1, "yes", 0.0])
+def test_side_by_side_takes_a_bool_or_none(bad):
+    with pytest.raises(TypeError, match="side_by_side must be True, False or None"):
+        plan_scans(32, 132, bad)
+    a, kw = _args()
+    with pytest.raises(TypeError, match="side_by_side must be True, False or None"):
+        kda_backward(**a, **kw, side_by_side=bad)

@@ -154,3 +154,20 @@ def test_torch_tensors_in_torch_tensors_out():
     for name in GRADS:
         o = out[name].float().cpu().numpy().astype(np.float64)
         assert _rel(o, ref[name]) < BOUND, name
+
+
+def test_the_scans_side_by_side_give_the_in_turn_gradients():
+    """The forward-state scan beside Kernel A (two streams, grids for half the SMs) against the two
+    in turn at their full-GPU grids: within float32 rounding of each other (Kernel A's v-split and the
+    scan's warps change which CTA computes a column, not its arithmetic), the same bits twice, and
+    float64's bound."""
+    from kernel.kda_backward import kda_backward
+
+    inputs, kw, _, ref, cu = make_case(CASES[1])
+    apart = kda_backward(**inputs, **kw, side_by_side=False)
+    side = [kda_backward(**inputs, **kw, side_by_side=True) for _ in range(2)]
+    _check(side[0], ref, cu, "side by side")
+    for name in GRADS:
+        assert (side[0][name] == side[1][name]).all(), f"{name}: two side-by-side calls differ"
+        a, s = _host(name, apart[name]), _host(name, side[0][name])
+        assert _rel(s, a) < 1e-5, f"{name}: side by side vs in turn, relative difference {_rel(s, a):.2e}"

@@ -24,6 +24,7 @@ torch, CuPy, fla and the kernel's modules are imported inside the functions.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import time
@@ -42,6 +43,8 @@ FLA_SAFE = "fla_safe_gate_true"
 FLA_UNSAFE = "fla_safe_gate_false"
 BACKWARDS = (OURS, FLA_SAFE, FLA_UNSAFE)
 FORWARD_STATES, KERNEL_A = "forward_states", "kernel_a"
+# where the rule runs the two scans side by side: ours with them in turn, and each on its halved grid
+OURS_IN_TURN, FORWARD_STATES_HALF, KERNEL_A_HALF = "ours_scans_in_turn", "forward_states_half", "kernel_a_half"
 STEP_FLA, STEP_OURS = "fla_chunk_kda", "kernel_chunk_kda"
 
 
@@ -134,10 +137,10 @@ def _first_calls(calls: dict[str, Callable], res_part: dict, t_start: float, tag
 def _ours_call(kda_backward, f: fla_kda.FlaForward, do, dht, cu_host, res: dict) -> tuple[Callable, Any]:
     """Our whole backward on FLA's forward tensors as one zero-argument call, and the cu_seqlens it takes:
     on the host (no device-to-host copy inside the timed call) unless kda_backward refuses it there."""
-    def call(cu):
+    def call(cu, **kw):
         with cupy_on_torch_stream():
             return kda_backward(f.q, f.k, f.v, f.g, f.beta, f.Aqk, f.Akk, do, scale=f.scale,
-                                initial_state=f.h0, dht=dht, cu_seqlens=cu)
+                                initial_state=f.h0, dht=dht, cu_seqlens=cu, **kw)
 
     cu = cu_host
     try:
@@ -152,7 +155,7 @@ def _ours_call(kda_backward, f: fla_kda.FlaForward, do, dht, cu_host, res: dict)
     if isinstance(out, dict) and isinstance(out.get("timing"), dict):   # a timing hook, if kda_backward has one
         res["kda_backward_timing"] = out["timing"]
     del out
-    return (lambda: call(cu)), cu
+    return (lambda **kw: call(cu, **kw)), cu
 
 
 def _in_turn(calls: dict[str, Callable], args, flush, out: dict) -> None:
@@ -205,31 +208,47 @@ def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res:
             res["peak_memory"][name] = {"error": error_text(exc)}
             free_memory()
 
-    # 4. our pieces beside our whole backward
+    # 4. our pieces beside our whole backward: each scan alone on its full-GPU grid, and where the
+    #    rule runs them side by side also each on its halved grid and the whole backward in turn
     if OURS in calls:
+        from kernel.api import _sm_count, launch
+        from kernel.kda_backward import plan_scans
+
+        scans = plan_scans(res["N"] * res["H"], _sm_count())
+        res["scans"] = dataclasses.asdict(scans)
         pieces = {OURS: calls[OURS]}
+        if scans.side_by_side:
+            pieces[OURS_IN_TURN] = lambda: calls[OURS](side_by_side=False)
         forward_states, why_fs = import_ours("forward_states", "forward_states")
         if forward_states is None:
             res["pieces"][FORWARD_STATES] = {"error": why_fs}
         else:
-            def fs_call():
-                with cupy_on_torch_stream():
-                    return forward_states(f.k, f.v, f.g, f.beta, f.Akk, initial_state=f.h0, cu_seqlens=cu_ours)
-            pieces[FORWARD_STATES] = fs_call
-        from kernel.api import launch
+            from kernel.forward_states import auto_config
 
-        def ka_call():
+            def fs_call(config=None):
+                with cupy_on_torch_stream():
+                    return forward_states(f.k, f.v, f.g, f.beta, f.Akk, initial_state=f.h0, cu_seqlens=cu_ours,
+                                          config=config)
+            pieces[FORWARD_STATES] = fs_call
+            if scans.side_by_side:
+                pieces[FORWARD_STATES_HALF] = lambda: fs_call(auto_config(scans.states_warps))
+
+        def ka_call(vsplit="auto"):
             with cupy_on_torch_stream():
                 return launch(f.q, f.k, f.g, f.beta, f.Aqk, f.Akk, do, scale=f.scale, dht=dht, cu_seqlens=cu_host,
-                              qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True)
+                              qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
+                              vsplit=vsplit)
         pieces[KERNEL_A] = ka_call
+        if scans.side_by_side:
+            pieces[KERNEL_A_HALF] = lambda: ka_call(scans.vsplit)
         pieces = _first_calls(pieces, res["pieces"], t_start, tag)
         _in_turn(pieces, args, flush, res["pieces"])
         total, fs, ka = (_ms(res["pieces"], n) for n in (OURS, FORWARD_STATES, KERNEL_A))
+        in_turn = _ms(res["pieces"], OURS_IN_TURN) if scans.side_by_side else total
         if total and ka is not None:
             res["pieces"]["kernel_a_share"] = ka / total
-            if fs is not None:
-                res["pieces"]["rest_ms"] = total - fs - ka
+            if fs is not None and in_turn:
+                res["pieces"]["rest_ms"] = in_turn - fs - ka   # Kernel B and the casts: the in-turn total's rest
         log(f"    {tag}: our pieces timed [{time.perf_counter() - t_start:.0f} s]")
     calls.clear()
 

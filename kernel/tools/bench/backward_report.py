@@ -9,7 +9,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .backward import BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, KERNEL_A, OURS, STEP_FLA, STEP_OURS
+from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
+                       OURS, OURS_IN_TURN, STEP_FLA, STEP_OURS)
 from . import report
 from .report import error_text, format_table, get, log
 
@@ -63,6 +64,11 @@ def progress_line(tag: str, res: dict) -> str:
     cells = dict(zip(BACKWARD_COLUMNS, backward_row(res)))
     p = res.get("pieces", {})
     pieces = ", ".join(f"{n} {_cell(p.get(n), '.3f')} ms" for n in (FORWARD_STATES, KERNEL_A))
+    scans = res.get("scans") or {}
+    if scans.get("side_by_side"):
+        pieces += (f"; the scans side by side (Kernel A vsplit {scans['vsplit']}, the forward-state scan "
+                   f"{scans['states_warps']} warps: {_cell(p.get(KERNEL_A_HALF), '.3f')} and "
+                   f"{_cell(p.get(FORWARD_STATES_HALF), '.3f')} ms alone), in turn {_cell(p.get(OURS_IN_TURN), '.3f')} ms")
     return (f"{tag}: ours {cells['ours ms']} ms, FLA safe_gate True {cells['FLA sg=T ms']} ms / False "
             f"{cells['FLA sg=F ms']} ms (ratios {cells['ours/FLA sg=T']} / {cells['ours/FLA sg=F']}), floor "
             f"{cells['floor ms']} ms; pieces: {pieces}, rest {_num(p.get('rest_ms'), '.3f')} ms, A share "

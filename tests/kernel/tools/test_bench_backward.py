@@ -208,3 +208,14 @@ def test_imports_without_torch_cupy_fla():
                       "print(missing_requirement())\n")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "torch is not installed (blocked: torch)"
+
+
+def test_the_progress_line_says_when_the_scans_ran_side_by_side():
+    plain = backward_report.progress_line("[1/1] 4x8192", _synthetic(scans={"side_by_side": False}))
+    assert "side by side" not in plain
+    pieces = {**_synthetic()["pieces"], backward.OURS_IN_TURN: {"median_ms": 7.25},
+              backward.KERNEL_A_HALF: {"median_ms": 2.0}, backward.FORWARD_STATES_HALF: {"median_ms": 1.25}}
+    line = backward_report.progress_line("[1/1] 1x131072", _synthetic(
+        "1x131072", pieces=pieces, scans={"side_by_side": True, "vsplit": 2, "states_warps": 4}))
+    assert ("the scans side by side (Kernel A vsplit 2, the forward-state scan 4 warps: 2.000 and 1.250 ms "
+            "alone), in turn 7.250 ms") in line

@@ -224,6 +224,16 @@ def test_beta_vn_reaches_g7_in_two_parts():
     assert all(e < UNIT_DQ_DK_BOUND for e in errs.values())
 
 
+# The same chunks: dv and dbeta were 2.35e-3 and 1.65e-3 with dU in one bf16 part (G3's operand),
+# 1.64e-3 and 1.97e-4 in two.
+UNIT_DV_BOUND, UNIT_DBETA_BOUND = 2.0e-3, 6e-4
+
+
+def test_du_reaches_g3_in_two_parts():
+    errs = _unit_errors_inside_a_sequence(["dv", "dbeta"])
+    assert errs["dv"] < UNIT_DV_BOUND and errs["dbeta"] < UNIT_DBETA_BOUND, errs
+
+
 OTHER = {"a_of": "a_of_t", "a_of_t": "a_of", "b_of": "b_of_t", "b_of_t": "b_of",
          "stmatrix_x4_trans": "stmatrix_x4"}
 SWAPS = [(site, OTHER[s.recipe]) for site, s in kb.SITE.items()] + [("plain", "trans"), ("trans", "plain")]

@@ -549,10 +549,12 @@ class CtaModel:
             acc = dU1 if ks2 & 1 else dU0
             acc[0], acc[1] = _mma(acc[0], aa, b0), _mma(acc[1], aa, b1)
         dU0 = [_f32(dU0[nt] + dU1[nt]) for nt in range(2)]
-        # G3: dW^T = dU^T INV
-        aa = _pack_a(dU0[0], dU0[1])
+        # G3: dW^T = dU^T INV, dU in two bf16 parts
+        rU = [_f32(x - _bf(model.pack_bf16x2(x, 0) & 0xFFFF)) for x in dU0]   # what the rounding left
+        aa, ar = _pack_a(dU0[0], dU0[1]), _pack_a(rU[0], rU[1])
         b0, b1 = self.load("G3 B INV", env)
         W = [_mma(_zeros(), aa, b0), _mma(_zeros(), aa, b1)]
+        W = [_mma(W[0], ar, b0), _mma(W[1], ar, b1)]
         # U, dW, dv = beta dW to shared memory as [token][v]
         self.store("U store", env, _pack_a(U[0], U[1]))
         self.store("dW store", env, _pack_a(W[0], W[1]))

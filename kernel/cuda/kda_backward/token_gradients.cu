@@ -436,14 +436,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dU0[nt][e] += dU1[nt][e];
 
-            // G3: dW^T = dU^T INV
+            // G3: dW^T = dU^T INV. dU goes in two bf16 parts, as beta Vn does into G7: its one
+            // rounding was most of dv's and dbeta's on-chip error (kernel/studies/gradient_rounding)
             float W[2][4];
             {
-                u32 aa[4], b0[2], b1f[2];
+                float rU[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) rU[nt][e] = dU0[nt][e] - bf(to_bf(dU0[nt][e]));   // exact
+                u32 aa[4], ar[4], b0[2], b1f[2];
                 pack_a(aa, dU0[0], dU0[1]);
+                pack_a(ar, rU[0], rU[1]);
                 b_of(b0, b1f, sr32 + ST_INV);
                 zero4(W[0]); zero4(W[1]);
                 mma(W[0], aa, b0); mma(W[1], aa, b1f);
+                mma(W[0], ar, b0); mma(W[1], ar, b1f);
             }
 
             // U, dW and dv = beta dW to shared memory as [token][v] (stmatrix .trans of the

@@ -72,6 +72,8 @@ __all__ = [
     "shard",
     "reference_summary",
     "reference_scan",
+    "kernel_summary",
+    "kernel_scan",
     "cp_dstate_scan",
     "cp_dstate_scan_serial",
     "init_group",
@@ -195,6 +197,68 @@ def reference_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tup
                                  options.snapshot_every)
     xp = array_module(snaps)
     return snaps[:, xp.asarray(tiles)], out[0]
+
+
+# ----------------------------------------------------------------------------
+# the GPU pair: Kernel A (kernel.api.dstate_scan) on the part's device arrays
+# ----------------------------------------------------------------------------
+
+def _kernel_part_checks(part: Part, options: ScanOptions) -> None:
+    from .build import CHUNK, D
+
+    if options.chunk != CHUNK:
+        raise ValueError(f"options.chunk must be {CHUNK} (Kernel A's tile) for the GPU pair, got {options.chunk}")
+    _, K, V = _hkv(part)
+    if (K, V) != (D, D):
+        raise ValueError(f"the GPU pair needs K = V = {D} (Kernel A's head dimension), got K = {K}, V = {V}")
+
+
+def _kernel_a():
+    """CuPy and Kernel A's entry point, or the error that names what is missing (CuPy, a GPU)."""
+    from . import api
+
+    cupy = api._require_cupy()
+    api._require_gpu()
+    return cupy, api.dstate_scan
+
+
+def kernel_summary(part: Part, options: ScanOptions) -> tuple[Array, Array]:
+    """The part's (M, d) by Kernel A, in one launch over two copies of the part: the first with the
+    part's do and dS = 0 entering it gives d (its dh0), the second with do = 0 and the identity
+    entering it gives M (the homogeneous scan maps I to M I = M; K = V makes I a dS). Both come back
+    fp32, [H, K, K] and [H, K, V], with Kernel A's own rounding (dS a bf16 operand at every tile), as
+    its scan has. The two-part batch copies the part's inputs: twice their memory while it runs."""
+    _kernel_part_checks(part, options)
+    cupy, dstate_scan = _kernel_a()
+    q, k, gc, beta, mqk, inv, do = part.args()
+    two = [cupy.concatenate([x, x]) for x in (q, k, gc, beta, mqk, inv)]
+    do2 = cupy.concatenate([do, cupy.zeros_like(do)])
+    H, K, V = _hkv(part)
+    dht = cupy.zeros((2, H, K, V), dtype=np.float32)
+    dht[1] = cupy.eye(K, dtype=np.float32)
+    # the snapshots are not needed: the mode that stores the fewest (bf16, one every 4 tiles)
+    _, dh0 = dstate_scan(*two, do2, dht=dht, scale=options.scale, qk_l2norm=options.qk_l2norm,
+                         snapshot_dtype="bfloat16", snapshot_every=4)
+    return dh0[1], dh0[0]
+
+
+def kernel_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[Array, Array]:
+    """Kernel A on the part from ``dS_in`` ([H, K, V], None: zeros): fp32 snapshots on the sequence's
+    grid, and dS_out. Where the part's own every-``snapshot_every`` grid is not the sequence's (the
+    part starts or stops inside a snapshot group), it stores every tile and keeps the sequence's."""
+    _kernel_part_checks(part, options)
+    cupy, dstate_scan = _kernel_a()
+    c, e = options.chunk, options.snapshot_every
+    tiles, _ = segment_snapshots(part.start, part.stop, part.length, c, e)
+    n_t = -(-(part.stop - part.start) // c)
+    own = np.minimum(np.arange(e - 1, e * -(-n_t // e), e), n_t - 1)   # the part's tiles at every e
+    on_grid = np.array_equal(np.asarray(tiles), own)
+    dht = None if dS_in is None else cupy.asarray(dS_in, dtype=np.float32)[None]
+    snaps, dh0 = dstate_scan(*part.args(), dht=dht, scale=options.scale, qk_l2norm=options.qk_l2norm,
+                             snapshot_dtype="float32", snapshot_every=e if on_grid else 1)
+    if not on_grid:
+        snaps = snaps[:, cupy.asarray(tiles)]
+    return snaps, dh0[0]
 
 
 # ----------------------------------------------------------------------------

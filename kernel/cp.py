@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -453,15 +454,25 @@ def init_group(backend: str | None = None, *, timeout: datetime.timedelta = DEFA
     dist.init_process_group(backend, init_method=init_method, timeout=timeout, **kwargs)
 
 
+def _wait_for_device(part: Part) -> None:
+    """Return when the part's GPU work is done (CuPy arrays); numpy has none."""
+    xp = array_module(part.inputs["q"])
+    if xp is not np:
+        xp.cuda.Device().synchronize()
+
+
 def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=None,
                    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
                    summary_fn: SummaryFn = reference_summary,
-                   scan_fn: ScanFn = reference_scan) -> tuple[Array, Array]:
+                   scan_fn: ScanFn = reference_scan, timing: dict | None = None) -> tuple[Array, Array]:
     """This rank's share of the sequence's scan: (snapshots [1, n, H, K, V], dS_out [H, K, V]).
 
     Call on every rank of ``group`` (default: the world), rank r with the r-th
     part in token order. Rank 0's dS_out is dh0. Raises :class:`CPInputError` on
-    every rank when the parts do not fit together.
+    every rank when the parts do not fit together. ``timing``, a dict, gets this
+    rank's seconds in each pass ("first_pass_s": its summary or, on the last rank,
+    its scan; "exchange_s"; "scan_s") and "exchange_bytes" (what the all_gather
+    leaves on each rank), with the GPU's work waited for at each reading.
     """
     torch, dist = _torch()
     if not dist.is_initialized():
@@ -480,7 +491,12 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
     dist.all_gather_object(headers, _header(part, options, rank, summary_fn, scan_fn), group=group)
     _raise_if(_check_headers(headers), world)
 
+    t0 = time.perf_counter()
     summary, result = _first_pass(part, options, summary_fn, scan_fn)
+    if timing is not None:
+        _wait_for_device(part)
+        t1 = time.perf_counter()
+        timing["first_pass_s"] = t1 - t0
     H, K, V = headers[0]["hkv"]
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     mine = torch.zeros((H, K, K + V), dtype=torch.float64, device=device)
@@ -491,13 +507,23 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
         mine[..., K:] = _as_torch(torch, d, device)
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
+    if timing is not None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t2 = time.perf_counter()
+        timing.update(exchange_s=t2 - t1, exchange_bytes=world * mine.numel() * mine.element_size(),
+                      scan_s=0.0)
     if result is not None:
         return result
     # the ranks after this one; the last one's entry is the constant dS leaving it
     after = [(None if r == world - 1 else g[..., :K], g[..., K:])
              for r, g in enumerate(gathered) if r > rank]
     incoming = fold_summaries([None] + after, None)[0]
-    return _run_scan(part, _f64(incoming, part), options, scan_fn)
+    out = _run_scan(part, _f64(incoming, part), options, scan_fn)
+    if timing is not None:
+        _wait_for_device(part)
+        timing["scan_s"] = time.perf_counter() - t2
+    return out
 
 
 def _as_torch(torch, x, device):

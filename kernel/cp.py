@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -72,6 +73,8 @@ __all__ = [
     "shard",
     "reference_summary",
     "reference_scan",
+    "kernel_summary",
+    "kernel_scan",
     "cp_dstate_scan",
     "cp_dstate_scan_serial",
     "init_group",
@@ -195,6 +198,68 @@ def reference_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tup
                                  options.snapshot_every)
     xp = array_module(snaps)
     return snaps[:, xp.asarray(tiles)], out[0]
+
+
+# ----------------------------------------------------------------------------
+# the GPU pair: Kernel A (kernel.api.dstate_scan) on the part's device arrays
+# ----------------------------------------------------------------------------
+
+def _kernel_part_checks(part: Part, options: ScanOptions) -> None:
+    from .build import CHUNK, D
+
+    if options.chunk != CHUNK:
+        raise ValueError(f"options.chunk must be {CHUNK} (Kernel A's tile) for the GPU pair, got {options.chunk}")
+    _, K, V = _hkv(part)
+    if (K, V) != (D, D):
+        raise ValueError(f"the GPU pair needs K = V = {D} (Kernel A's head dimension), got K = {K}, V = {V}")
+
+
+def _kernel_a():
+    """CuPy and Kernel A's entry point, or the error that names what is missing (CuPy, a GPU)."""
+    from . import api
+
+    cupy = api._require_cupy()
+    api._require_gpu()
+    return cupy, api.dstate_scan
+
+
+def kernel_summary(part: Part, options: ScanOptions) -> tuple[Array, Array]:
+    """The part's (M, d) by Kernel A, in one launch over two copies of the part: the first with the
+    part's do and dS = 0 entering it gives d (its dh0), the second with do = 0 and the identity
+    entering it gives M (the homogeneous scan maps I to M I = M; K = V makes I a dS). Both come back
+    fp32, [H, K, K] and [H, K, V], with Kernel A's own rounding (dS a bf16 operand at every tile), as
+    its scan has. The two-part batch copies the part's inputs: twice their memory while it runs."""
+    _kernel_part_checks(part, options)
+    cupy, dstate_scan = _kernel_a()
+    q, k, gc, beta, mqk, inv, do = part.args()
+    two = [cupy.concatenate([x, x]) for x in (q, k, gc, beta, mqk, inv)]
+    do2 = cupy.concatenate([do, cupy.zeros_like(do)])
+    H, K, V = _hkv(part)
+    dht = cupy.zeros((2, H, K, V), dtype=np.float32)
+    dht[1] = cupy.eye(K, dtype=np.float32)
+    # the snapshots are not needed: the mode that stores the fewest (bf16, one every 4 tiles)
+    _, dh0 = dstate_scan(*two, do2, dht=dht, scale=options.scale, qk_l2norm=options.qk_l2norm,
+                         snapshot_dtype="bfloat16", snapshot_every=4)
+    return dh0[1], dh0[0]
+
+
+def kernel_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[Array, Array]:
+    """Kernel A on the part from ``dS_in`` ([H, K, V], None: zeros): fp32 snapshots on the sequence's
+    grid, and dS_out. Where the part's own every-``snapshot_every`` grid is not the sequence's (the
+    part starts or stops inside a snapshot group), it stores every tile and keeps the sequence's."""
+    _kernel_part_checks(part, options)
+    cupy, dstate_scan = _kernel_a()
+    c, e = options.chunk, options.snapshot_every
+    tiles, _ = segment_snapshots(part.start, part.stop, part.length, c, e)
+    n_t = -(-(part.stop - part.start) // c)
+    own = np.minimum(np.arange(e - 1, e * -(-n_t // e), e), n_t - 1)   # the part's tiles at every e
+    on_grid = np.array_equal(np.asarray(tiles), own)
+    dht = None if dS_in is None else cupy.asarray(dS_in, dtype=np.float32)[None]
+    snaps, dh0 = dstate_scan(*part.args(), dht=dht, scale=options.scale, qk_l2norm=options.qk_l2norm,
+                             snapshot_dtype="float32", snapshot_every=e if on_grid else 1)
+    if not on_grid:
+        snaps = snaps[:, cupy.asarray(tiles)]
+    return snaps, dh0[0]
 
 
 # ----------------------------------------------------------------------------
@@ -389,15 +454,25 @@ def init_group(backend: str | None = None, *, timeout: datetime.timedelta = DEFA
     dist.init_process_group(backend, init_method=init_method, timeout=timeout, **kwargs)
 
 
+def _wait_for_device(part: Part) -> None:
+    """Return when the part's GPU work is done (CuPy arrays); numpy has none."""
+    xp = array_module(part.inputs["q"])
+    if xp is not np:
+        xp.cuda.Device().synchronize()
+
+
 def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=None,
                    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
                    summary_fn: SummaryFn = reference_summary,
-                   scan_fn: ScanFn = reference_scan) -> tuple[Array, Array]:
+                   scan_fn: ScanFn = reference_scan, timing: dict | None = None) -> tuple[Array, Array]:
     """This rank's share of the sequence's scan: (snapshots [1, n, H, K, V], dS_out [H, K, V]).
 
     Call on every rank of ``group`` (default: the world), rank r with the r-th
     part in token order. Rank 0's dS_out is dh0. Raises :class:`CPInputError` on
-    every rank when the parts do not fit together.
+    every rank when the parts do not fit together. ``timing``, a dict, gets this
+    rank's seconds in each pass ("first_pass_s": its summary or, on the last rank,
+    its scan; "exchange_s"; "scan_s") and "exchange_bytes" (what the all_gather
+    leaves on each rank), with the GPU's work waited for at each reading.
     """
     torch, dist = _torch()
     if not dist.is_initialized():
@@ -416,7 +491,12 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
     dist.all_gather_object(headers, _header(part, options, rank, summary_fn, scan_fn), group=group)
     _raise_if(_check_headers(headers), world)
 
+    t0 = time.perf_counter()
     summary, result = _first_pass(part, options, summary_fn, scan_fn)
+    if timing is not None:
+        _wait_for_device(part)
+        t1 = time.perf_counter()
+        timing["first_pass_s"] = t1 - t0
     H, K, V = headers[0]["hkv"]
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     mine = torch.zeros((H, K, K + V), dtype=torch.float64, device=device)
@@ -427,13 +507,23 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
         mine[..., K:] = _as_torch(torch, d, device)
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine, group=group)
+    if timing is not None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t2 = time.perf_counter()
+        timing.update(exchange_s=t2 - t1, exchange_bytes=world * mine.numel() * mine.element_size(),
+                      scan_s=0.0)
     if result is not None:
         return result
     # the ranks after this one; the last one's entry is the constant dS leaving it
     after = [(None if r == world - 1 else g[..., :K], g[..., K:])
              for r, g in enumerate(gathered) if r > rank]
     incoming = fold_summaries([None] + after, None)[0]
-    return _run_scan(part, _f64(incoming, part), options, scan_fn)
+    out = _run_scan(part, _f64(incoming, part), options, scan_fn)
+    if timing is not None:
+        _wait_for_device(part)
+        timing["scan_s"] = time.perf_counter() - t2
+    return out
 
 
 def _as_torch(torch, x, device):

@@ -9,6 +9,7 @@
 * :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward (no GPU)
 * :mod:`kernel.tools.kda_precision` FLA's whole-backward gradients and ours against float64 (GPU, torch, fla-core)
 * :mod:`kernel.tools.fla_kda`     FLA's whole KDA forward and backward as its autograd function calls them
+* :mod:`kernel.tools.cp_check`    one sequence's scan split over torch.distributed ranks: exactness, pass times
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
 ``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product
@@ -34,3 +35,6 @@ FLOORS = Command("byte and tensor-core floors of the whole KDA backward per desi
                  "kernel.tools.floors:main")
 KDA_PRECISION = Command("FLA's whole KDA backward and ours against the float64 reference: every gradient's "
                         "error (GPU, torch, fla-core)", "kernel.tools.kda_precision:main")
+CP_CHECK = Command("one sequence's Kernel A scan split over torch.distributed ranks (kernel.cp): exactness "
+                   "against the unsplit scan and each pass's time (torch; --spawn N or under torchrun)",
+                   "kernel.tools.cp_check:main")

@@ -347,3 +347,17 @@ def test_cp_dstate_scan_needs_an_initialised_group(torch):
         pytest.skip("a process group is already initialised in this process")
     with pytest.raises(RuntimeError, match=r"needs torch.distributed initialised"):
         cp.cp_dstate_scan(parts[0], cp.ScanOptions(chunk=4))
+
+
+# ----------------------------------------------------------------------------
+# the GPU pair's checks that run anywhere (tests/kernel/test_cp_gpu.py runs it)
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn", [cp.kernel_summary, lambda part, options: cp.kernel_scan(part, None, options)],
+                         ids=["kernel_summary", "kernel_scan"])
+def test_the_gpu_pair_names_kernel_a_s_tile_and_head_dimension(fn):
+    parts, _ = _parts()          # chunk 4, K = 3, V = 4
+    with pytest.raises(ValueError, match=r"options.chunk must be 16 \(Kernel A's tile\) for the GPU pair, got 4"):
+        fn(parts[1], cp.ScanOptions(chunk=4))
+    with pytest.raises(ValueError, match=r"needs K = V = 128 \(Kernel A's head dimension\), got K = 3, V = 4"):
+        fn(parts[1], cp.ScanOptions(chunk=16))

@@ -26,9 +26,10 @@ file's writing; search for the quoted comment if they moved):
     CtaModel.run, _tile     .cu 296-318   the tile loop, tile it + 1 prefetched into stage st ^ 1
     CtaModel._r1            .cu 320-353   R1: Kd, Kr, Qe, beta Ke in bf16, gc in fp32; gamma, gT
     CtaModel._load_state    .cu 354-364   it == 0: S0^T into the fp32 accumulators
-    CtaModel._v_phase       .cu 367-506   G6, G7 (beta Vn in two parts), G1 + G2, G3, the U / dW /
-                                          dv stores, the d and rowsum(dW . Vn) partials, the
-                                          G9 / G10 partials
+    CtaModel._v_phase       .cu 370-529   G6, G7 (beta Vn in two parts), G1 + G2, G3 (dU in two
+                                          parts), the U / dW / dv stores and U's remainder, the d
+                                          and rowsum(dW . Vn) partials, the G9 / G10 partials (U
+                                          in two parts)
     CtaModel._g8            .cu 508-525   S1^T = gamma S0^T + U^T Kr in the accumulators
     CtaModel._reduce        .cu 528-565   the fixed-order sums over warps, dMqk / dLkk fragments
                                           and the fragments of what their bf16 rounding left
@@ -105,6 +106,8 @@ SITES: dict[str, str] = {
     "G9 A do": "a_of(ad, srv + ST_DO);",
     "G10 A dW": "a_of(aw, nrv + SM_DW);",
     "G9 B U^T": "b_of_t(b0, b1f, ncv + SM_U);",
+    "U remainder store": "stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, x[0], x[1], x[2], x[3]);",
+    "G9 B U^T remainder": "b_of_t(b0, b1f, nc32 + SM_URES + 512 * warp);",
     "G8 B Kr": "b_of(b0, b1f, nr + SM_KR + at(0, 16 * b));",
     "G11 B S0^T": "b_of_t(bs0, bs1, nck + SM_S + at(0, 16 * ks2));",
     "G13 B dS1^T": "b_of_t(bd0, bd1, sck + ST_DS + at(0, 16 * ks2));",
@@ -468,7 +471,7 @@ class CtaModel:
         v0 = k0 = 16 * warp
         nr, nc = lr, lc
         sr, sc, sr32, sc32 = self.stb + lr, self.stb + lc, self.stb + lr32, self.stb + lc32
-        return dict(LAYOUT, nr=nr, nc=nc, ncv=nc + 2 * v0, nrv=nr + 2 * v0, nck=nc + k0 * ROW, nrk=nr + 2 * k0,
+        return dict(LAYOUT, warp=warp, nc32=lc32, nr=nr, nc=nc, ncv=nc + 2 * v0, nrv=nr + 2 * v0, nck=nc + k0 * ROW, nrk=nr + 2 * k0,
                     sr=sr, sc=sc, sr32=sr32, sc32=sc32, scv=sc + 2 * v0, srv=sr + 2 * v0, sck=sc + k0 * ROW,
                     k0=k0, v0=v0)
 
@@ -549,12 +552,16 @@ class CtaModel:
             acc = dU1 if ks2 & 1 else dU0
             acc[0], acc[1] = _mma(acc[0], aa, b0), _mma(acc[1], aa, b1)
         dU0 = [_f32(dU0[nt] + dU1[nt]) for nt in range(2)]
-        # G3: dW^T = dU^T INV
-        aa = _pack_a(dU0[0], dU0[1])
+        # G3: dW^T = dU^T INV, dU in two bf16 parts
+        rU = [_f32(x - _bf(model.pack_bf16x2(x, 0) & 0xFFFF)) for x in dU0]   # what the rounding left
+        aa, ar = _pack_a(dU0[0], dU0[1]), _pack_a(rU[0], rU[1])
         b0, b1 = self.load("G3 B INV", env)
         W = [_mma(_zeros(), aa, b0), _mma(_zeros(), aa, b1)]
+        W = [_mma(W[0], ar, b0), _mma(W[1], ar, b1)]
         # U, dW, dv = beta dW to shared memory as [token][v]
         self.store("U store", env, _pack_a(U[0], U[1]))
+        rU = [_f32(x - _bf(model.pack_bf16x2(x, 0) & 0xFFFF)) for x in U]   # what U's rounding left
+        self.store("U remainder store", env, _pack_a(rU[0], rU[1]))
         self.store("dW store", env, _pack_a(W[0], W[1]))
         bW = [np.stack([bet[nt][e & 1] * W[nt][:, e] for e in range(4)], axis=1) for nt in range(2)]
         self.store("dv store", env, _pack_a(bW[0], bW[1]))
@@ -575,6 +582,9 @@ class CtaModel:
         b0, b1 = self.load("G9 B U^T", env)
         M = [_mma(_zeros(), ad, b0), _mma(_zeros(), ad, b1)]
         Lk = [_mma(_zeros(), aw, b0), _mma(_zeros(), aw, b1)]
+        b0, b1 = self.load("G9 B U^T remainder", env)
+        M = [_mma(M[0], ad, b0), _mma(M[1], ad, b1)]
+        Lk = [_mma(Lk[0], aw, b0), _mma(Lk[1], aw, b1)]
         part = self.f32(L["SM_PART"])
         pm, pl = w * C * PS, (WARPS + w) * C * PS
         for nt in range(2):

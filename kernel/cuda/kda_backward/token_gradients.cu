@@ -73,11 +73,14 @@ constexpr int SM_FRAG = SM_PART + 2 * WARPS * C * PS * 4;  // u32 [2][4][32 lane
                                                            // dLkk^T as bf16 A fragments in lane order:
                                                            // their bf16 roundings, then what those left
 constexpr int SM_DPART = SM_FRAG + 2 * 4 * 32 * 4 * 4;     // fp32 [8][16] per-warp d
+constexpr int SM_URES = SM_FRAG;   // bf16 [8 warps][16][16] (32-byte rows): what U's bf16 rounding left,
+                                   // for G9/G10; free then: the reduce step writes the fragments after
 constexpr int SM_B1PART = SM_DPART + WARPS * C * 4;        // fp32 [8][16] per-warp rowsum(dW . Vn)
 constexpr int SM_B2PART = SM_B1PART + WARPS * C * 4;       // fp32 [8][16] per-warp rowsum(Ke . X)
 constexpr int SM_DVEC = SM_B2PART + WARPS * C * 4;         // fp32 [16] d
 constexpr int SM_B1 = SM_DVEC + C * 4;                     // fp32 [16] rowsum(dW . Vn)
 constexpr int SMEM_BYTES = SM_B1 + C * 4;
+static_assert(WARPS * C * C * 2 <= SM_DPART - SM_FRAG, "the U remainders must fit in the fragment area");
 static_assert(SMEM_BYTES <= 232448, "more shared memory than an H200 SM lends one CTA");
 
 static_assert(STAGE % 16 == 0 && SM_KD % 16 == 0 && SM_GC % 16 == 0 && SM_PART % 16 == 0 && SM_FRAG % 16 == 0,
@@ -286,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     // with this warp's v columns (V phase) and k rows or columns (K phase) folded in
     const u32 lr = rows_first(ROW, xl), lc = cols_first(ROW, xl);
     const u32 lr32 = rows_first(32, xl), lc32 = cols_first(32, xl);
-    const u32 nr = sb + lr, nc = sb + lc;
+    const u32 nr = sb + lr, nc = sb + lc, nc32 = sb + lc32;
     const u32 ncv = nc + 2 * v0, nrv = nr + 2 * v0, nck = nc + k0 * ROW, nrk = nr + 2 * k0;
     float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
 
@@ -436,22 +439,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dU0[nt][e] += dU1[nt][e];
 
-            // G3: dW^T = dU^T INV
+            // G3: dW^T = dU^T INV. dU goes in two bf16 parts, as beta Vn does into G7: its one
+            // rounding was most of dv's and dbeta's on-chip error (kernel/studies/gradient_rounding)
             float W[2][4];
             {
-                u32 aa[4], b0[2], b1f[2];
+                float rU[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) rU[nt][e] = dU0[nt][e] - bf(to_bf(dU0[nt][e]));   // exact
+                u32 aa[4], ar[4], b0[2], b1f[2];
                 pack_a(aa, dU0[0], dU0[1]);
+                pack_a(ar, rU[0], rU[1]);
                 b_of(b0, b1f, sr32 + ST_INV);
                 zero4(W[0]); zero4(W[1]);
                 mma(W[0], aa, b0); mma(W[1], aa, b1f);
+                mma(W[0], ar, b0); mma(W[1], ar, b1f);
             }
 
             // U, dW and dv = beta dW to shared memory as [token][v] (stmatrix .trans of the
-            // transposed fragments), for the K phase, G9/G10 and the dv store
+            // transposed fragments), for the K phase, G9/G10 and the dv store; U also as what its
+            // bf16 rounding left, so that G9/G10 read U in two parts (U's one rounding there was a
+            // third of dg's on-chip error: kernel/studies/gradient_rounding)
             {
                 u32 x[4];
                 pack_a(x, U[0], U[1]);
                 stmatrix_x4_trans(ncv + SM_U, x[0], x[1], x[2], x[3]);
+                float rU[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) rU[nt][e] = U[nt][e] - bf(to_bf(U[nt][e]));   // exact
+                pack_a(x, rU[0], rU[1]);
+                stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, x[0], x[1], x[2], x[3]);
                 pack_a(x, W[0], W[1]);
                 stmatrix_x4_trans(ncv + SM_DW, x[0], x[1], x[2], x[3]);
                 float bW[2][4];
@@ -483,7 +503,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         }
         __syncwarp();   // this warp's U and dW columns are in shared memory
 
-        // G9 / G10 partials over this warp's v: dMqk = do U^T, dW U^T   [i][j]
+        // G9 / G10 partials over this warp's v: dMqk = do U^T, dW U^T   [i][j], U in two parts
         {
             u32 ad[4], aw[4], b0[2], b1f[2];
             a_of(ad, srv + ST_DO);
@@ -491,6 +511,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             b_of_t(b0, b1f, ncv + SM_U);
             float M[2][4], Lk[2][4];
             zero4(M[0]); zero4(M[1]); zero4(Lk[0]); zero4(Lk[1]);
+            mma(M[0], ad, b0); mma(M[1], ad, b1f);
+            mma(Lk[0], aw, b0); mma(Lk[1], aw, b1f);
+            b_of_t(b0, b1f, nc32 + SM_URES + 512 * warp);
             mma(M[0], ad, b0); mma(M[1], ad, b1f);
             mma(Lk[0], aw, b0); mma(Lk[1], aw, b1f);
             float* const pm = part + warp * C * PS;

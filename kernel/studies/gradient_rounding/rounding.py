@@ -9,7 +9,8 @@ and the dS after it (Kernel A's dS1), from bf16-rounded q, k, v, do and beta. Th
 computes the tile's gradients with the chosen groups of intermediates rounded to bf16, as an MMA
 operand or a bf16 hand-off rounds them in token_gradients.cu:
 
-    ops     R1's operands Kd, Kr, Qe, Ke (and Qd) as the MMAs read them
+    ops     R1's operands Kd, Kr, Qe, Ke (and Qd) as the MMAs read them; one of them alone:
+            Kd, Kr, Qe, bKe (beta Ke)
     S0      the entry state as an MMA operand (G6, G11, G12)
     dS1     Kernel A's dS after the tile (it writes bf16)
     Vn      beta Vn, G7's operand
@@ -39,9 +40,12 @@ from kernel.tools.kda_precision import recipe_inputs, rel_fro
 
 GRADS = ("dq", "dk", "dv", "dg", "dbeta")
 GROUPS = ("ops", "S0", "dS1", "Vn", "U", "dU", "dW", "dA")
-# what token_gradients.cu rounds: every group; dA once (before log 29) or as two bf16 parts (after)
+OPERANDS = ("Kd", "Kr", "Qe", "bKe")      # the parts of "ops" that MMAs read
+# what token_gradients.cu rounds: every group; dA once (before log 29) or as two bf16 parts (after);
+# then beta Vn (G7's operand) and dU (G3's) in two parts too
 KERNEL_BEFORE = frozenset(GROUPS) | {"gate-fp32"}
 KERNEL_AFTER = (frozenset(GROUPS) - {"dA"}) | {"gate-bf16"}
+KERNEL_NOW = (KERNEL_AFTER - {"ops", "Vn", "dU"}) | frozenset(OPERANDS)
 
 
 def bf16(x: np.ndarray) -> np.ndarray:
@@ -50,13 +54,14 @@ def bf16(x: np.ndarray) -> np.ndarray:
 
 def tile_backward(blk: dict, r: dict, S0, dS1, rounded: frozenset) -> dict:
     """kernel.reference.kda._tile_backward with the groups in ``rounded`` rounded to bf16."""
-    rnd = lambda group, x: bf16(x) if group in rounded else x   # noqa: E731
+    rnd = lambda group, x: bf16(x) if group in rounded or (group in OPERANDS and "ops" in rounded) else x  # noqa: E731
     T = lambda x: np.swapaxes(x, -1, -2)                        # noqa: E731
     C = blk["q"].shape[-2]
     beta = blk["beta"][..., None]
     mqk, inv, do, v = blk["mqk"], blk["inv"], blk["do"], blk["v"]
-    Qd, Kd, Qe, Ke, Kr = (rnd("ops", r[n]) for n in ("Qd", "Kd", "Qe", "Ke", "Kr"))
-    bKe = rnd("ops", beta * r["Ke"])
+    Qd = rnd("ops", r["Qd"])
+    Kd, Qe, Kr = (rnd(n, r[n]) for n in ("Kd", "Qe", "Kr"))
+    bKe = rnd("bKe", beta * r["Ke"])
     strict = np.tril(np.ones((C, C)), -1)
     S0m, dS1 = rnd("S0", S0), rnd("dS1", dS1)
 
@@ -132,6 +137,9 @@ def variants() -> dict:
     v["the kernel after log 29 (gate-bf16, dA two bf16 parts)"] = KERNEL_AFTER
     for g in sorted(KERNEL_AFTER - {"gate-bf16"}):
         v[f"  after, without {g}"] = KERNEL_AFTER - {g}
+    v["and beta Vn, dU in two bf16 parts (G7, G3)"] = KERNEL_NOW
+    for g in sorted(KERNEL_NOW - {"gate-bf16"}):
+        v[f"  then, without {g}"] = KERNEL_NOW - {g}
     return v
 
 

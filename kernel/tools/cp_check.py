@@ -1,0 +1,234 @@
+"""One sequence's backward scan split over the ranks of a torch.distributed group: exactness and time.
+
+    # one rank a GPU, NCCL (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
+    torchrun --nproc-per-node 4 -m kernel.tools.cp_check --T 131072 --heads 32
+    # N ranks started here, gloo; with Kernel A they share this machine's GPUs (rank r on GPU r mod count)
+    ptx-lab cp-check --spawn 2 --T 8192 --heads 4
+    # the float64 pair on CPU processes (no GPU): small K, V and tiles
+    ptx-lab cp-check --spawn 3 --pair reference --T 200 --heads 2 --K 8 --V 8 --chunk 4
+
+Every rank builds the same seeded sequence (kernel.reference.random_inputs), takes its part of
+the tiles (kernel.cp.shard: contiguous, in rank order) and runs kernel.cp.cp_dstate_scan with
+the chosen pair: ``kernel`` (kernel.cp.kernel_summary / kernel_scan, Kernel A on this rank's GPU)
+or ``reference`` (float64). Each rank times its passes (its summary, the all_gather of the
+summaries, its scan from the folded incoming dS) over --reps calls and keeps the median. With
+--check (the default), each rank also runs the unsplit scan of the whole sequence with the same
+pair and compares its share: its snapshots and the dS leaving its part (rank 0's is dh0). Rank
+0 prints one line per rank and the worst errors, and writes --json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from kernel import cp
+from kernel.reference import dstate_scan_reference, prepare_tiles, random_inputs, segment_snapshots
+
+PAIRS = {"kernel": (cp.kernel_summary, cp.kernel_scan), "reference": (cp.reference_summary, cp.reference_scan)}
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def problem(args) -> dict:
+    """The seeded sequence, the same on every rank: the scan's inputs [1, T, ...] and dht [1, H, K, V].
+    Kernel A's pair gets its device layout (bf16 bits, as kernel.tools.check builds them)."""
+    if args.pair == "kernel":
+        from kernel.tools import check
+
+        kern, _ = check.inputs(check.Case("cp-check", B=1, T=args.T, H=args.heads, dht=True, seed=args.seed))
+        return {n: kern[n] for n in (*cp.INPUT_NAMES, "dht")}
+    raw = random_inputs(1, args.T, args.heads, args.K, args.V, seed=args.seed, with_dht=True)
+    gc, mqk, inv = prepare_tiles(raw["q"], raw["k"], raw["g"], raw["beta"], chunk=args.chunk)
+    return dict(q=raw["q"], k=raw["k"], gc=gc, beta=raw["beta"], mqk=mqk, inv=inv, do=raw["do"], dht=raw["dht"])
+
+
+def _host64(x) -> np.ndarray:
+    if hasattr(x, "get"):
+        x = x.get()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    den = float(np.linalg.norm(b))
+    return float(np.linalg.norm(a - b)) / den if den > 0 else float(np.linalg.norm(a))
+
+
+def _unsplit(args, inputs: dict, options: cp.ScanOptions):
+    """(snapshots on the sequence's grid, the every-tile snapshots, dh0) of the whole sequence."""
+    ins = [inputs[n] for n in cp.INPUT_NAMES]
+    if args.pair == "kernel":
+        from kernel.api import dstate_scan
+
+        snaps, dh0 = dstate_scan(*ins, dht=inputs["dht"], snapshot_every=options.snapshot_every)
+        every, _ = dstate_scan(*ins, dht=inputs["dht"], snapshot_every=1)
+    else:
+        snaps, dh0 = dstate_scan_reference(*ins, dht=inputs["dht"], chunk=options.chunk,
+                                           snapshot_every=options.snapshot_every)
+        every, _ = dstate_scan_reference(*ins, dht=inputs["dht"], chunk=options.chunk, snapshot_every=1)
+    return _host64(snaps), _host64(every), _host64(dh0)
+
+
+def run_rank(args, rank: int, world: int) -> dict:
+    """This rank's part: its passes timed, its share checked; returns what rank 0 reports."""
+    import torch
+
+    xp = np
+    if args.pair == "kernel":
+        import cupy
+
+        cupy.cuda.Device(int(os.environ.get("LOCAL_RANK", rank)) % cupy.cuda.runtime.getDeviceCount()).use()
+        xp = cupy
+    inputs = problem(args)
+    part = cp.shard(inputs, rank, world, chunk=args.chunk)
+    options = cp.ScanOptions(chunk=args.chunk, snapshot_every=args.snapshot_every)
+    summary_fn, scan_fn = PAIRS[args.pair]
+    timeout = datetime.timedelta(seconds=args.timeout)
+    times = []
+    for _ in range(max(1, args.reps)):
+        torch.distributed.barrier()
+        t = {}
+        began = time.perf_counter()
+        snaps, dS_out = cp.cp_dstate_scan(part, options, timeout=timeout, summary_fn=summary_fn,
+                                          scan_fn=scan_fn, timing=t)
+        t["total_s"] = time.perf_counter() - began
+        times.append(t)
+    med = {k: statistics.median(t[k] for t in times) for k in times[0]}
+    out = dict(rank=rank, start=part.start, stop=part.stop, **med)
+    if args.pair == "kernel":
+        out["peak_gpu_bytes"] = int(xp.get_default_memory_pool().total_bytes())
+    if args.check:
+        ref_snaps, every, ref_dh0 = _unsplit(args, inputs, options)
+        _, idx = segment_snapshots(part.start, part.stop, part.length, args.chunk, args.snapshot_every)
+        out["snapshots_rel"] = _rel(_host64(snaps)[0], ref_snaps[0, idx]) if idx.size else 0.0
+        want = ref_dh0[0] if rank == 0 else every[0, part.start // args.chunk - 1]
+        out["dS_out_rel"] = _rel(_host64(dS_out), want)
+    return out
+
+
+def _rank_main(rank: int, world: int, port: int, args) -> None:
+    """torch.multiprocessing entry point for --spawn: one rank on this machine."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    raise SystemExit(_group_main(args))
+
+
+def _group_main(args) -> int:
+    import torch.distributed as dist
+
+    cp.init_group(args.backend, timeout=datetime.timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        if rank == 0:
+            _log(f"cp-check: 1 x {args.T} tokens, H = {args.heads}, {world} ranks ({dist.get_backend()}), "
+                 f"pair {args.pair}, {args.reps} rep(s)")
+        mine = run_rank(args, rank, world)
+        rows: list = [None] * world
+        dist.all_gather_object(rows, mine)
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return 0
+    for r in rows:
+        err = (f", snapshots {r['snapshots_rel']:.2e}, dS out {r['dS_out_rel']:.2e} vs unsplit"
+               if "dS_out_rel" in r else "")
+        _log(f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: first pass {1e3 * r['first_pass_s']:.3f} ms, "
+             f"exchange {1e3 * r['exchange_s']:.3f} ms ({r['exchange_bytes'] / 1e6:.1f} MB), "
+             f"scan {1e3 * r['scan_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms{err}")
+    if args.check:
+        worst = max(max(r["snapshots_rel"], r["dS_out_rel"]) for r in rows)
+        _log(f"worst relative error against the unsplit scan: {worst:.2e} (bound {args.bound:g})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(args=vars(args), ranks=rows), f, indent=1)
+        _log(f"wrote {args.json}")
+    return 0 if not args.check or worst < args.bound else 1
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_args(argv: Sequence[str] | None):
+    ap = argparse.ArgumentParser(prog="ptx-lab cp-check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--T", type=int, default=8192, help="tokens of the one sequence")
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--pair", choices=sorted(PAIRS), default="kernel",
+                    help="kernel: Kernel A on each rank's GPU; reference: float64 (any K, V, chunk)")
+    ap.add_argument("--K", type=int, default=128, help="reference pair only (Kernel A: 128)")
+    ap.add_argument("--V", type=int, default=128, help="reference pair only (Kernel A: 128)")
+    ap.add_argument("--chunk", type=int, default=16, help="tokens a tile (Kernel A: 16)")
+    ap.add_argument("--snapshot-every", type=int, default=1, choices=(1, 4))
+    ap.add_argument("--spawn", type=int, default=0,
+                    help="start this many ranks here (gloo unless --backend); 0: this process is one rank "
+                         "of a group started by torchrun")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                    help="default: gloo with --spawn, else NCCL where CUDA is available")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-check", dest="check", action="store_false",
+                    help="skip the unsplit scan (for sequences whose every-tile snapshots do not fit)")
+    ap.add_argument("--bound", type=float, default=None,
+                    help="largest relative error against the unsplit scan (default: 1e-12 reference, 5e-3 kernel)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may wait")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.pair == "kernel" and (args.K, args.V, args.chunk) != (128, 128, 16):
+        ap.error("--pair kernel runs Kernel A: K = V = 128, chunk 16")
+    if args.T < 1 or args.heads < 1 or args.spawn < 0 or args.reps < 1:
+        ap.error("need --T, --heads, --reps >= 1 and --spawn >= 0")
+    if args.spawn and args.backend is None:
+        args.backend = "gloo"
+    if args.bound is None:
+        args.bound = 1e-12 if args.pair == "reference" else 5e-3
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        import torch
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        print("cp-check needs torch (pip install -e '.[torch]'; a CPU build runs the reference pair)",
+              file=sys.stderr)
+        return 2
+    if not args.spawn:
+        if "RANK" not in os.environ:
+            print("cp-check: not started by torchrun (no RANK in the environment); use --spawn N to start "
+                  "N ranks here", file=sys.stderr)
+            return 2
+        return _group_main(args)
+    ctx = torch.multiprocessing.start_processes(_rank_main, args=(args.spawn, _free_port(), args),
+                                                nprocs=args.spawn, join=False, start_method="spawn")
+    deadline = time.monotonic() + args.timeout + 60
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                print(f"cp-check: the ranks still ran after {args.timeout + 60:.0f} s; killed", file=sys.stderr)
+                return 1
+    except torch.multiprocessing.ProcessExitedException as exc:     # a rank exited non-zero: others killed
+        print(f"cp-check: {exc}", file=sys.stderr)
+        return 1
+    except torch.multiprocessing.ProcessRaisedException as exc:
+        print(f"cp-check: a rank raised:\n{exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -161,8 +161,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def parse_args(argv: Sequence[str] | None):
-    ap = argparse.ArgumentParser(prog="ptx-lab cp-check", description=__doc__.split("\n\n")[0])
+def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.cp_check"):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=8192, help="tokens of the one sequence")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--pair", choices=sorted(PAIRS), default="kernel",
@@ -196,8 +196,8 @@ def parse_args(argv: Sequence[str] | None):
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.cp_check") -> int:
+    args = parse_args(argv, prog)
     try:
         import torch
         import torch.distributed  # noqa: F401

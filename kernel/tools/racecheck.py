@@ -36,8 +36,10 @@ probes with known answers before the kernel:
                     id) and no EMPTY: the producer really overwrites words the
                     consumer may not have read yet. A race.
 
-and then Kernel A on kernel.tools.check's small varlen case (lengths 1, 17, 40; H 2;
-v-split 2; KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it), built with
+and then Kernel A on a small varlen case (lengths 1, 17, 200; H 2; v-split 2;
+KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it): the 200-token sequence walks 13
+tiles, so every stage of the ring (at most 4) is refilled after an EMPTY hand-off, which
+kernel.tools.check's 40 tokens (3 tiles) never reach. Built with
 -lineinfo so each hazard names its source line. Each run is a child
 process under `compute-sanitizer --tool racecheck`; the table at the end gives
 the hazards per run.
@@ -275,11 +277,11 @@ def _child(run: str) -> None:
 
     from . import check
 
-    # kernel.tools.check's small case (lengths 1, 17, 40; H 2; vsplit 2), its inputs and all;
-    # the environment can change the lengths, the v-split and build.Config knobs.
+    # kernel.tools.check's small case with KERNEL_A_LENGTHS, its inputs and all; the environment
+    # can change the lengths, the v-split and build.Config knobs.
     case = dataclasses.replace(
         check.SMALL,
-        lengths=tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", json.dumps(check.SMALL.lengths)))),
+        lengths=tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", json.dumps(KERNEL_A_LENGTHS)))),
         vsplit=int(os.environ.get("KDA_RACECHECK_VSPLIT", check.SMALL.vsplit)))
     tuning = {"lineinfo": True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}"))}
     x, _ = check.inputs(case)
@@ -287,6 +289,11 @@ def _child(run: str) -> None:
                              cu_seqlens=x["cu_seqlens"], vsplit=case.vsplit, tuning=tuning)
     cp.cuda.Device().synchronize()
     print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
+
+
+# Kernel A's case: a short, a partial and a long sequence; the long one has more tiles than the ring
+# has stages, so that racecheck sees the EMPTY hand-offs (with 40 tokens it saw none and reported 0)
+KERNEL_A_LENGTHS = (1, 17, 200)
 
 
 SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")

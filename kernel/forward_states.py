@@ -273,7 +273,8 @@ def _kernel(cfg: Config):
                                advice=": use fewer stages (Config.nstage) or fewer warps")
 
 
-def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None):
+def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,
+                   out=None):
     """Kernel S: the bf16 state entering every 64-token chunk (FLA's h), from FLA's forward tensors.
 
     k, v: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's chunk-local cumsum / ln 2); beta: fp32 or
@@ -281,6 +282,8 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
     Returns bf16 [B, NT, H, 128, 128] (varlen [1, sum NT_n, H, 128, 128]), entry c of a sequence = its
     state entering tokens 64c.. ([K, V]). ``config``: the build (None: the auto rule for this GPU).
+    ``out``: a C-contiguous CuPy uint16 array of that shape to write into and return, for a caller
+    that runs this on another stream than the one its result is used and freed on (kda_backward).
     """
     plan = plan_forward_states(k, v, g, beta, Akk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                config=config, sm_count=H200_SM_COUNT)
@@ -301,7 +304,14 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     if total != int(plan.snapshot_offsets[-1]):
         raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
     fn, smem, threads = _kernel(cfg)
-    if plan.torch_out:
+    if out is not None:
+        if not isinstance(out, cupy.ndarray) or out.dtype != np.uint16 or tuple(out.shape) != plan.states_shape \
+                or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous cupy.ndarray of uint16 (bf16 bits) with shape "
+                             f"{plan.states_shape}, got {type(out).__name__} {getattr(out, 'dtype', '')} "
+                             f"{tuple(getattr(out, 'shape', ()))}")
+        out_t = out
+    elif plan.torch_out:
         import torch
 
         out_t = torch.empty(plan.states_shape, dtype=torch.bfloat16, device=k.device)

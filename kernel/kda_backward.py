@@ -175,14 +175,16 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
         h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
         config = auto_config(scans.states_warps) if scans.states_warps is not None else None
         if side is not None:
-            # the scan's cached device tables are copied here on the caller's stream if new, so that
-            # the fork below orders them with the inputs made there
+            # Everything the side stream uses is made here, on the caller's stream, before the fork:
+            # the states (so that they return to this stream's pool when freed, after Kernel B) and
+            # the scan's cached device tables. The side stream allocates nothing.
             from .forward_states import TILES_PER_CHUNK
             api._device_tables(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes(), TILES_PER_CHUNK)
+            states_c = cupy.empty(plan.dh_shape, dtype=np.uint16)
             side.wait_event(main.record())
             with side:
-                states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu,
-                                          initial_state=h0, config=config)
+                forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu, initial_state=h0,
+                               config=config, out=states_c)
                 states_ready = side.record()
         else:
             states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu,
@@ -214,8 +216,4 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
                "dbeta": cupy.empty(row, np.float32)}
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
                            cu=plan.cu_seqlens, H=H, scale=plan.scale, out=out)
-    if side is not None:
-        # states_c came from CuPy's pool on the side stream and returns to it when freed: the side
-        # stream's next allocation must wait for Kernel B, which reads it on the caller's stream
-        side.wait_event(main.record())
     return {**(out_t if plan.torch_out else out), "dh0": dh0}

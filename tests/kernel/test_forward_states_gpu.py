@@ -137,6 +137,21 @@ def test_two_calls_are_bit_identical():
     assert np.array_equal(a, b), f"{int((a != b).sum())} of {a.size} bf16 values differ between two calls"
 
 
+def test_out_is_written_and_returned_and_a_wrong_one_named():
+    import cupy
+
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True)
+    want = _run(case)
+    dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
+    args = (dev(case["k"]), dev(case["v"]), dev(case["g"]), dev(case["beta"]), dev(case["Akk"]))
+    kw = dict(initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"])
+    out = cupy.full(want.shape, 0xFFFF, dtype=np.uint16)
+    assert forward_states(*args, **kw, out=out) is out
+    assert np.array_equal(out.get(), want.get())
+    with pytest.raises(ValueError, match=r"out must be a C-contiguous cupy.ndarray of uint16"):
+        forward_states(*args, **kw, out=out[:, :-1])
+
+
 def test_torch_in_torch_out():
     torch = pytest.importorskip("torch")
     case = make_case(lengths=RAGGED, H=2, seed=9, initial_state=True)

@@ -393,7 +393,9 @@ def _f64(x, part: Part):
         return None
     xp = array_module(part.inputs["q"])
     if not isinstance(x, xp.ndarray) and hasattr(x, "__dlpack__"):     # a torch tensor
-        x = np.from_dlpack(x.cpu()) if xp is np else xp.from_dlpack(x)
+        on_host = getattr(getattr(x, "device", None), "type", "cpu") == "cpu"
+        # a host tensor (gloo's exchange) reaches CuPy through numpy: CuPy's from_dlpack takes device memory
+        x = np.from_dlpack(x.cpu()) if xp is np or on_host else xp.from_dlpack(x)
     return xp.asarray(x, dtype=np.float64)
 
 

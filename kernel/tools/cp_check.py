@@ -105,8 +105,8 @@ def run_rank(args, rank: int, world: int) -> dict:
         times.append(t)
     med = {k: statistics.median(t[k] for t in times) for k in times[0]}
     out = dict(rank=rank, start=part.start, stop=part.stop, **med)
-    if args.pair == "kernel":
-        out["peak_gpu_bytes"] = int(xp.get_default_memory_pool().total_bytes())
+    if args.pair == "kernel":   # CuPy's pool keeps the blocks it grew to: about this rank's peak
+        out["cupy_pool_bytes"] = int(xp.get_default_memory_pool().total_bytes())
     if args.check:
         ref_snaps, every, ref_dh0 = _unsplit(args, inputs, options)
         _, idx = segment_snapshots(part.start, part.stop, part.length, args.chunk, args.snapshot_every)
@@ -144,7 +144,8 @@ def _group_main(args) -> int:
                if "dS_out_rel" in r else "")
         _log(f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: first pass {1e3 * r['first_pass_s']:.3f} ms, "
              f"exchange {1e3 * r['exchange_s']:.3f} ms ({r['exchange_bytes'] / 1e6:.1f} MB), "
-             f"scan {1e3 * r['scan_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms{err}")
+             f"scan {1e3 * r['scan_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms"
+             + (f", CuPy pool {r['cupy_pool_bytes'] / 1e9:.2f} GB" if "cupy_pool_bytes" in r else "") + err)
     if args.check:
         worst = max(max(r["snapshots_rel"], r["dS_out_rel"]) for r in rows)
         _log(f"worst relative error against the unsplit scan: {worst:.2e} (bound {args.bound:g})")

@@ -66,7 +66,7 @@ def plan_scans(pairs: int, sm_count: int, side_by_side: bool | None = None) -> S
     """The two scans' plan for `pairs` = sequences x heads on a GPU of `sm_count` SMs.
 
     Side by side, each scan takes the grid its own rule picks for half of the SMs; they go side by
-    side (None) when those two grids fit on the GPU together. On the H200 that is pairs <= 64:
+    side (None) when those two grids fit on the GPU together. On the H200 that is pairs <= 65:
     1 x 131072 x H32 runs Kernel A at vsplit 2 (64 CTAs) beside the forward-state scan with 4 consumer
     warps (64 CTAs), instead of 128 CTAs each in turn. True or False forces it either way."""
     from .forward_states import choose_warps

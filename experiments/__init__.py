@@ -11,8 +11,8 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
-NAMES = ("ldmatrix", "stmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a", "cp_async", "bulk_copy",
-         "banks", "tma_tile", "wgmma")
+NAMES = ("ldmatrix", "stmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a", "two_part_operand", "cp_async",
+         "bulk_copy", "banks", "tma_tile", "wgmma")
 
 
 def __getattr__(name: str) -> dict[str, ModuleType]:

@@ -31,13 +31,20 @@ probes with known answers before the kernel:
                     Kernel A's two warps of a band do before G3's INV read). Race-free: a
                     report here, beside ring2-producer-bar's, says racecheck misorders a
                     hand-off whenever a barrier of a subset of the threads lies between.
+    kernel-a-ring   Kernel A's ring without its math: 4 stages, copies 3 tiles ahead, 16-byte
+                    cp.async.cg in the zero-fill form by 4 producer warps, 4 consumer warps
+                    reading by ldmatrix .trans, FULL/EMPTY counting all 256 threads, 13 tiles.
+                    Race-free: hazards here, and none in the probes above, would put Kernel A's
+                    reports on this shape.
     ring-syncthreads  the same data flow ordered by __syncthreads. Race-free.
     no-empty        one buffer, a FULL hand-off per iteration (its own barrier
                     id) and no EMPTY: the producer really overwrites words the
                     consumer may not have read yet. A race.
 
-and then Kernel A on kernel.tools.check's small varlen case (lengths 1, 17, 40; H 2;
-v-split 2; KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it), built with
+and then Kernel A on a small varlen case (lengths 1, 17, 200; H 2; v-split 2;
+KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it): the 200-token sequence walks 13
+tiles, so every stage of the ring (at most 4) is refilled after an EMPTY hand-off, which
+kernel.tools.check's 40 tokens (3 tiles) never reach. Built with
 -lineinfo so each hazard names its source line. Each run is a child
 process under `compute-sanitizer --tool racecheck`; the table at the end gives
 the hazards per run.
@@ -202,6 +209,46 @@ __device__ void ring2_cp_async(float* out) {
 extern "C" __global__ void ring2_cp_async_ldmatrix(float* out) { ring2_cp_async<false>(out); }
 extern "C" __global__ void ring2_consumer_bar(float* out) { ring2_cp_async<true>(out); }
 
+// Kernel A's ring without its math: 4 stages, each tile's copies issued 3 tiles ahead (PREFETCH =
+// NSTAGE - 1) after an EMPTY sync, as 16-byte cp.async.cg with a src-size (Kernel A's zero-fill
+// form), by 4 producer warps (4-7) a quarter of a stage each; 4 consumer warps (0-3) each read the
+// whole 512-byte stage by ldmatrix .trans and arrive on EMPTY; FULL and EMPTY count all 256
+// threads. Race-free by construction: a report here is racecheck's reading of that shape.
+constexpr int KA_ITERS = 13, KA_STAGES = 4, KA_PREFETCH = KA_STAGES - 1, KA_THREADS = 256, KA_WORDS = 128;
+__device__ float kernel_a_ring_src[KA_ITERS][KA_WORDS];
+extern "C" __global__ void kernel_a_ring(float* out) {
+    __shared__ __align__(16) float buf[KA_STAGES][KA_WORDS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp >= 4) {
+        const int chunk = (warp - 4) * 8 + (lane & 7);   // 32 chunks of 16 bytes: lanes 0-7 of each warp
+        auto issue = [&](int j) {
+            if (j < KA_ITERS && lane < 8)
+                cp_async_cg16_zfill(smem_addr(&buf[j % KA_STAGES][4 * chunk]), &kernel_a_ring_src[j][4 * chunk], 16u);
+            cp_async_commit();   // one group per tile slot, possibly empty: uniform wait counts
+        };
+        for (int j = 0; j < KA_PREFETCH; ++j) issue(j);
+        for (int i = 0; i < KA_ITERS; ++i) {
+            cp_async_wait<KA_PREFETCH - 1>();   // this thread's copies of tile i landed
+            __syncwarp();
+            named_barrier_arrive(full_bar(i % KA_STAGES), KA_THREADS);
+            const int j = i + KA_PREFETCH;
+            if (j < KA_ITERS && j >= KA_STAGES) named_barrier_sync(1 + KA_STAGES + j % KA_STAGES, KA_THREADS);
+            issue(j);
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < KA_ITERS; ++i) {
+            const int s = i % KA_STAGES;
+            named_barrier_sync(full_bar(s), KA_THREADS);
+            u32 r[4];   // four 8 x 16-byte matrices: the stage's 32 rows of 16 bytes, row l at byte 16 l
+            ldmatrix_x4_trans(r, smem_addr(&buf[s][0]) + 16u * lane);
+            acc += __uint_as_float(r[0]) + __uint_as_float(r[1]) + __uint_as_float(r[2]) + __uint_as_float(r[3]);
+            if (i + KA_STAGES < KA_ITERS) named_barrier_arrive(1 + KA_STAGES + s, KA_THREADS);
+        }
+        if (warp == 0) out[lane] = acc;
+    }
+}
+
 // Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
 extern "C" __global__ void no_empty(float* out) {
     __shared__ float buf[32];
@@ -234,10 +281,12 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 """
 
 RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-cp-async",
-        "ring2-cp-async-ldmatrix", "ring2-consumer-bar", "ring-syncthreads", "no-empty", "kernel-a")
+        "ring2-cp-async-ldmatrix", "ring2-consumer-bar", "kernel-a-ring", "ring-syncthreads", "no-empty",
+        "kernel-a")
 EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
             "ring2-producer-bar": "race-free", "ring-cp-async": "race-free",
-            "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "ring-syncthreads": "race-free",
+            "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "kernel-a-ring": "race-free",
+            "ring-syncthreads": "race-free",
             "no-empty": "a real race",
             "kernel-a": "?"}
 
@@ -254,6 +303,13 @@ def _child(run: str) -> None:
 
         mod = load_module(PROBE_SOURCE)
         out = cp.zeros(32, dtype=cp.float32)
+        if run == "kernel-a-ring":   # 13 tiles of 128 words; the .trans read moves halves: no exact value
+            src = cp.ndarray((13, 128), dtype=cp.float32, memptr=mod.get_global("kernel_a_ring_src"))
+            src[...] = cp.arange(13, dtype=cp.float32)[:, None] * 128 + cp.arange(128)
+            mod.get_function("kernel_a_ring")((1,), (256,), (out,))
+            cp.cuda.Device().synchronize()
+            print(f"{run}: lane 0 sum {float(out[0].get()):.3g} (finite: {bool(cp.isfinite(out).all())})")
+            return
         threads = 96 if run.startswith("ring2") else 64
         # what tile i's stage holds: word w (of 32 or 64) is i * 32 + w % 32, as the other rings write it
         want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words
@@ -275,11 +331,11 @@ def _child(run: str) -> None:
 
     from . import check
 
-    # kernel.tools.check's small case (lengths 1, 17, 40; H 2; vsplit 2), its inputs and all;
-    # the environment can change the lengths, the v-split and build.Config knobs.
+    # kernel.tools.check's small case with KERNEL_A_LENGTHS, its inputs and all; the environment
+    # can change the lengths, the v-split and build.Config knobs.
     case = dataclasses.replace(
         check.SMALL,
-        lengths=tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", json.dumps(check.SMALL.lengths)))),
+        lengths=tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", json.dumps(KERNEL_A_LENGTHS)))),
         vsplit=int(os.environ.get("KDA_RACECHECK_VSPLIT", check.SMALL.vsplit)))
     tuning = {"lineinfo": True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}"))}
     x, _ = check.inputs(case)
@@ -287,6 +343,11 @@ def _child(run: str) -> None:
                              cu_seqlens=x["cu_seqlens"], vsplit=case.vsplit, tuning=tuning)
     cp.cuda.Device().synchronize()
     print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
+
+
+# Kernel A's case: a short, a partial and a long sequence; the long one has more tiles than the ring
+# has stages, so that racecheck sees the EMPTY hand-offs (with 40 tokens it saw none and reported 0)
+KERNEL_A_LENGTHS = (1, 17, 200)
 
 
 SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")

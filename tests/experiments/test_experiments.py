@@ -23,7 +23,7 @@ def lanes_named(result) -> set[int]:
 def test_registry_is_complete_and_ordered():
     assert list(EXPERIMENTS) == list(NAMES)
     assert set(NAMES) == {"mma_m16n8k16", "ldmatrix", "stmatrix", "movmatrix", "cp_async",
-                          "bulk_copy", "accumulator_as_a", "banks", "tma_tile", "wgmma"}
+                          "bulk_copy", "accumulator_as_a", "two_part_operand", "banks", "tma_tile", "wgmma"}
     for name, module in EXPERIMENTS.items():
         assert module.NAME == name
         assert module.SUMMARY and "\n" not in module.SUMMARY
@@ -37,6 +37,25 @@ def test_passes_on_the_model(name):
     assert result.checked > 0
 
 
+WITH_SOURCE = [n for n in NAMES if isinstance(getattr(EXPERIMENTS[n], "SOURCE", None), str)]
+
+
+@pytest.mark.parametrize("name", WITH_SOURCE)
+def test_its_kernel_compiles_for_sm_90a(name, tmp_path):
+    """nvcc builds the experiment's CUDA source (the GPU twin) where there is no GPU too, as CI does."""
+    import shutil
+
+    from ptx_lab import CUDA_INCLUDE_DIR
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    src = tmp_path / f"{name}.cu"
+    src.write_text(EXPERIMENTS[name].SOURCE)
+    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", f"-I{CUDA_INCLUDE_DIR}", "-o",
+                           str(tmp_path / f"{name}.cubin"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_passes_on_the_gpu(name):
@@ -45,12 +64,21 @@ def test_passes_on_the_gpu(name):
 
 
 @pytest.mark.parametrize("name", ["ldmatrix", "movmatrix", "mma_m16n8k16", "accumulator_as_a",
-                                  "bulk_copy"])
+                                  "two_part_operand", "bulk_copy"])
 def test_swapped_lanes_are_both_named(name):
     module = EXPERIMENTS[name]
     result = module.check(swap_lanes(module.observe("model"), 3, 17)).result(name, "model")
     assert not result.passed
     assert lanes_named(result) == {3, 17}, result.report()
+
+
+def test_two_part_operand_without_its_second_part_fails_where_one_part_is_not_enough():
+    module = EXPERIMENTS["two_part_operand"]
+    obs = module.observe("model")
+    obs["d2"] = obs["d1"]                     # the second mma skipped: D = bf16(A) @ B
+    result = module.check(obs).result("two_part_operand", "model")
+    assert not result.passed
+    assert all(f.startswith("two parts") for f in result.failures), result.report()
 
 
 def test_stmatrix_swapped_registers_are_both_named(monkeypatch):

@@ -39,11 +39,9 @@ def test_racecheck_probes_compile_for_sm_90a(tmp_path):
     proc = subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", f"-I{CUDA_INCLUDE_DIR}", "-o",
                            str(tmp_path / "probes.cubin"), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    for kernel in ("ring_arrive", "ring_arrive_exit", "ring2_arrive", "ring2_producer_bar",
-                   "ring_syncthreads", "no_empty"):
-        # every run name except kernel-a is the name of a probe kernel
-        assert f"void {kernel}(" in racecheck.PROBE_SOURCE
-        assert kernel.replace("_", "-") in racecheck.RUNS
+    for run in racecheck.RUNS:
+        if run != "kernel-a":   # every other run name is the name of a probe kernel
+            assert f"void {run.replace('-', '_')}(" in racecheck.PROBE_SOURCE, run
 
 
 # ----------------------------------------------------------------- profile
@@ -275,3 +273,13 @@ def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_p
                     "-ptx", str(build.SOURCE_PATH), "-o", str(plain)], check=True)
     text = plain.read_text()
     assert ptx_constant(text, "kda_wgmma") == 0 and "wgmma" not in text.replace("kda_wgmma", "")
+
+
+def test_racecheck_s_kernel_a_case_refills_every_stage_of_the_ring():
+    """The longest sequence walks at least twice as many tiles as any build's ring has stages, so every
+    stage is refilled after an EMPTY hand-off at least once (a case of at most nstage tiles has none)."""
+    from kernel import build
+
+    deepest = max(cfg.nstage for cfg in build.all_variants())
+    tiles = max(-(-n // build.CHUNK) for n in racecheck.KERNEL_A_LENGTHS)
+    assert tiles >= 2 * deepest, (tiles, deepest)

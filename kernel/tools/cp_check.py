@@ -156,7 +156,8 @@ def _group_main(args) -> int:
     return 0 if not args.check or worst < args.bound else 1
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now: a group's rendezvous on this machine (env://)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -212,7 +213,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                   "N ranks here", file=sys.stderr)
             return 2
         return _group_main(args)
-    ctx = torch.multiprocessing.start_processes(_rank_main, args=(args.spawn, _free_port(), args),
+    ctx = torch.multiprocessing.start_processes(_rank_main, args=(args.spawn, free_port(), args),
                                                 nprocs=args.spawn, join=False, start_method="spawn")
     deadline = time.monotonic() + args.timeout + 60
     try:

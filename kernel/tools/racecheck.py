@@ -69,7 +69,8 @@ using namespace ptx_lab;
 // The consumer reads lane 31 - l's word so that every read crosses lanes.
 constexpr int ITERS = 8, STAGES = 2, THREADS = 64;
 __device__ __forceinline__ unsigned full_bar(int s) { return 1 + s; }
-__device__ __forceinline__ unsigned empty_bar(int s) { return 1 + STAGES + s; }
+template <int N = STAGES>   // N: the ring's stages
+__device__ __forceinline__ unsigned empty_bar(int s) { return 1 + N + s; }
 
 template <bool LATE_LAST_SYNC>
 __device__ void ring(float* out) {
@@ -232,7 +233,7 @@ extern "C" __global__ void kernel_a_ring(float* out) {
             __syncwarp();
             named_barrier_arrive(full_bar(i % KA_STAGES), KA_THREADS);
             const int j = i + KA_PREFETCH;
-            if (j < KA_ITERS && j >= KA_STAGES) named_barrier_sync(1 + KA_STAGES + j % KA_STAGES, KA_THREADS);
+            if (j < KA_ITERS && j >= KA_STAGES) named_barrier_sync(empty_bar<KA_STAGES>(j % KA_STAGES), KA_THREADS);
             issue(j);
         }
     } else {
@@ -243,7 +244,7 @@ extern "C" __global__ void kernel_a_ring(float* out) {
             u32 r[4];   // four 8 x 16-byte matrices: the stage's 32 rows of 16 bytes, row l at byte 16 l
             ldmatrix_x4_trans(r, smem_addr(&buf[s][0]) + 16u * lane);
             acc += __uint_as_float(r[0]) + __uint_as_float(r[1]) + __uint_as_float(r[2]) + __uint_as_float(r[3]);
-            if (i + KA_STAGES < KA_ITERS) named_barrier_arrive(1 + KA_STAGES + s, KA_THREADS);
+            if (i + KA_STAGES < KA_ITERS) named_barrier_arrive(empty_bar<KA_STAGES>(s), KA_THREADS);
         }
         if (warp == 0) out[lane] = acc;
     }
@@ -345,8 +346,8 @@ def _child(run: str) -> None:
     print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
 
 
-# Kernel A's case: a short, a partial and a long sequence; the long one has more tiles than the ring
-# has stages, so that racecheck sees the EMPTY hand-offs (with 40 tokens it saw none and reported 0)
+# Kernel A's case: a short, a partial and a long sequence; the long one walks more tiles than the
+# ring has stages, so that racecheck sees the EMPTY hand-offs (a sequence of at most nstage tiles has none)
 KERNEL_A_LENGTHS = (1, 17, 200)
 
 

@@ -19,7 +19,6 @@ import json
 import math
 import multiprocessing
 import re
-import socket
 import time
 
 import numpy as np
@@ -29,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel import cp
+from kernel.tools.cp_check import free_port
 from kernel.reference import dstate_scan_reference, segment_bounds
 
 from . import cp_worker
@@ -95,12 +95,6 @@ def torch():
     return torch
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 PORT_ATTEMPTS = 3          # the free port can be taken by someone else before rank 0 binds it
 
 
@@ -110,7 +104,7 @@ def _run_group(torch, world: int, cases: list, out_dir, timeout_s: float = GROUP
         run_dir = out_dir / f"attempt{attempt}"
         run_dir.mkdir()
         ctx = torch.multiprocessing.start_processes(
-            cp_worker.run_rank, args=(world, _free_port(), cases, str(run_dir), timeout_s),
+            cp_worker.run_rank, args=(world, free_port(), cases, str(run_dir), timeout_s),
             nprocs=world, join=False, start_method="forkserver")
         deadline = time.monotonic() + DEADLINE_S
         try:

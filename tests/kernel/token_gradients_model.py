@@ -106,7 +106,7 @@ SITES: dict[str, str] = {
     "G9 A do": "a_of(ad, srv + ST_DO);",
     "G10 A dW": "a_of(aw, nrv + SM_DW);",
     "G9 B U^T": "b_of_t(b0, b1f, ncv + SM_U);",
-    "U remainder store": "stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, x[0], x[1], x[2], x[3]);",
+    "U remainder store": "stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, xr[0], xr[1], xr[2], xr[3]);",
     "G9 B U^T remainder": "b_of_t(b0, b1f, nc32 + SM_URES + 512 * warp);",
     "G8 B Kr": "b_of(b0, b1f, nr + SM_KR + at(0, 16 * b));",
     "G11 B S0^T": "b_of_t(bs0, bs1, nck + SM_S + at(0, 16 * ks2));",
@@ -285,6 +285,12 @@ def _halves(regs: np.ndarray) -> list[np.ndarray]:
 def _pack_a(c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
     """The .cu's pack_a: two accumulators -> one A fragment (no lane exchange)."""
     return model.acc_to_a_fragment(_f32(c0), _f32(c1))
+
+
+def _pack_a_two_parts(c0: np.ndarray, c1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The .cu's pack_a_two_parts: the A fragment of the bf16 roundings, and of what they left."""
+    rest = [_f32(_f32(c) - _bf(model.pack_bf16x2(c, 0) & 0xFFFF)) for c in (c0, c1)]
+    return _pack_a(c0, c1), _pack_a(*rest)
 
 
 def _mma(d: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -536,8 +542,7 @@ class CtaModel:
               for nt in range(2)]
         # G7: U^T = (beta Vn)^T INV^T
         bV = [_f32(np.stack([bet[nt][e & 1] * Vn[nt][:, e] for e in range(4)], axis=1)) for nt in range(2)]
-        rV = [_f32(x - _bf(model.pack_bf16x2(x, 0) & 0xFFFF)) for x in bV]   # what the rounding left
-        aa, ar = _pack_a(bV[0], bV[1]), _pack_a(rV[0], rV[1])
+        aa, ar = _pack_a_two_parts(bV[0], bV[1])
         b0, b1 = self.load("G7 B INV^T", env)
         U = [_mma(_zeros(), aa, b0), _mma(_zeros(), aa, b1)]
         U = [_mma(U[0], ar, b0), _mma(U[1], ar, b1)]
@@ -553,15 +558,14 @@ class CtaModel:
             acc[0], acc[1] = _mma(acc[0], aa, b0), _mma(acc[1], aa, b1)
         dU0 = [_f32(dU0[nt] + dU1[nt]) for nt in range(2)]
         # G3: dW^T = dU^T INV, dU in two bf16 parts
-        rU = [_f32(x - _bf(model.pack_bf16x2(x, 0) & 0xFFFF)) for x in dU0]   # what the rounding left
-        aa, ar = _pack_a(dU0[0], dU0[1]), _pack_a(rU[0], rU[1])
+        aa, ar = _pack_a_two_parts(dU0[0], dU0[1])
         b0, b1 = self.load("G3 B INV", env)
         W = [_mma(_zeros(), aa, b0), _mma(_zeros(), aa, b1)]
         W = [_mma(W[0], ar, b0), _mma(W[1], ar, b1)]
         # U, dW, dv = beta dW to shared memory as [token][v]
-        self.store("U store", env, _pack_a(U[0], U[1]))
-        rU = [_f32(x - _bf(model.pack_bf16x2(x, 0) & 0xFFFF)) for x in U]   # what U's rounding left
-        self.store("U remainder store", env, _pack_a(rU[0], rU[1]))
+        hi, lo = _pack_a_two_parts(U[0], U[1])
+        self.store("U store", env, hi)
+        self.store("U remainder store", env, lo)
         self.store("dW store", env, _pack_a(W[0], W[1]))
         bW = [np.stack([bet[nt][e & 1] * W[nt][:, e] for e in range(4)], axis=1) for nt in range(2)]
         self.store("dv store", env, _pack_a(bW[0], bW[1]))

@@ -121,6 +121,20 @@ __device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&c0)[4], const 
     a[2] = pack_bf16x2(c1[0], c1[1]);
     a[3] = pack_bf16x2(c1[2], c1[3]);
 }
+// The same A fragment in two bf16 parts: hi its rounding, lo the rounding of what hi left (x - bf(hi)
+// is exact in fp32), for an operand computed in fp32 whose one rounding costs too much precision;
+// two mmas with the same B into one accumulator then read about 16 of its bits.
+__device__ __forceinline__ void pack_a_two_parts(u32 (&hi)[4], u32 (&lo)[4], const float (&c0)[4],
+                                                 const float (&c1)[4]) {
+    float r0[4], r1[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        r0[e] = c0[e] - bf(to_bf(c0[e]));
+        r1[e] = c1[e] - bf(to_bf(c1[e]));
+    }
+    pack_a(hi, c0, c1);
+    pack_a(lo, r0, r1);
+}
 __device__ __forceinline__ void zero4(float (&c)[4]) { c[0] = c[1] = c[2] = c[3] = 0.f; }
 __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
     mma_m16n8k16_bf16(d, a, b, d);
@@ -399,17 +413,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // bf16 parts, its rounding and what that left: its one rounding was the largest
             // single share of dq's and dk's error (kernel/studies/gradient_rounding)
             {
-                float bV[2][4], rV[2][4];
+                float bV[2][4];
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt) {
                     bV[nt][0] = bet[nt][0] * Vn[nt][0]; bV[nt][1] = bet[nt][1] * Vn[nt][1];
                     bV[nt][2] = bet[nt][0] * Vn[nt][2]; bV[nt][3] = bet[nt][1] * Vn[nt][3];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) rV[nt][e] = bV[nt][e] - bf(to_bf(bV[nt][e]));   // exact
                 }
                 u32 aa[4], ar[4], b0[2], b1f[2];
-                pack_a(aa, bV[0], bV[1]);
-                pack_a(ar, rV[0], rV[1]);
+                pack_a_two_parts(aa, ar, bV[0], bV[1]);
                 b_of_t(b0, b1f, sc32 + ST_INV);
                 zero4(U[0]); zero4(U[1]);
                 mma(U[0], aa, b0); mma(U[1], aa, b1f);
@@ -443,14 +454,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // rounding was most of dv's and dbeta's on-chip error (kernel/studies/gradient_rounding)
             float W[2][4];
             {
-                float rU[2][4];
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) rU[nt][e] = dU0[nt][e] - bf(to_bf(dU0[nt][e]));   // exact
                 u32 aa[4], ar[4], b0[2], b1f[2];
-                pack_a(aa, dU0[0], dU0[1]);
-                pack_a(ar, rU[0], rU[1]);
+                pack_a_two_parts(aa, ar, dU0[0], dU0[1]);
                 b_of(b0, b1f, sr32 + ST_INV);
                 zero4(W[0]); zero4(W[1]);
                 mma(W[0], aa, b0); mma(W[1], aa, b1f);
@@ -462,16 +467,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // bf16 rounding left, so that G9/G10 read U in two parts (U's one rounding there was a
             // third of dg's on-chip error: kernel/studies/gradient_rounding)
             {
-                u32 x[4];
-                pack_a(x, U[0], U[1]);
+                u32 x[4], xr[4];
+                pack_a_two_parts(x, xr, U[0], U[1]);
                 stmatrix_x4_trans(ncv + SM_U, x[0], x[1], x[2], x[3]);
-                float rU[2][4];
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) rU[nt][e] = U[nt][e] - bf(to_bf(U[nt][e]));   // exact
-                pack_a(x, rU[0], rU[1]);
-                stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, x[0], x[1], x[2], x[3]);
+                stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, xr[0], xr[1], xr[2], xr[3]);
                 pack_a(x, W[0], W[1]);
                 stmatrix_x4_trans(ncv + SM_DW, x[0], x[1], x[2], x[3]);
                 float bW[2][4];

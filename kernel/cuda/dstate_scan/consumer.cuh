@@ -61,8 +61,9 @@ __device__ __forceinline__ void g1(float (&acc)[MT][G2_SPLIT][2][4], u32 (&doT)[
     }
 }
 
-// The combine's first half, dS^T *= exp2(gT) per k column, then G4: dS^T += do^T @ qd
-// (WGMMA with G4_WITH_G5: issued with G5 instead). Neither depends on G2, so they fill its latency.
+// The combine's first half, dS^T *= exp2(gT) per k column, then G4: dS^T += do^T @ qd, qd's
+// bf16 rounding and what it left (the rounding as a warpgroup MMA with G4_WITH_G5: issued with
+// G5 instead). None of it depends on G2, so it fills G2's and G3's latency.
 __device__ __forceinline__ void decay_and_g4(float (&dS)[MT][NJ][4], const u32 (&doT)[MT][4], const Stage& st,
                                              int k0, int lane) {
     const int t = lane & 3;
@@ -74,6 +75,8 @@ __device__ __forceinline__ void decay_and_g4(float (&dS)[MT][NJ][4], const u32 (
             dS[m][j][0] *= e.x; dS[m][j][1] *= e.y; dS[m][j][2] *= e.x; dS[m][j][3] *= e.y;
         }
     }
+    // qd's rounding rest on mma.sync: off the dS chain's critical path (it waits for G3 here)
+    accumulate_qd_rest(dS, doT, st, k0, lane);
 #if WGMMA && !G4_WITH_G5
     wgmma_fence();   // dS (just scaled) and doT were written by ordinary instructions
     accumulate_band_wgmma(dS, doT, st.qd);

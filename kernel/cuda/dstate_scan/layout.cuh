@@ -35,6 +35,16 @@ constexpr int OP_TILE_ELEMS = WGMMA ? (C / 8) * OP_CBLOCK / 2 : C * OP_STRIDE;
 __host__ __device__ constexpr int op_offset(int c, int k) {
     return WGMMA ? ((c % 8) * 16 + (k % 8) * 2 + (c / 8) * OP_CBLOCK + (k / 8) * OP_KBLOCK) / 2 : c * OP_STRIDE + k;
 }
+// What bf16 rounding left of qd (qd - bf16(qd)), G4's second B operand: the consumers add
+// do^T @ rest to dS so that dh0 carries qd to about 16 bits instead of 8 (its rounding was
+// nearly all of the scan's own error). It needs no shared memory of its own: row c goes in
+// the stage's raw q row c, which only the producer warp that owns token c reads, and only
+// before R1 writes the rest. The 16-byte chunks of a row are XOR-swizzled by c % 8, so the
+// 8 rows (256 B apart) one ldmatrix phase reads sit in 8 distinct bank groups.
+__host__ __device__ constexpr int qd_rest_offset(int c, int k) {   // element offset in Stage::q
+    return c * D + (((k / 8) ^ (c % 8)) * 8) + k % 8;
+}
+
 constexpr int DO_STRIDE = DV + 8;         // do rows: 2*DV + 16 B (DV = 128..16 all conflict-free)
 constexpr int SMALL_STRIDE = C + 8;       // Mqk/INV rows: 48 B (a 32 B row would be 2-way)
 constexpr int SNAP_STRIDE = 16 * MT + 8;  // bf16 snapshot staging rows: 48 B (MT 1) or 80 B (MT 2), an odd
@@ -66,7 +76,7 @@ struct __align__(TMA_LOADS ? TMA_ALIGN : 16) Stage {
     unsigned short dO[TMA_LOADS ? C * DV : C * DO_STRIDE];      // do[c][v] for this CTA's DV columns
     unsigned short mqk[TMA_LOADS ? C * C : C * SMALL_STRIDE];   // Mqk[c'][c]
     unsigned short inv[TMA_LOADS ? C * C : C * SMALL_STRIDE];   // INV[c'][c]
-    unsigned short q[C * D];              // raw bf16 q rows (producers only)
+    unsigned short q[C * D];              // raw bf16 q rows (producers only); after R1, qd's rest (qd_rest_offset)
     unsigned short k[C * D];              // raw bf16 k rows (producers only)
     float gc[C * D];                      // tile-local cumulative gate, log2 (TMA: [GC_BOXES][C][64])
     float gT[TMA_LOADS ? 1 : NUM_PRODUCERS][D];   // cp.async: gc of the tile's last real token, a copy

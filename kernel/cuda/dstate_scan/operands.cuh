@@ -81,18 +81,32 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b
 // dS^T += A @ B over this warp's k columns (G4 with A = do^T, B = qd; G5 with A = bdv^T,
 // B = kd): B[c][k] is a stage tile read with ldmatrix.trans (pairs along c), and each B
 // fragment serves all MT m-tiles.
-__device__ __forceinline__ void accumulate_band(float (&dS)[MT][NJ][4], const u32 (&a)[MT][4],
-                                                const unsigned short* tile, int k0, int lane) {
+// `addr(row0, col0, lane)` is the lane's ldmatrix row address (rows first) in the B tile.
+template <class Addr>
+__device__ __forceinline__ void accumulate_band_at(float (&dS)[MT][NJ][4], const u32 (&a)[MT][4], Addr addr,
+                                                   int k0, int lane) {
 #pragma unroll
     for (int pr = 0; pr < NJ / 2; ++pr) {
         u32 b[4];
-        ldmatrix_x4_trans(b, op_addr_rows_first(tile, 0, k0 + 16 * pr, lane));
+        ldmatrix_x4_trans(b, addr(0, k0 + 16 * pr, lane));
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             mma_bf16(dS[m][2 * pr], a[m], b[0], b[1]);
             mma_bf16(dS[m][2 * pr + 1], a[m], b[2], b[3]);
         }
     }
+}
+__device__ __forceinline__ void accumulate_band(float (&dS)[MT][NJ][4], const u32 (&a)[MT][4],
+                                                const unsigned short* tile, int k0, int lane) {
+    accumulate_band_at(dS, a, [tile](int r0, int c0, int l) { return op_addr_rows_first(tile, r0, c0, l); }, k0, lane);
+}
+// G4's second half, dS^T += do^T @ (qd's rounding rest), from the raw q rows R1 wrote it over.
+__device__ __forceinline__ void accumulate_qd_rest(float (&dS)[MT][NJ][4], const u32 (&doT)[MT][4], const Stage& st,
+                                                   int k0, int lane) {
+    accumulate_band_at(dS, doT, [&st](int r0, int c0, int l) {
+        const RowCol p = x4_rows_first(r0, c0, l);
+        return smem_addr(&st.q[qd_rest_offset(p.row, p.col)]);
+    }, k0, lane);
 }
 
 #if WGMMA

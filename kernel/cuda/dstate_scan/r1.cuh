@@ -1,5 +1,6 @@
 // kernel/cuda/dstate_scan/r1.cuh -- R1, the step that rebuilds qd, kd and kr on chip: from a
-// stage's raw q, k and gc rows, in fp32, rounded once to bf16 into the stage's operand tiles.
+// stage's raw q, k and gc rows, in fp32, rounded once to bf16 into the stage's operand tiles
+// (and what qd's rounding left, in bf16 too, over the raw q rows: qd_rest_offset).
 #pragma once
 #include "layout.cuh"
 
@@ -110,10 +111,11 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
 #pragma unroll
     for (int r = 0; r < R; ++r) { qs[r] = scale; ks[r] = 1.f; }
 #endif
+    __syncwarp();   // every lane has read this warp's q rows: the rest of qd overwrites them
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int c = c0 + TPP * r;
-        u32 qd[EPL / 2], kd[EPL / 2], kr[EPL / 2];
+        u32 qd[EPL / 2], kd[EPL / 2], kr[EPL / 2], rest[EPL / 2];
 #pragma unroll
         for (int e = 0; e < EPL; e += 2) {
             float a[2], b[2], d[2];
@@ -125,6 +127,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
                 d[u] = ks[r] * kv[r][e + u] * exp2f(gt[e + u] - gv[r][e + u]);   // exp2 of a difference: no overflow for strong gates
             }
             qd[e / 2] = pack_bf16x2(a[0], a[1]);
+            rest[e / 2] = pack_bf16x2(a[0] - bf16_lo(qd[e / 2]), a[1] - bf16_hi(qd[e / 2]));   // exact differences
             kd[e / 2] = pack_bf16x2(b[0], b[1]);
             kr[e / 2] = pack_bf16x2(d[0], d[1]);
         }
@@ -132,6 +135,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
         *reinterpret_cast<RawRow*>(&st.qd[o]) = *reinterpret_cast<const RawRow*>(qd);
         *reinterpret_cast<RawRow*>(&st.kd[o]) = *reinterpret_cast<const RawRow*>(kd);
         *reinterpret_cast<RawRow*>(&st.kr[o]) = *reinterpret_cast<const RawRow*>(kr);
+        *reinterpret_cast<RawRow*>(&st.q[qd_rest_offset(c, k0)]) = *reinterpret_cast<const RawRow*>(rest);
     }
     // WGMMA: the consumers' warpgroup MMAs read qd/kd through the async proxy; these generic
     // stores must be made visible to it before the FULL arrive releases them

@@ -50,3 +50,5 @@ def test_qds_rounding_makes_dh0s_error():
     rows = scan_rounding.rows_for("unit", 256, 1, scan_rounding.variants())
     assert rows["qd alone"] > 0.8 * rows["every group"]            # 4096 tokens: 1.67e-3 of 1.67e-3
     assert rows["every group but qd"] < 0.3 * rows["every group"]  # 1.66e-4
+    # qd in two bf16 parts (Kernel A's G4 since log 31) is as good as qd unrounded
+    assert rows["every group, qd in two parts"] < 1.05 * rows["every group but qd"]

@@ -283,6 +283,7 @@ CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.fla
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_gradients_match_flas_precision(case):
     _gpu_or_skip()

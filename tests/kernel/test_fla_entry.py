@@ -344,6 +344,7 @@ def _fla_state(torch, lengths, seed=3, H=2):
 
 
 @pytest.mark.gpu
+@pytest.mark.fla
 def test_the_identities_hold_on_flas_own_tensors():
     """The three identities on what fla-core's chunk_kda_fwd really stored (bf16, safe_gate off),
     read by the blueprint on CuPy views, against prepare_tiles in float64 on the same q, k, g, beta.
@@ -366,6 +367,7 @@ def test_the_identities_hold_on_flas_own_tensors():
 
 
 @pytest.mark.gpu
+@pytest.mark.fla
 def test_dh_matches_flas_own_backward():
     """dstate_scan_from_fla on FLA's stored tensors against FLA's dAv + dhu (fla_adapter.dh_dh0)
     and against float64: both within the bound kernel.check uses."""

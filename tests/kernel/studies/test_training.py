@@ -105,6 +105,7 @@ def test_summary_table_and_picture(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.fla
 def test_the_comparison_runs_on_the_gpu(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")

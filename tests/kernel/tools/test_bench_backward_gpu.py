@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.fla]
 
 
 def _need_stack():

@@ -24,6 +24,7 @@ def test_refused_without_a_gpu(capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.fla
 def test_one_case_has_flas_rows_and_ours(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("fla")

@@ -1,0 +1,257 @@
+"""Kernel A or Kernel B built from two source trees, timed in one process: does a change cost time?
+
+    ptx-lab source-ab --kernel a --old-rev HEAD~1 --configs 1x131072:2,1x131072,32x8192
+    ptx-lab source-ab --kernel b --old path/to/old/token_gradients.cu --configs 4x8192,32x8192
+
+Times from two processes or two days differ by more than the few percent a change is worth, so
+both builds run here, one after the other: the working tree's ("new"), the old one, then the
+working tree's again. Each is timed --reps calls after one warm-up call, median; the table takes
+the faster of the two "new" medians. Only the kernel's own sources change: Kernel A's directory
+(kernel/cuda/dstate_scan) or Kernel B's file (token_gradients.cu); ptx_lab's headers are the
+working tree's for both.
+
+Kernel A runs as kernel.kda_backward launches it (FLA's tensors, bf16 dS after every tile, dht),
+at the v-split given after the configuration (``1x131072:2``) or the API's choice. Kernel B
+runs token_gradients.launch. The inputs are random (unit-norm q and k, gates in [-0.05, 0] a
+token); their values do not change the work.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+D = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    B: int
+    T: int
+    vsplit: int | str = "auto"
+
+    @property
+    def name(self) -> str:
+        return f"{self.B}x{self.T}" + ("" if self.vsplit == "auto" else f":{self.vsplit}")
+
+
+def parse_spec(text: str, kernel: str) -> Spec:
+    """'BxT' or 'BxT:vsplit' (Kernel A only)."""
+    shape, sep, vs = text.strip().partition(":")
+    try:
+        B, T = (int(x) for x in shape.split("x"))
+    except ValueError:
+        raise ValueError(f"a configuration is BxT or BxT:vsplit (e.g. 1x131072:2), got {text!r}") from None
+    if B < 1 or T < 1:
+        raise ValueError(f"B and T must be at least 1, got {text!r}")
+    if not sep:
+        return Spec(B, T)
+    if kernel != "a":
+        raise ValueError(f"only Kernel A takes a v-split, got {text!r} for Kernel B")
+    from kernel import build
+
+    if not vs.isdigit() or int(vs) not in build.VSPLITS:
+        raise ValueError(f"the v-split must be one of {build.VSPLITS}, got {vs!r} in {text!r}")
+    return Spec(B, T, int(vs))
+
+
+def old_tree_from_rev(rev: str, kernel: str, into: Path) -> Path:
+    """The kernel's sources at git revision `rev` (git archive) under `into`; returns Kernel A's
+    directory or Kernel B's file there."""
+    rel = _source_rel(kernel)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, str(rel)], capture_output=True)
+    if archive.returncode != 0:
+        raise ValueError(f"git archive {rev} {rel} failed: {archive.stderr.decode().strip() or 'no output'}")
+    subprocess.run(["tar", "x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / rel
+
+
+def _source_rel(kernel: str) -> Path:
+    if kernel == "a":
+        from kernel import build
+
+        return build.SOURCE_DIR.relative_to(REPO)
+    from kernel import token_gradients
+
+    return token_gradients.SOURCE_PATH.relative_to(REPO)
+
+
+def _check_old(old: Path, kernel: str) -> Path:
+    if kernel == "a":
+        if not (old / "dstate_scan.cu").is_file():
+            raise ValueError(f"{old} is not a Kernel A source directory (no dstate_scan.cu in it)")
+    elif not old.is_file():
+        raise ValueError(f"{old} is not a file (Kernel B's old source is one .cu file)")
+    return old
+
+
+def _use(kernel: str, source: Path) -> None:
+    """Point the kernel's build at `source` (Kernel A: its directory; Kernel B: its file)."""
+    if kernel == "a":
+        from kernel import api, build
+
+        build.SOURCE_DIR, build.SOURCE_PATH = source, source / "dstate_scan.cu"
+        api._kernel.cache_clear()
+    else:
+        from kernel import token_gradients
+
+        token_gradients.SOURCE_PATH = source
+        token_gradients._kernel.cache_clear()
+
+
+def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
+    import cupy
+
+    from kernel import api
+
+    B, T = spec.B, spec.T
+    rs = cupy.random.RandomState(seed)
+    n = lambda *s: rs.standard_normal(s, dtype=np.float32)   # noqa: E731
+    unit = lambda x: x / cupy.linalg.norm(x, axis=-1, keepdims=True)   # noqa: E731
+    g = -0.05 * rs.random_sample((B, -(-T // 64) * 64, H, D), dtype=np.float32)
+    g = g.reshape(B, -1, 64, H, D).cumsum(axis=2).reshape(B, -1, H, D)[:, :T] / np.float32(np.log(2))
+    return dict(q=api.bf16_bits(unit(n(B, T, H, D))), k=api.bf16_bits(unit(n(B, T, H, D))),
+                v=api.bf16_bits(n(B, T, H, D)), do=api.bf16_bits(0.1 * n(B, T, H, D)),
+                g=cupy.ascontiguousarray(g), beta=rs.random_sample((B, T, H), dtype=np.float32),
+                Aqk=api.bf16_bits(0.01 * n(B, T, H, 64)), Akk=api.bf16_bits(0.01 * n(B, T, H, 64)),
+                dht=0.01 * n(B, H, D, D))
+
+
+def _call(kernel: str, spec: Spec, H: int, x: dict):
+    """A function that runs the kernel once on x (its outputs allocated once, outside it)."""
+    import cupy
+
+    if kernel == "a":
+        from kernel import api
+
+        flat = {n: x[n].reshape(1, spec.B * spec.T, *x[n].shape[2:]) for n in ("q", "k", "g", "beta", "Aqk", "Akk", "do")}
+        cu = np.arange(spec.B + 1, dtype=np.int64) * spec.T
+        return lambda: api.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"], flat["do"],
+                                  scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
+                                  snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit)
+    from kernel import token_gradients
+
+    B, T = spec.B, spec.T
+    cu = np.arange(B + 1, dtype=np.int64) * T
+    t = token_gradients.tables(cu)
+    ds = cupy.full((t["tiles"], H, D, D), 0x3c24, dtype=np.uint16)      # bf16 0.01: values do not change the work
+    states = cupy.full((t["chunks"], H, D, D), 0x3ca4, dtype=np.uint16)
+    out = {"dq": cupy.empty((B, T, H, D), np.float32), "dk": cupy.empty((B, T, H, D), np.float32),
+           "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
+           "dbeta": cupy.empty((B, T, H), np.float32)}
+    return lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"], ds,
+                                          states, cu=cu, H=H, scale=D ** -0.5, out=out)
+
+
+def _median_ms(fn, reps: int) -> float:
+    import cupy
+
+    fn()
+    cupy.cuda.Device().synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) -> list[dict]:
+    import cupy
+
+    new = _source_new(kernel)
+    rows = []
+    try:
+        for spec in specs:
+            x = _inputs(spec, H)
+            run = _call(kernel, spec, H, x)
+            ms = {}
+            for label, source in (("new", new), ("old", old), ("new again", new)):
+                _use(kernel, source)
+                ms[label] = _median_ms(run, reps)
+            after = min(ms["new"], ms["new again"])
+            rows.append(dict(config=spec.name, before_ms=ms["old"], after_ms=after, ratio=after / ms["old"],
+                             runs_ms=ms))
+            print(f"  {spec.name}: new {ms['new']:.3f} / old {ms['old']:.3f} / new again {ms['new again']:.3f} ms",
+                  flush=True)
+            del x, run
+            cupy.get_default_memory_pool().free_all_blocks()
+    finally:
+        _use(kernel, new)
+    return rows
+
+
+def _source_new(kernel: str) -> Path:
+    if kernel == "a":
+        from kernel import build
+
+        return build.SOURCE_DIR
+    from kernel import token_gradients
+
+    return token_gradients.SOURCE_PATH
+
+
+def parse_args(argv: Sequence[str] | None, prog: str):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", choices=("a", "b"), required=True, help="a: Kernel A (dstate scan); b: Kernel B")
+    old = ap.add_mutually_exclusive_group(required=True)
+    old.add_argument("--old", type=Path, help="the old source: Kernel A's directory or Kernel B's .cu file")
+    old.add_argument("--old-rev", help="the old source at this git revision (git archive of the kernel's sources)")
+    ap.add_argument("--configs", default="4x8192,32x8192,1x131072",
+                    help="comma-separated BxT, Kernel A also BxT:vsplit (default %(default)s)")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=7, help="timed calls per build and configuration (median)")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    a = ap.parse_args(argv)
+    try:
+        a.specs = [parse_spec(c, a.kernel) for c in a.configs.split(",") if c.strip()]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not a.specs:
+        ap.error("--configs names no configuration")
+    if a.heads < 1 or a.reps < 1:
+        ap.error("--heads and --reps must be at least 1")
+    return a
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.source_ab") -> int:
+    a = parse_args(argv, prog)
+    from ptx_lab.gpu import gpu_reason
+
+    reason = gpu_reason()
+    if reason is not None:
+        print(f"source-ab times kernels on a GPU: {reason}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="source-ab-") as tmp:
+        try:
+            old = _check_old(old_tree_from_rev(a.old_rev, a.kernel, Path(tmp)) if a.old_rev else a.old.resolve(),
+                             a.kernel)
+        except ValueError as exc:
+            print(f"source-ab: {exc}", file=sys.stderr)
+            return 2
+        label = a.old_rev or str(a.old)
+        print(f"source-ab: Kernel {a.kernel.upper()}, the working tree against {label}, H = {a.heads}, "
+              f"median of {a.reps} (new, old, new)", flush=True)
+        rows = measure(a.kernel, old, a.specs, a.heads, a.reps)
+    print(f"\n| config | before ({label}) ms | after ms | after / before |\n|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['config']} | {r['before_ms']:.3f} | {r['after_ms']:.3f} | {r['ratio']:.3f} |")
+    if a.json:
+        a.json.write_text(json.dumps(dict(kernel=a.kernel, old=label, heads=a.heads, reps=a.reps, rows=rows), indent=1))
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

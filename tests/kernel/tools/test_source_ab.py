@@ -1,0 +1,80 @@
+"""ptx-lab source-ab: its arguments and the old source it builds from (CPU); one small timing run (GPU)."""
+import pytest
+
+from kernel import build, token_gradients
+from kernel.tools import source_ab
+
+
+def test_configurations_parse_and_only_kernel_a_takes_a_vsplit():
+    assert source_ab.parse_spec("1x131072:2", "a") == source_ab.Spec(1, 131072, 2)
+    assert source_ab.parse_spec(" 32x8192 ", "b") == source_ab.Spec(32, 8192)
+    assert source_ab.parse_spec("1x131072:2", "a").name == "1x131072:2"
+    with pytest.raises(ValueError, match="only Kernel A"):
+        source_ab.parse_spec("4x8192:2", "b")
+    with pytest.raises(ValueError, match="one of"):
+        source_ab.parse_spec("4x8192:3", "a")
+    with pytest.raises(ValueError, match="BxT"):
+        source_ab.parse_spec("8192", "a")
+    with pytest.raises(ValueError, match="at least 1"):
+        source_ab.parse_spec("0x8192", "a")
+
+
+def test_arguments_need_exactly_one_old_source(capsys):
+    with pytest.raises(SystemExit):
+        source_ab.parse_args(["--kernel", "a"], "ptx-lab source-ab")
+    assert "one of the arguments --old --old-rev is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        source_ab.parse_args(["--kernel", "a", "--old", "x", "--old-rev", "HEAD"], "ptx-lab source-ab")
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        source_ab.parse_args(["--kernel", "b", "--old-rev", "HEAD", "--configs", "4x8192:2"], "ptx-lab source-ab")
+    assert "only Kernel A takes a v-split" in capsys.readouterr().err
+    a = source_ab.parse_args(["--kernel", "a", "--old-rev", "HEAD", "--configs", "1x131072:2,32x8192"], "p")
+    assert [s.name for s in a.specs] == ["1x131072:2", "32x8192"]
+
+
+@pytest.mark.parametrize("kernel", ["a", "b"])
+def test_the_old_source_comes_from_a_git_revision(kernel, tmp_path):
+    if not (source_ab.REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    old = source_ab._check_old(source_ab.old_tree_from_rev("HEAD", kernel, tmp_path), kernel)
+    if kernel == "a":
+        assert old.name == build.SOURCE_DIR.name and (old / "dstate_scan.cu").is_file()
+        assert sorted(p.name for p in old.glob("*.cuh")) == sorted(p.name for p in build.SOURCE_DIR.glob("*.cuh"))
+    else:
+        assert old.name == token_gradients.SOURCE_PATH.name and old.stat().st_size > 0
+
+
+def test_a_bad_revision_or_source_is_refused_with_its_reason(tmp_path):
+    if not (source_ab.REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    with pytest.raises(ValueError, match="git archive no-such-revision"):
+        source_ab.old_tree_from_rev("no-such-revision", "a", tmp_path)
+    with pytest.raises(ValueError, match="no dstate_scan.cu"):
+        source_ab._check_old(tmp_path, "a")
+    with pytest.raises(ValueError, match="not a file"):
+        source_ab._check_old(tmp_path, "b")
+
+
+def test_without_a_gpu_it_says_so(capsys):
+    from ptx_lab.gpu import gpu_reason
+
+    if gpu_reason() is None:
+        pytest.skip("a GPU is here")
+    assert source_ab.main(["--kernel", "a", "--old-rev", "HEAD", "--configs", "1x256"]) == 2
+    assert "source-ab times kernels on a GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["a", "b"])
+def test_the_same_source_twice_takes_about_the_same_time(kernel, tmp_path, capsys):
+    if not (source_ab.REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    old = source_ab.old_tree_from_rev("HEAD", kernel, tmp_path)
+    working_tree = source_ab._source_new(kernel)
+    rows = source_ab.measure(kernel, old, [source_ab.Spec(2, 256)], H=2, reps=3)
+    assert [r["config"] for r in rows] == ["2x256"]
+    assert all(v > 0 for v in rows[0]["runs_ms"].values())
+    assert 0.5 < rows[0]["ratio"] < 2.0
+    # the working tree's source is back in place afterwards
+    assert (build.SOURCE_DIR if kernel == "a" else token_gradients.SOURCE_PATH) == working_tree != old

@@ -3,6 +3,10 @@
     ptx-lab source-ab --kernel a --old-rev HEAD~1 --configs 1x131072:2,1x131072,32x8192
     ptx-lab source-ab --kernel b --old path/to/old/token_gradients.cu --configs 4x8192,32x8192
 
+--old-rev reads the revision from this checkout's git. Where the GPU machine has a copy of the
+working tree without that history, extract the old source beforehand and pass the directory:
+``git archive REV kernel/cuda/dstate_scan | tar x -C old/`` then ``--old old/kernel/cuda/dstate_scan``.
+
 Times from two processes or two days differ by more than the few percent a change is worth, so
 both builds run here, one after the other: the working tree's ("new"), the old one, then the
 working tree's again. Each is timed --reps calls after one warm-up call, median; the table takes

@@ -36,6 +36,12 @@ probes with known answers before the kernel:
                     reading by ldmatrix .trans, FULL/EMPTY counting all 256 threads, 13 tiles.
                     Race-free: hazards here, and none in the probes above, would put Kernel A's
                     reports on this shape.
+    kernel-a-ring-fence  the same with the producers' fence.proxy.async before each FULL arrive
+                    (Kernel A's R1 ends with one in its warpgroup-MMA builds). Race-free.
+    kernel-a-ring-wgmma  the fence, and the consumers also reading each stage through the async
+                    proxy (an m64n16k16 whose B is the stage), waited for before EMPTY, as Kernel
+                    A's G4/G5 read qd and kd. Race-free. kernel-a-ring is clean where Kernel A is
+                    not (log 31): these two are what it lacks.
     ring-syncthreads  the same data flow ordered by __syncthreads. Race-free.
     no-empty        one buffer, a FULL hand-off per iteration (its own barrier
                     id) and no EMPTY: the producer really overwrites words the
@@ -61,8 +67,10 @@ from typing import Sequence
 
 PROBE_SOURCE = r"""
 #include "barrier.cuh"
+#include "bulk.cuh"
 #include "cp_async.cuh"
 #include "ldmatrix.cuh"
+#include "wgmma.cuh"
 using namespace ptx_lab;
 
 // One producer warp (warp 1) and one consumer warp (warp 0); 2-stage ring of 32 floats.
@@ -215,9 +223,14 @@ extern "C" __global__ void ring2_consumer_bar(float* out) { ring2_cp_async<true>
 // form), by 4 producer warps (4-7) a quarter of a stage each; 4 consumer warps (0-3) each read the
 // whole 512-byte stage by ldmatrix .trans and arrive on EMPTY; FULL and EMPTY count all 256
 // threads. Race-free by construction: a report here is racecheck's reading of that shape.
+// FENCE: the producers' fence.proxy.async before each FULL arrive, as Kernel A's R1 ends in its
+// warpgroup-MMA builds. WGMMA: the consumers (one warpgroup) also read the stage through the async
+// proxy, an m64n16k16 whose B is the stage's 512 bytes, and wait for it before EMPTY, as Kernel A's
+// G4/G5 read qd and kd.
 constexpr int KA_ITERS = 13, KA_STAGES = 4, KA_PREFETCH = KA_STAGES - 1, KA_THREADS = 256, KA_WORDS = 128;
 __device__ float kernel_a_ring_src[KA_ITERS][KA_WORDS];
-extern "C" __global__ void kernel_a_ring(float* out) {
+template <bool FENCE, bool WGMMA>
+__device__ void kernel_a_ring_t(float* out) {
     __shared__ __align__(16) float buf[KA_STAGES][KA_WORDS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp >= 4) {
@@ -231,6 +244,7 @@ extern "C" __global__ void kernel_a_ring(float* out) {
         for (int i = 0; i < KA_ITERS; ++i) {
             cp_async_wait<KA_PREFETCH - 1>();   // this thread's copies of tile i landed
             __syncwarp();
+            if (FENCE) fence_proxy_async_shared();
             named_barrier_arrive(full_bar(i % KA_STAGES), KA_THREADS);
             const int j = i + KA_PREFETCH;
             if (j < KA_ITERS && j >= KA_STAGES) named_barrier_sync(empty_bar<KA_STAGES>(j % KA_STAGES), KA_THREADS);
@@ -244,11 +258,22 @@ extern "C" __global__ void kernel_a_ring(float* out) {
             u32 r[4];   // four 8 x 16-byte matrices: the stage's 32 rows of 16 bytes, row l at byte 16 l
             ldmatrix_x4_trans(r, smem_addr(&buf[s][0]) + 16u * lane);
             acc += __uint_as_float(r[0]) + __uint_as_float(r[1]) + __uint_as_float(r[2]) + __uint_as_float(r[3]);
+            if constexpr (WGMMA) {   // B [16 x 16] bf16 = the stage: core matrices 128 B apart (lbo), 256 B (sbo)
+                float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+                wgmma_fence();
+                wgmma_m64n16k16_bf16_rs<1>(d, r, wgmma_desc(smem_addr(&buf[s][0]), 128, 256, 0), 0);
+                wgmma_commit_group();
+                wgmma_wait_group<0>();
+                acc += d[0];
+            }
             if (i + KA_STAGES < KA_ITERS) named_barrier_arrive(empty_bar<KA_STAGES>(s), KA_THREADS);
         }
         if (warp == 0) out[lane] = acc;
     }
 }
+extern "C" __global__ void kernel_a_ring(float* out) { kernel_a_ring_t<false, false>(out); }
+extern "C" __global__ void kernel_a_ring_fence(float* out) { kernel_a_ring_t<true, false>(out); }
+extern "C" __global__ void kernel_a_ring_wgmma(float* out) { kernel_a_ring_t<true, true>(out); }
 
 // Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
 extern "C" __global__ void no_empty(float* out) {
@@ -282,11 +307,12 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 """
 
 RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-cp-async",
-        "ring2-cp-async-ldmatrix", "ring2-consumer-bar", "kernel-a-ring", "ring-syncthreads", "no-empty",
-        "kernel-a")
+        "ring2-cp-async-ldmatrix", "ring2-consumer-bar", "kernel-a-ring", "kernel-a-ring-fence",
+        "kernel-a-ring-wgmma", "ring-syncthreads", "no-empty", "kernel-a")
 EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
             "ring2-producer-bar": "race-free", "ring-cp-async": "race-free",
             "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "kernel-a-ring": "race-free",
+            "kernel-a-ring-fence": "race-free", "kernel-a-ring-wgmma": "race-free",
             "ring-syncthreads": "race-free",
             "no-empty": "a real race",
             "kernel-a": "?"}
@@ -304,10 +330,10 @@ def _child(run: str) -> None:
 
         mod = load_module(PROBE_SOURCE)
         out = cp.zeros(32, dtype=cp.float32)
-        if run == "kernel-a-ring":   # 13 tiles of 128 words; the .trans read moves halves: no exact value
+        if run.startswith("kernel-a-ring"):   # 13 tiles of 128 words; the .trans read moves halves: no exact value
             src = cp.ndarray((13, 128), dtype=cp.float32, memptr=mod.get_global("kernel_a_ring_src"))
             src[...] = cp.arange(13, dtype=cp.float32)[:, None] * 128 + cp.arange(128)
-            mod.get_function("kernel_a_ring")((1,), (256,), (out,))
+            mod.get_function(run.replace("-", "_"))((1,), (256,), (out,))
             cp.cuda.Device().synchronize()
             print(f"{run}: lane 0 sum {float(out[0].get()):.3g} (finite: {bool(cp.isfinite(out).all())})")
             return

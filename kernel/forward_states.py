@@ -69,7 +69,7 @@ SMEM_OPTIN = 232448     # H100 / H200: dynamic shared memory a CTA may opt in to
 H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' default)
 ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
 
-__all__ = ["forward_states", "plan_forward_states", "Config", "StatesPlan", "choose_warps", "auto_config", "all_variants",
+__all__ = ["forward_states", "plan_forward_states", "device_tables", "Config", "StatesPlan", "choose_warps", "auto_config", "all_variants",
            "options", "source"]
 
 
@@ -273,6 +273,12 @@ def _kernel(cfg: Config):
                                advice=": use fewer stages (Config.nstage) or fewer warps")
 
 
+def device_tables(cu_seqlens: np.ndarray):
+    """The scan's device tables for host offsets ``cu_seqlens`` (cu, state-entry offsets, CTA order, entries),
+    made once per batch layout and cached (kernel.api's cache, at one entry every 64 tokens)."""
+    return api._device_tables(np.ascontiguousarray(cu_seqlens, dtype=np.int64).tobytes(), TILES_PER_CHUNK)
+
+
 def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,
                    out=None):
     """Kernel S: the bf16 state entering every 64-token chunk (FLA's h), from FLA's forward tensors.
@@ -300,7 +306,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     akk_c = api._to_cupy("Akk", Akk, "bf16")
     h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
 
-    cu_d, offs_d, order, total = api._device_tables(plan.cu_seqlens.tobytes(), TILES_PER_CHUNK)
+    cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
     if total != int(plan.snapshot_offsets[-1]):
         raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
     fn, smem, threads = _kernel(cfg)

@@ -170,7 +170,7 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
     main = cupy.cuda.get_current_stream()
     side = _side_stream() if scans.side_by_side else None
     if states is None:
-        from .forward_states import auto_config, forward_states
+        from .forward_states import auto_config, device_tables, forward_states
 
         h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
         config = auto_config(scans.states_warps) if scans.states_warps is not None else None
@@ -178,8 +178,7 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
             # Everything the side stream uses is made here, on the caller's stream, before the fork:
             # the states (so that they return to this stream's pool when freed, after Kernel B) and
             # the scan's cached device tables. The side stream allocates nothing.
-            from .forward_states import TILES_PER_CHUNK
-            api._device_tables(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes(), TILES_PER_CHUNK)
+            device_tables(plan.cu_seqlens)
             states_c = cupy.empty(plan.dh_shape, dtype=np.uint16)
             side.wait_event(main.record())
             with side:

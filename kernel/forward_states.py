@@ -69,8 +69,8 @@ SMEM_OPTIN = 232448     # H100 / H200: dynamic shared memory a CTA may opt in to
 H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' default)
 ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
 
-__all__ = ["forward_states", "plan_forward_states", "device_tables", "Config", "StatesPlan", "choose_warps", "auto_config", "all_variants",
-           "options", "source"]
+__all__ = ["forward_states", "plan_forward_states", "device_tables", "Config", "StatesPlan", "choose_warps",
+           "auto_config", "all_variants", "options", "source"]
 
 
 # ----------------------------------------------------------------------------

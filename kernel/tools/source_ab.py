@@ -9,8 +9,9 @@ working tree without that history, extract the old source beforehand and pass th
 
 Times from two processes or two days differ by more than the few percent a change is worth, so
 both builds run here, one after the other: the working tree's ("new"), the old one, then the
-working tree's again. Each is timed --reps calls after one warm-up call, median; the table takes
-the faster of the two "new" medians. Only the kernel's own sources change: Kernel A's directory
+working tree's again. Each is timed --reps calls after one warm-up call by the bench's timer
+(kernel.tools.bench.timing.time_cuda; torch), median; the table takes the faster of the two "new"
+medians. Only the kernel's own sources change: Kernel A's directory
 (kernel/cuda/dstate_scan) or Kernel B's file (token_gradients.cu); ptx_lab's headers are the
 working tree's for both.
 
@@ -156,19 +157,12 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
 
 
 def _median_ms(fn, reps: int) -> float:
-    import cupy
+    """The bench's timer (kernel.tools.bench.timing.time_cuda: GPU work queued ahead of each call, so
+    the events time the GPU and not the call's Python), with CuPy on torch's stream; median ms."""
+    from .bench.timing import cupy_on_torch_stream, time_cuda
 
-    fn()
-    cupy.cuda.Device().synchronize()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+    with cupy_on_torch_stream():
+        return time_cuda(fn, warmup=1, reps=reps)["median_ms"]
 
 
 def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) -> list[dict]:
@@ -236,6 +230,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     reason = gpu_reason()
     if reason is not None:
         print(f"source-ab times kernels on a GPU: {reason}", file=sys.stderr)
+        return 2
+    try:
+        import torch   # noqa: F401  (the bench's timer: torch's events and its GPU-ahead sleep)
+    except ImportError:
+        print("source-ab times with the bench's timer, which needs torch (pip install -e '.[torch]')",
+              file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="source-ab-") as tmp:
         try:

@@ -27,7 +27,7 @@ def layouts(n: int):
     @st.composite
     def draw(draw_value):
         start = 16 * draw_value(st.integers(0, 64))
-        inner = draw_value(st.integers(128, 192).filter(lambda v: v % 16 == 0))
+        inner = 16 * draw_value(st.integers(8, 12))   # 128 .. 192, multiples of 16
         if draw_value(st.booleans()):   # k halves inner
             lbo, sbo = inner, inner + 128 + draw_value(pad)
         else:                           # n blocks inner

@@ -46,6 +46,10 @@ class Config:
     fla_inputs: bool = False # gc, mqk, inv are FLA's forward tensors as stored: its 64-chunk-local g and
                              # the 64-wide Aqk / Akk, whose 16 x 16 diagonal blocks are read in place
                              # (lower triangle only) and whose gate is rebased per tile on chip
+    summary: bool = False    # pass 1 of the sequence split (kernel.split): no snapshots; the grid's y
+                             # index is the CTA's role, 0 = the segment's scan from dS = 0 (its d, out
+                             # to dh0), 1 = its scan of the identity with do = 0 (its M, out over the
+                             # snapshots pointer)
     # Tuning knobs. 0 (or -1 where 0 means off) = auto, by the rules in __post_init__.
     nstage: int = 0          # input ring depth; loads run nstage - 1 tiles ahead. Auto: 4, or 3 where
                              # 4 would leave too few named barriers (FULL and EMPTY per stage, and with
@@ -84,6 +88,9 @@ class Config:
             raise ValueError(f"vsplit must be one of {VSPLITS}, got {self.vsplit}")
         if self.snap_every not in (1, 4):
             raise ValueError(f"snapshot_every must be 1 or 4, got {self.snap_every}")
+        if self.summary and (self.has_dht or not self.snap_bf16 or self.snap_every != 4):
+            raise ValueError("summary builds start from 0 or the identity (has_dht False) and store no "
+                             "snapshots (snap_bf16 True, snap_every 4: the cheapest mode's shared memory)")
         auto = lambda name, value, unset=0: getattr(self, name) == unset and object.__setattr__(self, name, value)
         # vsplit 1 is shared-memory bound: mt 2 halves the consumers' ldmatrix traffic (log 11)
         auto("mt", 2 if self.vsplit == 1 else 1)
@@ -101,6 +108,8 @@ class Config:
         auto("snap_store", SNAP_TMA if self.snap_bf16 else SNAP_STAGED if self.vsplit == 1 else SNAP_DIRECT)
         if self.loads not in (LOADS_CP_ASYNC, LOADS_TMA):
             raise ValueError(f"loads must be {LOADS_CP_ASYNC} (cp.async) or {LOADS_TMA} (tensor copies), got {self.loads}")
+        if self.summary and self.loads != LOADS_CP_ASYNC:
+            raise ValueError("summary needs loads 1 (cp.async): its M zero-fills do, which tensor copies cannot")
         if self.fla_inputs and self.loads != LOADS_CP_ASYNC:
             raise ValueError("fla_inputs needs loads 1 (cp.async): its lower-triangle block copies are "
                              "cp.async zero-fills, which tensor copies have no form of")
@@ -233,6 +242,7 @@ class Config:
     def name(self) -> str:
         return (f"vs{self.vsplit}-{'bf16' if self.snap_bf16 else 'f32'}x{self.snap_every}"
                 f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}{'-fla' if self.fla_inputs else ''}"
+                f"{'-summary' if self.summary else ''}"
                 f"-st{self.nstage}-g2s{self.g2_split}-p{self.producers}"
                 f"{'-tmaload' if self.loads == LOADS_TMA else ''}"
                 f"{ {SNAP_DIRECT: '-direct', SNAP_STAGED: '', SNAP_TMA: '-tmastore'}[self.snap_store] }"
@@ -262,7 +272,7 @@ KNOB_MACROS: dict[str, str] = {
     "ksplit": "KSPLIT", "loads": "LOADS", "snap_store": "SNAP_STORE", "wgmma": "WGMMA",
     "g4_with_g5": "G4_WITH_G5", "snap_late_issue": "SNAP_LATE_ISSUE", "gt_shared": "GT_SHARED",
     "spread_extra": "SPREAD_EXTRA", "r1_lanes": "R1_LANES", "regsplit": "REGSPLIT",
-    "consumer_regs": "CONSUMER_REGS", "timing": "KDA_TIMING",
+    "consumer_regs": "CONSUMER_REGS", "timing": "KDA_TIMING", "summary": "SUMMARY",
 }
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
@@ -316,14 +326,24 @@ def source() -> str:
     return f"// headers sha256 {header_digest()}\n" + SOURCE_PATH.read_text()
 
 
+def summary_config(vsplit: int, l2norm: bool, fla_inputs: bool) -> Config:
+    """The sequence split's pass-1 build (kernel.split) for these inputs: snapshot settings fixed,
+    since it stores none."""
+    return Config(vsplit=vsplit, snap_bf16=True, snap_every=4, has_dht=False, l2norm=l2norm,
+                  fla_inputs=fla_inputs, summary=True)
+
+
 def all_variants() -> list[Config]:
     """Every configuration the API can launch (with the default tuning knobs): kernel.dstate_scan's
     64, kernel.fla_entry's 16 (FLA's tensors: snapshots every 64 tokens, q and k as FLA stored
-    them, so no l2norm), then kernel.kda_backward's 8 (FLA's tensors, bf16 dS after every tile)."""
+    them, so no l2norm), then kernel.kda_backward's 8 (FLA's tensors, bf16 dS after every tile),
+    then the sequence split's summary builds (kernel.split): 8 for dstate_scan, 4 for FLA's tensors."""
     tiles = [Config(vsplit=v, snap_bf16=b, snap_every=e, has_dht=d, l2norm=n)
              for v, b, e, d, n in itertools.product(VSPLITS, (False, True), (1, 4), (False, True), (False, True))]
     fla = [Config(vsplit=v, snap_bf16=b, snap_every=4, has_dht=d, l2norm=False, fla_inputs=True)
            for v, b, d in itertools.product(VSPLITS, (False, True), (False, True))]
     backward = [Config(vsplit=v, snap_bf16=True, snap_every=1, has_dht=d, l2norm=False, fla_inputs=True)
                 for v, d in itertools.product(VSPLITS, (False, True))]
-    return tiles + fla + backward
+    summaries = [summary_config(v, n, False) for v, n in itertools.product(VSPLITS, (False, True))]
+    summaries += [summary_config(v, False, True) for v in VSPLITS]
+    return tiles + fla + backward + summaries

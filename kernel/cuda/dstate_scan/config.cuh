@@ -72,6 +72,9 @@
 #ifndef FLA_INPUTS
 #error "FLA_INPUTS is not set: kernel/build.py sets every knob (build.defines)"
 #endif
+#ifndef SUMMARY
+#error "SUMMARY is not set: kernel/build.py sets every knob (build.defines)"
+#endif
 
 // The values of LOADS and SNAP_STORE (build.py's LOADS_* and SNAP_* name the same numbers)
 #define LOADS_CP_ASYNC 1
@@ -141,6 +144,11 @@ static_assert(SPREAD_EXTRA == 0 || SPREAD_EXTRA == 1, "SPREAD_EXTRA must be 0 or
 static_assert((R1_LANES == 16 || R1_LANES == 32) && TOKENS_PER_PRODUCER % (32 / R1_LANES) == 0,
               "R1_LANES must be 32, or 16 with an even number of tokens per producer warp");
 static_assert(KDA_TIMING == 0 || KDA_TIMING == 1, "KDA_TIMING must be 0 or 1");
+// SUMMARY: pass 1 of the sequence split (kernel/split.py). The grid's y index is the CTA's role:
+// role 0 scans its segment from dS = 0 (d, written to dh0), role 1 scans the K x K identity with
+// do read as zeros (M, written over the snapshots pointer). No snapshot is stored.
+static_assert(SUMMARY == 0 || (SUMMARY == 1 && !TMA_LOADS && !HAS_DHT),
+              "SUMMARY must be 0, or 1 with cp.async loads (do's zero-fill) and no dht (its start is 0 or I)");
 static_assert(FLA_INPUTS == 0 || (FLA_INPUTS == 1 && !TMA_LOADS),
               "FLA_INPUTS must be 0, or 1 with cp.async loads (the lower-triangle copies are cp.async zero-fills)");
 

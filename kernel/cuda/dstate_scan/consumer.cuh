@@ -11,8 +11,23 @@ namespace kda {
 
 // A consumer warp's dS^T band at the walk's start: its part of dht, or zeros. dS[m][j] is
 // m-tile m (v = v0 + 16m ..), n-tile j (k = k0 + 8j .. k0 + 8j + 7).
-__device__ __forceinline__ void init_band(float (&dS)[MT][NJ][4], const Params& p, int seq, int h, int k0, int v0, int lane) {
-#if HAS_DHT
+__device__ __forceinline__ void init_band(float (&dS)[MT][NJ][4], const Params& p, int seq, int h, int k0, int v0, int lane,
+                                          int role) {
+#if SUMMARY
+    // role 1 scans the identity (dS[k][v] = 1 where k == v), role 0 starts from zeros
+    (void)p; (void)seq; (void)h;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const int k = k0 + 8 * j + 2 * t, v = v0 + 16 * m + g;
+            dS[m][j][0] = role && k == v ? 1.f : 0.f;
+            dS[m][j][1] = role && k + 1 == v ? 1.f : 0.f;
+            dS[m][j][2] = role && k == v + 8 ? 1.f : 0.f;
+            dS[m][j][3] = role && k + 1 == v + 8 ? 1.f : 0.f;
+        }
+#elif HAS_DHT
     {
         const float* src = p.dht + ((long long)seq * p.H + h) * ((long long)D * D);
         const int g = lane >> 2, t = lane & 3;
@@ -28,7 +43,7 @@ __device__ __forceinline__ void init_band(float (&dS)[MT][NJ][4], const Params& 
             }
     }
 #else
-    (void)p; (void)seq; (void)h; (void)k0; (void)v0; (void)lane;
+    (void)p; (void)seq; (void)h; (void)k0; (void)v0; (void)lane; (void)role;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll

@@ -115,15 +115,16 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                 const int n = nt - 1 - j;
                 const long long tok0 = seq_start + (long long)n * C;
                 const int L = tile_len(n);
+                const int do_rows = SUMMARY && w.role ? 0 : L;   // M's scan: do = 0
                 if constexpr (TMA_LOADS) {
                     if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, vs);
                     copy_beta(stages[j % NSTAGE], p, tok0, L, h, ptid);
                 } else {
 #if FLA_INPUTS   // (a preprocessor branch: the lambda of the other builds captures exactly what it did)
-                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid, !gt_shared(j), n,
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, vs, pw, lane, ptid, !gt_shared(j), n,
                                      smem_addr(gate_base(smem, j % NSTAGE, pw)));
 #else
-                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, h, vs, pw, lane, ptid, !gt_shared(j));
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, vs, pw, lane, ptid, !gt_shared(j));
 #endif
                 }
             }
@@ -186,7 +187,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 
     // dS^T band (its k0 .. k0 + KW - 1 part), fp32, for the whole scan (init_band: the layout)
     float dS[MT][NJ][4];
-    init_band(dS, p, seq, h, k0, v0, lane);
+    init_band(dS, p, seq, h, k0, v0, lane, w.role);
 
     // Not unrolled: an unrolled body (the compiler likes to unroll by SNAP_EVERY to
     // make the snapshot test static) interleaves tiles and runs out of registers.
@@ -198,7 +199,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // snapshot[n] = dS at entry of tile n; written before waiting for the
         // tile's operands so the stores overlap the producers' work.
         const long long t0 = PhaseTimer::now();
-        const bool snap_now = SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1;
+        const bool snap_now = !SUMMARY && (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1);
         const long long snap_idx = snap_base + n / SNAP_EVERY;
         // the tensor map's row of this band's first k: where store_band_tma stages and issue_band_tma sends
         const int snap_row = (int)((snap_idx * p.H + h) * D + k0);
@@ -267,5 +268,5 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     }
     timer.add(T_TOTAL, t_start);
     timer.flush(warp, lane);
-    store_dh0(p, seq, h, k0, v0, dS, staging, lane);
+    store_dh0(p, seq, h, k0, v0, dS, staging, lane, w.role);
 }

@@ -67,7 +67,9 @@ __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long 
 // FLA_INPUTS: tile n of its sequence (FLA's 64-token chunks restart at every sequence start) reads
 // the diagonal block at column 16 (n mod 4) of the 64-wide Aqk / Akk rows, lower triangle only,
 // and this warp's copy of g at the token before the tile into gbase (zeros at a chunk's start).
-__device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L,
+// do and Mqk rows at or past do_rows are zero-filled (L, or 0 for a SUMMARY build's M: Mqk only
+// ever multiplies do, so neither is read from global memory there).
+__device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L, int do_rows,
                                                  int h, int vs, int pw, int lane, int ptid, bool own_gt,
                                                  int n = 0, u32 gbase = 0u) {
     constexpr int R = TOKENS_PER_PRODUCER;
@@ -81,12 +83,12 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
     copy_rows<D * 2, D * 2, R, 32>(smem_addr(st.k), k, row_elems * 2, L, lane, pw * R);
     copy_rows<D * 4, D * 4, R, 32>(smem_addr(st.gc), gc, row_elems * 4, L, lane, pw * R);
     if (own_gt) copy_rows<D * 4, D * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
-    copy_rows<DV * 2, DO_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, L, ptid, 0);
+    copy_rows<DV * 2, DO_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, do_rows, ptid, 0);
     const int block_col = FLA_INPUTS ? (n % TILES_PER_FLA_CHUNK) * C : 0;
     const long long sfirst = (tok0 * p.H + h) * SMALL_COLS + block_col;
     const u32 srow_bytes = (u32)p.H * SMALL_COLS * 2;
     copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS, FLA_INPUTS>(
-        smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, L, from_warp(ptid, MQK_WARP), 0);
+        smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, do_rows, from_warp(ptid, MQK_WARP), 0);
     copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS, FLA_INPUTS>(
         smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst), srow_bytes, L, from_warp(ptid, INV_WARP), 0);
     if constexpr (FLA_INPUTS) {

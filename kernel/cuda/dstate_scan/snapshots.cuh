@@ -179,14 +179,17 @@ __device__ __forceinline__ void store_snapshot(const Params& p, const TmaMaps& m
 
 // dh0 (fp32) of sequence seq through the same staging tile, once the last snapshot's tensor
 // store has read it: in two passes where it is the smaller bf16 one.
+// SUMMARY builds: role 1's dS (the segment's M) goes over the snapshots pointer, which such a
+// build never stores snapshots to; role 0's (its d) to dh0.
 __device__ __forceinline__ void store_dh0(const Params& p, int seq, int h, int k0, int v0, const float (&dS)[MT][NJ][4],
-                                          unsigned char* staging, int lane) {
+                                          unsigned char* staging, int lane, int role) {
     const long long head_mat = (long long)D * D;
     if constexpr (TMA_SNAP) {
         if (lane == 0) cp_async_bulk_wait<0>();
         __syncwarp();
     }
-    store_band_f32<SNAP_BF16 ? 2 : 1>(p.dh0 + ((long long)seq * p.H + h) * head_mat, dS,
+    float* const out = SUMMARY && role ? static_cast<float*>(p.snapshots) : p.dh0;
+    store_band_f32<SNAP_BF16 ? 2 : 1>(out + ((long long)seq * p.H + h) * head_mat, dS,
                                       reinterpret_cast<float*>(staging), k0, v0, lane);
 }
 

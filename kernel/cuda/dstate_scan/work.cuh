@@ -23,9 +23,10 @@ struct Params {
     const TmaMaps* maps;          // the tensor maps (a __grid_constant__ kernel parameter)
 };
 
-// What a CTA works on: v split vs of head h of sequence seq (the order's slot-th longest).
+// What a CTA works on: v split vs of head h of sequence seq (the order's slot-th longest);
+// SUMMARY builds: role 0 (the segment's d) or 1 (its M), the grid's y index.
 struct CtaWork {
-    int vs, h, seq, len, nt;
+    int vs, h, seq, len, nt, role;
     long long seq_start, snap_base;
 };
 __device__ __forceinline__ CtaWork cta_work(const Params& p) {
@@ -38,6 +39,7 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p) {
     w.len = (int)(p.cu_seqlens[w.seq + 1] - w.seq_start);
     w.nt = (w.len + C - 1) / C;
     w.snap_base = p.snap_offsets[w.seq];
+    w.role = SUMMARY ? (int)blockIdx.y : 0;
     return w;
 }
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import build
+from . import build, split
 from .build import CHUNK, D, Config
 from .reference.checks import FLA_CHUNK   # with fla_inputs, mqk / inv are FLA's Aqk / Akk: FLA_CHUNK columns
 
@@ -296,87 +296,20 @@ def choose_vsplit(ctas: int, sm_count: int) -> int:
 # the API
 # ----------------------------------------------------------------------------
 
-def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,
-                cu_seqlens=None, qk_l2norm: bool = True, snapshot_dtype: str = "float32",
-                snapshot_every: int = 1, vsplit: int | str = "auto", tuning: dict | None = None):
-    """Kernel A: the backward dstate scan of KDA. Its contract, in float64, is
-    :func:`kernel.reference.dstate_scan_reference` (same arguments, same layouts).
-
-    Arrays are device arrays: CuPy arrays (bf16 tensors as uint16 arrays of the
-    bf16 bits, see :func:`bf16_bits`) or torch CUDA tensors (torch.bfloat16 /
-    torch.float32, viewed in place; the results are then torch tensors). numpy
-    arrays and CPU tensors are refused (TypeError). It needs CuPy, for torch
-    tensors too, and a CUDA GPU: ``pip install -e '.[cuda]'`` (cupy-cuda13x).
-
-    q, k, do: bf16 [B, T, H, 128]; gc: fp32 [B, T, H, 128]; beta: fp32 or bf16
-    [B, T, H]; mqk, inv: bf16 [B, T, H, 16]; dht: fp32 [N, H, 128, 128] or None.
-    Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 .. T, every length >= 1).
-    Returns (snapshots, dh0): snapshots [B, n_snap, H, 128, 128] (varlen:
-    [1, total snapshots, H, 128, 128], packed per sequence like FLA's
-    chunk_offsets) in `snapshot_dtype`, every `snapshot_every` tiles of 16
-    tokens; dh0 fp32 [N, H, 128, 128].
-
-    `tuning` (benchmarks and profiling): overrides of build.Config's knobs,
-    e.g. {"nstage": 3, "producers": 4, "timing": True}.
-
-    What is checked, all of it host work that reads no tensor data:
-
-    * every array: its kind (CuPy / torch CUDA), that it lives on the current
-      device, its dtype, C-contiguity and shape (head dimension 128, B, T, H >= 1,
-      the others matching q's);
-    * cu_seqlens (copied to the host when on the device: N+1 ints): B == 1, 1-D,
-      integers, 0 first, strictly increasing, T last;
-    * snapshot_dtype, snapshot_every (1 or 4), vsplit, the tuning knobs, scale
-      (a finite number), qk_l2norm (a bool);
-    * that the configuration's shared memory fits this GPU and, for the
-      tensor-copy configurations, that B * T and the snapshot rows fit 32-bit
-      coordinates and every tensor map passes ptx_lab.tensormap's checks.
-
-    What is NOT checked: the values. No scan for NaN or inf, none for a gc that
-    is not a tile-local cumulative log2 gate of a g <= 0 (gc <= 0, non-increasing
-    within each 16-token tile, restarting at every tile and sequence), none that
-    mqk and inv belong to q, k, gc and beta. Such a scan would read every input
-    once: at 32 x 8192 tokens with H = 32 that is 11.4 GB (q, k, do 6.4 GB, gc
-    4.3 GB, mqk and inv 0.54 GB, beta 34 MB, dht 67 MB), as many bytes as the
-    kernel itself reads (1.0x its input reads; 72% of all its traffic with bf16
-    snapshots every 64 tokens, 25% with fp32 snapshots every tile): about 2.7 ms
-    at the copy floor's measured 4.3 TB/s, next to the kernel's 4.2 ms
-    (docs/log/run-k.md). What happens instead: nothing is raised. A NaN or
-    inf in the inputs of one (sequence, head) makes that head's dS non-finite
-    from that tile backwards, so its snapshots of the earlier tiles and its dh0
-    come out NaN or inf; a gc above 0 or rising within a tile makes dS grow
-    instead of decay, i.e. wrong numbers that can overflow to inf. Each
-    (sequence, head) is scanned by its own CTAs from its own inputs, so the
-    damage stays in that head's outputs. To check the values, run the float64
-    reference on a sample (kernel.reference refuses NaN, inf and g > 0 by name).
-    """
-    return launch(q, k, gc, beta, mqk, inv, do, scale=scale, dht=dht, cu_seqlens=cu_seqlens,
-                  qk_l2norm=qk_l2norm, snapshot_dtype=snapshot_dtype, snapshot_every=snapshot_every,
-                  vsplit=vsplit, tuning=tuning)
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The scan's inputs after :func:`_checked_inputs`: CuPy arrays (torch ones viewed in place)."""
+    arrays: tuple        # q, k, gc, beta (fp32), mqk, inv, do
+    dht: Any
+    B: int
+    T: int
+    H: int
+    cu: np.ndarray       # host int64 [N + 1]
+    torch_device: Any    # the torch inputs' device, or None for CuPy inputs
 
 
-def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None, cu_seqlens=None,
-           qk_l2norm: bool = True, snapshot_dtype: str = "float32", snapshot_every: int = 1,
-           vsplit: int | str = "auto", tuning: dict | None = None, fla_inputs: bool = False):
-    """:func:`dstate_scan`'s checks and launch. With ``fla_inputs`` the kernel reads gc, mqk
-    and inv as FLA's forward stored them (kernel.fla_entry: its g, and Aqk / Akk with 64
-    columns, whose 16 x 16 diagonal blocks are Kernel A's Mqk / INV)."""
-    small = FLA_CHUNK if fla_inputs else CHUNK   # columns of mqk / inv
-    if snapshot_dtype not in SNAPSHOT_DTYPES:
-        raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
-    if isinstance(snapshot_every, (bool, np.bool_)) or not isinstance(snapshot_every, (int, np.integer)) \
-            or snapshot_every not in (1, 4):
-        raise ValueError(f"snapshot_every must be 1 or 4, got {snapshot_every!r}")
-    if not isinstance(qk_l2norm, (bool, np.bool_)):
-        raise TypeError(f"qk_l2norm must be a bool (True or False), got {qk_l2norm!r}")
-    if scale is not None:
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
-            raise TypeError(f"scale must be a real number or None, got {scale!r}")
-        if not np.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
-    if vsplit != "auto" and (isinstance(vsplit, (bool, np.bool_)) or not isinstance(vsplit, (int, np.integer))
-                             or vsplit not in build.VSPLITS):   # int(2.5) would run vsplit 2
-        raise ValueError(f"vsplit must be 'auto' or one of {build.VSPLITS}, got {vsplit!r}")
+def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -> _Inputs:
+    """Every array and cu_seqlens checked (kind, device, dtype, layout, shape), naming the argument."""
     _check_device_arrays(q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do, dht=dht)
     cupy = _require_cupy()
     _require_gpu()
@@ -423,12 +356,119 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
             raise ValueError(f"cu_seqlens must end at the total length {T}, got {cu[-1]}")
     else:
         cu = np.arange(B + 1, dtype=np.int64) * T
-    lengths = np.diff(cu)
-    N = lengths.size
-
     if dht is not None:
         dht = _to_cupy("dht", dht, "f32")
-        _check_shape("dht", dht, (N, H, D, D))
+        _check_shape("dht", dht, (cu.size - 1, H, D, D))
+
+    return _Inputs((q, k, gc, beta, mqk, inv, do), dht, B, T, H, cu, dev)
+
+
+def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,
+                cu_seqlens=None, qk_l2norm: bool = True, snapshot_dtype: str = "float32",
+                snapshot_every: int = 1, vsplit: int | str = "auto", segments: int | str = "auto",
+                tuning: dict | None = None):
+    """Kernel A: the backward dstate scan of KDA. Its contract, in float64, is
+    :func:`kernel.reference.dstate_scan_reference` (same arguments, same layouts).
+
+    Arrays are device arrays: CuPy arrays (bf16 tensors as uint16 arrays of the
+    bf16 bits, see :func:`bf16_bits`) or torch CUDA tensors (torch.bfloat16 /
+    torch.float32, viewed in place; the results are then torch tensors). numpy
+    arrays and CPU tensors are refused (TypeError). It needs CuPy, for torch
+    tensors too, and a CUDA GPU: ``pip install -e '.[cuda]'`` (cupy-cuda13x).
+
+    q, k, do: bf16 [B, T, H, 128]; gc: fp32 [B, T, H, 128]; beta: fp32 or bf16
+    [B, T, H]; mqk, inv: bf16 [B, T, H, 16]; dht: fp32 [N, H, 128, 128] or None.
+    Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 .. T, every length >= 1).
+    Returns (snapshots, dh0): snapshots [B, n_snap, H, 128, 128] (varlen:
+    [1, total snapshots, H, 128, 128], packed per sequence like FLA's
+    chunk_offsets) in `snapshot_dtype`, every `snapshot_every` tiles of 16
+    tokens; dh0 fp32 [N, H, 128, 128].
+
+    `segments`: the sequence split (:mod:`kernel.split`). "auto" cuts long sequences
+    into segments scanned side by side where the unsplit grid would leave SMs idle
+    (few sequences x heads), and leaves larger batches as they are; an integer S
+    cuts every sequence into min(S, its 64-token blocks) segments (1: never split).
+    The result is the same scan (exact algebra, rounded like the unsplit kernel),
+    bit-identical from call to call. `vsplit`, when given, applies to every launch.
+
+    `tuning` (benchmarks and profiling): overrides of build.Config's knobs,
+    e.g. {"nstage": 3, "producers": 4, "timing": True}; with a split they apply to
+    the real scans, not to the summaries.
+
+    What is checked, all of it host work that reads no tensor data:
+
+    * every array: its kind (CuPy / torch CUDA), that it lives on the current
+      device, its dtype, C-contiguity and shape (head dimension 128, B, T, H >= 1,
+      the others matching q's);
+    * cu_seqlens (copied to the host when on the device: N+1 ints): B == 1, 1-D,
+      integers, 0 first, strictly increasing, T last;
+    * snapshot_dtype, snapshot_every (1 or 4), vsplit, the tuning knobs, scale
+      (a finite number), qk_l2norm (a bool);
+    * that the configuration's shared memory fits this GPU and, for the
+      tensor-copy configurations, that B * T and the snapshot rows fit 32-bit
+      coordinates and every tensor map passes ptx_lab.tensormap's checks.
+
+    What is NOT checked: the values. No scan for NaN or inf, none for a gc that
+    is not a tile-local cumulative log2 gate of a g <= 0 (gc <= 0, non-increasing
+    within each 16-token tile, restarting at every tile and sequence), none that
+    mqk and inv belong to q, k, gc and beta. Such a scan would read every input
+    once: at 32 x 8192 tokens with H = 32 that is 11.4 GB (q, k, do 6.4 GB, gc
+    4.3 GB, mqk and inv 0.54 GB, beta 34 MB, dht 67 MB), as many bytes as the
+    kernel itself reads (1.0x its input reads; 72% of all its traffic with bf16
+    snapshots every 64 tokens, 25% with fp32 snapshots every tile): about 2.7 ms
+    at the copy floor's measured 4.3 TB/s, next to the kernel's 4.2 ms
+    (docs/log/run-k.md). What happens instead: nothing is raised. A NaN or
+    inf in the inputs of one (sequence, head) makes that head's dS non-finite
+    from that tile backwards, so its snapshots of the earlier tiles and its dh0
+    come out NaN or inf; a gc above 0 or rising within a tile makes dS grow
+    instead of decay, i.e. wrong numbers that can overflow to inf. Each
+    (sequence, head) is scanned by its own CTAs from its own inputs, so the
+    damage stays in that head's outputs. To check the values, run the float64
+    reference on a sample (kernel.reference refuses NaN, inf and g > 0 by name).
+    """
+    return launch(q, k, gc, beta, mqk, inv, do, scale=scale, dht=dht, cu_seqlens=cu_seqlens,
+                  qk_l2norm=qk_l2norm, snapshot_dtype=snapshot_dtype, snapshot_every=snapshot_every,
+                  vsplit=vsplit, segments=segments, tuning=tuning)
+
+
+def check_segments(segments) -> None:
+    """ValueError naming ``segments`` unless it is "auto" or an integer >= 1."""
+    if segments != "auto" and (isinstance(segments, (bool, np.bool_)) or not isinstance(segments, (int, np.integer))
+                               or segments < 1):
+        raise ValueError(f"segments must be 'auto' or an integer >= 1, got {segments!r}")
+
+
+def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None, cu_seqlens=None,
+           qk_l2norm: bool = True, snapshot_dtype: str = "float32", snapshot_every: int = 1,
+           vsplit: int | str = "auto", segments: int | str = "auto", tuning: dict | None = None,
+           fla_inputs: bool = False):
+    """:func:`dstate_scan`'s checks and launch. With ``fla_inputs`` the kernel reads gc, mqk
+    and inv as FLA's forward stored them (kernel.fla_entry: its g, and Aqk / Akk with 64
+    columns, whose 16 x 16 diagonal blocks are Kernel A's Mqk / INV)."""
+    small = FLA_CHUNK if fla_inputs else CHUNK   # columns of mqk / inv
+    if snapshot_dtype not in SNAPSHOT_DTYPES:
+        raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
+    if isinstance(snapshot_every, (bool, np.bool_)) or not isinstance(snapshot_every, (int, np.integer)) \
+            or snapshot_every not in (1, 4):
+        raise ValueError(f"snapshot_every must be 1 or 4, got {snapshot_every!r}")
+    if not isinstance(qk_l2norm, (bool, np.bool_)):
+        raise TypeError(f"qk_l2norm must be a bool (True or False), got {qk_l2norm!r}")
+    if scale is not None:
+        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scale must be a real number or None, got {scale!r}")
+        if not np.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+    if vsplit != "auto" and (isinstance(vsplit, (bool, np.bool_)) or not isinstance(vsplit, (int, np.integer))
+                             or vsplit not in build.VSPLITS):   # int(2.5) would run vsplit 2
+        raise ValueError(f"vsplit must be 'auto' or one of {build.VSPLITS}, got {vsplit!r}")
+    check_segments(segments)
+    c = _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small)
+    cupy = _require_cupy()
+    q, k, gc, beta, mqk, inv, do = c.arrays
+    dht, B, H, cu = c.dht, c.B, c.H, c.cu
+    torch_in, dev = c.torch_device is not None, c.torch_device
+    lengths = np.diff(cu)
+    N = lengths.size
 
     cu_d, offs_d, order, total_snaps = _device_tables(cu.tobytes(), snapshot_every)
     if cu_seqlens is None:
@@ -437,17 +477,20 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
         snap_shape = (1, total_snaps, H, D, D)
 
     sm = _sm_count()
-    if vsplit == "auto":
-        vsplit = choose_vsplit(N * H, sm)
     knobs = dict(tuning or {})
-    fixed = {"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm", "fla_inputs"} & set(knobs)
+    fixed = {"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm", "fla_inputs", "summary"} & set(knobs)
     if fixed:
         raise ValueError(f"tuning must not set {sorted(fixed)}: those follow from the other arguments")
     unknown = set(knobs) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ValueError(f"tuning has unknown knobs {sorted(unknown)}")
-    cfg = Config(vsplit=int(vsplit), snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every,
-                 has_dht=dht is not None, l2norm=bool(qk_l2norm), fla_inputs=bool(fla_inputs), **knobs)
+    base = dict(snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every, l2norm=bool(qk_l2norm),
+                fla_inputs=bool(fla_inputs))
+    counts = (split.auto_counts(lengths, H, sm) if segments == "auto"
+              else split.forced_counts(lengths, int(segments)))
+    # the scan's configuration (checked before anything is allocated; a split builds the same one)
+    cfg = Config(vsplit=choose_vsplit(N * H, sm) if vsplit == "auto" else int(vsplit),
+                 has_dht=dht is not None, **base, **knobs)
     fn, smem, threads, tma_dims = _kernel(cfg)
 
     if torch_in:   # torch's allocator and torch tensors out, CuPy views for the launch
@@ -460,16 +503,138 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
         snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
         dh0 = cupy.empty((N, H, D, D), dtype=np.float32)
     s = float(scale) if scale is not None else D ** -0.5
-    null = np.uint64(0)
-    maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
-    fn((N * H * cfg.vsplit,), (threads,),
-       (q, k, gc, beta, mqk, inv, do, dht if dht is not None else null, snapshots, dh0,
-        cu_d, offs_d, order, np.int32(H), np.float32(s), maps),
-       shared_mem=smem)
+    inputs = (q, k, gc, beta, mqk, inv, do)
+    if (counts > 1).any():
+        dh0[...] = _split_scan(inputs, dht, snapshots, cu, counts, H=H, scale=s, sm=sm, vsplit=vsplit,
+                               base=base, knobs=knobs)
+    else:
+        null = np.uint64(0)
+        maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
+        fn((N * H * cfg.vsplit,), (threads,),
+           (*inputs, dht if dht is not None else null, snapshots, dh0, cu_d, offs_d, order, np.int32(H),
+            np.float32(s), maps),
+           shared_mem=smem)
 
     if torch_in:
         return snap_t, dh0_t
     return snapshots, dh0
+
+
+# ----------------------------------------------------------------------------
+# the sequence split (kernel.split): its launches
+# ----------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _split_tables(cu_bytes: bytes, counts_bytes: bytes, snapshot_every: int):
+    """The split's plan and its device tables (segment cu_seqlens and snapshot offsets), cached
+    per batch layout like :func:`_device_tables`."""
+    import cupy
+
+    p = split.plan(np.frombuffer(cu_bytes, dtype=np.int64), np.frombuffer(counts_bytes, dtype=np.int64),
+                   chunk=CHUNK, snapshot_every=snapshot_every)
+    return p, cupy.asarray(p.cu), cupy.asarray(p.snap_offsets)
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_order(cu_bytes: bytes, segs_bytes: bytes):
+    """The CTA order of a launch over some segments: longest first (as for sequences)."""
+    import cupy
+
+    seg_len = np.diff(np.frombuffer(cu_bytes, dtype=np.int64))
+    segs = np.frombuffer(segs_bytes, dtype=np.int64)
+    return cupy.asarray(segs[np.argsort(-seg_len[segs], kind="stable")].astype(np.int32))
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device_id: int):
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream(non_blocking=True)
+
+
+def _side_by_side(first, second) -> None:
+    """first() on a side stream beside second() on the current one; the current stream then
+    waits for both (the side stream allocates nothing: the callers' buffers are made before)."""
+    import cupy
+
+    main = cupy.cuda.get_current_stream()
+    side = _side_stream(cupy.cuda.Device().id)
+    side.wait_event(main.record())
+    with side:
+        first()
+    second()
+    main.wait_event(side.record())
+
+
+def _launch_summaries(inputs, M, d, cu_d, offs_d, order, *, H: int, scale: float, vsplit: int, base: dict) -> None:
+    """The summary build over the sequences ``order`` names (of the batch ``cu_d`` packs): two CTAs
+    of each (sequence, head, v part), grid y 0 computing d into ``d``, 1 computing M into ``M``
+    (passed as the snapshots pointer, which a summary build never stores snapshots to)."""
+    cfg = build.summary_config(vsplit, base["l2norm"], base["fla_inputs"])
+    fn, smem, threads, _ = _kernel(cfg)
+    fn((order.size * H * cfg.vsplit, 2), (threads,),
+       (*inputs, np.uint64(0), M, d, cu_d, offs_d, order, np.int32(H), np.float32(scale), _NO_MAPS),
+       shared_mem=smem)
+
+
+def summaries(q, k, gc, beta, mqk, inv, do, *, cu_seqlens=None, scale: float | None = None,
+              qk_l2norm: bool = True, vsplit: int | str = "auto", fla_inputs: bool = False):
+    """Each sequence's summary (M [N, H, K, K], d [N, H, K, V], fp32) by Kernel A's summary
+    build: dS entering the sequence's first tile from the right = M @ dS after its last + d
+    (kernel.reference.segment_summary is the float64 contract). For a sequence split over
+    devices, a segment is a sequence of its own (:mod:`kernel.cp`).
+
+    The inputs are :func:`dstate_scan`'s (CuPy arrays or torch CUDA tensors, checked the same
+    way); M and d come back as CuPy arrays, or torch tensors for torch inputs."""
+    if vsplit != "auto" and vsplit not in build.VSPLITS:
+        raise ValueError(f"vsplit must be 'auto' or one of {build.VSPLITS}, got {vsplit!r}")
+    c = _checked_inputs(q, k, gc, beta, mqk, inv, do, None, cu_seqlens, FLA_CHUNK if fla_inputs else CHUNK)
+    cupy = _require_cupy()
+    H, cu, dev = c.H, c.cu, c.torch_device
+    torch_in = dev is not None
+    N = cu.size - 1
+    cu_d, offs_d, order, _ = _device_tables(cu.tobytes(), 4)
+    if torch_in:
+        import torch
+
+        M_t = torch.empty((N, H, D, D), dtype=torch.float32, device=dev)
+        d_t = torch.empty((N, H, D, D), dtype=torch.float32, device=dev)
+        M, d = _cupy_view(M_t), _cupy_view(d_t)
+    else:
+        M, d = cupy.empty((N, H, D, D), dtype=np.float32), cupy.empty((N, H, D, D), dtype=np.float32)
+    v = choose_vsplit(2 * N * H, _sm_count()) if vsplit == "auto" else int(vsplit)
+    _launch_summaries(c.arrays, M, d, cu_d, offs_d, order, H=H,
+                      scale=float(scale) if scale is not None else D ** -0.5, vsplit=v,
+                      base=dict(l2norm=bool(qk_l2norm), fla_inputs=bool(fla_inputs)))
+    return (M_t, d_t) if torch_in else (M, d)
+
+
+def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H: int, scale: float, sm: int,
+                vsplit, base: dict, knobs: dict):
+    """The three passes of :func:`kernel.split.run` with Kernel A's launches; returns dh0."""
+    import cupy
+
+    p, seg_cu, seg_offs = _split_tables(cu.tobytes(), counts.astype(np.int64).tobytes(), base["snap_every"])
+    null = np.uint64(0)
+    args_s, scale_s = np.int32(H), np.float32(scale)
+
+    def pick(ctas: int) -> int:
+        return choose_vsplit(ctas, sm) if vsplit == "auto" else int(vsplit)
+
+    def scan(segs, seg_dht, out):
+        cfg = Config(vsplit=pick(segs.size * H), has_dht=seg_dht is not None, **base, **knobs)
+        fn, smem, threads, tma_dims = _kernel(cfg)
+        maps = _tma_maps(cfg, tma_dims, *inputs[:3], inputs[6], inputs[4], inputs[5], snapshots)
+        fn((segs.size * H * cfg.vsplit,), (threads,),
+           (*inputs, seg_dht if seg_dht is not None else null, snapshots, out, seg_cu, seg_offs,
+            _launch_order(p.cu.tobytes(), segs.tobytes()), args_s, scale_s, maps), shared_mem=smem)
+
+    def summarise(segs, M, d):
+        _launch_summaries(inputs, M, d, seg_cu, seg_offs, _launch_order(p.cu.tobytes(), segs.tobytes()),
+                          H=H, scale=scale, vsplit=pick(2 * segs.size * H), base=base)
+
+    return split.run(p, dht, scan, summarise, xp=cupy, H=H, K=D, V=D, side_by_side=_side_by_side)
 
 
 def bf16_bits(x):
@@ -491,4 +656,4 @@ def bits_to_f32(bits):
     return (bits.astype("uint32") << 16).view("float32")
 
 
-__all__ = ["dstate_scan", "module", "choose_vsplit", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]
+__all__ = ["dstate_scan", "summaries", "module", "choose_vsplit", "check_segments", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

@@ -224,23 +224,16 @@ def _kernel_a():
 
 
 def kernel_summary(part: Part, options: ScanOptions) -> tuple[Array, Array]:
-    """The part's (M, d) by Kernel A, in one launch over two copies of the part: the first with the
-    part's do and dS = 0 entering it gives d (its dh0), the second with do = 0 and the identity
-    entering it gives M (the homogeneous scan maps I to M I = M; K = V makes I a dS). Both come back
-    fp32, [H, K, K] and [H, K, V], with Kernel A's own rounding (dS a bf16 operand at every tile), as
-    its scan has. The two-part batch copies the part's inputs: twice their memory while it runs."""
+    """The part's (M, d) by Kernel A's summary build (:func:`kernel.api.summaries`: one launch,
+    a CTA pair per head and v part, d from dS = 0 and M from the identity with do = 0, no
+    snapshots), fp32 [H, K, K] and [H, K, V], with Kernel A's own rounding (dS a bf16 operand
+    at every tile), as its scan has."""
     _kernel_part_checks(part, options)
-    cupy, dstate_scan = _kernel_a()
-    q, k, gc, beta, mqk, inv, do = part.args()
-    two = [cupy.concatenate([x, x]) for x in (q, k, gc, beta, mqk, inv)]
-    do2 = cupy.concatenate([do, cupy.zeros_like(do)])
-    H, K, V = _hkv(part)
-    dht = cupy.zeros((2, H, K, V), dtype=np.float32)
-    dht[1] = cupy.eye(K, dtype=np.float32)
-    # the snapshots are not needed: the mode that stores the fewest (bf16, one every 4 tiles)
-    _, dh0 = dstate_scan(*two, do2, dht=dht, scale=options.scale, qk_l2norm=options.qk_l2norm,
-                         snapshot_dtype="bfloat16", snapshot_every=4)
-    return dh0[1], dh0[0]
+    from . import api
+
+    _kernel_a()
+    M, d = api.summaries(*part.args(), scale=options.scale, qk_l2norm=options.qk_l2norm)
+    return M[0], d[0]
 
 
 def kernel_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[Array, Array]:

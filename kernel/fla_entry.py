@@ -315,7 +315,7 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
 def dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
                          scale: float | None = None, snapshot_dtype: str = "bfloat16",
                          state_v_first: bool = False, vsplit: int | str = "auto",
-                         tuning: dict | None = None):
+                         segments: int | str = "auto", tuning: dict | None = None):
     """Kernel A on FLA's forward tensors (fla-core 0.6.0, chunk_size 64): FLA's dh and dh0.
 
     q, k: bf16 [B, T, H, 128] as FLA's forward stored them (l2-normalised if it did);
@@ -329,12 +329,16 @@ def dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=
     128], FLA's chunk_offsets) in ``snapshot_dtype`` (bf16 = FLA's), the gradient w.r.t. the
     state after each 64-chunk; dh0 fp32 [N, H, 128, 128].
 
+    ``segments``: the sequence split, as in :func:`kernel.dstate_scan` (its cuts fall on
+    FLA's 64-token chunk edges).
+
     Refused, with what to do instead: FLA's ``state_v_first``, GVA (more value heads than
     key heads), chunk_size 32.
     """
+    api.check_segments(segments)
     plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens, scale=scale,
                     snapshot_dtype=snapshot_dtype, state_v_first=state_v_first, vsplit=vsplit, tuning=tuning)
     # FLA's q and k are used as it stored them (Aqk was built from exactly these): no l2norm here
     return api.launch(q, k, g64, beta, Aqk, Akk, do, scale=scale, dht=dht, cu_seqlens=cu_seqlens,
                       qk_l2norm=False, snapshot_dtype=snapshot_dtype, snapshot_every=TILES_PER_FLA_CHUNK,
-                      vsplit=vsplit, tuning=tuning, fla_inputs=True)
+                      vsplit=vsplit, segments=segments, tuning=tuning, fla_inputs=True)

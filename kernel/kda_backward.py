@@ -190,10 +190,12 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
                                       initial_state=h0, config=config)
     else:
         states_c = api._to_cupy("states", states, "bf16")
-    # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator)
+    # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator). Not
+    # split along the sequence (segments 1): at few sequences its scan runs beside the
+    # forward-state scan on half the SMs (plan_scans), which has no split of its own yet.
     ds, dh0 = api.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht, cu_seqlens=cu,
                          qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
-                         vsplit=scans.vsplit)
+                         vsplit=scans.vsplit, segments=1)
     ds_c = api._to_cupy("dS", ds, "bf16")
     if side is not None:
         main.wait_event(states_ready)

@@ -42,6 +42,7 @@ class Case:
     dht: bool = True
     l2norm: bool = True
     vsplit: int | str = "auto"
+    segments: int | str = "auto"   # the sequence split (kernel.split); auto leaves these small cases whole
     seed: int = 0
     tuning: tuple = ()       # build.Config knobs as (name, value) pairs, e.g. (("ksplit", 2),)
     gate_strength: float = 1.0   # reference.random_inputs: 1 = a tile decays to ~0.45; 8 = often to 0
@@ -110,6 +111,20 @@ CASES += (
          vsplit=1, seed=29, gate_strength=8.0),
     Case("eq-f32x4-vs4-strong-gates", B=2, T=200, H=3, snapshot_every=4, vsplit=4, seed=30, gate_strength=4.0),
 )
+# the sequence split (kernel.split): every sequence cut into up to S segments at 64-token edges,
+# scanned in three passes (summaries, fold, scans); lengths 1, 15, 16, 17, 65 stay whole or
+# nearly, the long ones split into segments of one, several and partial snapshot groups
+SPLIT = (1, 15, 16, 17, 65, 700, 2000)
+CASES += (
+    Case("split3-f32x1-dht", lengths=SPLIT, H=2, segments=3, seed=31),
+    Case("split5-bf16x4-nodht", lengths=(2000, 65, 1000), H=2, snapshot_dtype="bfloat16", snapshot_every=4,
+         dht=False, segments=5, seed=32),
+    Case("split4-eq-bf16x4-vs2", B=2, T=1000, H=3, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=2,
+         segments=4, seed=33),
+    Case("split8-f32x4-nonorm-vs4", lengths=(3000, 17), H=2, snapshot_every=4, l2norm=False, vsplit=4,
+         segments=8, seed=34),
+    Case("split2-f32x1-strong-gates", lengths=(1500, 16), H=2, segments=2, seed=35, gate_strength=8.0),
+)
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 
 
@@ -174,7 +189,7 @@ def run_case(case: Case, *, repeat_for_determinism: bool = True) -> dict:
     def launch():
         s, d = dstate_scan(kern["q"], kern["k"], kern["gc"], kern["beta"], kern["mqk"], kern["inv"], kern["do"],
                            dht=kern["dht"], cu_seqlens=kern["cu_seqlens"], snapshot_dtype=case.snapshot_dtype,
-                           vsplit=case.vsplit, tuning=dict(case.tuning), **opts)
+                           vsplit=case.vsplit, segments=case.segments, tuning=dict(case.tuning), **opts)
         cupy.cuda.get_current_stream().synchronize()
         return s, d
 

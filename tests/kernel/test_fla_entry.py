@@ -276,7 +276,9 @@ def test_torch_cpu_tensors_are_refused():
 
 BF16_ULP = 2.0 ** -8      # one bf16 rounding at the top of a binade: what two bf16 outputs may differ by
 GPU_CASES = [dict(B=2, T=200, lengths=None, dht=True),
-             dict(B=1, T=None, lengths=(1, 15, 16, 17, 63, 64, 65, 129, 200), dht=False)]
+             dict(B=1, T=None, lengths=(1, 15, 16, 17, 63, 64, 65, 129, 200), dht=False),
+             # the sequence split: cuts on FLA's chunk edges (its Aqk / Akk blocks and gate restart there)
+             dict(B=1, T=None, lengths=(1, 65, 700, 1500), dht=True, segments=4)]
 
 
 def _rel(out, ref) -> float:
@@ -285,7 +287,7 @@ def _rel(out, ref) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES, ids=["batch", "varlen"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=["batch", "varlen", "split"])
 def test_matches_the_tile_path_and_float64(case):
     import cupy
 
@@ -310,10 +312,11 @@ def test_matches_the_tile_path_and_float64(case):
     beta = dev(raw["beta"])
 
     dh, dh0 = dstate_scan_from_fla(q_b, k_b, dev(F.g64.astype(np.float32)), beta, dev(bf16_bits(F.Aqk)),
-                                   dev(bf16_bits(F.Akk)), do_b, dht=dht, cu_seqlens=cu)
+                                   dev(bf16_bits(F.Akk)), do_b, dht=dht, cu_seqlens=cu,
+                                   segments=case.get("segments", "auto"))
     snaps, d0 = dstate_scan(q_b, k_b, dev(gc.astype(np.float32)), beta, dev(bf16_bits(mqk)), dev(bf16_bits(inv)),
                             do_b, dht=dht, cu_seqlens=cu, qk_l2norm=False, snapshot_dtype="bfloat16",
-                            snapshot_every=4)
+                            snapshot_every=4, segments=case.get("segments", "auto"))
     dh_h, snaps_h = bits_to_f32(dh.get()).astype(np.float64), bits_to_f32(snaps.get()).astype(np.float64)
     assert dh_h.shape == snaps_h.shape and np.isfinite(dh_h).all() and np.isfinite(dh0.get()).all()
     assert _rel(dh_h, snaps_h) < BF16_ULP and _rel(dh0.get(), d0.get()) < BF16_ULP

@@ -60,6 +60,9 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         f"layout), {FP32_EVERY_TILE} = fp32 after every 16-token tile (default both)")
     p.add_argument("--vsplit", default="auto", choices=("auto", "1", "2", "4", "8"),
                    help="Kernel A's V split (default auto)")
+    p.add_argument("--segments", default="auto",
+                   help="Kernel A's sequence split (kernel.split): 'auto' (split where the grid would not fill "
+                        "the SMs), or S segments per sequence (1: never split)")
     p.add_argument("--tune", nargs="*", default=[], metavar="KNOB=N",
                    help="Kernel A build knobs (kernel.build.Config), e.g. ksplit=2 producers=8")
     p.add_argument("--no-alternate", action="store_true",
@@ -97,6 +100,13 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     if args.heads < 1 or args.reps < 1 or args.warmup < 0 or args.precision_heads < 1:
         p.error("--heads, --reps, --precision-heads must be >= 1 and --warmup >= 0")
     args.vsplit = args.vsplit if args.vsplit == "auto" else int(args.vsplit)
+    if args.segments != "auto":
+        try:
+            args.segments = int(args.segments)
+        except ValueError:
+            args.segments = -1
+        if args.segments < 1:
+            p.error("--segments takes 'auto' or an integer >= 1")
     args.tuning = parse_knobs(args.tune)
     args.modes = list(MODES) if args.snapshot == "both" else [args.snapshot]
     return args
@@ -127,7 +137,7 @@ def _progress_line(tag: str, res: dict) -> str:
     ko = {m: get(res, "kernel_a", m, "kernel_only", "ms") for m in MODES}
     ko["FLA"] = get(res, "fla", "dAv+dhu", "kernel_only", "ms")
     ko_txt = ", ".join(f"{m} {v:.3f}" for m, v in ko.items() if v is not None)
-    return (f"{tag}: A (vsplit {res.get('vsplit', '-')}) {BF16_EVERY_64} {cells[TABLE_COLUMNS[1]]} ms, "
+    return (f"{tag}: A (vsplit {res.get('vsplit', '-')}, segments {res.get('segments', '-')}) {BF16_EVERY_64} {cells[TABLE_COLUMNS[1]]} ms, "
             f"{FP32_EVERY_TILE} {cells[TABLE_COLUMNS[2]]} ms, "
             f"FLA dAv+dhu {cells['FLA dAv+dhu ms']} ms (w_u {cells['FLA w_u ms']}), "
             f"floor {cells['floor ms']} ms, A/floor {cells['A/floor']}, "
@@ -166,7 +176,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         fla, why = fla_import()
         log(f"FLA: {why}" if fla else f"flash-linear-attention not found ({why})")
     env["fla"] = why if fla else None
-    log(f"H={args.heads}, D={D}, modes={args.modes}, vsplit={args.vsplit}, "
+    log(f"H={args.heads}, D={D}, modes={args.modes}, vsplit={args.vsplit}, segments={args.segments}, "
         f"tuning={args.tuning or 'defaults'}, warm-up "
         f"{args.warmup}, median of {args.reps}; seed {args.seed}")
 

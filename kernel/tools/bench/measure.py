@@ -37,7 +37,8 @@ def fla_import():
     return (fla_adapter if ok else None), why
 
 
-def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, scale=None, tuning=None):
+def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, scale=None, tuning=None,
+                 segments="auto"):
     """One dstate_scan call in snapshot mode `mode` (torch tensors in and out)
     -> (snapshots, dh0)."""
     dtype, every = MODES[mode]
@@ -46,15 +47,15 @@ def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, sca
         return dstate_scan(raw["q"], raw["k"], gc, raw["beta"], mqk, inv, raw["do"],
                            scale=scale, dht=raw["dht"], cu_seqlens=raw.get("cu_a"),
                            qk_l2norm=True, snapshot_dtype=dtype, snapshot_every=every,
-                           vsplit=vsplit, tuning=tuning)
+                           vsplit=vsplit, segments=segments, tuning=tuning)
 
 
-def run_kernel_a_from_fla(state, raw: dict, *, vsplit, tuning=None):
+def run_kernel_a_from_fla(state, raw: dict, *, vsplit, tuning=None, segments="auto"):
     """kernel.fla_entry.dstate_scan_from_fla on FLA's forward tensors as it stored them -> (dh, dh0)."""
     with cupy_on_torch_stream():
         return dstate_scan_from_fla(state.q, state.k, state.gk, state.beta, state.Aqk, state.Akk, raw["do"],
                                     dht=raw["dht"], cu_seqlens=raw.get("cu_a"), scale=state.scale,
-                                    vsplit=vsplit, tuning=tuning)
+                                    vsplit=vsplit, segments=segments, tuning=tuning)
 
 
 def as_torch(x, bf16_bits: bool = False):
@@ -77,6 +78,16 @@ def resolved_vsplit(vsplit, ctas: int):
         return choose_vsplit(ctas, torch.cuda.get_device_properties(0).multi_processor_count)
     except Exception:
         return "auto"
+
+
+def resolved_segments(segments, lengths, H: int) -> list[int]:
+    """The segment counts of the sequence split (kernel.split) per distinct length, for the record."""
+    import torch
+    from kernel import split
+
+    counts = (split.auto_counts(lengths, H, torch.cuda.get_device_properties(0).multi_processor_count)
+              if segments == "auto" else split.forced_counts(lengths, segments))
+    return sorted(set(int(c) for c in counts))
 
 
 def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
@@ -122,6 +133,7 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     # 3. Kernel A
     if dstate_scan is not None:
         res["vsplit"] = resolved_vsplit(args.vsplit, cfg.N * H)
+        res["segments"] = resolved_segments(args.segments, cfg.lengths, H)
         t0 = time.perf_counter()
         try:
             tiles = build_tiles(raw["q"], raw["k"], raw["g"], raw["beta"], lengths=cfg.lengths)
@@ -135,12 +147,13 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
         for mode in (args.modes if tiles is not None else []):
             try:
                 t = time_cuda(lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode,
-                                                   vsplit=args.vsplit, tuning=args.tuning),
+                                                   vsplit=args.vsplit, tuning=args.tuning,
+                                                   segments=args.segments),
                               warmup=args.warmup, reps=args.reps, flush=flush)
                 if args.cupti:
                     t["kernel_only"] = kernel_only_ms(
                         lambda: run_kernel_a(dstate_scan, raw, tiles, mode=mode, vsplit=args.vsplit,
-                                             tuning=args.tuning),
+                                             tuning=args.tuning, segments=args.segments),
                         reps=min(args.reps, 5))
                 t["GBps"] = res["bytes"][mode]["total"] / (t["median_ms"] * 1e6)
                 floor = get(res, "floor", mode, "ms")
@@ -177,7 +190,8 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
             # 4b. Kernel A fed straight from FLA's forward tensors (no tile inputs built)
             from_fla = None
             if dstate_scan is not None and BF16_EVERY_64 in args.modes:
-                from_fla = lambda: run_kernel_a_from_fla(state, raw, vsplit=args.vsplit, tuning=args.tuning)
+                from_fla = lambda: run_kernel_a_from_fla(state, raw, vsplit=args.vsplit, tuning=args.tuning,
+                                                         segments=args.segments)
                 try:
                     res["kernel_a_from_fla"] = time_cuda(from_fla, warmup=args.warmup, reps=args.reps, flush=flush)
                 except Exception as exc:
@@ -190,7 +204,8 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
                     and "median_ms" in res["fla"].get("dAv+dhu", {})):
                 try:
                     turn = {ALTERNATING_A: lambda: run_kernel_a(dstate_scan, raw, tiles, mode=BF16_EVERY_64,
-                                                                vsplit=args.vsplit, tuning=args.tuning),
+                                                                vsplit=args.vsplit, tuning=args.tuning,
+                                                                segments=args.segments),
                             ALTERNATING_FLA: calls["dAv+dhu"]}
                     if from_fla is not None:
                         turn[ALTERNATING_FROM_FLA] = from_fla
@@ -293,18 +308,25 @@ def precision_config(cfg: Config, args, dstate_scan, fla) -> dict:
             "gc": rel_fro(tiles[0], to_torch(gc_r)), "mqk": rel_fro(tiles[1], to_torch(mqk_r)),
             "inv": rel_fro(tiles[2], to_torch(inv_r))}
         tiles = (tiles[0], tiles[1].to(torch.bfloat16), tiles[2].to(torch.bfloat16))
-        out["kernel_a"] = {}
-        for mode in args.modes:
-            try:
-                snaps, dh0 = run_kernel_a(dstate_scan, sl, tiles, mode=mode, vsplit=args.vsplit,
-                                          tuning=args.tuning)
-                dtype, every = MODES[mode]
-                snaps, dh0 = as_torch(snaps, bf16_bits=dtype == "bfloat16"), as_torch(dh0)
-                refs = snaps4 if every == every_64 else snaps1
-                out["kernel_a"][mode] = {"dh0": rel_fro(dh0, dh0_t), "snapshots": rel_fro(snaps, refs)}
-                del snaps, dh0
-            except Exception as exc:
-                out["kernel_a"][mode] = {"error": error_text(exc)}
+        # the sampled heads split as the full run's heads are (the auto rule counts all of them),
+        # and, where that splits, unsplit too: the split's error beside the single pass's
+        counts = resolved_segments(args.segments, cfg.lengths, args.heads)
+        seg = max(counts) if len(counts) == 1 else args.segments
+        out["segments"] = counts
+        runs = {"kernel_a": seg} | ({"kernel_a_unsplit": 1} if seg != 1 else {})
+        for key, segments in runs.items():
+            out[key] = {}
+            for mode in args.modes:
+                try:
+                    snaps, dh0 = run_kernel_a(dstate_scan, sl, tiles, mode=mode, vsplit=args.vsplit,
+                                              tuning=args.tuning, segments=segments)
+                    dtype, every = MODES[mode]
+                    snaps, dh0 = as_torch(snaps, bf16_bits=dtype == "bfloat16"), as_torch(dh0)
+                    refs = snaps4 if every == every_64 else snaps1
+                    out[key][mode] = {"dh0": rel_fro(dh0, dh0_t), "snapshots": rel_fro(snaps, refs)}
+                    del snaps, dh0
+                except Exception as exc:
+                    out[key][mode] = {"error": error_text(exc)}
         del tiles
     if fla is not None:
         try:

@@ -21,7 +21,8 @@ TABLE_COLUMNS = ("config", f"A {BF16_EVERY_64} ms", f"A {FP32_EVERY_TILE} ms", "
                  "FLA w_u ms", "ratio A/FLA", "A/FLA in turn", "from FLA/FLA in turn", "A GB/s", "floor ms",
                  "A/floor")
 PRECISION_COLUMNS = ("config", "heads x seqs", f"A {BF16_EVERY_64} dh0", f"A {BF16_EVERY_64} snaps",
-                     f"A {FP32_EVERY_TILE} dh0", f"A {FP32_EVERY_TILE} snaps", "FLA dh0", "FLA dh",
+                     f"A {FP32_EVERY_TILE} dh0", f"A {FP32_EVERY_TILE} snaps",
+                     f"A unsplit {BF16_EVERY_64} dh0", f"A unsplit {BF16_EVERY_64} snaps", "FLA dh0", "FLA dh",
                      "bf16(exact dh)", "mqk/inv in")
 
 
@@ -95,6 +96,7 @@ def precision_row(res: dict) -> list[str]:
     return [res.get("config", "?"), f"{p.get('heads', '-')} x {p.get('sequences', '-')}",
             e("kernel_a", BF16_EVERY_64, "dh0"), e("kernel_a", BF16_EVERY_64, "snapshots"),
             e("kernel_a", FP32_EVERY_TILE, "dh0"), e("kernel_a", FP32_EVERY_TILE, "snapshots"),
+            e("kernel_a_unsplit", BF16_EVERY_64, "dh0"), e("kernel_a_unsplit", BF16_EVERY_64, "snapshots"),
             e("fla", "dh0"), e("fla", "dh"), e("yardstick", "bf16_of_exact_dh"), built]
 
 

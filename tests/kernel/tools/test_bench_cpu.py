@@ -43,6 +43,7 @@ def test_defaults():
     a = cli.parse_args([])
     assert a.configs.split(",") == list(configs.DEFAULT_CONFIGS)
     assert a.modes == [BF16_EVERY_64, FP32_EVERY_TILE] and a.vsplit == "auto" and a.heads == 32
+    assert a.segments == "auto"
     assert (a.warmup, a.reps) == (3, 20) and not a.precision
 
 
@@ -56,10 +57,12 @@ def test_quick_and_overrides():
     assert a.precision and a.json == "x.json" and a.plot == "x.png"
     assert a.tuning == {}
     assert cli.parse_args(["--tune", "ksplit=2", "producers=8"]).tuning == {"ksplit": 2, "producers": 8}
+    assert cli.parse_args(["--segments", "8"]).segments == 8
 
 
 @pytest.mark.parametrize("bad", [["--vsplit", "3"], ["--snapshot", "fp16"], ["--reps", "0"],
-                                 ["--tune", "ksplit"], ["--tune", "splits=2"]])
+                                 ["--tune", "ksplit"], ["--tune", "splits=2"], ["--segments", "0"],
+                                 ["--segments", "many"]])
 def test_bad_arguments_exit(bad):
     with pytest.raises(SystemExit):
         cli.parse_args(bad)
@@ -222,13 +225,15 @@ def test_format_table_shape():
 def test_precision_row():
     r = _result(precision={"heads": 2, "sequences": 4,
                            "kernel_a": {BF16_EVERY_64: {"dh0": 1.7e-3, "snapshots": 2.3e-3}},
+                           "kernel_a_unsplit": {BF16_EVERY_64: {"dh0": 1.6e-3, "snapshots": 2.2e-3}},
                            "fla": {"dh0": 1.75e-3, "dh": 2.34e-3},
                            "yardstick": {"bf16_of_exact_dh": 1.66e-3},
                            "builder_fp32_vs_f64": {"gc": 1e-8, "mqk": 2e-7, "inv": 3e-7}})
     row = report.precision_row(r)
     assert len(row) == len(report.PRECISION_COLUMNS)
     assert row[:4] == ["4x8192", "2 x 4", "1.70e-03", "2.30e-03"]
-    assert row[4:6] == ["-", "-"] and row[6:] == ["1.75e-03", "2.34e-03", "1.66e-03", "3.0e-07"]
+    assert row[4:6] == ["-", "-"] and row[6:8] == ["1.60e-03", "2.20e-03"]
+    assert row[8:] == ["1.75e-03", "2.34e-03", "1.66e-03", "3.0e-07"]
 
 
 def test_main_without_torch_says_so(capsys):

@@ -1,0 +1,1 @@
+"""Study: how many segments Kernel A's sequence split should cut a sequence into (see README.md)."""

@@ -525,13 +525,13 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
 # ----------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=64)
-def _split_tables(cu_bytes: bytes, counts_bytes: bytes, snapshot_every: int):
+def _split_tables(cu_bytes: bytes, counts_bytes: bytes, snapshot_every: int, end_weight: float):
     """The split's plan and its device tables (segment cu_seqlens and snapshot offsets), cached
     per batch layout like :func:`_device_tables`."""
     import cupy
 
     p = split.plan(np.frombuffer(cu_bytes, dtype=np.int64), np.frombuffer(counts_bytes, dtype=np.int64),
-                   chunk=CHUNK, snapshot_every=snapshot_every)
+                   chunk=CHUNK, snapshot_every=snapshot_every, end_weight=end_weight)
     return p, cupy.asarray(p.cu), cupy.asarray(p.snap_offsets)
 
 
@@ -615,15 +615,16 @@ def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H
     """The three passes of :func:`kernel.split.run` with Kernel A's launches; returns dh0."""
     import cupy
 
-    p, seg_cu, seg_offs = _split_tables(cu.tobytes(), counts.astype(np.int64).tobytes(), base["snap_every"])
+    p, seg_cu, seg_offs = _split_tables(cu.tobytes(), counts.astype(np.int64).tobytes(), base["snap_every"],
+                                        float(split.END_WEIGHT))
     null = np.uint64(0)
     args_s, scale_s = np.int32(H), np.float32(scale)
+    # each pass's CTAs share the SMs a (sequence, head) has (split.pass_vsplits), unless forced
+    v_sum, v_end, v_rest = (split.pass_vsplits(counts, split.slots(len(counts) * H, sm)) if vsplit == "auto"
+                            else (int(vsplit),) * 3)
 
-    def pick(ctas: int) -> int:
-        return choose_vsplit(ctas, sm) if vsplit == "auto" else int(vsplit)
-
-    def scan(segs, seg_dht, out):
-        cfg = Config(vsplit=pick(segs.size * H), has_dht=seg_dht is not None, **base, **knobs)
+    def scan(segs, seg_dht, out, *, last: bool):
+        cfg = Config(vsplit=v_end if last else v_rest, has_dht=seg_dht is not None, **base, **knobs)
         fn, smem, threads, tma_dims = _kernel(cfg)
         maps = _tma_maps(cfg, tma_dims, *inputs[:3], inputs[6], inputs[4], inputs[5], snapshots)
         fn((segs.size * H * cfg.vsplit,), (threads,),
@@ -632,7 +633,7 @@ def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H
 
     def summarise(segs, M, d):
         _launch_summaries(inputs, M, d, seg_cu, seg_offs, _launch_order(p.cu.tobytes(), segs.tobytes()),
-                          H=H, scale=scale, vsplit=pick(2 * segs.size * H), base=base)
+                          H=H, scale=scale, vsplit=v_sum, base=base)
 
     return split.run(p, dht, scan, summarise, xp=cupy, H=H, K=D, V=D, side_by_side=_side_by_side)
 

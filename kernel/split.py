@@ -39,38 +39,58 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .reference import fold_summaries, segment_bounds
+from .reference import fold_summaries
 from .reference.checks import _is_int
 from .reference.dstate_scan import snapshot_offsets
 
-__all__ = ["ALIGN", "WAVES", "MIN_SEGMENT", "auto_counts", "forced_counts", "Plan", "plan", "run", "phase_marks"]
+__all__ = ["ALIGN", "SEGMENTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
+           "forced_counts", "segment_starts", "Plan", "plan", "run", "phase_marks"]
 
 ALIGN = 64          # cuts at multiples of this many tokens from the sequence's start (see above)
-# The auto rule (measured on the H200, docs/log/32-sequence-split.md): split until the
-# real scans' CTAs (segments x heads, vsplit 1) cover WAVES waves of the SMs, with no
-# segment shorter than MIN_SEGMENT tokens.
-WAVES = 2
-MIN_SEGMENT = 2048
+# The auto rule and the plan's shape, measured on the H200 (docs/log/32-sequence-split.md).
+# Kernel A runs one CTA per SM, and a CTA's tile costs about the same time (1.0-1.4 us) whether
+# the grid is large or not: a (sequence, head) gets SMs // (sequences x heads) SMs at once, its
+# slots. With 4 slots (1 x T at H = 32 on 132 SMs), 5 segments with the last one twice as long
+# as each of the others measured fastest: 0.68x the unsplit scan at 1 x 131072, 0.76x at
+# 1 x 32768, against 0.84x for 3 segments (which fit one wave in both passes) and 0.85-1.10x
+# for 4, 6 or 7. The last segment scans in pass 1 beside the summaries, whose tiles cost more
+# than its own, and it waits for no fold, so it takes the longest share.
+SEGMENTS = 5
+END_WEIGHT = 2.0
+MIN_SLOTS = 4
+MIN_SEGMENT = 2048  # tokens: no segment shorter (a short scan is dominated by its start-up)
 
 Array = Any
 
 
-def auto_counts(lengths, H: int, sm_count: int, *, waves: float = WAVES,
-                min_segment: int = MIN_SEGMENT) -> np.ndarray:
-    """Segments per sequence for the auto rule: all ones where the unsplit grid (a CTA per
-    sequence and head at vsplit 1) already covers 90% of the SMs, else each sequence in
-    about length / L segments, with L chosen so that all segments together come to
-    ``waves`` x ``sm_count`` CTAs, L at least ``min_segment`` tokens."""
+def slots(sequences_x_heads: int, sm_count: int) -> int:
+    """SMs a (sequence, head) may use at once (one CTA an SM): at least 1."""
+    return max(1, sm_count // max(1, sequences_x_heads))
+
+
+def auto_counts(lengths, H: int, sm_count: int) -> np.ndarray:
+    """Segments per sequence for the auto rule: SEGMENTS for sequences of at least SEGMENTS x
+    MIN_SEGMENT tokens where each (sequence, head) has MIN_SLOTS SMs to itself, else 1."""
     n = np.asarray(lengths, dtype=np.int64)
-    if len(n) * H >= 0.9 * sm_count:
+    if slots(len(n) * H, sm_count) < MIN_SLOTS:
         return np.ones(len(n), dtype=np.int64)
-    target = max(1.0, waves * sm_count / H)                # segments over the whole batch
-    seg_len = max(float(min_segment), float(n.sum()) / target)
-    return np.maximum(1, np.floor(n / seg_len + 0.5)).astype(np.int64)
+    return np.where(n >= SEGMENTS * MIN_SEGMENT, SEGMENTS, 1).astype(np.int64)
+
+
+def pass_vsplits(counts, slot_count: int, vsplits=(1, 2, 4, 8)) -> tuple[int, int, int]:
+    """(summaries, last segments' scans, pass 3's scans): the v-splits that fit each pass in the
+    slots a (sequence, head) has, the summaries at the fewest CTAs (two a middle segment: M and
+    d), the last segment's scan beside them with what is left, pass 3's segments sharing all."""
+    m = int(np.max(counts))
+    largest = lambda fits: max([v for v in vsplits if fits(v)] or [1])
+    middles = max(0, m - 2)
+    return (1, largest(lambda v: 2 * middles + v <= slot_count),
+            largest(lambda v: max(1, m - 1) * v <= slot_count))
 
 
 def forced_counts(lengths, segments: int) -> np.ndarray:
@@ -81,7 +101,23 @@ def forced_counts(lengths, segments: int) -> np.ndarray:
     return np.minimum(int(segments), -(-n // ALIGN)).astype(np.int64)
 
 
-@dataclasses.dataclass(frozen=True)
+def segment_starts(length: int, count: int, end_weight: float = END_WEIGHT) -> list[int]:
+    """Where ``count`` segments of a sequence of ``length`` tokens start: at 64-token edges, the
+    last one ``end_weight`` times as long as each of the others (as near as the edges allow),
+    every segment at least one 64-token block."""
+    blocks = -(-int(length) // ALIGN)
+    count = min(int(count), blocks)
+    weights = np.ones(count)
+    weights[-1] = end_weight if count > 1 else 1.0
+    edges = np.rint(np.cumsum(weights)[:-1] / weights.sum() * blocks).astype(np.int64)
+    edges = np.clip(edges, np.arange(1, count), blocks - count + np.arange(1, count))
+    edges = np.maximum.accumulate(np.maximum(edges, np.arange(1, count)))
+    for j in range(1, edges.size):             # strictly increasing
+        edges[j] = max(edges[j], edges[j - 1] + 1)
+    return [0] + [int(e) * ALIGN for e in edges]
+
+
+@dataclasses.dataclass(frozen=True)   # frozen fields; cached_property and on() fill __dict__ / _on
 class Plan:
     """Where the segments are and which launch runs each.
 
@@ -97,34 +133,48 @@ class Plan:
     count: np.ndarray         # int64 [N]: segments per sequence
     snap_offsets: np.ndarray  # int64 [n_seg + 1]
     first: np.ndarray         # int64 [N]: each sequence's first segment (its dS leaving is dh0)
+    _on: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def on(self, xp, name: str):
+        """The index array ``name`` (a property or field) in array module ``xp``, copied to the
+        device once per plan: a host-to-device copy inside every call would stall the host."""
+        key = (xp.__name__, name)
+        if key not in self._on:
+            self._on[key] = xp.asarray(getattr(self, name))
+        return self._on[key]
 
     @property
     def segments(self) -> int:
         return int(self.seq.size)
 
-    @property
+    @functools.cached_property
     def ends(self) -> np.ndarray:
         """The segments that run their real scan in pass 1: each sequence's last one."""
         return np.flatnonzero(self.pos == self.count[self.seq] - 1)
 
-    @property
+    @functools.cached_property
     def middles(self) -> np.ndarray:
         """The segments pass 1 summarises: neither first nor last of their sequence."""
         return np.flatnonzero((self.pos > 0) & (self.pos < self.count[self.seq] - 1))
 
-    @property
+    @functools.cached_property
     def rest(self) -> np.ndarray:
         """The segments that run their real scan in pass 3: all but each sequence's last."""
         return np.flatnonzero(self.pos < self.count[self.seq] - 1)
+
+    @functools.cached_property
+    def end_seqs(self) -> np.ndarray:
+        """The sequence of each of :attr:`ends`."""
+        return self.seq[self.ends]
 
     @property
     def split(self) -> bool:
         return bool((self.count > 1).any())
 
 
-def plan(cu_seqlens, counts, *, chunk: int = 16, snapshot_every: int = 1) -> Plan:
-    """The segments of sequences ``cu_seqlens`` (host int offsets), ``counts[n]`` near-equal
-    runs of 64-token blocks each (:func:`kernel.reference.segment_bounds` with chunk 64)."""
+def plan(cu_seqlens, counts, *, chunk: int = 16, snapshot_every: int = 1, end_weight: float = END_WEIGHT) -> Plan:
+    """The segments of sequences ``cu_seqlens`` (host int offsets), ``counts[n]`` runs of 64-token
+    blocks each (:func:`segment_starts`)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     lengths = np.diff(cu)
     counts = np.asarray(counts, dtype=np.int64)
@@ -137,7 +187,7 @@ def plan(cu_seqlens, counts, *, chunk: int = 16, snapshot_every: int = 1) -> Pla
                          f"got chunk {chunk} x snapshot_every {snapshot_every}")
     starts, seq, pos, snap = [], [], [], []
     for n, (bos, length, m) in enumerate(zip(cu[:-1], lengths, counts)):
-        for j, (a, _) in enumerate(segment_bounds(int(length), ALIGN, int(m))):
+        for j, a in enumerate(segment_starts(int(length), int(m), end_weight)):
             starts.append(int(bos) + a)
             seq.append(n)
             pos.append(j)
@@ -166,9 +216,10 @@ def phase_marks(mark: Callable[[str], None]) -> Iterator[None]:
         _MARK.reset(token)
 
 
-# scan(segments, dht, dh0): the real scans of the given segments (an index array), each from
-# dht[i] (None: zeros), snapshots into the caller's output, the dS leaving segment i into dh0[i].
-ScanFn = Callable[[np.ndarray, Array | None, Array], None]
+# scan(segments, dht, dh0, last=...): the real scans of the given segments (an index array), each
+# from dht[i] (None: zeros), snapshots into the caller's output, the dS leaving segment i into
+# dh0[i]; last: these are the sequences' last segments (pass 1), else pass 3's.
+ScanFn = Callable[..., None]
 # summarise(segments, M, d): M[i] and d[i] of the given segments.
 SummaryFn = Callable[[np.ndarray, Array, Array], None]
 
@@ -189,13 +240,13 @@ def run(p: Plan, dht, scan: ScanFn, summarise: SummaryFn, *, xp, H: int, K: int,
     ends, middles, rest = p.ends, p.middles, p.rest
     seg_dht = xp.zeros((n_seg, H, K, V), dtype=f32) if (dht is not None or rest.size) else None
     if dht is not None:
-        seg_dht[xp.asarray(ends)] = dht[xp.asarray(p.seq[ends])]
+        seg_dht[p.on(xp, "ends")] = dht[p.on(xp, "end_seqs")]
     out = xp.empty((n_seg, H, K, V), dtype=f32)
     M = xp.empty((n_seg, H, K, K), dtype=f32) if middles.size else None
     d = xp.empty((n_seg, H, K, V), dtype=f32) if middles.size else None
 
     def end_scans():
-        scan(ends, seg_dht if dht is not None else None, out)
+        scan(ends, seg_dht if dht is not None else None, out, last=True)
 
     def summaries():
         if middles.size:
@@ -219,6 +270,6 @@ def run(p: Plan, dht, scan: ScanFn, summarise: SummaryFn, *, xp, H: int, K: int,
             for j in range(m - 1):
                 seg_dht[base + j] = incoming[j]
         mark("fold")
-        scan(rest, seg_dht, out)
+        scan(rest, seg_dht, out, last=False)
         mark("pass 3")
-    return out[xp.asarray(p.first)]
+    return out[p.on(xp, "first")]

@@ -18,7 +18,8 @@ CUDA toolkit lacks it; --check needs it, the plain report leaves the counts out)
 
 What the design relies on, checked with --check: HMMA (every GEMM is
 mma.sync), LDSM (operands via ldmatrix), LDGSTS (cp.async prefetch) and, for
-bf16 snapshots (and in Kernel S), STSM (stmatrix.trans staging). No MOVM is expected: the
+bf16 snapshots (and in Kernel S), STSM (stmatrix.trans staging; not in the sequence split's
+summary builds, which store no snapshot). No MOVM is expected: the
 transposed formulation turns accumulators into A operands by packing alone.
 """
 from __future__ import annotations
@@ -137,7 +138,8 @@ def problems(row: dict) -> list[str]:
         if isinstance(cfg, (forward_states.Config, token_gradients.Build)):
             need = ["HMMA", "LDSM", "LDGSTS", "STSM"]
         else:
-            need = ["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if cfg.snap_bf16 else []) + (["HGMMA"] if cfg.wgmma else [])
+            need = (["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if cfg.snap_bf16 and not cfg.summary else [])
+                    + (["HGMMA"] if cfg.wgmma else []))
         out += [f"SASS has no {op}" for op in need if row["sass"][op] == 0]
     return out
 

@@ -50,7 +50,8 @@ def _reference_launchers(inp: dict, p: dict, plan: split.Plan, snapshots: np.nda
         a, b = int(plan.cu[i]), int(plan.cu[i + 1])
         return [inp[n][:, a:b] for n in names]
 
-    def scan(segs, seg_dht, out):
+    def scan(segs, seg_dht, out, *, last):
+        assert last == bool(np.isin(segs, plan.ends).all()) and (last or not np.isin(segs, plan.ends).any())
         for i in segs:
             dht = None if seg_dht is None else seg_dht[i][None]
             snaps, dh0 = dstate_scan_reference(*seg_args(i), dht=dht, snapshot_every=p["snapshot_every"], **opts)
@@ -79,7 +80,7 @@ def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
     ref_snaps, ref_dh0 = dstate_scan_reference(inp["q"], inp["k"], gc, inp["beta"], mqk, inv, inp["do"],
                                                dht=inp["dht"], cu_seqlens=cu, chunk=CHUNK, scale=p["scale"],
                                                qk_l2norm=p["qk_l2norm"], snapshot_every=e)
-    counts = split.forced_counts(np.diff(cu), 8) * 0 + np.minimum(p["counts"], -(-np.diff(cu) // split.ALIGN))
+    counts = np.minimum(p["counts"], -(-np.diff(cu) // split.ALIGN))
     plan = split.plan(cu, counts, chunk=CHUNK, snapshot_every=e)
     H, K, V = inp["q"].shape[2], inp["q"].shape[3], inp["do"].shape[3]
     snapshots = np.full(ref_snaps.shape[1:], np.nan)
@@ -98,7 +99,7 @@ def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
        st.sampled_from([1, 4]))
 def test_the_plan_covers_every_token_once_at_64_token_cuts(lengths, counts, e):
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    counts = split.forced_counts(lengths, 1) * 0 + np.minimum(counts[:len(lengths)], -(-np.asarray(lengths) // 64))
+    counts = np.minimum(counts[:len(lengths)], -(-np.asarray(lengths) // 64))
     p = split.plan(cu, counts, chunk=CHUNK, snapshot_every=e)
     assert p.cu[0] == 0 and p.cu[-1] == cu[-1] and (np.diff(p.cu) > 0).all()
     offs = snapshot_offsets(np.asarray(lengths), CHUNK, e)
@@ -118,19 +119,39 @@ def test_the_plan_covers_every_token_once_at_64_token_cuts(lengths, counts, e):
     assert len(p.middles) == sum(max(0, int(c) - 2) for c in counts)
 
 
-def test_auto_counts_split_only_where_the_grid_would_not_fill():
+def test_auto_counts_split_only_where_each_head_has_its_slots():
     sm = 132
-    assert split.auto_counts([8192] * 32, 32, sm).tolist() == [1] * 32          # 1024 CTAs unsplit
-    assert split.auto_counts([65536] * 4, 32, sm).tolist() == [1] * 4           # 128 >= 0.9 x 132
-    one = split.auto_counts([131072], 32, sm)
-    assert one.tolist() == [round(split.WAVES * sm / 32)]
-    assert split.auto_counts([524288], 32, sm).tolist() == one.tolist()        # set by the SMs, not T
-    # a segment is never shorter than MIN_SEGMENT tokens
-    assert split.auto_counts([3000], 2, sm).tolist() == [1]
-    assert split.auto_counts([16384], 2, sm).tolist() == [16384 // split.MIN_SEGMENT]
+    assert split.slots(32, sm) == 4 and split.slots(64, sm) == 2 and split.slots(1024, sm) == 1
+    assert split.auto_counts([8192] * 32, 32, sm).tolist() == [1] * 32
+    assert split.auto_counts([65536] * 2, 32, sm).tolist() == [1, 1]          # 2 SMs a head
+    assert split.auto_counts([131072], 32, sm).tolist() == [split.SEGMENTS]
+    assert split.auto_counts([524288], 32, sm).tolist() == [split.SEGMENTS]
+    short = split.SEGMENTS * split.MIN_SEGMENT
+    assert split.auto_counts([short - 1], 2, sm).tolist() == [1]
     # varlen: a long sequence splits, short ones beside it do not
-    mixed = split.auto_counts([100_000, 500, 3000], 8, sm)
-    assert mixed[0] > 1 and mixed[1:].tolist() == [1, 1]
+    assert split.auto_counts([100_000, 500, 3000], 8, sm).tolist() == [split.SEGMENTS, 1, 1]
+
+
+def test_each_pass_fits_the_slots():
+    # three segments in 4 slots: the middle's M and d at vsplit 1 beside the last scan at vsplit 2,
+    # then the first two at vsplit 2
+    assert split.pass_vsplits([3], 4) == (1, 2, 2)
+    assert split.pass_vsplits([2], 4) == (1, 4, 4)
+    assert split.pass_vsplits([5, 1], 8) == (1, 2, 2)
+    assert split.pass_vsplits([4], 4) == (1, 1, 1)       # too many: the launches take waves
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 200_000), st.integers(1, 20), st.floats(0.5, 3.0))
+def test_segment_starts_are_64_token_edges_with_the_last_weighted(length, count, weight):
+    starts = split.segment_starts(length, count, weight)
+    blocks = -(-length // split.ALIGN)
+    assert starts[0] == 0 and len(starts) == min(count, blocks)
+    assert all(a % split.ALIGN == 0 for a in starts) and all(b > a for a, b in zip(starts, starts[1:]))
+    assert starts[-1] < length
+    if len(starts) >= 3 and blocks >= 64 * len(starts):   # room to weigh: the last within a block of it
+        sizes = np.diff(starts + [blocks * split.ALIGN]) / split.ALIGN
+        assert abs(sizes[-1] - weight * np.mean(sizes[:-1])) <= 2 + 0.05 * sizes[-1]
 
 
 def test_forced_counts_and_their_errors():

@@ -7,7 +7,7 @@ each segment count S (every sequence cut into min(S, its 64-token blocks); "auto
 kernel.split's rule), kernel.dstate_scan is timed with the bench's timer (cold L2, the
 GPU given work ahead of each call) and, in the same process, its passes are timed from
 events kernel.split.run marks (pass 1: summaries beside the last segments' scans;
-the fold; pass 3: the other segments' scans). Beside them: the two-pass byte floor
+the fold; pass 3: the other segments' scans; GPU work queued ahead, as the timer does). Beside them: the two-pass byte floor
 (the unsplit scan's bytes plus the middle segments' inputs read again in pass 1,
 at the device's copy rate) and the time against S = 1 from the same process.
 """
@@ -36,7 +36,10 @@ def _parse_segments(text: str) -> list:
 def run(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernel.studies.sequence_split.sweep", description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default="1x32768,1x131072,1x524288,2x65536")
-    ap.add_argument("--segments", default="1,2,3,4,6,8,12,16,auto")
+    ap.add_argument("--segments", default="1,3,4,5,8,auto")
+    ap.add_argument("--end-weights", default=None,
+                    help="comma-separated lengths of the last segment against the others' (kernel.split.END_WEIGHT "
+                         "for the run; default: its value)")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--snapshot", default="bf16-every-64", choices=("bf16-every-64", "fp32-every-tile"))
@@ -49,7 +52,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     from kernel import api, split
     from kernel.tools.bench.configs import MODES, kernel_a_bytes, parse_config
     from kernel.tools.bench.inputs import build_tiles, cu_for_kernel_a, make_inputs
-    from kernel.tools.bench.timing import L2_FLUSH_BYTES, copy_floor_ms, cupy_on_torch_stream, free_memory, time_cuda
+    from kernel.tools.bench.timing import (HOST_AHEAD_CYCLES, L2_FLUSH_BYTES, copy_floor_ms, cupy_on_torch_stream,
+                                           free_memory, time_cuda)
 
     dtype, every = MODES[args.snapshot]
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
@@ -64,7 +68,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         torch.cuda.synchronize()
         nbytes = kernel_a_bytes(cfg.lengths, H, snapshot_dtype=dtype, snapshot_every=every)
         base_ms = None
-        for seg in _parse_segments(args.segments):
+        weights = [float(w) for w in args.end_weights.split(",")] if args.end_weights else [split.END_WEIGHT]
+        variants = [(seg, w) for seg in _parse_segments(args.segments) for w in (weights if seg != 1 else [1.0])]
+        for seg, weight in variants:
+            split.END_WEIGHT = weight       # read by kernel.api at each call (its plan cache keys on it)
             counts = (split.auto_counts(cfg.lengths, H, sm) if seg == "auto"
                       else split.forced_counts(cfg.lengths, seg))
 
@@ -81,34 +88,38 @@ def run(argv: Sequence[str] | None = None) -> int:
                 marks = []
                 with cupy_on_torch_stream(), split.phase_marks(
                         lambda name: marks.append((name, cupy.cuda.get_current_stream().record()))):
+                    torch.cuda._sleep(HOST_AHEAD_CYCLES)   # as time_cuda: the events time the GPU, not Python
                     flush.zero_()
                     call()
                 torch.cuda.synchronize()
                 for (_, a), (name, b) in zip(marks, marks[1:]):
                     phases.setdefault(name, []).append(cupy.cuda.get_elapsed_time(a, b))
             phase_ms = {k: float(np.median(v)) for k, v in phases.items()}
-            p = split.plan(np.concatenate([[0], np.cumsum(cfg.lengths)]), counts, snapshot_every=every)
+            p = split.plan(np.concatenate([[0], np.cumsum(cfg.lengths)]), counts, snapshot_every=every,
+                           end_weight=weight)
             middle_tokens = int(sum(p.cu[i + 1] - p.cu[i] for i in p.middles))
             floor_bytes = nbytes["total"] + nbytes["inputs"] * middle_tokens // max(1, cfg.tokens)
             floor = copy_floor_ms(floor_bytes, warmup=1, reps=5, flush=flush)["ms"]
             if seg == 1:
                 base_ms = t["median_ms"]
-            row = dict(config=cfg.name, segments=seg, counts=sorted(set(counts.tolist())), ms=t["median_ms"],
+            row = dict(config=cfg.name, segments=seg, end_weight=weight, counts=sorted(set(counts.tolist())),
+                       ms=t["median_ms"],
                        vs_unsplit=None if base_ms is None else t["median_ms"] / base_ms,
                        floor_ms=floor, phases=phase_ms)
             rows.append(row)
             ph = " ".join(f"{k} {v:.3f}" for k, v in phase_ms.items()) or "(unsplit)"
-            print(f"{cfg.name:>10} S={str(seg):>4} counts {row['counts']}: {t['median_ms']:.3f} ms"
+            print(f"{cfg.name:>10} S={str(seg):>4} w={weight:.2f} counts {row['counts']}: {t['median_ms']:.3f} ms"
                   f" ({_num(row['vs_unsplit'])} of S=1),"
                   f" floor {floor:.3f} ms; {ph}", flush=True)
             free_memory()
         del raw, gc, mqk, inv
         free_memory()
-    print("\n| config | S | counts | ms | / S=1 | two-pass floor ms | pass 1 | fold | pass 3 |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| config | S | last's weight | counts | ms | / S=1 | two-pass floor ms | pass 1 | fold | pass 3 |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ph = r["phases"]
-        print(f"| {r['config']} | {r['segments']} | {r['counts']} | {r['ms']:.3f} | {_num(r['vs_unsplit'])} | "
+        print(f"| {r['config']} | {r['segments']} | {r['end_weight']:.2f} | {r['counts']} | {r['ms']:.3f} | "
+              f"{_num(r['vs_unsplit'])} | "
               f"{r['floor_ms']:.3f} | {_num(ph.get('pass 1'))} | {_num(ph.get('fold'))} | {_num(ph.get('pass 3'))} |")
     if args.json:
         with open(args.json, "w") as fh:

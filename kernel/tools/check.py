@@ -124,6 +124,11 @@ CASES += (
     Case("split8-f32x4-nonorm-vs4", lengths=(3000, 17), H=2, snapshot_every=4, l2norm=False, vsplit=4,
          segments=8, seed=34),
     Case("split2-f32x1-strong-gates", lengths=(1500, 16), H=2, segments=2, seed=35, gate_strength=8.0),
+    # weak and no decay: dS carries across whole segments, so the fold's M and d weigh in
+    # (with the default gates a tile decays dS to ~0.45 and a segment's far end hardly matters)
+    Case("split5-f32x1-weak-gates", lengths=(3000, 700), H=2, segments=5, seed=36, gate_strength=0.02),
+    Case("split3-bf16x4-no-decay", lengths=(2000,), H=2, snapshot_dtype="bfloat16", snapshot_every=4, segments=3,
+         seed=37, gate_strength=0.0),
 )
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 

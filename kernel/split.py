@@ -56,14 +56,16 @@ ALIGN = 64          # cuts at multiples of this many tokens from the sequence's 
 # Kernel A runs one CTA per SM, and a CTA's tile costs about the same time (1.0-1.4 us) whether
 # the grid is large or not: a (sequence, head) gets SMs // (sequences x heads) SMs at once, its
 # slots. With 4 slots (1 x T at H = 32 on 132 SMs), 5 segments with the last one twice as long
-# as each of the others measured fastest: 0.68x the unsplit scan at 1 x 131072, 0.76x at
+# as each of the others measured fastest: 0.68-0.69x the unsplit scan at 1 x 131072, 0.76x at
 # 1 x 32768, against 0.84x for 3 segments (which fit one wave in both passes) and 0.85-1.10x
 # for 4, 6 or 7. The last segment scans in pass 1 beside the summaries, whose tiles cost more
 # than its own, and it waits for no fold, so it takes the longest share.
 SEGMENTS = 5
 END_WEIGHT = 2.0
 MIN_SLOTS = 4
-MIN_SEGMENT = 2048  # tokens: no segment shorter (a short scan is dominated by its start-up)
+# tokens: a sequence shorter than SEGMENTS x MIN_SEGMENT is not split (a guard, not measured:
+# a short segment's scan is mostly its start-up)
+MIN_SEGMENT = 2048
 
 Array = Any
 
@@ -111,8 +113,7 @@ def segment_starts(length: int, count: int, end_weight: float = END_WEIGHT) -> l
     weights[-1] = end_weight if count > 1 else 1.0
     edges = np.rint(np.cumsum(weights)[:-1] / weights.sum() * blocks).astype(np.int64)
     edges = np.clip(edges, np.arange(1, count), blocks - count + np.arange(1, count))
-    edges = np.maximum.accumulate(np.maximum(edges, np.arange(1, count)))
-    for j in range(1, edges.size):             # strictly increasing
+    for j in range(1, edges.size):             # strictly increasing (rint can repeat an edge)
         edges[j] = max(edges[j], edges[j - 1] + 1)
     return [0] + [int(e) * ALIGN for e in edges]
 

@@ -25,19 +25,34 @@ def _num(x, fmt: str = ".3f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _parse_segments(text: str) -> list:
+def parse_segments(text: str) -> list:
+    """'1,5,auto' -> [1, 5, 'auto']; anything else than 'auto' or an integer >= 1 is refused."""
     out = []
     for item in text.split(","):
         item = item.strip()
+        if item != "auto" and not (item.isdigit() and int(item) >= 1):
+            raise argparse.ArgumentTypeError(f"segment counts are 'auto' or integers >= 1, got {item!r}")
         out.append("auto" if item == "auto" else int(item))
     return out
 
 
+def parse_weights(text: str) -> list[float]:
+    """'1.5,2' -> [1.5, 2.0]: the last segment's length against the others', each > 0."""
+    try:
+        out = [float(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"end weights are numbers, got {text!r}") from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"end weights must be > 0, got {text!r}")
+    return out
+
+
 def run(argv: Sequence[str] | None = None) -> int:
+    """The sweep; 2 (and a line saying why) where no GPU is usable."""
     ap = argparse.ArgumentParser(prog="python -m kernel.studies.sequence_split.sweep", description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default="1x32768,1x131072,1x524288,2x65536")
-    ap.add_argument("--segments", default="1,3,4,5,8,auto")
-    ap.add_argument("--end-weights", default=None,
+    ap.add_argument("--segments", default="1,3,4,5,8,auto", type=parse_segments)
+    ap.add_argument("--end-weights", default=None, type=parse_weights,
                     help="comma-separated lengths of the last segment against the others' (kernel.split.END_WEIGHT "
                          "for the run; default: its value)")
     ap.add_argument("--heads", type=int, default=32)
@@ -45,6 +60,13 @@ def run(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--snapshot", default="bf16-every-64", choices=("bf16-every-64", "fp32-every-tile"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.reps < 1 or args.heads < 1:
+        ap.error("--reps and --heads must be >= 1")
+    from ptx_lab.gpu import gpu_reason
+
+    if gpu_reason():
+        print(f"the sweep needs a GPU: {gpu_reason()}")
+        return 2
 
     import cupy
     import torch
@@ -68,8 +90,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         torch.cuda.synchronize()
         nbytes = kernel_a_bytes(cfg.lengths, H, snapshot_dtype=dtype, snapshot_every=every)
         base_ms = None
-        weights = [float(w) for w in args.end_weights.split(",")] if args.end_weights else [split.END_WEIGHT]
-        variants = [(seg, w) for seg in _parse_segments(args.segments) for w in (weights if seg != 1 else [1.0])]
+        weights = args.end_weights or [split.END_WEIGHT]
+        variants = [(seg, w) for seg in args.segments for w in (weights if seg != 1 else [1.0])]
         for seg, weight in variants:
             split.END_WEIGHT = weight       # read by kernel.api at each call (its plan cache keys on it)
             counts = (split.auto_counts(cfg.lengths, H, sm) if seg == "auto"

@@ -1,0 +1,35 @@
+"""kernel.studies.sequence_split.sweep's arguments, and its refusal without a GPU (the sweep itself
+ran on the H200: docs/log/32-sequence-split.md)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kernel.studies.sequence_split import sweep
+
+
+def test_segment_counts_and_weights_parse():
+    assert sweep.parse_segments("1, 5,auto") == [1, 5, "auto"]
+    assert sweep.parse_weights("1.5,2") == [1.5, 2.0]
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "2.5", "all", ""])
+def test_bad_segment_counts_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="'auto' or integers >= 1"):
+        sweep.parse_segments(text)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "x", "1,,2"])
+def test_bad_weights_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="end weights"):
+        sweep.parse_weights(text)
+
+
+def test_without_a_gpu_it_says_why(capsys):
+    from ptx_lab.gpu import gpu_reason
+
+    if gpu_reason() is None:
+        pytest.skip("a GPU is usable here: the sweep would run")
+    assert sweep.run(["--configs", "1x1024"]) == 2
+    assert "the sweep needs a GPU" in capsys.readouterr().out

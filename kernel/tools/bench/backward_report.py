@@ -137,9 +137,7 @@ def log_backward_table(results: Sequence[dict]) -> None:
 def plot_backward(results: Sequence[dict], path: str) -> None:
     """Bars per configuration: the three backwards with the byte floor as a tick (left), the training
     step FLA's and ours (right)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = report.pyplot()
 
     names = [r["config"] for r in results]
     x = np.arange(len(names))

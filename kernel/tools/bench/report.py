@@ -120,12 +120,21 @@ def log_precision_table(results: Sequence[dict]) -> None:
     log(format_table([precision_row(r) for r in results], PRECISION_COLUMNS))
 
 
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or ModuleNotFoundError saying how to get it."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ModuleNotFoundError("PNG plots need matplotlib: pip install -e '.[plot]'", name="matplotlib") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
 def plot(results: Sequence[dict], path: str) -> None:
     """Grouped bars per config: Kernel A (each mode), FLA dAv+dhu, FLA + recompute_w_u;
     the bf16-every-64 byte floor as a tick."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     series = [(f"Kernel A {BF16_EVERY_64}", ("kernel_a", BF16_EVERY_64, "median_ms")),
               (f"Kernel A {FP32_EVERY_TILE}", ("kernel_a", FP32_EVERY_TILE, "median_ms")),
@@ -217,6 +226,9 @@ def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str
             json.dump({"runs": runs, "results": results}, fh, indent=1, default=str)
         log(f"wrote {json_path}")
     if plot_path and ok:
-        plot(ok, plot_path)
-        log(f"wrote {plot_path}")
+        try:
+            plot(ok, plot_path)
+            log(f"wrote {plot_path}")
+        except Exception as exc:
+            log(f"plot failed: {error_text(exc)}")
     return 0 if ok else 1

@@ -307,6 +307,18 @@ def test_from_json_reports_earlier_runs_without_a_gpu(tmp_path, capsys):
     assert "not a bench --json file" in capsys.readouterr().out
 
 
+def test_from_json_without_matplotlib_says_how_to_plot(tmp_path, capsys, monkeypatch):
+    import sys
+
+    (tmp_path / "a.json").write_text(json.dumps(
+        {"environment": {}, "args": {}, "results": [_result(config="4x8192", kernel_a={BF16_EVERY_64: {"median_ms": 0.5}})]}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import matplotlib now fails
+    assert cli.main(["--from-json", str(tmp_path / "a.json"), "--plot", str(tmp_path / "a.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| 4x8192 " in out and "plot failed" in out and "pip install -e '.[plot]'" in out
+    assert not (tmp_path / "a.png").exists()
+
+
 # ------------------------------------------------------- the snapshot modes' names ----
 
 def test_snapshot_modes_are_named_by_what_they_store():

@@ -431,6 +431,14 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
                   vsplit=vsplit, segments=segments, tuning=tuning)
 
 
+def check_vsplit(vsplit) -> None:
+    """ValueError naming ``vsplit`` unless it is "auto" or one of build.VSPLITS (2.5 and True are
+    refused, not rounded to a split)."""
+    if vsplit != "auto" and (isinstance(vsplit, (bool, np.bool_)) or not isinstance(vsplit, (int, np.integer))
+                             or vsplit not in build.VSPLITS):
+        raise ValueError(f"vsplit must be 'auto' or one of {build.VSPLITS}, got {vsplit!r}")
+
+
 def check_segments(segments) -> None:
     """ValueError naming ``segments`` unless it is "auto" or an integer >= 1."""
     if segments != "auto" and (isinstance(segments, (bool, np.bool_)) or not isinstance(segments, (int, np.integer))
@@ -458,9 +466,7 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
             raise TypeError(f"scale must be a real number or None, got {scale!r}")
         if not np.isfinite(scale):
             raise ValueError(f"scale must be finite, got {scale}")
-    if vsplit != "auto" and (isinstance(vsplit, (bool, np.bool_)) or not isinstance(vsplit, (int, np.integer))
-                             or vsplit not in build.VSPLITS):   # int(2.5) would run vsplit 2
-        raise ValueError(f"vsplit must be 'auto' or one of {build.VSPLITS}, got {vsplit!r}")
+    check_vsplit(vsplit)
     check_segments(segments)
     c = _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small)
     cupy = _require_cupy()
@@ -486,12 +492,11 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
         raise ValueError(f"tuning has unknown knobs {sorted(unknown)}")
     base = dict(snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every, l2norm=bool(qk_l2norm),
                 fla_inputs=bool(fla_inputs))
-    counts = (split.auto_counts(lengths, H, sm) if segments == "auto"
-              else split.forced_counts(lengths, int(segments)))
-    # the scan's configuration (checked before anything is allocated; a split builds the same one)
+    counts = split.counts_for(segments, lengths, H, sm)
+    # the unsplit scan's configuration: its knobs checked before anything is allocated (a split's
+    # scans take the same ones), its module built only where it runs
     cfg = Config(vsplit=choose_vsplit(N * H, sm) if vsplit == "auto" else int(vsplit),
                  has_dht=dht is not None, **base, **knobs)
-    fn, smem, threads, tma_dims = _kernel(cfg)
 
     if torch_in:   # torch's allocator and torch tensors out, CuPy views for the launch
         import torch
@@ -508,6 +513,7 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
         dh0[...] = _split_scan(inputs, dht, snapshots, cu, counts, H=H, scale=s, sm=sm, vsplit=vsplit,
                                base=base, knobs=knobs)
     else:
+        fn, smem, threads, tma_dims = _kernel(cfg)
         null = np.uint64(0)
         maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
         fn((N * H * cfg.vsplit,), (threads,),
@@ -587,8 +593,7 @@ def summaries(q, k, gc, beta, mqk, inv, do, *, cu_seqlens=None, scale: float | N
 
     The inputs are :func:`dstate_scan`'s (CuPy arrays or torch CUDA tensors, checked the same
     way); M and d come back as CuPy arrays, or torch tensors for torch inputs."""
-    if vsplit != "auto" and vsplit not in build.VSPLITS:
-        raise ValueError(f"vsplit must be 'auto' or one of {build.VSPLITS}, got {vsplit!r}")
+    check_vsplit(vsplit)
     c = _checked_inputs(q, k, gc, beta, mqk, inv, do, None, cu_seqlens, FLA_CHUNK if fla_inputs else CHUNK)
     cupy = _require_cupy()
     H, cu, dev = c.H, c.cu, c.torch_device
@@ -626,7 +631,8 @@ def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H
     def scan(segs, seg_dht, out, *, last: bool):
         cfg = Config(vsplit=v_end if last else v_rest, has_dht=seg_dht is not None, **base, **knobs)
         fn, smem, threads, tma_dims = _kernel(cfg)
-        maps = _tma_maps(cfg, tma_dims, *inputs[:3], inputs[6], inputs[4], inputs[5], snapshots)
+        q, k, gc, _, mqk, inv, do = inputs
+        maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
         fn((segs.size * H * cfg.vsplit,), (threads,),
            (*inputs, seg_dht if seg_dht is not None else null, snapshots, out, seg_cu, seg_offs,
             _launch_order(p.cu.tobytes(), segs.tobytes()), args_s, scale_s, maps), shared_mem=smem)
@@ -657,4 +663,4 @@ def bits_to_f32(bits):
     return (bits.astype("uint32") << 16).view("float32")
 
 
-__all__ = ["dstate_scan", "summaries", "module", "choose_vsplit", "check_segments", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]
+__all__ = ["dstate_scan", "summaries", "module", "choose_vsplit", "check_vsplit", "check_segments", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

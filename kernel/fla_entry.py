@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 
 from . import api
-from .build import CHUNK, D, VSPLITS, Config
+from .build import CHUNK, D, Config
 from .reference.checks import FLA_CHUNK, _check_cu_seqlens
 from .reference.dstate_scan import snapshot_offsets
 
@@ -252,8 +252,7 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
             "state_v_first=True (FLA's states stored [V, K]) is not covered: Kernel A reads dht as "
             "[N, H, K, V] and stores dh as [.., K, V]. Run FLA with state_v_first=False (its default), "
             "or pass dht.transpose(-1, -2).contiguous() and transpose the returned dh's last two axes")
-    if vsplit != "auto" and vsplit not in VSPLITS:
-        raise ValueError(f"vsplit must be 'auto' or one of {VSPLITS}, got {vsplit!r}")
+    api.check_vsplit(vsplit)
     knobs = dict(tuning or {})
     fixed = {"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm"} & set(knobs)
     if fixed:

@@ -49,7 +49,7 @@ from .reference.checks import _is_int
 from .reference.dstate_scan import snapshot_offsets
 
 __all__ = ["ALIGN", "SEGMENTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
-           "forced_counts", "segment_starts", "Plan", "plan", "run", "phase_marks"]
+           "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "run", "phase_marks"]
 
 ALIGN = 64          # cuts at multiples of this many tokens from the sequence's start (see above)
 # The auto rule and the plan's shape, measured on the H200 (docs/log/32-sequence-split.md).
@@ -101,6 +101,12 @@ def forced_counts(lengths, segments: int) -> np.ndarray:
         raise ValueError(f"segments must be 'auto' or an integer >= 1, got {segments!r}")
     n = np.asarray(lengths, dtype=np.int64)
     return np.minimum(int(segments), -(-n // ALIGN)).astype(np.int64)
+
+
+def counts_for(segments, lengths, H: int, sm_count: int) -> np.ndarray:
+    """Segments per sequence for the ``segments`` argument: "auto" (:func:`auto_counts`) or an
+    integer (:func:`forced_counts`)."""
+    return auto_counts(lengths, H, sm_count) if segments == "auto" else forced_counts(lengths, segments)
 
 
 def segment_starts(length: int, count: int, end_weight: float = END_WEIGHT) -> list[int]:

@@ -156,6 +156,8 @@ def test_segment_starts_are_64_token_edges_with_the_last_weighted(length, count,
 
 def test_forced_counts_and_their_errors():
     assert split.forced_counts([1, 64, 65, 1000], 4).tolist() == [1, 1, 2, 4]
+    assert split.counts_for(4, [1, 64, 65, 1000], 32, 132).tolist() == [1, 1, 2, 4]
+    assert split.counts_for("auto", [131072], 32, 132).tolist() == [split.SEGMENTS]
     for bad in (0, -1, 2.5, True, "4"):
         with pytest.raises(ValueError, match="segments must be 'auto' or an integer >= 1"):
             split.forced_counts([100], bad)

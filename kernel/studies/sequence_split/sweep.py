@@ -94,8 +94,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         variants = [(seg, w) for seg in args.segments for w in (weights if seg != 1 else [1.0])]
         for seg, weight in variants:
             split.END_WEIGHT = weight       # read by kernel.api at each call (its plan cache keys on it)
-            counts = (split.auto_counts(cfg.lengths, H, sm) if seg == "auto"
-                      else split.forced_counts(cfg.lengths, seg))
+            counts = split.counts_for(seg, cfg.lengths, H, sm)
 
             def call():
                 with cupy_on_torch_stream():

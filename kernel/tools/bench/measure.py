@@ -85,8 +85,7 @@ def resolved_segments(segments, lengths, H: int) -> list[int]:
     import torch
     from kernel import split
 
-    counts = (split.auto_counts(lengths, H, torch.cuda.get_device_properties(0).multi_processor_count)
-              if segments == "auto" else split.forced_counts(lengths, segments))
+    counts = split.counts_for(segments, lengths, H, torch.cuda.get_device_properties(0).multi_processor_count)
     return sorted(set(int(c) for c in counts))
 
 

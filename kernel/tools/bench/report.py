@@ -7,6 +7,7 @@ Earlier runs' JSON files (docs/bench) use the snapshot modes' former names
 from __future__ import annotations
 
 import json
+import os
 from typing import Sequence
 
 import numpy as np
@@ -201,8 +202,14 @@ def read_runs(paths: Sequence[str], what: str, upgrade=lambda r: r) -> tuple[lis
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log(f"{path}: not a {what} file ({error_text(exc)})")
             return None
-        runs.append({"file": path, "environment": data.get("environment"), "args": data.get("args")})
-        results += [{**upgrade(r), "source": path} for r in rows]
+        # by file name only: the runs' paths are scratch folders of the machines they passed through
+        name = os.path.basename(path)
+        args = data.get("args")
+        if isinstance(args, dict):
+            args = {k: os.path.basename(v) if k in ("json", "plot") and isinstance(v, str) else v
+                    for k, v in args.items()}
+        runs.append({"file": name, "environment": data.get("environment"), "args": args})
+        results += [{**upgrade(r), "source": name} for r in rows]
     return results, runs
 
 

@@ -10,6 +10,7 @@
 * :mod:`kernel.tools.kda_precision` FLA's whole-backward gradients and ours against float64 (GPU, torch, fla-core)
 * :mod:`kernel.tools.fla_kda`     FLA's whole KDA forward and backward as its autograd function calls them
 * :mod:`kernel.tools.cp_check`    one sequence's scan split over torch.distributed ranks: exactness, pass times
+* :mod:`kernel.tools.stalls`      each whole-backward kernel's binding stall, from one ncu run (GPU, ncu)
 * :mod:`kernel.tools.source_ab`   Kernel A or B from two source trees, timed in one process (GPU)
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
@@ -41,3 +42,6 @@ CP_CHECK = Command("one sequence's Kernel A scan split over torch.distributed ra
                    "kernel.tools.cp_check:main")
 SOURCE_AB = Command("Kernel A or Kernel B built from the working tree and from an old source (a directory, a file "
                     "or a git revision), timed in turn in one process (GPU)", "kernel.tools.source_ab:main")
+STALLS = Command("what binds each kernel of the whole backward: one kda_backward under ncu (--clock-control "
+                 "none), its stall reasons, issue rate, DRAM and tensor-pipe use (GPU, torch, ncu)",
+                 "kernel.tools.stalls:main")

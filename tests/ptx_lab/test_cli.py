@@ -13,7 +13,7 @@ from ptx_lab import cli, commands, fragments
 
 REPO = Path(__file__).resolve().parents[2]
 DECLARED = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][commands.GROUP]
-TOOLS = ("check", "bench", "profile", "racecheck", "resources", "floors", "kda-precision", "cp-check", "source-ab")
+TOOLS = ("check", "bench", "profile", "racecheck", "resources", "floors", "kda-precision", "cp-check", "source-ab", "stalls")
 
 
 def _python(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -36,7 +36,7 @@ def test_no_command_lists_the_commands(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main([])
     assert exc.value.code == cli.EXIT_USAGE
-    assert "a command is needed: one of bench, check, cp-check, floors, kda-precision, list, profile, racecheck, resources, run, show, source-ab" \
+    assert "a command is needed: one of bench, check, cp-check, floors, kda-precision, list, profile, racecheck, resources, run, show, source-ab, stalls" \
         in capsys.readouterr().err
 
 

@@ -42,18 +42,27 @@ probes with known answers before the kernel:
                     proxy (an m64n16k16 whose B is the stage), waited for before EMPTY, as Kernel
                     A's G4/G5 read qd and kd. Race-free. kernel-a-ring is clean where Kernel A is
                     not (log 31): these two are what it lacks.
+    kernel-a-ring-wgmma-own-a  the same, the MMA's A from registers of its own, not from the
+                    ldmatrix that read the stage. Race-free.
+    kernel-a-ring-wgmma-release-fence  kernel-a-ring-wgmma with a fence.proxy.async after the MMA's
+                    wait, before EMPTY. Race-free. Which of the three reports hazards says whether
+                    racecheck ties them to the async read of the stage, and whether the fence ends them.
     ring-syncthreads  the same data flow ordered by __syncthreads. Race-free.
     no-empty        one buffer, a FULL hand-off per iteration (its own barrier
                     id) and no EMPTY: the producer really overwrites words the
                     consumer may not have read yet. A race.
 
-and then Kernel A on a small varlen case (lengths 1, 17, 200; H 2; v-split 2;
+then Kernel A on a small varlen case (lengths 1, 17, 200; H 2; v-split 2;
 KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it): the 200-token sequence walks 13
 tiles, so every stage of the ring (at most 4) is refilled after an EMPTY hand-off, which
 kernel.tools.check's 40 tokens (3 tiles) never reach. Built with
 -lineinfo so each hazard names its source line. Each run is a child
 process under `compute-sanitizer --tool racecheck`; the table at the end gives
 the hazards per run.
+
+The runs forward-states and kernel-b check the whole backward's other two kernels: one
+kda_backward on lengths 1, 17, 200 and 700 (H 2), with compute-sanitizer told to check only
+the kernel named.
 """
 from __future__ import annotations
 
@@ -229,7 +238,9 @@ extern "C" __global__ void ring2_consumer_bar(float* out) { ring2_cp_async<true>
 // G4/G5 read qd and kd.
 constexpr int KA_ITERS = 13, KA_STAGES = 4, KA_PREFETCH = KA_STAGES - 1, KA_THREADS = 256, KA_WORDS = 128;
 __device__ float kernel_a_ring_src[KA_ITERS][KA_WORDS];
-template <bool FENCE, bool WGMMA>
+// OWN_A: the warpgroup MMA takes A from registers of its own instead of the ldmatrix result.
+// RELEASE_FENCE: a fence.proxy.async after the MMA's wait, before the EMPTY arrive.
+template <bool FENCE, bool WGMMA, bool OWN_A = false, bool RELEASE_FENCE = false>
 __device__ void kernel_a_ring_t(float* out) {
     __shared__ __align__(16) float buf[KA_STAGES][KA_WORDS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -260,10 +271,12 @@ __device__ void kernel_a_ring_t(float* out) {
             acc += __uint_as_float(r[0]) + __uint_as_float(r[1]) + __uint_as_float(r[2]) + __uint_as_float(r[3]);
             if constexpr (WGMMA) {   // B [16 x 16] bf16 = the stage: core matrices 128 B apart (lbo), 256 B (sbo)
                 float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+                u32 own[4] = {0x3f803f80u * (lane & 1), 0u, 0u, 0u};   // bf16 ones in half the lanes
                 wgmma_fence();
-                wgmma_m64n16k16_bf16_rs<1>(d, r, wgmma_desc(smem_addr(&buf[s][0]), 128, 256, 0), 0);
+                wgmma_m64n16k16_bf16_rs<1>(d, OWN_A ? own : r, wgmma_desc(smem_addr(&buf[s][0]), 128, 256, 0), 0);
                 wgmma_commit_group();
                 wgmma_wait_group<0>();
+                if (RELEASE_FENCE) fence_proxy_async_shared();
                 acc += d[0];
             }
             if (i + KA_STAGES < KA_ITERS) named_barrier_arrive(empty_bar<KA_STAGES>(s), KA_THREADS);
@@ -274,6 +287,10 @@ __device__ void kernel_a_ring_t(float* out) {
 extern "C" __global__ void kernel_a_ring(float* out) { kernel_a_ring_t<false, false>(out); }
 extern "C" __global__ void kernel_a_ring_fence(float* out) { kernel_a_ring_t<true, false>(out); }
 extern "C" __global__ void kernel_a_ring_wgmma(float* out) { kernel_a_ring_t<true, true>(out); }
+extern "C" __global__ void kernel_a_ring_wgmma_own_a(float* out) { kernel_a_ring_t<true, true, true>(out); }
+extern "C" __global__ void kernel_a_ring_wgmma_release_fence(float* out) {
+    kernel_a_ring_t<true, true, false, true>(out);
+}
 
 // Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
 extern "C" __global__ void no_empty(float* out) {
@@ -308,14 +325,22 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 
 RUNS = ("ring-arrive", "ring-arrive-exit", "ring2-arrive", "ring2-producer-bar", "ring-cp-async",
         "ring2-cp-async-ldmatrix", "ring2-consumer-bar", "kernel-a-ring", "kernel-a-ring-fence",
-        "kernel-a-ring-wgmma", "ring-syncthreads", "no-empty", "kernel-a")
+        "kernel-a-ring-wgmma", "kernel-a-ring-wgmma-own-a", "kernel-a-ring-wgmma-release-fence", "ring-syncthreads", "no-empty", "kernel-a", "forward-states", "kernel-b")
 EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
             "ring2-producer-bar": "race-free", "ring-cp-async": "race-free",
             "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "kernel-a-ring": "race-free",
             "kernel-a-ring-fence": "race-free", "kernel-a-ring-wgmma": "race-free",
+            "kernel-a-ring-wgmma-own-a": "race-free", "kernel-a-ring-wgmma-release-fence": "race-free",
             "ring-syncthreads": "race-free",
             "no-empty": "a real race",
-            "kernel-a": "?"}
+            "kernel-a": "?", "forward-states": "?", "kernel-b": "?"}
+
+# the whole backward's other two kernels: kda_backward runs all three, and compute-sanitizer checks
+# only the one named (its --kernel-name filter)
+BACKWARD_RUNS = {"forward-states": "kda_forward_states", "kernel-b": "kda_token_gradients"}
+# their case: ragged sequences, the longest 11 chunks of 64 tokens, so each kernel's ring of stages
+# turns over several times
+BACKWARD_LENGTHS = (1, 17, 200, 700)
 
 # the probes whose stages cp.async fills: their source array in global memory, words a stage
 COPIED_FROM = {"ring-cp-async": ("ring_cp_async_src", 32), "ring2-cp-async-ldmatrix": ("ring2_cp_async_src", 64),
@@ -325,6 +350,9 @@ COPIED_FROM = {"ring-cp-async": ("ring_cp_async_src", 32), "ring2-cp-async-ldmat
 def _child(run: str) -> None:
     import cupy as cp
 
+    if run in BACKWARD_RUNS:
+        _backward_child(run)
+        return
     if run != "kernel-a":
         from ptx_lab.gpu import load_module
 
@@ -372,6 +400,27 @@ def _child(run: str) -> None:
     print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
 
 
+def _backward_child(run: str) -> None:
+    """One kda_backward on FLA-layout tensors from the float64 emulation of FLA's forward (H = 2)."""
+    import cupy as cp
+    import numpy as np
+
+    from kernel.api import bf16_bits
+    from kernel.kda_backward import kda_backward
+    from kernel.reference import random_inputs
+    from kernel.reference.fla_layout import fla_forward_tensors
+
+    raw = random_inputs(1, sum(BACKWARD_LENGTHS), 2, lengths=list(BACKWARD_LENGTHS), seed=0, with_dht=True)
+    cu = raw["cu_seqlens"]
+    f = fla_forward_tensors(raw["q"], raw["k"], raw["g"], raw["beta"], cu_seqlens=cu)
+    out = kda_backward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
+                       cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
+                       cp.asarray(bf16_bits(f.Aqk)), cp.asarray(bf16_bits(f.Akk)), cp.asarray(bf16_bits(raw["do"])),
+                       dht=cp.asarray(raw["dht"].astype(np.float32)), cu_seqlens=cu)
+    cp.cuda.Device().synchronize()
+    print(f"{run}: dq finite {bool(cp.isfinite(out['dq']).all())}")
+
+
 # Kernel A's case: a short, a partial and a long sequence; the long one walks more tiles than the
 # ring has stages, so that racecheck sees the EMPTY hand-offs (a sequence of at most nstage tiles has none)
 KERNEL_A_LENGTHS = (1, 17, 200)
@@ -389,8 +438,10 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
     rows = []
     for run in runs:
         print(f"[racecheck] {run} ...", flush=True)
-        cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200",
-               sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
+        cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200"]
+        if run in BACKWARD_RUNS:
+            cmd += ["--kernel-name", f"kns={BACKWARD_RUNS[run]}"]
+        cmd += [sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         except subprocess.TimeoutExpired as exc:
@@ -411,9 +462,9 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
         lines = sorted(set(re.findall(r"at (?:0x[0-9a-f]+ in )?(\S+\.cu:\d+)", text)))
         rows.append((run, EXPECTED[run], hazards, errors, warnings, proc.returncode, " ".join(lines[:6])))
         print(text[-1500:] if hazards == "?" else f"  {hazards} hazards ({errors} errors, {warnings} warnings)")
-    print(f"\n{'run':17s} {'by construction':16s} {'hazards':>7s} {'errors':>6s} {'warn':>5s} {'rc':>3s}  source lines")
+    print(f"\n{'run':34s} {'by construction':16s} {'hazards':>7s} {'errors':>6s} {'warn':>5s} {'rc':>3s}  source lines")
     for r in rows:
-        print(f"{r[0]:17s} {r[1]:16s} {r[2]:>7s} {r[3]:>6s} {r[4]:>5s} {r[5]:>3d}  {r[6]}")
+        print(f"{r[0]:34s} {r[1]:16s} {r[2]:>7s} {r[3]:>6s} {r[4]:>5s} {r[5]:>3d}  {r[6]}")
     print(f"logs: {log_dir}")
     return 0
 

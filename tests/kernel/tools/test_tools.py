@@ -24,6 +24,13 @@ def test_every_run_has_an_expectation():
     assert racecheck.EXPECTED["no-empty"] == "a real race"
 
 
+def test_the_backward_runs_name_kernels_of_kda_backward():
+    from kernel.tools import stalls
+
+    assert set(racecheck.BACKWARD_RUNS.values()) <= set(stalls.KERNELS)
+    assert max(racecheck.BACKWARD_LENGTHS) >= 4 * 64   # several 64-token chunks: the rings turn over
+
+
 def test_racecheck_without_the_sanitizer_says_so(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert racecheck.main(["--logs", str(tmp_path)]) == 2
@@ -40,7 +47,7 @@ def test_racecheck_probes_compile_for_sm_90a(tmp_path):
                            str(tmp_path / "probes.cubin"), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for run in racecheck.RUNS:
-        if run != "kernel-a":   # every other run name is the name of a probe kernel
+        if run != "kernel-a" and run not in racecheck.BACKWARD_RUNS:   # the others name a probe kernel
             assert f"void {run.replace('-', '_')}(" in racecheck.PROBE_SOURCE, run
 
 

@@ -4,7 +4,8 @@
   ``docs/kernel_a.md``, stated in float64 by ``kernel.reference``.
 * :func:`kernel.fla_entry.dstate_scan_from_fla`: the same scan fed with
   flash-linear-attention's forward tensors as they are.
-* ``kernel.cp``: the scan split over ranks (context parallelism).
+* ``kernel.cp``: the scan split over ranks (context parallelism);
+  ``kernel.cp_backward``: the whole backward split the same way.
 * ``chunk_kda``: a drop-in for FLA's ``fla.ops.kda.chunk_kda``, FLA's forward
   with our backward (``kernel.fla_dropin``, loaded with torch on first use).
 * :func:`kernel.kda_backward.kda_backward`: the whole KDA backward on FLA's

@@ -142,16 +142,33 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
     tile); else this rank's (start, stop). Whether the ranks' parts fit
     together is checked by :func:`cp_dstate_scan`, on every rank at once.
     """
+    T, start, stop = _token_range(inputs, INPUT_NAMES, "dht", rank, world_size, chunk, tokens)
+    dht = inputs.get("dht")
+    if dht is not None and len(dht.shape) == 4:
+        if dht.shape[0] != 1:
+            raise ValueError(f"inputs['dht'] must be [1, H, K, V] or [H, K, V] (one sequence), "
+                             f"got shape {tuple(dht.shape)}")
+        dht = dht[0]
+    sliced = {name: inputs[name][:, int(start):int(stop)] for name in INPUT_NAMES}
+    return Part(inputs=sliced, start=int(start), stop=int(stop), length=int(T),
+                dht=dht if stop == T else None)
+
+
+def _token_range(inputs: Mapping[str, Array], names: Sequence[str], optional: str, rank: int,
+                 world_size: int, chunk: int, tokens) -> tuple[int, int, int]:
+    """(T, start, stop) of rank ``rank``'s part of the one sequence ``inputs`` holds (``names``
+    [1, T, ...] each; ``optional`` names what else it may hold, for the error): ``tokens``, or
+    the sequence's tiles split evenly when None. Shared by the shards of kernel.cp and
+    kernel.cp_backward."""
     if not _is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     if not _is_int(rank) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an integer in 0 .. {world_size - 1}, got {rank!r}")
-    missing = [name for name in INPUT_NAMES if name not in inputs]
+    missing = [name for name in names if name not in inputs]
     if missing:
-        raise ValueError(f"inputs must hold {', '.join(INPUT_NAMES)} (and optionally dht); "
+        raise ValueError(f"inputs must hold {', '.join(names)} (and optionally {optional}); "
                          f"missing {', '.join(missing)}")
-    q = inputs["q"]
-    shape = tuple(getattr(q, "shape", ()))
+    shape = tuple(getattr(inputs["q"], "shape", ()))
     if len(shape) != 4 or shape[0] != 1:
         raise ValueError(f"inputs['q'] must be one sequence [1, T, H, K], got shape {shape}")
     T = shape[1]
@@ -168,15 +185,7 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
             raise ValueError(f"tokens must be a (start, stop) pair, got {tokens!r}") from None
         if not (_is_int(start) and _is_int(stop)) or not 0 <= start < stop <= T:
             raise ValueError(f"tokens must be (start, stop) with 0 <= start < stop <= {T}, got {tokens!r}")
-    dht = inputs.get("dht")
-    if dht is not None and len(dht.shape) == 4:
-        if dht.shape[0] != 1:
-            raise ValueError(f"inputs['dht'] must be [1, H, K, V] or [H, K, V] (one sequence), "
-                             f"got shape {tuple(dht.shape)}")
-        dht = dht[0]
-    sliced = {name: inputs[name][:, int(start):int(stop)] for name in INPUT_NAMES}
-    return Part(inputs=sliced, start=int(start), stop=int(stop), length=int(T),
-                dht=dht if stop == T else None)
+    return T, int(start), int(stop)
 
 
 # ----------------------------------------------------------------------------
@@ -272,6 +281,17 @@ def _local_problems(part: Part, options: ScanOptions) -> list[str]:
         B, T, H, K, V, _ = check_scan_inputs(*part.args(), options.chunk, options.snapshot_every, None)
     except ValueError as exc:
         return [str(exc)]
+    problems = _range_problems(part, B, T, options.chunk)
+    if problems and not all(_is_int(x) for x in (part.start, part.stop, part.length)):
+        return problems
+    if part.holds_end and part.dht is not None and tuple(part.dht.shape) != (H, K, V):
+        problems.append(f"dht must have shape {(H, K, V)} ([H, K, V]), got {tuple(part.dht.shape)}")
+    return problems
+
+
+def _range_problems(part, B: int, n: int, chunk: int) -> list[str]:
+    """What is wrong with a part's token range [start, stop) of ``length``, given its inputs'
+    batch ``B`` and tokens ``n`` (the checks kernel.cp and kernel.cp_backward share)."""
     problems = []
     if B != 1:
         problems.append(f"the part's inputs must be [1, stop - start, ...], got batch {B}")
@@ -280,17 +300,14 @@ def _local_problems(part: Part, options: ScanOptions) -> list[str]:
         problems.append(f"start, stop, length must be integers with 0 <= start < stop <= length, "
                         f"got {part.start!r}, {part.stop!r}, {part.length!r}")
         return problems
-    if T != part.stop - part.start:
+    if n != part.stop - part.start:
         problems.append(f"holds tokens {part.start} .. {part.stop - 1} ({part.stop - part.start}) "
-                        f"but its inputs have {T}")
-    c = options.chunk
-    if part.start % c:
-        problems.append(f"starts at token {part.start}, not a tile edge (a multiple of chunk = {c})")
-    if part.stop != part.length and part.stop % c:
-        problems.append(f"stops at token {part.stop}, neither a tile edge (a multiple of chunk = {c}) "
+                        f"but its inputs have {n}")
+    if part.start % chunk:
+        problems.append(f"starts at token {part.start}, not a tile edge (a multiple of chunk = {chunk})")
+    if part.stop != part.length and part.stop % chunk:
+        problems.append(f"stops at token {part.stop}, neither a tile edge (a multiple of chunk = {chunk}) "
                         f"nor the sequence's end ({part.length})")
-    if part.holds_end and part.dht is not None and tuple(part.dht.shape) != (H, K, V):
-        problems.append(f"dht must have shape {(H, K, V)} ([H, K, V]), got {tuple(part.dht.shape)}")
     return problems
 
 
@@ -336,9 +353,9 @@ def _check_headers(headers: Sequence[dict]) -> list[str]:
     return problems
 
 
-def _raise_if(problems: list[str], world: int) -> None:
+def _raise_if(problems: list[str], world: int, what: str = "context-parallel dstate scan") -> None:
     if problems:
-        raise CPInputError(f"context-parallel dstate scan over {world} ranks: the parts do not fit "
+        raise CPInputError(f"{what} over {world} ranks: the parts do not fit "
                            f"together (every rank raises this):\n  " + "\n  ".join(problems))
 
 
@@ -449,6 +466,24 @@ def init_group(backend: str | None = None, *, timeout: datetime.timedelta = DEFA
     dist.init_process_group(backend, init_method=init_method, timeout=timeout, **kwargs)
 
 
+def _agree(header: dict, group, timeout: datetime.timedelta, what: str) -> list[dict]:
+    """Every rank's header, once every rank has checked them all the same way (raising
+    CPInputError on every rank where the parts do not fit together). On gloo a monitored
+    barrier first names a rank that never arrives within ``timeout``."""
+    _, dist = _torch()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if dist.get_backend(group) == "gloo":
+        try:
+            dist.monitored_barrier(group, timeout=timeout, wait_all_ranks=True)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{what}, rank {rank} of {world}: not every rank reached it within "
+                               f"{timeout}; torch.distributed says: {exc}") from exc
+    headers: list = [None] * world
+    dist.all_gather_object(headers, header, group=group)
+    _raise_if(_check_headers(headers), world, what)
+    return headers
+
+
 def _wait_for_device(part: Part) -> None:
     """Return when the part's GPU work is done (CuPy arrays); numpy has none."""
     xp = array_module(part.inputs["q"])
@@ -476,15 +511,8 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
         raise ValueError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     backend = dist.get_backend(group)
-    if backend == "gloo":
-        try:
-            dist.monitored_barrier(group, timeout=timeout, wait_all_ranks=True)
-        except RuntimeError as exc:
-            raise RuntimeError(f"context-parallel dstate scan, rank {rank} of {world}: not every rank "
-                               f"reached the scan within {timeout}; torch.distributed says: {exc}") from exc
-    headers: list = [None] * world
-    dist.all_gather_object(headers, _header(part, options, rank, summary_fn, scan_fn), group=group)
-    _raise_if(_check_headers(headers), world)
+    headers = _agree(_header(part, options, rank, summary_fn, scan_fn), group, timeout,
+                     "context-parallel dstate scan")
 
     t0 = time.perf_counter()
     summary, result = _first_pass(part, options, summary_fn, scan_fn)

@@ -9,16 +9,10 @@ run's directory: ``case<i>_rank<r>.npz`` (snapshots, dS_out) or
 """
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import time
-from pathlib import Path
-
-import numpy as np
-
 from kernel import cp
 from kernel.reference import prepare_tiles, random_inputs
+
+from . import gloo_group
 
 
 def problem(case: dict) -> dict:
@@ -51,27 +45,11 @@ def part_of(case: dict, rank: int, world: int) -> cp.Part:
     return cp.shard(inputs, rank, world, chunk=case["chunk"], tokens=tokens)
 
 
+def run_case(case: dict, rank: int, world: int, timeout) -> dict:
+    snaps, dS_out = cp.cp_dstate_scan(part_of(case, rank, world), options(case), timeout=timeout)
+    return dict(snapshots=snaps, dS_out=dS_out)
+
+
 def run_rank(rank: int, world: int, port: int, cases: list, out_dir: str, timeout_s: float) -> None:
-    """torch.multiprocessing entry point: join the gloo group, run every case, report each."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    timeout = datetime.timedelta(seconds=timeout_s)
-    cp.init_group("gloo", timeout=timeout)
-    out = Path(out_dir)
-    import torch.distributed as dist
-    try:
-        for i, case in enumerate(cases):
-            stem = out / f"case{i}_rank{rank}"
-            if case.get("fault") == "absent" and rank == case["fault_rank"]:
-                time.sleep(case["absent_s"])   # never calls: the others must give up on their own
-                continue
-            began = time.monotonic()
-            try:
-                snaps, dS_out = cp.cp_dstate_scan(part_of(case, rank, world), options(case),
-                                                  timeout=timeout)
-                np.savez(f"{stem}.npz", snapshots=snaps, dS_out=dS_out)
-            except Exception as exc:   # reported to the parent, which decides
-                stem.with_suffix(".err").write_text(json.dumps(dict(
-                    type=type(exc).__name__, message=str(exc), seconds=time.monotonic() - began)))
-    finally:
-        dist.destroy_process_group()
+    """torch.multiprocessing entry point (tests/kernel/gloo_group.py runs it)."""
+    gloo_group.serve(rank, world, port, cases, out_dir, timeout_s, run_case)

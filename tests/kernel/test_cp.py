@@ -2,10 +2,9 @@
 
 The gloo tests need torch and skip, with the reason, where it is absent; the
 one-process run (cp_dstate_scan_serial) and the checks it shares are tested
-everywhere. Each group is a set of child processes (torch.multiprocessing, forkserver with
-torch preloaded, so a rank starts in well under a second), rendezvous env:// on
-127.0.0.1 and a free port; every rank runs the float64 reference pair and
-reports its snapshots and outgoing dS through a file (tests/kernel/cp_worker.py).
+everywhere. Each group is a set of child processes (tests/kernel/gloo_group.py); every
+rank runs the float64 reference pair and reports its snapshots and outgoing dS through a
+file (tests/kernel/cp_worker.py).
 Concatenated in rank order the snapshots must equal dstate_scan_reference's, and
 rank 0's dS_out its dh0, to RTOL relative per snapshot (worst seen while writing
 these tests: 2.2e-15, 600 examples of the one-process run on two hypothesis seeds
@@ -15,9 +14,7 @@ raise within a bounded time, the error naming the rank at fault.
 """
 from __future__ import annotations
 
-import json
 import math
-import multiprocessing
 import re
 import time
 
@@ -28,14 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel import cp
-from kernel.tools.cp_check import free_port
 from kernel.reference import dstate_scan_reference, segment_bounds
 
-from . import cp_worker
+from . import cp_worker, gloo_group
 
 RTOL = 1e-12
-GROUP_TIMEOUT_S = 20.0     # every collective of a test group; a healthy case takes well under 1 s
-DEADLINE_S = 60.0          # a whole group, start to exit: past it the test kills the ranks and fails
+GROUP_TIMEOUT_S = gloo_group.GROUP_TIMEOUT_S
 
 
 _worst = {"rel": 0.0}
@@ -82,57 +77,11 @@ def _check_against_reference(case: dict, bounds: list, snapshots: list, dS_out: 
 
 @pytest.fixture(scope="module")
 def torch():
-    """torch with gloo, or the test skips; ranks fork from a server that preloaded it."""
-    torch = pytest.importorskip("torch", reason="kernel.cp's distributed path needs torch (the "
-                                                "[torch] extra; CI installs the CPU build)")
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_gloo_available()):
-        pytest.skip("this torch build has no torch.distributed with gloo")
-    # every rank forks from one server that imported torch once (a fresh interpreter
-    # per rank would import torch per rank); no effect if the server already runs
-    multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["torch", "torch.distributed", "kernel.cp", "tests.kernel.cp_worker"])
-    return torch
-
-
-PORT_ATTEMPTS = 3          # the free port can be taken by someone else before rank 0 binds it
+    return gloo_group.gloo_torch(["kernel.cp", "tests.kernel.cp_worker"])
 
 
 def _run_group(torch, world: int, cases: list, out_dir, timeout_s: float = GROUP_TIMEOUT_S) -> dict:
-    """Run every case on a fresh group of ``world`` ranks; {(case, rank): result or error}."""
-    for attempt in range(PORT_ATTEMPTS):
-        run_dir = out_dir / f"attempt{attempt}"
-        run_dir.mkdir()
-        ctx = torch.multiprocessing.start_processes(
-            cp_worker.run_rank, args=(world, free_port(), cases, str(run_dir), timeout_s),
-            nprocs=world, join=False, start_method="forkserver")
-        deadline = time.monotonic() + DEADLINE_S
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    alive = [r for r, p in enumerate(ctx.processes) if p.is_alive()]
-                    for p in ctx.processes:
-                        p.kill()
-                    pytest.fail(f"ranks {alive} of {world} still ran after {DEADLINE_S:.0f} s (a hang)")
-        except torch.multiprocessing.ProcessRaisedException as exc:
-            if "EADDRINUSE" in str(exc) and attempt + 1 < PORT_ATTEMPTS:
-                continue
-            raise
-        return _collect(run_dir, len(cases), world)
-    raise AssertionError("unreachable")
-
-
-def _collect(run_dir, n_cases: int, world: int) -> dict:
-    results = {}
-    for i in range(n_cases):
-        for r in range(world):
-            stem = run_dir / f"case{i}_rank{r}"
-            if stem.with_suffix(".err").exists():
-                results[i, r] = json.loads(stem.with_suffix(".err").read_text())
-            elif stem.with_suffix(".npz").exists():
-                with np.load(stem.with_suffix(".npz")) as f:
-                    results[i, r] = dict(snapshots=f["snapshots"], dS_out=f["dS_out"])
-    return results
+    return gloo_group.run_group(torch, cp_worker.run_rank, world, cases, out_dir, timeout_s)
 
 
 SMALL = dict(length=75, H=2, K=3, V=4, chunk=4, seed=1)          # 19 tiles, the last partial
@@ -208,7 +157,7 @@ def test_gloo_a_rank_that_never_arrives_times_out(torch, tmp_path):
         assert got is not None and "message" in got, f"rank {r} gave {got}"
         assert got["seconds"] < timeout_s + 5, f"rank {r} gave up after {got['seconds']:.1f} s"
     for r in (0, 1):
-        assert f"rank {r} of 3: not every rank reached the scan within 0:00:02" in results[0, r]["message"]
+        assert f"rank {r} of 3: not every rank reached it within 0:00:02" in results[0, r]["message"]
     # torch's own words, kept in the message: the monitor names the rank that did not come
     assert re.search(r"Ranks 2 failed to pass monitoredBarrier", results[0, 0]["message"]), \
         results[0, 0]["message"]

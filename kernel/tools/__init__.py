@@ -37,8 +37,9 @@ FLOORS = Command("byte and tensor-core floors of the whole KDA backward per desi
                  "kernel.tools.floors:main")
 KDA_PRECISION = Command("FLA's whole KDA backward and ours against the float64 reference: every gradient's "
                         "error (GPU, torch, fla-core)", "kernel.tools.kda_precision:main")
-CP_CHECK = Command("one sequence's Kernel A scan split over torch.distributed ranks (kernel.cp): exactness "
-                   "against the unsplit scan and each pass's time (torch; --spawn N or under torchrun)",
+CP_CHECK = Command("one sequence's Kernel A scan (kernel.cp; --backward: its whole backward, kernel.cp_backward) "
+                   "split over torch.distributed ranks: exactness against the unsplit one and each pass's "
+                   "time (torch; --spawn N or under torchrun)",
                    "kernel.tools.cp_check:main")
 SOURCE_AB = Command("Kernel A or Kernel B built from the working tree and from an old source (a directory, a file "
                     "or a git revision), timed in turn in one process (GPU)", "kernel.tools.source_ab:main")

@@ -1,4 +1,5 @@
-"""One sequence's backward scan split over the ranks of a torch.distributed group: exactness and time.
+"""One sequence's backward scan (or, with --backward, its whole backward) split over the ranks of a
+torch.distributed group: exactness and time.
 
     # one rank a GPU, NCCL (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
     torchrun --nproc-per-node 4 -m kernel.tools.cp_check --T 131072 --heads 32
@@ -6,6 +7,8 @@
     ptx-lab cp-check --spawn 2 --T 8192 --heads 4
     # the float64 pair on CPU processes (no GPU): small K, V and tiles
     ptx-lab cp-check --spawn 3 --pair reference --T 200 --heads 2 --K 8 --V 8 --chunk 4
+    # the whole backward (kernel.cp_backward), float64 pair
+    ptx-lab cp-check --backward --spawn 3 --T 200 --heads 2 --K 8 --V 8 --chunk 4
 
 Every rank builds the same seeded sequence (kernel.reference.random_inputs), takes its part of
 the tiles (kernel.cp.shard: contiguous, in rank order) and runs kernel.cp.cp_dstate_scan with
@@ -15,6 +18,11 @@ summaries, its scan from the folded incoming dS) over --reps calls and keeps the
 --check (the default), each rank also runs the unsplit scan of the whole sequence with the same
 pair and compares its share: its snapshots and the dS leaving its part (rank 0's is dh0). Rank
 0 prints one line per rank and the worst errors, and writes --json.
+
+--backward runs kernel.cp_backward.cp_kda_backward instead: each rank's summaries in both
+directions, their all_gather, and its part's whole backward. With --check each rank compares
+its tokens' gradients (and rank 0 dh0) with kda_backward_reference on the whole sequence. Only
+the float64 pair exists for it (``--pair reference``, the default with --backward).
 """
 from __future__ import annotations
 
@@ -30,8 +38,9 @@ from typing import Sequence
 
 import numpy as np
 
-from kernel import cp
-from kernel.reference import dstate_scan_reference, prepare_tiles, random_inputs, segment_snapshots
+from kernel import cp, cp_backward
+from kernel.reference import (dstate_scan_reference, kda_backward_reference, prepare_tiles, random_inputs,
+                              segment_snapshots)
 
 PAIRS = {"kernel": (cp.kernel_summary, cp.kernel_scan), "reference": (cp.reference_summary, cp.reference_scan)}
 
@@ -120,6 +129,67 @@ def run_rank(args, rank: int, world: int) -> dict:
     return out
 
 
+def backward_problem(args) -> dict:
+    """The seeded sequence of --backward, the same on every rank: raw q, k, v, g, beta, do
+    [1, T, ...], an initial state and dht [1, H, K, V]."""
+    raw = random_inputs(1, args.T, args.heads, args.K, args.V, seed=args.seed, with_dht=True)
+    h0 = 0.1 * np.random.default_rng(args.seed + 1).standard_normal((1, args.heads, args.K, args.V))
+    return dict({n: raw[n] for n in cp_backward.INPUT_NAMES}, initial_state=h0, dht=raw["dht"])
+
+
+def run_rank_backward(args, rank: int, world: int) -> dict:
+    """--backward: this rank's whole backward, its passes timed, its gradients checked."""
+    import torch
+
+    inputs = backward_problem(args)
+    part = cp_backward.shard(inputs, rank, world, chunk=args.chunk)
+    options = cp_backward.BackwardOptions(chunk=args.chunk)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    times = []
+    for _ in range(max(1, args.reps)):
+        torch.distributed.barrier()
+        t = {}
+        began = time.perf_counter()
+        got = cp_backward.cp_kda_backward(part, options, timeout=timeout, timing=t)
+        t["total_s"] = time.perf_counter() - began
+        times.append(t)
+    out = dict(rank=rank, start=part.start, stop=part.stop,
+               **{k: statistics.median(t[k] for t in times) for k in times[0]})
+    if args.check:
+        ref = kda_backward_reference(*(inputs[n] for n in cp_backward.INPUT_NAMES),
+                                     initial_state=inputs["initial_state"], dht=inputs["dht"], chunk=args.chunk)
+        out["gradients_rel"] = {n: _rel(_host64(got[n]), ref[n][:, part.start:part.stop])
+                                for n in cp_backward.GRADIENTS}
+        if rank == 0:
+            out["gradients_rel"]["dh0"] = _rel(_host64(got["dS_out"]), ref["dh0"][0])
+    return out
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e5 else f"{n_bytes / 1e3:.1f} kB"
+
+
+def _worst(row: dict) -> float:
+    if "gradients_rel" in row:
+        return max(row["gradients_rel"].values())
+    return max(row["snapshots_rel"], row["dS_out_rel"])
+
+
+def _report(r: dict) -> str:
+    if "backward_s" in r:
+        err = (", gradients " + " ".join(f"{n} {e:.1e}" for n, e in r["gradients_rel"].items()) + " vs unsplit"
+               if "gradients_rel" in r else "")
+        return (f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: summaries {1e3 * r['summaries_s']:.3f} ms, "
+                f"exchange {1e3 * r['exchange_s']:.3f} ms ({_size(r['exchange_bytes'])}), "
+                f"backward {1e3 * r['backward_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms" + err)
+    err = (f", snapshots {r['snapshots_rel']:.2e}, dS out {r['dS_out_rel']:.2e} vs unsplit"
+           if "dS_out_rel" in r else "")
+    return (f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: first pass {1e3 * r['first_pass_s']:.3f} ms, "
+            f"exchange {1e3 * r['exchange_s']:.3f} ms ({_size(r['exchange_bytes'])}), "
+            f"scan {1e3 * r['scan_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms"
+            + (f", CuPy pool {r['cupy_pool_bytes'] / 1e9:.2f} GB" if "cupy_pool_bytes" in r else "") + err)
+
+
 def _rank_main(rank: int, world: int, port: int, args) -> None:
     """torch.multiprocessing entry point for --spawn: one rank on this machine."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -135,8 +205,9 @@ def _group_main(args) -> int:
     try:
         if rank == 0:
             _log(f"cp-check: 1 x {args.T} tokens, H = {args.heads}, {world} ranks ({dist.get_backend()}), "
-                 f"pair {args.pair}, {args.reps} rep(s)")
-        mine = run_rank(args, rank, world)
+                 f"{'the whole backward' if args.backward else 'the dS scan'}, pair {args.pair}, "
+                 f"{args.reps} rep(s)")
+        mine = (run_rank_backward if args.backward else run_rank)(args, rank, world)
         rows: list = [None] * world
         dist.all_gather_object(rows, mine)
     finally:
@@ -144,15 +215,11 @@ def _group_main(args) -> int:
     if rank != 0:
         return 0
     for r in rows:
-        err = (f", snapshots {r['snapshots_rel']:.2e}, dS out {r['dS_out_rel']:.2e} vs unsplit"
-               if "dS_out_rel" in r else "")
-        _log(f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: first pass {1e3 * r['first_pass_s']:.3f} ms, "
-             f"exchange {1e3 * r['exchange_s']:.3f} ms ({r['exchange_bytes'] / 1e6:.1f} MB), "
-             f"scan {1e3 * r['scan_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms"
-             + (f", CuPy pool {r['cupy_pool_bytes'] / 1e9:.2f} GB" if "cupy_pool_bytes" in r else "") + err)
+        _log(_report(r))
     if args.check:
-        worst = max(max(r["snapshots_rel"], r["dS_out_rel"]) for r in rows)
-        _log(f"worst relative error against the unsplit scan: {worst:.2e} (bound {args.bound:g})")
+        worst = max(_worst(r) for r in rows)
+        _log(f"worst relative error against the unsplit {'backward' if args.backward else 'scan'}: "
+             f"{worst:.2e} (bound {args.bound:g})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(args=vars(args), ranks=rows), f, indent=1)
@@ -171,8 +238,11 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.c
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=8192, help="tokens of the one sequence")
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--pair", choices=sorted(PAIRS), default="kernel",
-                    help="kernel: Kernel A on each rank's GPU; reference: float64 (any K, V, chunk)")
+    ap.add_argument("--backward", action="store_true",
+                    help="the whole backward (kernel.cp_backward) instead of Kernel A's scan; float64 pair only")
+    ap.add_argument("--pair", choices=sorted(PAIRS), default=None,
+                    help="kernel: Kernel A on each rank's GPU; reference: float64 (any K, V, chunk). "
+                         "Default: kernel, or reference with --backward")
     ap.add_argument("--K", type=int, default=128, help="reference pair only (Kernel A: 128)")
     ap.add_argument("--V", type=int, default=128, help="reference pair only (Kernel A: 128)")
     ap.add_argument("--chunk", type=int, default=16, help="tokens a tile (Kernel A: 16)")
@@ -191,6 +261,11 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.c
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.pair is None:
+        args.pair = "reference" if args.backward else "kernel"
+    if args.backward and args.pair != "reference":
+        ap.error("--backward has only the float64 pair (--pair reference): the whole backward's GPU pair "
+                 "is not built (docs/kda_backward.md, section 10)")
     if args.pair == "kernel" and (args.K, args.V, args.chunk) != (128, 128, 16):
         ap.error("--pair kernel runs Kernel A: K = V = 128, chunk 16")
     if args.T < 1 or args.heads < 1 or args.spawn < 0 or args.reps < 1:

@@ -32,6 +32,24 @@ def test_spawned_gloo_ranks_match_the_unsplit_scan(torch, tmp_path, capsys, worl
     assert all(r["exchange_bytes"] == world * 2 * 3 * (3 + 4) * 8 for r in ranks)   # H K (K + V) float64
 
 
+def test_the_whole_backward_over_spawned_gloo_ranks_matches_the_unsplit_one(torch, tmp_path):
+    out = tmp_path / "cp.json"
+    assert cp_check.main(["--backward", "--spawn", "3", *SMALL[2:], "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["args"]["backward"] and data["args"]["pair"] == "reference"
+    ranks = data["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2] and ranks[-1]["stop"] == 75
+    assert all(max(r["gradients_rel"].values()) < 1e-12 for r in ranks), ranks
+    assert "dh0" in ranks[0]["gradients_rel"]
+    assert all(r["exchange_bytes"] == 3 * 2 * 3 * (2 * 3 + 2 * 4) * 8 for r in ranks)   # H K (2K + 2V) float64
+
+
+def test_the_whole_backward_has_no_gpu_pair_yet(capsys):
+    with pytest.raises(SystemExit):
+        cp_check.parse_args(["--backward", "--pair", "kernel"])
+    assert "the whole backward's GPU pair is not built" in capsys.readouterr().err
+
+
 def test_a_missed_bound_fails_the_run(torch):
     assert cp_check.main(["--spawn", "2", *SMALL, "--bound", "0"]) == 1
 

@@ -129,10 +129,11 @@ def _drawn_forward_tensors(raw: dict, seed: int) -> tuple:
     pad = -T % 64
     g = torch.nn.functional.pad(raw["g"], (0, 0, 0, 0, 0, pad)).view(B, -1, 64, H, D)
     g = (g.cumsum(2) / 0.6931471805599453).view(B, T + pad, H, D)[:, :T].contiguous()
-    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    device = raw["q"].device
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
 
     def small():
-        return (0.1 * torch.randn((B, T, H, 64), generator=gen, device="cuda")).to(torch.bfloat16)
+        return (0.1 * torch.randn((B, T, H, 64), generator=gen, device=device)).to(torch.bfloat16)
 
     return raw["q"], raw["k"], raw["v"], g, raw["beta"], small(), small()
 

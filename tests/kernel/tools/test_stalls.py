@@ -3,6 +3,7 @@ import json
 import shutil
 import sys
 
+import numpy as np
 import pytest
 
 from kernel.tools import stalls
@@ -45,6 +46,23 @@ def test_no_stall_measured_has_no_binding_and_the_table_says_so():
     lines = text.splitlines()
     assert len(lines) == 3 and lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
     assert "| forward-state scan | 1.500 | 168 | 206.0 | 128 | 2.00 | 0.350 | - | - | - | - |" == lines[2]
+
+
+def test_drawn_inputs_have_fla_s_shapes_and_gate_layout():
+    """--inputs drawn: g as FLA's per-64-chunk cumsum in log2 units, Aqk and Akk 64 wide (torch on the CPU)."""
+    torch = pytest.importorskip("torch")
+    B, T, H, D = 1, 100, 2, 128
+    gen = torch.Generator().manual_seed(0)
+    raw = {name: torch.randn((B, T, H, D), generator=gen).to(torch.bfloat16) for name in ("q", "k", "v")}
+    raw["g"] = -torch.rand((B, T, H, D), generator=gen)
+    raw["beta"] = torch.rand((B, T, H), generator=gen)
+    q, k, v, g, beta, aqk, akk = stalls._drawn_forward_tensors(raw, seed=0)
+    assert q is raw["q"] and beta is raw["beta"]
+    assert aqk.shape == akk.shape == (B, T, H, 64) and aqk.dtype == torch.bfloat16
+    gn = raw["g"].double().numpy()
+    want = np.concatenate([np.cumsum(gn[:, c:c + 64], axis=1) for c in range(0, T, 64)], axis=1) / np.log(2)
+    assert g.shape == (B, T, H, D) and g.is_contiguous()
+    np.testing.assert_allclose(g.double().numpy(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_arguments_are_refused_with_the_reason(capsys):

@@ -268,15 +268,21 @@ def kernel_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[
 # headers: what every rank checks about every rank
 # ----------------------------------------------------------------------------
 
+def _kind_problems(part, options, part_type: type, options_type: type, names: Sequence[str]) -> list[str]:
+    """The first thing wrong with a part's and its options' kinds, or its inputs' names (empty:
+    nothing); the check kernel.cp and kernel.cp_backward start with."""
+    for what, x, kind in (("part", part, part_type), ("options", options, options_type)):
+        if not isinstance(x, kind):
+            return [f"{what} must be a {kind.__module__}.{kind.__name__}, got {type(x).__name__}"]
+    missing = [name for name in names if name not in part.inputs]
+    return [f"part.inputs lacks {', '.join(missing)}"] if missing else []
+
+
 def _local_problems(part: Part, options: ScanOptions) -> list[str]:
     """What is wrong with one part on its own (empty: nothing)."""
-    if not isinstance(part, Part):
-        return [f"part must be a kernel.cp.Part, got {type(part).__name__}"]
-    if not isinstance(options, ScanOptions):
-        return [f"options must be a kernel.cp.ScanOptions, got {type(options).__name__}"]
-    missing = [name for name in INPUT_NAMES if name not in part.inputs]
-    if missing:
-        return [f"part.inputs lacks {', '.join(missing)}"]
+    problems = _kind_problems(part, options, Part, ScanOptions, INPUT_NAMES)
+    if problems:
+        return problems
     try:
         B, T, H, K, V, _ = check_scan_inputs(*part.args(), options.chunk, options.snapshot_every, None)
     except ValueError as exc:

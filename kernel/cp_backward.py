@@ -108,6 +108,16 @@ class BackwardPart:
     def holds_end(self) -> bool:
         return self.stop == self.length
 
+    @property
+    def sends_forward(self) -> bool:
+        """Whether a later rank folds this part's forward summary (all but the end's holder)."""
+        return not self.holds_end or self.holds_start
+
+    @property
+    def sends_backward(self) -> bool:
+        """Whether an earlier rank folds this part's backward summary (all but the start's holder)."""
+        return not self.holds_start or self.holds_end
+
     def args(self) -> tuple:
         return tuple(self.inputs[name] for name in INPUT_NAMES)
 
@@ -168,7 +178,7 @@ def reference_summaries(part: BackwardPart, options: BackwardOptions) -> dict:
     q, k, v, g, beta, do = part.args()
     kw = dict(scale=options.scale, qk_l2norm=options.qk_l2norm, chunk=options.chunk)
     forward = backward = None
-    if not part.holds_end or part.holds_start:
+    if part.sends_forward:
         if part.holds_start:
             h0 = None if part.initial_state is None else part.initial_state[None]
             forward = (None, kda_forward_reference(q, k, v, g, beta, initial_state=h0, **kw)[1][0])
@@ -177,7 +187,7 @@ def reference_summaries(part: BackwardPart, options: BackwardOptions) -> dict:
             P = kda_forward_reference(qi, ki, zeros, gi, bi, initial_state=eye, **kw)[1][0]
             Q = kda_forward_reference(q, k, v, g, beta, **kw)[1][0]
             forward = (P, Q)
-    if not part.holds_start or part.holds_end:
+    if part.sends_backward:
         if part.holds_end:
             dht = None if part.dht is None else part.dht[None]
             backward = (None, kda_backward_reference(q, k, v, g, beta, do, dht=dht, **kw)["dh0"][0])
@@ -207,13 +217,9 @@ def _hkv(part: BackwardPart) -> tuple[int, int, int]:
 
 def _local_problems(part: BackwardPart, options: BackwardOptions) -> list[str]:
     """What is wrong with one part on its own (empty: nothing)."""
-    if not isinstance(part, BackwardPart):
-        return [f"part must be a kernel.cp_backward.BackwardPart, got {type(part).__name__}"]
-    if not isinstance(options, BackwardOptions):
-        return [f"options must be a kernel.cp_backward.BackwardOptions, got {type(options).__name__}"]
-    missing = [name for name in INPUT_NAMES if name not in part.inputs]
-    if missing:
-        return [f"part.inputs lacks {', '.join(missing)}"]
+    problems = cp._kind_problems(part, options, BackwardPart, BackwardOptions, INPUT_NAMES)
+    if problems:
+        return problems
     shapes = {name: tuple(getattr(part.inputs[name], "shape", ())) for name in INPUT_NAMES}
     if len(shapes["q"]) != 4 or len(shapes["v"]) != 4:
         return [f"q and v must be [1, n, H, K] and [1, n, H, V], got {shapes['q']} and {shapes['v']}"]
@@ -248,17 +254,12 @@ def _header(part: BackwardPart, options: BackwardOptions, rank: int, summaries_f
 # the passes
 # ----------------------------------------------------------------------------
 
-def _f64(x, part: BackwardPart):
-    return cp._f64(x, part)
-
-
 def _checked_summaries(part: BackwardPart, options: BackwardOptions, summaries_fn) -> dict:
     """summaries_fn's entries with their shapes checked, as float64 in the part's array module."""
     out = summaries_fn(part, options)
     H, K, V = _hkv(part)
     checked = {}
-    for chain, needed in (("forward", not part.holds_end or part.holds_start),
-                          ("backward", not part.holds_start or part.holds_end)):
+    for chain, needed in (("forward", part.sends_forward), ("backward", part.sends_backward)):
         entry = out.get(chain) if isinstance(out, dict) else None
         if not needed:
             checked[chain] = None
@@ -274,7 +275,7 @@ def _checked_summaries(part: BackwardPart, options: BackwardOptions, summaries_f
         if A is not None:
             cp._expect_output(summaries_fn, f"the {chain} matrix", A, (H, K, K))
         cp._expect_output(summaries_fn, f"the {chain} offset", b, (H, K, V))
-        checked[chain] = (None if A is None else _f64(A, part), _f64(b, part))
+        checked[chain] = (None if A is None else cp._f64(A, part), cp._f64(b, part))
     return checked
 
 
@@ -291,17 +292,21 @@ def _run_backward(part: BackwardPart, state_in, dS_in, options: BackwardOptions,
     return result
 
 
-def _incoming(forward: Sequence, backward: Sequence, rank: int) -> tuple:
-    """(state entering rank's part, dS entering it from the right), from every rank's summaries.
+def _folds(forward: Sequence, backward: Sequence) -> tuple[list, list]:
+    """(the state entering each part, the dS entering each from the right) from every part's
+    summaries, None standing for what the part holds itself (rank 0's state, the last's dS).
 
-    The forward chain is kernel.reference.fold_summaries run backwards: reversed, the ranks'
+    The forward chain is kernel.reference.fold_summaries run backwards: reversed, the parts'
     (P, Q) fold like (M, d) do, and rank 0's entry (None, S leaving it) is the known end."""
-    world = len(forward)
-    state_in = None
-    if rank > 0:
-        state_in = fold_summaries(list(reversed(forward)), None)[world - 1 - rank]
-    dS_in = fold_summaries(list(backward), None)[rank] if rank < world - 1 else None
-    return state_in, dS_in
+    return list(reversed(fold_summaries(list(reversed(forward)), None))), fold_summaries(list(backward), None)
+
+
+def _boundaries(part: BackwardPart, rank: int, states: Sequence, dS: Sequence) -> tuple:
+    """The part's (state_in, dS_in), float64 in its array module (None: zeros): its own initial
+    state or dht where it holds the sequence's start or end, else what the folds gave."""
+    state_in = part.initial_state if part.holds_start else states[rank]
+    dS_in = part.dht if part.holds_end else dS[rank]
+    return cp._f64(state_in, part), cp._f64(dS_in, part)
 
 
 def cp_kda_backward_serial(parts: Sequence[BackwardPart], options: BackwardOptions = BackwardOptions(), *,
@@ -317,20 +322,10 @@ def cp_kda_backward_serial(parts: Sequence[BackwardPart], options: BackwardOptio
     headers = [_header(p, options, r, summaries_fn, backward_fn) for r, p in enumerate(parts)]
     cp._raise_if(cp._check_headers(headers), len(parts), WHAT)
     if len(parts) == 1:
-        p = parts[0]
-        return [_run_backward(p, _f64(p.initial_state, p), _f64(p.dht, p), options, backward_fn)]
+        return [_run_backward(parts[0], *_boundaries(parts[0], 0, [None], [None]), options, backward_fn)]
     summaries = [_checked_summaries(p, options, summaries_fn) for p in parts]
-    forward = [s["forward"] for s in summaries]
-    backward = [s["backward"] for s in summaries]
-    out = []
-    for r, p in enumerate(parts):
-        state_in, dS_in = _incoming(forward, backward, r)
-        if r == 0:
-            state_in = _f64(p.initial_state, p)
-        if r == len(parts) - 1:
-            dS_in = _f64(p.dht, p)
-        out.append(_run_backward(p, state_in, dS_in, options, backward_fn))
-    return out
+    states, dS = _folds([s["forward"] for s in summaries], [s["backward"] for s in summaries])
+    return [_run_backward(p, *_boundaries(p, r, states, dS), options, backward_fn) for r, p in enumerate(parts)]
 
 
 def cp_kda_backward(part: BackwardPart, options: BackwardOptions = BackwardOptions(), *, group=None,
@@ -353,7 +348,7 @@ def cp_kda_backward(part: BackwardPart, options: BackwardOptions = BackwardOptio
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     headers = cp._agree(_header(part, options, rank, summaries_fn, backward_fn), group, timeout, WHAT)
     if world == 1:
-        return _run_backward(part, _f64(part.initial_state, part), _f64(part.dht, part), options, backward_fn)
+        return _run_backward(part, *_boundaries(part, 0, [None], [None]), options, backward_fn)
 
     t0 = time.perf_counter()
     mine_summaries = _checked_summaries(part, options, summaries_fn)
@@ -385,11 +380,10 @@ def cp_kda_backward(part: BackwardPart, options: BackwardOptions = BackwardOptio
         a, b = columns[chain]
         return [(None if r == known_rank else g[..., a:b], g[..., b:b + V]) for r, g in enumerate(gathered)]
 
-    state_in, dS_in = _incoming(entries("forward", 0), entries("backward", world - 1), rank)
-    state_in = _f64(part.initial_state if rank == 0 else state_in, part)
-    dS_in = _f64(part.dht if rank == world - 1 else dS_in, part)
+    states, dS = _folds(entries("forward", 0), entries("backward", world - 1))
+    boundaries = _boundaries(part, rank, states, dS)
     t3 = time.perf_counter()
-    out = _run_backward(part, state_in, dS_in, options, backward_fn)
+    out = _run_backward(part, *boundaries, options, backward_fn)
     if timing is not None:
         cp._wait_for_device(part)
         timing["backward_s"] = time.perf_counter() - t3

@@ -89,10 +89,24 @@ def _unsplit(args, inputs: dict, options: cp.ScanOptions):
     return snaps, every, dh0
 
 
-def run_rank(args, rank: int, world: int) -> dict:
-    """This rank's part: its passes timed, its share checked; returns what rank 0 reports."""
+def _timed(reps: int, call):
+    """(the last result, the median of each pass's seconds) over ``reps`` calls of ``call(timing)``,
+    every rank starting each call together; "total_s" is the whole call's."""
     import torch
 
+    times = []
+    for _ in range(max(1, reps)):
+        torch.distributed.barrier()
+        t = {}
+        began = time.perf_counter()
+        result = call(t)
+        t["total_s"] = time.perf_counter() - began
+        times.append(t)
+    return result, {k: statistics.median(t[k] for t in times) for k in times[0]}
+
+
+def run_rank(args, rank: int, world: int) -> dict:
+    """This rank's part: its passes timed, its share checked; returns what rank 0 reports."""
     xp = np
     if args.pair == "kernel":
         import cupy
@@ -104,16 +118,8 @@ def run_rank(args, rank: int, world: int) -> dict:
     options = cp.ScanOptions(chunk=args.chunk, snapshot_every=args.snapshot_every)
     summary_fn, scan_fn = PAIRS[args.pair]
     timeout = datetime.timedelta(seconds=args.timeout)
-    times = []
-    for _ in range(max(1, args.reps)):
-        torch.distributed.barrier()
-        t = {}
-        began = time.perf_counter()
-        snaps, dS_out = cp.cp_dstate_scan(part, options, timeout=timeout, summary_fn=summary_fn,
-                                          scan_fn=scan_fn, timing=t)
-        t["total_s"] = time.perf_counter() - began
-        times.append(t)
-    med = {k: statistics.median(t[k] for t in times) for k in times[0]}
+    (snaps, dS_out), med = _timed(args.reps, lambda t: cp.cp_dstate_scan(
+        part, options, timeout=timeout, summary_fn=summary_fn, scan_fn=scan_fn, timing=t))
     out = dict(rank=rank, start=part.start, stop=part.stop, **med)
     if args.pair == "kernel":   # CuPy's pool keeps the blocks it grew to: about this rank's peak
         out["cupy_pool_bytes"] = int(xp.get_default_memory_pool().total_bytes())
@@ -139,22 +145,12 @@ def backward_problem(args) -> dict:
 
 def run_rank_backward(args, rank: int, world: int) -> dict:
     """--backward: this rank's whole backward, its passes timed, its gradients checked."""
-    import torch
-
     inputs = backward_problem(args)
     part = cp_backward.shard(inputs, rank, world, chunk=args.chunk)
     options = cp_backward.BackwardOptions(chunk=args.chunk)
     timeout = datetime.timedelta(seconds=args.timeout)
-    times = []
-    for _ in range(max(1, args.reps)):
-        torch.distributed.barrier()
-        t = {}
-        began = time.perf_counter()
-        got = cp_backward.cp_kda_backward(part, options, timeout=timeout, timing=t)
-        t["total_s"] = time.perf_counter() - began
-        times.append(t)
-    out = dict(rank=rank, start=part.start, stop=part.stop,
-               **{k: statistics.median(t[k] for t in times) for k in times[0]})
+    got, med = _timed(args.reps, lambda t: cp_backward.cp_kda_backward(part, options, timeout=timeout, timing=t))
+    out = dict(rank=rank, start=part.start, stop=part.stop, **med)
     if args.check:
         ref = kda_backward_reference(*(inputs[n] for n in cp_backward.INPUT_NAMES),
                                      initial_state=inputs["initial_state"], dht=inputs["dht"], chunk=args.chunk)
@@ -176,18 +172,19 @@ def _worst(row: dict) -> float:
 
 
 def _report(r: dict) -> str:
-    if "backward_s" in r:
-        err = (", gradients " + " ".join(f"{n} {e:.1e}" for n, e in r["gradients_rel"].items()) + " vs unsplit"
-               if "gradients_rel" in r else "")
-        return (f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: summaries {1e3 * r['summaries_s']:.3f} ms, "
-                f"exchange {1e3 * r['exchange_s']:.3f} ms ({_size(r['exchange_bytes'])}), "
-                f"backward {1e3 * r['backward_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms" + err)
-    err = (f", snapshots {r['snapshots_rel']:.2e}, dS out {r['dS_out_rel']:.2e} vs unsplit"
-           if "dS_out_rel" in r else "")
-    return (f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: first pass {1e3 * r['first_pass_s']:.3f} ms, "
+    """One rank's line: its token range, each pass's median time, and its errors against the unsplit run."""
+    first, last = ("summaries", "backward") if "backward_s" in r else ("first pass", "scan")
+    line = (f"  rank {r['rank']}: tokens {r['start']}..{r['stop'] - 1}: "
+            f"{first} {1e3 * r[first.replace(' ', '_') + '_s']:.3f} ms, "
             f"exchange {1e3 * r['exchange_s']:.3f} ms ({_size(r['exchange_bytes'])}), "
-            f"scan {1e3 * r['scan_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms"
-            + (f", CuPy pool {r['cupy_pool_bytes'] / 1e9:.2f} GB" if "cupy_pool_bytes" in r else "") + err)
+            f"{last} {1e3 * r[last + '_s']:.3f} ms, total {1e3 * r['total_s']:.3f} ms")
+    if "cupy_pool_bytes" in r:
+        line += f", CuPy pool {r['cupy_pool_bytes'] / 1e9:.2f} GB"
+    if "gradients_rel" in r:
+        line += ", gradients " + " ".join(f"{n} {e:.1e}" for n, e in r["gradients_rel"].items()) + " vs unsplit"
+    elif "dS_out_rel" in r:
+        line += f", snapshots {r['snapshots_rel']:.2e}, dS out {r['dS_out_rel']:.2e} vs unsplit"
+    return line
 
 
 def _rank_main(rank: int, world: int, port: int, args) -> None:

@@ -95,15 +95,19 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+TABLE_COLUMNS = ("kernel", "ms under ncu", "registers", "shared KB", "grid", "warps / scheduler",
+                 "issued / cycle", "DRAM %", "tensor pipe %", "binding stall", "next two")
+
+
 def table(rows: Sequence[dict]) -> str:
-    head = ("| kernel | ms under ncu | registers | shared KB | grid | warps / scheduler | issued / cycle | "
-            "DRAM % | tensor pipe % | binding stall | next two |")
-    lines = [head, "|" + "|".join(["---"] + ["---:"] * 8 + ["---", "---"]) + "|"]
+    """The rows as a Markdown table (kernel.tools.bench's format_table)."""
+    from kernel.tools.bench.report import format_table
+
+    cells = []
     for r in rows:
-        stalls = list(r["stalls"].items())
         binding = r["binding"]
-        rest = [(k, v) for k, v in stalls if k not in (binding, ISSUING)][:2]
-        lines.append("| " + " | ".join([
+        rest = [(k, v) for k, v in r["stalls"].items() if k not in (binding, ISSUING)][:2]
+        cells.append([
             r["kernel"],
             _fmt(None if r["time_ns"] is None else r["time_ns"] / 1e6, ".3f"),
             _fmt(r["registers"], ".0f"),
@@ -115,8 +119,8 @@ def table(rows: Sequence[dict]) -> str:
             _fmt(r["tensor_pct"], ".1f"),
             "-" if binding is None else f"{binding} {r['stalls'][binding]:.2f}",
             ", ".join(f"{k} {v:.2f}" for k, v in rest) or "-",
-        ]) + " |")
-    return "\n".join(lines)
+        ])
+    return format_table(cells, TABLE_COLUMNS)
 
 
 # ------------------------------------------------------------------------ the child: one backward

@@ -510,13 +510,12 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
     its scan; "exchange_s"; "scan_s") and "exchange_bytes" (what the all_gather
     leaves on each rank), with the GPU's work waited for at each reading.
     """
-    torch, dist = _torch()
+    _, dist = _torch()
     if not dist.is_initialized():
         raise RuntimeError("cp_dstate_scan needs torch.distributed initialised (kernel.cp.init_group)")
     if not isinstance(timeout, datetime.timedelta):
         raise ValueError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    backend = dist.get_backend(group)
     headers = _agree(_header(part, options, rank, summary_fn, scan_fn), group, timeout,
                      "context-parallel dstate scan")
 
@@ -526,33 +525,49 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
         _wait_for_device(part)
         t1 = time.perf_counter()
         timing["first_pass_s"] = t1 - t0
-    H, K, V = headers[0]["hkv"]
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    mine = torch.zeros((H, K, K + V), dtype=torch.float64, device=device)
-    if summary is not None:
-        M, d = summary
-        if M is not None:
-            mine[..., :K] = _as_torch(torch, M, device)
-        mine[..., K:] = _as_torch(torch, d, device)
-    gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group)
+    gathered = _exchange([summary], headers[0]["hkv"], group, timing)
     if timing is not None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
         t2 = time.perf_counter()
-        timing.update(exchange_s=t2 - t1, exchange_bytes=world * mine.numel() * mine.element_size(),
-                      scan_s=0.0)
+        timing.update(exchange_s=t2 - t1, scan_s=0.0)
     if result is not None:
         return result
     # the ranks after this one; the last one's entry is the constant dS leaving it
-    after = [(None if r == world - 1 else g[..., :K], g[..., K:])
-             for r, g in enumerate(gathered) if r > rank]
+    after = [(None if r == world - 1 else g[0][0], g[0][1]) for r, g in enumerate(gathered) if r > rank]
     incoming = fold_summaries([None] + after, None)[0]
     out = _run_scan(part, _f64(incoming, part), options, scan_fn)
     if timing is not None:
         _wait_for_device(part)
         timing["scan_s"] = time.perf_counter() - t2
     return out
+
+
+def _exchange(summaries: Sequence, hkv: tuple[int, int, int], group, timing: dict | None) -> list[list[tuple]]:
+    """One all_gather of this rank's ``summaries``: each an (A [H, K, K] or None, b [H, K, V]) pair,
+    or None where the rank has nothing to send (zeros travel), side by side as float64
+    [H, K, n (K + V)] on the group's device (NCCL: this rank's GPU; gloo: the host). Returns
+    every rank's pairs as views of what arrived, the matrices always present (zeros where sent as
+    None). ``timing`` gets "exchange_bytes", what the all_gather leaves on each rank; the GPU's
+    copies are waited for before this returns, so a clock read after it includes them."""
+    torch, dist = _torch()
+    H, K, V = hkv
+    world = dist.get_world_size(group)
+    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
+              else torch.device("cpu"))
+    mine = torch.zeros((H, K, len(summaries) * (K + V)), dtype=torch.float64, device=device)
+    for i, pair in enumerate(summaries):
+        if pair is not None:
+            a = i * (K + V)
+            if pair[0] is not None:
+                mine[..., a:a + K] = _as_torch(torch, pair[0], device)
+            mine[..., a + K:a + K + V] = _as_torch(torch, pair[1], device)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    if timing is not None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timing["exchange_bytes"] = world * mine.numel() * mine.element_size()
+    return [[(g[..., i * (K + V):i * (K + V) + K], g[..., i * (K + V) + K:(i + 1) * (K + V)])
+             for i in range(len(summaries))] for g in gathered]
 
 
 def _as_torch(torch, x, device):

@@ -340,7 +340,7 @@ def cp_kda_backward(part: BackwardPart, options: BackwardOptions = BackwardOptio
     together. ``timing``, a dict, gets this rank's seconds in "summaries_s", "exchange_s" and
     "backward_s", and "exchange_bytes" (what the all_gather leaves on each rank).
     """
-    torch, dist = cp._torch()
+    _, dist = cp._torch()
     if not dist.is_initialized():
         raise RuntimeError("cp_kda_backward needs torch.distributed initialised (kernel.cp.init_group)")
     if not isinstance(timeout, datetime.timedelta):
@@ -356,31 +356,14 @@ def cp_kda_backward(part: BackwardPart, options: BackwardOptions = BackwardOptio
         cp._wait_for_device(part)
         t1 = time.perf_counter()
         timing["summaries_s"] = t1 - t0
-    H, K, V = headers[0]["hkv"]
-    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
-              else torch.device("cpu"))
-    # [P | Q | M | d] side by side; an entry nobody reads stays zero
-    mine = torch.zeros((H, K, 2 * K + 2 * V), dtype=torch.float64, device=device)
-    columns = {"forward": (0, K), "backward": (K + V, 2 * K + V)}   # chain: its matrix's columns a:b
-    for chain, (a, b) in columns.items():
-        entry = mine_summaries[chain]
-        if entry is not None:
-            if entry[0] is not None:
-                mine[..., a:b] = cp._as_torch(torch, entry[0], device)
-            mine[..., b:b + V] = cp._as_torch(torch, entry[1], device)
-    gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group)
+    # [P | Q | M | d] side by side; an entry nobody reads travels as zeros
+    gathered = cp._exchange([mine_summaries["forward"], mine_summaries["backward"]], headers[0]["hkv"], group,
+                            timing)
     if timing is not None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t2 = time.perf_counter()
-        timing.update(exchange_s=t2 - t1, exchange_bytes=world * mine.numel() * mine.element_size())
-
-    def entries(chain: str, known_rank: int) -> list:
-        a, b = columns[chain]
-        return [(None if r == known_rank else g[..., a:b], g[..., b:b + V]) for r, g in enumerate(gathered)]
-
-    states, dS = _folds(entries("forward", 0), entries("backward", world - 1))
+        timing["exchange_s"] = time.perf_counter() - t1
+    forward = [(None if r == 0 else g[0][0], g[0][1]) for r, g in enumerate(gathered)]
+    backward = [(None if r == world - 1 else g[1][0], g[1][1]) for r, g in enumerate(gathered)]
+    states, dS = _folds(forward, backward)
     boundaries = _boundaries(part, rank, states, dS)
     t3 = time.perf_counter()
     out = _run_backward(part, *boundaries, options, backward_fn)

@@ -86,6 +86,7 @@ class Config:
     nstage: int = 6     # ring depth; loads run nstage - 1 tiles ahead of R1, which runs one ahead of
                         # the consumers: nstage - 2 tiles of the chain hide a tile's global-memory latency
     g6_split: int = 4   # independent accumulator pairs of P^T = S^T Kd^T (8 / g6_split dependent MMAs)
+    lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
         for name, allowed in (("warps", WARPS), ("producers", PRODUCERS), ("nstage", NSTAGES),
@@ -93,6 +94,8 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
                 raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
+        if not isinstance(self.lineinfo, bool):
+            raise ValueError(f"Config.lineinfo must be True or False, got {self.lineinfo!r}")
         if self.warps + self.producers > MAX_WARPS:
             raise ValueError(f"Config.warps + Config.producers must be at most {MAX_WARPS}, got {self.warps} + "
                              f"{self.producers}: a consumer thread needs ~160 registers and the SM has 64K")
@@ -122,13 +125,15 @@ class Config:
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
 KNOB_MACROS = {"warps": "FS_WARPS", "producers": "FS_PRODUCERS", "nstage": "FS_NSTAGE", "g6_split": "FS_G6_SPLIT"}
+COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 
 def options(cfg: Config) -> tuple[str, ...]:
     """What every build passes: -ftz=true (exp2f as one MUFU.EX2, kernel.build.FAST_MATH), one -D per
-    knob and the source's directory (NVRTC compiles the text and has no file to look beside)."""
+    knob, -lineinfo if asked, and the source's directory (NVRTC compiles the text and has no file to look
+    beside)."""
     return (*FAST_MATH, *(f"-D{macro}={int(getattr(cfg, field))}" for field, macro in KNOB_MACROS.items()),
-            f"-I{SOURCE_DIR}")
+            *(("-lineinfo",) if cfg.lineinfo else ()), f"-I{SOURCE_DIR}")
 
 
 def header_digest() -> str:

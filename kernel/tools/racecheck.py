@@ -399,7 +399,8 @@ def _child(run: str) -> None:
 
 
 def _backward_child(run: str) -> None:
-    """One kda_backward on FLA-layout tensors from the float64 emulation of FLA's forward (H = 2)."""
+    """One kda_backward (kernel-b) or its forward-state scan alone (forward-states, with -lineinfo) on
+    FLA-layout tensors from the float64 emulation of FLA's forward (H = 2)."""
     import cupy as cp
     import numpy as np
 
@@ -411,6 +412,19 @@ def _backward_child(run: str) -> None:
     raw = random_inputs(1, sum(BACKWARD_LENGTHS), 2, lengths=list(BACKWARD_LENGTHS), seed=0, with_dht=True)
     cu = raw["cu_seqlens"]
     f = fla_forward_tensors(raw["q"], raw["k"], raw["g"], raw["beta"], cu_seqlens=cu)
+    if run == "forward-states":   # the scan alone, in kda_backward's configuration, built with -lineinfo
+        import dataclasses
+
+        from kernel import api
+        from kernel.forward_states import auto_config, choose_warps, forward_states
+
+        cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * 2, api._sm_count())), lineinfo=True)
+        states = forward_states(cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
+                                cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
+                                cp.asarray(bf16_bits(f.Akk)), cu_seqlens=cu, config=cfg)
+        cp.cuda.Device().synchronize()
+        print(f"{run}: configuration {cfg.name()}, {states.shape[1]} state entries")
+        return
     out = kda_backward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
                        cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
                        cp.asarray(bf16_bits(f.Aqk)), cp.asarray(bf16_bits(f.Akk)), cp.asarray(bf16_bits(raw["do"])),

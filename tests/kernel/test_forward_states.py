@@ -218,9 +218,12 @@ def test_without_cupy_the_launch_says_what_to_install(monkeypatch):
 def test_every_config_field_is_a_knob_and_reaches_the_source():
     import dataclasses
 
-    assert {f.name for f in dataclasses.fields(Config)} == set(fs.KNOB_MACROS)
+    assert {f.name for f in dataclasses.fields(Config)} == set(fs.KNOB_MACROS) | set(fs.COMPILER_FLAGS)
     opts = fs.options(Config(warps=4, producers=2, nstage=2, g6_split=1))
     assert {"-DFS_WARPS=4", "-DFS_PRODUCERS=2", "-DFS_NSTAGE=2", "-DFS_G6_SPLIT=1", "-ftz=true"} <= set(opts)
+    assert "-lineinfo" not in opts and "-lineinfo" in fs.options(Config(lineinfo=True))
+    with pytest.raises(ValueError, match="Config.lineinfo must be True or False"):
+        Config(lineinfo=1)
     for macro in fs.KNOB_MACROS.values():
         assert re.search(rf"#ifndef {macro}\n#error \"{macro} is not set: kernel/forward_states.py sets every knob",
                          SRC), macro

@@ -36,6 +36,8 @@ probes with known answers before the kernel:
                     reading by ldmatrix .trans, FULL/EMPTY counting all 256 threads, 13 tiles.
                     Race-free: hazards here, and none in the probes above, would put Kernel A's
                     reports on this shape.
+    kernel-a-ring-6  the same ring 6 stages deep (FULL and EMPTY take barrier ids 1-12, as the
+                    forward-state scan's 6-stage ring does). Race-free.
     kernel-a-ring-fence  the same with the producers' fence.proxy.async before each FULL arrive
                     (Kernel A's R1 ends with one in its warpgroup-MMA builds). Race-free.
     kernel-a-ring-wgmma  the fence, and the consumers also reading each stage through the async
@@ -236,12 +238,14 @@ extern "C" __global__ void ring2_consumer_bar(float* out) { ring2_cp_async<true>
 // warpgroup-MMA builds. WGMMA: the consumers (one warpgroup) also read the stage through the async
 // proxy, an m64n16k16 whose B is the stage's 512 bytes, and wait for it before EMPTY, as Kernel A's
 // G4/G5 read qd and kd.
-constexpr int KA_ITERS = 13, KA_STAGES = 4, KA_PREFETCH = KA_STAGES - 1, KA_THREADS = 256, KA_WORDS = 128;
+constexpr int KA_ITERS = 13, KA_THREADS = 256, KA_WORDS = 128;
 __device__ float kernel_a_ring_src[KA_ITERS][KA_WORDS];
+// KA_STAGES: the ring's depth (FULL and EMPTY take barrier ids 1 .. 2 KA_STAGES).
 // OWN_A: the warpgroup MMA takes A from registers of its own instead of the ldmatrix result.
 // RELEASE_FENCE: a fence.proxy.async after the MMA's wait, before the EMPTY arrive.
-template <bool FENCE, bool WGMMA, bool OWN_A = false, bool RELEASE_FENCE = false>
+template <bool FENCE, bool WGMMA, bool OWN_A = false, bool RELEASE_FENCE = false, int KA_STAGES = 4>
 __device__ void kernel_a_ring_t(float* out) {
+    constexpr int KA_PREFETCH = KA_STAGES - 1;
     __shared__ __align__(16) float buf[KA_STAGES][KA_WORDS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp >= 4) {
@@ -285,6 +289,7 @@ __device__ void kernel_a_ring_t(float* out) {
     }
 }
 extern "C" __global__ void kernel_a_ring(float* out) { kernel_a_ring_t<false, false>(out); }
+extern "C" __global__ void kernel_a_ring_6(float* out) { kernel_a_ring_t<false, false, false, false, 6>(out); }
 extern "C" __global__ void kernel_a_ring_fence(float* out) { kernel_a_ring_t<true, false>(out); }
 extern "C" __global__ void kernel_a_ring_wgmma(float* out) { kernel_a_ring_t<true, true>(out); }
 extern "C" __global__ void kernel_a_ring_wgmma_own_a(float* out) { kernel_a_ring_t<true, true, true>(out); }
@@ -326,6 +331,7 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
             "ring2-producer-bar": "race-free", "ring-cp-async": "race-free",
             "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "kernel-a-ring": "race-free",
+            "kernel-a-ring-6": "race-free",
             "kernel-a-ring-fence": "race-free", "kernel-a-ring-wgmma": "race-free",
             "kernel-a-ring-wgmma-own-a": "race-free", "kernel-a-ring-wgmma-release-fence": "race-free",
             "ring-syncthreads": "race-free",
@@ -414,11 +420,15 @@ def _backward_child(run: str) -> None:
     f = fla_forward_tensors(raw["q"], raw["k"], raw["g"], raw["beta"], cu_seqlens=cu)
     if run == "forward-states":   # the scan alone, in kda_backward's configuration, built with -lineinfo
         import dataclasses
+        import json
+        import os
 
         from kernel import api
         from kernel.forward_states import auto_config, choose_warps, forward_states
 
-        cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * 2, api._sm_count())), lineinfo=True)
+        # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 4, "warps": 8}
+        cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * 2, api._sm_count())), lineinfo=True,
+                                  **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
         states = forward_states(cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
                                 cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
                                 cp.asarray(bf16_bits(f.Akk)), cu_seqlens=cu, config=cfg)

@@ -38,6 +38,10 @@ probes with known answers before the kernel:
                     reports on this shape.
     kernel-a-ring-6  the same ring 6 stages deep (FULL and EMPTY take barrier ids 1-12, as the
                     forward-state scan's 6-stage ring does). Race-free.
+    kernel-a-ring-1c  the 4-stage ring with one consumer warp: 32 threads arrive on EMPTY and sync
+                    on FULL, 128 do the other, as in the forward-state scan with one consumer warp
+                    (its own ring with one producer warp, 32 on each side, reports nothing).
+                    Race-free.
     kernel-a-ring-fence  the same with the producers' fence.proxy.async before each FULL arrive
                     (Kernel A's R1 ends with one in its warpgroup-MMA builds). Race-free.
     kernel-a-ring-wgmma  the fence, and the consumers also reading each stage through the async
@@ -238,18 +242,21 @@ extern "C" __global__ void ring2_consumer_bar(float* out) { ring2_cp_async<true>
 // warpgroup-MMA builds. WGMMA: the consumers (one warpgroup) also read the stage through the async
 // proxy, an m64n16k16 whose B is the stage's 512 bytes, and wait for it before EMPTY, as Kernel A's
 // G4/G5 read qd and kd.
-constexpr int KA_ITERS = 13, KA_THREADS = 256, KA_WORDS = 128;
+constexpr int KA_ITERS = 13, KA_WORDS = 128;
 __device__ float kernel_a_ring_src[KA_ITERS][KA_WORDS];
 // KA_STAGES: the ring's depth (FULL and EMPTY take barrier ids 1 .. 2 KA_STAGES).
 // OWN_A: the warpgroup MMA takes A from registers of its own instead of the ldmatrix result.
 // RELEASE_FENCE: a fence.proxy.async after the MMA's wait, before the EMPTY arrive.
-template <bool FENCE, bool WGMMA, bool OWN_A = false, bool RELEASE_FENCE = false, int KA_STAGES = 4>
+// CONSUMERS: consumer warps (warps 0 .. CONSUMERS - 1; the 4 producer warps follow).
+template <bool FENCE, bool WGMMA, bool OWN_A = false, bool RELEASE_FENCE = false, int KA_STAGES = 4,
+          int CONSUMERS = 4>
 __device__ void kernel_a_ring_t(float* out) {
-    constexpr int KA_PREFETCH = KA_STAGES - 1;
+    constexpr int KA_PREFETCH = KA_STAGES - 1, KA_THREADS = 32 * (CONSUMERS + 4);
+    static_assert(!WGMMA || CONSUMERS == 4, "the warpgroup MMA needs four consumer warps");
     __shared__ __align__(16) float buf[KA_STAGES][KA_WORDS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp >= 4) {
-        const int chunk = (warp - 4) * 8 + (lane & 7);   // 32 chunks of 16 bytes: lanes 0-7 of each warp
+    if (warp >= CONSUMERS) {
+        const int chunk = (warp - CONSUMERS) * 8 + (lane & 7);   // 32 chunks of 16 bytes: lanes 0-7 of each warp
         auto issue = [&](int j) {
             if (j < KA_ITERS && lane < 8)
                 cp_async_cg16_zfill(smem_addr(&buf[j % KA_STAGES][4 * chunk]), &kernel_a_ring_src[j][4 * chunk], 16u);
@@ -290,6 +297,7 @@ __device__ void kernel_a_ring_t(float* out) {
 }
 extern "C" __global__ void kernel_a_ring(float* out) { kernel_a_ring_t<false, false>(out); }
 extern "C" __global__ void kernel_a_ring_6(float* out) { kernel_a_ring_t<false, false, false, false, 6>(out); }
+extern "C" __global__ void kernel_a_ring_1c(float* out) { kernel_a_ring_t<false, false, false, false, 4, 1>(out); }
 extern "C" __global__ void kernel_a_ring_fence(float* out) { kernel_a_ring_t<true, false>(out); }
 extern "C" __global__ void kernel_a_ring_wgmma(float* out) { kernel_a_ring_t<true, true>(out); }
 extern "C" __global__ void kernel_a_ring_wgmma_own_a(float* out) { kernel_a_ring_t<true, true, true>(out); }
@@ -331,7 +339,7 @@ extern "C" __global__ void ring_syncthreads(float* out) {
 EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
             "ring2-producer-bar": "race-free", "ring-cp-async": "race-free",
             "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "kernel-a-ring": "race-free",
-            "kernel-a-ring-6": "race-free",
+            "kernel-a-ring-6": "race-free", "kernel-a-ring-1c": "race-free",
             "kernel-a-ring-fence": "race-free", "kernel-a-ring-wgmma": "race-free",
             "kernel-a-ring-wgmma-own-a": "race-free", "kernel-a-ring-wgmma-release-fence": "race-free",
             "ring-syncthreads": "race-free",
@@ -365,7 +373,8 @@ def _child(run: str) -> None:
         if run.startswith("kernel-a-ring"):   # 13 tiles of 128 words; the .trans read moves halves: no exact value
             src = cp.ndarray((13, 128), dtype=cp.float32, memptr=mod.get_global("kernel_a_ring_src"))
             src[...] = cp.arange(13, dtype=cp.float32)[:, None] * 128 + cp.arange(128)
-            mod.get_function(run.replace("-", "_"))((1,), (256,), (out,))
+            threads = 160 if run == "kernel-a-ring-1c" else 256
+            mod.get_function(run.replace("-", "_"))((1,), (threads,), (out,))
             cp.cuda.Device().synchronize()
             print(f"{run}: lane 0 sum {float(out[0].get()):.3g} (finite: {bool(cp.isfinite(out).all())})")
             return

@@ -38,10 +38,11 @@ probes with known answers before the kernel:
                     reports on this shape.
     kernel-a-ring-6  the same ring 6 stages deep (FULL and EMPTY take barrier ids 1-12, as the
                     forward-state scan's 6-stage ring does). Race-free.
-    kernel-a-ring-1c  the 4-stage ring with one consumer warp: 32 threads arrive on EMPTY and sync
-                    on FULL, 128 do the other, as in the forward-state scan with one consumer warp
-                    (its own ring with one producer warp, 32 on each side, reports nothing).
-                    Race-free.
+    kernel-a-ring-1c  the 4-stage ring with one consumer warp against the four producer warps
+                    (32 threads arrive on EMPTY and sync on FULL, 128 do the other), as in the
+                    forward-state scan's one-consumer-warp build. Race-free: it differs from
+                    kernel-a-ring only in the consumer count, so hazards here and none there are
+                    racecheck's reading of that hand-off, not a race.
     kernel-a-ring-fence  the same with the producers' fence.proxy.async before each FULL arrive
                     (Kernel A's R1 ends with one in its warpgroup-MMA builds). Race-free.
     kernel-a-ring-wgmma  the fence, and the consumers also reading each stage through the async
@@ -66,9 +67,11 @@ kernel.tools.check's 40 tokens (3 tiles) never reach. Built with
 process under `compute-sanitizer --tool racecheck`; the table at the end gives
 the hazards per run.
 
-The runs forward-states and kernel-b check the whole backward's other two kernels: one
-kda_backward on lengths 1, 17, 200 and 700 (H 2), with compute-sanitizer told to check only
-the kernel named.
+The runs forward-states and kernel-b check the whole backward's other two kernels on lengths
+1, 17, 200 and 700 (H 2): kernel-b runs one kda_backward with compute-sanitizer told to check
+only Kernel B; forward-states runs the forward-state scan alone, built with -lineinfo, in
+kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config fields, e.g.
+{"producers": 1}). .ci/gpu-checks' memcheck step runs these two workloads under memcheck.
 """
 from __future__ import annotations
 

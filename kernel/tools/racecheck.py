@@ -461,6 +461,48 @@ KERNEL_A_LENGTHS = (1, 17, 200)
 
 
 SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+# one displayed hazard: its kind, then its two accesses, each "<Read|Write> Thread (x,y,z) at FUNCTION+0xOFFSET"
+# and, in a -lineinfo build, " in FILE:LINE". NVRTC names the entry file by a hash (HASH.cubin.cu), and
+# its text is the .cu file after one line of header digest (each kernel module's source()): that LINE is
+# shown as "entry .cu:LINE - 1". An inlined function's access names the function's own line.
+HAZARD = re.compile(r"Potential (\w+) hazard detected at __shared__ 0x[0-9a-f]+ in block[^\n]*\n"
+                    r"(?:=+\s+(?:Read|Write) Thread[^\n]*\n?){2}")
+ACCESS = re.compile(r"(Read|Write) Thread \((\d+),(\d+),(\d+)\) at (.+?)\+0x[0-9a-f]+(?: in (\S+))?\s*$", re.M)
+
+
+def hazard_shapes(text: str) -> list[tuple[str, int, str]]:
+    """The displayed hazards grouped by shape, most frequent first: (shape, count, warps). A shape
+    is the kind and the two accesses' direction, function (without its argument list) and source
+    line where the build has one; warps lists the warps (threadIdx.x / 32) on each side."""
+    shapes: dict[str, list] = {}
+    for m in HAZARD.finditer(text):
+        accesses = ACCESS.findall(m.group(0))
+        if len(accesses) != 2:
+            continue
+        sides = []
+        for direction, x, _, _, function, where in accesses:
+            name = function.split("(")[0]
+            sides.append((f"{direction} {name}" + (f" {_where(where)}" if where else ""), int(x) // 32))
+        shape = f"{m.group(1)}: {sides[0][0]} -> {sides[1][0]}"
+        entry = shapes.setdefault(shape, [0, set(), set()])
+        entry[0] += 1
+        entry[1].add(sides[0][1])
+        entry[2].add(sides[1][1])
+    ranked = sorted(shapes.items(), key=lambda kv: -kv[1][0])
+    return [(shape, n, f"warps {_span(a)} -> {_span(b)}") for shape, (n, a, b) in ranked]
+
+
+def _where(where: str) -> str:
+    entry = re.fullmatch(r"(?:.*/)?[0-9a-f]{40}\.cubin\.cu:(\d+)", where)
+    return f"entry .cu:{int(entry.group(1)) - 1}" if entry else where.split("/")[-1]
+
+
+def _span(warps: set) -> str:
+    w = sorted(warps)
+    return str(w[0]) if len(w) == 1 else ",".join(map(str, w)) if len(w) <= 4 else f"{w[0]}..{w[-1]} ({len(w)})"
+
+
+MAX_SHAPES = 6   # hazard shapes printed per run (the log has them all)
 
 
 def _parent(runs: Sequence[str], log_dir: Path) -> int:
@@ -481,7 +523,7 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
         except subprocess.TimeoutExpired as exc:
             out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             (log_dir / f"racecheck-{run}.log").write_text(out)
-            rows.append((run, EXPECTED[run], "timeout", "-", "-", -1, ""))
+            rows.append((run, EXPECTED[run], "timeout", "-", "-", -1, []))
             print("  timed out after 240 s")
             continue
         text = proc.stdout + proc.stderr
@@ -493,12 +535,19 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
             hazards, errors, warnings = "0", "0", "0"
         else:
             hazards = errors = warnings = "?"
-        lines = sorted(set(re.findall(r"at (?:0x[0-9a-f]+ in )?(\S+\.cu:\d+)", text)))
-        rows.append((run, EXPECTED[run], hazards, errors, warnings, proc.returncode, " ".join(lines[:6])))
+        shapes = hazard_shapes(text)
+        rows.append((run, EXPECTED[run], hazards, errors, warnings, proc.returncode, shapes))
         print(text[-1500:] if hazards == "?" else f"  {hazards} hazards ({errors} errors, {warnings} warnings)")
-    print(f"\n{'run':34s} {'by construction':16s} {'hazards':>7s} {'errors':>6s} {'warn':>5s} {'rc':>3s}  source lines")
+    print(f"\n{'run':34s} {'by construction':16s} {'hazards':>7s} {'errors':>7s} {'warn':>5s} {'rc':>3s}")
     for r in rows:
-        print(f"{r[0]:34s} {r[1]:16s} {r[2]:>7s} {r[3]:>6s} {r[4]:>5s} {r[5]:>3d}  {r[6]}")
+        print(f"{r[0]:34s} {r[1]:16s} {r[2]:>7s} {r[3]:>7s} {r[4]:>5s} {r[5]:>3d}")
+    for r in rows:
+        if r[6]:
+            print(f"\n{r[0]}: the displayed hazards by shape (count, shape, warps first -> second access)")
+            for shape, n, warps in r[6][:MAX_SHAPES]:
+                print(f"  {n:4d}  {shape}  [{warps}]")
+            if len(r[6]) > MAX_SHAPES:
+                print(f"  ... {len(r[6]) - MAX_SHAPES} more shapes in the log")
     print(f"logs: {log_dir}")
     return 0
 

@@ -19,6 +19,63 @@ def test_racecheck_summary_line_is_parsed(line, want):
     assert m is not None and m.groups() == want
 
 
+# compute-sanitizer's racecheck report, as it prints hazards: one from a -lineinfo build of an NVRTC entry
+# file (a WAR between consumer warp 0's read and producer warp 1's cp.async), one from a build without
+# line information (function+offset only), and a RAW of the first shape's pair reversed
+HAZARD_LOG = """========= COMPUTE-SANITIZER
+========= Error: Potential WAR hazard detected at __shared__ 0x6800 in block (4,0,0) :
+=========     Read Thread (0,0,0) at fs::bf16_to_f32(unsigned short)+0x1b30 in 0123456789abcdef0123456789abcdef01234567.cubin.cu:120
+=========     Write Thread (32,0,0) at ptx_lab::cp_async_cg16_zfill(unsigned int, const void *, unsigned int)+0x4c10 in cp_async.cuh:37
+=========     Current Value : 245, Incoming Value : 27
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: forward_states in forward_states.py:333
+========= 
+========= Error: Potential WAR hazard detected at __shared__ 0x6801 in block (18,0,0) :
+=========     Read Thread (5,0,0) at fs::bf16_to_f32(unsigned short)+0x1b30 in 0123456789abcdef0123456789abcdef01234567.cubin.cu:120
+=========     Write Thread (64,0,0) at ptx_lab::cp_async_cg16_zfill(unsigned int, const void *, unsigned int)+0x4c10 in cp_async.cuh:37
+=========     Current Value : 191, Incoming Value : 63
+========= 
+========= Error: Potential WAR hazard detected at __shared__ 0x500 in block (0,0,0) :
+=========     Read Thread (112,0,0) at kernel_a_ring_1c+0x240
+=========     Write Thread (160,0,0) at kernel_a_ring_1c+0xd80
+=========     Current Value : 0, Incoming Value : 0
+========= 
+========= Error: Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :
+=========     Write Thread (32,0,0) at ptx_lab::cp_async_cg16_zfill(unsigned int, const void *, unsigned int)+0x4c10 in cp_async.cuh:37
+=========     Read Thread (0,0,0) at fs::bf16_to_f32(unsigned short)+0x1b30 in 0123456789abcdef0123456789abcdef01234567.cubin.cu:120
+=========     Current Value : 1, Incoming Value : 2
+========= 
+========= RACECHECK SUMMARY: 4 hazards displayed (4 errors, 0 warnings)
+"""
+
+
+def test_racecheck_groups_the_displayed_hazards_by_shape():
+    shapes = racecheck.hazard_shapes(HAZARD_LOG)
+    war = "WAR: Read fs::bf16_to_f32 entry .cu:119 -> Write ptx_lab::cp_async_cg16_zfill cp_async.cuh:37"
+    assert shapes[0] == (war, 2, "warps 0 -> 1,2")
+    assert ("WAR: Read kernel_a_ring_1c -> Write kernel_a_ring_1c", 1, "warps 3 -> 5") in shapes
+    assert ("RAW: Write ptx_lab::cp_async_cg16_zfill cp_async.cuh:37 -> Read fs::bf16_to_f32 entry .cu:119", 1,
+            "warps 1 -> 0") in shapes
+    assert len(shapes) == 3
+    assert racecheck.hazard_shapes("========= ERROR SUMMARY: 0 errors\n") == []
+
+
+def test_racecheck_prints_each_runs_table_row_and_hazard_shapes(monkeypatch, tmp_path, capsys):
+    import types
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: types.SimpleNamespace(
+        stdout=HAZARD_LOG if "forward-states" in cmd else "========= ERROR SUMMARY: 0 errors\n", stderr="",
+        returncode=0))
+    assert racecheck.main(["--runs", "kernel-b", "forward-states", "--logs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[:3] for line in out.splitlines() if line.startswith(("kernel-b ", "forward-states "))] == \
+        [["kernel-b", "?", "0"], ["forward-states", "?", "4"]]
+    assert "forward-states: the displayed hazards by shape" in out and "kernel-b: the displayed" not in out
+    assert "     2  WAR: Read fs::bf16_to_f32 entry .cu:119 -> Write ptx_lab::cp_async_cg16_zfill" in out
+    assert (tmp_path / "racecheck-forward-states.log").read_text() == HAZARD_LOG
+
+
 def test_every_run_has_an_expectation():
     assert set(racecheck.EXPECTED) == set(racecheck.RUNS)
     assert racecheck.EXPECTED["no-empty"] == "a real race"

@@ -146,18 +146,6 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     return _run(plan, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
 
 
-_SIDE_STREAMS: dict = {}   # device id -> the stream the forward-state scan runs on beside Kernel A
-
-
-def _side_stream():
-    import cupy
-
-    dev = cupy.cuda.Device().id
-    if dev not in _SIDE_STREAMS:
-        _SIDE_STREAMS[dev] = cupy.cuda.Stream(non_blocking=True)
-    return _SIDE_STREAMS[dev]
-
-
 def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states) -> dict:
     import cupy
 
@@ -168,7 +156,9 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
     beta_c = api.beta_f32(beta)
     cu = plan.cu_seqlens if cu_seqlens is not None else None
     main = cupy.cuda.get_current_stream()
-    side = _side_stream() if scans.side_by_side else None
+    # the forward-state scan's stream beside Kernel A: the device's side stream (kernel.api's, which its
+    # sequence split also uses; Kernel A is not split here)
+    side = api._side_stream(cupy.cuda.Device().id) if scans.side_by_side else None
     if states is None:
         from .forward_states import auto_config, device_tables, forward_states
 

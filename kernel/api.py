@@ -264,9 +264,13 @@ def _device_tables(cu_bytes: bytes, snapshot_every: int):
     cu = np.frombuffer(cu_bytes, dtype=np.int64)
     lengths = np.diff(cu)
     offs = np.asarray(snapshot_offsets(lengths, CHUNK, snapshot_every), dtype=np.int64)
-    # Longest sequences first, so that a varlen batch's tail is not one long scan started last.
-    order = np.argsort(-lengths, kind="stable").astype(np.int32)
-    return cupy.asarray(cu), cupy.asarray(offs), cupy.asarray(order), int(offs[-1])
+    return cupy.asarray(cu), cupy.asarray(offs), cupy.asarray(_longest_first(lengths)), int(offs[-1])
+
+
+def _longest_first(lengths: np.ndarray) -> np.ndarray:
+    """The CTA order of a launch: indices of ``lengths``, longest first (ties in index order), so
+    that a varlen batch's tail is not one long scan started last."""
+    return np.argsort(-lengths, kind="stable").astype(np.int32)
 
 
 def _sm_count() -> int:
@@ -548,7 +552,7 @@ def _launch_order(cu_bytes: bytes, segs_bytes: bytes):
 
     seg_len = np.diff(np.frombuffer(cu_bytes, dtype=np.int64))
     segs = np.frombuffer(segs_bytes, dtype=np.int64)
-    return cupy.asarray(segs[np.argsort(-seg_len[segs], kind="stable")].astype(np.int32))
+    return cupy.asarray(segs[_longest_first(seg_len[segs])].astype(np.int32))
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,6 +2,8 @@
 
     ptx-lab resources            # one row per variant
     ptx-lab resources --check    # ... and exit 1 on a spill or a missing instruction
+    ptx-lab resources --sass-digest after.json --against before.json
+                                 # ... and exit 1 where any variant's SASS changed
 
 (also ``python -m kernel.tools.resources``.)
 
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -116,6 +120,7 @@ def compile_variant(cfg: Variant, workdir: Path) -> dict:
             row["sass_error"] = sass.stderr.strip()
         else:
             row["sass"] = {op: len(re.findall(rf"\b{op}\b", sass.stdout)) for op in SASS_OPS}
+            row["sass_sha256"] = hashlib.sha256(sass.stdout.encode()).hexdigest()
     return row
 
 
@@ -158,14 +163,27 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 on any spill, compile error or missing instruction "
                                                         "(needs cuobjdump: " + SASS_INSTALL + ")")
+    ap.add_argument("--sass-digest", metavar="JSON", type=Path,
+                    help="write each variant's sha256 of its `cuobjdump -sass` text to JSON (needs cuobjdump); "
+                         "two such files show which variants a source change recompiled differently")
+    ap.add_argument("--against", metavar="JSON", type=Path,
+                    help="with --sass-digest: compare with an earlier digest and exit 1 where any variant's "
+                         "SASS differs, appeared or disappeared")
     ap.add_argument("--jobs", type=_jobs, default=os.cpu_count() or 1, help="parallel nvcc runs (default: one per CPU)")
     args = ap.parse_args(argv)
     if _tool("nvcc") is None:
         print(f"{prog}: nvcc not found on PATH (a CUDA 13 toolkit)", file=sys.stderr)
         return 2
     has_sass = _tool("cuobjdump") is not None
-    if args.check and not has_sass:
-        print(f"{prog} --check: cuobjdump not found, so the SASS cannot be checked: {SASS_INSTALL}", file=sys.stderr)
+    if args.against is not None and args.sass_digest is None:
+        print(f"{prog}: --against compares two digests and needs --sass-digest", file=sys.stderr)
+        return 2
+    if args.against is not None and not args.against.is_file():
+        print(f"{prog}: --against {args.against}: no such file", file=sys.stderr)
+        return 2
+    if (args.check or args.sass_digest) and not has_sass:
+        flag = "--check" if args.check else "--sass-digest"
+        print(f"{prog} {flag}: cuobjdump not found, so the SASS cannot be checked: {SASS_INSTALL}", file=sys.stderr)
         return 2
     variants = [*build.all_variants(), *forward_states.all_variants(), *token_gradients.all_variants()]
     print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name}, {forward_states.SOURCE_PATH.name} and "
@@ -190,7 +208,58 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     print(f"{len(rows)} variants, {bad} problems")
     if not has_sass:
         print(f"SASS counts left out: cuobjdump not found ({SASS_INSTALL})")
-    return 1 if (args.check and bad) else 0
+    failed = bool(args.check and bad)
+    if args.sass_digest is not None:
+        digest = {label(r["cfg"]): r.get("sass_sha256") for r in rows}
+        units = other_units({build.SOURCE_PATH, forward_states.SOURCE_PATH, token_gradients.SOURCE_PATH})
+        print(f"compiling the {len(units)} other translation units (probes, studies) for their SASS", flush=True)
+        with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as pool:
+            digest.update(zip((str(u.relative_to(REPO)) for u in units),
+                              pool.map(lambda u: unit_sass_sha256(u, Path(tmp)), units)))
+        args.sass_digest.write_text(json.dumps(digest, indent=1, sort_keys=True) + "\n")
+        print(f"SASS digest of {len(digest)} variants written to {args.sass_digest}")
+        if args.against is not None:
+            changed = compare_digests(json.loads(args.against.read_text()), digest)
+            for line in changed:
+                print(f"  ! {line}")
+            print(f"against {args.against}: {len(changed)} variants differ")
+            failed = failed or bool(changed)
+    return 1 if failed else 0
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def other_units(kernel_sources: set[Path]) -> list[Path]:
+    """Every .cu under kernel/ and ptx_lab/ that is not a kernel's entry file: built without options."""
+    return sorted(p for base in ("kernel", "ptx_lab") for p in (REPO / base).rglob("*.cu")
+                  if p.resolve() not in kernel_sources)
+
+
+def unit_sass_sha256(unit: Path, workdir: Path) -> str | None:
+    """sha256 of one translation unit's `cuobjdump -sass` text (None where it does not compile)."""
+    cubin = workdir / (str(unit.relative_to(REPO)).replace("/", "_") + ".cubin")
+    cmd = [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17",
+           f"-I{CUDA_INCLUDE_DIR}", "-cubin", str(unit), "-o", str(cubin)]
+    if subprocess.run(cmd, capture_output=True, text=True).returncode:
+        return None
+    cuobjdump = _tool("cuobjdump")
+    env = dict(os.environ, PATH=str(Path(cuobjdump).parent) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
+    return hashlib.sha256(sass.stdout.encode()).hexdigest() if sass.returncode == 0 else None
+
+
+def compare_digests(before: dict, after: dict) -> list[str]:
+    """One line per variant whose SASS digest differs between two --sass-digest files (or that only one has)."""
+    lines = []
+    for name in sorted(set(before) | set(after)):
+        if name not in after:
+            lines.append(f"{name}: gone")
+        elif name not in before:
+            lines.append(f"{name}: new")
+        elif before[name] != after[name] or before[name] is None:
+            lines.append(f"{name}: SASS differs")
+    return lines
 
 
 if __name__ == "__main__":

@@ -57,3 +57,25 @@ def test_sass_problems_only_where_the_sass_was_read():
     assert resources.problems(_row(sass=None, sass_error="bad cubin")) == ["no SASS (cuobjdump failed: bad cubin)"]
     assert resources.problems(_row(sass={**_row()["sass"], "LDSM": 0})) == ["SASS has no LDSM"]
     assert resources.problems(_row(spill=8)) == ["spills 8 bytes, stack frame 0 bytes"]
+
+
+def test_compare_digests_names_each_changed_variant():
+    before = {"a": "1", "b": "2", "c": "3", "d": None}
+    after = {"a": "1", "b": "9", "d": None, "e": "5"}
+    assert resources.compare_digests(before, after) == [
+        "b: SASS differs", "c: gone", "d: SASS differs", "e: new"]   # None: not read, never "the same"
+    assert resources.compare_digests(after, after) == ["d: SASS differs"]
+
+
+def test_against_needs_a_digest_and_an_existing_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(resources, "_tool", lambda name: shutil.which("true"))
+    assert resources.main(["--against", str(tmp_path / "a.json")]) == 2
+    assert "--against compares two digests and needs --sass-digest" in capsys.readouterr().err
+    assert resources.main(["--sass-digest", str(tmp_path / "b.json"), "--against", str(tmp_path / "a.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_digest_without_cuobjdump_says_what_to_install(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(resources, "_tool", _without_cuobjdump)
+    assert resources.main(["--sass-digest", str(tmp_path / "d.json")]) == 2
+    assert "pip install -e '.[sass]'" in capsys.readouterr().err

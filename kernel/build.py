@@ -2,7 +2,7 @@
 
 Every knob of the kernel is a field of :class:`Config`, and this module is the only
 place that gives one a value: its default, its auto rule (in ``__post_init__``, each
-one measured on the H200; the figures are in docs/log/tuning-rules.md) and its checks.
+one measured on the H200; the figures are in docs/tuning-rules.md) and its checks.
 :func:`defines` passes every knob to the device source, which derives its constants
 from them and stops with an ``#error`` where one is missing. The API (`kernel.api`),
 the offline resource report (`ptx-lab resources`) and CI all build

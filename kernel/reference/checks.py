@@ -69,7 +69,35 @@ def _real_arg(x: Any, name: str, minimum: float | None = None) -> float:
 
 
 def _scale_arg(scale: Any, K: int) -> float:
-    return K ** -0.5 if scale is None else _real_arg(scale, "scale")
+    """The attention scale: K**-0.5 for None, else a finite real > 0 (0 would zero every
+    score, a negative one flip them: neither is an attention scale)."""
+    if scale is None:
+        return K ** -0.5
+    s = _real_arg(scale, "scale")
+    if s <= 0:
+        raise ValueError(f"scale must be > 0 (None for K**-0.5), got {s}")
+    return s
+
+
+def _real_dtype_arg(name: str, x: Any, *, bits_ok: bool = False) -> None:
+    """x holds real floats (float16/32/64, ml_dtypes bfloat16); with bits_ok also uint16
+    bf16 bits. Complex values would lose their imaginary part and strings be parsed as
+    numbers by the float64 conversion that follows, both without a word."""
+    try:
+        dtype = np.dtype(x.dtype)
+    except TypeError:
+        raise TypeError(f"{name} must be a numpy or CuPy array, got {type(x).__name__} "
+                        f"of dtype {x.dtype}") from None
+    if dtype.kind == "f" or dtype.name == "bfloat16" or (bits_ok and dtype == np.uint16):
+        return
+    expect = "float16/32/64 or bfloat16" + (", or uint16 bf16 bits" if bits_ok else "")
+    raise ValueError(f"{name} must have a real floating dtype ({expect}), got {dtype}")
+
+
+def _shown(n: np.ndarray, most: int = 8) -> str:
+    """An array's values as given, the first ``most`` of them."""
+    head = str(n.reshape(-1)[:most].tolist())
+    return head if n.size <= most else f"{head[:-1]}, ...] ({n.size} values)"
 
 
 def _lengths_arg(lengths: Any, name: str = "lengths", allow_empty: bool = False) -> np.ndarray:
@@ -87,7 +115,7 @@ def _lengths_arg(lengths: Any, name: str = "lengths", allow_empty: bool = False)
     if n.size == 0 and not allow_empty:
         raise ValueError(f"{name} must be a non-empty list of ints >= 1, got []")
     if n.size and n.dtype.kind not in "iu":
-        raise TypeError(f"{why}, got an array of {n.dtype}")
+        raise TypeError(f"{why}, got an array of {n.dtype}: {_shown(n)}")
     if n.size and n.min() < 1:
         bad = int(np.argmax(n < 1))
         raise ValueError(f"{name} must all be >= 1, got {name}[{bad}] = {int(n[bad])}")
@@ -110,13 +138,13 @@ def _finite_arg(xp, x, name: str):
                      f"{name}{list(first)} = {float(x[first])}: the float64 reference refuses them")
 
 
-def _gate_arg(xp, g, name: str = "g"):
-    """g (float64) must be a natural-log decay: finite and <= 0, in one reduction."""
+def _gate_arg(xp, g, name: str = "g", what: str = "a natural-log decay gate: exp(g) in (0, 1]"):
+    """g must be a decay (``what`` says in which log): finite and <= 0, in one reduction."""
     if bool(xp.all((g <= 0) & (g > -xp.inf))):   # NaN fails both comparisons
         return g
     _finite_arg(xp, g, name)
     first = _first_where(xp, g > 0)
-    raise ValueError(f"{name} must be <= 0 (a natural-log decay gate: exp(g) in (0, 1]), got "
+    raise ValueError(f"{name} must be <= 0 ({what}), got "
                      f"{int((g > 0).sum())} positive value(s), the first {name}{list(first)} = "
                      f"{float(g[first])}")
 

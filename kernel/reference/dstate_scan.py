@@ -20,7 +20,8 @@ dS. This module is the float64 statement of that contract
 Every function is array-module agnostic: numpy arrays in, numpy out; CuPy
 arrays in, CuPy out. CuPy is imported lazily and never required.
 
-Every argument is checked at the boundary, by name: shapes, integers that are
+Every argument is checked at the boundary, by name: shapes, real floating dtypes
+(a complex or string array is not silently cast), integers that are
 integers (a length of 2.7 is refused, not truncated), flags that are bools, and
 the values themselves -- the reference refuses NaN and inf in any input array
 and a positive gate g (the gate is a natural-log decay: g <= 0). Each value check
@@ -48,7 +49,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import (LN2, _check_tiling, _expect_rank, _expect_shape, _finite_arg, _flag_arg, _gate_arg, _gather_tiles, _l2norm, _lengths_arg, _scale_arg, _sequence_offsets, _tile_table, _to_host, array_module)
+from .checks import (LN2, _check_tiling, _expect_rank, _expect_shape, _finite_arg, _flag_arg,
+                     _gate_arg, _gather_tiles, _l2norm, _lengths_arg, _real_dtype_arg, _scale_arg,
+                     _sequence_offsets, _tile_table, array_module)
 
 __all__ = [
     "array_module",
@@ -81,7 +84,8 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     s = scale or K**-0.5.
 
     Refused (ValueError, naming the array and its first bad element): NaN or inf
-    in q, k, g or beta, and g > 0; a non-finite scale; qk_l2norm not a bool (TypeError).
+    in q, k, g or beta, and g > 0; a dtype that is not real floating (complex, strings,
+    ints); a scale that is not a finite real > 0; qk_l2norm not a bool (TypeError).
     """
     _check_tiling(chunk)
     qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
@@ -90,6 +94,8 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
     _expect_shape("g", g, q.shape, "(same as q: [B, T, H, K])")
     _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
+    for name, x in (("q", q), ("k", k), ("g", g), ("beta", beta)):
+        _real_dtype_arg(name, x)
     cu = _sequence_offsets(B, T, cu_seqlens)
 
     xp = array_module(q)
@@ -163,11 +169,10 @@ def snapshot_offsets(lengths, chunk: int, snapshot_every: int) -> np.ndarray:
 
 def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """Every tile of sequences of these lengths, packed one after another, in token order:
-    (start, length) int64 [n_tiles]; tile i covers tokens start[i] .. start[i] + length[i] - 1."""
+    (start, length) int64 [n_tiles]; tile i covers tokens start[i] .. start[i] + length[i] - 1.
+    lengths: a non-empty list (or int array) of ints >= 1; 2.7 is refused, not truncated."""
     _check_tiling(chunk)
-    n = _to_host(lengths).astype(np.int64).reshape(-1)
-    if n.size == 0 or n.min() < 1:
-        raise ValueError(f"lengths must be a non-empty list of ints >= 1, got {n.tolist()}")
+    n = _lengths_arg(lengths)
     start, length, _ = _tile_table(np.concatenate([[0], np.cumsum(n)]), chunk)
     return start, length
 
@@ -193,6 +198,14 @@ def check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk: int, snapshot_every: 
     return B, T, H, K, V, _sequence_offsets(B, T, cu_seqlens)
 
 
+def check_scan_dtypes(q, k, gc, beta, mqk, inv, do) -> None:
+    """The float64 scan's arrays hold real floats. Apart from check_scan_inputs because
+    kernel.cp checks its GPU parts' shapes with that, and those hold bf16 bits."""
+    for name, x in (("q", q), ("k", k), ("gc", gc), ("beta", beta), ("mqk", mqk), ("inv", inv),
+                    ("do", do)):
+        _real_dtype_arg(name, x)
+
+
 def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None,
                           dht=None, cu_seqlens=None, chunk: int = 16, qk_l2norm: bool = True,
                           snapshot_every: int = 1):
@@ -212,7 +225,8 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
       dh0       [N, H, K, V], the gradient w.r.t. the initial state.
 
     Refused (ValueError, naming the array and its first bad element): NaN or inf
-    in any input array or in scale; qk_l2norm not a bool (TypeError). gc is only
+    in any input array, a dtype that is not real floating, a scale that is not a
+    finite real > 0; qk_l2norm not a bool (TypeError). gc is only
     checked to be finite. A gc built from a gate g <= 0 is also <= 0 and
     non-increasing within each tile, but gc usually comes from other code (FLA's
     chunk-local cumsum, an fp32 tile builder) where float32 rounding in a parallel
@@ -225,9 +239,11 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
     """
     qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
     B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every, cu_seqlens)
+    check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     N = cu.shape[0] - 1
     if dht is not None:
         _expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
+        _real_dtype_arg("dht", dht)
 
     xp = array_module(q)
     f64 = np.float64

@@ -99,12 +99,10 @@ out), float64 throughout.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from .checks import (L2NORM_EPS, _check_tiling, _expect_rank, _expect_shape, _gather_tiles,
-                     _l2norm, _sequence_offsets, _tile_table, array_module)
+                     _l2norm, _real_dtype_arg, _sequence_offsets, _tile_table, array_module)
 from .dstate_scan import dstate_scan_reference, prepare_tiles
 
 # 2^(gc - gT) and 2^(gT - gc) stay within 2^+-512: far from float64's overflow
@@ -117,13 +115,6 @@ __all__ = ["kda_forward_reference", "kda_backward_reference", "MAX_TILE_DECAY_LO
 # ----------------------------------------------------------------------------
 # argument checks
 # ----------------------------------------------------------------------------
-
-def _expect_real_float(name: str, x: Any) -> None:
-    dt = np.dtype(x.dtype)
-    if dt.kind != "f" and dt.name != "bfloat16":
-        raise ValueError(f"{name} must have a real floating dtype (float16/32/64 or bfloat16), "
-                         f"got {dt}")
-
 
 def _expect_finite(xp, name: str, x) -> None:
     bad = ~xp.isfinite(x)
@@ -165,7 +156,7 @@ def _check_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, chunk, do=None
     xp = array_module(q)
     wide = {}
     for name, x in named.items():
-        _expect_real_float(name, x)
+        _real_dtype_arg(name, x)
         wide[name] = xp.asarray(x, dtype=np.float64)
         _expect_finite(xp, name, wide[name])
     if bool((wide["g"] > 0).any()):

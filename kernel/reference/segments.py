@@ -65,8 +65,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .checks import _check_tiling, _expect_shape, _is_int, array_module
-from .dstate_scan import check_scan_inputs, dstate_scan_reference, snapshot_offsets
+from .checks import _check_tiling, _expect_shape, _int_arg, _is_int, _real_dtype_arg, array_module
+from .dstate_scan import (check_scan_dtypes, check_scan_inputs, dstate_scan_reference,
+                          snapshot_offsets)
 
 __all__ = [
     "segment_bounds",
@@ -131,8 +132,26 @@ def segment_snapshots(start: int, stop: int, length: int, chunk: int,
     e = ``snapshot_every``). A segment that starts inside a snapshot chunk
     writes that chunk's snapshot only if it holds the chunk's last tile; the
     snapshots of consecutive segments, concatenated, are the sequence's.
+
+    Refused: start, stop, length that are not ints (TypeError), and a range that is
+    not a segment (ValueError): 0 <= start < stop <= length, start a tile edge, stop
+    a tile edge or the sequence's end, as :func:`segment_bounds` makes them.
     """
     _check_tiling(chunk, snapshot_every)
+    length = _int_arg(length, "length", 1)
+    start = _int_arg(start, "start", 0)
+    stop = _int_arg(stop, "stop", 1)
+    if not start < length:
+        raise ValueError(f"start must be a token offset in 0 .. {length - 1} (length = {length}), "
+                         f"got {start}")
+    if not start < stop <= length:
+        raise ValueError(f"stop must be in {start + 1} .. {length} (start = {start}, "
+                         f"length = {length}), got {stop}")
+    for name, pos in (("start", start), ("stop", stop)):
+        if not _is_tile_edge(pos, length, chunk):
+            raise ValueError(f"{name} = {pos} is not a tile edge of a sequence of {length} tokens: "
+                             f"segments start and stop at a multiple of chunk = {chunk}, or stop "
+                             f"at {length}")
     seq_tiles = -(-length // chunk)
     first = start // chunk
     tiles = first + np.arange(-(-(stop - start) // chunk), dtype=np.int64)
@@ -251,6 +270,7 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
     the state before the segment) = M @ dS entering from after the segment + d.
     """
     B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, 1, cu_seqlens)
+    check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     total = B * T
     if not _is_int(start) or not 0 <= start < total:
         raise ValueError(f"start must be an integer token position in 0 .. {total - 1}, got {start!r}")
@@ -335,9 +355,11 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
     """
     B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every,
                                            cu_seqlens)
+    check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     N = cu.shape[0] - 1
     if dht is not None:
         _expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
+        _real_dtype_arg("dht", dht)
     bounds = _all_bounds(cu, chunk, segments)
     xp = array_module(q)
     f64 = np.float64

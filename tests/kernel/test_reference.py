@@ -26,6 +26,7 @@ from kernel.reference import (
     snapshot_offsets,
 
 )
+from kernel.reference.dstate_scan import tile_table
 
 from .scan_cases import scan_case, scan_inputs
 
@@ -342,6 +343,36 @@ def test_snapshot_offsets_rejects_bad_input():
         snapshot_offsets([3], 16, 0)
 
 
+def test_tile_table_examples():
+    start, length = tile_table([5, 16, 17], 16)
+    assert start.tolist() == [0, 5, 21, 37] and length.tolist() == [5, 16, 16, 1]
+    start, length = tile_table(np.array([3, 4], dtype=np.int32), 2)
+    assert start.tolist() == [0, 2, 3, 5] and length.tolist() == [2, 1, 2, 2]
+
+
+@pytest.mark.parametrize("lengths, error, match", [
+    # [2.7, 16] was truncated to [2, 16]; an array [0.5, 16.0] was reported as [0, 16]
+    ([2.7, 16], TypeError, r"lengths must hold ints .*got lengths\[0\] = 2.7 \(float\)"),
+    (np.array([0.5, 16.0]), TypeError, r"got an array of float64: \[0.5, 16.0\]"),
+    (np.array([16.0, 32.0]), TypeError, r"got an array of float64: \[16.0, 32.0\]"),
+    ([16, True], TypeError, r"lengths\[1\] = True \(bool\)"),
+    (["16"], TypeError, r"lengths\[0\] = '16'"),
+    ([], ValueError, r"lengths must be a non-empty list of ints >= 1"),
+    ([16, 0], ValueError, r"lengths must all be >= 1, got lengths\[1\] = 0"),
+    ([[16, 3]], ValueError, r"lengths must be a flat list"),
+])
+def test_tile_table_refuses_lengths_it_would_truncate(lengths, error, match):
+    with pytest.raises(error, match=match):
+        tile_table(lengths, 16)
+
+
+def test_tile_table_checks_chunk():
+    with pytest.raises(ValueError, match=r"chunk must be a positive divisor of 64.*got 5"):
+        tile_table([16], 5)
+    with pytest.raises(TypeError, match=r"chunk must be an int"):
+        tile_table([16], 16.0)
+
+
 # ----------------------------------------------------------------------------
 # the input generators
 # ----------------------------------------------------------------------------
@@ -512,7 +543,9 @@ def test_scan_refuses_non_finite_inputs(name):
 @pytest.mark.parametrize("call", ["prepare_tiles", "scan"])
 @pytest.mark.parametrize("scale, error, match", [
     (float("nan"), ValueError, "scale must be finite"), (float("inf"), ValueError, "scale must be finite"),
-    ("0.5", TypeError, "scale must be a real number"), (True, TypeError, "scale must be a real number")])
+    ("0.5", TypeError, "scale must be a real number"), (True, TypeError, "scale must be a real number"),
+    (0.0, ValueError, r"scale must be > 0 \(None for K\*\*-0.5\), got 0.0"),
+    (-0.5, ValueError, r"scale must be > 0 .*got -0.5")])
 def test_scale_must_be_a_finite_number(call, scale, error, match):
     with pytest.raises(error, match=match):
         _call(call, scale=scale)
@@ -531,6 +564,29 @@ def _call(which: str, **over):
         return _call_scan(**over)
     inp = random_inputs(1, 20, 2, 3, 4, seed=0)
     return prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4, **over)
+
+
+# complex values lost their imaginary part and strings were parsed as numbers, silently
+NOT_REAL = [np.complex128, np.dtype("U8"), np.int32, bool]
+
+
+@pytest.mark.parametrize("name", ["q", "k", "g", "beta"])
+@pytest.mark.parametrize("dtype", NOT_REAL)
+def test_prepare_tiles_refuses_dtypes_that_are_not_real_floating(name, dtype):
+    inp = random_inputs(1, 20, 2, 3, 4, seed=0)
+    inp[name] = inp[name].astype(dtype)
+    want = f"{name} must have a real floating dtype (float16/32/64 or bfloat16), got {np.dtype(dtype)}"
+    with pytest.raises(ValueError, match=re.escape(want)):
+        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "gc", "beta", "mqk", "inv", "do", "dht"])
+@pytest.mark.parametrize("dtype", [np.complex64, np.dtype("U8")])
+def test_scan_refuses_dtypes_that_are_not_real_floating(name, dtype):
+    args = _valid_args()
+    args[name] = args[name].astype(dtype)
+    with pytest.raises(ValueError, match=rf"{name} must have a real floating dtype .*got {np.dtype(dtype)}"):
+        _call_scan(**args)
 
 
 def test_gc_is_only_checked_to_be_finite():

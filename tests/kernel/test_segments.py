@@ -439,6 +439,51 @@ def test_fold_rejects_bad_summaries(summaries, dht, match):
         fold_summaries(summaries, dht)
 
 
+# segment_snapshots checked nothing: a range that is not a segment gave a wrong answer
+@pytest.mark.parametrize("args, error, match", [
+    ((0, 16, 40.0, 16, 1), TypeError, r"length must be an int, got 40.0"),
+    ((0.0, 16, 40, 16, 1), TypeError, r"start must be an int, got 0.0"),
+    ((0, "16", 40, 16, 1), TypeError, r"stop must be an int, got '16'"),
+    ((True, 16, 40, 16, 1), TypeError, r"start must be an int, got True"),
+    ((0, 16, 0, 16, 1), ValueError, r"length must be an int >= 1, got 0"),
+    ((-16, 16, 40, 16, 1), ValueError, r"start must be an int >= 0, got -16"),
+    ((48, 50, 40, 16, 1), ValueError, r"start must be a token offset in 0 .. 39 \(length = 40\), got 48"),
+    ((16, 16, 40, 16, 1), ValueError, r"stop must be in 17 .. 40 \(start = 16, length = 40\), got 16"),
+    ((16, 48, 40, 16, 1), ValueError, r"stop must be in 17 .. 40 .*got 48"),
+    ((8, 32, 40, 16, 1), ValueError, r"start = 8 is not a tile edge of a sequence of 40 tokens"),
+    ((0, 24, 40, 16, 1), ValueError, r"stop = 24 is not a tile edge .*a multiple of chunk = 16, or stop at 40"),
+    ((0, 16, 40, 5, 1), ValueError, r"chunk must be a positive divisor of 64"),
+    ((0, 16, 40, 16, 0), ValueError, r"snapshot_every must be an integer >= 1, got 0"),
+])
+def test_segment_snapshots_rejects_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        segment_snapshots(*args)
+
+
+def test_segment_snapshots_takes_numpy_ints():
+    tiles, snaps = segment_snapshots(np.int64(16), np.int32(40), np.int64(40), 16, 1)
+    assert tiles.tolist() == [0, 1] and snaps.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["q", "gc", "mqk", "do"])
+@pytest.mark.parametrize("dtype", [np.complex128, np.dtype("U8")])
+def test_segment_functions_refuse_dtypes_that_are_not_real(name, dtype):
+    inp = _small()
+    inp[name] = inp[name].astype(dtype)
+    match = rf"{name} must have a real floating dtype .*got {np.dtype(dtype)}"
+    with pytest.raises(ValueError, match=match):
+        segment_summary(*_args(inp), start=0, chunk=4, cu_seqlens=inp["cu_seqlens"])
+    with pytest.raises(ValueError, match=match):
+        dstate_scan_segmented(*_args(inp), segments=2, chunk=4, cu_seqlens=inp["cu_seqlens"])
+
+
+def test_segmented_refuses_a_dht_that_is_not_real():
+    inp = _small()
+    with pytest.raises(ValueError, match=r"dht must have a real floating dtype .*got complex128"):
+        dstate_scan_segmented(*_args(inp), segments=2, chunk=4, cu_seqlens=inp["cu_seqlens"],
+                              dht=inp["dht"].astype(np.complex128))
+
+
 def test_segment_bounds_rejects_bad_input():
     with pytest.raises(ValueError, match=r"segments must be an integer >= 1, got 0"):
         segment_bounds(10, 4, 0)

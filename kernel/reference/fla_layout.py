@@ -56,7 +56,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .checks import (FLA_CHUNK, LN2, _expect_rank, _expect_shape, _gather_tiles, _l2norm,
+from .checks import (FLA_CHUNK, LN2, _expect_rank, _expect_shape, _finite_arg, _first_where,
+                     _flag_arg, _gate_arg, _gather_tiles, _l2norm, _real_dtype_arg, _scale_arg,
                      _sequence_offsets, _tile_table, array_module)
 
 KERNEL_TILE = 16    # Kernel A's tile (tokens); FLA's chunk of 64 holds 4 of them
@@ -104,13 +105,27 @@ def _is_bf16(dtype) -> bool:
     return getattr(dtype, "name", "") == "bfloat16"
 
 
-def _expect_real(name: str, x: Any, *, bits_ok: bool = False) -> None:
-    """Real floating values (ml_dtypes bf16 included); with bits_ok also uint16 bf16 bits."""
-    dtype = np.dtype(x.dtype)
-    if dtype.kind == "f" or _is_bf16(dtype) or (bits_ok and dtype == np.uint16):
+def _non_finite(xp, x):
+    """Where x is NaN or inf; uint16 is read as bf16 bits (exponent all ones)."""
+    if np.dtype(x.dtype) == np.uint16:
+        return (x & 0x7F80) == 0x7F80
+    return ~xp.isfinite(x)
+
+
+def _check_read_blocks(xp, name: str, blocks, block: np.ndarray, tile: int) -> None:
+    """The masked diagonal blocks of Aqk or Akk ([B, T, H, tile]) must be finite: what
+    Kernel A reads of the matrix (the strictly-upper triangle is masked out before)."""
+    bad = _non_finite(xp, blocks)
+    if not bool(bad.any()):
         return
-    expect = "a floating dtype (float16/32/64, bfloat16" + (", or uint16 bf16 bits)" if bits_ok else ")")
-    raise ValueError(f"{name} must have {expect}, got {dtype}")
+    b, t, h, j = _first_where(xp, bad)
+    col = int(block[b * blocks.shape[1] + t]) * tile + j
+    value = blocks[b, t, h, j]
+    if np.dtype(blocks.dtype) == np.uint16:
+        value = (np.uint32(int(value)) << 16).view(np.float32)
+    raise ValueError(f"{name} holds {int(bad.sum())} non-finite value(s) (NaN or inf) where Kernel A "
+                     f"reads it (on or below the diagonal of its {tile} x {tile} diagonal blocks), "
+                     f"the first {name}{[b, t, h, col]} = {float(value)}")
 
 
 def _refuse_gva(name: str, x: Any, q_heads: int, layout: str) -> None:
@@ -149,8 +164,13 @@ def fla_forward_tensors(q, k, g, beta, *, scale: float | None = None, cu_seqlens
       Akk [.., H, chunk]  row c of (I + Lkk)^-1 over the chunk, Lkk[c, j] = beta[c] sum_d
                           k[c,d] k[j,d] exp2(g64[c,d]-g64[j,d]) for j < c; zero for j > c
     A partial last chunk has rows only for the sequence's tokens.
+
+    Refused, by name: NaN or inf in q, k, g or beta, g > 0 (ValueError); a dtype
+    that is not real floating (ValueError); a scale that is not a finite real > 0;
+    qk_l2norm not a bool (TypeError).
     """
     chunk = _expect_count("chunk", chunk, f"FLA's chunk_size, {FLA_CHUNK} by default")
+    qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
     if upper not in UPPER_FILLS:
         raise ValueError(f"upper must be one of {UPPER_FILLS}, got {upper!r}")
     _expect_rank("q", q, 4, "[B, T, H, K]")
@@ -161,15 +181,17 @@ def fla_forward_tensors(q, k, g, beta, *, scale: float | None = None, cu_seqlens
     _refuse_gva("beta", beta, H, "[B, T, H]")
     _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
     for name, x in (("q", q), ("k", k), ("g", g), ("beta", beta)):
-        _expect_real(name, x)
+        _real_dtype_arg(name, x)
     cu = _sequence_offsets(B, T, cu_seqlens)
 
     xp = array_module(q)
     f64 = np.float64
-    s = float(scale) if scale is not None else K ** -0.5
+    s = _scale_arg(scale, K)
     total = B * T
-    qf = xp.asarray(q, dtype=f64).reshape(total, H, K)
-    kf = xp.asarray(k, dtype=f64).reshape(total, H, K)
+    qf = _finite_arg(xp, xp.asarray(q, dtype=f64), "q").reshape(total, H, K)
+    kf = _finite_arg(xp, xp.asarray(k, dtype=f64), "k").reshape(total, H, K)
+    gf = _gate_arg(xp, xp.asarray(g, dtype=f64)).reshape(total, H, K)
+    betaf = _finite_arg(xp, xp.asarray(beta, dtype=f64), "beta").reshape(total, H)
     if qk_l2norm:
         qf, kf = _l2norm(xp, qf), _l2norm(xp, kf)
 
@@ -177,8 +199,8 @@ def fla_forward_tensors(q, k, g, beta, *, scale: float | None = None, cu_seqlens
     start, length, _ = _tile_table(cu, chunk)
     qc = _gather_tiles(xp, qf, start, length, chunk)                        # [n, C, H, K]
     kc = _gather_tiles(xp, kf, start, length, chunk)                        # [n, C, H, K]
-    gq = _gather_tiles(xp, xp.asarray(g, dtype=f64).reshape(total, H, K), start, length, chunk)
-    bc = _gather_tiles(xp, xp.asarray(beta, dtype=f64).reshape(total, H), start, length, chunk)
+    gq = _gather_tiles(xp, gf, start, length, chunk)
+    bc = _gather_tiles(xp, betaf, start, length, chunk)
     g64 = xp.cumsum(gq, axis=1) / LN2                                       # [n, C, H, K]
 
     rows = np.arange(chunk)
@@ -243,7 +265,7 @@ def _check_fla_matrix(name: str, x: Any, shape: tuple | None, chunk: int) -> tup
                          f"ran with chunk_size={x.shape[3]}")
     if shape is not None:
         _expect_shape(name, x, shape, "(same as Aqk: [B, T, H, chunk])")
-    _expect_real(name, x, bits_ok=True)
+    _real_dtype_arg(name, x, bits_ok=True)
     return tuple(x.shape)
 
 
@@ -292,6 +314,12 @@ def kernel_a_inputs_from_fla(Aqk, Akk, g64, *, cu_seqlens=None, chunk: int = FLA
       gc  = g64 minus g64 at the token before the tile (nothing for a chunk's first tile),
             in g64's dtype: with fp32 g64 this is the fp32 subtraction the kernel will do.
     The mask is a select, never a multiplication (0 * inf is NaN).
+
+    Refused, by name (ValueError): NaN or inf where the blocks are read (on or below
+    their diagonal; above it FLA's never-written garbage is expected and masked), NaN,
+    inf or a positive value in g64 (a cumsum of gates <= 0 rounds to <= 0 in any
+    order and precision, so a positive g64 is not FLA's), dtypes that are not real
+    floating (Aqk and Akk may also be uint16 bf16 bits).
     """
     chunk, tile = _check_chunk_and_tile(chunk, tile)
     shape = _check_fla_matrix("Aqk", Aqk, None, chunk)
@@ -301,17 +329,20 @@ def kernel_a_inputs_from_fla(Aqk, Akk, g64, *, cu_seqlens=None, chunk: int = FLA
     if tuple(g64.shape[:3]) != (B, T, H):
         raise ValueError(f"g64 must have shape (B, T, H, K) = ({B}, {T}, {H}, K) like Aqk, "
                          f"got {tuple(g64.shape)}")
-    _expect_real("g64", g64)
+    _real_dtype_arg("g64", g64)
     if _is_bf16(np.dtype(g64.dtype)):
         raise ValueError("g64 must be float32 or float64 (FLA keeps it in fp32), got bfloat16")
     cu = _sequence_offsets(B, T, cu_seqlens)
 
     xp = array_module(Aqk)
+    _gate_arg(xp, g64, "g64", "FLA's chunk-local cumsum of a decay gate / ln 2: exp2(g64) in (0, 1]")
     block, row, before = _tile_rows(cu, chunk, tile)
     lower = xp.asarray(np.arange(tile)[None, :] <= row[:, None]).reshape(B, T, 1, tile)
     mqk_blocks, inv_blocks = _blocks(Aqk, block, chunk, tile), _blocks(Akk, block, chunk, tile)
     mqk = xp.where(lower, mqk_blocks, xp.zeros((), dtype=mqk_blocks.dtype))
     inv = xp.where(lower, inv_blocks, xp.zeros((), dtype=inv_blocks.dtype))
+    _check_read_blocks(xp, "Aqk", mqk, block, tile)
+    _check_read_blocks(xp, "Akk", inv, block, tile)
 
     K = g64.shape[3]
     flat = g64.reshape(B * T, H, K)

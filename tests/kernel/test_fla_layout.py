@@ -11,6 +11,7 @@ max |g64|) for gc, and 4.2e-15 relative (Frobenius) between the two scans.
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -308,7 +309,7 @@ def test_fla_forward_tensors_argument_errors():
         fla_forward_tensors(q, k, g, np.concatenate([beta] * 3, axis=2))
     with pytest.raises(ValueError, match="g must have shape"):
         fla_forward_tensors(q, k, g[..., :3], beta)
-    with pytest.raises(ValueError, match="q must have a floating dtype"):
+    with pytest.raises(ValueError, match="q must have a real floating dtype"):
         fla_forward_tensors(q.astype(np.complex128), k, g, beta)
     with pytest.raises(ValueError, match="chunk must be a positive integer"):
         fla_forward_tensors(q, k, g, beta, chunk=0)
@@ -335,7 +336,7 @@ def test_kernel_a_inputs_from_fla_argument_errors():
         kernel_a_inputs_from_fla(F.Aqk, F.Akk, F.g64[:, :, :1], cu_seqlens=cu)
     with pytest.raises(ValueError, match="g64 must be float32 or float64"):
         kernel_a_inputs_from_fla(F.Aqk, F.Akk, F.g64.astype(ml_dtypes.bfloat16), cu_seqlens=cu)
-    with pytest.raises(ValueError, match="Akk must have a floating dtype"):
+    with pytest.raises(ValueError, match="Akk must have a real floating dtype"):
         kernel_a_inputs_from_fla(F.Aqk, F.Akk.astype(np.int32), F.g64, cu_seqlens=cu)
     with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
         kernel_a_inputs_from_fla(F.Aqk, F.Akk, F.g64, cu_seqlens=np.array([1, 70]))
@@ -346,3 +347,99 @@ def test_kernel_a_inputs_from_fla_argument_errors():
                                  F.g64.reshape(2, 35, 2, 8), cu_seqlens=cu)
     with pytest.raises(ValueError, match=r"A must be 4-D"):
         fla_diagonal_blocks(F.Aqk[0])
+
+
+# fla_forward_tensors and kernel_a_inputs_from_fla returned NaN for NaN inputs, g > 0 or scale=nan,
+# and read qk_l2norm="no" as True: each is refused by name
+
+@pytest.mark.parametrize("name", ["q", "k", "g", "beta"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_fla_forward_tensors_refuses_non_finite_inputs(name, value):
+    inp = random_inputs(1, 20, 2, 4, 3, seed=0)
+    index = (0, 13, 1) + ((2,) if name != "beta" else ())
+    inp[name] = inp[name].astype(np.float64)
+    inp[name][index] = value
+    want = f"{name} holds 1 non-finite value(s) (NaN or inf), the first {name}{list(index)} = {value}"
+    with pytest.raises(ValueError, match=re.escape(want)):
+        fla_forward_tensors(inp["q"], inp["k"], inp["g"], inp["beta"])
+
+
+def test_fla_forward_tensors_refuses_a_positive_gate():
+    inp = random_inputs(1, 20, 2, 4, 3, seed=0)
+    g = inp["g"].astype(np.float64)
+    g[0, 7, 0, 1] = 0.25
+    with pytest.raises(ValueError, match=re.escape("g must be <= 0 (a natural-log decay gate: exp(g) in "
+                                                   "(0, 1]), got 1 positive value(s), the first "
+                                                   "g[0, 7, 0, 1] = 0.25")):
+        fla_forward_tensors(inp["q"], inp["k"], g, inp["beta"])
+
+
+@pytest.mark.parametrize("scale, error, match", [
+    (float("nan"), ValueError, r"scale must be finite, got nan"),
+    (float("inf"), ValueError, r"scale must be finite, got inf"),
+    (0.0, ValueError, r"scale must be > 0 .*got 0.0"),
+    (-0.5, ValueError, r"scale must be > 0 .*got -0.5"),
+    ("x", TypeError, r"scale must be a real number, got 'x' \(str\)"),
+    (True, TypeError, r"scale must be a real number, got True"),
+])
+def test_fla_forward_tensors_refuses_a_bad_scale(scale, error, match):
+    inp = random_inputs(1, 20, 2, 4, 3, seed=0)
+    with pytest.raises(error, match=match):
+        fla_forward_tensors(inp["q"], inp["k"], inp["g"], inp["beta"], scale=scale)
+
+
+@pytest.mark.parametrize("flag", ["no", 0, 1.0, None])
+def test_fla_forward_tensors_qk_l2norm_must_be_a_bool(flag):
+    inp = random_inputs(1, 20, 2, 4, 3, seed=0)
+    with pytest.raises(TypeError, match=r"qk_l2norm must be a bool \(True or False\)"):
+        fla_forward_tensors(inp["q"], inp["k"], inp["g"], inp["beta"], qk_l2norm=flag)
+    F = fla_forward_tensors(inp["q"], inp["k"], inp["g"], inp["beta"], qk_l2norm=np.bool_(False))
+    np.testing.assert_array_equal(F.q, inp["q"].astype(np.float64))    # not normalised
+
+
+@pytest.mark.parametrize("name", ["q", "k", "g", "beta"])
+@pytest.mark.parametrize("dtype", [np.complex128, np.dtype("U8")])
+def test_fla_forward_tensors_refuses_dtypes_that_are_not_real(name, dtype):
+    inp = random_inputs(1, 20, 2, 4, 3, seed=0)
+    inp[name] = inp[name].astype(dtype)
+    with pytest.raises(ValueError, match=rf"{name} must have a real floating dtype .*got {np.dtype(dtype)}"):
+        fla_forward_tensors(inp["q"], inp["k"], inp["g"], inp["beta"])
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 0.5])
+def test_kernel_a_inputs_from_fla_refuses_a_bad_g64(value):
+    inp, F = _fla_case(lengths=(40, 30))
+    g64 = F.g64.copy()
+    g64[0, 33, 1, 5] = value
+    what = "g64 holds 1 non-finite value(s)" if not np.isfinite(value) else "g64 must be <= 0"
+    with pytest.raises(ValueError, match=re.escape(what) + r".*" + re.escape(f"the first g64[0, 33, 1, 5] = {value}")):
+        kernel_a_inputs_from_fla(F.Aqk, F.Akk, g64, cu_seqlens=inp["cu_seqlens"])
+
+
+@pytest.mark.parametrize("name", ["Aqk", "Akk"])
+@pytest.mark.parametrize("as_bits", [False, True])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_kernel_a_inputs_from_fla_refuses_non_finite_values_it_reads(name, as_bits, value):
+    inp, F = _fla_case(lengths=(70,))
+    mats = {"Aqk": F.Aqk.copy(), "Akk": F.Akk.copy()}
+    # token 37 is row 5 of its tile, the chunk's third: columns 32 .. 37 of its row are read
+    mats[name][0, 37, 1, 32] = value
+    mats[name][0, 50, 0, 50] = value               # and a diagonal entry
+    if as_bits:
+        mats = {n: bf16_bits(m) for n, m in mats.items()}
+    want = (f"{name} holds 2 non-finite value(s) (NaN or inf) where Kernel A reads it (on or below the "
+            f"diagonal of its 16 x 16 diagonal blocks), the first {name}[0, 37, 1, 32] = {value}")
+    with pytest.raises(ValueError, match=re.escape(want)):
+        kernel_a_inputs_from_fla(mats["Aqk"], mats["Akk"], F.g64.astype(np.float32))
+
+
+def test_kernel_a_inputs_from_fla_accepts_non_finite_values_it_masks():
+    """Above a row's diagonal (inside its block or not) FLA leaves garbage: never read, never refused."""
+    inp, F = _fla_case(lengths=(70,))
+    Aqk, Akk = F.Aqk.copy(), F.Akk.copy()
+    Aqk[0, 37, 1, 38], Akk[0, 37, 1, 47] = np.nan, np.inf        # in the block, above the diagonal
+    Aqk[0, 37, 1, 0], Akk[0, 37, 1, 63] = np.inf, np.nan         # outside the block
+    gc, mqk, inv = kernel_a_inputs_from_fla(Aqk, Akk, F.g64)
+    want = kernel_a_inputs_from_fla(F.Aqk, F.Akk, F.g64)
+    for a, b in zip((gc, mqk, inv), want):
+        np.testing.assert_array_equal(a, b)

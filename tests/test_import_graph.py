@@ -2,8 +2,7 @@
 ptx_lab (the library) imports none of the packages that use it.
 
 Read from the source with `ast` (every import, also those inside functions), and checked
-once more in a fresh interpreter through sys.modules. The shims at the old module paths
-(kernel/check.py, ...) import nothing; they only say where their module went.
+once more in a fresh interpreter through sys.modules.
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHIMS = ("bench", "check", "profile", "racecheck", "resources", "compose", "composed_step")
 PRODUCT_OUTSIDE = ("tools", "studies")   # kernel/ subpackages that are not the product
 
 
@@ -28,7 +26,7 @@ def _product_files() -> list[Path]:
     out = []
     for path in sorted((REPO / "kernel").rglob("*.py")):
         rel = path.relative_to(REPO / "kernel").parts
-        if rel[0] in PRODUCT_OUTSIDE or (len(rel) == 1 and path.stem in SHIMS):
+        if rel[0] in PRODUCT_OUTSIDE:
             continue
         out.append(path)
     return out
@@ -74,11 +72,6 @@ def test_ptx_lab_imports_none_of_its_users(path):
     assert not bad, f"{path.relative_to(REPO)} imports {bad}"
 
 
-@pytest.mark.parametrize("name", SHIMS)
-def test_the_shims_import_nothing_of_the_project(name):
-    assert imports(REPO / "kernel" / f"{name}.py") <= {"sys"}
-
-
 def test_the_study_uses_no_private_name_of_the_tools():
     for path in sorted((REPO / "kernel" / "studies").rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -103,21 +96,3 @@ def test_in_a_fresh_interpreter(imported, banned):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", f"import {imported} loaded {proc.stdout.strip()}"
-
-
-@pytest.mark.parametrize("name, new", [
-    ("check", "`ptx-lab check` (python -m kernel.tools.check)"),
-    ("bench", "`ptx-lab bench` (python -m kernel.tools.bench)"),
-    ("profile", "`ptx-lab profile` (python -m kernel.tools.profile)"),
-    ("racecheck", "`ptx-lab racecheck` (python -m kernel.tools.racecheck)"),
-    ("resources", "`ptx-lab resources` (python -m kernel.tools.resources)"),
-    ("compose", "`python -m kernel.studies.b1_composition.compose` (from a checkout)"),
-    ("composed_step", "`python -m kernel.studies.b1_composition.composed_step` (from a checkout)"),
-])
-def test_an_old_module_path_names_the_new_command(name, new):
-    proc = subprocess.run([sys.executable, "-m", f"kernel.{name}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr == f"kernel.{name} moved: run {new}\n" and proc.stdout == ""
-    with pytest.raises(ImportError, match=f"kernel.{name} moved"):
-        __import__(f"kernel.{name}")

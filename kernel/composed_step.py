@@ -1,8 +1,0 @@
-"""Moved to :mod:`kernel.studies.b1_composition.composed_step`, a finished study (outside the wheel)."""
-import sys
-
-MOVED = "kernel.composed_step moved: run `python -m kernel.studies.b1_composition.composed_step` (from a checkout)"
-if __name__ == "__main__":
-    print(MOVED, file=sys.stderr)
-    sys.exit(2)
-raise ImportError(MOVED)

@@ -29,7 +29,7 @@ chunks of each box row are permuted within the row, so that the same chunk of
 8 consecutive rows lies in 8 different bank groups and an ``ldmatrix`` of it
 is conflict-free; a store with the same map reads them back from the same
 places. ``ptx_lab.model.tensor_box_smem_offsets`` says where: box element
-[i][j] at byte ``swz(i * S + j * 2)`` of the box, ``swz`` being ptx_lab.banks'
+[i][j] at byte ``swz(i * S + j * 2)`` of the box, ``swz`` being ptx_lab.layouts'
 SW32/SW64/SW128 (``Swizzle<1|2|3, 4, 3>``): chunk c of row i goes to chunk
 ``c ^ (i % 8)`` (S = 128), ``c ^ ((i // 2) % 4)`` (64), ``c ^ ((i // 4) % 2)``
 (32). The pattern repeats every 8 rows (8 * S bytes) and is reported to follow

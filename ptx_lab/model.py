@@ -38,7 +38,7 @@ import ml_dtypes
 import numpy as np
 
 from . import dtypes
-from .banks import GMMA_SWIZZLES, Swizzle
+from .layouts import GMMA_SWIZZLES, Swizzle
 from .fragments import SHAPES, WARP, _check_flag, _check_num, fragment_map, ldmatrix_map
 from .tensormap import TensorMap2D
 
@@ -568,7 +568,7 @@ def tensor_tile_2d(tmap: TensorMap2D, c0: int, c1: int) -> np.ndarray:
 
 # swizzle span in bytes (TensorMap2D.swizzle, CU_TENSOR_MAP_SWIZZLE_{32,64,128}B) -> the same
 # permutation of byte offsets as CuTe's GMMA atoms: Swizzle<B, 4, 3> with 2^B chunks of 16 bytes
-# per span. ptx_lab.banks is the one definition; the GPU run of experiments.tma_tile checks that
+# per span. ptx_lab.layouts is the one definition; the GPU run of experiments.tma_tile checks that
 # the TMA unit places the box this way.
 TENSOR_SWIZZLES: dict[int, Swizzle] = {32: GMMA_SWIZZLES["SW32"], 64: GMMA_SWIZZLES["SW64"],
                                        128: GMMA_SWIZZLES["SW128"]}
@@ -581,7 +581,7 @@ def tensor_box_smem_offsets(tmap: TensorMap2D) -> np.ndarray:
     Dense box (tmap.swizzle = 0): ``(i * box_cols + j) * element size``, row after row.
     Swizzled (tmap.swizzle = S = 32, 64 or 128, box rows of exactly S bytes): that dense
     offset through ``TENSOR_SWIZZLES[S]`` (SW32/SW64/SW128 = Swizzle<1|2|3, 4, 3> of
-    ptx_lab.banks): bits 4.. (the 16-byte chunk within the row) XOR bits 7.. (the
+    ptx_lab.layouts): bits 4.. (the 16-byte chunk within the row) XOR bits 7.. (the
     128-byte line), so chunk c of row i lands in chunk ``c ^ ((i * S // 128) % (S // 16))``
     of the same row: ``c ^ (i % 8)`` for S = 128, ``c ^ ((i // 2) % 4)`` for 64,
     ``c ^ ((i // 4) % 2)`` for 32. Elements move with their chunk, bytes inside a chunk

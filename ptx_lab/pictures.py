@@ -27,12 +27,14 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence, Union
+from typing import Callable, Mapping, Sequence, Union
 from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 
 from . import fragments
+from .banks import Access, bank_map, ldmatrix_access, shared_access
+from .layouts import Layout
 
 WARP = fragments.WARP
 PLOT_HINT = "pip install 'ptx-lab[plot]'"
@@ -350,23 +352,24 @@ SHOWN_BYTES = 64    # row bytes drawn (more only for a wider swizzle atom): ~130
 SHOWN_ROWS = 32     # most rows drawn: one per lane
 
 
-def _banks_module():
+def _preset_layouts() -> Mapping[str, Layout]:
+    """name -> layout of every preset `banks:<preset>` draws (ptx_lab.bank_presets)."""
     try:
-        from . import banks
+        from .bank_presets import PRESETS
     except ImportError as exc:
-        raise ValueError(f"bank maps need ptx_lab/banks.py, which cannot be imported: {exc}") from exc
-    return banks
+        raise ValueError(f"bank maps need ptx_lab/bank_presets.py, which cannot be imported: {exc}") from exc
+    return PRESETS
 
 
 def bank_presets() -> tuple[str, ...]:
-    """Names accepted after "banks:" (empty where ptx_lab.banks is missing)."""
+    """Names accepted after "banks:" (empty where ptx_lab.bank_presets is missing)."""
     try:
-        return tuple(_banks_module().PRESETS)
+        return tuple(_preset_layouts())
     except ValueError:
         return ()
 
 
-def _ldmatrix_rows(layout) -> list[int]:
+def _ldmatrix_rows(layout: Layout) -> list[int]:
     """Row addresses of ldmatrix.x4 over the top-left 16x16 block, in mma-A order.
 
     Matrix 0 = rows 0..7 x cols 0..7, 1 = rows 8..15, 2 = cols 8..15, 3 = both
@@ -393,23 +396,23 @@ def _ldmatrix_rows(layout) -> list[int]:
     return out
 
 
-def _preset_access(banks, layout, access: str):
-    """(banks.Access or None, one line saying what the warp does)."""
+def _preset_access(layout: Layout, access: str) -> tuple[Access | None, str]:
+    """(the access, or None for "none"; one line saying what the warp does)."""
     if access == "none":
         return None, "no access drawn"
     if access == "ldmatrix":
-        acc = banks.ldmatrix_access(_ldmatrix_rows(layout), 4)
+        acc = ldmatrix_access(_ldmatrix_rows(layout), 4)
         return acc, ("access: ldmatrix.x4 over the top-left 16x16 block (matrix i from lanes "
                      "8i..8i+7; the mma A order), one phase per 8x8 matrix")
     n = min(WARP, layout.rows)
     addrs = [layout.address(l, 0) if l < n else None for l in range(WARP)]
-    acc = banks.shared_access(addrs, layout.elem_bytes)
+    acc = shared_access(addrs, layout.elem_bytes)
     return acc, (f"access: lane l reads element [l][0] ({layout.elem_bytes} bytes, "
                  f"{acc.kind}): one column, one row per lane")
 
 
 def bank_preset_picture(spec: str) -> Picture:
-    """The bank map of a ptx_lab.banks preset under one warp access.
+    """The bank map of a ptx_lab.bank_presets layout under one warp access.
 
     spec: "<preset>" or "<preset>:<access>", access one of BANK_ACCESSES. The
     default is "column" for a tile of exactly 32 rows (one per lane: the
@@ -418,21 +421,21 @@ def bank_preset_picture(spec: str) -> Picture:
     or a whole swizzle atom row where that is wider: wider pictures shrink to
     unreadable text in most viewers, and every access drawn lies in that corner.
     """
-    banks = _banks_module()  # says so when banks.py is missing, rather than listing no presets
+    presets = _preset_layouts()  # says so when the presets are missing, rather than listing none
     preset, _, access = spec.partition(":")
-    if preset not in banks.PRESETS:
-        raise ValueError(f"preset must be one of {', '.join(banks.PRESETS)}; got {preset!r}")
-    layout = banks.PRESETS[preset]
+    if preset not in presets:
+        raise ValueError(f"preset must be one of {', '.join(presets)}; got {preset!r}")
+    layout = presets[preset]
     access = access or ("column" if layout.rows == WARP else "ldmatrix")
     if access not in BANK_ACCESSES:
         raise ValueError(f"access (after banks:{preset}:) must be one of "
                          f"{', '.join(BANK_ACCESSES)}; got {access!r}")
-    acc, what = _preset_access(banks, layout, access)
+    acc, what = _preset_access(layout, access)
     rows = min(layout.rows, SHOWN_ROWS)
     swz = getattr(layout, "swizzle", None)
     row_bytes = max(SHOWN_BYTES, (16 << swz.bits) if swz is not None else 0)
     cols = min(layout.cols, row_bytes // layout.elem_bytes)
-    bm = banks.bank_map(layout, rows, cols, acc)
+    bm = bank_map(layout, rows, cols, acc)
     shown = ("" if (rows, cols) == layout.shape
              else f"; drawn: the top-left {rows} x {cols} of [{layout.rows}, {layout.cols}]")
     notes = (what, f"bank = (byte address // 4) % 32; T<lane> = the lane whose request covers "

@@ -14,7 +14,7 @@ interleave, out-of-bounds elements filled with zeros, element strides 1, and
 the box in shared memory either dense (row after row) or swizzled: with
 ``swizzle`` = 32, 64 or 128 bytes, the 16-byte chunks of each box row are
 permuted as CuTe's Swizzle<1|2|3, 4, 3> permutes byte offsets
-(``ptx_lab.banks.GMMA_SWIZZLES``: SW32/SW64/SW128), so that 8 consecutive box
+(``ptx_lab.layouts.GMMA_SWIZZLES``: SW32/SW64/SW128), so that 8 consecutive box
 rows of `swizzle` bytes fall in distinct bank groups. Within
 that, :class:`TensorMap2D` checks every argument the driver would refuse, and
 says which and why; the driver's own answer to a bad argument is only

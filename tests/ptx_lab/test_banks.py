@@ -1,8 +1,10 @@
 """ptx_lab.banks against closed forms: conflict-free, 32-way, broadcast, phases,
-ldmatrix rows, swizzles, layouts and the row strides Kernel A's design predicted.
+ldmatrix rows, and the bank maps of a tile.
 
 Every expected value is computed here from arithmetic on the addresses (a gcd,
-a count of 16-byte chunks, a bit-by-bit XOR), never from the code under test.
+a count of 16-byte chunks), never from the code under test. Swizzles and layouts
+are tests/ptx_lab/test_layouts.py; the figures of Kernel A's design,
+tests/ptx_lab/test_bank_presets.py.
 """
 from __future__ import annotations
 
@@ -13,10 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ptx_lab import banks
-from ptx_lab.banks import (cp_async_access, PRESETS, bank_map, conflict_degree, cp_async_wavefronts, gmma_k, gmma_mn,
-                           ldmatrix_access, ldmatrix_wavefronts, row_major, shared_access, stmatrix_wavefronts,
-                           swizzle, wavefronts)
+from ptx_lab.banks import (bank_map, conflict_degree, cp_async_access, cp_async_wavefronts, ldmatrix_access,
+                           ldmatrix_wavefronts, shared_access, stmatrix_wavefronts, wavefronts)
+from ptx_lab.layouts import gmma_k, row_major
 
 LANES = np.arange(32)
 WIDTHS = (1, 2, 4, 8, 16)
@@ -190,138 +191,11 @@ def test_cp_async_conflicts_within_a_quarter_warp():
     (lambda: ldmatrix_wavefronts([None] * 32, 1), "row_addresses[0]"),
     (lambda: cp_async_wavefronts(4 * LANES, 2), "size"),
     (lambda: cp_async_wavefronts(4 * LANES, 16), "dst_addresses[1]"),
-    (lambda: swizzle(3, 4, 2), "shift"),
-    (lambda: swizzle(-1, 4, 3), "bits"),
-    (lambda: row_major(4, 8, 6), "row_stride"),
-    (lambda: PRESETS["qk_stride130"].address(32, 0), "row"),
-    (lambda: gmma_k("SW16", 8, 8), "kind"),
-    (lambda: gmma_k("INTER", 8, 8, order="diag"), "order"),
-    (lambda: bank_map(PRESETS["ds_b"], rows=0), "rows"),
+    (lambda: bank_map(gmma_k("INTER", 128, 128), rows=0), "rows"),
 ])
 def test_errors_name_the_argument(call, name):
     with pytest.raises(ValueError, match=name.replace("[", r"\[").replace("]", r"\]")):
         call()
-
-
-# ------------------------------------------------------------------ swizzles
-
-swizzle_params = st.tuples(st.integers(0, 4), st.integers(0, 5), st.integers(0, 6)).filter(
-    lambda p: p[2] >= p[0])
-
-
-def xor_bitwise(offset: int, B: int, M: int, S: int) -> int:
-    """The definition, one bit at a time: bit M+i ^= bit M+S+i for i < B."""
-    out = offset
-    for i in range(B):
-        out ^= ((offset >> (M + S + i)) & 1) << (M + i)
-    return out
-
-
-@given(params=swizzle_params, offset=st.integers(0, 1 << 20))
-def test_swizzle_matches_the_bitwise_definition(params, offset):
-    assert swizzle(*params)(offset) == xor_bitwise(offset, *params)
-
-
-@given(params=swizzle_params, block=st.integers(0, 50))
-def test_swizzle_is_a_bijection_on_its_atom_and_an_involution(params, block):
-    B, M, S = params
-    swz = swizzle(B, M, S)
-    atom = 1 << (M + S + B)
-    offsets = block * atom + np.arange(atom)
-    out = swz(offsets)
-    assert sorted(out.tolist()) == offsets.tolist()          # permutes the atom
-    assert np.array_equal(swz(out), offsets)                 # its own inverse
-    low = (1 << M) - 1
-    assert np.array_equal(out & low, offsets & low)          # 2**M units move whole
-
-
-def test_inter_is_the_identity_and_sw128_is_the_128_byte_pattern():
-    inter, sw128 = banks.GMMA_SWIZZLES["INTER"], banks.GMMA_SWIZZLES["SW128"]
-    assert all(inter(o) == o for o in range(4096))
-    for row in range(8):
-        for chunk in range(8):
-            # 128-B rows: 16-B chunk j of row r moves to chunk j ^ (r mod 8)
-            assert sw128(128 * row + 16 * chunk) == 128 * row + 16 * (chunk ^ row)
-
-
-@pytest.mark.parametrize("kind", ["SW32", "SW64", "SW128"])
-def test_swizzled_k_atoms_make_ldmatrix_columns_conflict_free(kind):
-    run = (16 << banks.GMMA_SWIZZLES[kind].bits) // 2        # bf16 elements per atom row
-    lay = gmma_k(kind, 8, run)
-    plain = row_major(8, run, run)
-    for chunk in range(run // 8):
-        rows = [lay.address(r, 8 * chunk) for r in range(8)] + [None] * 24
-        flat = [plain.address(r, 8 * chunk) for r in range(8)] + [None] * 24
-        assert ldmatrix_wavefronts(rows, 1) == 1
-        # unswizzled rows of 16 << B bytes put the 8 rows on 8 / (row bytes / 16) chunks
-        assert ldmatrix_wavefronts(flat, 1) == math.gcd((16 << banks.GMMA_SWIZZLES[kind].bits) // 16, 8)
-
-
-# ------------------------------------------------------------------ layouts
-
-@given(rows=st.integers(1, 40), cols=st.integers(1, 40), pad=st.integers(0, 9),
-       eb=st.sampled_from((1, 2, 4, 8)), data=st.data())
-def test_row_major_address_is_the_closed_form(rows, cols, pad, eb, data):
-    lay = row_major(rows, cols, cols + pad, eb)
-    r, c = data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, cols - 1))
-    assert lay.address(r, c) == (r * (cols + pad) + c) * eb
-    assert lay.transpose().address(c, r) == lay.address(r, c)
-
-
-@pytest.mark.parametrize("make", [gmma_k, gmma_mn])
-@pytest.mark.parametrize("kind", ["INTER", "SW32", "SW64", "SW128"])
-def test_gmma_layouts_are_bijections_without_padding(make, kind):
-    lay = make(kind, 64, 64)
-    addrs = lay.addresses().ravel()
-    assert sorted(addrs.tolist()) == list(range(0, 64 * 64 * 2, 2))
-    assert lay.cosize_bytes == 64 * 64 * 2
-
-
-@pytest.mark.parametrize("rows, cols", [(16, 128), (128, 16), (64, 64)])
-def test_inter_core_matrices_are_128_contiguous_bytes(rows, cols):
-    lay = gmma_k("INTER", rows, cols)
-    for r0 in range(0, rows, 8):
-        for c0 in range(0, cols, 8):
-            block = np.array([[lay.address(r0 + i, c0 + j) for j in range(8)] for i in range(8)])
-            assert block.max() - block.min() == 128 - 2
-            assert block.min() % 128 == 0
-
-
-def test_transpose_dual_ds_views_name_the_same_bytes():
-    b, c = PRESETS["ds_b"], PRESETS["ds_c"]
-    assert b.shape == (banks.DV, banks.D) and c.shape == (banks.D, banks.DV)
-    assert np.array_equal(c.addresses(), b.addresses().T)
-    # ds_c is MN_INTER atoms, laid out along the columns first
-    assert np.array_equal(c.addresses(), gmma_mn("INTER", banks.D, banks.DV, order="row").addresses())
-
-
-# ------------------------------------------------------------------ the figures Kernel A's design assumed
-
-@pytest.mark.parametrize("name, stride, elem, predicted_ways", [
-    ("qk_stride128", 128, 2, 32),   # "32 tokens all hit one bank"
-    ("qk_stride136", 136, 2, 4),    # "stuck at 4-way"
-    ("qk_stride130", 130, 2, 1),    # "65 coprime with 32: all 32 banks"
-    ("gc_stride128", 128, 4, 32),
-    ("gc_stride132", 132, 4, 4),
-])
-def test_token_strided_column_read(name, stride, elem, predicted_ways):
-    # 32 lanes read one feature column of 32 consecutive token rows:
-    # word stride s = stride * elem / 4, cost gcd(s, 32)
-    lay = PRESETS[name]
-    for feature in (0, 7, 64):
-        addrs = lay.address(LANES, np.full(32, feature))
-        assert wavefronts(addrs, elem) == math.gcd(stride * elem // 4, 32) == predicted_ways
-
-
-def test_16_byte_writes_force_a_stride_multiple_of_8():
-    # a 16-B cp.async per lane into stride-130 rows is misaligned for odd rows
-    lay = PRESETS["qk_stride130"]
-    dst = lay.address(LANES // 16, 8 * (LANES % 16))
-    with pytest.raises(ValueError, match="dst_addresses"):
-        cp_async_wavefronts(dst, 16)
-    # 4-B copies into the same rows are fine: no phase conflicts, but the 8-lane phases
-    # make 128 contiguous B cost 4 wavefronts
-    assert cp_async_wavefronts(lay.address(np.zeros(32, int), 2 * LANES), 4) == 4
 
 
 # ------------------------------------------------------------------ bank maps
@@ -335,7 +209,7 @@ def test_bank_map_of_a_row_major_tile():
 
 
 def test_bank_map_marks_exactly_the_conflicting_cells():
-    lay = PRESETS["qk_stride128"]
+    lay = row_major(32, 128, 128, 2)          # 32 token rows of 256 B
     feature = 6
     acc = shared_access(lay.address(LANES, np.full(32, feature)), 2)
     m = bank_map(lay, access=acc)
@@ -343,7 +217,7 @@ def test_bank_map_marks_exactly_the_conflicting_cells():
     assert np.array_equal(m.lanes[:, feature], LANES)
     assert (m.lanes[:, feature + 1] == -1).all()   # same word, but no lane asked for it
     assert "32-way" in m.title
-    clean = PRESETS["qk_stride130"]
+    clean = row_major(32, 128, 130, 2)        # 260 B rows: 65 words, odd
     m = bank_map(clean, access=shared_access(clean.address(LANES, np.full(32, feature)), 2))
     assert not m.conflicts.any() and (m.lanes >= 0).sum() == 32
 
@@ -358,3 +232,4 @@ def test_8_byte_half_warps_merge_when_the_warp_fits_one_wavefront():
     assert wavefronts(np.zeros(32, int), 8) == 1
     # 32 consecutive 8-byte words (256 B) still take the two half-warp phases
     assert wavefronts(8 * LANES, 8) == 2
+

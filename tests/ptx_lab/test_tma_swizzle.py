@@ -3,7 +3,7 @@
 With TensorMap2D.swizzle = S (32, 64 or 128 bytes; a box row is exactly S
 bytes), the 16-byte chunks of each box row are permuted within the row, by
 the row's position in an 8-row group. The model takes the permutation from
-ptx_lab.banks (Swizzle<1|2|3, 4, 3> of the byte offset); these tests state it
+ptx_lab.layouts (Swizzle<1|2|3, 4, 3> of the byte offset); these tests state it
 three other ways: tables written out by hand, a one-line chunk formula, and
 the properties the swizzle exists for (a permutation of the box, the dense
 layout at S = 0, every chunk column of 8 rows in 8 bank groups, a load and a
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ptx_lab import banks, model
+from ptx_lab import banks, layouts, model
 from ptx_lab.model import (MBarrier, cp_async_bulk_tensor_2d_g2s, cp_async_bulk_tensor_2d_s2g,
                            tensor_box_smem_offsets, tensor_tile_2d)
 from ptx_lab.tensormap import ELEMENT_BYTES, TensorMap2D
@@ -127,7 +127,7 @@ def test_a_small_load_by_hand():
 # ------------------------------------------------------------------ properties
 
 def chunk_formula(tmap: TensorMap2D) -> np.ndarray:
-    """The brief's closed form, written without ptx_lab.banks: chunk c of row i -> c ^ (line bits)."""
+    """The brief's closed form, written without ptx_lab.layouts: chunk c of row i -> c ^ (line bits)."""
     i, j = np.indices(tmap.box, dtype=np.int64)
     s, e = tmap.box_row_bytes, tmap.element_bytes
     byte = j * e
@@ -264,9 +264,9 @@ def test_refuses_what_is_not_a_map():
 
 
 def test_one_source_of_truth():
-    # The model's swizzles ARE ptx_lab.banks' GMMA swizzles, and their atoms are 8 rows.
-    assert model.TENSOR_SWIZZLES == {32: banks.GMMA_SWIZZLES["SW32"], 64: banks.GMMA_SWIZZLES["SW64"],
-                                     128: banks.GMMA_SWIZZLES["SW128"]}
+    # The model's swizzles ARE ptx_lab.layouts' GMMA swizzles, and their atoms are 8 rows.
+    assert model.TENSOR_SWIZZLES == {32: layouts.GMMA_SWIZZLES["SW32"], 64: layouts.GMMA_SWIZZLES["SW64"],
+                                     128: layouts.GMMA_SWIZZLES["SW128"]}
     for s, swz in model.TENSOR_SWIZZLES.items():
         assert swz.atom_size == 8 * s == bf16_box(s).smem_align
     assert {"tensor_box_smem_offsets", "TENSOR_SWIZZLES"} <= set(model.__all__)

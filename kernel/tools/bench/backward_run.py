@@ -20,6 +20,7 @@ from kernel.tools.fla_adapter import FLA_VERSION
 from .backward import bench_backward_config, missing_requirement
 from .backward_report import log_backward_table, progress_line, read_runs, write_outputs
 from .configs import Config, parse_configs
+from .device import environment
 from .report import log
 from .timing import L2_FLUSH_BYTES, run_configs
 
@@ -71,8 +72,6 @@ def run_in_process(args, configs: Sequence[Config]) -> list[dict]:
 
 def main_backward(args, prog: str) -> int:
     """The --backward mode of ``ptx-lab bench`` (arguments parsed by cli.parse_args)."""
-    from .cli import environment
-
     configs = parse_configs(args.configs, args.seed, log)
     why = missing_requirement()
     if why:

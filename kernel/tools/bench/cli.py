@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from kernel.build import D, parse_knobs
 
@@ -22,6 +22,7 @@ from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_t
                      log_precision_table, plot, precision_row, report_from_json, table_row)
 from . import backward_report
 from .backward_run import main_backward
+from .device import environment
 from .timing import L2_FLUSH_BYTES, log_failure, run_configs
 
 PROG = "python -m kernel.tools.bench"
@@ -110,22 +111,6 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     args.tuning = parse_knobs(args.tune)
     args.modes = list(MODES) if args.snapshot == "both" else [args.snapshot]
     return args
-
-
-def environment() -> dict:
-    env: dict[str, Any] = {"python": sys.version.split()[0]}
-    try:
-        import torch
-        env["torch"] = torch.__version__
-        if torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(0)
-            env["device"] = p.name
-            env["sms"] = p.multi_processor_count
-            env["l2_bytes"] = getattr(p, "L2_cache_size", None)
-            env["memory_bytes"] = p.total_memory
-    except ImportError:
-        env["torch"] = None
-    return env
 
 
 def _progress_line(tag: str, res: dict) -> str:

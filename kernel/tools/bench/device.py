@@ -1,0 +1,25 @@
+"""What a bench run ran on (python, torch, the GPU).
+
+Its own module so that the timing run (cli) and the backward run (backward_run) both import it
+without importing each other.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def environment() -> dict:
+    env: dict[str, Any] = {"python": sys.version.split()[0]}
+    try:
+        import torch
+        env["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            env["device"] = p.name
+            env["sms"] = p.multi_processor_count
+            env["l2_bytes"] = getattr(p, "L2_cache_size", None)
+            env["memory_bytes"] = p.total_memory
+    except ImportError:
+        env["torch"] = None
+    return env

@@ -1,4 +1,4 @@
-// kernel/composed_step.cu -- the serial step of the composed scan, alone (kernel.composed_step).
+// kernel/studies/b1_composition/composed_step.cu -- the serial step of the composed scan, alone (kernel.studies.b1_composition.composed_step).
 //
 // At B = 1 Kernel A walks 8,192 tiles of 16 tokens per head one after another. kernel.compose
 // shows that 4 tiles compose into one 64-token map, diagonal plus rank 64:

@@ -20,7 +20,7 @@ from kernel.tools.fla_adapter import FLA_VERSION
 from .backward import bench_backward_config, missing_requirement
 from .backward_report import log_backward_table, progress_line, read_runs, write_outputs
 from .configs import Config, parse_configs
-from .device import environment
+from .device import CANNOT_RUN_EXIT, environment
 from .report import log
 from .timing import L2_FLUSH_BYTES, run_configs
 
@@ -76,7 +76,7 @@ def main_backward(args, prog: str) -> int:
     why = missing_requirement()
     if why:
         log(f"{prog} --backward needs {NEEDS}: {why}")
-        return 1
+        return CANNOT_RUN_EXIT
     env = environment()
     log(f"device: {env.get('device')} ({env.get('sms')} SMs), torch {env['torch']}; H={args.heads}, K=V=128, "
         f"bf16; warm-up {args.warmup}, median of {args.reps}, seed {args.seed}")

@@ -22,7 +22,7 @@ from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_t
                      log_precision_table, plot, precision_row, report_from_json, table_row)
 from . import backward_report
 from .backward_run import main_backward
-from .device import environment
+from .device import CANNOT_RUN_EXIT, environment
 from .timing import L2_FLUSH_BYTES, log_failure, run_configs
 
 PROG = "python -m kernel.tools.bench"
@@ -143,11 +143,11 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     try:
         import torch
     except ImportError as exc:
-        log(f"torch is not installed ({exc}): the bench needs torch and a CUDA GPU")
-        return 1
+        log(f"{prog} needs torch and a CUDA GPU: torch is not installed ({exc})")
+        return CANNOT_RUN_EXIT
     if not torch.cuda.is_available():
-        log("torch sees no CUDA device: nothing to time")
-        return 1
+        log(f"{prog} needs torch and a CUDA GPU: torch sees no CUDA device")
+        return CANNOT_RUN_EXIT
 
     env = environment()
     log(f"device: {env.get('device')} ({env.get('sms')} SMs, L2 "

@@ -1,4 +1,4 @@
-"""What a bench run ran on (python, torch, the GPU).
+"""What a bench run ran on (python, torch, the GPU), and the exit status of a run that cannot start here.
 
 Its own module so that the timing run (cli) and the backward run (backward_run) both import it
 without importing each other.
@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import sys
 from typing import Any
+
+# no usable GPU (or torch, fla-core missing): 2, as every GPU tool of ptx-lab; 1 is a run whose
+# every configuration failed
+CANNOT_RUN_EXIT = 2
 
 
 def environment() -> dict:

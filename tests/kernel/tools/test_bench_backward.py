@@ -82,7 +82,7 @@ def _run_blocked(blocked: tuple[str, ...]) -> subprocess.CompletedProcess:
 
 def test_refused_without_torch_naming_it():
     out = _run_blocked(("torch", "cupy", "triton", "fla", "matplotlib"))
-    assert out.returncode == 1, out.stderr
+    assert out.returncode == 2, out.stderr
     assert out.stdout.strip() == ("ptx-lab bench --backward needs torch, fla-core 0.6.0 (with triton) and CuPy on a "
                                   "CUDA GPU: torch is not installed (blocked: torch)")
 
@@ -90,7 +90,7 @@ def test_refused_without_torch_naming_it():
 def test_refused_without_fla_naming_it():
     pytest.importorskip("torch", reason="the fla-core refusal comes after torch's check: needs torch")
     out = _run_blocked(("fla", "triton"))
-    assert out.returncode == 1, out.stderr
+    assert out.returncode == 2, out.stderr
     assert "needs torch, fla-core 0.6.0 (with triton) and CuPy on a CUDA GPU: fla-core cannot be imported" \
         in out.stdout
     assert "blocked: " in out.stdout
@@ -102,7 +102,7 @@ def test_refused_without_cupy_naming_it(monkeypatch, capsys):
     pytest.importorskip("torch")
     monkeypatch.setattr(backward.fla_kda, "import_fla", lambda: {})
     monkeypatch.setitem(sys.modules, "cupy", None)      # import cupy raises ImportError
-    assert cli.main(["--backward", "--configs", "2x256"], prog="ptx-lab bench") == 1
+    assert cli.main(["--backward", "--configs", "2x256"], prog="ptx-lab bench") == 2
     assert "CuPy on a CUDA GPU: CuPy is not installed" in capsys.readouterr().out
 
 

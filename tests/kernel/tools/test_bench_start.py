@@ -1,12 +1,38 @@
-"""The bench package's modules import each other without a cycle."""
+"""ptx-lab bench on a machine where it cannot run: exit status 2 and one line saying why, as every
+GPU tool of ptx-lab; and the bench package's modules import each other without a cycle."""
 from __future__ import annotations
 
 import ast
+import sys
+import types
 from pathlib import Path
 
+import pytest
+
 from kernel.tools.bench import cli
+from kernel.tools.bench.device import CANNOT_RUN_EXIT
+
+from .blocked_imports import run_blocked
 
 BENCH = Path(cli.__file__).resolve().parent
+
+
+def test_the_status_is_the_other_gpu_tools():
+    assert CANNOT_RUN_EXIT == 2
+
+
+@pytest.mark.parametrize("argv", [["--quick"], ["--configs", "2x256", "--no-fla"]])
+def test_without_torch_exits_2_naming_it(argv):
+    out = run_blocked(f"from kernel.tools.bench import cli\nsys.exit(cli.main({argv!r}, prog='ptx-lab bench'))\n")
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == "ptx-lab bench needs torch and a CUDA GPU: torch is not installed (blocked: torch)\n"
+
+
+def test_without_a_cuda_device_exits_2_naming_it(monkeypatch, capsys):
+    no_device = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", no_device)
+    assert cli.main(["--quick"], prog="ptx-lab bench") == 2
+    assert capsys.readouterr().out == "ptx-lab bench needs torch and a CUDA GPU: torch sees no CUDA device\n"
 
 
 def _bench_imports(path: Path) -> set[str]:

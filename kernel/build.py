@@ -12,17 +12,15 @@ the offline resource report (`ptx-lab resources`) and CI all build
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 from pathlib import Path
 
-from ptx_lab import CUDA_INCLUDE_DIR
+from .runtime.builds import KernelBuild
+from .shapes import HEAD_DIM, TILE_TOKENS
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda" / "dstate_scan"
 SOURCE_PATH = SOURCE_DIR / "dstate_scan.cu"   # the entry file; its headers sit beside it
 KERNEL_NAME = "kda_dstate_scan"
-D = 128      # K = V
-CHUNK = 16   # tokens per tile
 VSPLITS = (1, 2, 4, 8)
 LOADS_CP_ASYNC, LOADS_TMA = 1, 2                  # Config.loads (the kernel's LOADS)
 SNAP_DIRECT, SNAP_STAGED, SNAP_TMA = 1, 2, 3      # Config.snap_store (the kernel's SNAP_STORE)
@@ -121,8 +119,8 @@ class Config:
                              "the staging tile (2) or a tensor store (3)")
         if self.ksplit not in (1, 2):
             raise ValueError(f"ksplit must be 1 or 2, got {self.ksplit}")
-        if self.mt not in (1, 2) or (D // self.vsplit) % (16 * self.mt):
-            raise ValueError(f"mt must be 1 or 2 with D / vsplit = {D // self.vsplit} a multiple of 16 * mt, "
+        if self.mt not in (1, 2) or (HEAD_DIM // self.vsplit) % (16 * self.mt):
+            raise ValueError(f"mt must be 1 or 2 with 128 / vsplit = {HEAD_DIM // self.vsplit} a multiple of 16 * mt, "
                              f"got mt {self.mt}")
         wgmma_fits = self.consumers == 4 and self.ksplit == 1
         # G4 and G5 as wgmma wherever the consumers are one warpgroup (log 20)
@@ -211,7 +209,7 @@ class Config:
     @property
     def bands(self) -> int:
         """v bands per CTA: D / vsplit columns, 16 * mt each."""
-        return D // self.vsplit // (16 * self.mt)
+        return HEAD_DIM // self.vsplit // (16 * self.mt)
 
     @property
     def consumers(self) -> int:
@@ -224,7 +222,7 @@ class Config:
     @property
     def tokens_per_producer(self) -> int:
         """R1 rows per producer warp."""
-        return CHUNK // self.producers
+        return TILE_TOKENS // self.producers
 
     @property
     def launch_regs(self) -> int:
@@ -308,22 +306,13 @@ def parse_knobs(items) -> dict:
 
 
 def header_digest() -> str:
-    """sha256 over the kernel's headers and ptx_lab's (names and contents): what the entry
-    file's text alone does not show a compile cache."""
-    h = hashlib.sha256()
-    for base in (SOURCE_DIR, CUDA_INCLUDE_DIR):
-        for path in sorted(base.glob("*.cuh")):
-            h.update(f"{base.name}/{path.name}\0".encode())
-            h.update(path.read_bytes())
-            h.update(b"\0")
-    return h.hexdigest()
+    """sha256 over the kernel's headers and ptx_lab's (names and contents): BUILD.header_digest."""
+    return BUILD.header_digest()
 
 
 def source() -> str:
-    """The entry file's text, with header_digest() as a first-line comment: CuPy keys its on-disk
-    cache on the source text and the options only, so a change to a header alone would
-    otherwise load the cubin built before it."""
-    return f"// headers sha256 {header_digest()}\n" + SOURCE_PATH.read_text()
+    """The entry file's text, with header_digest() as a first-line comment (BUILD.source)."""
+    return BUILD.source()
 
 
 def summary_config(vsplit: int, l2norm: bool, fla_inputs: bool) -> Config:
@@ -347,3 +336,16 @@ def all_variants() -> list[Config]:
     summaries = [summary_config(v, n, False) for v, n in itertools.product(VSPLITS, (False, True))]
     summaries += [summary_config(v, False, True) for v in VSPLITS]
     return tiles + fla + backward + summaries
+
+
+def required_sass(cfg: Config) -> tuple[str, ...]:
+    """What a variant's SASS must hold: HMMA (every GEMM is mma.sync), LDSM (operands by ldmatrix),
+    LDGSTS (cp.async prefetch), STSM where bf16 snapshots are staged by stmatrix (not in a summary
+    build, which stores none) and HGMMA where G4/G5 are warpgroup MMAs."""
+    return (("HMMA", "LDSM", "LDGSTS") + (("STSM",) if cfg.snap_bf16 and not cfg.summary else ())
+            + (("HGMMA",) if cfg.wgmma else ()))
+
+
+BUILD = KernelBuild(title="Kernel A (the dS scan)", entry=SOURCE_PATH, headers="*.cuh", function=KERNEL_NAME,
+                    constants="kda", default=Config, options=options, variants=all_variants, label=lambda cfg: cfg.name(),
+                    required_sass=required_sass)

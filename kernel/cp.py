@@ -61,8 +61,11 @@ import numpy as np
 
 from .reference import (array_module, dstate_scan_reference, fold_summaries, segment_bounds,
                         segment_snapshots, segment_summary)
-from .reference.checks import _is_int
 from .reference.dstate_scan import check_scan_inputs
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
 
 __all__ = [
     "INPUT_NAMES",
@@ -142,7 +145,7 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
     tile); else this rank's (start, stop). Whether the ranks' parts fit
     together is checked by :func:`cp_dstate_scan`, on every rank at once.
     """
-    T, start, stop = _token_range(inputs, INPUT_NAMES, "dht", rank, world_size, chunk, tokens)
+    T, start, stop = token_range(inputs, INPUT_NAMES, "dht", rank, world_size, chunk, tokens)
     dht = inputs.get("dht")
     if dht is not None and len(dht.shape) == 4:
         if dht.shape[0] != 1:
@@ -154,7 +157,7 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
                 dht=dht if stop == T else None)
 
 
-def _token_range(inputs: Mapping[str, Array], names: Sequence[str], optional: str, rank: int,
+def token_range(inputs: Mapping[str, Array], names: Sequence[str], optional: str, rank: int,
                  world_size: int, chunk: int, tokens) -> tuple[int, int, int]:
     """(T, start, stop) of rank ``rank``'s part of the one sequence ``inputs`` holds (``names``
     [1, T, ...] each; ``optional`` names what else it may hold, for the error): ``tokens``, or
@@ -214,21 +217,22 @@ def reference_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tup
 # ----------------------------------------------------------------------------
 
 def _kernel_part_checks(part: Part, options: ScanOptions) -> None:
-    from .build import CHUNK, D
+    from .shapes import HEAD_DIM, TILE_TOKENS
 
-    if options.chunk != CHUNK:
-        raise ValueError(f"options.chunk must be {CHUNK} (Kernel A's tile) for the GPU pair, got {options.chunk}")
+    if options.chunk != TILE_TOKENS:
+        raise ValueError(f"options.chunk must be {TILE_TOKENS} (Kernel A's tile) for the GPU pair, got {options.chunk}")
     _, K, V = _hkv(part)
-    if (K, V) != (D, D):
-        raise ValueError(f"the GPU pair needs K = V = {D} (Kernel A's head dimension), got K = {K}, V = {V}")
+    if (K, V) != (HEAD_DIM, HEAD_DIM):
+        raise ValueError(f"the GPU pair needs K = V = {HEAD_DIM} (Kernel A's head dimension), got K = {K}, V = {V}")
 
 
 def _kernel_a():
     """CuPy and Kernel A's entry point, or the error that names what is missing (CuPy, a GPU)."""
     from . import api
+    from .runtime.arrays import require_cupy, require_gpu
 
-    cupy = api._require_cupy()
-    api._require_gpu()
+    cupy = require_cupy("kernel.cp's GPU pair")
+    require_gpu("kernel.cp's GPU pair")
     return cupy, api.dstate_scan
 
 
@@ -268,7 +272,7 @@ def kernel_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[
 # headers: what every rank checks about every rank
 # ----------------------------------------------------------------------------
 
-def _kind_problems(part, options, part_type: type, options_type: type, names: Sequence[str]) -> list[str]:
+def kind_problems(part, options, part_type: type, options_type: type, names: Sequence[str]) -> list[str]:
     """The first thing wrong with a part's and its options' kinds, or its inputs' names (empty:
     nothing); the check kernel.cp and kernel.cp_backward start with."""
     for what, x, kind in (("part", part, part_type), ("options", options, options_type)):
@@ -280,14 +284,14 @@ def _kind_problems(part, options, part_type: type, options_type: type, names: Se
 
 def _local_problems(part: Part, options: ScanOptions) -> list[str]:
     """What is wrong with one part on its own (empty: nothing)."""
-    problems = _kind_problems(part, options, Part, ScanOptions, INPUT_NAMES)
+    problems = kind_problems(part, options, Part, ScanOptions, INPUT_NAMES)
     if problems:
         return problems
     try:
         B, T, H, K, V, _ = check_scan_inputs(*part.args(), options.chunk, options.snapshot_every, None)
     except ValueError as exc:
         return [str(exc)]
-    problems = _range_problems(part, B, T, options.chunk)
+    problems = range_problems(part, B, T, options.chunk)
     if problems and not all(_is_int(x) for x in (part.start, part.stop, part.length)):
         return problems
     if part.holds_end and part.dht is not None and tuple(part.dht.shape) != (H, K, V):
@@ -295,7 +299,7 @@ def _local_problems(part: Part, options: ScanOptions) -> list[str]:
     return problems
 
 
-def _range_problems(part, B: int, n: int, chunk: int) -> list[str]:
+def range_problems(part, B: int, n: int, chunk: int) -> list[str]:
     """What is wrong with a part's token range [start, stop) of ``length``, given its inputs'
     batch ``B`` and tokens ``n`` (the checks kernel.cp and kernel.cp_backward share)."""
     problems = []
@@ -317,11 +321,11 @@ def _range_problems(part, B: int, n: int, chunk: int) -> list[str]:
     return problems
 
 
-def _header(part: Part, options: ScanOptions, rank: int, summary_fn, scan_fn) -> dict:
+def header(part: Part, options: ScanOptions, rank: int, summary_fn, scan_fn) -> dict:
     problems = _local_problems(part, options)
     header = dict(rank=rank, problems=problems, options=dataclasses.astuple(options)
                   if isinstance(options, ScanOptions) else None,
-                  functions=(_name(summary_fn), _name(scan_fn)))
+                  functions=(name_of(summary_fn), name_of(scan_fn)))
     if not problems:
         q, do = part.inputs["q"], part.inputs["do"]
         header.update(start=part.start, stop=part.stop, length=part.length,
@@ -330,11 +334,11 @@ def _header(part: Part, options: ScanOptions, rank: int, summary_fn, scan_fn) ->
     return header
 
 
-def _name(fn) -> str:
+def name_of(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def _check_headers(headers: Sequence[dict]) -> list[str]:
+def check_headers(headers: Sequence[dict]) -> list[str]:
     """Every problem with the parts together, each naming its rank; the same on every rank."""
     problems = [f"rank {h['rank']}: {p}" for h in headers for p in h["problems"]]
     if problems:
@@ -359,7 +363,7 @@ def _check_headers(headers: Sequence[dict]) -> list[str]:
     return problems
 
 
-def _raise_if(problems: list[str], world: int, what: str = "context-parallel dstate scan") -> None:
+def raise_if(problems: list[str], world: int, what: str = "context-parallel dstate scan") -> None:
     if problems:
         raise CPInputError(f"{what} over {world} ranks: the parts do not fit "
                            f"together (every rank raises this):\n  " + "\n  ".join(problems))
@@ -373,10 +377,10 @@ def _hkv(part: Part) -> tuple[int, int, int]:
     return part.inputs["q"].shape[2], part.inputs["q"].shape[3], part.inputs["do"].shape[3]
 
 
-def _expect_output(fn, what: str, x, shape: tuple) -> None:
+def expect_output(fn, what: str, x, shape: tuple) -> None:
     got = tuple(getattr(x, "shape", ()))
     if got != shape:
-        raise ValueError(f"{_name(fn)} returned {what} of shape {got}, expected {shape}")
+        raise ValueError(f"{name_of(fn)} returned {what} of shape {got}, expected {shape}")
 
 
 def _run_scan(part: Part, dS_in, options: ScanOptions, scan_fn):
@@ -384,26 +388,26 @@ def _run_scan(part: Part, dS_in, options: ScanOptions, scan_fn):
     snaps, out = scan_fn(part, dS_in, options)
     H, K, V = _hkv(part)
     tiles, _ = segment_snapshots(part.start, part.stop, part.length, options.chunk, options.snapshot_every)
-    _expect_output(scan_fn, "snapshots", snaps, (1, tiles.size, H, K, V))
-    _expect_output(scan_fn, "dS_out", out, (H, K, V))
+    expect_output(scan_fn, "snapshots", snaps, (1, tiles.size, H, K, V))
+    expect_output(scan_fn, "dS_out", out, (H, K, V))
     return snaps, out
 
 
 def _first_pass(part: Part, options: ScanOptions, summary_fn, scan_fn):
     """(summary or None, result or None): the end part scans, the first part idles, others summarise."""
     if part.holds_end:
-        result = _run_scan(part, _f64(part.dht, part), options, scan_fn)
+        result = _run_scan(part, as_f64(part.dht, part), options, scan_fn)
         return (None, result[1]), result
     if part.start == 0:
         return None, None                    # what leaves the first part is dh0: nobody folds it
     M, d = summary_fn(part, options)
     H, K, V = _hkv(part)
-    _expect_output(summary_fn, "M", M, (H, K, K))
-    _expect_output(summary_fn, "d", d, (H, K, V))
+    expect_output(summary_fn, "M", M, (H, K, K))
+    expect_output(summary_fn, "d", d, (H, K, V))
     return (M, d), None
 
 
-def _f64(x, part: Part):
+def as_f64(x, part: Part):
     """x as a float64 array of the part's array module (numpy or CuPy), None stays None."""
     if x is None:
         return None
@@ -427,10 +431,10 @@ def cp_dstate_scan_serial(parts: Sequence[Part], options: ScanOptions = ScanOpti
     parts = list(parts)
     if not parts:
         raise ValueError("parts must hold at least one Part, got none")
-    _raise_if(_check_headers([_header(p, options, r, summary_fn, scan_fn)
+    raise_if(check_headers([header(p, options, r, summary_fn, scan_fn)
                               for r, p in enumerate(parts)]), len(parts))
     first = [_first_pass(p, options, summary_fn, scan_fn) for p in parts]
-    summaries = [None if s is None else (_f64(s[0], p), _f64(s[1], p)) for (s, _), p in zip(first, parts)]
+    summaries = [None if s is None else (as_f64(s[0], p), as_f64(s[1], p)) for (s, _), p in zip(first, parts)]
     incoming = fold_summaries(summaries, None)     # the end part's entry is a constant: dht is in it
     return [result if result is not None else _run_scan(p, incoming[r], options, scan_fn)
             for r, (p, (_, result)) in enumerate(zip(parts, first))]
@@ -440,7 +444,7 @@ def cp_dstate_scan_serial(parts: Sequence[Part], options: ScanOptions = ScanOpti
 # torch.distributed
 # ----------------------------------------------------------------------------
 
-def _torch():
+def torch_modules():
     try:
         import torch
         import torch.distributed as dist
@@ -459,7 +463,7 @@ def init_group(backend: str | None = None, *, timeout: datetime.timedelta = DEFA
     LOCAL_RANK, as torchrun sets it), else "gloo". env:// reads MASTER_ADDR,
     MASTER_PORT, RANK and WORLD_SIZE unless ``rank`` / ``world_size`` are given.
     """
-    torch, dist = _torch()
+    torch, dist = torch_modules()
     if not isinstance(timeout, datetime.timedelta):
         raise ValueError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if backend is None:
@@ -472,11 +476,11 @@ def init_group(backend: str | None = None, *, timeout: datetime.timedelta = DEFA
     dist.init_process_group(backend, init_method=init_method, timeout=timeout, **kwargs)
 
 
-def _agree(header: dict, group, timeout: datetime.timedelta, what: str) -> list[dict]:
+def agree(header: dict, group, timeout: datetime.timedelta, what: str) -> list[dict]:
     """Every rank's header, once every rank has checked them all the same way (raising
     CPInputError on every rank where the parts do not fit together). On gloo a monitored
     barrier first names a rank that never arrives within ``timeout``."""
-    _, dist = _torch()
+    _, dist = torch_modules()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if dist.get_backend(group) == "gloo":
         try:
@@ -486,11 +490,11 @@ def _agree(header: dict, group, timeout: datetime.timedelta, what: str) -> list[
                                f"{timeout}; torch.distributed says: {exc}") from exc
     headers: list = [None] * world
     dist.all_gather_object(headers, header, group=group)
-    _raise_if(_check_headers(headers), world, what)
+    raise_if(check_headers(headers), world, what)
     return headers
 
 
-def _wait_for_device(part: Part) -> None:
+def wait_for_device(part: Part) -> None:
     """Return when the part's GPU work is done (CuPy arrays); numpy has none."""
     xp = array_module(part.inputs["q"])
     if xp is not np:
@@ -510,22 +514,22 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
     its scan; "exchange_s"; "scan_s") and "exchange_bytes" (what the all_gather
     leaves on each rank), with the GPU's work waited for at each reading.
     """
-    _, dist = _torch()
+    _, dist = torch_modules()
     if not dist.is_initialized():
         raise RuntimeError("cp_dstate_scan needs torch.distributed initialised (kernel.cp.init_group)")
     if not isinstance(timeout, datetime.timedelta):
         raise ValueError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    headers = _agree(_header(part, options, rank, summary_fn, scan_fn), group, timeout,
+    headers = agree(header(part, options, rank, summary_fn, scan_fn), group, timeout,
                      "context-parallel dstate scan")
 
     t0 = time.perf_counter()
     summary, result = _first_pass(part, options, summary_fn, scan_fn)
     if timing is not None:
-        _wait_for_device(part)
+        wait_for_device(part)
         t1 = time.perf_counter()
         timing["first_pass_s"] = t1 - t0
-    gathered = _exchange([summary], headers[0]["hkv"], group, timing)
+    gathered = exchange([summary], headers[0]["hkv"], group, timing)
     if timing is not None:
         t2 = time.perf_counter()
         timing.update(exchange_s=t2 - t1, scan_s=0.0)
@@ -534,21 +538,21 @@ def cp_dstate_scan(part: Part, options: ScanOptions = ScanOptions(), *, group=No
     # the ranks after this one; the last one's entry is the constant dS leaving it
     after = [(None if r == world - 1 else g[0][0], g[0][1]) for r, g in enumerate(gathered) if r > rank]
     incoming = fold_summaries([None] + after, None)[0]
-    out = _run_scan(part, _f64(incoming, part), options, scan_fn)
+    out = _run_scan(part, as_f64(incoming, part), options, scan_fn)
     if timing is not None:
-        _wait_for_device(part)
+        wait_for_device(part)
         timing["scan_s"] = time.perf_counter() - t2
     return out
 
 
-def _exchange(summaries: Sequence, hkv: tuple[int, int, int], group, timing: dict | None) -> list[list[tuple]]:
+def exchange(summaries: Sequence, hkv: tuple[int, int, int], group, timing: dict | None) -> list[list[tuple]]:
     """One all_gather of this rank's ``summaries``: each an (A [H, K, K] or None, b [H, K, V]) pair,
     or None where the rank has nothing to send (zeros travel), side by side as float64
     [H, K, n (K + V)] on the group's device (NCCL: this rank's GPU; gloo: the host). Returns
     every rank's pairs as views of what arrived, the matrices always present (zeros where sent as
     None). ``timing`` gets "exchange_bytes", what the all_gather leaves on each rank; the GPU's
     copies are waited for before this returns, so a clock read after it includes them."""
-    torch, dist = _torch()
+    torch, dist = torch_modules()
     H, K, V = hkv
     world = dist.get_world_size(group)
     device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"

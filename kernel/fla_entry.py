@@ -65,50 +65,23 @@ Everything in this module up to the launch runs on the host without a GPU
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
 from . import api
-from .build import CHUNK, D, Config
-from .reference.checks import FLA_CHUNK, _check_cu_seqlens
-from .reference.dstate_scan import snapshot_offsets
+from .runtime.arrays import ArrayInfo, check_scale, describe, expect, leading, refuse_gva
+from .shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
 
-TILES_PER_FLA_CHUNK = FLA_CHUNK // CHUNK   # 4: dh every 4th tile is FLA's dh
 FLA_OTHER_CHUNK = 32                       # KDA's only other chunk_size in fla-core 0.6.0
 SNAPSHOT_DTYPES = ("bfloat16", "float32")
 
 __all__ = ["dstate_scan_from_fla", "plan_fla_launch", "FlaLaunch", "Operand",
-           "TILES_PER_FLA_CHUNK", "SNAPSHOT_DTYPES"]
+           "SNAPSHOT_DTYPES"]
 
 
 # ----------------------------------------------------------------------------
 # what an argument is, without touching the GPU
 # ----------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class _Array:
-    shape: tuple[int, ...]
-    dtype: str            # "bfloat16" for torch.bfloat16 and for CuPy's uint16 bf16 bits
-    contiguous: bool
-    device: int | None    # None: the object does not say (a bare CUDA-array-interface object)
-    ptr: int
-    torch: bool
-
-
-DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)", "float32": "float32"}
-
-
-def _c_contiguous(shape: tuple[int, ...], strides, itemsize: int) -> bool:
-    if strides is None:
-        return True
-    expect = itemsize
-    for n, s in zip(reversed(shape), reversed(tuple(strides))):
-        if n != 1 and s != expect:
-            return False
-        expect *= n
-    return True
-
 
 # What the host-array refusal of dstate_scan_from_fla says after "(host memory): "
 HOST_ADVICE = ("dstate_scan_from_fla runs Kernel A on the GPU and takes CuPy arrays or torch CUDA tensors. "
@@ -116,83 +89,17 @@ HOST_ADVICE = ("dstate_scan_from_fla runs Kernel A on the GPU and takes CuPy arr
                "kernel.reference.dstate_scan_reference")
 
 
-def _describe(name: str, x: Any, host_advice: str = HOST_ADVICE) -> _Array:
-    """Shape, dtype, layout and device of a torch CUDA tensor or a CUDA-array-interface
-    object (a CuPy array); numpy and other host arrays are refused, the error ending in
-    ``host_advice`` (formatted with ``name``): what the caller takes instead."""
-    on_host = hasattr(x, "__array_interface__") and not hasattr(x, "__cuda_array_interface__")
-    if isinstance(x, np.ndarray) or (on_host and not api._is_torch(x)):
-        raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__name__} (host memory): "
-                        + host_advice.format(name=name))
-    if api._is_torch(x):
-        if not x.is_cuda:
-            raise TypeError(f"{name} must be a CUDA tensor, got a tensor on {x.device} (use .cuda())")
-        dtype = str(x.dtype).removeprefix("torch.")
-        return _Array(tuple(x.shape), dtype, bool(x.is_contiguous()), x.device.index, int(x.data_ptr()), True)
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is None:
-        raise TypeError(f"{name} must be a CuPy array or a torch CUDA tensor, got {type(x).__name__}")
-    shape = tuple(int(n) for n in cai["shape"])
-    dt = np.dtype(cai["typestr"])
-    dtype = "bfloat16" if dt == np.uint16 else dt.name   # CuPy has no bf16: its bits as uint16
-    device = getattr(getattr(x, "device", None), "id", None)
-    return _Array(shape, dtype, _c_contiguous(shape, cai.get("strides"), dt.itemsize), device,
-                  int(cai["data"][0]), False)
-
-
-def _leading(name: str, a: _Array) -> tuple[int, int, int]:
-    """(B, T, H) of the array that fixes the batch: 4-D [B, T, H, 128], B, T, H >= 1."""
-    if len(a.shape) != 4:
-        raise ValueError(f"{name} must be 4-D [B, T, H, {D}], got shape {a.shape}")
-    B, T, H, last = a.shape
-    if last != D:
-        raise ValueError(f"{name}'s head dimension must be {D}, got {last} (shape {a.shape})")
-    if min(B, T, H) < 1:
-        raise ValueError(f"{name} must have B, T, H >= 1, got shape {a.shape}")
-    return B, T, H
-
-
-def _expect(name: str, a: _Array, shape: tuple, layout: str, dtypes: tuple[str, ...]) -> None:
-    if a.shape != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)} ({layout}), got {a.shape}")
-    if a.dtype not in dtypes:
-        raise TypeError(f"{name} must be {' or '.join(DTYPE_WORDS[d] for d in dtypes)}, got {a.dtype}")
-    if not a.contiguous:
-        raise ValueError(f"{name} must be C-contiguous (call .contiguous() / cupy.ascontiguousarray)")
-
-
-def _refuse_gva(name: str, a: _Array, B: int, T: int, H: int) -> None:
-    if len(a.shape) >= 3 and a.shape[:2] == (B, T) and a.shape[2] > H and a.shape[2] % H == 0:
-        g = a.shape[2] // H
-        raise ValueError(
-            f"{name} has {a.shape[2]} heads and q has {H}: that is FLA's GVA (more value heads than "
-            f"key heads), which Kernel A does not cover (each head's q, k go with that head's gate, "
-            f"beta and do). Repeat q and k to {a.shape[2]} heads (q.repeat_interleave({g}, dim=2): "
-            f"FLA maps value head hv to key head hv // {g}) and call again with H = {a.shape[2]}")
-
-
-def _refuse_chunk_32(name: str, a: _Array, B: int, T: int, H: int) -> None:
+def _refuse_chunk_32(name: str, a: ArrayInfo, B: int, T: int, H: int) -> None:
     # The reference blueprint reads any chunk that is a multiple of 16; the GPU entry's dh
     # layout is FLA's at chunk 64 only, so chunk 32 gets a way round instead.
     if len(a.shape) == 4 and a.shape[:3] == (B, T, H) and a.shape[3] == FLA_OTHER_CHUNK:
         raise ValueError(
             f"{name} has {a.shape[3]} columns a row: FLA ran with chunk_size={a.shape[3]}, and this entry "
-            f"point needs chunk_size={FLA_CHUNK} (FLA's default): its dh is every {a.shape[3]} tokens, "
+            f"point needs chunk_size={CHUNK_TOKENS} (FLA's default): its dh is every {a.shape[3]} tokens, "
             f"Kernel A stores snapshots every tile (16 tokens) or every 4th (64). Run FLA's forward with "
-            f"chunk_size={FLA_CHUNK}, or build the tiles with kernel.reference.kernel_a_inputs_from_fla("
+            f"chunk_size={CHUNK_TOKENS}, or build the tiles with kernel.reference.kernel_a_inputs_from_fla("
             f"..., chunk={a.shape[3]}) and call kernel.dstate_scan(..., snapshot_every=1), whose snapshot "
-            f"of tile {a.shape[3] // CHUNK}m+{a.shape[3] // CHUNK - 1} is FLA's dh of chunk m")
-
-
-def _host_offsets(cu_seqlens: Any) -> np.ndarray:
-    if api._is_torch(cu_seqlens):
-        return cu_seqlens.detach().cpu().numpy()
-    if hasattr(cu_seqlens, "__cuda_array_interface__"):
-        if not hasattr(cu_seqlens, "get"):
-            raise TypeError(f"cu_seqlens must be a numpy array, a list, a CuPy array or a torch tensor, "
-                            f"got {type(cu_seqlens).__name__}")
-        return cu_seqlens.get()
-    return np.asarray(cu_seqlens)
+            f"of tile {a.shape[3] // TILE_TOKENS}m+{a.shape[3] // TILE_TOKENS - 1} is FLA's dh of chunk m")
 
 
 # ----------------------------------------------------------------------------
@@ -235,7 +142,7 @@ class FlaLaunch:
 
     @property
     def snapshot_every(self) -> int:
-        return TILES_PER_FLA_CHUNK
+        return TILES_PER_CHUNK
 
 
 def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
@@ -252,58 +159,53 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
             "state_v_first=True (FLA's states stored [V, K]) is not covered: Kernel A reads dht as "
             "[N, H, K, V] and stores dh as [.., K, V]. Run FLA with state_v_first=False (its default), "
             "or pass dht.transpose(-1, -2).contiguous() and transpose the returned dh's last two axes")
+    scale = check_scale(scale)
     api.check_vsplit(vsplit)
-    knobs = dict(tuning or {})
-    fixed = {"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm"} & set(knobs)
-    if fixed:
-        raise ValueError(f"tuning must not set {sorted(fixed)}: those follow from the other arguments")
-    unknown = set(knobs) - {f.name for f in dataclasses.fields(Config)}
-    if unknown:
-        raise ValueError(f"tuning has unknown knobs {sorted(unknown)}")
+    knobs = api.check_tuning(tuning)
 
-    qa = _describe("q", q, host_advice)
-    B, T, H = _leading("q", qa)
-    wide = (B, T, H, D)
-    _expect("q", qa, wide, "[B, T, H, K]", ("bfloat16",))
-    arrays = {"q": qa, "k": _describe("k", k, host_advice)}
-    _expect("k", arrays["k"], wide, "same as q: [B, T, H, K]", ("bfloat16",))
+    qa = describe("q", q, host_advice)
+    B, T, H = leading("q", qa)
+    wide = (B, T, H, HEAD_DIM)
+    expect("q", qa, wide, "[B, T, H, K]", ("bfloat16",))
+    arrays = {"q": qa, "k": describe("k", k, host_advice)}
+    expect("k", arrays["k"], wide, "same as q: [B, T, H, K]", ("bfloat16",))
     specs = (("g64", g64, wide, "[B, T, H, K], FLA's chunk-local cumsum of g / ln 2", ("float32",)),
              ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
-             ("Aqk", Aqk, (B, T, H, FLA_CHUNK), f"[B, T, H, {FLA_CHUNK}]", ("bfloat16",)),
-             ("Akk", Akk, (B, T, H, FLA_CHUNK), f"[B, T, H, {FLA_CHUNK}]", ("bfloat16",)),
+             ("Aqk", Aqk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}]", ("bfloat16",)),
+             ("Akk", Akk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}]", ("bfloat16",)),
              ("do", do, wide, "[B, T, H, V], V = 128", ("bfloat16",)))
     for name, x, shape, layout, dtypes in specs:
-        a = _describe(name, x, host_advice)
-        _refuse_gva(name, a, B, T, H)
+        a = describe(name, x, host_advice)
+        refuse_gva(name, a, B, T, H)
         if name in ("Aqk", "Akk"):
             _refuse_chunk_32(name, a, B, T, H)
-        _expect(name, a, shape, layout, dtypes)
+        expect(name, a, shape, layout, dtypes)
         arrays[name] = a
 
-    cu = _check_cu_seqlens(_host_offsets(cu_seqlens), B, T) if cu_seqlens is not None \
+    cu = check_cu_seqlens(cu_seqlens, B, T) if cu_seqlens is not None \
         else np.arange(B + 1, dtype=np.int64) * T
     N = cu.shape[0] - 1
     if dht is not None:
-        arrays["dht"] = _describe("dht", dht, host_advice)
-        _expect("dht", arrays["dht"], (N, H, D, D), "[N, H, K, V]", ("float32",))
+        arrays["dht"] = describe("dht", dht, host_advice)
+        expect("dht", arrays["dht"], (N, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V]", ("float32",))
 
     device = qa.device
     for name, a in arrays.items():
         if a.device is not None and device is not None and a.device != device:
             raise ValueError(f"{name} is on device {a.device}, q on device {device}: all inputs must be on one GPU")
 
-    offsets = snapshot_offsets(np.diff(cu), CHUNK, TILES_PER_FLA_CHUNK)   # = FLA's chunk_offsets
-    dh_shape = (B, int(offsets[-1]) // B, H, D, D) if cu_seqlens is None else (1, int(offsets[-1]), H, D, D)
+    offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)   # = FLA's chunk_offsets
+    dh_shape = (B, int(offsets[-1]) // B, H, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else (1, int(offsets[-1]), H, HEAD_DIM, HEAD_DIM)
 
     def operand(name: str) -> Operand:
         a = arrays[name]
-        row = int(np.prod(a.shape[2:])) if name != "dht" else H * D * D
-        head = int(np.prod(a.shape[3:])) if name != "dht" else D * D
+        row = int(np.prod(a.shape[2:])) if name != "dht" else H * HEAD_DIM * HEAD_DIM
+        head = int(np.prod(a.shape[3:])) if name != "dht" else HEAD_DIM * HEAD_DIM
         return Operand(ptr=a.ptr, dtype=a.dtype, shape=a.shape, row_stride=row, head_stride=head)
 
-    return FlaLaunch(B=B, T=T, H=H, N=N, scale=float(scale) if scale is not None else D ** -0.5,
+    return FlaLaunch(B=B, T=T, H=H, N=N, scale=float(scale) if scale is not None else HEAD_DIM ** -0.5,
                      snapshot_dtype=snapshot_dtype, operands={n: operand(n) for n in arrays},
-                     cu_seqlens=cu, snapshot_offsets=offsets, dh_shape=dh_shape, dh0_shape=(N, H, D, D),
+                     cu_seqlens=cu, snapshot_offsets=offsets, dh_shape=dh_shape, dh0_shape=(N, H, HEAD_DIM, HEAD_DIM),
                      device=device, torch_out=qa.torch, vsplit=vsplit, tuning=knobs)
 
 
@@ -339,5 +241,5 @@ def dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=
                     snapshot_dtype=snapshot_dtype, state_v_first=state_v_first, vsplit=vsplit, tuning=tuning)
     # FLA's q and k are used as it stored them (Aqk was built from exactly these): no l2norm here
     return api.launch(q, k, g64, beta, Aqk, Akk, do, scale=scale, dht=dht, cu_seqlens=cu_seqlens,
-                      qk_l2norm=False, snapshot_dtype=snapshot_dtype, snapshot_every=TILES_PER_FLA_CHUNK,
+                      qk_l2norm=False, snapshot_dtype=snapshot_dtype, snapshot_every=TILES_PER_CHUNK,
                       vsplit=vsplit, segments=segments, tuning=tuning, fla_inputs=True)

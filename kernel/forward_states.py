@@ -41,25 +41,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import api
 from .build import FAST_MATH
-from .fla_entry import _describe, _expect, _host_offsets, _leading
-from .reference.checks import FLA_CHUNK, _check_cu_seqlens
-from .reference.dstate_scan import snapshot_offsets
-from ptx_lab import CUDA_INCLUDE_DIR
+from .runtime import builds
+from .runtime.arrays import (ArrayInfo, beta_f32, cupy_view, describe, expect, leading, require_cupy, require_gpu,
+                             to_cupy)
+from .shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
 
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda" / "kda_backward"
 SOURCE_PATH = SOURCE_DIR / "forward_states.cu"
 KERNEL_NAME = "kda_forward_states"
-D = 128                 # K = V
-TILE = 16               # tokens per tile
-TILES_PER_CHUNK = FLA_CHUNK // TILE   # a state entry every 4th tile
 WARPS = (1, 2, 4, 8)    # Config.warps: consumer warps, 16 v rows of S^T each, 128 / (16 warps) CTAs per (sequence, head)
 PRODUCERS = (1, 2, 4, 8)   # Config.producers: 16 / producers tile rows loaded and rebuilt by each producer warp
 NSTAGES = (2, 3, 4, 5, 6, 7)   # FULL and EMPTY per stage: 2 nstage of the 15 named barriers
@@ -106,7 +101,7 @@ class Config:
     @property
     def vgroups(self) -> int:
         """CTAs per (sequence, head): each owns 16 * warps of the 128 v rows."""
-        return D // (16 * self.warps)
+        return HEAD_DIM // (16 * self.warps)
 
     @property
     def threads(self) -> int:
@@ -115,9 +110,9 @@ class Config:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as the source's Shared lays it out (fs_smem_bytes)."""
-        stage = (TILE * D * 4 + 2 * self.producers * D * 4 + TILE * D * 2 + 2 * TILE * (D + 8) * 2 + D * 4
-                 + TILE * 16 * self.warps * 2 + TILE * (TILE + 8) * 2 + TILE * 4)
-        return self.nstage * stage + self.warps * D * (16 + 8) * 2
+        stage = (TILE_TOKENS * HEAD_DIM * 4 + 2 * self.producers * HEAD_DIM * 4 + TILE_TOKENS * HEAD_DIM * 2 + 2 * TILE_TOKENS * (HEAD_DIM + 8) * 2 + HEAD_DIM * 4
+                 + TILE_TOKENS * 16 * self.warps * 2 + TILE_TOKENS * (TILE_TOKENS + 8) * 2 + TILE_TOKENS * 4)
+        return self.nstage * stage + self.warps * HEAD_DIM * (16 + 8) * 2
 
     def name(self) -> str:
         return f"w{self.warps}-p{self.producers}-st{self.nstage}-g{self.g6_split}"
@@ -138,20 +133,13 @@ def options(cfg: Config) -> tuple[str, ...]:
 
 def header_digest() -> str:
     """sha256 over the headers the source can include: ptx_lab's and this kernel's own
-    (forward_states_*.cuh), names and contents."""
-    h = hashlib.sha256()
-    for base, pattern in ((SOURCE_DIR, "forward_states_*.cuh"), (CUDA_INCLUDE_DIR, "*.cuh")):
-        for path in sorted(base.glob(pattern)):
-            h.update(f"{base.name}/{path.name}\0".encode())
-            h.update(path.read_bytes())
-            h.update(b"\0")
-    return h.hexdigest()
+    (forward_states_*.cuh), names and contents (BUILD.header_digest)."""
+    return BUILD.header_digest()
 
 
 def source() -> str:
-    """The source with header_digest() as a first-line comment: CuPy's on-disk cache is keyed on
-    the text and the options only, so a changed header would otherwise load the old cubin."""
-    return f"// headers sha256 {header_digest()}\n" + SOURCE_PATH.read_text()
+    """The source with header_digest() as a first-line comment (BUILD.source)."""
+    return BUILD.source()
 
 
 def all_variants() -> list[Config]:
@@ -163,7 +151,7 @@ def choose_warps(pairs: int, sm_count: int) -> int:
     """Most consumer warps per CTA (fewest CTAs, each rebuilding Kd and Kr once for more v rows) whose
     grid of pairs * 128 / (16 warps) CTAs still covers ~90% of the SMs; pairs = sequences x heads."""
     for w in sorted(WARPS, reverse=True):
-        if pairs * (D // (16 * w)) >= 0.9 * sm_count:
+        if pairs * (HEAD_DIM // (16 * w)) >= 0.9 * sm_count:
             return w
     return min(WARPS)
 
@@ -210,8 +198,8 @@ HOST_ADVICE = ("forward_states runs on the GPU and takes CuPy arrays or torch CU
                "float64 evaluation on the host use kernel.reference.kda_forward_reference")
 
 
-def _device_array(name: str, x: Any):
-    return _describe(name, x, HOST_ADVICE)
+def _device_array(name: str, x: Any) -> ArrayInfo:
+    return describe(name, x, HOST_ADVICE)
 
 
 def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None,
@@ -222,27 +210,27 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a kernel.forward_states.Config or None, got {type(config).__name__}")
     ka = _device_array("k", k)
-    B, T, H = _leading("k", ka)
-    wide = (B, T, H, D)
+    B, T, H = leading("k", ka)
+    wide = (B, T, H, HEAD_DIM)
     arrays = {"k": ka}
-    _expect("k", ka, wide, "[B, T, H, K], K = 128", ("bfloat16",))
+    expect("k", ka, wide, "[B, T, H, K], K = 128", ("bfloat16",))
     specs = (("v", v, wide, "[B, T, H, V], V = 128, B, T, H as k", ("bfloat16",)),
              ("g", g, wide, "[B, T, H, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
              ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
-             ("Akk", Akk, (B, T, H, FLA_CHUNK), f"[B, T, H, {FLA_CHUNK}], FLA's chunk_size {FLA_CHUNK}",
+             ("Akk", Akk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}], FLA's chunk_size {CHUNK_TOKENS}",
               ("bfloat16",)))
     for name, x, shape, layout, dtypes in specs:
         arrays[name] = _device_array(name, x)
-        _expect(name, arrays[name], shape, layout, dtypes)
+        expect(name, arrays[name], shape, layout, dtypes)
 
     if cu_seqlens is not None:
-        cu = _check_cu_seqlens(_host_offsets(cu_seqlens), B, T)
+        cu = check_cu_seqlens(cu_seqlens, B, T)
     else:
         cu = np.arange(B + 1, dtype=np.int64) * T
     N = cu.shape[0] - 1
     if initial_state is not None:
         arrays["initial_state"] = _device_array("initial_state", initial_state)
-        _expect("initial_state", arrays["initial_state"], (N, H, D, D), "[N, H, K, V], N sequences", ("float32",))
+        expect("initial_state", arrays["initial_state"], (N, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V], N sequences", ("float32",))
 
     device = ka.device
     for name, a in arrays.items():
@@ -252,8 +240,8 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
             raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
                              f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
 
-    offsets = snapshot_offsets(np.diff(cu), TILE, TILES_PER_CHUNK)
-    shape = (B, int(offsets[-1]) // B, H, D, D) if cu_seqlens is None else (1, int(offsets[-1]), H, D, D)
+    offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
+    shape = (B, int(offsets[-1]) // B, H, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else (1, int(offsets[-1]), H, HEAD_DIM, HEAD_DIM)
     cfg = config if config is not None else auto_config(choose_warps(N * H, sm_count))
     return StatesPlan(B=B, T=T, H=H, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
                       config=cfg, torch_out=ka.torch, device=device, beta_bf16=arrays["beta"].dtype == "bfloat16",
@@ -266,22 +254,20 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
 
 def module(cfg: Config):
     """The compiled cupy.RawModule of one configuration (cached per process by ptx_lab.gpu)."""
-    from ptx_lab.gpu import load_module
-
-    return load_module(source(), options(cfg))
+    return BUILD.module(cfg)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(cfg: Config):
-    return api.kernel_function(module(cfg), KERNEL_NAME, "fs", label=f"Kernel S configuration {cfg.name()}",
-                               threads_expected=cfg.threads,
-                               advice=": use fewer stages (Config.nstage) or fewer warps")
+    return builds.kernel_function(BUILD, module(cfg), label=f"Kernel S configuration {cfg.name()}",
+                                  threads_expected=cfg.threads,
+                                  advice=": use fewer stages (Config.nstage) or fewer warps")
 
 
 def device_tables(cu_seqlens: np.ndarray):
     """The scan's device tables for host offsets ``cu_seqlens`` (cu, state-entry offsets, CTA order, entries),
-    made once per batch layout and cached (kernel.api's cache, at one entry every 64 tokens)."""
-    return api._device_tables(np.ascontiguousarray(cu_seqlens, dtype=np.int64).tobytes(), TILES_PER_CHUNK)
+    made once per batch layout and cached (the runtime's cache, at one entry every 64 tokens)."""
+    return builds.device_tables(cu_seqlens, TILES_PER_CHUNK)
 
 
 def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,
@@ -298,18 +284,18 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     """
     plan = plan_forward_states(k, v, g, beta, Akk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                config=config, sm_count=H200_SM_COUNT)
-    cupy = api._require_cupy()
-    api._require_gpu()
+    cupy = require_cupy("kernel.forward_states")
+    require_gpu("kernel.forward_states")
     if config is None:
-        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.H, api._sm_count())))
+        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.H, builds.sm_count())))
     cfg = plan.config
 
-    k_c = api._to_cupy("k", k, "bf16")
-    v_c = api._to_cupy("v", v, "bf16")
-    g_c = api._to_cupy("g", g, "f32")
-    beta_c = api.beta_f32(beta)
-    akk_c = api._to_cupy("Akk", Akk, "bf16")
-    h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
+    k_c = to_cupy("k", k, "bf16")
+    v_c = to_cupy("v", v, "bf16")
+    g_c = to_cupy("g", g, "f32")
+    beta_c = beta_f32(beta)
+    akk_c = to_cupy("Akk", Akk, "bf16")
+    h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
 
     cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
     if total != int(plan.snapshot_offsets[-1]):
@@ -326,7 +312,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
         import torch
 
         out_t = torch.empty(plan.states_shape, dtype=torch.bfloat16, device=k.device)
-        out = api._cupy_view(out_t)
+        out = cupy_view(out_t)
     else:
         out = out_t = cupy.empty(plan.states_shape, dtype=np.uint16)
     null = np.uint64(0)
@@ -334,3 +320,9 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
        (k_c, v_c, g_c, beta_c, akk_c, h0 if h0 is not None else null, out, cu_d, offs_d, order, np.int32(plan.H)),
        shared_mem=smem)
     return out_t
+
+
+BUILD = builds.KernelBuild(title="Kernel S (the forward-state scan)", entry=SOURCE_PATH, headers="forward_states_*.cuh",
+                           function=KERNEL_NAME, constants="fs", default=Config, options=options, variants=all_variants,
+                           label=lambda cfg: f"states-{cfg.name()}",
+                           required_sass=lambda cfg: ("HMMA", "LDSM", "LDGSTS", "STSM"))

@@ -36,8 +36,9 @@ import dataclasses
 import numpy as np
 
 from . import api, fla_entry, token_gradients
-from .build import D
-from .reference.checks import FLA_CHUNK
+from .runtime import builds
+from .runtime.arrays import beta_f32, cupy_view, describe, expect, refuse_gva, require_cupy, require_gpu, to_cupy
+from .shapes import CHUNK_TOKENS, HEAD_DIM
 
 __all__ = ["kda_backward", "plan_kda_backward", "plan_scans", "ScanPlan", "GRADIENTS"]
 
@@ -74,7 +75,7 @@ def plan_scans(pairs: int, sm_count: int, side_by_side: bool | None = None) -> S
     side_by_side = _side_by_side_arg(side_by_side)
     half = max(1, sm_count // 2)
     vsplit, warps = api.choose_vsplit(pairs, half), choose_warps(pairs, half)
-    fits = pairs * vsplit + pairs * (D // (16 * warps)) <= sm_count   # Kernel A's CTAs + Kernel S's
+    fits = pairs * vsplit + pairs * (HEAD_DIM // (16 * warps)) <= sm_count   # Kernel A's CTAs + Kernel S's
     if side_by_side is None:
         side_by_side = fits
     if side_by_side:
@@ -86,27 +87,22 @@ def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = N
                       dht=None, cu_seqlens=None, states=None) -> fla_entry.FlaLaunch:
     """Every check of :func:`kda_backward` that needs no GPU: kinds, dtypes, shapes, layouts,
     devices and cu_seqlens, each named. Returns Kernel A's launch plan (batch layout included)."""
-    if scale is not None:
-        if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
-            raise TypeError(f"scale must be a real number or None, got {scale!r}")
-        if not np.isfinite(scale) or scale == 0:
-            raise ValueError(f"scale must be finite and non-zero, got {scale}")
     plan = fla_entry.plan_fla_launch(q, k, g, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens,
                                      scale=scale, snapshot_dtype="bfloat16", host_advice=HOST_ADVICE)
     B, T, H, N = plan.B, plan.T, plan.H, plan.N
-    va = fla_entry._describe("v", v, HOST_ADVICE)
-    fla_entry._refuse_gva("v", va, B, T, H)
-    fla_entry._expect("v", va, (B, T, H, D), "[B, T, H, V], V = 128", ("bfloat16",))
+    va = describe("v", v, HOST_ADVICE)
+    refuse_gva("v", va, B, T, H)
+    expect("v", va, (B, T, H, HEAD_DIM), "[B, T, H, V], V = 128", ("bfloat16",))
     named = {"v": va}
     if initial_state is not None:
-        named["initial_state"] = fla_entry._describe("initial_state", initial_state, HOST_ADVICE)
-        fla_entry._expect("initial_state", named["initial_state"], (N, H, D, D), "[N, H, K, V]", ("float32",))
+        named["initial_state"] = describe("initial_state", initial_state, HOST_ADVICE)
+        expect("initial_state", named["initial_state"], (N, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V]", ("float32",))
     if states is not None:
         n_chunks = int(plan.snapshot_offsets[-1])
         shape = plan.dh_shape
-        named["states"] = fla_entry._describe("states", states, HOST_ADVICE)
-        fla_entry._expect("states", named["states"], shape,
-                          f"[B, NT, H, K, V]: the state entering each of the {n_chunks} {FLA_CHUNK}-token "
+        named["states"] = describe("states", states, HOST_ADVICE)
+        expect("states", named["states"], shape,
+                          f"[B, NT, H, K, V]: the state entering each of the {n_chunks} {CHUNK_TOKENS}-token "
                           f"chunks (FLA's h, state_v_first=False)", ("bfloat16",))
     for name, a in named.items():
         if a.device is not None and plan.device is not None and a.device != plan.device:
@@ -134,9 +130,9 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     plan = plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, scale=scale, initial_state=initial_state,
                              dht=dht, cu_seqlens=cu_seqlens, states=states)
     side_by_side = _side_by_side_arg(side_by_side)
-    cupy = api._require_cupy()
-    api._require_gpu()
-    scans = (plan_scans(plan.N * plan.H, api._sm_count(), side_by_side) if states is None
+    cupy = require_cupy("kernel.kda_backward")
+    require_gpu("kernel.kda_backward")
+    scans = (plan_scans(plan.N * plan.H, builds.sm_count(), side_by_side) if states is None
              else ScanPlan(False, "auto", None))
     if plan.torch_out:
         import torch
@@ -150,19 +146,19 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
     import cupy
 
     B, T, H = plan.B, plan.T, plan.H
-    c = {name: api._to_cupy(name, x, want) for name, x, want in (
+    c = {name: to_cupy(name, x, want) for name, x, want in (
         ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
-    beta_c = api.beta_f32(beta)
+    beta_c = beta_f32(beta)
     cu = plan.cu_seqlens if cu_seqlens is not None else None
     main = cupy.cuda.get_current_stream()
-    # the forward-state scan's stream beside Kernel A: the device's side stream (kernel.api's, which its
-    # sequence split also uses; Kernel A is not split here)
-    side = api._side_stream(cupy.cuda.Device().id) if scans.side_by_side else None
+    # the forward-state scan's stream beside Kernel A: the device's side stream (the runtime's, which
+    # Kernel A's sequence split also uses; Kernel A is not split here)
+    side = builds.side_stream(cupy.cuda.Device().id) if scans.side_by_side else None
     if states is None:
         from .forward_states import auto_config, device_tables, forward_states
 
-        h0 = api._to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
+        h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
         config = auto_config(scans.states_warps) if scans.states_warps is not None else None
         if side is not None:
             # Everything the side stream uses is made here, on the caller's stream, before the fork:
@@ -179,18 +175,18 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
             states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu,
                                       initial_state=h0, config=config)
     else:
-        states_c = api._to_cupy("states", states, "bf16")
+        states_c = to_cupy("states", states, "bf16")
     # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator). Not
     # split along the sequence (segments 1): at few sequences its scan runs beside the
     # forward-state scan on half the SMs (plan_scans), which has no split of its own yet.
     ds, dh0 = api.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht, cu_seqlens=cu,
                          qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
                          vsplit=scans.vsplit, segments=1)
-    ds_c = api._to_cupy("dS", ds, "bf16")
+    ds_c = to_cupy("dS", ds, "bf16")
     if side is not None:
         main.wait_event(states_ready)
 
-    wide, row = (B, T, H, D), (B, T, H)
+    wide, row = (B, T, H, HEAD_DIM), (B, T, H)
     if plan.torch_out:
         import torch
 
@@ -200,7 +196,7 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
                  "dv": torch.empty(wide, dtype=torch.bfloat16, device=dev),
                  "dg": torch.empty(wide, dtype=torch.float32, device=dev),
                  "dbeta": torch.empty(row, dtype=torch.float32, device=dev)}
-        out = {name: api._cupy_view(x) for name, x in out_t.items()}
+        out = {name: cupy_view(x) for name, x in out_t.items()}
     else:
         out = {"dq": cupy.empty(wide, np.float32), "dk": cupy.empty(wide, np.float32),
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),

@@ -15,7 +15,7 @@ sequence can be cut into segments and scanned in three passes
    stream, every sequence's last segment (and every sequence not split) runs
    its real scan from dht;
 2. a short fold, in float64, gives each segment the dS entering it
-   (:func:`kernel.reference.fold_summaries`);
+   (:func:`fold_summaries`);
 3. every other segment runs its real scan from that dS.
 
 Each launch is Kernel A over the *segments* as a packed batch: the segment
@@ -40,13 +40,11 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .reference import fold_summaries
-from .reference.checks import _is_int
-from .reference.dstate_scan import snapshot_offsets
+from .shapes import snapshot_offsets
 
 __all__ = ["ALIGN", "SEGMENTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
            "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "run", "phase_marks"]
@@ -97,7 +95,7 @@ def pass_vsplits(counts, slot_count: int, vsplits=(1, 2, 4, 8)) -> tuple[int, in
 
 def forced_counts(lengths, segments: int) -> np.ndarray:
     """``segments`` per sequence (a sequence of fewer 64-token blocks gets one per block)."""
-    if isinstance(segments, (bool, np.bool_)) or not _is_int(segments) or segments < 1:
+    if isinstance(segments, (bool, np.bool_)) or not isinstance(segments, (int, np.integer)) or segments < 1:
         raise ValueError(f"segments must be 'auto' or an integer >= 1, got {segments!r}")
     n = np.asarray(lengths, dtype=np.int64)
     return np.minimum(int(segments), -(-n // ALIGN)).astype(np.int64)
@@ -177,6 +175,55 @@ class Plan:
     @property
     def split(self) -> bool:
         return bool((self.count > 1).any())
+
+
+def fold_summaries(summaries: Sequence[tuple[Any, Any] | None], dht=None) -> list:
+    """Pass 2: the dS entering every segment of one sequence, from the right.
+
+    ``summaries``: one entry per segment, in token order; entry j is (M, d),
+    M [H, K, K], d [H, K, V], meaning dS_before_j = M @ dS_after_j + d. M may be
+    None: the segment's dS_before is already known (its scan ran), and is d. The
+    first entry is never read (what leaves the first segment is dh0) and may be None.
+    ``dht`` [H, K, V] enters the last segment; None means zeros.
+
+    Returns incoming [m]: incoming[m-1] = dht, incoming[j-1] = M_j @ incoming[j] + d_j,
+    with None standing for zeros (as ``dht`` does) and an entry possibly being d_j
+    itself (no copy). Only ``@`` and ``+`` are used: numpy, CuPy and torch all fold.
+    """
+    try:
+        m = len(summaries)
+    except TypeError:
+        raise ValueError(f"summaries must be a sequence of (M, d) pairs, got "
+                         f"{type(summaries).__name__}") from None
+    if m < 1:
+        raise ValueError("summaries must hold at least one entry (one per segment), got none")
+    hkv = None if dht is None else tuple(dht.shape)
+    if hkv is not None and len(hkv) != 3:
+        raise ValueError(f"dht must be [H, K, V] (one sequence), got shape {hkv}")
+    for j in range(1, m):
+        entry = summaries[j]
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ValueError(f"summaries[{j}] must be an (M, d) pair, got {type(entry).__name__}")
+        M, d = entry
+        shape = tuple(getattr(d, "shape", ()))
+        if len(shape) != 3:
+            raise ValueError(f"summaries[{j}] d must be [H, K, V], got shape {shape}")
+        if hkv is None:
+            hkv = shape
+        elif shape != hkv:
+            raise ValueError(f"summaries[{j}] d must have shape {hkv} (as dht and the other "
+                             f"segments), got {shape}")
+        H, K, _ = hkv
+        if M is not None and tuple(getattr(M, "shape", ())) != (H, K, K):
+            raise ValueError(f"summaries[{j}] M must have shape {(H, K, K)} ([H, K, K]) or be None, "
+                             f"got {tuple(getattr(M, 'shape', ()))}")
+    incoming = [None] * m
+    incoming[-1] = dht
+    for j in range(m - 1, 0, -1):
+        M, d = summaries[j]
+        x = incoming[j]
+        incoming[j - 1] = d if (M is None or x is None) else M @ x + d
+    return incoming
 
 
 def plan(cu_seqlens, counts, *, chunk: int = 16, snapshot_every: int = 1, end_weight: float = END_WEIGHT) -> Plan:

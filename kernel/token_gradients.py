@@ -15,22 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
-from ptx_lab import CUDA_INCLUDE_DIR
-
-from .build import CHUNK, FAST_MATH
-from .reference.checks import FLA_CHUNK
-from .reference.dstate_scan import snapshot_offsets
+from .build import FAST_MATH
+from .runtime import builds
+from .shapes import TILE_TOKENS, TILES_PER_CHUNK, snapshot_offsets
 
 SOURCE_PATH = Path(__file__).resolve().parent / "cuda" / "kda_backward" / "token_gradients.cu"
 KERNEL_NAME = "kda_token_gradients"
-TILES_PER_CTA = FLA_CHUNK // CHUNK   # 4
 
-__all__ = ["launch", "source", "options", "tables", "Build", "all_variants", "SOURCE_PATH", "KERNEL_NAME"]
+__all__ = ["launch", "kernel", "source", "options", "tables", "Build", "all_variants", "SOURCE_PATH", "KERNEL_NAME"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +43,10 @@ def all_variants() -> list[Build]:
 
 
 def source() -> str:
-    """The entry file's text, prefixed with a hash of ptx_lab's headers: CuPy keys its compile
-    cache on the text and the options only, so a header change alone would load a stale cubin."""
-    h = hashlib.sha256()
-    for path in sorted(Path(CUDA_INCLUDE_DIR).glob("*.cuh")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"// headers sha256 {h.hexdigest()}\n" + SOURCE_PATH.read_text()
+    """The entry file's text, prefixed with a digest of its own headers (token_gradients_*.cuh) and
+    ptx_lab's (BUILD.source): CuPy keys its compile cache on the text and the options only, so a
+    header change alone would load a stale cubin."""
+    return BUILD.source()
 
 
 def options(build: Build | None = None) -> tuple[str, ...]:
@@ -61,21 +55,18 @@ def options(build: Build | None = None) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel():
-    from ptx_lab.gpu import load_module
-
-    from .api import kernel_function
-
-    return kernel_function(load_module(source(), options()), KERNEL_NAME, "kdb", label="Kernel B",
-                           advice=" (it is built for sm_90a: H100 / H200)")
+def kernel():
+    """(function, shared memory bytes, threads) of Kernel B's one build, compiled once."""
+    return builds.kernel_function(BUILD, BUILD.module(Build()), label="Kernel B",
+                                  advice=" (it is built for sm_90a: H100 / H200)")
 
 
 def tables(cu: np.ndarray) -> dict:
     """Host tables of a batch layout (cu: int64 [N + 1]): the first dS snapshot (tile) and the
     first 64-chunk state of each sequence, and the sequence of every 64-chunk (int32)."""
     lengths = np.diff(cu)
-    tile_offs = snapshot_offsets(lengths, CHUNK, 1)
-    chunk_offs = snapshot_offsets(lengths, CHUNK, TILES_PER_CTA)
+    tile_offs = snapshot_offsets(lengths, TILE_TOKENS, 1)
+    chunk_offs = snapshot_offsets(lengths, TILE_TOKENS, TILES_PER_CHUNK)
     chunk_seq = np.repeat(np.arange(lengths.size, dtype=np.int32), np.diff(chunk_offs))
     return {"tile_offs": tile_offs, "chunk_offs": chunk_offs, "chunk_seq": chunk_seq,
             "tiles": int(tile_offs[-1]), "chunks": int(chunk_offs[-1])}
@@ -96,9 +87,15 @@ def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int
            out: dict) -> None:
     """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
     preallocated CuPy arrays of ``out``: dq, dk, dg (fp32), dv (bf16 bits), dbeta (fp32)."""
-    fn, smem, threads = _kernel()
+    fn, smem, threads = kernel()
     cu_d, tile_d, chunk_d, seq_d, chunks = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes())
     fn((chunks, H), (threads,),
        (q, k, v, do, g, beta, aqk, akk, ds, states, out["dq"], out["dk"], out["dv"], out["dg"], out["dbeta"],
         cu_d, tile_d, chunk_d, seq_d, np.int32(H), np.float32(scale)),
        shared_mem=smem)
+
+
+BUILD = builds.KernelBuild(title="Kernel B (the per-token gradients)", entry=SOURCE_PATH,
+                           headers="token_gradients_*.cuh", function=KERNEL_NAME, constants="kdb", default=Build, options=options,
+                           variants=all_variants, label=lambda build: build.name(),
+                           required_sass=lambda build: ("HMMA", "LDSM", "LDGSTS", "STSM"))

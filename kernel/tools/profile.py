@@ -71,6 +71,7 @@ def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
     import cupy as cp
 
     from kernel import api
+    from kernel.runtime import builds
 
     x = _inputs(B, T, H)
     dtype, every = {"bf16x4": ("bfloat16", 4), "f32x1": ("float32", 1),
@@ -81,7 +82,7 @@ def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
     plain_ms = _time_ms(lambda: call(tune))
     cfg = build.Config(vsplit=vsplit, snap_bf16=dtype == "bfloat16", snap_every=every, timing=True, **tune)
     mod = api.module(cfg)
-    dims = api.read_int_constants(mod, "kda_timing_dims", 3)
+    dims = builds.read_int_constants(mod, "kda_timing_dims", 3)
     timing_ctas = dims[0]
     counters = cp.ndarray(dims, dtype=cp.uint64, memptr=mod.get_global("kda_timing"))
     call({**tune, "timing": True})               # compile + warm

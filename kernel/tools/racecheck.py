@@ -435,11 +435,11 @@ def _backward_child(run: str) -> None:
         import json
         import os
 
-        from kernel import api
+        from kernel.runtime import builds
         from kernel.forward_states import auto_config, choose_warps, forward_states
 
         # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 4, "warps": 8}
-        cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], api._sm_count())), lineinfo=True,
+        cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())), lineinfo=True,
                                   **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
         states = forward_states(cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
                                 cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),

@@ -7,22 +7,22 @@
 
 (also ``python -m kernel.tools.resources``.)
 
-Every variant the API can launch (`kernel.build.all_variants` for Kernel A,
-`kernel.forward_states.all_variants` for Kernel S, rows named ``states-...``) is compiled with
-nvcc for sm_90a from the same source and -D options the API uses. For each:
+Every variant the API can launch, of every kernel in `kernel.registry.KERNELS` (Kernel A's
+rows by their knobs, Kernel S's named ``states-...``, Kernel B's ``token-gradients``), is compiled
+with nvcc for sm_90a from the same source and -D options the API uses. For each:
 registers and spill bytes (ptxas -v), dynamic shared memory per CTA (the
-kernel's own `kda_smem_bytes` / `fs_smem_bytes` constant, read from the PTX), CTAs per SM that
+kernel's own `<prefix>_smem_bytes` constant, read from the PTX), CTAs per SM that
 registers, shared memory and threads allow on an H100/H200 (64K registers,
 228 KB shared memory with 1 KB reserved per CTA, 2048 threads), and SASS
 instruction counts (cuobjdump; the nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm wheels, ``pip install -e '.[sass]'``, provide it where the
 CUDA toolkit lacks it; --check needs it, the plain report leaves the counts out).
 
-What the design relies on, checked with --check: HMMA (every GEMM is
-mma.sync), LDSM (operands via ldmatrix), LDGSTS (cp.async prefetch) and, for
-bf16 snapshots (and in Kernel S), STSM (stmatrix.trans staging; not in the sequence split's
-summary builds, which store no snapshot). No MOVM is expected: the
-transposed formulation turns accumulators into A operands by packing alone.
+What the design relies on, checked with --check: the instructions each kernel's entry says a
+variant must hold (``KernelBuild.required_sass``: HMMA, LDSM, LDGSTS everywhere, STSM where
+snapshots or states are staged by stmatrix, HGMMA in Kernel A's warpgroup-MMA builds). MOVM is
+counted in the table but never required or refused: the transposed formulation turns
+accumulators into A operands by packing alone, and the count shows that it stayed so.
 """
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from kernel import build, forward_states, token_gradients
+from kernel.registry import KERNELS
+from kernel.runtime.builds import KernelBuild
 from ptx_lab import CUDA_INCLUDE_DIR
 
 SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
@@ -59,48 +60,32 @@ def _tool(name: str) -> str | None:
     return None
 
 
-Variant = build.Config | forward_states.Config | token_gradients.Build
-
-
-def label(cfg: Variant) -> str:
-    return f"states-{cfg.name()}" if isinstance(cfg, forward_states.Config) else cfg.name()   # Kernel B: token-gradients
-
-
-def _source(cfg: Variant) -> tuple[Path, tuple[str, ...], str]:
-    """The entry file, its options and the prefix of its smem / threads constants."""
-    if isinstance(cfg, forward_states.Config):
-        return forward_states.SOURCE_PATH, forward_states.options(cfg), "fs"
-    if isinstance(cfg, token_gradients.Build):
-        return token_gradients.SOURCE_PATH, token_gradients.options(cfg), "kdb"
-    return build.SOURCE_PATH, build.options(cfg), "kda"
-
-
-def _nvcc_cmd(cfg: Variant, out: Path, kind: str) -> list[str]:
-    source, options, _ = _source(cfg)
+def _nvcc_cmd(kernel: KernelBuild, cfg, out: Path, kind: str) -> list[str]:
     return [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
-            *options, kind, str(source), "-o", str(out)]
+            *kernel.options(cfg), kind, str(kernel.entry), "-o", str(out)]
 
 
-def compile_variant(cfg: Variant, workdir: Path) -> dict:
-    stem = workdir / label(cfg)
-    prefix = _source(cfg)[2]
-    ptx = subprocess.run(_nvcc_cmd(cfg, stem.with_suffix(".ptx"), "-ptx"), capture_output=True, text=True)
+def compile_variant(kernel: KernelBuild, cfg, workdir: Path) -> dict:
+    """One variant's row: registers, spills, stack, shared memory, threads, CTAs per SM, SASS counts."""
+    stem = workdir / kernel.label(cfg)
+    prefix = kernel.constants
+    ptx = subprocess.run(_nvcc_cmd(kernel, cfg, stem.with_suffix(".ptx"), "-ptx"), capture_output=True, text=True)
     if ptx.returncode:
-        return {"cfg": cfg, "error": ptx.stderr.strip()}
+        return {"kernel": kernel, "cfg": cfg, "error": ptx.stderr.strip()}
     ptx_text = stem.with_suffix(".ptx").read_text()
     smem = int(re.search(rf"{prefix}_smem_bytes\s*=\s*(\d+)", ptx_text).group(1))
     threads = int(re.search(rf"{prefix}_threads\s*=\s*(\d+)", ptx_text).group(1))
-    cub = subprocess.run(_nvcc_cmd(cfg, stem.with_suffix(".cubin"), "-cubin") + ["-Xptxas", "-v"],
+    cub = subprocess.run(_nvcc_cmd(kernel, cfg, stem.with_suffix(".cubin"), "-cubin") + ["-Xptxas", "-v"],
                          capture_output=True, text=True)
     if cub.returncode:
-        return {"cfg": cfg, "error": cub.stderr.strip()}
+        return {"kernel": kernel, "cfg": cfg, "error": cub.stderr.strip()}
     log = cub.stderr
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spill_st = int(re.search(r"(\d+) bytes spill stores", log).group(1))
     spill_ld = int(re.search(r"(\d+) bytes spill loads", log).group(1))
     stack = int(re.search(r"(\d+) bytes stack frame", log).group(1))
     static_smem = int(m.group(1)) if (m := re.search(r"(\d+) bytes smem", log)) else 0
-    row = {"cfg": cfg, "regs": regs, "spill": spill_st + spill_ld, "stack": stack,
+    row = {"kernel": kernel, "cfg": cfg, "regs": regs, "spill": spill_st + spill_ld, "stack": stack,
            "smem": static_smem + smem, "threads": threads, "log": log}
     warps = threads // 32
     regs_per_warp = -(-regs * 32 // 256) * 256
@@ -139,12 +124,7 @@ def problems(row: dict) -> list[str]:
     if row.get("sass_error"):
         out.append(f"no SASS (cuobjdump failed: {row['sass_error']})")
     elif row["sass"] is not None:
-        cfg = row["cfg"]
-        if isinstance(cfg, (forward_states.Config, token_gradients.Build)):
-            need = ["HMMA", "LDSM", "LDGSTS", "STSM"]
-        else:
-            need = (["HMMA", "LDSM", "LDGSTS"] + (["STSM"] if cfg.snap_bf16 and not cfg.summary else [])
-                    + (["HGMMA"] if cfg.wgmma else []))
+        need = row["kernel"].required_sass(row["cfg"])
         out += [f"SASS has no {op}" for op in need if row["sass"][op] == 0]
     return out
 
@@ -185,33 +165,32 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         flag = "--check" if args.check else "--sass-digest"
         print(f"{prog} {flag}: cuobjdump not found, so the SASS cannot be checked: {SASS_INSTALL}", file=sys.stderr)
         return 2
-    variants = [*build.all_variants(), *forward_states.all_variants(), *token_gradients.all_variants()]
-    print(f"compiling {len(variants)} variants of {build.SOURCE_PATH.name}, {forward_states.SOURCE_PATH.name} and "
-          f"{token_gradients.SOURCE_PATH.name} "
+    variants = [(kernel, cfg) for kernel in KERNELS for cfg in kernel.variants()]
+    print(f"compiling {len(variants)} variants of {', '.join(k.entry.name for k in KERNELS)} "
           f"for sm_90a ({args.jobs} jobs)", flush=True)
     with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda c: compile_variant(c, Path(tmp)), variants))
+        rows = list(pool.map(lambda kc: compile_variant(*kc, Path(tmp)), variants))
     head = f"{'variant':34s} {'regs':>4s} {'spill':>5s} {'smem B':>7s} {'thr':>4s} {'CTA/SM':>6s}  " + \
            " ".join(f"{op:>6s}" for op in SASS_OPS)
     print(head)
     bad = 0
     for r in rows:
         if "error" in r:
-            print(f"{label(r['cfg']):34s} COMPILE ERROR")
+            print(f"{r['kernel'].label(r['cfg']):34s} COMPILE ERROR")
         else:
             sass = " ".join(f"{(r['sass'] or {}).get(op, '-'):>6}" for op in SASS_OPS)
-            print(f"{label(r['cfg']):34s} {r['regs']:4d} {r['spill']:5d} {r['smem']:7d} {r['threads']:4d} "
+            print(f"{r['kernel'].label(r['cfg']):34s} {r['regs']:4d} {r['spill']:5d} {r['smem']:7d} {r['threads']:4d} "
                   f"{r['ctas_per_sm']:6d}  {sass}")
         for p in problems(r):
             bad += 1
-            print(f"  ! {label(r['cfg'])}: {p}")
+            print(f"  ! {r['kernel'].label(r['cfg'])}: {p}")
     print(f"{len(rows)} variants, {bad} problems")
     if not has_sass:
         print(f"SASS counts left out: cuobjdump not found ({SASS_INSTALL})")
     failed = bool(args.check and bad)
     if args.sass_digest is not None:
-        digest = {label(r["cfg"]): r.get("sass_sha256") for r in rows}
-        units = other_units({build.SOURCE_PATH, forward_states.SOURCE_PATH, token_gradients.SOURCE_PATH})
+        digest = {r["kernel"].label(r["cfg"]): r.get("sass_sha256") for r in rows}
+        units = other_units({k.entry.resolve() for k in KERNELS})
         print(f"compiling the {len(units)} other translation units (probes, studies) for their SASS", flush=True)
         with tempfile.TemporaryDirectory() as tmp, cf.ThreadPoolExecutor(args.jobs) as pool:
             digest.update(zip((str(u.relative_to(REPO)) for u in units),

@@ -104,12 +104,12 @@ def _use(kernel: str, source: Path) -> None:
         from kernel import api, build
 
         build.SOURCE_DIR, build.SOURCE_PATH = source, source / "dstate_scan.cu"
-        api._kernel.cache_clear()
+        api.kernel.cache_clear()
     else:
         from kernel import token_gradients
 
         token_gradients.SOURCE_PATH = source
-        token_gradients._kernel.cache_clear()
+        token_gradients.kernel.cache_clear()
 
 
 def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:

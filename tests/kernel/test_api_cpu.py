@@ -96,7 +96,7 @@ def test_cpu_tensors_are_refused_as_host_arrays():
     (dict(snapshot_dtype="bf16"), ValueError, r"snapshot_dtype must be one of"),
     (dict(qk_l2norm="no"), TypeError, r"qk_l2norm must be a bool"),                       # was True
     (dict(qk_l2norm=0), TypeError, r"qk_l2norm must be a bool"),
-    (dict(scale=float("nan")), ValueError, r"scale must be finite, got nan"),
+    (dict(scale=float("nan")), ValueError, r"scale must be finite and > 0 \(the forward.s q scale\), got nan"),
     (dict(scale="0.1"), TypeError, r"scale must be a real number"),
     (dict(vsplit=2.5), ValueError, r"vsplit must be 'auto' or one of \(1, 2, 4, 8\), got 2.5"),   # was 2
     (dict(vsplit=True), ValueError, r"vsplit must be 'auto' or one of"),

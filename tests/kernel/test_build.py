@@ -153,8 +153,7 @@ def test_source_text_carries_a_digest_of_every_header(tmp_path, monkeypatch):
     fake.mkdir()
     for p in build.SOURCE_DIR.iterdir():
         (fake / p.name).write_bytes(p.read_bytes())
-    monkeypatch.setattr(build, "SOURCE_DIR", fake)
-    monkeypatch.setattr(build, "SOURCE_PATH", fake / "dstate_scan.cu")
+    monkeypatch.setattr(build, "BUILD", dataclasses.replace(build.BUILD, entry=fake / "dstate_scan.cu"))
     before = build.source()
     (fake / "operands.cuh").write_text((fake / "operands.cuh").read_text() + "\n// edited\n")
     assert build.source() != before

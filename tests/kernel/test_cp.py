@@ -235,9 +235,9 @@ def test_serial_rejects_bad_options_and_mismatched_functions():
     with pytest.raises(cp.CPInputError, match=r"every rank raises this"):
         cp.cp_dstate_scan_serial(parts, "chunk=4")
     # every rank must agree on the functions: the headers name them
-    header = cp._header(parts[0], cp.ScanOptions(chunk=4), 0, other_summary, cp.reference_scan)
-    other = cp._header(parts[1], cp.ScanOptions(chunk=4), 1, cp.reference_summary, cp.reference_scan)
-    assert any("summary_fn, scan_fn" in p for p in cp._check_headers([header, other]))
+    header = cp.header(parts[0], cp.ScanOptions(chunk=4), 0, other_summary, cp.reference_scan)
+    other = cp.header(parts[1], cp.ScanOptions(chunk=4), 1, cp.reference_summary, cp.reference_scan)
+    assert any("summary_fn, scan_fn" in p for p in cp.check_headers([header, other]))
 
 
 def test_serial_checks_what_a_plugged_in_pair_returns():

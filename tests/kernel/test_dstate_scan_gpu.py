@@ -105,11 +105,12 @@ def test_the_launched_build_moves_registers_where_it_should(producers, split):
     # The API's NVRTC build must target sm_90a (ptx_lab.gpu.arch_options): on plain sm_90
     # setmaxnreg is compiled out, and the 8 or 16 producers' build spills.
     from kernel import api, build
+    from kernel.runtime import builds
 
     cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
-    (reg_split,) = api.read_int_constants(api.module(cfg), "kda_reg_split", 1)
+    (reg_split,) = builds.read_int_constants(api.module(cfg), "kda_reg_split", 1)
     assert reg_split == split
-    attrs = api._kernel(cfg)[0].attributes
+    attrs = api.kernel(cfg)[0].attributes
     assert attrs["local_size_bytes"] == 0, attrs
 
 
@@ -118,9 +119,10 @@ def test_the_launched_build_runs_g4_g5_as_wgmma_where_it_should(vsplit, wgmma):
     # WGMMA is compiled out of a plain sm_90 build: the API's NVRTC build (sm_90a) must keep it
     # wherever build.Config turns it on (the consumers are one warpgroup).
     from kernel import api, build
+    from kernel.runtime import builds
 
     cfg = build.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
     assert cfg.wgmma == wgmma
-    (on,) = api.read_int_constants(api.module(cfg), "kda_wgmma", 1)
+    (on,) = builds.read_int_constants(api.module(cfg), "kda_wgmma", 1)
     assert on == wgmma
-    assert api._kernel(cfg)[0].attributes["local_size_bytes"] == 0
+    assert api.kernel(cfg)[0].attributes["local_size_bytes"] == 0

@@ -353,7 +353,7 @@ def test_the_identities_hold_on_flas_own_tensors():
     read by the blueprint on CuPy views, against prepare_tiles in float64 on the same q, k, g, beta.
     The bounds are one bf16 rounding (Mqk, INV) and a few fp32 roundings (gc)."""
     torch = pytest.importorskip("torch")
-    from kernel.api import _cupy_view, bits_to_f32
+    from kernel.runtime.arrays import bits_to_f32, cupy_view as _cupy_view
     from kernel.reference import kernel_a_inputs_from_fla, prepare_tiles
 
     s, raw = _fla_state(torch, (1, 15, 16, 17, 63, 64, 65, 129, 300))

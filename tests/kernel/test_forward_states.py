@@ -361,10 +361,10 @@ def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_pa
     from kernel.tools import resources
 
     for cfg in fs.all_variants():
-        row = resources.compile_variant(cfg, tmp_path)
+        row = resources.compile_variant(fs.BUILD, cfg, tmp_path)
         assert "error" not in row, row.get("error")
         assert row["threads"] == cfg.threads and row["ctas_per_sm"] >= 1
-        assert resources.problems(row) == [], (resources.label(cfg), resources.problems(row))
+        assert resources.problems(row) == [], (fs.BUILD.label(cfg), resources.problems(row))
         assert row["spill"] == 0 and row["stack"] == 0, row["log"]
         assert row["smem"] == cfg.smem_bytes, (cfg.name(), row["smem"], cfg.smem_bytes)   # Config's sum is the source's
         if row["sass"] is not None:   # the three products and the load: 16 + 2 + 16 HMMA, 8 + 1 + 8 LDSM

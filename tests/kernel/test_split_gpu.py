@@ -78,7 +78,8 @@ def test_torch_tensors_through_the_split():
 
 
 def test_auto_leaves_a_full_batch_unsplit_and_splits_a_long_sequence():
-    from kernel import api, split
+    from kernel import split
+    from kernel.runtime import builds
     from kernel.api import dstate_scan
 
     names = ("q", "k", "gc", "beta", "mqk", "inv", "do")
@@ -87,7 +88,7 @@ def test_auto_leaves_a_full_batch_unsplit_and_splits_a_long_sequence():
     b = dstate_scan(*(kern[n] for n in names), dht=kern["dht"], segments=1)
     assert all(bool((x == y).all()) for x, y in zip(a, b))
     T = split.SEGMENTS * split.MIN_SEGMENT
-    assert split.auto_counts([T], 2, api._sm_count()).tolist() == [split.SEGMENTS]
+    assert split.auto_counts([T], 2, builds.sm_count()).tolist() == [split.SEGMENTS]
     kern, _ = check.inputs(check.Case("auto-long", B=1, T=T, H=2, seed=43))
     s_auto, d_auto = dstate_scan(*(kern[n] for n in names), dht=kern["dht"])
     s_forced, d_forced = dstate_scan(*(kern[n] for n in names), dht=kern["dht"], segments=split.SEGMENTS)

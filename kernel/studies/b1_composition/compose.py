@@ -51,7 +51,7 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from kernel.build import CHUNK
+from kernel.shapes import TILE_TOKENS
 from kernel.reference import prepare_tiles, random_inputs, dstate_scan_reference, _l2norm
 
 
@@ -61,7 +61,7 @@ def bf16(x: np.ndarray) -> np.ndarray:
 
 
 def tile_operands(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, qk_l2norm: bool = True,
-                  chunk: int = CHUNK) -> list[dict]:
+                  chunk: int = TILE_TOKENS) -> list[dict]:
     """One sequence and head: q, k, gc [T, K], beta [T], mqk, inv [T, chunk], do [T, V] (numpy).
 
     Returns the tiles in token order, each a dict of float64 arrays: qd, kd, kr [C, K]
@@ -221,7 +221,7 @@ def lowrank_steps(tiles: list[dict], group: int) -> list[tuple]:
     return [_lowrank_group([ops[i] for i in walk], bf16) for _, walk in walks(len(ops), group)]
 
 
-def macs_per_tile(K: int = 128, V: int = 128, C: int = CHUNK, group: int = 4) -> dict:
+def macs_per_tile(K: int = 128, V: int = 128, C: int = TILE_TOKENS, group: int = 4) -> dict:
     """Multiply-adds per tile and head: today's tile (G1..G5); the dense composition's
     off-path work (building M and B, composing) and serial step; the low-rank one's."""
     today = C * C * V + C * K * V + C * C * V + K * C * V + K * C * V          # G1 G2 G3 G4 G5

@@ -72,6 +72,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from kernel import api, split
+    from kernel.runtime import builds
     from kernel.tools.bench.configs import MODES, kernel_a_bytes, parse_config
     from kernel.tools.bench.inputs import build_tiles, cu_for_kernel_a, make_inputs
     from kernel.tools.bench.timing import (HOST_AHEAD_CYCLES, L2_FLUSH_BYTES, copy_floor_ms, cupy_on_torch_stream,
@@ -79,7 +80,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     dtype, every = MODES[args.snapshot]
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    sm = api._sm_count()
+    sm = builds.sm_count()
     rows = []
     for spec in args.configs.split(","):
         cfg = parse_config(spec)

@@ -211,7 +211,8 @@ def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res:
     # 4. our pieces beside our whole backward: each scan alone on its full-GPU grid, and where the
     #    rule runs them side by side also each on its halved grid and the whole backward in turn
     if OURS in calls:
-        from kernel.api import _sm_count, launch
+        from kernel.api import launch
+        from kernel.runtime.builds import sm_count as _sm_count
         from kernel.kda_backward import plan_scans
 
         scans = plan_scans(res["N"] * res["H"], _sm_count())

@@ -1,6 +1,6 @@
 """`ptx-lab bench` (also `python -m kernel.tools.bench`): arguments and the run loop.
 
-    ptx-lab bench                       # the five configs, H = 32, D = 128
+    ptx-lab bench                       # the five configs, H = 32, HEAD_DIM = 128
     ptx-lab bench --quick               # 4x8192 and 1x32768, few repetitions
     ptx-lab bench --configs 32x8192,varlen64x262144 --precision --json out.json
     ptx-lab bench --from-json a.json b.json --plot p.png    # earlier runs' tables, no GPU
@@ -13,7 +13,8 @@ import json
 import sys
 from typing import Sequence
 
-from kernel.build import D, parse_knobs
+from kernel.build import parse_knobs
+from kernel.shapes import HEAD_DIM
 
 from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
                       parse_configs)
@@ -52,7 +53,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         + ",".join(DEFAULT_CONFIGS) + ")")
     p.add_argument("--quick", action="store_true",
                    help="small subset (" + ",".join(QUICK_CONFIGS) + "), few repetitions")
-    p.add_argument("--heads", type=int, default=32, help=f"H (default 32); D is fixed at {D}")
+    p.add_argument("--heads", type=int, default=32, help=f"H (default 32); HEAD_DIM is fixed at {HEAD_DIM}")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3, quick 1)")
     p.add_argument("--reps", type=int, default=None, help="timed calls, median reported "
                                                          "(default 20, quick 5)")
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         fla, why = fla_import()
         log(f"FLA: {why}" if fla else f"flash-linear-attention not found ({why})")
     env["fla"] = why if fla else None
-    log(f"H={args.heads}, D={D}, modes={args.modes}, vsplit={args.vsplit}, segments={args.segments}, "
+    log(f"H={args.heads}, HEAD_DIM={HEAD_DIM}, modes={args.modes}, vsplit={args.vsplit}, segments={args.segments}, "
         f"tuning={args.tuning or 'defaults'}, warm-up "
         f"{args.warmup}, median of {args.reps}; seed {args.seed}")
 

@@ -11,14 +11,15 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from kernel.build import CHUNK, D
-from kernel.reference import FLA_CHUNK, ragged_lengths, snapshot_offsets
+from kernel.shapes import HEAD_DIM, TILE_TOKENS
+from kernel.reference import ragged_lengths, snapshot_offsets
+from kernel.shapes import CHUNK_TOKENS
 
 BF16_EVERY_64 = "bf16-every-64"        # bf16 every 64 tokens: FLA's dh layout
 FP32_EVERY_TILE = "fp32-every-tile"    # fp32 after every 16-token tile
 # Kernel A's snapshot modes: name -> (snapshot_dtype, snapshot_every)
 MODES = {
-    BF16_EVERY_64: ("bfloat16", FLA_CHUNK // CHUNK),
+    BF16_EVERY_64: ("bfloat16", CHUNK_TOKENS // TILE_TOKENS),
     FP32_EVERY_TILE: ("float32", 1),
 }
 # the names earlier runs used, in their JSON files (docs/bench) and on their command lines
@@ -88,22 +89,22 @@ def parse_configs(text: str, seed: int, skipped) -> list[Config]:
 
 def n_snapshots(lengths: Sequence[int], snapshot_every: int) -> int:
     """Total snapshots of all sequences (FLA's NT for bf16-every-64)."""
-    return int(snapshot_offsets(lengths, CHUNK, snapshot_every)[-1])
+    return int(snapshot_offsets(lengths, TILE_TOKENS, snapshot_every)[-1])
 
 
 def kernel_a_bytes(lengths: Sequence[int], H: int, *, snapshot_dtype: str, snapshot_every: int,
                    with_dht: bool = True, beta_bytes: int = 4) -> dict[str, int]:
     """Bytes Kernel A reads and writes at least: every input once, every output once.
 
-    inputs : q, k, do bf16 [tok, H, D]; gc fp32 [tok, H, D]; beta [tok, H];
-             mqk, inv bf16 [tok, H, CHUNK]; dht fp32 [N, H, D, D] (if given)
-    outputs: snapshots [n_snap, H, D, D] in snapshot_dtype; dh0 fp32 [N, H, D, D]
+    inputs : q, k, do bf16 [tok, H, HEAD_DIM]; gc fp32 [tok, H, HEAD_DIM]; beta [tok, H];
+             mqk, inv bf16 [tok, H, TILE_TOKENS]; dht fp32 [N, H, HEAD_DIM, HEAD_DIM] (if given)
+    outputs: snapshots [n_snap, H, HEAD_DIM, HEAD_DIM] in snapshot_dtype; dh0 fp32 [N, H, HEAD_DIM, HEAD_DIM]
     (cu_seqlens, a few hundred bytes, is left out.)
     """
     tok, N = int(sum(lengths)), len(lengths)
     rows = tok * H
-    state = H * D * D
-    inputs = rows * (3 * D * 2 + D * 4 + beta_bytes + 2 * CHUNK * 2)
+    state = H * HEAD_DIM * HEAD_DIM
+    inputs = rows * (3 * HEAD_DIM * 2 + HEAD_DIM * 4 + beta_bytes + 2 * TILE_TOKENS * 2)
     if with_dht:
         inputs += N * state * 4
     snaps = n_snapshots(lengths, snapshot_every) * state * DTYPE_BYTES[snapshot_dtype]

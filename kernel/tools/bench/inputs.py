@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from kernel import reference as ref
-from kernel.build import CHUNK, D
+from kernel.shapes import HEAD_DIM, TILE_TOKENS
 from kernel.reference import L2NORM_EPS, LN2, snapshot_offsets
 from kernel.reference.dstate_scan import tile_table
 
@@ -26,8 +26,8 @@ def every_k_rows(lengths: Sequence[int], every: int) -> np.ndarray:
     Snapshot m of a sequence with n_t tiles is the one of tile min(every*m + every - 1,
     n_t - 1); both axes are packed per sequence (``kernel.reference.snapshot_offsets``,
     FLA's chunk_offsets)."""
-    per_tile = snapshot_offsets(lengths, CHUNK, 1)
-    per_k = snapshot_offsets(lengths, CHUNK, every)
+    per_tile = snapshot_offsets(lengths, TILE_TOKENS, 1)
+    per_k = snapshot_offsets(lengths, TILE_TOKENS, every)
     n_t, n_s = np.diff(per_tile), np.diff(per_k)
     seq = np.repeat(np.arange(n_t.size), n_s)
     m = np.arange(int(per_k[-1])) - per_k[seq]
@@ -46,7 +46,7 @@ def make_inputs(cfg: Config, H: int, *, seed: int, gate_strength: float, device:
 
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    shape = (cfg.B, cfg.T, H, D)
+    shape = (cfg.B, cfg.T, H, HEAD_DIM)
     bf16, f32 = torch.bfloat16, torch.float32
 
     def randn(shp, dtype):
@@ -57,7 +57,7 @@ def make_inputs(cfg: Config, H: int, *, seed: int, gate_strength: float, device:
     g = torch.nn.functional.logsigmoid(g).mul_(gate_strength).clamp_(ref.GATE_LOWER_BOUND, 0.0)
     beta = torch.sigmoid(randn(shape[:3], f32))
     do = randn(shape, bf16).mul_(ref.DO_SCALE)
-    dht = randn((cfg.N, H, D, D), f32).mul_(ref.DHT_SCALE)
+    dht = randn((cfg.N, H, HEAD_DIM, HEAD_DIM), f32).mul_(ref.DHT_SCALE)
     cu = np.concatenate([[0], np.cumsum(cfg.lengths)]).astype(np.int64) if cfg.varlen else None
     return {"q": q, "k": k, "v": v, "g": g, "beta": beta, "do": do, "dht": dht, "cu_seqlens": cu}
 
@@ -103,7 +103,7 @@ def build_tiles(q, k, g, beta, *, lengths: Sequence[int], scale: float | None = 
     """Kernel A's tile inputs (docs/kernel_a.md, section 2) from raw q, k, g, beta, in fp32 on the GPU.
 
     q, k, g [B, T, H, K] (packed [1, total, ...] when `lengths` has several ragged
-    sequences), beta [B, T, H]. Returns gc fp32 [B, T, H, K] and mqk, inv [B, T, H, CHUNK]
+    sequences), beta [B, T, H]. Returns gc fp32 [B, T, H, K] and mqk, inv [B, T, H, TILE_TOKENS]
     in `out_dtype` (default bf16, what dstate_scan takes). The same math as
     ``kernel.reference.prepare_tiles``, but fp32 and in slices of at most
     `max_elems` elements of the [tiles, heads, C, C, K] decay tensor, so it fits
@@ -113,7 +113,7 @@ def build_tiles(q, k, g, beta, *, lengths: Sequence[int], scale: float | None = 
 
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     B, T, H, K = q.shape
-    C = CHUNK
+    C = TILE_TOKENS
     total = B * T
     if int(sum(lengths)) != total:
         raise ValueError(f"lengths sum to {int(sum(lengths))}, inputs hold {total} tokens")

@@ -12,7 +12,7 @@ import math
 import time
 from typing import Any
 
-from kernel.build import CHUNK, D
+from kernel.shapes import HEAD_DIM, TILE_TOKENS
 from kernel.fla_entry import dstate_scan_from_fla   # numpy-only at import, like kernel.api
 
 from .configs import BF16_EVERY_64, MODES, Config, kernel_a_bytes
@@ -94,7 +94,7 @@ def bench_config(cfg: Config, args, dstate_scan, fla, flush) -> dict:
     import torch
 
     H = args.heads
-    res: dict[str, Any] = {"config": cfg.name, "B": cfg.B, "T": cfg.T, "H": H, "D": D,
+    res: dict[str, Any] = {"config": cfg.name, "B": cfg.B, "T": cfg.T, "H": H, "HEAD_DIM": HEAD_DIM,
                            "N": cfg.N, "tokens": cfg.tokens, "varlen": cfg.varlen,
                            "kernel_a": {}, "fla": {}, "floor": {}, "bytes": {}}
     if cfg.varlen:
@@ -284,15 +284,15 @@ def precision_config(cfg: Config, args, dstate_scan, fla) -> dict:
                                        ("q", "k", "g", "beta", "do", "dht"))
     cu = sl["cu_seqlens"]
     t0 = time.perf_counter()
-    gc_r, mqk_r, inv_r = ref.prepare_tiles(q64, k64, g64, b64, qk_l2norm=True, chunk=CHUNK,
+    gc_r, mqk_r, inv_r = ref.prepare_tiles(q64, k64, g64, b64, qk_l2norm=True, chunk=TILE_TOKENS,
                                            cu_seqlens=cu)
     snaps_r, dh0_r = ref.dstate_scan_reference(q64, k64, gc_r, b64, mqk_r, inv_r, do64,
-                                               dht=dht64, cu_seqlens=cu, chunk=CHUNK,
+                                               dht=dht64, cu_seqlens=cu, chunk=TILE_TOKENS,
                                                qk_l2norm=True, snapshot_every=1)
     cupy.cuda.Device().synchronize()
     out["reference_s"] = time.perf_counter() - t0
     H_s = args.precision_heads
-    snaps1 = to_torch(snaps_r).reshape(-1, H_s, D, D)                        # every tile
+    snaps1 = to_torch(snaps_r).reshape(-1, H_s, HEAD_DIM, HEAD_DIM)                        # every tile
     every_64 = MODES[BF16_EVERY_64][1]
     rows4 = torch.from_numpy(every_k_rows(lengths, every_64)).to(snaps1.device)
     snaps4 = snaps1.index_select(0, rows4)                                   # every 64 tokens

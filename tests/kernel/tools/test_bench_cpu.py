@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kernel import build, reference as ref
+from kernel import reference as ref
+from kernel.shapes import HEAD_DIM, TILE_TOKENS
 from kernel.reference.dstate_scan import tile_table
 from kernel.tools import floors
 
@@ -97,7 +98,7 @@ def test_bytes_match_the_documented_floors():
     fp32_every_tile = configs.kernel_a_bytes(lengths, H, snapshot_dtype="float32", snapshot_every=1)
     bf16_every_64 = configs.kernel_a_bytes(lengths, H, snapshot_dtype="bfloat16", snapshot_every=4)
     assert fp32_every_tile["inputs"] == bf16_every_64["inputs"]
-    states = 2 * len(lengths) * H * build.D * build.D * 4          # dht read, dh0 written
+    states = 2 * len(lengths) * H * HEAD_DIM * HEAD_DIM * 4          # dht read, dh0 written
     token_heads = sum(lengths) * H
     assert (fp32_every_tile["total"] - states) / token_heads == 5444
     assert (bf16_every_64["total"] - states) / token_heads == 1860
@@ -108,7 +109,7 @@ def test_bytes_match_the_documented_floors():
 
 
 def test_bytes_term_by_term():
-    lengths, H, d, C = [17, 1, 64], 3, build.D, build.CHUNK
+    lengths, H, d, C = [17, 1, 64], 3, HEAD_DIM, TILE_TOKENS
     tok, N = 82, 3
     b = configs.kernel_a_bytes(lengths, H, snapshot_dtype="bfloat16", snapshot_every=4)
     per_row = 3 * d * 2 + d * 4 + 4 + 2 * C * 2          # q, k, do + gc + beta + mqk, inv
@@ -134,7 +135,7 @@ def test_n_snapshots_matches_reference_offsets(lengths, every):
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(1, 100), min_size=1, max_size=6))
 def test_tile_table_covers_every_token_once(lengths):
-    start, length = tile_table(lengths, build.CHUNK)
+    start, length = tile_table(lengths, TILE_TOKENS)
     cover = np.concatenate([np.arange(s, s + n) for s, n in zip(start, length)])
     assert np.array_equal(cover, np.arange(sum(lengths)))
     assert length.min() >= 1 and length.max() <= 16

@@ -4,6 +4,7 @@ import subprocess
 
 import pytest
 
+from kernel.shapes import TILE_TOKENS
 from kernel.tools import profile, racecheck
 
 
@@ -269,7 +270,7 @@ def test_a_tensor_map_error_names_the_argument():
     good = 0x7F00_0000_0000
     with pytest.raises(ValueError, match=r"^mqk: its tensor map .*: address = 0x7f0000000008: the tensor must "
                                          r"start 16-byte aligned"):
-        api._encoded_maps(True, dims, 4096, 32, (good, good, good, good, good + 8, good), None)
+        api.encode_tensor_maps(True, dims, 4096, 32, (good, good, good, good, good + 8, good), None)
 
 
 @pytest.mark.parametrize("producers, split", [(4, False), (8, True), (16, True)])
@@ -285,7 +286,7 @@ def test_more_producers_take_registers_from_the_pool_without_spilling(tmp_path, 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
-    row = resources.compile_variant(cfg, tmp_path)
+    row = resources.compile_variant(build.BUILD, cfg, tmp_path)
     assert "error" not in row, row.get("error")
     assert row["spill"] == 0 and row["stack"] == 0, row["log"]
     ptx = (tmp_path / f"{cfg.name()}.ptx").read_text()
@@ -324,7 +325,7 @@ def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_p
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
     cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4)
-    row = resources.compile_variant(cfg, tmp_path)
+    row = resources.compile_variant(build.BUILD, cfg, tmp_path)
     assert "error" not in row, row.get("error")
     assert row["spill"] == 0 and row["stack"] == 0, row["log"]
     if row["sass"] is not None:
@@ -345,5 +346,5 @@ def test_racecheck_s_kernel_a_case_refills_every_stage_of_the_ring():
     from kernel import build
 
     deepest = max(cfg.nstage for cfg in build.all_variants())
-    tiles = max(-(-n // build.CHUNK) for n in racecheck.KERNEL_A_LENGTHS)
+    tiles = max(-(-n // TILE_TOKENS) for n in racecheck.KERNEL_A_LENGTHS)
     assert tiles >= 2 * deepest, (tiles, deepest)

@@ -1,0 +1,90 @@
+"""The shapes every kernel, launcher and reference shares: each named once, here.
+
+Two token units run through the whole backward, and they have one name each:
+
+* a **tile** is ``TILE_TOKENS`` = 16 tokens: the step of every serial scan (one MMA's m) and the
+  unit of Kernel A's dS snapshots;
+* a **chunk** is ``CHUNK_TOKENS`` = 64 tokens: FLA's ``chunk_size``, the unit of its forward
+  tensors (the 64-wide Aqk / Akk rows, the state h entering every chunk) and the tokens of one
+  Kernel B CTA.
+
+Every sequence is cut into tiles and chunks from its own start, so a varlen batch (``cu_seqlens``)
+packs each sequence's snapshots and states one after the other: :func:`snapshot_offsets`.
+:func:`check_cu_seqlens` is the one check of a ``cu_seqlens`` argument, for every entry point
+and for the float64 references, which import this module (never the other way round).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+HEAD_DIM = 128        # K = V: the head size every kernel is built for
+TILE_TOKENS = 16      # tokens per tile
+CHUNK_TOKENS = 64     # tokens per chunk (FLA's chunk_size)
+TILES_PER_CHUNK = CHUNK_TOKENS // TILE_TOKENS
+
+__all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "snapshot_offsets", "check_cu_seqlens",
+           "host_offsets"]
+
+
+def snapshot_offsets(lengths: np.ndarray, tile: int, snapshot_every: int) -> np.ndarray:
+    """Start of each sequence's snapshots in the packed snapshot axis, int64 [N+1].
+
+    A sequence of n tokens has ceil(n / tile) tiles and ceil(tiles / snapshot_every) snapshots:
+    with tile 16 and snapshot_every 4 these are FLA's ``chunk_offsets``. ``lengths`` are checked
+    already (ints >= 1, or none); :func:`kernel.reference.snapshot_offsets` checks a caller's.
+    """
+    n = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    n_tiles = -(-n // tile)
+    n_snap = -(-n_tiles // snapshot_every)
+    return np.concatenate([[0], np.cumsum(n_snap)]).astype(np.int64)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def host_offsets(cu_seqlens: Any) -> np.ndarray:
+    """A host numpy copy of a cu_seqlens given as a list, a numpy / CuPy array or a torch tensor
+    (a device one is copied to the host: N + 1 integers)."""
+    if _is_torch(cu_seqlens):
+        return cu_seqlens.detach().cpu().numpy()
+    if hasattr(cu_seqlens, "__cuda_array_interface__"):
+        if not hasattr(cu_seqlens, "get"):
+            raise TypeError(f"cu_seqlens must be a list, a numpy array, a CuPy array or a torch tensor, "
+                            f"got {type(cu_seqlens).__name__}")
+        return cu_seqlens.get()
+    if isinstance(cu_seqlens, (list, tuple)):
+        for i, v in enumerate(cu_seqlens):   # before numpy turns [0, 2.5] into floats or [0, True] into ints
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"cu_seqlens must hold integers, got cu_seqlens[{i}] = {v!r}")
+    return np.asarray(cu_seqlens)
+
+
+def check_cu_seqlens(cu_seqlens: Any, batch: int, total: int) -> np.ndarray:
+    """Validated host int64 offsets [N+1] (0 = cu[0] < cu[1] < ... < cu[N] = total) of a packed batch
+    of size 1 whose token axis is ``total`` long."""
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs a packed batch of size 1 ([1, total, H, ...]), "
+                         f"got batch {batch}")
+    cu = host_offsets(cu_seqlens)
+    if cu.ndim != 1:
+        raise ValueError(f"cu_seqlens must be 1-D (N+1 offsets), got shape {cu.shape}")
+    if cu.dtype.kind not in "iu":
+        raise ValueError(f"cu_seqlens must have an integer dtype, got {cu.dtype}")
+    if cu.shape[0] < 2:
+        raise ValueError(f"cu_seqlens must hold at least 2 offsets (one sequence), "
+                         f"got {cu.shape[0]}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+    steps = np.diff(cu)
+    if np.any(steps < 1):
+        bad = int(np.argmax(steps < 1))
+        raise ValueError(f"cu_seqlens must be strictly increasing (every sequence length >= 1), "
+                         f"got cu_seqlens[{bad}]={int(cu[bad])} >= "
+                         f"cu_seqlens[{bad + 1}]={int(cu[bad + 1])}")
+    if cu[-1] != total:
+        raise ValueError(f"cu_seqlens must end at the total length {total}, got {int(cu[-1])}")
+    return cu

@@ -40,14 +40,17 @@ Kernel
 
     a1, b1_left, b1_right, b2 <- host-built fragments (closed-form maps)
     d_left  = mma(a1, b1_left, 0);  d_right = mma(a1, b1_right, 0)
-    a2 = { pack(d_left[0], d_left[1]), pack(d_left[2], d_left[3]),
-           pack(d_right[0], d_right[1]), pack(d_right[2], d_right[3]) }
+    acc_to_a(a2, d_left, d_right)       (fragments.cuh: the kernels' packing)
+        = a2 = { pack(d_left[0], d_left[1]), pack(d_left[2], d_left[3]),
+                 pack(d_right[0], d_right[1]), pack(d_right[2], d_right[3]) }
     d2 = mma(a2, b2, 0)
     dump d_left, d_right, a2, d2
 
-The model backend runs the same sequence through ptx_lab.model
-(mma_m16n8k16, acc_to_a_fragment) and must pass the same closed-form check,
-so on the GPU a pass also means agreement with the model.
+The model backend runs the same sequence through ptx_lab.model.mma_m16n8k16 and
+ptx_lab.fragments.acc_to_a (the header's model, which places the accumulators in
+their matrix and reads the A fragment back through the maps, assuming nothing
+about which lane holds what), and must pass the same closed-form check, so on
+the GPU a pass also means agreement with the model.
 
 Check
 -----
@@ -59,7 +62,7 @@ from __future__ import annotations
 import numpy as np
 
 from ptx_lab import model
-from ptx_lab.fragments import fragment_map
+from ptx_lab.fragments import acc_to_a, fragment_map
 
 from . import _common
 from ._common import HALF, WARP, Checker, from_bits, hex16, lane_values, num, pack, to_bits
@@ -105,7 +108,7 @@ def inputs(dtype: str) -> dict[str, np.ndarray]:
 # ------------------------------------------------------------------ the kernel
 
 SOURCE = r"""
-#include "common.cuh"
+#include "fragments.cuh"
 #include "mma.cuh"
 using namespace ptx_lab;
 
@@ -127,13 +130,8 @@ __device__ void chain(const u32* a1, const u32* b1_left, const u32* b1_right, co
 
     // The identity under test: (c0, c1), (c2, c3) of each n-tile are a0/a2, a1/a3.
     u32 p[4];
-    if constexpr (BF16) {
-        p[0] = pack_bf16x2(dl[0], dl[1]); p[1] = pack_bf16x2(dl[2], dl[3]);
-        p[2] = pack_bf16x2(dr[0], dr[1]); p[3] = pack_bf16x2(dr[2], dr[3]);
-    } else {
-        p[0] = pack_f16x2(dl[0], dl[1]);  p[1] = pack_f16x2(dl[2], dl[3]);
-        p[2] = pack_f16x2(dr[0], dr[1]);  p[3] = pack_f16x2(dr[2], dr[3]);
-    }
+    if constexpr (BF16) acc_to_a(p, dl, dr);
+    else                acc_to_a_f16(p, dl, dr);
     float d2[4];
     if constexpr (BF16) mma_m16n8k16_bf16(d2, p, bb, zero);
     else                mma_m16n8k16_f16(d2, p, bb, zero);
@@ -172,7 +170,7 @@ def observe(backend: str) -> dict[str, np.ndarray]:
             zero = np.zeros((WARP, 4), dtype=np.float32)
             dl = model.mma_m16n8k16(x["a1"], x["b1_left"], zero, dtype)
             dr = model.mma_m16n8k16(x["a1"], x["b1_right"], zero, dtype)
-            a2 = model.acc_to_a_fragment(dl, dr, dtype)
+            a2 = acc_to_a(dl, dr, dtype)
             d1 = np.concatenate([dl, dr], axis=1)
             d2 = model.mma_m16n8k16(a2, x["b2"], zero, dtype)
         obs[f"{dtype}: d1"], obs[f"{dtype}: a2"], obs[f"{dtype}: d2"] = d1, a2, d2

@@ -39,12 +39,13 @@ Kernel
 ::
 
     x <- A in the A layout, fp32 (32 lanes x 8: a0.lo, a0.hi, ..., a3.hi)
-    hi[r] = pack(x[2r], x[2r + 1]);  lo[r] = pack(x[2r] - unpack(hi[r]).lo, x[2r + 1] - unpack(hi[r]).hi)
+    two_part_bf16x2(hi[r], lo[r], x[2r], x[2r + 1])     (fragments.cuh: the kernels' split)
+        = hi[r] = pack(x[2r], x[2r + 1]);  lo[r] = pack(x[2r] - unpack(hi[r]).lo, x[2r + 1] - unpack(hi[r]).hi)
     d1 = mma(hi, b, 0);  d2 = mma(lo, b, d1)
     dump hi, lo, d1, d2
 
-The model backend runs the same through ptx_lab.model (pack_bf16x2,
-mma_m16n8k16) and must pass the same closed-form check.
+The model backend runs the same through ptx_lab.fragments.two_part_bf16x2 (the header's
+model) and ptx_lab.model.mma_m16n8k16, and must pass the same closed-form check.
 
 Check
 -----
@@ -56,7 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from ptx_lab import model
-from ptx_lab.fragments import fragment_map
+from ptx_lab.fragments import fragment_map, two_part_bf16x2
 
 from . import _common
 from ._common import HALF, WARP, Checker, from_bits, hex16, lane_values, num, pack, to_bits
@@ -97,7 +98,7 @@ def inputs() -> dict[str, np.ndarray]:
 # ------------------------------------------------------------------ the kernel
 
 SOURCE = r"""
-#include "common.cuh"
+#include "fragments.cuh"
 #include "mma.cuh"
 using namespace ptx_lab;
 
@@ -107,12 +108,8 @@ extern "C" __global__ void two_part(const float* x, const u32* b, u32* hi_out, u
                                     float* d1_out, float* d2_out) {
     const int lane = threadIdx.x;
     u32 hi[4], lo[4];
-    for (int r = 0; r < 4; ++r) {
-        const float x0 = x[lane * 8 + 2 * r], x1 = x[lane * 8 + 2 * r + 1];
-        hi[r] = pack_bf16x2(x0, x1);
-        // what the rounding left, exact in fp32: x minus the bf16 value (bits 0..15 hold x0's)
-        lo[r] = pack_bf16x2(x0 - __uint_as_float(hi[r] << 16), x1 - __uint_as_float(hi[r] & 0xFFFF0000u));
-    }
+    // each lane splits its own elements: the rounding, and the rounding of what it left
+    for (int r = 0; r < 4; ++r) two_part_bf16x2(hi[r], lo[r], x[lane * 8 + 2 * r], x[lane * 8 + 2 * r + 1]);
     const u32 bb[2] = {b[lane * 2 + 0], b[lane * 2 + 1]};
     const float zero[4] = {0.f, 0.f, 0.f, 0.f};
     float d1[4], d2[4];
@@ -138,11 +135,7 @@ def observe(backend: str) -> dict[str, np.ndarray]:
             SOURCE, "two_part", [x["x"], x["b"]],
             [((WARP, 4), np.uint32), ((WARP, 4), np.uint32), ((WARP, 4), np.float32), ((WARP, 4), np.float32)])
     else:
-        pairs = x["x"].reshape(WARP, 4, 2)
-        hi = model.pack_bf16x2(pairs[..., 0], pairs[..., 1])
-        hi_vals = _common.unpack(hi).view(np.uint16)
-        rest = pairs - from_bits(hi_vals, "bf16")                 # exact in fp32
-        lo = model.pack_bf16x2(rest[..., 0], rest[..., 1])
+        hi, lo = two_part_bf16x2(x["x"])
         d1 = model.mma_m16n8k16(hi, x["b"], np.zeros((WARP, 4), np.float32), "bf16")
         d2 = model.mma_m16n8k16(lo, x["b"], d1, "bf16")
     return {"hi": hi, "lo": lo, "d1": d1, "d2": d2}

@@ -6,7 +6,12 @@ probe kernel from ``ptx_lab/cuda/probes.cu`` through CuPy, so the hardware says
 which lane gets which element. ``tests/ptx_lab/test_device_vs_model.py``
 compares the two bit for bit. Beside them, :func:`x4_lane_row_col` runs the .x4
 address recipe of ``ldmatrix.cuh`` (the twin of ``ptx_lab.fragments.x4_lane_row_col``;
-``tests/ptx_lab/test_x4_lanes.py``).
+``tests/ptx_lab/test_x4_lanes.py``). The register steps of ``fragments.cuh`` and the .x4
+addresses run from ``operand_probes.cu`` (:func:`acc_to_a`, :func:`a_to_acc`,
+:func:`acc_to_a_two_parts`, :func:`two_part_bf16x2`, :func:`bf16_scalars`,
+:func:`x4_lane_offsets`: twins of ``ptx_lab.fragments``'; ``tests/ptx_lab/test_operand_fragments.py``),
+and ``ring.cuh`` from ``ring_probes.cu`` (:func:`ring_ids`, :func:`ring_walk`: twins of
+``ptx_lab.ring``; ``tests/ptx_lab/test_ring.py``).
 
 Inputs whose device result the PTX ISA leaves undefined are refused with a
 ValueError rather than run: misaligned or out-of-range addresses, and two
@@ -27,7 +32,9 @@ from . import CUDA_INCLUDE_DIR, dtypes, model
 from .fragments import _check_flag, _check_num
 from .gpu import gpu_reason, load_module
 
-__all__ = ["ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "wgmma_m64nNk16_rs"]
+__all__ = ["ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "wgmma_m64nNk16_rs",
+           "x4_lane_row_col", "x4_lane_offsets", "acc_to_a", "a_to_acc", "acc_to_a_two_parts", "two_part_bf16x2",
+           "bf16_scalars", "ring_ids", "ring_walk"]
 
 WARP = 32
 PROBES_CU = CUDA_INCLUDE_DIR / "probes.cu"
@@ -297,3 +304,136 @@ def wgmma_m64nNk16_rs(a, smem, desc: int, c, n: int, scale_d: bool = True, major
          np.uint32(f["lbo"]), np.uint32(f["sbo"]), np.uint32(f["start"]), np.int32(1 if scale_d else 0), d),
         shared_mem=padded.size)
     return cupy.asnumpy(d)
+
+
+# ----------------------------------------------------------------- fragments.cuh, .x4 addresses (operand_probes.cu)
+
+OPERAND_PROBES_CU = CUDA_INCLUDE_DIR / "operand_probes.cu"
+ACC_TO_A_DTYPES = {"bfloat16": "bf16", "float16": "f16"}   # dtype -> probe_acc_to_a_<suffix>
+
+
+@functools.lru_cache(maxsize=None)
+def _operand_kernel(name: str):
+    _require_gpu()
+    return load_module(OPERAND_PROBES_CU.read_text()).get_function(name)
+
+
+def _run_operand_probe(name: str, inputs: tuple[np.ndarray, ...], outputs: tuple[tuple, ...]) -> list[np.ndarray]:
+    """Launch probe `name` (one warp) on host arrays; outputs: (shape, dtype) of each result."""
+    cupy = _cupy()
+    outs = [cupy.zeros(shape, dtype=dtype) for shape, dtype in outputs]
+    _operand_kernel(name)((1,), (WARP,), (*(_dev(cupy, x) for x in inputs), *outs))
+    return [cupy.asnumpy(o) for o in outs]
+
+
+def acc_to_a(left, right, dtype: str = "bfloat16") -> np.ndarray:
+    """fragments.cuh's acc_to_a (acc_to_a_f16 for "float16") on the GPU: the twin of
+    fragments.acc_to_a. left, right: float32 (32, 4) accumulators -> uint32 (32, 4)."""
+    suffix = ACC_TO_A_DTYPES[dtypes.canonical(dtype, tuple(ACC_TO_A_DTYPES))]
+    left = _array("left", left, (WARP, 4), np.float32)
+    right = _array("right", right, (WARP, 4), np.float32)
+    (a,) = _run_operand_probe(f"probe_acc_to_a_{suffix}", (left, right), (((WARP, 4), np.uint32),))
+    return a
+
+
+def a_to_acc(a) -> tuple[np.ndarray, np.ndarray]:
+    """fragments.cuh's a_to_acc on the GPU: uint32 (32, 4) bf16 A fragment -> (left, right) float32 (32, 4)."""
+    a = _array("a", a, (WARP, 4), np.uint32)
+    left, right = _run_operand_probe("probe_a_to_acc", (a,), (((WARP, 4), np.float32),) * 2)
+    return left, right
+
+
+def acc_to_a_two_parts(left, right) -> tuple[np.ndarray, np.ndarray]:
+    """fragments.cuh's acc_to_a_two_parts on the GPU: (hi, lo) uint32 (32, 4)."""
+    left = _array("left", left, (WARP, 4), np.float32)
+    right = _array("right", right, (WARP, 4), np.float32)
+    hi, lo = _run_operand_probe("probe_acc_to_a_two_parts", (left, right), (((WARP, 4), np.uint32),) * 2)
+    return hi, lo
+
+
+def two_part_bf16x2(x) -> tuple[np.ndarray, np.ndarray]:
+    """fragments.cuh's two_part_bf16x2 on the GPU, one call a pair: x float32 (32, 8) ->
+    (hi, lo) uint32 (32, 4)."""
+    x = _array("x", x, (WARP, 8), np.float32)
+    hi, lo = _run_operand_probe("probe_two_part_bf16x2", (x,), (((WARP, 4), np.uint32),) * 2)
+    return hi, lo
+
+
+def bf16_scalars(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fragments.cuh's one-value conversions on the GPU, x float32 (32,) ->
+    (f32_to_bf16(x) as uint16, bf16_to_f32 of those bits as float32, bf16_rest(x) as float32)."""
+    x = _array("x", x, (WARP,), np.float32)
+    bits, back, rest = _run_operand_probe("probe_bf16_scalars", (x,),
+                                          (((WARP,), np.uint32), ((WARP,), np.float32), ((WARP,), np.float32)))
+    return bits.astype(np.uint16), back, rest
+
+
+def x4_lane_offsets(order: str, row_bytes: int, row0: int = 0, col0: int = 0) -> dict[str, np.ndarray]:
+    """ldmatrix.cuh's .x4 addresses on the GPU, the twin of fragments.x4_lane_offsets: int64 (32,)
+    byte offsets from the tile's start, {"addr": x4_addr_<order>, "lane_bytes": x4_lane_bytes_<order>
+    plus the block's row0 * row_bytes + col0 * 2}. row_bytes must be even (a 16-bit tile's rows
+    are whole elements apart)."""
+    from .fragments import X4_ORDERS, x4_lane_offsets as model_offsets
+
+    model_offsets(order, row_bytes, row0, col0)   # the model's argument checks
+    if row_bytes % 2:
+        raise ValueError(f"row_bytes must be even (whole 16-bit elements); got {row_bytes}")
+    if (row0 + 16) * row_bytes + (col0 + 16) * 2 >= 2 ** 31:
+        raise ValueError("row0, col0 and row_bytes must keep the block's offsets below 2^31 (the probe's int)")
+    cupy = _cupy()
+    out = cupy.zeros((WARP, 4), dtype=cupy.uint32)
+    _operand_kernel("probe_x4_addresses")((1,), (WARP,), (np.int32(row0), np.int32(col0),
+                                                          np.int32(row_bytes // 2), out))
+    both = cupy.asnumpy(out).astype(np.int64)
+    k = list(X4_ORDERS).index(order)
+    return {"addr": both[:, k], "lane_bytes": both[:, 2 + k]}
+
+
+# ----------------------------------------------------------------- ring.cuh (ring_probes.cu)
+
+RING_PROBES_CU = CUDA_INCLUDE_DIR / "ring_probes.cu"
+RING_STAGES = (1, 2, 3, 4, 6, 7)   # the rings ring_probes.cu instantiates
+RING_THREADS = 2 * WARP            # its walk: one producer warp, one consumer warp
+
+
+@functools.lru_cache(maxsize=None)
+def _ring_kernel(name: str):
+    _require_gpu()
+    return load_module(RING_PROBES_CU.read_text()).get_function(name)
+
+
+def _ring_args(nstage: int, ntiles: int) -> tuple[int, int]:
+    from . import ring
+
+    ring.barrier_ids(nstage)   # the model's checks of nstage
+    if isinstance(ntiles, (bool, np.bool_)) or not isinstance(ntiles, (int, np.integer)) or ntiles < 0:
+        raise ValueError(f"ntiles must be an int >= 0; got {ntiles!r}")
+    nstage, ntiles = int(nstage), int(ntiles)
+    if nstage not in RING_STAGES:
+        raise ValueError(f"nstage must be one of {RING_STAGES} (the rings ring_probes.cu builds); got {nstage}")
+    return nstage, ntiles
+
+
+def ring_ids(nstage: int, ntiles: int) -> dict:
+    """ring.cuh's ids and predicates on the GPU, the twin of ptx_lab.ring's closed forms:
+    {"full", "empty": lists per stage, "end": int, "releases", "refill_waits": bool lists per tile}."""
+    nstage, ntiles = _ring_args(nstage, ntiles)
+    cupy = _cupy()
+    out = cupy.zeros(2 * nstage + 1 + 2 * ntiles, dtype=cupy.uint32)
+    _ring_kernel(f"probe_ring_ids_{nstage}")((1,), (WARP,), (np.int32(ntiles), out))
+    got = cupy.asnumpy(out).astype(np.int64)
+    flags = got[2 * nstage + 1:].reshape(ntiles, 2).astype(bool)
+    return {"full": got[0:2 * nstage:2].tolist(), "empty": got[1:2 * nstage:2].tolist(),
+            "end": int(got[2 * nstage]), "releases": flags[:, 0].tolist(), "refill_waits": flags[:, 1].tolist()}
+
+
+def ring_walk(nstage: int, ntiles: int) -> np.ndarray:
+    """ring.cuh's ring on the GPU, one producer warp and one consumer warp: uint32 (ntiles, 32),
+    what the consumer's lane l read of tile i (the producer writes i * 32 + lane; the consumer
+    reads its neighbour's word, lane (l + 1) % 32). A broken hand-off shows as wrong words, a
+    hang as a launch that does not return."""
+    nstage, ntiles = _ring_args(nstage, ntiles)
+    cupy = _cupy()
+    seen = cupy.zeros((max(ntiles, 1), WARP), dtype=cupy.uint32)
+    _ring_kernel(f"probe_ring_walk_{nstage}")((1,), (RING_THREADS,), (np.int32(ntiles), seen))
+    return cupy.asnumpy(seen)[:ntiles]

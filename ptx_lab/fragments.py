@@ -18,11 +18,21 @@ from lanes 8i..8i+7 (row r of matrix i from lane 8i + r), and register i of
 every lane receives its m8n8 (or m8n8.trans) pair of matrix i.
 
 All maps here are built from those formulas alone; nothing is measured.
+
+The models of ``ptx_lab/cuda/fragments.cuh`` (a warp's registers between two mmas) are built
+from the same maps, not from the header's pairwise packing: :func:`acc_to_a` places two
+accumulator n-tiles in their 16x16 matrix with the ``mma.c`` map and reads it back with the
+``mma.a`` map, :func:`a_to_acc` goes the other way, and :func:`two_part` /
+:func:`acc_to_a_two_parts` split fp32 values into their bf16 rounding and the rounding of what
+it left. :func:`x4_lane_offsets` is the byte offset each lane's .x4 address names
+(``ldmatrix.cuh``'s ``x4_addr_*`` and ``x4_lane_bytes_*``). ``ptx_lab.device`` runs the header's
+code for the same functions.
 """
 from __future__ import annotations
 
 import functools
 
+import ml_dtypes
 import numpy as np
 
 WARP = 32
@@ -169,6 +179,125 @@ def x4_lane_row_col(order: str) -> np.ndarray:
     return np.stack([r + 8 * (m >> 1), 8 * (m & 1)], axis=1)
 
 
+def _check_int(x, name: str) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an int; got {x!r} ({type(x).__name__})")
+    return int(x)
+
+
+def x4_lane_offsets(order: str, row_bytes: int, row0: int = 0, col0: int = 0) -> np.ndarray:
+    """Byte offset, from a 16-bit tile's start, of the 8 elements each lane's .x4 address names
+    in the 16x16 block at (row0, col0), rows `row_bytes` apart; int64 (32,):
+
+        (row0 + row) * row_bytes + (col0 + col) * 2,   (row, col) = x4_lane_row_col(order)
+
+    The model of ldmatrix.cuh's x4_addr_rows_first / _cols_first (minus the tile's address) and of
+    x4_lane_bytes_rows_first / _cols_first plus the block's row0 * row_bytes + col0 * 2.
+    """
+    _check_order(order)
+    row_bytes, row0, col0 = (_check_int(v, n) for v, n in ((row_bytes, "row_bytes"), (row0, "row0"), (col0, "col0")))
+    if row_bytes < 0 or row0 < 0 or col0 < 0:
+        raise ValueError(f"row_bytes, row0 and col0 must be >= 0; got {row_bytes}, {row0}, {col0}")
+    rc = x4_lane_row_col(order)
+    return (row0 + rc[:, 0]) * row_bytes + (col0 + rc[:, 1]) * 2
+
+
+# ---------------------------------------------------------------- fragments.cuh's models
+
+_HALF_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def _half_dtype(dtype: str) -> type:
+    aliases = {"bf16": "bfloat16", "f16": "float16"}
+    name = aliases.get(dtype, dtype) if isinstance(dtype, str) else None
+    if name not in _HALF_DTYPES:
+        raise ValueError(f"dtype must be one of bfloat16, float16 (aliases bf16, f16); got {dtype!r}")
+    return _HALF_DTYPES[name]
+
+
+def _acc(x, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.shape != (WARP, 4) or a.dtype != np.float32:
+        raise ValueError(f"{name} must be float32 (32, 4) accumulators; got {a.dtype.name} {a.shape}")
+    return a
+
+
+def _a_regs(x, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.shape != (WARP, 4) or a.dtype != np.uint32:
+        raise ValueError(f"{name} must be uint32 (32, 4) A-fragment registers; got {a.dtype.name} {a.shape}")
+    return a
+
+
+def _round_bits(x: np.ndarray, half: type) -> np.ndarray:
+    """fp32 values rounded to nearest even in `half`, as uint16 bit patterns."""
+    return np.asarray(x, dtype=np.float32).astype(half).view(np.uint16)
+
+
+def _pack_a(bits: np.ndarray) -> np.ndarray:
+    """A 16x16 matrix of 16-bit patterns -> its A fragment, uint32 (32, 4), through the mma.a map."""
+    fa = _fragment_map("mma.a")
+    vals = bits[fa[..., 0], fa[..., 1]].astype(np.uint32)   # (32, 4, 2): element 0 in the low half
+    return vals[..., 0] | (vals[..., 1] << np.uint32(16))
+
+
+def _n_tiles_matrix(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """[left | right] (16x16, float32) from two n-tiles' accumulators, through the mma.c map."""
+    fc = _fragment_map("mma.c")[:, :, 0]                    # (32, 4, 2)
+    M = np.empty((16, 16), dtype=np.float32)
+    M[fc[..., 0], fc[..., 1]] = left
+    M[fc[..., 0], fc[..., 1] + 8] = right
+    return M
+
+
+def acc_to_a(left, right, dtype: str = "bfloat16") -> np.ndarray:
+    """The A fragment of [left | right] from two adjacent n-tiles' accumulators (float32 (32, 4)
+    each, the mma.c layout), rounded to `dtype` ("bfloat16" or "float16"): uint32 (32, 4).
+    The model of fragments.cuh's acc_to_a (acc_to_a_f16), through the maps: no lane is assumed
+    to hold what it needs."""
+    half = _half_dtype(dtype)
+    return _pack_a(_round_bits(_n_tiles_matrix(_acc(left, "left"), _acc(right, "right")), half))
+
+
+def a_to_acc(a) -> tuple[np.ndarray, np.ndarray]:
+    """A bf16 A fragment (uint32 (32, 4)) as the float32 accumulators (32, 4) of its two 8-column
+    n-tiles (left, right): the model of fragments.cuh's a_to_acc. Exact."""
+    a = _a_regs(a, "a")
+    fa, fc = _fragment_map("mma.a"), _fragment_map("mma.c")[:, :, 0]
+    bits = np.empty((16, 16), dtype=np.uint16)
+    bits[fa[..., 0], fa[..., 1]] = np.stack([a & 0xFFFF, a >> 16], axis=-1).astype(np.uint16)
+    M = bits.view(ml_dtypes.bfloat16).astype(np.float32)
+    return M[fc[..., 0], fc[..., 1]], M[fc[..., 0], fc[..., 1] + 8]
+
+
+def two_part(x) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 values in two bf16 parts, element by element: (hi, lo) uint16 bit patterns of x's shape,
+    hi = bf16(x), lo = bf16(x - hi) with x - hi computed in fp32 (exactly: the two-part operand of
+    fragments.cuh, bf16_rest before its rounding). hi + lo holds about 16 significant bits of x."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = _round_bits(x, ml_dtypes.bfloat16)
+    rest = x - hi.view(ml_dtypes.bfloat16).astype(np.float32)
+    return hi, _round_bits(rest, ml_dtypes.bfloat16)
+
+
+def two_part_bf16x2(x) -> tuple[np.ndarray, np.ndarray]:
+    """fragments.cuh's two_part_bf16x2 over a warp: x float32 (32, 2n), pairs (x[:, 2r], x[:, 2r+1])
+    -> (hi, lo) uint32 (32, n), the pair's elements in the low then the high half."""
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[0] != WARP or x.shape[1] % 2 or x.dtype != np.float32:
+        raise ValueError(f"x must be float32 (32, 2n); got {x.dtype.name} {x.shape}")
+    hi, lo = (b.astype(np.uint32) for b in two_part(x))
+    return hi[:, 0::2] | (hi[:, 1::2] << np.uint32(16)), lo[:, 0::2] | (lo[:, 1::2] << np.uint32(16))
+
+
+def acc_to_a_two_parts(left, right) -> tuple[np.ndarray, np.ndarray]:
+    """The A fragment of [left | right] in two bf16 parts (uint32 (32, 4) each): hi of the
+    rounding, lo of the rounding of what it left (two_part), each element in the A layout of the
+    element it belongs to. The model of fragments.cuh's acc_to_a_two_parts."""
+    hi, lo = two_part(_n_tiles_matrix(_acc(left, "left"), _acc(right, "right")))
+    return _pack_a(hi), _pack_a(lo)
+
+
 def _grid(title: str, values: np.ndarray, width: int) -> list[str]:
     rows, cols = values.shape
     lines = [title, "    " + "".join(f"{c:>{width}}" for c in range(cols))]
@@ -200,4 +329,5 @@ def show(operand: str) -> str:
 
 
 __all__ = ["WARP", "SHAPES", "OPERANDS", "X4_ORDERS", "fragment_map", "inverse_map", "ldmatrix_map",
-           "address_lanes", "x4_lane_row_col", "show"]
+           "address_lanes", "x4_lane_row_col", "x4_lane_offsets", "acc_to_a", "a_to_acc", "two_part",
+           "two_part_bf16x2", "acc_to_a_two_parts", "show"]

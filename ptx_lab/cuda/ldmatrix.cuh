@@ -60,7 +60,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) { ldmat
 // added in that order: the kernels' SASS depends on it (so does it on the corners being
 // computed where they are used, from the lane, as here).
 // ptx_lab.fragments.x4_lane_row_col is the model twin; tests/ptx_lab/test_x4_lanes.py ties it to
-// the mma fragments and, through the probe_x4_lanes probe (probes.cu), to this code.
+// the mma fragments and, through the probe_x4_lanes probe (probes.cu), to this code. The
+// addresses below have fragments.x4_lane_offsets as theirs (probe_x4_addresses, operand_probes.cu).
 struct X4Lane {
     int lane;   // 0..31
     int row;    // lane % 8: the row of its matrix that this lane addresses
@@ -70,5 +71,43 @@ struct X4Lane {
     __device__ __forceinline__ int cols_first_mat_col() const { return 8 * ((lane >> 3) & 1); }
 };
 __device__ __forceinline__ X4Lane x4_lane(int lane) { return {lane, lane & 7}; }
+
+// The (row, col) a lane's .x4 address names in the 16x16 block at (row0, col0) of a larger tile,
+// in either order; the row is row0 + row + the matrix's corner row, added in that order.
+struct RowCol {
+    int row, col;
+};
+__device__ __forceinline__ RowCol x4_rows_first(int row0, int col0, X4Lane x) {
+    return {row0 + x.row + x.rows_first_mat_row(), col0 + x.rows_first_mat_col()};
+}
+__device__ __forceinline__ RowCol x4_cols_first(int row0, int col0, X4Lane x) {
+    return {row0 + x.row + x.cols_first_mat_row(), col0 + x.cols_first_mat_col()};
+}
+__device__ __forceinline__ RowCol x4_rows_first(int row0, int col0, int lane) {
+    return x4_rows_first(row0, col0, x4_lane(lane));
+}
+__device__ __forceinline__ RowCol x4_cols_first(int row0, int col0, int lane) {
+    return x4_cols_first(row0, col0, x4_lane(lane));
+}
+// Its shared address in a row-major 16-bit tile whose rows are `stride` elements apart.
+__device__ __forceinline__ u32 x4_addr_rows_first(const unsigned short* tile, int stride, int row0, int col0,
+                                                  int lane) {
+    const RowCol p = x4_rows_first(row0, col0, lane);
+    return smem_addr(tile + p.row * stride + p.col);
+}
+__device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, int stride, int row0, int col0,
+                                                  int lane) {
+    const RowCol p = x4_cols_first(row0, col0, lane);
+    return smem_addr(tile + p.row * stride + p.col);
+}
+// Only the lane's part of that address, in bytes, for rows `row_bytes` apart: a kernel that adds
+// it once to a tile's base address then reaches the block at (row0, col0) with the constant
+// row0 * row_bytes + col0 * 2, which the compiler folds into the instruction's immediate offset.
+__device__ __forceinline__ u32 x4_lane_bytes_rows_first(int row_bytes, X4Lane x) {
+    return (x.row + x.rows_first_mat_row()) * row_bytes + x.rows_first_mat_col() * 2;
+}
+__device__ __forceinline__ u32 x4_lane_bytes_cols_first(int row_bytes, X4Lane x) {
+    return (x.row + x.cols_first_mat_row()) * row_bytes + x.cols_first_mat_col() * 2;
+}
 
 }  // namespace ptx_lab

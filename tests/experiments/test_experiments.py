@@ -81,6 +81,14 @@ def test_two_part_operand_without_its_second_part_fails_where_one_part_is_not_en
     assert all(f.startswith("two parts") for f in result.failures), result.report()
 
 
+@pytest.mark.parametrize("name, call", [("accumulator_as_a", "acc_to_a("), ("two_part_operand", "two_part_bf16x2(")])
+def test_the_register_experiments_run_the_kernels_header(name, call):
+    # the kernels' packing and split come from fragments.cuh; a copy in the experiment could drift
+    source = EXPERIMENTS[name].SOURCE
+    assert '#include "fragments.cuh"' in source and call in source
+    assert "pack_bf16x2(" not in source and "__uint_as_float" not in source
+
+
 def test_stmatrix_swapped_registers_are_both_named(monkeypatch):
     module = EXPERIMENTS["stmatrix"]
     honest = module.registers

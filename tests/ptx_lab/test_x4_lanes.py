@@ -1,9 +1,11 @@
-"""The .x4 lane recipe of ldmatrix.cuh (X4Lane) and its model twin, ptx_lab.fragments.x4_lane_row_col.
+"""The .x4 lane recipe of ldmatrix.cuh (X4Lane) and its model twin, ptx_lab.fragments.x4_lane_row_col,
+and the addresses built on it (x4_addr_*, x4_lane_bytes_*) with theirs, fragments.x4_lane_offsets.
 
 On the CPU: the twin's addresses load, through ptx_lab.model.ldmatrix (whose lane map is
 ptx_lab.fragments.ldmatrix_map), exactly the mma fragment ldmatrix.cuh says each order and
-.trans give, for any tile and any row padding. On the GPU: the probe_x4_lanes probe, which
-runs the header's code, writes every lane's (row, col), and they equal the twin's.
+.trans give, for any block of any tile and any row padding. On the GPU: the probe_x4_lanes probe
+(probes.cu), which runs the header's code, writes every lane's (row, col), and the
+probe_x4_addresses probe (operand_probes.cu) every lane's byte offsets, and they equal the twins'.
 """
 import numpy as np
 import pytest
@@ -52,10 +54,29 @@ def test_each_order_loads_the_fragment_the_header_names(seed, pad, row0, col_blo
     T = rows[row0:row0 + 16, col0:col0 + 16]
     smem = rows.astype("<u2").view(np.uint8).ravel()
     for (order, trans), want in EXPECTED.items():
-        rc = fragments.x4_lane_row_col(order)
-        addrs = 2 * ((row0 + rc[:, 0]) * stride + col0 + rc[:, 1])
+        addrs = fragments.x4_lane_offsets(order, 2 * stride, row0, col0)
         got = model.ldmatrix(smem, addrs, 4, trans)
         assert (got == want(T)).all(), (order, trans)
+
+
+def test_the_offsets_are_the_lane_row_col_at_the_block():
+    for order in fragments.X4_ORDERS:
+        rc = fragments.x4_lane_row_col(order)
+        got = fragments.x4_lane_offsets(order, 272, 16, 8)
+        assert got.shape == (32,) and got.dtype == np.int64
+        assert (got == (16 + rc[:, 0]) * 272 + (8 + rc[:, 1]) * 2).all(), order
+    # the block's corner is a constant: the kernels add it to a lane part computed once
+    assert (fragments.x4_lane_offsets("cols_first", 48, 3, 5) -
+            fragments.x4_lane_offsets("cols_first", 48) == 3 * 48 + 5 * 2).all()
+
+
+def test_the_offsets_check_their_arguments():
+    with pytest.raises(ValueError, match="order must be one of"):
+        fragments.x4_lane_offsets("rows", 32)
+    with pytest.raises(TypeError, match="row_bytes must be an int; got 32.0"):
+        fragments.x4_lane_offsets("rows_first", 32.0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        fragments.x4_lane_offsets("rows_first", 32, -1)
 
 
 def test_the_other_pairings_do_not_load_those_fragments():
@@ -77,3 +98,17 @@ def test_the_probe_runs_the_headers_recipe_and_equals_the_twin(order):
     want = fragments.x4_lane_row_col(order)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert (got == want).all(), np.argwhere(got != want)[:4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", list(fragments.X4_ORDERS))
+@settings(max_examples=20, deadline=None)
+@given(stride=st.integers(16, 600), row0=st.integers(0, 64), col0=st.integers(0, 8))
+def test_the_address_probe_runs_the_headers_addresses_and_equals_the_twin(order, stride, row0, col0):
+    from ptx_lab import device
+
+    col0 = min(col0 * 8, stride - 16)   # the block inside the row
+    want = fragments.x4_lane_offsets(order, 2 * stride, row0, col0)
+    got = device.x4_lane_offsets(order, 2 * stride, row0, col0)
+    for name in ("addr", "lane_bytes"):
+        assert (got[name] == want).all(), (name, np.argwhere(got[name] != want)[:4])

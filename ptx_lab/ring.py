@@ -1,0 +1,153 @@
+"""CPU model of ``ptx_lab/cuda/ring.cuh``: a ring of shared-memory stages handed between a
+producer and a consumer role by named barriers.
+
+Tile i of a walk of ``ntiles`` tiles goes through stage ``i % nstage``. Stage s has the
+barriers FULL(s) = first_id + s (producers arrive when it holds its tile, consumers sync) and
+EMPTY(s) = first_id + nstage + s (consumers arrive when done reading, producers sync before
+refilling it); both count every thread of both roles. :func:`barrier_ids`, :func:`releases` and
+:func:`refill_waits` are the header's closed forms.
+
+:func:`walk` runs both roles over one interleaving of their steps, with named-barrier semantics
+(``bar.arrive`` adds its side's threads to the barrier's current phase and goes on, ``bar.sync``
+adds them and waits until the phase is complete, which resets the barrier), and checks what the
+ring promises: the consumer reads every tile from its stage after the producer wrote it and
+before the producer wrote the next tile there, no side arrives twice in one phase, and both roles
+finish with every barrier back at zero (no hang, no arrival left over). It returns the tiles the
+consumer read, in order. Hypothesis drives the interleavings in tests/ptx_lab/test_ring.py;
+``ptx_lab.device.ring_walk`` runs the header's ring on a GPU.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+MAX_BARRIER_ID = 15      # ids 1..15 are free (0 is __syncthreads)
+WARP = 32
+
+__all__ = ["barrier_ids", "releases", "refill_waits", "walk", "RingError", "MAX_BARRIER_ID"]
+
+
+class RingError(AssertionError):
+    """A walk broke the ring's promise (a stage read early or overwritten unread, a side arriving
+    twice in one phase, or a role left waiting)."""
+
+
+def _count(x, name: str, low: int) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < low:
+        raise ValueError(f"{name} must be an int >= {low}; got {x!r}")
+    return int(x)
+
+
+def _check_ring(nstage: int, first_id: int) -> tuple[int, int]:
+    nstage, first_id = _count(nstage, "nstage", 1), _count(first_id, "first_id", 1)
+    if first_id + 2 * nstage - 1 > MAX_BARRIER_ID:
+        raise ValueError(f"a ring of {nstage} stages from id {first_id} needs ids up to "
+                         f"{first_id + 2 * nstage - 1}; a CTA has {MAX_BARRIER_ID}")
+    return nstage, first_id
+
+
+def barrier_ids(nstage: int, first_id: int = 1) -> dict[str, list[int] | int]:
+    """{"full": FULL(s) per stage, "empty": EMPTY(s) per stage, "end": the first id after the ring's}."""
+    nstage, first_id = _check_ring(nstage, first_id)
+    return {"full": [first_id + s for s in range(nstage)],
+            "empty": [first_id + nstage + s for s in range(nstage)],
+            "end": first_id + 2 * nstage}
+
+
+def releases(i: int, ntiles: int, nstage: int) -> bool:
+    """Whether tile i's consumers arrive on EMPTY: only if tile i + nstage exists."""
+    return i + nstage < ntiles
+
+
+def refill_waits(j: int, ntiles: int, nstage: int) -> bool:
+    """Whether tile j's producers sync on EMPTY: only if tile j exists and its stage held tile j - nstage."""
+    return nstage <= j < ntiles
+
+
+def _programs(nstage: int, ntiles: int, first_id: int) -> dict[str, list[tuple]]:
+    """Each role's steps, as ring.cuh's users run them (ring_probes.cu's walk)."""
+    full = lambda s: first_id + s            # noqa: E731
+    empty = lambda s: first_id + nstage + s  # noqa: E731
+    producer, consumer = [], []
+    for j in range(ntiles):
+        s = j % nstage
+        if refill_waits(j, ntiles, nstage):
+            producer.append(("sync", empty(s)))
+        producer.append(("write", s, j))
+        producer.append(("arrive", full(s)))
+    for i in range(ntiles):
+        s = i % nstage
+        consumer.append(("sync", full(s)))
+        consumer.append(("read", s, i))
+        if releases(i, ntiles, nstage):
+            consumer.append(("arrive", empty(s)))
+    return {"producer": producer, "consumer": consumer}
+
+
+def walk(nstage: int, ntiles: int, order: Iterable[int] = (), first_id: int = 1) -> list[int]:
+    """Run the ring's two roles to the end; returns the tiles the consumer read, in order.
+
+    `order` chooses, each time both roles can step, which one does (0 the producer, 1 the
+    consumer); once it runs out the producer goes first. Every sequence is a legal schedule.
+    RingError on a broken promise (see the module docstring).
+    """
+    nstage, first_id = _check_ring(nstage, first_id)
+    ntiles = _count(ntiles, "ntiles", 0)
+    progs = _programs(nstage, ntiles, first_id)
+    roles = ("producer", "consumer")
+    pc = {r: 0 for r in roles}
+    waiting: dict[str, int | None] = {r: None for r in roles}   # the barrier id a role is blocked on
+    arrived: dict[int, set[str]] = {}                           # the current phase's arrivals per id
+    stage: list[int | None] = [None] * nstage                   # the tile each stage holds
+    unread: list[bool] = [False] * nstage
+    seen: list[int] = []
+    choices = iter(order)
+
+    def complete(bid: int) -> None:
+        arrived.pop(bid)                                        # both sides: the phase completes
+        for r in roles:
+            if waiting[r] == bid:
+                waiting[r] = None
+
+    def arrive(role: str, bid: int) -> None:
+        got = arrived.setdefault(bid, set())
+        if role in got:
+            raise RingError(f"the {role} arrives on barrier {bid} twice in one phase")
+        got.add(role)
+        if len(got) == len(roles):
+            complete(bid)
+
+    def step(role: str) -> None:
+        op = progs[role][pc[role]]
+        pc[role] += 1
+        if op[0] == "arrive":
+            arrive(role, op[1])
+        elif op[0] == "sync":
+            waiting[role] = op[1]
+            arrive(role, op[1])
+        elif op[0] == "write":
+            s, j = op[1], op[2]
+            if unread[s]:
+                raise RingError(f"the producer overwrites stage {s} (tile {stage[s]}) with tile {j} before it was read")
+            stage[s], unread[s] = j, True
+        else:
+            s, i = op[1], op[2]
+            if stage[s] != i or not unread[s]:
+                raise RingError(f"the consumer reads tile {i} from stage {s}, which holds "
+                                f"{'nothing new' if not unread[s] else f'tile {stage[s]}'}")
+            unread[s] = False
+            seen.append(i)
+
+    while True:
+        ready = [r for r in roles if waiting[r] is None and pc[r] < len(progs[r])]
+        if not ready:
+            break
+        pick = next(choices, None)
+        role = ready[0] if len(ready) == 1 or pick is None else ready[int(pick) % len(ready)]
+        step(role)
+    stuck = [f"the {r} waits on barrier {waiting[r]}" for r in roles if waiting[r] is not None]
+    if stuck or arrived:
+        raise RingError("the walk does not finish: " + "; ".join(
+            stuck + [f"barrier {b} holds arrivals of {sorted(a)}" for b, a in arrived.items()]))
+    return seen

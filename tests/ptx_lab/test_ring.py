@@ -1,0 +1,107 @@
+"""ring.cuh's named-barrier ring and its model, ptx_lab.ring.
+
+On the CPU: the ids are distinct and inside 1..15, the hand-off predicates pair the consumers'
+EMPTY arrivals one to one with the producers' EMPTY waits, and a walk of both roles over any
+interleaving hands every tile over exactly once, in order, with every barrier balanced; a ring
+with a predicate off by one is caught. On the GPU: the probes of ring_probes.cu, which run the
+header, give the model's ids and predicates, and a producer warp and a consumer warp walk the ring
+and hand over every tile's words.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ptx_lab import ring
+
+WARP = 32
+CPU = settings(max_examples=200, deadline=None)
+nstages = st.integers(1, 7)
+ntiles = st.integers(0, 40)
+orders = st.lists(st.integers(0, 1), max_size=200)
+
+
+@pytest.mark.parametrize("nstage", range(1, 8))
+def test_the_ids_are_distinct_and_free(nstage):
+    ids = ring.barrier_ids(nstage)
+    used = ids["full"] + ids["empty"]
+    assert ids["full"] == [1 + s for s in range(nstage)] and ids["empty"] == [1 + nstage + s for s in range(nstage)]
+    assert len(set(used)) == 2 * nstage and min(used) >= 1 and max(used) < ids["end"] <= 16
+
+
+def test_a_ring_too_deep_for_the_ids_is_refused():
+    with pytest.raises(ValueError, match="needs ids up to 16; a CTA has 15"):
+        ring.barrier_ids(8)
+    with pytest.raises(ValueError, match="needs ids up to 17"):
+        ring.barrier_ids(7, first_id=4)
+    with pytest.raises(ValueError, match="nstage must be an int >= 1; got 0"):
+        ring.walk(0, 4)
+
+
+@CPU
+@given(nstage=nstages, n=ntiles)
+def test_every_release_meets_one_refill_wait(nstage, n):
+    # the consumers of tile i release its stage exactly when the producers of tile i + nstage wait for it
+    released = [i for i in range(n) if ring.releases(i, n, nstage)]
+    waited = [j - nstage for j in range(n + nstage) if ring.refill_waits(j, n, nstage)]
+    assert released == waited == list(range(max(n - nstage, 0)))
+
+
+@CPU
+@given(nstage=nstages, n=ntiles, order=orders)
+def test_any_interleaving_hands_every_tile_over_once_in_order(nstage, n, order):
+    assert ring.walk(nstage, n, order) == list(range(n))
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("releases", "does not finish"),            # a consumer releasing the last tiles too: arrivals left over
+    ("refill_waits", "overwrites stage"),       # a producer not waiting for a stage's second tile
+])
+def test_a_broken_predicate_is_caught(monkeypatch, broken, message):
+    if broken == "releases":
+        monkeypatch.setattr(ring, "releases", lambda i, n, nstage: True)
+    else:
+        monkeypatch.setattr(ring, "refill_waits", lambda j, n, nstage: n > j > nstage)
+    with pytest.raises(ring.RingError, match=message):
+        ring.walk(3, 10, [0] * 50)   # the producer runs ahead wherever it can
+
+
+# ----------------------------------------------------------------- the header on the GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nstage", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("n", [0, 1, 5, 17, 40])
+def test_device_ids_and_predicates_are_the_models(nstage, n):
+    from ptx_lab import device
+
+    got = device.ring_ids(nstage, n)
+    ids = ring.barrier_ids(nstage)
+    assert (got["full"], got["empty"], got["end"]) == (ids["full"], ids["empty"], ids["end"])
+    assert got["releases"] == [ring.releases(i, n, nstage) for i in range(n)]
+    assert got["refill_waits"] == [ring.refill_waits(i, n, nstage) for i in range(n)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nstage", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("n", [0, 1, 5, 17, 200])
+def test_device_walk_hands_every_tile_over(nstage, n):
+    from ptx_lab import device
+
+    seen = device.ring_walk(nstage, n)
+    tiles = np.asarray(ring.walk(nstage, n), dtype=np.int64)
+    lane = np.arange(WARP)
+    want = (tiles[:, None] * WARP + (lane + 1) % WARP).astype(np.uint32)   # the neighbour's word
+    assert seen.shape == (n, WARP) and (seen == want).all(), np.argwhere(seen != want)[:4]
+
+
+def test_the_device_twins_check_their_arguments_before_looking_for_a_gpu():
+    from ptx_lab import device
+
+    with pytest.raises(ValueError, match=r"nstage must be one of \(1, 2, 3, 4, 6, 7\)"):
+        device.ring_walk(5, 3)
+    with pytest.raises(ValueError, match="needs ids up to 16"):
+        device.ring_ids(8, 3)
+    with pytest.raises(ValueError, match="ntiles must be an int >= 0; got -1"):
+        device.ring_walk(2, -1)

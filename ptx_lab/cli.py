@@ -2,7 +2,7 @@
 
     ptx-lab show <operand> [--svg FILE] [--png FILE]
                         a fragment map (ptx_lab.fragments.show) or bank map (banks:<preset>)
-                        as text, or drawn (ptx_lab.pictures)
+                        as text, or drawn (ptx_lab.pictures, ptx_lab.render)
     ptx-lab <command> ...
                         a command another package declares in the `ptx_lab.commands`
                         entry-point group (ptx_lab.commands): in this project `list` and
@@ -40,16 +40,16 @@ def _show_names() -> tuple[str, ...]:
 
 def _write_pictures(operand: str, svg: str | None, png: str | None) -> int:
     """Write --svg/--png; a missing matplotlib fails before anything is written."""
-    from . import pictures
+    from . import pictures, render
 
     if png is not None:
         try:
-            pictures._agg()
-        except pictures.MissingDependency as exc:
+            render.require_matplotlib()
+        except render.MissingDependency as exc:
             print(f"{PROG}: --png: {exc}", file=sys.stderr)
             return EXIT_USAGE
     picture = pictures.picture(operand)
-    for option, path, write in (("--svg", svg, pictures.write_svg), ("--png", png, pictures.write_png)):
+    for option, path, write in (("--svg", svg, render.write_svg), ("--png", png, render.write_png)):
         if path is None:
             continue
         try:
@@ -73,7 +73,7 @@ def _canonical_operand(name: str, valid: Sequence[str], bank_prefix: str) -> str
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from . import fragments, pictures
+    from . import fragments, pictures, render
 
     valid = _show_names()
     operand = _canonical_operand(args.operand, valid, pictures.BANK_PREFIX)
@@ -87,7 +87,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         if operand in getattr(fragments, "OPERANDS", ()):
             picture = fragments.show(operand)
         else:
-            picture = pictures.to_text(pictures.picture(operand))
+            picture = render.to_text(pictures.picture(operand))
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE

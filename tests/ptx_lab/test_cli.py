@@ -1,6 +1,7 @@
 """The ptx-lab command: its own errors, `show`, and the subcommands other packages declare."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import tomllib
@@ -9,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ptx_lab import cli, commands, fragments
+from ptx_lab import cli, commands, fragments, pictures, render
 
 REPO = Path(__file__).resolve().parents[2]
 DECLARED = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"][commands.GROUP]
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TOOLS = ("check", "bench", "profile", "racecheck", "resources", "floors", "kda-precision", "cp-check", "source-ab", "stalls")
 
 
@@ -58,6 +61,63 @@ def test_bank_maps_in_any_case(capsys):
 def test_an_unknown_operand_is_still_refused(capsys):
     assert cli.main(["show", "mma.d"]) == cli.EXIT_USAGE
     assert "unknown operand 'mma.d'; valid operands: mma.a," in capsys.readouterr().err
+
+
+def test_show_writes_svg_and_png(tmp_path, capsys):
+    svg, png = tmp_path / "c.svg", tmp_path / "c.png"
+    args = ["show", "mma.c", "--svg", str(svg)] + (["--png", str(png)] if HAS_MATPLOTLIB else [])
+    assert cli.main(args) == 0
+    assert svg.read_text() == render.to_svg(pictures.picture("mma.c"))
+    out = capsys.readouterr().out
+    assert f"wrote {svg}" in out
+    if HAS_MATPLOTLIB:
+        assert png.read_bytes()[:8] == PNG_MAGIC and f"wrote {png}" in out
+
+
+def test_show_text_stays_the_default(capsys):
+    assert cli.main(["show", "mma.c"]) == 0
+    assert capsys.readouterr().out == fragments.show("mma.c") + "\n"
+    assert cli.main(["show", "movmatrix"]) == 0
+    assert capsys.readouterr().out.startswith("movmatrix.sync.aligned.m8n8.trans.b16")
+
+
+def test_show_unknown_operand_lists_the_valid_ones(capsys):
+    assert cli.main(["show", "mma.x", "--svg", "never.svg"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "unknown operand 'mma.x'" in err
+    for name in ("mma.a", "ldmatrix.x4.trans", "stmatrix.x2", "movmatrix"):
+        assert name in err
+
+
+def test_show_unwritable_path(tmp_path, capsys):
+    missing = tmp_path / "no such dir" / "x.svg"
+    assert cli.main(["show", "mma.a", "--svg", str(missing)]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"cannot write --svg {missing}" in err and "No such file or directory" in err
+
+
+def test_show_png_without_matplotlib(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    svg, png = tmp_path / "a.svg", tmp_path / "a.png"
+    assert cli.main(["show", "mma.a", "--svg", str(svg), "--png", str(png)]) == cli.EXIT_USAGE
+    assert "pip install 'ptx-lab[plot]'" in capsys.readouterr().err
+    assert not png.exists() and not svg.exists()  # fails before writing anything
+    assert cli.main(["show", "mma.a", "--svg", str(svg)]) == 0  # --svg alone still works
+    assert svg.exists()
+
+
+def test_show_bank_maps(tmp_path, capsys):
+    svg = tmp_path / "b.svg"
+    assert cli.main(["show", "banks:op_pad272", "--svg", str(svg)]) == 0
+    assert svg.read_text() == render.to_svg(pictures.picture("banks:op_pad272"))
+    assert cli.main(["show", "banks:op_pad272"]) == 0
+    assert "4 wavefronts" in capsys.readouterr().out
+    assert cli.main(["show", "banks:nope"]) == cli.EXIT_USAGE
+    assert "preset must be one of" in capsys.readouterr().err
+    assert cli.main(["show", "banks:op_pad272:diagonal"]) == cli.EXIT_USAGE
+    assert "access (after banks:op_pad272:) must be one of ldmatrix, column, none" in capsys.readouterr().err
+    assert cli.main(["show", "banks:qk_stride130:ldmatrix"]) == cli.EXIT_USAGE
+    assert "16-byte aligned" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ subcommands of other packages

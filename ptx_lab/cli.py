@@ -38,6 +38,16 @@ def _show_names() -> tuple[str, ...]:
     return tuple(names)
 
 
+def _file_ending_in(suffix: str):
+    """argparse type: a file name ending in `suffix` (any case), so that --png never writes a PNG
+    under another format's name, nor --svg an SVG."""
+    def check(path: str) -> str:
+        if not path.lower().endswith(suffix):
+            raise argparse.ArgumentTypeError(f"expected a file name ending in {suffix}, got {path!r}")
+        return path
+    return check
+
+
 def _write_pictures(operand: str, svg: str | None, png: str | None) -> int:
     """Write --svg/--png; a missing matplotlib fails before anything is written."""
     from . import pictures, render
@@ -140,8 +150,10 @@ def _parser(found: dict) -> argparse.ArgumentParser:
                "  ptx-lab show movmatrix --png m.png        needs: pip install 'ptx-lab[plot]'")
     p.add_argument("operand", help="e.g. mma.a, mma.c, ldmatrix.x4.trans, movmatrix, "
                                    "banks:<preset>[:ldmatrix|column|none]")
-    p.add_argument("--svg", metavar="FILE", help="write the picture as SVG (no dependency)")
-    p.add_argument("--png", metavar="FILE", help="write the picture as PNG (needs matplotlib)")
+    p.add_argument("--svg", metavar="FILE", type=_file_ending_in(".svg"),
+                   help="write the picture as SVG, to a FILE ending in .svg (no dependency)")
+    p.add_argument("--png", metavar="FILE", type=_file_ending_in(".png"),
+                   help="write the picture as PNG, to a FILE ending in .png (needs matplotlib)")
     p.set_defaults(func=cmd_show)
     return parser
 

@@ -106,6 +106,23 @@ def test_show_png_without_matplotlib(tmp_path, capsys, monkeypatch):
     assert svg.exists()
 
 
+@pytest.mark.parametrize("option, name, suffix", [("--png", "x.jpg", ".png"), ("--svg", "x.png", ".svg")])
+def test_show_refuses_a_file_name_of_another_format(option, name, suffix, tmp_path, capsys):
+    path = tmp_path / name
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["show", "mma.c", option, str(path)])
+    assert exc.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"argument {option}: expected a file name ending in {suffix}, got '{path}'" in err
+    assert not path.exists()
+
+
+def test_show_takes_the_suffix_in_any_case(tmp_path, capsys):
+    svg = tmp_path / "c.SVG"
+    assert cli.main(["show", "mma.c", "--svg", str(svg)]) == 0
+    assert svg.read_text() == render.to_svg(pictures.picture("mma.c"))
+
+
 def test_show_bank_maps(tmp_path, capsys):
     svg = tmp_path / "b.svg"
     assert cli.main(["show", "banks:op_pad272", "--svg", str(svg)]) == 0

@@ -246,7 +246,8 @@ def bank_picture(title: str, banks: np.ndarray, conflicts: np.ndarray | None = N
     a bank some other lane of the same access also hits at another address.
     lanes: int (rows, cols), the lane whose request covers the cell (< 0: none);
     touched cells get "T<lane>" under the bank, so the access itself is visible.
-    The arrays come from whatever computes them (ptx_lab.banks); this only draws.
+    The arrays come from whatever computes them (ptx_lab.banks.bank_map); this only
+    turns them into cells.
     """
     banks = np.asarray(banks)
     if banks.ndim != 2 or not np.issubdtype(banks.dtype, np.integer):

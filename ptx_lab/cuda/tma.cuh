@@ -16,7 +16,7 @@
 // exactly S bytes in ptx_lab.tensormap), with the 16-byte chunks of each row permuted:
 // chunk c of box row i sits in chunk c ^ (i % 8) of the row for S = 128,
 // c ^ ((i / 2) % 4) for 64, c ^ ((i / 4) % 2) for 32 -- CuTe's SW128/SW64/SW32
-// (ptx_lab.banks), so the same chunk of 8 consecutive rows lies in 8 bank groups. A
+// (ptx_lab.layouts), so the same chunk of 8 consecutive rows lies in 8 bank groups. A
 // store with the same map reads the chunks from the same places.
 // ptx_lab.model.tensor_box_smem_offsets gives every element's byte. Elements of the box
 // outside the tensor (a row >= rows, a column >= cols, or negative) are:
@@ -65,7 +65,7 @@ static_assert(alignof(TensorMap) == 64, "a tensor map is 64-byte aligned");
 // TensorMap2D.swizzle; box rows of exactly S bytes) puts the byte at dense offset `off`
 // of its box (row * S + column byte): the 16-byte chunk index (bits 4..) XORed with
 // the row's position in its group of 8 rows (bits 7..), as CuTe's Swizzle<log2(S/16), 4, 3>
-// of the byte offset (ptx_lab.banks.GMMA_SWIZZLES SW32 / SW64 / SW128). The box's
+// of the byte offset (ptx_lab.layouts.GMMA_SWIZZLES SW32 / SW64 / SW128). The box's
 // shared address must be a multiple of 8 * S, so the offset's bits are the address's.
 // S = 0: the dense box, off itself.
 template <int S>

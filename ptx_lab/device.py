@@ -29,7 +29,7 @@ import functools
 import numpy as np
 
 from . import CUDA_INCLUDE_DIR, dtypes, model
-from .fragments import _check_flag, _check_num
+from .fragments import check_flag, check_num
 from .gpu import gpu_reason, load_module
 
 __all__ = ["ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "wgmma_m64nNk16_rs",
@@ -141,8 +141,8 @@ def ldmatrix(smem, addrs, num: int, trans: bool) -> np.ndarray:
     Returns uint32 (32, num): register i of every lane.
     """
     image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)
-    _check_num(num)
-    trans = _check_flag(trans, "trans")
+    check_num(num)
+    trans = check_flag(trans, "trans")
     lanes = _lane_ints("addrs", addrs)
     _check_rows(lanes, num, image.size, distinct=False)
     cupy = _cupy()
@@ -166,8 +166,8 @@ def stmatrix(smem, addrs, regs, trans: bool) -> np.ndarray:
     if regs.ndim != 2 or regs.shape[0] != WARP or regs.dtype != np.uint32:
         raise ValueError(f"regs must be uint32 (32, num); got {regs.dtype.name} {regs.shape}")
     num = regs.shape[1]
-    _check_num(num)
-    trans = _check_flag(trans, "trans")
+    check_num(num)
+    trans = check_flag(trans, "trans")
     lanes = _lane_ints("addrs", addrs)
     _check_rows(lanes, num, image.size, distinct=True)
     cupy = _cupy()
@@ -232,7 +232,7 @@ def cp_async(smem, gmem, dst, src, size: int, src_bytes=None, cache: str = "ca")
     zero-fills the rest. dst and src must be multiples of `size`, in range, and
     the destinations must not overlap. Returns the new uint8 smem image.
     """
-    size = model._count_arg(size, "size")
+    size = model.count_arg(size, "size")
     if size not in (4, 8, 16):
         raise ValueError(f"size must be 4, 8 or 16 bytes; got {size!r}")
     if cache not in ("ca", "cg"):
@@ -286,8 +286,8 @@ def wgmma_m64nNk16_rs(a, smem, desc: int, c, n: int, scale_d: bool = True, major
     B operand lives in; desc: model.wgmma_desc(start, lbo, sbo) with `start` an offset into
     that image (the probe adds the image's shared address); c: float32 (128, n / 2);
     major: "k" (K-major B, TRANS_B 0) or "n" (N-major, TRANS_B 1); scale_d: a bool."""
-    n = model._check_wgmma_n(n)
-    scale_d = _check_flag(scale_d, "scale_d")
+    n = model.check_wgmma_n(n)
+    scale_d = check_flag(scale_d, "scale_d")
     a = _array("a", a, (model.WGMMA_THREADS, 4), np.uint32)
     c = _array("c", c, (model.WGMMA_THREADS, n // 2), np.float32)
     image = _bytes_1d("smem", smem, MAX_IMAGE_BYTES)

@@ -105,7 +105,7 @@ def inverse_map(operand: str) -> np.ndarray:
     return inv
 
 
-def _check_flag(x, name: str) -> bool:
+def check_flag(x, name: str) -> bool:
     """A boolean argument: True/False (or a numpy bool). Anything else is refused rather
     than read for its truthiness, where "no", 0.0 or an array would pass for a choice."""
     if not isinstance(x, (bool, np.bool_)):
@@ -113,7 +113,7 @@ def _check_flag(x, name: str) -> bool:
     return bool(x)
 
 
-def _check_num(num: int) -> None:
+def check_num(num: int) -> None:
     # bool and float pass `in (1, 2, 4)` (True == 1, 2.0 == 2): refused by type first
     if isinstance(num, (bool, np.bool_)) or not isinstance(num, (int, np.integer)) or num not in (1, 2, 4):
         raise ValueError(f"num must be 1, 2 or 4 (ldmatrix/stmatrix .x1/.x2/.x4); got {num!r}")
@@ -126,8 +126,8 @@ def ldmatrix_map(num: int, trans: bool) -> np.ndarray:
     the matrix as it lies in memory (row r is the 16 bytes at the address
     supplied by lane 8i + r). The same map describes stmatrix.
     """
-    _check_num(num)
-    trans = _check_flag(trans, "trans")
+    check_num(num)
+    trans = check_flag(trans, "trans")
     base = fragment_map("m8n8.trans" if trans else "m8n8")[:, 0]  # (32, 2, 2)
     out = np.empty((WARP, num, 2, 3), dtype=np.int64)
     for i in range(num):
@@ -142,7 +142,7 @@ def address_lanes(num: int) -> np.ndarray:
     Entry [i, r] is the lane supplying the address of row r of matrix i;
     the remaining lanes' addresses are ignored.
     """
-    _check_num(num)
+    check_num(num)
     return np.arange(8 * num, dtype=np.int64).reshape(num, 8)
 
 

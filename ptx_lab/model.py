@@ -39,7 +39,7 @@ import numpy as np
 
 from . import dtypes
 from .layouts import GMMA_SWIZZLES, Swizzle
-from .fragments import SHAPES, WARP, _check_flag, _check_num, fragment_map, ldmatrix_map
+from .fragments import SHAPES, WARP, check_flag, check_num, fragment_map, ldmatrix_map
 from .tensormap import TensorMap2D
 
 ROW_BYTES = 16  # one 8x8 b16 matrix row: 8 elements x 2 bytes
@@ -227,8 +227,8 @@ def ldmatrix(smem: np.ndarray, addrs, num: int, trans: bool) -> np.ndarray:
     """
     smem = _bytes_image(smem, "smem")
     addrs = _lane_ints(addrs, "addrs")
-    _check_num(num)
-    trans = _check_flag(trans, "trans")
+    check_num(num)
+    trans = check_flag(trans, "trans")
     _check_row_addresses(addrs, num, smem.size, "ldmatrix")
     mats = np.empty((num, 8, 8), dtype=np.uint16)  # mats[i, r, c] = matrix i as in memory
     for i in range(num):
@@ -253,8 +253,8 @@ def stmatrix(smem: np.ndarray, addrs, regs, trans: bool) -> np.ndarray:
     if r.ndim != 2 or r.shape[0] != WARP or r.dtype != np.uint32:
         raise _shape_error("regs", "uint32 array of shape (32, num)", r)
     num = r.shape[1]
-    _check_num(num)
-    trans = _check_flag(trans, "trans")
+    check_num(num)
+    trans = check_flag(trans, "trans")
     _check_row_addresses(addrs, num, smem.size, "stmatrix")
     if np.unique(addrs[:8 * num]).size != 8 * num:
         raise ValueError("addrs: two lanes name the same row; which store wins is undefined")
@@ -320,7 +320,7 @@ def cp_async(smem: np.ndarray, gmem: np.ndarray, dst, src, size: int, src_bytes=
     gmem = _bytes_image(gmem, "gmem")
     dst = _lane_ints(dst, "dst")
     src = _lane_ints(src, "src")
-    size = _count_arg(size, "size")
+    size = count_arg(size, "size")
     if size not in (4, 8, 16):
         raise ValueError(f"size must be 4, 8 or 16 bytes; got {size!r}")
     if cache not in ("ca", "cg"):
@@ -355,7 +355,7 @@ MBARRIER_MAX_TX = 2**20 - 1     # ... and tx-count in -(2^20-1)..2^20-1
 BULK_ALIGN = 16                 # cp.async.bulk: both addresses 16-byte aligned, size a multiple of 16
 
 
-def _count_arg(x, name: str) -> int:
+def count_arg(x, name: str) -> int:
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
         raise ValueError(f"{name} must be an int; got {x!r}")
     return int(x)
@@ -395,7 +395,7 @@ class MBarrier:
 
     def init(self, count: int) -> None:
         """mbarrier.init: phase 0 (parity 0), `count` arrivals pending, tx-count 0."""
-        count = _count_arg(count, "count")
+        count = count_arg(count, "count")
         if not 1 <= count <= MBARRIER_MAX_COUNT:
             raise ValueError(f"count = {count}: an mbarrier expects 1..{MBARRIER_MAX_COUNT} "
                              "arrivals per phase")
@@ -414,7 +414,7 @@ class MBarrier:
                 f"pending={self.pending}, tx_count={self.tx_count})")
 
     def _bytes_arg(self, nbytes, what: str) -> int:
-        n = _count_arg(nbytes, f"{what}: nbytes")
+        n = count_arg(nbytes, f"{what}: nbytes")
         if n < 0:
             raise ValueError(f"{what}: nbytes = {n}; a byte count cannot be negative")
         return n
@@ -457,7 +457,7 @@ class MBarrier:
         True exactly when the current phase's parity differs. A waiter two
         phases behind therefore blocks: parity cannot tell phase 0 from phase 2.
         """
-        p = _count_arg(parity, "parity")
+        p = count_arg(parity, "parity")
         if p not in (0, 1):
             raise ValueError(f"parity must be 0 or 1; got {p}")
         return self.parity != p
@@ -476,9 +476,9 @@ class MBarrier:
 
 def _check_bulk(dst: int, src: int, nbytes: int, dst_len: int, src_len: int,
                 dst_name: str, src_name: str) -> tuple[int, int, int]:
-    dst = _count_arg(dst, "dst")
-    src = _count_arg(src, "src")
-    nbytes = _count_arg(nbytes, "nbytes")
+    dst = count_arg(dst, "dst")
+    src = count_arg(src, "src")
+    nbytes = count_arg(nbytes, "nbytes")
     if nbytes <= 0 or nbytes % BULK_ALIGN:
         raise ValueError(f"nbytes = {nbytes}: a bulk copy moves a positive multiple of "
                          f"{BULK_ALIGN} bytes")
@@ -539,7 +539,7 @@ TENSOR_COORD_MIN, TENSOR_COORD_MAX = -2**31, 2**31 - 1   # tensorCoords are .s32
 def _tensor_args(tmap, c0, c1) -> tuple[TensorMap2D, int, int]:
     if not isinstance(tmap, TensorMap2D):
         raise ValueError(f"tmap: expected a ptx_lab.tensormap.TensorMap2D; got {type(tmap).__name__}")
-    c0, c1 = _count_arg(c0, "c0"), _count_arg(c1, "c1")
+    c0, c1 = count_arg(c0, "c0"), count_arg(c1, "c1")
     for name, c in (("c0", c0), ("c1", c1)):
         if not TENSOR_COORD_MIN <= c <= TENSOR_COORD_MAX:
             raise ValueError(f"{name} = {c}: a tensor coordinate is a signed 32-bit integer")
@@ -607,7 +607,7 @@ def _tensor_bytes(tmap: TensorMap2D, c0: int, c1: int, smem_addr: int, smem_len:
     """Checks one tensor copy; returns (global byte index, inside, shared byte index) per box
     byte, in box order (element [0][0]'s bytes first)."""
     offsets = tensor_tile_2d(tmap, c0, c1)
-    addr = _count_arg(smem_addr, smem_name)
+    addr = count_arg(smem_addr, smem_name)
     if addr % tmap.smem_align:
         why = (f" (swizzle = {tmap.swizzle}: the pattern repeats every 8 rows of {tmap.swizzle} "
                "bytes and follows the address bits)" if tmap.swizzle else "")
@@ -693,9 +693,9 @@ def wgmma_desc(start: int, lbo: int, sbo: int, swizzle: int = 0) -> int:
     """The 64-bit shared-memory matrix descriptor (wgmma.cuh's wgmma_desc): bits 0-13 start
     >> 4, 16-29 lbo >> 4, 32-45 sbo >> 4, 62-63 swizzle. The three byte values must be
     multiples of 16 below 2^18, as the 14-bit fields hold them."""
-    start, lbo, sbo = (_count_arg(v, f"wgmma_desc: {name}")
+    start, lbo, sbo = (count_arg(v, f"wgmma_desc: {name}")
                        for name, v in (("start", start), ("lbo", lbo), ("sbo", sbo)))
-    swizzle = _count_arg(swizzle, "wgmma_desc: swizzle")   # True would pass for 1 (128B)
+    swizzle = count_arg(swizzle, "wgmma_desc: swizzle")   # True would pass for 1 (128B)
     for name, v in (("start", start), ("lbo", lbo), ("sbo", sbo)):
         if not (0 <= v < 1 << 18) or v % 16:
             raise ValueError(f"wgmma_desc: {name} = {v} must be a multiple of 16 in [0, 2^18)")
@@ -706,7 +706,7 @@ def wgmma_desc(start: int, lbo: int, sbo: int, swizzle: int = 0) -> int:
 
 def wgmma_desc_fields(desc: int) -> dict:
     """wgmma_desc's inverse: {"start", "lbo", "sbo", "base_offset", "swizzle"} in bytes."""
-    desc = _count_arg(desc, "desc")
+    desc = count_arg(desc, "desc")
     if not 0 <= desc < 1 << 64:
         raise ValueError(f"desc = {desc:#x}: a matrix descriptor is a 64-bit unsigned integer")
     return {"start": (desc & _DESC_FIELD_MASK) << 4, "lbo": ((desc >> 16) & _DESC_FIELD_MASK) << 4,
@@ -714,7 +714,7 @@ def wgmma_desc_fields(desc: int) -> dict:
             "swizzle": (desc >> 62) & 3}
 
 
-def _check_wgmma_n(n) -> int:
+def check_wgmma_n(n) -> int:
     # a float 16.0 passes `in WGMMA_N` and then indexes with floats; True is not a shape
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n not in WGMMA_N:
         raise ValueError(f"n must be one of {WGMMA_N}, got {n!r}")
@@ -730,7 +730,7 @@ def wgmma_b_offsets(n: int, desc: int, major: str = "k") -> np.ndarray:
     f = wgmma_desc_fields(desc)
     if f["swizzle"] or f["base_offset"]:
         raise ValueError("wgmma_b_offsets models the unswizzled layout (swizzle 0, base offset 0) only")
-    n = _check_wgmma_n(n)
+    n = check_wgmma_n(n)
     if major not in WGMMA_B_MAJORS:
         raise ValueError(f"major must be one of {WGMMA_B_MAJORS} (K-major or N-major B), got {major!r}")
     k = np.arange(16)[:, None]
@@ -743,7 +743,7 @@ def wgmma_b_image(B, desc: int, size: int, major: str = "k") -> np.ndarray:
     """The inverse of what wgmma_m64nNk16_rs reads: a `size`-byte shared-memory image (uint8)
     holding B [16 x n] as bf16 (rounded to nearest even) where the descriptor puts it
     (wgmma_b_offsets), zeros elsewhere."""
-    size = _count_arg(size, "size")
+    size = count_arg(size, "size")
     B = np.asarray(B, dtype=np.float32)
     if B.ndim != 2 or B.shape[0] != 16 or B.shape[1] not in WGMMA_N:
         raise _shape_error("B", f"(16, n) with n in {WGMMA_N}", B)
@@ -774,7 +774,7 @@ def matrix_to_wgmma_a(A, dtype: str = "bfloat16") -> np.ndarray:
 def wgmma_d_to_matrix(d, n: int) -> np.ndarray:
     """D [64 x n] from the accumulators (128, n / 2): warp w holds rows 16 w ..; its floats
     4j .. 4j + 3 are mma.sync's C fragment of columns 8j .. 8j + 7."""
-    n = _check_wgmma_n(n)
+    n = check_wgmma_n(n)
     r = _regs_n(d, "d", WGMMA_THREADS, n // 2, np.float32)
     out = np.empty((64, n), dtype=np.float32)
     for w in range(4):
@@ -804,7 +804,7 @@ def wgmma_m64nNk16_rs(a, smem: np.ndarray, desc: int, c, n: int, scale_d: bool =
     (+ C when scale_d) as the (128, n / 2) accumulators. Rounded once from float64, like
     mma_m16n8k16: exact for data whose partial sums fp32 holds, else compare with a tolerance."""
     smem = _bytes_image(smem, "smem")
-    scale_d = _check_flag(scale_d, "scale_d")
+    scale_d = check_flag(scale_d, "scale_d")
     off = wgmma_b_offsets(n, desc, major)
     if off.min() < 0 or off.max() + 2 > smem.size:
         raise ValueError(f"B's bytes {off.min()}..{off.max() + 1} fall outside the {smem.size}-byte image")

@@ -14,10 +14,10 @@ out) and never needs CuPy or a GPU.
 * :mod:`kernel.reference.kda`: the whole KDA forward and backward, tile by
   tile (dq, dk, dv, dg, dbeta, dh0 from Kernel A's dS and the forward states).
 """
-from .checks import FLA_CHUNK, L2NORM_EPS, LN2, _l2norm, array_module
+from .checks import L2NORM_EPS, LN2, l2norm, array_module
 from .dstate_scan import dstate_scan_reference, prepare_tiles, snapshot_offsets
 from .inputs import DHT_SCALE, DO_SCALE, GATE_LOGIT_MEAN, GATE_LOWER_BOUND, ragged_lengths, random_inputs
-from .fla_layout import (KERNEL_TILE, FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
+from .fla_layout import (FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
                          kernel_a_inputs_from_fla)
 from .kda import kda_backward_reference, kda_forward_reference
 from .segments import (dstate_scan_segmented, fold_summaries, segment_bounds, segment_snapshots,
@@ -35,7 +35,6 @@ __all__ = [
     "segment_summary",
     "fold_summaries",
     "dstate_scan_segmented",
-    "KERNEL_TILE",
     "FlaTensors",
     "fla_forward_tensors",
     "fla_diagonal_blocks",

@@ -10,9 +10,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..shapes import CHUNK_TOKENS, check_cu_seqlens   # the product's; every check of an offset list is that one
+
 LN2 = math.log(2.0)
 L2NORM_EPS = 1e-6  # the same eps as flash-linear-attention's l2norm
-FLA_CHUNK = 64     # FLA's dh is stored per 64-token chunk; tiles must align with it
 
 
 # ----------------------------------------------------------------------------
@@ -36,27 +37,27 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def _int_arg(x: Any, name: str, minimum: int | None = None) -> int:
+def int_arg(x: Any, name: str, minimum: int | None = None) -> int:
     """An int (numpy integers too; bool and float refused, never truncated), >= minimum."""
-    if not _is_int(x):
+    if not is_int(x):
         raise TypeError(f"{name} must be an int, got {x!r} ({type(x).__name__})")
     if minimum is not None and x < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {x}")
     return int(x)
 
 
-def _flag_arg(x: Any, name: str) -> bool:
+def flag_arg(x: Any, name: str) -> bool:
     """True or False (or a numpy bool): "no" or 0.0 is not read for its truthiness."""
     if not isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool (True or False), got {x!r} ({type(x).__name__})")
     return bool(x)
 
 
-def _real_arg(x: Any, name: str, minimum: float | None = None) -> float:
+def real_arg(x: Any, name: str, minimum: float | None = None) -> float:
     """A finite real number (int or float, numpy's too; not bool), >= minimum."""
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
@@ -68,18 +69,18 @@ def _real_arg(x: Any, name: str, minimum: float | None = None) -> float:
     return v
 
 
-def _scale_arg(scale: Any, K: int) -> float:
+def scale_arg(scale: Any, K: int) -> float:
     """The attention scale: K**-0.5 for None, else a finite real > 0 (0 would zero every
     score, a negative one flip them: neither is an attention scale)."""
     if scale is None:
         return K ** -0.5
-    s = _real_arg(scale, "scale")
+    s = real_arg(scale, "scale")
     if s <= 0:
         raise ValueError(f"scale must be > 0 (None for K**-0.5), got {s}")
     return s
 
 
-def _real_dtype_arg(name: str, x: Any, *, bits_ok: bool = False) -> None:
+def real_dtype_arg(name: str, x: Any, *, bits_ok: bool = False) -> None:
     """x holds real floats (float16/32/64, ml_dtypes bfloat16); with bits_ok also uint16
     bf16 bits. Complex values would lose their imaginary part and strings be parsed as
     numbers by the float64 conversion that follows, both without a word."""
@@ -100,13 +101,13 @@ def _shown(n: np.ndarray, most: int = 8) -> str:
     return head if n.size <= most else f"{head[:-1]}, ...] ({n.size} values)"
 
 
-def _lengths_arg(lengths: Any, name: str = "lengths", allow_empty: bool = False) -> np.ndarray:
+def lengths_arg(lengths: Any, name: str = "lengths", allow_empty: bool = False) -> np.ndarray:
     """Host int64 [N] of sequence lengths, every one an integer >= 1."""
     why = f"{name} must hold ints (a length is a token count: never rounded)"
     if isinstance(lengths, (list, tuple)):
         # by element, before numpy would turn [True, 3] into [1, 3] or [4, 3.0] into floats
         for i, v in enumerate(lengths):
-            if not _is_int(v) and not isinstance(v, (list, tuple)):
+            if not is_int(v) and not isinstance(v, (list, tuple)):
                 raise TypeError(f"{why}, got {name}[{i}] = {v!r} ({type(v).__name__})")
     n = _to_host(lengths)
     if n.ndim > 1:
@@ -122,54 +123,54 @@ def _lengths_arg(lengths: Any, name: str = "lengths", allow_empty: bool = False)
     return n.astype(np.int64)
 
 
-def _first_where(xp, mask) -> tuple[int, ...]:
+def first_where(xp, mask) -> tuple[int, ...]:
     """Index of the first True of a boolean array (only on the error path)."""
     flat = int(xp.argmax(mask.reshape(-1).astype(np.int8)))
     return tuple(int(i) for i in np.unravel_index(flat, mask.shape))
 
 
-def _finite_arg(xp, x, name: str):
+def finite_arg(xp, x, name: str):
     """x (float64, as the caller passed it) must hold no NaN or inf: one reduction."""
     if bool(xp.isfinite(x).all()):
         return x
     bad = ~xp.isfinite(x)
-    first = _first_where(xp, bad)
+    first = first_where(xp, bad)
     raise ValueError(f"{name} holds {int(bad.sum())} non-finite value(s) (NaN or inf), the first "
                      f"{name}{list(first)} = {float(x[first])}: the float64 reference refuses them")
 
 
-def _gate_arg(xp, g, name: str = "g", what: str = "a natural-log decay gate: exp(g) in (0, 1]"):
+def gate_arg(xp, g, name: str = "g", what: str = "a natural-log decay gate: exp(g) in (0, 1]"):
     """g must be a decay (``what`` says in which log): finite and <= 0, in one reduction."""
     if bool(xp.all((g <= 0) & (g > -xp.inf))):   # NaN fails both comparisons
         return g
-    _finite_arg(xp, g, name)
-    first = _first_where(xp, g > 0)
+    finite_arg(xp, g, name)
+    first = first_where(xp, g > 0)
     raise ValueError(f"{name} must be <= 0 ({what}), got "
                      f"{int((g > 0).sum())} positive value(s), the first {name}{list(first)} = "
                      f"{float(g[first])}")
 
 
-def _check_tiling(chunk: Any, snapshot_every: Any = 1) -> None:
+def check_tiling(chunk: Any, snapshot_every: Any = 1) -> None:
     # chunk must divide 64 so that snapshot_every = 64 // chunk lands exactly on
     # FLA's 64-token chunk boundaries (its dh); any snapshot_every >= 1 is allowed.
-    if not _is_int(chunk):
-        raise TypeError(f"chunk must be an int, a positive divisor of {FLA_CHUNK}, got {chunk!r}")
-    if chunk < 1 or FLA_CHUNK % int(chunk) != 0:
-        raise ValueError(f"chunk must be a positive divisor of {FLA_CHUNK} "
+    if not is_int(chunk):
+        raise TypeError(f"chunk must be an int, a positive divisor of {CHUNK_TOKENS}, got {chunk!r}")
+    if chunk < 1 or CHUNK_TOKENS % int(chunk) != 0:
+        raise ValueError(f"chunk must be a positive divisor of {CHUNK_TOKENS} "
                          f"(1, 2, 4, 8, 16, 32, 64), got {chunk!r}")
-    if not _is_int(snapshot_every):
+    if not is_int(snapshot_every):
         raise TypeError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
     if snapshot_every < 1:
         raise ValueError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
 
 
-def _expect_shape(name: str, x: Any, expected: Sequence[int], what: str) -> None:
+def expect_shape(name: str, x: Any, expected: Sequence[int], what: str) -> None:
     shape = tuple(getattr(x, "shape", ()))
     if shape != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)} {what}, got {shape}")
 
 
-def _expect_rank(name: str, x: Any, rank: int, layout: str) -> None:
+def expect_rank(name: str, x: Any, rank: int, layout: str) -> None:
     shape = getattr(x, "shape", None)
     if shape is None:
         raise ValueError(f"{name} must be an array {layout}, got {type(x).__name__}")
@@ -177,43 +178,16 @@ def _expect_rank(name: str, x: Any, rank: int, layout: str) -> None:
         raise ValueError(f"{name} must be {rank}-D {layout}, got shape {tuple(shape)}")
 
 
-def _check_cu_seqlens(cu_seqlens: Any, batch: int, total: int) -> np.ndarray:
-    """Validated host int64 offsets [N+1] (0 = cu[0] < cu[1] < ... < cu[N] = total)."""
-    if batch != 1:
-        raise ValueError(f"cu_seqlens needs a packed batch of size 1 ([1, total, H, ...]), "
-                         f"got batch {batch}")
-    cu = _to_host(cu_seqlens)
-    if cu.ndim != 1:
-        raise ValueError(f"cu_seqlens must be 1-D (N+1 offsets), got shape {cu.shape}")
-    if cu.dtype.kind not in "iu":
-        raise ValueError(f"cu_seqlens must have an integer dtype, got {cu.dtype}")
-    if cu.shape[0] < 2:
-        raise ValueError(f"cu_seqlens must hold at least 2 offsets (one sequence), "
-                         f"got {cu.shape[0]}")
-    cu = cu.astype(np.int64)
-    if cu[0] != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
-    steps = np.diff(cu)
-    if np.any(steps < 1):
-        bad = int(np.argmax(steps < 1))
-        raise ValueError(f"cu_seqlens must be strictly increasing (every sequence length >= 1), "
-                         f"got cu_seqlens[{bad}]={int(cu[bad])} >= "
-                         f"cu_seqlens[{bad + 1}]={int(cu[bad + 1])}")
-    if cu[-1] != total:
-        raise ValueError(f"cu_seqlens must end at the total length {total}, got {int(cu[-1])}")
-    return cu
-
-
-def _sequence_offsets(batch: int, seqlen: int, cu_seqlens: Any) -> np.ndarray:
+def sequence_offsets(batch: int, seqlen: int, cu_seqlens: Any) -> np.ndarray:
     """Offsets into the flattened token axis [batch * seqlen]; equal length is N = batch."""
     if cu_seqlens is None:
         if seqlen < 1:
             raise ValueError(f"sequence length T must be >= 1, got {seqlen}")
         return np.arange(batch + 1, dtype=np.int64) * seqlen
-    return _check_cu_seqlens(cu_seqlens, batch, seqlen)
+    return check_cu_seqlens(cu_seqlens, batch, seqlen)
 
 
-def _tile_table(cu: np.ndarray, chunk: int):
+def tiles_of_offsets(cu: np.ndarray, chunk: int):
     """Every tile of every sequence, in token order.
 
     Returns (start [n_tiles], length [n_tiles], seq_tiles [N]): tile i covers
@@ -229,7 +203,7 @@ def _tile_table(cu: np.ndarray, chunk: int):
     return np.concatenate(starts), np.concatenate(lens), seq_tiles
 
 
-def _gather_tiles(xp, x, start: np.ndarray, length: np.ndarray, chunk: int):
+def gather_tiles(xp, x, start: np.ndarray, length: np.ndarray, chunk: int):
     """x [total, ...] -> tiles [n, C, ...], rows past a tile's length zero."""
     c = np.arange(chunk)
     idx = np.minimum(start[:, None] + c, x.shape[0] - 1)  # clipped: masked anyway
@@ -239,5 +213,5 @@ def _gather_tiles(xp, x, start: np.ndarray, length: np.ndarray, chunk: int):
     return tiles * m
 
 
-def _l2norm(xp, x):
+def l2norm(xp, x):
     return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + L2NORM_EPS)

@@ -49,9 +49,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import (LN2, _check_tiling, _expect_rank, _expect_shape, _finite_arg, _flag_arg,
-                     _gate_arg, _gather_tiles, _l2norm, _lengths_arg, _real_dtype_arg, _scale_arg,
-                     _sequence_offsets, _tile_table, array_module)
+from .. import shapes
+
+from .checks import (LN2, check_tiling, expect_rank, expect_shape, finite_arg, flag_arg,
+                     gate_arg, gather_tiles, l2norm, lengths_arg, real_dtype_arg, scale_arg,
+                     sequence_offsets, tiles_of_offsets, array_module)
 
 __all__ = [
     "array_module",
@@ -87,35 +89,35 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     in q, k, g or beta, and g > 0; a dtype that is not real floating (complex, strings,
     ints); a scale that is not a finite real > 0; qk_l2norm not a bool (TypeError).
     """
-    _check_tiling(chunk)
-    qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
-    _expect_rank("q", q, 4, "[B, T, H, K]")
+    check_tiling(chunk)
+    qk_l2norm = flag_arg(qk_l2norm, "qk_l2norm")
+    expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
-    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("g", g, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
+    expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
+    expect_shape("g", g, q.shape, "(same as q: [B, T, H, K])")
+    expect_shape("beta", beta, (B, T, H), "([B, T, H])")
     for name, x in (("q", q), ("k", k), ("g", g), ("beta", beta)):
-        _real_dtype_arg(name, x)
-    cu = _sequence_offsets(B, T, cu_seqlens)
+        real_dtype_arg(name, x)
+    cu = sequence_offsets(B, T, cu_seqlens)
 
     xp = array_module(q)
     f64 = np.float64
-    s = _scale_arg(scale, K)
+    s = scale_arg(scale, K)
     total = B * T
-    qf = _finite_arg(xp, xp.asarray(q, dtype=f64), "q").reshape(total, H, K)
-    kf = _finite_arg(xp, xp.asarray(k, dtype=f64), "k").reshape(total, H, K)
-    gf = _gate_arg(xp, xp.asarray(g, dtype=f64)).reshape(total, H, K)
-    betaf = _finite_arg(xp, xp.asarray(beta, dtype=f64), "beta").reshape(total, H)
+    qf = finite_arg(xp, xp.asarray(q, dtype=f64), "q").reshape(total, H, K)
+    kf = finite_arg(xp, xp.asarray(k, dtype=f64), "k").reshape(total, H, K)
+    gf = gate_arg(xp, xp.asarray(g, dtype=f64)).reshape(total, H, K)
+    betaf = finite_arg(xp, xp.asarray(beta, dtype=f64), "beta").reshape(total, H)
     if qk_l2norm:
-        qf, kf = _l2norm(xp, qf), _l2norm(xp, kf)
+        qf, kf = l2norm(xp, qf), l2norm(xp, kf)
 
-    start, length, _ = _tile_table(cu, chunk)
+    start, length, _ = tiles_of_offsets(cu, chunk)
     C = chunk
     # tiles: [n_tiles, C, H, K]; padded rows are zero (q, k, g = 0 past the end)
-    qt = _gather_tiles(xp, qf, start, length, C)
-    kt = _gather_tiles(xp, kf, start, length, C)
-    gt = _gather_tiles(xp, gf, start, length, C)
-    bt = _gather_tiles(xp, betaf, start, length, C)
+    qt = gather_tiles(xp, qf, start, length, C)
+    kt = gather_tiles(xp, kf, start, length, C)
+    gt = gather_tiles(xp, gf, start, length, C)
+    bt = gather_tiles(xp, betaf, start, length, C)
     gct = xp.cumsum(gt, axis=1) / LN2                                 # [n, C, H, K]
 
     rows = np.arange(C)
@@ -160,20 +162,17 @@ def snapshot_offsets(lengths, chunk: int, snapshot_every: int) -> np.ndarray:
     n_s = ceil(n_t / snapshot_every) snapshots (FLA's chunk_offsets for
     chunk * snapshot_every = 64).
     """
-    _check_tiling(chunk, snapshot_every)
-    n = _lengths_arg(lengths, allow_empty=True)
-    n_tiles = -(-n // chunk)
-    n_snap = -(-n_tiles // snapshot_every)
-    return np.concatenate([[0], np.cumsum(n_snap)]).astype(np.int64)
+    check_tiling(chunk, snapshot_every)
+    return shapes.snapshot_offsets(lengths_arg(lengths, allow_empty=True), chunk, snapshot_every)
 
 
 def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """Every tile of sequences of these lengths, packed one after another, in token order:
     (start, length) int64 [n_tiles]; tile i covers tokens start[i] .. start[i] + length[i] - 1.
     lengths: a non-empty list (or int array) of ints >= 1; 2.7 is refused, not truncated."""
-    _check_tiling(chunk)
-    n = _lengths_arg(lengths)
-    start, length, _ = _tile_table(np.concatenate([[0], np.cumsum(n)]), chunk)
+    check_tiling(chunk)
+    n = lengths_arg(lengths)
+    start, length, _ = tiles_of_offsets(np.concatenate([[0], np.cumsum(n)]), chunk)
     return start, length
 
 
@@ -184,18 +183,18 @@ def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
 def check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk: int, snapshot_every: int, cu_seqlens):
     """The shape checks of :func:`dstate_scan_reference`'s arrays (kernel.reference.segments
     makes the same ones); returns (B, T, H, K, V, cu) with cu the sequence offsets."""
-    _check_tiling(chunk, snapshot_every)
-    _expect_rank("q", q, 4, "[B, T, H, K]")
+    check_tiling(chunk, snapshot_every)
+    expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
-    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("gc", gc, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
-    _expect_shape("mqk", mqk, (B, T, H, chunk), "([B, T, H, chunk])")
-    _expect_shape("inv", inv, (B, T, H, chunk), "([B, T, H, chunk])")
-    _expect_rank("do", do, 4, "[B, T, H, V]")
+    expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
+    expect_shape("gc", gc, q.shape, "(same as q: [B, T, H, K])")
+    expect_shape("beta", beta, (B, T, H), "([B, T, H])")
+    expect_shape("mqk", mqk, (B, T, H, chunk), "([B, T, H, chunk])")
+    expect_shape("inv", inv, (B, T, H, chunk), "([B, T, H, chunk])")
+    expect_rank("do", do, 4, "[B, T, H, V]")
     V = do.shape[3]
-    _expect_shape("do", do, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
-    return B, T, H, K, V, _sequence_offsets(B, T, cu_seqlens)
+    expect_shape("do", do, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
+    return B, T, H, K, V, sequence_offsets(B, T, cu_seqlens)
 
 
 def check_scan_dtypes(q, k, gc, beta, mqk, inv, do) -> None:
@@ -203,7 +202,7 @@ def check_scan_dtypes(q, k, gc, beta, mqk, inv, do) -> None:
     kernel.cp checks its GPU parts' shapes with that, and those hold bf16 bits."""
     for name, x in (("q", q), ("k", k), ("gc", gc), ("beta", beta), ("mqk", mqk), ("inv", inv),
                     ("do", do)):
-        _real_dtype_arg(name, x)
+        real_dtype_arg(name, x)
 
 
 def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None,
@@ -237,36 +236,36 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
     temporary the size of gc (differences that must skip tile and sequence
     starts). The gate's sign is checked where it enters: :func:`prepare_tiles`.
     """
-    qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
+    qk_l2norm = flag_arg(qk_l2norm, "qk_l2norm")
     B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every, cu_seqlens)
     check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     N = cu.shape[0] - 1
     if dht is not None:
-        _expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
-        _real_dtype_arg("dht", dht)
+        expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
+        real_dtype_arg("dht", dht)
 
     xp = array_module(q)
     f64 = np.float64
-    s = _scale_arg(scale, K)
+    s = scale_arg(scale, K)
     total = B * T
     C = chunk
 
     def flat(name, x, *tail):
-        return _finite_arg(xp, xp.asarray(x, dtype=f64), name).reshape((total,) + tail)
+        return finite_arg(xp, xp.asarray(x, dtype=f64), name).reshape((total,) + tail)
 
     qf, kf = flat("q", q, H, K), flat("k", k, H, K)
     if qk_l2norm:
-        qf, kf = _l2norm(xp, qf), _l2norm(xp, kf)
+        qf, kf = l2norm(xp, qf), l2norm(xp, kf)
     gcf, betaf, dof = flat("gc", gc, H, K), flat("beta", beta, H), flat("do", do, H, V)
     mqkf, invf = flat("mqk", mqk, H, C), flat("inv", inv, H, C)
 
-    start, length, seq_tiles = _tile_table(cu, C)
+    start, length, seq_tiles = tiles_of_offsets(cu, C)
     first_tile = np.concatenate([[0], np.cumsum(seq_tiles)])
     offsets = snapshot_offsets(np.diff(cu), C, snapshot_every)
     snapshots = xp.zeros((int(offsets[-1]), H, K, V), dtype=f64)
 
     dS = xp.zeros((N, H, K, V), dtype=f64) if dht is None else \
-        _finite_arg(xp, xp.asarray(dht, dtype=f64), "dht").copy()
+        finite_arg(xp, xp.asarray(dht, dtype=f64), "dht").copy()
     # Walk all sequences at once, aligned at their ends: step i handles tile
     # n_t - 1 - i of every sequence that still has one.
     for i in range(int(seq_tiles.max())):
@@ -275,13 +274,13 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
         tid = first_tile[act] + tile_in_seq
         st, ln = start[tid], length[tid]
         # tiles of the active sequences; rows past a partial tile's end are zero
-        qt = _gather_tiles(xp, qf, st, ln, C)             # [A, C, H, K]
-        kt = _gather_tiles(xp, kf, st, ln, C)             # [A, C, H, K]
-        gt = _gather_tiles(xp, gcf, st, ln, C)            # [A, C, H, K]
-        bt = _gather_tiles(xp, betaf, st, ln, C)          # [A, C, H]
-        dot = _gather_tiles(xp, dof, st, ln, C)           # [A, C, H, V]
-        mt = _gather_tiles(xp, mqkf, st, ln, C)           # [A, C(row), H, C(col)]
-        it = _gather_tiles(xp, invf, st, ln, C)           # [A, C(row), H, C(col)]
+        qt = gather_tiles(xp, qf, st, ln, C)             # [A, C, H, K]
+        kt = gather_tiles(xp, kf, st, ln, C)             # [A, C, H, K]
+        gt = gather_tiles(xp, gcf, st, ln, C)            # [A, C, H, K]
+        bt = gather_tiles(xp, betaf, st, ln, C)          # [A, C, H]
+        dot = gather_tiles(xp, dof, st, ln, C)           # [A, C, H, V]
+        mt = gather_tiles(xp, mqkf, st, ln, C)           # [A, C(row), H, C(col)]
+        it = gather_tiles(xp, invf, st, ln, C)           # [A, C(row), H, C(col)]
         gT = gcf[xp.asarray(st + ln - 1)]                 # [A, H, K], last real token
 
         a = xp.asarray(act)

@@ -56,17 +56,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .checks import (FLA_CHUNK, LN2, _expect_rank, _expect_shape, _finite_arg, _first_where,
-                     _flag_arg, _gate_arg, _gather_tiles, _l2norm, _real_dtype_arg, _scale_arg,
-                     _sequence_offsets, _tile_table, array_module)
+from ..shapes import CHUNK_TOKENS, TILE_TOKENS
+from .checks import (LN2, expect_rank, expect_shape, finite_arg, first_where,
+                     flag_arg, gate_arg, gather_tiles, l2norm, real_dtype_arg, scale_arg,
+                     sequence_offsets, tiles_of_offsets, array_module)
 
-KERNEL_TILE = 16    # Kernel A's tile (tokens); FLA's chunk of 64 holds 4 of them
 UPPER_FILLS = ("garbage", "zero")
 # What FLA's Aqk holds above the diagonal of a row: whatever torch.empty left there.
 # Seen on the H200: inf, NaN and finite values up to 3e38 (bf16's largest is 3.39e38).
 GARBAGE = (math.inf, -math.inf, math.nan, 3.0e38, -3.0e38, 1.0e30)
 
-__all__ = ["KERNEL_TILE", "FlaTensors", "fla_forward_tensors", "fla_diagonal_blocks",
+__all__ = ["FlaTensors", "fla_forward_tensors", "fla_diagonal_blocks",
            "kernel_a_inputs_from_fla"]
 
 
@@ -93,8 +93,8 @@ def _expect_count(name: str, value: Any, what: str) -> int:
 
 
 def _check_chunk_and_tile(chunk: Any, tile: Any) -> tuple[int, int]:
-    tile = _expect_count("tile", tile, f"Kernel A's tile in tokens, {KERNEL_TILE} on the GPU")
-    chunk = _expect_count("chunk", chunk, f"FLA's chunk_size, {FLA_CHUNK} by default")
+    tile = _expect_count("tile", tile, f"Kernel A's tile in tokens, {TILE_TOKENS} on the GPU")
+    chunk = _expect_count("chunk", chunk, f"FLA's chunk_size, {CHUNK_TOKENS} by default")
     if chunk % tile:
         raise ValueError(f"chunk must be a multiple of tile (Kernel A's tiles must lie inside FLA's "
                          f"chunks), got chunk={chunk}, tile={tile}")
@@ -118,7 +118,7 @@ def _check_read_blocks(xp, name: str, blocks, block: np.ndarray, tile: int) -> N
     bad = _non_finite(xp, blocks)
     if not bool(bad.any()):
         return
-    b, t, h, j = _first_where(xp, bad)
+    b, t, h, j = first_where(xp, bad)
     col = int(block[b * blocks.shape[1] + t]) * tile + j
     value = blocks[b, t, h, j]
     if np.dtype(blocks.dtype) == np.uint16:
@@ -145,7 +145,7 @@ def _refuse_gva(name: str, x: Any, q_heads: int, layout: str) -> None:
 # ----------------------------------------------------------------------------
 
 def fla_forward_tensors(q, k, g, beta, *, scale: float | None = None, cu_seqlens=None,
-                        qk_l2norm: bool = True, chunk: int = FLA_CHUNK,
+                        qk_l2norm: bool = True, chunk: int = CHUNK_TOKENS,
                         upper: str = "garbage") -> FlaTensors:
     """Float64 emulation of the tensors FLA's ``chunk_kda_fwd`` keeps for its backward.
 
@@ -169,38 +169,38 @@ def fla_forward_tensors(q, k, g, beta, *, scale: float | None = None, cu_seqlens
     that is not real floating (ValueError); a scale that is not a finite real > 0;
     qk_l2norm not a bool (TypeError).
     """
-    chunk = _expect_count("chunk", chunk, f"FLA's chunk_size, {FLA_CHUNK} by default")
-    qk_l2norm = _flag_arg(qk_l2norm, "qk_l2norm")
+    chunk = _expect_count("chunk", chunk, f"FLA's chunk_size, {CHUNK_TOKENS} by default")
+    qk_l2norm = flag_arg(qk_l2norm, "qk_l2norm")
     if upper not in UPPER_FILLS:
         raise ValueError(f"upper must be one of {UPPER_FILLS}, got {upper!r}")
-    _expect_rank("q", q, 4, "[B, T, H, K]")
+    expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
-    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
+    expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
     _refuse_gva("g", g, H, "[B, T, H, K]")
-    _expect_shape("g", g, q.shape, "(same as q: [B, T, H, K])")
+    expect_shape("g", g, q.shape, "(same as q: [B, T, H, K])")
     _refuse_gva("beta", beta, H, "[B, T, H]")
-    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
+    expect_shape("beta", beta, (B, T, H), "([B, T, H])")
     for name, x in (("q", q), ("k", k), ("g", g), ("beta", beta)):
-        _real_dtype_arg(name, x)
-    cu = _sequence_offsets(B, T, cu_seqlens)
+        real_dtype_arg(name, x)
+    cu = sequence_offsets(B, T, cu_seqlens)
 
     xp = array_module(q)
     f64 = np.float64
-    s = _scale_arg(scale, K)
+    s = scale_arg(scale, K)
     total = B * T
-    qf = _finite_arg(xp, xp.asarray(q, dtype=f64), "q").reshape(total, H, K)
-    kf = _finite_arg(xp, xp.asarray(k, dtype=f64), "k").reshape(total, H, K)
-    gf = _gate_arg(xp, xp.asarray(g, dtype=f64)).reshape(total, H, K)
-    betaf = _finite_arg(xp, xp.asarray(beta, dtype=f64), "beta").reshape(total, H)
+    qf = finite_arg(xp, xp.asarray(q, dtype=f64), "q").reshape(total, H, K)
+    kf = finite_arg(xp, xp.asarray(k, dtype=f64), "k").reshape(total, H, K)
+    gf = gate_arg(xp, xp.asarray(g, dtype=f64)).reshape(total, H, K)
+    betaf = finite_arg(xp, xp.asarray(beta, dtype=f64), "beta").reshape(total, H)
     if qk_l2norm:
-        qf, kf = _l2norm(xp, qf), _l2norm(xp, kf)
+        qf, kf = l2norm(xp, qf), l2norm(xp, kf)
 
     # FLA's chunks are tiles of `chunk` tokens restarting at each sequence start
-    start, length, _ = _tile_table(cu, chunk)
-    qc = _gather_tiles(xp, qf, start, length, chunk)                        # [n, C, H, K]
-    kc = _gather_tiles(xp, kf, start, length, chunk)                        # [n, C, H, K]
-    gq = _gather_tiles(xp, gf, start, length, chunk)
-    bc = _gather_tiles(xp, betaf, start, length, chunk)
+    start, length, _ = tiles_of_offsets(cu, chunk)
+    qc = gather_tiles(xp, qf, start, length, chunk)                        # [n, C, H, K]
+    kc = gather_tiles(xp, kf, start, length, chunk)                        # [n, C, H, K]
+    gq = gather_tiles(xp, gf, start, length, chunk)
+    bc = gather_tiles(xp, betaf, start, length, chunk)
     g64 = xp.cumsum(gq, axis=1) / LN2                                       # [n, C, H, K]
 
     rows = np.arange(chunk)
@@ -258,18 +258,18 @@ def _tile_rows(cu: np.ndarray, chunk: int, tile: int):
 
 
 def _check_fla_matrix(name: str, x: Any, shape: tuple | None, chunk: int) -> tuple:
-    _expect_rank(name, x, 4, "[B, T, H, chunk]")
+    expect_rank(name, x, 4, "[B, T, H, chunk]")
     if x.shape[3] != chunk:
         raise ValueError(f"{name} must have chunk = {chunk} columns a row ([B, T, H, chunk], FLA's "
                          f"chunk_size), got shape {tuple(x.shape)}: pass chunk={x.shape[3]} if FLA "
                          f"ran with chunk_size={x.shape[3]}")
     if shape is not None:
-        _expect_shape(name, x, shape, "(same as Aqk: [B, T, H, chunk])")
-    _real_dtype_arg(name, x, bits_ok=True)
+        expect_shape(name, x, shape, "(same as Aqk: [B, T, H, chunk])")
+    real_dtype_arg(name, x, bits_ok=True)
     return tuple(x.shape)
 
 
-def fla_diagonal_blocks(A, *, cu_seqlens=None, chunk: int = FLA_CHUNK, tile: int = KERNEL_TILE):
+def fla_diagonal_blocks(A, *, cu_seqlens=None, chunk: int = CHUNK_TOKENS, tile: int = TILE_TOKENS):
     """The tile x tile diagonal blocks of an FLA chunk matrix (Aqk or Akk), as stored.
 
     A: [B, T, H, chunk] (or [1, total, H, chunk] with ``cu_seqlens``). Returns
@@ -283,7 +283,7 @@ def fla_diagonal_blocks(A, *, cu_seqlens=None, chunk: int = FLA_CHUNK, tile: int
     """
     chunk, tile = _check_chunk_and_tile(chunk, tile)
     B, T, H, _ = _check_fla_matrix("A", A, None, chunk)
-    cu = _sequence_offsets(B, T, cu_seqlens)
+    cu = sequence_offsets(B, T, cu_seqlens)
     return _blocks(A, _tile_rows(cu, chunk, tile)[0], chunk, tile)
 
 
@@ -297,8 +297,8 @@ def _blocks(A, block: np.ndarray, chunk: int, tile: int):
     return picked.reshape(B, T, H, tile)
 
 
-def kernel_a_inputs_from_fla(Aqk, Akk, g64, *, cu_seqlens=None, chunk: int = FLA_CHUNK,
-                             tile: int = KERNEL_TILE):
+def kernel_a_inputs_from_fla(Aqk, Akk, g64, *, cu_seqlens=None, chunk: int = CHUNK_TOKENS,
+                             tile: int = TILE_TOKENS):
     """Kernel A's (gc, mqk, inv) read from FLA's forward tensors, as the GPU kernel will.
 
     Aqk, Akk: [B, T, H, chunk] (FLA's, chunk_size = ``chunk``; any dtype that holds
@@ -325,17 +325,17 @@ def kernel_a_inputs_from_fla(Aqk, Akk, g64, *, cu_seqlens=None, chunk: int = FLA
     shape = _check_fla_matrix("Aqk", Aqk, None, chunk)
     _check_fla_matrix("Akk", Akk, shape, chunk)
     B, T, H, _ = shape
-    _expect_rank("g64", g64, 4, "[B, T, H, K]")
+    expect_rank("g64", g64, 4, "[B, T, H, K]")
     if tuple(g64.shape[:3]) != (B, T, H):
         raise ValueError(f"g64 must have shape (B, T, H, K) = ({B}, {T}, {H}, K) like Aqk, "
                          f"got {tuple(g64.shape)}")
-    _real_dtype_arg("g64", g64)
+    real_dtype_arg("g64", g64)
     if _is_bf16(np.dtype(g64.dtype)):
         raise ValueError("g64 must be float32 or float64 (FLA keeps it in fp32), got bfloat16")
-    cu = _sequence_offsets(B, T, cu_seqlens)
+    cu = sequence_offsets(B, T, cu_seqlens)
 
     xp = array_module(Aqk)
-    _gate_arg(xp, g64, "g64", "FLA's chunk-local cumsum of a decay gate / ln 2: exp2(g64) in (0, 1]")
+    gate_arg(xp, g64, "g64", "FLA's chunk-local cumsum of a decay gate / ln 2: exp2(g64) in (0, 1]")
     block, row, before = _tile_rows(cu, chunk, tile)
     lower = xp.asarray(np.arange(tile)[None, :] <= row[:, None]).reshape(B, T, 1, tile)
     mqk_blocks, inv_blocks = _blocks(Aqk, block, chunk, tile), _blocks(Akk, block, chunk, tile)

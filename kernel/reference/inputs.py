@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .checks import (_flag_arg, _int_arg, _is_int, _lengths_arg, _real_arg)
+from .checks import (flag_arg, int_arg, is_int, lengths_arg, real_arg)
 
 __all__ = ["random_inputs", "ragged_lengths", "GATE_LOWER_BOUND", "GATE_LOGIT_MEAN", "DO_SCALE", "DHT_SCALE"]
 
@@ -44,19 +44,19 @@ def random_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *,
     bool, xp without ``asarray``. TypeError for a type, ValueError for a value.
     """
     if lengths is not None:
-        lens = _lengths_arg(lengths)
+        lens = lengths_arg(lengths)
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
         for name, x in (("B", B), ("T", T)):
-            if x is not None and not _is_int(x):
+            if x is not None and not is_int(x):
                 raise TypeError(f"{name} must be an int or None (ignored with lengths), got {x!r}")
         B, T, N = 1, int(cu[-1]), int(lens.size)
     else:
-        B, T = _int_arg(B, "B", 1), _int_arg(T, "T", 1)
+        B, T = int_arg(B, "B", 1), int_arg(T, "T", 1)
         cu, N = None, B
-    H, K, V = _int_arg(H, "H", 1), _int_arg(K, "K", 1), _int_arg(V, "V", 1)
-    seed = _int_arg(seed, "seed", 0)
-    gate_strength = _real_arg(gate_strength, "gate_strength", 0.0)
-    with_dht = _flag_arg(with_dht, "with_dht")
+    H, K, V = int_arg(H, "H", 1), int_arg(K, "K", 1), int_arg(V, "V", 1)
+    seed = int_arg(seed, "seed", 0)
+    gate_strength = real_arg(gate_strength, "gate_strength", 0.0)
+    with_dht = flag_arg(with_dht, "with_dht")
     if not callable(getattr(xp, "asarray", None)):
         raise TypeError(f"xp must be an array module with asarray (numpy or cupy), got {xp!r}")
 
@@ -87,7 +87,7 @@ def ragged_lengths(n: int, total: int, seed: int = 0) -> list[int]:
     ragged_lengths(64, 262144) for benchmarks. n, total and seed (>= 0) must be
     ints (TypeError otherwise; 64.0 is not a count).
     """
-    n, total, seed = _int_arg(n, "n"), _int_arg(total, "total"), _int_arg(seed, "seed", 0)
+    n, total, seed = int_arg(n, "n"), int_arg(total, "total"), int_arg(seed, "seed", 0)
     edge = [1, 15, 16, 17]
     rest_n, rest_total = n - len(edge), total - sum(edge)
     if rest_n < 0 or rest_total < rest_n or (rest_n == 0 and rest_total != 0):

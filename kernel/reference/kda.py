@@ -101,8 +101,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import (L2NORM_EPS, _check_tiling, _expect_rank, _expect_shape, _gather_tiles,
-                     _l2norm, _real_dtype_arg, _sequence_offsets, _tile_table, array_module)
+from .checks import (L2NORM_EPS, check_tiling, expect_rank, expect_shape, gather_tiles,
+                     l2norm, real_dtype_arg, sequence_offsets, tiles_of_offsets, array_module)
 from .dstate_scan import dstate_scan_reference, prepare_tiles
 
 # 2^(gc - gT) and 2^(gT - gc) stay within 2^+-512: far from float64's overflow
@@ -126,37 +126,37 @@ def _expect_finite(xp, name: str, x) -> None:
 def _check_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, chunk, do=None, dht=None,
                   with_do: bool = False):
     """Validated shapes (B, T, H, K, V), offsets cu [N+1] and float64 arrays on q's module."""
-    _check_tiling(chunk)
-    _expect_rank("q", q, 4, "[B, T, H, K]")
+    check_tiling(chunk)
+    expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
     if min(B, H, K) < 1:
         raise ValueError(f"q must have B, H, K >= 1, got shape {tuple(q.shape)}")
-    _expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
-    _expect_shape("g", g, q.shape, "(same as q: [B, T, H, K])")
-    _expect_rank("v", v, 4, "[B, T, H, V]")
+    expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
+    expect_shape("g", g, q.shape, "(same as q: [B, T, H, K])")
+    expect_rank("v", v, 4, "[B, T, H, V]")
     V = v.shape[3]
-    _expect_shape("v", v, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
+    expect_shape("v", v, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
     if V < 1:
         raise ValueError(f"v must have V >= 1, got shape {tuple(v.shape)}")
-    _expect_shape("beta", beta, (B, T, H), "([B, T, H])")
+    expect_shape("beta", beta, (B, T, H), "([B, T, H])")
     if with_do:
-        _expect_rank("do", do, 4, "[B, T, H, V]")
-        _expect_shape("do", do, (B, T, H, V), "(same as v: [B, T, H, V])")
-    cu = _sequence_offsets(B, T, cu_seqlens)
+        expect_rank("do", do, 4, "[B, T, H, V]")
+        expect_shape("do", do, (B, T, H, V), "(same as v: [B, T, H, V])")
+    cu = sequence_offsets(B, T, cu_seqlens)
     N = cu.shape[0] - 1
     named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
     if with_do:
         named["do"] = do
     for name, x in (("initial_state", initial_state), ("dht", dht)):
         if x is not None:
-            _expect_rank(name, x, 4, "[N, H, K, V]")
-            _expect_shape(name, x, (N, H, K, V), "([N, H, K, V], N sequences)")
+            expect_rank(name, x, 4, "[N, H, K, V]")
+            expect_shape(name, x, (N, H, K, V), "([N, H, K, V], N sequences)")
             named[name] = x
 
     xp = array_module(q)
     wide = {}
     for name, x in named.items():
-        _real_dtype_arg(name, x)
+        real_dtype_arg(name, x)
         wide[name] = xp.asarray(x, dtype=np.float64)
         _expect_finite(xp, name, wide[name])
     if bool((wide["g"] > 0).any()):
@@ -171,7 +171,7 @@ def _check_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, chunk, do=None
 # tiles as blocks [n_tiles, H, C, ..]
 # ----------------------------------------------------------------------------
 
-def _blocks(xp, cu, chunk: int, dims, wide, *, scale, qk_l2norm: bool, cu_seqlens) -> dict:
+def tile_blocks(xp, cu, chunk: int, dims, wide, *, scale, qk_l2norm: bool, cu_seqlens) -> dict:
     """Every tile's per-token inputs as [n, H, C, ..] blocks, plus the forward's Mqk, INV, gc.
 
     Rows past a partial tile's end are zero in q, k, v, do, beta, Mqk, INV;
@@ -186,12 +186,12 @@ def _blocks(xp, cu, chunk: int, dims, wide, *, scale, qk_l2norm: bool, cu_seqlen
     qn = wide["q"].reshape(total, H, K)
     kn = wide["k"].reshape(total, H, K)
     if qk_l2norm:
-        qn, kn = _l2norm(xp, qn), _l2norm(xp, kn)
-    start, length, seq_tiles = _tile_table(cu, C)
+        qn, kn = l2norm(xp, qn), l2norm(xp, kn)
+    start, length, seq_tiles = tiles_of_offsets(cu, C)
 
     def tiles(x, *tail):
         # [total, H, ..] -> [n, C, H, ..] -> [n, H, C, ..]
-        t = _gather_tiles(xp, x.reshape((total,) + tail), start, length, C)
+        t = gather_tiles(xp, x.reshape((total,) + tail), start, length, C)
         return xp.moveaxis(t, 2, 1)
 
     blk = {"q": tiles(qn, H, K), "k": tiles(kn, H, K), "v": tiles(wide["v"], H, V),
@@ -222,7 +222,7 @@ def _tokens(xp, x, valid, dims_out):
     return rows[valid].reshape(dims_out)
 
 
-def _rebuild(xp, blk) -> dict:
+def rebuild(xp, blk) -> dict:
     """R1: the gate-weighted operands of a tile, rebuilt on chip from q, k and gc.
 
     Returns Qd, Kd, Qe, Ke, Kr [.., C, K], the factors 2^gc, 2^(gc-gT),
@@ -330,7 +330,7 @@ def _l2norm_backward(xp, x, dy):
 # the forward: tiles in order, the state carried between them
 # ----------------------------------------------------------------------------
 
-def _forward_scan(xp, blk: dict, r: dict, N: int, H: int, K: int, V: int, S_init):
+def forward_scan(xp, blk: dict, r: dict, N: int, H: int, K: int, V: int, S_init):
     """(o blocks [n, H, C, V], final [N, H, K, V], states entering each tile [n, H, K, V])."""
     _, _, seq_tiles = blk["table"]
     first_tile = np.concatenate([[0], np.cumsum(seq_tiles)])
@@ -347,7 +347,7 @@ def _forward_scan(xp, blk: dict, r: dict, N: int, H: int, K: int, V: int, S_init
         one = {name: blk[name][tid] for name in ("q", "k", "v", "beta", "mqk", "inv", "gc", "gT")}
         one["s"] = blk["s"]
         states[tid] = S[a]
-        o_t, S1, _ = _tile_forward(xp, one, _rebuild(xp, one), S[a])
+        o_t, S1, _ = _tile_forward(xp, one, rebuild(xp, one), S[a])
         o[tid] = o_t
         S[a] = S1
     return o, S, states
@@ -383,9 +383,9 @@ def kda_forward_reference(q, k, v, g, beta, *, scale: float | None = None, initi
     dims, cu, xp, wide = _check_inputs(q, k, v, g, beta, initial_state=initial_state,
                                        cu_seqlens=cu_seqlens, chunk=chunk)
     B, T, H, K, V = dims
-    blk = _blocks(xp, cu, chunk, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
+    blk = tile_blocks(xp, cu, chunk, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
                   cu_seqlens=cu_seqlens)
-    o, final, states = _forward_scan(xp, blk, _rebuild(xp, blk), cu.shape[0] - 1, H, K, V,
+    o, final, states = forward_scan(xp, blk, rebuild(xp, blk), cu.shape[0] - 1, H, K, V,
                                      wide.get("initial_state"))
     o = _tokens(xp, o, blk["valid"], (B, T, H, V))
     return o, final, _state_layout(states, dims, cu_seqlens)
@@ -423,12 +423,12 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
                                        with_do=True)
     B, T, H, K, V = dims
     N = cu.shape[0] - 1
-    blk = _blocks(xp, cu, chunk, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
+    blk = tile_blocks(xp, cu, chunk, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
                   cu_seqlens=cu_seqlens)
-    r = _rebuild(xp, blk)
+    r = rebuild(xp, blk)
 
     # the two serial scans: forward states S0 per tile, Kernel A's dS1 per tile
-    _, _, S0 = _forward_scan(xp, blk, r, N, H, K, V, wide.get("initial_state"))
+    _, _, S0 = forward_scan(xp, blk, r, N, H, K, V, wide.get("initial_state"))
     gc, mqk, inv = blk["forward"]
     snaps, dh0 = dstate_scan_reference(wide["q"], wide["k"], gc, wide["beta"], mqk, inv,
                                        wide["do"], scale=scale, dht=wide.get("dht"),

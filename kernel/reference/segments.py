@@ -65,7 +65,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .checks import _check_tiling, _expect_shape, _int_arg, _is_int, _real_dtype_arg, array_module
+from ..split import fold_summaries   # the split's algebra is the product's; the reference runs it in float64
+
+from .checks import check_tiling, expect_shape, int_arg, is_int, real_dtype_arg, array_module
 from .dstate_scan import (check_scan_dtypes, check_scan_inputs, dstate_scan_reference,
                           snapshot_offsets)
 
@@ -110,10 +112,10 @@ def segment_bounds(length: int, chunk: int, segments: int) -> list[tuple[int, in
     single tile is not cut. Ranges are relative to the sequence's first token;
     the last one stops at ``length`` (a partial last tile stays whole).
     """
-    _check_tiling(chunk)
-    if not _is_int(length) or length < 1:
+    check_tiling(chunk)
+    if not is_int(length) or length < 1:
         raise ValueError(f"length must be an integer >= 1, got {length!r}")
-    if not _is_int(segments) or segments < 1:
+    if not is_int(segments) or segments < 1:
         raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
     n_tiles = -(-int(length) // chunk)
     m = min(int(segments), n_tiles)
@@ -137,10 +139,10 @@ def segment_snapshots(start: int, stop: int, length: int, chunk: int,
     not a segment (ValueError): 0 <= start < stop <= length, start a tile edge, stop
     a tile edge or the sequence's end, as :func:`segment_bounds` makes them.
     """
-    _check_tiling(chunk, snapshot_every)
-    length = _int_arg(length, "length", 1)
-    start = _int_arg(start, "start", 0)
-    stop = _int_arg(stop, "stop", 1)
+    check_tiling(chunk, snapshot_every)
+    length = int_arg(length, "length", 1)
+    start = int_arg(start, "start", 0)
+    stop = int_arg(stop, "stop", 1)
     if not start < length:
         raise ValueError(f"start must be a token offset in 0 .. {length - 1} (length = {length}), "
                          f"got {start}")
@@ -167,7 +169,7 @@ def _bounds_from_cuts(length: int, chunk: int, cuts: Sequence[int], name: str) -
     except TypeError:
         raise ValueError(f"{name} must be a sequence of token offsets, got {cuts!r}") from None
     for i, c in enumerate(cuts):
-        if not _is_int(c):
+        if not is_int(c):
             raise ValueError(f"{name}[{i}] must be an integer token offset, got {c!r}")
         if not 0 < c < length or c % chunk != 0:
             raise ValueError(f"{name}[{i}] = {c} must be a tile edge strictly inside the sequence "
@@ -183,7 +185,7 @@ def _all_bounds(cu: np.ndarray, chunk: int, segments) -> list[list[tuple[int, in
     """Per sequence, its segments as absolute token ranges of the flattened token axis."""
     lengths = np.diff(cu)
     N = lengths.shape[0]
-    if _is_int(segments):
+    if is_int(segments):
         if segments < 1:
             raise ValueError(f"segments must be an integer >= 1 or one list of cuts per sequence, "
                              f"got {segments!r}")
@@ -272,13 +274,13 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
     B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, 1, cu_seqlens)
     check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     total = B * T
-    if not _is_int(start) or not 0 <= start < total:
+    if not is_int(start) or not 0 <= start < total:
         raise ValueError(f"start must be an integer token position in 0 .. {total - 1}, got {start!r}")
     n = int(np.searchsorted(cu, start, side="right")) - 1
     bos, eos = int(cu[n]), int(cu[n + 1])
     if stop is None:
         stop = eos
-    if not _is_int(stop) or not start < stop <= eos:
+    if not is_int(stop) or not start < stop <= eos:
         raise ValueError(f"stop must be an integer in {start + 1} .. {eos} (the segment may not "
                          f"cross the end of sequence {n}, tokens {bos} .. {eos - 1}), got {stop!r}")
     for name, pos in (("start", int(start)), ("stop", int(stop))):
@@ -291,55 +293,6 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
     opts = dict(scale=scale, chunk=chunk, qk_l2norm=qk_l2norm)
     M, d = _summaries(xp, flat, [(int(start), int(stop))], opts)
     return M[0], d[0]
-
-
-def fold_summaries(summaries: Sequence[Summary | None], dht=None) -> list:
-    """Pass 2: the dS entering every segment of one sequence, from the right.
-
-    ``summaries``: one entry per segment, in token order; entry j is (M, d),
-    M [H, K, K], d [H, K, V], meaning dS_before_j = M @ dS_after_j + d. M may be
-    None: the segment's dS_before is already known (its scan ran), and is d. The
-    first entry is never read (what leaves the first segment is dh0) and may be None.
-    ``dht`` [H, K, V] enters the last segment; None means zeros.
-
-    Returns incoming [m]: incoming[m-1] = dht, incoming[j-1] = M_j @ incoming[j] + d_j,
-    with None standing for zeros (as ``dht`` does) and an entry possibly being d_j
-    itself (no copy). Only ``@`` and ``+`` are used: numpy, CuPy and torch all fold.
-    """
-    try:
-        m = len(summaries)
-    except TypeError:
-        raise ValueError(f"summaries must be a sequence of (M, d) pairs, got "
-                         f"{type(summaries).__name__}") from None
-    if m < 1:
-        raise ValueError("summaries must hold at least one entry (one per segment), got none")
-    hkv = None if dht is None else tuple(dht.shape)
-    if hkv is not None and len(hkv) != 3:
-        raise ValueError(f"dht must be [H, K, V] (one sequence), got shape {hkv}")
-    for j in range(1, m):
-        entry = summaries[j]
-        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise ValueError(f"summaries[{j}] must be an (M, d) pair, got {type(entry).__name__}")
-        M, d = entry
-        shape = tuple(getattr(d, "shape", ()))
-        if len(shape) != 3:
-            raise ValueError(f"summaries[{j}] d must be [H, K, V], got shape {shape}")
-        if hkv is None:
-            hkv = shape
-        elif shape != hkv:
-            raise ValueError(f"summaries[{j}] d must have shape {hkv} (as dht and the other "
-                             f"segments), got {shape}")
-        H, K, _ = hkv
-        if M is not None and tuple(getattr(M, "shape", ())) != (H, K, K):
-            raise ValueError(f"summaries[{j}] M must have shape {(H, K, K)} ([H, K, K]) or be None, "
-                             f"got {tuple(getattr(M, 'shape', ()))}")
-    incoming = [None] * m
-    incoming[-1] = dht
-    for j in range(m - 1, 0, -1):
-        M, d = summaries[j]
-        x = incoming[j]
-        incoming[j - 1] = d if (M is None or x is None) else M @ x + d
-    return incoming
 
 
 def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: float | None = None,
@@ -358,8 +311,8 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
     check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     N = cu.shape[0] - 1
     if dht is not None:
-        _expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
-        _real_dtype_arg("dht", dht)
+        expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
+        real_dtype_arg("dht", dht)
     bounds = _all_bounds(cu, chunk, segments)
     xp = array_module(q)
     f64 = np.float64

@@ -55,13 +55,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kernel.reference import FLA_CHUNK   # FLA's KDA chunk size (its default; 32 is the only other choice)
+from kernel.shapes import CHUNK_TOKENS   # FLA's KDA chunk size (its default; 32 is the only other choice)
 
 FLA_VERSION = "0.6.0"
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 AUTOTUNE_DISK_CACHE_ENV = "FLA_CACHE_RESULTS"
 
-__all__ = ["FLA_VERSION", "FLA_CHUNK", "available", "FlaState", "prepare", "dAv", "dhu",
+__all__ = ["FLA_VERSION", "CHUNK_TOKENS", "available", "FlaState", "prepare", "dAv", "dhu",
            "dAv_dhu", "recompute_w_u", "fwd_h", "dh_dh0", "callables", "reset_autotune", "autotune_choices",
            "set_import_env"]
 
@@ -225,8 +225,8 @@ def prepare(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None,
     chunk_indices = chunk_offsets = None
     if cu_seqlens is not None:
         cu_seqlens = torch.as_tensor(cu_seqlens, device=q.device).to(torch.long)
-        chunk_indices = fns["prepare_chunk_indices"](cu_seqlens, FLA_CHUNK)
-        chunk_offsets = fns["prepare_chunk_offsets"](cu_seqlens, FLA_CHUNK)
+        chunk_indices = fns["prepare_chunk_indices"](cu_seqlens, CHUNK_TOKENS)
+        chunk_offsets = fns["prepare_chunk_offsets"](cu_seqlens, CHUNK_TOKENS)
         N = cu_seqlens.numel() - 1
     else:
         N = B
@@ -234,7 +234,7 @@ def prepare(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None,
     (o, _final, gk, Aqk, Akk, w, u, qg, kg, v_new, h, _h0) = fns["chunk_kda_fwd"](
         q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=h0,
         output_final_state=False, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices,
-        chunk_size=FLA_CHUNK, safe_gate=False, disable_recompute=True,
+        chunk_size=CHUNK_TOKENS, safe_gate=False, disable_recompute=True,
         chunk_offsets=chunk_offsets)
     del o, h, _final
     return FlaState(q=q, k=k, v=v, beta=beta, gk=gk, Aqk=Aqk, Akk=Akk, w=w, u=u, qg=qg, kg=kg,
@@ -245,7 +245,7 @@ def prepare(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None,
 def dAv(s: FlaState, do):
     """chunk_kda_bwd_dAv exactly as chunk_kda_bwd calls it -> (dAqk fp32, dv bf16)."""
     return s.fns["chunk_kda_bwd_dAv"](q=s.q, k=s.k, v=s.v_new, do=do, A=s.Aqk, scale=s.scale,
-                                      cu_seqlens=s.cu_seqlens, chunk_size=FLA_CHUNK,
+                                      cu_seqlens=s.cu_seqlens, chunk_size=CHUNK_TOKENS,
                                       chunk_indices=s.chunk_indices)
 
 
@@ -253,7 +253,7 @@ def dhu(s: FlaState, do, dv, dht):
     """chunk_gated_delta_rule_bwd_dhu as chunk_kda_bwd calls it -> (dh bf16, dh0 fp32, dv2)."""
     return s.fns["chunk_gated_delta_rule_bwd_dhu"](
         q=s.qg, k=s.kg, w=s.w, gk=s.gk, h0=s.h0, dht=dht, do=do, dv=dv, scale=s.scale,
-        cu_seqlens=s.cu_seqlens, chunk_size=FLA_CHUNK, chunk_indices=s.chunk_indices,
+        cu_seqlens=s.cu_seqlens, chunk_size=CHUNK_TOKENS, chunk_indices=s.chunk_indices,
         chunk_offsets=s.chunk_offsets)
 
 
@@ -278,7 +278,7 @@ def fwd_h(s: FlaState):
     return s.fns["chunk_gated_delta_rule_fwd_h"](
         k=s.kg, w=s.w, u=s.u, gk=s.gk, initial_state=s.h0, output_final_state=False,
         cu_seqlens=s.cu_seqlens, chunk_indices=s.chunk_indices, chunk_offsets=s.chunk_offsets,
-        chunk_size=FLA_CHUNK)
+        chunk_size=CHUNK_TOKENS)
 
 
 def callables(s: FlaState, do, dht) -> dict[str, Callable[[], Any]]:

@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kernel.reference import FLA_CHUNK, GATE_LOWER_BOUND
+from kernel.reference import GATE_LOWER_BOUND
+from kernel.shapes import CHUNK_TOKENS
 
 from .fla_adapter import set_import_env
 
@@ -89,10 +90,10 @@ def forward(q, k, v, g, beta, *, h0, cu_seqlens=None, safe_gate: bool, scale: fl
         scale = q.shape[-1] ** -0.5
     qn, q_rstd = fns["l2norm_fwd"](q)
     kn, k_rstd = fns["l2norm_fwd"](k)
-    chunk_indices = None if cu_seqlens is None else fns["prepare_chunk_indices"](cu_seqlens, FLA_CHUNK)
+    chunk_indices = None if cu_seqlens is None else fns["prepare_chunk_indices"](cu_seqlens, CHUNK_TOKENS)
     (o, _final, g_cumsum, Aqk, Akk, _w, _u, _qg, _kg, _v_new, _h, _h0) = fns["chunk_kda_fwd"](
         q=qn, k=kn, v=v, g=g, beta=beta, scale=scale, initial_state=h0, output_final_state=False,
-        state_v_first=False, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=FLA_CHUNK,
+        state_v_first=False, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS,
         safe_gate=safe_gate, lower_bound=lower_bound, use_gate_in_kernel=False, disable_recompute=False,
         chunk_offsets=None)
     del o
@@ -108,7 +109,7 @@ def backward(f: FlaForward, do, dht, *, safe_gate: bool | None = None) -> dict:
     dq, dk, dv, db, dg, dh0, _dA, _dbias = f.fns["chunk_kda_bwd"](
         q=f.q, k=f.k, v=f.v, beta=f.beta, Aqk=f.Aqk, Akk=f.Akk, scale=f.scale, initial_state=f.h0,
         do=do, dht=dht, g=f.g, g_org=None, state_v_first=False, cu_seqlens=f.cu_seqlens,
-        chunk_indices=f.chunk_indices, chunk_size=FLA_CHUNK, safe_gate=sg, lower_bound=f.lower_bound,
+        chunk_indices=f.chunk_indices, chunk_size=CHUNK_TOKENS, safe_gate=sg, lower_bound=f.lower_bound,
         use_gate_in_kernel=False, A_log=None, dt_bias=None, disable_recompute=False, cp_context=None,
         w=None, u=None, qg=None, kg=None, v_new=None, h=None, use_graph=False, chunk_offsets=None)
     return {"dq": dq, "dk": dk, "dv": dv, "dbeta": db, "dg": dg, "dh0": dh0}

@@ -20,7 +20,7 @@ import numpy as np
 
 from kernel.api import bf16_bits, bits_to_f32
 from kernel.reference import fla_forward_tensors, kda_forward_reference, random_inputs, snapshot_offsets
-from kernel.reference.checks import _l2norm
+from kernel.reference.checks import l2norm
 
 D, TILE, EVERY = 128, 16, 4
 RAGGED = [1, 15, 16, 17, 63, 64, 65, 200]
@@ -49,7 +49,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     cu = inp["cu_seqlens"]
     Bq, Tq = inp["k"].shape[:2]
     lens = np.diff(cu) if cu is not None else np.full(Bq, Tq, dtype=np.int64)
-    k = bf16(_l2norm(np, inp["k"].astype(np.float64)))
+    k = bf16(l2norm(np, inp["k"].astype(np.float64)))
     v = bf16(inp["v"])
     beta = bf16(inp["beta"]) if beta_bf16 else inp["beta"].astype(np.float32)
     if first_tile_only:

@@ -296,14 +296,14 @@ def test_matches_the_tile_path_and_float64(case):
     from kernel.api import bf16_bits, bits_to_f32
     from kernel.reference import (dstate_scan_reference, fla_forward_tensors, prepare_tiles,
                                   random_inputs)
-    from kernel.reference.checks import _l2norm
+    from kernel.reference.checks import l2norm
 
     raw = random_inputs(case["B"], case["T"], 2, lengths=list(case["lengths"]) if case["lengths"] else None,
                         seed=5, with_dht=case["dht"])
     cu = raw["cu_seqlens"]
     # FLA stores q, k normalised, in bf16, and builds Aqk, Akk from those stored values
-    q_r = bits_to_f32(bf16_bits(_l2norm(np, raw["q"].astype(np.float64)))).astype(np.float64)
-    k_r = bits_to_f32(bf16_bits(_l2norm(np, raw["k"].astype(np.float64)))).astype(np.float64)
+    q_r = bits_to_f32(bf16_bits(l2norm(np, raw["q"].astype(np.float64)))).astype(np.float64)
+    k_r = bits_to_f32(bf16_bits(l2norm(np, raw["k"].astype(np.float64)))).astype(np.float64)
     F = fla_forward_tensors(q_r, k_r, raw["g"], raw["beta"], cu_seqlens=cu, qk_l2norm=False)  # garbage above
     gc, mqk, inv = prepare_tiles(q_r, k_r, raw["g"], raw["beta"], cu_seqlens=cu, qk_l2norm=False)
     dev = cupy.asarray

@@ -52,13 +52,13 @@ def make_case(case, H=2, seed=11):
 
     from kernel.api import bf16_bits, bits_to_f32
     from kernel.reference import fla_forward_tensors, kda_backward_reference, kda_forward_reference, random_inputs
-    from kernel.reference.checks import _l2norm
+    from kernel.reference.checks import l2norm
     from kernel.token_gradients import tables
 
     raw = random_inputs(case["B"], case["T"], H, lengths=list(case["lengths"]) if case["lengths"] else None,
                         seed=seed, with_dht=case["dht"])
     rb = lambda x: bits_to_f32(bf16_bits(x)).astype(np.float64)  # noqa: E731  (bf16 rounding)
-    q, k = rb(_l2norm(np, raw["q"].astype(np.float64))), rb(_l2norm(np, raw["k"].astype(np.float64)))
+    q, k = rb(l2norm(np, raw["q"].astype(np.float64))), rb(l2norm(np, raw["k"].astype(np.float64)))
     v, do = rb(raw["v"]), rb(raw["do"])
     g, beta = raw["g"].astype(np.float64), raw["beta"].astype(np.float64)
     cu = raw["cu_seqlens"]

@@ -17,9 +17,9 @@ import pytest
 
 from kernel.api import bf16_bits, bits_to_f32
 from kernel.reference import dstate_scan_reference, fla_forward_tensors
-from kernel.reference.checks import _l2norm
+from kernel.reference.checks import l2norm
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla
-from kernel.reference.kda import _rebuild, _tile_backward, _tile_forward
+from kernel.reference.kda import rebuild, _tile_backward, _tile_forward
 from kernel.tools.kda_precision import recipe_inputs
 
 from . import token_gradients_model as kb
@@ -61,7 +61,7 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     (:func:`_inside_a_long_sequence`); without, a small random state and the recipe's dht."""
     raw = _recipe(recipe, T, seed)
     cu = raw["cu_seqlens"]
-    q, k = _rb(_l2norm(np, raw["q"].astype(np.float64))), _rb(_l2norm(np, raw["k"].astype(np.float64)))
+    q, k = _rb(l2norm(np, raw["q"].astype(np.float64))), _rb(l2norm(np, raw["k"].astype(np.float64)))
     v, do = _rb(raw["v"]), _rb(raw["do"])
     g, beta = raw["g"].astype(np.float64), raw["beta"].astype(np.float64)
     h0 = 0.1 * np.random.default_rng(seed + 1).standard_normal((1, H, D, D))
@@ -96,7 +96,7 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
         gct[L:] = gct[L - 1]                                   # rows past the end: gT (as the kernel)
         blk = {"q": tile(q), "k": tile(k), "v": tile(v), "do": tile(do), "beta": tile(beta[..., None])[:, 0],
                "mqk": tile(mqk), "inv": tile(inv), "gc": gct, "gT": gct[L - 1], "s": s}
-        r = _rebuild(np, blk)
+        r = rebuild(np, blk)
         dS1 = bits_to_f32(ds[t, HEAD]).astype(np.float64)
         grads = _tile_backward(np, blk, r, S0, dS1)
         _, S1, _ = _tile_forward(np, blk, r, S0)

@@ -52,7 +52,7 @@ import ml_dtypes
 import numpy as np
 
 from kernel.shapes import TILE_TOKENS
-from kernel.reference import prepare_tiles, random_inputs, dstate_scan_reference, _l2norm
+from kernel.reference import prepare_tiles, random_inputs, dstate_scan_reference, l2norm
 
 
 def bf16(x: np.ndarray) -> np.ndarray:
@@ -71,7 +71,7 @@ def tile_operands(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, q
     s = float(scale) if scale is not None else K ** -0.5
     q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
     if qk_l2norm:
-        q, k = _l2norm(np, q), _l2norm(np, k)
+        q, k = l2norm(np, q), l2norm(np, k)
     tiles = []
     for t0 in range(0, T, chunk):
         L = min(chunk, T - t0)

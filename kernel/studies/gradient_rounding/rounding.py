@@ -109,10 +109,10 @@ def tiles_of(recipe: str, T: int, H: int, seed: int = 0):
     wide = {n: np.asarray(raw[n], dtype=np.float64) for n in ("q", "k", "v", "g", "beta", "do")}
     for n in ("q", "k", "v", "do", "beta"):
         wide[n] = bf16(wide[n])
-    blk = ref_kda._blocks(np, np.array([0, T]), 16, (1, T, H, K, V), wide, scale=None, qk_l2norm=True,
+    blk = ref_kda.tile_blocks(np, np.array([0, T]), 16, (1, T, H, K, V), wide, scale=None, qk_l2norm=True,
                           cu_seqlens=None)
-    r = ref_kda._rebuild(np, blk)
-    _, _, S0 = ref_kda._forward_scan(np, blk, r, 1, H, K, V, None)
+    r = ref_kda.rebuild(np, blk)
+    _, _, S0 = ref_kda.forward_scan(np, blk, r, 1, H, K, V, None)
     gc, mqk, inv = blk["forward"]
     snaps, _ = dstate_scan_reference(wide["q"], wide["k"], gc, wide["beta"], mqk, inv, wide["do"],
                                      chunk=16, qk_l2norm=True, snapshot_every=1)

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from kernel.reference import prepare_tiles
-from kernel.reference.checks import _l2norm
+from kernel.reference.checks import l2norm
 from kernel.tools.kda_precision import recipe_inputs, rel_fro
 
 from .rounding import bf16
@@ -68,7 +68,7 @@ def scan_inputs(recipe: str, T: int, H: int, seed: int = 0) -> tuple:
         x[n] = bf16(x[n])
     gc, mqk, inv = (a[0] for a in prepare_tiles(x["q"][None], x["k"][None], x["g"][None], x["beta"][None], chunk=C))
     dht = np.asarray(raw["dht"], dtype=np.float64)[0]
-    return _l2norm(np, x["q"]), _l2norm(np, x["k"]), gc, x["beta"], mqk, inv, x["do"], dht
+    return l2norm(np, x["q"]), l2norm(np, x["k"]), gc, x["beta"], mqk, inv, x["do"], dht
 
 
 def rows_for(recipe: str, T: int, H: int, variants: dict) -> dict:

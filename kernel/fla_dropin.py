@@ -50,18 +50,17 @@ from typing import Any
 
 import torch
 
-from .reference.checks import FLA_CHUNK   # 64: the chunk FLA's forward and our backward share
+from .runtime.arrays import check_scale
+from .shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens
 
-HEAD_DIM = 128            # K = V: the head size our backward is built for
-KERNEL_TILE_TOKENS = 16   # our backward's tile
 # The backward's range: a 16-token tile may decay a channel by at most 2^-126 (fp32's
 # smallest normal), i.e. the gates of 16 tokens may sum to no less than -126 ln 2.
 # Every gate >= GATE_FLOOR is enough (-5.458...; FLA's recommended clamp is -5).
-GATE_FLOOR = -126.0 * math.log(2.0) / KERNEL_TILE_TOKENS
+GATE_FLOOR = -126.0 * math.log(2.0) / TILE_TOKENS
 
 FLA_CALL = "fla.ops.kda.chunk_kda"
 
-__all__ = ["chunk_kda", "ChunkKDAFunction", "GATE_FLOOR", "HEAD_DIM"]
+__all__ = ["chunk_kda", "ChunkKDAFunction", "GATE_FLOOR"]
 
 
 # ----------------------------------------------------------------------------
@@ -104,9 +103,27 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(x.shape)
 
 
+# chunk_kda's switches: each must be a real bool ('yes' or 1 would be read as True)
+BOOL_ARGUMENTS = ("output_final_state", "use_qk_l2norm_in_kernel", "safe_gate", "disable_recompute")
+
+
 def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[str, Any],
-                    kwargs: dict[str, Any]) -> None:
-    """Every refusal, on shapes, dtypes and flags alone (CPU tensors are fine)."""
+                    kwargs: dict[str, Any], switches: dict[str, Any] | None = None, scale: Any = None,
+                    cu_seqlens_cpu=None) -> None:
+    """Every refusal, on shapes, dtypes, flags and the offsets alone (CPU tensors are fine): the one
+    check of a call, where the user's arguments arrive."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor, got {type(x).__module__}.{type(x).__name__}")
+    for name in ("initial_state", "cu_seqlens", "cu_seqlens_cpu"):
+        x = {"initial_state": initial_state, "cu_seqlens": cu_seqlens, "cu_seqlens_cpu": cu_seqlens_cpu}[name]
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor (a torch.LongTensor of offsets for cu_seqlens) or None, "
+                            f"got {type(x).__module__}.{type(x).__name__}")
+    for name, got in (switches or {}).items():
+        if not isinstance(got, bool):
+            raise TypeError(f"{name} must be True or False, got {got!r}")
+    check_scale(scale)
     for name, default, instead in _NOT_COVERED:
         got = flags[name]
         if not _is_default(got, default):
@@ -119,8 +136,8 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
                 raise _refuse(name, got, instead)
     if "chunk_size" in rest:
         got = rest.pop("chunk_size")
-        if not _is_default(got, FLA_CHUNK):
-            raise _refuse("chunk_size", got, f"leave it at {FLA_CHUNK} (our backward's chunk) or call {FLA_CALL}")
+        if not _is_default(got, CHUNK_TOKENS):
+            raise _refuse("chunk_size", got, f"leave it at {CHUNK_TOKENS} (our backward's chunk) or call {FLA_CALL}")
     if rest:
         raise TypeError(f"kernel.chunk_kda got keyword arguments FLA's chunk_kda does not know: {sorted(rest)}")
 
@@ -130,6 +147,8 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
     if _shape(q) != _shape(k):
         raise ValueError(f"q and k must have the same shape, got q {_shape(q)} and k {_shape(k)}")
     B, T, H, K = _shape(q)
+    if min(B, T, H) < 1:
+        raise ValueError(f"q must have B, T, H >= 1 (no empty batch, sequence or head axis), got shape {_shape(q)}")
     HV, V = v.shape[2], v.shape[3]
     if K != HEAD_DIM:
         raise _refuse("q.shape[-1] (the key head dim)", K, f"use {HEAD_DIM} or call {FLA_CALL}")
@@ -162,6 +181,9 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
             raise ValueError(f"cu_seqlens: expected N+1 >= 2 offsets, got shape {_shape(cu_seqlens)}")
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"cu_seqlens: expected an integer dtype (torch.long), got {cu_seqlens.dtype}")
+        # its values: 0 first, strictly increasing, T last (from cu_seqlens_cpu where the caller has it,
+        # else a copy of N + 1 integers to the host, as FLA's own chunk index makes)
+        check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens, B, T)
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
         if _shape(initial_state) != (N, H, K, V):
@@ -219,12 +241,12 @@ class ChunkKDAFunction(torch.autograd.Function):
                 k, k_rstd = l2norm_fwd(k)
             chunk_indices = None
             if cu_seqlens is not None:
-                chunk_indices = prepare_chunk_indices(cu_seqlens=cu_seqlens, chunk_size=FLA_CHUNK,
+                chunk_indices = prepare_chunk_indices(cu_seqlens=cu_seqlens, chunk_size=CHUNK_TOKENS,
                                                       cu_seqlens_cpu=cu_seqlens_cpu)
             (o, final_state, g_cumsum, Aqk, Akk, _w, _u, _qg, _kg, _v_new, h, initial_state) = chunk_kda_fwd(
                 q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-                chunk_indices=chunk_indices, chunk_size=FLA_CHUNK, safe_gate=safe_gate,
+                chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS, safe_gate=safe_gate,
                 lower_bound=lower_bound, disable_recompute=disable_recompute)
         # FLA keeps w, u, qg, kg, v_new for its own backward; ours needs only h (the states)
         ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g_cumsum, beta, Aqk, Akk,
@@ -307,8 +329,10 @@ def chunk_kda(
                  allow_neg_eigval=allow_neg_eigval, return_intermediate_states=return_intermediate_states,
                  state_v_first=state_v_first, cp_context=cp_context, use_graph=use_graph,
                  max_num_seqs=max_num_seqs)
+    switches = dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                    safe_gate=safe_gate, disable_recompute=disable_recompute)
     check_arguments(q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, flags=flags,
-                    kwargs=kwargs)
+                    kwargs=kwargs, switches=switches, scale=scale, cu_seqlens_cpu=cu_seqlens_cpu)
     if not safe_gate:
         check_gate_range(g)
     if q.device.type != "cuda":
@@ -317,8 +341,7 @@ def chunk_kda(
                     ("cu_seqlens", cu_seqlens)):
         if x is not None and x.device != q.device:
             raise ValueError(f"{name}: expected a tensor on q's device {q.device}, got one on {x.device}")
-    if scale is None:
-        scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM ** -0.5 if scale is None else float(scale)
     return ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, output_final_state,
                                   use_qk_l2norm_in_kernel, cu_seqlens, cu_seqlens_cpu, safe_gate, lower_bound,
                                   disable_recompute)

@@ -147,6 +147,41 @@ def test_an_unknown_keyword_is_a_type_error():
         _chunk_kda()(*_cpu_inputs(), use_gate=True)
 
 
+BAD_CALLS = [   # (what the call passes, the error type, what the message must say)
+    (dict(scale=0.0), ValueError, r"scale must be finite and > 0"),
+    (dict(scale=-1.0), ValueError, r"scale must be finite and > 0"),
+    (dict(scale=math.nan), ValueError, r"scale must be finite and > 0"),
+    (dict(scale=math.inf), ValueError, r"scale must be finite and > 0"),
+    (dict(scale="abc"), TypeError, r"scale must be a real number or None, got 'abc'"),
+    (dict(output_final_state="yes"), TypeError, r"output_final_state must be True or False, got 'yes'"),
+    (dict(use_qk_l2norm_in_kernel=1), TypeError, r"use_qk_l2norm_in_kernel must be True or False, got 1"),
+    (dict(safe_gate=None), TypeError, r"safe_gate must be True or False, got None"),
+    (dict(cu_seqlens=[0, 4, 8]), TypeError, r"cu_seqlens must be a torch tensor .* got builtins\.list"),
+    (dict(cu_seqlens=torch.tensor([0, 6, 4, 8])), ValueError, r"cu_seqlens must be strictly increasing"),
+    (dict(cu_seqlens=torch.tensor([1, 4, 8])), ValueError, r"cu_seqlens must start at 0, got 1"),
+    (dict(cu_seqlens=torch.tensor([0, 4, 7])), ValueError, r"cu_seqlens must end at the total length 8, got 7"),
+    (dict(cu_seqlens=torch.tensor([0, 4, 8]), cu_seqlens_cpu=torch.tensor([0, 4, 9])), ValueError,
+     r"cu_seqlens must end at the total length 8, got 9"),
+]
+
+
+@pytest.mark.parametrize("extra, error, match", BAD_CALLS, ids=[str(list(e.items())[-1]) for e, _, _ in BAD_CALLS])
+def test_a_bad_argument_is_refused_by_name_before_the_gpu(extra, error, match):
+    with pytest.raises(error, match=match):
+        _chunk_kda()(*_cpu_inputs(), **extra)
+
+
+def test_an_empty_sequence_axis_is_refused():
+    with pytest.raises(ValueError, match=r"q must have B, T, H >= 1 .* got shape \(1, 0, 2, 128\)"):
+        _chunk_kda()(*_cpu_inputs(T=0))
+
+
+def test_a_numpy_q_is_named_as_such():
+    q, k, v, g, beta = _cpu_inputs()
+    with pytest.raises(TypeError, match=r"q must be a torch tensor, got numpy\.ndarray"):
+        _chunk_kda()(q.float().numpy(), k, v, g, beta)
+
+
 @pytest.mark.parametrize("low, refused", [(-5.0, False), (-5.45, False), (-5.46, True), (-20.0, True),
                                           (math.nan, True)])
 def test_gates_below_the_floor_are_refused(low, refused):

@@ -42,7 +42,7 @@ __device__ __forceinline__ void walk(int ntiles, u32* seen) {
     if (warp == 1) {
         for (int j = 0; j < ntiles; ++j) {
             const int s = j % N;
-            if (Ring::refill_waits(j, ntiles)) Ring::wait_empty(s);
+            Ring::wait_to_refill(j, ntiles);
             stage[s][lane] = j * WARP + lane;
             Ring::publish(s);
         }

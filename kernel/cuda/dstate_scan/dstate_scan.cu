@@ -25,19 +25,19 @@
 // producer warps prefetch tile inputs into a ring of NSTAGE stages (loads.cuh) and rebuild
 // qd/kd/kr on chip in fp32 (r1.cuh: R1), so the loads, R1 and the snapshot stores
 // (snapshots.cuh) run ahead of / beside the serial chain (consumer.cuh, operands.cuh).
-// Hand-off: named barriers FULL(s) (producers arrive, consumers sync) and
-// EMPTY(s) (consumers arrive, producers sync).
+// Hand-off: the named-barrier ring of ptx_lab's ring.cuh, FULL(s) (producers arrive,
+// consumers sync) and EMPTY(s) (consumers arrive, producers sync).
 //
 // The rooms: config.cuh (the knobs, every one set by kernel/build.py, and what follows from
-// them), layout.cuh (shared memory, stages, tensor maps, barrier ids), work.cuh (the
+// them), layout.cuh (shared memory, stages, tensor maps, the ring), work.cuh (the
 // arguments, a CTA's work), timing.cuh (clock64 accounting), loads.cuh and r1.cuh (the
-// producers' steps), operands.cuh (ldmatrix addresses, fragments, G4/G5's accumulate),
+// producers' steps), operands.cuh (operand addresses, G4/G5's accumulate),
 // consumer.cuh (the consumers' steps), snapshots.cuh. This file holds the kernel: it sets
 // up shared memory and runs each role's walk over the tiles. The two walks, and G2 and G3,
 // are written out here rather than as __forceinline__ functions of their own: NVVM
 // optimises a function before inlining it, and as functions they compiled to different
 // SASS; this split keeps the SASS of every build the same as the single file's.
-#include "barrier.cuh"
+#include "ring.cuh"
 #include "cp_async.cuh"
 #include "setmaxnreg.cuh"
 #include "config.cuh"
@@ -101,6 +101,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         auto tile_len = [&](int n) { return min(C, len - n * C); };
         // Iteration i waits on EMPTY before refilling a stage with walk tile i + PREFETCH, if that
         // tile exists and the stage held an earlier one.
+        // (Ring::refill_waits(i + PREFETCH, nt) written out: through the function the producer
+        // loop's registers are allocated differently)
         auto empty_wait_at = [&](int i) { return i + PREFETCH < nt && i + PREFETCH >= NSTAGE; };
         // GT_SHARED: walk tile j (>= 1: whole) reads gT from the owner's gc rows when iteration
         // j - 1 passes that barrier, before which the owner waits for them
@@ -148,7 +150,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
 #else
             rebuild_operands(stages[s], L, p.scale, pw, lane, gt_shared(i));
 #endif
-            named_barrier_arrive(full_bar(s), ALL_THREADS);              // release tile i to the consumers
+            Ring::publish(s);                // release tile i to the consumers
             timer.add(T_P_R1, t1);
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it.
             // (After R1 and the arrive, so the wait never delays tile i.)
@@ -156,7 +158,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             const long long t2 = PhaseTimer::now();
             // GT_SHARED: tile i + 1's rows (of PREFETCH + i groups, all but the last PREFETCH - 2)
             if (pw == GT_OWNER && gt_shared(i + 1)) cp_async_wait<(PREFETCH >= 2 ? PREFETCH - 2 : 0)>();
-            if (empty_wait_at(i)) named_barrier_sync(empty_bar(j % NSTAGE), ALL_THREADS);
+            if (empty_wait_at(i)) Ring::wait_empty(j % NSTAGE);
             timer.add(T_P_WAIT_EMPTY, t2);
             const long long t3 = PhaseTimer::now();
             issue(j);
@@ -206,7 +208,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         if (snap_now) store_snapshot(p, maps, snap_idx, snap_row, h, k0, v0, dS, staging, lane);
         timer.add(T_C_SNAPSHOT, t0);
         const long long t1 = PhaseTimer::now();
-        named_barrier_sync(full_bar(s), ALL_THREADS);
+        Ring::wait_full(s);
         timer.add(T_C_WAIT_FULL, t1);
         const long long t2 = PhaseTimer::now();
         const Stage& st = stages[s];
@@ -247,8 +249,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         u32 aB[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const u32 aU[4] = {pack_bf16x2(dU[m][0][0], dU[m][0][1]), pack_bf16x2(dU[m][0][2], dU[m][0][3]),
-                               pack_bf16x2(dU[m][1][0], dU[m][1][1]), pack_bf16x2(dU[m][1][2], dU[m][1][3])};
+            u32 aU[4];
+            acc_to_a(aU, dU[m][0], dU[m][1]);
             float dv[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
             mma_bf16(dv[0], aU, bi[0], bi[1]);
             mma_bf16(dv[1], aU, bi[2], bi[3]);
@@ -261,7 +263,9 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         g5(dS, doT, aB, st, k0, lane);
 
         timer.add(T_C_CHAIN, t2);
-        if (i + NSTAGE < nt) named_barrier_arrive(empty_bar(s), ALL_THREADS);  // the producer reloads stage s
+        // the producer reloads stage s (Ring::releases(i, nt) written out: through the function
+        // the vs8 builds with a snapshot every tile compile to other SASS)
+        if (i + NSTAGE < nt) Ring::release(s);
         if constexpr (TMA_SNAP && SNAP_LATE_ISSUE) {
             if (snap_now) issue_band_tma(&maps.snap, snap_row, v0, staging, lane);
         }

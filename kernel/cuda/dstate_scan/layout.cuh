@@ -1,8 +1,9 @@
 // kernel/cuda/dstate_scan/layout.cuh -- Kernel A's shared memory: the ring's stages, their tile
 // layouts (strides, operand tiles, tensor-copy boxes), the consumers' staging and exchange
-// tiles, the tensor maps the host encodes, and the named barrier ids.
+// tiles, the tensor maps the host encodes, and the ring's named barriers.
 #pragma once
 #include "config.cuh"
+#include "ring.cuh"
 #include "tma.cuh"
 
 extern __shared__ __align__(16) unsigned char smem_raw[];   // the launch requests kda_smem_bytes
@@ -127,10 +128,10 @@ __device__ __forceinline__ float* gate_base(unsigned char* smem, int s, int pw) 
 }
 
 
-// Named barrier ids (0 is __syncthreads). FULL and EMPTY count every thread of the CTA.
-constexpr u32 ALL_THREADS = THREADS;
-__device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
-__device__ __forceinline__ u32 empty_bar(int s) { return 1 + NSTAGE + s; }
-__device__ __forceinline__ u32 pair_bar(int band) { return 1 + 2 * NSTAGE + band; }   // KSPLIT 2
+// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers
+// 1 .. 2 NSTAGE (0 is __syncthreads) and count every thread of the CTA. KSPLIT 2's pair
+// barriers (64 threads: one band's two consumer warps) follow them.
+using Ring = BarrierRing<NSTAGE, THREADS>;
+__device__ __forceinline__ u32 pair_bar(int band) { return Ring::END_ID + band; }
 
 }  // namespace kda

@@ -2,6 +2,7 @@
 // ldmatrix row lies in a stage's tiles, accumulators packed into A fragments, and
 // dS^T += A @ B over a warp's band (G4, G5) on mma.sync or as a warpgroup MMA.
 #pragma once
+#include "fragments.cuh"
 #include "ldmatrix.cuh"
 #include "mma.cuh"
 #include "layout.cuh"
@@ -11,30 +12,9 @@
 
 namespace kda {
 
-// The row (8 elements) lane l names in an ldmatrix / stmatrix .x4 of the 16x16 block at
-// (row0, col0), in the rows-first or cols-first order of ptx_lab's x4_lane (ldmatrix.cuh,
-// which also says what each register receives).
-struct RowCol {
-    int row, col;
-};
-__device__ __forceinline__ RowCol x4_rows_first(int row0, int col0, int lane) {
-    const X4Lane x = x4_lane(lane);
-    return {row0 + x.row + x.rows_first_mat_row(), col0 + x.rows_first_mat_col()};
-}
-__device__ __forceinline__ RowCol x4_cols_first(int row0, int col0, int lane) {
-    const X4Lane x = x4_lane(lane);
-    return {row0 + x.row + x.cols_first_mat_row(), col0 + x.cols_first_mat_col()};
-}
-// Their shared addresses in a row-major bf16 tile, rows `stride` elements apart.
-__device__ __forceinline__ u32 x4_addr_rows_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
-    const RowCol p = x4_rows_first(row0, col0, lane);
-    return smem_addr(tile + p.row * stride + p.col);
-}
-__device__ __forceinline__ u32 x4_addr_cols_first(const unsigned short* tile, int stride, int row0, int col0, int lane) {
-    const RowCol p = x4_cols_first(row0, col0, lane);
-    return smem_addr(tile + p.row * stride + p.col);
-}
-
+// The row (8 elements) lane l names in an ldmatrix / stmatrix .x4 of a 16x16 block, and its
+// address in a row-major tile: x4_rows_first / x4_cols_first and x4_addr_rows_first /
+// x4_addr_cols_first of ptx_lab's ldmatrix.cuh (which also says what each register receives).
 // ... and in an operand tile (qd, kd, kr: op_offset): an 8x8 matrix is 8 rows of 16 bytes
 // either way (padded rows, or one core matrix).
 __device__ __forceinline__ u32 op_addr_rows_first(const unsigned short* tile, int row0, int col0, int lane) {
@@ -64,13 +44,10 @@ __device__ __forceinline__ u32 small_addr_rows_first(const unsigned short* tile,
     return x4_addr_rows_first(tile, SMALL_STRIDE, 0, 0, lane);
 }
 
-// n-tiles 2 pr and 2 pr + 1 of m-tile m as bf16 pairs: both G2's A fragment of k-step pr
-// and the 4 registers of the snapshot's stmatrix.x4.trans.
+// n-tiles 2 pr and 2 pr + 1 of m-tile m as bf16 pairs (ptx_lab's acc_to_a, fragments.cuh):
+// both G2's A fragment of k-step pr and the 4 registers of the snapshot's stmatrix.x4.trans.
 __device__ __forceinline__ void pack_pair(u32 (&b)[4], const float (&dS)[MT][NJ][4], int m, int pr) {
-    b[0] = pack_bf16x2(dS[m][2 * pr][0], dS[m][2 * pr][1]);
-    b[1] = pack_bf16x2(dS[m][2 * pr][2], dS[m][2 * pr][3]);
-    b[2] = pack_bf16x2(dS[m][2 * pr + 1][0], dS[m][2 * pr + 1][1]);
-    b[3] = pack_bf16x2(dS[m][2 * pr + 1][2], dS[m][2 * pr + 1][3]);
+    acc_to_a(b, dS[m][2 * pr], dS[m][2 * pr + 1]);
 }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {

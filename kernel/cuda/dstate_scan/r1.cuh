@@ -2,12 +2,10 @@
 // stage's raw q, k and gc rows, in fp32, rounded once to bf16 into the stage's operand tiles
 // (and what qd's rounding left, in bf16 too, over the raw q rows: qd_rest_offset).
 #pragma once
+#include "fragments.cuh"
 #include "layout.cuh"
 
 namespace kda {
-
-__device__ __forceinline__ float bf16_lo(u32 v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
 
 // gc[c][k] of a stage: dense rows (cp.async) or GC_BOXES boxes of 64 columns (TMA).
 __device__ __forceinline__ const float* gc_at(const Stage& st, int c, int k) {
@@ -126,8 +124,7 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
                 b[u] = ks[r] * kv[r][e + u] * eg;
                 d[u] = ks[r] * kv[r][e + u] * exp2f(gt[e + u] - gv[r][e + u]);   // exp2 of a difference: no overflow for strong gates
             }
-            qd[e / 2] = pack_bf16x2(a[0], a[1]);
-            rest[e / 2] = pack_bf16x2(a[0] - bf16_lo(qd[e / 2]), a[1] - bf16_hi(qd[e / 2]));   // exact differences
+            two_part_bf16x2(qd[e / 2], rest[e / 2], a[0], a[1]);   // qd and what its rounding left
             kd[e / 2] = pack_bf16x2(b[0], b[1]);
             kr[e / 2] = pack_bf16x2(d[0], d[1]);
         }

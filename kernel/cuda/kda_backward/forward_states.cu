@@ -30,13 +30,14 @@
 // Producer warp pw copies and rebuilds tile rows [C/P pw, C/P (pw+1)) alone, with its own copies
 // of g at the tile's last row and at the row before the tile, so a producer waits only for its
 // own warp's copies (cp.async.wait_group + __syncwarp) and never for another producer. Hand-off
-// by named barriers (ptx_lab barrier.cuh), each counting all threads: FULL(s) producers arrive
-// once stage s holds a tile's operands, consumers sync; EMPTY(s) consumers arrive when done
-// reading stage s, producers sync before refilling it.
-#include "barrier.cuh"
+// by the named-barrier ring of ptx_lab's ring.cuh, each barrier counting all threads: FULL(s)
+// producers arrive once stage s holds a tile's operands, consumers sync; EMPTY(s) consumers
+// arrive when done reading stage s, producers sync before refilling it.
 #include "cp_async.cuh"
+#include "fragments.cuh"
 #include "ldmatrix.cuh"
 #include "mma.cuh"
+#include "ring.cuh"
 #include "stmatrix.cuh"
 
 // Every knob is set by kernel/forward_states.py (forward_states.Config, options()); none has a
@@ -112,19 +113,9 @@ struct Shared {
 };
 constexpr int SMEM_BYTES = (int)sizeof(Shared);
 
-// Named barrier ids (0 is __syncthreads). Both count every thread of the CTA.
-__device__ __forceinline__ u32 full_bar(int s) { return 1 + s; }
-__device__ __forceinline__ u32 empty_bar(int s) { return 1 + NSTAGE + s; }
-
-__device__ __forceinline__ float bf16_to_f32(u16 bits) { return __uint_as_float((u32)bits << 16); }
-
-// The A fragment of k-step ks (16 K columns) from n-tiles 2 ks and 2 ks + 1 (mma.cuh).
-__device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-    a[0] = pack_bf16x2(lo[0], lo[1]);
-    a[1] = pack_bf16x2(lo[2], lo[3]);
-    a[2] = pack_bf16x2(hi[0], hi[1]);
-    a[3] = pack_bf16x2(hi[2], hi[3]);
-}
+// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers
+// 1 .. 2 NSTAGE (0 is __syncthreads) and count every thread of the CTA.
+using Ring = BarrierRing<NSTAGE, THREADS>;
 
 // Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): the warp's own g and k rows,
 // glast and gbase (lane l: columns 4l .. 4l+3 of g, the row's 16-byte chunks of k), and its share
@@ -217,8 +208,7 @@ __device__ __forceinline__ void rebuild(Stage& st, int L, int pw, int lane) {
         const bool real = c < L;
         const float gc[4] = {real ? row[r].x - base.x : gT[0], real ? row[r].y - base.y : gT[1],
                              real ? row[r].z - base.z : gT[2], real ? row[r].w - base.w : gT[3]};
-        const float kf[4] = {bf16_to_f32((u16)(kb[r].x & 0xffffu)), bf16_to_f32((u16)(kb[r].x >> 16)),
-                             bf16_to_f32((u16)(kb[r].y & 0xffffu)), bf16_to_f32((u16)(kb[r].y >> 16))};
+        const float kf[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
         float kd[4], kr[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -273,11 +263,11 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
             cp_async_wait<PREFETCH - 1>();   // this thread's copies of tile i landed
             __syncwarp();                    // ... and its warp's: the k rows R1 reads
             rebuild(sh.stage[s], min(C, len - C * i), pw, lane);
-            named_barrier_arrive(full_bar(s), THREADS);   // release tile i to the consumers
+            Ring::publish(s);   // release tile i to the consumers
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it
             // (after the arrive, so the wait never delays tile i).
             const int j = i + PREFETCH;
-            if (j < ntiles && j >= NSTAGE) named_barrier_sync(empty_bar(j % NSTAGE), THREADS);
+            Ring::wait_to_refill(j, ntiles);
             issue(j);
         }
         cp_async_wait<0>();
@@ -310,7 +300,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
 #pragma unroll 1
     for (int i = 0; i < ntiles; ++i) {
         const int s = i % NSTAGE;
-        named_barrier_sync(full_bar(s), THREADS);   // tile i's inputs and operands are in stage s
+        Ring::wait_full(s);   // tile i's inputs and operands are in stage s
         const Stage& st = sh.stage[s];
 
         // P^T = S^T Kd^T [16 v x 16 tokens] in G6_SPLIT independent accumulator pairs; before the
@@ -320,17 +310,19 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         const bool snap = i % TILES_PER_CHUNK == 0;
         u32 bkd[D / 16][4], bkr[D / 16][4];
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
-            ldmatrix_x4(bkd[ks], smem_addr(&st.kd[xl.row + xl.cols_first_mat_row()][16 * ks + xl.cols_first_mat_col()]));
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const RowCol p = x4_cols_first(0, 16 * ks, xl);
+            ldmatrix_x4(bkd[ks], smem_addr(&st.kd[p.row][p.col]));
+        }
         float pp[G6_SPLIT][2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             u32 a[4];
-            pack_a(a, acc[2 * ks], acc[2 * ks + 1]);
-            if (snap)   // cols first, .trans: A = tile^T, so the tile is S [k][v] (ldmatrix.cuh)
-                stmatrix_x4_trans(smem_addr(&sh.snap[warp][16 * ks + xl.row + xl.cols_first_mat_row()]
-                                                       [xl.cols_first_mat_col()]),
-                                  a[0], a[1], a[2], a[3]);
+            acc_to_a(a, acc[2 * ks], acc[2 * ks + 1]);
+            if (snap) {   // cols first, .trans: A = tile^T, so the tile is S [k][v] (ldmatrix.cuh)
+                const RowCol p = x4_cols_first(16 * ks, 0, xl);
+                stmatrix_x4_trans(smem_addr(&sh.snap[warp][p.row][p.col]), a[0], a[1], a[2], a[3]);
+            }
             const u32 (&b)[4] = bkd[ks];
             const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
             float (&q)[2][4] = pp[ks % G6_SPLIT];
@@ -338,8 +330,10 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
             mma_m16n8k16_bf16(q[1], a, b1, q[1]);
         }
 #pragma unroll
-        for (int j = 0; j < D / 16; ++j)
-            ldmatrix_x4_trans(bkr[j], smem_addr(&st.kr[xl.row + xl.rows_first_mat_row()][16 * j + xl.rows_first_mat_col()]));
+        for (int j = 0; j < D / 16; ++j) {
+            const RowCol p = x4_rows_first(0, 16 * j, xl);
+            ldmatrix_x4_trans(bkr[j], smem_addr(&st.kr[p.row][p.col]));
+        }
         // the partial sums, pairwise: (0 + 1) + (2 + 3)
 #pragma unroll
         for (int w = 1; w < G6_SPLIT; w *= 2)
@@ -367,8 +361,9 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         float u[2][4];
         {
             u32 a[4], b[4];
-            pack_a(a, w[0], w[1]);
-            ldmatrix_x4(b, smem_addr(&st.inv[xl.row + xl.cols_first_mat_row()][xl.cols_first_mat_col()]));
+            acc_to_a(a, w[0], w[1]);
+            const RowCol p = x4_cols_first(0, 0, xl);
+            ldmatrix_x4(b, smem_addr(&st.inv[p.row][p.col]));
             const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
             mma_m16n8k16_bf16(u[0], a, b0, zero);
             mma_m16n8k16_bf16(u[1], a, b1, zero);
@@ -377,7 +372,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         // S^T <- gamma S^T + U^T Kr
         {
             u32 a[4];
-            pack_a(a, u[0], u[1]);
+            acc_to_a(a, u[0], u[1]);
 #pragma unroll
             for (int j = 0; j < D / 16; ++j) {
                 const u32 (&b)[4] = bkr[j];
@@ -394,7 +389,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
                 }
             }
         }
-        if (i + NSTAGE < ntiles) named_barrier_arrive(empty_bar(s), THREADS);   // the producers refill stage s
+        if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
 
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
         if (snap) {

@@ -24,6 +24,7 @@
 // runs give the same bits. Inputs of the next tile are prefetched by cp.async into the
 // second of two stages while this tile computes.
 #include "cp_async.cuh"
+#include "fragments.cuh"
 #include "ldmatrix.cuh"
 #include "mma.cuh"
 #include "stmatrix.cuh"
@@ -86,23 +87,10 @@ static_assert(SMEM_BYTES <= 232448, "more shared memory than an H200 SM lends on
 static_assert(STAGE % 16 == 0 && SM_KD % 16 == 0 && SM_GC % 16 == 0 && SM_PART % 16 == 0 && SM_FRAG % 16 == 0,
               "16-byte alignment");
 
-__device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
-__device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
-__device__ __forceinline__ float bf(unsigned short x) { return __uint_as_float(static_cast<u32>(x) << 16); }
-__device__ __forceinline__ unsigned short to_bf(float x) {
-    return static_cast<unsigned short>(pack_bf16x2(x, 0.f) & 0xffffu);
-}
-
-// ldmatrix / stmatrix x4 addresses: the lane's part of the address of a 16 x 16 block of a bf16
-// tile with `stride`-byte rows, in the two orders of X4Lane (ptx_lab/cuda/ldmatrix.cuh). It is
-// computed once; a block at (row0, col0) is then base + lane part + row0 * stride + col0 * 2, a
+// ldmatrix / stmatrix x4 addresses: a lane's part of the address of a 16 x 16 block of a bf16 tile,
+// in the two orders of X4Lane (x4_lane_bytes_rows_first / _cols_first, ptx_lab/cuda/ldmatrix.cuh),
+// is computed once; a block at (row0, col0) is then base + lane part + row0 * stride + col0 * 2, a
 // constant the compiler folds into the instruction's immediate offset.
-__device__ __forceinline__ u32 rows_first(int stride, X4Lane l) {
-    return (l.row + l.rows_first_mat_row()) * stride + l.rows_first_mat_col() * 2;
-}
-__device__ __forceinline__ u32 cols_first(int stride, X4Lane l) {
-    return (l.row + l.cols_first_mat_row()) * stride + l.cols_first_mat_col() * 2;
-}
 __device__ __forceinline__ constexpr u32 at(int row0, int col0) { return row0 * ROW + col0 * 2; }
 // The four fragments an x4 load gives, named by what they are for mma.m16n8k16:
 //   a_of(tile) A = tile; b_of(tile) B = tile; b_of_t(tile) B = tile^T; a_of_t(tile) A = tile^T.
@@ -113,27 +101,6 @@ __device__ __forceinline__ void b_of(u32 (&b0)[2], u32 (&b1)[2], u32 addr_rows) 
 }
 __device__ __forceinline__ void b_of_t(u32 (&b0)[2], u32 (&b1)[2], u32 addr_cols) {
     ldmatrix_x4(b0[0], b0[1], b1[0], b1[1], addr_cols);
-}
-// Two adjacent n-tiles of accumulators, packed: the A fragment of one k-step.
-__device__ __forceinline__ void pack_a(u32 (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
-    a[0] = pack_bf16x2(c0[0], c0[1]);
-    a[1] = pack_bf16x2(c0[2], c0[3]);
-    a[2] = pack_bf16x2(c1[0], c1[1]);
-    a[3] = pack_bf16x2(c1[2], c1[3]);
-}
-// The same A fragment in two bf16 parts: hi its rounding, lo the rounding of what hi left (x - bf(hi)
-// is exact in fp32), for an operand computed in fp32 whose one rounding costs too much precision;
-// two mmas with the same B into one accumulator then read about 16 of its bits.
-__device__ __forceinline__ void pack_a_two_parts(u32 (&hi)[4], u32 (&lo)[4], const float (&c0)[4],
-                                                 const float (&c1)[4]) {
-    float r0[4], r1[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        r0[e] = c0[e] - bf(to_bf(c0[e]));
-        r1[e] = c1[e] - bf(to_bf(c1[e]));
-    }
-    pack_a(hi, c0, c1);
-    pack_a(lo, r0, r1);
 }
 __device__ __forceinline__ void zero4(float (&c)[4]) { c[0] = c[1] = c[2] = c[3] = 0.f; }
 __device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
@@ -301,8 +268,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const int k0 = 16 * warp;   // K phase: this warp's k columns
     // lane parts of the ldmatrix / stmatrix addresses (rows first / cols first, 272- and 32-byte rows),
     // with this warp's v columns (V phase) and k rows or columns (K phase) folded in
-    const u32 lr = rows_first(ROW, xl), lc = cols_first(ROW, xl);
-    const u32 lr32 = rows_first(32, xl), lc32 = cols_first(32, xl);
+    const u32 lr = x4_lane_bytes_rows_first(ROW, xl), lc = x4_lane_bytes_cols_first(ROW, xl);
+    const u32 lr32 = x4_lane_bytes_rows_first(32, xl), lc32 = x4_lane_bytes_cols_first(32, xl);
     const u32 nr = sb + lr, nc = sb + lc, nc32 = sb + lc32;
     const u32 ncv = nc + 2 * v0, nrv = nr + 2 * v0, nck = nc + k0 * ROW, nrk = nr + 2 * k0;
     float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
@@ -350,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 const float2 graw = *reinterpret_cast<const float2*>(gs + i * D + kk);
                 const float gc[2] = {i < lt ? graw.x - base.x : gT[0], i < lt ? graw.y - base.y : gT[1]};
                 const u32 q2 = *reinterpret_cast<const u32*>(qs + o), k2 = *reinterpret_cast<const u32*>(ks + o);
-                const float qv[2] = {bf_lo(q2), bf_hi(q2)}, kv[2] = {bf_lo(k2), bf_hi(k2)};
+                const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
                 const float be = betas[i];
                 float kd[2], kr[2], qe[2], bke[2];
 #pragma unroll
@@ -373,10 +340,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             for (int b = 0; b < 8; ++b) {
                 u32 x[4];
                 a_of_t(x, ncv + SM_S + at(16 * b, 0));
-                S[2 * b][0] = bf_lo(x[0]); S[2 * b][1] = bf_hi(x[0]);
-                S[2 * b][2] = bf_lo(x[1]); S[2 * b][3] = bf_hi(x[1]);
-                S[2 * b + 1][0] = bf_lo(x[2]); S[2 * b + 1][1] = bf_hi(x[2]);
-                S[2 * b + 1][2] = bf_lo(x[3]); S[2 * b + 1][3] = bf_hi(x[3]);
+                a_to_acc(S[2 * b], S[2 * b + 1], x);
             }
         }
         __syncthreads();   // R1 is in
@@ -392,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
             for (int ks2 = 0; ks2 < 8; ++ks2) {
                 u32 sa[4], b0[2], b1f[2];
-                pack_a(sa, S[2 * ks2], S[2 * ks2 + 1]);
+                acc_to_a(sa, S[2 * ks2], S[2 * ks2 + 1]);
                 b_of_t(b0, b1f, nc + SM_KD + at(0, 16 * ks2));
                 if (ks2 & 1) { mma(P1[0], sa, b0); mma(P1[1], sa, b1f); }
                 else         { mma(P0[0], sa, b0); mma(P0[1], sa, b1f); }
@@ -400,14 +364,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             u32 vt[4];
             a_of_t(vt, scv + ST_V);
             float Vn[2][4];
-            Vn[0][0] = bf_lo(vt[0]) - (P0[0][0] + P1[0][0]);
-            Vn[0][1] = bf_hi(vt[0]) - (P0[0][1] + P1[0][1]);
-            Vn[0][2] = bf_lo(vt[1]) - (P0[0][2] + P1[0][2]);
-            Vn[0][3] = bf_hi(vt[1]) - (P0[0][3] + P1[0][3]);
-            Vn[1][0] = bf_lo(vt[2]) - (P0[1][0] + P1[1][0]);
-            Vn[1][1] = bf_hi(vt[2]) - (P0[1][1] + P1[1][1]);
-            Vn[1][2] = bf_lo(vt[3]) - (P0[1][2] + P1[1][2]);
-            Vn[1][3] = bf_hi(vt[3]) - (P0[1][3] + P1[1][3]);
+            Vn[0][0] = bf16_lo(vt[0]) - (P0[0][0] + P1[0][0]);
+            Vn[0][1] = bf16_hi(vt[0]) - (P0[0][1] + P1[0][1]);
+            Vn[0][2] = bf16_lo(vt[1]) - (P0[0][2] + P1[0][2]);
+            Vn[0][3] = bf16_hi(vt[1]) - (P0[0][3] + P1[0][3]);
+            Vn[1][0] = bf16_lo(vt[2]) - (P0[1][0] + P1[1][0]);
+            Vn[1][1] = bf16_hi(vt[2]) - (P0[1][1] + P1[1][1]);
+            Vn[1][2] = bf16_lo(vt[3]) - (P0[1][2] + P1[1][2]);
+            Vn[1][3] = bf16_hi(vt[3]) - (P0[1][3] + P1[1][3]);
 
             // G7: U^T = (beta Vn)^T INV^T (beta scales the token columns). beta Vn goes in two
             // bf16 parts, its rounding and what that left: its one rounding was the largest
@@ -420,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     bV[nt][2] = bet[nt][0] * Vn[nt][2]; bV[nt][3] = bet[nt][1] * Vn[nt][3];
                 }
                 u32 aa[4], ar[4], b0[2], b1f[2];
-                pack_a_two_parts(aa, ar, bV[0], bV[1]);
+                acc_to_a_two_parts(aa, ar, bV[0], bV[1]);
                 b_of_t(b0, b1f, sc32 + ST_INV);
                 zero4(U[0]); zero4(U[1]);
                 mma(U[0], aa, b0); mma(U[1], aa, b1f);
@@ -455,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             float W[2][4];
             {
                 u32 aa[4], ar[4], b0[2], b1f[2];
-                pack_a_two_parts(aa, ar, dU0[0], dU0[1]);
+                acc_to_a_two_parts(aa, ar, dU0[0], dU0[1]);
                 b_of(b0, b1f, sr32 + ST_INV);
                 zero4(W[0]); zero4(W[1]);
                 mma(W[0], aa, b0); mma(W[1], aa, b1f);
@@ -468,10 +432,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // third of dg's on-chip error: kernel/studies/gradient_rounding)
             {
                 u32 x[4], xr[4];
-                pack_a_two_parts(x, xr, U[0], U[1]);
+                acc_to_a_two_parts(x, xr, U[0], U[1]);
                 stmatrix_x4_trans(ncv + SM_U, x[0], x[1], x[2], x[3]);
                 stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, xr[0], xr[1], xr[2], xr[3]);
-                pack_a(x, W[0], W[1]);
+                acc_to_a(x, W[0], W[1]);
                 stmatrix_x4_trans(ncv + SM_DW, x[0], x[1], x[2], x[3]);
                 float bW[2][4];
 #pragma unroll
@@ -479,14 +443,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     bW[nt][0] = bet[nt][0] * W[nt][0]; bW[nt][1] = bet[nt][1] * W[nt][1];
                     bW[nt][2] = bet[nt][0] * W[nt][2]; bW[nt][3] = bet[nt][1] * W[nt][3];
                 }
-                pack_a(x, bW[0], bW[1]);
+                acc_to_a(x, bW[0], bW[1]);
                 stmatrix_x4_trans(ncv + SM_DV, x[0], x[1], x[2], x[3]);
             }
 
             // d = rowsum(do . U) and rowsum(dW . Vn), this warp's 16 v; column = token
             {
-                const float dol[2][4] = {{bf_lo(dot[0]), bf_hi(dot[0]), bf_lo(dot[1]), bf_hi(dot[1])},
-                                         {bf_lo(dot[2]), bf_hi(dot[2]), bf_lo(dot[3]), bf_hi(dot[3])}};
+                float dol[2][4];
+                a_to_acc(dol[0], dol[1], dot);
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -530,7 +494,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // G8: S1^T = gamma S0^T + U^T Kr, kept in registers until the K phase has read S0
         if (it + 1 < ntile) {
             u32 ua[4];
-            pack_a(ua, U[0], U[1]);
+            acc_to_a(ua, U[0], U[1]);
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
                 u32 b0[2], b1f[2];
@@ -561,8 +525,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 l += part[(WARPS + w) * C * PS + i * PS + jj];
             }
             const float mv = jj < i ? m : 0.f, lv = jj < i ? -l : 0.f;
-            const unsigned short mb = to_bf(mv), lb = to_bf(lv);
-            const unsigned short mr = to_bf(mv - bf(mb)), lr = to_bf(lv - bf(lb));   // exact differences
+            const unsigned short mb = f32_to_bf16(mv), lb = f32_to_bf16(lv);
+            const unsigned short mr = f32_to_bf16(mv - bf16_to_f32(mb)), lr = f32_to_bf16(lv - bf16_to_f32(lb));   // exact differences
             const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);
             const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);
             frag16[0 * 256 + plain] = mb;    // dMqk
@@ -663,14 +627,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     const u32 q2 = *reinterpret_cast<const u32*>(qs + i * (ROW / 2) + kk);
                     const u32 k2 = *reinterpret_cast<const u32*>(ks + i * (ROW / 2) + kk);
                     const float gcv[2] = {gc.x, gc.y}, gTv[2] = {gT.x, gT.y};
-                    const float qv[2] = {bf_lo(q2), bf_hi(q2)}, kv[2] = {bf_lo(k2), bf_hi(k2)};
+                    const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
                     const int so = i * ROW + 2 * kk;   // the pair's byte in R1's operand tiles
                     const u32 kd2 = *reinterpret_cast<const u32*>(smem + SM_KD + so);
                     const u32 kr2 = *reinterpret_cast<const u32*>(smem + SM_KR + so);
                     const u32 qe2 = *reinterpret_cast<const u32*>(smem + SM_QE + so);
                     const u32 be2 = *reinterpret_cast<const u32*>(smem + SM_BKE + so);
-                    const float kdb[2] = {bf_lo(kd2), bf_hi(kd2)}, krb[2] = {bf_lo(kr2), bf_hi(kr2)};
-                    const float qeb[2] = {bf_lo(qe2), bf_hi(qe2)}, beb[2] = {bf_lo(be2), bf_hi(be2)};
+                    const float kdb[2] = {bf16_lo(kd2), bf16_hi(kd2)}, krb[2] = {bf16_lo(kr2), bf16_hi(kr2)};
+                    const float qeb[2] = {bf16_lo(qe2), bf16_hi(qe2)}, beb[2] = {bf16_lo(be2), bf16_hi(be2)};
                     float dq2[2], dk2[2], fs2[2], fe2[2];
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
@@ -737,7 +701,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
                 u32 x[4];
-                pack_a(x, S[2 * b], S[2 * b + 1]);
+                acc_to_a(x, S[2 * b], S[2 * b + 1]);
                 stmatrix_x4_trans(ncv + SM_S + at(16 * b, 0), x[0], x[1], x[2], x[3]);
             }
         }

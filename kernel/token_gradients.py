@@ -50,8 +50,10 @@ def source() -> str:
 
 
 def options(build: Build | None = None) -> tuple[str, ...]:
-    """What every build passes (CI's nvcc check, ``ptx-lab resources`` and the launch alike)."""
-    return FAST_MATH
+    """What every build passes (CI's nvcc check, ``ptx-lab resources`` and the launch alike): -ftz=true
+    and the entry file's directory, where its token_gradients_*.cuh sit (NVRTC compiles the text and
+    has no file to look beside)."""
+    return (*FAST_MATH, f"-I{SOURCE_PATH.parent}")
 
 
 @functools.lru_cache(maxsize=None)

@@ -173,6 +173,20 @@ def test_the_layout_is_the_cus():
         kb._sites(missing)
 
 
+def test_the_kernel_text_is_the_entry_file_with_its_headers(tmp_path):
+    # what the replay reads follows the kernel's code into token_gradients_*.cuh, in include order
+    assert '#include "token_gradients_' not in kb.CU
+    headers = sorted(kb.SOURCE_PATH.parent.glob("token_gradients_*.cuh"))
+    assert headers and all(kb.CU.count(h.read_text().splitlines()[0]) == 1 for h in headers)   # each once
+    moved = kb.CU.replace("__device__ __forceinline__ void reduce_partials(", "__device__ __forceinline__ void reduce(")
+    with pytest.raises(LookupError, match=r"PARTS\['CtaModel._reduce'\]: no line of token_gradients.cu"):
+        kb._sites(moved)
+    entry = tmp_path / "token_gradients.cu"
+    entry.write_text('#include "token_gradients_gone.cuh"\n')
+    with pytest.raises(LookupError, match="includes token_gradients_gone.cuh, which is not beside it"):
+        kb.kernel_text(entry)
+
+
 def test_a_full_tile_matches_the_float64_tile_algebra(full_case):
     t0 = time.perf_counter()
     out, got = emulate(full_case, tiles=1)

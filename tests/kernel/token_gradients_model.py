@@ -1,44 +1,50 @@
-"""Kernel B (kernel/cuda/kda_backward/token_gradients.cu) on the CPU, lane by lane.
+"""Kernel B (kernel/cuda/kda_backward/token_gradients.cu and its token_gradients_*.cuh) on the CPU,
+lane by lane.
 
-One CTA of the .cu (8 warps, one 64-token chunk of one head) is replayed through
-:mod:`ptx_lab.model`: every ldmatrix, stmatrix, mma.m16n8k16 and cp.async of the .cu is the
-model's, at the address the .cu computes, on a shared-memory image with the .cu's layout;
+One CTA of the kernel (8 warps, one 64-token chunk of one head) is replayed through
+:mod:`ptx_lab.model`: every ldmatrix, stmatrix, mma.m16n8k16 and cp.async of the kernel is the
+model's, at the address the kernel computes, on a shared-memory image with the kernel's layout;
 the scalar code between them (R1, the reductions, the gate's cumsums) is numpy over lanes
-or threads, in fp32 where the .cu keeps fp32. A layout or address mistake in the .cu shows
+or threads, in fp32 where the kernel keeps fp32. A layout or address mistake in the kernel shows
 here as an O(1) error, with no GPU (tests/kernel/test_token_gradients_model.py).
 
-Three things are read from the .cu itself rather than copied, so that they cannot drift:
+The kernel's text (:data:`CU`) is the entry file with each of its ``#include
+"token_gradients_*.cuh"`` replaced by that header, in the order the compiler reads them
+(:func:`kernel_text`), so that what is read follows the code wherever it moves. Three things are
+read from it rather than copied, so that they cannot drift:
 
-* the shared-memory layout: every ``constexpr int NAME = expr;`` line of the .cu
-  (:data:`LAYOUT`; ROW = 272-byte bf16 rows, 32-byte rows for Mqk / INV, PS = 24, GC_ROW = 136);
-* every fragment load and store: :data:`SITES` holds the .cu's statement verbatim (``a_of``,
+* the shared-memory layout: every ``constexpr int NAME = expr;`` line (:data:`LAYOUT`; ROW = 272-byte
+  bf16 rows, 32-byte rows for Mqk / INV, PS = 24, GC_ROW = 136);
+* every fragment load and store: :data:`SITES` holds the kernel's statement verbatim (``a_of``,
   ``a_of_t``, ``b_of``, ``b_of_t``, ``stmatrix_x4_trans``); the emulation evaluates the
   statement's address expression (``nc + SM_KR + at(0, 16 * ks2)``) with the lane parts of
-  ``rows_first`` / ``cols_first`` (from ptx_lab.fragments.x4_lane_row_col, X4Lane's twin),
-  and a statement missing from the .cu is an error that names it;
-* the reduce step's A-fragment positions (:data:`FRAG_INDEX`, the .cu's ``plain`` / ``trans``).
+  ``x4_lane_bytes_rows_first`` / ``_cols_first`` (ptx_lab/cuda/ldmatrix.cuh; their model is
+  ptx_lab.fragments.x4_lane_offsets), and a statement missing from the kernel is an error that
+  names it;
+* the reduce step's A-fragment positions (:data:`FRAG_INDEX`, the kernel's ``plain`` / ``trans``).
 
-The rest mirrors the .cu by hand, one function per part (line numbers of the .cu as of this
-file's writing; search for the quoted comment if they moved):
+The rest mirrors the kernel by hand, one method per part; :data:`PARTS` names, for each, the
+function or marker of the kernel it mirrors (checked to be there, as SITES are):
 
-    copies_of, load_tile    .cu 163-245   "What a thread copies of every tile", load_tile
-    CtaModel.__init__       .cu 248-294   the prologue: tables, lane parts, the first load_tile
-    CtaModel.run, _tile     .cu 296-318   the tile loop, tile it + 1 prefetched into stage st ^ 1
-    CtaModel._r1            .cu 320-353   R1: Kd, Kr, Qe, beta Ke in bf16, gc in fp32; gamma, gT
-    CtaModel._load_state    .cu 354-364   it == 0: S0^T into the fp32 accumulators
-    CtaModel._v_phase       .cu 370-529   G6, G7 (beta Vn in two parts), G1 + G2, G3 (dU in two
-                                          parts), the U / dW / dv stores and U's remainder, the d
-                                          and rowsum(dW . Vn) partials, the G9 / G10 partials (U
-                                          in two parts)
-    CtaModel._g8            .cu 508-525   S1^T = gamma S0^T + U^T Kr in the accumulators
-    CtaModel._reduce        .cu 528-565   the fixed-order sums over warps, dMqk / dLkk fragments
-                                          and the fragments of what their bf16 rounding left
-    CtaModel._k_phase       .cu 568-699   G11-G13, S0 dS1^T, G14-G17 (twice: the roundings,
-                                          the remainders), dgamma, dq / dk / dg
-    CtaModel._finish        .cu 702-722   dbeta, dv, S1 to shared memory (bf16)
+    copies_of, load_tile    copies_of, load_tile (token_gradients_loads.cuh)
+    CtaModel.__init__       the kernel's prologue: tables, lane parts, the first load_tile
+    CtaModel.run, _tile     the tile loop, tile it + 1 prefetched into stage st ^ 1
+    CtaModel._r1            rebuild_operands (token_gradients_r1.cuh): Kd, Kr, Qe, beta Ke in bf16,
+                            gc in fp32; gamma, gT
+    CtaModel._load_state    it == 0: S0^T into the fp32 accumulators (a_to_acc)
+    CtaModel._v_phase       v_phase and g9_g10_partials (token_gradients_v_phase.cuh): G6, G7 (beta
+                            Vn in two parts), G1 + G2, G3 (dU in two parts), the U / dW / dv stores
+                            and U's remainder, the d and rowsum(dW . Vn) partials, the G9 / G10
+                            partials (U in two parts)
+    CtaModel._g8            next_state (token_gradients_v_phase.cuh): S1^T = gamma S0^T + U^T Kr
+    CtaModel._reduce        reduce_partials (token_gradients_reduce.cuh): the fixed-order sums over
+                            warps, dMqk / dLkk fragments and those of what their bf16 rounding left
+    CtaModel._k_phase       the K phase (the entry file): G11-G13, S0 dS1^T, G14-G17 (twice: the
+                            roundings, the remainders), dgamma, dq / dk / dg
+    CtaModel._finish        the tile's end (the entry file): dbeta, dv, S1 to shared memory (bf16)
 
-cp.async copies land at once (the model's), which is what the .cu sees after its
-cp_async_wait and barrier; the warps run one after another within a phase, which the .cu's
+cp.async copies land at once (the model's), which is what the kernel sees after its
+cp_async_wait and barrier; the warps run one after another within a phase, which the kernel's
 barriers make equivalent.
 
 ``swaps`` replaces what one statement does, at the same address: a load's recipe (say ``b_of``
@@ -49,30 +55,54 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import numpy as np
 
 from kernel.token_gradients import SOURCE_PATH, tables
-from ptx_lab import model
-from ptx_lab.fragments import x4_lane_row_col
+from ptx_lab import fragments, model
 
-CU = SOURCE_PATH.read_text()
+OWN_INCLUDE = re.compile(r'^#include "(token_gradients_\w+\.cuh)"[ \t]*$', flags=re.M)
+
+
+def kernel_text(entry: Path = SOURCE_PATH) -> str:
+    """The kernel's own text: `entry` with each ``#include "token_gradients_*.cuh"`` replaced by that
+    header's text (its own such includes likewise), each header once, where the compiler first reads
+    it. ptx_lab's headers stay out: the replay reads the kernel's statements only."""
+    seen: set[str] = set()
+
+    def expand(text: str) -> str:
+        def one(m: re.Match) -> str:
+            name = m.group(1)
+            if name in seen:
+                return ""
+            seen.add(name)
+            path = entry.parent / name
+            if not path.is_file():
+                raise LookupError(f"{entry.name} includes {name}, which is not beside it in {entry.parent}")
+            return expand(path.read_text())
+        return OWN_INCLUDE.sub(one, text)
+
+    return expand(entry.read_text())
+
+
+CU = kernel_text()
 WARP = 32
 LANE = np.arange(WARP)
-G, T = LANE >> 2, LANE & 3          # the .cu's g = lane >> 2, t = lane & 3
+G, T = LANE >> 2, LANE & 3          # the kernel's g = lane >> 2, t = lane & 3
 
 
 # ----------------------------------------------------------------------------
-# the layout, read from the .cu's constexpr lines
+# the layout, read from the kernel's constexpr lines
 # ----------------------------------------------------------------------------
 
 def _layout(src: str) -> dict[str, int]:
-    """Every ``constexpr int NAME = expr;`` of the .cu, evaluated in order (integer + and *)."""
+    """Every ``constexpr int NAME = expr;`` of the kernel, evaluated in order (integer + and *)."""
     out: dict[str, int] = {}
     for name, expr in re.findall(r"^\s*constexpr int (\w+) = ([^;]+);", src, flags=re.M):
         if not re.fullmatch(r"[\w\s+*()-]+", expr):
             raise ValueError(f"token_gradients.cu: constexpr {name} = {expr}: not a sum of products")
-        out[name] = int(eval(expr, {"__builtins__": {}}, dict(out)))   # noqa: S307 (the .cu's own text)
+        out[name] = int(eval(expr, {"__builtins__": {}}, dict(out)))   # noqa: S307 (the kernel's own text)
     return out
 
 
@@ -81,13 +111,13 @@ D, C, WARPS, ROW = LAYOUT["D"], LAYOUT["C"], LAYOUT["WARPS"], LAYOUT["ROW"]
 STAGE, SMEM_BYTES, PS, GC_ROW = LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"], LAYOUT["PS"], LAYOUT["GC_ROW"]
 FLA_CHUNK = LAYOUT["FLA_CHUNK"]
 THREADS = WARPS * WARP
-# cp.async by part of a warp: the idle lanes' copies go to a scratch area past the .cu's shared
+# cp.async by part of a warp: the idle lanes' copies go to a scratch area past the kernel's shared
 # memory with 0 source bytes (model.cp_async takes all 32 lanes; nothing reads the scratch)
 SCRATCH = WARP * 16
 
 
 # ----------------------------------------------------------------------------
-# the fragment loads and stores, the .cu's statements verbatim
+# the fragment loads and stores, the kernel's statements verbatim
 # ----------------------------------------------------------------------------
 
 SITES: dict[str, str] = {
@@ -121,7 +151,7 @@ SITES: dict[str, str] = {
     "S1 store": "stmatrix_x4_trans(ncv + SM_S + at(16 * b, 0), x[0], x[1], x[2], x[3]);",
 }
 RECIPES = ("a_of", "a_of_t", "b_of", "b_of_t")
-# what the four recipes are in the .cu (checked verbatim): ldmatrix x4 plain or .trans, B's
+# what the four recipes are in the kernel (checked verbatim): ldmatrix x4 plain or .trans, B's
 # registers 0, 1 the first 8-column n-tile and 2, 3 the second -- as CtaModel.load reads them
 RECIPE_DEFS = (
     "__device__ __forceinline__ void a_of(u32 (&a)[4], u32 addr_rows) { ldmatrix_x4(a, addr_rows); }",
@@ -129,11 +159,26 @@ RECIPE_DEFS = (
     "ldmatrix_x4_trans(b0[0], b0[1], b1[0], b1[1], addr_rows);",
     "ldmatrix_x4(b0[0], b0[1], b1[0], b1[1], addr_cols);",
 )
-STORES = ("stmatrix_x4_trans", "stmatrix_x4")   # the second only as a swap: the .cu stores .trans
+STORES = ("stmatrix_x4_trans", "stmatrix_x4")   # the second only as a swap: the kernel stores .trans
 # the reduce step's element positions in the A fragment of the matrix and of its transpose
 FRAG_INDEX: dict[str, str] = {
     "plain": "const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);",
     "trans": "const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);",
+}
+# the kernel's function or marker each part of CtaModel mirrors by hand (the module docstring's table)
+PARTS: dict[str, str] = {
+    "copies_of": "__device__ __forceinline__ Copies copies_of(int tid, long long RS) {",
+    "load_tile": "__device__ __forceinline__ void load_tile(",
+    "CtaModel.__init__": "const Copies cps = copies_of(tid, RS);",
+    "CtaModel.run": "for (int it = 0; it < ntile; ++it) {",
+    "CtaModel._r1": "__device__ __forceinline__ void rebuild_operands(",
+    "CtaModel._load_state": "a_to_acc(S[2 * b], S[2 * b + 1], x);",
+    "CtaModel._v_phase": "__device__ __forceinline__ void v_phase(",
+    "CtaModel._v_phase (G9 / G10)": "__device__ __forceinline__ void g9_g10_partials(",
+    "CtaModel._g8": "__device__ __forceinline__ void next_state(",
+    "CtaModel._reduce": "__device__ __forceinline__ void reduce_partials(",
+    "CtaModel._k_phase": "// ================= K phase: k columns k0..k0+15, tokens as M =================",
+    "CtaModel._finish": "__syncthreads();   // the K phase has read S0, dS1, U, dW; the dbeta partials are in",
 }
 
 
@@ -156,22 +201,29 @@ class Site:
     addr: str     # the address expression, as C (and as Python: + * and at())
 
 
+WHERE = "token_gradients.cu or its token_gradients_*.cuh"
+
+
 def _sites(src: str) -> dict[str, Site]:
     code = {line.strip() for line in src.splitlines()}
     out = {}
     for name, stmt in SITES.items():
         if stmt not in code:
-            raise LookupError(f"SITES[{name!r}]: the statement {stmt!r} is not in token_gradients.cu; "
-                              f"mirror the .cu's change in tests/kernel/token_gradients_model.py")
+            raise LookupError(f"SITES[{name!r}]: the statement {stmt!r} is not in {WHERE}; "
+                              f"mirror the kernel's change in tests/kernel/token_gradients_model.py")
         m = re.fullmatch(r"(\w+)\((.*)\);", stmt)
         args = _split_args(m.group(2))
         out[name] = Site(m.group(1), args[0] if m.group(1) == "stmatrix_x4_trans" else args[-1])
     for name, stmt in FRAG_INDEX.items():
         if stmt not in code:
-            raise LookupError(f"FRAG_INDEX[{name!r}]: {stmt!r} is not in token_gradients.cu")
+            raise LookupError(f"FRAG_INDEX[{name!r}]: {stmt!r} is not in {WHERE}")
     for stmt in RECIPE_DEFS:
         if stmt not in code:
-            raise LookupError(f"RECIPE_DEFS: {stmt!r} is not in token_gradients.cu")
+            raise LookupError(f"RECIPE_DEFS: {stmt!r} is not in {WHERE}")
+    for name, marker in PARTS.items():
+        if not any(line.startswith(marker) for line in code):
+            raise LookupError(f"PARTS[{name!r}]: no line of {WHERE} starts with {marker!r}; find where the "
+                              f"part went and name it in tests/kernel/token_gradients_model.py")
     return out
 
 
@@ -179,24 +231,19 @@ SITE = _sites(CU)
 
 
 def frag_index(which: str, i: np.ndarray, jj: np.ndarray) -> np.ndarray:
-    """The .cu's ``plain`` or ``trans`` (u16 position in a [32 lanes][4] u32 fragment)."""
+    """The kernel's ``plain`` or ``trans`` (u16 position in a [32 lanes][4] u32 fragment)."""
     expr = FRAG_INDEX[which].split("=", 1)[1].rstrip(";")
-    return eval(expr, {"__builtins__": {}}, {"i": i, "jj": jj})   # noqa: S307 (the .cu's own text)
+    return eval(expr, {"__builtins__": {}}, {"i": i, "jj": jj})   # noqa: S307 (the kernel's own text)
 
 
-def rows_first(stride: int) -> np.ndarray:
-    """The .cu's rows_first(stride, xl): the lane's byte offset in a 16 x 16 block, rows first."""
-    rc = x4_lane_row_col("rows_first")
-    return rc[:, 0] * stride + rc[:, 1] * 2
-
-
-def cols_first(stride: int) -> np.ndarray:
-    rc = x4_lane_row_col("cols_first")
-    return rc[:, 0] * stride + rc[:, 1] * 2
+def lane_bytes(order: str, row_bytes: int) -> np.ndarray:
+    """The kernel's x4_lane_bytes_rows_first / _cols_first(row_bytes, xl) (ldmatrix.cuh): the lane's
+    byte offset in a 16 x 16 block, `order` "rows_first" or "cols_first"."""
+    return fragments.x4_lane_offsets(order, row_bytes)
 
 
 def at(row0, col0):
-    """The .cu's at(row0, col0): byte offset of element (row0, col0) of a 272-byte-row tile."""
+    """The kernel's at(row0, col0): byte offset of element (row0, col0) of a 272-byte-row tile."""
     return row0 * ROW + col0 * 2
 
 
@@ -206,7 +253,7 @@ def at(row0, col0):
 
 @dataclasses.dataclass
 class Inputs:
-    """Kernel B's global arrays (Args in the .cu), numpy: bf16 as uint16 bits.
+    """Kernel B's global arrays (Args in token_gradients_loads.cuh), numpy: bf16 as uint16 bits.
 
     q, k, v, do [tokens, H, 128] bf16; g [tokens, H, 128] fp32 (FLA's 64-chunk-local log2
     cumsum); beta [tokens, H] fp32; aqk, akk [tokens, H, 64] bf16; ds [tiles, H, 128, 128] bf16
@@ -233,7 +280,7 @@ class Inputs:
 
 @dataclasses.dataclass
 class Copies:
-    """The .cu's Copies of every thread (vectors over tid 0..255)."""
+    """The kernel's Copies of every thread (vectors over tid 0..255)."""
     row16: np.ndarray
     col16: np.ndarray
     grow: np.ndarray
@@ -262,19 +309,19 @@ def _f32(x) -> np.ndarray:
 
 
 def _bf(bits) -> np.ndarray:
-    """bf16 bits (the low 16 of an integer array) as fp32: the .cu's bf()."""
+    """bf16 bits (the low 16 of an integer array) as fp32: the kernel's bf16_to_f32()."""
     return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
 
 
 def _sum_over_g(x: np.ndarray) -> np.ndarray:
-    """The .cu's sum_over_g: xor shuffles 4, 8, 16 (fp32, the same order)."""
+    """The kernel's sum_over_g: xor shuffles 4, 8, 16 (fp32, the same order)."""
     for m in (4, 8, 16):
         x = _f32(x + x[LANE ^ m])
     return x
 
 
 def _halves(regs: np.ndarray) -> list[np.ndarray]:
-    """The .cu's bf_lo / bf_hi of registers 0..3, in the order lo0, hi0, lo1, hi1, ..."""
+    """The kernel's bf16_lo / bf16_hi of registers 0..3, in the order lo0, hi0, lo1, hi1, ..."""
     out = []
     for r in range(regs.shape[1]):
         lo, hi = model.unpack_bf16x2(regs[:, r])
@@ -283,14 +330,14 @@ def _halves(regs: np.ndarray) -> list[np.ndarray]:
 
 
 def _pack_a(c0: np.ndarray, c1: np.ndarray) -> np.ndarray:
-    """The .cu's pack_a: two accumulators -> one A fragment (no lane exchange)."""
-    return model.acc_to_a_fragment(_f32(c0), _f32(c1))
+    """The kernel's acc_to_a (fragments.cuh): two accumulators -> one A fragment (no lane exchange)."""
+    return fragments.acc_to_a(_f32(c0), _f32(c1))
 
 
 def _pack_a_two_parts(c0: np.ndarray, c1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The .cu's pack_a_two_parts: the A fragment of the bf16 roundings, and of what they left."""
-    rest = [_f32(_f32(c) - _bf(model.pack_bf16x2(c, 0) & 0xFFFF)) for c in (c0, c1)]
-    return _pack_a(c0, c1), _pack_a(*rest)
+    """The kernel's acc_to_a_two_parts (fragments.cuh): the A fragment of the bf16 roundings, and
+    of what they left."""
+    return fragments.acc_to_a_two_parts(_f32(c0), _f32(c1))
 
 
 def _mma(d: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -303,7 +350,7 @@ def _zeros() -> np.ndarray:
 
 @dataclasses.dataclass
 class Outputs:
-    """What the CTA wrote: the .cu's outputs in their global layouts (never written: NaN), and
+    """What the CTA wrote: the kernel's outputs in their global layouts (never written: NaN), and
     the state it carries after every tile but the last (fp32 accumulators and the bf16 image),
     each as S1 [K, V]."""
     dq: np.ndarray
@@ -362,7 +409,7 @@ class CtaModel:
 
     # ---- the fragment sites
     def load(self, site: str, env: dict, **loop):
-        """A SITES load at the .cu's address: A -> (32, 4); B -> (b0, b1), each (32, 2)."""
+        """A SITES load at the kernel's address: A -> (32, 4); B -> (b0, b1), each (32, 2)."""
         s = SITE[site]
         addr = np.asarray(eval(s.addr, {"__builtins__": {}, "at": at}, {**env, **loop}))   # noqa: S307
         recipe = self.swaps.get(site, s.recipe)
@@ -391,7 +438,7 @@ class CtaModel:
                                    n.astype(np.int64), cache)
 
     def load_tile(self, st: int, it: int, row0: int, lt: int, snap: int) -> None:
-        """The .cu's load_tile (every thread's copies, warp by warp)."""
+        """The kernel's load_tile (every thread's copies, warp by warp)."""
         cp, RS, H, h = self.cps, self.RS, self.H, self.h
         tid = np.arange(THREADS)
         base = st * STAGE
@@ -441,7 +488,7 @@ class CtaModel:
 
     # ---- the tile loop
     def run(self, tiles: int | None = None) -> Outputs:
-        """Walk the chunk's tiles (the first `tiles` of them), as the .cu's loop."""
+        """Walk the chunk's tiles (the first `tiles` of them), as the kernel's loop."""
         H, h, RS = self.H, self.h, self.RS
         for it in range(self.ntile if tiles is None else min(tiles, self.ntile)):
             st = it & 1
@@ -471,9 +518,9 @@ class CtaModel:
         self._finish(tok0, row0, lt, last)
 
     def env(self, warp: int) -> dict:
-        """The .cu's lane parts of the addresses (sb = 0: byte offsets in the image) for `warp`."""
-        lr, lc = rows_first(ROW), cols_first(ROW)
-        lr32, lc32 = rows_first(32), cols_first(32)
+        """The kernel's lane parts of the addresses (sb = 0: byte offsets in the image) for `warp`."""
+        lr, lc = lane_bytes("rows_first", ROW), lane_bytes("cols_first", ROW)
+        lr32, lc32 = lane_bytes("rows_first", 32), lane_bytes("cols_first", 32)
         v0 = k0 = 16 * warp
         nr, nc = lr, lc
         sr, sc, sr32, sc32 = self.stb + lr, self.stb + lc, self.stb + lr32, self.stb + lc32
@@ -677,7 +724,7 @@ class CtaModel:
             Kr[nt] = _mma(Kr[nt], amt, bq[nt])
         for nt in range(2):
             Kr[nt] = _mma(Kr[nt], alt, be[nt])
-        for nt in range(2):   # the remainders' fragments, in the .cu's order
+        for nt in range(2):   # the remainders' fragments, in the kernel's order
             Qe[nt] = _mma(Qe[nt], rm, bk[nt])
         for nt in range(2):
             X[nt] = _mma(X[nt], rl, bk[nt])

@@ -33,6 +33,11 @@
 // by the named-barrier ring of ptx_lab's ring.cuh, each barrier counting all threads: FULL(s)
 // producers arrive once stage s holds a tile's operands, consumers sync; EMPTY(s) consumers
 // arrive when done reading stage s, producers sync before refilling it.
+//
+// The rooms: forward_states_layout.cuh (the stages, the staging tiles, the ring),
+// forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1). This file holds the
+// knobs and the shape they give (kernel/forward_states.py sets every knob), and the kernel: each
+// role's walk over the tiles, with the consumers' chain written out in it.
 #include "cp_async.cuh"
 #include "fragments.cuh"
 #include "ldmatrix.cuh"
@@ -80,147 +85,12 @@ static_assert(PRODUCERS == 1 || PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS ==
 static_assert(NSTAGE >= 2 && NSTAGE <= 7, "FS_NSTAGE must be 2 .. 7");
 static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "FS_G6_SPLIT must be 1, 2 or 4");
 
-// Row strides (elements) of the tiles ldmatrix / stmatrix address: 8 rows of 16 bytes must
-// fall on 8 different 4-bank groups.
-constexpr int OP_STRIDE = D + 8;        // Kd, Kr rows: 272 B, 68 words = 4 mod 32
-constexpr int INV_STRIDE = C + 8;       // INV rows: 48 B, 12 words a row apart
-constexpr int SNAP_STRIDE = 16 + 8;     // staging rows (16 v of one k): 48 B likewise
-
-// 16-byte chunks of the copies every producer thread shares in (v, INV; beta by 4 bytes)
-constexpr int V_CHUNKS = C * VW * 2 / 16;       // 32 WARPS
-constexpr int INV_CHUNKS = C * C * 2 / 16;      // 32
-constexpr int K_ROW_CHUNKS = D * 2 / 16;        // 16: a producer warp's k rows, 16 bytes a lane
-static_assert(ROWS_PER_PRODUCER * K_ROW_CHUNKS % 32 == 0 || ROWS_PER_PRODUCER * K_ROW_CHUNKS < 32, "k copy split");
-
-// One tile: its inputs as copied (rows past the tile's L are zero-filled) and what R1 builds.
-struct Stage {
-    float g[C][D];                  // FLA's chunk-local g (log2), fp32; producer warp pw's rows only it reads
-    float glast[PRODUCERS][D];      // per producer warp: g at the tile's last real row
-    float gbase[PRODUCERS][D];      // per producer warp: g at the row before the tile; zeros at a 64-chunk's start
-    u16 k[C][D];                    // bf16
-    u16 kd[C][OP_STRIDE];           // R1: bf16 k 2^gc
-    u16 kr[C][OP_STRIDE];           // R1: bf16 k 2^(gT-gc)
-    float gamma[D];                 // R1: 2^gT
-    u16 v[C][VW];                   // bf16, this CTA's v columns
-    u16 inv[C][INV_STRIDE];         // bf16, Akk's diagonal block, zero above the diagonal
-    float beta[C];
-};
-static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
-
-struct Shared {
-    Stage stage[NSTAGE];
-    u16 snap[WARPS][D][SNAP_STRIDE];  // per consumer warp: its 16 v columns of S [K][V], bf16
-};
-constexpr int SMEM_BYTES = (int)sizeof(Shared);
-
-// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers
-// 1 .. 2 NSTAGE (0 is __syncthreads) and count every thread of the CTA.
-using Ring = BarrierRing<NSTAGE, THREADS>;
-
-// Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): the warp's own g and k rows,
-// glast and gbase (lane l: columns 4l .. 4l+3 of g, the row's 16-byte chunks of k), and its share
-// of v, INV and beta (read by the consumers). Addresses are the tile's first (token, head) row plus
-// 32-bit element offsets (row c at c H D): the per-row parts stay in registers across tiles, so a
-// copy costs a select, one 64-bit add and the LDGSTS.
-__device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k, const u16* __restrict__ v,
-                                           const float* __restrict__ g, const float* __restrict__ beta,
-                                           const u16* __restrict__ akk, long long tok0, int L, int i,
-                                           int H, int h, int vg, int pw, int lane, int ptid) {
-    const long long row0 = tok0 * H + h;                 // (token, head) row of the tile's first token
-    const u32 tok = (u32)H * D;                          // elements between tokens of k, v, g
-    const float* gt = g + row0 * D;
-    const u16* kt = k + row0 * D;
-    const int c0 = pw * ROWS_PER_PRODUCER;
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
-        const int c = c0 + r;
-        const bool valid = c < L;
-        cp_async_cg16_zfill(smem_addr(&st.g[c][4 * lane]), gt + ((valid ? (u32)c * tok : 0u) + 4 * lane),
-                            valid ? 16u : 0u);
-    }
-    constexpr int KC = ROWS_PER_PRODUCER * K_ROW_CHUNKS;
-#pragma unroll
-    for (int m = 0; m < (KC + 31) / 32; ++m) {
-        const int idx = lane + 32 * m;
-        if (KC % 32 == 0 || idx < KC) {
-            const int c = c0 + idx / K_ROW_CHUNKS, ch = idx % K_ROW_CHUNKS;
-            const bool valid = c < L;
-            cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + ((valid ? (u32)c * tok : 0u) + ch * 8),
-                                valid ? 16u : 0u);
-        }
-    }
-    cp_async_cg16(smem_addr(&st.glast[pw][4 * lane]), gt + ((u32)(L - 1) * tok + 4 * lane));
-    {
-        const bool rebase = i % TILES_PER_CHUNK != 0;   // the token before is in the same 64-chunk
-        cp_async_cg16_zfill(smem_addr(&st.gbase[pw][4 * lane]), (rebase ? gt - tok : gt) + 4 * lane,
-                            rebase ? 16u : 0u);
-    }
-    const u16* vt = v + row0 * D + vg * VW;
-#pragma unroll
-    for (int m = 0; m < (V_CHUNKS + PRODUCER_THREADS - 1) / PRODUCER_THREADS; ++m) {
-        const int idx = ptid + m * PRODUCER_THREADS;
-        if (V_CHUNKS % PRODUCER_THREADS == 0 || idx < V_CHUNKS) {
-            const int c = idx / (VW / 8), ch = idx % (VW / 8);
-            const bool valid = c < L;
-            cp_async_cg16_zfill(smem_addr(&st.v[c][ch * 8]), vt + ((valid ? (u32)c * tok : 0u) + ch * 8),
-                                valid ? 16u : 0u);
-        }
-    }
-    // INV and beta from the last producer warp (warp 0 also copies v's first chunks)
-    const int tail = ptid - (PRODUCER_THREADS - 32);
-    if (tail >= 0) {
-        // row c keeps its elements 0..c (2 (c + 1 - 8 ch) bytes of this chunk, clamped to 0..16);
-        // the zero-fill, not a multiply, clears what lies above the diagonal
-        static_assert(INV_CHUNKS == 32, "one INV chunk a lane");
-        const int c = tail / 2, ch = tail % 2;
-        const bool valid = c < L;
-        const int keep = min(max(2 * (c + 1 - 8 * ch), 0), 16);
-        const u16* at = akk + row0 * AKK_COLS + (i % TILES_PER_CHUNK) * C;
-        cp_async_cg16_zfill(smem_addr(&st.inv[c][ch * 8]), at + ((valid ? (u32)c * H * AKK_COLS : 0u) + ch * 8),
-                            valid ? (u32)keep : 0u);
-        if (tail < C) {
-            const bool bvalid = tail < L;
-            cp_async_ca_zfill<4>(smem_addr(&st.beta[tail]), beta + row0 + (bvalid ? (u32)tail * H : 0u),
-                                 bvalid ? 4u : 0u);
-        }
-    }
-}
-
-// R1 of producer warp pw: Kd, Kr of its rows (lane l: columns 4l .. 4l+3), gamma from warp 0.
-// All rows are read before any is computed (independent shared loads in flight together).
-__device__ __forceinline__ void rebuild(Stage& st, int L, int pw, int lane) {
-    const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
-    const float4 base = *reinterpret_cast<const float4*>(&st.gbase[pw][col]);
-    const float4 last = *reinterpret_cast<const float4*>(&st.glast[pw][col]);
-    const float gT[4] = {last.x - base.x, last.y - base.y, last.z - base.z, last.w - base.w};
-    if (pw == 0)
-        *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
-    float4 row[ROWS_PER_PRODUCER];
-    uint2 kb[ROWS_PER_PRODUCER];
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
-        row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
-        kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
-        const int c = c0 + r;
-        const bool real = c < L;
-        const float gc[4] = {real ? row[r].x - base.x : gT[0], real ? row[r].y - base.y : gT[1],
-                             real ? row[r].z - base.z : gT[2], real ? row[r].w - base.w : gT[3]};
-        const float kf[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
-        float kd[4], kr[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            kd[e] = kf[e] * exp2f(gc[e]);
-            kr[e] = kf[e] * exp2f(gT[e] - gc[e]);
-        }
-        *reinterpret_cast<uint2*>(&st.kd[c][col]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
-        *reinterpret_cast<uint2*>(&st.kr[c][col]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
-    }
-}
-
 }  // namespace fs
+
+// the roles' headers, built on the configuration above
+#include "forward_states_layout.cuh"
+#include "forward_states_loads.cuh"
+#include "forward_states_r1.cuh"
 
 using namespace fs;
 

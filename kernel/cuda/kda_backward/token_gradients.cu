@@ -23,211 +23,27 @@
 // The partial sums over v meet in shared memory and are added in a fixed order, so two
 // runs give the same bits. Inputs of the next tile are prefetched by cp.async into the
 // second of two stages while this tile computes.
-#include "cp_async.cuh"
+//
+// The rooms: token_gradients_layout.cuh (the shape, the shared-memory layout),
+// token_gradients_loads.cuh (the arguments, the tile loads), token_gradients_operands.cuh (block
+// offsets, the fragments an ldmatrix .x4 gives, mma), token_gradients_r1.cuh (R1),
+// token_gradients_v_phase.cuh (the V phase, G9 / G10 and G8), token_gradients_reduce.cuh (the
+// fixed-order sums between the phases); ptx_lab's fragments.cuh packs accumulators into operands.
+// This file holds the kernel: the prologue, the walk over the chunk's tiles, and the K phase,
+// written out here: as a function of its own it compiled to other SASS.
 #include "fragments.cuh"
-#include "ldmatrix.cuh"
-#include "mma.cuh"
 #include "stmatrix.cuh"
-
-using namespace ptx_lab;
-
-namespace kdb {
-
-constexpr int D = 128;           // K = V
-constexpr int C = 16;            // tokens per tile
-constexpr int FLA_CHUNK = 64;    // tokens per CTA: FLA's chunk, 4 tiles
-constexpr int WARPS = 8;
-constexpr int THREADS = 32 * WARPS;
-constexpr int ROW = 2 * (D + 8); // bytes per padded bf16 row of 128: 272 = 68 words, so the
-                                 // 8 rows of an ldmatrix 8x8 matrix hit 8 different bank quads
-// One stage of tile inputs (bytes)
-constexpr int ST_Q = 0;
-constexpr int ST_K = ST_Q + C * ROW;
-constexpr int ST_V = ST_K + C * ROW;
-constexpr int ST_DO = ST_V + C * ROW;
-constexpr int ST_G = ST_DO + C * ROW;        // fp32 [16][128]
-constexpr int ST_GB = ST_G + C * D * 4;      // fp32 [128]: g at the token before the tile
-constexpr int ST_BETA = ST_GB + D * 4;       // fp32 [16]
-constexpr int ST_MQK = ST_BETA + C * 4;      // bf16 [16][16] (32-byte rows)
-constexpr int ST_INV = ST_MQK + C * C * 2;
-constexpr int ST_DS = ST_INV + C * C * 2;    // bf16 [128][136]: dS1
-constexpr int STAGE = ST_DS + D * ROW;
-// The rest (bytes from the end of the two stages)
-constexpr int SM_S = 2 * STAGE;              // bf16 [128 k][136]: S0, [K][V]
-constexpr int SM_KD = SM_S + D * ROW;        // bf16 [16][136] each
-constexpr int SM_KR = SM_KD + C * ROW;
-constexpr int SM_QE = SM_KR + C * ROW;
-constexpr int SM_BKE = SM_QE + C * ROW;
-constexpr int SM_U = SM_BKE + C * ROW;
-constexpr int SM_DW = SM_U + C * ROW;
-constexpr int SM_DV = SM_DW + C * ROW;
-constexpr int SM_GT = SM_DV + C * ROW;       // fp32 [128]: gT
-constexpr int SM_GAMMA = SM_GT + D * 4;      // fp32 [128]: 2^gT
-constexpr int GC_ROW = D + 8;                // fp32 words per row of gc: a float2 per lane, 16 lanes
-                                             // over 4 rows, lands in 32 different banks
-constexpr int SM_GC = SM_GAMMA + D * 4;      // fp32 [16][136]: the rebased gate gc (rows >= L: gT)
-constexpr int PS = 24;                       // fp32 words per row of the 16 x 16 per-warp sums (float2
-                                             // stores by (row g, column 2t) lanes without conflicts)
-constexpr int SM_PART = SM_GC + C * GC_ROW * 4;   // fp32 [2][8][16][24]: per-warp dMqk, dLkk; later
-                                                  // per-warp from_start / from_end [8][2][16][24]
-constexpr int SM_FRAG = SM_PART + 2 * WARPS * C * PS * 4;  // u32 [2][4][32 lanes][4]: dMqk, dMqk^T, dLkk,
-                                                           // dLkk^T as bf16 A fragments in lane order:
-                                                           // their bf16 roundings, then what those left
-constexpr int SM_DPART = SM_FRAG + 2 * 4 * 32 * 4 * 4;     // fp32 [8][16] per-warp d
-constexpr int SM_URES = SM_FRAG;   // bf16 [8 warps][16][16] (32-byte rows): what U's bf16 rounding left,
-                                   // for G9/G10; free then: the reduce step writes the fragments after
-constexpr int SM_B1PART = SM_DPART + WARPS * C * 4;        // fp32 [8][16] per-warp rowsum(dW . Vn)
-constexpr int SM_B2PART = SM_B1PART + WARPS * C * 4;       // fp32 [8][16] per-warp rowsum(Ke . X)
-constexpr int SM_DVEC = SM_B2PART + WARPS * C * 4;         // fp32 [16] d
-constexpr int SM_B1 = SM_DVEC + C * 4;                     // fp32 [16] rowsum(dW . Vn)
-constexpr int SMEM_BYTES = SM_B1 + C * 4;
-static_assert(WARPS * C * C * 2 <= SM_DPART - SM_FRAG, "the U remainders must fit in the fragment area");
-static_assert(SMEM_BYTES <= 232448, "more shared memory than an H200 SM lends one CTA");
-
-static_assert(STAGE % 16 == 0 && SM_KD % 16 == 0 && SM_GC % 16 == 0 && SM_PART % 16 == 0 && SM_FRAG % 16 == 0,
-              "16-byte alignment");
-
-// ldmatrix / stmatrix x4 addresses: a lane's part of the address of a 16 x 16 block of a bf16 tile,
-// in the two orders of X4Lane (x4_lane_bytes_rows_first / _cols_first, ptx_lab/cuda/ldmatrix.cuh),
-// is computed once; a block at (row0, col0) is then base + lane part + row0 * stride + col0 * 2, a
-// constant the compiler folds into the instruction's immediate offset.
-__device__ __forceinline__ constexpr u32 at(int row0, int col0) { return row0 * ROW + col0 * 2; }
-// The four fragments an x4 load gives, named by what they are for mma.m16n8k16:
-//   a_of(tile) A = tile; b_of(tile) B = tile; b_of_t(tile) B = tile^T; a_of_t(tile) A = tile^T.
-__device__ __forceinline__ void a_of(u32 (&a)[4], u32 addr_rows) { ldmatrix_x4(a, addr_rows); }
-__device__ __forceinline__ void a_of_t(u32 (&a)[4], u32 addr_cols) { ldmatrix_x4_trans(a, addr_cols); }
-__device__ __forceinline__ void b_of(u32 (&b0)[2], u32 (&b1)[2], u32 addr_rows) {
-    ldmatrix_x4_trans(b0[0], b0[1], b1[0], b1[1], addr_rows);
-}
-__device__ __forceinline__ void b_of_t(u32 (&b0)[2], u32 (&b1)[2], u32 addr_cols) {
-    ldmatrix_x4(b0[0], b0[1], b1[0], b1[1], addr_cols);
-}
-__device__ __forceinline__ void zero4(float (&c)[4]) { c[0] = c[1] = c[2] = c[3] = 0.f; }
-__device__ __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    mma_m16n8k16_bf16(d, a, b, d);
-}
-// The sum over the 8 lanes of one t (lanes t, t+4, .., t+28): a sum over the accumulator's rows.
-__device__ __forceinline__ float sum_over_g(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 4);
-    x += __shfl_xor_sync(0xffffffffu, x, 8);
-    x += __shfl_xor_sync(0xffffffffu, x, 16);
-    return x;
-}
-
-struct Args {
-    const unsigned short* q;      // bf16 [tokens, H, 128] (as the forward used them)
-    const unsigned short* k;
-    const unsigned short* v;
-    const unsigned short* dout;   // do
-    const float* g;               // fp32 [tokens, H, 128]: FLA's 64-chunk-local cumsum of the gate / ln 2
-    const float* beta;            // fp32 [tokens, H]
-    const unsigned short* aqk;    // bf16 [tokens, H, 64]
-    const unsigned short* akk;    // bf16 [tokens, H, 64]
-    const unsigned short* ds;     // bf16 [tiles, H, 128, 128]: Kernel A's dS after every tile
-    const unsigned short* states; // bf16 [chunks, H, 128, 128]: the state entering every chunk
-    float* dq;                    // fp32 [tokens, H, 128]
-    float* dk;
-    unsigned short* dv;           // bf16 [tokens, H, 128]
-    float* dg;                    // fp32 [tokens, H, 128]: w.r.t. the per-token natural-log gate
-    float* dbeta;                 // fp32 [tokens, H]
-    const long long* cu;          // [N + 1] sequence offsets
-    const long long* tile_offs;   // [N + 1] first dS snapshot (tile) of each sequence
-    const long long* chunk_offs;  // [N + 1] first state (64-chunk) of each sequence
-    const int* chunk_seq;         // [chunks] the sequence of each chunk
-    int H;
-    float scale;
-};
-
-}  // namespace kdb
+#include "token_gradients_layout.cuh"
+#include "token_gradients_loads.cuh"
+#include "token_gradients_operands.cuh"
+#include "token_gradients_r1.cuh"
+#include "token_gradients_reduce.cuh"
+#include "token_gradients_v_phase.cuh"
 
 using namespace kdb;
 
 extern "C" __constant__ int kdb_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kdb_threads = THREADS;
-
-// What a thread copies of every tile, fixed for the whole walk: its shared-memory offsets and
-// its element offsets within a tile's rows (tok0 = 0), computed once so that a tile costs an add
-// per copy. Rows past the tile's end are zero-filled from row 0 (a valid address, 0 bytes read).
-struct Copies {
-    int row16, col16;        // q, k, v, do and dS1: 16-byte piece col16 of row row16 (+ 16 e for dS1)
-    int grow, gcol;          // g: 16-byte piece gcol of row grow (+ 8 for the second)
-    long long off16, offg;   // element offsets of those pieces in [tokens, H, 128] from (tok0, h)
-    int beta_row;            // threads 32..47: beta of row beta_row
-    int blk_row, blk_half;   // threads 48..111: the Aqk (blk_which 0) or Akk (1) block's row, half
-    int blk_which;
-};
-
-__device__ __forceinline__ Copies copies_of(int tid, long long RS) {
-    Copies c;
-    c.row16 = tid >> 4;
-    c.col16 = tid & 15;
-    c.grow = tid >> 5;
-    c.gcol = tid & 31;
-    c.off16 = c.row16 * RS + c.col16 * 8;
-    c.offg = c.grow * RS + c.gcol * 4;
-    c.beta_row = tid - 32;
-    const int x = tid - 48;
-    c.blk_which = x >> 5;
-    c.blk_row = (x & 31) >> 1;
-    c.blk_half = x & 1;
-    return c;
-}
-
-// cp.async the inputs of tile `it` of this CTA's chunk into stage `st` (and, for tile 0, S0).
-// row0: element offset of (token tok0, head h) in [tokens, H, 128]; RS = H * 128.
-__device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsigned char* smem, int st, int it,
-                                          long long row0, long long RS, int lt, long long snap, long long chunk,
-                                          int h, int tid) {
-    const u32 base = smem_addr(smem) + st * STAGE;
-    const long long H = a.H;
-    {   // q, k, v, do: 16 rows of 256 bytes, one 16-byte copy per thread and tensor
-        const bool ok = cp.row16 < lt;
-        const long long off = row0 + (ok ? cp.off16 : cp.col16 * 8);
-        const u32 dst = cp.row16 * ROW + cp.col16 * 16;
-        const u32 n = ok ? 16u : 0u;
-        cp_async_cg16_zfill(base + ST_Q + dst, a.q + off, n);
-        cp_async_cg16_zfill(base + ST_K + dst, a.k + off, n);
-        cp_async_cg16_zfill(base + ST_V + dst, a.v + off, n);
-        cp_async_cg16_zfill(base + ST_DO + dst, a.dout + off, n);
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {   // g: 16 rows of 512 bytes, rows grow and grow + 8
-        const int r = cp.grow + 8 * e;
-        const bool ok = r < lt;
-        const long long off = row0 + (ok ? cp.offg + 8 * e * RS : cp.gcol * 4);
-        cp_async_cg16_zfill(base + ST_G + r * D * 4 + cp.gcol * 16, a.g + off, ok ? 16u : 0u);
-    }
-    if (tid < 32) {   // g at the token before the tile: the tile's base, within the same 64-chunk
-        const bool ok = it > 0;
-        cp_async_cg16_zfill(base + ST_GB + tid * 16, a.g + row0 - (ok ? RS : 0) + tid * 4, ok ? 16u : 0u);
-    } else if (tid < 48) {   // beta, 4 bytes a token (its tokens are H * 4 bytes apart)
-        const int r = cp.beta_row;
-        const bool ok = r < lt;
-        cp_async_ca_zfill<4>(base + ST_BETA + r * 4, a.beta + row0 / D + (ok ? r * H : 0), ok ? 4u : 0u);
-    } else if (tid < 112) {   // the diagonal blocks of Aqk and Akk: row r keeps elements 0..r
-        const int r = cp.blk_row, half = cp.blk_half;
-        const bool ok = r < lt;
-        int bytes = 2 * (r + 1) - 16 * half;
-        bytes = ok ? (bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes)) : 0;
-        const unsigned short* src = (cp.blk_which ? a.akk : a.aqk) + (row0 / D + (ok ? r * H : 0)) * FLA_CHUNK
-                                    + C * it + 8 * half;
-        cp_async_cg16_zfill(base + (cp.blk_which ? ST_INV : ST_MQK) + r * 32 + half * 16, src,
-                            static_cast<u32>(bytes));
-    }
-    {   // dS1: 128 rows of 256 bytes, rows row16 + 16 e
-        const unsigned short* src = a.ds + (snap * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8;
-        const u32 dst = base + ST_DS + cp.row16 * ROW + cp.col16 * 16;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * D);
-    }
-    if (it == 0) {   // S0 at the chunk's start
-        const unsigned short* src = a.states + (chunk * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8;
-        const u32 dst = smem_addr(smem) + SM_S + cp.row16 * ROW + cp.col16 * 16;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * D);
-    }
-    cp_async_commit();
-}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,
@@ -302,39 +118,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const unsigned short* const ks = reinterpret_cast<const unsigned short*>(stg + ST_K);
 
         // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16; gc kept in fp32 ----
-        {   // a thread keeps a pair of columns and every 4th row: 4-byte bf16 pairs, 8-byte gate pairs
-            const int kk = 2 * (tid & 63), i0 = tid >> 6;
-            const float2 base = *reinterpret_cast<const float2*>(gbs + kk);
-            const float2 last = *reinterpret_cast<const float2*>(gs + (lt - 1) * D + kk);
-            const float gT[2] = {last.x - base.x, last.y - base.y};
-            if (i0 == 0) {
-                *reinterpret_cast<float2*>(gt_s + kk) = make_float2(gT[0], gT[1]);
-                *reinterpret_cast<float2*>(gamma_s + kk) = make_float2(exp2f(gT[0]), exp2f(gT[1]));
-            }
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = i0 + 4 * e, o = i * (ROW / 2) + kk;
-                const float2 graw = *reinterpret_cast<const float2*>(gs + i * D + kk);
-                const float gc[2] = {i < lt ? graw.x - base.x : gT[0], i < lt ? graw.y - base.y : gT[1]};
-                const u32 q2 = *reinterpret_cast<const u32*>(qs + o), k2 = *reinterpret_cast<const u32*>(ks + o);
-                const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
-                const float be = betas[i];
-                float kd[2], kr[2], qe[2], bke[2];
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const float fu = exp2f(gc[c] - gT[c]);
-                    kd[c] = kv[c] * exp2f(gc[c]);
-                    kr[c] = kv[c] * exp2f(gT[c] - gc[c]);
-                    qe[c] = s * qv[c] * fu;
-                    bke[c] = be * kv[c] * fu;
-                }
-                *reinterpret_cast<u32*>(smem + SM_KD + 2 * o) = pack_bf16x2(kd[0], kd[1]);
-                *reinterpret_cast<u32*>(smem + SM_KR + 2 * o) = pack_bf16x2(kr[0], kr[1]);
-                *reinterpret_cast<u32*>(smem + SM_QE + 2 * o) = pack_bf16x2(qe[0], qe[1]);
-                *reinterpret_cast<u32*>(smem + SM_BKE + 2 * o) = pack_bf16x2(bke[0], bke[1]);
-                *reinterpret_cast<float2*>(gcs + i * GC_ROW + kk) = make_float2(gc[0], gc[1]);
-            }
-        }
+        rebuild_operands(smem, gs, gbs, betas, qs, ks, gt_s, gamma_s, gcs, lt, s, tid);
         if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
@@ -347,168 +131,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         // ================= V phase: v rows v0..v0+15, tokens as N =================
         float U[2][4];
-        {
-            // beta of this lane's token columns 2t, 2t+1, 8+2t, 9+2t
-            const float bet[2][2] = {{betas[2 * t], betas[2 * t + 1]}, {betas[8 + 2 * t], betas[9 + 2 * t]}};
-            // G6: P^T = S0^T Kd^T, then Vn^T = v^T - P^T
-            float P0[2][4], P1[2][4];
-            zero4(P0[0]); zero4(P0[1]); zero4(P1[0]); zero4(P1[1]);
-#pragma unroll
-            for (int ks2 = 0; ks2 < 8; ++ks2) {
-                u32 sa[4], b0[2], b1f[2];
-                acc_to_a(sa, S[2 * ks2], S[2 * ks2 + 1]);
-                b_of_t(b0, b1f, nc + SM_KD + at(0, 16 * ks2));
-                if (ks2 & 1) { mma(P1[0], sa, b0); mma(P1[1], sa, b1f); }
-                else         { mma(P0[0], sa, b0); mma(P0[1], sa, b1f); }
-            }
-            u32 vt[4];
-            a_of_t(vt, scv + ST_V);
-            float Vn[2][4];
-            Vn[0][0] = bf16_lo(vt[0]) - (P0[0][0] + P1[0][0]);
-            Vn[0][1] = bf16_hi(vt[0]) - (P0[0][1] + P1[0][1]);
-            Vn[0][2] = bf16_lo(vt[1]) - (P0[0][2] + P1[0][2]);
-            Vn[0][3] = bf16_hi(vt[1]) - (P0[0][3] + P1[0][3]);
-            Vn[1][0] = bf16_lo(vt[2]) - (P0[1][0] + P1[1][0]);
-            Vn[1][1] = bf16_hi(vt[2]) - (P0[1][1] + P1[1][1]);
-            Vn[1][2] = bf16_lo(vt[3]) - (P0[1][2] + P1[1][2]);
-            Vn[1][3] = bf16_hi(vt[3]) - (P0[1][3] + P1[1][3]);
-
-            // G7: U^T = (beta Vn)^T INV^T (beta scales the token columns). beta Vn goes in two
-            // bf16 parts, its rounding and what that left: its one rounding was the largest
-            // single share of dq's and dk's error (kernel/studies/gradient_rounding)
-            {
-                float bV[2][4];
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    bV[nt][0] = bet[nt][0] * Vn[nt][0]; bV[nt][1] = bet[nt][1] * Vn[nt][1];
-                    bV[nt][2] = bet[nt][0] * Vn[nt][2]; bV[nt][3] = bet[nt][1] * Vn[nt][3];
-                }
-                u32 aa[4], ar[4], b0[2], b1f[2];
-                acc_to_a_two_parts(aa, ar, bV[0], bV[1]);
-                b_of_t(b0, b1f, sc32 + ST_INV);
-                zero4(U[0]); zero4(U[1]);
-                mma(U[0], aa, b0); mma(U[1], aa, b1f);
-                mma(U[0], ar, b0); mma(U[1], ar, b1f);
-            }
-
-            // G1 + G2: dU^T = do^T Mqk + dS1^T Kr^T
-            float dU0[2][4], dU1[2][4];
-            zero4(dU0[0]); zero4(dU0[1]); zero4(dU1[0]); zero4(dU1[1]);
-            u32 dot[4];
-            a_of_t(dot, scv + ST_DO);
-            {
-                u32 b0[2], b1f[2];
-                b_of(b0, b1f, sr32 + ST_MQK);
-                mma(dU0[0], dot, b0); mma(dU0[1], dot, b1f);
-            }
-#pragma unroll
-            for (int ks2 = 0; ks2 < 8; ++ks2) {
-                u32 aa[4], b0[2], b1f[2];
-                a_of_t(aa, scv + ST_DS + at(16 * ks2, 0));
-                b_of_t(b0, b1f, nc + SM_KR + at(0, 16 * ks2));
-                if (ks2 & 1) { mma(dU1[0], aa, b0); mma(dU1[1], aa, b1f); }
-                else         { mma(dU0[0], aa, b0); mma(dU0[1], aa, b1f); }
-            }
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dU0[nt][e] += dU1[nt][e];
-
-            // G3: dW^T = dU^T INV. dU goes in two bf16 parts, as beta Vn does into G7: its one
-            // rounding was most of dv's and dbeta's on-chip error (kernel/studies/gradient_rounding)
-            float W[2][4];
-            {
-                u32 aa[4], ar[4], b0[2], b1f[2];
-                acc_to_a_two_parts(aa, ar, dU0[0], dU0[1]);
-                b_of(b0, b1f, sr32 + ST_INV);
-                zero4(W[0]); zero4(W[1]);
-                mma(W[0], aa, b0); mma(W[1], aa, b1f);
-                mma(W[0], ar, b0); mma(W[1], ar, b1f);
-            }
-
-            // U, dW and dv = beta dW to shared memory as [token][v] (stmatrix .trans of the
-            // transposed fragments), for the K phase, G9/G10 and the dv store; U also as what its
-            // bf16 rounding left, so that G9/G10 read U in two parts (U's one rounding there was a
-            // third of dg's on-chip error: kernel/studies/gradient_rounding)
-            {
-                u32 x[4], xr[4];
-                acc_to_a_two_parts(x, xr, U[0], U[1]);
-                stmatrix_x4_trans(ncv + SM_U, x[0], x[1], x[2], x[3]);
-                stmatrix_x4_trans(nc32 + SM_URES + 512 * warp, xr[0], xr[1], xr[2], xr[3]);
-                acc_to_a(x, W[0], W[1]);
-                stmatrix_x4_trans(ncv + SM_DW, x[0], x[1], x[2], x[3]);
-                float bW[2][4];
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    bW[nt][0] = bet[nt][0] * W[nt][0]; bW[nt][1] = bet[nt][1] * W[nt][1];
-                    bW[nt][2] = bet[nt][0] * W[nt][2]; bW[nt][3] = bet[nt][1] * W[nt][3];
-                }
-                acc_to_a(x, bW[0], bW[1]);
-                stmatrix_x4_trans(ncv + SM_DV, x[0], x[1], x[2], x[3]);
-            }
-
-            // d = rowsum(do . U) and rowsum(dW . Vn), this warp's 16 v; column = token
-            {
-                float dol[2][4];
-                a_to_acc(dol[0], dol[1], dot);
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float dd = sum_over_g(dol[nt][e] * U[nt][e] + dol[nt][e + 2] * U[nt][e + 2]);
-                        const float bb = sum_over_g(W[nt][e] * Vn[nt][e] + W[nt][e + 2] * Vn[nt][e + 2]);
-                        if (g == 0) {
-                            dpart[warp * C + 8 * nt + 2 * t + e] = dd;
-                            b1part[warp * C + 8 * nt + 2 * t + e] = bb;
-                        }
-                    }
-            }
-        }
+        v_phase(U, S, betas, nc, ncv, nc32, scv, sr32, sc32, dpart, b1part, warp, g, t);
         __syncwarp();   // this warp's U and dW columns are in shared memory
 
         // G9 / G10 partials over this warp's v: dMqk = do U^T, dW U^T   [i][j], U in two parts
-        {
-            u32 ad[4], aw[4], b0[2], b1f[2];
-            a_of(ad, srv + ST_DO);
-            a_of(aw, nrv + SM_DW);
-            b_of_t(b0, b1f, ncv + SM_U);
-            float M[2][4], Lk[2][4];
-            zero4(M[0]); zero4(M[1]); zero4(Lk[0]); zero4(Lk[1]);
-            mma(M[0], ad, b0); mma(M[1], ad, b1f);
-            mma(Lk[0], aw, b0); mma(Lk[1], aw, b1f);
-            b_of_t(b0, b1f, nc32 + SM_URES + 512 * warp);
-            mma(M[0], ad, b0); mma(M[1], ad, b1f);
-            mma(Lk[0], aw, b0); mma(Lk[1], aw, b1f);
-            float* const pm = part + warp * C * PS;
-            float* const pl = part + (WARPS + warp) * C * PS;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const int jj = 8 * nt + 2 * t;
-                *reinterpret_cast<float2*>(pm + g * PS + jj) = make_float2(M[nt][0], M[nt][1]);
-                *reinterpret_cast<float2*>(pm + (g + 8) * PS + jj) = make_float2(M[nt][2], M[nt][3]);
-                *reinterpret_cast<float2*>(pl + g * PS + jj) = make_float2(Lk[nt][0], Lk[nt][1]);
-                *reinterpret_cast<float2*>(pl + (g + 8) * PS + jj) = make_float2(Lk[nt][2], Lk[nt][3]);
-            }
-        }
+        g9_g10_partials(part, srv, nrv, ncv, nc32, warp, g, t);
 
         // G8: S1^T = gamma S0^T + U^T Kr, kept in registers until the K phase has read S0
-        if (it + 1 < ntile) {
-            u32 ua[4];
-            acc_to_a(ua, U[0], U[1]);
-#pragma unroll
-            for (int b = 0; b < 8; ++b) {
-                u32 b0[2], b1f[2];
-                b_of(b0, b1f, nr + SM_KR + at(0, 16 * b));
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    const float2 ga = *reinterpret_cast<const float2*>(gamma_s + 16 * b + 8 * hf + 2 * t);
-                    float (&c)[4] = S[2 * b + hf];
-                    c[0] *= ga.x; c[1] *= ga.y; c[2] *= ga.x; c[3] *= ga.y;
-                }
-                mma(S[2 * b], ua, b0);
-                mma(S[2 * b + 1], ua, b1f);
-            }
-        }
+        if (it + 1 < ntile) next_state(S, U, nr, gamma_s, t);
         __syncthreads();   // partials, U, dW complete
 
         // The partial sums over v, added in a fixed order (deterministic). dMqk and dLkk (strictly
@@ -516,39 +146,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // of the fragment of the matrix and of its transpose (mma.cuh's A layout). Each goes as
         // two: its bf16 rounding and the bf16 rounding of the remainder, so that G14-G17 see
         // them to about 2^-17 (in one bf16 fragment they carry about a tenth of dq's and dk's error).
-        {
-            const int i = tid >> 4, jj = tid & 15;
-            float m = 0.f, l = 0.f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) {
-                m += part[w * C * PS + i * PS + jj];
-                l += part[(WARPS + w) * C * PS + i * PS + jj];
-            }
-            const float mv = jj < i ? m : 0.f, lv = jj < i ? -l : 0.f;
-            const unsigned short mb = f32_to_bf16(mv), lb = f32_to_bf16(lv);
-            const unsigned short mr = f32_to_bf16(mv - bf16_to_f32(mb)), lr = f32_to_bf16(lv - bf16_to_f32(lb));   // exact differences
-            const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);
-            const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);
-            frag16[0 * 256 + plain] = mb;    // dMqk
-            frag16[1 * 256 + trans] = mb;    // dMqk^T
-            frag16[2 * 256 + plain] = lb;    // dLkk
-            frag16[3 * 256 + trans] = lb;    // dLkk^T
-            frag16[4 * 256 + plain] = mr;    // the remainders, in the same order
-            frag16[5 * 256 + trans] = mr;
-            frag16[6 * 256 + plain] = lr;
-            frag16[7 * 256 + trans] = lr;
-            if (tid < C) {
-                float d = 0.f;
-#pragma unroll
-                for (int w = 0; w < WARPS; ++w) d += dpart[w * C + tid];
-                dvec[tid] = d;
-            } else if (tid < 2 * C) {
-                float x = 0.f;
-#pragma unroll
-                for (int w = 0; w < WARPS; ++w) x += b1part[w * C + tid - C];
-                b1[tid - C] = x;
-            }
-        }
+        reduce_partials(frag16, part, dpart, b1part, dvec, b1, tid);
         __syncthreads();
 
         // ================= K phase: k columns k0..k0+15, tokens as M =================

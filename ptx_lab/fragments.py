@@ -272,12 +272,26 @@ def a_to_acc(a) -> tuple[np.ndarray, np.ndarray]:
 
 def two_part(x) -> tuple[np.ndarray, np.ndarray]:
     """fp32 values in two bf16 parts, element by element: (hi, lo) uint16 bit patterns of x's shape,
-    hi = bf16(x), lo = bf16(x - hi) with x - hi computed in fp32 (exactly: the two-part operand of
-    fragments.cuh, bf16_rest before its rounding). hi + lo holds about 16 significant bits of x."""
+    hi = bf16(x), lo = bf16(x - hi) with x - hi computed in fp32 (the two-part operand of
+    fragments.cuh, bf16_rest before its rounding). hi + lo holds about 16 significant bits of x.
+
+    The subtraction is the GPU's: it flushes a subnormal operand or result to a zero of its sign
+    (measured on the H200 through ptx_lab.device.two_part_bf16x2, docs/log/35), while the bf16
+    rounding itself keeps subnormals. So below 2^-126 the rest is a zero, +0 where both operands
+    flushed to zeros of one sign."""
     x = np.asarray(x, dtype=np.float32)
     hi = _round_bits(x, ml_dtypes.bfloat16)
-    rest = x - hi.view(ml_dtypes.bfloat16).astype(np.float32)
+    rest = flush_subnormal(flush_subnormal(x) - flush_subnormal(hi.view(ml_dtypes.bfloat16).astype(np.float32)))
     return hi, _round_bits(rest, ml_dtypes.bfloat16)
+
+
+SMALLEST_NORMAL = np.float32(2.0 ** -126)
+
+
+def flush_subnormal(v: np.ndarray) -> np.ndarray:
+    """fp32 subnormals to a zero of their sign, as the GPU's fp32 add and subtract treat them."""
+    v = np.asarray(v, dtype=np.float32)
+    return np.where(np.abs(v) < SMALLEST_NORMAL, np.copysign(np.float32(0), v), v).astype(np.float32)
 
 
 def two_part_bf16x2(x) -> tuple[np.ndarray, np.ndarray]:

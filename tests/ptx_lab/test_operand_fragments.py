@@ -106,7 +106,8 @@ def test_two_part_bf16x2_is_pack_bf16x2_of_the_two_parts(x):
     hi, lo = fragments.two_part_bf16x2(x)
     assert (hi == model.pack_bf16x2(x[:, 0::2], x[:, 1::2])).all()
     lo_vals, hi_vals = model.unpack_bf16x2(hi)
-    assert (lo == model.pack_bf16x2(x[:, 0::2] - lo_vals, x[:, 1::2] - hi_vals)).all()
+    ftz = fragments.flush_subnormal   # the GPU's fp32 subtraction (test_the_model_gives_what_the_gpu_gave...)
+    assert (lo == model.pack_bf16x2(ftz(ftz(x[:, 0::2]) - ftz(lo_vals)), ftz(ftz(x[:, 1::2]) - ftz(hi_vals)))).all()
 
 
 def test_swapped_n_tiles_are_caught():
@@ -126,6 +127,30 @@ def test_the_models_check_their_arguments():
         fragments.a_to_acc(ok)
     with pytest.raises(ValueError, match=r"x must be float32 \(32, 2n\); got float32 \(32, 3\)"):
         fragments.two_part_bf16x2(np.zeros((WARP, 3), np.float32))
+
+
+# What the H200 gave for these inputs (ptx_lab.device.two_part_bf16x2, docs/log/35): the bf16 rounding
+# keeps subnormals, the fp32 subtraction of the rest flushes them to a zero of their sign.
+MEASURED_TWO_PART = [   # x, hi bits, lo bits
+    (-1e-45, 0x8000, 0x0000), (1e-45, 0x0000, 0x0000), (-1e-40, 0x8001, 0x0000), (1e-40, 0x0001, 0x0000),
+    (-2.0 ** -127, 0x8040, 0x0000), (-2.0 ** -126, 0x8080, 0x0000), (-0.0, 0x8000, 0x0000),
+    (-1.0 - 2 ** -20, 0xBF80, 0xB580), (3e-39, 0x0021, 0x0000), (-3e-39, 0x8021, 0x0000),
+    (2.0 ** -133, 0x0001, 0x0000)]
+
+
+def test_the_model_gives_what_the_gpu_gave_around_the_subnormals():
+    x = np.array([m[0] for m in MEASURED_TWO_PART], np.float32)
+    hi, lo = fragments.two_part(x)
+    assert [int(h) for h in hi] == [m[1] for m in MEASURED_TWO_PART]
+    assert [int(v) for v in lo] == [m[2] for m in MEASURED_TWO_PART]
+
+
+def test_flush_subnormal_keeps_the_sign_and_the_normals():
+    x = np.array([1e-45, -1e-45, 2.0 ** -126, -2.0 ** -126, 1.0, np.inf, np.nan], np.float32)
+    got = fragments.flush_subnormal(x)
+    assert np.array_equal(got[:6].view(np.uint32), np.array([0.0, -0.0, 2.0 ** -126, -2.0 ** -126, 1.0, np.inf],
+                                                            np.float32).view(np.uint32))
+    assert np.isnan(got[6])
 
 
 # ----------------------------------------------------------------- the header on the GPU
@@ -181,7 +206,8 @@ def test_device_bf16_scalars(x):
     hi, _ = fragments.two_part(x)
     assert (bits == hi).all()
     assert np.array_equal(back.view(np.uint32), bf16(hi).view(np.uint32))
-    assert np.array_equal(rest.view(np.uint32), (x - bf16(hi)).view(np.uint32))
+    want = fragments.flush_subnormal(fragments.flush_subnormal(x) - fragments.flush_subnormal(bf16(hi)))
+    assert np.array_equal(rest.view(np.uint32), want.view(np.uint32))
 
 
 def test_the_device_twins_check_their_arguments_before_looking_for_a_gpu():

@@ -21,7 +21,7 @@ clock64 and counted with Nsight Compute.
 Idea
 ----
 Each case is one warp-wide instruction with 32 known addresses, built from a
-layout preset (``ptx_lab.bank_presets.PRESETS``) and a lane -> cell map, e.g. the
+layout preset (``experiments.bank_presets.PRESETS``) and a lane -> cell map, e.g. the
 token-strided read
 
     lane l reads q[token l][feature 6]      # lanes 0-15: tokens 0-15 of one tile,
@@ -94,11 +94,11 @@ from pathlib import Path
 import numpy as np
 
 from ptx_lab import CUDA_INCLUDE_DIR, banks
-from ptx_lab.bank_presets import PRESETS
 from ptx_lab.layouts import Layout
 
 from . import _common
 from ._common import WARP, Checker
+from .bank_presets import PRESETS
 
 NAME = "banks"
 SUMMARY = ("bank conflicts of the access patterns Kernel A's design went through: "

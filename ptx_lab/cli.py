@@ -1,8 +1,9 @@
 """The `ptx-lab` command (also `python -m ptx_lab`).
 
     ptx-lab show <operand> [--svg FILE] [--png FILE]
-                        a fragment map (ptx_lab.fragments.show) or bank map (banks:<preset>)
-                        as text, or drawn (ptx_lab.pictures, ptx_lab.render)
+                        a fragment map (ptx_lab.fragments.show) or bank map (banks:<preset>,
+                        a layout another package declares in the `ptx_lab.layouts`
+                        entry-point group), as text, or drawn (ptx_lab.pictures, ptx_lab.render)
     ptx-lab <command> ...
                         a command another package declares in the `ptx_lab.commands`
                         entry-point group (ptx_lab.commands): in this project `list` and
@@ -10,7 +11,8 @@
                         `resources` (kernel.tools); `ptx-lab --help` lists them
 
 ptx_lab imports none of the packages that use it: a command's module is imported
-when the command runs, so `ptx-lab --help` works on any machine.
+when the command runs, a layout table when `show` needs the presets, so `ptx-lab --help`
+works on any machine.
 """
 from __future__ import annotations
 
@@ -138,8 +140,10 @@ def _parser(found: dict) -> argparse.ArgumentParser:
                "  ldmatrix.x{1,2,4}[.trans]      each matrix as it lies in shared memory\n"
                "  stmatrix.x{1,2,4}[.trans]      the same, for stores\n"
                "  movmatrix                      M before (source) and after (destination)\n"
-               "  banks:<preset>[:<access>]      a layout of ptx_lab.bank_presets coloured by bank\n"
-               "                                 under one warp access: ldmatrix (x4 over the top-left\n"
+               "  banks:<preset>[:<access>]      a layout a package declares in the ptx_lab.layouts\n"
+               "                                 entry-point group (here Kernel A's tiles:\n"
+               "                                 experiments.bank_presets), coloured by bank under\n"
+               "                                 one warp access: ldmatrix (x4 over the top-left\n"
                "                                 16x16), column (lane l reads [l][0]) or none;\n"
                "                                 default: column for 32-row tiles, else ldmatrix\n"
                "an unknown operand lists every valid one.\n\n"

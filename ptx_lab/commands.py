@@ -1,4 +1,5 @@
-"""`ptx-lab` subcommands that other packages provide, found through entry points.
+"""What other packages provide to `ptx-lab` (its subcommands, the layouts `show` draws), found
+through entry points.
 
 A package adds a subcommand by naming a :class:`Command` in the ``ptx_lab.commands``
 entry-point group of its ``pyproject.toml``::
@@ -8,13 +9,15 @@ entry-point group of its ``pyproject.toml``::
 
 ``ptx-lab --help`` loads only the Command (its one-line summary); the module that does
 the work is imported when the command runs. ptx_lab itself imports none of its users.
+Other groups are read the same way (:func:`entry_points` takes the group): the
+``ptx_lab.layouts`` tables that `ptx-lab show banks:<preset>` draws (ptx_lab.pictures).
 
 Where the entry points come from: the installed distributions' metadata, except that
-ptx-lab's own commands are read from the ``pyproject.toml`` of the checkout ptx_lab was
+ptx-lab's own are read from the ``pyproject.toml`` of the checkout ptx_lab was
 imported from, when it was imported from one. That file is what the metadata is built
 from, so this is the same declaration; a plain copy of the tree (no ``pip install``) has
 no metadata at all, and an editable install's metadata is a snapshot taken at install
-time that misses commands added since.
+time that misses entry points added since.
 """
 from __future__ import annotations
 
@@ -55,8 +58,9 @@ class Command:
         return getattr(importlib.import_module(module), function)
 
 
-def _checkout_entry_points(pyproject: Path = CHECKOUT_PYPROJECT) -> list[metadata.EntryPoint] | None:
-    """The group as this checkout's pyproject.toml declares it; None outside a ptx-lab checkout."""
+def _checkout_entry_points(group: str = GROUP,
+                           pyproject: Path = CHECKOUT_PYPROJECT) -> list[metadata.EntryPoint] | None:
+    """`group` as this checkout's pyproject.toml declares it; None outside a ptx-lab checkout."""
     if not pyproject.is_file():
         return None
     try:
@@ -65,8 +69,8 @@ def _checkout_entry_points(pyproject: Path = CHECKOUT_PYPROJECT) -> list[metadat
         return None
     if project.get("name") != DISTRIBUTION:
         return None
-    declared = project.get("entry-points", {}).get(GROUP, {})
-    return [metadata.EntryPoint(name, value, GROUP) for name, value in declared.items()]
+    declared = project.get("entry-points", {}).get(group, {})
+    return [metadata.EntryPoint(name, value, group) for name, value in declared.items()]
 
 
 def _normalized(name: str) -> str:
@@ -78,14 +82,15 @@ def _is_ours(ep: metadata.EntryPoint) -> bool:
     return dist is not None and _normalized(dist.name) == _normalized(DISTRIBUTION)
 
 
-def entry_points() -> dict[str, metadata.EntryPoint]:
-    """name -> entry point of every command in the group, sorted by name (not loaded).
+def entry_points(group: str = GROUP) -> dict[str, metadata.EntryPoint]:
+    """name -> entry point of everything declared in `group` (by default the commands),
+    sorted by name (not loaded).
 
     Sorted because installed metadata lists a group alphabetically and a pyproject.toml in
     the order written: the help reads the same either way."""
-    from_checkout = _checkout_entry_points()
+    from_checkout = _checkout_entry_points(group)
     out: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=GROUP):
+    for ep in metadata.entry_points(group=group):
         if from_checkout is not None and _is_ours(ep):
             continue
         out.setdefault(ep.name, ep)

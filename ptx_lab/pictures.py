@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import fragments
+from . import commands, fragments
 from .banks import Access, bank_map, ldmatrix_access, shared_access
 from .layouts import Layout
 
@@ -280,22 +280,43 @@ def bank_picture(title: str, banks: np.ndarray, conflicts: np.ndarray | None = N
 
 
 BANK_PREFIX = "banks:"  # `ptx-lab show banks:<preset>[:<access>]`
+LAYOUT_GROUP = "ptx_lab.layouts"  # entry points naming {preset: Layout} tables (ptx_lab.commands)
 BANK_ACCESSES = ("ldmatrix", "column", "none")
 SHOWN_BYTES = 64    # row bytes drawn (more only for a wider swizzle atom): ~1300 px wide
 SHOWN_ROWS = 32     # most rows drawn: one per lane
 
 
-def _preset_layouts() -> Mapping[str, Layout]:
-    """name -> layout of every preset `banks:<preset>` draws (ptx_lab.bank_presets)."""
-    try:
-        from .bank_presets import PRESETS
-    except ImportError as exc:
-        raise ValueError(f"bank maps need ptx_lab/bank_presets.py, which cannot be imported: {exc}") from exc
-    return PRESETS
+def _preset_layouts() -> dict[str, Layout]:
+    """name -> layout of every preset `banks:<preset>` draws: the tables other packages declare
+    in the LAYOUT_GROUP entry-point group, each a mapping of preset name -> Layout, merged.
+
+    ptx_lab knows no kernel's tiles; a package that has some names them in its pyproject.toml
+    (this project: ``kernel-a = "experiments.bank_presets:PRESETS"``)."""
+    out: dict[str, Layout] = {}
+    owner: dict[str, str] = {}
+    for entry, ep in commands.entry_points(LAYOUT_GROUP).items():
+        try:
+            table = ep.load()
+        except Exception as exc:   # its package is missing from this tree, or broken: say which
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ValueError(f"the {LAYOUT_GROUP} entry point {entry} = {ep.value!r} cannot be loaded "
+                             f"({exc.__class__.__name__}: {first})") from exc
+        if not isinstance(table, Mapping):
+            raise ValueError(f"the {LAYOUT_GROUP} entry point {entry} = {ep.value!r} must name a mapping "
+                             f"of preset name -> ptx_lab.layouts.Layout, got a {type(table).__name__}")
+        for name, layout in table.items():
+            if not (isinstance(name, str) and isinstance(layout, Layout)):
+                raise ValueError(f"the {LAYOUT_GROUP} entry point {entry} = {ep.value!r} maps {name!r} to a "
+                                 f"{type(layout).__name__}; expected str -> ptx_lab.layouts.Layout")
+            if name in owner:
+                raise ValueError(f"preset {name!r} is declared twice in {LAYOUT_GROUP}: "
+                                 f"by {owner[name]} and by {entry}")
+            owner[name], out[name] = entry, layout
+    return out
 
 
 def bank_presets() -> tuple[str, ...]:
-    """Names accepted after "banks:" (empty where ptx_lab.bank_presets is missing)."""
+    """Names accepted after "banks:" (empty where no layout table can be loaded)."""
     try:
         return tuple(_preset_layouts())
     except ValueError:
@@ -345,7 +366,7 @@ def _preset_access(layout: Layout, access: str) -> tuple[Access | None, str]:
 
 
 def bank_preset_picture(spec: str) -> Picture:
-    """The bank map of a ptx_lab.bank_presets layout under one warp access.
+    """The bank map of a preset layout (one a LAYOUT_GROUP table names) under one warp access.
 
     spec: "<preset>" or "<preset>:<access>", access one of BANK_ACCESSES. The
     default is "column" for a tile of exactly 32 rows (one per lane: the
@@ -354,8 +375,11 @@ def bank_preset_picture(spec: str) -> Picture:
     or a whole swizzle atom row where that is wider: wider pictures shrink to
     unreadable text in most viewers, and every access drawn lies in that corner.
     """
-    presets = _preset_layouts()  # says so when the presets are missing, rather than listing none
+    presets = _preset_layouts()  # says why when a table cannot be loaded, rather than listing none
     preset, _, access = spec.partition(":")
+    if not presets:
+        raise ValueError(f"no package declares a layout in the {LAYOUT_GROUP} entry-point group, so "
+                         f"there is no banks:<preset>; the names show knows: {', '.join(names())}")
     if preset not in presets:
         raise ValueError(f"preset must be one of {', '.join(presets)}; got {preset!r}")
     layout = presets[preset]
@@ -393,5 +417,5 @@ def picture(name: str) -> Picture:
 
 
 __all__ = ["OPERANDS", "Grid", "Picture", "mma_picture", "ldst_picture", "movmatrix_picture",
-           "fragment_picture", "bank_picture", "BANK_PREFIX", "BANK_ACCESSES", "bank_presets",
+           "fragment_picture", "bank_picture", "BANK_PREFIX", "BANK_ACCESSES", "LAYOUT_GROUP", "bank_presets",
            "bank_preset_picture", "names", "picture"]

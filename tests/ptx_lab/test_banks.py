@@ -4,7 +4,7 @@ ldmatrix rows, and the bank maps of a tile.
 Every expected value is computed here from arithmetic on the addresses (a gcd,
 a count of 16-byte chunks), never from the code under test. Swizzles and layouts
 are tests/ptx_lab/test_layouts.py; the figures of Kernel A's design,
-tests/ptx_lab/test_bank_presets.py.
+tests/experiments/test_bank_presets.py.
 """
 from __future__ import annotations
 

@@ -137,6 +137,15 @@ def test_show_bank_maps(tmp_path, capsys):
     assert "16-byte aligned" in capsys.readouterr().err
 
 
+def test_show_without_layouts_says_which_names_exist(monkeypatch, capsys):
+    monkeypatch.setattr(pictures, "LAYOUT_GROUP", "ptx_lab.no_such_group")
+    assert cli.main(["show", "banks:op_pad272"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "no package declares a layout in the ptx_lab.no_such_group entry-point group" in err
+    assert "the names show knows: mma.a, mma.b, mma.c," in err and "banks:" not in err.partition("knows:")[2]
+    assert cli.main(["show", "mma.a"]) == 0                  # the fragment maps need no layout
+
+
 # ------------------------------------------------------------------ subcommands of other packages
 
 def test_every_tool_and_experiment_command_is_declared():
@@ -153,7 +162,7 @@ def test_from_a_checkout_the_pyproject_declares_the_commands():
     eps = commands._checkout_entry_points()
     assert eps is not None, "ptx_lab was not imported from this checkout"
     assert {ep.name: ep.value for ep in eps} == DECLARED
-    assert commands._checkout_entry_points(REPO / "no" / "pyproject.toml") is None
+    assert commands._checkout_entry_points(pyproject=REPO / "no" / "pyproject.toml") is None
 
 
 def test_the_installed_metadata_declares_the_same_commands():

@@ -7,10 +7,12 @@ that held the wrong map would fail. How a picture is drawn is test_render.py.
 """
 from __future__ import annotations
 
+from importlib import metadata
+
 import numpy as np
 import pytest
 
-from ptx_lab import pictures
+from ptx_lab import commands, pictures
 
 HALF = ("lo", "hi")
 
@@ -167,10 +169,55 @@ def test_grid_errors_name_the_argument():
         pictures.fragment_picture("mma.d")
 
 
-# ------------------------------------------------------------------ bank presets (ptx_lab.bank_presets)
+# ------------------------------------------------------------------ bank presets (the ptx_lab.layouts group)
 
 def presets_module():
-    return pytest.importorskip("ptx_lab.bank_presets", reason="ptx_lab/bank_presets.py is not in this tree")
+    return pytest.importorskip("experiments.bank_presets", reason="experiments/ is not in this tree: no "
+                                                                 "package declares the presets")
+
+
+def test_from_a_checkout_the_kernel_a_presets_are_found():
+    presets = presets_module()
+    found = commands._checkout_entry_points(pictures.LAYOUT_GROUP)
+    assert found is not None, "ptx_lab was not imported from this checkout"
+    assert {ep.name: ep.value for ep in found} == {"kernel-a": "experiments.bank_presets:PRESETS"}
+    assert pictures.bank_presets() == tuple(presets.PRESETS)
+    assert pictures.names() == pictures.OPERANDS + tuple(f"banks:{p}" for p in presets.PRESETS)
+    # the commands' reader, the same code, keeps the groups apart
+    assert "kernel-a" not in commands.entry_points() and "show" not in commands.entry_points(pictures.LAYOUT_GROUP)
+
+
+def test_a_layout_group_with_no_entries_leaves_no_presets(monkeypatch):
+    monkeypatch.setattr(pictures, "LAYOUT_GROUP", "ptx_lab.no_such_group")
+    assert pictures.bank_presets() == () and pictures.names() == pictures.OPERANDS
+    with pytest.raises(ValueError, match="no package declares a layout in the ptx_lab.no_such_group entry-point "
+                                         "group, so there is no banks:<preset>; the names show knows: mma.a, "):
+        pictures.picture("banks:op_pad272")
+
+
+def _declare(monkeypatch, **tables: str) -> None:
+    """The layout group holds exactly `tables` (entry name -> "module:attribute")."""
+    eps = {name: metadata.EntryPoint(name, value, pictures.LAYOUT_GROUP) for name, value in tables.items()}
+    real = commands.entry_points
+    monkeypatch.setattr(commands, "entry_points",
+                        lambda group=commands.GROUP: eps if group == pictures.LAYOUT_GROUP else real(group))
+
+
+@pytest.mark.parametrize("tables, message", [
+    ({"gone": "experiments.gone:PRESETS"},
+     "entry point gone = 'experiments.gone:PRESETS' cannot be loaded \\(ModuleNotFoundError: "),
+    ({"odd": "math:pi"}, "must name a mapping of preset name -> ptx_lab.layouts.Layout, got a float"),
+    ({"env": "os:environ"}, "maps '[^']*' to a str; expected str -> ptx_lab.layouts.Layout"),
+    ({"a": "experiments.bank_presets:PRESETS", "b": "experiments.bank_presets:PRESETS"},
+     "preset 'qk_stride128' is declared twice in ptx_lab.layouts: by a and by b"),
+])
+def test_a_bad_layout_table_is_named(monkeypatch, tables, message):
+    if "experiments" in str(tables):
+        presets_module()
+    _declare(monkeypatch, **tables)
+    with pytest.raises(ValueError, match=message):
+        pictures.picture("banks:op_pad272")
+    assert pictures.bank_presets() == ()      # the operands are still listed, without bank maps
 
 
 def test_banks_plain_rows_ldmatrix_conflicts_8_way():

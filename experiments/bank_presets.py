@@ -1,17 +1,17 @@
-"""The named tile layouts of Kernel A's design, for `ptx-lab show banks:<preset>` and
-``experiments.banks``.
+"""The named tile layouts of Kernel A's design, for ``experiments.banks`` and
+`ptx-lab show banks:<preset>`.
 
 Each is a :class:`ptx_lab.layouts.Layout` of a tile the design went through: R1's
 token-strided q/k and gc rows at several row strides, a 16-token MMA operand tile
 (plain, padded, K_INTER), qd as R1 writes it, the transpose-dual dS pair and the
 plain layout it replaced, and one pair of each real GMMA swizzle atom for pictures.
-This is one kernel's knowledge, not the library's: it belongs with the experiments
-that use it, and stays here only while `ptx-lab show` has no way to find layouts
-another package declares.
+This is one kernel's knowledge, not the library's, so it lives with the experiments
+that use it; `ptx-lab show` finds it through the ``ptx_lab.layouts`` entry-point group
+(pyproject.toml: ``kernel-a = "experiments.bank_presets:PRESETS"``).
 """
 from __future__ import annotations
 
-from .layouts import Layout, gmma_k, gmma_mn, row_major
+from ptx_lab.layouts import Layout, gmma_k, gmma_mn, row_major
 
 C = 16            # tokens per tile (CHUNK)
 D = 128           # key/query features

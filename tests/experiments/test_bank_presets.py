@@ -1,4 +1,4 @@
-"""ptx_lab.bank_presets: the layouts of Kernel A's design, and the bank-conflict
+"""experiments.bank_presets: the layouts of Kernel A's design, and the bank-conflict
 figures the design predicted for them, against closed forms (a gcd of the word
 stride with 32), never against the code under test.
 """
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from ptx_lab import bank_presets
-from ptx_lab.bank_presets import PRESETS
+from experiments import bank_presets
+from experiments.bank_presets import PRESETS
 from ptx_lab.banks import cp_async_wavefronts, wavefronts
 from ptx_lab.layouts import gmma_mn
 

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# What CPU tests skip without: matplotlib for the PNG pictures (tests/ptx_lab/test_pictures.py)
+# What CPU tests skip without: matplotlib for the PNG pictures (tests/ptx_lab/test_render.py)
 # and the image commands of the docs (tests/test_docs.py).
 CPU_TEST_NEEDS = {"pytest", "hypothesis", "matplotlib"}
 

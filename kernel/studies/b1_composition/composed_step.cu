@@ -1,7 +1,8 @@
 // kernel/studies/b1_composition/composed_step.cu -- the serial step of the composed scan, alone (kernel.studies.b1_composition.composed_step).
 //
-// At B = 1 Kernel A walks 8,192 tiles of 16 tokens per head one after another. kernel.compose
-// shows that 4 tiles compose into one 64-token map, diagonal plus rank 64:
+// At B = 1 Kernel A walks 8,192 tiles of 16 tokens per head one after another.
+// kernel.studies.b1_composition.compose shows that 4 tiles compose into one 64-token map,
+// diagonal plus rank 64:
 //     dS <- D * dS - U (W dS) + B          D [K], U [K, 64], W [64, K], B [K, V]
 // so a redesigned kernel would pay one step of two dependent GEMMs per 64 tokens on its serial
 // path and build D, U, W, B beside it. This file is that serial step and nothing else: per CTA
@@ -10,7 +11,7 @@
 // serial path. Both kernels hold dS^T [32 v x 128 k] in fp32 registers and compute
 //     X    = bf16(dS^T) bf16(W^T)                   [32 v x 64 r]    (X = (W dS)^T)
 //     dS^T = dS^T diag(D) + B^T - bf16(X) bf16(U^T)                  (= (D dS + B - U W dS)^T)
-// with the roundings of kernel.compose.emulate(mode="lowrank").
+// with the roundings of kernel.studies.b1_composition.compose.emulate(mode="lowrank").
 //
 // Operands, per step, in one StepOperands block (host-packed by kernel/composed_step.py):
 //   w_rk   W    [64 r][128 k] bf16, rows padded to W_RK_STRIDE: the B operand of X = dS^T W^T

@@ -64,7 +64,7 @@ NAME = "wgmma"
 SUMMARY = "one warpgroup's m64nNk16 with B from shared-memory core matrices: D = 16 i j, K- and N-major B"
 
 THREADS = model.WGMMA_THREADS
-OP_KBLOCK, OP_CBLOCK = 144, 2304       # Kernel A's operand tiles (kernel/cuda/dstate_scan/layout.cuh, op_offset)
+OP_KBLOCK, OP_CBLOCK = 144, 2304       # Kernel A's operand tiles (kernel/ds_scan/cuda/layout.cuh, op_offset)
 IMAGE_BYTES = 2 * OP_CBLOCK            # 4608: the kernel's tile, and room for every layout here
 
 

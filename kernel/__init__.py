@@ -1,11 +1,11 @@
 """kernel: Kernel A, the serial dstate scan of the KDA backward pass, and its float64 references.
 
-* :func:`dstate_scan` (``kernel.api``): Kernel A on the GPU; its contract is
+* :func:`dstate_scan` (``kernel.ds_scan``): Kernel A on the GPU; its contract is
   ``docs/kernel_a.md``, stated in float64 by ``kernel.reference``.
-* :func:`kernel.fla_entry.dstate_scan_from_fla`: the same scan fed with
+* :func:`kernel.ds_scan.dstate_scan_from_fla`: the same scan fed with
   flash-linear-attention's forward tensors as they are.
 * ``kernel.cp``: the scan split over ranks (context parallelism);
-  ``kernel.cp_backward``: the whole backward split the same way.
+  ``kernel.cp.backward``: the whole backward split the same way.
 * ``chunk_kda``: a drop-in for FLA's ``fla.ops.kda.chunk_kda``, FLA's forward
   with our backward (``kernel.fla_dropin``, loaded with torch on first use).
 * :func:`kernel.kda_backward.kda_backward`: the whole KDA backward on FLA's
@@ -14,7 +14,7 @@
 Importing this package never needs CuPy, torch or a GPU.
 """
 
-from .api import dstate_scan  # noqa: E402  (numpy-only at import; CuPy is loaded on first call)
+from .ds_scan import dstate_scan  # noqa: E402  (numpy-only at import; CuPy is loaded on first call)
 
 __all__ = ["dstate_scan", "chunk_kda"]
 

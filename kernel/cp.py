@@ -213,7 +213,7 @@ def reference_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tup
 
 
 # ----------------------------------------------------------------------------
-# the GPU pair: Kernel A (kernel.api.dstate_scan) on the part's device arrays
+# the GPU pair: Kernel A (kernel.ds_scan.dstate_scan) on the part's device arrays
 # ----------------------------------------------------------------------------
 
 def _kernel_part_checks(part: Part, options: ScanOptions) -> None:
@@ -228,24 +228,24 @@ def _kernel_part_checks(part: Part, options: ScanOptions) -> None:
 
 def _kernel_a():
     """CuPy and Kernel A's entry point, or the error that names what is missing (CuPy, a GPU)."""
-    from . import api
+    from .ds_scan import launch
     from .runtime.arrays import require_cupy, require_gpu
 
     cupy = require_cupy("kernel.cp's GPU pair")
     require_gpu("kernel.cp's GPU pair")
-    return cupy, api.dstate_scan
+    return cupy, launch.dstate_scan
 
 
 def kernel_summary(part: Part, options: ScanOptions) -> tuple[Array, Array]:
-    """The part's (M, d) by Kernel A's summary build (:func:`kernel.api.summaries`: one launch,
+    """The part's (M, d) by Kernel A's summary build (:func:`kernel.ds_scan.summaries`: one launch,
     a CTA pair per head and v part, d from dS = 0 and M from the identity with do = 0, no
     snapshots), fp32 [H, K, K] and [H, K, V], with Kernel A's own rounding (dS a bf16 operand
     at every tile), as its scan has."""
     _kernel_part_checks(part, options)
-    from . import api
+    from .ds_scan import launch
 
     _kernel_a()
-    M, d = api.summaries(*part.args(), scale=options.scale, qk_l2norm=options.qk_l2norm)
+    M, d = launch.summaries(*part.args(), scale=options.scale, qk_l2norm=options.qk_l2norm)
     return M[0], d[0]
 
 

@@ -49,7 +49,7 @@ rank 0; ``backward`` is None for rank 0 and (None, dS leaving the part) for the 
 zeros. :func:`reference_summaries` and :func:`reference_backward` are the float64 pair
 (:func:`kernel.reference.kda_forward_reference` and :func:`kda_backward_reference` on the
 part's tokens). A GPU pair is not built yet: its summaries would be Kernel A's summary
-build on FLA's forward tensors (:func:`kernel.api.summaries` with ``fla_inputs``) for the
+build on FLA's forward tensors (:func:`kernel.ds_scan.summaries` with ``fla_inputs``) for the
 backward chain and FLA's own forward context parallelism for the forward one, and its
 backward :func:`kernel.kda_backward.kda_backward` with ``initial_state`` and ``dht``.
 """

@@ -7,7 +7,7 @@ Three kernels run, all built from ptx_lab's headers:
 1. the forward-state scan (:mod:`kernel.forward_states`), the bf16 state entering every
    64-token chunk, unless the caller passes the forward's own (``states``: FLA's ``h``,
    which FLA keeps with ``disable_recompute=True``);
-2. Kernel A (:mod:`kernel.api`, fed FLA's tensors as in :mod:`kernel.fla_entry`), dS after
+2. Kernel A (:mod:`kernel.ds_scan.launch`, fed FLA's tensors as in :mod:`kernel.ds_scan.fla`), dS after
    every 16-token tile in bf16, and dh0;
 3. Kernel B (:mod:`kernel.token_gradients`), dq, dk, dv, dg and dbeta, one CTA per
    64-token chunk and head, carrying the state across the chunk's four tiles in fp32.
@@ -35,7 +35,8 @@ import dataclasses
 
 import numpy as np
 
-from . import api, fla_entry, token_gradients
+from .ds_scan import fla, launch as ds_scan
+from .token_gradients import launch as token_gradients
 from .runtime import builds
 from .runtime.arrays import beta_f32, cupy_view, describe, expect, refuse_gva, require_cupy, require_gpu, to_cupy
 from .shapes import CHUNK_TOKENS, HEAD_DIM
@@ -74,7 +75,7 @@ def plan_scans(pairs: int, sm_count: int, side_by_side: bool | None = None) -> S
 
     side_by_side = _side_by_side_arg(side_by_side)
     half = max(1, sm_count // 2)
-    vsplit, warps = api.choose_vsplit(pairs, half), choose_warps(pairs, half)
+    vsplit, warps = ds_scan.choose_vsplit(pairs, half), choose_warps(pairs, half)
     fits = pairs * vsplit + pairs * (HEAD_DIM // (16 * warps)) <= sm_count   # Kernel A's CTAs + Kernel S's
     if side_by_side is None:
         side_by_side = fits
@@ -84,10 +85,10 @@ def plan_scans(pairs: int, sm_count: int, side_by_side: bool | None = None) -> S
 
 
 def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
-                      dht=None, cu_seqlens=None, states=None) -> fla_entry.FlaLaunch:
+                      dht=None, cu_seqlens=None, states=None) -> fla.FlaLaunch:
     """Every check of :func:`kda_backward` that needs no GPU: kinds, dtypes, shapes, layouts,
     devices and cu_seqlens, each named. Returns Kernel A's launch plan (batch layout included)."""
-    plan = fla_entry.plan_fla_launch(q, k, g, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens,
+    plan = fla.plan_fla_launch(q, k, g, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens,
                                      scale=scale, snapshot_dtype="bfloat16", host_advice=HOST_ADVICE)
     B, T, H, N = plan.B, plan.T, plan.H, plan.N
     va = describe("v", v, HOST_ADVICE)
@@ -179,7 +180,7 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
     # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator). Not
     # split along the sequence (segments 1): at few sequences its scan runs beside the
     # forward-state scan on half the SMs (plan_scans), which has no split of its own yet.
-    ds, dh0 = api.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht, cu_seqlens=cu,
+    ds, dh0 = ds_scan.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht, cu_seqlens=cu,
                          qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
                          vsplit=scans.vsplit, segments=1)
     ds_c = to_cupy("dS", ds, "bf16")

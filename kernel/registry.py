@@ -3,13 +3,13 @@
 ``ptx-lab resources`` compiles every variant of every entry (registers, spills, shared memory,
 the SASS each must hold), CI compiles each entry file with its default variant's options, and
 racecheck and the SASS digest name kernels by these entries. Adding a kernel is one line here:
-its module's ``BUILD`` (a :class:`kernel.runtime.builds.KernelBuild`).
+its room's ``BUILD`` (a :class:`kernel.runtime.builds.KernelBuild`).
 """
 from __future__ import annotations
 
-from . import build, forward_states, token_gradients
+from . import ds_scan, forward_states, token_gradients
 from .runtime.builds import KernelBuild
 
-KERNELS: tuple[KernelBuild, ...] = (build.BUILD, forward_states.BUILD, token_gradients.BUILD)
+KERNELS: tuple[KernelBuild, ...] = (ds_scan.BUILD, forward_states.BUILD, token_gradients.BUILD)
 
 __all__ = ["KERNELS"]

@@ -56,7 +56,9 @@ def _reaches(mods: set[str], banned: tuple[str, ...]) -> list[str]:
 
 def test_the_product_files_are_found():
     names = {_module_name(p) for p in _product_files()}
-    assert {"kernel", "kernel.api", "kernel.build", "kernel.reference", "kernel.reference.dstate_scan"} <= names
+    assert {"kernel", "kernel.ds_scan", "kernel.ds_scan.launch", "kernel.ds_scan.config", "kernel.forward_states",
+            "kernel.forward_states.config", "kernel.forward_states.launch", "kernel.token_gradients",
+            "kernel.token_gradients.launch", "kernel.reference", "kernel.reference.dstate_scan"} <= names
     assert not any(n.startswith(("kernel.tools", "kernel.studies")) for n in names)
 
 
@@ -86,7 +88,7 @@ def test_the_study_uses_no_private_name_of_the_tools():
 
 
 @pytest.mark.parametrize("imported, banned", [
-    ("kernel, kernel.api, kernel.build, kernel.reference", ("kernel.tools", "kernel.studies", "experiments")),
+    ("kernel, kernel.ds_scan.launch, kernel.ds_scan.config, kernel.reference", ("kernel.tools", "kernel.studies", "experiments")),
     ("ptx_lab, ptx_lab.cli, ptx_lab.commands, ptx_lab.fragments, ptx_lab.pictures, ptx_lab.model",
      ("kernel", "experiments")),
 ])
@@ -114,8 +116,8 @@ KNOWN = {_module_name(p) for p in _all_files(with_tests=True)}
 
 
 def module_edges(path: Path) -> set[str]:
-    """The project modules `path` imports: ``from kernel import api`` is an edge to kernel.api (a
-    module), ``from kernel.api import launch`` one to kernel.api; outside modules are left out."""
+    """The project modules `path` imports: ``from kernel.ds_scan import launch`` is an edge to kernel.ds_scan.launch (a
+    module), ``from kernel.ds_scan.launch import launch`` one to kernel.ds_scan.launch; outside modules are left out."""
     tree = ast.parse(path.read_text(), str(path))
     package = _module_name(path).split(".")
     if path.name != "__init__.py":

@@ -65,7 +65,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..split import fold_summaries   # the split's algebra is the product's; the reference runs it in float64
+from ..ds_scan.split import fold_summaries   # the split's algebra is the product's; the reference runs it in float64
 
 from .checks import check_tiling, expect_shape, int_arg, is_int, real_dtype_arg, array_module
 from .dstate_scan import (check_scan_dtypes, check_scan_inputs, dstate_scan_reference,

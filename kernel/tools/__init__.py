@@ -15,7 +15,7 @@
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
 ``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product
-(``kernel.api``, ``kernel.build``, ``kernel.reference``) imports none of them; importing
+(``kernel.ds_scan.launch``, ``kernel.ds_scan.config``, ``kernel.reference``) imports none of them; importing
 this package imports no tool.
 """
 from __future__ import annotations

@@ -42,9 +42,9 @@ class Case:
     dht: bool = True
     l2norm: bool = True
     vsplit: int | str = "auto"
-    segments: int | str = "auto"   # the sequence split (kernel.split); auto leaves these small cases whole
+    segments: int | str = "auto"   # the sequence split (kernel.ds_scan.split); auto leaves these small cases whole
     seed: int = 0
-    tuning: tuple = ()       # build.Config knobs as (name, value) pairs, e.g. (("ksplit", 2),)
+    tuning: tuple = ()       # config.Config knobs (kernel.ds_scan.config) as (name, value) pairs, e.g. (("ksplit", 2),)
     gate_strength: float = 1.0   # reference.random_inputs: 1 = a tile decays to ~0.45; 8 = often to 0
 
 
@@ -111,7 +111,7 @@ CASES += (
          vsplit=1, seed=29, gate_strength=8.0),
     Case("eq-f32x4-vs4-strong-gates", B=2, T=200, H=3, snapshot_every=4, vsplit=4, seed=30, gate_strength=4.0),
 )
-# the sequence split (kernel.split): every sequence cut into up to S segments at 64-token edges,
+# the sequence split (kernel.ds_scan.split): every sequence cut into up to S segments at 64-token edges,
 # scanned in three passes (summaries, fold, scans); lengths 1, 15, 16, 17, 65 stay whole or
 # nearly, the long ones split into segments of one, several and partial snapshot groups
 SPLIT = (1, 15, 16, 17, 65, 700, 2000)
@@ -153,7 +153,7 @@ def inputs(case: Case):
     """Kernel inputs (bf16 bits / fp32) and the float64 views of the same values."""
     import cupy
 
-    from kernel.api import bf16_bits, bits_to_f32
+    from kernel.ds_scan.launch import bf16_bits, bits_to_f32
     from kernel.reference import prepare_tiles, random_inputs
 
     raw = random_inputs(case.B, case.T, case.H, lengths=list(case.lengths) if case.lengths else None,
@@ -180,7 +180,7 @@ def inputs(case: Case):
 def run_case(case: Case, *, repeat_for_determinism: bool = True) -> dict:
     import cupy
 
-    from kernel.api import bits_to_f32, dstate_scan
+    from kernel.ds_scan.launch import bits_to_f32, dstate_scan
     from kernel.reference import dstate_scan_reference
 
     kern, ref_in = inputs(case)
@@ -221,7 +221,7 @@ def run_case(case: Case, *, repeat_for_determinism: bool = True) -> dict:
 
 
 def _round_bf16(x):
-    from kernel.api import bf16_bits
+    from kernel.ds_scan.launch import bf16_bits
 
     return bf16_bits(x.astype(np.float32))
 

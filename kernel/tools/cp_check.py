@@ -78,7 +78,7 @@ def _unsplit(args, inputs: dict, options: cp.ScanOptions):
     pair computes them (the GPU's for Kernel A: the every-tile ones are 17 GB at 131072 tokens, H = 32)."""
     ins = [inputs[n] for n in cp.INPUT_NAMES]
     if args.pair == "kernel":
-        from kernel.api import dstate_scan
+        from kernel.ds_scan.launch import dstate_scan
 
         snaps, dh0 = dstate_scan(*ins, dht=inputs["dht"], snapshot_every=options.snapshot_every)
         every, _ = dstate_scan(*ins, dht=inputs["dht"], snapshot_every=1)

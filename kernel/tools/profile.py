@@ -3,7 +3,7 @@
     ptx-lab profile [--shape 1x16384] [--H 32] [--vsplit 4 1] [--mode bf16x4]
                     [--tune nstage=3 producers=4 ...]      (or python -m kernel.tools.profile)
 
-Builds the kernel with KDA_TIMING=1 (build.Config.timing): lane 0 of every warp
+Builds the kernel with KDA_TIMING=1 (config.Config.timing): lane 0 of every warp
 of the first 8 CTAs adds clock64 deltas per phase into `kda_timing`. Printed per
 configuration, in cycles per tile (mean over those warps):
 
@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kernel import build
+from kernel.ds_scan import config
 
 PRODUCER_SLOTS = ("total", "wait loads", "R1", "wait EMPTY", "issue loads")
 CONSUMER_SLOTS = ("total", "snapshot", "wait FULL", "G1..G5")
@@ -38,7 +38,7 @@ def _inputs(B: int, T: int, H: int, seed: int = 0):
     gates of a few units per tile); values do not change the timing."""
     import cupy as cp
 
-    from kernel.api import bf16_bits
+    from kernel.ds_scan.launch import bf16_bits
     from kernel.reference import random_inputs
 
     r = random_inputs(B, T, H, seed=seed, xp=cp)
@@ -70,18 +70,18 @@ def _time_ms(fn, reps: int = 5) -> float:
 def profile(B: int, T: int, H: int, vsplit: int, mode: str, tune: dict) -> dict:
     import cupy as cp
 
-    from kernel import api
+    from kernel.ds_scan import launch
     from kernel.runtime import builds
 
     x = _inputs(B, T, H)
     dtype, every = {"bf16x4": ("bfloat16", 4), "f32x1": ("float32", 1),
                     "bf16x1": ("bfloat16", 1), "f32x4": ("float32", 4)}[mode]
-    call = lambda tuning: api.dstate_scan(x["q"], x["k"], x["gc"], x["beta"], x["mqk"], x["inv"], x["do"],
+    call = lambda tuning: launch.dstate_scan(x["q"], x["k"], x["gc"], x["beta"], x["mqk"], x["inv"], x["do"],
                                           snapshot_dtype=dtype, snapshot_every=every, vsplit=vsplit,
                                           tuning=tuning)
     plain_ms = _time_ms(lambda: call(tune))
-    cfg = build.Config(vsplit=vsplit, snap_bf16=dtype == "bfloat16", snap_every=every, timing=True, **tune)
-    mod = api.module(cfg)
+    cfg = config.Config(vsplit=vsplit, snap_bf16=dtype == "bfloat16", snap_every=every, timing=True, **tune)
+    mod = launch.module(cfg)
     dims = builds.read_int_constants(mod, "kda_timing_dims", 3)
     timing_ctas = dims[0]
     counters = cp.ndarray(dims, dtype=cp.uint64, memptr=mod.get_global("kda_timing"))
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--vsplit", type=int, nargs="+", default=[4, 1])
     ap.add_argument("--mode", default="bf16x4", choices=("bf16x4", "f32x1", "bf16x1", "f32x4"))
-    ap.add_argument("--tune", nargs="*", default=[], help="build.Config knobs, e.g. nstage=3 producers=4")
+    ap.add_argument("--tune", nargs="*", default=[], help="config.Config knobs, e.g. nstage=3 producers=4")
     args = ap.parse_args(argv)
     from ptx_lab.gpu import gpu_reason
 
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         return 2
     B, T = (int(v) for v in args.shape.lower().split("x"))
     for vs in args.vsplit:
-        print(format_result(profile(B, T, args.H, vs, args.mode, build.parse_knobs(args.tune))), flush=True)
+        print(format_result(profile(B, T, args.H, vs, args.mode, config.parse_knobs(args.tune))), flush=True)
     return 0
 
 

@@ -398,12 +398,12 @@ def _child(run: str) -> None:
     import json
     import os
 
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
 
     from . import check
 
     # kernel.tools.check's small case with KERNEL_A_LENGTHS, its inputs and all; the environment
-    # can change the lengths, the v-split and build.Config knobs.
+    # can change the lengths, the v-split and config.Config knobs.
     case = dataclasses.replace(
         check.SMALL,
         lengths=tuple(json.loads(os.environ.get("KDA_RACECHECK_LENGTHS", json.dumps(KERNEL_A_LENGTHS)))),
@@ -422,7 +422,7 @@ def _backward_child(run: str) -> None:
     import cupy as cp
     import numpy as np
 
-    from kernel.api import bf16_bits
+    from kernel.ds_scan.launch import bf16_bits
     from kernel.kda_backward import kda_backward
     from kernel.reference import random_inputs
     from kernel.reference.fla_layout import fla_forward_tensors

@@ -5,14 +5,14 @@
 
 --old-rev reads the revision from this checkout's git. Where the GPU machine has a copy of the
 working tree without that history, extract the old source beforehand and pass the directory:
-``git archive REV kernel/cuda/dstate_scan | tar x -C old/`` then ``--old old/kernel/cuda/dstate_scan``.
+``git archive REV kernel/ds_scan/cuda | tar x -C old/`` then ``--old old/kernel/ds_scan/cuda``.
 
 Times from two processes or two days differ by more than the few percent a change is worth, so
 both builds run here, one after the other: the working tree's ("new"), the old one, then the
 working tree's again. Each is timed --reps calls after one warm-up call by the bench's timer
 (kernel.tools.bench.timing.time_cuda; torch), median; the table takes the faster of the two "new"
 medians. Only the kernel's own sources change: Kernel A's directory
-(kernel/cuda/dstate_scan) or Kernel B's file (token_gradients.cu); ptx_lab's headers are the
+(kernel/ds_scan/cuda) or Kernel B's file (token_gradients.cu); ptx_lab's headers are the
 working tree's for both.
 
 Kernel A runs as kernel.kda_backward launches it (FLA's tensors, bf16 dS after every tile, dht),
@@ -61,10 +61,10 @@ def parse_spec(text: str, kernel: str) -> Spec:
         return Spec(B, T)
     if kernel != "a":
         raise ValueError(f"only Kernel A takes a v-split, got {text!r} for Kernel B")
-    from kernel import build
+    from kernel.ds_scan import config
 
-    if not vs.isdigit() or int(vs) not in build.VSPLITS:
-        raise ValueError(f"the v-split must be one of {build.VSPLITS}, got {vs!r} in {text!r}")
+    if not vs.isdigit() or int(vs) not in config.VSPLITS:
+        raise ValueError(f"the v-split must be one of {config.VSPLITS}, got {vs!r} in {text!r}")
     return Spec(B, T, int(vs))
 
 
@@ -81,10 +81,10 @@ def old_tree_from_rev(rev: str, kernel: str, into: Path) -> Path:
 
 def _source_rel(kernel: str) -> Path:
     if kernel == "a":
-        from kernel import build
+        from kernel.ds_scan import config
 
-        return build.SOURCE_DIR.relative_to(REPO)
-    from kernel import token_gradients
+        return config.SOURCE_DIR.relative_to(REPO)
+    from kernel.token_gradients import launch as token_gradients
 
     return token_gradients.SOURCE_PATH.relative_to(REPO)
 
@@ -101,12 +101,12 @@ def _check_old(old: Path, kernel: str) -> Path:
 def _use(kernel: str, source: Path) -> None:
     """Point the kernel's build at `source` (Kernel A: its directory; Kernel B: its file)."""
     if kernel == "a":
-        from kernel import api, build
+        from kernel.ds_scan import config, launch
 
-        build.SOURCE_DIR, build.SOURCE_PATH = source, source / "dstate_scan.cu"
-        api.kernel.cache_clear()
+        config.SOURCE_DIR, config.SOURCE_PATH = source, source / "dstate_scan.cu"
+        launch.kernel.cache_clear()
     else:
-        from kernel import token_gradients
+        from kernel.token_gradients import launch as token_gradients
 
         token_gradients.SOURCE_PATH = source
         token_gradients.kernel.cache_clear()
@@ -115,7 +115,7 @@ def _use(kernel: str, source: Path) -> None:
 def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
     import cupy
 
-    from kernel import api
+    from kernel.ds_scan import launch
 
     B, T = spec.B, spec.T
     rs = cupy.random.RandomState(seed)
@@ -123,10 +123,10 @@ def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
     unit = lambda x: x / cupy.linalg.norm(x, axis=-1, keepdims=True)   # noqa: E731
     g = -0.05 * rs.random_sample((B, -(-T // 64) * 64, H, D), dtype=np.float32)
     g = g.reshape(B, -1, 64, H, D).cumsum(axis=2).reshape(B, -1, H, D)[:, :T] / np.float32(np.log(2))
-    return dict(q=api.bf16_bits(unit(n(B, T, H, D))), k=api.bf16_bits(unit(n(B, T, H, D))),
-                v=api.bf16_bits(n(B, T, H, D)), do=api.bf16_bits(0.1 * n(B, T, H, D)),
+    return dict(q=launch.bf16_bits(unit(n(B, T, H, D))), k=launch.bf16_bits(unit(n(B, T, H, D))),
+                v=launch.bf16_bits(n(B, T, H, D)), do=launch.bf16_bits(0.1 * n(B, T, H, D)),
                 g=cupy.ascontiguousarray(g), beta=rs.random_sample((B, T, H), dtype=np.float32),
-                Aqk=api.bf16_bits(0.01 * n(B, T, H, 64)), Akk=api.bf16_bits(0.01 * n(B, T, H, 64)),
+                Aqk=launch.bf16_bits(0.01 * n(B, T, H, 64)), Akk=launch.bf16_bits(0.01 * n(B, T, H, 64)),
                 dht=0.01 * n(B, H, D, D))
 
 
@@ -135,14 +135,14 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
     import cupy
 
     if kernel == "a":
-        from kernel import api
+        from kernel.ds_scan import launch
 
         flat = {n: x[n].reshape(1, spec.B * spec.T, *x[n].shape[2:]) for n in ("q", "k", "g", "beta", "Aqk", "Akk", "do")}
         cu = np.arange(spec.B + 1, dtype=np.int64) * spec.T
-        return lambda: api.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"], flat["do"],
+        return lambda: launch.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"], flat["do"],
                                   scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
                                   snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit)
-    from kernel import token_gradients
+    from kernel.token_gradients import launch as token_gradients
 
     B, T = spec.B, spec.T
     cu = np.arange(B + 1, dtype=np.int64) * T
@@ -192,10 +192,10 @@ def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) ->
 
 def _source_new(kernel: str) -> Path:
     if kernel == "a":
-        from kernel import build
+        from kernel.ds_scan import config
 
-        return build.SOURCE_DIR
-    from kernel import token_gradients
+        return config.SOURCE_DIR
+    from kernel.token_gradients import launch as token_gradients
 
     return token_gradients.SOURCE_PATH
 

@@ -18,7 +18,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from kernel.api import bf16_bits, bits_to_f32
+from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import fla_forward_tensors, kda_forward_reference, random_inputs, snapshot_offsets
 from kernel.reference.checks import l2norm
 

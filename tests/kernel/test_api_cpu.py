@@ -66,7 +66,7 @@ def test_numpy_inputs_are_refused_as_host_arrays(forced, monkeypatch):
         monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(TypeError, match=r"q must be a cupy.ndarray or a torch CUDA tensor, got a numpy.ndarray: "
                                         r"Kernel A runs on the GPU and takes device arrays, CuPy arrays .*"
-                                        r"cupy.asarray\(kernel.api.bf16_bits\(q\)\).*torch.from_numpy\(q\).cuda\(\)"):
+                                        r"cupy.asarray\(kernel.ds_scan.bf16_bits\(q\)\).*torch.from_numpy\(q\).cuda\(\)"):
         _call(_host_inputs())
 
 

@@ -34,7 +34,7 @@ CASES = [dict(T=200, cuts=(48,), every=1), dict(T=200, cuts=(16, 64, 144), every
 def test_the_ranks_parts_in_turn_equal_the_unsplit_kernel(case):
     import cupy
 
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
     from kernel.reference import dstate_scan_reference
 
     kern, ref = check.inputs(check.Case("cp", B=1, T=case["T"], H=2, dht=True))

@@ -23,7 +23,7 @@ def _good_inputs(B=1, T=40, H=2):
 
 
 def _call(kern, **over):
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
 
     args = {**kern, **over}
     return dstate_scan(args["q"], args["k"], args["gc"], args["beta"], args["mqk"], args["inv"], args["do"],
@@ -52,7 +52,7 @@ def test_bad_inputs_name_the_argument():
         _call(kern, cu_seqlens=np.array([0, 20, 39]))
     with pytest.raises(ValueError, match="dht must have shape"):
         _call(kern, dht=cupy.zeros((2, 2, 128, 128), dtype=np.float32))
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
 
     with pytest.raises(ValueError, match="snapshot_every must be 1 or 4"):
         dstate_scan(kern["q"], kern["k"], kern["gc"], kern["beta"], kern["mqk"], kern["inv"], kern["do"],
@@ -71,7 +71,7 @@ def _as_torch(kern: dict, torch) -> dict:
 
 def test_torch_tensors_round_trip():
     torch = pytest.importorskip("torch")
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
 
     kern = _good_inputs()
     as_t = _as_torch(kern, torch)
@@ -87,7 +87,7 @@ def test_torch_tensors_round_trip():
 def test_torch_inputs_are_checked_like_cupy_ones():
     """torch tensors are viewed in place (no DLPack): the layout and device checks still name the argument."""
     torch = pytest.importorskip("torch")
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
 
     as_t = _as_torch(_good_inputs(), torch)
     args = lambda **over: [over.get(n, as_t[n]) for n in ("q", "k", "gc", "beta", "mqk", "inv", "do")]
@@ -104,25 +104,25 @@ def test_torch_inputs_are_checked_like_cupy_ones():
 def test_the_launched_build_moves_registers_where_it_should(producers, split):
     # The API's NVRTC build must target sm_90a (ptx_lab.gpu.arch_options): on plain sm_90
     # setmaxnreg is compiled out, and the 8 or 16 producers' build spills.
-    from kernel import api, build
+    from kernel.ds_scan import config, launch
     from kernel.runtime import builds
 
-    cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
-    (reg_split,) = builds.read_int_constants(api.module(cfg), "kda_reg_split", 1)
+    cfg = config.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
+    (reg_split,) = builds.read_int_constants(launch.module(cfg), "kda_reg_split", 1)
     assert reg_split == split
-    attrs = api.kernel(cfg)[0].attributes
+    attrs = launch.kernel(cfg)[0].attributes
     assert attrs["local_size_bytes"] == 0, attrs
 
 
 @pytest.mark.parametrize("vsplit, wgmma", [(1, 1), (2, 1), (4, 0)])
 def test_the_launched_build_runs_g4_g5_as_wgmma_where_it_should(vsplit, wgmma):
     # WGMMA is compiled out of a plain sm_90 build: the API's NVRTC build (sm_90a) must keep it
-    # wherever build.Config turns it on (the consumers are one warpgroup).
-    from kernel import api, build
+    # wherever config.Config turns it on (the consumers are one warpgroup).
+    from kernel.ds_scan import config, launch
     from kernel.runtime import builds
 
-    cfg = build.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
+    cfg = config.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
     assert cfg.wgmma == wgmma
-    (on,) = builds.read_int_constants(api.module(cfg), "kda_wgmma", 1)
+    (on,) = builds.read_int_constants(launch.module(cfg), "kda_wgmma", 1)
     assert on == wgmma
-    assert api.kernel(cfg)[0].attributes["local_size_bytes"] == 0
+    assert launch.kernel(cfg)[0].attributes["local_size_bytes"] == 0

@@ -1,9 +1,9 @@
-"""kernel.fla_entry: dstate_scan_from_fla's host side on the CPU, its GPU runs on the GPU.
+"""kernel.ds_scan.fla: dstate_scan_from_fla's host side on the CPU, its GPU runs on the GPU.
 
 On the CPU the arguments are stand-ins for GPU arrays (DeviceArray below: the
 CUDA array interface CuPy arrays expose, and a device id, with no memory behind
 them), so every check runs without a GPU; valid arguments pass
-plan_fla_launch, and without CuPy the call then stops at kernel.api's "needs
+plan_fla_launch, and without CuPy the call then stops at kernel.ds_scan.launch's "needs
 CuPy" error.
 
 The `gpu` tests compare dstate_scan_from_fla with kernel.dstate_scan fed from
@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kernel import fla_entry
-from kernel.fla_entry import dstate_scan_from_fla, plan_fla_launch
+from kernel.ds_scan import fla
+from kernel.ds_scan.fla import dstate_scan_from_fla, plan_fla_launch
 
 D, C64 = 128, 64
 _addresses = itertools.count(0x7F00_0000_0000, 1 << 32)
@@ -293,7 +293,7 @@ def test_matches_the_tile_path_and_float64(case):
 
     from kernel import dstate_scan
     from kernel.tools import check
-    from kernel.api import bf16_bits, bits_to_f32
+    from kernel.ds_scan.launch import bf16_bits, bits_to_f32
     from kernel.reference import (dstate_scan_reference, fla_forward_tensors, prepare_tiles,
                                   random_inputs)
     from kernel.reference.checks import l2norm

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel.api import bf16_bits, bits_to_f32
+from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import (dstate_scan_reference, fla_diagonal_blocks, fla_forward_tensors,
                               kernel_a_inputs_from_fla, prepare_tiles, random_inputs)
 from kernel.reference.fla_layout import GARBAGE

@@ -225,7 +225,7 @@ def test_every_config_field_is_a_knob_and_reaches_the_source():
     with pytest.raises(ValueError, match="Config.lineinfo must be True or False"):
         Config(lineinfo=1)
     for macro in fs.KNOB_MACROS.values():
-        assert re.search(rf"#ifndef {macro}\n#error \"{macro} is not set: kernel/forward_states.py sets every knob",
+        assert re.search(rf"#ifndef {macro}\n#error \"{macro} is not set: kernel/forward_states/config.py sets every knob",
                          SRC), macro
         uses = [line for line in SRC.splitlines()
                 if re.search(rf"\b{macro}\b", line) and not re.match(rf"\s*#(ifndef|error)\b", line)]
@@ -247,7 +247,7 @@ def test_a_build_without_a_knob_stops_and_names_it(tmp_path):
     proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
                            str(fs.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
     assert proc.returncode != 0
-    assert "FS_NSTAGE is not set: kernel/forward_states.py sets every knob" in proc.stderr
+    assert "FS_NSTAGE is not set: kernel/forward_states/config.py sets every knob" in proc.stderr
 
 
 # ----------------------------------------------------------------------------

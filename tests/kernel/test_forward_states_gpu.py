@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel.api import bits_to_f32
+from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward_states import Config, all_variants, forward_states
 
 from .forward_states_cases import RAGGED, bf16, emulate, make_case, rel, worst_entry

@@ -50,7 +50,7 @@ def make_case(case, H=2, seed=11):
     """Host float64 inputs, the device inputs in FLA's layout, and the reference gradients."""
     import cupy
 
-    from kernel.api import bf16_bits, bits_to_f32
+    from kernel.ds_scan.launch import bf16_bits, bits_to_f32
     from kernel.reference import fla_forward_tensors, kda_backward_reference, kda_forward_reference, random_inputs
     from kernel.reference.checks import l2norm
     from kernel.token_gradients import tables
@@ -86,7 +86,7 @@ def make_case(case, H=2, seed=11):
 
 
 def _host(name, x):
-    from kernel.api import bits_to_f32
+    from kernel.ds_scan.launch import bits_to_f32
 
     x = x.get()
     return bits_to_f32(x).astype(np.float64) if x.dtype == np.uint16 else x.astype(np.float64)

@@ -1,8 +1,8 @@
-"""kernel.split, on the CPU: the plan of the sequence split and its three passes.
+"""kernel.ds_scan.split, on the CPU: the plan of the sequence split and its three passes.
 
 The GPU runs the passes with Kernel A's launches (tests/kernel/test_split_gpu.py).
 Here the float64 reference stands in for each launch, segment by segment, through
-the same :func:`kernel.split.run`: so the plan's tables (segment token ranges,
+the same :func:`kernel.ds_scan.split.run`: so the plan's tables (segment token ranges,
 snapshot offsets, which launch runs which segment) and the fold are checked
 against the unsplit reference scan, independently of the kernel.
 """
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel import split
+from kernel.ds_scan import split
 from kernel.reference import dstate_scan_reference, segment_snapshots, segment_summary
 from kernel.reference.dstate_scan import snapshot_offsets
 
@@ -167,8 +167,8 @@ def test_forced_counts_and_their_errors():
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "all"])
 def test_the_api_names_a_bad_segments_before_anything_else(bad):
-    from kernel.api import dstate_scan
-    from kernel.fla_entry import dstate_scan_from_fla
+    from kernel.ds_scan.launch import dstate_scan
+    from kernel.ds_scan.fla import dstate_scan_from_fla
 
     x = np.zeros((1, 64, 1, 128), dtype=np.uint16)
     with pytest.raises(ValueError, match="segments must be 'auto' or an integer >= 1"):

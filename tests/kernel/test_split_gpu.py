@@ -1,4 +1,4 @@
-"""The sequence split on the GPU (kernel.split through kernel.dstate_scan's ``segments``).
+"""The sequence split on the GPU (kernel.ds_scan.split through kernel.dstate_scan's ``segments``).
 
 kernel.tools.check's split cases hold the split scan to the float64 reference and to
 determinism (tests/kernel/test_dstate_scan_gpu.py runs them). Here: its error against
@@ -48,13 +48,13 @@ def test_summaries_match_the_float64_segment_summary(gate_strength):
     stays O(1) over the whole sequence instead of decaying by ~0.45 a tile."""
     import cupy
 
-    from kernel import api
+    from kernel.ds_scan import launch
     from kernel.reference import segment_summary
 
     kern, ref = check.inputs(check.Case("summary", lengths=(64, 700, 1000), H=2, l2norm=False, seed=40,
                                         gate_strength=gate_strength))
     names = ("q", "k", "gc", "beta", "mqk", "inv", "do")
-    M, d = api.summaries(*(kern[n] for n in names), cu_seqlens=kern["cu_seqlens"], qk_l2norm=False)
+    M, d = launch.summaries(*(kern[n] for n in names), cu_seqlens=kern["cu_seqlens"], qk_l2norm=False)
     cu = kern["cu_seqlens"]
     for n in range(len(cu) - 1):
         rM, rd = segment_summary(*(ref[x] for x in names), start=int(cu[n]), cu_seqlens=cu, qk_l2norm=False)
@@ -64,7 +64,7 @@ def test_summaries_match_the_float64_segment_summary(gate_strength):
 
 def test_torch_tensors_through_the_split():
     torch = pytest.importorskip("torch")
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
 
     kern, _ = check.inputs(check.Case("split-torch", lengths=(1000, 300), H=2, seed=41))
     names = ("q", "k", "gc", "beta", "mqk", "inv", "do")
@@ -78,9 +78,9 @@ def test_torch_tensors_through_the_split():
 
 
 def test_auto_leaves_a_full_batch_unsplit_and_splits_a_long_sequence():
-    from kernel import split
+    from kernel.ds_scan import split
     from kernel.runtime import builds
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
 
     names = ("q", "k", "gc", "beta", "mqk", "inv", "do")
     kern, _ = check.inputs(check.Case("auto-full", B=132, T=64, H=1, seed=42))

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from kernel.api import bf16_bits, bits_to_f32
+from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import dstate_scan_reference, fla_forward_tensors
 from kernel.reference.checks import l2norm
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla

@@ -1,4 +1,4 @@
-"""Kernel B (kernel/cuda/kda_backward/token_gradients.cu and its token_gradients_*.cuh) on the CPU,
+"""Kernel B (kernel/token_gradients/cuda/token_gradients.cu and its token_gradients_*.cuh) on the CPU,
 lane by lane.
 
 One CTA of the kernel (8 warps, one 64-token chunk of one head) is replayed through

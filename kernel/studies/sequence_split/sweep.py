@@ -4,9 +4,9 @@
 
 For each configuration (H heads, bf16 snapshots every 64 tokens: FLA's dh layout) and
 each segment count S (every sequence cut into min(S, its 64-token blocks); "auto" is
-kernel.split's rule), kernel.dstate_scan is timed with the bench's timer (cold L2, the
+kernel.ds_scan.split's rule), kernel.dstate_scan is timed with the bench's timer (cold L2, the
 GPU given work ahead of each call) and, in the same process, its passes are timed from
-events kernel.split.run marks (pass 1: summaries beside the last segments' scans;
+events kernel.ds_scan.split.run marks (pass 1: summaries beside the last segments' scans;
 the fold; pass 3: the other segments' scans; GPU work queued ahead, as the timer does). Beside them: the two-pass byte floor
 (the unsplit scan's bytes plus the middle segments' inputs read again in pass 1,
 at the device's copy rate) and the time against S = 1 from the same process.
@@ -53,7 +53,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--configs", default="1x32768,1x131072,1x524288,2x65536")
     ap.add_argument("--segments", default="1,3,4,5,8,auto", type=parse_segments)
     ap.add_argument("--end-weights", default=None, type=parse_weights,
-                    help="comma-separated lengths of the last segment against the others' (kernel.split.END_WEIGHT "
+                    help="comma-separated lengths of the last segment against the others' (kernel.ds_scan.split.END_WEIGHT "
                          "for the run; default: its value)")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--reps", type=int, default=10)
@@ -71,7 +71,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     import cupy
     import torch
 
-    from kernel import api, split
+    from kernel.ds_scan import launch, split
     from kernel.runtime import builds
     from kernel.tools.bench.configs import MODES, kernel_a_bytes, parse_config
     from kernel.tools.bench.inputs import build_tiles, cu_for_kernel_a, make_inputs
@@ -94,17 +94,17 @@ def run(argv: Sequence[str] | None = None) -> int:
         weights = args.end_weights or [split.END_WEIGHT]
         variants = [(seg, w) for seg in args.segments for w in (weights if seg != 1 else [1.0])]
         for seg, weight in variants:
-            split.END_WEIGHT = weight       # read by kernel.api at each call (its plan cache keys on it)
+            split.END_WEIGHT = weight       # read by kernel.ds_scan.launch at each call (its plan cache keys on it)
             counts = split.counts_for(seg, cfg.lengths, H, sm)
 
             def call():
                 with cupy_on_torch_stream():
-                    return api.dstate_scan(raw["q"], raw["k"], gc, raw["beta"], mqk, inv, raw["do"],
+                    return launch.dstate_scan(raw["q"], raw["k"], gc, raw["beta"], mqk, inv, raw["do"],
                                            dht=raw["dht"], cu_seqlens=cu, snapshot_dtype=dtype,
                                            snapshot_every=every, segments=seg)
 
             t = time_cuda(call, warmup=2, reps=args.reps, flush=flush)
-            # the passes, from kernel.split.run's marks (median over reps)
+            # the passes, from kernel.ds_scan.split.run's marks (median over reps)
             phases: dict[str, list] = {}
             for _ in range(max(3, args.reps // 2)):
                 marks = []

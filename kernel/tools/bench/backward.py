@@ -15,7 +15,7 @@ process of its own (:mod:`.backward_run`). In this order:
    change the backward's work;
 3. each backward's peak GPU memory, once (:func:`peak_memory`);
 4. our pieces beside our whole backward, in turn: ``kernel.forward_states.forward_states`` and
-   Kernel A (``kernel.api.launch`` on FLA's tensors, bf16 dS after every tile); the rest (Kernel B
+   Kernel A (``kernel.ds_scan.launch.launch`` on FLA's tensors, bf16 dS after every tile); the rest (Kernel B
    and the casts) is the total minus those two;
 5. the training step: FLA's ``chunk_kda`` forward and backward through autograd against
    ``kernel.chunk_kda`` (FLA's forward, our backward), in turn.
@@ -211,7 +211,7 @@ def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res:
     # 4. our pieces beside our whole backward: each scan alone on its full-GPU grid, and where the
     #    rule runs them side by side also each on its halved grid and the whole backward in turn
     if OURS in calls:
-        from kernel.api import launch
+        from kernel.ds_scan.launch import launch
         from kernel.runtime.builds import sm_count as _sm_count
         from kernel.kda_backward import plan_scans
 

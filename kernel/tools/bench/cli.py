@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Sequence
 
-from kernel.build import parse_knobs
+from kernel.ds_scan.config import parse_knobs
 from kernel.shapes import HEAD_DIM
 
 from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
@@ -63,10 +63,10 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     p.add_argument("--vsplit", default="auto", choices=("auto", "1", "2", "4", "8"),
                    help="Kernel A's V split (default auto)")
     p.add_argument("--segments", default="auto",
-                   help="Kernel A's sequence split (kernel.split): 'auto' (split where the grid would not fill "
+                   help="Kernel A's sequence split (kernel.ds_scan.split): 'auto' (split where the grid would not fill "
                         "the SMs), or S segments per sequence (1: never split)")
     p.add_argument("--tune", nargs="*", default=[], metavar="KNOB=N",
-                   help="Kernel A build knobs (kernel.build.Config), e.g. ksplit=2 producers=8")
+                   help="Kernel A build knobs (kernel.ds_scan.config.Config), e.g. ksplit=2 producers=8")
     p.add_argument("--no-alternate", action="store_true",
                    help=f"skip the alternating timing (Kernel A's {BF16_EVERY_64} and FLA's dAv+dhu called "
                         "in turn, the same number of times, after the separate timings)")
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     dstate_scan = None
     if not args.no_kernel:
         dstate_scan, why = kernel_a_import()
-        log("Kernel A: kernel.api.dstate_scan" if dstate_scan else f"Kernel A not available ({why})")
+        log("Kernel A: kernel.ds_scan.dstate_scan" if dstate_scan else f"Kernel A not available ({why})")
     fla, why = None, "skipped (--no-fla)"
     if not args.no_fla:
         fla, why = fla_import()

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from kernel.shapes import HEAD_DIM, TILE_TOKENS
-from kernel.fla_entry import dstate_scan_from_fla   # numpy-only at import, like kernel.api
+from kernel.ds_scan.fla import dstate_scan_from_fla   # numpy-only at import, like kernel.ds_scan.launch
 
 from .configs import BF16_EVERY_64, MODES, Config, kernel_a_bytes
 from .inputs import build_tiles, cu_for_fla, cu_for_kernel_a, every_k_rows, make_inputs, slice_inputs
@@ -24,7 +24,7 @@ from .timing import copy_floor_ms, cupy_on_torch_stream, free_memory, kernel_onl
 def kernel_a_import():
     """(dstate_scan, None) or (None, reason)."""
     try:
-        from kernel.api import dstate_scan
+        from kernel.ds_scan.launch import dstate_scan
     except Exception as exc:
         return None, f"{exc.__class__.__name__}: {exc}"
     return dstate_scan, None
@@ -51,7 +51,7 @@ def run_kernel_a(dstate_scan, raw: dict, tiles: tuple, *, mode: str, vsplit, sca
 
 
 def run_kernel_a_from_fla(state, raw: dict, *, vsplit, tuning=None, segments="auto"):
-    """kernel.fla_entry.dstate_scan_from_fla on FLA's forward tensors as it stored them -> (dh, dh0)."""
+    """kernel.ds_scan.fla.dstate_scan_from_fla on FLA's forward tensors as it stored them -> (dh, dh0)."""
     with cupy_on_torch_stream():
         return dstate_scan_from_fla(state.q, state.k, state.gk, state.beta, state.Aqk, state.Akk, raw["do"],
                                     dht=raw["dht"], cu_seqlens=raw.get("cu_a"), scale=state.scale,
@@ -69,21 +69,21 @@ def as_torch(x, bf16_bits: bool = False):
 
 
 def resolved_vsplit(vsplit, ctas: int):
-    """The split 'auto' picks (kernel.api.choose_vsplit), for the record."""
+    """The split 'auto' picks (kernel.ds_scan.choose_vsplit), for the record."""
     if vsplit != "auto":
         return vsplit
     try:
         import torch
-        from kernel.api import choose_vsplit
+        from kernel.ds_scan.launch import choose_vsplit
         return choose_vsplit(ctas, torch.cuda.get_device_properties(0).multi_processor_count)
     except Exception:
         return "auto"
 
 
 def resolved_segments(segments, lengths, H: int) -> list[int]:
-    """The segment counts of the sequence split (kernel.split) per distinct length, for the record."""
+    """The segment counts of the sequence split (kernel.ds_scan.split) per distinct length, for the record."""
     import torch
-    from kernel import split
+    from kernel.ds_scan import split
 
     counts = split.counts_for(segments, lengths, H, torch.cuda.get_device_properties(0).multi_processor_count)
     return sorted(set(int(c) for c in counts))

@@ -16,7 +16,7 @@ from .configs import BF16_EVERY_64, FP32_EVERY_TILE, RENAMED_MODES
 
 ALTERNATING_A = f"kernel_a_{BF16_EVERY_64}"   # the result's "alternating" keys
 ALTERNATING_FLA = "fla_dAv+dhu"
-ALTERNATING_FROM_FLA = "kernel_a_from_fla"   # kernel.fla_entry on FLA's own forward tensors
+ALTERNATING_FROM_FLA = "kernel_a_from_fla"   # kernel.ds_scan.fla on FLA's own forward tensors
 
 TABLE_COLUMNS = ("config", f"A {BF16_EVERY_64} ms", f"A {FP32_EVERY_TILE} ms", "A from FLA ms", "FLA dAv+dhu ms",
                  "FLA w_u ms", "ratio A/FLA", "A/FLA in turn", "from FLA/FLA in turn", "A GB/s", "floor ms",

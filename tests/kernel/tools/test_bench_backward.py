@@ -109,9 +109,9 @@ def test_refused_without_cupy_naming_it(monkeypatch, capsys):
 def test_a_module_not_written_yet_is_called_missing():
     fn, why = backward.import_ours("no_such_module", "f")
     assert fn is None and why.startswith("kernel.no_such_module.f is missing (ModuleNotFoundError")
-    fn, why = backward.import_ours("api", "no_such_name")
-    assert fn is None and why.startswith("kernel.api.no_such_name is missing (AttributeError")
-    fn, why = backward.import_ours("api", "launch")
+    fn, why = backward.import_ours("ds_scan.launch", "no_such_name")
+    assert fn is None and why.startswith("kernel.ds_scan.launch.no_such_name is missing (AttributeError")
+    fn, why = backward.import_ours("ds_scan.launch", "launch")
     assert why is None and fn.__name__ == "launch"
 
 

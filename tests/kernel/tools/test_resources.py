@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from kernel import build
+from kernel.ds_scan import config
 from kernel.tools import resources
 
 
@@ -46,7 +46,7 @@ def test_jobs_below_one_is_an_argument_error(jobs, message, capsys):
 
 
 def _row(**over) -> dict:
-    row = {"kernel": build.BUILD, "cfg": build.Config(vsplit=4), "regs": 128, "spill": 0, "stack": 0, "smem": 1000,
+    row = {"kernel": config.BUILD, "cfg": config.Config(vsplit=4), "regs": 128, "spill": 0, "stack": 0, "smem": 1000,
            "threads": 256, "ctas_per_sm": 1, "sass": {op: 1 for op in resources.SASS_OPS}}
     return {**row, **over}
 

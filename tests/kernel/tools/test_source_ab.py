@@ -1,7 +1,8 @@
 """ptx-lab source-ab: its arguments and the old source it builds from (CPU); one small timing run (GPU)."""
 import pytest
 
-from kernel import build, token_gradients
+from kernel import token_gradients
+from kernel.ds_scan import config
 from kernel.tools import source_ab
 
 
@@ -39,8 +40,8 @@ def test_the_old_source_comes_from_a_git_revision(kernel, tmp_path):
         pytest.skip("not a git checkout")
     old = source_ab._check_old(source_ab.old_tree_from_rev("HEAD", kernel, tmp_path), kernel)
     if kernel == "a":
-        assert old.name == build.SOURCE_DIR.name and (old / "dstate_scan.cu").is_file()
-        assert sorted(p.name for p in old.glob("*.cuh")) == sorted(p.name for p in build.SOURCE_DIR.glob("*.cuh"))
+        assert old.name == config.SOURCE_DIR.name and (old / "dstate_scan.cu").is_file()
+        assert sorted(p.name for p in old.glob("*.cuh")) == sorted(p.name for p in config.SOURCE_DIR.glob("*.cuh"))
     else:
         assert old.name == token_gradients.SOURCE_PATH.name and old.stat().st_size > 0
 
@@ -78,4 +79,4 @@ def test_the_same_source_twice_takes_about_the_same_time(kernel, tmp_path, capsy
     assert all(v > 0 for v in rows[0]["runs_ms"].values())
     assert 0.5 < rows[0]["ratio"] < 2.0
     # the working tree's source is back in place afterwards
-    assert (build.SOURCE_DIR if kernel == "a" else token_gradients.SOURCE_PATH) == working_tree != old
+    assert (config.SOURCE_DIR if kernel == "a" else token_gradients.SOURCE_PATH) == working_tree != old

@@ -112,15 +112,15 @@ def test_racecheck_probes_compile_for_sm_90a(tmp_path):
 # ----------------------------------------------------------------- profile
 
 def test_tune_arguments_are_key_value_ints():
-    from kernel import build
+    from kernel.ds_scan import config
 
-    assert build.parse_knobs(["nstage=3", "producers=8"]) == {"nstage": 3, "producers": 8}
+    assert config.parse_knobs(["nstage=3", "producers=8"]) == {"nstage": 3, "producers": 8}
     with pytest.raises(SystemExit, match="key=value"):
-        build.parse_knobs(["nstage"])
+        config.parse_knobs(["nstage"])
     with pytest.raises(SystemExit, match="unknown knob 'stages'"):
-        build.parse_knobs(["stages=3"])
+        config.parse_knobs(["stages=3"])
     with pytest.raises(SystemExit, match="takes an integer"):
-        build.parse_knobs(["ksplit=two"])
+        config.parse_knobs(["ksplit=two"])
 
 
 def test_profile_report_names_each_phase():
@@ -151,7 +151,7 @@ def test_profile_phases_add_up_to_at_most_the_total(vsplit, mode, tune):
 
 @pytest.mark.gpu
 def test_tuning_knobs_are_checked():
-    from kernel.api import dstate_scan
+    from kernel.ds_scan.launch import dstate_scan
     from tests.kernel.test_dstate_scan_gpu import _good_inputs
 
     k = _good_inputs()
@@ -167,31 +167,31 @@ def test_tuning_knobs_are_checked():
         dstate_scan(*args, vsplit=1, tuning={"mt": 2, "ksplit": 2})
 
 
-# ----------------------------------------------------------------- build.Config
+# ----------------------------------------------------------------- config.Config
 
 def test_ksplit_and_mt_set_the_consumer_warps_and_a_ring_that_leaves_barriers():
-    from kernel import build
+    from kernel.ds_scan import config
 
-    c = build.Config(vsplit=4, snap_bf16=True, snap_every=4, ksplit=2, producers=4)
+    c = config.Config(vsplit=4, snap_bf16=True, snap_every=4, ksplit=2, producers=4)
     assert (c.consumers, c.producers, c.nstage, c.threads) == (4, 4, 4, 256)
-    assert "-DKSPLIT=2" in build.defines(c) and c.name().endswith("-ks2")
+    assert "-DKSPLIT=2" in config.defines(c) and c.name().endswith("-ks2")
     # vsplit 1, mt 1: 8 bands need 8 pair barriers; FULL + EMPTY of 4 stages would make 16 of 15
-    c1 = build.Config(vsplit=1, mt=1, ksplit=2)
+    c1 = config.Config(vsplit=1, mt=1, ksplit=2)
     assert (c1.consumers, c1.nstage) == (16, 3)
     with pytest.raises(ValueError, match="needs 16 named barriers"):
-        build.Config(vsplit=1, mt=1, ksplit=2, nstage=4)
-    assert build.Config(vsplit=1, mt=2, ksplit=2).nstage == 4      # 4 bands of 32 v
+        config.Config(vsplit=1, mt=1, ksplit=2, nstage=4)
+    assert config.Config(vsplit=1, mt=2, ksplit=2).nstage == 4      # 4 bands of 32 v
     with pytest.raises(ValueError, match="ksplit must be 1 or 2"):
-        build.Config(ksplit=4)
+        config.Config(ksplit=4)
     with pytest.raises(ValueError, match="mt must be 1 or 2"):
-        build.Config(vsplit=8, mt=2)                               # a 16-column CTA has no 32-wide band
+        config.Config(vsplit=8, mt=2)                               # a 16-column CTA has no 32-wide band
 
 
 def test_fp32_snapshots_at_vsplit_1_take_two_producers():
-    from kernel import build
+    from kernel.ds_scan import config
 
-    assert build.Config(vsplit=1, snap_bf16=False).producers == 2
-    assert build.Config(vsplit=2, snap_bf16=False).producers == 4
+    assert config.Config(vsplit=1, snap_bf16=False).producers == 2
+    assert config.Config(vsplit=2, snap_bf16=False).producers == 4
 
 
 @pytest.mark.parametrize("vsplit, want", [
@@ -201,19 +201,19 @@ def test_fp32_snapshots_at_vsplit_1_take_two_producers():
     (8, dict(mt=1, ksplit=1, g2_split=4, producers=4, consumers=1)),
 ])
 def test_auto_knobs(vsplit, want):
-    from kernel import build
+    from kernel.ds_scan import config
 
-    c = build.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
+    c = config.Config(vsplit=vsplit, snap_bf16=True, snap_every=4)
     assert {k: getattr(c, k) for k in want} == want
     assert c.nstage == 4
-    assert (c.loads, c.snap_store) == (build.LOADS_CP_ASYNC, build.SNAP_TMA)
+    assert (c.loads, c.snap_store) == (config.LOADS_CP_ASYNC, config.SNAP_TMA)
 
 
 @pytest.mark.parametrize("vsplit, store", [(1, 2), (2, 1), (4, 1), (8, 1)])
 def test_fp32_snapshot_store_rule(vsplit, store):
-    from kernel import build
+    from kernel.ds_scan import config
 
-    assert build.Config(vsplit=vsplit).snap_store == store   # staged at vsplit 1, direct elsewhere
+    assert config.Config(vsplit=vsplit).snap_store == store   # staged at vsplit 1, direct elsewhere
 
 
 @pytest.mark.parametrize("knobs, message", [
@@ -222,10 +222,10 @@ def test_fp32_snapshot_store_rule(vsplit, store):
     (dict(loads=3), "loads must be"),
 ])
 def test_store_and_load_knobs_are_checked(knobs, message):
-    from kernel import build
+    from kernel.ds_scan import config
 
     with pytest.raises(ValueError, match=message):
-        build.Config(**knobs)
+        config.Config(**knobs)
 
 
 def ptx_constant(ptx: str, name: str) -> int:
@@ -238,22 +238,22 @@ def ptx_constant(ptx: str, name: str) -> int:
 
 
 def test_the_kernel_built_from_build_options_has_build_configs_shape(tmp_path):
-    """The device source derives its shape from the -D's build.defines passes: threads per CTA
-    and whether G4/G5 are warpgroup MMAs agree with build.Config for every v-split."""
+    """The device source derives its shape from the -D's config.defines passes: threads per CTA
+    and whether G4/G5 are warpgroup MMAs agree with config.Config for every v-split."""
     import shutil
     import subprocess
 
-    from kernel import build
+    from kernel.ds_scan import config
     from kernel.tools import resources
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    for vsplit in build.VSPLITS:
+    for vsplit in config.VSPLITS:
         for bf16 in (0, 1):
-            cfg = build.Config(vsplit=vsplit, snap_bf16=bool(bf16))
+            cfg = config.Config(vsplit=vsplit, snap_bf16=bool(bf16))
             out = tmp_path / f"vs{vsplit}-{bf16}.ptx"
             subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}",
-                            *build.options(cfg), "-ptx", str(build.SOURCE_PATH), "-o", str(out)], check=True)
+                            *config.options(cfg), "-ptx", str(config.SOURCE_PATH), "-o", str(out)], check=True)
             ptx = out.read_text()
             assert ptx_constant(ptx, "kda_threads") == cfg.threads, (vsplit, bf16)
             wgmma = ptx_constant(ptx, "kda_wgmma")
@@ -262,15 +262,15 @@ def test_the_kernel_built_from_build_options_has_build_configs_shape(tmp_path):
 
 
 def test_a_tensor_map_error_names_the_argument():
-    # kernel.api's tensor maps keep ptx_lab.tensormap's checks and say which input broke one;
+    # kernel.ds_scan.launch's tensor maps keep ptx_lab.tensormap's checks and say which input broke one;
     # validation runs before the driver, so no GPU is needed to see it.
-    from kernel import api
+    from kernel.ds_scan import launch
 
     dims = (64, 128, 64, 128, 32, 64)   # vsplit 1's boxes: do 64 cols / SW128, gc 64, snapshot 128 x 32 / SW64
     good = 0x7F00_0000_0000
     with pytest.raises(ValueError, match=r"^mqk: its tensor map .*: address = 0x7f0000000008: the tensor must "
                                          r"start 16-byte aligned"):
-        api.encode_tensor_maps(True, dims, 4096, 32, (good, good, good, good, good + 8, good), None)
+        launch.encode_tensor_maps(True, dims, 4096, 32, (good, good, good, good, good + 8, good), None)
 
 
 @pytest.mark.parametrize("producers, split", [(4, False), (8, True), (16, True)])
@@ -280,37 +280,37 @@ def test_more_producers_take_registers_from_the_pool_without_spilling(tmp_path, 
     # to the consumers' warpgroup (sm_90a), and nothing may spill on either side.
     import shutil
 
-    from kernel import build
+    from kernel.ds_scan import config
     from kernel.tools import resources
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
-    row = resources.compile_variant(build.BUILD, cfg, tmp_path)
+    cfg = config.Config(vsplit=1, snap_bf16=True, snap_every=4, producers=producers)
+    row = resources.compile_variant(config.BUILD, cfg, tmp_path)
     assert "error" not in row, row.get("error")
     assert row["spill"] == 0 and row["stack"] == 0, row["log"]
     ptx = (tmp_path / f"{cfg.name()}.ptx").read_text()
     assert ("setmaxnreg.inc.sync.aligned.u32 240" in ptx) == split
     assert ("setmaxnreg.dec.sync.aligned.u32" in ptx) == split
     assert cfg.regsplit == split
-    if split:   # build.Config's count of what the producers keep is the kernel's
+    if split:   # config.Config's count of what the producers keep is the kernel's
         assert f"setmaxnreg.dec.sync.aligned.u32 {cfg.producer_regs};" in ptx, cfg.producer_regs
     assert row["threads"] == 32 * (4 + producers)
 
 
 def test_wgmma_auto_rule_and_its_checks():
     # on wherever the consumers are one warpgroup holding all 128 k: vsplit 1 (mt 2) and 2 (mt 1)
-    from kernel import build
+    from kernel.ds_scan import config
 
-    assert [build.Config(vsplit=v).wgmma for v in build.VSPLITS] == [1, 1, 0, 0]
-    assert build.Config(vsplit=1, wgmma=0).wgmma == 0
-    assert "-wgmma" in build.Config(vsplit=1).name() and "-wgmma" not in build.Config(vsplit=4).name()
-    assert "-DWGMMA=1" in build.defines(build.Config(vsplit=2))
+    assert [config.Config(vsplit=v).wgmma for v in config.VSPLITS] == [1, 1, 0, 0]
+    assert config.Config(vsplit=1, wgmma=0).wgmma == 0
+    assert "-wgmma" in config.Config(vsplit=1).name() and "-wgmma" not in config.Config(vsplit=4).name()
+    assert "-DWGMMA=1" in config.defines(config.Config(vsplit=2))
     for knobs in (dict(vsplit=4, wgmma=1), dict(vsplit=1, mt=1, wgmma=1), dict(vsplit=2, ksplit=2, wgmma=1)):
         with pytest.raises(ValueError, match="one warpgroup"):
-            build.Config(**knobs)
+            config.Config(**knobs)
     with pytest.raises(ValueError, match="wgmma must be"):
-        build.Config(wgmma=2)
+        config.Config(wgmma=2)
 
 
 def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_path):
@@ -319,13 +319,13 @@ def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_p
     import shutil
     import subprocess
 
-    from kernel import build
+    from kernel.ds_scan import config
     from kernel.tools import resources
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
-    cfg = build.Config(vsplit=1, snap_bf16=True, snap_every=4)
-    row = resources.compile_variant(build.BUILD, cfg, tmp_path)
+    cfg = config.Config(vsplit=1, snap_bf16=True, snap_every=4)
+    row = resources.compile_variant(config.BUILD, cfg, tmp_path)
     assert "error" not in row, row.get("error")
     assert row["spill"] == 0 and row["stack"] == 0, row["log"]
     if row["sass"] is not None:
@@ -334,8 +334,8 @@ def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_p
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
     assert "fence.proxy.async.shared::cta" in ptx          # R1's stores before the async proxy reads them
     plain = tmp_path / "plain_sm90.ptx"
-    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}", *build.defines(cfg),
-                    "-ptx", str(build.SOURCE_PATH), "-o", str(plain)], check=True)
+    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", f"-I{resources.CUDA_INCLUDE_DIR}", *config.defines(cfg),
+                    "-ptx", str(config.SOURCE_PATH), "-o", str(plain)], check=True)
     text = plain.read_text()
     assert ptx_constant(text, "kda_wgmma") == 0 and "wgmma" not in text.replace("kda_wgmma", "")
 
@@ -343,8 +343,8 @@ def test_wgmma_builds_hold_transposed_hgmma_and_plain_sm90_compiles_it_out(tmp_p
 def test_racecheck_s_kernel_a_case_refills_every_stage_of_the_ring():
     """The longest sequence walks at least twice as many tiles as any build's ring has stages, so every
     stage is refilled after an EMPTY hand-off at least once (a case of at most nstage tiles has none)."""
-    from kernel import build
+    from kernel.ds_scan import config
 
-    deepest = max(cfg.nstage for cfg in build.all_variants())
+    deepest = max(cfg.nstage for cfg in config.all_variants())
     tiles = max(-(-n // TILE_TOKENS) for n in racecheck.KERNEL_A_LENGTHS)
     assert tiles >= 2 * deepest, (tiles, deepest)

@@ -1,0 +1,46 @@
+// kernel/ds_scan/cuda/work.cuh -- the kernel's arguments, and what one CTA works on.
+#pragma once
+#include "layout.cuh"
+
+namespace kda {
+
+struct Params {
+    const unsigned short* q;      // [tokens, H, D] bf16
+    const unsigned short* k;      // [tokens, H, D] bf16
+    const float* gc;              // [tokens, H, D]
+    const float* beta;            // [tokens, H]
+    const unsigned short* mqk;    // [tokens, H, C] bf16
+    const unsigned short* inv;    // [tokens, H, C] bf16
+    const unsigned short* dO;     // [tokens, H, D] bf16
+    const float* dht;             // [N, H, D, D] or null
+    void* snapshots;              // [total_snaps, H, D, D] fp32 or bf16
+    float* dh0;                   // [N, H, D, D]
+    const long long* cu_seqlens;  // [N + 1] token offsets
+    const long long* snap_offsets;// [N + 1] snapshot offsets
+    const int* order;             // [N] sequence processed by CTA slot (longest first) or null
+    int H;
+    float scale;
+    const TmaMaps* maps;          // the tensor maps (a __grid_constant__ kernel parameter)
+};
+
+// What a CTA works on: v split vs of head h of sequence seq (the order's slot-th longest);
+// SUMMARY builds: role 0 (the segment's d) or 1 (its M), the grid's y index.
+struct CtaWork {
+    int vs, h, seq, len, nt, role;
+    long long seq_start, snap_base;
+};
+__device__ __forceinline__ CtaWork cta_work(const Params& p) {
+    CtaWork w;
+    w.vs = blockIdx.x % VSPLIT;
+    w.h = (blockIdx.x / VSPLIT) % p.H;
+    const int slot = blockIdx.x / (VSPLIT * p.H);
+    w.seq = p.order ? p.order[slot] : slot;
+    w.seq_start = p.cu_seqlens[w.seq];
+    w.len = (int)(p.cu_seqlens[w.seq + 1] - w.seq_start);
+    w.nt = (w.len + C - 1) / C;
+    w.snap_base = p.snap_offsets[w.seq];
+    w.role = SUMMARY ? (int)blockIdx.y : 0;
+    return w;
+}
+
+}  // namespace kda

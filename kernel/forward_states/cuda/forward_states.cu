@@ -1,0 +1,276 @@
+// kernel/forward_states/cuda/forward_states.cu -- Kernel S: KDA's forward state scan, the state
+// entering every 64-token chunk (FLA's h), for the backward to read.
+//
+// Math per 16-token tile of one sequence and head (rows c < L real, the rest zero):
+//     gc = g - g[row before the tile]   (FLA's g restarts every 64 tokens: nothing to subtract
+//                                        at a 64-chunk's first tile)
+//     gT = gc[L-1];  rows >= L: gc = gT, k = v = beta = 0
+//     Kd = k 2^gc    Kr = k 2^(gT-gc)    gamma = 2^gT   (once per tile by the producers, for every consumer)
+//     Vn = v - Kd S;  U = INV (beta Vn);  S <- diag(gamma) S + Kr^T U
+// INV = the 16 x 16 diagonal block of Akk at columns 16 (tile mod 4), lower triangle only.
+// Before every 4th tile's update S goes out as bf16 [K][V] (FLA's h layout, state_v_first False).
+//
+// Design: S is held transposed, S^T [V x K], in mma.m16n8k16 fp32 accumulators, one consumer warp
+// per 16 V rows (16 n-tiles of 8 K columns: 64 registers a thread) for the whole scan. Then every
+// product takes its A operand from registers (mma.cuh's corollary: two adjacent n-tiles' C
+// fragments, packed pairwise to bf16, are one k-step's A fragment) and its B operand from
+// shared memory by ldmatrix, with no transpose anywhere:
+//     P^T  = S^T Kd^T            A = S^T (accumulators)  B = Kd^T: Kd [token][K], cols first, plain
+//     W^T  = beta (v^T - P^T)    per token column, in registers
+//     U^T  = W^T INV^T           A = W^T                 B = INV^T: INV [i][j], cols first, plain
+//     S^T <- gamma S^T + U^T Kr  A = U^T                 B = Kr: Kr [token][K], rows first, .trans
+// and the snapshot's stmatrix .trans of S^T's A fragments writes S [K][V] rows to a staging tile.
+// P^T's 8 k-steps go to FS_G6_SPLIT independent accumulator pairs, summed at the end: the chain
+// of dependent MMAs is 8 / FS_G6_SPLIT long instead of 8.
+//
+// A CTA owns (sequence, head, VW = 16 FS_WARPS v rows) and has two roles. Warps [0, FS_WARPS)
+// are consumers: each runs only its chain above, tile after tile. FS_PRODUCERS producer warps
+// fill a ring of FS_NSTAGE stages: they issue a tile's cp.async loads FS_NSTAGE - 1 tiles ahead
+// and rebuild its Kd, Kr and gamma (R1) in the stage while the consumers run earlier tiles.
+// Producer warp pw copies and rebuilds tile rows [C/P pw, C/P (pw+1)) alone, with its own copies
+// of g at the tile's last row and at the row before the tile, so a producer waits only for its
+// own warp's copies (cp.async.wait_group + __syncwarp) and never for another producer. Hand-off
+// by the named-barrier ring of ptx_lab's ring.cuh, each barrier counting all threads: FULL(s)
+// producers arrive once stage s holds a tile's operands, consumers sync; EMPTY(s) consumers
+// arrive when done reading stage s, producers sync before refilling it.
+//
+// The rooms: forward_states_layout.cuh (the stages, the staging tiles, the ring),
+// forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1). This file holds the
+// knobs and the shape they give (kernel/forward_states/config.py sets every knob), and the kernel: each
+// role's walk over the tiles, with the consumers' chain written out in it.
+#include "cp_async.cuh"
+#include "fragments.cuh"
+#include "ldmatrix.cuh"
+#include "mma.cuh"
+#include "ring.cuh"
+#include "stmatrix.cuh"
+
+// Every knob is set by kernel/forward_states/config.py (config.Config, options()); none has a
+// default here.
+#ifndef FS_WARPS
+#error "FS_WARPS is not set: kernel/forward_states/config.py sets every knob (Config.warps)"
+#endif
+#ifndef FS_PRODUCERS
+#error "FS_PRODUCERS is not set: kernel/forward_states/config.py sets every knob (Config.producers)"
+#endif
+#ifndef FS_NSTAGE
+#error "FS_NSTAGE is not set: kernel/forward_states/config.py sets every knob (Config.nstage)"
+#endif
+#ifndef FS_G6_SPLIT
+#error "FS_G6_SPLIT is not set: kernel/forward_states/config.py sets every knob (Config.g6_split)"
+#endif
+
+namespace fs {
+using namespace ptx_lab;
+typedef unsigned short u16;
+
+constexpr int D = 128;                  // K = V
+constexpr int C = 16;                   // tokens per tile
+constexpr int TILES_PER_CHUNK = 4;      // FLA's chunk of 64 tokens
+constexpr int AKK_COLS = C * TILES_PER_CHUNK;
+constexpr int WARPS = FS_WARPS;         // consumer warps
+constexpr int PRODUCERS = FS_PRODUCERS; // producer warps
+constexpr int NSTAGE = FS_NSTAGE;
+constexpr int PREFETCH = NSTAGE - 1;    // tiles whose loads are in flight ahead of R1
+constexpr int G6_SPLIT = FS_G6_SPLIT;
+constexpr int CONSUMER_THREADS = 32 * WARPS;
+constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
+constexpr int THREADS = CONSUMER_THREADS + PRODUCER_THREADS;
+constexpr int ROWS_PER_PRODUCER = C / PRODUCERS;
+constexpr int VW = 16 * WARPS;          // v rows of S^T per CTA
+constexpr int VGROUPS = D / VW;         // CTAs per (sequence, head)
+static_assert(WARPS == 1 || WARPS == 2 || WARPS == 4 || WARPS == 8, "FS_WARPS must be 1, 2, 4 or 8");
+static_assert(PRODUCERS == 1 || PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "FS_PRODUCERS must be 1, 2, 4 or 8");
+// FULL(s) and EMPTY(s) take ids 1 .. 2 NSTAGE of the 15 named barriers
+static_assert(NSTAGE >= 2 && NSTAGE <= 7, "FS_NSTAGE must be 2 .. 7");
+static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "FS_G6_SPLIT must be 1, 2 or 4");
+
+}  // namespace fs
+
+// the roles' headers, built on the configuration above
+#include "forward_states_layout.cuh"
+#include "forward_states_loads.cuh"
+#include "forward_states_r1.cuh"
+
+using namespace fs;
+
+// Dynamic shared memory and threads the launch must use (read by the host through the module).
+extern "C" __constant__ int fs_smem_bytes = SMEM_BYTES;
+extern "C" __constant__ int fs_threads = THREADS;
+
+// Grid: one CTA per (sequence rank, head, v group), v group fastest; order[rank] is the
+// sequence (longest first). states: bf16 [sum of entries, H, K, V], entry snap_offsets[n] + c
+// of sequence n is the state entering its tile 4c.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const float* __restrict__ g,
+                   const float* __restrict__ beta, const u16* __restrict__ akk, const float* __restrict__ h0,
+                   u16* __restrict__ states, const long long* __restrict__ cu_seqlens,
+                   const long long* __restrict__ snap_offsets, const int* __restrict__ order, int H) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int vg = blockIdx.x % VGROUPS;
+    const int h = (blockIdx.x / VGROUPS) % H;
+    const int n = order[blockIdx.x / VGROUPS / H];
+    const long long bos = cu_seqlens[n];
+    const int len = (int)(cu_seqlens[n + 1] - bos);
+    const int ntiles = (len + C - 1) / C;
+
+    if (warp >= WARPS) {
+        // ---------------- producers: loads and R1, PREFETCH tiles / one tile ahead ----------------
+        const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
+        auto issue = [&](int i) {
+            if (i < ntiles)
+                issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)C * i, min(C, len - C * i), i,
+                           H, h, vg, pw, lane, ptid);
+            cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
+        };
+#pragma unroll 1
+        for (int s = 0; s < PREFETCH; ++s) issue(s);
+#pragma unroll 1
+        for (int i = 0; i < ntiles; ++i) {
+            const int s = i % NSTAGE;
+            cp_async_wait<PREFETCH - 1>();   // this thread's copies of tile i landed
+            __syncwarp();                    // ... and its warp's: the k rows R1 reads
+            rebuild(sh.stage[s], min(C, len - C * i), pw, lane);
+            Ring::publish(s);   // release tile i to the consumers
+            // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it
+            // (after the arrive, so the wait never delays tile i).
+            const int j = i + PREFETCH;
+            Ring::wait_to_refill(j, ntiles);
+            issue(j);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ---------------- consumers: the chain, one warp per 16 v rows ----------------
+    const int gr = lane / 4, t = lane % 4;                 // mma fragment row and column pair
+    const long long snap0 = snap_offsets[n];
+    const int vrow = 16 * warp;                            // this warp's first v row within the CTA's VW
+    const X4Lane xl = x4_lane(lane);
+
+    // S^T [16 v x 128 k] of this warp: acc[nt] holds n-tile nt (k = 8 nt ..); c0 = S^T[gr][8nt+2t],
+    // c1 = [gr][8nt+2t+1], c2 = [gr+8][8nt+2t], c3 = [gr+8][8nt+2t+1]
+    float acc[D / 8][4];
+    {
+        const long long v0 = vg * VW + vrow + gr;
+        const float* s0 = h0 ? h0 + ((long long)n * H + h) * D * D : nullptr;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; ++nt) {
+            const int k0 = 8 * nt + 2 * t;
+            acc[nt][0] = s0 ? s0[(long long)k0 * D + v0] : 0.f;
+            acc[nt][1] = s0 ? s0[(long long)(k0 + 1) * D + v0] : 0.f;
+            acc[nt][2] = s0 ? s0[(long long)k0 * D + v0 + 8] : 0.f;
+            acc[nt][3] = s0 ? s0[(long long)(k0 + 1) * D + v0 + 8] : 0.f;
+        }
+    }
+
+    const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+    for (int i = 0; i < ntiles; ++i) {
+        const int s = i % NSTAGE;
+        Ring::wait_full(s);   // tile i's inputs and operands are in stage s
+        const Stage& st = sh.stage[s];
+
+        // P^T = S^T Kd^T [16 v x 16 tokens] in G6_SPLIT independent accumulator pairs; before the
+        // update, every 4th tile stages S for its store
+        // (Every B fragment of the tile is loaded as soon as the stage is released, Kd's before the
+        // products and Kr's before the reduction: the chain then never waits out an ldmatrix.)
+        const bool snap = i % TILES_PER_CHUNK == 0;
+        u32 bkd[D / 16][4], bkr[D / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const RowCol p = x4_cols_first(0, 16 * ks, xl);
+            ldmatrix_x4(bkd[ks], smem_addr(&st.kd[p.row][p.col]));
+        }
+        float pp[G6_SPLIT][2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            u32 a[4];
+            acc_to_a(a, acc[2 * ks], acc[2 * ks + 1]);
+            if (snap) {   // cols first, .trans: A = tile^T, so the tile is S [k][v] (ldmatrix.cuh)
+                const RowCol p = x4_cols_first(16 * ks, 0, xl);
+                stmatrix_x4_trans(smem_addr(&sh.snap[warp][p.row][p.col]), a[0], a[1], a[2], a[3]);
+            }
+            const u32 (&b)[4] = bkd[ks];
+            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            float (&q)[2][4] = pp[ks % G6_SPLIT];
+            mma_m16n8k16_bf16(q[0], a, b0, q[0]);
+            mma_m16n8k16_bf16(q[1], a, b1, q[1]);
+        }
+#pragma unroll
+        for (int j = 0; j < D / 16; ++j) {
+            const RowCol p = x4_rows_first(0, 16 * j, xl);
+            ldmatrix_x4_trans(bkr[j], smem_addr(&st.kr[p.row][p.col]));
+        }
+        // the partial sums, pairwise: (0 + 1) + (2 + 3)
+#pragma unroll
+        for (int w = 1; w < G6_SPLIT; w *= 2)
+#pragma unroll
+            for (int sp = 0; sp < G6_SPLIT; sp += 2 * w)
+#pragma unroll
+                for (int nt2 = 0; nt2 < 2; ++nt2)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pp[sp][nt2][e] += pp[sp + w][nt2][e];
+        const float (&p)[2][4] = pp[0];
+
+        // W^T = beta (v^T - P^T): column = token 8 nt2 + 2t (+1), rows gr, gr + 8
+        float w[2][4];
+#pragma unroll
+        for (int nt2 = 0; nt2 < 2; ++nt2) {
+            const int c0 = 8 * nt2 + 2 * t;
+            const float b0 = st.beta[c0], b1 = st.beta[c0 + 1];
+            w[nt2][0] = b0 * (bf16_to_f32(st.v[c0][vrow + gr]) - p[nt2][0]);
+            w[nt2][1] = b1 * (bf16_to_f32(st.v[c0 + 1][vrow + gr]) - p[nt2][1]);
+            w[nt2][2] = b0 * (bf16_to_f32(st.v[c0][vrow + gr + 8]) - p[nt2][2]);
+            w[nt2][3] = b1 * (bf16_to_f32(st.v[c0 + 1][vrow + gr + 8]) - p[nt2][3]);
+        }
+
+        // U^T = W^T INV^T [16 v x 16 tokens]
+        float u[2][4];
+        {
+            u32 a[4], b[4];
+            acc_to_a(a, w[0], w[1]);
+            const RowCol p = x4_cols_first(0, 0, xl);
+            ldmatrix_x4(b, smem_addr(&st.inv[p.row][p.col]));
+            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_m16n8k16_bf16(u[0], a, b0, zero);
+            mma_m16n8k16_bf16(u[1], a, b1, zero);
+        }
+
+        // S^T <- gamma S^T + U^T Kr
+        {
+            u32 a[4];
+            acc_to_a(a, u[0], u[1]);
+#pragma unroll
+            for (int j = 0; j < D / 16; ++j) {
+                const u32 (&b)[4] = bkr[j];
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    float (&sv)[4] = acc[2 * j + half];
+                    const float2 gm = *reinterpret_cast<const float2*>(&st.gamma[8 * (2 * j + half) + 2 * t]);
+                    sv[0] *= gm.x;
+                    sv[1] *= gm.y;
+                    sv[2] *= gm.x;
+                    sv[3] *= gm.y;
+                    const u32 bb[2] = {b[2 * half], b[2 * half + 1]};
+                    mma_m16n8k16_bf16(sv, a, bb, sv);
+                }
+            }
+        }
+        if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
+
+        // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
+        if (snap) {
+            __syncwarp();
+            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * H + h) * (long long)(D * D) + vg * VW + vrow;
+#pragma unroll
+            for (int m = 0; m < D * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane
+                const int idx = lane + 32 * m, row = idx / 2, half = idx % 2;
+                *reinterpret_cast<uint4*>(dst + (long long)row * D + half * 8) =
+                    *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
+            }
+        }
+    }
+}

@@ -1,0 +1,48 @@
+// kernel/forward_states/cuda/forward_states_layout.cuh -- Kernel S's shared memory: the ring's
+// stages (a tile's inputs as copied and the operands R1 builds), the consumers' snapshot staging
+// tiles, and the ring's named barriers.
+// Included by forward_states.cu after its configuration (namespace fs: the knobs and the shape
+// that follows from them).
+#pragma once
+#include "ring.cuh"
+
+namespace fs {
+
+// Row strides (elements) of the tiles ldmatrix / stmatrix address: 8 rows of 16 bytes must
+// fall on 8 different 4-bank groups.
+constexpr int OP_STRIDE = D + 8;        // Kd, Kr rows: 272 B, 68 words = 4 mod 32
+constexpr int INV_STRIDE = C + 8;       // INV rows: 48 B, 12 words a row apart
+constexpr int SNAP_STRIDE = 16 + 8;     // staging rows (16 v of one k): 48 B likewise
+
+// 16-byte chunks of the copies every producer thread shares in (v, INV; beta by 4 bytes)
+constexpr int V_CHUNKS = C * VW * 2 / 16;       // 32 WARPS
+constexpr int INV_CHUNKS = C * C * 2 / 16;      // 32
+constexpr int K_ROW_CHUNKS = D * 2 / 16;        // 16: a producer warp's k rows, 16 bytes a lane
+static_assert(ROWS_PER_PRODUCER * K_ROW_CHUNKS % 32 == 0 || ROWS_PER_PRODUCER * K_ROW_CHUNKS < 32, "k copy split");
+
+// One tile: its inputs as copied (rows past the tile's L are zero-filled) and what R1 builds.
+struct Stage {
+    float g[C][D];                  // FLA's chunk-local g (log2), fp32; producer warp pw's rows only it reads
+    float glast[PRODUCERS][D];      // per producer warp: g at the tile's last real row
+    float gbase[PRODUCERS][D];      // per producer warp: g at the row before the tile; zeros at a 64-chunk's start
+    u16 k[C][D];                    // bf16
+    u16 kd[C][OP_STRIDE];           // R1: bf16 k 2^gc
+    u16 kr[C][OP_STRIDE];           // R1: bf16 k 2^(gT-gc)
+    float gamma[D];                 // R1: 2^gT
+    u16 v[C][VW];                   // bf16, this CTA's v columns
+    u16 inv[C][INV_STRIDE];         // bf16, Akk's diagonal block, zero above the diagonal
+    float beta[C];
+};
+static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
+
+struct Shared {
+    Stage stage[NSTAGE];
+    u16 snap[WARPS][D][SNAP_STRIDE];  // per consumer warp: its 16 v columns of S [K][V], bf16
+};
+constexpr int SMEM_BYTES = (int)sizeof(Shared);
+
+// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers
+// 1 .. 2 NSTAGE (0 is __syncthreads) and count every thread of the CTA.
+using Ring = BarrierRing<NSTAGE, THREADS>;
+
+}  // namespace fs

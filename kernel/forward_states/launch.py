@@ -1,0 +1,212 @@
+"""Kernel S: KDA's forward state scan on the GPU, the state entering every 64-token chunk.
+
+    states = forward_states(k, v, g, beta, Akk, initial_state=h0, cu_seqlens=cu_seqlens)
+
+What and why
+------------
+The whole backward needs, for every 64-token chunk, the forward state entering it (FLA's
+``h``). When the forward did not keep it, this rebuilds it from the forward's own tensors:
+a serial scan over 16-token tiles per sequence and head (kernel/forward_states/cuda/
+forward_states.cu). Per tile (rows c < L; rows >= L: gc = gT and k, v, beta zero)::
+
+    gc = g - g[row before the tile]  (nothing to subtract at a 64-chunk's first tile)
+    gT = gc[L-1];  Kd = k 2^gc;  Kr = k 2^(gT-gc);  gamma = 2^gT
+    INV = Akk's 16 x 16 diagonal block at columns 16 (tile mod 4), lower triangle incl. diagonal
+    Vn = v - Kd S;  U = INV (beta Vn);  S <- diag(gamma) S + Kr^T U
+
+The float64 statement is :func:`kernel.reference.kda_forward_reference` (its ``states``
+at every 4th tile are this function's entries), up to the kernel's bf16 operands
+(S, Kd, Kr, W = beta Vn and U are rounded to bf16 as MMA inputs; S itself is carried in fp32)
+and the bf16 rounding of the output.
+
+Tensors (FLA 0.6.0's forward, chunk_size 64; ``..`` = ``B, T`` or ``1, total`` with cu_seqlens)::
+
+    k, v           bf16 [.., H, 128]   k as FLA's forward used it (l2-normalised if it did)
+    g              fp32 [.., H, 128]   FLA's g: the 64-chunk-local cumsum of the gate / ln 2
+    beta           fp32 or bf16 [.., H]
+    Akk            bf16 [.., H, 64]    only the diagonal blocks' lower triangles are read
+    initial_state  fp32 [N, H, 128, 128] ([K, V]) or None (zeros)
+    -> states      bf16 [B, NT, H, 128, 128] ([K, V]; varlen [1, sum NT_n, H, 128, 128],
+                   packed by kernel.reference.snapshot_offsets(lengths, 16, 4), FLA's chunk_offsets)
+
+CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out (allocated by
+torch). The kernel runs on CuPy's current stream (see kernel.ds_scan.launch for pointing it at torch's).
+Values are not checked (no scan for NaN, inf or a g that is not a chunk-local cumsum), as in
+kernel.ds_scan.launch: a bad value spoils that (sequence, head)'s states only.
+
+:func:`plan_forward_states` does every check on the host (no GPU, no allocation);
+:func:`forward_states` plans, compiles (once per :class:`Config`) and launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..runtime import builds
+from ..runtime.arrays import (ArrayInfo, beta_f32, cupy_view, describe, expect, leading, require_cupy, require_gpu,
+                              to_cupy)
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
+from .config import BUILD, Config, auto_config, choose_warps
+
+H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' default)
+ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
+
+__all__ = ["forward_states", "plan_forward_states", "device_tables", "module", "StatesPlan"]
+
+
+# ----------------------------------------------------------------------------
+# the plan: every check, on the host
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class StatesPlan:
+    """What the launch will do: shapes, offsets (host int64) and the build."""
+    B: int
+    T: int
+    H: int
+    N: int
+    cu_seqlens: np.ndarray          # [N+1]
+    snapshot_offsets: np.ndarray    # [N+1], FLA's chunk_offsets
+    states_shape: tuple[int, ...]
+    config: Config
+    torch_out: bool
+    device: int | None
+    beta_bf16: bool
+    has_initial_state: bool
+
+    @property
+    def ctas(self) -> int:
+        return self.N * self.H * self.config.vgroups
+
+
+# What the host-array refusal says after "(host memory): "
+HOST_ADVICE = ("forward_states runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}), "
+               "or torch.from_numpy({name}).cuda(); bf16 in CuPy as uint16 bits, kernel.ds_scan.bf16_bits). For a "
+               "float64 evaluation on the host use kernel.reference.kda_forward_reference")
+
+
+def _device_array(name: str, x: Any) -> ArrayInfo:
+    return describe(name, x, HOST_ADVICE)
+
+
+def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None,
+                        config: Config | None = None, sm_count: int = H200_SM_COUNT) -> StatesPlan:
+    """Every check of :func:`forward_states` and the launch it would make; host only (nothing is
+    allocated or run on the GPU; a device cu_seqlens is copied to the host). ``config`` None: the
+    auto rule (:func:`choose_warps` for ``sm_count`` SMs; the launch passes the GPU's)."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a kernel.forward_states.Config or None, got {type(config).__name__}")
+    ka = _device_array("k", k)
+    B, T, H = leading("k", ka)
+    wide = (B, T, H, HEAD_DIM)
+    arrays = {"k": ka}
+    expect("k", ka, wide, "[B, T, H, K], K = 128", ("bfloat16",))
+    specs = (("v", v, wide, "[B, T, H, V], V = 128, B, T, H as k", ("bfloat16",)),
+             ("g", g, wide, "[B, T, H, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
+             ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
+             ("Akk", Akk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}], FLA's chunk_size {CHUNK_TOKENS}",
+              ("bfloat16",)))
+    for name, x, shape, layout, dtypes in specs:
+        arrays[name] = _device_array(name, x)
+        expect(name, arrays[name], shape, layout, dtypes)
+
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, B, T)
+    else:
+        cu = np.arange(B + 1, dtype=np.int64) * T
+    N = cu.shape[0] - 1
+    if initial_state is not None:
+        arrays["initial_state"] = _device_array("initial_state", initial_state)
+        expect("initial_state", arrays["initial_state"], (N, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V], N sequences", ("float32",))
+
+    device = ka.device
+    for name, a in arrays.items():
+        if a.device is not None and device is not None and a.device != device:
+            raise ValueError(f"{name} is on device {a.device}, k on device {device}: all inputs must be on one GPU")
+        if a.ptr % ALIGN:
+            raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
+                             f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
+
+    offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
+    shape = (B, int(offsets[-1]) // B, H, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else (1, int(offsets[-1]), H, HEAD_DIM, HEAD_DIM)
+    cfg = config if config is not None else auto_config(choose_warps(N * H, sm_count))
+    return StatesPlan(B=B, T=T, H=H, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
+                      config=cfg, torch_out=ka.torch, device=device, beta_bf16=arrays["beta"].dtype == "bfloat16",
+                      has_initial_state=initial_state is not None)
+
+
+# ----------------------------------------------------------------------------
+# build and launch
+# ----------------------------------------------------------------------------
+
+def module(cfg: Config):
+    """The compiled cupy.RawModule of one configuration (cached per process by ptx_lab.gpu)."""
+    return BUILD.module(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(cfg: Config):
+    return builds.kernel_function(BUILD, module(cfg), label=f"Kernel S configuration {cfg.name()}",
+                                  threads_expected=cfg.threads,
+                                  advice=": use fewer stages (Config.nstage) or fewer warps")
+
+
+def device_tables(cu_seqlens: np.ndarray):
+    """The scan's device tables for host offsets ``cu_seqlens`` (cu, state-entry offsets, CTA order, entries),
+    made once per batch layout and cached (the runtime's cache, at one entry every 64 tokens)."""
+    return builds.device_tables(cu_seqlens, TILES_PER_CHUNK)
+
+
+def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,
+                   out=None):
+    """Kernel S: the bf16 state entering every 64-token chunk (FLA's h), from FLA's forward tensors.
+
+    k, v: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's chunk-local cumsum / ln 2); beta: fp32 or
+    bf16 [B, T, H]; Akk: bf16 [B, T, H, 64]; initial_state: fp32 [N, H, 128, 128] or None (zeros).
+    Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
+    Returns bf16 [B, NT, H, 128, 128] (varlen [1, sum NT_n, H, 128, 128]), entry c of a sequence = its
+    state entering tokens 64c.. ([K, V]). ``config``: the build (None: the auto rule for this GPU).
+    ``out``: a C-contiguous CuPy uint16 array of that shape to write into and return, for a caller
+    that runs this on another stream than the one its result is used and freed on (kda_backward).
+    """
+    plan = plan_forward_states(k, v, g, beta, Akk, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                               config=config, sm_count=H200_SM_COUNT)
+    cupy = require_cupy("kernel.forward_states")
+    require_gpu("kernel.forward_states")
+    if config is None:
+        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.H, builds.sm_count())))
+    cfg = plan.config
+
+    k_c = to_cupy("k", k, "bf16")
+    v_c = to_cupy("v", v, "bf16")
+    g_c = to_cupy("g", g, "f32")
+    beta_c = beta_f32(beta)
+    akk_c = to_cupy("Akk", Akk, "bf16")
+    h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
+
+    cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
+    if total != int(plan.snapshot_offsets[-1]):
+        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
+    fn, smem, threads = _kernel(cfg)
+    if out is not None:
+        if not isinstance(out, cupy.ndarray) or out.dtype != np.uint16 or tuple(out.shape) != plan.states_shape \
+                or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous cupy.ndarray of uint16 (bf16 bits) with shape "
+                             f"{plan.states_shape}, got {type(out).__name__} {getattr(out, 'dtype', '')} "
+                             f"{tuple(getattr(out, 'shape', ()))}")
+        out_t = out
+    elif plan.torch_out:
+        import torch
+
+        out_t = torch.empty(plan.states_shape, dtype=torch.bfloat16, device=k.device)
+        out = cupy_view(out_t)
+    else:
+        out = out_t = cupy.empty(plan.states_shape, dtype=np.uint16)
+    null = np.uint64(0)
+    fn((plan.ctas,), (threads,),
+       (k_c, v_c, g_c, beta_c, akk_c, h0 if h0 is not None else null, out, cu_d, offs_d, order, np.int32(plan.H)),
+       shared_mem=smem)
+    return out_t

@@ -1,0 +1,11 @@
+"""Kernel B, the per-token gradients: dq, dk, dv, dg and dbeta, one CTA per 64-token chunk and head.
+
+* ``launch``: its one build (``BUILD``, :func:`options`, :func:`source`), its batch tables and
+  ``launch.launch``, which :func:`kernel.kda_backward.kda_backward` calls;
+* ``cuda/``: the entry file ``token_gradients.cu`` and its ``token_gradients_*.cuh``.
+
+The launch function is not re-exported here: ``kernel.token_gradients.launch`` stays the module.
+"""
+from .launch import BUILD, KERNEL_NAME, SOURCE_PATH, Build, all_variants, kernel, options, source, tables
+
+__all__ = ["BUILD", "KERNEL_NAME", "SOURCE_PATH", "Build", "all_variants", "kernel", "options", "source", "tables"]

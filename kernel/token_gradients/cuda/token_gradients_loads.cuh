@@ -1,0 +1,118 @@
+// kernel/token_gradients/cuda/token_gradients_loads.cuh -- Kernel B's arguments and its tile loads:
+// what every thread copies of a tile (Copies, fixed for the walk) and the cp.async of one tile's
+// inputs into a stage (load_tile).
+#pragma once
+#include "cp_async.cuh"
+#include "token_gradients_layout.cuh"
+
+namespace kdb {
+
+struct Args {
+    const unsigned short* q;      // bf16 [tokens, H, 128] (as the forward used them)
+    const unsigned short* k;
+    const unsigned short* v;
+    const unsigned short* dout;   // do
+    const float* g;               // fp32 [tokens, H, 128]: FLA's 64-chunk-local cumsum of the gate / ln 2
+    const float* beta;            // fp32 [tokens, H]
+    const unsigned short* aqk;    // bf16 [tokens, H, 64]
+    const unsigned short* akk;    // bf16 [tokens, H, 64]
+    const unsigned short* ds;     // bf16 [tiles, H, 128, 128]: Kernel A's dS after every tile
+    const unsigned short* states; // bf16 [chunks, H, 128, 128]: the state entering every chunk
+    float* dq;                    // fp32 [tokens, H, 128]
+    float* dk;
+    unsigned short* dv;           // bf16 [tokens, H, 128]
+    float* dg;                    // fp32 [tokens, H, 128]: w.r.t. the per-token natural-log gate
+    float* dbeta;                 // fp32 [tokens, H]
+    const long long* cu;          // [N + 1] sequence offsets
+    const long long* tile_offs;   // [N + 1] first dS snapshot (tile) of each sequence
+    const long long* chunk_offs;  // [N + 1] first state (64-chunk) of each sequence
+    const int* chunk_seq;         // [chunks] the sequence of each chunk
+    int H;
+    float scale;
+};
+
+// What a thread copies of every tile, fixed for the whole walk: its shared-memory offsets and
+// its element offsets within a tile's rows (tok0 = 0), computed once so that a tile costs an add
+// per copy. Rows past the tile's end are zero-filled from row 0 (a valid address, 0 bytes read).
+struct Copies {
+    int row16, col16;        // q, k, v, do and dS1: 16-byte piece col16 of row row16 (+ 16 e for dS1)
+    int grow, gcol;          // g: 16-byte piece gcol of row grow (+ 8 for the second)
+    long long off16, offg;   // element offsets of those pieces in [tokens, H, 128] from (tok0, h)
+    int beta_row;            // threads 32..47: beta of row beta_row
+    int blk_row, blk_half;   // threads 48..111: the Aqk (blk_which 0) or Akk (1) block's row, half
+    int blk_which;
+};
+
+__device__ __forceinline__ Copies copies_of(int tid, long long RS) {
+    Copies c;
+    c.row16 = tid >> 4;
+    c.col16 = tid & 15;
+    c.grow = tid >> 5;
+    c.gcol = tid & 31;
+    c.off16 = c.row16 * RS + c.col16 * 8;
+    c.offg = c.grow * RS + c.gcol * 4;
+    c.beta_row = tid - 32;
+    const int x = tid - 48;
+    c.blk_which = x >> 5;
+    c.blk_row = (x & 31) >> 1;
+    c.blk_half = x & 1;
+    return c;
+}
+
+// cp.async the inputs of tile `it` of this CTA's chunk into stage `st` (and, for tile 0, S0).
+// row0: element offset of (token tok0, head h) in [tokens, H, 128]; RS = H * 128.
+__device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsigned char* smem, int st, int it,
+                                          long long row0, long long RS, int lt, long long snap, long long chunk,
+                                          int h, int tid) {
+    const u32 base = smem_addr(smem) + st * STAGE;
+    const long long H = a.H;
+    {   // q, k, v, do: 16 rows of 256 bytes, one 16-byte copy per thread and tensor
+        const bool ok = cp.row16 < lt;
+        const long long off = row0 + (ok ? cp.off16 : cp.col16 * 8);
+        const u32 dst = cp.row16 * ROW + cp.col16 * 16;
+        const u32 n = ok ? 16u : 0u;
+        cp_async_cg16_zfill(base + ST_Q + dst, a.q + off, n);
+        cp_async_cg16_zfill(base + ST_K + dst, a.k + off, n);
+        cp_async_cg16_zfill(base + ST_V + dst, a.v + off, n);
+        cp_async_cg16_zfill(base + ST_DO + dst, a.dout + off, n);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {   // g: 16 rows of 512 bytes, rows grow and grow + 8
+        const int r = cp.grow + 8 * e;
+        const bool ok = r < lt;
+        const long long off = row0 + (ok ? cp.offg + 8 * e * RS : cp.gcol * 4);
+        cp_async_cg16_zfill(base + ST_G + r * D * 4 + cp.gcol * 16, a.g + off, ok ? 16u : 0u);
+    }
+    if (tid < 32) {   // g at the token before the tile: the tile's base, within the same 64-chunk
+        const bool ok = it > 0;
+        cp_async_cg16_zfill(base + ST_GB + tid * 16, a.g + row0 - (ok ? RS : 0) + tid * 4, ok ? 16u : 0u);
+    } else if (tid < 48) {   // beta, 4 bytes a token (its tokens are H * 4 bytes apart)
+        const int r = cp.beta_row;
+        const bool ok = r < lt;
+        cp_async_ca_zfill<4>(base + ST_BETA + r * 4, a.beta + row0 / D + (ok ? r * H : 0), ok ? 4u : 0u);
+    } else if (tid < 112) {   // the diagonal blocks of Aqk and Akk: row r keeps elements 0..r
+        const int r = cp.blk_row, half = cp.blk_half;
+        const bool ok = r < lt;
+        int bytes = 2 * (r + 1) - 16 * half;
+        bytes = ok ? (bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes)) : 0;
+        const unsigned short* src = (cp.blk_which ? a.akk : a.aqk) + (row0 / D + (ok ? r * H : 0)) * FLA_CHUNK
+                                    + C * it + 8 * half;
+        cp_async_cg16_zfill(base + (cp.blk_which ? ST_INV : ST_MQK) + r * 32 + half * 16, src,
+                            static_cast<u32>(bytes));
+    }
+    {   // dS1: 128 rows of 256 bytes, rows row16 + 16 e
+        const unsigned short* src = a.ds + (snap * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8;
+        const u32 dst = base + ST_DS + cp.row16 * ROW + cp.col16 * 16;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * D);
+    }
+    if (it == 0) {   // S0 at the chunk's start
+        const unsigned short* src = a.states + (chunk * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8;
+        const u32 dst = smem_addr(smem) + SM_S + cp.row16 * ROW + cp.col16 * 16;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * D);
+    }
+    cp_async_commit();
+}
+
+}  // namespace kdb

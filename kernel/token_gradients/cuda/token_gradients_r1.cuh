@@ -1,0 +1,51 @@
+// kernel/token_gradients/cuda/token_gradients_r1.cuh -- R1 of Kernel B: a tile's gate-weighted
+// operands Kd = k 2^gc, Kr = k 2^(gT - gc), Qe = s q 2^(gc - gT) and beta Ke = beta k 2^(gc - gT),
+// computed in fp32 from the stage's raw q, k, g and beta and rounded once to bf16 into their
+// 272-byte-row tiles; the rebased gate gc stays in fp32 (SM_GC), gT and gamma = 2^gT per k column.
+#pragma once
+#include "fragments.cuh"
+#include "token_gradients_layout.cuh"
+
+namespace kdb {
+
+// Every thread: a pair of columns kk = 2 (tid & 63) and every 4th row from tid >> 6 (4-byte bf16
+// pairs, 8-byte gate pairs). gs, gbs, betas, qs, ks: the stage's g, g before the tile, beta, q, k;
+// rows at or past lt take gc = gT (their q and k are zero-filled).
+__device__ __forceinline__ void rebuild_operands(unsigned char* smem, const float* gs, const float* gbs,
+                                                 const float* betas, const unsigned short* qs,
+                                                 const unsigned short* ks, float* gt_s, float* gamma_s, float* gcs,
+                                                 int lt, float s, int tid) {
+    const int kk = 2 * (tid & 63), i0 = tid >> 6;
+    const float2 base = *reinterpret_cast<const float2*>(gbs + kk);
+    const float2 last = *reinterpret_cast<const float2*>(gs + (lt - 1) * D + kk);
+    const float gT[2] = {last.x - base.x, last.y - base.y};
+    if (i0 == 0) {
+        *reinterpret_cast<float2*>(gt_s + kk) = make_float2(gT[0], gT[1]);
+        *reinterpret_cast<float2*>(gamma_s + kk) = make_float2(exp2f(gT[0]), exp2f(gT[1]));
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int i = i0 + 4 * e, o = i * (ROW / 2) + kk;
+        const float2 graw = *reinterpret_cast<const float2*>(gs + i * D + kk);
+        const float gc[2] = {i < lt ? graw.x - base.x : gT[0], i < lt ? graw.y - base.y : gT[1]};
+        const u32 q2 = *reinterpret_cast<const u32*>(qs + o), k2 = *reinterpret_cast<const u32*>(ks + o);
+        const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
+        const float be = betas[i];
+        float kd[2], kr[2], qe[2], bke[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const float fu = exp2f(gc[c] - gT[c]);
+            kd[c] = kv[c] * exp2f(gc[c]);
+            kr[c] = kv[c] * exp2f(gT[c] - gc[c]);
+            qe[c] = s * qv[c] * fu;
+            bke[c] = be * kv[c] * fu;
+        }
+        *reinterpret_cast<u32*>(smem + SM_KD + 2 * o) = pack_bf16x2(kd[0], kd[1]);
+        *reinterpret_cast<u32*>(smem + SM_KR + 2 * o) = pack_bf16x2(kr[0], kr[1]);
+        *reinterpret_cast<u32*>(smem + SM_QE + 2 * o) = pack_bf16x2(qe[0], qe[1]);
+        *reinterpret_cast<u32*>(smem + SM_BKE + 2 * o) = pack_bf16x2(bke[0], bke[1]);
+        *reinterpret_cast<float2*>(gcs + i * GC_ROW + kk) = make_float2(gc[0], gc[1]);
+    }
+}
+
+}  // namespace kdb

@@ -37,7 +37,7 @@ FLOORS = Command("byte and tensor-core floors of the whole KDA backward per desi
                  "kernel.tools.floors:main")
 KDA_PRECISION = Command("FLA's whole KDA backward and ours against the float64 reference: every gradient's "
                         "error (GPU, torch, fla-core)", "kernel.tools.kda_precision:main")
-CP_CHECK = Command("one sequence's Kernel A scan (kernel.cp; --backward: its whole backward, kernel.cp_backward) "
+CP_CHECK = Command("one sequence's Kernel A scan (kernel.cp; --backward: its whole backward, kernel.cp.backward) "
                    "split over torch.distributed ranks: exactness against the unsplit one and each pass's "
                    "time (torch; --spawn N or under torchrun)",
                    "kernel.tools.cp_check:main")

@@ -7,7 +7,7 @@ torch.distributed group: exactness and time.
     ptx-lab cp-check --spawn 2 --T 8192 --heads 4
     # the float64 pair on CPU processes (no GPU): small K, V and tiles
     ptx-lab cp-check --spawn 3 --pair reference --T 200 --heads 2 --K 8 --V 8 --chunk 4
-    # the whole backward (kernel.cp_backward), float64 pair
+    # the whole backward (kernel.cp.backward), float64 pair
     ptx-lab cp-check --backward --spawn 3 --T 200 --heads 2 --K 8 --V 8 --chunk 4
 
 Every rank builds the same seeded sequence (kernel.reference.random_inputs), takes its part of
@@ -19,7 +19,7 @@ summaries, its scan from the folded incoming dS) over --reps calls and keeps the
 pair and compares its share: its snapshots and the dS leaving its part (rank 0's is dh0). Rank
 0 prints one line per rank and the worst errors, and writes --json.
 
---backward runs kernel.cp_backward.cp_kda_backward instead: each rank's summaries in both
+--backward runs kernel.cp.backward.cp_kda_backward instead: each rank's summaries in both
 directions, their all_gather, and its part's whole backward. With --check each rank compares
 its tokens' gradients (and rank 0 dh0) with kda_backward_reference on the whole sequence. Only
 the float64 pair exists for it (``--pair reference``, the default with --backward).
@@ -38,7 +38,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kernel import cp, cp_backward
+from kernel import cp
+from kernel.cp import backward as cp_backward
 from kernel.reference import (dstate_scan_reference, kda_backward_reference, prepare_tiles, random_inputs,
                               segment_snapshots)
 
@@ -236,7 +237,7 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.c
     ap.add_argument("--T", type=int, default=8192, help="tokens of the one sequence")
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--backward", action="store_true",
-                    help="the whole backward (kernel.cp_backward) instead of Kernel A's scan; float64 pair only")
+                    help="the whole backward (kernel.cp.backward) instead of Kernel A's scan; float64 pair only")
     ap.add_argument("--pair", choices=sorted(PAIRS), default=None,
                     help="kernel: Kernel A on each rank's GPU; reference: float64 (any K, V, chunk). "
                          "Default: kernel, or reference with --backward")

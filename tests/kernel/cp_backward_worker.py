@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernel import cp_backward
+from kernel.cp import backward as cp_backward
 from kernel.reference import random_inputs
 
 from . import gloo_group

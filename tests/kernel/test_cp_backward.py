@@ -1,4 +1,4 @@
-"""kernel.cp_backward: the whole KDA backward of one sequence over 1-4 ranks = the unsplit backward.
+"""kernel.cp.backward: the whole KDA backward of one sequence over 1-4 ranks = the unsplit backward.
 
 The one-process run (cp_kda_backward_serial) is tested everywhere, on hypothesis-drawn
 lengths, splits and boundary states; the gloo groups (CPU processes, torch needed) run the
@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernel import cp, cp_backward
+from kernel import cp
+from kernel.cp import backward as cp_backward
 from kernel.reference import kda_backward_reference
 
 from . import cp_backward_worker as worker
@@ -34,7 +35,7 @@ _worst = {"rel": 0.0}
 @pytest.fixture(scope="module", autouse=True)
 def _report_worst():
     yield
-    print(f"\n[kernel.cp_backward] worst relative error vs the unsplit backward: {_worst['rel']:.2e}")
+    print(f"\n[kernel.cp.backward] worst relative error vs the unsplit backward: {_worst['rel']:.2e}")
 
 
 def _rel(out: np.ndarray, ref: np.ndarray) -> float:
@@ -169,7 +170,7 @@ def test_shard_checks_its_arguments():
 
 @pytest.fixture(scope="module")
 def torch():
-    return gloo_group.gloo_torch(["kernel.cp_backward", "tests.kernel.cp_backward_worker"])
+    return gloo_group.gloo_torch(["kernel.cp.backward", "tests.kernel.cp_backward_worker"])
 
 
 def _group(torch, world, cases, tmp_path, timeout_s=gloo_group.GROUP_TIMEOUT_S):

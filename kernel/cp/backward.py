@@ -32,10 +32,10 @@ of its tokens and dS_out, dL/dS at its start; rank 0's dS_out is dh0.
 
 Before the summaries, the ranks exchange a header (token range, shapes, dtypes, options,
 the functions used) and every rank checks all of them the same way
-(:func:`kernel.cp.agree`): parts that do not fit make every rank raise
-:class:`kernel.cp.CPInputError` naming the rank at fault; on gloo a rank that never
+(:func:`kernel.cp.exchange.agree`): parts that do not fit make every rank raise
+:class:`kernel.cp.exchange.CPInputError` naming the rank at fault; on gloo a rank that never
 arrives is named after ``timeout``, and every later collective is bounded by the group's
-timeout (:func:`kernel.cp.init_group`).
+timeout (:func:`kernel.cp.exchange.init_group`).
 
 Plugging in the work
 --------------------
@@ -62,8 +62,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import cp
-from .reference import array_module, fold_summaries, kda_backward_reference, kda_forward_reference
+from ..reference import array_module, fold_summaries, kda_backward_reference, kda_forward_reference
+from . import exchange
 
 __all__ = ["INPUT_NAMES", "GRADIENTS", "BackwardOptions", "BackwardPart", "shard", "reference_summaries",
            "reference_backward", "cp_kda_backward", "cp_kda_backward_serial"]
@@ -146,7 +146,7 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
     (start, stop). Whether the ranks' parts fit together is checked on every rank at once
     by :func:`cp_kda_backward`.
     """
-    T, start, stop = cp.token_range(inputs, INPUT_NAMES, "initial_state, dht", rank, world_size, chunk, tokens)
+    T, start, stop = exchange.token_range(inputs, INPUT_NAMES, "initial_state, dht", rank, world_size, chunk, tokens)
     h0 = _one_sequence_state("initial_state", inputs.get("initial_state"))
     dht = _one_sequence_state("dht", inputs.get("dht"))
     sliced = {name: inputs[name][:, int(start):int(stop)] for name in INPUT_NAMES}
@@ -217,7 +217,7 @@ def _hkv(part: BackwardPart) -> tuple[int, int, int]:
 
 def _local_problems(part: BackwardPart, options: BackwardOptions) -> list[str]:
     """What is wrong with one part on its own (empty: nothing)."""
-    problems = cp.kind_problems(part, options, BackwardPart, BackwardOptions, INPUT_NAMES)
+    problems = exchange.kind_problems(part, options, BackwardPart, BackwardOptions, INPUT_NAMES)
     if problems:
         return problems
     shapes = {name: tuple(getattr(part.inputs[name], "shape", ())) for name in INPUT_NAMES}
@@ -229,7 +229,7 @@ def _local_problems(part: BackwardPart, options: BackwardOptions) -> list[str]:
             "beta": (B, n, H), "do": (B, n, H, V)}
     problems = [f"{name} has shape {shapes[name]}, expected {want[name]} (from q and v)"
                 for name in INPUT_NAMES if shapes[name] != want[name]]
-    problems += cp.range_problems(part, B, n, options.chunk)
+    problems += exchange.range_problems(part, B, n, options.chunk)
     if problems:
         return problems
     for name, x, read in (("initial_state", part.initial_state, part.holds_start),
@@ -243,7 +243,7 @@ def _header(part: BackwardPart, options: BackwardOptions, rank: int, summaries_f
     problems = _local_problems(part, options)
     header = dict(rank=rank, problems=problems,
                   options=dataclasses.astuple(options) if isinstance(options, BackwardOptions) else None,
-                  functions=(cp.name_of(summaries_fn), cp.name_of(backward_fn)))
+                  functions=(exchange.name_of(summaries_fn), exchange.name_of(backward_fn)))
     if not problems:
         header.update(start=part.start, stop=part.stop, length=part.length, hkv=_hkv(part),
                       dtypes={name: str(part.inputs[name].dtype) for name in INPUT_NAMES})
@@ -265,17 +265,17 @@ def _checked_summaries(part: BackwardPart, options: BackwardOptions, summaries_f
             checked[chain] = None
             continue
         if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise ValueError(f"{cp.name_of(summaries_fn)} returned {chain} = {entry!r:.80}; expected a "
+            raise ValueError(f"{exchange.name_of(summaries_fn)} returned {chain} = {entry!r:.80}; expected a "
                              f"(matrix or None, offset) pair for tokens {part.start} .. {part.stop - 1}")
         A, b = entry
         known = part.holds_start if chain == "forward" else part.holds_end
         if (A is None) != known:
-            raise ValueError(f"{cp.name_of(summaries_fn)}: the {chain} matrix must be None exactly where the "
+            raise ValueError(f"{exchange.name_of(summaries_fn)}: the {chain} matrix must be None exactly where the "
                              f"{'initial state' if chain == 'forward' else 'dht'} is known")
         if A is not None:
-            cp.expect_output(summaries_fn, f"the {chain} matrix", A, (H, K, K))
-        cp.expect_output(summaries_fn, f"the {chain} offset", b, (H, K, V))
-        checked[chain] = (None if A is None else cp.as_f64(A, part), cp.as_f64(b, part))
+            exchange.expect_output(summaries_fn, f"the {chain} matrix", A, (H, K, K))
+        exchange.expect_output(summaries_fn, f"the {chain} offset", b, (H, K, V))
+        checked[chain] = (None if A is None else exchange.as_f64(A, part), exchange.as_f64(b, part))
     return checked
 
 
@@ -286,7 +286,7 @@ def _run_backward(part: BackwardPart, state_in, dS_in, options: BackwardOptions,
     shapes = {"dq": (1, n, H, K), "dk": (1, n, H, K), "dv": (1, n, H, V), "dg": (1, n, H, K),
               "dbeta": (1, n, H), "dh0": (1, H, K, V)}
     for name, shape in shapes.items():
-        cp.expect_output(backward_fn, name, out.get(name) if isinstance(out, dict) else None, shape)
+        exchange.expect_output(backward_fn, name, out.get(name) if isinstance(out, dict) else None, shape)
     result = {name: out[name] for name in GRADIENTS}
     result["dS_out"] = out["dh0"][0]
     return result
@@ -306,21 +306,21 @@ def _boundaries(part: BackwardPart, rank: int, states: Sequence, dS: Sequence) -
     state or dht where it holds the sequence's start or end, else what the folds gave."""
     state_in = part.initial_state if part.holds_start else states[rank]
     dS_in = part.dht if part.holds_end else dS[rank]
-    return cp.as_f64(state_in, part), cp.as_f64(dS_in, part)
+    return exchange.as_f64(state_in, part), exchange.as_f64(dS_in, part)
 
 
 def cp_kda_backward_serial(parts: Sequence[BackwardPart], options: BackwardOptions = BackwardOptions(), *,
                            summaries_fn: SummariesFn = reference_summaries,
                            backward_fn: BackwardFn = reference_backward) -> list[dict]:
     """Every rank's part in turn, in this process: what :func:`cp_kda_backward` returns on each
-    rank. ``parts`` in rank order; the same checks (raising :class:`kernel.cp.CPInputError`) and
+    rank. ``parts`` in rank order; the same checks (raising :class:`kernel.cp.exchange.CPInputError`) and
     passes. Returns per part {"dq", "dk", "dv", "dg", "dbeta": its tokens' gradients, "dS_out":
     dL/dS at its start}; part 0's dS_out is dh0."""
     parts = list(parts)
     if not parts:
         raise ValueError("parts must hold at least one BackwardPart, got none")
     headers = [_header(p, options, r, summaries_fn, backward_fn) for r, p in enumerate(parts)]
-    cp.raise_if(cp.check_headers(headers), len(parts), WHAT)
+    exchange.raise_if(exchange.check_headers(headers), len(parts), WHAT)
     if len(parts) == 1:
         return [_run_backward(parts[0], *_boundaries(parts[0], 0, [None], [None]), options, backward_fn)]
     summaries = [_checked_summaries(p, options, summaries_fn) for p in parts]
@@ -329,35 +329,35 @@ def cp_kda_backward_serial(parts: Sequence[BackwardPart], options: BackwardOptio
 
 
 def cp_kda_backward(part: BackwardPart, options: BackwardOptions = BackwardOptions(), *, group=None,
-                    timeout: datetime.timedelta = cp.DEFAULT_TIMEOUT,
+                    timeout: datetime.timedelta = exchange.DEFAULT_TIMEOUT,
                     summaries_fn: SummariesFn = reference_summaries,
                     backward_fn: BackwardFn = reference_backward, timing: dict | None = None) -> dict:
     """This rank's share of the sequence's backward: {"dq", "dk", "dv", "dg", "dbeta" of its
     tokens, "dS_out": dL/dS at its start (rank 0: dh0)}.
 
     Call on every rank of ``group`` (default: the world), rank r with the r-th part in token
-    order. Raises :class:`kernel.cp.CPInputError` on every rank when the parts do not fit
+    order. Raises :class:`kernel.cp.exchange.CPInputError` on every rank when the parts do not fit
     together. ``timing``, a dict, gets this rank's seconds in "summaries_s", "exchange_s" and
     "backward_s", and "exchange_bytes" (what the all_gather leaves on each rank).
     """
-    _, dist = cp.torch_modules()
+    _, dist = exchange.torch_modules()
     if not dist.is_initialized():
         raise RuntimeError("cp_kda_backward needs torch.distributed initialised (kernel.cp.init_group)")
     if not isinstance(timeout, datetime.timedelta):
         raise ValueError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    headers = cp.agree(_header(part, options, rank, summaries_fn, backward_fn), group, timeout, WHAT)
+    headers = exchange.agree(_header(part, options, rank, summaries_fn, backward_fn), group, timeout, WHAT)
     if world == 1:
         return _run_backward(part, *_boundaries(part, 0, [None], [None]), options, backward_fn)
 
     t0 = time.perf_counter()
     mine_summaries = _checked_summaries(part, options, summaries_fn)
     if timing is not None:
-        cp.wait_for_device(part)
+        exchange.wait_for_device(part)
         t1 = time.perf_counter()
         timing["summaries_s"] = t1 - t0
     # [P | Q | M | d] side by side; an entry nobody reads travels as zeros
-    gathered = cp.exchange([mine_summaries["forward"], mine_summaries["backward"]], headers[0]["hkv"], group,
+    gathered = exchange.exchange([mine_summaries["forward"], mine_summaries["backward"]], headers[0]["hkv"], group,
                             timing)
     if timing is not None:
         timing["exchange_s"] = time.perf_counter() - t1
@@ -368,6 +368,6 @@ def cp_kda_backward(part: BackwardPart, options: BackwardOptions = BackwardOptio
     t3 = time.perf_counter()
     out = _run_backward(part, *boundaries, options, backward_fn)
     if timing is not None:
-        cp.wait_for_device(part)
+        exchange.wait_for_device(part)
         timing["backward_s"] = time.perf_counter() - t3
     return out

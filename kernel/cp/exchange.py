@@ -42,8 +42,8 @@ def token_range(inputs: Mapping[str, Array], names: Sequence[str], optional: str
                  world_size: int, chunk: int, tokens) -> tuple[int, int, int]:
     """(T, start, stop) of rank ``rank``'s part of the one sequence ``inputs`` holds (``names``
     [1, T, ...] each; ``optional`` names what else it may hold, for the error): ``tokens``, or
-    the sequence's tiles split evenly when None. Shared by the shards of kernel.cp and
-    kernel.cp_backward."""
+    the sequence's tiles split evenly when None. Shared by the shards of kernel.cp.scan and
+    kernel.cp.backward."""
     if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     if not is_int(rank) or not 0 <= rank < world_size:
@@ -78,7 +78,7 @@ def token_range(inputs: Mapping[str, Array], names: Sequence[str], optional: str
 
 def kind_problems(part, options, part_type: type, options_type: type, names: Sequence[str]) -> list[str]:
     """The first thing wrong with a part's and its options' kinds, or its inputs' names (empty:
-    nothing); the check kernel.cp and kernel.cp_backward start with."""
+    nothing); the check kernel.cp.scan and kernel.cp.backward start with."""
     for what, x, kind in (("part", part, part_type), ("options", options, options_type)):
         if not isinstance(x, kind):
             return [f"{what} must be a {kind.__module__}.{kind.__name__}, got {type(x).__name__}"]
@@ -88,7 +88,7 @@ def kind_problems(part, options, part_type: type, options_type: type, names: Seq
 
 def range_problems(part, B: int, n: int, chunk: int) -> list[str]:
     """What is wrong with a part's token range [start, stop) of ``length``, given its inputs'
-    batch ``B`` and tokens ``n`` (the checks kernel.cp and kernel.cp_backward share)."""
+    batch ``B`` and tokens ``n`` (the checks kernel.cp.scan and kernel.cp.backward share)."""
     problems = []
     if B != 1:
         problems.append(f"the part's inputs must be [1, stop - start, ...], got batch {B}")

@@ -145,6 +145,18 @@ def test_the_model_gives_what_the_gpu_gave_around_the_subnormals():
     assert [int(v) for v in lo] == [m[2] for m in MEASURED_TWO_PART]
 
 
+@pytest.mark.gpu
+def test_the_gpu_gives_the_measured_bits_around_the_subnormals():
+    from ptx_lab import device
+
+    x = np.zeros((WARP, 8), np.float32)
+    vals = np.array([m[0] for m in MEASURED_TWO_PART], np.float32)
+    x[:vals.size, 0] = vals                     # each value in the low half of its lane's first pair
+    hi, lo = device.two_part_bf16x2(x)
+    assert [int(h) & 0xFFFF for h in hi[:vals.size, 0]] == [m[1] for m in MEASURED_TWO_PART]
+    assert [int(v) & 0xFFFF for v in lo[:vals.size, 0]] == [m[2] for m in MEASURED_TWO_PART]
+
+
 def test_flush_subnormal_keeps_the_sign_and_the_normals():
     x = np.array([1e-45, -1e-45, 2.0 ** -126, -2.0 ** -126, 1.0, np.inf, np.nan], np.float32)
     got = fragments.flush_subnormal(x)

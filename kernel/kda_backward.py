@@ -151,38 +151,41 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
         ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
     beta_c = beta_f32(beta)
-    cu = plan.cu_seqlens if cu_seqlens is not None else None
     main = cupy.cuda.get_current_stream()
     # the forward-state scan's stream beside Kernel A: the device's side stream (the runtime's, which
     # Kernel A's sequence split also uses; Kernel A is not split here)
     side = builds.side_stream(cupy.cuda.Device().id) if scans.side_by_side else None
     if states is None:
-        from .forward_states import auto_config, device_tables, forward_states
+        from .forward_states import auto_config, choose_warps, device_tables, launch_planned, plan_from_layout
 
         h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
-        config = auto_config(scans.states_warps) if scans.states_warps is not None else None
+        warps = scans.states_warps if scans.states_warps is not None else choose_warps(plan.N * H, builds.sm_count())
+        # the arguments were checked once, by plan_kda_backward: the scan takes its plan from that check
+        states_plan = plan_from_layout(B, T, H, plan.cu_seqlens, plan.dh_shape, auto_config(warps),
+                                       has_initial_state=h0 is not None)
+        # Everything the side stream uses is made here, on the caller's stream, before the fork: the
+        # states (so that they return to this stream's pool when freed, after Kernel B) and the scan's
+        # cached device tables. The side stream allocates nothing.
+        device_tables(plan.cu_seqlens)
+        states_c = cupy.empty(plan.dh_shape, dtype=np.uint16)
         if side is not None:
-            # Everything the side stream uses is made here, on the caller's stream, before the fork:
-            # the states (so that they return to this stream's pool when freed, after Kernel B) and
-            # the scan's cached device tables. The side stream allocates nothing.
-            device_tables(plan.cu_seqlens)
-            states_c = cupy.empty(plan.dh_shape, dtype=np.uint16)
             side.wait_event(main.record())
             with side:
-                forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu, initial_state=h0,
-                               config=config, out=states_c)
+                launch_planned(states_plan, c["k"], c["v"], c["g"], beta_c, c["Akk"], h0, states_c)
                 states_ready = side.record()
         else:
-            states_c = forward_states(c["k"], c["v"], c["g"], beta_c, c["Akk"], cu_seqlens=cu,
-                                      initial_state=h0, config=config)
+            launch_planned(states_plan, c["k"], c["v"], c["g"], beta_c, c["Akk"], h0, states_c)
     else:
         states_c = to_cupy("states", states, "bf16")
     # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator). Not
     # split along the sequence (segments 1): at few sequences its scan runs beside the
     # forward-state scan on half the SMs (plan_scans), which has no split of its own yet.
-    ds, dh0 = ds_scan.launch(q, k, g, beta_c, Aqk, Akk, do, scale=plan.scale, dht=dht, cu_seqlens=cu,
-                         qk_l2norm=False, snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
-                         vsplit=scans.vsplit, segments=1)
+    dht_c = to_cupy("dht", dht, "f32") if dht is not None else None
+    checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dht_c, B, T, H,
+                                 plan.cu_seqlens, q.device if plan.torch_out else None)
+    ds, dh0 = ds_scan.run(checked, scale=plan.scale, varlen=cu_seqlens is not None, qk_l2norm=False,
+                          snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=1, knobs={},
+                          fla_inputs=True)
     ds_c = to_cupy("dS", ds, "bf16")
     if side is not None:
         main.wait_event(states_ready)

@@ -149,8 +149,11 @@ def choose_vsplit(ctas: int, sm_count: int) -> int:
 # ----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class _Inputs:
-    """The scan's inputs after :func:`_checked_inputs`: CuPy arrays (torch ones viewed in place)."""
+class ScanInputs:
+    """The scan's inputs, checked: CuPy arrays (torch ones viewed in place), the batch layout and the
+    torch device the outputs go to. :func:`launch` makes them from a caller's arguments; a caller
+    that checked its own arguments at its boundary (kernel.kda_backward) builds them and calls
+    :func:`run`, so that nothing is checked twice."""
     arrays: tuple        # q, k, gc, beta (fp32), mqk, inv, do
     dht: Any
     B: int
@@ -160,7 +163,7 @@ class _Inputs:
     torch_device: Any    # the torch inputs' device, or None for CuPy inputs
 
 
-def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -> _Inputs:
+def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -> ScanInputs:
     """Every array and cu_seqlens checked (kind, device, dtype, layout, shape), naming the argument."""
     _check_device_arrays(q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do, dht=dht)
     require_cupy(WHAT)
@@ -198,7 +201,7 @@ def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -
         dht = to_cupy("dht", dht, "f32")
         _check_shape("dht", dht, (cu.size - 1, H, HEAD_DIM, HEAD_DIM))
 
-    return _Inputs((q, k, gc, beta, mqk, inv, do), dht, B, T, H, cu, dev)
+    return ScanInputs((q, k, gc, beta, mqk, inv, do), dht, B, T, H, cu, dev)
 
 
 def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,
@@ -321,7 +324,17 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
     check_scale(scale)
     check_vsplit(vsplit)
     check_segments(segments)
+    knobs = check_tuning(tuning)
     c = _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small)
+    return run(c, scale=scale, varlen=cu_seqlens is not None, qk_l2norm=bool(qk_l2norm),
+               snapshot_dtype=snapshot_dtype, snapshot_every=snapshot_every, vsplit=vsplit, segments=segments,
+               knobs=knobs, fla_inputs=bool(fla_inputs))
+
+
+def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, snapshot_dtype: str,
+        snapshot_every: int, vsplit: int | str, segments: int | str, knobs: dict, fla_inputs: bool):
+    """Kernel A on checked inputs (:class:`ScanInputs`) and checked options: allocation and launch, no
+    check of its own. Returns (snapshots, dh0), torch tensors where ``c.torch_device`` is set."""
     cupy = require_cupy(WHAT)
     q, k, gc, beta, mqk, inv, do = c.arrays
     dht, B, H, cu = c.dht, c.B, c.H, c.cu
@@ -330,13 +343,12 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
     N = lengths.size
 
     cu_d, offs_d, order, total_snaps = builds.device_tables(cu, snapshot_every)
-    if cu_seqlens is None:
+    if not varlen:
         snap_shape = (B, total_snaps // B, H, HEAD_DIM, HEAD_DIM)
     else:
         snap_shape = (1, total_snaps, H, HEAD_DIM, HEAD_DIM)
 
     sm = builds.sm_count()
-    knobs = check_tuning(tuning)
     base = dict(snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every, l2norm=bool(qk_l2norm),
                 fla_inputs=bool(fla_inputs))
     counts = split.counts_for(segments, lengths, H, sm)
@@ -469,4 +481,4 @@ def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H
     return split.run(p, dht, scan, summarise, xp=cupy, H=H, K=HEAD_DIM, V=HEAD_DIM, side_by_side=builds.side_by_side)
 
 
-__all__ = ["dstate_scan", "summaries", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel", "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]
+__all__ = ["dstate_scan", "summaries", "run", "ScanInputs", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel", "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

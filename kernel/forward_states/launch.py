@@ -54,7 +54,8 @@ from .config import BUILD, Config, auto_config, choose_warps
 H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' default)
 ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
 
-__all__ = ["forward_states", "plan_forward_states", "device_tables", "module", "StatesPlan"]
+__all__ = ["forward_states", "plan_forward_states", "plan_from_layout", "launch_planned", "device_tables", "module",
+           "StatesPlan"]
 
 
 # ----------------------------------------------------------------------------
@@ -178,7 +179,6 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     require_gpu("kernel.forward_states")
     if config is None:
         plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.H, builds.sm_count())))
-    cfg = plan.config
 
     k_c = to_cupy("k", k, "bf16")
     v_c = to_cupy("v", v, "bf16")
@@ -186,11 +186,6 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     beta_c = beta_f32(beta)
     akk_c = to_cupy("Akk", Akk, "bf16")
     h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
-
-    cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
-    if total != int(plan.snapshot_offsets[-1]):
-        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
-    fn, smem, threads = _kernel(cfg)
     if out is not None:
         if not isinstance(out, cupy.ndarray) or out.dtype != np.uint16 or tuple(out.shape) != plan.states_shape \
                 or not out.flags.c_contiguous:
@@ -205,8 +200,30 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
         out = cupy_view(out_t)
     else:
         out = out_t = cupy.empty(plan.states_shape, dtype=np.uint16)
+    launch_planned(plan, k_c, v_c, g_c, beta_c, akk_c, h0, out)
+    return out_t
+
+
+def plan_from_layout(B: int, T: int, H: int, cu_seqlens: np.ndarray, states_shape: tuple[int, ...], config: Config,
+                     has_initial_state: bool) -> StatesPlan:
+    """The plan of a caller that checked the batch already (kernel.kda_backward: its host int64
+    ``cu_seqlens`` [N+1] and the states' shape, FLA's h): nothing is checked again here."""
+    offsets = snapshot_offsets(np.diff(cu_seqlens), TILE_TOKENS, TILES_PER_CHUNK)
+    return StatesPlan(B=B, T=T, H=H, N=len(cu_seqlens) - 1, cu_seqlens=cu_seqlens, snapshot_offsets=offsets,
+                      states_shape=tuple(states_shape), config=config, torch_out=False, device=None,
+                      beta_bf16=False, has_initial_state=has_initial_state)
+
+
+def launch_planned(plan: StatesPlan, k, v, g, beta, Akk, initial_state, out) -> None:
+    """Kernel S on checked CuPy arrays (bf16 as uint16 bits; beta fp32) into ``out``, a CuPy uint16 array
+    of plan.states_shape: the launch alone, for callers whose boundary checked the arguments."""
+    cfg = plan.config
+    cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
+    if total != int(plan.snapshot_offsets[-1]):
+        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
+    fn, smem, threads = _kernel(cfg)
     null = np.uint64(0)
     fn((plan.ctas,), (threads,),
-       (k_c, v_c, g_c, beta_c, akk_c, h0 if h0 is not None else null, out, cu_d, offs_d, order, np.int32(plan.H)),
+       (k, v, g, beta, Akk, initial_state if initial_state is not None else null, out, cu_d, offs_d, order,
+        np.int32(plan.H)),
        shared_mem=smem)
-    return out_t

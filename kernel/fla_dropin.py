@@ -115,8 +115,7 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor, got {type(x).__module__}.{type(x).__name__}")
-    for name in ("initial_state", "cu_seqlens", "cu_seqlens_cpu"):
-        x = {"initial_state": initial_state, "cu_seqlens": cu_seqlens, "cu_seqlens_cpu": cu_seqlens_cpu}[name]
+    for name, x in (("initial_state", initial_state), ("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
         if x is not None and not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor (a torch.LongTensor of offsets for cu_seqlens) or None, "
                             f"got {type(x).__module__}.{type(x).__name__}")

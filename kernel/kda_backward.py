@@ -163,12 +163,12 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
         # the arguments were checked once, by plan_kda_backward: the scan takes its plan from that check
         states_plan = plan_from_layout(B, T, H, plan.cu_seqlens, plan.dh_shape, auto_config(warps),
                                        has_initial_state=h0 is not None)
-        # Everything the side stream uses is made here, on the caller's stream, before the fork: the
-        # states (so that they return to this stream's pool when freed, after Kernel B) and the scan's
-        # cached device tables. The side stream allocates nothing.
-        device_tables(plan.cu_seqlens)
+        # the states come from the caller's stream, so that they return to its pool when freed, after Kernel B
         states_c = cupy.empty(plan.dh_shape, dtype=np.uint16)
         if side is not None:
+            # the scan's cached device tables too are made here, before the fork: the side stream
+            # allocates nothing
+            device_tables(plan.cu_seqlens)
             side.wait_event(main.record())
             with side:
                 launch_planned(states_plan, c["k"], c["v"], c["g"], beta_c, c["Akk"], h0, states_c)

@@ -32,19 +32,29 @@ def _product_files() -> list[Path]:
     return out
 
 
-def imports(path: Path) -> set[str]:
-    """Every module `path` imports, absolute (relative imports resolved against its package)."""
-    tree = ast.parse(path.read_text(), str(path))
+def _parsed(path: Path) -> tuple[ast.Module, list[str]]:
+    """The file's syntax tree and the package its relative imports start from."""
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
+    return ast.parse(path.read_text(), str(path)), package
+
+
+def _from_module(node: ast.ImportFrom, package: list[str]) -> str:
+    """The absolute module of a ``from ... import`` (a relative one resolved against `package`)."""
+    base = package[:len(package) - node.level + 1] if node.level else []
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports(path: Path) -> set[str]:
+    """Every module `path` imports, absolute (relative imports resolved against its package)."""
+    tree, package = _parsed(path)
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            mod = ".".join([*base, *([node.module] if node.module else [])])
+            mod = _from_module(node, package)
             out.add(mod)
             out |= {f"{mod}.{alias.name}" for alias in node.names}   # `from kernel import tools`
     return out
@@ -119,17 +129,13 @@ KNOWN = {_module_name(p) for p in _all_files(with_tests=True)}
 def module_edges(path: Path) -> set[str]:
     """The project modules `path` imports: ``from kernel.ds_scan import launch`` is an edge to kernel.ds_scan.launch (a
     module), ``from kernel.ds_scan.launch import launch`` one to kernel.ds_scan.launch; outside modules are left out."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = _module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
+    tree, package = _parsed(path)
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {alias.name for alias in node.names if alias.name in KNOWN}
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            mod = ".".join([*base, *([node.module] if node.module else [])])
+            mod = _from_module(node, package)
             for alias in node.names:
                 if f"{mod}.{alias.name}" in KNOWN:
                     out.add(f"{mod}.{alias.name}")
@@ -203,18 +209,14 @@ def private_uses(path: Path) -> list[str]:
     """Where `path` takes a private name (one leading underscore) from another project module:
     ``from m import _x`` and ``m._x`` with m an imported project module. Private modules
     (``experiments._common``) may be imported; their names are public to their package."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = _module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
+    tree, package = _parsed(path)
     private = lambda name: name.startswith("_") and not name.startswith("__")
     aliases, out = set(), []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             aliases |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name in KNOWN}
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            mod = ".".join([*base, *([node.module] if node.module else [])])
+            mod = _from_module(node, package)
             for a in node.names:
                 if f"{mod}.{a.name}" in KNOWN:
                     aliases.add(a.asname or a.name)

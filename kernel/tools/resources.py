@@ -60,22 +60,32 @@ def _tool(name: str) -> str | None:
     return None
 
 
-def _nvcc_cmd(kernel: KernelBuild, cfg, out: Path, kind: str) -> list[str]:
+def _nvcc_cmd(source: Path, options, out: Path, kind: str) -> list[str]:
+    """nvcc for sm_90a with ptx_lab's headers on the path: `source` with `options` to `out` (`kind` -ptx / -cubin)."""
     return [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
-            *kernel.options(cfg), kind, str(kernel.entry), "-o", str(out)]
+            *options, kind, str(source), "-o", str(out)]
+
+
+def _sass(cubin: Path) -> subprocess.CompletedProcess:
+    """`cuobjdump -sass` of a cubin (cuobjdump found by _tool; nvdisasm, which it runs, beside it)."""
+    cuobjdump = _tool("cuobjdump")
+    env = dict(os.environ, PATH=str(Path(cuobjdump).parent) + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
 
 
 def compile_variant(kernel: KernelBuild, cfg, workdir: Path) -> dict:
     """One variant's row: registers, spills, stack, shared memory, threads, CTAs per SM, SASS counts."""
     stem = workdir / kernel.label(cfg)
     prefix = kernel.constants
-    ptx = subprocess.run(_nvcc_cmd(kernel, cfg, stem.with_suffix(".ptx"), "-ptx"), capture_output=True, text=True)
+    options = kernel.options(cfg)
+    ptx = subprocess.run(_nvcc_cmd(kernel.entry, options, stem.with_suffix(".ptx"), "-ptx"), capture_output=True,
+                         text=True)
     if ptx.returncode:
         return {"kernel": kernel, "cfg": cfg, "error": ptx.stderr.strip()}
     ptx_text = stem.with_suffix(".ptx").read_text()
     smem = int(re.search(rf"{prefix}_smem_bytes\s*=\s*(\d+)", ptx_text).group(1))
     threads = int(re.search(rf"{prefix}_threads\s*=\s*(\d+)", ptx_text).group(1))
-    cub = subprocess.run(_nvcc_cmd(kernel, cfg, stem.with_suffix(".cubin"), "-cubin") + ["-Xptxas", "-v"],
+    cub = subprocess.run(_nvcc_cmd(kernel.entry, options, stem.with_suffix(".cubin"), "-cubin") + ["-Xptxas", "-v"],
                          capture_output=True, text=True)
     if cub.returncode:
         return {"kernel": kernel, "cfg": cfg, "error": cub.stderr.strip()}
@@ -92,14 +102,10 @@ def compile_variant(kernel: KernelBuild, cfg, workdir: Path) -> dict:
     row["ctas_per_sm"] = min(REGS_PER_SM // (regs_per_warp * warps),
                              SMEM_PER_SM // (row["smem"] + SMEM_RESERVED_PER_CTA),
                              THREADS_PER_SM // threads)
-    cuobjdump = _tool("cuobjdump")
-    if cuobjdump is None:
+    if _tool("cuobjdump") is None:
         row["sass"] = None
     else:
-        env = dict(os.environ)
-        env["PATH"] = str(Path(cuobjdump).parent) + os.pathsep + env.get("PATH", "")
-        sass = subprocess.run([cuobjdump, "-sass", str(stem.with_suffix(".cubin"))], capture_output=True,
-                              text=True, env=env)
+        sass = _sass(stem.with_suffix(".cubin"))
         if sass.returncode:
             row["sass"] = None
             row["sass_error"] = sass.stderr.strip()
@@ -218,13 +224,9 @@ def other_units(kernel_sources: set[Path]) -> list[Path]:
 def unit_sass_sha256(unit: Path, workdir: Path) -> str | None:
     """sha256 of one translation unit's `cuobjdump -sass` text (None where it does not compile)."""
     cubin = workdir / (str(unit.relative_to(REPO)).replace("/", "_") + ".cubin")
-    cmd = [_tool("nvcc") or "nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17",
-           f"-I{CUDA_INCLUDE_DIR}", "-cubin", str(unit), "-o", str(cubin)]
-    if subprocess.run(cmd, capture_output=True, text=True).returncode:
+    if subprocess.run(_nvcc_cmd(unit, (), cubin, "-cubin"), capture_output=True, text=True).returncode:
         return None
-    cuobjdump = _tool("cuobjdump")
-    env = dict(os.environ, PATH=str(Path(cuobjdump).parent) + os.pathsep + os.environ.get("PATH", ""))
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env)
+    sass = _sass(cubin)
     return hashlib.sha256(sass.stdout.encode()).hexdigest() if sass.returncode == 0 else None
 
 

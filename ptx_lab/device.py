@@ -10,7 +10,8 @@ address recipe of ``ldmatrix.cuh`` (the twin of ``ptx_lab.fragments.x4_lane_row_
 addresses run from ``operand_probes.cu`` (:func:`acc_to_a`, :func:`a_to_acc`,
 :func:`acc_to_a_two_parts`, :func:`two_part_bf16x2`, :func:`bf16_scalars`,
 :func:`x4_lane_offsets`: twins of ``ptx_lab.fragments``'; ``tests/ptx_lab/test_operand_fragments.py``),
-and ``ring.cuh`` from ``ring_probes.cu`` (:func:`ring_ids`, :func:`ring_walk`: twins of
+and ``ring.cuh`` from ``ring_probes.cu`` (:func:`ring_ids`, :func:`ring_walk`,
+:func:`mbarrier_ring_parities`, :func:`mbarrier_ring_walk`: twins of
 ``ptx_lab.ring``; ``tests/ptx_lab/test_ring.py``).
 
 Inputs whose device result the PTX ISA leaves undefined are refused with a
@@ -34,7 +35,8 @@ from .gpu import gpu_reason, load_module
 
 __all__ = ["ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "wgmma_m64nNk16_rs",
            "x4_lane_row_col", "x4_lane_offsets", "acc_to_a", "a_to_acc", "acc_to_a_two_parts", "two_part_bf16x2",
-           "bf16_scalars", "ring_ids", "ring_walk"]
+           "bf16_scalars", "ring_ids", "ring_walk",
+           "mbarrier_ring_parities", "mbarrier_ring_walk"]
 
 WARP = 32
 PROBES_CU = CUDA_INCLUDE_DIR / "probes.cu"
@@ -436,4 +438,25 @@ def ring_walk(nstage: int, ntiles: int) -> np.ndarray:
     cupy = _cupy()
     seen = cupy.zeros((max(ntiles, 1), WARP), dtype=cupy.uint32)
     _ring_kernel(f"probe_ring_walk_{nstage}")((1,), (RING_THREADS,), (np.int32(ntiles), seen))
+    return cupy.asnumpy(seen)[:ntiles]
+
+
+def mbarrier_ring_parities(nstage: int, ntiles: int) -> dict:
+    """ring.cuh's MbarrierRing parities and predicates on the GPU, the twin of
+    ptx_lab.ring.mbarrier_parities, releases and refill_waits: lists per tile."""
+    nstage, ntiles = _ring_args(nstage, ntiles)
+    cupy = _cupy()
+    out = cupy.zeros((max(ntiles, 1), 4), dtype=cupy.uint32)
+    _ring_kernel(f"probe_mring_parities_{nstage}")((1,), (WARP,), (np.int32(ntiles), out))
+    got = cupy.asnumpy(out)[:ntiles].astype(np.int64)
+    return {"full_parity": got[:, 0].tolist(), "refill_parity": got[:, 1].tolist(),
+            "releases": got[:, 2].astype(bool).tolist(), "refill_waits": got[:, 3].astype(bool).tolist()}
+
+
+def mbarrier_ring_walk(nstage: int, ntiles: int) -> np.ndarray:
+    """ring.cuh's MbarrierRing on the GPU, as :func:`ring_walk` walks the named-barrier ring."""
+    nstage, ntiles = _ring_args(nstage, ntiles)
+    cupy = _cupy()
+    seen = cupy.zeros((max(ntiles, 1), WARP), dtype=cupy.uint32)
+    _ring_kernel(f"probe_mring_walk_{nstage}")((1,), (RING_THREADS,), (np.int32(ntiles), seen))
     return cupy.asnumpy(seen)[:ntiles]

@@ -7,7 +7,7 @@ shared and global memory are flat ``uint8`` byte images, addresses are byte
 offsets into them. Functions that write memory return a new image and leave
 their input alone.
 
-The one exception is bulk.cuh: an mbarrier's state outlives the instructions
+The exceptions are mbarrier.cuh and bulk.cuh: an mbarrier's state outlives the instructions
 that change it, so :class:`MBarrier` is an object, and a bulk copy is issued by
 one thread (not a warp), so :func:`cp_async_bulk_g2s` and
 :func:`cp_async_bulk_s2g` take one address pair and one byte count. The tensor
@@ -362,7 +362,7 @@ def count_arg(x, name: str) -> int:
 
 
 class MBarrier:
-    """One mbarrier object (mbarrier.* in bulk.cuh), as the PTX ISA defines its state.
+    """One mbarrier object (mbarrier.cuh; bulk.cuh adds transaction bytes), as the PTX ISA defines it.
 
     State: the current phase (``phase``, counted from 0 here; the hardware
     keeps only its parity), the expected arrival count (``count``), the
@@ -371,7 +371,7 @@ class MBarrier:
     pending == 0 and tx_count == 0; then, atomically, the phase advances (its
     parity flips), pending is reset to count and tx_count to 0.
 
-    The operations are the ones bulk.cuh issues: ``init`` (mbarrier.init),
+    The operations are the ones mbarrier.cuh and bulk.cuh issue: ``init`` (mbarrier.init),
     ``arrive`` (mbarrier.arrive), ``arrive_expect_tx`` (mbarrier.arrive.expect_tx:
     tx_count += bytes, then one arrival, so the phase cannot complete between
     the two), ``complete_tx`` (what a cp.async.bulk does to its mbarrier when its
@@ -463,7 +463,7 @@ class MBarrier:
         return self.parity != p
 
     def wait_parity(self, parity: int) -> None:
-        """mbarrier_wait_parity (bulk.cuh's try_wait loop), in a model that runs one thread at a time.
+        """mbarrier_wait_parity (mbarrier.cuh's try_wait loop), in a model that runs one thread at a time.
 
         Returns if try_wait_parity(parity) is True; otherwise nothing else can
         complete the phase, so the loop would spin forever: RuntimeError.

@@ -1,5 +1,5 @@
 """CPU model of ``ptx_lab/cuda/ring.cuh``: a ring of shared-memory stages handed between a
-producer and a consumer role by named barriers.
+producer and a consumer role, by named barriers (BarrierRing) or by mbarriers (MbarrierRing).
 
 Tile i of a walk of ``ntiles`` tiles goes through stage ``i % nstage``. Stage s has the
 barriers FULL(s) = first_id + s (producers arrive when it holds its tile, consumers sync) and
@@ -15,6 +15,13 @@ before the producer wrote the next tile there, no side arrives twice in one phas
 finish with every barrier back at zero (no hang, no arrival left over). It returns the tiles the
 consumer read, in order. Hypothesis drives the interleavings in tests/ptx_lab/test_ring.py;
 ``ptx_lab.device.ring_walk`` runs the header's ring on a GPU.
+
+The mbarrier ring (:func:`mbarrier_parities`, :func:`mbarrier_walk`) hands over the same way, on
+:class:`ptx_lab.model.MBarrier` objects: tile i waits on FULL(i % nstage) for the parity of that
+stage's use number i // nstage, and its refill waits on EMPTY for the use before. A parity only
+names a phase if the waiter is at most one phase behind and never ahead of the barrier, so the
+walk also checks that every wait it evaluates is for the barrier's current or previous phase;
+``ptx_lab.device.mbarrier_ring_walk`` runs that ring on a GPU.
 """
 from __future__ import annotations
 
@@ -22,10 +29,13 @@ from typing import Iterable
 
 import numpy as np
 
+from .model import MBarrier
+
 MAX_BARRIER_ID = 15      # ids 1..15 are free (0 is __syncthreads)
 WARP = 32
 
-__all__ = ["barrier_ids", "releases", "refill_waits", "walk", "RingError", "MAX_BARRIER_ID"]
+__all__ = ["barrier_ids", "releases", "refill_waits", "walk", "RingError", "MAX_BARRIER_ID",
+           "mbarrier_parities", "mbarrier_walk"]
 
 
 class RingError(AssertionError):
@@ -150,4 +160,104 @@ def walk(nstage: int, ntiles: int, order: Iterable[int] = (), first_id: int = 1)
     if stuck or arrived:
         raise RingError("the walk does not finish: " + "; ".join(
             stuck + [f"barrier {b} holds arrivals of {sorted(a)}" for b, a in arrived.items()]))
+    return seen
+
+
+# ----------------------------------------------------------------- MbarrierRing
+
+
+def mbarrier_parities(i: int, nstage: int) -> tuple[int, int]:
+    """(FULL's parity that hands tile i over, EMPTY's parity that frees its stage for it)."""
+    use = i // nstage
+    return use & 1, (use - 1) & 1
+
+
+def _mbarrier_programs(nstage: int, ntiles: int) -> dict[str, list[tuple]]:
+    """Each role's steps, as MbarrierRing's users run them (ring_probes.cu's mring_walk).
+    A wait is ("wait", barrier, parity, the phase it means)."""
+    producer, consumer = [], []
+    for j in range(ntiles):
+        s = j % nstage
+        if refill_waits(j, ntiles, nstage):
+            producer.append(("wait", ("empty", s), mbarrier_parities(j, nstage)[1], j // nstage - 1))
+        producer.append(("write", s, j))
+        producer.append(("arrive", ("full", s)))
+    for i in range(ntiles):
+        s = i % nstage
+        consumer.append(("wait", ("full", s), mbarrier_parities(i, nstage)[0], i // nstage))
+        consumer.append(("read", s, i))
+        if releases(i, ntiles, nstage):
+            consumer.append(("arrive", ("empty", s)))
+    return {"producer": producer, "consumer": consumer}
+
+
+def mbarrier_walk(nstage: int, ntiles: int, order: Iterable[int] = ()) -> list[int]:
+    """Run the mbarrier ring's two roles to the end; returns the tiles the consumer read, in order.
+
+    One arrival per side and phase (each side is one actor here). `order` as in :func:`walk`.
+    RingError on a broken promise: a stage read early or overwritten unread, a wait whose parity
+    names another phase than the one it means, a role left waiting, or arrivals left over.
+    """
+    nstage, ntiles = _count(nstage, "nstage", 1), _count(ntiles, "ntiles", 0)
+    progs = _mbarrier_programs(nstage, ntiles)
+    bars = {(kind, s): MBarrier(1) for kind in ("full", "empty") for s in range(nstage)}
+    roles = ("producer", "consumer")
+    pc = {r: 0 for r in roles}
+    stage: list[int | None] = [None] * nstage
+    unread: list[bool] = [False] * nstage
+    seen: list[int] = []
+    choices = iter(order)
+
+    def can_step(role: str) -> bool:
+        if pc[role] >= len(progs[role]):
+            return False
+        op = progs[role][pc[role]]
+        if op[0] != "wait":
+            return True
+        _, key, parity, phase = op
+        bar = bars[key]
+        if parity != phase & 1:
+            raise RingError(f"the {role} waits on {key[0].upper()}({key[1]}) for its phase {phase} "
+                            f"by parity {parity}, which is another phase's")
+        if bar.phase not in (phase, phase + 1):
+            raise RingError(f"the {role} waits on {key[0].upper()}({key[1]}) for its phase {phase} by "
+                            f"parity {parity}, but the barrier is in phase {bar.phase}: the parity "
+                            f"names another phase")
+        return bar.try_wait_parity(parity)
+
+    def step(role: str) -> None:
+        op = progs[role][pc[role]]
+        pc[role] += 1
+        if op[0] == "arrive":
+            bars[op[1]].arrive()
+        elif op[0] == "write":
+            s, j = op[1], op[2]
+            if unread[s]:
+                raise RingError(f"the producer overwrites stage {s} (tile {stage[s]}) with tile {j} before it was read")
+            stage[s], unread[s] = j, True
+        elif op[0] == "read":
+            s, i = op[1], op[2]
+            if stage[s] != i or not unread[s]:
+                raise RingError(f"the consumer reads tile {i} from stage {s}, which holds "
+                                f"{'nothing new' if not unread[s] else f'tile {stage[s]}'}")
+            unread[s] = False
+            seen.append(i)
+
+    while True:
+        ready = [r for r in roles if can_step(r)]
+        if not ready:
+            break
+        pick = next(choices, None)
+        role = ready[0] if len(ready) == 1 or pick is None else ready[int(pick) % len(ready)]
+        step(role)
+    stuck = [f"the {r} waits at step {pc[r]} ({progs[r][pc[r]][0]} on {progs[r][pc[r]][1]})"
+             for r in roles if pc[r] < len(progs[r])]
+    # every phase whole, and one per hand-off: FULL(s) once per tile through s, EMPTY(s) once per
+    # refill of s, one fewer (an arrival past those starts a phase nobody waits for)
+    uses = {s: len(range(s, ntiles, nstage)) for s in range(nstage)}
+    want = {(kind, s): uses[s] - (kind == "empty" and uses[s] > 0) for kind in ("full", "empty") for s in uses}
+    extra = [f"{k[0].upper()}({k[1]}) went through {b.phase} phases and {b.count - b.pending} arrivals, "
+             f"not {want[k]} phases" for k, b in bars.items() if b.pending != b.count or b.phase != want[k]]
+    if stuck or extra:
+        raise RingError("the walk does not finish: " + "; ".join(stuck + extra))
     return seen

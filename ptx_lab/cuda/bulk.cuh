@@ -9,7 +9,7 @@
 // q, k, gc, do is hundreds of them, all queued in the SM's global-memory (LG)
 // queue.
 //
-// global -> shared completes on an mbarrier (an 8-byte shared-memory object):
+// global -> shared completes on an mbarrier (mbarrier.cuh, an 8-byte shared-memory object):
 //   * mbarrier_init(bar, count): the barrier expects `count` arrivals per phase.
 //   * mbarrier_arrive_expect_tx(bar, bytes): one arrival, and `bytes` more
 //     transaction bytes to wait for in the current phase.
@@ -37,44 +37,9 @@
 // fence_proxy_async_shared() after the writes (and before the barrier / warp
 // sync that hands the buffer to the issuing thread).
 #pragma once
-#include "common.cuh"
+#include "mbarrier.cuh"
 
 namespace ptx_lab {
-
-__device__ __forceinline__ void mbarrier_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-
-// Makes mbarrier_init visible to the async proxy and the other threads; follow it
-// with a CTA-wide barrier before any thread uses the mbarrier.
-__device__ __forceinline__ void fence_mbarrier_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-
-// true once the phase with this parity has completed. Without a suspend-time
-// hint (none is passed) the hardware may park the thread for a system-dependent
-// time before it returns false.
-__device__ __forceinline__ bool mbarrier_try_wait_parity(u32 bar, u32 parity) {
-    u32 done;
-    asm volatile("{\n\t.reg .pred p;\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                 "selp.u32 %0, 1, 0, p;\n\t}"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    return done != 0;
-}
-
-__device__ __forceinline__ void mbarrier_wait_parity(u32 bar, u32 parity) {
-    while (!mbarrier_try_wait_parity(bar, parity)) {
-    }
-}
 
 // global -> shared (this CTA), `bytes` a multiple of 16, both addresses 16-byte aligned.
 __device__ __forceinline__ void cp_async_bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {

@@ -1,6 +1,9 @@
 // ptx_lab/cuda/ring.cuh -- a ring of shared-memory stages handed between producer and
-// consumer warps by named barriers (barrier.cuh).
+// consumer warps, by named barriers (BarrierRing, barrier.cuh) or by mbarriers (MbarrierRing,
+// mbarrier.cuh).
 //
+// BarrierRing
+// -----------
 // Tile i of a walk goes through stage i % Stages. Each stage has two barriers, both counting
 // Threads (every thread of both roles, a multiple of 32):
 //     FULL(s)  = FirstId + s             producers arrive once stage s holds its tile;
@@ -17,10 +20,28 @@
 // Id 0 is __syncthreads; a CTA has 16, so FirstId + 2 Stages <= 16. (The parameters are not
 // spelt in capitals: the kernels' knobs, NSTAGE among them, are macros.)
 //
-// ptx_lab.ring is the CPU model (the ids, and a walk of both roles over any interleaving that
-// checks every hand-off); ring_probes.cu runs this code for ptx_lab.device.
+//
+// MbarrierRing
+// ------------
+// The same hand-off on 2 Stages mbarriers in shared memory: FULL(s) expects one arrival from
+// each of the Producers threads, EMPTY(s) one from each of the Consumers threads, and a wait
+// names the phase it waits for by its parity. Tile i is stage s = i % Stages's use number
+// u = i / Stages, which is phase u of FULL(s) (the consumers wait for parity u & 1) and, for
+// its refill, phase u - 1 of EMPTY(s) (the producers of tile i wait for parity (u - 1) & 1):
+// so its calls take the TILE, not the stage. Each thread arrives for itself, so every thread's
+// own writes (or reads) are ordered by its own release; no warp-wide sync is needed first.
+// What it costs over BarrierRing: 16 bytes of shared memory per stage and a one-thread init
+// followed by a CTA barrier; what it gains: the arrivals and waits are memory operations on an
+// address, which compute-sanitizer's racecheck follows, where it misreads named-barrier
+// hand-offs of cp.async data (kernel/tools/racecheck.py's probes), and it needs no barrier id.
+// The same pairing of releases and refill waits keeps every phase whole, so no parity is ever
+// two phases behind.
+//
+// ptx_lab.ring is the CPU model of both (the ids and parities, and walks of both roles over any
+// interleaving that check every hand-off); ring_probes.cu runs this code for ptx_lab.device.
 #pragma once
 #include "barrier.cuh"
+#include "mbarrier.cuh"
 
 namespace ptx_lab {
 
@@ -53,6 +74,49 @@ struct BarrierRing {
     // producer loop compiles to other SASS.)
     __device__ static __forceinline__ void wait_to_refill(int j, int ntiles) {
         if (j < ntiles && j >= Stages) wait_empty(j % Stages);
+    }
+};
+
+template <int Stages, u32 Producers, u32 Consumers>
+struct MbarrierRing {
+    static_assert(Stages >= 1, "a ring has at least one stage");
+    static_assert(Producers >= 1 && Consumers >= 1, "each side has at least one thread");
+
+    u64 full[Stages];    // FULL(s): Producers arrivals per phase
+    u64 empty[Stages];   // EMPTY(s): Consumers arrivals per phase
+
+    // One thread, before any other use; then a CTA-wide barrier (__syncthreads) so that every
+    // thread sees the initialised objects.
+    __device__ __forceinline__ void init() {
+#pragma unroll 1
+        for (int s = 0; s < Stages; ++s) {
+            mbarrier_init(smem_addr(&full[s]), Producers);
+            mbarrier_init(smem_addr(&empty[s]), Consumers);
+        }
+    }
+
+    // The parity of FULL's phase that hands tile i to the consumers.
+    __device__ static __forceinline__ u32 full_parity(int i) { return (i / Stages) & 1; }
+    // The parity of EMPTY's phase that frees tile j's stage of tile j - Stages.
+    __device__ static __forceinline__ u32 refill_parity(int j) { return (j / Stages + 1) & 1; }
+
+    // Producers: tile i is in its stage (no wait).
+    __device__ __forceinline__ void publish(int i) { mbarrier_arrive(smem_addr(&full[i % Stages])); }
+    // Consumers: wait until tile i is in its stage.
+    __device__ __forceinline__ void wait_full(int i) {
+        mbarrier_wait_parity(smem_addr(&full[i % Stages]), full_parity(i));
+    }
+    // Consumers: done reading tile i's stage (no wait).
+    __device__ __forceinline__ void release(int i) { mbarrier_arrive(smem_addr(&empty[i % Stages])); }
+
+    // Whether the consumers of tile i release its stage: only if tile i + Stages exists.
+    __device__ static __forceinline__ bool releases(int i, int ntiles) { return i + Stages < ntiles; }
+    // Whether the producers of tile j wait for its stage: only if tile j exists and the stage
+    // held tile j - Stages.
+    __device__ static __forceinline__ bool refill_waits(int j, int ntiles) { return j < ntiles && j >= Stages; }
+    // Producers of tile j: wait until its stage may be overwritten, where refill_waits says so.
+    __device__ __forceinline__ void wait_to_refill(int j, int ntiles) {
+        if (refill_waits(j, ntiles)) mbarrier_wait_parity(smem_addr(&empty[j % Stages]), refill_parity(j));
     }
 };
 

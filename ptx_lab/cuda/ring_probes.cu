@@ -7,6 +7,8 @@
 // (j * 32 + lane) into stage j % N, the consumer copies every tile it is handed out, so a
 // hand-off that let the producer overwrite an unread stage, or the consumer read a stage early,
 // shows in the copy; a barrier left unbalanced hangs the launch instead.
+// probe_mring_parities_<N> and probe_mring_walk_<N>: the same for MbarrierRing (32 producer and
+// 32 consumer threads), its parities and predicates in place of the ids.
 #include "ring.cuh"
 
 namespace ptx_lab {
@@ -57,6 +59,41 @@ __device__ __forceinline__ void walk(int ntiles, u32* seen) {
     }
 }
 
+// out: (ntiles, 4) u32 per tile: FULL's parity, the refill's parity, releases, refill_waits.
+template <int N>
+__device__ __forceinline__ void mring_parities(int ntiles, u32* out) {
+    using Ring = MbarrierRing<N, WARP, WARP>;
+    for (int i = threadIdx.x; i < ntiles; i += WARP) {
+        out[4 * i] = Ring::full_parity(i);
+        out[4 * i + 1] = Ring::refill_parity(i);
+        out[4 * i + 2] = Ring::releases(i, ntiles);
+        out[4 * i + 3] = Ring::refill_waits(i, ntiles);
+    }
+}
+
+// seen: (ntiles, 32) u32, what the consumer read of every tile (as walk above).
+template <int N>
+__device__ __forceinline__ void mring_walk(int ntiles, u32* seen) {
+    __shared__ MbarrierRing<N, WARP, WARP> ring;
+    __shared__ u32 stage[N][WARP];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (threadIdx.x == 0) ring.init();
+    __syncthreads();
+    if (warp == 1) {
+        for (int j = 0; j < ntiles; ++j) {
+            ring.wait_to_refill(j, ntiles);
+            stage[j % N][lane] = j * WARP + lane;
+            ring.publish(j);
+        }
+    } else {
+        for (int i = 0; i < ntiles; ++i) {
+            ring.wait_full(i);
+            seen[i * WARP + lane] = stage[i % N][(lane + 1) % WARP];
+            if (ring.releases(i, ntiles)) ring.release(i);
+        }
+    }
+}
+
 }  // namespace ring_probes
 }  // namespace ptx_lab
 
@@ -68,6 +105,12 @@ using namespace ptx_lab::ring_probes;
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(THREADS) probe_ring_walk_##N(int ntiles, ptx_lab::u32* seen) { \
         walk<N>(ntiles, seen);                                                                   \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARP) probe_mring_parities_##N(int ntiles, ptx_lab::u32* out) { \
+        mring_parities<N>(ntiles, out);                                                          \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS) probe_mring_walk_##N(int ntiles, ptx_lab::u32* seen) { \
+        mring_walk<N>(ntiles, seen);                                                             \
     }
 PTX_LAB_RING_PROBES(1)
 PTX_LAB_RING_PROBES(2)

@@ -1,11 +1,12 @@
-"""ring.cuh's named-barrier ring and its model, ptx_lab.ring.
+"""ring.cuh's named-barrier ring and mbarrier ring, and their model, ptx_lab.ring.
 
 On the CPU: the ids are distinct and inside 1..15, the hand-off predicates pair the consumers'
 EMPTY arrivals one to one with the producers' EMPTY waits, and a walk of both roles over any
 interleaving hands every tile over exactly once, in order, with every barrier balanced; a ring
 with a predicate off by one is caught. On the GPU: the probes of ring_probes.cu, which run the
 header, give the model's ids and predicates, and a producer warp and a consumer warp walk the ring
-and hand over every tile's words.
+and hand over every tile's words. The mbarrier ring gets the same: its parities, its walks, and
+a broken parity or predicate caught.
 """
 from __future__ import annotations
 
@@ -68,6 +69,35 @@ def test_a_broken_predicate_is_caught(monkeypatch, broken, message):
         ring.walk(3, 10, [0] * 50)   # the producer runs ahead wherever it can
 
 
+@CPU
+@given(nstage=nstages, n=ntiles, order=orders)
+def test_any_interleaving_of_the_mbarrier_ring_hands_every_tile_over_once_in_order(nstage, n, order):
+    assert ring.mbarrier_walk(nstage, n, order) == list(range(n))
+
+
+@pytest.mark.parametrize("nstage", range(1, 8))
+def test_the_mbarrier_parities_name_each_tiles_phase(nstage):
+    # tile i is stage i % nstage's use i // nstage: FULL's phase of that use, EMPTY's of the use before
+    got = [ring.mbarrier_parities(i, nstage) for i in range(4 * nstage)]
+    assert got == [((i // nstage) % 2, (i // nstage + 1) % 2) for i in range(4 * nstage)]
+
+
+@pytest.mark.parametrize("broken, message", [
+    ("releases", "went through 4 phases"),      # the last tiles released too: phases nobody waits for
+    ("refill_waits", "overwrites stage"),       # a producer not waiting for a stage's second tile
+    ("parity", "another phase's"),              # the refill waiting for its own use's parity
+])
+def test_a_broken_mbarrier_ring_is_caught(monkeypatch, broken, message):
+    if broken == "releases":
+        monkeypatch.setattr(ring, "releases", lambda i, n, nstage: True)
+    elif broken == "refill_waits":
+        monkeypatch.setattr(ring, "refill_waits", lambda j, n, nstage: n > j > nstage)
+    else:
+        monkeypatch.setattr(ring, "mbarrier_parities", lambda i, nstage: ((i // nstage) & 1,) * 2)
+    with pytest.raises(ring.RingError, match=message):
+        ring.mbarrier_walk(3, 10, [0] * 50)
+
+
 # ----------------------------------------------------------------- the header on the GPU
 
 @pytest.mark.gpu
@@ -96,6 +126,32 @@ def test_device_walk_hands_every_tile_over(nstage, n):
     assert seen.shape == (n, WARP) and (seen == want).all(), np.argwhere(seen != want)[:4]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("nstage", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("n", [0, 1, 5, 17, 40])
+def test_device_mbarrier_parities_and_predicates_are_the_models(nstage, n):
+    from ptx_lab import device
+
+    got = device.mbarrier_ring_parities(nstage, n)
+    want = [ring.mbarrier_parities(i, nstage) for i in range(n)]
+    assert got["full_parity"] == [f for f, _ in want] and got["refill_parity"] == [r for _, r in want]
+    assert got["releases"] == [ring.releases(i, n, nstage) for i in range(n)]
+    assert got["refill_waits"] == [ring.refill_waits(i, n, nstage) for i in range(n)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nstage", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("n", [0, 1, 5, 17, 200])
+def test_device_mbarrier_walk_hands_every_tile_over(nstage, n):
+    from ptx_lab import device
+
+    seen = device.mbarrier_ring_walk(nstage, n)
+    tiles = np.asarray(ring.mbarrier_walk(nstage, n), dtype=np.int64)
+    lane = np.arange(WARP)
+    want = (tiles[:, None] * WARP + (lane + 1) % WARP).astype(np.uint32)
+    assert seen.shape == (n, WARP) and (seen == want).all(), np.argwhere(seen != want)[:4]
+
+
 def test_the_device_twins_check_their_arguments_before_looking_for_a_gpu():
     from ptx_lab import device
 
@@ -105,3 +161,7 @@ def test_the_device_twins_check_their_arguments_before_looking_for_a_gpu():
         device.ring_ids(8, 3)
     with pytest.raises(ValueError, match="ntiles must be an int >= 0; got -1"):
         device.ring_walk(2, -1)
+    with pytest.raises(ValueError, match=r"nstage must be one of \(1, 2, 3, 4, 6, 7\)"):
+        device.mbarrier_ring_walk(5, 3)
+    with pytest.raises(ValueError, match="ntiles must be an int >= 0; got -1"):
+        device.mbarrier_ring_parities(2, -1)

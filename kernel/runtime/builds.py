@@ -3,9 +3,9 @@
 A :class:`KernelBuild` says everything the API, the tools and CI need to compile a kernel:
 
 * its entry file, and the headers beside it that belong to it (a glob);
-* the text a compile cache sees: the entry file with a digest of those headers and ptx_lab's
-  as its first line (CuPy keys its on-disk cache on the text and the options only, so a header
-  change alone would otherwise load the cubin built before it);
+* the text a compile cache sees: the entry file with a digest of those headers, kernel/shapes.cuh
+  and ptx_lab's as its first line (CuPy keys its on-disk cache on the text and the options only,
+  so a header change alone would otherwise load the cubin built before it);
 * its default variant, its options for one variant, every variant the API can launch, and the SASS instructions
   each variant must hold;
 * the constants it exports (``<prefix>_smem_bytes``, ``<prefix>_threads``), which the launch
@@ -28,8 +28,12 @@ from ptx_lab import CUDA_INCLUDE_DIR
 
 from ..shapes import TILE_TOKENS, snapshot_offsets
 
-__all__ = ["KernelBuild", "read_int_constants", "kernel_function", "sm_count", "side_stream", "side_by_side",
-           "longest_first", "device_tables"]
+__all__ = ["KernelBuild", "SHAPES_HEADER", "read_int_constants", "kernel_function", "sm_count", "side_stream",
+           "side_by_side", "longest_first", "device_tables"]
+
+# The shapes every kernel's device source includes (as "../../shapes.cuh" from its cuda/ folder, so
+# that nvcc on the entry file and NVRTC through the folder's -I both find it with no -I of its own)
+SHAPES_HEADER = Path(__file__).resolve().parents[1] / "shapes.cuh"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +50,10 @@ class KernelBuild:
     required_sass: Callable[[Any], tuple[str, ...]]   # variant -> SASS mnemonics it must hold
 
     def header_digest(self) -> str:
-        """sha256 over the kernel's own headers and ptx_lab's, names and contents."""
+        """sha256 over the kernel's own headers, kernel/shapes.cuh and ptx_lab's, names and contents."""
         h = hashlib.sha256()
-        for base, pattern in ((self.entry.parent, self.headers), (Path(CUDA_INCLUDE_DIR), "*.cuh")):
+        for base, pattern in ((self.entry.parent, self.headers), (SHAPES_HEADER.parent, SHAPES_HEADER.name),
+                              (Path(CUDA_INCLUDE_DIR), "*.cuh")):
             for path in sorted(base.glob(pattern)):
                 h.update(f"{base.name}/{path.name}\0".encode())
                 h.update(path.read_bytes())

@@ -59,8 +59,8 @@ restart at every sequence start, like Kernel A's tiles), rows tok0 .. tok0 + L -
   Mqk/INV maps become (tokens, H * 64) with 16 x 16 boxes at column h * 64 + 16 * (n mod 4).
 
 Everything in this module up to the launch runs on the host without a GPU
-(:func:`plan_fla_launch`); the launch is :func:`kernel.ds_scan.launch.launch` with
-``fla_inputs=True`` (kernel/ds_scan/cuda/loads.cuh and r1.cuh hold the loads).
+(:func:`plan_fla_launch`); the launch is :func:`kernel.ds_scan.launch.run` on the inputs the plan
+checked, with ``fla_inputs=True`` (kernel/ds_scan/cuda/loads.cuh and r1.cuh hold the loads).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ import dataclasses
 import numpy as np
 
 from . import launch
-from ..runtime.arrays import ArrayInfo, check_scale, describe, expect, leading, refuse_gva
+from ..runtime.arrays import ArrayInfo, check_scale, describe, expect, leading, refuse_gva, require_cupy, require_gpu
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
 
 FLA_OTHER_CHUNK = 32                       # KDA's only other chunk_size in fla-core 0.6.0
@@ -237,9 +237,14 @@ def dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=
     key heads), chunk_size 32.
     """
     launch.check_segments(segments)
-    plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens, scale=scale,
-                    snapshot_dtype=snapshot_dtype, state_v_first=state_v_first, vsplit=vsplit, tuning=tuning)
+    plan = plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens, scale=scale,
+                           snapshot_dtype=snapshot_dtype, state_v_first=state_v_first, vsplit=vsplit, tuning=tuning)
+    # the plan checked every argument: the launch takes its inputs from it without checking them again
+    require_cupy(launch.WHAT)
+    require_gpu(launch.WHAT)
+    inputs = launch.scan_inputs_of(dict(q=q, k=k, g64=g64, beta=beta, Aqk=Aqk, Akk=Akk, do=do), dht,
+                                   B=plan.B, T=plan.T, H=plan.H, cu=plan.cu_seqlens)
     # FLA's q and k are used as it stored them (Aqk was built from exactly these): no l2norm here
-    return launch.launch(q, k, g64, beta, Aqk, Akk, do, scale=scale, dht=dht, cu_seqlens=cu_seqlens,
-                      qk_l2norm=False, snapshot_dtype=snapshot_dtype, snapshot_every=TILES_PER_CHUNK,
-                      vsplit=vsplit, segments=segments, tuning=tuning, fla_inputs=True)
+    return launch.run(inputs, scale=plan.scale, varlen=cu_seqlens is not None, qk_l2norm=False,
+                      snapshot_dtype=plan.snapshot_dtype, snapshot_every=plan.snapshot_every, vsplit=plan.vsplit,
+                      segments=segments, knobs=plan.tuning, fla_inputs=True)

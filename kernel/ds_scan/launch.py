@@ -152,8 +152,8 @@ def choose_vsplit(ctas: int, sm_count: int) -> int:
 class ScanInputs:
     """The scan's inputs, checked: CuPy arrays (torch ones viewed in place), the batch layout and the
     torch device the outputs go to. :func:`launch` makes them from a caller's arguments; a caller
-    that checked its own arguments at its boundary (kernel.kda_backward) builds them and calls
-    :func:`run`, so that nothing is checked twice."""
+    that checked its own arguments at its boundary (kernel.ds_scan.fla, kernel.kda_backward) builds
+    them (:func:`scan_inputs_of`) and calls :func:`run`, so that nothing is checked twice."""
     arrays: tuple        # q, k, gc, beta (fp32), mqk, inv, do
     dht: Any
     B: int
@@ -161,6 +161,24 @@ class ScanInputs:
     H: int
     cu: np.ndarray       # host int64 [N + 1]
     torch_device: Any    # the torch inputs' device, or None for CuPy inputs
+
+
+# what to_cupy holds each of the scan's arrays to, in the kernel's order q, k, gc, beta, mqk, inv, do
+# (None: beta, which beta_f32 takes in fp32 or bf16 and widens)
+ARRAY_WANTS = ("bf16", "bf16", "f32", None, "bf16", "bf16", "bf16")
+
+
+def scan_inputs_of(named: dict, dht, *, B: int, T: int, H: int, cu: np.ndarray) -> ScanInputs:
+    """The :class:`ScanInputs` of arrays a caller's boundary checked (kind, dtype, shape, layout):
+    ``named`` maps the caller's names to q, k, gc, beta, mqk, inv, do, in that order; ``cu`` is the
+    host int64 cu_seqlens [N + 1]. Each array becomes the CuPy array the launch passes (to_cupy: a
+    torch tensor viewed in place, and every array held to the current device), beta widened to fp32."""
+    arrays = tuple(beta_f32(x) if want is None else to_cupy(name, x, want)
+                   for (name, x), want in zip(named.items(), ARRAY_WANTS))
+    if dht is not None:
+        dht = to_cupy("dht", dht, "f32")
+    first = next(iter(named.values()))
+    return ScanInputs(arrays, dht, B, T, H, cu, first.device if is_torch(first) else None)
 
 
 def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -> ScanInputs:
@@ -481,4 +499,4 @@ def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H
     return split.run(p, dht, scan, summarise, xp=cupy, H=H, K=HEAD_DIM, V=HEAD_DIM, side_by_side=builds.side_by_side)
 
 
-__all__ = ["dstate_scan", "summaries", "run", "ScanInputs", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel", "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]
+__all__ = ["dstate_scan", "summaries", "run", "ScanInputs", "scan_inputs_of", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel", "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

@@ -55,7 +55,7 @@ H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_f
 ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
 
 __all__ = ["forward_states", "plan_forward_states", "plan_from_layout", "launch_planned", "device_tables", "module",
-           "StatesPlan"]
+           "kernel", "StatesPlan"]
 
 
 # ----------------------------------------------------------------------------
@@ -149,7 +149,8 @@ def module(cfg: Config):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg: Config):
+def kernel(cfg: Config):
+    """(function, dynamic shared memory, threads) of one configuration, cached per process."""
     return builds.kernel_function(BUILD, module(cfg), label=f"Kernel S configuration {cfg.name()}",
                                   threads_expected=cfg.threads,
                                   advice=": use fewer stages (Config.nstage) or fewer warps")
@@ -221,7 +222,7 @@ def launch_planned(plan: StatesPlan, k, v, g, beta, Akk, initial_state, out) -> 
     cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
     if total != int(plan.snapshot_offsets[-1]):
         raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
-    fn, smem, threads = _kernel(cfg)
+    fn, smem, threads = kernel(cfg)
     null = np.uint64(0)
     fn((plan.ctas,), (threads,),
        (k, v, g, beta, Akk, initial_state if initial_state is not None else null, out, cu_d, offs_d, order,

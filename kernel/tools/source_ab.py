@@ -1,29 +1,36 @@
-"""Kernel A or Kernel B built from two source trees, timed in one process: does a change cost time?
+"""One kernel built from two source trees, timed in one process: does a change cost time?
 
     ptx-lab source-ab --kernel a --old-rev HEAD~1 --configs 1x131072:2,1x131072,32x8192
-    ptx-lab source-ab --kernel b --old path/to/old/token_gradients.cu --configs 4x8192,32x8192
+    ptx-lab source-ab --kernel s --old-rev HEAD~1 --configs 4x8192,32x8192,1x131072
+    ptx-lab source-ab --kernel b --old path/to/old/cuda --configs 4x8192,32x8192
 
---old-rev reads the revision from this checkout's git. Where the GPU machine has a copy of the
-working tree without that history, extract the old source beforehand and pass the directory:
-``git archive REV kernel/ds_scan/cuda | tar x -C old/`` then ``--old old/kernel/ds_scan/cuda``.
+--kernel names a room: a (Kernel A, the dS scan, kernel/ds_scan/cuda), s (Kernel S, the
+forward-state scan, kernel/forward_states/cuda) or b (Kernel B, the per-token gradients,
+kernel/token_gradients/cuda). --old-rev reads the revision from this checkout's git. Where the GPU
+machine has a copy of the working tree without that history, extract the old sources beforehand
+and pass the room's cuda directory: ``git archive REV kernel/shapes.cuh kernel/forward_states/cuda
+| tar x -C old/`` then ``--old old/kernel/forward_states/cuda``.
 
 Times from two processes or two days differ by more than the few percent a change is worth, so
 both builds run here, one after the other: the working tree's ("new"), the old one, then the
 working tree's again. Each is timed --reps calls after one warm-up call by the bench's timer
 (kernel.tools.bench.timing.time_cuda; torch), median; the table takes the faster of the two "new"
-medians. Only the kernel's own sources change: Kernel A's directory
-(kernel/ds_scan/cuda) or Kernel B's file (token_gradients.cu); ptx_lab's headers are the
-working tree's for both.
+medians. Only the room's own sources change (its entry file and the headers beside it, and
+kernel/shapes.cuh beside the old tree if it is there); ptx_lab's headers are the working tree's
+for both. The old build is the room's build description with its entry file moved
+(:func:`use_source`), so it is compiled with the working tree's options.
 
 Kernel A runs as kernel.kda_backward launches it (FLA's tensors, bf16 dS after every tile, dht),
-at the v-split given after the configuration (``1x131072:2``) or the API's choice. Kernel B
-runs token_gradients.launch. The inputs are random (unit-norm q and k, gates in [-0.05, 0] a
-token); their values do not change the work.
+at the v-split given after the configuration (``1x131072:2``) or the API's choice. Kernel S runs
+kernel.forward_states.forward_states at its auto configuration, Kernel B
+token_gradients.launch. The inputs are random (unit-norm q and k, gates in [-0.05, 0] a token);
+their values do not change the work.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import subprocess
 import sys
@@ -60,7 +67,7 @@ def parse_spec(text: str, kernel: str) -> Spec:
     if not sep:
         return Spec(B, T)
     if kernel != "a":
-        raise ValueError(f"only Kernel A takes a v-split, got {text!r} for Kernel B")
+        raise ValueError(f"only Kernel A takes a v-split, got {text!r} for {ROOMS[kernel].title}")
     from kernel.ds_scan import config
 
     if not vs.isdigit() or int(vs) not in config.VSPLITS:
@@ -68,48 +75,68 @@ def parse_spec(text: str, kernel: str) -> Spec:
     return Spec(B, T, int(vs))
 
 
+@dataclasses.dataclass(frozen=True)
+class Room:
+    """Where a kernel's build lives: the modules that hold its BUILD, SOURCE_DIR and SOURCE_PATH
+    (the first is where they are defined), and the per-process kernel caches to clear."""
+    title: str
+    holders: tuple[str, ...]
+    caches: tuple[str, ...]     # "module:function" (functools.lru_cache)
+
+
+ROOMS = {"a": Room("Kernel A", ("kernel.ds_scan.config",), ("kernel.ds_scan.launch:kernel",)),
+         "s": Room("Kernel S", ("kernel.forward_states.config", "kernel.forward_states.launch"),
+                   ("kernel.forward_states.launch:kernel",)),
+         "b": Room("Kernel B", ("kernel.token_gradients.launch",), ("kernel.token_gradients.launch:kernel",))}
+
+
+def _holders(kernel: str) -> list:
+    return [importlib.import_module(m) for m in ROOMS[kernel].holders]
+
+
+def _source_dir(kernel: str) -> Path:
+    """The room's cuda directory in the working tree (or wherever use_source pointed it)."""
+    return Path(_holders(kernel)[0].SOURCE_PATH).parent
+
+
+def _entry_name(kernel: str) -> str:
+    return Path(_holders(kernel)[0].SOURCE_PATH).name
+
+
 def old_tree_from_rev(rev: str, kernel: str, into: Path) -> Path:
-    """The kernel's sources at git revision `rev` (git archive) under `into`; returns Kernel A's
-    directory or Kernel B's file there."""
-    rel = _source_rel(kernel)
+    """The room's sources at git revision `rev` (git archive), with kernel/shapes.cuh where the
+    revision has it, under `into`; returns the room's cuda directory there."""
+    rel = _source_dir(kernel).relative_to(REPO)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, str(rel)], capture_output=True)
     if archive.returncode != 0:
         raise ValueError(f"git archive {rev} {rel} failed: {archive.stderr.decode().strip() or 'no output'}")
     subprocess.run(["tar", "x", "-C", str(into)], input=archive.stdout, check=True)
+    shapes = subprocess.run(["git", "-C", str(REPO), "archive", rev, "kernel/shapes.cuh"], capture_output=True)
+    if shapes.returncode == 0:   # revisions before the shared header have none
+        subprocess.run(["tar", "x", "-C", str(into)], input=shapes.stdout, check=True)
     return into / rel
 
 
-def _source_rel(kernel: str) -> Path:
-    if kernel == "a":
-        from kernel.ds_scan import config
-
-        return config.SOURCE_DIR.relative_to(REPO)
-    from kernel.token_gradients import launch as token_gradients
-
-    return token_gradients.SOURCE_PATH.relative_to(REPO)
-
-
 def _check_old(old: Path, kernel: str) -> Path:
-    if kernel == "a":
-        if not (old / "dstate_scan.cu").is_file():
-            raise ValueError(f"{old} is not a Kernel A source directory (no dstate_scan.cu in it)")
-    elif not old.is_file():
-        raise ValueError(f"{old} is not a file (Kernel B's old source is one .cu file)")
+    entry = _entry_name(kernel)
+    if not (old / entry).is_file():
+        raise ValueError(f"{old} is not {ROOMS[kernel].title}'s source directory (no {entry} in it)")
     return old
 
 
-def _use(kernel: str, source: Path) -> None:
-    """Point the kernel's build at `source` (Kernel A: its directory; Kernel B: its file)."""
-    if kernel == "a":
-        from kernel.ds_scan import config, launch
-
-        config.SOURCE_DIR, config.SOURCE_PATH = source, source / "dstate_scan.cu"
-        launch.kernel.cache_clear()
-    else:
-        from kernel.token_gradients import launch as token_gradients
-
-        token_gradients.SOURCE_PATH = source
-        token_gradients.kernel.cache_clear()
+def use_source(kernel: str, source: Path) -> None:
+    """Build the kernel from the cuda directory `source` from now on in this process: its build
+    description's entry file, the source directory its options pass to NVRTC, and the kernel caches."""
+    holders = _holders(kernel)
+    entry = source / _entry_name(kernel)
+    build = dataclasses.replace(holders[0].BUILD, entry=entry)
+    for mod in holders:
+        for name, value in (("BUILD", build), ("SOURCE_DIR", source), ("SOURCE_PATH", entry)):
+            if hasattr(mod, name):
+                setattr(mod, name, value)
+    for where in ROOMS[kernel].caches:
+        module, _, function = where.partition(":")
+        getattr(importlib.import_module(module), function).cache_clear()
 
 
 def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
@@ -142,10 +169,17 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
         return lambda: launch.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"], flat["do"],
                                   scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
                                   snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit)
-    from kernel.token_gradients import launch as token_gradients
-
     B, T = spec.B, spec.T
     cu = np.arange(B + 1, dtype=np.int64) * T
+    if kernel == "s":
+        from kernel.forward_states import launch as forward_states
+
+        plan = forward_states.plan_forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], cu_seqlens=cu)
+        states = cupy.empty(plan.states_shape, dtype=np.uint16)
+        return lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], cu_seqlens=cu,
+                                                     out=states)
+    from kernel.token_gradients import launch as token_gradients
+
     t = token_gradients.tables(cu)
     ds = cupy.full((t["tiles"], H, D, D), 0x3c24, dtype=np.uint16)      # bf16 0.01: values do not change the work
     states = cupy.full((t["chunks"], H, D, D), 0x3ca4, dtype=np.uint16)
@@ -168,7 +202,7 @@ def _median_ms(fn, reps: int) -> float:
 def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) -> list[dict]:
     import cupy
 
-    new = _source_new(kernel)
+    new = _source_dir(kernel)
     rows = []
     try:
         for spec in specs:
@@ -176,7 +210,7 @@ def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) ->
             run = _call(kernel, spec, H, x)
             ms = {}
             for label, source in (("new", new), ("old", old), ("new again", new)):
-                _use(kernel, source)
+                use_source(kernel, source)
                 ms[label] = _median_ms(run, reps)
             after = min(ms["new"], ms["new again"])
             rows.append(dict(config=spec.name, before_ms=ms["old"], after_ms=after, ratio=after / ms["old"],
@@ -186,25 +220,16 @@ def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) ->
             del x, run
             cupy.get_default_memory_pool().free_all_blocks()
     finally:
-        _use(kernel, new)
+        use_source(kernel, new)
     return rows
-
-
-def _source_new(kernel: str) -> Path:
-    if kernel == "a":
-        from kernel.ds_scan import config
-
-        return config.SOURCE_DIR
-    from kernel.token_gradients import launch as token_gradients
-
-    return token_gradients.SOURCE_PATH
 
 
 def parse_args(argv: Sequence[str] | None, prog: str):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernel", choices=("a", "b"), required=True, help="a: Kernel A (dstate scan); b: Kernel B")
+    ap.add_argument("--kernel", choices=tuple(ROOMS), required=True,
+                    help="a: Kernel A (the dS scan); s: Kernel S (the forward-state scan); b: Kernel B")
     old = ap.add_mutually_exclusive_group(required=True)
-    old.add_argument("--old", type=Path, help="the old source: Kernel A's directory or Kernel B's .cu file")
+    old.add_argument("--old", type=Path, help="the old source: the kernel's cuda directory")
     old.add_argument("--old-rev", help="the old source at this git revision (git archive of the kernel's sources)")
     ap.add_argument("--configs", default="4x8192,32x8192,1x131072",
                     help="comma-separated BxT, Kernel A also BxT:vsplit (default %(default)s)")

@@ -1,8 +1,6 @@
 """ptx-lab source-ab: its arguments and the old source it builds from (CPU); one small timing run (GPU)."""
 import pytest
 
-from kernel import token_gradients
-from kernel.ds_scan import config
 from kernel.tools import source_ab
 
 
@@ -34,16 +32,37 @@ def test_arguments_need_exactly_one_old_source(capsys):
     assert [s.name for s in a.specs] == ["1x131072:2", "32x8192"]
 
 
-@pytest.mark.parametrize("kernel", ["a", "b"])
+@pytest.mark.parametrize("kernel", sorted(source_ab.ROOMS))
 def test_the_old_source_comes_from_a_git_revision(kernel, tmp_path):
     if not (source_ab.REPO / ".git").exists():
         pytest.skip("not a git checkout")
     old = source_ab._check_old(source_ab.old_tree_from_rev("HEAD", kernel, tmp_path), kernel)
-    if kernel == "a":
-        assert old.name == config.SOURCE_DIR.name and (old / "dstate_scan.cu").is_file()
-        assert sorted(p.name for p in old.glob("*.cuh")) == sorted(p.name for p in config.SOURCE_DIR.glob("*.cuh"))
-    else:
-        assert old.name == token_gradients.SOURCE_PATH.name and old.stat().st_size > 0
+    new = source_ab._source_dir(kernel)
+    assert old.name == new.name and (old / source_ab._entry_name(kernel)).is_file()
+    assert sorted(p.name for p in old.glob("*.cuh")) == sorted(p.name for p in new.glob("*.cuh"))
+
+
+@pytest.mark.parametrize("kernel", sorted(source_ab.ROOMS))
+def test_the_old_build_compiles_the_old_tree(kernel, tmp_path):
+    # the build description, its options and the kernel cache all follow use_source, and go back
+    import importlib
+
+    if not (source_ab.REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    holder = importlib.import_module(source_ab.ROOMS[kernel].holders[0])
+    new = source_ab._source_dir(kernel)
+    old = source_ab.old_tree_from_rev("HEAD", kernel, tmp_path)
+    entry = old / source_ab._entry_name(kernel)
+    entry.write_text(entry.read_text() + "\n// the old tree\n")
+    variant = holder.BUILD.default()
+    try:
+        source_ab.use_source(kernel, old)
+        assert holder.BUILD.source().endswith("// the old tree\n")
+        assert f"-I{old}" in holder.BUILD.options(variant)
+    finally:
+        source_ab.use_source(kernel, new)
+    assert not holder.BUILD.source().endswith("// the old tree\n")
+    assert f"-I{new}" in holder.BUILD.options(variant) and holder.BUILD.entry.parent == new
 
 
 def test_a_bad_revision_or_source_is_refused_with_its_reason(tmp_path):
@@ -53,7 +72,7 @@ def test_a_bad_revision_or_source_is_refused_with_its_reason(tmp_path):
         source_ab.old_tree_from_rev("no-such-revision", "a", tmp_path)
     with pytest.raises(ValueError, match="no dstate_scan.cu"):
         source_ab._check_old(tmp_path, "a")
-    with pytest.raises(ValueError, match="not a file"):
+    with pytest.raises(ValueError, match="Kernel B's source directory"):
         source_ab._check_old(tmp_path, "b")
 
 
@@ -67,16 +86,16 @@ def test_without_a_gpu_it_says_so(capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["a", "b"])
+@pytest.mark.parametrize("kernel", sorted(source_ab.ROOMS))
 def test_the_same_source_twice_takes_about_the_same_time(kernel, tmp_path, capsys):
     pytest.importorskip("torch", reason="source-ab times with the bench's timer (torch)")
     if not (source_ab.REPO / ".git").exists():
         pytest.skip("not a git checkout")
+    working_tree = source_ab._source_dir(kernel)
     old = source_ab.old_tree_from_rev("HEAD", kernel, tmp_path)
-    working_tree = source_ab._source_new(kernel)
     rows = source_ab.measure(kernel, old, [source_ab.Spec(2, 256)], H=2, reps=3)
     assert [r["config"] for r in rows] == ["2x256"]
     assert all(v > 0 for v in rows[0]["runs_ms"].values())
     assert 0.5 < rows[0]["ratio"] < 2.0
     # the working tree's source is back in place afterwards
-    assert (config.SOURCE_DIR if kernel == "a" else token_gradients.SOURCE_PATH) == working_tree != old
+    assert source_ab._source_dir(kernel) == working_tree != old

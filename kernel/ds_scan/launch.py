@@ -24,14 +24,17 @@ import numpy as np
 from . import config, split
 from .config import Config
 from ..runtime import builds
-from ..runtime.arrays import (beta_f32, bf16_bits, bits_to_f32, check_scale, cupy_view, is_torch, require_cupy,
-                             require_gpu, to_cupy)
+from ..runtime.arrays import (beta_f32, bf16_bits, bits_to_f32, check_scale, cupy_view, describe, expect, is_torch,
+                             leading, require_cupy, require_gpu, to_cupy)
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
 ARRAY_KINDS = ("CuPy arrays (bf16 as uint16 bits: kernel.ds_scan.bf16_bits) or torch CUDA tensors "
                "(torch.bfloat16 / torch.float32)")
 WHAT = "kernel.dstate_scan"   # what the GPU and CuPy errors name
+# What describe's refusal of a host array says after "(host memory): " (numpy arrays and CPU tensors are
+# refused before, by _check_device_arrays, with the way to move each)
+HOST_ADVICE = f"Kernel A runs on the GPU and takes device arrays, {ARRAY_KINDS}"
 
 
 def _check_device_arrays(**arrays) -> None:
@@ -46,11 +49,6 @@ def _check_device_arrays(**arrays) -> None:
         if is_torch(x) and not x.is_cuda:
             raise TypeError(f"{name} must be a CUDA tensor, got a tensor on {x.device}: Kernel A "
                             f"takes device arrays, {ARRAY_KINDS} (move it with .cuda())")
-
-
-def _check_shape(name: str, x, expected: tuple) -> None:
-    if tuple(x.shape) != tuple(expected):
-        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(x.shape)}")
 
 
 def module(cfg: Config):
@@ -182,44 +180,35 @@ def scan_inputs_of(named: dict, dht, *, B: int, T: int, H: int, cu: np.ndarray) 
 
 
 def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -> ScanInputs:
-    """Every array and cu_seqlens checked (kind, device, dtype, layout, shape), naming the argument."""
+    """Every array and cu_seqlens checked (kind, device, dtype, layout, shape), naming the argument;
+    ``small``: the columns of mqk and inv."""
+    # host arrays first, with the way to device ones, and before CuPy is needed
     _check_device_arrays(q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do, dht=dht)
     require_cupy(WHAT)
     require_gpu(WHAT)
 
-    torch_in = is_torch(q)
-    dev = q.device if torch_in else None
-
-    q = to_cupy("q", q, "bf16")
-    if q.ndim != 4:
-        raise ValueError(f"q must be 4-D [B, T, H, {HEAD_DIM}], got shape {tuple(q.shape)}")
-    B, T, H, Dq = q.shape
-    if Dq != HEAD_DIM:
-        raise ValueError(f"q's head dimension must be {HEAD_DIM}, got {Dq}")
-    if T == 0 or B == 0 or H == 0:
-        raise ValueError(f"q must have B, T, H >= 1, got shape {tuple(q.shape)}")
-    k = to_cupy("k", k, "bf16")
-    _check_shape("k", k, (B, T, H, HEAD_DIM))
-    do = to_cupy("do", do, "bf16")
-    _check_shape("do", do, (B, T, H, HEAD_DIM))
-    gc = to_cupy("gc", gc, "f32")
-    _check_shape("gc", gc, (B, T, H, HEAD_DIM))
-    beta = beta_f32(beta)
-    _check_shape("beta", beta, (B, T, H))
-    mqk = to_cupy("mqk", mqk, "bf16")
-    _check_shape("mqk", mqk, (B, T, H, small))
-    inv = to_cupy("inv", inv, "bf16")
-    _check_shape("inv", inv, (B, T, H, small))
+    named = dict(q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
+    a = {name: describe(name, x, HOST_ADVICE) for name, x in named.items()}
+    B, T, H = leading("q", a["q"])
+    wide = (B, T, H, HEAD_DIM)
+    for name, shape, layout, dtypes in (
+            ("q", wide, "[B, T, H, K]", ("bfloat16",)),
+            ("k", wide, "same as q: [B, T, H, K]", ("bfloat16",)),
+            ("do", wide, "[B, T, H, V], V = 128", ("bfloat16",)),
+            ("gc", wide, "[B, T, H, K]", ("float32",)),
+            ("beta", (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
+            ("mqk", (B, T, H, small), f"[B, T, H, {small}]", ("bfloat16",)),
+            ("inv", (B, T, H, small), f"[B, T, H, {small}]", ("bfloat16",))):
+        expect(name, a[name], shape, layout, dtypes)
 
     if cu_seqlens is not None:
         cu = check_cu_seqlens(cu_seqlens, B, T)
     else:
         cu = np.arange(B + 1, dtype=np.int64) * T
     if dht is not None:
-        dht = to_cupy("dht", dht, "f32")
-        _check_shape("dht", dht, (cu.size - 1, H, HEAD_DIM, HEAD_DIM))
-
-    return ScanInputs((q, k, gc, beta, mqk, inv, do), dht, B, T, H, cu, dev)
+        expect("dht", describe("dht", dht, HOST_ADVICE), (cu.size - 1, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V]",
+               ("float32",))
+    return scan_inputs_of(named, dht, B=B, T=T, H=H, cu=cu)
 
 
 def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,

@@ -4,6 +4,7 @@
 // and checks; config.defines passes them all). This file chooses no value: a missing knob
 // stops the build. It derives the constants the other rooms use and re-checks what they rely on.
 #pragma once
+#include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK
 #include "common.cuh"
 
 #ifndef VSPLIT
@@ -94,17 +95,15 @@ using namespace ptx_lab;
 
 namespace kda {
 
-constexpr int D = 128;                    // K = V = D
-constexpr int C = 16;                     // tokens per tile
-constexpr int DV = D / VSPLIT;            // v columns per CTA
+constexpr int DV = HEAD_DIM / VSPLIT;     // v columns per CTA
 constexpr int BAND = 16 * MT;             // v columns per consumer band: MT m-tiles of 16
 constexpr int NUM_BANDS = DV / BAND;      // v bands of this CTA
 constexpr int NUM_CONSUMERS = NUM_BANDS * KSPLIT;   // KSPLIT warps per band
-constexpr int KW = D / KSPLIT;            // k columns of the dS^T band one consumer warp holds
+constexpr int KW = HEAD_DIM / KSPLIT;     // k columns of the dS^T band one consumer warp holds
 constexpr int NJ = KW / 8;                // its accumulator n-tiles (8 k each)
 constexpr int KSTEPS = KW / 16;           // its G2 k-steps
 constexpr int NUM_PRODUCERS = PRODUCERS;
-constexpr int TOKENS_PER_PRODUCER = C / NUM_PRODUCERS;   // R1 rows per producer warp
+constexpr int TOKENS_PER_PRODUCER = TILE_TOKENS / NUM_PRODUCERS;   // R1 rows per producer warp
 constexpr int PRODUCER_THREADS = NUM_PRODUCERS * 32;
 constexpr int THREADS = (NUM_CONSUMERS + NUM_PRODUCERS) * 32;
 constexpr int PREFETCH = NSTAGE - 1;      // tiles the loads run ahead of R1
@@ -119,13 +118,12 @@ constexpr bool TMA_SNAP = SNAP_STORE == SNAP_TMA;
 // FLA_INPUTS: gc, mqk and inv are flash-linear-attention's forward tensors as it stores them:
 // g (the 64-token chunk-local cumulative gate, log2), Aqk and Akk ([tokens, H, 64]). A tile's
 // Mqk / INV is the 16 x 16 diagonal block of its 64-token chunk, read in place.
-constexpr int FLA_CHUNK = 64;
-constexpr int TILES_PER_FLA_CHUNK = FLA_CHUNK / C;
-constexpr int SMALL_COLS = FLA_INPUTS ? FLA_CHUNK : C;   // elements between the Mqk/INV rows of one head
+constexpr int SMALL_COLS = FLA_INPUTS ? CHUNK_TOKENS : TILE_TOKENS;   // elements between the Mqk/INV rows of one head
 
-static_assert(D % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
+static_assert(HEAD_DIM % VSPLIT == 0 && DV % 16 == 0, "VSPLIT must be 1, 2, 4 or 8");
 static_assert(KSPLIT == 1 || KSPLIT == 2, "KSPLIT must be 1 or 2");
-static_assert((MT == 1 || MT == 2) && DV % BAND == 0, "MT must be 1 or 2, and D / VSPLIT a multiple of 16 * MT");
+static_assert((MT == 1 || MT == 2) && DV % BAND == 0,
+              "MT must be 1 or 2, and HEAD_DIM / VSPLIT a multiple of 16 * MT");
 static_assert(NSTAGE >= 2 && 2 * NSTAGE + (KSPLIT > 1 ? NUM_BANDS : 0) <= 15,
               "named barrier ids run out (FULL and EMPTY per stage, one per band with KSPLIT 2)");
 static_assert(NSTAGE - 1 <= 7, "cp.async.wait_group takes 0..7");

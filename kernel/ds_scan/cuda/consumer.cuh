@@ -29,17 +29,17 @@ __device__ __forceinline__ void init_band(float (&dS)[MT][NJ][4], const Params& 
         }
 #elif HAS_DHT
     {
-        const float* src = p.dht + ((long long)seq * p.H + h) * ((long long)D * D);
+        const float* src = p.dht + ((long long)seq * p.H + h) * ((long long)HEAD_DIM * HEAD_DIM);
         const int g = lane >> 2, t = lane & 3;
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
             for (int j = 0; j < NJ; ++j) {
                 const int k = k0 + 8 * j + 2 * t, v = v0 + 16 * m + g;
-                dS[m][j][0] = src[k * D + v];
-                dS[m][j][1] = src[(k + 1) * D + v];
-                dS[m][j][2] = src[k * D + v + 8];
-                dS[m][j][3] = src[(k + 1) * D + v + 8];
+                dS[m][j][0] = src[k * HEAD_DIM + v];
+                dS[m][j][1] = src[(k + 1) * HEAD_DIM + v];
+                dS[m][j][2] = src[k * HEAD_DIM + v + 8];
+                dS[m][j][3] = src[(k + 1) * HEAD_DIM + v + 8];
             }
     }
 #else

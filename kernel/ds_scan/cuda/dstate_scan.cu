@@ -1,10 +1,10 @@
 // kernel/ds_scan/cuda/dstate_scan.cu -- Kernel A: the backward dstate scan of KDA.
 //
-// Math (docs/kernel_a.md), per sequence and head, tiles of C = 16 tokens walked from the
+// Math (docs/kernel_a.md), per sequence and head, tiles of TILE_TOKENS = 16 tokens walked from the
 // last to the first:
 //     snapshot[n] = dS
-//     dU     = Mqk^T @ do + kr @ dS          G1 + G2   [C, V]
-//     dvcorr = INV^T @ dU                    G3        [C, V]
+//     dU     = Mqk^T @ do + kr @ dS          G1 + G2   [TILE_TOKENS, V]
+//     dvcorr = INV^T @ dU                    G3        [TILE_TOKENS, V]
 //     T1     = qd^T @ do - kd^T @ (beta*dvcorr)   G4 + G5   [K, V]
 //     dS     = exp2(gT)[:, None] * dS + T1   combine   [K, V]
 //
@@ -98,7 +98,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // Tile i of the walk is tile n = nt - 1 - i of the sequence. Loads run PREFETCH =
         // NSTAGE - 1 tiles ahead of R1: one tile ahead is not enough, a tile's loads then
         // wait out a whole global-memory latency per tile (logs 1 and 2).
-        auto tile_len = [&](int n) { return min(C, len - n * C); };
+        auto tile_len = [&](int n) { return min(TILE_TOKENS, len - n * TILE_TOKENS); };
         // Iteration i waits on EMPTY before refilling a stage with walk tile i + PREFETCH, if that
         // tile exists and the stage held an earlier one.
         // (Ring::refill_waits(i + PREFETCH, nt) written out: through the function the producer
@@ -106,7 +106,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         auto empty_wait_at = [&](int i) { return i + PREFETCH < nt && i + PREFETCH >= NSTAGE; };
         // GT_SHARED: walk tile j (>= 1: whole) reads gT from the owner's gc rows when iteration
         // j - 1 passes that barrier, before which the owner waits for them
-        constexpr int GT_OWNER = (C - 1) / TOKENS_PER_PRODUCER;
+        constexpr int GT_OWNER = (TILE_TOKENS - 1) / TOKENS_PER_PRODUCER;
         auto gt_shared = [&](int j) { return GT_SHARED && j >= 1 && empty_wait_at(j - 1); };
         if (TMA_LOADS && ptid == 0) {
             prefetch_tensormap(&maps.q); prefetch_tensormap(&maps.k); prefetch_tensormap(&maps.gc);
@@ -115,7 +115,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         auto issue = [&](int j) {   // loads of walk tile j into stage j % NSTAGE, if it exists
             if (j < nt) {
                 const int n = nt - 1 - j;
-                const long long tok0 = seq_start + (long long)n * C;
+                const long long tok0 = seq_start + (long long)n * TILE_TOKENS;
                 const int L = tile_len(n);
                 const int do_rows = SUMMARY && w.role ? 0 : L;   // M's scan: do = 0
                 if constexpr (TMA_LOADS) {
@@ -144,7 +144,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             timer.add(T_P_WAIT_LOADS, t0);
             const long long t1 = PhaseTimer::now();
             const int L = tile_len(nt - 1 - i);
-            if (TMA_LOADS && L < C && pw == 0) zero_tail_rows(stages[s], L, lane);   // before this warp's FULL arrive
+            // before this warp's FULL arrive
+            if (TMA_LOADS && L < TILE_TOKENS && pw == 0) zero_tail_rows(stages[s], L, lane);
 #if FLA_INPUTS
             rebuild_operands(stages[s], L, p.scale, pw, lane, gt_shared(i), gate_base(smem, s, pw));
 #else
@@ -179,7 +180,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     const int kh = warp / NUM_BANDS;         // sub-partitions wherever NUM_BANDS is 1 or 2
     const int k0 = kh * KW;                  // this warp's k columns: k0 .. k0 + KW - 1
     const int vb = band * BAND;              // band start inside this CTA's DV columns
-    const int v0 = vs * DV + vb;             // band start in [0, D); m-tile m starts at v0 + 16m
+    const int v0 = vs * DV + vb;             // band start in [0, HEAD_DIM); m-tile m starts at v0 + 16m
     // this warp's snapshot staging tile (bf16 [KW][SNAP_STRIDE] or fp32 [KW][SNAPF_STRIDE])
     unsigned char* staging = smem + STAGING_OFFSET + warp * SNAP_STAGING_BYTES;
 
@@ -204,7 +205,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         const bool snap_now = !SUMMARY && (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1);
         const long long snap_idx = snap_base + n / SNAP_EVERY;
         // the tensor map's row of this band's first k: where store_band_tma stages and issue_band_tma sends
-        const int snap_row = (int)((snap_idx * p.H + h) * D + k0);
+        const int snap_row = (int)((snap_idx * p.H + h) * HEAD_DIM + k0);
         if (snap_now) store_snapshot(p, maps, snap_idx, snap_row, h, k0, v0, dS, staging, lane);
         timer.add(T_C_SNAPSHOT, t0);
         const long long t1 = PhaseTimer::now();

@@ -13,16 +13,17 @@ namespace kda {
 // The tensor maps the host encodes (kernel.ds_scan.launch, ptx_lab.tensormap), one kernel
 // parameter. Only those the configuration uses are encoded; the rest are zeros.
 struct TmaMaps {
-    TensorMap q, k, gc;   // [tokens][H * D]: boxes C x D (bf16), C x GC_BOX_COLS (fp32)
-    TensorMap dO;         // [tokens][H * D] bf16: boxes C x DO_BOX_COLS, swizzled DO_SWZ
-    TensorMap mqk, inv;   // [tokens][H * C] bf16: boxes C x C, swizzled 32
-    TensorMap snap;       // [snapshots * H * D][D]: boxes KW x BAND, swizzled SNAP_SWZ
+    TensorMap q, k, gc;   // [tokens][H * HEAD_DIM]: boxes TILE_TOKENS x HEAD_DIM (bf16),
+                          // TILE_TOKENS x GC_BOX_COLS (fp32)
+    TensorMap dO;         // [tokens][H * HEAD_DIM] bf16: boxes TILE_TOKENS x DO_BOX_COLS, swizzled DO_SWZ
+    TensorMap mqk, inv;   // [tokens][H * TILE_TOKENS] bf16: boxes TILE_TOKENS x TILE_TOKENS, swizzled 32
+    TensorMap snap;       // [snapshots * H * HEAD_DIM][HEAD_DIM]: boxes KW x BAND, swizzled SNAP_SWZ
 };
 
 // Row strides (in elements) of the shared tiles that ldmatrix reads. One 8x8
 // ldmatrix phase reads 8 rows x 16 B; a row stride of 16 B modulo 128 B puts the
 // 8 rows in 8 distinct 4-bank groups, i.e. conflict-free.
-constexpr int OP_STRIDE = D + 8;          // qd/kd/kr rows: 272 B = 2*128 + 16
+constexpr int OP_STRIDE = HEAD_DIM + 8;   // qd/kd/kr rows: 272 B = 2*128 + 16
 // WGMMA: qd/kd/kr as core matrices (8 c x 8 k, 128 contiguous bytes), the layout a wgmma
 // descriptor names (wgmma.cuh): byte of X[c][k] = (c % 8) 16 + (k % 8) 2 + (c / 8) OP_CBLOCK
 // + (k / 8) OP_KBLOCK. One tile is both qd as G4's N-major B (lbo OP_CBLOCK, sbo OP_KBLOCK)
@@ -30,8 +31,8 @@ constexpr int OP_STRIDE = D + 8;          // qd/kd/kr rows: 272 B = 2*128 + 16
 // one c row, 16 core matrices, and 144 = 9 x 16 puts them in 8 distinct bank groups
 // (at 128 all 16 would share one: 16-way). ldmatrix reads whole core matrices either way.
 constexpr int OP_KBLOCK = 144;
-constexpr int OP_CBLOCK = (D / 8) * OP_KBLOCK;   // 2304
-constexpr int OP_TILE_ELEMS = WGMMA ? (C / 8) * OP_CBLOCK / 2 : C * OP_STRIDE;
+constexpr int OP_CBLOCK = (HEAD_DIM / 8) * OP_KBLOCK;   // 2304
+constexpr int OP_TILE_ELEMS = WGMMA ? (TILE_TOKENS / 8) * OP_CBLOCK / 2 : TILE_TOKENS * OP_STRIDE;
 // element offset of X[c][k] in an operand tile
 __host__ __device__ constexpr int op_offset(int c, int k) {
     return WGMMA ? ((c % 8) * 16 + (k % 8) * 2 + (c / 8) * OP_CBLOCK + (k / 8) * OP_KBLOCK) / 2 : c * OP_STRIDE + k;
@@ -43,11 +44,11 @@ __host__ __device__ constexpr int op_offset(int c, int k) {
 // before R1 writes the rest. The 16-byte chunks of a row are XOR-swizzled by c % 8, so the
 // 8 rows (256 B apart) one ldmatrix phase reads sit in 8 distinct bank groups.
 __host__ __device__ constexpr int qd_rest_offset(int c, int k) {   // element offset in Stage::q
-    return c * D + (((k / 8) ^ (c % 8)) * 8) + k % 8;
+    return c * HEAD_DIM + (((k / 8) ^ (c % 8)) * 8) + k % 8;
 }
 
 constexpr int DO_STRIDE = DV + 8;         // do rows: 2*DV + 16 B (DV = 128..16 all conflict-free)
-constexpr int SMALL_STRIDE = C + 8;       // Mqk/INV rows: 48 B (a 32 B row would be 2-way)
+constexpr int SMALL_STRIDE = TILE_TOKENS + 8;   // Mqk/INV rows: 48 B (a 32 B row would be 2-way)
 constexpr int SNAP_STRIDE = 16 * MT + 8;  // bf16 snapshot staging rows: 48 B (MT 1) or 80 B (MT 2), an odd
                                           // number of 16-byte bank groups: 8 rows, 8 distinct groups
 constexpr int SNAPF_STRIDE = 16 * MT + 4; // fp32 staging rows: 80 B or 144 B, so the 4 k rows one fragment
@@ -64,36 +65,38 @@ constexpr int SNAPF_STRIDE = 16 * MT + 4; // fp32 staging rows: 80 B or 144 B, s
 constexpr int DO_BOX_COLS = DV < 64 ? DV : 64;     // bf16 columns per do box row
 constexpr int DO_SWZ = 2 * DO_BOX_COLS;            // its bytes = its swizzle: 32, 64 or 128
 constexpr int DO_BOXES = DV / DO_BOX_COLS;
-constexpr int SMALL_SWZ = 2 * C;                   // Mqk/INV box rows: 32 bytes
+constexpr int SMALL_SWZ = 2 * TILE_TOKENS;         // Mqk/INV box rows: 32 bytes
 constexpr int GC_BOX_COLS = 64;
-constexpr int GC_BOXES = D / GC_BOX_COLS;
+constexpr int GC_BOXES = HEAD_DIM / GC_BOX_COLS;
 constexpr int TMA_ALIGN = 1024;                    // 8 rows of the widest swizzle (128 B)
-constexpr u32 TILE_TX_BYTES = 2 * C * D * 2 + C * D * 4 + C * DV * 2 + 2 * C * C * 2;   // q k gc do mqk inv
+// q k gc do mqk inv
+constexpr u32 TILE_TX_BYTES = TILE_TOKENS * (2 * HEAD_DIM * 2 + HEAD_DIM * 4 + DV * 2 + 2 * TILE_TOKENS * 2);
 
 // One ring stage: the raw inputs of one tile and the operands R1 builds from them.
 // The tensor-copy destinations come first, each a multiple of 512 bytes, so that
 // with a 1024-aligned stage every box starts at the alignment its swizzle needs.
 struct __align__(TMA_LOADS ? TMA_ALIGN : 16) Stage {
-    unsigned short dO[TMA_LOADS ? C * DV : C * DO_STRIDE];      // do[c][v] for this CTA's DV columns
-    unsigned short mqk[TMA_LOADS ? C * C : C * SMALL_STRIDE];   // Mqk[c'][c]
-    unsigned short inv[TMA_LOADS ? C * C : C * SMALL_STRIDE];   // INV[c'][c]
-    unsigned short q[C * D];              // raw bf16 q rows (producers only); after R1, qd's rest (qd_rest_offset)
-    unsigned short k[C * D];              // raw bf16 k rows (producers only)
-    float gc[C * D];                      // tile-local cumulative gate, log2 (TMA: [GC_BOXES][C][64])
-    float gT[TMA_LOADS ? 1 : NUM_PRODUCERS][D];   // cp.async: gc of the tile's last real token, a copy
-                                                  // per producer warp (TMA: read from gc, unused)
-    float beta[C];
+    unsigned short dO[TILE_TOKENS * (TMA_LOADS ? DV : DO_STRIDE)];              // do[c][v] for this CTA's DV columns
+    unsigned short mqk[TILE_TOKENS * (TMA_LOADS ? TILE_TOKENS : SMALL_STRIDE)];   // Mqk[c'][c]
+    unsigned short inv[TILE_TOKENS * (TMA_LOADS ? TILE_TOKENS : SMALL_STRIDE)];   // INV[c'][c]
+    unsigned short q[TILE_TOKENS * HEAD_DIM];   // raw bf16 q rows (producers only); after R1, qd's rest
+                                                // (qd_rest_offset)
+    unsigned short k[TILE_TOKENS * HEAD_DIM];   // raw bf16 k rows (producers only)
+    float gc[TILE_TOKENS * HEAD_DIM];           // tile-local cumulative gate, log2 (TMA: [GC_BOXES][TILE_TOKENS][64])
+    float gT[TMA_LOADS ? 1 : NUM_PRODUCERS][HEAD_DIM];   // cp.async: gc of the tile's last real token, a copy
+                                                         // per producer warp (TMA: read from gc, unused)
+    float beta[TILE_TOKENS];
     unsigned short qd[OP_TILE_ELEMS];     // s * q * exp2(gc)      [c][k] bf16 (at op_offset)
     unsigned short kd[OP_TILE_ELEMS];     // k * exp2(gc)          [c][k] bf16
     unsigned short kr[OP_TILE_ELEMS];     // k * exp2(gT - gc)     [c][k] bf16
-    float egT[D];                         // exp2(gT) per k
+    float egT[HEAD_DIM];                  // exp2(gT) per k
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 #ifndef __CUDACC_RTC__   // NVRTC has no offsetof; CI's nvcc builds check it
 static_assert(!TMA_LOADS || (__builtin_offsetof(Stage, dO) == 0 && __builtin_offsetof(Stage, mqk) % 512 == 0 &&
                              __builtin_offsetof(Stage, inv) % 512 == 0 && __builtin_offsetof(Stage, q) % 128 == 0 &&
                              __builtin_offsetof(Stage, k) % 128 == 0 && __builtin_offsetof(Stage, gc) % 128 == 0 &&
-                             ((C * DO_SWZ) % TMA_ALIGN == 0 || DO_BOXES == 1)),
+                             ((TILE_TOKENS * DO_SWZ) % TMA_ALIGN == 0 || DO_BOXES == 1)),
               "every tensor-copy box starts where its swizzle needs it (do boxes 1024, Mqk/INV 256, dense 128)");
 #endif
 
@@ -120,11 +123,11 @@ constexpr int MBAR_OFFSET = XCHG_OFFSET + XCHG_BYTES;   // TMA loads: one mbarri
 // chunk's first tile): R1 subtracts it, which makes FLA's chunk-local gate tile-local. A copy per
 // warp, like gT, so that R1 waits for its own warp's copies only.
 constexpr int GBASE_OFFSET = MBAR_OFFSET + (TMA_LOADS ? NSTAGE * 8 : 0);
-constexpr int GBASE_BYTES = FLA_INPUTS ? NSTAGE * NUM_PRODUCERS * D * 4 : 0;
+constexpr int GBASE_BYTES = FLA_INPUTS ? NSTAGE * NUM_PRODUCERS * HEAD_DIM * 4 : 0;
 constexpr int SMEM_BYTES = GBASE_OFFSET + GBASE_BYTES
                          + (ALIGN_SMEM ? TMA_ALIGN : 0);   // slack to align the dynamic shared base
 __device__ __forceinline__ float* gate_base(unsigned char* smem, int s, int pw) {
-    return reinterpret_cast<float*>(smem + GBASE_OFFSET) + (s * NUM_PRODUCERS + pw) * D;
+    return reinterpret_cast<float*>(smem + GBASE_OFFSET) + (s * NUM_PRODUCERS + pw) * HEAD_DIM;
 }
 
 

@@ -42,11 +42,11 @@ __device__ __forceinline__ void copy_rows(u32 dst, const char* src, u32 src_row_
     }
 }
 
-// beta of a tile's tokens: one 4-byte cp.async per token from the first C producer
+// beta of a tile's tokens: one 4-byte cp.async per token from the first TILE_TOKENS producer
 // threads (a 16-byte .cg copy, or a tensor-copy box row, would be wider than a token's
 // beta); tokens past L are zero-filled.
 __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long tok0, int L, int h, int ptid) {
-    if (ptid < C) {
+    if (ptid < TILE_TOKENS) {
         const bool valid = ptid < L;
         cp_async_ca_zfill<4>(smem_addr(&st.beta[ptid]),
                              p.beta + (tok0 + (valid ? ptid : 0)) * p.H + h, valid ? 4u : 0u);
@@ -73,27 +73,30 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
                                                  int h, int vs, int pw, int lane, int ptid, bool own_gt,
                                                  int n = 0, u32 gbase = 0u) {
     constexpr int R = TOKENS_PER_PRODUCER;
-    const u32 row_elems = (u32)p.H * D;          // elements between consecutive tokens
-    const long long first = (tok0 * p.H + h) * D;
+    const u32 row_elems = (u32)p.H * HEAD_DIM;   // elements between consecutive tokens
+    const long long first = (tok0 * p.H + h) * HEAD_DIM;
     const char* q = reinterpret_cast<const char*>(p.q + first);
     const char* k = reinterpret_cast<const char*>(p.k + first);
     const char* gc = reinterpret_cast<const char*>(p.gc + first);
     const char* dO = reinterpret_cast<const char*>(p.dO + first + vs * DV);
-    copy_rows<D * 2, D * 2, R, 32>(smem_addr(st.q), q, row_elems * 2, L, lane, pw * R);
-    copy_rows<D * 2, D * 2, R, 32>(smem_addr(st.k), k, row_elems * 2, L, lane, pw * R);
-    copy_rows<D * 4, D * 4, R, 32>(smem_addr(st.gc), gc, row_elems * 4, L, lane, pw * R);
-    if (own_gt) copy_rows<D * 4, D * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
-    copy_rows<DV * 2, DO_STRIDE * 2, C, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, do_rows, ptid, 0);
-    const int block_col = FLA_INPUTS ? (n % TILES_PER_FLA_CHUNK) * C : 0;
+    copy_rows<HEAD_DIM * 2, HEAD_DIM * 2, R, 32>(smem_addr(st.q), q, row_elems * 2, L, lane, pw * R);
+    copy_rows<HEAD_DIM * 2, HEAD_DIM * 2, R, 32>(smem_addr(st.k), k, row_elems * 2, L, lane, pw * R);
+    copy_rows<HEAD_DIM * 4, HEAD_DIM * 4, R, 32>(smem_addr(st.gc), gc, row_elems * 4, L, lane, pw * R);
+    if (own_gt)
+        copy_rows<HEAD_DIM * 4, HEAD_DIM * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
+    copy_rows<DV * 2, DO_STRIDE * 2, TILE_TOKENS, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, do_rows,
+                                                                    ptid, 0);
+    const int block_col = FLA_INPUTS ? (n % TILES_PER_CHUNK) * TILE_TOKENS : 0;
     const long long sfirst = (tok0 * p.H + h) * SMALL_COLS + block_col;
     const u32 srow_bytes = (u32)p.H * SMALL_COLS * 2;
-    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS, FLA_INPUTS>(
+    copy_rows<TILE_TOKENS * 2, SMALL_STRIDE * 2, TILE_TOKENS, PRODUCER_THREADS, FLA_INPUTS>(
         smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, do_rows, from_warp(ptid, MQK_WARP), 0);
-    copy_rows<C * 2, SMALL_STRIDE * 2, C, PRODUCER_THREADS, FLA_INPUTS>(
+    copy_rows<TILE_TOKENS * 2, SMALL_STRIDE * 2, TILE_TOKENS, PRODUCER_THREADS, FLA_INPUTS>(
         smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst), srow_bytes, L, from_warp(ptid, INV_WARP), 0);
     if constexpr (FLA_INPUTS) {
-        const bool chunk_start = n % TILES_PER_FLA_CHUNK == 0;
-        copy_rows<D * 4, D * 4, 1, 32>(gbase, chunk_start ? gc : gc - row_elems * 4, 0u, chunk_start ? 0 : 1, lane, 0);
+        const bool chunk_start = n % TILES_PER_CHUNK == 0;
+        copy_rows<HEAD_DIM * 4, HEAD_DIM * 4, 1, 32>(gbase, chunk_start ? gc : gc - row_elems * 4, 0u,
+                                                     chunk_start ? 0 : 1, lane, 0);
     }
     copy_beta(st, p, tok0, L, h, from_warp(ptid, BETA_WARP));
 }
@@ -112,29 +115,30 @@ __device__ __forceinline__ void issue_tile_tma(Stage& st, const Params& p, u32 m
     const int row = (int)tok0;
     fence_proxy_async_shared();   // this stage's earlier generic writes (tail zeroing) before the async proxy's
     mbarrier_arrive_expect_tx(mbar, TILE_TX_BYTES);
-    cp_async_bulk_tensor_2d_g2s(smem_addr(st.q), &m.q, h * D, row, mbar);
-    cp_async_bulk_tensor_2d_g2s(smem_addr(st.k), &m.k, h * D, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.q), &m.q, h * HEAD_DIM, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.k), &m.k, h * HEAD_DIM, row, mbar);
 #pragma unroll
     for (int b = 0; b < GC_BOXES; ++b)
-        cp_async_bulk_tensor_2d_g2s(smem_addr(st.gc + b * C * GC_BOX_COLS), &m.gc, h * D + b * GC_BOX_COLS, row, mbar);
+        cp_async_bulk_tensor_2d_g2s(smem_addr(st.gc + b * TILE_TOKENS * GC_BOX_COLS), &m.gc,
+                                    h * HEAD_DIM + b * GC_BOX_COLS, row, mbar);
 #pragma unroll
     for (int b = 0; b < DO_BOXES; ++b)
-        cp_async_bulk_tensor_2d_g2s(smem_addr(st.dO + b * C * DO_BOX_COLS), &m.dO, h * D + vs * DV + b * DO_BOX_COLS,
-                                    row, mbar);
-    cp_async_bulk_tensor_2d_g2s(smem_addr(st.mqk), &m.mqk, h * C, row, mbar);
-    cp_async_bulk_tensor_2d_g2s(smem_addr(st.inv), &m.inv, h * C, row, mbar);
+        cp_async_bulk_tensor_2d_g2s(smem_addr(st.dO + b * TILE_TOKENS * DO_BOX_COLS), &m.dO,
+                                    h * HEAD_DIM + vs * DV + b * DO_BOX_COLS, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.mqk), &m.mqk, h * TILE_TOKENS, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.inv), &m.inv, h * TILE_TOKENS, row, mbar);
 }
 
-// Zeros rows [L, C) of do, Mqk and INV after a partial tile's tensor copies landed
+// Zeros rows [L, TILE_TOKENS) of do, Mqk and INV after a partial tile's tensor copies landed
 // (one warp). A swizzle permutes the 16-byte chunks within a box row only, so whole
 // rows are cleared without it.
 __device__ __forceinline__ void zero_tail_rows(Stage& st, int L, int lane) {
     constexpr int DO_CH = DO_SWZ / 16, SMALL_CH = SMALL_SWZ / 16;   // 16-byte chunks per box row
-    const int rows = C - L;
+    const int rows = TILE_TOKENS - L;
     const uint4 z = make_uint4(0u, 0u, 0u, 0u);
     for (int idx = lane; idx < DO_BOXES * rows * DO_CH; idx += 32) {
         const int b = idx / (rows * DO_CH), r = L + (idx / DO_CH) % rows, ch = idx % DO_CH;
-        reinterpret_cast<uint4*>(st.dO)[(b * C + r) * DO_CH + ch] = z;
+        reinterpret_cast<uint4*>(st.dO)[(b * TILE_TOKENS + r) * DO_CH + ch] = z;
     }
     for (int idx = lane; idx < rows * SMALL_CH; idx += 32) {
         const int r = L + idx / SMALL_CH, ch = idx % SMALL_CH;

@@ -31,7 +31,7 @@ __device__ __forceinline__ u32 op_addr_cols_first(const unsigned short* tile, in
 __device__ __forceinline__ u32 do_addr_cols_first(const Stage& st, int col0, int lane) {
     if constexpr (TMA_LOADS) {
         const RowCol p = x4_cols_first(0, col0, lane);
-        return smem_addr(st.dO) + (p.col / DO_BOX_COLS) * (C * DO_SWZ) +
+        return smem_addr(st.dO) + (p.col / DO_BOX_COLS) * (TILE_TOKENS * DO_SWZ) +
                tma_swizzle<DO_SWZ>(p.row * DO_SWZ + (p.col % DO_BOX_COLS) * 2);
     }
     return x4_addr_cols_first(st.dO, DO_STRIDE, 0, col0, lane);

@@ -9,8 +9,8 @@ namespace kda {
 
 // gc[c][k] of a stage: dense rows (cp.async) or GC_BOXES boxes of 64 columns (TMA).
 __device__ __forceinline__ const float* gc_at(const Stage& st, int c, int k) {
-    return TMA_LOADS ? &st.gc[(k / GC_BOX_COLS) * C * GC_BOX_COLS + c * GC_BOX_COLS + k % GC_BOX_COLS]
-                     : &st.gc[c * D + k];
+    return TMA_LOADS ? &st.gc[(k / GC_BOX_COLS) * TILE_TOKENS * GC_BOX_COLS + c * GC_BOX_COLS + k % GC_BOX_COLS]
+                     : &st.gc[c * HEAD_DIM + k];
 }
 
 // EPL consecutive bf16 as one shared-memory access (no <type_traits> under NVRTC).
@@ -36,7 +36,7 @@ template <> struct BF16Row<8> { using type = uint4; };
 // zero, and exp2 of a rebased zero (up to 2^460) would make 0 * inf.
 __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, int pw, int lane, bool gt_in_gc,
                                                  const float* gbase = nullptr) {
-    constexpr int EPL = D / R1_LANE_COUNT;       // k per lane: 4 or 8
+    constexpr int EPL = HEAD_DIM / R1_LANE_COUNT;   // k per lane: 4 or 8
     constexpr int TPP = 32 / R1_LANE_COUNT;      // tokens per warp-wide pass: 1 or 2
     constexpr int R = TOKENS_PER_PRODUCER / TPP; // passes
     static_assert(TOKENS_PER_PRODUCER % TPP == 0, "R1_LANES 16 needs an even number of tokens per producer warp");
@@ -60,8 +60,8 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int c = c0 + TPP * r;
-        RawRow qraw = *reinterpret_cast<const RawRow*>(&st.q[c * D + k0]);
-        RawRow kraw = *reinterpret_cast<const RawRow*>(&st.k[c * D + k0]);
+        RawRow qraw = *reinterpret_cast<const RawRow*>(&st.q[c * HEAD_DIM + k0]);
+        RawRow kraw = *reinterpret_cast<const RawRow*>(&st.k[c * HEAD_DIM + k0]);
         const u32* qw = reinterpret_cast<const u32*>(&qraw);
         const u32* kw = reinterpret_cast<const u32*>(&kraw);
         const bool tail = TMA_LOADS && c >= L;   // a tensor copy's rows past the sequence (cp.async zero-fills them)

@@ -75,7 +75,7 @@ __device__ __forceinline__ void store_band_tma(const TensorMap* map, int row0, i
 
 // Store this warp's part of its dS^T band (fp32 accumulators, all MT m-tiles) as
 // dS[k][v] rows k0 .. k0 + KW - 1, columns v0 .. v0 + BAND - 1 of `out` (fp32
-// [D][D]). Accumulator n-tile j of m-tile m holds (k relative to k0, v to v0)
+// [HEAD_DIM][HEAD_DIM]). Accumulator n-tile j of m-tile m holds (k relative to k0, v to v0)
 // (v = 16m+g, k = 8j+2t), (16m+g, 8j+2t+1), (16m+g+8, 8j+2t), (16m+g+8, 8j+2t+1).
 // They go to a warp-private staging tile [k][BAND] first (rows SNAPF_STRIDE apart:
 // the 4 rows k = 8j+2t of one store start 8 banks apart, conflict-free), then
@@ -102,10 +102,10 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             const int k = k0 + 8 * j + 2 * t, v = v0 + 16 * m + g;
-            __stcs(out + k * D + v, dS[m][j][0]);
-            __stcs(out + (k + 1) * D + v, dS[m][j][1]);
-            __stcs(out + k * D + v + 8, dS[m][j][2]);
-            __stcs(out + (k + 1) * D + v + 8, dS[m][j][3]);
+            __stcs(out + k * HEAD_DIM + v, dS[m][j][0]);
+            __stcs(out + (k + 1) * HEAD_DIM + v, dS[m][j][1]);
+            __stcs(out + k * HEAD_DIM + v + 8, dS[m][j][2]);
+            __stcs(out + (k + 1) * HEAD_DIM + v + 8, dS[m][j][3]);
         }
 #else
 #pragma unroll
@@ -125,7 +125,7 @@ __device__ __forceinline__ void store_band_f32(float* out, const float (&dS)[MT]
         for (int it = 0; it < 8 * JP / ROWS; ++it) {
             const int k = ROWS * it + lane / CH, ch = lane % CH;
             const float4 v = *reinterpret_cast<const float4*>(staging + k * SNAPF_STRIDE + 4 * ch);
-            __stcs(reinterpret_cast<float4*>(out + (k0 + 8 * JP * pass + k) * D + v0 + 4 * ch), v);
+            __stcs(reinterpret_cast<float4*>(out + (k0 + 8 * JP * pass + k) * HEAD_DIM + v0 + 4 * ch), v);
         }
         __syncwarp();
     }
@@ -151,7 +151,7 @@ __device__ __forceinline__ void store_band_bf16(unsigned short* out, const float
     for (int it = 0; it < KW / ROWS; ++it) {
         const int k = ROWS * it + lane % ROWS, ch = lane / ROWS;
         const uint4 v = *reinterpret_cast<const uint4*>(staging + k * SNAP_STRIDE + 8 * ch);
-        __stcs(reinterpret_cast<uint4*>(out + (k0 + k) * D + v0 + 8 * ch), v);
+        __stcs(reinterpret_cast<uint4*>(out + (k0 + k) * HEAD_DIM + v0 + 8 * ch), v);
     }
     __syncwarp();
 }
@@ -166,7 +166,7 @@ __device__ __forceinline__ void store_snapshot(const Params& p, const TmaMaps& m
     store_band_tma(&maps.snap, snap_row, v0, dS, staging, lane);
 #else
     (void)maps; (void)snap_row;
-    const long long head_mat = (long long)D * D;
+    const long long head_mat = (long long)HEAD_DIM * HEAD_DIM;
 #if SNAP_BF16
     store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
                     reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
@@ -183,7 +183,7 @@ __device__ __forceinline__ void store_snapshot(const Params& p, const TmaMaps& m
 // build never stores snapshots to; role 0's (its d) to dh0.
 __device__ __forceinline__ void store_dh0(const Params& p, int seq, int h, int k0, int v0, const float (&dS)[MT][NJ][4],
                                           unsigned char* staging, int lane, int role) {
-    const long long head_mat = (long long)D * D;
+    const long long head_mat = (long long)HEAD_DIM * HEAD_DIM;
     if constexpr (TMA_SNAP) {
         if (lane == 0) cp_async_bulk_wait<0>();
         __syncwarp();

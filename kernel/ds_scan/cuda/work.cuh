@@ -5,16 +5,16 @@
 namespace kda {
 
 struct Params {
-    const unsigned short* q;      // [tokens, H, D] bf16
-    const unsigned short* k;      // [tokens, H, D] bf16
-    const float* gc;              // [tokens, H, D]
+    const unsigned short* q;      // [tokens, H, HEAD_DIM] bf16
+    const unsigned short* k;      // [tokens, H, HEAD_DIM] bf16
+    const float* gc;              // [tokens, H, HEAD_DIM]
     const float* beta;            // [tokens, H]
-    const unsigned short* mqk;    // [tokens, H, C] bf16
-    const unsigned short* inv;    // [tokens, H, C] bf16
-    const unsigned short* dO;     // [tokens, H, D] bf16
-    const float* dht;             // [N, H, D, D] or null
-    void* snapshots;              // [total_snaps, H, D, D] fp32 or bf16
-    float* dh0;                   // [N, H, D, D]
+    const unsigned short* mqk;    // [tokens, H, TILE_TOKENS] bf16
+    const unsigned short* inv;    // [tokens, H, TILE_TOKENS] bf16
+    const unsigned short* dO;     // [tokens, H, HEAD_DIM] bf16
+    const float* dht;             // [N, H, HEAD_DIM, HEAD_DIM] or null
+    void* snapshots;              // [total_snaps, H, HEAD_DIM, HEAD_DIM] fp32 or bf16
+    float* dh0;                   // [N, H, HEAD_DIM, HEAD_DIM]
     const long long* cu_seqlens;  // [N + 1] token offsets
     const long long* snap_offsets;// [N + 1] snapshot offsets
     const int* order;             // [N] sequence processed by CTA slot (longest first) or null
@@ -37,7 +37,7 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p) {
     w.seq = p.order ? p.order[slot] : slot;
     w.seq_start = p.cu_seqlens[w.seq];
     w.len = (int)(p.cu_seqlens[w.seq + 1] - w.seq_start);
-    w.nt = (w.len + C - 1) / C;
+    w.nt = (w.len + TILE_TOKENS - 1) / TILE_TOKENS;
     w.snap_base = p.snap_offsets[w.seq];
     w.role = SUMMARY ? (int)blockIdx.y : 0;
     return w;

@@ -27,9 +27,9 @@
 // are consumers: each runs only its chain above, tile after tile. FS_PRODUCERS producer warps
 // fill a ring of FS_NSTAGE stages: they issue a tile's cp.async loads FS_NSTAGE - 1 tiles ahead
 // and rebuild its Kd, Kr and gamma (R1) in the stage while the consumers run earlier tiles.
-// Producer warp pw copies and rebuilds tile rows [C/P pw, C/P (pw+1)) alone, with its own copies
-// of g at the tile's last row and at the row before the tile, so a producer waits only for its
-// own warp's copies (cp.async.wait_group + __syncwarp) and never for another producer. Hand-off
+// Producer warp pw copies and rebuilds tile rows [R pw, R (pw+1)) alone (R = TILE_TOKENS / P), with
+// its own copies of g at the tile's last row and at the row before the tile, so a producer waits
+// only for its own warp's copies (cp.async.wait_group + __syncwarp) and never for another producer. Hand-off
 // by the named-barrier ring of ptx_lab's ring.cuh, each barrier counting all threads: FULL(s)
 // producers arrive once stage s holds a tile's operands, consumers sync; EMPTY(s) consumers
 // arrive when done reading stage s, producers sync before refilling it.
@@ -38,6 +38,7 @@
 // forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1). This file holds the
 // knobs and the shape they give (kernel/forward_states/config.py sets every knob), and the kernel: each
 // role's walk over the tiles, with the consumers' chain written out in it.
+#include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK
 #include "cp_async.cuh"
 #include "fragments.cuh"
 #include "ldmatrix.cuh"
@@ -64,10 +65,6 @@ namespace fs {
 using namespace ptx_lab;
 typedef unsigned short u16;
 
-constexpr int D = 128;                  // K = V
-constexpr int C = 16;                   // tokens per tile
-constexpr int TILES_PER_CHUNK = 4;      // FLA's chunk of 64 tokens
-constexpr int AKK_COLS = C * TILES_PER_CHUNK;
 constexpr int WARPS = FS_WARPS;         // consumer warps
 constexpr int PRODUCERS = FS_PRODUCERS; // producer warps
 constexpr int NSTAGE = FS_NSTAGE;
@@ -76,9 +73,9 @@ constexpr int G6_SPLIT = FS_G6_SPLIT;
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
 constexpr int THREADS = CONSUMER_THREADS + PRODUCER_THREADS;
-constexpr int ROWS_PER_PRODUCER = C / PRODUCERS;
+constexpr int ROWS_PER_PRODUCER = TILE_TOKENS / PRODUCERS;
 constexpr int VW = 16 * WARPS;          // v rows of S^T per CTA
-constexpr int VGROUPS = D / VW;         // CTAs per (sequence, head)
+constexpr int VGROUPS = HEAD_DIM / VW;  // CTAs per (sequence, head)
 static_assert(WARPS == 1 || WARPS == 2 || WARPS == 4 || WARPS == 8, "FS_WARPS must be 1, 2, 4 or 8");
 static_assert(PRODUCERS == 1 || PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "FS_PRODUCERS must be 1, 2, 4 or 8");
 // FULL(s) and EMPTY(s) take ids 1 .. 2 NSTAGE of the 15 named barriers
@@ -114,15 +111,15 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
     const int n = order[blockIdx.x / VGROUPS / H];
     const long long bos = cu_seqlens[n];
     const int len = (int)(cu_seqlens[n + 1] - bos);
-    const int ntiles = (len + C - 1) / C;
+    const int ntiles = (len + TILE_TOKENS - 1) / TILE_TOKENS;
 
     if (warp >= WARPS) {
         // ---------------- producers: loads and R1, PREFETCH tiles / one tile ahead ----------------
         const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
         auto issue = [&](int i) {
             if (i < ntiles)
-                issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)C * i, min(C, len - C * i), i,
-                           H, h, vg, pw, lane, ptid);
+                issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)TILE_TOKENS * i,
+                           min(TILE_TOKENS, len - TILE_TOKENS * i), i, H, h, vg, pw, lane, ptid);
             cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
         };
 #pragma unroll 1
@@ -132,7 +129,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
             const int s = i % NSTAGE;
             cp_async_wait<PREFETCH - 1>();   // this thread's copies of tile i landed
             __syncwarp();                    // ... and its warp's: the k rows R1 reads
-            rebuild(sh.stage[s], min(C, len - C * i), pw, lane);
+            rebuild(sh.stage[s], min(TILE_TOKENS, len - TILE_TOKENS * i), pw, lane);
             Ring::publish(s);   // release tile i to the consumers
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it
             // (after the arrive, so the wait never delays tile i).
@@ -152,17 +149,17 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
 
     // S^T [16 v x 128 k] of this warp: acc[nt] holds n-tile nt (k = 8 nt ..); c0 = S^T[gr][8nt+2t],
     // c1 = [gr][8nt+2t+1], c2 = [gr+8][8nt+2t], c3 = [gr+8][8nt+2t+1]
-    float acc[D / 8][4];
+    float acc[HEAD_DIM / 8][4];
     {
         const long long v0 = vg * VW + vrow + gr;
-        const float* s0 = h0 ? h0 + ((long long)n * H + h) * D * D : nullptr;
+        const float* s0 = h0 ? h0 + ((long long)n * H + h) * HEAD_DIM * HEAD_DIM : nullptr;
 #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
+        for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
             const int k0 = 8 * nt + 2 * t;
-            acc[nt][0] = s0 ? s0[(long long)k0 * D + v0] : 0.f;
-            acc[nt][1] = s0 ? s0[(long long)(k0 + 1) * D + v0] : 0.f;
-            acc[nt][2] = s0 ? s0[(long long)k0 * D + v0 + 8] : 0.f;
-            acc[nt][3] = s0 ? s0[(long long)(k0 + 1) * D + v0 + 8] : 0.f;
+            acc[nt][0] = s0 ? s0[(long long)k0 * HEAD_DIM + v0] : 0.f;
+            acc[nt][1] = s0 ? s0[(long long)(k0 + 1) * HEAD_DIM + v0] : 0.f;
+            acc[nt][2] = s0 ? s0[(long long)k0 * HEAD_DIM + v0 + 8] : 0.f;
+            acc[nt][3] = s0 ? s0[(long long)(k0 + 1) * HEAD_DIM + v0 + 8] : 0.f;
         }
     }
 
@@ -178,15 +175,15 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         // (Every B fragment of the tile is loaded as soon as the stage is released, Kd's before the
         // products and Kr's before the reduction: the chain then never waits out an ldmatrix.)
         const bool snap = i % TILES_PER_CHUNK == 0;
-        u32 bkd[D / 16][4], bkr[D / 16][4];
+        u32 bkd[HEAD_DIM / 16][4], bkr[HEAD_DIM / 16][4];
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
             const RowCol p = x4_cols_first(0, 16 * ks, xl);
             ldmatrix_x4(bkd[ks], smem_addr(&st.kd[p.row][p.col]));
         }
         float pp[G6_SPLIT][2][4] = {};
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
             u32 a[4];
             acc_to_a(a, acc[2 * ks], acc[2 * ks + 1]);
             if (snap) {   // cols first, .trans: A = tile^T, so the tile is S [k][v] (ldmatrix.cuh)
@@ -200,7 +197,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
             mma_m16n8k16_bf16(q[1], a, b1, q[1]);
         }
 #pragma unroll
-        for (int j = 0; j < D / 16; ++j) {
+        for (int j = 0; j < HEAD_DIM / 16; ++j) {
             const RowCol p = x4_rows_first(0, 16 * j, xl);
             ldmatrix_x4_trans(bkr[j], smem_addr(&st.kr[p.row][p.col]));
         }
@@ -244,7 +241,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
             u32 a[4];
             acc_to_a(a, u[0], u[1]);
 #pragma unroll
-            for (int j = 0; j < D / 16; ++j) {
+            for (int j = 0; j < HEAD_DIM / 16; ++j) {
                 const u32 (&b)[4] = bkr[j];
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {
@@ -264,11 +261,12 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
         if (snap) {
             __syncwarp();
-            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * H + h) * (long long)(D * D) + vg * VW + vrow;
+            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * H + h) * (long long)(HEAD_DIM * HEAD_DIM)
+                       + vg * VW + vrow;
 #pragma unroll
-            for (int m = 0; m < D * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane
+            for (int m = 0; m < HEAD_DIM * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane
                 const int idx = lane + 32 * m, row = idx / 2, half = idx % 2;
-                *reinterpret_cast<uint4*>(dst + (long long)row * D + half * 8) =
+                *reinterpret_cast<uint4*>(dst + (long long)row * HEAD_DIM + half * 8) =
                     *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
             }
         }

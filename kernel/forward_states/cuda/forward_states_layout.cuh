@@ -10,34 +10,34 @@ namespace fs {
 
 // Row strides (elements) of the tiles ldmatrix / stmatrix address: 8 rows of 16 bytes must
 // fall on 8 different 4-bank groups.
-constexpr int OP_STRIDE = D + 8;        // Kd, Kr rows: 272 B, 68 words = 4 mod 32
-constexpr int INV_STRIDE = C + 8;       // INV rows: 48 B, 12 words a row apart
+constexpr int OP_STRIDE = HEAD_DIM + 8;      // Kd, Kr rows: 272 B, 68 words = 4 mod 32
+constexpr int INV_STRIDE = TILE_TOKENS + 8;   // INV rows: 48 B, 12 words a row apart
 constexpr int SNAP_STRIDE = 16 + 8;     // staging rows (16 v of one k): 48 B likewise
 
 // 16-byte chunks of the copies every producer thread shares in (v, INV; beta by 4 bytes)
-constexpr int V_CHUNKS = C * VW * 2 / 16;       // 32 WARPS
-constexpr int INV_CHUNKS = C * C * 2 / 16;      // 32
-constexpr int K_ROW_CHUNKS = D * 2 / 16;        // 16: a producer warp's k rows, 16 bytes a lane
+constexpr int V_CHUNKS = TILE_TOKENS * VW * 2 / 16;              // 32 WARPS
+constexpr int INV_CHUNKS = TILE_TOKENS * TILE_TOKENS * 2 / 16;   // 32
+constexpr int K_ROW_CHUNKS = HEAD_DIM * 2 / 16;                  // 16: a producer warp's k rows, 16 bytes a lane
 static_assert(ROWS_PER_PRODUCER * K_ROW_CHUNKS % 32 == 0 || ROWS_PER_PRODUCER * K_ROW_CHUNKS < 32, "k copy split");
 
 // One tile: its inputs as copied (rows past the tile's L are zero-filled) and what R1 builds.
 struct Stage {
-    float g[C][D];                  // FLA's chunk-local g (log2), fp32; producer warp pw's rows only it reads
-    float glast[PRODUCERS][D];      // per producer warp: g at the tile's last real row
-    float gbase[PRODUCERS][D];      // per producer warp: g at the row before the tile; zeros at a 64-chunk's start
-    u16 k[C][D];                    // bf16
-    u16 kd[C][OP_STRIDE];           // R1: bf16 k 2^gc
-    u16 kr[C][OP_STRIDE];           // R1: bf16 k 2^(gT-gc)
-    float gamma[D];                 // R1: 2^gT
-    u16 v[C][VW];                   // bf16, this CTA's v columns
-    u16 inv[C][INV_STRIDE];         // bf16, Akk's diagonal block, zero above the diagonal
-    float beta[C];
+    float g[TILE_TOKENS][HEAD_DIM];     // FLA's chunk-local g (log2), fp32; producer warp pw's rows only it reads
+    float glast[PRODUCERS][HEAD_DIM];   // per producer warp: g at the tile's last real row
+    float gbase[PRODUCERS][HEAD_DIM];   // per producer warp: g at the row before the tile; zeros at a 64-chunk's start
+    u16 k[TILE_TOKENS][HEAD_DIM];       // bf16
+    u16 kd[TILE_TOKENS][OP_STRIDE];     // R1: bf16 k 2^gc
+    u16 kr[TILE_TOKENS][OP_STRIDE];     // R1: bf16 k 2^(gT-gc)
+    float gamma[HEAD_DIM];              // R1: 2^gT
+    u16 v[TILE_TOKENS][VW];             // bf16, this CTA's v columns
+    u16 inv[TILE_TOKENS][INV_STRIDE];   // bf16, Akk's diagonal block, zero above the diagonal
+    float beta[TILE_TOKENS];
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 
 struct Shared {
     Stage stage[NSTAGE];
-    u16 snap[WARPS][D][SNAP_STRIDE];  // per consumer warp: its 16 v columns of S [K][V], bf16
+    u16 snap[WARPS][HEAD_DIM][SNAP_STRIDE];   // per consumer warp: its 16 v columns of S [K][V], bf16
 };
 constexpr int SMEM_BYTES = (int)sizeof(Shared);
 

@@ -11,16 +11,16 @@ namespace fs {
 // Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): the warp's own g and k rows,
 // glast and gbase (lane l: columns 4l .. 4l+3 of g, the row's 16-byte chunks of k), and its share
 // of v, INV and beta (read by the consumers). Addresses are the tile's first (token, head) row plus
-// 32-bit element offsets (row c at c H D): the per-row parts stay in registers across tiles, so a
+// 32-bit element offsets (row c at c H HEAD_DIM): the per-row parts stay in registers across tiles, so a
 // copy costs a select, one 64-bit add and the LDGSTS.
 __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k, const u16* __restrict__ v,
                                            const float* __restrict__ g, const float* __restrict__ beta,
                                            const u16* __restrict__ akk, long long tok0, int L, int i,
                                            int H, int h, int vg, int pw, int lane, int ptid) {
     const long long row0 = tok0 * H + h;                 // (token, head) row of the tile's first token
-    const u32 tok = (u32)H * D;                          // elements between tokens of k, v, g
-    const float* gt = g + row0 * D;
-    const u16* kt = k + row0 * D;
+    const u32 tok = (u32)H * HEAD_DIM;                   // elements between tokens of k, v, g
+    const float* gt = g + row0 * HEAD_DIM;
+    const u16* kt = k + row0 * HEAD_DIM;
     const int c0 = pw * ROWS_PER_PRODUCER;
 #pragma unroll
     for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
@@ -46,7 +46,7 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k,
         cp_async_cg16_zfill(smem_addr(&st.gbase[pw][4 * lane]), (rebase ? gt - tok : gt) + 4 * lane,
                             rebase ? 16u : 0u);
     }
-    const u16* vt = v + row0 * D + vg * VW;
+    const u16* vt = v + row0 * HEAD_DIM + vg * VW;
 #pragma unroll
     for (int m = 0; m < (V_CHUNKS + PRODUCER_THREADS - 1) / PRODUCER_THREADS; ++m) {
         const int idx = ptid + m * PRODUCER_THREADS;
@@ -66,10 +66,10 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k,
         const int c = tail / 2, ch = tail % 2;
         const bool valid = c < L;
         const int keep = min(max(2 * (c + 1 - 8 * ch), 0), 16);
-        const u16* at = akk + row0 * AKK_COLS + (i % TILES_PER_CHUNK) * C;
-        cp_async_cg16_zfill(smem_addr(&st.inv[c][ch * 8]), at + ((valid ? (u32)c * H * AKK_COLS : 0u) + ch * 8),
+        const u16* at = akk + row0 * CHUNK_TOKENS + (i % TILES_PER_CHUNK) * TILE_TOKENS;   // Akk's rows: a chunk wide
+        cp_async_cg16_zfill(smem_addr(&st.inv[c][ch * 8]), at + ((valid ? (u32)c * H * CHUNK_TOKENS : 0u) + ch * 8),
                             valid ? (u32)keep : 0u);
-        if (tail < C) {
+        if (tail < TILE_TOKENS) {
             const bool bvalid = tail < L;
             cp_async_ca_zfill<4>(smem_addr(&st.beta[tail]), beta + row0 + (bvalid ? (u32)tail * H : 0u),
                                  bvalid ? 4u : 0u);

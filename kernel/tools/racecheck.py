@@ -8,8 +8,10 @@ Kernel A hands shared-memory stages between warps with named barriers:
 the writer does `bar.arrive`, the reader `bar.sync` on the same id (PTX: the
 barrier orders the arriving threads' earlier memory accesses before the
 accesses that follow the waiting threads' bar.sync). Whether racecheck models
-that hand-off decides how to read its report, so this tool runs three one-CTA
-probes with known answers before the kernel:
+that hand-off decides how to read its report, so this tool runs one-CTA probes
+with known answers before the kernels. They are racecheck_probes.cu's (beside this
+file; PROBES lists each with its threads and answer), and their rings are ptx_lab's
+own: ring.cuh's BarrierRing, cp_async.cuh's copies, ldmatrix.cuh's and wgmma.cuh's reads:
 
     ring-arrive     a 2-stage producer/consumer ring exactly like Kernel A's
                     (FULL: producer arrives, consumer syncs; EMPTY: the other
@@ -17,6 +19,10 @@ probes with known answers before the kernel:
     ring-arrive-exit  the same ring, but the consumer spins ~1 ms before its
                     last bar.sync, so the producer has exited by then (what a
                     short sequence does in Kernel A). Race-free by PTX rules.
+    ring2-arrive    the ring with two producer warps, each writing half of a stage, and one
+                    consumer warp reading the whole stage. Race-free.
+    ring2-producer-bar  the same, the producer warps first meeting on a producers-only barrier
+                    every tile (as Kernel A's producers do before R1). Race-free.
     ring-cp-async   the ring with its stages filled by cp.async in Kernel A's order
                     (a tile's copy issued after the previous FULL arrive, waited for
                     before its own). Race-free: a report means racecheck does not order
@@ -76,6 +82,7 @@ kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -83,271 +90,64 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-PROBE_SOURCE = r"""
-#include "barrier.cuh"
-#include "bulk.cuh"
-#include "cp_async.cuh"
-#include "ldmatrix.cuh"
-#include "wgmma.cuh"
-using namespace ptx_lab;
+PROBES_CU = Path(__file__).with_name("racecheck_probes.cu")
+PROBE_TILES = 8   # the tiles of the small rings (racecheck_probes.cu's ITERS)
 
-// One producer warp (warp 1) and one consumer warp (warp 0); 2-stage ring of 32 floats.
-// The consumer reads lane 31 - l's word so that every read crosses lanes.
-constexpr int ITERS = 8, STAGES = 2, THREADS = 64;
-__device__ __forceinline__ unsigned full_bar(int s) { return 1 + s; }
-template <int N = STAGES>   // N: the ring's stages
-__device__ __forceinline__ unsigned empty_bar(int s) { return 1 + N + s; }
 
-template <bool LATE_LAST_SYNC>
-__device__ void ring(float* out) {
-    __shared__ float buf[STAGES][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp == 1) {
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            if (i >= STAGES) named_barrier_sync(empty_bar(s), THREADS);
-            buf[s][lane] = float(i * 32 + lane);
-            named_barrier_arrive(full_bar(s), THREADS);
-        }
-    } else {
-        float acc = 0.f;
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            if (LATE_LAST_SYNC && i == ITERS - 1) {
-                const long long t0 = clock64();
-                while (clock64() - t0 < 2000000) {}
-            }
-            named_barrier_sync(full_bar(s), THREADS);
-            acc += buf[s][31 - lane];
-            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), THREADS);
-        }
-        out[lane] = acc;
-    }
-}
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A ``__device__ float [tiles][words]`` array of racecheck_probes.cu that a probe's cp.async
+    copies its stages from; the tool fills word w of tile i with i * period + w % period."""
+    array: str
+    tiles: int
+    words: int
+    period: int = 32
 
-extern "C" __global__ void ring_arrive(float* out) { ring<false>(out); }
-extern "C" __global__ void ring_arrive_exit(float* out) { ring<true>(out); }
 
-// Two producer warps (1, 2) that first meet on a producers-only barrier (as Kernel A's
-// producers do before R1), then write and arrive on FULL; one consumer warp (0).
-template <bool PRODUCER_BARRIER>
-__device__ void ring2(float* out) {
-    constexpr int T = 96, PBAR = 1 + 2 * STAGES;
-    __shared__ float buf[STAGES][64];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp >= 1) {
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            if (i >= STAGES) named_barrier_sync(empty_bar(s), T);
-            if (PRODUCER_BARRIER) named_barrier_sync(PBAR, 64);
-            buf[s][threadIdx.x - 32] = float(i * 32 + lane);
-            named_barrier_arrive(full_bar(s), T);
-        }
-    } else {
-        float acc = 0.f;
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            named_barrier_sync(full_bar(s), T);
-            acc += buf[s][63 - lane];
-            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
-        }
-        out[lane] = acc;
-    }
-}
-extern "C" __global__ void ring2_arrive(float* out) { ring2<false>(out); }
-extern "C" __global__ void ring2_producer_bar(float* out) { ring2<true>(out); }
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One probe: the ``extern "C" __global__ void <name with _ for ->(float* out)`` of
+    racecheck_probes.cu, launched as one CTA of ``threads``."""
+    name: str
+    threads: int
+    lane0: int | None                  # out[0] when the hand-off works; None: the read has no exact value
+    expected: str = "race-free"        # the answer by construction
+    source: Source | None = None       # where its stages are copied from, if they are
 
-// The ring of ring_arrive with the stages filled by cp.async, in Kernel A's order: the copy of
-// tile i + 1 is issued after tile i's FULL arrive, into the stage the consumer left (EMPTY),
-// and each tile's group is waited for before its FULL arrive. Race-free by construction: a
-// report here means racecheck does not order cp.async writes by the barrier hand-off.
-__device__ float ring_cp_async_src[ITERS][32];
-extern "C" __global__ void ring_cp_async(float* out) {
-    __shared__ __align__(16) float buf[STAGES][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp == 1) {
-        cp_async_ca<4>(smem_addr(&buf[0][lane]), &ring_cp_async_src[0][lane]);
-        cp_async_commit();
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            cp_async_wait<0>();
-            named_barrier_arrive(full_bar(s), THREADS);
-            const int j = i + 1;
-            if (j < ITERS) {
-                if (j >= STAGES) named_barrier_sync(empty_bar(j % STAGES), THREADS);
-                cp_async_ca<4>(smem_addr(&buf[j % STAGES][lane]), &ring_cp_async_src[j][lane]);
-            }
-            cp_async_commit();
-        }
-    } else {
-        float acc = 0.f;
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            named_barrier_sync(full_bar(s), THREADS);
-            acc += buf[s][31 - lane];
-            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), THREADS);
-        }
-        out[lane] = acc;
-    }
-}
+    @property
+    def function(self) -> str:
+        return self.name.replace("-", "_")
 
-// Stages of 64 words filled by cp.async (as ring_cp_async) and read whole by ldmatrix: lane l gets
-// words l and 32 + l. CONSUMER_PAIR false: producer warps 1 and 2 copy a half each, consumer warp 0
-// reads (Kernel A's consumers read words several producer warps copied). true: producer warp 2
-// copies it all, consumer warps 0 and 1 meet on a consumers-only barrier and then read (as Kernel
-// A's two warps of a band do before G3). Race-free by construction either way.
-__device__ float ring2_cp_async_src[ITERS][64];
-template <bool CONSUMER_PAIR>
-__device__ void ring2_cp_async(float* out) {
-    constexpr int T = 96, PAIR = 1 + 2 * STAGES;
-    __shared__ __align__(16) float buf[STAGES][64];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (CONSUMER_PAIR ? warp == 2 : warp >= 1) {
-        // this thread's words of a stage: lane and 32 + lane (one producer warp) or its half's one
-        const int e0 = CONSUMER_PAIR ? lane : threadIdx.x - 32, step = CONSUMER_PAIR ? 32 : 64;
-        for (int e = e0; e < 64; e += step) cp_async_ca<4>(smem_addr(&buf[0][e]), &ring2_cp_async_src[0][e]);
-        cp_async_commit();
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            cp_async_wait<0>();
-            named_barrier_arrive(full_bar(s), T);
-            const int j = i + 1;
-            if (j < ITERS) {
-                if (j >= STAGES) named_barrier_sync(empty_bar(j % STAGES), T);
-                for (int e = e0; e < 64; e += step)
-                    cp_async_ca<4>(smem_addr(&buf[j % STAGES][e]), &ring2_cp_async_src[j][e]);
-            }
-            cp_async_commit();
-        }
-    } else {
-        float acc = 0.f;
-        for (int i = 0; i < ITERS; ++i) {
-            const int s = i % STAGES;
-            named_barrier_sync(full_bar(s), T);
-            if (CONSUMER_PAIR) named_barrier_sync(PAIR, 64);
-            u32 r0, r1;   // two 8 x 16-byte matrices: the stage's 64 words, row r at byte 16 r
-            ldmatrix_x2(r0, r1, smem_addr(&buf[s][0]) + 16u * (lane & 15));
-            acc += __uint_as_float(r0) + __uint_as_float(r1);
-            if (i + STAGES < ITERS) named_barrier_arrive(empty_bar(s), T);
-        }
-        if (warp == 0) out[lane] = acc;
-    }
-}
-extern "C" __global__ void ring2_cp_async_ldmatrix(float* out) { ring2_cp_async<false>(out); }
-extern "C" __global__ void ring2_consumer_bar(float* out) { ring2_cp_async<true>(out); }
 
-// Kernel A's ring without its math: 4 stages, each tile's copies issued 3 tiles ahead (PREFETCH =
-// NSTAGE - 1) after an EMPTY sync, as 16-byte cp.async.cg with a src-size (Kernel A's zero-fill
-// form), by 4 producer warps (4-7) a quarter of a stage each; 4 consumer warps (0-3) each read the
-// whole 512-byte stage by ldmatrix .trans and arrive on EMPTY; FULL and EMPTY count all 256
-// threads. Race-free by construction: a report here is racecheck's reading of that shape.
-// FENCE: the producers' fence.proxy.async before each FULL arrive, as Kernel A's R1 ends in its
-// warpgroup-MMA builds. WGMMA: the consumers (one warpgroup) also read the stage through the async
-// proxy, an m64n16k16 whose B is the stage's 512 bytes, and wait for it before EMPTY, as Kernel A's
-// G4/G5 read qd and kd.
-constexpr int KA_ITERS = 13, KA_WORDS = 128;
-__device__ float kernel_a_ring_src[KA_ITERS][KA_WORDS];
-// KA_STAGES: the ring's depth (FULL and EMPTY take barrier ids 1 .. 2 KA_STAGES).
-// OWN_A: the warpgroup MMA takes A from registers of its own instead of the ldmatrix result.
-// RELEASE_FENCE: a fence.proxy.async after the MMA's wait, before the EMPTY arrive.
-// CONSUMERS: consumer warps (warps 0 .. CONSUMERS - 1; the 4 producer warps follow).
-template <bool FENCE, bool WGMMA, bool OWN_A = false, bool RELEASE_FENCE = false, int KA_STAGES = 4,
-          int CONSUMERS = 4>
-__device__ void kernel_a_ring_t(float* out) {
-    constexpr int KA_PREFETCH = KA_STAGES - 1, KA_THREADS = 32 * (CONSUMERS + 4);
-    static_assert(!WGMMA || CONSUMERS == 4, "the warpgroup MMA needs four consumer warps");
-    __shared__ __align__(16) float buf[KA_STAGES][KA_WORDS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp >= CONSUMERS) {
-        const int chunk = (warp - CONSUMERS) * 8 + (lane & 7);   // 32 chunks of 16 bytes: lanes 0-7 of each warp
-        auto issue = [&](int j) {
-            if (j < KA_ITERS && lane < 8)
-                cp_async_cg16_zfill(smem_addr(&buf[j % KA_STAGES][4 * chunk]), &kernel_a_ring_src[j][4 * chunk], 16u);
-            cp_async_commit();   // one group per tile slot, possibly empty: uniform wait counts
-        };
-        for (int j = 0; j < KA_PREFETCH; ++j) issue(j);
-        for (int i = 0; i < KA_ITERS; ++i) {
-            cp_async_wait<KA_PREFETCH - 1>();   // this thread's copies of tile i landed
-            __syncwarp();
-            if (FENCE) fence_proxy_async_shared();
-            named_barrier_arrive(full_bar(i % KA_STAGES), KA_THREADS);
-            const int j = i + KA_PREFETCH;
-            if (j < KA_ITERS && j >= KA_STAGES) named_barrier_sync(empty_bar<KA_STAGES>(j % KA_STAGES), KA_THREADS);
-            issue(j);
-        }
-    } else {
-        float acc = 0.f;
-        for (int i = 0; i < KA_ITERS; ++i) {
-            const int s = i % KA_STAGES;
-            named_barrier_sync(full_bar(s), KA_THREADS);
-            u32 r[4];   // four 8 x 16-byte matrices: the stage's 32 rows of 16 bytes, row l at byte 16 l
-            ldmatrix_x4_trans(r, smem_addr(&buf[s][0]) + 16u * lane);
-            acc += __uint_as_float(r[0]) + __uint_as_float(r[1]) + __uint_as_float(r[2]) + __uint_as_float(r[3]);
-            if constexpr (WGMMA) {   // B [16 x 16] bf16 = the stage: core matrices 128 B apart (lbo), 256 B (sbo)
-                float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-                u32 own[4] = {0x3f803f80u * (lane & 1), 0u, 0u, 0u};   // bf16 ones in half the lanes
-                wgmma_fence();
-                wgmma_m64n16k16_bf16_rs<1>(d, OWN_A ? own : r, wgmma_desc(smem_addr(&buf[s][0]), 128, 256, 0), 0);
-                wgmma_commit_group();
-                wgmma_wait_group<0>();
-                if (RELEASE_FENCE) fence_proxy_async_shared();
-                acc += d[0];
-            }
-            if (i + KA_STAGES < KA_ITERS) named_barrier_arrive(empty_bar<KA_STAGES>(s), KA_THREADS);
-        }
-        if (warp == 0) out[lane] = acc;
-    }
-}
-extern "C" __global__ void kernel_a_ring(float* out) { kernel_a_ring_t<false, false>(out); }
-extern "C" __global__ void kernel_a_ring_6(float* out) { kernel_a_ring_t<false, false, false, false, 6>(out); }
-extern "C" __global__ void kernel_a_ring_1c(float* out) { kernel_a_ring_t<false, false, false, false, 4, 1>(out); }
-extern "C" __global__ void kernel_a_ring_fence(float* out) { kernel_a_ring_t<true, false>(out); }
-extern "C" __global__ void kernel_a_ring_wgmma(float* out) { kernel_a_ring_t<true, true>(out); }
-extern "C" __global__ void kernel_a_ring_wgmma_own_a(float* out) { kernel_a_ring_t<true, true, true>(out); }
-extern "C" __global__ void kernel_a_ring_wgmma_release_fence(float* out) {
-    kernel_a_ring_t<true, true, false, true>(out);
-}
+RING_SRC = Source("ring_cp_async_src", PROBE_TILES, 32)
+RING2_SRC = Source("ring2_cp_async_src", PROBE_TILES, 64)
+KERNEL_A_RING_SRC = Source("kernel_a_ring_src", 13, 128, period=128)
+# lane 0 reads lane 31's word of every tile, or words 0 and 32 in the 64-word rings read by ldmatrix
+ONE_WORD = sum(i * 32 + 31 for i in range(PROBE_TILES))
+TWO_WORDS = sum(2 * i * 32 for i in range(PROBE_TILES))
 
-// Barrier ids 1..ITERS, each used once, so nothing waits on a reused id.
-extern "C" __global__ void no_empty(float* out) {
-    __shared__ float buf[32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float acc = 0.f;
-    for (int i = 0; i < ITERS; ++i) {
-        if (warp == 1) {
-            buf[lane] = float(i * 32 + lane);
-            named_barrier_arrive(1 + i, THREADS);
-        } else {
-            named_barrier_sync(1 + i, THREADS);
-            acc += buf[31 - lane];
-        }
-    }
-    if (warp == 0) out[lane] = acc;
-}
+PROBES: tuple[Probe, ...] = (   # in the order they run
+    Probe("ring-arrive", 64, ONE_WORD),
+    Probe("ring-arrive-exit", 64, ONE_WORD),
+    Probe("ring2-arrive", 96, ONE_WORD),
+    Probe("ring2-producer-bar", 96, ONE_WORD),
+    Probe("ring-cp-async", 64, ONE_WORD, source=RING_SRC),
+    Probe("ring2-cp-async-ldmatrix", 96, TWO_WORDS, source=RING2_SRC),
+    Probe("ring2-consumer-bar", 96, TWO_WORDS, source=RING2_SRC),
+    # the .trans read moves halves of words: no exact value
+    Probe("kernel-a-ring", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("kernel-a-ring-6", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("kernel-a-ring-1c", 160, None, source=KERNEL_A_RING_SRC),
+    Probe("kernel-a-ring-fence", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("kernel-a-ring-wgmma", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("kernel-a-ring-wgmma-own-a", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("kernel-a-ring-wgmma-release-fence", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("ring-syncthreads", 64, ONE_WORD),
+    Probe("no-empty", 64, ONE_WORD, expected="a real race"),
+)
 
-extern "C" __global__ void ring_syncthreads(float* out) {
-    __shared__ float buf[STAGES][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float acc = 0.f;
-    for (int i = 0; i < ITERS; ++i) {
-        const int s = i % STAGES;
-        if (warp == 1) buf[s][lane] = float(i * 32 + lane);
-        __syncthreads();
-        if (warp == 0) acc += buf[s][31 - lane];
-    }
-    if (warp == 0) out[lane] = acc;
-}
-"""
 
-EXPECTED = {"ring-arrive": "race-free", "ring-arrive-exit": "race-free", "ring2-arrive": "race-free",
-            "ring2-producer-bar": "race-free", "ring-cp-async": "race-free",
-            "ring2-cp-async-ldmatrix": "race-free", "ring2-consumer-bar": "race-free", "kernel-a-ring": "race-free",
-            "kernel-a-ring-6": "race-free", "kernel-a-ring-1c": "race-free",
-            "kernel-a-ring-fence": "race-free", "kernel-a-ring-wgmma": "race-free",
-            "kernel-a-ring-wgmma-own-a": "race-free", "kernel-a-ring-wgmma-release-fence": "race-free",
-            "ring-syncthreads": "race-free",
-            "no-empty": "a real race",
-            "kernel-a": "?", "forward-states": "?", "kernel-b": "?"}
+EXPECTED = {**{p.name: p.expected for p in PROBES}, "kernel-a": "?", "forward-states": "?", "kernel-b": "?"}
 RUNS = tuple(EXPECTED)   # in the order they run
 
 # the whole backward's other two kernels: kda_backward runs all three, and compute-sanitizer checks
@@ -357,44 +157,16 @@ BACKWARD_RUNS = {"forward-states": "kda_forward_states", "kernel-b": "kda_token_
 # turns over several times
 BACKWARD_LENGTHS = (1, 17, 200, 700)
 
-# the probes whose stages cp.async fills: their source array in global memory, words a stage
-COPIED_FROM = {"ring-cp-async": ("ring_cp_async_src", 32), "ring2-cp-async-ldmatrix": ("ring2_cp_async_src", 64),
-               "ring2-consumer-bar": ("ring2_cp_async_src", 64)}
-
-
 def _child(run: str) -> None:
     import cupy as cp
 
     if run in BACKWARD_RUNS:
         _backward_child(run)
         return
-    if run != "kernel-a":
-        from ptx_lab.gpu import load_module
-
-        mod = load_module(PROBE_SOURCE)
-        out = cp.zeros(32, dtype=cp.float32)
-        if run.startswith("kernel-a-ring"):   # 13 tiles of 128 words; the .trans read moves halves: no exact value
-            src = cp.ndarray((13, 128), dtype=cp.float32, memptr=mod.get_global("kernel_a_ring_src"))
-            src[...] = cp.arange(13, dtype=cp.float32)[:, None] * 128 + cp.arange(128)
-            threads = 160 if run == "kernel-a-ring-1c" else 256
-            mod.get_function(run.replace("-", "_"))((1,), (threads,), (out,))
-            cp.cuda.Device().synchronize()
-            print(f"{run}: lane 0 sum {float(out[0].get()):.3g} (finite: {bool(cp.isfinite(out).all())})")
-            return
-        threads = 96 if run.startswith("ring2") else 64
-        # what tile i's stage holds: word w (of 32 or 64) is i * 32 + w % 32, as the other rings write it
-        want = sum(i * 32 + 31 for i in range(8))   # lane 0 reads lane 31's words
-        if run in COPIED_FROM:   # the stages are copied from global memory
-            name, words = COPIED_FROM[run]
-            src = cp.ndarray((8, words), dtype=cp.float32, memptr=mod.get_global(name))
-            src[...] = cp.arange(8, dtype=cp.float32)[:, None] * 32 + cp.arange(words) % 32
-            if words == 64:
-                want = sum(2 * i * 32 for i in range(8))   # lane 0 reads words 0 and 32
-        mod.get_function(run.replace("-", "_"))((1,), (threads,), (out,))
-        cp.cuda.Device().synchronize()
-        print(f"{run}: lane 0 sum {float(out[0].get()):.0f} (race-free value {want:.0f})")
+    probe = next((p for p in PROBES if p.name == run), None)
+    if probe is not None:
+        _probe_child(probe)
         return
-    import dataclasses
     import json
     import os
 
@@ -414,6 +186,26 @@ def _child(run: str) -> None:
                              cu_seqlens=x["cu_seqlens"], vsplit=case.vsplit, tuning=tuning)
     cp.cuda.Device().synchronize()
     print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
+
+
+def _probe_child(probe: Probe) -> None:
+    import cupy as cp
+
+    from ptx_lab.gpu import load_module
+
+    mod = load_module(PROBES_CU.read_text())
+    if probe.source is not None:
+        src = probe.source
+        tiles = cp.ndarray((src.tiles, src.words), dtype=cp.float32, memptr=mod.get_global(src.array))
+        tiles[...] = cp.arange(src.tiles, dtype=cp.float32)[:, None] * src.period + cp.arange(src.words) % src.period
+    out = cp.zeros(32, dtype=cp.float32)
+    mod.get_function(probe.function)((1,), (probe.threads,), (out,))
+    cp.cuda.Device().synchronize()
+    lane0 = float(out[0].get())
+    if probe.lane0 is None:
+        print(f"{probe.name}: lane 0 sum {lane0:.3g} (finite: {bool(cp.isfinite(out).all())})")
+    else:
+        print(f"{probe.name}: lane 0 sum {lane0:.0f} (race-free value {probe.lane0:.0f})")
 
 
 def _backward_child(run: str) -> None:

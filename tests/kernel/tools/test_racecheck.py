@@ -1,0 +1,212 @@
+"""kernel.tools.racecheck: its report parsing, its runs and its probes' compile on the CPU; the probes'
+answers on the GPU."""
+import re
+import shutil
+import subprocess
+import types
+
+import pytest
+
+from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
+from kernel.tools import racecheck
+from .blocked_imports import run_blocked
+
+CUDA_SOURCE = racecheck.PROBES_CU.read_text()
+
+
+# ----------------------------------------------------------------- the report
+
+@pytest.mark.parametrize("line, want", [
+    ("========= RACECHECK SUMMARY: 200 hazards displayed (900 errors, 0 warnings)", ("200", "900", "0")),
+    ("========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)", ("1", "1", "0")),
+    ("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 2 warnings)", ("0", "0", "2")),
+])
+def test_racecheck_summary_line_is_parsed(line, want):
+    m = racecheck.SUMMARY.search("noise\n" + line + "\nmore noise")
+    assert m is not None and m.groups() == want
+
+
+# compute-sanitizer's racecheck report, as it prints hazards: one from a -lineinfo build of an NVRTC entry
+# file (a WAR between consumer warp 0's read and producer warp 1's cp.async), one from a build without
+# line information (function+offset only), and a RAW of the first shape's pair reversed
+HAZARD_LOG = """========= COMPUTE-SANITIZER
+========= Error: Potential WAR hazard detected at __shared__ 0x6800 in block (4,0,0) :
+=========     Read Thread (0,0,0) at fs::bf16_to_f32(unsigned short)+0x1b30 in 0123456789abcdef0123456789abcdef01234567.cubin.cu:120
+=========     Write Thread (32,0,0) at ptx_lab::cp_async_cg16_zfill(unsigned int, const void *, unsigned int)+0x4c10 in cp_async.cuh:37
+=========     Current Value : 245, Incoming Value : 27
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: forward_states in forward_states.py:333
+========= 
+========= Error: Potential WAR hazard detected at __shared__ 0x6801 in block (18,0,0) :
+=========     Read Thread (5,0,0) at fs::bf16_to_f32(unsigned short)+0x1b30 in 0123456789abcdef0123456789abcdef01234567.cubin.cu:120
+=========     Write Thread (64,0,0) at ptx_lab::cp_async_cg16_zfill(unsigned int, const void *, unsigned int)+0x4c10 in cp_async.cuh:37
+=========     Current Value : 191, Incoming Value : 63
+========= 
+========= Error: Potential WAR hazard detected at __shared__ 0x500 in block (0,0,0) :
+=========     Read Thread (112,0,0) at kernel_a_ring_1c+0x240
+=========     Write Thread (160,0,0) at kernel_a_ring_1c+0xd80
+=========     Current Value : 0, Incoming Value : 0
+========= 
+========= Error: Potential RAW hazard detected at __shared__ 0x10 in block (0,0,0) :
+=========     Write Thread (32,0,0) at ptx_lab::cp_async_cg16_zfill(unsigned int, const void *, unsigned int)+0x4c10 in cp_async.cuh:37
+=========     Read Thread (0,0,0) at fs::bf16_to_f32(unsigned short)+0x1b30 in 0123456789abcdef0123456789abcdef01234567.cubin.cu:120
+=========     Current Value : 1, Incoming Value : 2
+========= 
+========= RACECHECK SUMMARY: 4 hazards displayed (4 errors, 0 warnings)
+"""
+
+
+def test_racecheck_groups_the_displayed_hazards_by_shape():
+    shapes = racecheck.hazard_shapes(HAZARD_LOG)
+    war = "WAR: Read fs::bf16_to_f32 entry .cu:119 -> Write ptx_lab::cp_async_cg16_zfill cp_async.cuh:37"
+    assert shapes[0] == (war, 2, "warps 0 -> 1,2")
+    assert ("WAR: Read kernel_a_ring_1c -> Write kernel_a_ring_1c", 1, "warps 3 -> 5") in shapes
+    assert ("RAW: Write ptx_lab::cp_async_cg16_zfill cp_async.cuh:37 -> Read fs::bf16_to_f32 entry .cu:119", 1,
+            "warps 1 -> 0") in shapes
+    assert len(shapes) == 3
+    assert racecheck.hazard_shapes("========= ERROR SUMMARY: 0 errors\n") == []
+
+
+def _fake_sanitizer(monkeypatch, calls=None):
+    """compute-sanitizer 'on PATH', each run's child answering HAZARD_LOG for forward-states, no hazard else."""
+    def run(cmd, **kw):
+        if calls is not None:
+            calls.append(cmd)
+        return types.SimpleNamespace(stdout=HAZARD_LOG if "forward-states" in cmd else
+                                     "========= ERROR SUMMARY: 0 errors\n", stderr="", returncode=0)
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
+    monkeypatch.setattr(subprocess, "run", run)
+
+
+def test_racecheck_prints_each_runs_table_row_and_hazard_shapes(monkeypatch, tmp_path, capsys):
+    calls = []
+    _fake_sanitizer(monkeypatch, calls)
+    assert racecheck.main(["--runs", "kernel-b", "forward-states", "no-empty", "--logs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[:4] for line in out.splitlines() if line.startswith(("kernel-b ", "forward-states ",
+                                                                              "no-empty "))] == \
+        [["kernel-b", "?", "0", "0"], ["forward-states", "?", "4", "4"], ["no-empty", "a", "real", "race"]]
+    assert "forward-states: the displayed hazards by shape" in out and "kernel-b: the displayed" not in out
+    assert "     2  WAR: Read fs::bf16_to_f32 entry .cu:119 -> Write ptx_lab::cp_async_cg16_zfill" in out
+    assert (tmp_path / "racecheck-forward-states.log").read_text() == HAZARD_LOG
+    assert [cmd[-1] for cmd in calls] == ["kernel-b", "forward-states", "no-empty"]
+
+
+def test_racecheck_without_the_sanitizer_says_so(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert racecheck.main(["--logs", str(tmp_path)]) == 2
+    assert "compute-sanitizer is not on PATH" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- the runs
+
+def test_every_run_has_an_expectation():
+    assert set(racecheck.EXPECTED) == set(racecheck.RUNS)
+    assert racecheck.RUNS[:len(racecheck.PROBES)] == tuple(p.name for p in racecheck.PROBES)
+    assert [n for n in racecheck.RUNS if racecheck.EXPECTED[n] == "a real race"] == ["no-empty"]
+
+
+def test_the_backward_runs_name_kernels_of_kda_backward():
+    from kernel.tools import stalls
+
+    assert set(racecheck.BACKWARD_RUNS.values()) <= set(stalls.KERNELS)
+
+
+def test_the_arguments(capsys):
+    with pytest.raises(SystemExit) as exc:
+        racecheck.main(["--runs", "ring-arive"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'ring-arive'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        racecheck.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "compute-sanitizer racecheck on Kernel A" in out
+
+
+def test_the_help_needs_no_gpu_library():
+    proc = run_blocked("import sys, runpy\nsys.argv = ['racecheck', '--help']\n"
+                       "runpy.run_module('kernel.tools.racecheck', run_name='__main__')")
+    assert proc.returncode == 0, proc.stderr
+    assert "--runs" in proc.stdout
+
+
+def test_the_kernel_workloads_cases_turn_the_rings_over():
+    """Kernel A's longest sequence walks at least twice as many tiles as any build's ring has stages, so
+    every stage is refilled after an EMPTY hand-off at least once (a case of at most nstage tiles has
+    none); the other kernels' longest spans several 64-token chunks."""
+    from kernel.ds_scan import config
+
+    deepest = max(cfg.nstage for cfg in config.all_variants())
+    tiles = max(-(-n // TILE_TOKENS) for n in racecheck.KERNEL_A_LENGTHS)
+    assert tiles >= 2 * deepest, (tiles, deepest)
+    assert max(racecheck.BACKWARD_LENGTHS) >= 4 * CHUNK_TOKENS
+
+
+# ----------------------------------------------------------------- the probes
+
+GLOBAL_FUNCTIONS = re.compile(r'extern "C" __global__ void (\w+)\(float\* out\) \{')
+
+
+def test_every_probe_is_a_kernel_of_the_cu_file_and_every_kernel_there_a_probe():
+    functions = [p.function for p in racecheck.PROBES]
+    assert len(set(functions)) == len(functions)
+    kernels = [line for line in CUDA_SOURCE.splitlines() if "__global__" in line and not line.startswith("//")]
+    assert sorted(GLOBAL_FUNCTIONS.match(line).group(1) for line in kernels) == sorted(functions)
+
+
+def test_the_probes_hand_off_through_ptx_labs_ring():
+    # the ring's barrier ids come from ring.cuh: no probe numbers FULL or EMPTY itself
+    assert '#include "ring.cuh"' in CUDA_SOURCE
+    assert "asm" not in CUDA_SOURCE
+    for ring in ("Ring", "Ring2", "KaRing"):
+        assert f"{ring}::publish(" in CUDA_SOURCE and f"{ring}::wait_full(" in CUDA_SOURCE
+        assert f"{ring}::release(" in CUDA_SOURCE and f"{ring}::wait_to_refill(" in CUDA_SOURCE
+
+
+def test_the_lane_0_answers():
+    # what lane 0 adds up over the small rings' 8 tiles (word w of tile i holds i * 32 + w % 32)
+    assert racecheck.ONE_WORD == sum(i * 32 + 31 for i in range(8)) == 1144
+    assert racecheck.TWO_WORDS == sum(i * 32 + i * 32 for i in range(8)) == 1792
+    copied = [p.name for p in racecheck.PROBES if p.source is not None]
+    assert copied == ["ring-cp-async", "ring2-cp-async-ldmatrix", "ring2-consumer-bar"] + \
+        [p.name for p in racecheck.PROBES if p.name.startswith("kernel-a-ring")]
+    assert {p.threads for p in racecheck.PROBES if p.name.startswith("ring2")} == {96}
+
+
+def _nvcc(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    from ptx_lab import CUDA_INCLUDE_DIR
+
+    return subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}",
+                           *args, str(racecheck.PROBES_CU)], capture_output=True, text=True, cwd=tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_the_probes_compile_for_sm_90a_without_spills(tmp_path):
+    proc = _nvcc(tmp_path, "-cubin", "-Xptxas", "-v", "-o", "probes.cubin")
+    assert proc.returncode == 0, proc.stderr
+    entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", proc.stderr)
+    assert sorted(entries) == sorted(p.function for p in racecheck.PROBES)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
+    assert len(spills) == len(entries) and set(spills) == {("0", "0")}, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_each_source_array_has_the_shape_the_tool_fills(tmp_path):
+    proc = _nvcc(tmp_path, "-ptx", "-o", "probes.ptx")
+    assert proc.returncode == 0, proc.stderr
+    ptx = (tmp_path / "probes.ptx").read_text()
+    for src in {p.source for p in racecheck.PROBES if p.source is not None}:
+        assert f".global .align 4 .b8 {src.array}[{4 * src.tiles * src.words}];" in ptx, src
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("probe", [p for p in racecheck.PROBES if p.expected == "race-free"], ids=lambda p: p.name)
+def test_each_race_free_probe_gives_its_answer(probe, capsys):
+    assert racecheck.main(["--child", probe.name]) == 0
+    out = capsys.readouterr().out
+    if probe.lane0 is None:   # the .trans read has no exact value
+        assert out.startswith(f"{probe.name}: lane 0 sum ") and out.endswith(" (finite: True)\n"), out
+    else:
+        assert out == f"{probe.name}: lane 0 sum {probe.lane0} (race-free value {probe.lane0})\n"

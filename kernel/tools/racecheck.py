@@ -1,4 +1,4 @@
-"""compute-sanitizer racecheck on Kernel A, with probes that calibrate the tool.
+"""compute-sanitizer racecheck on every kernel of kernel.registry, with probes that calibrate the tool.
 
     ptx-lab racecheck        # needs a GPU and compute-sanitizer on PATH
 
@@ -65,13 +65,16 @@ own: ring.cuh's BarrierRing, cp_async.cuh's copies, ldmatrix.cuh's and wgmma.cuh
                     id) and no EMPTY: the producer really overwrites words the
                     consumer may not have read yet. A race.
 
-then Kernel A on a small varlen case (lengths 1, 17, 200; H 2; v-split 2;
+then each kernel of kernel.registry.KERNELS by its workload (WORKLOADS, keyed by the
+kernel's function name; a registry kernel without one is reported, and the exit status
+is 1). Each run is a child process under `compute-sanitizer --tool racecheck`; the table
+at the end gives the hazards per run.
+
+The run kernel-a checks Kernel A alone on a small varlen case (lengths 1, 17, 200; H 2; v-split 2;
 KDA_RACECHECK_LENGTHS / _VSPLIT / _TUNING change it): the 200-token sequence walks 13
 tiles, so every stage of the ring (at most 4) is refilled after an EMPTY hand-off, which
 kernel.tools.check's 40 tokens (3 tiles) never reach. Built with
--lineinfo so each hazard names its source line. Each run is a child
-process under `compute-sanitizer --tool racecheck`; the table at the end gives
-the hazards per run.
+-lineinfo so each hazard names its source line.
 
 The runs forward-states and kernel-b check the whole backward's other two kernels on lengths
 1, 17, 200 and 700 (H 2): kernel-b runs one kda_backward with compute-sanitizer told to check
@@ -87,8 +90,12 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+from kernel.registry import KERNELS
+from kernel.runtime.builds import KernelBuild
 
 PROBES_CU = Path(__file__).with_name("racecheck_probes.cu")
 PROBE_TILES = 8   # the tiles of the small rings (racecheck_probes.cu's ITERS)
@@ -147,28 +154,28 @@ PROBES: tuple[Probe, ...] = (   # in the order they run
 )
 
 
-EXPECTED = {**{p.name: p.expected for p in PROBES}, "kernel-a": "?", "forward-states": "?", "kernel-b": "?"}
-RUNS = tuple(EXPECTED)   # in the order they run
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """How racecheck runs one kernel of kernel.registry.KERNELS."""
+    run: str                      # the run's name: its table row, --runs and --child
+    launch: Callable[[], str]     # runs the kernel once in the child process; returns the line to print
+    only_this_kernel: bool = True   # compute-sanitizer checks only this kernel's launches (--kernel-name)
 
-# the whole backward's other two kernels: kda_backward runs all three, and compute-sanitizer checks
-# only the one named (its --kernel-name filter)
-BACKWARD_RUNS = {"forward-states": "kda_forward_states", "kernel-b": "kda_token_gradients"}
-# their case: ragged sequences, the longest 11 chunks of 64 tokens, so each kernel's ring of stages
-# turns over several times
+
+# Kernel A's case: a short, a partial and a long sequence; the long one walks more tiles than the
+# ring has stages, so that racecheck sees the EMPTY hand-offs (a sequence of at most nstage tiles has none)
+KERNEL_A_LENGTHS = (1, 17, 200)
+# the whole backward's other two kernels' case: ragged sequences, the longest 11 chunks of 64 tokens,
+# so each kernel's ring of stages turns over several times
 BACKWARD_LENGTHS = (1, 17, 200, 700)
 
-def _child(run: str) -> None:
-    import cupy as cp
 
-    if run in BACKWARD_RUNS:
-        _backward_child(run)
-        return
-    probe = next((p for p in PROBES if p.name == run), None)
-    if probe is not None:
-        _probe_child(probe)
-        return
+def _kernel_a() -> str:
+    """Kernel A on kernel.tools.check's small case with KERNEL_A_LENGTHS, built with -lineinfo."""
     import json
     import os
+
+    import cupy as cp
 
     from kernel.ds_scan.launch import dstate_scan
 
@@ -185,10 +192,105 @@ def _child(run: str) -> None:
     snaps, dh0 = dstate_scan(x["q"], x["k"], x["gc"], x["beta"], x["mqk"], x["inv"], x["do"], dht=x["dht"],
                              cu_seqlens=x["cu_seqlens"], vsplit=case.vsplit, tuning=tuning)
     cp.cuda.Device().synchronize()
-    print(f"kernel-a: dh0 finite {bool(cp.isfinite(dh0).all())}")
+    return f"dh0 finite {bool(cp.isfinite(dh0).all())}"
 
 
-def _probe_child(probe: Probe) -> None:
+def _fla_case():
+    """(random inputs, their FLA forward tensors) of BACKWARD_LENGTHS, H = 2, from the float64
+    emulation of FLA's forward."""
+    from kernel.reference import random_inputs
+    from kernel.reference.fla_layout import fla_forward_tensors
+
+    raw = random_inputs(1, sum(BACKWARD_LENGTHS), 2, lengths=list(BACKWARD_LENGTHS), seed=0, with_dht=True)
+    return raw, fla_forward_tensors(raw["q"], raw["k"], raw["g"], raw["beta"], cu_seqlens=raw["cu_seqlens"])
+
+
+def _forward_states() -> str:
+    """The forward-state scan alone, in kda_backward's configuration for the case, built with -lineinfo."""
+    import json
+    import os
+
+    import cupy as cp
+    import numpy as np
+
+    from kernel.ds_scan.launch import bf16_bits
+    from kernel.forward_states import auto_config, choose_warps, forward_states
+    from kernel.runtime import builds
+
+    raw, f = _fla_case()
+    cu = raw["cu_seqlens"]
+    # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 4, "warps": 8}
+    cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())),
+                              lineinfo=True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
+    states = forward_states(cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
+                            cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
+                            cp.asarray(bf16_bits(f.Akk)), cu_seqlens=cu, config=cfg)
+    cp.cuda.Device().synchronize()
+    return f"configuration {cfg.name()}, {states.shape[1]} state entries"
+
+
+def _kernel_b() -> str:
+    """One whole kda_backward: compute-sanitizer is told to check only Kernel B."""
+    import cupy as cp
+    import numpy as np
+
+    from kernel.ds_scan.launch import bf16_bits
+    from kernel.kda_backward import kda_backward
+
+    raw, f = _fla_case()
+    out = kda_backward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
+                       cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
+                       cp.asarray(bf16_bits(f.Aqk)), cp.asarray(bf16_bits(f.Akk)), cp.asarray(bf16_bits(raw["do"])),
+                       dht=cp.asarray(raw["dht"].astype(np.float32)), cu_seqlens=raw["cu_seqlens"])
+    cp.cuda.Device().synchronize()
+    return f"dq finite {bool(cp.isfinite(out['dq']).all())}"
+
+
+# Each kernel of kernel.registry.KERNELS by its function's name (KernelBuild.function): its run.
+# A registry kernel missing here is reported by every run of the tool and fails
+# tests/kernel/tools/test_racecheck.py. Kernel A's run checks every kernel its child launches.
+WORKLOADS: dict[str, Workload] = {
+    "kda_dstate_scan": Workload("kernel-a", _kernel_a, only_this_kernel=False),
+    "kda_forward_states": Workload("forward-states", _forward_states),
+    "kda_token_gradients": Workload("kernel-b", _kernel_b),
+}
+
+
+def kernel_runs() -> list[tuple[KernelBuild, Workload]]:
+    """The registry's kernels that have a workload, in the registry's order, each with it."""
+    return [(k, WORKLOADS[k.function]) for k in KERNELS if k.function in WORKLOADS]
+
+
+def without_workload() -> list[KernelBuild]:
+    """The registry's kernels that racecheck has no workload for."""
+    return [k for k in KERNELS if k.function not in WORKLOADS]
+
+
+def runs() -> tuple[str, ...]:
+    """Every run's name, in the order they run: the probes, then the registry's kernels."""
+    return tuple(p.name for p in PROBES) + tuple(w.run for _, w in kernel_runs())
+
+
+def expected(run: str) -> str:
+    """A run's answer by construction: a probe's, or "?" for a kernel."""
+    return next((p.expected for p in PROBES if p.name == run), "?")
+
+
+def sanitizer_command(sanitizer: str, run: str) -> list[str]:
+    """compute-sanitizer racecheck over this module's child process for one run."""
+    cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200"]
+    kernel = next((k for k, w in kernel_runs() if w.run == run and w.only_this_kernel), None)
+    if kernel is not None:
+        cmd += ["--kernel-name", f"kns={kernel.function}"]
+    return cmd + [sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
+
+
+def _child(run: str) -> None:
+    probe = next((p for p in PROBES if p.name == run), None)
+    if probe is None:
+        workload = next(w for _, w in kernel_runs() if w.run == run)
+        print(f"{run}: {workload.launch()}")
+        return
     import cupy as cp
 
     from ptx_lab.gpu import load_module
@@ -203,53 +305,9 @@ def _probe_child(probe: Probe) -> None:
     cp.cuda.Device().synchronize()
     lane0 = float(out[0].get())
     if probe.lane0 is None:
-        print(f"{probe.name}: lane 0 sum {lane0:.3g} (finite: {bool(cp.isfinite(out).all())})")
+        print(f"{run}: lane 0 sum {lane0:.3g} (finite: {bool(cp.isfinite(out).all())})")
     else:
-        print(f"{probe.name}: lane 0 sum {lane0:.0f} (race-free value {probe.lane0:.0f})")
-
-
-def _backward_child(run: str) -> None:
-    """One kda_backward (kernel-b) or its forward-state scan alone (forward-states, with -lineinfo) on
-    FLA-layout tensors from the float64 emulation of FLA's forward (H = 2)."""
-    import cupy as cp
-    import numpy as np
-
-    from kernel.ds_scan.launch import bf16_bits
-    from kernel.kda_backward import kda_backward
-    from kernel.reference import random_inputs
-    from kernel.reference.fla_layout import fla_forward_tensors
-
-    raw = random_inputs(1, sum(BACKWARD_LENGTHS), 2, lengths=list(BACKWARD_LENGTHS), seed=0, with_dht=True)
-    cu = raw["cu_seqlens"]
-    f = fla_forward_tensors(raw["q"], raw["k"], raw["g"], raw["beta"], cu_seqlens=cu)
-    if run == "forward-states":   # the scan alone, in kda_backward's configuration, built with -lineinfo
-        import dataclasses
-        import json
-        import os
-
-        from kernel.runtime import builds
-        from kernel.forward_states import auto_config, choose_warps, forward_states
-
-        # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 4, "warps": 8}
-        cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())), lineinfo=True,
-                                  **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
-        states = forward_states(cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
-                                cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
-                                cp.asarray(bf16_bits(f.Akk)), cu_seqlens=cu, config=cfg)
-        cp.cuda.Device().synchronize()
-        print(f"{run}: configuration {cfg.name()}, {states.shape[1]} state entries")
-        return
-    out = kda_backward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
-                       cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
-                       cp.asarray(bf16_bits(f.Aqk)), cp.asarray(bf16_bits(f.Akk)), cp.asarray(bf16_bits(raw["do"])),
-                       dht=cp.asarray(raw["dht"].astype(np.float32)), cu_seqlens=cu)
-    cp.cuda.Device().synchronize()
-    print(f"{run}: dq finite {bool(cp.isfinite(out['dq']).all())}")
-
-
-# Kernel A's case: a short, a partial and a long sequence; the long one walks more tiles than the
-# ring has stages, so that racecheck sees the EMPTY hand-offs (a sequence of at most nstage tiles has none)
-KERNEL_A_LENGTHS = (1, 17, 200)
+        print(f"{run}: lane 0 sum {lane0:.0f} (race-free value {probe.lane0:.0f})")
 
 
 SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
@@ -302,20 +360,20 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
     if sanitizer is None:
         print("compute-sanitizer is not on PATH: nothing measured", file=sys.stderr)
         return 2
+    missing = [f"no workload for {k.title} ({k.function}): racecheck does not check it; add one to "
+               "kernel.tools.racecheck.WORKLOADS" for k in without_workload()]
+    for line in missing:
+        print(line, file=sys.stderr)
     log_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for run in runs:
         print(f"[racecheck] {run} ...", flush=True)
-        cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200"]
-        if run in BACKWARD_RUNS:
-            cmd += ["--kernel-name", f"kns={BACKWARD_RUNS[run]}"]
-        cmd += [sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+            proc = subprocess.run(sanitizer_command(sanitizer, run), capture_output=True, text=True, timeout=240)
         except subprocess.TimeoutExpired as exc:
             out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
             (log_dir / f"racecheck-{run}.log").write_text(out)
-            rows.append((run, EXPECTED[run], "timeout", "-", "-", -1, []))
+            rows.append((run, expected(run), "timeout", "-", "-", -1, []))
             print("  timed out after 240 s")
             continue
         text = proc.stdout + proc.stderr
@@ -328,7 +386,7 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
         else:
             hazards = errors = warnings = "?"
         shapes = hazard_shapes(text)
-        rows.append((run, EXPECTED[run], hazards, errors, warnings, proc.returncode, shapes))
+        rows.append((run, expected(run), hazards, errors, warnings, proc.returncode, shapes))
         print(text[-1500:] if hazards == "?" else f"  {hazards} hazards ({errors} errors, {warnings} warnings)")
     print(f"\n{'run':34s} {'by construction':16s} {'hazards':>7s} {'errors':>7s} {'warn':>5s} {'rc':>3s}")
     for r in rows:
@@ -341,14 +399,23 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
             if len(r[6]) > MAX_SHAPES:
                 print(f"  ... {len(r[6]) - MAX_SHAPES} more shapes in the log")
     print(f"logs: {log_dir}")
-    return 0
+    for line in missing:   # again, where the table cannot hide it
+        print(line, file=sys.stderr)
+    return 1 if missing else 0
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.racecheck") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--child", choices=RUNS, help=argparse.SUPPRESS)
-    ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
-    ap.add_argument("--logs", type=Path, default=Path("racecheck-logs"))
+    names = runs()
+    # the run names unbroken (argparse's own wrapping splits them at their hyphens)
+    epilog = "runs, in the order they run:\n" + textwrap.fill(", ".join(names), 88, initial_indent="  ",
+                                                              subsequent_indent="  ", break_on_hyphens=False)
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", choices=names, help=argparse.SUPPRESS)
+    ap.add_argument("--runs", nargs="+", choices=names, default=list(names), metavar="RUN",
+                    help="the probes and kernels to check, in the order given (default: all of them)")
+    ap.add_argument("--logs", type=Path, default=Path("racecheck-logs"),
+                    help="where each run's log goes (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.child:
         _child(args.child)

@@ -1,12 +1,16 @@
-"""kernel.tools.racecheck: its report parsing, its runs and its probes' compile on the CPU; the probes'
+"""kernel.tools.racecheck: its report parsing, its runs (the probes of racecheck_probes.cu and a workload
+for every kernel of kernel.registry), its command lines and its probes' compile on the CPU; the probes'
 answers on the GPU."""
+import dataclasses
 import re
 import shutil
 import subprocess
+import sys
 import types
 
 import pytest
 
+from kernel import registry
 from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
 from kernel.tools import racecheck
 from .blocked_imports import run_blocked
@@ -99,18 +103,43 @@ def test_racecheck_without_the_sanitizer_says_so(monkeypatch, tmp_path, capsys):
     assert "compute-sanitizer is not on PATH" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------- the runs
+# ----------------------------------------------------------------- the runs and their commands
 
-def test_every_run_has_an_expectation():
-    assert set(racecheck.EXPECTED) == set(racecheck.RUNS)
-    assert racecheck.RUNS[:len(racecheck.PROBES)] == tuple(p.name for p in racecheck.PROBES)
-    assert [n for n in racecheck.RUNS if racecheck.EXPECTED[n] == "a real race"] == ["no-empty"]
+def test_every_registry_kernel_has_a_workload_and_every_workload_names_one():
+    functions = [k.function for k in registry.KERNELS]
+    missing = [k.function for k in racecheck.without_workload()]
+    assert missing == [], f"give {missing} a workload in kernel.tools.racecheck.WORKLOADS"
+    assert set(racecheck.WORKLOADS) <= set(functions), "a workload names no kernel of kernel.registry.KERNELS"
+    assert [k.function for k, _ in racecheck.kernel_runs()] == functions   # the registry's order
 
 
-def test_the_backward_runs_name_kernels_of_kda_backward():
-    from kernel.tools import stalls
+def test_a_registry_kernel_without_a_workload_is_reported_and_fails_the_run(monkeypatch, tmp_path, capsys):
+    new = dataclasses.replace(registry.KERNELS[0], title="Kernel N (a new one)", function="kda_new")
+    monkeypatch.setattr(racecheck, "KERNELS", (*registry.KERNELS, new))
+    assert racecheck.without_workload() == [new]
+    assert racecheck.runs()[-3:] == ("kernel-a", "forward-states", "kernel-b")   # nothing to run for it
+    _fake_sanitizer(monkeypatch)
+    assert racecheck.main(["--runs", "kernel-b", "--logs", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("no workload for Kernel N (a new one) (kda_new)") == 2   # before the runs and after the table
 
-    assert set(racecheck.BACKWARD_RUNS.values()) <= set(stalls.KERNELS)
+
+def test_the_runs_are_the_probes_then_the_kernels_each_named_once():
+    names = racecheck.runs()
+    assert len(set(names)) == len(names)
+    assert names == tuple(p.name for p in racecheck.PROBES) + ("kernel-a", "forward-states", "kernel-b")
+    assert {racecheck.expected(n) for n in names} == {"race-free", "a real race", "?"}
+    assert [n for n in names if racecheck.expected(n) == "a real race"] == ["no-empty"]
+    assert [n for n in names if racecheck.expected(n) == "?"] == ["kernel-a", "forward-states", "kernel-b"]
+
+
+@pytest.mark.parametrize("run, kernel", [("kernel-a", None), ("forward-states", "kda_forward_states"),
+                                         ("kernel-b", "kda_token_gradients"), ("ring-arrive", None)])
+def test_the_sanitizer_command_checks_the_named_kernel_only_where_its_run_launches_others(run, kernel):
+    cmd = racecheck.sanitizer_command("/opt/cs", run)
+    assert cmd[:7] == ["/opt/cs", "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200"]
+    assert cmd[-5:] == [sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
+    assert cmd[7:-5] == ([] if kernel is None else ["--kernel-name", f"kns={kernel}"])
 
 
 def test_the_arguments(capsys):
@@ -122,14 +151,15 @@ def test_the_arguments(capsys):
         racecheck.main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert "compute-sanitizer racecheck on Kernel A" in out
+    assert "compute-sanitizer racecheck on every kernel of kernel.registry" in out
+    assert all(name in out for name in racecheck.runs())
 
 
 def test_the_help_needs_no_gpu_library():
     proc = run_blocked("import sys, runpy\nsys.argv = ['racecheck', '--help']\n"
                        "runpy.run_module('kernel.tools.racecheck', run_name='__main__')")
     assert proc.returncode == 0, proc.stderr
-    assert "--runs" in proc.stdout
+    assert "--runs RUN [RUN ...]" in proc.stdout
 
 
 def test_the_kernel_workloads_cases_turn_the_rings_over():

@@ -259,14 +259,20 @@ class ChunkKDAFunction(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, do, dht):
-        from .kda_backward import kda_backward
+        from .kda_backward import checked_batch, run
 
         q, q_rstd, k, k_rstd, v, g_cumsum, beta, Aqk, Akk, h, initial_state, cu_seqlens = ctx.saved_tensors
+        # No argument here is the user's unchecked: chunk_kda checked the call where it arrived (v, beta,
+        # initial_state, cu_seqlens, scale, q's shape and device, all on q's device); q, k, g_cumsum, Aqk,
+        # Akk and h are FLA's forward's own outputs, made in the layout kda_backward reads (the GPU tests
+        # compare every gradient with FLA's); and autograd hands do and dht the shape, dtype and device
+        # of o and final_state. So the backward runs on the checked path (kda_backward.run), not through
+        # kda_backward's entry point, which would check every tensor again.
+        B, T, H, _ = q.shape
+        batch = checked_batch(B, T, H, cu_seqlens, scale=ctx.scale, torch_out=True)
         with torch.cuda.device(q.device):
-            grads = kda_backward(q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), scale=ctx.scale,
-                                 initial_state=initial_state,
-                                 dht=None if dht is None else dht.contiguous(),
-                                 cu_seqlens=cu_seqlens, states=h)
+            grads = run(batch, q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=initial_state,
+                        dht=None if dht is None else dht.contiguous(), states=h)
             dq, dk = grads["dq"], grads["dk"]
             if ctx.use_qk_l2norm_in_kernel:
                 from fla.modules.norm.l2norm import l2norm_bwd

@@ -39,9 +39,9 @@ from .ds_scan import fla, launch as ds_scan
 from .token_gradients import launch as token_gradients
 from .runtime import builds
 from .runtime.arrays import beta_f32, cupy_view, describe, expect, refuse_gva, require_cupy, require_gpu, to_cupy
-from .shapes import CHUNK_TOKENS, HEAD_DIM
+from .shapes import CHUNK_TOKENS, HEAD_DIM, host_offsets
 
-__all__ = ["kda_backward", "plan_kda_backward", "plan_scans", "ScanPlan", "GRADIENTS"]
+__all__ = ["kda_backward", "plan_kda_backward", "checked_batch", "run", "Batch", "plan_scans", "ScanPlan", "GRADIENTS"]
 
 GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 # What a host array's refusal says after "(host memory): "
@@ -111,6 +111,35 @@ def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = N
     return plan
 
 
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """What the launches need of a checked call: its sizes, the host offsets and the forward's scale."""
+    B: int
+    T: int
+    H: int
+    cu_seqlens: np.ndarray       # host int64 [N + 1]
+    varlen: bool                 # the caller gave cu_seqlens (else B sequences of T tokens)
+    scale: float
+    torch_out: bool              # torch tensors in, torch tensors out
+    states_shape: tuple          # FLA's h: the bf16 state entering every 64-token chunk
+
+    @property
+    def N(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+
+def checked_batch(B: int, T: int, H: int, cu_seqlens=None, *, scale: float, torch_out: bool) -> Batch:
+    """The :class:`Batch` of a call whose boundary checked its arguments (q's B, T, H, its cu_seqlens in
+    any form, or None, and its scale, a float): nothing is checked here. A device cu_seqlens is copied
+    to the host (N + 1 integers)."""
+    if cu_seqlens is None:
+        cu = np.arange(B + 1, dtype=np.int64) * T
+    else:
+        cu = host_offsets(cu_seqlens).astype(np.int64)
+    return Batch(B, T, H, cu, cu_seqlens is not None, float(scale), bool(torch_out),
+                 fla.dh_shape(B, H, cu, cu_seqlens is not None))
+
+
 def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
                  dht=None, cu_seqlens=None, states=None, side_by_side: bool | None = None) -> dict:
     """KDA's gradients from FLA's forward tensors, on the GPU.
@@ -131,22 +160,32 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     plan = plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, scale=scale, initial_state=initial_state,
                              dht=dht, cu_seqlens=cu_seqlens, states=states)
     side_by_side = _side_by_side_arg(side_by_side)
+    batch = Batch(plan.B, plan.T, plan.H, plan.cu_seqlens, cu_seqlens is not None, plan.scale, plan.torch_out,
+                  plan.dh_shape)
+    return run(batch, q, k, v, g, beta, Aqk, Akk, do, initial_state=initial_state, dht=dht, states=states,
+               side_by_side=side_by_side)
+
+
+def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
+        side_by_side: bool | None = None) -> dict:
+    """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
+    by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'."""
     cupy = require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
-    scans = (plan_scans(plan.N * plan.H, builds.sm_count(), side_by_side) if states is None
+    scans = (plan_scans(batch.N * batch.H, builds.sm_count(), side_by_side) if states is None
              else ScanPlan(False, "auto", None))
-    if plan.torch_out:
+    if batch.torch_out:
         import torch
 
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            return _run(plan, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
-    return _run(plan, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states)
+            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states)
+    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states)
 
 
-def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, cu_seqlens, states) -> dict:
+def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states) -> dict:
     import cupy
 
-    B, T, H = plan.B, plan.T, plan.H
+    B, T, H = batch.B, batch.T, batch.H
     c = {name: to_cupy(name, x, want) for name, x, want in (
         ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
@@ -159,16 +198,16 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
         from .forward_states import auto_config, choose_warps, device_tables, launch_planned, plan_from_layout
 
         h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
-        warps = scans.states_warps if scans.states_warps is not None else choose_warps(plan.N * H, builds.sm_count())
-        # the arguments were checked once, by plan_kda_backward: the scan takes its plan from that check
-        states_plan = plan_from_layout(B, T, H, plan.cu_seqlens, plan.dh_shape, auto_config(warps),
+        warps = scans.states_warps if scans.states_warps is not None else choose_warps(batch.N * H, builds.sm_count())
+        # the arguments were checked once, at the caller's boundary: the scan takes its plan from that check
+        states_plan = plan_from_layout(B, T, H, batch.cu_seqlens, batch.states_shape, auto_config(warps),
                                        has_initial_state=h0 is not None)
         # the states come from the caller's stream, so that they return to its pool when freed, after Kernel B
-        states_c = cupy.empty(plan.dh_shape, dtype=np.uint16)
+        states_c = cupy.empty(batch.states_shape, dtype=np.uint16)
         if side is not None:
             # the scan's cached device tables too are made here, before the fork: the side stream
             # allocates nothing
-            device_tables(plan.cu_seqlens)
+            device_tables(batch.cu_seqlens)
             side.wait_event(main.record())
             with side:
                 launch_planned(states_plan, c["k"], c["v"], c["g"], beta_c, c["Akk"], h0, states_c)
@@ -182,8 +221,8 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
     # forward-state scan on half the SMs (plan_scans), which has no split of its own yet.
     dht_c = to_cupy("dht", dht, "f32") if dht is not None else None
     checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dht_c, B, T, H,
-                                 plan.cu_seqlens, q.device if plan.torch_out else None)
-    ds, dh0 = ds_scan.run(checked, scale=plan.scale, varlen=cu_seqlens is not None, qk_l2norm=False,
+                                 batch.cu_seqlens, q.device if batch.torch_out else None)
+    ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=False,
                           snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=1, knobs={},
                           fla_inputs=True)
     ds_c = to_cupy("dS", ds, "bf16")
@@ -191,7 +230,7 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
         main.wait_event(states_ready)
 
     wide, row = (B, T, H, HEAD_DIM), (B, T, H)
-    if plan.torch_out:
+    if batch.torch_out:
         import torch
 
         dev = q.device
@@ -206,5 +245,5 @@ def _run(plan, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, d
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
                "dbeta": cupy.empty(row, np.float32)}
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
-                           cu=plan.cu_seqlens, H=H, scale=plan.scale, out=out)
-    return {**(out_t if plan.torch_out else out), "dh0": dh0}
+                           cu=batch.cu_seqlens, H=H, scale=batch.scale, out=out)
+    return {**(out_t if batch.torch_out else out), "dh0": dh0}

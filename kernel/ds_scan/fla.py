@@ -75,7 +75,7 @@ from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check
 FLA_OTHER_CHUNK = 32                       # KDA's only other chunk_size in fla-core 0.6.0
 SNAPSHOT_DTYPES = ("bfloat16", "float32")
 
-__all__ = ["dstate_scan_from_fla", "plan_fla_launch", "FlaLaunch", "Operand",
+__all__ = ["dstate_scan_from_fla", "plan_fla_launch", "dh_shape", "FlaLaunch", "Operand",
            "SNAPSHOT_DTYPES"]
 
 
@@ -145,6 +145,14 @@ class FlaLaunch:
         return TILES_PER_CHUNK
 
 
+def dh_shape(B: int, H: int, cu: np.ndarray, varlen: bool) -> tuple[int, ...]:
+    """The shape of FLA's dh (and of its states h): one [K, V] state per 64-token chunk of every sequence
+    of the host int64 ``cu`` [N + 1], [B, NT, H, K, V], or [1, sum of NT, H, K, V] packed by FLA's
+    chunk_offsets for ``varlen``."""
+    chunks = int(snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)[-1])
+    return (1, chunks, H, HEAD_DIM, HEAD_DIM) if varlen else (B, chunks // B, H, HEAD_DIM, HEAD_DIM)
+
+
 def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
                     scale: float | None = None, snapshot_dtype: str = "bfloat16",
                     state_v_first: bool = False, vsplit: int | str = "auto",
@@ -195,7 +203,6 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
             raise ValueError(f"{name} is on device {a.device}, q on device {device}: all inputs must be on one GPU")
 
     offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)   # = FLA's chunk_offsets
-    dh_shape = (B, int(offsets[-1]) // B, H, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else (1, int(offsets[-1]), H, HEAD_DIM, HEAD_DIM)
 
     def operand(name: str) -> Operand:
         a = arrays[name]
@@ -205,7 +212,8 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
 
     return FlaLaunch(B=B, T=T, H=H, N=N, scale=float(scale) if scale is not None else HEAD_DIM ** -0.5,
                      snapshot_dtype=snapshot_dtype, operands={n: operand(n) for n in arrays},
-                     cu_seqlens=cu, snapshot_offsets=offsets, dh_shape=dh_shape, dh0_shape=(N, H, HEAD_DIM, HEAD_DIM),
+                     cu_seqlens=cu, snapshot_offsets=offsets, dh_shape=dh_shape(B, H, cu, cu_seqlens is not None),
+                     dh0_shape=(N, H, HEAD_DIM, HEAD_DIM),
                      device=device, torch_out=qa.torch, vsplit=vsplit, tuning=knobs)
 
 

@@ -20,11 +20,13 @@ from kernel.reference import dstate_scan_reference, fla_forward_tensors
 from kernel.reference.checks import l2norm
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla
 from kernel.reference.kda import rebuild, _tile_backward, _tile_forward
+from kernel.runtime.builds import SHAPES_HEADER
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS
 from kernel.tools.kda_precision import recipe_inputs
 
 from . import token_gradients_model as kb
 
-D, C, H, HEAD = 128, 16, 2, 1    # two heads, the CTA of head 1: every head stride is exercised
+H, HEAD = 2, 1    # two heads, the CTA of head 1: every head stride is exercised
 GRADS = ("dq", "dk", "dv", "dg", "dbeta")
 
 
@@ -34,7 +36,7 @@ def _rb(x) -> np.ndarray:
 
 
 def _recipe(recipe: str, T: int, seed: int) -> dict:
-    return recipe_inputs(recipe, 1, T, H, D, D, [T], seed)
+    return recipe_inputs(recipe, 1, T, H, HEAD_DIM, HEAD_DIM, [T], seed)
 
 
 def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +66,7 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     q, k = _rb(l2norm(np, raw["q"].astype(np.float64))), _rb(l2norm(np, raw["k"].astype(np.float64)))
     v, do = _rb(raw["v"]), _rb(raw["do"])
     g, beta = raw["g"].astype(np.float64), raw["beta"].astype(np.float64)
-    h0 = 0.1 * np.random.default_rng(seed + 1).standard_normal((1, H, D, D))
+    h0 = 0.1 * np.random.default_rng(seed + 1).standard_normal((1, H, HEAD_DIM, HEAD_DIM))
     if context:
         h0, raw["dht"] = _inside_a_long_sequence(recipe, context, seed)
     F = fla_forward_tensors(q, k, g, beta, cu_seqlens=cu, qk_l2norm=False)       # Aqk's upper: garbage
@@ -76,19 +78,19 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
                                      qk_l2norm=False, snapshot_every=1)
     ds = bf16_bits(snaps[0].astype(np.float32))                                # [tiles, H, K, V]
     states = bf16_bits(h0.astype(np.float32))                                  # [chunks, H, K, V]
-    s = D ** -0.5
+    s = HEAD_DIM ** -0.5
     inp = kb.Inputs(q=bf16_bits(q[0].astype(np.float32)), k=bf16_bits(k[0].astype(np.float32)),
                     v=bf16_bits(v[0].astype(np.float32)), do=bf16_bits(do[0].astype(np.float32)),
                     g=g64[0], beta=beta[0].astype(np.float32), aqk=aqk[0], akk=akk[0], ds=ds, states=states,
                     cu=cu, scale=s)
 
     ref, S0 = [], bits_to_f32(states[0, HEAD]).astype(np.float64)
-    for t in range(-(-T // C)):
-        rows = np.arange(C * t, min(T, C * t + C))
+    for t in range(-(-T // TILE_TOKENS)):
+        rows = np.arange(TILE_TOKENS * t, min(T, TILE_TOKENS * t + TILE_TOKENS))
         L = rows.size
 
         def tile(x):
-            out = np.zeros((C,) + x.shape[3:])
+            out = np.zeros((TILE_TOKENS,) + x.shape[3:])
             out[:L] = x[0, rows, HEAD]
             return out
 
@@ -111,8 +113,9 @@ def _rel(out, ref) -> float:
 
 def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None):
     out = kb.CtaModel(case["inputs"], chunk=0, h=HEAD, swaps=swaps).run(tiles)
-    got = {"dq": out.dq.reshape(-1, H, D), "dk": out.dk.reshape(-1, H, D), "dg": out.dg.reshape(-1, H, D),
-           "dv": kb.dv_values(out.dv).reshape(-1, H, D), "dbeta": out.dbeta.reshape(-1, H)}
+    got = {"dq": out.dq.reshape(-1, H, HEAD_DIM), "dk": out.dk.reshape(-1, H, HEAD_DIM),
+           "dg": out.dg.reshape(-1, H, HEAD_DIM),
+           "dv": kb.dv_values(out.dv).reshape(-1, H, HEAD_DIM), "dbeta": out.dbeta.reshape(-1, H)}
     return out, got
 
 
@@ -167,23 +170,25 @@ def test_the_layout_is_the_cus():
     L = kb.LAYOUT
     assert (L["ROW"], L["PS"], L["GC_ROW"], L["THREADS"]) == (272, 24, 136, 256)
     assert L["SMEM_BYTES"] == 229_376                      # ptx-lab resources' count of the build
-    assert L["ST_MQK"] + C * 32 == L["ST_INV"]              # 32-byte rows for the 16 x 16 blocks
+    assert L["ST_MQK"] + TILE_TOKENS * 32 == L["ST_INV"]              # 32-byte rows for the 16 x 16 blocks
     missing = kb.CU.replace(kb.SITES["G2 B Kr^T"], "b_of(b0, b1f, nc + SM_KR + at(0, 16 * ks2));")
     with pytest.raises(LookupError, match=r"SITES\['G2 B Kr\^T'\].*not in token_gradients.cu"):
         kb._sites(missing)
 
 
 def test_the_kernel_text_is_the_entry_file_with_its_headers(tmp_path):
-    # what the replay reads follows the kernel's code into token_gradients_*.cuh, in include order
-    assert '#include "token_gradients_' not in kb.CU
-    headers = sorted(kb.SOURCE_PATH.parent.glob("token_gradients_*.cuh"))
-    assert headers and all(kb.CU.count(h.read_text().splitlines()[0]) == 1 for h in headers)   # each once
+    # what the replay reads follows the kernel's code into token_gradients_*.cuh and the shapes header,
+    # in include order
+    assert '#include "token_gradients_' not in kb.CU and '#include "../../shapes.cuh"' not in kb.CU
+    headers = sorted(kb.SOURCE_PATH.parent.glob("token_gradients_*.cuh")) + [SHAPES_HEADER]
+    assert all(kb.CU.count(h.read_text().splitlines()[0]) == 1 for h in headers)   # each once
+    assert (kb.HEAD_DIM, kb.TILE_TOKENS, kb.CHUNK_TOKENS) == (HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS)
     moved = kb.CU.replace("__device__ __forceinline__ void reduce_partials(", "__device__ __forceinline__ void reduce(")
     with pytest.raises(LookupError, match=r"PARTS\['CtaModel._reduce'\]: no line of token_gradients.cu"):
         kb._sites(moved)
     entry = tmp_path / "token_gradients.cu"
     entry.write_text('#include "token_gradients_gone.cuh"\n')
-    with pytest.raises(LookupError, match="includes token_gradients_gone.cuh, which is not beside it"):
+    with pytest.raises(LookupError, match="includes token_gradients_gone.cuh, which is not at"):
         kb.kernel_text(entry)
 
 

@@ -62,11 +62,14 @@ import numpy as np
 from kernel.token_gradients import SOURCE_PATH, tables
 from ptx_lab import fragments, model
 
-OWN_INCLUDE = re.compile(r'^#include "(token_gradients_\w+\.cuh)"[ \t]*$', flags=re.M)
+# its own headers beside it, and the shapes header two folders up (a comment may follow either)
+OWN_INCLUDE = re.compile(r'^#include "(token_gradients_\w+\.cuh|\.\./\.\./shapes\.cuh)"[ \t]*(?://[^\n]*)?$',
+                         flags=re.M)
 
 
 def kernel_text(entry: Path = SOURCE_PATH) -> str:
-    """The kernel's own text: `entry` with each ``#include "token_gradients_*.cuh"`` replaced by that
+    """The kernel's own text: `entry` with each ``#include "token_gradients_*.cuh"`` and the
+    ``#include "../../shapes.cuh"`` (kernel/shapes.cuh, the shapes every kernel shares) replaced by that
     header's text (its own such includes likewise), each header once, where the compiler first reads
     it. ptx_lab's headers stay out: the replay reads the kernel's statements only."""
     seen: set[str] = set()
@@ -77,9 +80,9 @@ def kernel_text(entry: Path = SOURCE_PATH) -> str:
             if name in seen:
                 return ""
             seen.add(name)
-            path = entry.parent / name
+            path = (entry.parent / name).resolve()
             if not path.is_file():
-                raise LookupError(f"{entry.name} includes {name}, which is not beside it in {entry.parent}")
+                raise LookupError(f"{entry.name} includes {name}, which is not at {path}")
             return expand(path.read_text())
         return OWN_INCLUDE.sub(one, text)
 
@@ -97,19 +100,21 @@ G, T = LANE >> 2, LANE & 3          # the kernel's g = lane >> 2, t = lane & 3
 # ----------------------------------------------------------------------------
 
 def _layout(src: str) -> dict[str, int]:
-    """Every ``constexpr int NAME = expr;`` of the kernel, evaluated in order (integer + and *)."""
+    """Every ``constexpr int NAME = expr;`` of the kernel, evaluated in order (integer +, -, * and C's
+    integer /)."""
     out: dict[str, int] = {}
     for name, expr in re.findall(r"^\s*constexpr int (\w+) = ([^;]+);", src, flags=re.M):
-        if not re.fullmatch(r"[\w\s+*()-]+", expr):
-            raise ValueError(f"token_gradients.cu: constexpr {name} = {expr}: not a sum of products")
-        out[name] = int(eval(expr, {"__builtins__": {}}, dict(out)))   # noqa: S307 (the kernel's own text)
+        if not re.fullmatch(r"[\w\s+*/()-]+", expr):
+            raise ValueError(f"token_gradients.cu: constexpr {name} = {expr}: not integer arithmetic")
+        value = eval(expr.replace("/", "//"), {"__builtins__": {}}, dict(out))   # noqa: S307 (the kernel's own text)
+        out[name] = int(value)
     return out
 
 
 LAYOUT = _layout(CU)
-D, C, WARPS, ROW = LAYOUT["D"], LAYOUT["C"], LAYOUT["WARPS"], LAYOUT["ROW"]
-STAGE, SMEM_BYTES, PS, GC_ROW = LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"], LAYOUT["PS"], LAYOUT["GC_ROW"]
-FLA_CHUNK = LAYOUT["FLA_CHUNK"]
+HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS = LAYOUT["HEAD_DIM"], LAYOUT["TILE_TOKENS"], LAYOUT["CHUNK_TOKENS"]
+WARPS, ROW, STAGE, SMEM_BYTES = LAYOUT["WARPS"], LAYOUT["ROW"], LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"]
+PS, GC_ROW = LAYOUT["PS"], LAYOUT["GC_ROW"]
 THREADS = WARPS * WARP
 # cp.async by part of a warp: the idle lanes' copies go to a scratch area past the kernel's shared
 # memory with 0 source bytes (model.cp_async takes all 32 lanes; nothing reads the scratch)
@@ -380,22 +385,22 @@ class CtaModel:
         n = int(tab["chunk_seq"][chunk])
         j = chunk - int(tab["chunk_offs"][n])
         length = int(inp.cu[n + 1] - inp.cu[n])
-        self.tok_chunk = int(inp.cu[n]) + FLA_CHUNK * j
-        self.l64 = min(FLA_CHUNK, length - FLA_CHUNK * j)
-        self.ntile = (self.l64 + C - 1) // C
+        self.tok_chunk = int(inp.cu[n]) + CHUNK_TOKENS * j
+        self.l64 = min(CHUNK_TOKENS, length - CHUNK_TOKENS * j)
+        self.ntile = (self.l64 + TILE_TOKENS - 1) // TILE_TOKENS
         self.snap0 = int(tab["tile_offs"][n]) + 4 * j
         self.chunk = chunk
-        self.RS = H * D
+        self.RS = H * HEAD_DIM
         self.smem = np.zeros(SMEM_BYTES + SCRATCH, np.uint8)
         self.glob = {name: inp.image(name) for name in ("q", "k", "v", "do", "g", "beta", "aqk", "akk", "ds",
                                                         "states")}
         self.cps = copies_of(np.arange(THREADS), self.RS)
         self.S = np.zeros((WARPS, WARP, 16, 4), np.float32)   # every warp's float S[16][4]
-        size = tokens * H * D
+        size = tokens * H * HEAD_DIM
         self.out = Outputs(dq=np.full(size, np.nan, np.float32), dk=np.full(size, np.nan, np.float32),
                            dv=np.full(size, 0xFFFF, np.uint16), dg=np.full(size, np.nan, np.float32),
                            dbeta=np.full(tokens * H, np.nan, np.float32), S1_fp32=[], S1_bf16=[])
-        self.load_tile(0, 0, (self.tok_chunk * H + h) * D, min(C, self.l64), self.snap0)
+        self.load_tile(0, 0, (self.tok_chunk * H + h) * HEAD_DIM, min(TILE_TOKENS, self.l64), self.snap0)
 
     # ---- shared memory views (the image is replaced by every store the model makes)
     def f32(self, byte_off: int) -> np.ndarray:
@@ -455,33 +460,33 @@ class CtaModel:
             r = cp.grow + 8 * e
             okg = r < lt
             offg = row0 + np.where(okg, cp.offg + 8 * e * RS, cp.gcol * 4)
-            copies.append((every, base + L["ST_G"] + r * D * 4 + cp.gcol * 16, 4 * offg, 16,
+            copies.append((every, base + L["ST_G"] + r * HEAD_DIM * 4 + cp.gcol * 16, 4 * offg, 16,
                            np.where(okg, 16, 0), "cg", "g"))
         okb = it > 0
         copies.append((tid < 32, base + L["ST_GB"] + tid * 16, 4 * (row0 - (RS if okb else 0) + tid * 4), 16,
                        16 if okb else 0, "cg", "g"))
         r = cp.beta_row
         okr = r < lt
-        copies.append(((tid >= 32) & (tid < 48), base + L["ST_BETA"] + r * 4, 4 * (row0 // D + np.where(okr, r * H, 0)),
-                       4, np.where(okr, 4, 0), "ca", "beta"))
+        copies.append(((tid >= 32) & (tid < 48), base + L["ST_BETA"] + r * 4,
+                       4 * (row0 // HEAD_DIM + np.where(okr, r * H, 0)), 4, np.where(okr, 4, 0), "ca", "beta"))
         r, half = cp.blk_row, cp.blk_half
         okr = r < lt
         nb = 2 * (r + 1) - 16 * half
         nb = np.where(okr, np.clip(nb, 0, 16), 0)
-        src = (row0 // D + np.where(okr, r * H, 0)) * FLA_CHUNK + C * it + 8 * half
+        src = (row0 // HEAD_DIM + np.where(okr, r * H, 0)) * CHUNK_TOKENS + TILE_TOKENS * it + 8 * half
         blk = (tid >= 48) & (tid < 112)
         for which, name, at_ in ((0, "aqk", "ST_MQK"), (1, "akk", "ST_INV")):
             copies.append((blk & (cp.blk_which == which), base + L[at_] + r * 32 + half * 16, 2 * src, 16, nb,
                            "cg", name))
-        src = (snap * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8
+        src = (snap * H + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
         dst = base + L["ST_DS"] + cp.row16 * ROW + cp.col16 * 16
         for e in range(8):
-            copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * D), 16, 16, "cg", "ds"))
+            copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * HEAD_DIM), 16, 16, "cg", "ds"))
         if it == 0:
-            src = (self.chunk * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8
+            src = (self.chunk * H + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
             dst = L["SM_S"] + cp.row16 * ROW + cp.col16 * 16
             for e in range(8):
-                copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * D), 16, 16, "cg", "states"))
+                copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * HEAD_DIM), 16, 16, "cg", "states"))
         for warp in range(WARPS):
             for active, d, s_, size, nb_, cache, name in copies:
                 self.cp_async(warp, active, d, s_, size, nb_, cache, name)
@@ -492,11 +497,12 @@ class CtaModel:
         H, h, RS = self.H, self.h, self.RS
         for it in range(self.ntile if tiles is None else min(tiles, self.ntile)):
             st = it & 1
-            tok0 = self.tok_chunk + C * it
-            row0 = (tok0 * H + h) * D
-            lt = min(C, self.l64 - C * it)
+            tok0 = self.tok_chunk + TILE_TOKENS * it
+            row0 = (tok0 * H + h) * HEAD_DIM
+            lt = min(TILE_TOKENS, self.l64 - TILE_TOKENS * it)
             if it + 1 < self.ntile:
-                self.load_tile(st ^ 1, it + 1, row0 + C * RS, min(C, self.l64 - C * (it + 1)), self.snap0 + it + 1)
+                self.load_tile(st ^ 1, it + 1, row0 + TILE_TOKENS * RS,
+                               min(TILE_TOKENS, self.l64 - TILE_TOKENS * (it + 1)), self.snap0 + it + 1)
             self._tile(it, st, tok0, row0, lt)
         return self.out
 
@@ -536,7 +542,7 @@ class CtaModel:
         gbs, gs = self.f32(stb + L["ST_GB"]), self.f32(stb + L["ST_G"])
         betas = self.f32(stb + L["ST_BETA"])
         base = [gbs[kk], gbs[kk + 1]]
-        last = [gs[(lt - 1) * D + kk], gs[(lt - 1) * D + kk + 1]]
+        last = [gs[(lt - 1) * HEAD_DIM + kk], gs[(lt - 1) * HEAD_DIM + kk + 1]]
         gT = [_f32(last[c] - base[c]) for c in range(2)]
         first = i0 == 0
         gt_s, gamma_s = self.f32(L["SM_GT"]), self.f32(L["SM_GAMMA"])
@@ -548,7 +554,7 @@ class CtaModel:
         for e in range(4):
             i = i0 + 4 * e
             o = i * (ROW // 2) + kk
-            gc = [np.where(i < lt, _f32(gs[i * D + kk + c] - base[c]), gT[c]) for c in range(2)]
+            gc = [np.where(i < lt, _f32(gs[i * HEAD_DIM + kk + c] - base[c]), gT[c]) for c in range(2)]
             qv = model.unpack_bf16x2(self.u32(stb + L["ST_Q"])[o // 2])
             kv = model.unpack_bf16x2(self.u32(stb + L["ST_K"])[o // 2])
             be = betas[i]
@@ -624,7 +630,7 @@ class CtaModel:
             for e in range(2):
                 dd = _sum_over_g(_f32(dol[4 * nt + e] * U[nt][:, e]) + _f32(dol[4 * nt + e + 2] * U[nt][:, e + 2]))
                 bb = _sum_over_g(_f32(W[nt][:, e] * Vn[nt][:, e]) + _f32(W[nt][:, e + 2] * Vn[nt][:, e + 2]))
-                idx = w * C + 8 * nt + 2 * T + e
+                idx = w * TILE_TOKENS + 8 * nt + 2 * T + e
                 dpart[idx[g0]] = dd[g0]
                 b1part[idx[g0]] = bb[g0]
         # G9 / G10 partials over this warp's v: dMqk = do U^T, dW U^T
@@ -637,7 +643,7 @@ class CtaModel:
         M = [_mma(M[0], ad, b0), _mma(M[1], ad, b1)]
         Lk = [_mma(Lk[0], aw, b0), _mma(Lk[1], aw, b1)]
         part = self.f32(L["SM_PART"])
-        pm, pl = w * C * PS, (WARPS + w) * C * PS
+        pm, pl = w * TILE_TOKENS * PS, (WARPS + w) * TILE_TOKENS * PS
         for nt in range(2):
             jj = 8 * nt + 2 * T
             for base, X in ((pm, M), (pl, Lk)):
@@ -669,8 +675,8 @@ class CtaModel:
         m = np.zeros(THREADS, np.float32)
         l_ = np.zeros(THREADS, np.float32)
         for w in range(WARPS):
-            m = _f32(m + part[w * C * PS + i * PS + jj])
-            l_ = _f32(l_ + part[(WARPS + w) * C * PS + i * PS + jj])
+            m = _f32(m + part[w * TILE_TOKENS * PS + i * PS + jj])
+            l_ = _f32(l_ + part[(WARPS + w) * TILE_TOKENS * PS + i * PS + jj])
         mv, lv = _f32(np.where(jj < i, m, 0)), _f32(np.where(jj < i, -l_, 0))
         mb = model.pack_bf16x2(mv, 0) & 0xFFFF
         lb = model.pack_bf16x2(lv, 0) & 0xFFFF
@@ -687,13 +693,13 @@ class CtaModel:
         frag16[6 * 256 + plain] = lr
         frag16[7 * 256 + trans] = lr
         dpart, b1part = self.f32(L["SM_DPART"]), self.f32(L["SM_B1PART"])
-        d = np.zeros(C, np.float32)
-        x = np.zeros(C, np.float32)
+        d = np.zeros(TILE_TOKENS, np.float32)
+        x = np.zeros(TILE_TOKENS, np.float32)
         for w in range(WARPS):
-            d = _f32(d + dpart[w * C + np.arange(C)])
-            x = _f32(x + b1part[w * C + np.arange(C)])
-        self.f32(L["SM_DVEC"])[:C] = d
-        self.f32(L["SM_B1"])[:C] = x
+            d = _f32(d + dpart[w * TILE_TOKENS + np.arange(TILE_TOKENS)])
+            x = _f32(x + b1part[w * TILE_TOKENS + np.arange(TILE_TOKENS)])
+        self.f32(L["SM_DVEC"])[:TILE_TOKENS] = d
+        self.f32(L["SM_B1"])[:TILE_TOKENS] = x
 
     def _k_phase(self, w: int, row0: int, lt: int) -> None:
         """K phase of warp w: k columns k0..k0+15, tokens as M."""
@@ -744,8 +750,8 @@ class CtaModel:
         betas, dvec = self.f32(stb + L["ST_BETA"]), self.f32(L["SM_DVEC"])
         gt_s, gcs, gamma_s = self.f32(L["SM_GT"]), self.f32(L["SM_GC"]), self.f32(L["SM_GAMMA"])
         part = self.f32(L["SM_PART"])
-        fsb = w * 2 * C * PS
-        feb = fsb + C * PS
+        fsb = w * 2 * TILE_TOKENS * PS
+        feb = fsb + TILE_TOKENS * PS
         qs32, ks32 = self.u32(stb + L["ST_Q"]), self.u32(stb + L["ST_K"])
         b2 = [np.zeros(WARP, np.float32), np.zeros(WARP, np.float32)]
         for nt in range(2):
@@ -785,18 +791,18 @@ class CtaModel:
             x = _f32(x + x[LANE ^ 1])
             x = _f32(x + x[LANE ^ 2])
             t0 = T == 0
-            b2part[(w * C + G + 8 * r)[t0]] = x[t0]
+            b2part[(w * TILE_TOKENS + G + 8 * r)[t0]] = x[t0]
         # dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma (lanes 0..15)
-        ln = np.arange(C)
+        ln = np.arange(TILE_TOKENS)
         kk = k0 + ln
-        tail = _f32(gamma_s[kk] * dgc[:C])
-        rev = np.zeros((C, C), np.float32)
-        acc = np.zeros(C, np.float32)
-        for i in range(C - 1, -1, -1):
+        tail = _f32(gamma_s[kk] * dgc[:TILE_TOKENS])
+        rev = np.zeros((TILE_TOKENS, TILE_TOKENS), np.float32)
+        acc = np.zeros(TILE_TOKENS, np.float32)
+        for i in range(TILE_TOKENS - 1, -1, -1):
             acc = _f32(acc + part[fsb + i * PS + ln])
             rev[i] = acc
-        ex = np.zeros(C, np.float32)
-        for i in range(C):
+        ex = np.zeros(TILE_TOKENS, np.float32)
+        for i in range(TILE_TOKENS):
             if i < lt:
                 self.out.dg[row0 + i * self.RS + kk] = _f32(rev[i] - ex + tail)
             ex = _f32(ex + part[feb + i * PS + ln])
@@ -807,23 +813,23 @@ class CtaModel:
         for tid in range(lt):
             x = np.float32(b1[tid])
             for w in range(WARPS):
-                x = np.float32(x + b2part[w * C + tid])
+                x = np.float32(x + b2part[w * TILE_TOKENS + tid])
             self.out.dbeta[(tok0 + tid) * H + self.h] = x
         dv16 = self.u16(L["SM_DV"])
         for r in range(lt):
-            self.out.dv[row0 + r * self.RS + np.arange(D)] = dv16[r * (ROW // 2) + np.arange(D)]
+            self.out.dv[row0 + r * self.RS + np.arange(HEAD_DIM)] = dv16[r * (ROW // 2) + np.arange(HEAD_DIM)]
         if not last:
             for w in range(WARPS):
                 env, S = self.env(w), self.S[w]
                 for b in range(8):
                     self.store("S1 store", env, _pack_a(S[:, 2 * b], S[:, 2 * b + 1]), b=b)
             self.out.S1_fp32.append(self.state_matrix())
-            img = self.u16(L["SM_S"])[:D * (ROW // 2)].reshape(D, ROW // 2)[:, :D]
+            img = self.u16(L["SM_S"])[:HEAD_DIM * (ROW // 2)].reshape(HEAD_DIM, ROW // 2)[:, :HEAD_DIM]
             self.out.S1_bf16.append((img.astype(np.uint32) << 16).view(np.float32).astype(np.float64))
 
     def state_matrix(self) -> np.ndarray:
         """The accumulators S[16][4] of the 8 warps as S [K, V] (warp w: v 16w..16w+15 = rows of S^T)."""
-        St = np.zeros((D, D))
+        St = np.zeros((HEAD_DIM, HEAD_DIM))
         for w in range(WARPS):
             for nt in range(16):
                 k = 8 * nt + 2 * T

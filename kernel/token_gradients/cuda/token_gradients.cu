@@ -61,11 +61,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const int n = a.chunk_seq[chunk];
     const long long j = chunk - a.chunk_offs[n];
     const long long len = a.cu[n + 1] - a.cu[n];
-    const long long tok_chunk = a.cu[n] + FLA_CHUNK * j;
-    const int l64 = static_cast<int>(min(static_cast<long long>(FLA_CHUNK), len - FLA_CHUNK * j));
-    const int ntile = (l64 + C - 1) / C;
+    const long long tok_chunk = a.cu[n] + CHUNK_TOKENS * j;
+    const int l64 = static_cast<int>(min(static_cast<long long>(CHUNK_TOKENS), len - CHUNK_TOKENS * j));
+    const int ntile = (l64 + TILE_TOKENS - 1) / TILE_TOKENS;
     const long long snap0 = a.tile_offs[n] + 4 * j;
-    const long long H = a.H, RS = H * D;   // RS: elements from one token's row of a head to the next token's
+    const long long H = a.H, RS = H * HEAD_DIM;   // RS: elements from one token's row of a head to the next
+                                                  // token's
     const float s = a.scale;
     const u32 sb = smem_addr(smem);
     float* const gt_s = reinterpret_cast<float*>(smem + SM_GT);
@@ -91,16 +92,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
 
     const Copies cps = copies_of(tid, RS);
-    load_tile(a, cps, smem, 0, 0, (tok_chunk * H + h) * D, RS, min(C, l64), snap0, chunk, h, tid);
+    load_tile(a, cps, smem, 0, 0, (tok_chunk * H + h) * HEAD_DIM, RS, min(TILE_TOKENS, l64), snap0, chunk, h, tid);
 
     for (int it = 0; it < ntile; ++it) {
         const int st = it & 1;
-        const long long tok0 = tok_chunk + C * it;
-        const long long row0 = (tok0 * H + h) * D;   // element offset of (token tok0, head h) in [tokens, H, D]
-        const int lt = min(C, l64 - C * it);
+        const long long tok0 = tok_chunk + TILE_TOKENS * it;
+        const long long row0 = (tok0 * H + h) * HEAD_DIM;   // element offset of (token tok0, head h) in
+                                                            // [tokens, H, HEAD_DIM]
+        const int lt = min(TILE_TOKENS, l64 - TILE_TOKENS * it);
         if (it + 1 < ntile) {
-            load_tile(a, cps, smem, st ^ 1, it + 1, row0 + C * RS, RS, min(C, l64 - C * (it + 1)), snap0 + it + 1,
-                      chunk, h, tid);
+            load_tile(a, cps, smem, st ^ 1, it + 1, row0 + TILE_TOKENS * RS, RS,
+                      min(TILE_TOKENS, l64 - TILE_TOKENS * (it + 1)), snap0 + it + 1, chunk, h, tid);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -172,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 mma(Kr[0], au, bd0); mma(Kr[1], au, bd1);
                 mma(Gm[0], as, bd0); mma(Gm[1], as, bd1);
             }
-            // G14-G17: the C x C gradients against Kr, Qe and beta Ke
+            // G14-G17: the TILE_TOKENS x TILE_TOKENS gradients against Kr, Qe and beta Ke
             {
                 const uint4 fm = frag[0 * 32 + lane], fmt = frag[1 * 32 + lane];
                 const uint4 fl = frag[2 * 32 + lane], flt = frag[3 * 32 + lane];
@@ -210,8 +212,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // in rounding too. (With the fp32 values, fp32 - bf16 times the gradient is left over,
             // large against dg under strong gates and large states: kernel/studies/gradient_rounding.)
             // Qd feeds no MMA here and keeps its fp32 value.
-            float* const fsb = part + warp * 2 * C * PS;   // this warp's from_start [16 i][16 k]
-            float* const feb = fsb + C * PS;               // and from_end
+            float* const fsb = part + warp * 2 * TILE_TOKENS * PS;   // this warp's from_start [16 i][16 k]
+            float* const feb = fsb + TILE_TOKENS * PS;                 // and from_end
             float b2[2] = {0.f, 0.f};
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
@@ -260,21 +262,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 float x = b2[r];
                 x += __shfl_xor_sync(0xffffffffu, x, 1);
                 x += __shfl_xor_sync(0xffffffffu, x, 2);
-                if (t == 0) b2part[warp * C + g + 8 * r] = x;
+                if (t == 0) b2part[warp * TILE_TOKENS + g + 8 * r] = x;
             }
             __syncwarp();
             // dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma
             {
-                if (lane < C) {
+                if (lane < TILE_TOKENS) {
                     const int kk = k0 + lane;
                     const float tail = gamma_s[kk] * dgc;
-                    float rev[C];
+                    float rev[TILE_TOKENS];
                     float acc = 0.f;
 #pragma unroll
-                    for (int i = C - 1; i >= 0; --i) { acc += fsb[i * PS + lane]; rev[i] = acc; }
+                    for (int i = TILE_TOKENS - 1; i >= 0; --i) { acc += fsb[i * PS + lane]; rev[i] = acc; }
                     float ex = 0.f;
 #pragma unroll
-                    for (int i = 0; i < C; ++i) {
+                    for (int i = 0; i < TILE_TOKENS; ++i) {
                         if (i < lt) a.dg[row0 + i * RS + kk] = rev[i] - ex + tail;
                         ex += feb[i * PS + lane];
                     }
@@ -286,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         if (tid < lt) {
             float x = b1[tid];
 #pragma unroll
-            for (int w = 0; w < WARPS; ++w) x += b2part[w * C + tid];
+            for (int w = 0; w < WARPS; ++w) x += b2part[w * TILE_TOKENS + tid];
             a.dbeta[(tok0 + tid) * H + h] = x;
         }
         {   // dv: 16 rows of 256 bytes from the staging tile

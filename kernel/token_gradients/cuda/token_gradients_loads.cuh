@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsig
         const int r = cp.grow + 8 * e;
         const bool ok = r < lt;
         const long long off = row0 + (ok ? cp.offg + 8 * e * RS : cp.gcol * 4);
-        cp_async_cg16_zfill(base + ST_G + r * D * 4 + cp.gcol * 16, a.g + off, ok ? 16u : 0u);
+        cp_async_cg16_zfill(base + ST_G + r * HEAD_DIM * 4 + cp.gcol * 16, a.g + off, ok ? 16u : 0u);
     }
     if (tid < 32) {   // g at the token before the tile: the tile's base, within the same 64-chunk
         const bool ok = it > 0;
@@ -89,28 +89,30 @@ __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsig
     } else if (tid < 48) {   // beta, 4 bytes a token (its tokens are H * 4 bytes apart)
         const int r = cp.beta_row;
         const bool ok = r < lt;
-        cp_async_ca_zfill<4>(base + ST_BETA + r * 4, a.beta + row0 / D + (ok ? r * H : 0), ok ? 4u : 0u);
+        cp_async_ca_zfill<4>(base + ST_BETA + r * 4, a.beta + row0 / HEAD_DIM + (ok ? r * H : 0), ok ? 4u : 0u);
     } else if (tid < 112) {   // the diagonal blocks of Aqk and Akk: row r keeps elements 0..r
         const int r = cp.blk_row, half = cp.blk_half;
         const bool ok = r < lt;
         int bytes = 2 * (r + 1) - 16 * half;
         bytes = ok ? (bytes < 0 ? 0 : (bytes > 16 ? 16 : bytes)) : 0;
-        const unsigned short* src = (cp.blk_which ? a.akk : a.aqk) + (row0 / D + (ok ? r * H : 0)) * FLA_CHUNK
-                                    + C * it + 8 * half;
+        const unsigned short* src = (cp.blk_which ? a.akk : a.aqk) + (row0 / HEAD_DIM + (ok ? r * H : 0)) * CHUNK_TOKENS
+                                    + TILE_TOKENS * it + 8 * half;
         cp_async_cg16_zfill(base + (cp.blk_which ? ST_INV : ST_MQK) + r * 32 + half * 16, src,
                             static_cast<u32>(bytes));
     }
     {   // dS1: 128 rows of 256 bytes, rows row16 + 16 e
-        const unsigned short* src = a.ds + (snap * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8;
+        const unsigned short* src = a.ds + (snap * H + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM
+                                    + cp.col16 * 8;
         const u32 dst = base + ST_DS + cp.row16 * ROW + cp.col16 * 16;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * D);
+        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * HEAD_DIM);
     }
     if (it == 0) {   // S0 at the chunk's start
-        const unsigned short* src = a.states + (chunk * H + h) * (D * D) + cp.row16 * D + cp.col16 * 8;
+        const unsigned short* src = a.states + (chunk * H + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM
+                                    + cp.col16 * 8;
         const u32 dst = smem_addr(smem) + SM_S + cp.row16 * ROW + cp.col16 * 16;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * D);
+        for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * HEAD_DIM);
     }
     cp_async_commit();
 }

@@ -17,7 +17,7 @@ __device__ __forceinline__ void rebuild_operands(unsigned char* smem, const floa
                                                  int lt, float s, int tid) {
     const int kk = 2 * (tid & 63), i0 = tid >> 6;
     const float2 base = *reinterpret_cast<const float2*>(gbs + kk);
-    const float2 last = *reinterpret_cast<const float2*>(gs + (lt - 1) * D + kk);
+    const float2 last = *reinterpret_cast<const float2*>(gs + (lt - 1) * HEAD_DIM + kk);
     const float gT[2] = {last.x - base.x, last.y - base.y};
     if (i0 == 0) {
         *reinterpret_cast<float2*>(gt_s + kk) = make_float2(gT[0], gT[1]);
@@ -26,7 +26,7 @@ __device__ __forceinline__ void rebuild_operands(unsigned char* smem, const floa
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int i = i0 + 4 * e, o = i * (ROW / 2) + kk;
-        const float2 graw = *reinterpret_cast<const float2*>(gs + i * D + kk);
+        const float2 graw = *reinterpret_cast<const float2*>(gs + i * HEAD_DIM + kk);
         const float gc[2] = {i < lt ? graw.x - base.x : gT[0], i < lt ? graw.y - base.y : gT[1]};
         const u32 q2 = *reinterpret_cast<const u32*>(qs + o), k2 = *reinterpret_cast<const u32*>(ks + o);
         const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};

@@ -17,8 +17,8 @@ __device__ __forceinline__ void reduce_partials(unsigned short* frag16, const fl
     float m = 0.f, l = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) {
-        m += part[w * C * PS + i * PS + jj];
-        l += part[(WARPS + w) * C * PS + i * PS + jj];
+        m += part[w * TILE_TOKENS * PS + i * PS + jj];
+        l += part[(WARPS + w) * TILE_TOKENS * PS + i * PS + jj];
     }
     const float mv = jj < i ? m : 0.f, lv = jj < i ? -l : 0.f;
     const unsigned short mb = f32_to_bf16(mv), lb = f32_to_bf16(lv);
@@ -33,16 +33,16 @@ __device__ __forceinline__ void reduce_partials(unsigned short* frag16, const fl
     frag16[5 * 256 + trans] = mr;
     frag16[6 * 256 + plain] = lr;
     frag16[7 * 256 + trans] = lr;
-    if (tid < C) {
+    if (tid < TILE_TOKENS) {
         float d = 0.f;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) d += dpart[w * C + tid];
+        for (int w = 0; w < WARPS; ++w) d += dpart[w * TILE_TOKENS + tid];
         dvec[tid] = d;
-    } else if (tid < 2 * C) {
+    } else if (tid < 2 * TILE_TOKENS) {
         float x = 0.f;
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) x += b1part[w * C + tid - C];
-        b1[tid - C] = x;
+        for (int w = 0; w < WARPS; ++w) x += b1part[w * TILE_TOKENS + tid - TILE_TOKENS];
+        b1[tid - TILE_TOKENS] = x;
     }
 }
 

@@ -126,8 +126,8 @@ __device__ __forceinline__ void v_phase(float (&U)[2][4], const float (&S)[16][4
                 const float dd = sum_over_g(dol[nt][e] * U[nt][e] + dol[nt][e + 2] * U[nt][e + 2]);
                 const float bb = sum_over_g(W[nt][e] * Vn[nt][e] + W[nt][e + 2] * Vn[nt][e + 2]);
                 if (g == 0) {
-                    dpart[warp * C + 8 * nt + 2 * t + e] = dd;
-                    b1part[warp * C + 8 * nt + 2 * t + e] = bb;
+                    dpart[warp * TILE_TOKENS + 8 * nt + 2 * t + e] = dd;
+                    b1part[warp * TILE_TOKENS + 8 * nt + 2 * t + e] = bb;
                 }
             }
     }
@@ -148,8 +148,8 @@ __device__ __forceinline__ void g9_g10_partials(float* part, u32 srv, u32 nrv, u
     b_of_t(b0, b1f, nc32 + SM_URES + 512 * warp);
     mma(M[0], ad, b0); mma(M[1], ad, b1f);
     mma(Lk[0], aw, b0); mma(Lk[1], aw, b1f);
-    float* const pm = part + warp * C * PS;
-    float* const pl = part + (WARPS + warp) * C * PS;
+    float* const pm = part + warp * TILE_TOKENS * PS;
+    float* const pl = part + (WARPS + warp) * TILE_TOKENS * PS;
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
         const int jj = 8 * nt + 2 * t;

@@ -1,0 +1,68 @@
+"""kernel/shapes.cuh and kernel/shapes.py: one vocabulary on both sides, owned by one header per side.
+
+The kernels compile with the header and the host plans with the module, so the two must hold the
+same names with the same values; the kernels' own sources must not name a shape a second time; and
+a change to the header must reach a compile cache (the builds' header digest).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kernel import registry, shapes
+from kernel.runtime import builds
+
+NAMES = ("HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK")
+CONSTEXPR = re.compile(r"^\s*constexpr int (\w+) = ([^;]+);", flags=re.M)
+INCLUDE = '#include "../../shapes.cuh"'
+# what the kernels called the shapes before the header owned them
+OLD_NAMES = ("D", "C", "FLA_CHUNK", "TILES_PER_FLA_CHUNK", "KERNEL_TILE", "TILE", "CHUNK")
+
+
+def header_constants(text: str) -> dict[str, int]:
+    """Every ``constexpr int NAME = expr;`` of a header, evaluated in order (C's integer / as //)."""
+    out: dict[str, int] = {}
+    for name, expr in CONSTEXPR.findall(text):
+        if not re.fullmatch(r"[\w\s+*/()-]+", expr):
+            raise ValueError(f"shapes.cuh: constexpr {name} = {expr}: not integer arithmetic")
+        out[name] = int(eval(expr.replace("/", "//"), {"__builtins__": {}}, dict(out)))   # noqa: S307 (our header)
+    return out
+
+
+def device_sources(kernel: builds.KernelBuild) -> list:
+    return [kernel.entry, *sorted(p for p in kernel.entry.parent.glob(kernel.headers) if p != kernel.entry)]
+
+
+def test_the_header_holds_the_module_s_names_and_values():
+    assert header_constants(builds.SHAPES_HEADER.read_text()) == {name: getattr(shapes, name) for name in NAMES}
+
+
+def test_the_constexpr_reader_can_fail():
+    assert header_constants("constexpr int A = 64;\nconstexpr int B = A / 16;\n") == {"A": 64, "B": 4}
+    with pytest.raises(ValueError, match="not integer arithmetic"):
+        header_constants("constexpr int A = 1 << 4;\n")
+
+
+@pytest.mark.parametrize("kernel", registry.KERNELS, ids=lambda k: k.entry.name)
+def test_every_kernel_includes_the_header_and_names_no_shape_itself(kernel):
+    texts = {p.name: p.read_text() for p in device_sources(kernel)}
+    assert any(INCLUDE in t for t in texts.values()), f"no source of {kernel.title} includes kernel/shapes.cuh"
+    for name, text in texts.items():
+        own = {n for n, _ in CONSTEXPR.findall(text)}
+        assert not own & set(NAMES + OLD_NAMES), f"{name} defines {sorted(own & set(NAMES + OLD_NAMES))} itself"
+
+
+def test_a_change_to_the_header_changes_every_build_s_digest(tmp_path, monkeypatch):
+    def digests(text: str) -> dict[str, str]:
+        copy = tmp_path / "kernel" / builds.SHAPES_HEADER.name   # the same folder and file name
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_text(text)
+        monkeypatch.setattr(builds, "SHAPES_HEADER", copy)
+        return {k.title: k.header_digest() for k in registry.KERNELS}
+
+    text = builds.SHAPES_HEADER.read_text()
+    before = {k.title: k.header_digest() for k in registry.KERNELS}
+    assert digests(text) == before
+    after = digests(text.replace("TILE_TOKENS = 16", "TILE_TOKENS = 32"))
+    assert all(before[t] != after[t] for t in before)

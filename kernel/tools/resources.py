@@ -44,7 +44,7 @@ from kernel.registry import KERNELS
 from kernel.runtime.builds import KernelBuild
 from ptx_lab import CUDA_INCLUDE_DIR
 
-SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS")
+SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS", "SYNCS")   # SYNCS: mbarrier arrivals and waits
 REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, THREADS_PER_SM = 65536, 228 * 1024, 1024, 2048
 
 

@@ -60,6 +60,15 @@ own: ring.cuh's BarrierRing, cp_async.cuh's copies, ldmatrix.cuh's and wgmma.cuh
     kernel-a-ring-wgmma-release-fence  kernel-a-ring-wgmma with a fence.proxy.async after the MMA's
                     wait, before EMPTY. Race-free. Which of the three reports hazards says whether
                     racecheck ties them to the async read of the stage, and whether the fence ends them.
+    mbarrier-ring   kernel-a-ring's copies and reads handed over by ring.cuh's MbarrierRing (the
+                    forward-state scan's ring): every producer thread arrives on FULL, every consumer
+                    thread on EMPTY, waits by parity. Race-free: a clean run here, beside the
+                    named-barrier probes' reports, says racecheck follows mbarrier hand-offs.
+    mbarrier-ring-6-1c  the same, 6 stages and one consumer warp (the scan's one-warp build).
+                    Race-free.
+    mbarrier-ring-early-release  mbarrier-ring with the consumers releasing a stage before they
+                    read it: the producers may refill it under the read. A real race, which the
+                    tool must report for a clean mbarrier-ring to mean anything.
     ring-syncthreads  the same data flow ordered by __syncthreads. Race-free.
     no-empty        one buffer, a FULL hand-off per iteration (its own barrier
                     id) and no EMPTY: the producer really overwrites words the
@@ -149,6 +158,9 @@ PROBES: tuple[Probe, ...] = (   # in the order they run
     Probe("kernel-a-ring-wgmma", 256, None, source=KERNEL_A_RING_SRC),
     Probe("kernel-a-ring-wgmma-own-a", 256, None, source=KERNEL_A_RING_SRC),
     Probe("kernel-a-ring-wgmma-release-fence", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("mbarrier-ring", 256, None, source=KERNEL_A_RING_SRC),
+    Probe("mbarrier-ring-6-1c", 160, None, source=KERNEL_A_RING_SRC),
+    Probe("mbarrier-ring-early-release", 256, None, expected="a real race", source=KERNEL_A_RING_SRC),
     Probe("ring-syncthreads", 64, ONE_WORD),
     Probe("no-empty", 64, ONE_WORD, expected="a real race"),
 )

@@ -235,6 +235,55 @@ extern "C" __global__ void kernel_a_ring_wgmma_release_fence(float* out) {
     kernel_a_ring_t<true, true, false, true>(out);
 }
 
+// kernel_a_ring's copies and reads handed over by ring.cuh's MbarrierRing, as the forward-state
+// scan hands its stages over: every producer thread (4 warps) arrives on FULL, every consumer
+// thread on EMPTY, and each side waits for its phase by parity. Race-free by construction: hazards
+// here would say racecheck misreads mbarrier hand-offs too. EARLY_RELEASE: the consumers release a
+// stage before they read it, so the producers may refill it under the read: a real race, which the
+// tool must report through mbarriers for a clean run above to mean anything.
+template <int STAGES, int CONSUMERS, bool EARLY_RELEASE = false>
+__device__ void mbarrier_ring_t(float* out) {
+    constexpr int PREFETCH = STAGES - 1;
+    using Ring = MbarrierRing<STAGES, 4 * 32, CONSUMERS * 32>;
+    __shared__ __align__(16) float buf[STAGES][KA_WORDS];
+    __shared__ Ring ring;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) ring.init();
+    __syncthreads();
+    if (warp >= CONSUMERS) {
+        const int chunk = (warp - CONSUMERS) * 8 + (lane & 7);
+        auto issue = [&](int j) {
+            if (j < KA_ITERS && lane < 8)
+                cp_async_cg16_zfill(smem_addr(&buf[j % STAGES][4 * chunk]), &kernel_a_ring_src[j][4 * chunk], 16u);
+            cp_async_commit();
+        };
+        for (int j = 0; j < PREFETCH; ++j) issue(j);
+        for (int i = 0; i < KA_ITERS; ++i) {
+            cp_async_wait<PREFETCH - 1>();
+            __syncwarp();
+            ring.publish(i);
+            const int j = i + PREFETCH;
+            ring.wait_to_refill(j, KA_ITERS);
+            issue(j);
+        }
+    } else {
+        float acc = 0.f;
+        for (int i = 0; i < KA_ITERS; ++i) {
+            const int s = i % STAGES;
+            ring.wait_full(i);
+            if (EARLY_RELEASE && Ring::releases(i, KA_ITERS)) ring.release(i);
+            u32 r[4];
+            ldmatrix_x4_trans(r, smem_addr(&buf[s][0]) + 16u * lane);
+            acc += __uint_as_float(r[0]) + __uint_as_float(r[1]) + __uint_as_float(r[2]) + __uint_as_float(r[3]);
+            if (!EARLY_RELEASE && Ring::releases(i, KA_ITERS)) ring.release(i);
+        }
+        if (warp == 0) out[lane] = acc;
+    }
+}
+extern "C" __global__ void mbarrier_ring(float* out) { mbarrier_ring_t<4, 4>(out); }
+extern "C" __global__ void mbarrier_ring_6_1c(float* out) { mbarrier_ring_t<6, 1>(out); }
+extern "C" __global__ void mbarrier_ring_early_release(float* out) { mbarrier_ring_t<4, 4, true>(out); }
+
 // The same data flow as ring_arrive, ordered by __syncthreads.
 extern "C" __global__ void ring_syncthreads(float* out) {
     __shared__ float buf[STAGES][32];

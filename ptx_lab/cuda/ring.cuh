@@ -33,7 +33,7 @@
 // What it costs over BarrierRing: 16 bytes of shared memory per stage and a one-thread init
 // followed by a CTA barrier; what it gains: the arrivals and waits are memory operations on an
 // address, which compute-sanitizer's racecheck follows, where it misreads named-barrier
-// hand-offs of cp.async data (kernel/tools/racecheck.py's probes), and it needs no barrier id.
+// hand-offs of cp.async data (kernel/tools/racecheck_probes.cu), and it needs no barrier id.
 // The same pairing of releases and refill waits keeps every phase whole, so no parity is ever
 // two phases behind.
 //

@@ -37,7 +37,7 @@ static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 
 // The stages' hand-off (ptx_lab's ring.cuh): FULL(s) counts the producer threads' arrivals,
 // EMPTY(s) the consumer threads'. On mbarriers rather than named barriers so that racecheck can
-// follow every hand-off (kernel/tools/racecheck.py calibrates it on probes).
+// follow every hand-off (kernel/tools/racecheck_probes.cu calibrates it).
 using Ring = MbarrierRing<NSTAGE, PRODUCER_THREADS, CONSUMER_THREADS>;
 
 struct Shared {

@@ -129,7 +129,7 @@ def test_the_runs_are_the_probes_then_the_kernels_each_named_once():
     assert len(set(names)) == len(names)
     assert names == tuple(p.name for p in racecheck.PROBES) + ("kernel-a", "forward-states", "kernel-b")
     assert {racecheck.expected(n) for n in names} == {"race-free", "a real race", "?"}
-    assert [n for n in names if racecheck.expected(n) == "a real race"] == ["no-empty"]
+    assert [n for n in names if racecheck.expected(n) == "a real race"] == ["mbarrier-ring-early-release", "no-empty"]
     assert [n for n in names if racecheck.expected(n) == "?"] == ["kernel-a", "forward-states", "kernel-b"]
 
 
@@ -201,7 +201,7 @@ def test_the_lane_0_answers():
     assert racecheck.TWO_WORDS == sum(i * 32 + i * 32 for i in range(8)) == 1792
     copied = [p.name for p in racecheck.PROBES if p.source is not None]
     assert copied == ["ring-cp-async", "ring2-cp-async-ldmatrix", "ring2-consumer-bar"] + \
-        [p.name for p in racecheck.PROBES if p.name.startswith("kernel-a-ring")]
+        [p.name for p in racecheck.PROBES if p.name.startswith(("kernel-a-ring", "mbarrier-ring"))]
     assert {p.threads for p in racecheck.PROBES if p.name.startswith("ring2")} == {96}
 
 

@@ -263,7 +263,7 @@ class Config:
 FAST_MATH = ("-ftz=true",)
 
 # Config field -> the device source's macro. Every knob goes through; the device source
-# has no defaults (tests/kernel/test_build.py checks both directions).
+# has no defaults (tests/kernel/ds_scan/test_config.py checks both directions).
 KNOB_MACROS: dict[str, str] = {
     "vsplit": "VSPLIT", "snap_bf16": "SNAP_BF16", "snap_every": "SNAP_EVERY", "has_dht": "HAS_DHT",
     "l2norm": "L2NORM", "fla_inputs": "FLA_INPUTS", "nstage": "NSTAGE", "g2_split": "G2_SPLIT", "producers": "PRODUCERS", "mt": "MT",

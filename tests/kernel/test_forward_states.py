@@ -1,7 +1,7 @@
 """kernel.forward_states on the CPU: every refusal, the plan, the build's knobs, and the tile step's
 fragment layouts run through ptx_lab's exact CPU model of the instructions.
 
-The arguments are stand-ins for GPU arrays (test_fla_entry's DeviceArray: the CUDA array
+The arguments are stand-ins for GPU arrays (tests/kernel/ds_scan/test_fla.py's DeviceArray: the CUDA array
 interface and a device id, no memory), so every check runs without a GPU.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ptx_lab import model
 from ptx_lab.fragments import x4_lane_row_col
 
 from .forward_states_cases import bf16
-from .test_fla_entry import DeviceArray
+from .ds_scan.test_fla import DeviceArray
 
 D, C64 = 128, 64
 BF16 = np.uint16

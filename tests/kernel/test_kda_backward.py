@@ -11,7 +11,7 @@ from kernel.kda_backward import ScanPlan, kda_backward, plan_kda_backward, plan_
 from kernel.reference import snapshot_offsets
 from kernel.token_gradients import tables
 
-from .test_fla_entry import BF16, DeviceArray
+from .ds_scan.test_fla import BF16, DeviceArray
 
 D, C64 = 128, 64
 

@@ -47,7 +47,7 @@ def test_profile_phases_add_up_to_at_most_the_total(vsplit, mode, tune):
 @pytest.mark.gpu
 def test_tuning_knobs_are_checked():
     from kernel.ds_scan.launch import dstate_scan
-    from tests.kernel.test_dstate_scan_gpu import _good_inputs
+    from tests.kernel.ds_scan.test_launch_gpu import _good_inputs
 
     k = _good_inputs()
     args = (k["q"], k["k"], k["gc"], k["beta"], k["mqk"], k["inv"], k["do"])

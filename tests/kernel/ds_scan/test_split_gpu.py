@@ -1,7 +1,7 @@
 """The sequence split on the GPU (kernel.ds_scan.split through kernel.dstate_scan's ``segments``).
 
 kernel.tools.check's split cases hold the split scan to the float64 reference and to
-determinism (tests/kernel/test_dstate_scan_gpu.py runs them). Here: its error against
+determinism (tests/kernel/ds_scan/test_launch_gpu.py runs them). Here: its error against
 float64 is no worse than the unsplit kernel's on the same inputs; the summary build's
 (M, d) against the float64 segment summary; torch tensors in and out; and the auto rule
 leaves a batch that fills the GPU unsplit, bit for bit.
@@ -44,7 +44,7 @@ def test_the_split_is_no_less_precise_than_the_unsplit_scan(case):
 
 @pytest.mark.parametrize("gate_strength", [1.0, 0.02])
 def test_summaries_match_the_float64_segment_summary(gate_strength):
-    """(FLA's tensors through the summary build: test_fla_entry's split case.) With weak gates M
+    """(FLA's tensors through the summary build: test_fla's split case.) With weak gates M
     stays O(1) over the whole sequence instead of decaying by ~0.45 a tile."""
     import cupy
 

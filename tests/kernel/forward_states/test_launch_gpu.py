@@ -21,7 +21,7 @@ import pytest
 from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward_states import Config, all_variants, forward_states
 
-from .forward_states_cases import RAGGED, bf16, emulate, make_case, rel, worst_entry
+from ..forward_states_cases import RAGGED, bf16, emulate, make_case, rel, worst_entry
 
 pytestmark = pytest.mark.gpu
 

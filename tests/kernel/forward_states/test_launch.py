@@ -1,0 +1,168 @@
+"""kernel.forward_states.launch on the CPU: every refusal and the plan.
+
+The arguments are stand-ins for GPU arrays (tests/kernel/ds_scan/test_fla.py's DeviceArray: the
+CUDA array interface and a device id, no memory), so every check runs without a GPU.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from kernel.forward_states import Config, forward_states, plan_forward_states
+
+from ..ds_scan.test_fla import DeviceArray
+
+D, C64 = 128, 64
+BF16 = np.uint16
+
+
+def _args(B=2, T=100, H=3, *, h0=False, beta_dtype=np.float32, N=None):
+    N = B if N is None else N
+    wide = (B, T, H, D)
+    a = dict(k=DeviceArray(wide, BF16), v=DeviceArray(wide, BF16), g=DeviceArray(wide, np.float32),
+             beta=DeviceArray((B, T, H), beta_dtype), Akk=DeviceArray((B, T, H, C64), BF16))
+    kw = dict(initial_state=DeviceArray((N, H, D, D), np.float32) if h0 else None)
+    return a, kw
+
+
+def _call(fn, a, kw, **over):
+    args = {**a, **kw, **over}
+    pos = [args.pop(n) for n in ("k", "v", "g", "beta", "Akk")]
+    return fn(*pos, **args)
+
+
+# ----------------------------------------------------------------------------
+# the plan
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("beta_dtype", [np.float32, BF16])
+@pytest.mark.parametrize("h0", [False, True])
+def test_valid_arguments_pass_the_plan(beta_dtype, h0):
+    a, kw = _args(B=2, T=130, H=3, h0=h0, beta_dtype=beta_dtype)
+    plan = _call(plan_forward_states, a, kw)
+    assert plan.states_shape == (2, 3, 3, D, D)          # ceil(130 / 64) = 3 entries a sequence
+    assert plan.beta_bf16 == (beta_dtype is BF16) and plan.has_initial_state == h0
+    assert plan.N == 2 and not plan.torch_out and plan.device == 0
+    np.testing.assert_array_equal(plan.snapshot_offsets, [0, 3, 6])
+
+
+def test_varlen_states_are_packed_by_flas_chunk_offsets():
+    lengths = [1, 15, 16, 17, 63, 64, 65, 200]
+    a, kw = _args(B=1, T=sum(lengths), H=2, N=len(lengths), h0=True)
+    plan = _call(plan_forward_states, a, kw, cu_seqlens=np.cumsum([0] + lengths))
+    chunk_offsets = np.concatenate([[0], np.cumsum([-(-n // C64) for n in lengths])])   # FLA's prepare_chunk_offsets
+    np.testing.assert_array_equal(plan.snapshot_offsets, chunk_offsets)
+    assert plan.states_shape == (1, int(chunk_offsets[-1]), 2, D, D)
+
+def test_the_plan_takes_the_auto_rule_or_the_given_config():
+    a, kw = _args(B=2, T=100, H=4)                           # 8 pairs
+    assert _call(plan_forward_states, a, kw).config == Config(warps=1, producers=4, nstage=6, g6_split=4)
+    assert _call(plan_forward_states, a, kw, sm_count=16).config.warps == 4
+    assert _call(plan_forward_states, a, kw, config=Config(warps=2, nstage=2)).config == Config(2, nstage=2)
+    assert _call(plan_forward_states, a, kw).ctas == 8 * 8
+
+
+# ----------------------------------------------------------------------------
+# refusals, each naming the argument
+# ----------------------------------------------------------------------------
+
+def test_host_arrays_are_refused_with_what_to_do():
+    a, kw = _args()
+    for name in ("k", "v", "g", "beta", "Akk"):
+        host = np.zeros(a[name].shape, dtype=np.dtype(a[name].__cuda_array_interface__["typestr"]))
+        with pytest.raises(TypeError, match=rf"^{name} is a numpy.ndarray \(host memory\).*kda_forward_reference"):
+            _call(plan_forward_states, a, kw, **{name: host})
+    a, kw = _args(h0=True)
+    with pytest.raises(TypeError, match=r"^initial_state is a numpy.ndarray"):
+        _call(plan_forward_states, a, kw, initial_state=np.zeros((2, 3, D, D), np.float32))
+    with pytest.raises(TypeError, match="k must be a CuPy array or a torch CUDA tensor, got list"):
+        _call(plan_forward_states, a, kw, k=[1, 2])
+
+
+def test_cpu_torch_tensors_are_refused():
+    torch = pytest.importorskip("torch")
+    a, kw = _args(B=1, T=16, H=1)
+    with pytest.raises(TypeError, match="v must be a CUDA tensor, got a tensor on cpu"):
+        _call(plan_forward_states, a, kw, v=torch.zeros((1, 16, 1, D), dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("name, dtype, expect", [
+    ("k", np.float32, "k must be bf16"), ("v", np.float16, "v must be bf16"), ("g", BF16, "g must be float32"),
+    ("g", np.float64, "g must be float32"), ("beta", np.float64, "beta must be float32 or bf16"),
+    ("Akk", np.float32, "Akk must be bf16")])
+def test_dtypes_are_named(name, dtype, expect):
+    a, kw = _args()
+    with pytest.raises(TypeError, match=expect):
+        _call(plan_forward_states, a, kw, **{name: DeviceArray(a[name].shape, dtype)})
+
+
+@pytest.mark.parametrize("name, shape, expect", [
+    ("v", (2, 100, 3, 64), r"v must have shape \(2, 100, 3, 128\)"),
+    ("g", (2, 99, 3, D), r"g must have shape \(2, 100, 3, 128\)"),
+    ("beta", (2, 100, 3, 1), r"beta must have shape \(2, 100, 3\)"),
+    ("Akk", (2, 100, 3, 32), r"Akk must have shape \(2, 100, 3, 64\) \(\[B, T, H, 64\], FLA's chunk_size 64\)"),
+    ("Akk", (2, 100, 6, 64), r"Akk must have shape")])
+def test_shapes_are_named(name, shape, expect):
+    a, kw = _args()
+    with pytest.raises(ValueError, match=expect):
+        _call(plan_forward_states, a, kw, **{name: DeviceArray(shape, a[name].__cuda_array_interface__["typestr"])})
+
+
+def test_ks_shape_heads_and_sizes():
+    a, kw = _args()
+    with pytest.raises(ValueError, match="k's head dimension must be 128, got 64"):
+        _call(plan_forward_states, a, kw, k=DeviceArray((2, 100, 3, 64), BF16))
+    with pytest.raises(ValueError, match="k must be 4-D"):
+        _call(plan_forward_states, a, kw, k=DeviceArray((200, 3, D), BF16))
+    with pytest.raises(ValueError, match="k must have B, T, H >= 1"):
+        _call(plan_forward_states, a, kw, k=DeviceArray((2, 0, 3, D), BF16))
+
+
+def test_non_contiguous_arrays_are_named():
+    a, kw = _args(B=1, T=4, H=2)
+    swapped = DeviceArray((1, 4, 2, D), BF16, strides=(4 * 2 * D * 2, 2, 4 * 2, 4 * 2 * 2))
+    with pytest.raises(ValueError, match=r"v must be C-contiguous"):
+        _call(plan_forward_states, a, kw, v=swapped)
+
+
+def test_initial_state_is_checked():
+    a, kw = _args(B=2, h0=True)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \(2, 3, 128, 128\)"):
+        _call(plan_forward_states, a, kw, initial_state=DeviceArray((1, 3, D, D), np.float32))
+    with pytest.raises(TypeError, match="initial_state must be float32"):
+        _call(plan_forward_states, a, kw, initial_state=DeviceArray((2, 3, D, D), BF16))
+
+
+@pytest.mark.parametrize("cu, B, err, expect", [
+    ([0, 50, 100], 2, ValueError, "cu_seqlens needs a packed batch of size 1"),
+    ([1, 100], 1, ValueError, "cu_seqlens must start at 0"),
+    ([0, 50, 50, 100], 1, ValueError, "cu_seqlens must be strictly increasing"),
+    ([0, 50, 99], 1, ValueError, "cu_seqlens must end at the total length 100"),
+    ([0.0, 100.0], 1, ValueError, "cu_seqlens must have an integer dtype"),
+    ([[0, 100]], 1, ValueError, "cu_seqlens must be 1-D"),
+    ([0], 1, ValueError, "cu_seqlens must hold at least 2 offsets")])
+def test_cu_seqlens_is_checked(cu, B, err, expect):
+    a, kw = _args(B=B, T=100)
+    with pytest.raises(err, match=expect):
+        _call(plan_forward_states, a, kw, cu_seqlens=np.asarray(cu))
+
+
+def test_misaligned_pointers_and_mixed_devices_are_named():
+    a, kw = _args(B=1, T=16, H=1)
+    odd = DeviceArray((1, 16, 1, C64), BF16)
+    odd.__cuda_array_interface__["data"] = (odd.ptr + 2, False)
+    with pytest.raises(ValueError, match="Akk starts at address 0x[0-9a-f]+, not a multiple of 16 bytes"):
+        _call(plan_forward_states, a, kw, Akk=odd)
+    with pytest.raises(ValueError, match="g is on device 1, k on device 0"):
+        _call(plan_forward_states, a, kw, g=DeviceArray((1, 16, 1, D), np.float32, device=1))
+    with pytest.raises(TypeError, match="config must be a kernel.forward_states.Config"):
+        _call(plan_forward_states, a, kw, config={"warps": 2})
+
+
+def test_without_cupy_the_launch_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)   # as on a machine without CuPy
+    a, kw = _args()
+    with pytest.raises(ModuleNotFoundError, match=r"pip install -e '\.\[cuda\]'"):
+        _call(forward_states, a, kw)

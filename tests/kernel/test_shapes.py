@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from kernel import registry, shapes
@@ -66,3 +67,30 @@ def test_a_change_to_the_header_changes_every_build_s_digest(tmp_path, monkeypat
     assert digests(text) == before
     after = digests(text.replace("TILE_TOKENS = 16", "TILE_TOKENS = 32"))
     assert all(before[t] != after[t] for t in before)
+
+
+# ----------------------------------------------------------------------------
+# kernel/shapes.py: the vocabulary, the snapshot offsets and the cu_seqlens check
+# ----------------------------------------------------------------------------
+
+def test_the_vocabulary():
+    assert (shapes.TILE_TOKENS, shapes.CHUNK_TOKENS, shapes.TILES_PER_CHUNK, shapes.HEAD_DIM) == (16, 64, 4, 128)
+
+
+def test_snapshot_offsets_count_tiles_per_sequence():
+    assert shapes.snapshot_offsets(np.array([1, 16, 17, 64, 65]), 16, 4).tolist() == [0, 1, 2, 3, 4, 6]
+    assert shapes.snapshot_offsets(np.array([1, 16, 17]), 16, 1).tolist() == [0, 1, 2, 4]
+
+
+@pytest.mark.parametrize("cu, match", [([0, 3, 3, 8], "strictly increasing"), ([2, 8], "start at 0"),
+                                       ([0, 7], "end at the total length 8"), ([0], "at least 2 offsets"),
+                                       (np.array([[0, 8]]), "1-D"), ([0, 2.5, 8], "must hold integers"),
+                                       ([0, True, 8], "must hold integers")])
+def test_cu_seqlens_is_checked_by_name(cu, match):
+    with pytest.raises((ValueError, TypeError), match=f"cu_seqlens.*{match}"):
+        shapes.check_cu_seqlens(cu, 1, 8)
+
+
+def test_cu_seqlens_needs_a_packed_batch():
+    with pytest.raises(ValueError, match="packed batch of size 1"):
+        shapes.check_cu_seqlens([0, 8], 2, 8)

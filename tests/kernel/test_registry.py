@@ -1,0 +1,15 @@
+"""kernel.registry: every kernel once, each with its entry file, variants, labels and source."""
+from __future__ import annotations
+
+from kernel import registry
+
+
+def test_the_registry_names_every_kernel_once():
+    labels = [k.label(v) for k in registry.KERNELS for v in k.variants()]
+    assert len(labels) == len(set(labels))
+    assert len({k.entry for k in registry.KERNELS}) == len(registry.KERNELS)
+    for k in registry.KERNELS:
+        assert k.entry.is_file(), k.entry
+        assert k.label(k.default()), k.title
+        assert set(k.required_sass(k.default())) >= {"HMMA", "LDSM", "LDGSTS"}
+        assert k.source().startswith(f"// headers sha256 {k.header_digest()}\n")

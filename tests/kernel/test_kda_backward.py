@@ -1,5 +1,4 @@
-"""kernel.kda_backward's host side, without a GPU: every argument check names the argument,
-and Kernel B's batch tables (first tile, first chunk and sequence of every chunk)."""
+"""kernel.kda_backward's host side, without a GPU: every argument check names the argument."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +8,6 @@ import pytest
 
 from kernel.kda_backward import ScanPlan, kda_backward, plan_kda_backward, plan_scans
 from kernel.reference import snapshot_offsets
-from kernel.token_gradients import tables
 
 from .ds_scan.test_fla import BF16, DeviceArray
 
@@ -96,18 +94,6 @@ def test_varlen_states_are_packed_by_chunk_offsets():
     kw["states"] = DeviceArray((1, n_chunks - 1, 3, D, D), BF16)
     with pytest.raises(ValueError, match="states must have shape"):
         _plan(a, kw, cu_seqlens=cu)
-
-
-def test_tables_name_every_chunk_s_sequence_and_first_tile():
-    cu = np.array([0, 1, 65, 130, 330], dtype=np.int64)
-    t = tables(cu)
-    assert t["tile_offs"].tolist() == [0, 1, 5, 10, 23]      # ceil(n / 16) tiles a sequence
-    assert t["chunk_offs"].tolist() == [0, 1, 2, 4, 8]       # ceil(n / 64) chunks a sequence
-    assert t["chunk_seq"].tolist() == [0, 1, 2, 2, 3, 3, 3, 3]
-    assert (t["tiles"], t["chunks"]) == (23, 8)
-    # a chunk's first tile is its sequence's first tile + 4 (chunk - first chunk)
-    for c, n in enumerate(t["chunk_seq"]):
-        assert t["tile_offs"][n] + 4 * (c - t["chunk_offs"][n]) < t["tile_offs"][n + 1]
 
 
 def test_without_cupy_the_call_names_the_install(monkeypatch):

@@ -6,7 +6,7 @@ One CTA of the kernel (8 warps, one 64-token chunk of one head) is replayed thro
 model's, at the address the kernel computes, on a shared-memory image with the kernel's layout;
 the scalar code between them (R1, the reductions, the gate's cumsums) is numpy over lanes
 or threads, in fp32 where the kernel keeps fp32. A layout or address mistake in the kernel shows
-here as an O(1) error, with no GPU (tests/kernel/test_token_gradients_model.py).
+here as an O(1) error, with no GPU (tests/kernel/token_gradients/test_cuda.py).
 
 The kernel's text (:data:`CU`) is the entry file with each of its ``#include
 "token_gradients_*.cuh"`` replaced by that header, in the order the compiler reads them

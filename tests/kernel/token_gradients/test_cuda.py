@@ -24,7 +24,7 @@ from kernel.runtime.builds import SHAPES_HEADER
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS
 from kernel.tools.kda_precision import recipe_inputs
 
-from . import token_gradients_model as kb
+from .. import token_gradients_model as kb
 
 H, HEAD = 2, 1    # two heads, the CTA of head 1: every head stride is exercised
 GRADS = ("dq", "dk", "dv", "dg", "dbeta")

@@ -93,7 +93,7 @@ def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = N
     B, T, H, N = plan.B, plan.T, plan.H, plan.N
     va = describe("v", v, HOST_ADVICE)
     refuse_gva("v", va, B, T, H)
-    expect("v", va, (B, T, H, HEAD_DIM), "[B, T, H, V], V = 128", ("bfloat16",))
+    expect("v", va, (B, T, H, HEAD_DIM), f"[B, T, H, V], V = {HEAD_DIM}", ("bfloat16",))
     named = {"v": va}
     if initial_state is not None:
         named["initial_state"] = describe("initial_state", initial_state, HOST_ADVICE)

@@ -181,7 +181,7 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
              ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
              ("Aqk", Aqk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}]", ("bfloat16",)),
              ("Akk", Akk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}]", ("bfloat16",)),
-             ("do", do, wide, "[B, T, H, V], V = 128", ("bfloat16",)))
+             ("do", do, wide, f"[B, T, H, V], V = {HEAD_DIM}", ("bfloat16",)))
     for name, x, shape, layout, dtypes in specs:
         a = describe(name, x, host_advice)
         refuse_gva(name, a, B, T, H)

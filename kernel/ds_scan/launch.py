@@ -194,7 +194,7 @@ def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -
     for name, shape, layout, dtypes in (
             ("q", wide, "[B, T, H, K]", ("bfloat16",)),
             ("k", wide, "same as q: [B, T, H, K]", ("bfloat16",)),
-            ("do", wide, "[B, T, H, V], V = 128", ("bfloat16",)),
+            ("do", wide, f"[B, T, H, V], V = {HEAD_DIM}", ("bfloat16",)),
             ("gc", wide, "[B, T, H, K]", ("float32",)),
             ("beta", (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
             ("mqk", (B, T, H, small), f"[B, T, H, {small}]", ("bfloat16",)),

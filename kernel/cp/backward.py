@@ -63,6 +63,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..reference import array_module, fold_summaries, kda_backward_reference, kda_forward_reference
+from ..shapes import TILE_TOKENS
 from . import exchange
 
 __all__ = ["INPUT_NAMES", "GRADIENTS", "BackwardOptions", "BackwardPart", "shard", "reference_summaries",
@@ -78,7 +79,7 @@ Array = Any
 @dataclasses.dataclass(frozen=True)
 class BackwardOptions:
     """The backward's knobs, the same on every rank (kda_backward_reference's keywords)."""
-    chunk: int = 16
+    tile: int = TILE_TOKENS   # tokens a tile: the kernels' 16, or any divisor of 64 for the reference
     scale: float | None = None
     qk_l2norm: bool = True
 
@@ -136,7 +137,7 @@ def _one_sequence_state(name: str, x):
                      f"got shape {tuple(x.shape)}")
 
 
-def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int = 16,
+def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, tile: int = TILE_TOKENS,
           tokens: tuple[int, int] | None = None) -> BackwardPart:
     """Rank ``rank``'s part of one sequence.
 
@@ -146,7 +147,7 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
     (start, stop). Whether the ranks' parts fit together is checked on every rank at once
     by :func:`cp_kda_backward`.
     """
-    T, start, stop = exchange.token_range(inputs, INPUT_NAMES, "initial_state, dht", rank, world_size, chunk, tokens)
+    T, start, stop = exchange.token_range(inputs, INPUT_NAMES, "initial_state, dht", rank, world_size, tile, tokens)
     h0 = _one_sequence_state("initial_state", inputs.get("initial_state"))
     dht = _one_sequence_state("dht", inputs.get("dht"))
     sliced = {name: inputs[name][:, int(start):int(stop)] for name in INPUT_NAMES}
@@ -176,7 +177,7 @@ def reference_summaries(part: BackwardPart, options: BackwardOptions) -> dict:
     identity with v = do = 0, d from dht = 0. Rank 0's forward entry is the state leaving
     it, the last rank's backward entry the dS leaving it (the module's docstring)."""
     q, k, v, g, beta, do = part.args()
-    kw = dict(scale=options.scale, qk_l2norm=options.qk_l2norm, chunk=options.chunk)
+    kw = dict(scale=options.scale, qk_l2norm=options.qk_l2norm, tile=options.tile)
     forward = backward = None
     if part.sends_forward:
         if part.holds_start:
@@ -204,7 +205,7 @@ def reference_backward(part: BackwardPart, state_in, dS_in, options: BackwardOpt
     at its end ([H, K, V] or None: zeros)."""
     return kda_backward_reference(*part.args(), initial_state=None if state_in is None else state_in[None],
                                   dht=None if dS_in is None else dS_in[None], scale=options.scale,
-                                  qk_l2norm=options.qk_l2norm, chunk=options.chunk)
+                                  qk_l2norm=options.qk_l2norm, tile=options.tile)
 
 
 # ----------------------------------------------------------------------------
@@ -229,7 +230,7 @@ def _local_problems(part: BackwardPart, options: BackwardOptions) -> list[str]:
             "beta": (B, n, H), "do": (B, n, H, V)}
     problems = [f"{name} has shape {shapes[name]}, expected {want[name]} (from q and v)"
                 for name in INPUT_NAMES if shapes[name] != want[name]]
-    problems += exchange.range_problems(part, B, n, options.chunk)
+    problems += exchange.range_problems(part, B, n, options.tile)
     if problems:
         return problems
     for name, x, read in (("initial_state", part.initial_state, part.holds_start),

@@ -39,7 +39,7 @@ class CPInputError(ValueError):
 # ----------------------------------------------------------------------------
 
 def token_range(inputs: Mapping[str, Array], names: Sequence[str], optional: str, rank: int,
-                 world_size: int, chunk: int, tokens) -> tuple[int, int, int]:
+                 world_size: int, tile: int, tokens) -> tuple[int, int, int]:
     """(T, start, stop) of rank ``rank``'s part of the one sequence ``inputs`` holds (``names``
     [1, T, ...] each; ``optional`` names what else it may hold, for the error): ``tokens``, or
     the sequence's tiles split evenly when None. Shared by the shards of kernel.cp.scan and
@@ -57,9 +57,9 @@ def token_range(inputs: Mapping[str, Array], names: Sequence[str], optional: str
         raise ValueError(f"inputs['q'] must be one sequence [1, T, H, K], got shape {shape}")
     T = shape[1]
     if tokens is None:
-        bounds = segment_bounds(T, chunk, world_size)
+        bounds = segment_bounds(T, tile, world_size)
         if len(bounds) < world_size:
-            raise ValueError(f"a sequence of {T} tokens ({-(-T // chunk)} tiles of {chunk}) cannot "
+            raise ValueError(f"a sequence of {T} tokens ({-(-T // tile)} tiles of {tile}) cannot "
                              f"give each of {world_size} ranks a tile")
         start, stop = bounds[rank]
     else:
@@ -86,7 +86,7 @@ def kind_problems(part, options, part_type: type, options_type: type, names: Seq
     return [f"part.inputs lacks {', '.join(missing)}"] if missing else []
 
 
-def range_problems(part, B: int, n: int, chunk: int) -> list[str]:
+def range_problems(part, B: int, n: int, tile: int) -> list[str]:
     """What is wrong with a part's token range [start, stop) of ``length``, given its inputs'
     batch ``B`` and tokens ``n`` (the checks kernel.cp.scan and kernel.cp.backward share)."""
     problems = []
@@ -100,10 +100,10 @@ def range_problems(part, B: int, n: int, chunk: int) -> list[str]:
     if n != part.stop - part.start:
         problems.append(f"holds tokens {part.start} .. {part.stop - 1} ({part.stop - part.start}) "
                         f"but its inputs have {n}")
-    if part.start % chunk:
-        problems.append(f"starts at token {part.start}, not a tile edge (a multiple of chunk = {chunk})")
-    if part.stop != part.length and part.stop % chunk:
-        problems.append(f"stops at token {part.stop}, neither a tile edge (a multiple of chunk = {chunk}) "
+    if part.start % tile:
+        problems.append(f"starts at token {part.start}, not a tile edge (a multiple of tile = {tile})")
+    if part.stop != part.length and part.stop % tile:
+        problems.append(f"stops at token {part.stop}, neither a tile edge (a multiple of tile = {tile}) "
                         f"nor the sequence's end ({part.length})")
     return problems
 
@@ -120,7 +120,7 @@ def check_headers(headers: Sequence[dict]) -> list[str]:
     first = headers[0]
     for h in headers[1:]:
         for key, what in (("length", "sequence length"), ("hkv", "H, K, V"), ("dtypes", "dtypes"),
-                          ("options", "options (chunk, snapshot_every, scale, qk_l2norm)"),
+                          ("options", "options (tile, snapshot_every, scale, qk_l2norm)"),
                           ("functions", "summary_fn, scan_fn")):
             if h[key] != first[key]:
                 problems.append(f"rank {h['rank']}: {what} {h[key]}, but rank 0 has {first[key]}")

@@ -60,6 +60,7 @@ import numpy as np
 
 from ..reference import array_module, dstate_scan_reference, fold_summaries, segment_snapshots, segment_summary
 from ..reference.dstate_scan import check_scan_inputs
+from ..shapes import HEAD_DIM, TILE_TOKENS
 from .exchange import (DEFAULT_TIMEOUT, Array, agree, as_f64, check_headers, expect_output, is_int, kind_problems,
                        name_of, raise_if, range_problems, token_range, torch_modules, wait_for_device)
 from .exchange import exchange as exchange_summaries
@@ -73,7 +74,7 @@ INPUT_NAMES = ("q", "k", "gc", "beta", "mqk", "inv", "do")   # dstate_scan_refer
 @dataclasses.dataclass(frozen=True)
 class ScanOptions:
     """The scan's knobs, the same on every rank (dstate_scan_reference's keywords)."""
-    chunk: int = 16
+    tile: int = TILE_TOKENS   # tokens a tile: the kernels' 16, or any divisor of 64 for the reference
     snapshot_every: int = 1
     scale: float | None = None
     qk_l2norm: bool = True
@@ -111,7 +112,7 @@ ScanFn = Callable[[Part, Array | None, ScanOptions], tuple[Array, Array]]
 # sharding
 # ----------------------------------------------------------------------------
 
-def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int = 16,
+def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, tile: int = TILE_TOKENS,
           tokens: tuple[int, int] | None = None) -> Part:
     """Rank ``rank``'s part of one sequence.
 
@@ -122,7 +123,7 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
     tile); else this rank's (start, stop). Whether the ranks' parts fit
     together is checked by :func:`cp_dstate_scan`, on every rank at once.
     """
-    T, start, stop = token_range(inputs, INPUT_NAMES, "dht", rank, world_size, chunk, tokens)
+    T, start, stop = token_range(inputs, INPUT_NAMES, "dht", rank, world_size, tile, tokens)
     dht = inputs.get("dht")
     if dht is not None and len(dht.shape) == 4:
         if dht.shape[0] != 1:
@@ -140,16 +141,16 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, chunk: int
 
 def reference_summary(part: Part, options: ScanOptions) -> tuple[Array, Array]:
     """The part's (M, d) in float64 (:func:`kernel.reference.segment_summary`)."""
-    return segment_summary(*part.args(), chunk=options.chunk, scale=options.scale,
+    return segment_summary(*part.args(), tile=options.tile, scale=options.scale,
                            qk_l2norm=options.qk_l2norm)
 
 
 def reference_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[Array, Array]:
     """The part's scan from ``dS_in`` in float64: its snapshots on the sequence's grid and dS_out."""
     snaps, out = dstate_scan_reference(*part.args(), dht=None if dS_in is None else dS_in[None],
-                                       chunk=options.chunk, scale=options.scale,
+                                       tile=options.tile, scale=options.scale,
                                        qk_l2norm=options.qk_l2norm, snapshot_every=1)
-    tiles, _ = segment_snapshots(part.start, part.stop, part.length, options.chunk,
+    tiles, _ = segment_snapshots(part.start, part.stop, part.length, options.tile,
                                  options.snapshot_every)
     xp = array_module(snaps)
     return snaps[:, xp.asarray(tiles)], out[0]
@@ -160,10 +161,9 @@ def reference_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tup
 # ----------------------------------------------------------------------------
 
 def _kernel_part_checks(part: Part, options: ScanOptions) -> None:
-    from ..shapes import HEAD_DIM, TILE_TOKENS
-
-    if options.chunk != TILE_TOKENS:
-        raise ValueError(f"options.chunk must be {TILE_TOKENS} (Kernel A's tile) for the GPU pair, got {options.chunk}")
+    if options.tile != TILE_TOKENS:
+        raise ValueError(f"options.tile must be {TILE_TOKENS} (Kernel A's tile) for the GPU pair, "
+                         f"got {options.tile}")
     _, K, V = _hkv(part)
     if (K, V) != (HEAD_DIM, HEAD_DIM):
         raise ValueError(f"the GPU pair needs K = V = {HEAD_DIM} (Kernel A's head dimension), got K = {K}, V = {V}")
@@ -198,9 +198,9 @@ def kernel_scan(part: Part, dS_in: Array | None, options: ScanOptions) -> tuple[
     part starts or stops inside a snapshot group), it stores every tile and keeps the sequence's."""
     _kernel_part_checks(part, options)
     cupy, dstate_scan = _kernel_a()
-    c, e = options.chunk, options.snapshot_every
-    tiles, _ = segment_snapshots(part.start, part.stop, part.length, c, e)
-    n_t = -(-(part.stop - part.start) // c)
+    tile, e = options.tile, options.snapshot_every
+    tiles, _ = segment_snapshots(part.start, part.stop, part.length, tile, e)
+    n_t = -(-(part.stop - part.start) // tile)
     own = np.minimum(np.arange(e - 1, e * -(-n_t // e), e), n_t - 1)   # the part's tiles at every e
     on_grid = np.array_equal(np.asarray(tiles), own)
     dht = None if dS_in is None else cupy.asarray(dS_in, dtype=np.float32)[None]
@@ -221,10 +221,10 @@ def _local_problems(part: Part, options: ScanOptions) -> list[str]:
     if problems:
         return problems
     try:
-        B, T, H, K, V, _ = check_scan_inputs(*part.args(), options.chunk, options.snapshot_every, None)
+        B, T, H, K, V, _ = check_scan_inputs(*part.args(), options.tile, options.snapshot_every, None)
     except ValueError as exc:
         return [str(exc)]
-    problems = range_problems(part, B, T, options.chunk)
+    problems = range_problems(part, B, T, options.tile)
     if problems and not all(is_int(x) for x in (part.start, part.stop, part.length)):
         return problems
     if part.holds_end and part.dht is not None and tuple(part.dht.shape) != (H, K, V):
@@ -257,7 +257,7 @@ def _run_scan(part: Part, dS_in, options: ScanOptions, scan_fn):
     """scan_fn's (snapshots, dS_out), their shapes checked: a plugged-in scan must keep the layout."""
     snaps, out = scan_fn(part, dS_in, options)
     H, K, V = _hkv(part)
-    tiles, _ = segment_snapshots(part.start, part.stop, part.length, options.chunk, options.snapshot_every)
+    tiles, _ = segment_snapshots(part.start, part.stop, part.length, options.tile, options.snapshot_every)
     expect_output(scan_fn, "snapshots", snaps, (1, tiles.size, H, K, V))
     expect_output(scan_fn, "dS_out", out, (H, K, V))
     return snaps, out

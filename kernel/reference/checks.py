@@ -150,14 +150,15 @@ def gate_arg(xp, g, name: str = "g", what: str = "a natural-log decay gate: exp(
                      f"{float(g[first])}")
 
 
-def check_tiling(chunk: Any, snapshot_every: Any = 1) -> None:
-    # chunk must divide 64 so that snapshot_every = 64 // chunk lands exactly on
-    # FLA's 64-token chunk boundaries (its dh); any snapshot_every >= 1 is allowed.
-    if not is_int(chunk):
-        raise TypeError(f"chunk must be an int, a positive divisor of {CHUNK_TOKENS}, got {chunk!r}")
-    if chunk < 1 or CHUNK_TOKENS % int(chunk) != 0:
-        raise ValueError(f"chunk must be a positive divisor of {CHUNK_TOKENS} "
-                         f"(1, 2, 4, 8, 16, 32, 64), got {chunk!r}")
+def check_tiling(tile: Any, snapshot_every: Any = 1) -> None:
+    # a tile (tokens; the kernels' is TILE_TOKENS) must divide the chunk so that snapshot_every =
+    # CHUNK_TOKENS // tile lands exactly on FLA's chunk boundaries (its dh); any snapshot_every >= 1
+    # is allowed.
+    if not is_int(tile):
+        raise TypeError(f"tile must be an int, a positive divisor of {CHUNK_TOKENS}, got {tile!r}")
+    if tile < 1 or CHUNK_TOKENS % int(tile) != 0:
+        raise ValueError(f"tile must be a positive divisor of {CHUNK_TOKENS} "
+                         f"(1, 2, 4, 8, 16, 32, 64), got {tile!r}")
     if not is_int(snapshot_every):
         raise TypeError(f"snapshot_every must be an integer >= 1, got {snapshot_every!r}")
     if snapshot_every < 1:
@@ -187,25 +188,25 @@ def sequence_offsets(batch: int, seqlen: int, cu_seqlens: Any) -> np.ndarray:
     return check_cu_seqlens(cu_seqlens, batch, seqlen)
 
 
-def tiles_of_offsets(cu: np.ndarray, chunk: int):
-    """Every tile of every sequence, in token order.
+def tiles_of_offsets(cu: np.ndarray, tile: int):
+    """Every tile of ``tile`` tokens of every sequence, in token order.
 
     Returns (start [n_tiles], length [n_tiles], seq_tiles [N]): tile i covers
     tokens start[i] .. start[i] + length[i] - 1 of the flattened token axis.
     """
     lengths = np.diff(cu)
-    seq_tiles = -(-lengths // chunk)
+    seq_tiles = -(-lengths // tile)
     starts, lens = [], []
     for bos, n, nt in zip(cu[:-1], lengths, seq_tiles):
-        first = bos + chunk * np.arange(nt, dtype=np.int64)
+        first = bos + tile * np.arange(nt, dtype=np.int64)
         starts.append(first)
-        lens.append(np.minimum(chunk, bos + n - first))
+        lens.append(np.minimum(tile, bos + n - first))
     return np.concatenate(starts), np.concatenate(lens), seq_tiles
 
 
-def gather_tiles(xp, x, start: np.ndarray, length: np.ndarray, chunk: int):
-    """x [total, ...] -> tiles [n, C, ...], rows past a tile's length zero."""
-    c = np.arange(chunk)
+def gather_tiles(xp, x, start: np.ndarray, length: np.ndarray, tile: int):
+    """x [total, ...] -> tiles [n, tile, ...], rows past a tile's length zero."""
+    c = np.arange(tile)
     idx = np.minimum(start[:, None] + c, x.shape[0] - 1)  # clipped: masked anyway
     mask = c < length[:, None]
     tiles = x[xp.asarray(idx)]

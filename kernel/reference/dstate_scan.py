@@ -2,7 +2,7 @@
 
 What and why
 ------------
-Kernel A walks each sequence backwards one tile (``chunk`` = 16 tokens on the
+Kernel A walks each sequence backwards one tile (``tile`` tokens: TILE_TOKENS = 16 on the
 GPU) at a time, carrying the state gradient dS [K, V], and stores snapshots of
 dS. This module is the float64 statement of that contract
 (the contract, docs/kernel_a.md, sections 1-3), used as the oracle for the GPU kernel:
@@ -32,7 +32,7 @@ element. TypeError for a wrong type, ValueError for a wrong value.
 Layout reminders (``..`` = ``B, T`` or ``1, total`` with ``cu_seqlens``)::
 
     q, k, g, gc : [.., H, K]      beta : [.., H]      do : [.., H, V]
-    mqk, inv    : [.., H, C]      row c of a tile lives at the tile's token c
+    mqk, inv    : [.., H, tile]   row c of a tile lives at the tile's token c
     dht, dh0    : [N, H, K, V]    snapshots : [B, n_s, H, K, V] or [1, sum n_s, H, K, V]
 
 Pseudo-code of the scan (per sequence, per head)::
@@ -69,7 +69,7 @@ __all__ = [
 # ----------------------------------------------------------------------------
 
 def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool = True,
-                  chunk: int = 16, cu_seqlens=None):
+                  tile: int = shapes.TILE_TOKENS, cu_seqlens=None):
     """Tile quantities the forward pass hands to Kernel A, in float64.
 
     q, k, g: [B, T, H, K] (or [1, total, H, K] with ``cu_seqlens``, N+1 offsets);
@@ -78,8 +78,8 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     Returns (gc, mqk, inv):
       gc  [B, T, H, K]      tile-local cumulative gate / ln 2 (restarts every tile
                             of every sequence; a sequence's last tile may be partial)
-      mqk [B, T, H, chunk]  Mqk[c, j] = s sum_d q[c,d] k[j,d] exp2(gc[c,d]-gc[j,d]), j <= c
-      inv [B, T, H, chunk]  (I + Lkk)^-1, Lkk[c, j] = beta[c] sum_d k[c,d] k[j,d]
+      mqk [B, T, H, tile]   Mqk[c, j] = s sum_d q[c,d] k[j,d] exp2(gc[c,d]-gc[j,d]), j <= c
+      inv [B, T, H, tile]   (I + Lkk)^-1, Lkk[c, j] = beta[c] sum_d k[c,d] k[j,d]
                             exp2(gc[c,d]-gc[j,d]), j < c
     with row c of a tile stored at the tile's token c; columns past a partial
     tile's end are 0. q, k are l2-normalised first when ``qk_l2norm``;
@@ -89,7 +89,7 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     in q, k, g or beta, and g > 0; a dtype that is not real floating (complex, strings,
     ints); a scale that is not a finite real > 0; qk_l2norm not a bool (TypeError).
     """
-    check_tiling(chunk)
+    check_tiling(tile)
     qk_l2norm = flag_arg(qk_l2norm, "qk_l2norm")
     expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
@@ -111,22 +111,21 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
     if qk_l2norm:
         qf, kf = l2norm(xp, qf), l2norm(xp, kf)
 
-    start, length, _ = tiles_of_offsets(cu, chunk)
-    C = chunk
-    # tiles: [n_tiles, C, H, K]; padded rows are zero (q, k, g = 0 past the end)
-    qt = gather_tiles(xp, qf, start, length, C)
-    kt = gather_tiles(xp, kf, start, length, C)
-    gt = gather_tiles(xp, gf, start, length, C)
-    bt = gather_tiles(xp, betaf, start, length, C)
-    gct = xp.cumsum(gt, axis=1) / LN2                                 # [n, C, H, K]
+    start, length, _ = tiles_of_offsets(cu, tile)
+    # tiles: [n_tiles, tile, H, K]; padded rows are zero (q, k, g = 0 past the end)
+    qt = gather_tiles(xp, qf, start, length, tile)
+    kt = gather_tiles(xp, kf, start, length, tile)
+    gt = gather_tiles(xp, gf, start, length, tile)
+    bt = gather_tiles(xp, betaf, start, length, tile)
+    gct = xp.cumsum(gt, axis=1) / LN2                                 # [n, tile, H, K]
 
-    rows = np.arange(C)
-    mqk_t = xp.zeros(qt.shape[:3] + (C,), dtype=f64)                  # [n, C(row), H, C(col)]
+    rows = np.arange(tile)
+    mqk_t = xp.zeros(qt.shape[:3] + (tile,), dtype=f64)               # [n, tile(row), H, tile(col)]
     lkk_t = xp.zeros_like(mqk_t)
-    for j in range(C):
+    for j in range(tile):
         # exp2(gc[c] - gc[j]) for every row c; rows above the diagonal are masked
         # to -inf before exp2 so that a positive exponent never overflows.
-        diff = gct - gct[:, j:j + 1]                                   # [n, C, H, K]
+        diff = gct - gct[:, j:j + 1]                                   # [n, tile, H, K]
         on_or_below = xp.asarray(rows >= j)[None, :, None, None]
         below = xp.asarray(rows > j)[None, :, None, None]
         decay_le = xp.exp2(xp.where(on_or_below, diff, -xp.inf))
@@ -137,42 +136,42 @@ def prepare_tiles(q, k, g, beta, *, scale: float | None = None, qk_l2norm: bool 
 
     # INV = (I + Lkk)^-1 by forward substitution (unit lower triangular):
     # INV[c] = e_c - sum_{j<c} Lkk[c, j] INV[j]
-    lkk = xp.moveaxis(lkk_t, 2, 1)                                     # [n, H, C, C]
-    eye = xp.eye(C, dtype=f64)
+    lkk = xp.moveaxis(lkk_t, 2, 1)                                     # [n, H, tile, tile]
+    eye = xp.eye(tile, dtype=f64)
     inv = xp.zeros_like(lkk)
     inv[..., 0, :] = eye[0]
-    for c in range(1, C):
+    for c in range(1, tile):
         inv[..., c, :] = eye[c] - xp.einsum("nhj,nhjm->nhm", lkk[..., c, :c], inv[..., :c, :])
-    inv_t = xp.moveaxis(inv, 1, 2)                                     # [n, C(row), H, C(col)]
+    inv_t = xp.moveaxis(inv, 1, 2)                                     # [n, tile(row), H, tile(col)]
 
     # every token is exactly one valid (tile, row), in token order
     valid = xp.asarray(rows[None, :] < length[:, None])
     gc_out = gct[valid].reshape(B, T, H, K)
-    return gc_out, mqk_t[valid].reshape(B, T, H, C), inv_t[valid].reshape(B, T, H, C)
+    return gc_out, mqk_t[valid].reshape(B, T, H, tile), inv_t[valid].reshape(B, T, H, tile)
 
 
 # ----------------------------------------------------------------------------
 # snapshot layout
 # ----------------------------------------------------------------------------
 
-def snapshot_offsets(lengths, chunk: int, snapshot_every: int) -> np.ndarray:
+def snapshot_offsets(lengths, tile: int, snapshot_every: int) -> np.ndarray:
     """Start of each sequence's snapshots in the packed snapshot axis, int64 [N+1].
 
-    A sequence of n tokens has n_t = ceil(n / chunk) tiles and
+    A sequence of n tokens has n_t = ceil(n / tile) tiles and
     n_s = ceil(n_t / snapshot_every) snapshots (FLA's chunk_offsets for
-    chunk * snapshot_every = 64).
+    tile * snapshot_every = 64).
     """
-    check_tiling(chunk, snapshot_every)
-    return shapes.snapshot_offsets(lengths_arg(lengths, allow_empty=True), chunk, snapshot_every)
+    check_tiling(tile, snapshot_every)
+    return shapes.snapshot_offsets(lengths_arg(lengths, allow_empty=True), tile, snapshot_every)
 
 
-def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+def tile_table(lengths, tile: int) -> tuple[np.ndarray, np.ndarray]:
     """Every tile of sequences of these lengths, packed one after another, in token order:
     (start, length) int64 [n_tiles]; tile i covers tokens start[i] .. start[i] + length[i] - 1.
     lengths: a non-empty list (or int array) of ints >= 1; 2.7 is refused, not truncated."""
-    check_tiling(chunk)
+    check_tiling(tile)
     n = lengths_arg(lengths)
-    start, length, _ = tiles_of_offsets(np.concatenate([[0], np.cumsum(n)]), chunk)
+    start, length, _ = tiles_of_offsets(np.concatenate([[0], np.cumsum(n)]), tile)
     return start, length
 
 
@@ -180,17 +179,17 @@ def tile_table(lengths, chunk: int) -> tuple[np.ndarray, np.ndarray]:
 # the backward scan (docs/kernel_a.md, section 3)
 # ----------------------------------------------------------------------------
 
-def check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk: int, snapshot_every: int, cu_seqlens):
+def check_scan_inputs(q, k, gc, beta, mqk, inv, do, tile: int, snapshot_every: int, cu_seqlens):
     """The shape checks of :func:`dstate_scan_reference`'s arrays (kernel.reference.segments
     makes the same ones); returns (B, T, H, K, V, cu) with cu the sequence offsets."""
-    check_tiling(chunk, snapshot_every)
+    check_tiling(tile, snapshot_every)
     expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
     expect_shape("k", k, q.shape, "(same as q: [B, T, H, K])")
     expect_shape("gc", gc, q.shape, "(same as q: [B, T, H, K])")
     expect_shape("beta", beta, (B, T, H), "([B, T, H])")
-    expect_shape("mqk", mqk, (B, T, H, chunk), "([B, T, H, chunk])")
-    expect_shape("inv", inv, (B, T, H, chunk), "([B, T, H, chunk])")
+    expect_shape("mqk", mqk, (B, T, H, tile), "([B, T, H, tile])")
+    expect_shape("inv", inv, (B, T, H, tile), "([B, T, H, tile])")
     expect_rank("do", do, 4, "[B, T, H, V]")
     V = do.shape[3]
     expect_shape("do", do, (B, T, H, V), "([B, T, H, V], B, T, H as q)")
@@ -206,13 +205,13 @@ def check_scan_dtypes(q, k, gc, beta, mqk, inv, do) -> None:
 
 
 def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None,
-                          dht=None, cu_seqlens=None, chunk: int = 16, qk_l2norm: bool = True,
+                          dht=None, cu_seqlens=None, tile: int = shapes.TILE_TOKENS, qk_l2norm: bool = True,
                           snapshot_every: int = 1):
     """The backward scan (docs/kernel_a.md, section 3) in float64, in the GPU kernel's layout.
 
     q, k: raw [B, T, H, K] (l2-normalised here when ``qk_l2norm``); gc: [B, T, H, K]
     (tile-local log2 cumulative gate, as from :func:`prepare_tiles`); beta [B, T, H];
-    mqk, inv: [B, T, H, chunk]; do: [B, T, H, V]; dht: [N, H, K, V] or None (zeros).
+    mqk, inv: [B, T, H, tile]; do: [B, T, H, V]; dht: [N, H, K, V] or None (zeros).
     With ``cu_seqlens`` (N+1 offsets) the batch is packed: B = 1, T = total.
 
     Returns (snapshots, dh0), float64:
@@ -237,7 +236,7 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
     starts). The gate's sign is checked where it enters: :func:`prepare_tiles`.
     """
     qk_l2norm = flag_arg(qk_l2norm, "qk_l2norm")
-    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every, cu_seqlens)
+    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, tile, snapshot_every, cu_seqlens)
     check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     N = cu.shape[0] - 1
     if dht is not None:
@@ -248,7 +247,6 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
     f64 = np.float64
     s = scale_arg(scale, K)
     total = B * T
-    C = chunk
 
     def flat(name, x, *tail):
         return finite_arg(xp, xp.asarray(x, dtype=f64), name).reshape((total,) + tail)
@@ -257,11 +255,11 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
     if qk_l2norm:
         qf, kf = l2norm(xp, qf), l2norm(xp, kf)
     gcf, betaf, dof = flat("gc", gc, H, K), flat("beta", beta, H), flat("do", do, H, V)
-    mqkf, invf = flat("mqk", mqk, H, C), flat("inv", inv, H, C)
+    mqkf, invf = flat("mqk", mqk, H, tile), flat("inv", inv, H, tile)
 
-    start, length, seq_tiles = tiles_of_offsets(cu, C)
+    start, length, seq_tiles = tiles_of_offsets(cu, tile)
     first_tile = np.concatenate([[0], np.cumsum(seq_tiles)])
-    offsets = snapshot_offsets(np.diff(cu), C, snapshot_every)
+    offsets = snapshot_offsets(np.diff(cu), tile, snapshot_every)
     snapshots = xp.zeros((int(offsets[-1]), H, K, V), dtype=f64)
 
     dS = xp.zeros((N, H, K, V), dtype=f64) if dht is None else \
@@ -274,13 +272,13 @@ def dstate_scan_reference(q, k, gc, beta, mqk, inv, do, *, scale: float | None =
         tid = first_tile[act] + tile_in_seq
         st, ln = start[tid], length[tid]
         # tiles of the active sequences; rows past a partial tile's end are zero
-        qt = gather_tiles(xp, qf, st, ln, C)             # [A, C, H, K]
-        kt = gather_tiles(xp, kf, st, ln, C)             # [A, C, H, K]
-        gt = gather_tiles(xp, gcf, st, ln, C)            # [A, C, H, K]
-        bt = gather_tiles(xp, betaf, st, ln, C)          # [A, C, H]
-        dot = gather_tiles(xp, dof, st, ln, C)           # [A, C, H, V]
-        mt = gather_tiles(xp, mqkf, st, ln, C)           # [A, C(row), H, C(col)]
-        it = gather_tiles(xp, invf, st, ln, C)           # [A, C(row), H, C(col)]
+        qt = gather_tiles(xp, qf, st, ln, tile)          # [A, tile, H, K]
+        kt = gather_tiles(xp, kf, st, ln, tile)          # [A, tile, H, K]
+        gt = gather_tiles(xp, gcf, st, ln, tile)         # [A, tile, H, K]
+        bt = gather_tiles(xp, betaf, st, ln, tile)       # [A, tile, H]
+        dot = gather_tiles(xp, dof, st, ln, tile)        # [A, tile, H, V]
+        mt = gather_tiles(xp, mqkf, st, ln, tile)        # [A, tile(row), H, tile(col)]
+        it = gather_tiles(xp, invf, st, ln, tile)        # [A, tile(row), H, tile(col)]
         gT = gcf[xp.asarray(st + ln - 1)]                 # [A, H, K], last real token
 
         a = xp.asarray(act)

@@ -15,11 +15,11 @@ float64, how FLA's tensors map onto Kernel A's:
   place, mask their strictly-upper triangle, rebase the gate per tile. It
   returns exactly what :func:`kernel.reference.prepare_tiles` returns.
 
-The three identities (tile C = 16 inside FLA's chunk of 64, or any tile that
-divides the chunk)::
+The three identities (a ``tile`` of 16 tokens inside FLA's ``chunk`` of 64, or any tile
+that divides the chunk)::
 
-    Mqk[t, c, j] = Aqk[row c of tile t, C * (t mod 4) + j]     for j <= c, else 0
-    INV[t, c, j] = Akk[row c of tile t, C * (t mod 4) + j]     (as stored)
+    Mqk[t, c, j] = Aqk[row c of tile t, tile * (t mod 4) + j]  for j <= c, else 0
+    INV[t, c, j] = Akk[row c of tile t, tile * (t mod 4) + j]  (as stored)
     gc[t, c]     = g64[row c of tile t] - (t mod 4 > 0 ? g64[row before tile t] : 0)
 
 where t counts tiles from the sequence's start (FLA's chunks restart at every

@@ -21,8 +21,8 @@ GEMM (``docs/kda_backward.md`` counts their FLOPs and bytes):
 No autograd anywhere: the tests check every output against an independent
 complex-step derivative of a plain token-by-token forward.
 
-Notation (one tile of C tokens, rows c = 0..L-1, one head)
----------------------------------------------------------
+Notation (one tile of C = ``tile`` tokens, rows c = 0..L-1, one head)
+--------------------------------------------------------------------
 q, k [C, K] (l2-normalised when ``qk_l2norm``), v, do [C, V], beta [C],
 gc [C, K] the tile-local cumulative gate in log2 (Kernel A's, from
 :func:`prepare_tiles`), gT = gc[L-1] [K], s the scale; Mqk, INV [C, C] as the
@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..shapes import TILE_TOKENS
 from .checks import (L2NORM_EPS, check_tiling, expect_rank, expect_shape, gather_tiles,
                      l2norm, real_dtype_arg, sequence_offsets, tiles_of_offsets, array_module)
 from .dstate_scan import dstate_scan_reference, prepare_tiles
@@ -123,10 +124,10 @@ def _expect_finite(xp, name: str, x) -> None:
         raise ValueError(f"{name} must be finite, got {float(x[where])} at index {where}")
 
 
-def _check_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, chunk, do=None, dht=None,
+def _check_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, tile, do=None, dht=None,
                   with_do: bool = False):
     """Validated shapes (B, T, H, K, V), offsets cu [N+1] and float64 arrays on q's module."""
-    check_tiling(chunk)
+    check_tiling(tile)
     expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
     if min(B, H, K) < 1:
@@ -171,7 +172,7 @@ def _check_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, chunk, do=None
 # tiles as blocks [n_tiles, H, C, ..]
 # ----------------------------------------------------------------------------
 
-def tile_blocks(xp, cu, chunk: int, dims, wide, *, scale, qk_l2norm: bool, cu_seqlens) -> dict:
+def tile_blocks(xp, cu, tile: int, dims, wide, *, scale, qk_l2norm: bool, cu_seqlens) -> dict:
     """Every tile's per-token inputs as [n, H, C, ..] blocks, plus the forward's Mqk, INV, gc.
 
     Rows past a partial tile's end are zero in q, k, v, do, beta, Mqk, INV;
@@ -180,35 +181,34 @@ def tile_blocks(xp, cu, chunk: int, dims, wide, *, scale, qk_l2norm: bool, cu_se
     """
     B, T, H, K, V = dims
     total = B * T
-    C = chunk
     gc, mqk, inv = prepare_tiles(wide["q"], wide["k"], wide["g"], wide["beta"], scale=scale,
-                                 qk_l2norm=qk_l2norm, chunk=chunk, cu_seqlens=cu_seqlens)
+                                 qk_l2norm=qk_l2norm, tile=tile, cu_seqlens=cu_seqlens)
     qn = wide["q"].reshape(total, H, K)
     kn = wide["k"].reshape(total, H, K)
     if qk_l2norm:
         qn, kn = l2norm(xp, qn), l2norm(xp, kn)
-    start, length, seq_tiles = tiles_of_offsets(cu, C)
+    start, length, seq_tiles = tiles_of_offsets(cu, tile)
 
     def tiles(x, *tail):
         # [total, H, ..] -> [n, C, H, ..] -> [n, H, C, ..]
-        t = gather_tiles(xp, x.reshape((total,) + tail), start, length, C)
+        t = gather_tiles(xp, x.reshape((total,) + tail), start, length, tile)
         return xp.moveaxis(t, 2, 1)
 
     blk = {"q": tiles(qn, H, K), "k": tiles(kn, H, K), "v": tiles(wide["v"], H, V),
-           "beta": tiles(wide["beta"], H), "mqk": tiles(mqk, H, C), "inv": tiles(inv, H, C)}
+           "beta": tiles(wide["beta"], H), "mqk": tiles(mqk, H, tile), "inv": tiles(inv, H, tile)}
     if "do" in wide:
         blk["do"] = tiles(wide["do"], H, V)
     gct = tiles(gc, H, K)                                          # [n, H, C, K]
     n = start.shape[0]
     gT = gct[xp.asarray(np.arange(n)), :, xp.asarray(length - 1)]  # [n, H, K], last real row
-    valid = xp.asarray(np.arange(C)[None, :] < length[:, None])   # [n, C]
+    valid = xp.asarray(np.arange(tile)[None, :] < length[:, None])  # [n, C]
     blk["gc"] = xp.where(valid[:, None, :, None], gct, gT[:, :, None, :])
     blk["gT"] = gT
     spread = float(xp.max(-gT)) if n else 0.0
     if spread > MAX_TILE_DECAY_LOG2:
-        raise ValueError(f"g: a tile of {C} tokens decays by 2^-{spread:.1f} in some channel; "
+        raise ValueError(f"g: a tile of {tile} tokens decays by 2^-{spread:.1f} in some channel; "
                          f"the factorised tile algebra needs at most 2^-{MAX_TILE_DECAY_LOG2:g} "
-                         f"(use a smaller chunk)")
+                         f"(use a smaller tile)")
     blk["s"] = float(scale) if scale is not None else K ** -0.5
     blk["table"] = (start, length, seq_tiles)
     blk["valid"] = valid
@@ -360,8 +360,8 @@ def _state_layout(states, dims, cu_seqlens):
 
 
 def kda_forward_reference(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
-                          cu_seqlens=None, qk_l2norm: bool = True, chunk: int = 16):
-    """KDA's forward by tiles of ``chunk`` tokens, in float64.
+                          cu_seqlens=None, qk_l2norm: bool = True, tile: int = TILE_TOKENS):
+    """KDA's forward by tiles of ``tile`` tokens, in float64.
 
     q, k, g: [B, T, H, K] (g the natural-log gate, <= 0); v: [B, T, H, V];
     beta: [B, T, H] (after its sigmoid; any finite value is accepted: nothing
@@ -374,16 +374,16 @@ def kda_forward_reference(q, k, v, g, beta, *, scale: float | None = None, initi
       o            [B, T, H, V]
       final_state  [N, H, K, V], the state after each sequence's last token
       states       the state entering every tile (tile 0: the initial state):
-                   [B, n_t, H, K, V] equal length (n_t = ceil(T / chunk)),
+                   [B, n_t, H, K, V] equal length (n_t = ceil(T / tile)),
                    [1, sum_n n_t(n), H, K, V] varlen, sequence n's tiles from
-                   ``snapshot_offsets(lengths, chunk, 1)[n]`` on: Kernel A's
+                   ``snapshot_offsets(lengths, tile, 1)[n]`` on: Kernel A's
                    snapshot layout at snapshot_every = 1, so entry i pairs
                    with snapshot i (dL/dS after the same tile).
     """
     dims, cu, xp, wide = _check_inputs(q, k, v, g, beta, initial_state=initial_state,
-                                       cu_seqlens=cu_seqlens, chunk=chunk)
+                                       cu_seqlens=cu_seqlens, tile=tile)
     B, T, H, K, V = dims
-    blk = tile_blocks(xp, cu, chunk, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
+    blk = tile_blocks(xp, cu, tile, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
                   cu_seqlens=cu_seqlens)
     o, final, states = forward_scan(xp, blk, rebuild(xp, blk), cu.shape[0] - 1, H, K, V,
                                      wide.get("initial_state"))
@@ -397,7 +397,7 @@ def kda_forward_reference(q, k, v, g, beta, *, scale: float | None = None, initi
 
 def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
                            initial_state=None, dht=None, cu_seqlens=None,
-                           qk_l2norm: bool = True, chunk: int = 16) -> dict:
+                           qk_l2norm: bool = True, tile: int = TILE_TOKENS) -> dict:
     """The exact gradients of L = sum(o * do) + sum(S_T * dht) w.r.t. KDA's raw inputs.
 
     Arguments as :func:`kda_forward_reference`, plus do [B, T, H, V] and
@@ -419,11 +419,11 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
     result; the gate's cumsums stay inside the tile) and the l2norm backward.
     """
     dims, cu, xp, wide = _check_inputs(q, k, v, g, beta, initial_state=initial_state,
-                                       cu_seqlens=cu_seqlens, chunk=chunk, do=do, dht=dht,
+                                       cu_seqlens=cu_seqlens, tile=tile, do=do, dht=dht,
                                        with_do=True)
     B, T, H, K, V = dims
     N = cu.shape[0] - 1
-    blk = tile_blocks(xp, cu, chunk, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
+    blk = tile_blocks(xp, cu, tile, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
                   cu_seqlens=cu_seqlens)
     r = rebuild(xp, blk)
 
@@ -432,7 +432,7 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
     gc, mqk, inv = blk["forward"]
     snaps, dh0 = dstate_scan_reference(wide["q"], wide["k"], gc, wide["beta"], mqk, inv,
                                        wide["do"], scale=scale, dht=wide.get("dht"),
-                                       cu_seqlens=cu_seqlens, chunk=chunk, qk_l2norm=qk_l2norm,
+                                       cu_seqlens=cu_seqlens, tile=tile, qk_l2norm=qk_l2norm,
                                        snapshot_every=1)
     dS1 = snaps.reshape(-1, H, K, V)                               # [n, H, K, V], tile order
 

@@ -35,12 +35,12 @@ A sequence cut into segments 0 .. m-1 (token order) is then scanned in three pas
 
 Where segments may start and stop
 ---------------------------------
-Segment boundaries are tile edges of the sequence (a multiple of ``chunk``
+Segment boundaries are tile edges of the sequence (a multiple of ``tile``
 tokens from its start). Nothing finer is possible: ``gc``, ``Mqk`` and ``INV``
 are tile-local and INV couples every row of a tile, so a tile's step is one
 affine map that does not factor into two maps over its halves. A boundary may
 sit on any tile edge, not only on a snapshot edge: with ``snapshot_every`` = e
-> 1 (e = 4, chunk 16: FLA's 64-token chunks), a boundary at a tile edge that is
+> 1 (e = 4, tile 16: FLA's 64-token chunks), a boundary at a tile edge that is
 not a multiple of e tiles falls *inside* a snapshot chunk. Such a snapshot
 belongs to the segment holding the chunk's last tile (the snapshot is the dS
 entering that tile), so each segment scans with a snapshot at every tile and
@@ -66,6 +66,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..ds_scan.split import fold_summaries   # the split's algebra is the product's; the reference runs it in float64
+from ..shapes import TILE_TOKENS
 
 from .checks import check_tiling, expect_shape, int_arg, is_int, real_dtype_arg, array_module
 from .dstate_scan import (check_scan_dtypes, check_scan_inputs, dstate_scan_reference,
@@ -93,37 +94,37 @@ Summary = tuple[Any, Any]  # (M [H, K, K] or None, d [H, K, V])
 
 
 
-def _is_tile_edge(offset: int, length: int, chunk: int) -> bool:
+def _is_tile_edge(offset: int, length: int, tile: int) -> bool:
     """A token offset inside a sequence of ``length`` tokens where a segment may start or stop."""
-    return offset == length or (0 <= offset < length and offset % chunk == 0)
+    return offset == length or (0 <= offset < length and offset % tile == 0)
 
 
 # ----------------------------------------------------------------------------
 # where the segments are
 # ----------------------------------------------------------------------------
 
-def segment_bounds(length: int, chunk: int, segments: int) -> list[tuple[int, int]]:
+def segment_bounds(length: int, tile: int, segments: int) -> list[tuple[int, int]]:
     """Token ranges [start, stop) splitting a sequence of ``length`` tokens at tile edges.
 
-    The sequence's n_t = ceil(length / chunk) tiles are split into
+    The sequence's n_t = ceil(length / tile) tiles are split into
     m = min(segments, n_t) runs of consecutive tiles whose sizes differ by at
     most one (segment j holds tiles floor(j n_t / m) .. floor((j+1) n_t / m) - 1);
     a sequence shorter than ``segments`` tiles is cut into fewer segments, one of a
     single tile is not cut. Ranges are relative to the sequence's first token;
     the last one stops at ``length`` (a partial last tile stays whole).
     """
-    check_tiling(chunk)
+    check_tiling(tile)
     if not is_int(length) or length < 1:
         raise ValueError(f"length must be an integer >= 1, got {length!r}")
     if not is_int(segments) or segments < 1:
         raise ValueError(f"segments must be an integer >= 1, got {segments!r}")
-    n_tiles = -(-int(length) // chunk)
+    n_tiles = -(-int(length) // tile)
     m = min(int(segments), n_tiles)
-    edges = [j * n_tiles // m * chunk for j in range(m)] + [int(length)]
+    edges = [j * n_tiles // m * tile for j in range(m)] + [int(length)]
     return list(zip(edges[:-1], edges[1:]))
 
 
-def segment_snapshots(start: int, stop: int, length: int, chunk: int,
+def segment_snapshots(start: int, stop: int, length: int, tile: int,
                       snapshot_every: int) -> tuple[np.ndarray, np.ndarray]:
     """Which snapshots of its sequence a segment writes: (tiles, snapshots), int64.
 
@@ -139,7 +140,7 @@ def segment_snapshots(start: int, stop: int, length: int, chunk: int,
     not a segment (ValueError): 0 <= start < stop <= length, start a tile edge, stop
     a tile edge or the sequence's end, as :func:`segment_bounds` makes them.
     """
-    check_tiling(chunk, snapshot_every)
+    check_tiling(tile, snapshot_every)
     length = int_arg(length, "length", 1)
     start = int_arg(start, "start", 0)
     stop = int_arg(stop, "stop", 1)
@@ -150,19 +151,19 @@ def segment_snapshots(start: int, stop: int, length: int, chunk: int,
         raise ValueError(f"stop must be in {start + 1} .. {length} (start = {start}, "
                          f"length = {length}), got {stop}")
     for name, pos in (("start", start), ("stop", stop)):
-        if not _is_tile_edge(pos, length, chunk):
+        if not _is_tile_edge(pos, length, tile):
             raise ValueError(f"{name} = {pos} is not a tile edge of a sequence of {length} tokens: "
-                             f"segments start and stop at a multiple of chunk = {chunk}, or stop "
+                             f"segments start and stop at a multiple of tile = {tile}, or stop "
                              f"at {length}")
-    seq_tiles = -(-length // chunk)
-    first = start // chunk
-    tiles = first + np.arange(-(-(stop - start) // chunk), dtype=np.int64)
+    seq_tiles = -(-length // tile)
+    first = start // tile
+    tiles = first + np.arange(-(-(stop - start) // tile), dtype=np.int64)
     e = snapshot_every
     keep = (tiles % e == e - 1) | (tiles == seq_tiles - 1)
     return tiles[keep] - first, tiles[keep] // e
 
 
-def _bounds_from_cuts(length: int, chunk: int, cuts: Sequence[int], name: str) -> list[tuple[int, int]]:
+def _bounds_from_cuts(length: int, tile: int, cuts: Sequence[int], name: str) -> list[tuple[int, int]]:
     """Ranges between explicit interior cuts (token offsets, strictly increasing tile edges)."""
     try:
         cuts = [c for c in cuts]
@@ -171,9 +172,9 @@ def _bounds_from_cuts(length: int, chunk: int, cuts: Sequence[int], name: str) -
     for i, c in enumerate(cuts):
         if not is_int(c):
             raise ValueError(f"{name}[{i}] must be an integer token offset, got {c!r}")
-        if not 0 < c < length or c % chunk != 0:
+        if not 0 < c < length or c % tile != 0:
             raise ValueError(f"{name}[{i}] = {c} must be a tile edge strictly inside the sequence "
-                             f"(a multiple of chunk = {chunk} in 1 .. {length - 1})")
+                             f"(a multiple of tile = {tile} in 1 .. {length - 1})")
         if i and c <= cuts[i - 1]:
             raise ValueError(f"{name} must be strictly increasing, got {name}[{i - 1}] = {cuts[i - 1]} "
                              f">= {name}[{i}] = {c}")
@@ -181,7 +182,7 @@ def _bounds_from_cuts(length: int, chunk: int, cuts: Sequence[int], name: str) -
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _all_bounds(cu: np.ndarray, chunk: int, segments) -> list[list[tuple[int, int]]]:
+def _all_bounds(cu: np.ndarray, tile: int, segments) -> list[list[tuple[int, int]]]:
     """Per sequence, its segments as absolute token ranges of the flattened token axis."""
     lengths = np.diff(cu)
     N = lengths.shape[0]
@@ -189,14 +190,14 @@ def _all_bounds(cu: np.ndarray, chunk: int, segments) -> list[list[tuple[int, in
         if segments < 1:
             raise ValueError(f"segments must be an integer >= 1 or one list of cuts per sequence, "
                              f"got {segments!r}")
-        rel = [segment_bounds(int(n), chunk, int(segments)) for n in lengths]
+        rel = [segment_bounds(int(n), tile, int(segments)) for n in lengths]
     else:
         if isinstance(segments, bool) or not isinstance(segments, Sequence) or isinstance(segments, str):
             raise ValueError(f"segments must be an integer >= 1 or one list of cuts per sequence, "
                              f"got {segments!r}")
         if len(segments) != N:
             raise ValueError(f"segments as cuts needs one list per sequence ({N}), got {len(segments)}")
-        rel = [_bounds_from_cuts(int(n), chunk, cuts, f"segments[{i}]")
+        rel = [_bounds_from_cuts(int(n), tile, cuts, f"segments[{i}]")
                for i, (n, cuts) in enumerate(zip(lengths, segments))]
     return [[(int(bos) + a, int(bos) + b) for a, b in r] for bos, r in zip(cu[:-1], rel)]
 
@@ -255,7 +256,7 @@ def _flatten(B: int, T: int, **arrays) -> dict:
 # ----------------------------------------------------------------------------
 
 def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int | None = None,
-                    scale: float | None = None, cu_seqlens=None, chunk: int = 16,
+                    scale: float | None = None, cu_seqlens=None, tile: int = TILE_TOKENS,
                     qk_l2norm: bool = True) -> tuple[Array, Array]:
     """One segment's summary (M [H, K, K], d [H, K, V]), float64.
 
@@ -263,7 +264,7 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
     ``cu_seqlens`` packing); the segment is the tokens ``start .. stop - 1`` of
     the flattened token axis (token t of batch row b is b*T + t; with
     ``cu_seqlens``, the packed position). Both ends must be tile edges of one
-    sequence: a multiple of ``chunk`` tokens from its first token, or ``stop`` at
+    sequence: a multiple of ``tile`` tokens from its first token, or ``stop`` at
     its end. ``stop`` None: the end of the sequence holding ``start``. So a
     single sequence (or one context-parallel rank's part, which starts at a tile
     edge) needs no range at all.
@@ -271,7 +272,7 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
     dS entering the segment's first tile (from the right, the gradient w.r.t.
     the state before the segment) = M @ dS entering from after the segment + d.
     """
-    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, 1, cu_seqlens)
+    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, tile, 1, cu_seqlens)
     check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     total = B * T
     if not is_int(start) or not 0 <= start < total:
@@ -284,19 +285,19 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
         raise ValueError(f"stop must be an integer in {start + 1} .. {eos} (the segment may not "
                          f"cross the end of sequence {n}, tokens {bos} .. {eos - 1}), got {stop!r}")
     for name, pos in (("start", int(start)), ("stop", int(stop))):
-        if not _is_tile_edge(pos - bos, eos - bos, chunk):
+        if not _is_tile_edge(pos - bos, eos - bos, tile):
             raise ValueError(f"{name} = {pos} is not a tile edge of sequence {n} (tokens {bos} .. "
-                             f"{eos - 1}, chunk {chunk}): segments start and stop at "
-                             f"{bos} + a multiple of {chunk}, or stop at {eos}")
+                             f"{eos - 1}, tile {tile}): segments start and stop at "
+                             f"{bos} + a multiple of {tile}, or stop at {eos}")
     xp = array_module(q)
     flat = _flatten(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
-    opts = dict(scale=scale, chunk=chunk, qk_l2norm=qk_l2norm)
+    opts = dict(scale=scale, tile=tile, qk_l2norm=qk_l2norm)
     M, d = _summaries(xp, flat, [(int(start), int(stop))], opts)
     return M[0], d[0]
 
 
 def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: float | None = None,
-                          dht=None, cu_seqlens=None, chunk: int = 16, qk_l2norm: bool = True,
+                          dht=None, cu_seqlens=None, tile: int = TILE_TOKENS, qk_l2norm: bool = True,
                           snapshot_every: int = 1):
     """:func:`dstate_scan_reference`, computed by the three passes over segments.
 
@@ -306,18 +307,18 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
     one list per sequence, the token offsets (from the sequence's first token)
     of its interior cuts, each a tile edge: ``[[32, 48], [], [16]]``.
     """
-    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, chunk, snapshot_every,
+    B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, tile, snapshot_every,
                                            cu_seqlens)
     check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
     N = cu.shape[0] - 1
     if dht is not None:
         expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
         real_dtype_arg("dht", dht)
-    bounds = _all_bounds(cu, chunk, segments)
+    bounds = _all_bounds(cu, tile, segments)
     xp = array_module(q)
     f64 = np.float64
     flat = _flatten(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
-    opts = dict(scale=scale, chunk=chunk, qk_l2norm=qk_l2norm)
+    opts = dict(scale=scale, tile=tile, qk_l2norm=qk_l2norm)
     dht64 = None if dht is None else xp.asarray(dht, dtype=f64)
 
     # pass 1: summaries of the middle segments; the end segments' real scans
@@ -347,7 +348,7 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
         runs.append((rest,) + _scan_ranges(xp, flat, [bounds[n][j] for n, j in rest], dS_in, opts, 1))
 
     # every segment's every-tile snapshots -> the sequence's grid of every e-th tile
-    offsets = snapshot_offsets(np.diff(cu), chunk, snapshot_every)
+    offsets = snapshot_offsets(np.diff(cu), tile, snapshot_every)
     snapshots = xp.zeros((int(offsets[-1]), H, K, V), dtype=f64)
     dh0 = xp.zeros((N, H, K, V), dtype=f64)
     for keys, snaps, out in runs:
@@ -355,10 +356,10 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
         for i, (n, j) in enumerate(keys):
             bos, eos = int(cu[n]), int(cu[n + 1])
             start, stop = bounds[n][j]
-            tiles, which = segment_snapshots(start - bos, stop - bos, eos - bos, chunk, snapshot_every)
+            tiles, which = segment_snapshots(start - bos, stop - bos, eos - bos, tile, snapshot_every)
             if tiles.size:
                 snapshots[xp.asarray(offsets[n] + which)] = snaps[0, xp.asarray(row + tiles)]
-            row += -(-(stop - start) // chunk)
+            row += -(-(stop - start) // tile)
             if j == 0:
                 dh0[n] = out[i]
     if cu_seqlens is None:

@@ -6,9 +6,9 @@ torch.distributed group: exactness and time.
     # N ranks started here, gloo; with Kernel A they share this machine's GPUs (rank r on GPU r mod count)
     ptx-lab cp-check --spawn 2 --T 8192 --heads 4
     # the float64 pair on CPU processes (no GPU): small K, V and tiles
-    ptx-lab cp-check --spawn 3 --pair reference --T 200 --heads 2 --K 8 --V 8 --chunk 4
+    ptx-lab cp-check --spawn 3 --pair reference --T 200 --heads 2 --K 8 --V 8 --tile 4
     # the whole backward (kernel.cp.backward), float64 pair
-    ptx-lab cp-check --backward --spawn 3 --T 200 --heads 2 --K 8 --V 8 --chunk 4
+    ptx-lab cp-check --backward --spawn 3 --T 200 --heads 2 --K 8 --V 8 --tile 4
 
 Every rank builds the same seeded sequence (kernel.reference.random_inputs), takes its part of
 the tiles (kernel.cp.shard: contiguous, in rank order) and runs kernel.cp.cp_dstate_scan with
@@ -42,6 +42,7 @@ from kernel import cp
 from kernel.cp import backward as cp_backward
 from kernel.reference import (dstate_scan_reference, kda_backward_reference, prepare_tiles, random_inputs,
                               segment_snapshots)
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS
 
 PAIRS = {"kernel": (cp.kernel_summary, cp.kernel_scan), "reference": (cp.reference_summary, cp.reference_scan)}
 
@@ -59,7 +60,7 @@ def problem(args) -> dict:
         kern, _ = check.inputs(check.Case("cp-check", B=1, T=args.T, H=args.heads, dht=True, seed=args.seed))
         return {n: kern[n] for n in (*cp.INPUT_NAMES, "dht")}
     raw = random_inputs(1, args.T, args.heads, args.K, args.V, seed=args.seed, with_dht=True)
-    gc, mqk, inv = prepare_tiles(raw["q"], raw["k"], raw["g"], raw["beta"], chunk=args.chunk)
+    gc, mqk, inv = prepare_tiles(raw["q"], raw["k"], raw["g"], raw["beta"], tile=args.tile)
     return dict(q=raw["q"], k=raw["k"], gc=gc, beta=raw["beta"], mqk=mqk, inv=inv, do=raw["do"], dht=raw["dht"])
 
 
@@ -84,9 +85,9 @@ def _unsplit(args, inputs: dict, options: cp.ScanOptions):
         snaps, dh0 = dstate_scan(*ins, dht=inputs["dht"], snapshot_every=options.snapshot_every)
         every, _ = dstate_scan(*ins, dht=inputs["dht"], snapshot_every=1)
     else:
-        snaps, dh0 = dstate_scan_reference(*ins, dht=inputs["dht"], chunk=options.chunk,
+        snaps, dh0 = dstate_scan_reference(*ins, dht=inputs["dht"], tile=options.tile,
                                            snapshot_every=options.snapshot_every)
-        every, _ = dstate_scan_reference(*ins, dht=inputs["dht"], chunk=options.chunk, snapshot_every=1)
+        every, _ = dstate_scan_reference(*ins, dht=inputs["dht"], tile=options.tile, snapshot_every=1)
     return snaps, every, dh0
 
 
@@ -115,8 +116,8 @@ def run_rank(args, rank: int, world: int) -> dict:
         cupy.cuda.Device(int(os.environ.get("LOCAL_RANK", rank)) % cupy.cuda.runtime.getDeviceCount()).use()
         xp = cupy
     inputs = problem(args)
-    part = cp.shard(inputs, rank, world, chunk=args.chunk)
-    options = cp.ScanOptions(chunk=args.chunk, snapshot_every=args.snapshot_every)
+    part = cp.shard(inputs, rank, world, tile=args.tile)
+    options = cp.ScanOptions(tile=args.tile, snapshot_every=args.snapshot_every)
     summary_fn, scan_fn = PAIRS[args.pair]
     timeout = datetime.timedelta(seconds=args.timeout)
     (snaps, dS_out), med = _timed(args.reps, lambda t: cp.cp_dstate_scan(
@@ -126,10 +127,10 @@ def run_rank(args, rank: int, world: int) -> dict:
         out["cupy_pool_bytes"] = int(xp.get_default_memory_pool().total_bytes())
     if args.check:
         ref_snaps, every, ref_dh0 = _unsplit(args, inputs, options)
-        _, idx = segment_snapshots(part.start, part.stop, part.length, args.chunk, args.snapshot_every)
+        _, idx = segment_snapshots(part.start, part.stop, part.length, args.tile, args.snapshot_every)
         # only this rank's share of the unsplit scan goes to the host in float64
         ref_part = _host64(ref_snaps[0, xp.asarray(idx)]) if idx.size else None
-        want = _host64(ref_dh0[0] if rank == 0 else every[0, part.start // args.chunk - 1])
+        want = _host64(ref_dh0[0] if rank == 0 else every[0, part.start // args.tile - 1])
         del ref_snaps, every
         out["snapshots_rel"] = _rel(_host64(snaps)[0], ref_part) if idx.size else 0.0
         out["dS_out_rel"] = _rel(_host64(dS_out), want)
@@ -147,14 +148,14 @@ def backward_problem(args) -> dict:
 def run_rank_backward(args, rank: int, world: int) -> dict:
     """--backward: this rank's whole backward, its passes timed, its gradients checked."""
     inputs = backward_problem(args)
-    part = cp_backward.shard(inputs, rank, world, chunk=args.chunk)
-    options = cp_backward.BackwardOptions(chunk=args.chunk)
+    part = cp_backward.shard(inputs, rank, world, tile=args.tile)
+    options = cp_backward.BackwardOptions(tile=args.tile)
     timeout = datetime.timedelta(seconds=args.timeout)
     got, med = _timed(args.reps, lambda t: cp_backward.cp_kda_backward(part, options, timeout=timeout, timing=t))
     out = dict(rank=rank, start=part.start, stop=part.stop, **med)
     if args.check:
         ref = kda_backward_reference(*(inputs[n] for n in cp_backward.INPUT_NAMES),
-                                     initial_state=inputs["initial_state"], dht=inputs["dht"], chunk=args.chunk)
+                                     initial_state=inputs["initial_state"], dht=inputs["dht"], tile=args.tile)
         out["gradients_rel"] = {n: _rel(_host64(got[n]), ref[n][:, part.start:part.stop])
                                 for n in cp_backward.GRADIENTS}
         if rank == 0:
@@ -239,11 +240,13 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.c
     ap.add_argument("--backward", action="store_true",
                     help="the whole backward (kernel.cp.backward) instead of Kernel A's scan; float64 pair only")
     ap.add_argument("--pair", choices=sorted(PAIRS), default=None,
-                    help="kernel: Kernel A on each rank's GPU; reference: float64 (any K, V, chunk). "
+                    help="kernel: Kernel A on each rank's GPU; reference: float64 (any K, V, tile). "
                          "Default: kernel, or reference with --backward")
-    ap.add_argument("--K", type=int, default=128, help="reference pair only (Kernel A: 128)")
-    ap.add_argument("--V", type=int, default=128, help="reference pair only (Kernel A: 128)")
-    ap.add_argument("--chunk", type=int, default=16, help="tokens a tile (Kernel A: 16)")
+    ap.add_argument("--K", type=int, default=HEAD_DIM, help=f"reference pair only (Kernel A: {HEAD_DIM})")
+    ap.add_argument("--V", type=int, default=HEAD_DIM, help=f"reference pair only (Kernel A: {HEAD_DIM})")
+    ap.add_argument("--tile", type=int, default=TILE_TOKENS,
+                    help=f"tokens a tile, a divisor of {CHUNK_TOKENS} (Kernel A's: {TILE_TOKENS}; the reference "
+                         f"pair takes any)")
     ap.add_argument("--snapshot-every", type=int, default=1, choices=(1, 4))
     ap.add_argument("--spawn", type=int, default=0,
                     help="start this many ranks here (gloo unless --backend); 0: this process is one rank "
@@ -264,8 +267,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.c
     if args.backward and args.pair != "reference":
         ap.error("--backward has only the float64 pair (--pair reference): the whole backward's GPU pair "
                  "is not built (docs/kda_backward.md, section 10)")
-    if args.pair == "kernel" and (args.K, args.V, args.chunk) != (128, 128, 16):
-        ap.error("--pair kernel runs Kernel A: K = V = 128, chunk 16")
+    if args.pair == "kernel" and (args.K, args.V, args.tile) != (HEAD_DIM, HEAD_DIM, TILE_TOKENS):
+        ap.error(f"--pair kernel runs Kernel A: K = V = {HEAD_DIM}, tile {TILE_TOKENS}")
     if args.T < 1 or args.heads < 1 or args.spawn < 0 or args.reps < 1:
         ap.error("need --T, --heads, --reps >= 1 and --spawn >= 0")
     if args.spawn and args.backend is None:

@@ -25,19 +25,19 @@ def problem(case: dict) -> dict:
 
 
 def options(case: dict) -> cp_backward.BackwardOptions:
-    return cp_backward.BackwardOptions(chunk=case["chunk"])
+    return cp_backward.BackwardOptions(tile=case["tile"])
 
 
 def part_of(case: dict, rank: int, world: int) -> cp_backward.BackwardPart:
     inputs = problem(case)
     tokens = None if case.get("tokens") is None else tuple(case["tokens"][rank])
     if case.get("fault") is not None and rank == case["fault_rank"]:
-        fair = cp_backward.shard(inputs, rank, world, chunk=case["chunk"], tokens=tokens)
+        fair = cp_backward.shard(inputs, rank, world, tile=case["tile"], tokens=tokens)
         if case["fault"] == "offsets":      # leaves a one-tile gap after the previous rank
-            tokens = (fair.start + case["chunk"], fair.stop)
+            tokens = (fair.start + case["tile"], fair.stop)
         elif case["fault"] == "shapes":     # one value column fewer than the others
             inputs = dict(inputs, v=inputs["v"][..., :-1], do=inputs["do"][..., :-1])
-    return cp_backward.shard(inputs, rank, world, chunk=case["chunk"], tokens=tokens)
+    return cp_backward.shard(inputs, rank, world, tile=case["tile"], tokens=tokens)
 
 
 def run_case(case: dict, rank: int, world: int, timeout) -> dict:

@@ -19,13 +19,13 @@ def problem(case: dict) -> dict:
     """The case's one sequence: dstate_scan_reference's inputs [1, T, ...] and dht [1, H, K, V]."""
     inp = random_inputs(1, case["length"], case["H"], case["K"], case["V"], seed=case["seed"],
                         with_dht=case["with_dht"])
-    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=case["chunk"])
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=case["tile"])
     return dict(q=inp["q"], k=inp["k"], gc=gc, beta=inp["beta"], mqk=mqk, inv=inv, do=inp["do"],
                 dht=inp["dht"])
 
 
 def options(case: dict) -> cp.ScanOptions:
-    return cp.ScanOptions(chunk=case["chunk"], snapshot_every=case["snapshot_every"])
+    return cp.ScanOptions(tile=case["tile"], snapshot_every=case["snapshot_every"])
 
 
 def part_of(case: dict, rank: int, world: int) -> cp.Part:
@@ -33,16 +33,16 @@ def part_of(case: dict, rank: int, world: int) -> cp.Part:
     tokens = None if case.get("tokens") is None else tuple(case["tokens"][rank])
     fault = case.get("fault")
     if fault is not None and rank == case["fault_rank"]:
-        chunk = case["chunk"]
-        fair = cp.shard(inputs, rank, world, chunk=chunk, tokens=tokens)
+        tile = case["tile"]
+        fair = cp.shard(inputs, rank, world, tile=tile, tokens=tokens)
         start, stop = fair.start, fair.stop
         if fault == "offsets":          # leaves a one-tile gap after the previous rank
-            tokens = (start + chunk, stop)
+            tokens = (start + tile, stop)
         elif fault == "tile_edge":      # stops one token past a tile edge
             tokens = (start, stop + 1)
         elif fault == "shapes":         # one key dimension fewer than the others
             inputs = {name: (x[..., :-1] if name in ("q", "k", "gc") else x) for name, x in inputs.items()}
-    return cp.shard(inputs, rank, world, chunk=case["chunk"], tokens=tokens)
+    return cp.shard(inputs, rank, world, tile=case["tile"], tokens=tokens)
 
 
 def run_case(case: dict, rank: int, world: int, timeout) -> dict:

@@ -58,7 +58,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     F = fla_forward_tensors(inp["q"], k, inp["g"], beta, cu_seqlens=cu, qk_l2norm=False, upper="zero")
     h0 = inp["dht"] if initial_state else None          # 0.1 N(0, 1), fp32 [N, H, K, V]
     _, _, states = kda_forward_reference(inp["q"], k, v, inp["g"], beta, initial_state=h0, cu_seqlens=cu,
-                                         qk_l2norm=False, chunk=TILE)
+                                         qk_l2norm=False, tile=TILE)
     tiles = snapshot_offsets(lens, TILE, 1)
     entries = snapshot_offsets(lens, TILE, EVERY)
     flat = states.reshape(-1, H, D, D)

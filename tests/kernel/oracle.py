@@ -58,14 +58,14 @@ def state_gradients(q, k, v, g, beta, do, dht, boundaries, *, scale=None, qk_l2n
     return grad.transpose(1, 0, 2, 3)
 
 
-def snapshot_tiles(n_tokens: int, chunk: int, snapshot_every: int) -> list[int]:
+def snapshot_tiles(n_tokens: int, tile: int, snapshot_every: int) -> list[int]:
     """Tiles whose exit state is snapshotted: min(e*m + e - 1, n_t - 1), m = 0..n_s-1."""
-    n_t = math.ceil(n_tokens / chunk)
+    n_t = math.ceil(n_tokens / tile)
     e = snapshot_every
     return [min(e * m + e - 1, n_t - 1) for m in range(math.ceil(n_t / e))]
 
 
-def oracle_dstate(inp: dict, *, chunk: int, snapshot_every: int, scale=None, qk_l2norm=True):
+def oracle_dstate(inp: dict, *, tile: int, snapshot_every: int, scale=None, qk_l2norm=True):
     """(snapshots, dh0) in the layout of ``dstate_scan_reference``, from the oracle.
 
     ``inp`` holds q, k, v, g, beta, do ([B, T, H, ..]), dht ([N, H, K, V] or
@@ -81,8 +81,8 @@ def oracle_dstate(inp: dict, *, chunk: int, snapshot_every: int, scale=None, qk_
     for n, (b, bos, eos) in enumerate(seqs):
         length = eos - bos
         # the state after tile t = the state after its last real token
-        last_token = [min((t + 1) * chunk, length) - 1
-                      for t in snapshot_tiles(length, chunk, snapshot_every)]
+        last_token = [min((t + 1) * tile, length) - 1
+                      for t in snapshot_tiles(length, tile, snapshot_every)]
         x = {name: np.asarray(inp[name])[b, bos:eos] for name in ("q", "k", "v", "g", "beta", "do")}
         dht = None if inp["dht"] is None else np.asarray(inp["dht"])[n]
         grads = state_gradients(x["q"], x["k"], x["v"], x["g"], x["beta"], x["do"], dht,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kernel.reference import random_inputs
 
 
-def scan_case(draw, *, B, T, lengths, chunk: int, V_max: int = 5) -> dict:
+def scan_case(draw, *, B, T, lengths, tile: int, V_max: int = 5) -> dict:
     """The shape, the generator's arguments and the reference's options of one case."""
     return dict(
         shape=dict(B=B, T=T, H=draw(st.integers(1, 2)), K=draw(st.integers(2, 5)),
@@ -23,7 +23,7 @@ def scan_case(draw, *, B, T, lengths, chunk: int, V_max: int = 5) -> dict:
         gen=dict(seed=draw(st.integers(0, 2**31 - 1)),
                  gate_strength=draw(st.sampled_from([0.0, 1.0, 4.0]) | st.floats(0.0, 4.0)),
                  with_dht=draw(st.booleans())),
-        chunk=chunk,
+        tile=tile,
         qk_l2norm=draw(st.booleans()),
         scale=draw(st.none() | st.floats(0.1, 2.0)),
     )

@@ -52,7 +52,7 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 
 def _reference(case: dict, snapshot_every: int | None = None):
     p = cp_worker.problem(case)
-    return dstate_scan_reference(*(p[name] for name in cp.INPUT_NAMES), dht=p["dht"], chunk=case["chunk"],
+    return dstate_scan_reference(*(p[name] for name in cp.INPUT_NAMES), dht=p["dht"], tile=case["tile"],
                                  snapshot_every=snapshot_every or case["snapshot_every"])
 
 
@@ -67,7 +67,7 @@ def _check_against_reference(case: dict, bounds: list, snapshots: list, dS_out: 
     assert worst < RTOL, f"{case}: snapshot error {worst:.2e}"
     assert _rel(dS_out[0], ref_dh0[0]) < RTOL
     for r in range(1, len(bounds)):
-        want = every_tile[0, bounds[r][0] // case["chunk"] - 1]
+        want = every_tile[0, bounds[r][0] // case["tile"] - 1]
         assert _rel(dS_out[r], want) < RTOL, f"{case}: rank {r}'s dS_out"
 
 
@@ -84,7 +84,7 @@ def _run_group(torch, world: int, cases: list, out_dir, timeout_s: float = GROUP
     return gloo_group.run_group(torch, cp_worker.run_rank, world, cases, out_dir, timeout_s)
 
 
-SMALL = dict(length=75, H=2, K=3, V=4, chunk=4, seed=1)          # 19 tiles, the last partial
+SMALL = dict(length=75, H=2, K=3, V=4, tile=4, seed=1)          # 19 tiles, the last partial
 # explicit parts whose boundaries fall inside 4-tile snapshot chunks (tiles 5; 1, 11; 2, 5, 9)
 INSIDE = {2: [(0, 20), (20, 75)], 3: [(0, 4), (4, 44), (44, 75)],
           4: [(0, 8), (8, 20), (20, 36), (36, 75)]}
@@ -97,19 +97,19 @@ def test_gloo_ranks_match_the_unsplit_scan(torch, world, tmp_path):
         dict(SMALL, snapshot_every=4, with_dht=False),
         dict(SMALL, snapshot_every=4, with_dht=True, tokens=INSIDE[world]),
         # GPU sizes: 16-token tiles, bf16-every-64's grid, 13 tiles
-        dict(length=200, H=1, K=4, V=4, chunk=16, seed=2, snapshot_every=4, with_dht=True),
+        dict(length=200, H=1, K=4, V=4, tile=16, seed=2, snapshot_every=4, with_dht=True),
     ]
     results = _run_group(torch, world, cases, tmp_path)
     for i, case in enumerate(cases):
         got = [results.get((i, r)) for r in range(world)]
         errors = {r: g for r, g in enumerate(got) if g is None or "message" in g}
         assert not errors, f"case {i}: ranks failed: {errors}"
-        bounds = case.get("tokens") or segment_bounds(case["length"], case["chunk"], world)
+        bounds = case.get("tokens") or segment_bounds(case["length"], case["tile"], world)
         _check_against_reference(case, bounds, [g["snapshots"] for g in got], [g["dS_out"] for g in got])
         # and the one-process run of the same parts agrees with every rank
         p = cp_worker.problem(case)
         serial = cp.cp_dstate_scan_serial(
-            [cp.shard(p, r, world, chunk=case["chunk"], tokens=case.get("tokens", [None] * world)[r])
+            [cp.shard(p, r, world, tile=case["tile"], tokens=case.get("tokens", [None] * world)[r])
              for r in range(world)], cp_worker.options(case))
         for r, (snaps, dS_out) in enumerate(serial):
             np.testing.assert_allclose(got[r]["snapshots"], snaps, rtol=1e-13, atol=1e-17)
@@ -130,7 +130,7 @@ def test_gloo_parts_that_do_not_fit_fail_on_every_rank(torch, tmp_path):
     took = time.monotonic() - began
     expected = [r"rank 1: starts at token 28, but rank 0 stops at 24 \(parts must be contiguous",
                 r"rank 1: H, K, V \(2, 2, 4\), but rank 0 has \(2, 3, 4\)",
-                r"rank 0: stops at token 25, neither a tile edge \(a multiple of chunk = 4\)"]
+                r"rank 0: stops at token 25, neither a tile edge \(a multiple of tile = 4\)"]
     for i, pattern in enumerate(expected):
         for r in range(world):
             got = results.get((i, r))
@@ -138,7 +138,7 @@ def test_gloo_parts_that_do_not_fit_fail_on_every_rank(torch, tmp_path):
                 f"case {i} ({cases[i]['fault']} on rank {cases[i]['fault_rank']}): rank {r} gave {got}"
             assert "every rank raises this" in got["message"]
             assert re.search(pattern, got["message"]), (r, got["message"])
-    bounds = segment_bounds(case["length"], case["chunk"], world)
+    bounds = segment_bounds(case["length"], case["tile"], world)
     _check_against_reference(case, bounds, [results[3, r]["snapshots"] for r in range(world)],
                              [results[3, r]["dS_out"] for r in range(world)])
     assert took < GROUP_TIMEOUT_S, f"the faults took {took:.1f} s: someone waited for a timeout"
@@ -169,13 +169,13 @@ def test_gloo_a_rank_that_never_arrives_times_out(torch, tmp_path):
 
 @st.composite
 def split_problems(draw):
-    chunk = draw(st.sampled_from([2, 4, 16]))
-    length = draw(st.integers(1, 12 * chunk))
-    edges = list(range(chunk, length, chunk))
+    tile = draw(st.sampled_from([2, 4, 16]))
+    length = draw(st.integers(1, 12 * tile))
+    edges = list(range(tile, length, tile))
     cuts = sorted(draw(st.sets(st.sampled_from(edges), max_size=5))) if edges else []
     bounds = list(zip([0] + cuts, cuts + [length]))
     return dict(length=length, H=draw(st.integers(1, 2)), K=draw(st.integers(2, 4)),
-                V=draw(st.integers(2, 4)), chunk=chunk, seed=draw(st.integers(0, 2**31 - 1)),
+                V=draw(st.integers(2, 4)), tile=tile, seed=draw(st.integers(0, 2**31 - 1)),
                 snapshot_every=draw(st.sampled_from([1, 4]) | st.integers(1, 5)),
                 with_dht=draw(st.booleans()), tokens=bounds)
 
@@ -185,7 +185,7 @@ def split_problems(draw):
 def test_serial_parts_match_the_unsplit_scan(case):
     p = cp_worker.problem(case)
     world = len(case["tokens"])
-    parts = [cp.shard(p, r, world, chunk=case["chunk"], tokens=case["tokens"][r]) for r in range(world)]
+    parts = [cp.shard(p, r, world, tile=case["tile"], tokens=case["tokens"][r]) for r in range(world)]
     out = cp.cp_dstate_scan_serial(parts, cp_worker.options(case))
     _check_against_reference(case, case["tokens"], [s for s, _ in out], [d for _, d in out])
 
@@ -193,18 +193,18 @@ def test_serial_parts_match_the_unsplit_scan(case):
 def _parts(world=3):
     case = dict(SMALL, snapshot_every=4, with_dht=True)
     p = cp_worker.problem(case)
-    return [cp.shard(p, r, world, chunk=4) for r in range(world)], p
+    return [cp.shard(p, r, world, tile=4) for r in range(world)], p
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda ps, p: ps.__setitem__(1, cp.shard(p, 1, 3, chunk=4, tokens=(28, 52))),
+    (lambda ps, p: ps.__setitem__(1, cp.shard(p, 1, 3, tile=4, tokens=(28, 52))),
      r"rank 1: starts at token 28, but rank 0 stops at 24 \(parts must be contiguous, in rank order\)"),
-    (lambda ps, p: ps.__setitem__(0, cp.shard(p, 0, 3, chunk=4, tokens=(4, 24))),
+    (lambda ps, p: ps.__setitem__(0, cp.shard(p, 0, 3, tile=4, tokens=(4, 24))),
      r"rank 0: starts at token 4, but the first part must start at 0"),
-    (lambda ps, p: ps.__setitem__(2, cp.shard(p, 2, 3, chunk=4, tokens=(48, 72))),
+    (lambda ps, p: ps.__setitem__(2, cp.shard(p, 2, 3, tile=4, tokens=(48, 72))),
      r"rank 2: stops at token 72, but the last rank must hold the sequence's end \(75\)"),
-    (lambda ps, p: ps.__setitem__(1, cp.shard(p, 1, 3, chunk=4, tokens=(26, 48))),
-     r"rank 1: starts at token 26, not a tile edge \(a multiple of chunk = 4\)"),
+    (lambda ps, p: ps.__setitem__(1, cp.shard(p, 1, 3, tile=4, tokens=(26, 48))),
+     r"rank 1: starts at token 26, not a tile edge \(a multiple of tile = 4\)"),
     (lambda ps, p: ps.__setitem__(1, cp.Part({**ps[1].inputs, "do": ps[1].inputs["do"][..., :2]},
                                              24, 48, 75)),
      r"rank 1: H, K, V \(2, 3, 2\), but rank 0 has \(2, 3, 4\)"),
@@ -223,7 +223,7 @@ def test_serial_rejects_parts_that_do_not_fit(edit, match):
     parts, p = _parts()
     edit(parts, p)
     with pytest.raises(cp.CPInputError, match=match):
-        cp.cp_dstate_scan_serial(parts, cp.ScanOptions(chunk=4, snapshot_every=4))
+        cp.cp_dstate_scan_serial(parts, cp.ScanOptions(tile=4, snapshot_every=4))
 
 
 def test_serial_rejects_bad_options_and_mismatched_functions():
@@ -233,23 +233,23 @@ def test_serial_rejects_bad_options_and_mismatched_functions():
         return cp.reference_summary(part, options)
 
     with pytest.raises(cp.CPInputError, match=r"every rank raises this"):
-        cp.cp_dstate_scan_serial(parts, "chunk=4")
+        cp.cp_dstate_scan_serial(parts, "tile=4")
     # every rank must agree on the functions: the headers name them
-    header = cp.header(parts[0], cp.ScanOptions(chunk=4), 0, other_summary, cp.reference_scan)
-    other = cp.header(parts[1], cp.ScanOptions(chunk=4), 1, cp.reference_summary, cp.reference_scan)
+    header = cp.header(parts[0], cp.ScanOptions(tile=4), 0, other_summary, cp.reference_scan)
+    other = cp.header(parts[1], cp.ScanOptions(tile=4), 1, cp.reference_summary, cp.reference_scan)
     assert any("summary_fn, scan_fn" in p for p in cp.check_headers([header, other]))
 
 
 def test_serial_checks_what_a_plugged_in_pair_returns():
     parts, _ = _parts()
-    options = cp.ScanOptions(chunk=4, snapshot_every=4)
+    options = cp.ScanOptions(tile=4, snapshot_every=4)
 
     def summary_without_heads(part, options):
         M, d = cp.reference_summary(part, options)
         return M[0], d
 
     def scan_every_tile(part, dS_in, options):     # forgot to keep only the grid's snapshots
-        return cp.reference_scan(part, dS_in, cp.ScanOptions(chunk=4, snapshot_every=1))
+        return cp.reference_scan(part, dS_in, cp.ScanOptions(tile=4, snapshot_every=1))
 
     with pytest.raises(ValueError, match=r"summary_without_heads returned M of shape \(3, 3\), "
                                          r"expected \(2, 3, 3\)"):
@@ -278,9 +278,9 @@ def test_shard_splits_tiles_evenly_and_gives_dht_to_the_end():
 def test_shard_rejects_bad_arguments(kwargs, match):
     _, p = _parts()
     with pytest.raises(ValueError, match=match):
-        cp.shard(p, chunk=4, **kwargs)
+        cp.shard(p, tile=4, **kwargs)
     with pytest.raises(ValueError, match=r"inputs must hold q, k, gc, beta, mqk, inv, do.*missing mqk"):
-        cp.shard({n: x for n, x in p.items() if n != "mqk"}, 0, 2, chunk=4)
+        cp.shard({n: x for n, x in p.items() if n != "mqk"}, 0, 2, tile=4)
 
 
 def test_cp_dstate_scan_needs_an_initialised_group(torch):
@@ -289,7 +289,7 @@ def test_cp_dstate_scan_needs_an_initialised_group(torch):
     if dist.is_initialized():
         pytest.skip("a process group is already initialised in this process")
     with pytest.raises(RuntimeError, match=r"needs torch.distributed initialised"):
-        cp.cp_dstate_scan(parts[0], cp.ScanOptions(chunk=4))
+        cp.cp_dstate_scan(parts[0], cp.ScanOptions(tile=4))
 
 
 # ----------------------------------------------------------------------------
@@ -299,8 +299,8 @@ def test_cp_dstate_scan_needs_an_initialised_group(torch):
 @pytest.mark.parametrize("fn", [cp.kernel_summary, lambda part, options: cp.kernel_scan(part, None, options)],
                          ids=["kernel_summary", "kernel_scan"])
 def test_the_gpu_pair_names_kernel_a_s_tile_and_head_dimension(fn):
-    parts, _ = _parts()          # chunk 4, K = 3, V = 4
-    with pytest.raises(ValueError, match=r"options.chunk must be 16 \(Kernel A's tile\) for the GPU pair, got 4"):
-        fn(parts[1], cp.ScanOptions(chunk=4))
+    parts, _ = _parts()          # tile 4, K = 3, V = 4
+    with pytest.raises(ValueError, match=r"options.tile must be 16 \(Kernel A's tile\) for the GPU pair, got 4"):
+        fn(parts[1], cp.ScanOptions(tile=4))
     with pytest.raises(ValueError, match=r"needs K = V = 128 \(Kernel A's head dimension\), got K = 3, V = 4"):
-        fn(parts[1], cp.ScanOptions(chunk=16))
+        fn(parts[1], cp.ScanOptions(tile=16))

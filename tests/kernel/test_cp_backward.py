@@ -48,7 +48,7 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 def _check(case: dict, results: list[dict]) -> None:
     p = worker.problem(case)
     ref = kda_backward_reference(*(p[name] for name in cp_backward.INPUT_NAMES), initial_state=p["initial_state"],
-                                 dht=p["dht"], chunk=case["chunk"])
+                                 dht=p["dht"], tile=case["tile"])
     for name in cp_backward.GRADIENTS:
         got = np.concatenate([r[name] for r in results], axis=1)
         assert got.shape == ref[name].shape, (name, got.shape)
@@ -56,7 +56,7 @@ def _check(case: dict, results: list[dict]) -> None:
     assert _rel(results[0]["dS_out"], ref["dh0"][0]) < RTOL, f"{case}: dh0"
 
 
-SMALL = dict(length=75, H=2, K=3, V=4, chunk=4, seed=1, with_h0=True, with_dht=True)   # 19 tiles, the last partial
+SMALL = dict(length=75, H=2, K=3, V=4, tile=4, seed=1, with_h0=True, with_dht=True)   # 19 tiles, the last partial
 
 
 # ----------------------------------------------------------------------------
@@ -65,29 +65,29 @@ SMALL = dict(length=75, H=2, K=3, V=4, chunk=4, seed=1, with_h0=True, with_dht=T
 
 def _serial(case: dict, world: int, tokens=None) -> list[dict]:
     inputs = worker.problem(case)
-    parts = [cp_backward.shard(inputs, r, world, chunk=case["chunk"], tokens=None if tokens is None else tokens[r])
+    parts = [cp_backward.shard(inputs, r, world, tile=case["tile"], tokens=None if tokens is None else tokens[r])
              for r in range(world)]
     return cp_backward.cp_kda_backward_serial(parts, worker.options(case))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(length=st.integers(1, 90), chunk=st.sampled_from([4, 8, 16]), world=st.integers(1, 4),
+@given(length=st.integers(1, 90), tile=st.sampled_from([4, 8, 16]), world=st.integers(1, 4),
        with_h0=st.booleans(), with_dht=st.booleans(), seed=st.integers(0, 2 ** 16), data=st.data())
-def test_every_split_gives_the_unsplit_gradients(length, chunk, world, with_h0, with_dht, seed, data):
-    tiles = -(-length // chunk)
+def test_every_split_gives_the_unsplit_gradients(length, tile, world, with_h0, with_dht, seed, data):
+    tiles = -(-length // tile)
     world = min(world, tiles)
     # parts of whole tiles, drawn: world - 1 cut points among the tile edges
     cuts = sorted(data.draw(st.lists(st.integers(1, tiles - 1), min_size=world - 1, max_size=world - 1,
                                      unique=True))) if world > 1 else []
-    edges = [0] + [c * chunk for c in cuts] + [length]
-    case = dict(length=length, H=2, K=3, V=2, chunk=chunk, seed=seed, with_h0=with_h0, with_dht=with_dht)
+    edges = [0] + [c * tile for c in cuts] + [length]
+    case = dict(length=length, H=2, K=3, V=2, tile=tile, seed=seed, with_h0=with_h0, with_dht=with_dht)
     _check(case, _serial(case, world, list(zip(edges, edges[1:]))))
 
 
 def test_even_shards_and_the_real_head_sizes():
     """shard's even split, and K = V = 128 with 16-token tiles (the GPU's sizes), 3 ranks."""
     _check(SMALL, _serial(SMALL, 4))
-    case = dict(length=70, H=1, K=128, V=128, chunk=16, seed=3, with_h0=True, with_dht=True)
+    case = dict(length=70, H=1, K=128, V=128, tile=16, seed=3, with_h0=True, with_dht=True)
     _check(case, _serial(case, 3))
 
 
@@ -95,7 +95,7 @@ def test_a_wrong_summary_is_caught():
     """P transposed on the middle rank: the gradients of the ranks after it move by far more than RTOL."""
     case = dict(SMALL, K=4, V=4)
     inputs = worker.problem(case)
-    parts = [cp_backward.shard(inputs, r, 3, chunk=4) for r in range(3)]
+    parts = [cp_backward.shard(inputs, r, 3, tile=4) for r in range(3)]
 
     def transposed(part, options):
         s = cp_backward.reference_summaries(part, options)
@@ -107,14 +107,14 @@ def test_a_wrong_summary_is_caught():
     got = cp_backward.cp_kda_backward_serial(parts, worker.options(case), summaries_fn=transposed)
     p = worker.problem(case)
     ref = kda_backward_reference(*(p[n] for n in cp_backward.INPUT_NAMES), initial_state=p["initial_state"],
-                                 dht=p["dht"], chunk=4)
+                                 dht=p["dht"], tile=4)
     stop = parts[1].stop
     assert np.linalg.norm(got[2]["dq"] - ref["dq"][:, stop:]) / np.linalg.norm(ref["dq"][:, stop:]) > 1e-3
 
 
 def _parts(case, world, **change):
     inputs = worker.problem(case)
-    parts = [cp_backward.shard(inputs, r, world, chunk=case["chunk"]) for r in range(world)]
+    parts = [cp_backward.shard(inputs, r, world, tile=case["tile"]) for r in range(world)]
     for r, kw in change.items():
         parts[int(r[1:])] = cp_backward.BackwardPart(**{**parts[int(r[1:])].__dict__, **kw})
     return parts
@@ -155,12 +155,12 @@ def test_a_plugged_in_pair_must_keep_the_shapes():
 def test_shard_checks_its_arguments():
     inputs = worker.problem(SMALL)
     with pytest.raises(ValueError, match="cannot give each of 30 ranks a tile"):
-        cp_backward.shard(inputs, 0, 30, chunk=4)
+        cp_backward.shard(inputs, 0, 30, tile=4)
     with pytest.raises(ValueError, match="missing beta"):
-        cp_backward.shard({k: v for k, v in inputs.items() if k != "beta"}, 0, 2, chunk=4)
+        cp_backward.shard({k: v for k, v in inputs.items() if k != "beta"}, 0, 2, tile=4)
     with pytest.raises(ValueError, match=r"dht'\] must be \[1, H, K, V\] or \[H, K, V\]"):
-        cp_backward.shard(dict(inputs, dht=np.zeros((2, 2, 3, 4))), 0, 2, chunk=4)
-    part = cp_backward.shard(inputs, 1, 2, chunk=4)
+        cp_backward.shard(dict(inputs, dht=np.zeros((2, 2, 3, 4))), 0, 2, tile=4)
+    part = cp_backward.shard(inputs, 1, 2, tile=4)
     assert part.initial_state is None and part.dht is not None and part.holds_end
 
 

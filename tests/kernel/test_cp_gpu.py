@@ -42,7 +42,7 @@ def test_the_ranks_parts_in_turn_equal_the_unsplit_kernel(case):
     whole = {n: kern[n] for n in cp.INPUT_NAMES}
     bounds = list(zip((0,) + case["cuts"], case["cuts"] + (case["T"],)))
     parts = [cp.shard({**whole, "dht": kern["dht"]}, r, len(bounds), tokens=b) for r, b in enumerate(bounds)]
-    options = cp.ScanOptions(chunk=16, snapshot_every=e)
+    options = cp.ScanOptions(tile=16, snapshot_every=e)
     out = cp.cp_dstate_scan_serial(parts, options, summary_fn=cp.kernel_summary, scan_fn=cp.kernel_scan)
     snaps = cupy.concatenate([s for s, _ in out], axis=1).get().astype(np.float64)
     dh0 = out[0][1].get().astype(np.float64)
@@ -73,7 +73,7 @@ def test_a_summary_maps_the_incoming_ds_like_the_scan():
     whole = {n: kern[n] for n in cp.INPUT_NAMES}
     part = cp.shard(whole, 1, 2, tokens=(64, 160))
     part = cp.Part(part.inputs, 64, 160, 200)           # as a middle part: not the sequence's end
-    options = cp.ScanOptions(chunk=16)
+    options = cp.ScanOptions(tile=16)
     M, d = cp.kernel_summary(part, options)
     X = kern["dht"][0]
     _, out = cp.kernel_scan(part, X, options)

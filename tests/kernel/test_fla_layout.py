@@ -66,7 +66,7 @@ def problems(draw):
         lengths, B, T = draw(st.lists(length, min_size=1, max_size=4)), None, None
     else:
         lengths, B, T = None, draw(st.integers(1, 2)), draw(length)
-    return scan_case(draw, B=B, T=T, lengths=lengths, chunk=chunk, V_max=4) | dict(tile=tile)
+    return scan_case(draw, B=B, T=T, lengths=lengths, tile=tile, V_max=4) | dict(chunk=chunk)
 
 
 _inputs = scan_inputs
@@ -80,7 +80,7 @@ def _fla(inp, p, upper="garbage"):
 
 def _tiles(inp, p):
     return prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], scale=p["scale"],
-                         qk_l2norm=p["qk_l2norm"], chunk=p["tile"], cu_seqlens=inp["cu_seqlens"])
+                         qk_l2norm=p["qk_l2norm"], tile=p["tile"], cu_seqlens=inp["cu_seqlens"])
 
 
 def _from_fla(F, inp, p):
@@ -163,7 +163,7 @@ def test_scan_fed_from_fla_equals_scan_fed_from_prepare_tiles(p):
     F = _fla(inp, p)
     fla_tiles, ref_tiles = _from_fla(F, inp, p), _tiles(inp, p)
     for e in (1, 4):
-        common = dict(scale=p["scale"], dht=inp["dht"], cu_seqlens=inp["cu_seqlens"], chunk=p["tile"],
+        common = dict(scale=p["scale"], dht=inp["dht"], cu_seqlens=inp["cu_seqlens"], tile=p["tile"],
                       snapshot_every=e)
         # FLA stores q, k already normalised: the scan takes them as they are
         s_f, d_f = dstate_scan_reference(F.q, F.k, fla_tiles[0], inp["beta"], fla_tiles[1], fla_tiles[2],

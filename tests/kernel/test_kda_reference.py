@@ -6,7 +6,7 @@ relative (Frobenius, per output array) for dq, dk, dv, dg, dbeta, dh0, and
 per sequence for the forward's o, final state and tile-entry states, and for
 one of Kernel A's dS snapshots per example.
 
-Strategies (``cases``): chunk 2, 4, 8 or 16; lengths 1, C-1, C, C+1, 2C+1 as
+Strategies (``cases``): tile 2, 4, 8 or 16; lengths 1, C-1, C, C+1, 2C+1 as
 often as any of 1..40; equal length (B = 1..2) or a packed varlen batch of
 1..3 ragged sequences; H 1..2, K 2..4, V 1..4; l2norm on/off (off: random
 directions with |q|^2, |k|^2 uniform in [0.2, 0.8], so the delta rule
@@ -74,8 +74,8 @@ def _record(name: str, err: float) -> None:
 def cases(draw, K=st.integers(2, 4), max_length=40, qk_l2norm=st.booleans(),
           key_norm2=(0.2, 0.8)):
     """A small KDA problem: tiny K, V; equal length or packed varlen; lengths around tile edges."""
-    chunk = draw(st.sampled_from([2, 4, 8, 16]))
-    edges = sorted(x for x in {1, max(chunk - 1, 1), chunk, chunk + 1, 2 * chunk + 1}
+    tile = draw(st.sampled_from([2, 4, 8, 16]))
+    edges = sorted(x for x in {1, max(tile - 1, 1), tile, tile + 1, 2 * tile + 1}
                    if x <= max_length)
     length = st.sampled_from(edges) | st.integers(1, max_length)
     if draw(st.booleans()):
@@ -83,7 +83,7 @@ def cases(draw, K=st.integers(2, 4), max_length=40, qk_l2norm=st.booleans(),
     else:
         lengths, B = [draw(length)], draw(st.integers(1, 2))
     return dict(
-        chunk=chunk, lengths=lengths, B=B, H=draw(st.integers(1, 2)),
+        tile=tile, lengths=lengths, B=B, H=draw(st.integers(1, 2)),
         K=draw(K), V=draw(st.integers(1, 4)), key_norm2=key_norm2,
         qk_l2norm=draw(qk_l2norm), with_h0=draw(st.booleans()), with_dht=draw(st.booleans()),
         scale=draw(st.none() | st.floats(0.1, 2.0)),
@@ -96,7 +96,7 @@ def cases(draw, K=st.integers(2, 4), max_length=40, qk_l2norm=st.booleans(),
 def make_inputs(p: dict) -> dict:
     """float64 inputs of a case: [B, T, ..] (equal length) or [1, total, ..] with cu_seqlens."""
     rng = np.random.default_rng(p["seed"])
-    H, K, V, C = p["H"], p["K"], p["V"], p["chunk"]
+    H, K, V, C = p["H"], p["K"], p["V"], p["tile"]
     if p["B"] is None:
         B, T, N = 1, sum(p["lengths"]), len(p["lengths"])
         cu = np.concatenate([[0], np.cumsum(p["lengths"])]).astype(np.int64)
@@ -138,7 +138,7 @@ def sequences(inp: dict):
 
 def _kwargs(p: dict, inp: dict) -> dict:
     return dict(scale=p["scale"], initial_state=inp["initial_state"],
-                cu_seqlens=inp["cu_seqlens"], qk_l2norm=p["qk_l2norm"], chunk=p["chunk"])
+                cu_seqlens=inp["cu_seqlens"], qk_l2norm=p["qk_l2norm"], tile=p["tile"])
 
 
 def _backward(p: dict, inp: dict) -> dict:
@@ -190,7 +190,7 @@ def test_backward_matches_complex_step_k1(p):
 
 def test_backward_example_with_partial_tiles():
     """A fixed varlen case with every edge at once: lengths 1, C-1, C, C+1, strong gates."""
-    p = dict(chunk=4, lengths=[1, 3, 4, 5, 13], B=None, H=2, K=3, V=2, qk_l2norm=True,
+    p = dict(tile=4, lengths=[1, 3, 4, 5, 13], B=None, H=2, K=3, V=2, qk_l2norm=True,
              key_norm2=None, with_h0=True, with_dht=True, scale=None, tile_decay_log2=9.0, seed=5)
     for name, err in check_backward(p).items():
         _record(name, err)
@@ -206,7 +206,7 @@ def test_forward_matches_plain_forward(p):
     inp = make_inputs(p)
     o, final, states = kda_forward_reference(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"],
                                              **_kwargs(p, inp))
-    C = p["chunk"]
+    C = p["tile"]
     lengths = [eos - bos for _, (_, bos, eos), _ in sequences(inp)]
     off = snapshot_offsets(lengths, C, 1)
     H, K = inp["q"].shape[2:]
@@ -235,12 +235,12 @@ def test_forward_matches_plain_forward(p):
 def test_dstate_snapshot_is_the_state_gradient(p, pick):
     """One snapshot of dstate_scan_reference against Im(L(S + i h E_ab)) / h inside the loop."""
     inp = make_inputs(p)
-    C = p["chunk"]
+    C = p["tile"]
     gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], scale=p["scale"],
-                                 qk_l2norm=p["qk_l2norm"], chunk=C, cu_seqlens=inp["cu_seqlens"])
+                                 qk_l2norm=p["qk_l2norm"], tile=C, cu_seqlens=inp["cu_seqlens"])
     snaps, _ = dstate_scan_reference(inp["q"], inp["k"], gc, inp["beta"], mqk, inv, inp["do"],
                                      scale=p["scale"], dht=inp["dht"], cu_seqlens=inp["cu_seqlens"],
-                                     chunk=C, qk_l2norm=p["qk_l2norm"], snapshot_every=1)
+                                     tile=C, qk_l2norm=p["qk_l2norm"], snapshot_every=1)
     seqs = list(sequences(inp))
     n, (_, bos, eos), seq = seqs[pick % len(seqs)]
     n_tiles = -(-(eos - bos) // C)
@@ -257,7 +257,7 @@ def test_dstate_snapshot_is_the_state_gradient(p, pick):
 # ----------------------------------------------------------------------------
 
 def _small(seed=0, **over):
-    p = dict(chunk=4, lengths=[9], B=1, H=2, K=3, V=2, qk_l2norm=True, key_norm2=None,
+    p = dict(tile=4, lengths=[9], B=1, H=2, K=3, V=2, qk_l2norm=True, key_norm2=None,
              with_h0=True, with_dht=True, scale=None, tile_decay_log2=3.0, seed=seed)
     p.update(over)
     return p, make_inputs(p)
@@ -315,7 +315,7 @@ def _args():
                 v=rng.standard_normal((B, T, H, V)), g=-rng.random((B, T, H, K)),
                 beta=rng.random((B, T, H)), do=rng.standard_normal((B, T, H, V)),
                 initial_state=rng.standard_normal((1, H, K, V)),
-                dht=rng.standard_normal((1, H, K, V)), chunk=4)
+                dht=rng.standard_normal((1, H, K, V)), tile=4)
 
 
 def _call_backward(**over):
@@ -356,7 +356,7 @@ Z = np.zeros
     (_with("initial_state", (0, 1, 2, 3), np.nan), r"initial_state must be finite"),
     (_with("g", (0, 7, 1, 0), 0.25), r"g must be <= 0 .*got 0.25 at index \(0, 7, 1, 0\)"),
     (dict(g=np.full((1, 20, 2, 3), -150.0)), r"g: a tile of 4 tokens decays by 2\^-865.6"),
-    (dict(chunk=5), r"chunk must be a positive divisor of 64.*got 5"),
+    (dict(tile=5), r"tile must be a positive divisor of 64.*got 5"),
     (dict(cu_seqlens=np.array([0, 5, 5, 20])), r"cu_seqlens must be strictly increasing"),
     (dict(cu_seqlens=np.array([0, 5, 19])), r"cu_seqlens must end at the total length 20, got 19"),
     (dict(cu_seqlens=np.array([0.0, 20.0])), r"cu_seqlens must have an integer dtype"),
@@ -375,13 +375,13 @@ def test_backward_rejects_bad_input(over, match):
 def test_forward_rejects_bad_input():
     a = _args()
     with pytest.raises(ValueError, match=r"g must be <= 0"):
-        kda_forward_reference(a["q"], a["k"], a["v"], np.abs(a["g"]) + 1e-3, a["beta"], chunk=4)
+        kda_forward_reference(a["q"], a["k"], a["v"], np.abs(a["g"]) + 1e-3, a["beta"], tile=4)
     with pytest.raises(ValueError, match=r"cu_seqlens needs a packed batch of size 1"):
         kda_forward_reference(*(np.repeat(a[n], 2, axis=0) for n in ("q", "k", "v", "g", "beta")),
-                              cu_seqlens=np.array([0, 20, 40]), chunk=4)
+                              cu_seqlens=np.array([0, 20, 40]), tile=4)
     with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 2, 3, 4\)"):
         kda_forward_reference(a["q"], a["k"], a["v"], a["g"], a["beta"],
-                              initial_state=Z((1, 2, 3, 3)), chunk=4)
+                              initial_state=Z((1, 2, 3, 3)), tile=4)
 
 
 def test_tile_decay_bound_is_the_documented_one():

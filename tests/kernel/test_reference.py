@@ -59,9 +59,9 @@ def _rel(out: np.ndarray, ref: np.ndarray) -> float:
 @st.composite
 def problems(draw):
     """A small KDA backward problem: tiny K, V; equal-length or packed varlen."""
-    chunk = draw(st.sampled_from([2, 4, 8, 16]))
+    tile = draw(st.sampled_from([2, 4, 8, 16]))
     # lengths around tile edges (1, C-1, C, C+1) as often as arbitrary ones
-    length = st.one_of(st.sampled_from(sorted({1, max(chunk - 1, 1), chunk, chunk + 1})),
+    length = st.one_of(st.sampled_from(sorted({1, max(tile - 1, 1), tile, tile + 1})),
                        st.integers(1, 40))
     varlen = draw(st.booleans())
     if varlen:
@@ -69,7 +69,7 @@ def problems(draw):
         B = T = None
     else:
         lengths, B, T = None, draw(st.integers(1, 2)), draw(length)
-    return scan_case(draw, B=B, T=T, lengths=lengths, chunk=chunk)
+    return scan_case(draw, B=B, T=T, lengths=lengths, tile=tile)
 
 
 _inputs = scan_inputs
@@ -77,14 +77,14 @@ _inputs = scan_inputs
 
 def _tiles(inp, p):
     return prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], scale=p["scale"],
-                         qk_l2norm=p["qk_l2norm"], chunk=p["chunk"], cu_seqlens=inp["cu_seqlens"])
+                         qk_l2norm=p["qk_l2norm"], tile=p["tile"], cu_seqlens=inp["cu_seqlens"])
 
 
 def _scan(inp, p, tiles, e):
     gc, mqk, inv = tiles
     return dstate_scan_reference(inp["q"], inp["k"], gc, inp["beta"], mqk, inv, inp["do"],
                                  scale=p["scale"], dht=inp["dht"], cu_seqlens=inp["cu_seqlens"],
-                                 chunk=p["chunk"], qk_l2norm=p["qk_l2norm"], snapshot_every=e)
+                                 tile=p["tile"], qk_l2norm=p["qk_l2norm"], snapshot_every=e)
 
 
 def _sequences(inp):
@@ -107,7 +107,7 @@ def test_scan_matches_oracle(p):
     tiles = _tiles(inp, p)
     for e in SNAPSHOT_EVERY:
         snaps, dh0 = _scan(inp, p, tiles, e)
-        ref_snaps, ref_dh0 = oracle_dstate(inp, chunk=p["chunk"], snapshot_every=e,
+        ref_snaps, ref_dh0 = oracle_dstate(inp, tile=p["tile"], snapshot_every=e,
                                            scale=p["scale"], qk_l2norm=p["qk_l2norm"])
         assert snaps.dtype == np.float64 and dh0.dtype == np.float64
         assert snaps.shape == ref_snaps.shape, (e, snaps.shape, ref_snaps.shape)
@@ -127,7 +127,7 @@ def test_last_snapshot_is_dht(p):
     snaps, _ = _scan(inp, p, _tiles(inp, p), 1)
     H, K, V = snaps.shape[2:]
     lengths = [eos - bos for _, bos, eos in _sequences(inp)]
-    off = snapshot_offsets(lengths, p["chunk"], 1)
+    off = snapshot_offsets(lengths, p["tile"], 1)
     dht = np.zeros((len(lengths), H, K, V)) if inp["dht"] is None else inp["dht"]
     flat = snaps.reshape(-1, H, K, V)
     # the snapshot after a sequence's last tile is the gradient handed in, untouched
@@ -136,19 +136,19 @@ def test_last_snapshot_is_dht(p):
 
 def test_small_example_with_a_partial_tile():
     """K=4, V=3, C=4, T=11 (a partial last tile), against the oracle."""
-    p = dict(chunk=4, qk_l2norm=True, scale=None)
+    p = dict(tile=4, qk_l2norm=True, scale=None)
     inp = random_inputs(1, 11, 1, 4, 3, seed=7)
     snaps, dh0 = _scan(inp, p, _tiles(inp, p), 1)
-    ref_snaps, ref_dh0 = oracle_dstate(inp, chunk=4, snapshot_every=1)
+    ref_snaps, ref_dh0 = oracle_dstate(inp, tile=4, snapshot_every=1)
     assert snaps.shape == (1, 3, 1, 4, 3)
     assert _rel(snaps, ref_snaps) < 1e-13 and _rel(dh0, ref_dh0) < 1e-13
 
 
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 40), st.sampled_from([2, 4, 16]), st.integers(0, 2**31 - 1))
-def test_packed_equal_lengths_match_batch(B, T, chunk, seed):
+def test_packed_equal_lengths_match_batch(B, T, tile, seed):
     """A batch [B, T] and the same sequences packed [1, B*T] give the same numbers."""
-    p = dict(chunk=chunk, qk_l2norm=True, scale=None)
+    p = dict(tile=tile, qk_l2norm=True, scale=None)
     batch = random_inputs(B, T, 2, 3, 4, seed=seed)
     packed = {name: batch[name].reshape((1, B * T) + batch[name].shape[2:])
               for name in ("q", "k", "v", "g", "beta", "do")}
@@ -163,7 +163,7 @@ def test_packed_equal_lengths_match_batch(B, T, chunk, seed):
 
 def test_bf16_inputs_are_read_exactly():
     """bf16 (ml_dtypes) inputs, as the GPU kernel gets them, are widened exactly."""
-    p = dict(chunk=4, qk_l2norm=True, scale=None)
+    p = dict(tile=4, qk_l2norm=True, scale=None)
     inp = random_inputs(1, 13, 2, 4, 4, seed=3)
     bf = {k: (v.astype(ml_dtypes.bfloat16) if isinstance(v, np.ndarray) and v.dtype == np.float32
               else v) for k, v in inp.items()}
@@ -184,7 +184,7 @@ def test_bf16_inputs_are_read_exactly():
 def test_prepare_tiles_matches_definitions(p):
     inp = _inputs(p)
     gc, mqk, inv = _tiles(inp, p)
-    C = p["chunk"]
+    C = p["tile"]
     K = inp["q"].shape[-1]
     s = K ** -0.5 if p["scale"] is None else p["scale"]
     H = inp["q"].shape[2]
@@ -230,16 +230,16 @@ def test_prepare_tiles_matches_definitions(p):
 @settings(max_examples=20, deadline=None)
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=5), st.sampled_from([2, 4, 8, 16]),
        st.integers(0, 2**31 - 1))
-def test_prepare_tiles_restart_at_each_sequence(lengths, chunk, seed):
+def test_prepare_tiles_restart_at_each_sequence(lengths, tile, seed):
     """Packed prepare_tiles = each sequence prepared on its own, concatenated."""
     inp = random_inputs(None, None, 2, 3, 3, lengths=lengths, seed=seed)
-    packed = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=chunk,
+    packed = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=tile,
                            cu_seqlens=inp["cu_seqlens"])
     cu = inp["cu_seqlens"]
     for n in range(len(lengths)):
         sl = slice(int(cu[n]), int(cu[n + 1]))
         alone = prepare_tiles(inp["q"][:, sl], inp["k"][:, sl], inp["g"][:, sl],
-                              inp["beta"][:, sl], chunk=chunk)
+                              inp["beta"][:, sl], tile=tile)
         for got, want in zip(packed, alone):
             np.testing.assert_allclose(got[:, sl], want, rtol=1e-14, atol=1e-15)
 
@@ -250,10 +250,10 @@ def test_prepare_tiles_restart_at_each_sequence(lengths, chunk, seed):
 
 def test_snapshot_offsets_examples():
     lengths = [1, 15, 16, 17, 64, 65, 200]
-    # chunk 16: tiles 1, 1, 1, 2, 4, 5, 13
+    # tile 16: tiles 1, 1, 1, 2, 4, 5, 13
     np.testing.assert_array_equal(snapshot_offsets(lengths, 16, 1),
                                   np.cumsum([0, 1, 1, 1, 2, 4, 5, 13]))
-    # chunk 16 x 4 = FLA's 64-token chunks: ceil(n / 64)
+    # tile 16 x 4 = FLA's 64-token chunks: ceil(n / 64)
     np.testing.assert_array_equal(snapshot_offsets(lengths, 16, 4),
                                   np.cumsum([0] + [math.ceil(n / 64) for n in lengths]))
     assert snapshot_offsets(np.array(lengths, dtype=np.int32), 16, 4).dtype == np.int64
@@ -261,10 +261,10 @@ def test_snapshot_offsets_examples():
 
 @given(st.lists(st.integers(1, 500), min_size=1, max_size=8), st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
        st.integers(1, 6))
-def test_snapshot_offsets_count(lengths, chunk, e):
-    off = snapshot_offsets(lengths, chunk, e)
+def test_snapshot_offsets_count(lengths, tile, e):
+    off = snapshot_offsets(lengths, tile, e)
     assert off.shape == (len(lengths) + 1,) and off[0] == 0
-    assert list(np.diff(off)) == [math.ceil(math.ceil(n / chunk) / e) for n in lengths]
+    assert list(np.diff(off)) == [math.ceil(math.ceil(n / tile) / e) for n in lengths]
 
 
 # ----------------------------------------------------------------------------
@@ -273,9 +273,9 @@ def test_snapshot_offsets_count(lengths, chunk, e):
 
 def _valid_args():
     inp = random_inputs(1, 20, 2, 3, 4, seed=0)
-    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4)
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=4)
     return dict(q=inp["q"], k=inp["k"], gc=gc, beta=inp["beta"], mqk=mqk, inv=inv,
-                do=inp["do"], dht=inp["dht"], chunk=4)
+                do=inp["do"], dht=inp["dht"], tile=4)
 
 
 def _call_scan(**over):
@@ -304,8 +304,8 @@ Z = np.zeros
     (dict(cu_seqlens=np.array([0, 5, 19])), r"cu_seqlens must end at the total length 20, got 19"),
     (dict(cu_seqlens=np.array([0.0, 20.0])), r"cu_seqlens must have an integer dtype"),
     (dict(cu_seqlens=np.array([0])), r"cu_seqlens must hold at least 2"),
-    (dict(chunk=3), r"chunk must be a positive divisor of 64.*got 3"),
-    (dict(chunk=0), r"chunk must be a positive divisor of 64.*got 0"),
+    (dict(tile=3), r"tile must be a positive divisor of 64.*got 3"),
+    (dict(tile=0), r"tile must be a positive divisor of 64.*got 0"),
     (dict(snapshot_every=0), r"snapshot_every must be an integer >= 1, got 0"),
 ])
 def test_scan_rejects_bad_input(over, match):
@@ -316,7 +316,7 @@ def test_scan_rejects_bad_input(over, match):
 def test_cu_seqlens_needs_batch_one():
     inp = random_inputs(2, 8, 1, 2, 2, seed=0)
     with pytest.raises(ValueError, match=r"cu_seqlens needs a packed batch of size 1.*got batch 2"):
-        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4,
+        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=4,
                       cu_seqlens=np.array([0, 8, 16]))
 
 
@@ -325,12 +325,12 @@ def test_cu_seqlens_needs_batch_one():
     (dict(k=Z((1, 20, 1, 3))), r"k must have shape \(1, 20, 2, 3\)"),
     (dict(g=Z((1, 20, 2, 2))), r"g must have shape \(1, 20, 2, 3\)"),
     (dict(beta=Z((1, 20))), r"beta must have shape \(1, 20, 2\)"),
-    (dict(chunk=48), r"chunk must be a positive divisor of 64.*got 48"),
+    (dict(tile=48), r"tile must be a positive divisor of 64.*got 48"),
     (dict(cu_seqlens=np.array([0, 25])), r"cu_seqlens must end at the total length 20, got 25"),
 ])
 def test_prepare_tiles_rejects_bad_input(over, match):
     inp = random_inputs(1, 20, 2, 3, 4, seed=0)
-    a = dict(q=inp["q"], k=inp["k"], g=inp["g"], beta=inp["beta"], chunk=4, **{})
+    a = dict(q=inp["q"], k=inp["k"], g=inp["g"], beta=inp["beta"], tile=4, **{})
     a.update(over)
     with pytest.raises(ValueError, match=match):
         prepare_tiles(a.pop("q"), a.pop("k"), a.pop("g"), a.pop("beta"), **a)
@@ -367,9 +367,9 @@ def test_tile_table_refuses_lengths_it_would_truncate(lengths, error, match):
 
 
 def test_tile_table_checks_chunk():
-    with pytest.raises(ValueError, match=r"chunk must be a positive divisor of 64.*got 5"):
+    with pytest.raises(ValueError, match=r"tile must be a positive divisor of 64.*got 5"):
         tile_table([16], 5)
-    with pytest.raises(TypeError, match=r"chunk must be an int"):
+    with pytest.raises(TypeError, match=r"tile must be an int"):
         tile_table([16], 16.0)
 
 
@@ -491,7 +491,7 @@ def test_snapshot_offsets_refuses_lengths_it_would_truncate():
         snapshot_offsets([16, 2.5], 16, 1)
     with pytest.raises(TypeError, match=r"got an array of float32"):
         snapshot_offsets(np.array([16, 2.5], dtype=np.float32), 16, 1)
-    with pytest.raises(TypeError, match=r"chunk must be an int"):
+    with pytest.raises(TypeError, match=r"tile must be an int"):
         snapshot_offsets([16], 16.0, 1)
     with pytest.raises(TypeError, match=r"snapshot_every must be an integer"):
         snapshot_offsets([16], 16, True)
@@ -516,7 +516,7 @@ def test_prepare_tiles_refuses_non_finite_inputs(name, value):
     inp[name] = _poisoned(inp[name], index, value)
     want = f"{name} holds 1 non-finite value(s) (NaN or inf), the first {name}{list(index)} = {value}"
     with pytest.raises(ValueError, match=re.escape(want)):
-        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4)
+        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=4)
 
 
 def test_prepare_tiles_refuses_a_positive_gate():
@@ -525,9 +525,9 @@ def test_prepare_tiles_refuses_a_positive_gate():
     g[0, 9, 1, 0] = 1e-30                            # the smallest growth is still growth
     with pytest.raises(ValueError, match=r"g must be <= 0 \(a natural-log decay gate: exp\(g\) in \(0, 1\]\), "
                                          r"got 2 positive value\(s\), the first g\[0, 7, 0, 1\] = 0.25"):
-        prepare_tiles(inp["q"], inp["k"], g, inp["beta"], chunk=4)
+        prepare_tiles(inp["q"], inp["k"], g, inp["beta"], tile=4)
     g0 = np.zeros_like(inp["g"])                    # g = 0 (no decay) is a gate
-    gc, _, _ = prepare_tiles(inp["q"], inp["k"], g0, inp["beta"], chunk=4)
+    gc, _, _ = prepare_tiles(inp["q"], inp["k"], g0, inp["beta"], tile=4)
     assert np.all(gc == 0)
 
 
@@ -563,7 +563,7 @@ def _call(which: str, **over):
     if which == "scan":
         return _call_scan(**over)
     inp = random_inputs(1, 20, 2, 3, 4, seed=0)
-    return prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4, **over)
+    return prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=4, **over)
 
 
 # complex values lost their imaginary part and strings were parsed as numbers, silently
@@ -577,7 +577,7 @@ def test_prepare_tiles_refuses_dtypes_that_are_not_real_floating(name, dtype):
     inp[name] = inp[name].astype(dtype)
     want = f"{name} must have a real floating dtype (float16/32/64 or bfloat16), got {np.dtype(dtype)}"
     with pytest.raises(ValueError, match=re.escape(want)):
-        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4)
+        prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=4)
 
 
 @pytest.mark.parametrize("name", ["q", "k", "gc", "beta", "mqk", "inv", "do", "dht"])
@@ -593,12 +593,12 @@ def test_gc_is_only_checked_to_be_finite():
     # gc an ulp above 0 or rising by an ulp, as float32 reassociation can leave it, is
     # accepted and moves the result by as little as it should
     inp = random_inputs(1, 20, 2, 3, 4, seed=0, gate_strength=0.0)
-    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4)
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=4)
     assert np.all(gc == 0)
     nudged = gc.copy()
     nudged[0, 5, 1, 2] = np.spacing(np.float32(1))            # 1.2e-7, tile 1's second token
     ref, got = (dstate_scan_reference(inp["q"], inp["k"], x, inp["beta"], mqk, inv, inp["do"],
-                                      dht=inp["dht"], chunk=4) for x in (gc, nudged))
+                                      dht=inp["dht"], tile=4) for x in (gc, nudged))
     assert 0 < _rel(got[1], ref[1]) < 1e-6
 
 
@@ -613,7 +613,7 @@ def test_cupy_matches_numpy():
         pytest.skip(gpu_reason())
     import cupy
 
-    p = dict(chunk=16, qk_l2norm=True, scale=None)
+    p = dict(tile=16, qk_l2norm=True, scale=None)
     lengths = [1, 15, 16, 17, 70]
     host = random_inputs(None, None, 2, 8, 8, lengths=lengths, seed=5)
     dev = random_inputs(None, None, 2, 8, 8, lengths=lengths, seed=5, xp=cupy)
@@ -633,9 +633,9 @@ def test_cupy_inputs_are_checked_alike():
     g = inp["g"].copy()
     g[0, 7, 0, 1] = 0.25
     with pytest.raises(ValueError, match=re.escape("the first g[0, 7, 0, 1] = 0.25")):
-        prepare_tiles(inp["q"], inp["k"], g, inp["beta"], chunk=4)
+        prepare_tiles(inp["q"], inp["k"], g, inp["beta"], tile=4)
     q = inp["q"].copy()
     q[0, 3, 1, 2] = cupy.nan
     with pytest.raises(ValueError, match=re.escape("q holds 1 non-finite value(s) (NaN or inf), the first "
                                                    "q[0, 3, 1, 2] = nan")):
-        prepare_tiles(q, inp["k"], inp["g"], inp["beta"], chunk=4)
+        prepare_tiles(q, inp["k"], inp["g"], inp["beta"], tile=4)

@@ -75,18 +75,18 @@ def _check_scaled(out: np.ndarray, ref: np.ndarray, scale: float, what: str) -> 
 # strategies
 # ----------------------------------------------------------------------------
 
-def _tile_edges(length: int, chunk: int) -> list[int]:
+def _tile_edges(length: int, tile: int) -> list[int]:
     """Interior tile edges of a sequence: where a cut may go."""
-    return list(range(chunk, length, chunk))
+    return list(range(tile, length, tile))
 
 
 @st.composite
 def problems(draw):
-    """A small problem with many tiles (chunk down to 2) and a way to cut every sequence."""
-    chunk = draw(st.sampled_from([2, 4, 8, 16]))
-    length = st.one_of(st.sampled_from(sorted({1, max(chunk - 1, 1), chunk, chunk + 1,
-                                                4 * chunk, 4 * chunk + 1})),
-                       st.integers(1, 10 * chunk))
+    """A small problem with many tiles (tile down to 2) and a way to cut every sequence."""
+    tile = draw(st.sampled_from([2, 4, 8, 16]))
+    length = st.one_of(st.sampled_from(sorted({1, max(tile - 1, 1), tile, tile + 1,
+                                                4 * tile, 4 * tile + 1})),
+                       st.integers(1, 10 * tile))
     if draw(st.booleans()):
         lengths = draw(st.lists(length, min_size=1, max_size=4))
         B = T = None
@@ -99,8 +99,8 @@ def problems(draw):
         segments = draw(st.integers(1, 8))
     else:
         segments = [sorted(draw(st.sets(st.sampled_from(edges)))) if edges else []
-                    for edges in (_tile_edges(n, chunk) for n in seq_lengths)]
-    return scan_case(draw, B=B, T=T, lengths=lengths, chunk=chunk) | dict(
+                    for edges in (_tile_edges(n, tile) for n in seq_lengths)]
+    return scan_case(draw, B=B, T=T, lengths=lengths, tile=tile) | dict(
         snapshot_every=draw(st.sampled_from([1, 4]) | st.integers(1, 5)),
         segments=segments,
     )
@@ -110,7 +110,7 @@ def _inputs(p) -> dict:
     """Inputs with their tile quantities; q, k shrunk when not l2-normalised (as test_reference)."""
     inp = scan_inputs(p)
     gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], scale=p["scale"],
-                                 qk_l2norm=p["qk_l2norm"], chunk=p["chunk"],
+                                 qk_l2norm=p["qk_l2norm"], tile=p["tile"],
                                  cu_seqlens=inp["cu_seqlens"])
     inp.update(gc=gc, mqk=mqk, inv=inv)
     return inp
@@ -121,7 +121,7 @@ def _args(inp):
 
 
 def _opts(p):
-    return dict(scale=p["scale"], chunk=p["chunk"], qk_l2norm=p["qk_l2norm"])
+    return dict(scale=p["scale"], tile=p["tile"], qk_l2norm=p["qk_l2norm"])
 
 
 def _sequences(inp):
@@ -135,7 +135,7 @@ def _sequences(inp):
 
 def _segments_of(p, n: int, length: int) -> list[tuple[int, int]]:
     if isinstance(p["segments"], int):
-        return segment_bounds(length, p["chunk"], p["segments"])
+        return segment_bounds(length, p["tile"], p["segments"])
     edges = [0] + p["segments"][n] + [length]
     return list(zip(edges[:-1], edges[1:]))
 
@@ -171,8 +171,8 @@ def test_boundaries_inside_snapshot_chunks(cuts, with_dht):
     """GPU sizes: 16-token tiles, a snapshot every 4th tile (bf16-every-64's grid), cuts on
     tile edges that are not 64-token edges (16, 80, ...) as well as ones that are (64, 128)."""
     inp = random_inputs(1, 200, 1, 4, 3, seed=5, with_dht=with_dht)
-    p = dict(scale=None, chunk=16, qk_l2norm=True)
-    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=16)
+    p = dict(scale=None, tile=16, qk_l2norm=True)
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=16)
     inp.update(gc=gc, mqk=mqk, inv=inv)
     kw = dict(**_opts(p), dht=inp["dht"], snapshot_every=4)
     ref_snaps, ref_dh0 = dstate_scan_reference(*_args(inp), **kw)
@@ -197,7 +197,7 @@ def test_fold_gives_the_scans_dS_at_every_boundary(p):
                                                cu_seqlens=inp["cu_seqlens"], snapshot_every=1)
     H, K, V = ref_snaps.shape[2:]
     every_tile = ref_snaps.reshape(-1, H, K, V)     # snapshot = dS entering each tile, in token order
-    chunk = p["chunk"]
+    tile = p["tile"]
     first_snap = 0
     for n, (bos, eos) in enumerate(_sequences(inp)):
         bounds = _segments_of(p, n, eos - bos)
@@ -207,14 +207,14 @@ def test_fold_gives_the_scans_dS_at_every_boundary(p):
         incoming = fold_summaries(summaries, dht)
         assert len(incoming) == len(bounds)
         for j, (_, b) in enumerate(bounds):
-            last_tile = -(-b // chunk) - 1
+            last_tile = -(-b // tile) - 1
             want = every_tile[first_snap + last_tile]
             got = np.zeros((H, K, V)) if incoming[j] is None else incoming[j]
             _check_close(got, want, f"sequence {n}, dS entering segment {j}")
         M0, d0 = summaries[0]
         x = np.zeros((H, K, V)) if incoming[0] is None else incoming[0]
         _check_close(M0 @ x + d0, ref_dh0[n], f"sequence {n}, dh0 from the first summary")
-        first_snap += -(-(eos - bos) // chunk)
+        first_snap += -(-(eos - bos) // tile)
 
 
 def test_fold_reads_constant_summaries_and_skips_the_first():
@@ -240,7 +240,7 @@ def _tile_maps(inp, p, bos: int, a: int, b: int, h: int):
     """(A_n, b_n, scale_A, scale_b) of every tile of tokens bos+a .. bos+b-1, head h, from the
     formulas A_n = Diag(exp2(gT)) - kd^T diag(beta) INV^T kr and
     b_n = qd^T do - kd^T diag(beta) INV^T Mqk^T do; the scales are the norms of their terms."""
-    C = p["chunk"]
+    C = p["tile"]
     K = inp["q"].shape[-1]
     s = K ** -0.5 if p["scale"] is None else p["scale"]
     q, k = _flat(inp["q"])[:, h], _flat(inp["k"])[:, h]
@@ -323,31 +323,31 @@ def test_segment_bounds_examples():
 
 
 @given(st.integers(1, 2000), st.sampled_from([1, 2, 4, 8, 16, 32, 64]), st.integers(1, 40))
-def test_segment_bounds_cover_the_sequence_at_tile_edges(length, chunk, segments):
-    bounds = segment_bounds(length, chunk, segments)
-    n_tiles = -(-length // chunk)
+def test_segment_bounds_cover_the_sequence_at_tile_edges(length, tile, segments):
+    bounds = segment_bounds(length, tile, segments)
+    n_tiles = -(-length // tile)
     assert len(bounds) == min(segments, n_tiles)
     assert bounds[0][0] == 0 and bounds[-1][1] == length
     assert all(b == a2 for (_, b), (a2, _) in zip(bounds, bounds[1:]))
-    assert all(a % chunk == 0 and a < b for a, b in bounds)
-    tiles = [-(-b // chunk) - a // chunk for a, b in bounds]
+    assert all(a % tile == 0 and a < b for a, b in bounds)
+    tiles = [-(-b // tile) - a // tile for a, b in bounds]
     assert max(tiles) - min(tiles) <= 1
 
 
 @given(st.integers(1, 600), st.sampled_from([1, 2, 4, 16]), st.integers(1, 6), st.data())
-def test_segment_snapshots_of_consecutive_segments_are_the_sequences(length, chunk, e, data):
-    edges = _tile_edges(length, chunk)
+def test_segment_snapshots_of_consecutive_segments_are_the_sequences(length, tile, e, data):
+    edges = _tile_edges(length, tile)
     cuts = sorted(data.draw(st.sets(st.sampled_from(edges)), label="cuts")) if edges else []
     bounds = list(zip([0] + cuts, cuts + [length]))
-    n_s = -(-(-(-length // chunk)) // e)
+    n_s = -(-(-(-length // tile)) // e)
     which = []
     for a, b in bounds:
-        tiles, snaps = segment_snapshots(a, b, length, chunk, e)
-        n_tiles = -(-(b - a) // chunk)
+        tiles, snaps = segment_snapshots(a, b, length, tile, e)
+        n_tiles = -(-(b - a) // tile)
         assert np.all((0 <= tiles) & (tiles < n_tiles))
         # snapshot m is the dS entering tile min(e m + e - 1, n_t - 1)
-        np.testing.assert_array_equal(np.minimum(e * snaps + e - 1, -(-length // chunk) - 1),
-                                      a // chunk + tiles)
+        np.testing.assert_array_equal(np.minimum(e * snaps + e - 1, -(-length // tile) - 1),
+                                      a // tile + tiles)
         which.extend(snaps.tolist())
     assert which == list(range(n_s))
 
@@ -357,9 +357,9 @@ def test_segment_snapshots_of_consecutive_segments_are_the_sequences(length, chu
 # ----------------------------------------------------------------------------
 
 def _small():
-    """Two sequences, 10 and 13 tokens, chunk 4 (tiles at 0, 4, 8 and 10, 14, 18, 22)."""
+    """Two sequences, 10 and 13 tokens, tile 4 (tiles at 0, 4, 8 and 10, 14, 18, 22)."""
     inp = random_inputs(None, None, 2, 3, 4, lengths=[10, 13], seed=0)
-    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=4,
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=4,
                                  cu_seqlens=inp["cu_seqlens"])
     inp.update(gc=gc, mqk=mqk, inv=inv)
     return inp
@@ -371,7 +371,7 @@ def _small():
     ("2", r"segments must be an integer >= 1 or one list of cuts per sequence"),
     ([[4]], r"segments as cuts needs one list per sequence \(2\), got 1"),
     ([[4], [5]], r"segments\[1\]\[0\] = 5 must be a tile edge strictly inside the sequence "
-                 r"\(a multiple of chunk = 4 in 1 .. 12\)"),
+                 r"\(a multiple of tile = 4 in 1 .. 12\)"),
     ([[10], []], r"segments\[0\]\[0\] = 10 must be a tile edge strictly inside"),
     ([[0], []], r"segments\[0\]\[0\] = 0 must be a tile edge"),
     ([[8, 4], []], r"segments\[0\] must be strictly increasing, got segments\[0\]\[0\] = 8 >= "
@@ -382,27 +382,27 @@ def _small():
 def test_segmented_rejects_bad_segments(segments, match):
     inp = _small()
     with pytest.raises(ValueError, match=match):
-        dstate_scan_segmented(*_args(inp), segments=segments, chunk=4, cu_seqlens=inp["cu_seqlens"])
+        dstate_scan_segmented(*_args(inp), segments=segments, tile=4, cu_seqlens=inp["cu_seqlens"])
 
 
 def test_segmented_checks_the_scans_arguments():
     inp = _small()
     with pytest.raises(ValueError, match=r"dht must have shape \(2, 2, 3, 4\).*got \(1, 2, 3, 4\)"):
-        dstate_scan_segmented(*_args(inp), segments=2, chunk=4, cu_seqlens=inp["cu_seqlens"],
+        dstate_scan_segmented(*_args(inp), segments=2, tile=4, cu_seqlens=inp["cu_seqlens"],
                               dht=np.zeros((1, 2, 3, 4)))
     with pytest.raises(ValueError, match=r"mqk must have shape \(1, 23, 2, 4\)"):
-        dstate_scan_segmented(*_args(dict(inp, mqk=inp["mqk"][..., :2])), segments=2, chunk=4,
+        dstate_scan_segmented(*_args(dict(inp, mqk=inp["mqk"][..., :2])), segments=2, tile=4,
                               cu_seqlens=inp["cu_seqlens"])
     with pytest.raises(ValueError, match=r"snapshot_every must be an integer >= 1, got 0"):
-        dstate_scan_segmented(*_args(inp), segments=2, chunk=4, cu_seqlens=inp["cu_seqlens"],
+        dstate_scan_segmented(*_args(inp), segments=2, tile=4, cu_seqlens=inp["cu_seqlens"],
                               snapshot_every=0)
 
 
 @pytest.mark.parametrize("start, stop, match", [
     (-1, None, r"start must be an integer token position in 0 .. 22, got -1"),
     (23, None, r"start must be an integer token position in 0 .. 22, got 23"),
-    (2, None, r"start = 2 is not a tile edge of sequence 0 \(tokens 0 .. 9, chunk 4\)"),
-    (12, None, r"start = 12 is not a tile edge of sequence 1 \(tokens 10 .. 22, chunk 4\)"),
+    (2, None, r"start = 2 is not a tile edge of sequence 0 \(tokens 0 .. 9, tile 4\)"),
+    (12, None, r"start = 12 is not a tile edge of sequence 1 \(tokens 10 .. 22, tile 4\)"),
     (0, 6, r"stop = 6 is not a tile edge of sequence 0"),
     (4, 14, r"stop must be an integer in 5 .. 10 \(the segment may not cross the end of "
             r"sequence 0, tokens 0 .. 9\), got 14"),
@@ -412,13 +412,13 @@ def test_segmented_checks_the_scans_arguments():
 def test_summary_rejects_bad_ranges(start, stop, match):
     inp = _small()
     with pytest.raises(ValueError, match=match):
-        segment_summary(*_args(inp), start=start, stop=stop, chunk=4, cu_seqlens=inp["cu_seqlens"])
+        segment_summary(*_args(inp), start=start, stop=stop, tile=4, cu_seqlens=inp["cu_seqlens"])
 
 
 def test_summary_ranges_at_tile_edges_and_sequence_ends_are_accepted():
     inp = _small()
     for start, stop in [(0, 4), (8, 10), (10, 14), (18, 23), (14, None)]:
-        M, d = segment_summary(*_args(inp), start=start, stop=stop, chunk=4,
+        M, d = segment_summary(*_args(inp), start=start, stop=stop, tile=4,
                                cu_seqlens=inp["cu_seqlens"])
         assert M.shape == (2, 3, 3) and d.shape == (2, 3, 4)
 
@@ -451,8 +451,8 @@ def test_fold_rejects_bad_summaries(summaries, dht, match):
     ((16, 16, 40, 16, 1), ValueError, r"stop must be in 17 .. 40 \(start = 16, length = 40\), got 16"),
     ((16, 48, 40, 16, 1), ValueError, r"stop must be in 17 .. 40 .*got 48"),
     ((8, 32, 40, 16, 1), ValueError, r"start = 8 is not a tile edge of a sequence of 40 tokens"),
-    ((0, 24, 40, 16, 1), ValueError, r"stop = 24 is not a tile edge .*a multiple of chunk = 16, or stop at 40"),
-    ((0, 16, 40, 5, 1), ValueError, r"chunk must be a positive divisor of 64"),
+    ((0, 24, 40, 16, 1), ValueError, r"stop = 24 is not a tile edge .*a multiple of tile = 16, or stop at 40"),
+    ((0, 16, 40, 5, 1), ValueError, r"tile must be a positive divisor of 64"),
     ((0, 16, 40, 16, 0), ValueError, r"snapshot_every must be an integer >= 1, got 0"),
 ])
 def test_segment_snapshots_rejects_bad_input(args, error, match):
@@ -472,15 +472,15 @@ def test_segment_functions_refuse_dtypes_that_are_not_real(name, dtype):
     inp[name] = inp[name].astype(dtype)
     match = rf"{name} must have a real floating dtype .*got {np.dtype(dtype)}"
     with pytest.raises(ValueError, match=match):
-        segment_summary(*_args(inp), start=0, chunk=4, cu_seqlens=inp["cu_seqlens"])
+        segment_summary(*_args(inp), start=0, tile=4, cu_seqlens=inp["cu_seqlens"])
     with pytest.raises(ValueError, match=match):
-        dstate_scan_segmented(*_args(inp), segments=2, chunk=4, cu_seqlens=inp["cu_seqlens"])
+        dstate_scan_segmented(*_args(inp), segments=2, tile=4, cu_seqlens=inp["cu_seqlens"])
 
 
 def test_segmented_refuses_a_dht_that_is_not_real():
     inp = _small()
     with pytest.raises(ValueError, match=r"dht must have a real floating dtype .*got complex128"):
-        dstate_scan_segmented(*_args(inp), segments=2, chunk=4, cu_seqlens=inp["cu_seqlens"],
+        dstate_scan_segmented(*_args(inp), segments=2, tile=4, cu_seqlens=inp["cu_seqlens"],
                               dht=inp["dht"].astype(np.complex128))
 
 
@@ -489,5 +489,5 @@ def test_segment_bounds_rejects_bad_input():
         segment_bounds(10, 4, 0)
     with pytest.raises(ValueError, match=r"length must be an integer >= 1, got 0"):
         segment_bounds(0, 4, 2)
-    with pytest.raises(ValueError, match=r"chunk must be a positive divisor of 64"):
+    with pytest.raises(ValueError, match=r"tile must be a positive divisor of 64"):
         segment_bounds(10, 5, 2)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kernel.ds_scan import split
 from kernel.reference import dstate_scan_reference, segment_snapshots, segment_summary
 from kernel.reference.dstate_scan import snapshot_offsets
+from kernel.shapes import TILE_TOKENS
 
 from .scan_cases import scan_case, scan_inputs
 
@@ -23,7 +24,6 @@ from .scan_cases import scan_case, scan_inputs
 # is rounded once (2^-24 relative), which the later snapshots carry; a misplaced segment,
 # snapshot or fold step is O(1)
 RTOL = 1e-6
-CHUNK = 16
 
 
 def _rel(out, ref) -> float:
@@ -35,7 +35,7 @@ def _rel(out, ref) -> float:
 @st.composite
 def split_cases(draw):
     lengths = draw(st.lists(st.integers(1, 400), min_size=1, max_size=3))
-    p = scan_case(draw, B=None, T=None, lengths=lengths, chunk=CHUNK, V_max=4)
+    p = scan_case(draw, B=None, T=None, lengths=lengths, tile=TILE_TOKENS, V_max=4)
     p["snapshot_every"] = draw(st.sampled_from([1, 4]))
     p["counts"] = [draw(st.integers(1, 8)) for _ in lengths]
     return p
@@ -44,7 +44,7 @@ def split_cases(draw):
 def _reference_launchers(inp: dict, p: dict, plan: split.Plan, snapshots: np.ndarray):
     """Kernel A's two launches, done by the float64 reference one segment at a time."""
     names = ("q", "k", "gc", "beta", "mqk", "inv", "do")
-    opts = dict(chunk=CHUNK, scale=p["scale"], qk_l2norm=p["qk_l2norm"])
+    opts = dict(tile=TILE_TOKENS, scale=p["scale"], qk_l2norm=p["qk_l2norm"])
 
     def seg_args(i):
         a, b = int(plan.cu[i]), int(plan.cu[i + 1])
@@ -72,16 +72,16 @@ def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
     inp = scan_inputs(p)
     from kernel.reference import prepare_tiles
 
-    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], chunk=CHUNK,
+    gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], tile=TILE_TOKENS,
                                  qk_l2norm=p["qk_l2norm"], cu_seqlens=inp["cu_seqlens"])
     inp.update(gc=gc, mqk=mqk, inv=inv)
     cu = inp["cu_seqlens"]
     e = p["snapshot_every"]
     ref_snaps, ref_dh0 = dstate_scan_reference(inp["q"], inp["k"], gc, inp["beta"], mqk, inv, inp["do"],
-                                               dht=inp["dht"], cu_seqlens=cu, chunk=CHUNK, scale=p["scale"],
+                                               dht=inp["dht"], cu_seqlens=cu, tile=TILE_TOKENS, scale=p["scale"],
                                                qk_l2norm=p["qk_l2norm"], snapshot_every=e)
     counts = np.minimum(p["counts"], -(-np.diff(cu) // split.ALIGN))
-    plan = split.plan(cu, counts, chunk=CHUNK, snapshot_every=e)
+    plan = split.plan(cu, counts, chunk=TILE_TOKENS, snapshot_every=e)
     H, K, V = inp["q"].shape[2], inp["q"].shape[3], inp["do"].shape[3]
     snapshots = np.full(ref_snaps.shape[1:], np.nan)
     scan, summarise = _reference_launchers(inp, p, plan, snapshots)
@@ -100,15 +100,15 @@ def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
 def test_the_plan_covers_every_token_once_at_64_token_cuts(lengths, counts, e):
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     counts = np.minimum(counts[:len(lengths)], -(-np.asarray(lengths) // 64))
-    p = split.plan(cu, counts, chunk=CHUNK, snapshot_every=e)
+    p = split.plan(cu, counts, chunk=TILE_TOKENS, snapshot_every=e)
     assert p.cu[0] == 0 and p.cu[-1] == cu[-1] and (np.diff(p.cu) > 0).all()
-    offs = snapshot_offsets(np.asarray(lengths), CHUNK, e)
+    offs = snapshot_offsets(np.asarray(lengths), TILE_TOKENS, e)
     assert p.count.tolist() == list(counts)
     for i in range(p.segments):
         n = int(p.seq[i])
         start, stop = int(p.cu[i] - cu[n]), int(p.cu[i + 1] - cu[n])
         assert start % split.ALIGN == 0 and 0 <= start < stop <= lengths[n]
-        _, which = segment_snapshots(start, stop, lengths[n], CHUNK, e)
+        _, which = segment_snapshots(start, stop, lengths[n], TILE_TOKENS, e)
         assert which.size and p.snap_offsets[i] == offs[n] + which[0]    # its first snapshot
         if p.pos[i] == 0:
             assert p.first[n] == i and start == 0

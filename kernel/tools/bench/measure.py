@@ -284,10 +284,10 @@ def precision_config(cfg: Config, args, dstate_scan, fla) -> dict:
                                        ("q", "k", "g", "beta", "do", "dht"))
     cu = sl["cu_seqlens"]
     t0 = time.perf_counter()
-    gc_r, mqk_r, inv_r = ref.prepare_tiles(q64, k64, g64, b64, qk_l2norm=True, chunk=TILE_TOKENS,
+    gc_r, mqk_r, inv_r = ref.prepare_tiles(q64, k64, g64, b64, qk_l2norm=True, tile=TILE_TOKENS,
                                            cu_seqlens=cu)
     snaps_r, dh0_r = ref.dstate_scan_reference(q64, k64, gc_r, b64, mqk_r, inv_r, do64,
-                                               dht=dht64, cu_seqlens=cu, chunk=TILE_TOKENS,
+                                               dht=dht64, cu_seqlens=cu, tile=TILE_TOKENS,
                                                qk_l2norm=True, snapshot_every=1)
     cupy.cuda.Device().synchronize()
     out["reference_s"] = time.perf_counter() - t0

@@ -7,7 +7,7 @@ import pytest
 
 from kernel.tools import cp_check
 
-SMALL = ["--pair", "reference", "--T", "75", "--heads", "2", "--K", "3", "--V", "4", "--chunk", "4",
+SMALL = ["--pair", "reference", "--T", "75", "--heads", "2", "--K", "3", "--V", "4", "--tile", "4",
          "--reps", "1", "--timeout", "60"]
 
 

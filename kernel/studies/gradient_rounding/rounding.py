@@ -115,7 +115,7 @@ def tiles_of(recipe: str, T: int, H: int, seed: int = 0):
     _, _, S0 = ref_kda.forward_scan(np, blk, r, 1, H, K, V, None)
     gc, mqk, inv = blk["forward"]
     snaps, _ = dstate_scan_reference(wide["q"], wide["k"], gc, wide["beta"], mqk, inv, wide["do"],
-                                     chunk=16, qk_l2norm=True, snapshot_every=1)
+                                     tile=16, qk_l2norm=True, snapshot_every=1)
     return blk, r, S0, snaps.reshape(-1, H, K, V)
 
 

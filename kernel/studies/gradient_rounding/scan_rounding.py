@@ -66,7 +66,7 @@ def scan_inputs(recipe: str, T: int, H: int, seed: int = 0) -> tuple:
     x = {n: np.asarray(raw[n], dtype=np.float64)[0] for n in ("q", "k", "g", "beta", "do")}
     for n in ("q", "k", "do", "beta"):
         x[n] = bf16(x[n])
-    gc, mqk, inv = (a[0] for a in prepare_tiles(x["q"][None], x["k"][None], x["g"][None], x["beta"][None], chunk=C))
+    gc, mqk, inv = (a[0] for a in prepare_tiles(x["q"][None], x["k"][None], x["g"][None], x["beta"][None], tile=C))
     dht = np.asarray(raw["dht"], dtype=np.float64)[0]
     return l2norm(np, x["q"]), l2norm(np, x["k"]), gc, x["beta"], mqk, inv, x["do"], dht
 

@@ -8,6 +8,10 @@ Two token units run through the whole backward, and they have one name each:
   tensors (the 64-wide Aqk / Akk rows, the state h entering every chunk) and the tokens of one
   Kernel B CTA.
 
+The device sources take the same four constants, under the same names, from ``kernel/shapes.cuh``
+(tests/kernel/test_shapes.py holds the two files equal). The float64 references take any tile that
+divides the chunk, by their ``tile`` keyword; the kernels are built for ``TILE_TOKENS``.
+
 Every sequence is cut into tiles and chunks from its own start, so a varlen batch (``cu_seqlens``)
 packs each sequence's snapshots and states one after the other: :func:`snapshot_offsets`.
 :func:`check_cu_seqlens` is the one check of a ``cu_seqlens`` argument, for every entry point

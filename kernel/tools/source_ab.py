@@ -174,10 +174,9 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
     if kernel == "s":
         from kernel.forward_states import launch as forward_states
 
-        plan = forward_states.plan_forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], cu_seqlens=cu)
+        plan = forward_states.plan_forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"])
         states = cupy.empty(plan.states_shape, dtype=np.uint16)
-        return lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], cu_seqlens=cu,
-                                                     out=states)
+        return lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], out=states)
     from kernel.token_gradients import launch as token_gradients
 
     t = token_gradients.tables(cu)

@@ -32,7 +32,7 @@ where the unsplit grid leaves SMs idle; :func:`auto_counts` splits only there.
 
 This module plans the split (host arrays only, no GPU) and runs the passes
 through two functions that launch the scans, so the float64 reference can
-stand in for the kernel in the CPU tests (tests/kernel/test_split.py).
+stand in for the kernel in the CPU tests (tests/kernel/ds_scan/test_split.py).
 """
 from __future__ import annotations
 

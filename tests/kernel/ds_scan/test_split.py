@@ -1,6 +1,6 @@
 """kernel.ds_scan.split, on the CPU: the plan of the sequence split and its three passes.
 
-The GPU runs the passes with Kernel A's launches (tests/kernel/test_split_gpu.py).
+The GPU runs the passes with Kernel A's launches (tests/kernel/ds_scan/test_split_gpu.py).
 Here the float64 reference stands in for each launch, segment by segment, through
 the same :func:`kernel.ds_scan.split.run`: so the plan's tables (segment token ranges,
 snapshot offsets, which launch runs which segment) and the fold are checked
@@ -18,7 +18,7 @@ from kernel.reference import dstate_scan_reference, segment_snapshots, segment_s
 from kernel.reference.dstate_scan import snapshot_offsets
 from kernel.shapes import TILE_TOKENS
 
-from .scan_cases import scan_case, scan_inputs
+from ..scan_cases import scan_case, scan_inputs
 
 # run()'s segment buffers are fp32, as Kernel A's dht and dh0 are: each segment's incoming dS
 # is rounded once (2^-24 relative), which the later snapshots carry; a misplaced segment,

@@ -1,4 +1,4 @@
-"""Running a gloo group of CPU processes for the context-parallel tests (test_cp, test_cp_backward).
+"""Running a gloo group of CPU processes for the context-parallel tests (test_scan, test_backward).
 
 Each group is a set of child processes (torch.multiprocessing, forkserver with torch
 preloaded, so a rank starts in well under a second) that rendezvous env:// on 127.0.0.1 and

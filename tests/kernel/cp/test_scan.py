@@ -2,9 +2,9 @@
 
 The gloo tests need torch and skip, with the reason, where it is absent; the
 one-process run (cp_dstate_scan_serial) and the checks it shares are tested
-everywhere. Each group is a set of child processes (tests/kernel/gloo_group.py); every
+everywhere. Each group is a set of child processes (tests/kernel/cp/gloo_group.py); every
 rank runs the float64 reference pair and reports its snapshots and outgoing dS through a
-file (tests/kernel/cp_worker.py).
+file (tests/kernel/cp/scan_worker.py).
 Concatenated in rank order the snapshots must equal dstate_scan_reference's, and
 rank 0's dS_out its dh0, to RTOL relative per snapshot (worst seen while writing
 these tests: 2.2e-15, 600 examples of the one-process run on two hypothesis seeds
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from kernel import cp
 from kernel.reference import dstate_scan_reference, segment_bounds
 
-from . import cp_worker, gloo_group
+from . import gloo_group, scan_worker as cp_worker
 
 RTOL = 1e-12
 GROUP_TIMEOUT_S = gloo_group.GROUP_TIMEOUT_S
@@ -77,7 +77,7 @@ def _check_against_reference(case: dict, bounds: list, snapshots: list, dS_out: 
 
 @pytest.fixture(scope="module")
 def torch():
-    return gloo_group.gloo_torch(["kernel.cp", "tests.kernel.cp_worker"])
+    return gloo_group.gloo_torch(["kernel.cp", "tests.kernel.cp.scan_worker"])
 
 
 def _run_group(torch, world: int, cases: list, out_dir, timeout_s: float = GROUP_TIMEOUT_S) -> dict:
@@ -293,7 +293,7 @@ def test_cp_dstate_scan_needs_an_initialised_group(torch):
 
 
 # ----------------------------------------------------------------------------
-# the GPU pair's checks that run anywhere (tests/kernel/test_cp_gpu.py runs it)
+# the GPU pair's checks that run anywhere (tests/kernel/cp/test_scan_gpu.py runs it)
 # ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fn", [cp.kernel_summary, lambda part, options: cp.kernel_scan(part, None, options)],

@@ -1,7 +1,7 @@
-"""One rank of tests/kernel/test_cp_backward.py, in a child process of its own.
+"""One rank of tests/kernel/cp/test_backward.py, in a child process of its own.
 
 The parent and every child build the same seeded problem from a case (a plain dict, so it
-pickles); each child reports every case back through tests/kernel/gloo_group.py's files. A
+pickles); each child reports every case back through tests/kernel/cp/gloo_group.py's files. A
 case's ``fault`` makes one rank hand in a part that does not fit (``offsets``, ``shapes``)
 or not arrive at all (``absent``).
 """
@@ -47,5 +47,5 @@ def run_case(case: dict, rank: int, world: int, timeout) -> dict:
 
 
 def run_rank(rank: int, world: int, port: int, cases: list, out_dir: str, timeout_s: float) -> None:
-    """torch.multiprocessing entry point (tests/kernel/gloo_group.py runs it)."""
+    """torch.multiprocessing entry point (tests/kernel/cp/gloo_group.py runs it)."""
     gloo_group.serve(rank, world, port, cases, out_dir, timeout_s, run_case)

@@ -25,7 +25,7 @@ from kernel import cp
 from kernel.cp import backward as cp_backward
 from kernel.reference import kda_backward_reference
 
-from . import cp_backward_worker as worker
+from . import backward_worker as worker
 from . import gloo_group
 
 RTOL = 1e-12
@@ -170,7 +170,7 @@ def test_shard_checks_its_arguments():
 
 @pytest.fixture(scope="module")
 def torch():
-    return gloo_group.gloo_torch(["kernel.cp.backward", "tests.kernel.cp_backward_worker"])
+    return gloo_group.gloo_torch(["kernel.cp.backward", "tests.kernel.cp.backward_worker"])
 
 
 def _group(torch, world, cases, tmp_path, timeout_s=gloo_group.GROUP_TIMEOUT_S):

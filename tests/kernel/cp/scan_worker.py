@@ -1,4 +1,4 @@
-"""One rank of tests/kernel/test_cp.py, in a child process of its own.
+"""One rank of tests/kernel/cp/test_scan.py, in a child process of its own.
 
 The parent and every child build the same seeded problem from a case (a plain
 dict, so it pickles), and each child reports every case back as a file in the
@@ -51,5 +51,5 @@ def run_case(case: dict, rank: int, world: int, timeout) -> dict:
 
 
 def run_rank(rank: int, world: int, port: int, cases: list, out_dir: str, timeout_s: float) -> None:
-    """torch.multiprocessing entry point (tests/kernel/gloo_group.py runs it)."""
+    """torch.multiprocessing entry point (tests/kernel/cp/gloo_group.py runs it)."""
     gloo_group.serve(rank, world, port, cases, out_dir, timeout_s, run_case)

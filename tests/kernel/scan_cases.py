@@ -1,6 +1,6 @@
 """What the float64-reference tests draw: a small Kernel A problem and its inputs.
 
-tests/kernel/test_reference.py, test_fla_layout.py and test_segments.py draw the
+tests/kernel/reference/test_dstate_scan.py, test_fla_layout.py and test_segments.py draw the
 same small problems (tiny K and V, equal-length or packed varlen, gate strength
 from none to strong, dht on or off, l2norm on or off, a scale or the default);
 each adds what it needs to the dict this returns.

@@ -37,7 +37,7 @@ from kernel.reference import (array_module, dstate_scan_reference, kda_backward_
                               kda_forward_reference, prepare_tiles, snapshot_offsets)
 from kernel.reference.kda import MAX_TILE_DECAY_LOG2
 
-from . import kda_oracle as oracle
+from .. import kda_oracle as oracle
 
 RTOL = 1e-10
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

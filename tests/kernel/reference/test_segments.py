@@ -36,7 +36,7 @@ from kernel.reference import (
 
 )
 
-from .scan_cases import scan_case, scan_inputs
+from ..scan_cases import scan_case, scan_inputs
 
 RTOL = 1e-12        # float64 against float64; the split only reorders a few sums
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -107,7 +107,7 @@ def problems(draw):
 
 
 def _inputs(p) -> dict:
-    """Inputs with their tile quantities; q, k shrunk when not l2-normalised (as test_reference)."""
+    """Inputs with their tile quantities; q, k shrunk when not l2-normalised (as test_dstate_scan)."""
     inp = scan_inputs(p)
     gc, mqk, inv = prepare_tiles(inp["q"], inp["k"], inp["g"], inp["beta"], scale=p["scale"],
                                  qk_l2norm=p["qk_l2norm"], tile=p["tile"],

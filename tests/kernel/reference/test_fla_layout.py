@@ -24,7 +24,7 @@ from kernel.reference import (dstate_scan_reference, fla_diagonal_blocks, fla_fo
                               kernel_a_inputs_from_fla, prepare_tiles, random_inputs)
 from kernel.reference.fla_layout import GARBAGE
 
-from .scan_cases import scan_case, scan_inputs
+from ..scan_cases import scan_case, scan_inputs
 
 TOL = 1e-12     # float64 against float64 by another route: far above the ~5e-15 seen
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

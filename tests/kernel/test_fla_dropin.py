@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel.kda_backward import GRADIENTS
 
@@ -99,17 +101,10 @@ def test_import_kernel_needs_no_torch_and_chunk_kda_is_one_object_in_any_order()
 # ----------------------------------------------------------------------------
 
 REFUSED_ARGUMENTS = [
-    ("use_gate_in_kernel", True),
-    ("use_beta_sigmoid_in_kernel", True),
-    ("allow_neg_eigval", True),
     ("return_intermediate_states", True),
-    ("state_v_first", True),
     ("cp_context", object()),
     ("use_graph", True),
     ("max_num_seqs", 4),
-    ("A_log", torch.zeros(2)),
-    ("dt_bias", torch.zeros(2 * K)),
-    ("transpose_state_layout", True),
     ("chunk_size", 32),
 ]
 
@@ -124,12 +119,55 @@ def test_an_argument_not_covered_is_refused_by_name(name, value):
 @pytest.mark.parametrize("shape, match", [
     (dict(Kd=64), r"q\.shape\[-1\] \(the key head dim\)=64"),
     (dict(Vd=256), r"v\.shape\[-1\] \(the value head dim\)=256"),
-    (dict(HV=4), r"v\.shape\[2\] \(value heads; grouped value attention\)=4"),
-], ids=["key-head-dim", "value-head-dim", "grouped-value-heads"])
+    (dict(HV=3), r"v\.shape\[2\]: the value heads \(3\) must be a multiple of q's heads \(2\)"),
+    (dict(HV=1), r"v\.shape\[2\]: the value heads \(1\) must be a multiple of q's heads \(2\)"),
+], ids=["key-head-dim", "value-head-dim", "value-heads-not-a-multiple", "fewer-value-heads"])
 def test_a_shape_not_covered_is_refused_by_name(shape, match):
     q, k, v, g, beta = _cpu_inputs(**shape)
     with pytest.raises(ValueError, match=match):
         _chunk_kda()(q, k, v, g, beta)
+
+
+LAYER_RULES = [   # FLA's own rules for what its layer passes: (the call's extra arguments, error, message)
+    (dict(allow_neg_eigval=True), ValueError, r"allow_neg_eigval=True needs use_beta_sigmoid_in_kernel=True"),
+    (dict(use_gate_in_kernel=True), ValueError, r"A_log: it must be given with use_gate_in_kernel=True unless "
+                                                r"lower_bound is set"),
+    (dict(use_gate_in_kernel=True, safe_gate=True, A_log=torch.zeros(2)), ValueError,
+     r"lower_bound: it must be set with safe_gate=True and use_gate_in_kernel=True"),
+    (dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-6.0), ValueError,
+     r"lower_bound must be in FLA's safe range \[-5, 0\)"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(3)), ValueError, r"A_log: expected 2 floating values"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(2, 64)), ValueError,
+     r"dt_bias: expected 256 floating values"),
+    (dict(use_gate_in_kernel=True, A_log=[0.0, 0.0]), TypeError, r"A_log must be a torch tensor or None"),
+    (dict(lower_bound="x"), TypeError, r"lower_bound must be a real number or None, got 'x'"),
+    (dict(lower_bound=0.5), ValueError, r"lower_bound must be finite and < 0"),
+    (dict(lower_bound=math.nan), ValueError, r"lower_bound must be finite and < 0"),
+    (dict(state_v_first=True, transpose_state_layout=True), ValueError, r"state_v_first and the deprecated "
+                                                                          r"transpose_state_layout are both given"),
+    (dict(state_v_first="yes"), TypeError, r"state_v_first must be True or False, got 'yes'"),
+    (dict(use_gate_in_kernel=1), TypeError, r"use_gate_in_kernel must be True or False, got 1"),
+]
+
+
+def test_a_float16_beta_is_refused_unless_the_op_applies_its_sigmoid():
+    q, k, v, g, beta = _cpu_inputs()
+    with pytest.raises(ValueError, match=r"does not cover beta\.dtype=torch\.float16; cast beta to torch\.float32"):
+        _chunk_kda()(q, k, v, g, beta.half())
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+        _chunk_kda()(q, k, v, g, beta.half(), use_beta_sigmoid_in_kernel=True)
+
+
+@pytest.mark.parametrize("extra, error, match", LAYER_RULES, ids=[str(sorted(e)) for e, _, _ in LAYER_RULES])
+def test_flas_rules_for_the_layers_arguments_name_the_argument(extra, error, match):
+    with pytest.raises(error, match=match):
+        _chunk_kda()(*_cpu_inputs(), **extra)
+
+
+def test_transpose_state_layout_is_state_v_first_with_flas_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="renamed to state_v_first"):
+        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+            _chunk_kda()(*_cpu_inputs(), transpose_state_layout=True)
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v"])
@@ -182,28 +220,76 @@ def test_a_numpy_q_is_named_as_such():
         _chunk_kda()(q.float().numpy(), k, v, g, beta)
 
 
-@pytest.mark.parametrize("low, refused", [(-5.0, False), (-5.45, False), (-5.46, True), (-20.0, True),
-                                          (math.nan, True)])
-def test_gates_below_the_floor_are_refused(low, refused):
+@pytest.mark.parametrize("low", [-5.0, -5.46, -20.0, -1e6])
+def test_no_gate_is_refused_at_the_boundary(low):
+    # the tile range is checked on the device's cumsum in the backward, which falls back to FLA's there
     from kernel.fla_dropin import GATE_FLOOR
 
     assert 2.0 ** (16 * GATE_FLOOR / math.log(2.0)) == pytest.approx(2.0 ** -126)
     q, k, v, g, beta = _cpu_inputs()
     g[0, 3, 1, 7] = low
-    match = r"g: every per-token gate must be >= -5\.458" if refused else r"q: expected a CUDA tensor"
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
         _chunk_kda()(q, k, v, g, beta)
-    # safe_gate=True: the caller promises bounded gates (as FLA's own safe-gate path needs), no host sync
-    with pytest.raises(ValueError, match=r"q: expected a CUDA tensor"):
-        _chunk_kda()(q, k, v, g, beta, safe_gate=True, lower_bound=-5.0)
+
+
+def _tile_decays(gc: np.ndarray, offsets) -> np.ndarray:
+    """Every tile's decay per channel, sequence by sequence, from the definition (log2 cumsum restarting
+    every 64 tokens of a sequence; a tile's decay is its last row's value minus the row before it
+    within its chunk)."""
+    out = []
+    for bos, eos in zip(offsets[:-1], offsets[1:]):
+        for start in range(bos, eos, 16):
+            last = min(start + 15, eos - 1)
+            before = gc[start - 1] if (start - bos) % 64 else 0.0
+            out.append(gc[last] - before)
+    return np.stack(out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 150), min_size=1, max_size=4), seed=st.integers(0, 2**32 - 1))
+def test_tiles_in_range_is_the_tile_decay_definition(lengths, seed):
+    from kernel.fla_dropin import tiles_in_range
+
+    rs = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total, HV, Kd = int(offsets[-1]), 2, 4
+    gate = -rs.exponential(3.0, (total, HV, Kd)) * rs.uniform(0, 2)
+    gc = np.empty_like(gate)
+    for bos, eos in zip(offsets[:-1], offsets[1:]):     # FLA's chunk-local cumsum, in log2
+        for c in range(bos, eos, 64):
+            gc[c:min(c + 64, eos)] = np.cumsum(gate[c:min(c + 64, eos)], axis=0) / math.log(2.0)
+    want = bool((_tile_decays(gc, offsets) >= -126).all())
+    assert tiles_in_range(torch.from_numpy(gc)[None].float(), offsets) == want
+    # and a sequence's first tile pushed just past the floor is caught wherever it is
+    n = rs.integers(len(lengths))
+    gc[min(offsets[n] + 15, offsets[n + 1] - 1)] = -126.01
+    assert not tiles_in_range(torch.from_numpy(gc)[None].float(), offsets)
+
+
+@pytest.mark.parametrize("gate_in_kernel, safe_gate, lower_bound, bounded", [
+    (False, True, -5.0, True), (False, True, None, True), (False, False, -5.0, False), (False, False, None, False),
+    (True, False, -5.0, True), (True, True, -5.0, True), (True, False, -5.4, True), (True, False, -6.0, False),
+    (True, False, None, False),
+])
+def test_which_calls_need_the_tile_check(gate_in_kernel, safe_gate, lower_bound, bounded):
+    from kernel.fla_dropin import check_arguments
+
+    q, k, v, g, beta = _cpu_inputs()
+    switches = dict(output_final_state=False, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=gate_in_kernel,
+                    use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=safe_gate,
+                    disable_recompute=False, state_v_first=False)
+    flags = dict(return_intermediate_states=False, cp_context=None, use_graph=False, max_num_seqs=None)
+    call = check_arguments(q, k, v, g, beta, initial_state=None, cu_seqlens=None, flags=flags,
+                           kwargs=dict(A_log=torch.zeros(2)), switches=switches, lower_bound=lower_bound)
+    assert call.tiles_bounded == bounded
 
 
 @pytest.mark.parametrize("case, match", [
-    ("g-shape", r"g: expected \[B, T, H, K\]"),
-    ("beta-shape", r"beta: expected \[B, T, H\]"),
+    ("g-shape", r"g: expected \[B, T, HV, K\]"),
+    ("beta-shape", r"beta: expected \[B, T, HV\]"),
     ("qk-shape", r"q and k must have the same shape"),
     ("varlen-batch", r"cu_seqlens: the batch size must be 1"),
-    ("h0-count", r"initial_state: expected \[N, H, K, V\] = \[3, 2, 128, 128\]"),
+    ("h0-count", r"initial_state: expected \[N, HV, K, V\] = \[3, 2, 128, 128\]"),
     ("h0-dtype", r"initial_state: expected torch\.float32"),
 ])
 def test_inconsistent_inputs_name_the_argument(case, match):
@@ -235,10 +321,19 @@ def test_every_covered_call_gets_past_the_checks():
     covered = dict(defaults, scale=0.1, initial_state=torch.zeros(3, 2, K, V), output_final_state=True,
                    use_qk_l2norm_in_kernel=True, safe_gate=True, lower_bound=-5.0, disable_recompute=True,
                    cu_seqlens=torch.tensor([0, 2, 5, 8]), cu_seqlens_cpu=torch.tensor([0, 2, 5, 8]),
-                   chunk_size=64, A_log=None, dt_bias=None, transpose_state_layout=False)
+                   chunk_size=64, A_log=None, dt_bias=None)
     for kw in (defaults, covered):
         with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
             _chunk_kda()(q, k, v, g, beta, **kw)
+    # FLA's layer: the gate and beta activations in the op, state_v_first, with and without GVA
+    for HV in (2, 4):
+        q, k, v, g, beta = _cpu_inputs(B=1, T=8, HV=HV)
+        layer = dict(A_log=torch.zeros(HV), dt_bias=torch.zeros(HV * K), initial_state=torch.zeros(1, HV, V, K),
+                     output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                     use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, state_v_first=True)
+        for extra in ({}, dict(safe_gate=True, lower_bound=-5.0), dict(lower_bound=-3.0, A_log=None)):
+            with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+                _chunk_kda()(q, k, v, g, beta, **dict(layer, **extra))
 
 
 # ----------------------------------------------------------------------------

@@ -1,0 +1,238 @@
+"""The one check of a ``chunk_kda`` call, where the user's arguments arrive.
+
+FLA's own rules for the arguments its layer passes (the gate and beta activations, ``state_v_first``,
+grouped value heads), and a refusal that names every argument our backward does not cover. Only
+shapes, dtypes, flags and the offsets are read: nothing here touches the GPU, and CPU tensors are
+fine. The result is a :class:`Call`, which the autograd function carries to the backward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..runtime.arrays import check_scale
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens
+
+# A 16-token tile may decay a channel by at most 2^-126 (fp32's smallest normal) for the backward's
+# factorised tile products: the gates of 16 tokens may sum to no less than -126 ln 2. Every gate
+# >= GATE_FLOOR is enough (-5.458...; FLA's recommended lower bound is -5).
+GATE_FLOOR = -126.0 * math.log(2.0) / TILE_TOKENS
+
+FLA_CALL = "fla.ops.kda.chunk_kda"
+
+__all__ = ["Call", "check_arguments", "GATE_FLOOR", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
+
+# (argument, FLA's default, what to do instead) for every argument we do not cover
+NOT_COVERED = (
+    ("return_intermediate_states", False, f"call {FLA_CALL} (it returns h in inference mode)"),
+    ("cp_context", None, f"call {FLA_CALL} (context parallelism is not covered)"),
+    ("use_graph", False, f"call {FLA_CALL} (CUDA-graph varlen mode is not covered)"),
+    ("max_num_seqs", None, f"leave it unset (it belongs to use_graph) or call {FLA_CALL}"),
+)
+
+# chunk_kda's switches: each must be a real bool ('yes' or 1 would be read as True)
+BOOL_ARGUMENTS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
+                  "allow_neg_eigval", "safe_gate", "disable_recompute", "state_v_first")
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A checked call: the sizes and every setting the forward and backward need besides the tensors.
+    ``offsets`` is the host copy of cu_seqlens (None without it), made once at the boundary."""
+    B: int
+    T: int
+    H: int                      # query / key heads
+    HV: int                     # value heads: a multiple of H (grouped value attention when larger)
+    N: int                      # sequences
+    offsets: np.ndarray | None
+    scale: float
+    output_final_state: bool
+    use_qk_l2norm_in_kernel: bool
+    use_gate_in_kernel: bool
+    use_beta_sigmoid_in_kernel: bool
+    allow_neg_eigval: bool
+    safe_gate: bool
+    lower_bound: float | None
+    disable_recompute: bool
+    state_v_first: bool
+
+    @property
+    def groups(self) -> int:
+        """Value heads per query head (1 without grouped value attention)."""
+        return self.HV // self.H
+
+    @property
+    def tiles_bounded(self) -> bool:
+        """Whether every 16-token tile's decay is within the backward's range by construction, so that
+        no data-dependent check is needed: the sigmoid gate in the kernel with a lower bound >=
+        GATE_FLOOR, or a precomputed gate that the caller promised bounded (``safe_gate``, as FLA's
+        own M = 16 path needs)."""
+        if self.use_gate_in_kernel:
+            return self.lower_bound is not None and self.lower_bound >= GATE_FLOOR
+        return self.safe_gate
+
+    @property
+    def beta_scale(self) -> float:
+        return 2.0 if self.allow_neg_eigval else 1.0
+
+
+def _is_default(got: Any, default: Any) -> bool:
+    if default is None:
+        return got is None
+    return isinstance(got, (bool, int)) and got == default
+
+
+def _refuse(name: str, got: Any, instead: str) -> ValueError:
+    shown = f"a tensor of shape {list(got.shape)}" if isinstance(got, torch.Tensor) else repr(got)
+    return ValueError(f"kernel.chunk_kda does not cover {name}={shown}; {instead}")
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def _lower_bound(lower_bound: Any) -> float | None:
+    if lower_bound is None:
+        return None
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float, np.integer, np.floating)):
+        raise TypeError(f"lower_bound must be a real number or None, got {lower_bound!r}")
+    if not (math.isfinite(lower_bound) and lower_bound < 0):
+        raise ValueError(f"lower_bound must be finite and < 0 (the gate's floor in log space), got {lower_bound!r}")
+    return float(lower_bound)
+
+
+def _gate_parameters(kwargs: dict[str, Any], *, use_gate_in_kernel: bool, lower_bound: float | None,
+                     safe_gate: bool, HV: int) -> None:
+    """FLA's rules for A_log and dt_bias (read only with use_gate_in_kernel) and the safe-gate range."""
+    A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
+    if not use_gate_in_kernel:
+        return
+    if A_log is None and lower_bound is None:
+        raise ValueError("A_log: it must be given with use_gate_in_kernel=True unless lower_bound is set "
+                         "(then the gate is lower_bound * sigmoid(g + dt_bias))")
+    for name, x, count in (("A_log", A_log, HV), ("dt_bias", dt_bias, HV * HEAD_DIM)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor or None, got {type(x).__module__}.{type(x).__name__}")
+        if x.numel() != count or not x.dtype.is_floating_point:
+            raise ValueError(f"{name}: expected {count} floating values ([{'HV' if name == 'A_log' else 'HV * K'}] = "
+                             f"[{count}]), got shape {_shape(x)} of {x.dtype}")
+    if safe_gate:
+        if lower_bound is None:
+            raise ValueError("lower_bound: it must be set with safe_gate=True and use_gate_in_kernel=True (FLA's rule)")
+        if not -5 <= lower_bound < 0:
+            raise ValueError(f"lower_bound must be in FLA's safe range [-5, 0) with safe_gate=True and "
+                             f"use_gate_in_kernel=True, got {lower_bound}")
+
+
+def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[str, Any],
+                    kwargs: dict[str, Any], switches: dict[str, Any], scale: Any = None, lower_bound: Any = None,
+                    cu_seqlens_cpu=None) -> Call:
+    """Every refusal, on shapes, dtypes, flags and the offsets alone; returns the checked :class:`Call`.
+
+    ``flags``: the arguments of :data:`NOT_COVERED` as passed; ``switches``: those of
+    :data:`BOOL_ARGUMENTS`; ``kwargs``: what FLA's chunk_kda reads from its ``**kwargs`` (A_log,
+    dt_bias, chunk_size, the deprecated transpose_state_layout). ``switches`` is updated in place
+    where transpose_state_layout gives state_v_first, as FLA does (with FLA's DeprecationWarning).
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor, got {type(x).__module__}.{type(x).__name__}")
+    for name, x in (("initial_state", initial_state), ("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor (a torch.LongTensor of offsets for cu_seqlens) or None, "
+                            f"got {type(x).__module__}.{type(x).__name__}")
+    rest = dict(kwargs)
+    if "transpose_state_layout" in rest:
+        old = rest.pop("transpose_state_layout")
+        if not isinstance(old, bool):
+            raise TypeError(f"transpose_state_layout must be True or False, got {old!r}")
+        if switches["state_v_first"] and old:
+            raise ValueError("state_v_first and the deprecated transpose_state_layout are both given; pass state_v_first")
+        warnings.warn("transpose_state_layout is deprecated and renamed to state_v_first (as in FLA)",
+                      DeprecationWarning, stacklevel=4)
+        switches["state_v_first"] = switches["state_v_first"] or old
+    for name, got in switches.items():
+        if not isinstance(got, bool):
+            raise TypeError(f"{name} must be True or False, got {got!r}")
+    check_scale(scale)
+    lower_bound = _lower_bound(lower_bound)
+    for name, default, instead in NOT_COVERED:
+        got = flags[name]
+        if not _is_default(got, default):
+            raise _refuse(name, got, instead)
+    if "chunk_size" in rest:
+        got = rest.pop("chunk_size")
+        if not _is_default(got, CHUNK_TOKENS):
+            raise _refuse("chunk_size", got, f"leave it at {CHUNK_TOKENS} (our backward's chunk) or call {FLA_CALL}")
+    gate_kwargs = {name: rest.pop(name) for name in ("A_log", "dt_bias") if name in rest}
+    if rest:
+        raise TypeError(f"kernel.chunk_kda got keyword arguments FLA's chunk_kda does not know: {sorted(rest)}")
+    if switches["allow_neg_eigval"] and not switches["use_beta_sigmoid_in_kernel"]:
+        raise ValueError("allow_neg_eigval=True needs use_beta_sigmoid_in_kernel=True (beta = 2 sigmoid(beta)), "
+                         "as in FLA")
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name}: expected [B, T, H, {HEAD_DIM}], got shape {_shape(x)}")
+    if _shape(q) != _shape(k):
+        raise ValueError(f"q and k must have the same shape, got q {_shape(q)} and k {_shape(k)}")
+    B, T, H, K = _shape(q)
+    if min(B, T, H) < 1:
+        raise ValueError(f"q must have B, T, H >= 1 (no empty batch, sequence or head axis), got shape {_shape(q)}")
+    HV, V = v.shape[2], v.shape[3]
+    if K != HEAD_DIM:
+        raise _refuse("q.shape[-1] (the key head dim)", K, f"use {HEAD_DIM} or call {FLA_CALL}")
+    if V != HEAD_DIM:
+        raise _refuse("v.shape[-1] (the value head dim)", V, f"use {HEAD_DIM} or call {FLA_CALL}")
+    if HV < H or HV % H:
+        raise ValueError(f"v.shape[2]: the value heads ({HV}) must be a multiple of q's heads ({H}) "
+                         f"(grouped value attention)")
+    if _shape(v)[:2] != (B, T):
+        raise ValueError(f"v: expected [{B}, {T}, HV, {V}] like q, got {_shape(v)}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dtype != torch.bfloat16:
+            raise _refuse(f"{name}.dtype", x.dtype, f"cast {name} to torch.bfloat16 (as autocast does) "
+                          f"or call {FLA_CALL}")
+    if _shape(g) != (B, T, HV, K):
+        raise ValueError(f"g: expected [B, T, HV, K] = {[B, T, HV, K]}, got {list(_shape(g))}")
+    if not g.dtype.is_floating_point:
+        raise ValueError(f"g: expected a floating dtype, got {g.dtype}")
+    if _shape(beta) != (B, T, HV):
+        raise ValueError(f"beta: expected [B, T, HV] = {[B, T, HV]}, got {list(_shape(beta))}")
+    if not beta.dtype.is_floating_point:
+        raise ValueError(f"beta: expected a floating dtype, got {beta.dtype}")
+    if not switches["use_beta_sigmoid_in_kernel"] and beta.dtype not in (torch.float32, torch.bfloat16):
+        # the backward reads beta as fp32 or bf16 (after the op's own sigmoid it is fp32)
+        raise _refuse("beta.dtype", beta.dtype, f"cast beta to torch.float32 or call {FLA_CALL}")
+    _gate_parameters(gate_kwargs, use_gate_in_kernel=switches["use_gate_in_kernel"], lower_bound=lower_bound,
+                     safe_gate=switches["safe_gate"], HV=HV)
+
+    N, offsets = B, None
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens: the batch size must be 1 (flattened [1, total, H, K]), got q of "
+                             f"shape {_shape(q)}")
+        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens: expected N+1 >= 2 offsets, got shape {_shape(cu_seqlens)}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cu_seqlens: expected an integer dtype (torch.long), got {cu_seqlens.dtype}")
+        # its values: 0 first, strictly increasing, T last (from cu_seqlens_cpu where the caller has it,
+        # else a copy of N + 1 integers to the host, as FLA's own chunk index makes); the backward
+        # reuses this host copy
+        offsets = check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens, B, T)
+        N = cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        layout = "[N, HV, V, K]" if switches["state_v_first"] else "[N, HV, K, V]"
+        if _shape(initial_state) != (N, HV, K, V):
+            raise ValueError(f"initial_state: expected {layout} = {[N, HV, K, V]}, got {list(_shape(initial_state))}")
+        if initial_state.dtype != torch.float32:
+            raise ValueError(f"initial_state: expected torch.float32 (as FLA), got {initial_state.dtype}")
+    return Call(B=B, T=T, H=H, HV=HV, N=N, offsets=offsets, scale=HEAD_DIM ** -0.5 if scale is None else float(scale),
+                lower_bound=lower_bound, **switches)

@@ -1,0 +1,75 @@
+"""``kernel.chunk_kda``: fla-core 0.6.0's ``fla.ops.kda.chunk_kda`` signature, argument for argument."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .arguments import BOOL_ARGUMENTS, NOT_COVERED, check_arguments
+from .function import ChunkKDAFunction
+
+__all__ = ["chunk_kda"]
+
+
+@torch.compiler.disable
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context: Any | None = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """KDA's chunked layer: FLA's forward, our backward. Arguments and semantics as ``fla.ops.kda.chunk_kda``.
+
+    q, k: bf16 [B, T, H, 128]; v: bf16 [B, T, HV, 128], HV a multiple of H (grouped value heads);
+    g [B, T, HV, 128]: the per-token natural-log gate, or with ``use_gate_in_kernel`` the raw
+    projection that ``-exp(A_log) softplus(g + dt_bias)`` (or, with ``lower_bound``,
+    ``lower_bound sigmoid(exp(A_log) (g + dt_bias))``) activates, ``A_log`` [HV] and ``dt_bias``
+    [HV * 128] given as keywords; beta [B, T, HV], or its logits with ``use_beta_sigmoid_in_kernel``
+    (times 2 with ``allow_neg_eigval``); with ``cu_seqlens`` (N+1 offsets) B = 1 and T = the total.
+    ``initial_state``: fp32 [N, HV, 128, 128] ([K, V], or [V, K] with ``state_v_first``) or None.
+    ``scale`` defaults to 128**-0.5.
+
+    Returns (o [B, T, HV, 128] in q's dtype, final_state fp32 [N, HV, 128, 128] or None).
+    Gradients flow to q, k, v, g, beta, A_log, dt_bias and initial_state.
+
+    Raises ValueError naming the argument for everything outside the covered cases (the package
+    docstring lists them), TypeError for a keyword FLA's chunk_kda does not know or a switch that
+    is not a bool, ImportError without fla-core.
+    """
+    flags = dict(return_intermediate_states=return_intermediate_states, cp_context=cp_context, use_graph=use_graph,
+                 max_num_seqs=max_num_seqs)
+    given = dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                 use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                 allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, disable_recompute=disable_recompute,
+                 state_v_first=state_v_first)
+    assert tuple(given) == BOOL_ARGUMENTS and tuple(flags) == tuple(n for n, _, _ in NOT_COVERED)
+    call = check_arguments(q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, flags=flags,
+                           kwargs=kwargs, switches=given, scale=scale, lower_bound=lower_bound,
+                           cu_seqlens_cpu=cu_seqlens_cpu)
+    A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if call.use_gate_in_kernel else (None, None)
+    if q.device.type != "cuda":
+        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
+    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
+                    ("cu_seqlens", cu_seqlens), ("A_log", A_log), ("dt_bias", dt_bias)):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on q's device {q.device}, got one on {x.device}")
+    return ChunkKDAFunction.apply(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, call)

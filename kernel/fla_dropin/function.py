@@ -1,0 +1,209 @@
+"""The autograd function behind ``kernel.chunk_kda``: FLA's forward, our backward.
+
+Forward: what FLA's own autograd function does before its kernels (the l2norm of q and k, the beta
+sigmoid, the chunk table for ``cu_seqlens``), then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd`` with
+every setting of the call, so that o and the final state are FLA's to the bit.
+
+Backward: :func:`kernel.kda_backward.run` on the tensors FLA's forward left, then what lies between
+its gradients and the call's arguments:
+
+* the gate: FLA's 64-chunk cumsum of the activated gate, recomputed by FLA's own
+  ``kda_gate_chunk_cumsum`` where FLA's forward freed it; the gate activation's backward to g_raw,
+  A_log and dt_bias (:mod:`kernel.activations`);
+* beta: the sigmoid's backward;
+* ``state_v_first``: the states enter and leave the backward as [K, V];
+* grouped value heads: q and k repeated per value head for the backward, dq and dk summed back over
+  each group (FLA sums them the same way);
+* the l2norm's backward (FLA's) and the casts to the inputs' dtypes.
+
+The backward's factorised tile products hold a 16-token tile's decay down to 2^-126 per channel.
+Where the gate is not bounded by construction (:attr:`Call.tiles_bounded`), one reduction over the
+tile boundaries of the gate's cumsum checks that every tile stays there (a host sync); a call whose
+gates leave the range gets FLA's backward on the same saved tensors instead, with a one-time
+warning, so that a training run whose gates grow never stops.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import torch
+
+from ..shapes import CHUNK_TOKENS, TILE_TOKENS
+from .arguments import Call
+
+__all__ = ["ChunkKDAFunction", "FallbackWarning", "tiles_in_range"]
+
+# log2 of the smallest decay a tile may apply to a channel (fp32's smallest normal)
+TILE_DECAY_FLOOR_LOG2 = -126.0
+
+
+class FallbackWarning(UserWarning):
+    """A call ran FLA's own path instead of ours; the message says which argument or value is why."""
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Warn about ``message`` once per process (a training loop would repeat it every step)."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, FallbackWarning, stacklevel=3)
+
+
+def _fla():
+    try:
+        from fla.modules.norm.l2norm import l2norm_bwd, l2norm_fwd
+        from fla.ops.common.gate import fused_beta_sigmoid_fwd
+        from fla.ops.kda.chunk_bwd import chunk_kda_bwd
+        from fla.ops.kda.chunk_fwd import chunk_kda_fwd
+        from fla.ops.kda.gate import kda_gate_chunk_cumsum
+        from fla.ops.utils.constant import RCP_LN2
+        from fla.ops.utils.index import prepare_chunk_indices
+    except ImportError as exc:
+        raise ImportError(f"kernel.chunk_kda runs FLA's forward: it needs fla-core 0.6.0 and triton ({exc})") from exc
+    return dict(l2norm_fwd=l2norm_fwd, l2norm_bwd=l2norm_bwd, beta_sigmoid=fused_beta_sigmoid_fwd,
+                chunk_kda_fwd=chunk_kda_fwd, chunk_kda_bwd=chunk_kda_bwd, gate_cumsum=kda_gate_chunk_cumsum,
+                rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
+
+
+@functools.lru_cache(maxsize=32)
+def _tile_rows(offsets: bytes, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every 16-token tile of every sequence (packed rows, offsets int64 [N + 1] as bytes): the row
+    of its last token, and the row before it where that is in the same 64-token chunk (else -1: FLA's
+    cumsum restarts at every chunk, so the tile's decay is its last row's value)."""
+    cu = np.frombuffer(offsets, dtype=np.int64)
+    ends, bases = [], []
+    for bos, eos in zip(cu[:-1], cu[1:]):
+        starts = np.arange(bos, eos, TILE_TOKENS)
+        ends.append(np.minimum(starts + TILE_TOKENS - 1, eos - 1))
+        first_of_chunk = (starts - bos) % CHUNK_TOKENS == 0
+        bases.append(np.where(first_of_chunk, -1, starts - 1))
+    return (torch.from_numpy(np.concatenate(ends)).to(device), torch.from_numpy(np.concatenate(bases)).to(device))
+
+
+def tiles_in_range(g_cumsum: torch.Tensor, offsets: np.ndarray) -> bool:
+    """Whether every 16-token tile decays every channel by at most 2^-126: g_cumsum is FLA's 64-chunk
+    cumsum of the gate in log2, [B, T, HV, K] over the packed rows ``offsets`` describes. One gather
+    of the tile boundaries (1/16 of the rows) and a host sync."""
+    end, base = _tile_rows(np.ascontiguousarray(offsets, dtype=np.int64).tobytes(), str(g_cumsum.device))
+    rows = g_cumsum.reshape(-1, *g_cumsum.shape[2:])
+    before = torch.where((base >= 0)[:, None, None], rows[base.clamp(min=0)], 0.0)
+    decay = rows[end] - before
+    return bool((decay >= TILE_DECAY_FLOOR_LOG2).all())   # NaN fails too
+
+
+def _offsets(call: Call) -> np.ndarray:
+    return call.offsets if call.offsets is not None else np.arange(call.B + 1, dtype=np.int64) * call.T
+
+
+def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
+    """[.., K, V] <-> [.., V, K]"""
+    return None if x is None else x.transpose(-1, -2).contiguous()
+
+
+class ChunkKDAFunction(torch.autograd.Function):
+    """FLA's forward (``chunk_kda_fwd``), our backward (:func:`kernel.kda_backward.run`)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, call: Call):
+        fla = _fla()
+        in_dtypes = (q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype)
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        initial_state = None if initial_state is None else initial_state.contiguous()
+        with torch.cuda.device(q.device):
+            q_rstd = k_rstd = None
+            if call.use_qk_l2norm_in_kernel:
+                q, q_rstd = fla["l2norm_fwd"](q)
+                k, k_rstd = fla["l2norm_fwd"](k)
+            beta_raw = beta
+            if call.use_beta_sigmoid_in_kernel:
+                beta = fla["beta_sigmoid"](beta_raw, scale=call.beta_scale)
+            chunk_indices = None
+            if cu_seqlens is not None:
+                chunk_indices = fla["chunk_indices"](cu_seqlens=cu_seqlens, chunk_size=CHUNK_TOKENS,
+                                                     cu_seqlens_cpu=cu_seqlens_cpu)
+            (o, final_state, g_cumsum, Aqk, Akk, _w, _u, _qg, _kg, _v_new, h, initial_state) = fla["chunk_kda_fwd"](
+                q=q, k=k, v=v, g=g, beta=beta, scale=call.scale, initial_state=initial_state,
+                output_final_state=call.output_final_state, state_v_first=call.state_v_first, cu_seqlens=cu_seqlens,
+                cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS,
+                safe_gate=call.safe_gate, lower_bound=call.lower_bound, use_gate_in_kernel=call.use_gate_in_kernel,
+                A_log=A_log, dt_bias=dt_bias, disable_recompute=call.disable_recompute)
+        # FLA keeps w, u, qg, kg, v_new for its own backward; ours needs only h (the states), and the raw
+        # gate where the activation ran in the kernel (g_cumsum is then None unless disable_recompute)
+        ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g_cumsum, g if call.use_gate_in_kernel else None, beta_raw,
+                              beta, A_log, dt_bias, Aqk, Akk, h if call.disable_recompute else None, initial_state,
+                              cu_seqlens, chunk_indices)
+        ctx.call = call
+        ctx.in_dtypes = in_dtypes
+        return o.type_as(q), final_state
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, do, dht):
+        (q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state,
+         cu_seqlens, chunk_indices) = ctx.saved_tensors
+        call: Call = ctx.call
+        fla = _fla()
+        need = ctx.needs_input_grad
+        with torch.cuda.device(q.device):
+            if g_cumsum is None:
+                g_cumsum = fla["gate_cumsum"](g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=fla["rcp_ln2"],
+                                              chunk_size=CHUNK_TOKENS, cu_seqlens=cu_seqlens,
+                                              chunk_indices=chunk_indices, lower_bound=call.lower_bound)
+            if call.tiles_bounded or tiles_in_range(g_cumsum, _offsets(call)):
+                dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias,
+                                                              Aqk, Akk, h, initial_state, do, dht)
+            else:
+                warn_once("kernel.chunk_kda: a 16-token tile's gates decay a channel past 2^-126, beyond what our "
+                          "backward's tile products hold in fp32: FLA's backward runs for such calls (set "
+                          "lower_bound >= -5, or safe_gate=True with gates clamped to [-5, 0], to stay on ours)")
+                dq, dk, dv, dbeta, dg, dh0, dA, dbias = fla["chunk_kda_bwd"](
+                    q=q, k=k, v=v, beta=beta, Aqk=Aqk, Akk=Akk, scale=call.scale, initial_state=initial_state,
+                    do=do, dht=dht, g=g_cumsum, g_org=g_raw, state_v_first=call.state_v_first, cu_seqlens=cu_seqlens,
+                    chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS, safe_gate=call.safe_gate,
+                    lower_bound=call.lower_bound, use_gate_in_kernel=call.use_gate_in_kernel, A_log=A_log,
+                    dt_bias=dt_bias, disable_recompute=False)
+            if call.use_qk_l2norm_in_kernel:
+                dq = fla["l2norm_bwd"](q, q_rstd, dq) if need[0] else None
+                dk = fla["l2norm_bwd"](k, k_rstd, dk) if need[1] else None
+        if call.use_beta_sigmoid_in_kernel and need[4]:
+            from ..activations import beta_backward
+
+            dbeta = beta_backward(dbeta, beta_raw, call.allow_neg_eigval)
+        q_dt, k_dt, v_dt, g_dt, beta_dt = ctx.in_dtypes
+        cast = lambda x, dt, i: x.to(dt) if (x is not None and need[i]) else None   # noqa: E731
+        return (cast(dq, q_dt, 0), cast(dk, k_dt, 1), cast(dv, v_dt, 2), cast(dg, g_dt, 3), cast(dbeta, beta_dt, 4),
+                dA if need[5] else None, dbias if need[6] else None,
+                dh0 if (initial_state is not None and need[7]) else None, None, None, None)
+
+
+def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht):
+    """Our backward and the layouts around it; the gradients as FLA's chunk_kda_bwd returns them
+    (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias)."""
+    from ..kda_backward import checked_batch, run
+
+    G = call.groups
+    qv, kv = (q, k) if G == 1 else (q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2))
+    batch = checked_batch(call.B, call.T, call.HV, call.offsets, scale=call.scale, torch_out=True)
+    # FLA's saved states are [V, K] with state_v_first: the forward-state scan makes ours instead
+    states = h if not call.state_v_first else None
+    h0 = _v_first(initial_state) if call.state_v_first else initial_state
+    dht = None if dht is None else (_v_first(dht) if call.state_v_first else dht.contiguous())
+    grads = run(batch, qv, kv, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states)
+    dq, dk = grads["dq"], grads["dk"]
+    if G > 1:   # each query head's gradient is the sum over the value heads that read it
+        dq = dq.view(call.B, call.T, call.H, G, -1).sum(3)
+        dk = dk.view(call.B, call.T, call.H, G, -1).sum(3)
+    dh0 = grads["dh0"]
+    if call.state_v_first and dh0 is not None:
+        dh0 = _v_first(dh0)
+    dg, dA, dbias = grads["dg"], None, None
+    if call.use_gate_in_kernel:
+        from ..activations import gate_backward
+
+        dg, dA, dbias = gate_backward(dg, g_raw, A_log, dt_bias, call.lower_bound)
+    return dq, dk, grads["dv"], grads["dbeta"], dg, dh0, dA, dbias

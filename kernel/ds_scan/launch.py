@@ -403,7 +403,7 @@ def _split_tables(cu_bytes: bytes, counts_bytes: bytes, snapshot_every: int, end
     import cupy
 
     p = split.plan(np.frombuffer(cu_bytes, dtype=np.int64), np.frombuffer(counts_bytes, dtype=np.int64),
-                   chunk=TILE_TOKENS, snapshot_every=snapshot_every, end_weight=end_weight)
+                   tile=TILE_TOKENS, snapshot_every=snapshot_every, end_weight=end_weight)
     return p, cupy.asarray(p.cu), cupy.asarray(p.snap_offsets)
 
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..shapes import snapshot_offsets
+from ..shapes import TILE_TOKENS, snapshot_offsets
 
 __all__ = ["ALIGN", "SEGMENTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
            "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "run", "phase_marks"]
@@ -226,7 +226,8 @@ def fold_summaries(summaries: Sequence[tuple[Any, Any] | None], dht=None) -> lis
     return incoming
 
 
-def plan(cu_seqlens, counts, *, chunk: int = 16, snapshot_every: int = 1, end_weight: float = END_WEIGHT) -> Plan:
+def plan(cu_seqlens, counts, *, tile: int = TILE_TOKENS, snapshot_every: int = 1,
+         end_weight: float = END_WEIGHT) -> Plan:
     """The segments of sequences ``cu_seqlens`` (host int offsets), ``counts[n]`` runs of 64-token
     blocks each (:func:`segment_starts`)."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
@@ -234,11 +235,11 @@ def plan(cu_seqlens, counts, *, chunk: int = 16, snapshot_every: int = 1, end_we
     counts = np.asarray(counts, dtype=np.int64)
     if counts.shape != lengths.shape or (counts < 1).any():
         raise ValueError(f"counts must hold one integer >= 1 per sequence ({lengths.size}), got {counts.tolist()}")
-    offs = snapshot_offsets(lengths, chunk, snapshot_every)
-    group = chunk * snapshot_every                     # tokens per snapshot
+    offs = snapshot_offsets(lengths, tile, snapshot_every)
+    group = tile * snapshot_every                     # tokens per snapshot
     if ALIGN % group:
         raise ValueError(f"cuts every {ALIGN} tokens need snapshots every {ALIGN} tokens or a divisor of it, "
-                         f"got chunk {chunk} x snapshot_every {snapshot_every}")
+                         f"got tile {tile} x snapshot_every {snapshot_every}")
     starts, seq, pos, snap = [], [], [], []
     for n, (bos, length, m) in enumerate(zip(cu[:-1], lengths, counts)):
         for j, a in enumerate(segment_starts(int(length), int(m), end_weight)):

@@ -81,7 +81,7 @@ def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
                                                dht=inp["dht"], cu_seqlens=cu, tile=TILE_TOKENS, scale=p["scale"],
                                                qk_l2norm=p["qk_l2norm"], snapshot_every=e)
     counts = np.minimum(p["counts"], -(-np.diff(cu) // split.ALIGN))
-    plan = split.plan(cu, counts, chunk=TILE_TOKENS, snapshot_every=e)
+    plan = split.plan(cu, counts, tile=TILE_TOKENS, snapshot_every=e)
     H, K, V = inp["q"].shape[2], inp["q"].shape[3], inp["do"].shape[3]
     snapshots = np.full(ref_snaps.shape[1:], np.nan)
     scan, summarise = _reference_launchers(inp, p, plan, snapshots)
@@ -100,7 +100,7 @@ def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
 def test_the_plan_covers_every_token_once_at_64_token_cuts(lengths, counts, e):
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     counts = np.minimum(counts[:len(lengths)], -(-np.asarray(lengths) // 64))
-    p = split.plan(cu, counts, chunk=TILE_TOKENS, snapshot_every=e)
+    p = split.plan(cu, counts, tile=TILE_TOKENS, snapshot_every=e)
     assert p.cu[0] == 0 and p.cu[-1] == cu[-1] and (np.diff(p.cu) > 0).all()
     offs = snapshot_offsets(np.asarray(lengths), TILE_TOKENS, e)
     assert p.count.tolist() == list(counts)

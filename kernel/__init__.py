@@ -7,7 +7,9 @@
 * ``kernel.cp``: the scan split over ranks (context parallelism);
   ``kernel.cp.backward``: the whole backward split the same way.
 * ``chunk_kda``: a drop-in for FLA's ``fla.ops.kda.chunk_kda``, FLA's forward
-  with our backward (``kernel.fla_dropin``, loaded with torch on first use).
+  with our backward (``kernel.fla_dropin``, loaded with torch on first use);
+  ``patch_fla`` / ``unpatch_fla`` / ``patched_fla``: the one switch that routes FLA's
+  own op (and so its KimiDeltaAttention layer) to it.
 * :func:`kernel.kda_backward.kda_backward`: the whole KDA backward on FLA's
   forward tensors.
 
@@ -16,13 +18,14 @@ Importing this package never needs CuPy, torch or a GPU.
 
 from .ds_scan import dstate_scan  # noqa: E402  (numpy-only at import; CuPy is loaded on first call)
 
-__all__ = ["dstate_scan", "chunk_kda"]
+_TORCH_NAMES = ("chunk_kda", "patch_fla", "unpatch_fla", "patched_fla")
+__all__ = ["dstate_scan", *_TORCH_NAMES]
 
 
 def __getattr__(name: str):
-    # chunk_kda needs torch: import it only when asked for
-    if name == "chunk_kda":
-        from .fla_dropin import chunk_kda
+    # the drop-in needs torch: import it only when asked for
+    if name in _TORCH_NAMES:
+        from . import fla_dropin
 
-        return chunk_kda
+        return getattr(fla_dropin, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

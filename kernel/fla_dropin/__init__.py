@@ -36,8 +36,12 @@ rules (value heads not a multiple of q's, ``allow_neg_eigval`` without the beta 
 op and ``lower_bound`` outside [-5, 0)). A keyword FLA does not know is a TypeError (FLA
 ignores it).
 
+One switch routes FLA's own op to this one for a whole model: :func:`patch_fla` (with
+:func:`unpatch_fla` and the context manager :func:`patched_fla`); whatever this op does not cover
+then runs FLA's own path with a one-time warning.
+
 The rooms: :mod:`.arguments` (the one check of a call), :mod:`.function` (the autograd
-function), :mod:`.entry` (the signature). torch is imported with this package; fla and
+function), :mod:`.entry` (the signature), :mod:`.patch` (the switch). torch is imported with this package; fla and
 :mod:`kernel.kda_backward` (CuPy) only when the forward or the backward runs. ``import kernel``
 needs none of them: ``kernel.chunk_kda`` loads this package on first use.
 """
@@ -46,6 +50,7 @@ from __future__ import annotations
 from .arguments import FLA_CALL, GATE_FLOOR, Call, check_arguments
 from .entry import chunk_kda
 from .function import ChunkKDAFunction, FallbackWarning, tiles_in_range
+from .patch import is_patched, patch_fla, patched_fla, unpatch_fla
 
 __all__ = ["chunk_kda", "ChunkKDAFunction", "FallbackWarning", "GATE_FLOOR", "FLA_CALL", "Call", "check_arguments",
-           "tiles_in_range"]
+           "tiles_in_range", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]

@@ -5,10 +5,10 @@ from typing import Any
 
 import torch
 
-from .arguments import BOOL_ARGUMENTS, NOT_COVERED, check_arguments
+from .arguments import BOOL_ARGUMENTS, NOT_COVERED, Call, check_arguments
 from .function import ChunkKDAFunction
 
-__all__ = ["chunk_kda"]
+__all__ = ["chunk_kda", "check_call"]
 
 
 @torch.compiler.disable
@@ -55,16 +55,32 @@ def chunk_kda(
     docstring lists them), TypeError for a keyword FLA's chunk_kda does not know or a switch that
     is not a bool, ImportError without fla-core.
     """
-    flags = dict(return_intermediate_states=return_intermediate_states, cp_context=cp_context, use_graph=use_graph,
-                 max_num_seqs=max_num_seqs)
-    given = dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                 use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                 allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, disable_recompute=disable_recompute,
-                 state_v_first=state_v_first)
-    assert tuple(given) == BOOL_ARGUMENTS and tuple(flags) == tuple(n for n, _, _ in NOT_COVERED)
+    call, tensors = check_call(dict(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+                                    output_final_state=output_final_state,
+                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                    use_gate_in_kernel=use_gate_in_kernel,
+                                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                    allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+                                    disable_recompute=disable_recompute,
+                                    return_intermediate_states=return_intermediate_states,
+                                    state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                    cp_context=cp_context, use_graph=use_graph, max_num_seqs=max_num_seqs,
+                                    kwargs=kwargs))
+    return ChunkKDAFunction.apply(*tensors, call)
+
+
+def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
+    """The one check of a call given as :func:`chunk_kda`'s arguments by name (``**kwargs`` under
+    "kwargs"): its :class:`Call` and the tensors ``ChunkKDAFunction.apply`` takes before it. Raises as
+    :func:`chunk_kda` does, before anything touches the GPU."""
+    a = arguments
+    flags = {name: a[name] for name, _, _ in NOT_COVERED}
+    given = {name: a[name] for name in BOOL_ARGUMENTS}
+    q, k, v, g, beta = a["q"], a["k"], a["v"], a["g"], a["beta"]
+    kwargs, initial_state, cu_seqlens = a["kwargs"], a["initial_state"], a["cu_seqlens"]
     call = check_arguments(q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, flags=flags,
-                           kwargs=kwargs, switches=given, scale=scale, lower_bound=lower_bound,
-                           cu_seqlens_cpu=cu_seqlens_cpu)
+                           kwargs=kwargs, switches=given, scale=a["scale"], lower_bound=a["lower_bound"],
+                           cu_seqlens_cpu=a["cu_seqlens_cpu"])
     A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if call.use_gate_in_kernel else (None, None)
     if q.device.type != "cuda":
         raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
@@ -72,4 +88,4 @@ def chunk_kda(
                     ("cu_seqlens", cu_seqlens), ("A_log", A_log), ("dt_bias", dt_bias)):
         if x is not None and x.device != q.device:
             raise ValueError(f"{name}: expected a tensor on q's device {q.device}, got one on {x.device}")
-    return ChunkKDAFunction.apply(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, call)
+    return call, (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, a["cu_seqlens_cpu"])

@@ -182,6 +182,18 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states)
 
 
+def _empty_bf16(batch: Batch, like):
+    """An uninitialised bf16 array of the states' shape, as a CuPy array (uint16 bits); from torch's
+    caching allocator when the caller passed torch tensors (the CuPy view keeps the tensor alive)."""
+    import cupy
+
+    if batch.torch_out:
+        import torch
+
+        return cupy_view(torch.empty(batch.states_shape, dtype=torch.bfloat16, device=like.device))
+    return cupy.empty(batch.states_shape, dtype=np.uint16)
+
+
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states) -> dict:
     import cupy
 
@@ -189,6 +201,11 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     c = {name: to_cupy(name, x, want) for name, x, want in (
         ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
+    if batch.torch_out:
+        import torch
+
+        if beta.dtype != torch.float32:
+            beta = beta.float()   # through torch's allocator (beta_f32 would convert into CuPy's pool)
     beta_c = beta_f32(beta)
     main = cupy.cuda.get_current_stream()
     # the forward-state scan's stream beside Kernel A: the device's side stream (the runtime's, which
@@ -202,8 +219,9 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
         # the arguments were checked once, at the caller's boundary: the scan takes its plan from that check
         states_plan = plan_from_layout(B, T, H, batch.cu_seqlens, batch.states_shape, auto_config(warps),
                                        has_initial_state=h0 is not None)
-        # the states come from the caller's stream, so that they return to its pool when freed, after Kernel B
-        states_c = cupy.empty(batch.states_shape, dtype=np.uint16)
+        # the states come from the caller's stream, so that they return to its pool when freed, after
+        # Kernel B: torch's pool for a torch caller (torch counts and reuses the memory), else CuPy's
+        states_c = _empty_bf16(batch, q)
         if side is not None:
             # the scan's cached device tables too are made here, before the fork: the side stream
             # allocates nothing

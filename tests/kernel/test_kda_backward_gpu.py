@@ -156,6 +156,36 @@ def test_torch_tensors_in_torch_tensors_out():
         assert _rel(o, ref[name]) < BOUND, name
 
 
+def test_a_torch_call_allocates_through_torch_only():
+    """With torch tensors in, every buffer of the call (the forward-state scan's states included) comes
+    from torch's caching allocator: CuPy's pool gains nothing, and torch's peak covers the states."""
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    from kernel.kda_backward import kda_backward
+
+    inputs, kw, _, _, _ = make_case(CASES[0])
+    as_t = lambda x: None if x is None else torch.as_tensor(x, device="cuda")  # noqa: E731
+    bf = lambda x: as_t(x).view(torch.bfloat16)  # noqa: E731
+    t_in = {n: (bf(x) if x.dtype == np.uint16 else as_t(x)) for n, x in inputs.items()}
+    t_in["beta"] = t_in["beta"].bfloat16()   # a bf16 beta is converted too
+    h0, dht = as_t(kw["initial_state"]), as_t(kw["dht"])
+    kda_backward(**t_in, initial_state=h0, dht=dht, cu_seqlens=None)   # the first call builds the modules
+    torch.cuda.synchronize()
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = kda_backward(**t_in, initial_state=h0, dht=dht, cu_seqlens=None)
+    torch.cuda.synchronize()
+    B, T, H, K = t_in["q"].shape
+    states_bytes = B * -(-T // 64) * H * K * K * 2
+    assert pool.used_bytes() == before, "a buffer came from CuPy's pool"
+    assert torch.cuda.max_memory_allocated() - base >= states_bytes + sum(x.nbytes for x in out.values()
+                                                                          if isinstance(x, torch.Tensor))
+
+
 def test_the_scans_side_by_side_give_the_in_turn_gradients():
     """The forward-state scan beside Kernel A (two streams, grids for half the SMs) against the two
     in turn at their full-GPU grids: within float32 rounding of each other (Kernel A's v-split and the

@@ -18,7 +18,7 @@ SOURCE_PATH = SOURCE_DIR / "forward_states.cu"
 KERNEL_NAME = "kda_forward_states"
 WARPS = (1, 2, 4, 8)    # Config.warps: consumer warps, 16 v rows of S^T each, 128 / (16 warps) CTAs per (sequence, head)
 PRODUCERS = (1, 2, 4, 8)   # Config.producers: 16 / producers tile rows loaded and rebuilt by each producer warp
-NSTAGES = (2, 3, 4, 5, 6, 7)   # ring depths a Config may ask for (the auto rule takes the deepest that fits, at most 6)
+NSTAGES = (2, 3, 4, 5, 6, 7)   # FULL and EMPTY per stage: 2 nstage of the 15 named barriers
 G6_SPLITS = (1, 2, 4)
 MAX_WARPS = 12          # warps + producers: 384 threads leave 168 registers a thread (ptxas: 0 spills)
 SMEM_OPTIN = 232448     # H100 / H200: dynamic shared memory a CTA may opt in to (227 KB)
@@ -71,8 +71,7 @@ class Config:
         """Dynamic shared memory per CTA, as the source's Shared lays it out (fs_smem_bytes)."""
         stage = (TILE_TOKENS * HEAD_DIM * 4 + 2 * self.producers * HEAD_DIM * 4 + TILE_TOKENS * HEAD_DIM * 2 + 2 * TILE_TOKENS * (HEAD_DIM + 8) * 2 + HEAD_DIM * 4
                  + TILE_TOKENS * 16 * self.warps * 2 + TILE_TOKENS * (TILE_TOKENS + 8) * 2 + TILE_TOKENS * 4)
-        ring = 2 * 8 * self.nstage   # FULL and EMPTY mbarriers, 8 bytes each, per stage
-        return self.nstage * stage + self.warps * HEAD_DIM * (16 + 8) * 2 + ring
+        return self.nstage * stage + self.warps * HEAD_DIM * (16 + 8) * 2
 
     def name(self) -> str:
         return f"w{self.warps}-p{self.producers}-st{self.nstage}-g{self.g6_split}"
@@ -131,4 +130,4 @@ def auto_config(warps: int) -> Config:
 BUILD = builds.KernelBuild(title="Kernel S (the forward-state scan)", entry=SOURCE_PATH, headers="forward_states_*.cuh",
                            function=KERNEL_NAME, constants="fs", default=Config, options=options, variants=all_variants,
                            label=lambda cfg: f"states-{cfg.name()}",
-                           required_sass=lambda cfg: ("HMMA", "LDSM", "LDGSTS", "STSM", "SYNCS"))
+                           required_sass=lambda cfg: ("HMMA", "LDSM", "LDGSTS", "STSM"))

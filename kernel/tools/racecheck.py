@@ -61,7 +61,7 @@ own: ring.cuh's BarrierRing, cp_async.cuh's copies, ldmatrix.cuh's and wgmma.cuh
                     wait, before EMPTY. Race-free. Which of the three reports hazards says whether
                     racecheck ties them to the async read of the stage, and whether the fence ends them.
     mbarrier-ring   kernel-a-ring's copies and reads handed over by ring.cuh's MbarrierRing (the
-                    forward-state scan's ring): every producer thread arrives on FULL, every consumer
+                    forward-state scan's shape on mbarriers): every producer thread arrives on FULL, every consumer
                     thread on EMPTY, waits by parity. Race-free: a clean run here, beside the
                     named-barrier probes' reports, says racecheck follows mbarrier hand-offs.
     mbarrier-ring-6-1c  the same, 6 stages and one consumer warp (the scan's one-warp build).

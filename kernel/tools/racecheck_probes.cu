@@ -235,8 +235,8 @@ extern "C" __global__ void kernel_a_ring_wgmma_release_fence(float* out) {
     kernel_a_ring_t<true, true, false, true>(out);
 }
 
-// kernel_a_ring's copies and reads handed over by ring.cuh's MbarrierRing, as the forward-state
-// scan hands its stages over: every producer thread (4 warps) arrives on FULL, every consumer
+// kernel_a_ring's copies and reads handed over by ring.cuh's MbarrierRing (the forward-state scan's
+// shape on mbarriers): every producer thread (4 warps) arrives on FULL, every consumer
 // thread on EMPTY, and each side waits for its phase by parity. Race-free by construction: hazards
 // here would say racecheck misreads mbarrier hand-offs too. EARLY_RELEASE: the consumers release a
 // stage before they read it, so the producers may refill it under the read: a real race, which the

@@ -30,9 +30,9 @@
 // Producer warp pw copies and rebuilds tile rows [R pw, R (pw+1)) alone (R = TILE_TOKENS / P), with
 // its own copies of g at the tile's last row and at the row before the tile, so a producer waits
 // only for its own warp's copies (cp.async.wait_group + __syncwarp) and never for another producer. Hand-off
-// by the mbarrier ring of ptx_lab's ring.cuh: every producer thread arrives on FULL(s) once stage
-// s holds a tile's operands, and the consumers wait for that phase; every consumer thread arrives
-// on EMPTY(s) when done reading stage s, and the producers wait for that phase before refilling it.
+// by the named-barrier ring of ptx_lab's ring.cuh, each barrier counting all threads: FULL(s)
+// producers arrive once stage s holds a tile's operands, consumers sync; EMPTY(s) consumers
+// arrive when done reading stage s, producers sync before refilling it.
 //
 // The rooms: forward_states_layout.cuh (the stages, the staging tiles, the ring),
 // forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1). This file holds the
@@ -78,6 +78,7 @@ constexpr int VW = 16 * WARPS;          // v rows of S^T per CTA
 constexpr int VGROUPS = HEAD_DIM / VW;  // CTAs per (sequence, head)
 static_assert(WARPS == 1 || WARPS == 2 || WARPS == 4 || WARPS == 8, "FS_WARPS must be 1, 2, 4 or 8");
 static_assert(PRODUCERS == 1 || PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "FS_PRODUCERS must be 1, 2, 4 or 8");
+// FULL(s) and EMPTY(s) take ids 1 .. 2 NSTAGE of the 15 named barriers
 static_assert(NSTAGE >= 2 && NSTAGE <= 7, "FS_NSTAGE must be 2 .. 7");
 static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "FS_G6_SPLIT must be 1, 2 or 4");
 
@@ -111,8 +112,6 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
     const long long bos = cu_seqlens[n];
     const int len = (int)(cu_seqlens[n + 1] - bos);
     const int ntiles = (len + TILE_TOKENS - 1) / TILE_TOKENS;
-    if (tid == 0) sh.ring.init();
-    __syncthreads();   // every thread sees the ring's mbarriers initialised
 
     if (warp >= WARPS) {
         // ---------------- producers: loads and R1, PREFETCH tiles / one tile ahead ----------------
@@ -131,11 +130,11 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
             cp_async_wait<PREFETCH - 1>();   // this thread's copies of tile i landed
             __syncwarp();                    // ... and its warp's: the k rows R1 reads
             rebuild(sh.stage[s], min(TILE_TOKENS, len - TILE_TOKENS * i), pw, lane);
-            sh.ring.publish(i);   // release tile i to the consumers
+            Ring::publish(s);   // release tile i to the consumers
             // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it
             // (after the arrive, so the wait never delays tile i).
             const int j = i + PREFETCH;
-            sh.ring.wait_to_refill(j, ntiles);
+            Ring::wait_to_refill(j, ntiles);
             issue(j);
         }
         cp_async_wait<0>();
@@ -168,7 +167,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
 #pragma unroll 1
     for (int i = 0; i < ntiles; ++i) {
         const int s = i % NSTAGE;
-        sh.ring.wait_full(i);   // tile i's inputs and operands are in stage s
+        Ring::wait_full(s);   // tile i's inputs and operands are in stage s
         const Stage& st = sh.stage[s];
 
         // P^T = S^T Kd^T [16 v x 16 tokens] in G6_SPLIT independent accumulator pairs; before the
@@ -257,7 +256,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
                 }
             }
         }
-        if (Ring::releases(i, ntiles)) sh.ring.release(i);   // the producers refill stage s
+        if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
 
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
         if (snap) {

@@ -1,6 +1,6 @@
 // kernel/forward_states/cuda/forward_states_layout.cuh -- Kernel S's shared memory: the ring's
 // stages (a tile's inputs as copied and the operands R1 builds), the consumers' snapshot staging
-// tiles, and the ring's mbarriers.
+// tiles, and the ring's named barriers.
 // Included by forward_states.cu after its configuration (namespace fs: the knobs and the shape
 // that follows from them).
 #pragma once
@@ -35,16 +35,14 @@ struct Stage {
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 
-// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) counts the producer threads' arrivals,
-// EMPTY(s) the consumer threads'. On mbarriers rather than named barriers so that racecheck can
-// follow every hand-off (kernel/tools/racecheck_probes.cu calibrates it).
-using Ring = MbarrierRing<NSTAGE, PRODUCER_THREADS, CONSUMER_THREADS>;
-
 struct Shared {
     Stage stage[NSTAGE];
     u16 snap[WARPS][HEAD_DIM][SNAP_STRIDE];   // per consumer warp: its 16 v columns of S [K][V], bf16
-    Ring ring;
 };
 constexpr int SMEM_BYTES = (int)sizeof(Shared);
+
+// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers
+// 1 .. 2 NSTAGE (0 is __syncthreads) and count every thread of the CTA.
+using Ring = BarrierRing<NSTAGE, THREADS>;
 
 }  // namespace fs

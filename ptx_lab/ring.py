@@ -57,6 +57,40 @@ def _check_ring(nstage: int, first_id: int) -> tuple[int, int]:
     return nstage, first_id
 
 
+class _Stages:
+    """What the ring's stages hold, and the two promises about them: the producer never overwrites
+    an unread tile, the consumer reads each tile from its stage once, after it was written."""
+
+    def __init__(self, nstage: int) -> None:
+        self.tile: list[int | None] = [None] * nstage
+        self.unread = [False] * nstage
+        self.seen: list[int] = []
+
+    def write(self, s: int, j: int) -> None:
+        if self.unread[s]:
+            raise RingError(f"the producer overwrites stage {s} (tile {self.tile[s]}) with tile {j} before it was read")
+        self.tile[s], self.unread[s] = j, True
+
+    def read(self, s: int, i: int) -> None:
+        if self.tile[s] != i or not self.unread[s]:
+            raise RingError(f"the consumer reads tile {i} from stage {s}, which holds "
+                            f"{'nothing new' if not self.unread[s] else f'tile {self.tile[s]}'}")
+        self.unread[s] = False
+        self.seen.append(i)
+
+
+def _interleave(roles: tuple[str, ...], can_step, step, order: Iterable[int]) -> None:
+    """Step the roles until none can: `order` picks, each time several can, which one does (an index
+    into the ready ones); once it runs out the first ready role goes."""
+    choices = iter(order)
+    while True:
+        ready = [r for r in roles if can_step(r)]
+        if not ready:
+            return
+        pick = next(choices, None)
+        step(ready[0] if len(ready) == 1 or pick is None else ready[int(pick) % len(ready)])
+
+
 def barrier_ids(nstage: int, first_id: int = 1) -> dict[str, list[int] | int]:
     """{"full": FULL(s) per stage, "empty": EMPTY(s) per stage, "end": the first id after the ring's}."""
     nstage, first_id = _check_ring(nstage, first_id)
@@ -109,10 +143,7 @@ def walk(nstage: int, ntiles: int, order: Iterable[int] = (), first_id: int = 1)
     pc = {r: 0 for r in roles}
     waiting: dict[str, int | None] = {r: None for r in roles}   # the barrier id a role is blocked on
     arrived: dict[int, set[str]] = {}                           # the current phase's arrivals per id
-    stage: list[int | None] = [None] * nstage                   # the tile each stage holds
-    unread: list[bool] = [False] * nstage
-    seen: list[int] = []
-    choices = iter(order)
+    stages = _Stages(nstage)
 
     def complete(bid: int) -> None:
         arrived.pop(bid)                                        # both sides: the phase completes
@@ -137,30 +168,16 @@ def walk(nstage: int, ntiles: int, order: Iterable[int] = (), first_id: int = 1)
             waiting[role] = op[1]
             arrive(role, op[1])
         elif op[0] == "write":
-            s, j = op[1], op[2]
-            if unread[s]:
-                raise RingError(f"the producer overwrites stage {s} (tile {stage[s]}) with tile {j} before it was read")
-            stage[s], unread[s] = j, True
+            stages.write(op[1], op[2])
         else:
-            s, i = op[1], op[2]
-            if stage[s] != i or not unread[s]:
-                raise RingError(f"the consumer reads tile {i} from stage {s}, which holds "
-                                f"{'nothing new' if not unread[s] else f'tile {stage[s]}'}")
-            unread[s] = False
-            seen.append(i)
+            stages.read(op[1], op[2])
 
-    while True:
-        ready = [r for r in roles if waiting[r] is None and pc[r] < len(progs[r])]
-        if not ready:
-            break
-        pick = next(choices, None)
-        role = ready[0] if len(ready) == 1 or pick is None else ready[int(pick) % len(ready)]
-        step(role)
+    _interleave(roles, lambda r: waiting[r] is None and pc[r] < len(progs[r]), step, order)
     stuck = [f"the {r} waits on barrier {waiting[r]}" for r in roles if waiting[r] is not None]
     if stuck or arrived:
         raise RingError("the walk does not finish: " + "; ".join(
             stuck + [f"barrier {b} holds arrivals of {sorted(a)}" for b, a in arrived.items()]))
-    return seen
+    return stages.seen
 
 
 # ----------------------------------------------------------------- MbarrierRing
@@ -203,10 +220,7 @@ def mbarrier_walk(nstage: int, ntiles: int, order: Iterable[int] = ()) -> list[i
     bars = {(kind, s): MBarrier(1) for kind in ("full", "empty") for s in range(nstage)}
     roles = ("producer", "consumer")
     pc = {r: 0 for r in roles}
-    stage: list[int | None] = [None] * nstage
-    unread: list[bool] = [False] * nstage
-    seen: list[int] = []
-    choices = iter(order)
+    stages = _Stages(nstage)
 
     def can_step(role: str) -> bool:
         if pc[role] >= len(progs[role]):
@@ -231,25 +245,11 @@ def mbarrier_walk(nstage: int, ntiles: int, order: Iterable[int] = ()) -> list[i
         if op[0] == "arrive":
             bars[op[1]].arrive()
         elif op[0] == "write":
-            s, j = op[1], op[2]
-            if unread[s]:
-                raise RingError(f"the producer overwrites stage {s} (tile {stage[s]}) with tile {j} before it was read")
-            stage[s], unread[s] = j, True
+            stages.write(op[1], op[2])
         elif op[0] == "read":
-            s, i = op[1], op[2]
-            if stage[s] != i or not unread[s]:
-                raise RingError(f"the consumer reads tile {i} from stage {s}, which holds "
-                                f"{'nothing new' if not unread[s] else f'tile {stage[s]}'}")
-            unread[s] = False
-            seen.append(i)
+            stages.read(op[1], op[2])
 
-    while True:
-        ready = [r for r in roles if can_step(r)]
-        if not ready:
-            break
-        pick = next(choices, None)
-        role = ready[0] if len(ready) == 1 or pick is None else ready[int(pick) % len(ready)]
-        step(role)
+    _interleave(roles, can_step, step, order)
     stuck = [f"the {r} waits at step {pc[r]} ({progs[r][pc[r]][0]} on {progs[r][pc[r]][1]})"
              for r in roles if pc[r] < len(progs[r])]
     # every phase whole, and one per hand-off: FULL(s) once per tile through s, EMPTY(s) once per
@@ -260,4 +260,4 @@ def mbarrier_walk(nstage: int, ntiles: int, order: Iterable[int] = ()) -> list[i
              f"not {want[k]} phases" for k, b in bars.items() if b.pending != b.count or b.phase != want[k]]
     if stuck or extra:
         raise RingError("the walk does not finish: " + "; ".join(stuck + extra))
-    return seen
+    return stages.seen

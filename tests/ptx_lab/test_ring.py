@@ -114,13 +114,16 @@ def test_device_ids_and_predicates_are_the_models(nstage, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["named", "mbarrier"])
 @pytest.mark.parametrize("nstage", [1, 2, 3, 4, 6, 7])
 @pytest.mark.parametrize("n", [0, 1, 5, 17, 200])
-def test_device_walk_hands_every_tile_over(nstage, n):
+def test_device_walk_hands_every_tile_over(kind, nstage, n):
     from ptx_lab import device
 
-    seen = device.ring_walk(nstage, n)
-    tiles = np.asarray(ring.walk(nstage, n), dtype=np.int64)
+    device_walk, model_walk = ((device.ring_walk, ring.walk) if kind == "named" else
+                               (device.mbarrier_ring_walk, ring.mbarrier_walk))
+    seen = device_walk(nstage, n)
+    tiles = np.asarray(model_walk(nstage, n), dtype=np.int64)
     lane = np.arange(WARP)
     want = (tiles[:, None] * WARP + (lane + 1) % WARP).astype(np.uint32)   # the neighbour's word
     assert seen.shape == (n, WARP) and (seen == want).all(), np.argwhere(seen != want)[:4]
@@ -137,19 +140,6 @@ def test_device_mbarrier_parities_and_predicates_are_the_models(nstage, n):
     assert got["full_parity"] == [f for f, _ in want] and got["refill_parity"] == [r for _, r in want]
     assert got["releases"] == [ring.releases(i, n, nstage) for i in range(n)]
     assert got["refill_waits"] == [ring.refill_waits(i, n, nstage) for i in range(n)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("nstage", [1, 2, 3, 4, 6, 7])
-@pytest.mark.parametrize("n", [0, 1, 5, 17, 200])
-def test_device_mbarrier_walk_hands_every_tile_over(nstage, n):
-    from ptx_lab import device
-
-    seen = device.mbarrier_ring_walk(nstage, n)
-    tiles = np.asarray(ring.mbarrier_walk(nstage, n), dtype=np.int64)
-    lane = np.arange(WARP)
-    want = (tiles[:, None] * WARP + (lane + 1) % WARP).astype(np.uint32)
-    assert seen.shape == (n, WARP) and (seen == want).all(), np.argwhere(seen != want)[:4]
 
 
 def test_the_device_twins_check_their_arguments_before_looking_for_a_gpu():

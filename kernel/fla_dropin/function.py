@@ -37,6 +37,9 @@ __all__ = ["ChunkKDAFunction", "FallbackWarning", "tiles_in_range"]
 
 # log2 of the smallest decay a tile may apply to a channel (fp32's smallest normal)
 TILE_DECAY_FLOOR_LOG2 = -126.0
+# the tile check's transient memory, at most (a 32 x 8192 batch of 32 heads would gather 268 MB a
+# tensor at once)
+TILE_CHECK_BYTES = 32 << 20
 
 
 class FallbackWarning(UserWarning):
@@ -86,13 +89,19 @@ def _tile_rows(offsets: bytes, device: str) -> tuple[torch.Tensor, torch.Tensor]
 
 def tiles_in_range(g_cumsum: torch.Tensor, offsets: np.ndarray) -> bool:
     """Whether every 16-token tile decays every channel by at most 2^-126: g_cumsum is FLA's 64-chunk
-    cumsum of the gate in log2, [B, T, HV, K] over the packed rows ``offsets`` describes. One gather
-    of the tile boundaries (1/16 of the rows) and a host sync."""
+    cumsum of the gate in log2, [B, T, HV, K] over the packed rows ``offsets`` describes. Gathers
+    the tile boundaries (1/16 of the rows) a block of tiles at a time, so that the transient stays
+    under TILE_CHECK_BYTES whatever the batch, and syncs the host once."""
     end, base = _tile_rows(np.ascontiguousarray(offsets, dtype=np.int64).tobytes(), str(g_cumsum.device))
     rows = g_cumsum.reshape(-1, *g_cumsum.shape[2:])
-    before = torch.where((base >= 0)[:, None, None], rows[base.clamp(min=0)], 0.0)
-    decay = rows[end] - before
-    return bool((decay >= TILE_DECAY_FLOOR_LOG2).all())   # NaN fails too
+    row_bytes = rows[0].numel() * rows.element_size()
+    block = max(1, TILE_CHECK_BYTES // (3 * row_bytes))   # the two gathered rows and their difference
+    ok = torch.ones((), dtype=torch.bool, device=rows.device)
+    for lo in range(0, end.numel(), block):
+        e, b = end[lo:lo + block], base[lo:lo + block]
+        before = torch.where((b >= 0)[:, None, None], rows[b.clamp(min=0)], 0.0)
+        ok &= ((rows[e] - before) >= TILE_DECAY_FLOOR_LOG2).all()   # NaN fails too
+    return bool(ok)
 
 
 def _offsets(call: Call) -> np.ndarray:

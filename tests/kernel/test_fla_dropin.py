@@ -260,6 +260,14 @@ def test_tiles_in_range_is_the_tile_decay_definition(lengths, seed):
             gc[c:min(c + 64, eos)] = np.cumsum(gate[c:min(c + 64, eos)], axis=0) / math.log(2.0)
     want = bool((_tile_decays(gc, offsets) >= -126).all())
     assert tiles_in_range(torch.from_numpy(gc)[None].float(), offsets) == want
+    from kernel.fla_dropin import function   # the same a tile or three at a time (the bounded transient)
+    old = function.TILE_CHECK_BYTES
+    try:
+        for tiles in (1, 3):
+            function.TILE_CHECK_BYTES = tiles * 3 * HV * Kd * 4
+            assert tiles_in_range(torch.from_numpy(gc)[None].float(), offsets) == want
+    finally:
+        function.TILE_CHECK_BYTES = old
     # and a sequence's first tile pushed just past the floor is caught wherever it is
     n = rs.integers(len(lengths))
     gc[min(offsets[n] + 15, offsets[n + 1] - 1)] = -126.01

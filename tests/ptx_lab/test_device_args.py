@@ -94,7 +94,8 @@ def test_every_bool_flag_of_the_device_api_is_tested_here():
 
 # device twins of the layer above single instructions whose CPU model has another name (ptx_lab.ring), or
 # is ml_dtypes' rounding itself (bf16_scalars: tests/ptx_lab/test_operand_fragments.py compares them)
-LAYER_TWINS = {"ring_ids": "ring.barrier_ids", "ring_walk": "ring.walk", "bf16_scalars": "ml_dtypes"}
+LAYER_TWINS = {"ring_ids": "ring.barrier_ids", "ring_walk": "ring.walk", "mbarrier_ring_parities": "ring.mbarrier_parities",
+               "mbarrier_ring_walk": "ring.mbarrier_walk", "bf16_scalars": "ml_dtypes"}
 
 
 def test_the_device_api_is_the_models():

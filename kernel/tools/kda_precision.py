@@ -1,7 +1,8 @@
 """The whole KDA backward's precision yardstick: FLA's gradients and ours against the float64 reference.
 
-    ptx-lab kda-precision                       # T = 8192 and a varlen batch, 2 heads, both recipes
+    ptx-lab kda-precision                       # T = 8192 and a varlen batch, 2 heads, every recipe
     ptx-lab kda-precision --T 2048 --heads 1    # smaller
+    ptx-lab kda-precision --recipes trained-layer   # FLA's layer gate, grown: tiles past our range
 
 (also ``python -m kernel.tools.kda_precision``; needs a GPU, torch, CuPy and fla-core.)
 
@@ -9,8 +10,8 @@ A backward of our own must give every gradient with a relative Frobenius error
 against float64 no worse than FLA's on the same inputs, on more than one input
 recipe. This measures FLA's side: flash-linear-attention's ``chunk_kda``
 (fla-core 0.6.0, forward and backward through torch autograd, with
-``safe_gate`` True and False: both recipes' gates lie in [-5, 0], the bound
-safe_gate asks of gates computed outside the kernel) on bf16 q, k, v, do, bf16 beta and fp32 g, and
+``safe_gate`` True and False: the unit and random_inputs recipes' gates lie in
+[-5, 0], the bound safe_gate asks of gates computed outside the kernel) on bf16 q, k, v, do, bf16 beta and fp32 g, and
 :func:`kernel.reference.kda_backward_reference` in float64 (CuPy) on exactly
 those rounded values, with the l2norm inside (FLA's
 ``use_qk_l2norm_in_kernel``). The loss is sum(o * do) + sum(S_T * dht), with a
@@ -21,9 +22,22 @@ Recipes:
 * ``unit``: q, k, v, do ~ N(0, 1) (q and k unit-norm after the l2norm), g =
   logsigmoid(N(0, 1)) clamped to [-5, 0], beta ~ U(0, 1), dht ~ 0.1 N(0, 1);
 * ``random_inputs``: :func:`kernel.reference.random_inputs` (the tests' and
-  the bench's recipe: weaker gates, do and dht scaled by 0.1).
+  the bench's recipe: weaker gates, do and dht scaled by 0.1);
+* ``trained-layer``: the unit recipe with the gate of FLA's KimiDeltaAttention
+  layer at its defaults, its projection's output grown ``--projection-scale``
+  (4) times (:mod:`kernel.tools.trained_layer_gate`): unbounded below, so that
+  some 16-token tiles decay a channel past 2^-126. The tool takes the gate
+  activated (:func:`kernel.activations.gate` of the recipe's raw projection),
+  not the layer's raw one with ``use_gate_in_kernel``, so dA_log and dt_bias
+  are not in its table. FLA runs only with safe_gate False (its safe_gate
+  asks for gates in [-5, 0]); ours is ``kernel.chunk_kda`` on the same call,
+  whose backward is FLA's for a call with a tile past 2^-126 (the tile-range
+  fallback, until issue 34's item 2 lands). The tool catches that fallback's
+  warning per case and then labels the row "chunk_kda: FLA's backward
+  (fallback)", never "ours", and judges nothing there.
 
-Beside FLA's rows, one of ours (unless ``--no-ours``): FLA's forward on the same
+Beside FLA's rows, one of ours (unless ``--no-ours``; for ``trained-layer``, see
+above): FLA's forward on the same
 inputs (``kernel.tools.fla_kda.forward``: l2norm, ``chunk_kda_fwd`` with safe_gate
 True), our whole backward ``kernel.kda_backward.kda_backward`` on its tensors, and
 FLA's l2norm backward for dq and dk, as ``chunk_kda``'s autograd applies it (what
@@ -46,7 +60,8 @@ import numpy as np
 
 from kernel.kda_backward import GRADIENTS
 
-RECIPES = ("unit", "random_inputs")
+TRAINED_LAYER = "trained-layer"
+RECIPES = ("unit", "random_inputs", TRAINED_LAYER)
 
 
 def unit_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: int) -> dict:
@@ -64,20 +79,26 @@ def unit_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: int) -> d
 
 
 OURS = "ours (kda_backward)"
+OURS_DROPIN = "ours (chunk_kda)"
+FALLBACK = "chunk_kda: FLA's backward (fallback)"
 
 
 def verdict(rows: Sequence[tuple]) -> list[str]:
     """The precision target, case by case: every gradient of ours no worse than the best of FLA's rows
     of that case. rows: (recipe, shape, backward, *errors as text in GRADIENTS' order), as main prints
     them. Returns one line per case with ours and an FLA row: "met", or each gradient that is worse
-    with its ratio to FLA's best; a case whose rows failed says so."""
+    with its ratio to FLA's best; a case whose rows failed says so, and so does one where
+    kernel.chunk_kda's backward was FLA's (the FALLBACK row: FLA's numbers, not ours)."""
     cases: dict = {}
     for r in rows:
         cases.setdefault((r[0], r[1]), []).append(r)
     out = []
     for (recipe, shape), rs in cases.items():
-        ours = [r for r in rs if r[2] == OURS]
+        ours = [r for r in rs if r[2] in (OURS, OURS_DROPIN)]
         fla = [r for r in rs if r[2].startswith("FLA")]
+        if not ours and any(r[2] == FALLBACK for r in rs):
+            out.append(f"{recipe} {shape}: not judged (kernel.chunk_kda ran FLA's backward: a tile past 2^-126)")
+            continue
         if not ours or not fla:
             continue
         try:
@@ -91,9 +112,15 @@ def verdict(rows: Sequence[tuple]) -> list[str]:
     return out
 
 
-def recipe_inputs(recipe: str, B: int, T: int, H: int, K: int, V: int, lengths=None, seed: int = 0) -> dict:
-    """One recipe's inputs (RECIPES): :func:`unit_inputs`, or kernel.reference.random_inputs (with
-    ``lengths``, a packed batch and B, T ignored); cu_seqlens int64 numpy or None."""
+def recipe_inputs(recipe: str, B: int, T: int, H: int, K: int, V: int, lengths=None, seed: int = 0,
+                  projection_scale: float | None = None) -> dict:
+    """One recipe's inputs (RECIPES): :func:`unit_inputs`, kernel.reference.random_inputs (with
+    ``lengths``, a packed batch and B, T ignored), or :func:`trained_layer_inputs` (``projection_scale``
+    its gate's, default the recipe's; no other recipe takes it); cu_seqlens int64 numpy or None."""
+    if recipe == TRAINED_LAYER:
+        return trained_layer_inputs(B, T, H, K, V, lengths, seed, projection_scale)
+    if projection_scale is not None:
+        raise ValueError(f"projection_scale belongs to the {TRAINED_LAYER!r} recipe, got it with {recipe!r}")
     if recipe == "unit":
         return unit_inputs(B, T, H, K, V, lengths, seed)
     if recipe != "random_inputs":
@@ -103,6 +130,24 @@ def recipe_inputs(recipe: str, B: int, T: int, H: int, K: int, V: int, lengths=N
     raw = random_inputs(B, T, H, K, V, lengths=lengths, seed=seed)
     raw["cu_seqlens"] = None if lengths is None else np.asarray(raw["cu_seqlens"], dtype=np.int64)
     return raw
+
+
+def trained_layer_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: int,
+                         projection_scale: float | None = None) -> dict:
+    """The ``trained-layer`` recipe as float32 numpy arrays: :func:`unit_inputs` (the same draws of q, k, v,
+    beta, do, dht for the same seed) with g the activated gate
+    of :func:`kernel.tools.trained_layer_gate.trained_layer_gate` (H value heads, the layer's K = 128,
+    its raw projection in bf16 as a bf16 layer passes it). Needs torch (on the CPU)."""
+    from kernel.shapes import HEAD_DIM
+    from kernel.tools.trained_layer_gate import PROJECTION_SCALE, trained_layer_gate
+
+    if K != HEAD_DIM:
+        raise ValueError(f"K must be the layer's head dimension {HEAD_DIM} for the {TRAINED_LAYER!r} recipe, got {K}")
+    out = unit_inputs(B, T, H, K, V, lengths, seed)
+    scale = PROJECTION_SCALE if projection_scale is None else projection_scale
+    gate = trained_layer_gate(B, T, H, H, lengths=lengths, seed=seed, projection_scale=scale)
+    out["g"] = gate["g"].numpy()
+    return out
 
 
 def rel_fro(x, ref) -> float:
@@ -136,8 +181,45 @@ def seen_inputs(dev: dict) -> dict:
 
 def fla_gradients(dev: dict, *, safe_gate: bool) -> dict:
     """FLA's chunk_kda forward and backward (autograd) on device_inputs -> the gradients as float64 numpy."""
-    import torch
     from fla.ops.kda import chunk_kda
+
+    return autograd_gradients(chunk_kda, dev, safe_gate=safe_gate)
+
+
+def dropin_gradients(dev: dict) -> tuple[dict, bool]:
+    """kernel.chunk_kda (FLA's forward, our backward) on FLA's call with safe_gate False -> (the gradients
+    as float64 numpy, whether its backward fell back to FLA's)."""
+    from kernel import chunk_kda
+
+    return catching_fallback(lambda: autograd_gradients(chunk_kda, dev, safe_gate=False))
+
+
+def catching_fallback(run):
+    """(run(), whether kernel.chunk_kda warned that FLA's path ran: a FallbackWarning). The drop-in warns
+    once per process, and a table needs it per case, so its once-set is emptied first; other warnings
+    pass on."""
+    import warnings
+
+    from kernel.fla_dropin import FallbackWarning, function
+
+    function._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run()
+    fell_back = False
+    for w in caught:
+        if issubclass(w.category, FallbackWarning):
+            fell_back = True
+            print(f"  kernel.chunk_kda: {w.message}", flush=True)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out, fell_back
+
+
+def autograd_gradients(chunk_kda, dev: dict, *, safe_gate: bool) -> dict:
+    """A chunk_kda of FLA's signature (FLA's or kernel's), forward and backward through autograd on
+    device_inputs -> the gradients as float64 numpy."""
+    import torch
 
     leaves = {n: dev[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
     o, ht = chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
@@ -174,6 +256,18 @@ def reference_gradients(seen: dict, cu_seqlens) -> dict:
     return {name: cupy.asnumpy(out[name]) for name in GRADIENTS}
 
 
+def backwards_of(recipe: str, safe_gates: Sequence[bool], ours: bool) -> list[tuple[str, bool | None]]:
+    """The backwards a case of ``recipe`` runs, as (row label, FLA's safe_gate or None for ours): FLA's at
+    each of ``safe_gates``, less safe_gate True for the trained-layer recipe (it promises gates in [-5, 0],
+    which that recipe's leave), then, with ``ours``, ours: kernel.kda_backward on FLA's safe_gate True
+    forward, or kernel.chunk_kda (safe_gate False) for the trained-layer recipe."""
+    rows: list[tuple[str, bool | None]] = [(f"FLA safe_gate={sg}", sg) for sg in safe_gates
+                                           if not (sg and recipe == TRAINED_LAYER)]
+    if ours:
+        rows.append((OURS_DROPIN if recipe == TRAINED_LAYER else OURS, None))
+    return rows
+
+
 def bf16_rounding(x: np.ndarray) -> float:
     """Relative Frobenius error of rounding x to bf16 (what a bf16 output loses at best)."""
     import ml_dtypes
@@ -187,17 +281,32 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap.add_argument("--heads", type=int, default=2, help="H (default 2; heads are independent)")
     ap.add_argument("--varlen", type=int, default=8, metavar="N",
                     help="also a packed batch of N ragged sequences totalling T tokens (0: none; default 8)")
-    ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
+    ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES),
+                    help=f"input recipes (default all). {TRAINED_LAYER}: FLA's layer gate, its projection grown "
+                         "(kernel.tools.trained_layer_gate); its gates may leave our tile range (a 16-token tile "
+                         "decaying a channel past 2^-126), where kernel.chunk_kda runs FLA's backward: that row "
+                         "is then labelled a fallback, holds FLA's numbers, and is not judged (until issue 34's "
+                         "item 2 lands)")
+    ap.add_argument("--projection-scale", type=float, metavar="X",
+                    help=f"the {TRAINED_LAYER} recipe's growth of the gate projection's output (default "
+                         "the recipe's, 4; 2 puts single gates below -5.46 but, in every draw measured, no tile "
+                         "past the range)")
     ap.add_argument("--safe-gate", nargs="+", choices=("true", "false"), default=["true", "false"],
-                    help="FLA's safe_gate settings to run (default both; ours always runs on FLA's safe_gate "
-                         "True forward)")
+                    help="FLA's safe_gate settings to run (default both; True is left out for the "
+                         f"{TRAINED_LAYER} recipe, whose gates leave [-5, 0]; ours runs on FLA's safe_gate "
+                         f"True forward, or for {TRAINED_LAYER} as kernel.chunk_kda with safe_gate False)")
     ap.add_argument("--no-ours", dest="ours", action="store_false",
-                    help="leave out our backward (kernel.kda_backward); by default it runs beside FLA's")
+                    help=f"leave out our backward (kernel.kda_backward; kernel.chunk_kda for {TRAINED_LAYER}); by "
+                         "default it runs beside FLA's")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write the table and the verdict there")
     a = ap.parse_args(argv)
     if a.T < 1 or a.heads < 1 or a.varlen < 0:
         ap.error("--T and --heads must be >= 1, --varlen >= 0")
+    if a.projection_scale is not None and not (math.isfinite(a.projection_scale) and a.projection_scale > 0):
+        ap.error(f"--projection-scale must be finite and > 0, got {a.projection_scale}")
+    if a.projection_scale is not None and TRAINED_LAYER not in a.recipes:
+        ap.error(f"--projection-scale belongs to the {TRAINED_LAYER} recipe, which --recipes leaves out")
     a.safe_gate = [v == "true" for v in a.safe_gate]
 
     from ptx_lab.gpu import gpu_reason
@@ -207,13 +316,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         return 2
     try:
         import fla  # noqa: F401
-        import torch  # noqa: F401
+        import torch
     except ImportError as exc:
         print(f"{prog} needs torch and fla-core 0.6.0 ({exc}); see the README's 'Carrying fla-core'",
               file=sys.stderr)
         return 2
 
     from kernel.reference import ragged_lengths
+    from kernel.reference.kda import MAX_TILE_DECAY_LOG2
 
     K = V = 128
     shapes = [("1x%d" % a.T, None)]
@@ -228,39 +338,60 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
             print(f"ours: {why_not_ours}", flush=True)
     header = ("recipe", "shape", "backward", *GRADIENTS)
     rows = []
+    gates, fallbacks = {}, {}     # the trained-layer cases' gate statistics, and whether chunk_kda fell back
     for recipe in a.recipes:
+        scale = a.projection_scale if recipe == TRAINED_LAYER else None
         for shape, lengths in shapes:
-            raw = recipe_inputs(recipe, 1, a.T, a.heads, K, V, lengths, a.seed)
+            case = f"{recipe} {shape}"
+            raw = recipe_inputs(recipe, 1, a.T, a.heads, K, V, lengths, a.seed, projection_scale=scale)
+            if recipe == TRAINED_LAYER:
+                from kernel.tools.trained_layer_gate import gate_statistics
+
+                gates[case] = gate_statistics(torch.from_numpy(raw["g"]), lengths or [a.T])
+                print(f"[{case}] gates: " + ", ".join(f"{n} {v:.3g}" for n, v in gates[case].items()), flush=True)
+                if gates[case]["min_tile"] < -MAX_TILE_DECAY_LOG2 * math.log(2.0):
+                    print(f"[{case}] skipped: a tile decays a channel by e^{gates[case]['min_tile']:.4g}, past the "
+                          f"float64 reference's 2^-{MAX_TILE_DECAY_LOG2:g} (a smaller --projection-scale)", flush=True)
+                    continue
             dev = device_inputs(raw)
-            print(f"[{recipe} {shape}] the float64 reference (CuPy)", flush=True)
+            print(f"[{case}] the float64 reference (CuPy)", flush=True)
             ref = reference_gradients(seen_inputs(dev), raw["cu_seqlens"])   # the rounded inputs both saw
             rows.append((recipe, shape, "bf16 rounding", *(f"{bf16_rounding(ref[n]):.2e}" for n in GRADIENTS)))
-            runs = [(f"FLA safe_gate={sg}", lambda sg=sg: fla_gradients(dev, safe_gate=sg)) for sg in a.safe_gate]
-            if kda_backward is not None:
-                runs.append((OURS, lambda: ours_gradients(dev, kda_backward)))
-            for label, run in runs:
-                print(f"[{recipe} {shape}] {label} (FLA's first call on a new shape or option compiles and "
+            for label, safe_gate in backwards_of(recipe, a.safe_gate, kda_backward is not None):
+                print(f"[{case}] {label} (FLA's first call on a new shape or option compiles and "
                       "autotunes its Triton kernels: minutes)", flush=True)
                 try:
-                    grads = run()
+                    if label == OURS:
+                        grads = ours_gradients(dev, kda_backward)
+                    elif label == OURS_DROPIN:
+                        grads, fallbacks[case] = dropin_gradients(dev)
+                        label = FALLBACK if fallbacks[case] else label
+                    else:
+                        grads = fla_gradients(dev, safe_gate=safe_gate)
                 except Exception as exc:
                     rows.append((recipe, shape, label, *(["failed"] * len(GRADIENTS))))
-                    print(f"[{recipe} {shape}] {label} failed: {exc.__class__.__name__}: {exc}", flush=True)
+                    print(f"[{case}] {label} failed: {exc.__class__.__name__}: {exc}", flush=True)
                     continue
                 errs = {n: rel_fro(grads[n], ref[n]) for n in GRADIENTS}
                 rows.append((recipe, shape, label, *(f"{errs[n]:.2e}" for n in GRADIENTS)))
-                print(f"[{recipe} {shape}] {label}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()), flush=True)
-            runs.clear()
+                print(f"[{case}] {label}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()), flush=True)
             dev.clear()
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
     print(f"\nthe whole backward's gradients vs float64 (relative Frobenius), H = {a.heads}, K = V = {K}: FLA's "
-          "chunk_kda (autograd) and ours (FLA's forward, kernel.kda_backward, FLA's l2norm backward)"
+          "chunk_kda (autograd) and ours (FLA's forward, kernel.kda_backward, FLA's l2norm backward; "
+          f"for {TRAINED_LAYER}, kernel.chunk_kda)"
           + ("" if kda_backward is not None else f"; ours {why_not_ours}") + ":")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         print(line(r))
+    if fallbacks:
+        print("\nkernel.chunk_kda's tile-range fallback (FLA's backward where a 16-token tile decays a channel past "
+              "2^-126):")
+        for case, fell_back in fallbacks.items():
+            print(f"  {case}: " + ("ran: the row is FLA's backward, not ours" if fell_back else "did not run: ours")
+                  + f" ({gates[case]['tile_channels_past']:.2e} of the tile decays past 2^-126)")
     judged = verdict(rows)
     if judged:
         print("\nthe target, every gradient of ours no worse than FLA's best row of the case:")
@@ -269,7 +400,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if a.json is not None:
         a.json.write_text(json.dumps({"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
                                       "header": list(header), "rows": [list(r) for r in rows],
-                                      "verdict": judged}, indent=1) + "\n")
+                                      "verdict": judged, "gates": gates, "fallback": fallbacks}, indent=1) + "\n")
         print(f"wrote {a.json}")
     return 0
 

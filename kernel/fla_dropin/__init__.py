@@ -49,8 +49,8 @@ from __future__ import annotations
 
 from .arguments import FLA_CALL, GATE_FLOOR, Call, check_arguments
 from .entry import chunk_kda
-from .function import ChunkKDAFunction, FallbackWarning, tiles_in_range
+from .function import ChunkKDAFunction, FallbackWarning, forget_warnings, tiles_in_range
 from .patch import is_patched, patch_fla, patched_fla, unpatch_fla
 
 __all__ = ["chunk_kda", "ChunkKDAFunction", "FallbackWarning", "GATE_FLOOR", "FLA_CALL", "Call", "check_arguments",
-           "tiles_in_range", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]
+           "tiles_in_range", "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]

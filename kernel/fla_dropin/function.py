@@ -33,7 +33,7 @@ import torch
 from ..shapes import CHUNK_TOKENS, TILE_TOKENS
 from .arguments import Call
 
-__all__ = ["ChunkKDAFunction", "FallbackWarning", "tiles_in_range"]
+__all__ = ["ChunkKDAFunction", "FallbackWarning", "tiles_in_range", "warn_once", "forget_warnings"]
 
 # log2 of the smallest decay a tile may apply to a channel (fp32's smallest normal)
 TILE_DECAY_FLOOR_LOG2 = -126.0
@@ -47,6 +47,12 @@ class FallbackWarning(UserWarning):
 
 
 _warned: set[str] = set()
+
+
+def forget_warnings() -> None:
+    """Warn again about every reason, as if none had been given yet: for a tool that reports per case
+    whether FLA's path ran."""
+    _warned.clear()
 
 
 def warn_once(message: str) -> None:

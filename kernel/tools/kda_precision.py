@@ -196,13 +196,13 @@ def dropin_gradients(dev: dict) -> tuple[dict, bool]:
 
 def catching_fallback(run):
     """(run(), whether kernel.chunk_kda warned that FLA's path ran: a FallbackWarning). The drop-in warns
-    once per process, and a table needs it per case, so its once-set is emptied first; other warnings
+    once per process, and a table needs it per case, so it forgets its warnings first; other warnings
     pass on."""
     import warnings
 
-    from kernel.fla_dropin import FallbackWarning, function
+    from kernel.fla_dropin import FallbackWarning, forget_warnings
 
-    function._warned.clear()
+    forget_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = run()

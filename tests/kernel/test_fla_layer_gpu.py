@@ -143,12 +143,12 @@ def test_gates_past_the_tile_range_run_flas_backward_with_one_warning():
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
     from kernel import chunk_kda
-    from kernel.fla_dropin import FallbackWarning, function
+    from kernel.fla_dropin import FallbackWarning, forget_warnings
 
     # the trained-layer recipe pushed further: softplus(4 N(0,1) + 6) * exp(A_log) leaves some tiles
     # below 2^-126 per channel
     x = _layer_inputs(lengths=LENGTHS, H=2, HV=2, seed=5, gate_scale=4.0, gate_shift=6.0)
-    function._warned.clear()
+    forget_warnings()
     _, _, fla = _run(fla_chunk_kda, x, {})
     with pytest.warns(FallbackWarning, match=r"decay a channel past 2\^-126"):
         _, _, ours = _run(chunk_kda, x, {})

@@ -80,7 +80,7 @@ def test_a_call_not_covered_runs_flas_own_with_one_warning_naming_the_argument()
     routed = fla_dropin.patch._route(lambda *a, **k: seen.append(sorted(k)) or "fla's")
     q = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16, requires_grad=True)
     args = (q, q.detach(), q.detach(), torch.zeros(1, 8, 2, 128), torch.zeros(1, 8, 2))
-    fla_dropin.function._warned.clear()
+    fla_dropin.forget_warnings()
     with pytest.warns(fla_dropin.FallbackWarning, match=r"FLA's own chunk_kda runs .*does not cover chunk_size=32"):
         assert routed(*args, chunk_size=32) == "fla's"
     with warnings.catch_warnings():

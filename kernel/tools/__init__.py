@@ -1,9 +1,9 @@
-"""Kernel A's tools: what checks, times and inspects the product, apart from it.
+"""The kernels' tools: what checks, times and inspects the product, apart from it.
 
 * :mod:`kernel.tools.check`      every case against the float64 reference (GPU)
 * :mod:`kernel.tools.bench`      Kernel A against flash-linear-attention (GPU, torch, fla-core)
 * :mod:`kernel.tools.profile`    clock64 cycles per tile and phase (GPU)
-* :mod:`kernel.tools.racecheck`  compute-sanitizer racecheck beside calibrating probes (GPU)
+* :mod:`kernel.tools.racecheck`  compute-sanitizer racecheck of every registered kernel beside calibrating probes (GPU)
 * :mod:`kernel.tools.resources`  registers, spills, shared memory, SASS of every variant (nvcc)
 * :mod:`kernel.tools.fla_adapter` FLA's side of the bench
 * :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward (no GPU)
@@ -11,7 +11,8 @@
 * :mod:`kernel.tools.fla_kda`     FLA's whole KDA forward and backward as its autograd function calls them
 * :mod:`kernel.tools.cp_check`    one sequence's scan split over torch.distributed ranks: exactness, pass times
 * :mod:`kernel.tools.stalls`      each whole-backward kernel's binding stall, from one ncu run (GPU, ncu)
-* :mod:`kernel.tools.source_ab`   Kernel A or B from two source trees, timed in one process (GPU)
+* :mod:`kernel.tools.source_ab`   Kernel A, S or B from two source trees, timed in one process (GPU)
+* :mod:`kernel.tools.trained_layer_gate` the trained-layer gate recipe (FLA's layer gate, its projection scaled) and its statistics
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
 ``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product
@@ -29,9 +30,9 @@ BENCH = Command("Kernel A against flash-linear-attention's dAv+dhu on one GPU (n
                 "kernel.tools.bench.cli:main")
 PROFILE = Command("where Kernel A's cycles go: clock64 cycles per tile, phase and warp role (GPU)",
                   "kernel.tools.profile:main")
-RACECHECK = Command("compute-sanitizer racecheck of Kernel A beside probes with known answers (GPU)",
+RACECHECK = Command("compute-sanitizer racecheck of every kernel in kernel.registry beside probes with known answers (GPU)",
                     "kernel.tools.racecheck:main")
-RESOURCES = Command("registers, spills, shared memory and SASS of every Kernel A variant (nvcc, no GPU)",
+RESOURCES = Command("registers, spills, shared memory and SASS of every variant of every kernel (nvcc, no GPU)",
                     "kernel.tools.resources:main")
 FLOORS = Command("byte and tensor-core floors of the whole KDA backward per design and configuration (no GPU)",
                  "kernel.tools.floors:main")
@@ -41,7 +42,7 @@ CP_CHECK = Command("one sequence's Kernel A scan (kernel.cp; --backward: its who
                    "split over torch.distributed ranks: exactness against the unsplit one and each pass's "
                    "time (torch; --spawn N or under torchrun)",
                    "kernel.tools.cp_check:main")
-SOURCE_AB = Command("Kernel A or Kernel B built from the working tree and from an old source (a directory, a file "
+SOURCE_AB = Command("Kernel A, S or B built from the working tree and from an old source (its cuda directory "
                     "or a git revision), timed in turn in one process (GPU)", "kernel.tools.source_ab:main")
 STALLS = Command("what binds each kernel of the whole backward: one kda_backward under ncu (--clock-control "
                  "none), its stall reasons, issue rate, DRAM and tensor-pipe use (GPU, torch, ncu)",

@@ -64,6 +64,7 @@ def _gpu_or_skip():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
     pytest.importorskip("triton", reason="fla-core needs triton")
+    pytest.importorskip("transformers", reason="fla.layers imports transformers, which is not installed")
     pytest.importorskip("fla.layers.kda", reason="flash-linear-attention 0.6.0 (fla.layers) is not installed")
     pytest.importorskip("cupy", reason="our backward needs CuPy")
 

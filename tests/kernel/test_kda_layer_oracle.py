@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="fla-core needs triton")
+pytest.importorskip("transformers", reason="fla.layers imports transformers, which is not installed")
 pytest.importorskip("fla.layers.kda", reason="flash-linear-attention 0.6.0 (fla.layers) is not installed")
 
 import torch.nn.functional as F  # noqa: E402

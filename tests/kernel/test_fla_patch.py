@@ -97,3 +97,13 @@ def test_a_call_not_covered_runs_flas_own_with_one_warning_naming_the_argument()
 def test_import_kernel_still_needs_no_torch_for_the_switch_names():
     assert set(kernel.__all__) >= {"chunk_kda", "patch_fla", "unpatch_fla", "patched_fla"}
     assert importlib.import_module("kernel").patch_fla is fla_dropin.patch_fla
+
+
+def test_flas_own_layer_module_gets_the_routed_op():
+    fla_kda = _fla()
+    layer = pytest.importorskip("fla.layers.kda", reason="flash-linear-attention (with transformers) is not installed")
+    original = fla_kda.chunk_kda
+    assert layer.chunk_kda is original
+    with kernel.patched_fla():
+        assert layer.chunk_kda is fla_kda.chunk_kda is not original   # the name the layer's forward calls
+    assert layer.chunk_kda is original

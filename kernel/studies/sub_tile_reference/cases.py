@@ -9,7 +9,6 @@ costs by itself (the oracle on gc rounded against the oracle on the float64 cums
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
 
@@ -24,7 +23,7 @@ LN2 = math.log(2.0)
 HUGE_GATE = -1e4          # natural log: one token's gate far past anything a tile's factors hold
 HUGE_GATE_TOKEN = 5       # inside the first half, not at a halving boundary
 CHANNEL_GROUP = 16        # k columns per warp in Kernel B's K phase (G14-G17): a plan could be per group
-# (name, its fp32 product, the float64 oracle, the terms' magnitudes, reduction length n of its GEMM)
+# name -> (its fp32 product, the float64 oracle, the terms' magnitudes, reduction length n of its GEMM)
 PRODUCTS = {
     "Mqk": (h.pair, h.pair_exact, h.abs_pair, "K"),
     "Akk": (h.pair, h.pair_exact, h.abs_pair, "K"),
@@ -72,7 +71,8 @@ def trained_layer_tiles(T: int, heads: int, scale: float, seed: int = 0) -> np.n
 def tile_inputs(K: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """fp32 q, k [16, K] with unit-norm rows and a N(0, 1) dM [16, 16] (the products read its lower triangle)."""
     q, k = (x / np.linalg.norm(x, axis=1, keepdims=True) for x in rng.standard_normal((2, TILE_TOKENS, K)))
-    return q.astype(np.float32), k.astype(np.float32), rng.standard_normal((TILE_TOKENS, TILE_TOKENS)).astype(np.float32)
+    dM = rng.standard_normal((TILE_TOKENS, TILE_TOKENS))
+    return q.astype(np.float32), k.astype(np.float32), dM.astype(np.float32)
 
 
 def evaluate(gc64: np.ndarray, q: np.ndarray, k: np.ndarray, dM: np.ndarray) -> dict:
@@ -101,9 +101,9 @@ def evaluate(gc64: np.ndarray, q: np.ndarray, k: np.ndarray, dM: np.ndarray) -> 
 
 
 def depths(gc: np.ndarray, limit: float = h.SPAN_LIMIT) -> np.ndarray:
-    """The hierarchy's depth for each tile of gc [n, L, K] (log2), vectorised: a level counts when any
-    of its aligned blocks spans past ``limit`` (a block inside one in range is in range: gc is
-    monotone), so this is :func:`hierarchy.depth` of :func:`hierarchy.plan` for every tile."""
+    """The hierarchy's depth for each tile of gc [n, L, K] (log2, L a power of two), vectorised: a
+    level counts when any of its aligned blocks spans past ``limit`` (a block inside one in range is
+    in range: gc is monotone), so this is :func:`hierarchy.depth` of :func:`hierarchy.plan` for every tile."""
     gc = np.asarray(gc, dtype=np.float64)
     n, L, _ = gc.shape
     out = np.zeros(n, dtype=np.int64)
@@ -126,6 +126,11 @@ def by_group(gc: np.ndarray, group: int = CHANNEL_GROUP) -> np.ndarray:
     return gc.reshape(n, L, K // group, group).transpose(0, 2, 1, 3).reshape(-1, L, group)
 
 
+# hierarchy.mma_counts' ratios to today's plan
+RATIOS = tuple(k + "_ratio" for k in ("blocks", "tokens_by_block", "channels_by_block", "channels_by_ref",
+                                      "tokens_by_ref"))
+
+
 def _ratios(gc32: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray]:
     """Each :func:`hierarchy.mma_counts` ratio per tile: 1 where the tile is in range, else its plan's."""
     n, L, _ = gc32.shape
@@ -135,10 +140,6 @@ def _ratios(gc32: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray]:
         for k in RATIOS:
             out[k][t] = c[k]
     return out
-
-
-RATIOS = tuple(k + "_ratio" for k in ("blocks", "tokens_by_block", "channels_by_block", "channels_by_ref",
-                                      "tokens_by_ref"))
 
 
 def costs(gc: np.ndarray) -> dict:

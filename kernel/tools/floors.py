@@ -31,14 +31,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kernel.reference import ragged_lengths
+from kernel.shapes import HEAD_DIM, TILE_TOKENS
 
 # H200, measured: device-to-device copy (read + write; 4.248 TB/s on 2026-12-01, `bash .ci/gpu-checks copy`)
 # and bf16 dense mma
 COPY_BYTES_PER_S = 4.248e12
 MMA_FLOPS_PER_S = 790e12
 
-HEADS, HEAD_DIM_K, HEAD_DIM_V = 32, 128, 128
-TILE = 16                 # tokens per tile (C)
+HEADS = 32                # the bench's heads (H)
+HEAD_DIM_K = HEAD_DIM_V = HEAD_DIM
 BF16, FP32 = 2, 4
 
 
@@ -164,7 +165,7 @@ class Count:
 
 
 def count(design: Design, lengths: Sequence[int], *, heads: int = HEADS, K: int = HEAD_DIM_K,
-          V: int = HEAD_DIM_V, tile: int = TILE) -> Count:
+          V: int = HEAD_DIM_V, tile: int = TILE_TOKENS) -> Count:
     """Bytes and tensor FLOPs of each kernel of the backward for sequences of these lengths.
 
     Partial tiles cost a whole tile of GEMMs; snapshots and stored states count
@@ -242,10 +243,10 @@ def floors(copy_bytes_per_s: float = COPY_BYTES_PER_S,
 
 def _gemm_table() -> list[str]:
     """Every GEMM of a tile: M/N/K, operands, FLOPs per tile, which kernels run it."""
-    dims = {"C": TILE, "K": HEAD_DIM_K, "V": HEAD_DIM_V}
+    dims = {"C": TILE_TOKENS, "K": HEAD_DIM_K, "V": HEAD_DIM_V}
     runs = {"Kernel A": DSTATE_SCAN, "state scan": STATE_SCAN, "per-token": PER_TOKEN,
             "per-token (inner tiles)": DSTATE_RESCAN + STATE_RESCAN}
-    lines = [f"GEMMs of one tile and head (C = {TILE}, K = {HEAD_DIM_K}, V = {HEAD_DIM_V})",
+    lines = [f"GEMMs of one tile and head (C = {TILE_TOKENS}, K = {HEAD_DIM_K}, V = {HEAD_DIM_V})",
              "| GEMM | product | M x N x K | operands | FLOP | run by |",
              "|---|---|---|---|---:|---|"]
     for g in GEMMS.values():

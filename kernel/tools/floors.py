@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Sequence
 
 from kernel.reference import ragged_lengths
@@ -648,7 +649,8 @@ def _forward_kernel_table(design: ForwardDesign) -> list[str]:
              "|---|---|---|---:|---:|---|"]
 
     def names(accesses) -> str:
-        return ", ".join(name if share == 1 else f"{name} x{share:g}" for name, share in accesses)
+        return ", ".join(name if share == 1 else f"{name} x{Fraction(share).limit_denominator(CHUNK_TOKENS)}"
+                         for name, share in accesses)
 
     for k in design.kernels:
         r, w = kernel_bytes(k, [n], heads=1)

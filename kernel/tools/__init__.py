@@ -6,7 +6,7 @@
 * :mod:`kernel.tools.racecheck`  compute-sanitizer racecheck of every registered kernel beside calibrating probes (GPU)
 * :mod:`kernel.tools.resources`  registers, spills, shared memory, SASS of every variant (nvcc)
 * :mod:`kernel.tools.fla_adapter` FLA's side of the bench
-* :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward (no GPU)
+* :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward, and with --forward of the forward's designs (no GPU)
 * :mod:`kernel.tools.kda_precision` FLA's whole-backward gradients and ours against float64 (GPU, torch, fla-core)
 * :mod:`kernel.tools.fla_kda`     FLA's whole KDA forward and backward as its autograd function calls them
 * :mod:`kernel.tools.cp_check`    one sequence's scan split over torch.distributed ranks: exactness, pass times
@@ -34,7 +34,8 @@ RACECHECK = Command("compute-sanitizer racecheck of every kernel in kernel.regis
                     "kernel.tools.racecheck:main")
 RESOURCES = Command("registers, spills, shared memory and SASS of every variant of every kernel (nvcc, no GPU)",
                     "kernel.tools.resources:main")
-FLOORS = Command("byte and tensor-core floors of the whole KDA backward per design and configuration (no GPU)",
+FLOORS = Command("byte and tensor-core floors of the whole KDA backward per design and configuration; "
+                 "--forward: the forward's designs beside FLA's (no GPU)",
                  "kernel.tools.floors:main")
 KDA_PRECISION = Command("FLA's whole KDA backward and ours against the float64 reference: every gradient's "
                         "error (GPU, torch, fla-core)", "kernel.tools.kda_precision:main")

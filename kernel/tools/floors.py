@@ -572,13 +572,17 @@ def _per_token_table() -> list[str]:
     return lines
 
 
-def _floor_table(rows: list[Floor], copy: float, mma: float) -> list[str]:
-    shapes = list(SHAPES)
-    lines = [f"floors in ms: bytes at {copy / 1e12:.2f} TB/s / tensor FLOPs at "
+def _floor_table(rows: list[Floor], copy: float, mma: float, designs=None, shapes=None,
+                 title: str = "floors") -> list[str]:
+    """One row a design, one column a shape: byte floor / tensor floor in ms (the backward's designs
+    and shapes unless others are given)."""
+    designs = DESIGNS if designs is None else designs
+    shapes = list(SHAPES if shapes is None else shapes)
+    lines = [f"{title} in ms: bytes at {copy / 1e12:.2f} TB/s / tensor FLOPs at "
              f"{mma / 1e12:.0f} TFLOP/s",
              "| design | " + " | ".join(shapes) + " |",
              "|---|" + "---:|" * len(shapes)]
-    for d in DESIGNS:
+    for d in designs:
         cells = []
         for s in shapes:
             f = next(r for r in rows if r.design == d.name and r.shape == s)
@@ -681,15 +685,7 @@ def _forward_per_token_table() -> list[str]:
 
 def _forward_floor_table(rows: list[Floor], copy: float, mma: float) -> list[str]:
     shapes = list(FORWARD_SHAPES)
-    lines = [f"forward floors in ms: bytes at {copy / 1e12:.2f} TB/s / tensor FLOPs at {mma / 1e12:.0f} TFLOP/s",
-             "| design | " + " | ".join(shapes) + " |",
-             "|---|" + "---:|" * len(shapes)]
-    for d in FORWARD_DESIGNS:
-        cells = []
-        for s in shapes:
-            f = next(r for r in rows if r.design == d.name and r.shape == s)
-            cells.append(f"{f.byte_ms:.2f} / {f.tensor_ms:.2f}")
-        lines.append(f"| {d.name} | " + " | ".join(cells) + " |")
+    lines = _floor_table(rows, copy, mma, FORWARD_DESIGNS, shapes, title="forward floors")
     for i, who in enumerate(("FLA chunk_kda, measured", "cuDNN kda_hopper_cuda, measured")):
         lines.append(f"| {who} | " + " | ".join(
             f"{FORWARD_MEASURED_MS[s][i]:.2f}" if s in FORWARD_MEASURED_MS else "-" for s in shapes) + " |")

@@ -13,6 +13,7 @@
 * :mod:`kernel.tools.stalls`      each whole-backward kernel's binding stall, from one ncu run (GPU, ncu)
 * :mod:`kernel.tools.source_ab`   Kernel A, S or B from two source trees, timed in one process (GPU)
 * :mod:`kernel.tools.trained_layer_gate` the trained-layer gate recipe (FLA's layer gate, its projection scaled) and its statistics
+* :mod:`kernel.tools.fla_configs`  FLA's autotune choices from Triton's cache as FLA config files, for the GPU tests (.ci/gpu-checks)
 
 Each is ``ptx-lab <name>`` (the Commands below, declared in pyproject.toml's
 ``ptx_lab.commands`` entry points) and ``python -m kernel.tools.<name>``. The product

@@ -15,7 +15,9 @@ Times from two processes or two days differ by more than the few percent a chang
 both builds run here, one after the other: the working tree's ("new"), the old one, then the
 working tree's again. Each is timed --reps calls after one warm-up call by the bench's timer
 (kernel.tools.bench.timing.time_cuda; torch), median; the table takes the faster of the two "new"
-medians. Only the room's own sources change (its entry file and the headers beside it, and
+medians. Each build's outputs after its last call are hashed (sha256 of every output array's
+bytes): the table says whether the old build gave the new one's bits, and the two new runs each
+other's (a change meant to keep the arithmetic shows as "same bits"). Only the room's own sources change (its entry file and the headers beside it, and
 kernel/shapes.cuh beside the old tree if it is there); ptx_lab's headers are the working tree's
 for both. The old build is the room's build description with its entry file moved
 (:func:`use_source`), so it is compiled with the working tree's options.
@@ -158,7 +160,8 @@ def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
 
 
 def _call(kernel: str, spec: Spec, H: int, x: dict):
-    """A function that runs the kernel once on x (its outputs allocated once, outside it)."""
+    """(a function that runs the kernel once on x, a function that returns what the last run wrote);
+    Kernel S's and B's outputs are allocated once, outside the run."""
     import cupy
 
     if kernel == "a":
@@ -166,9 +169,14 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
 
         flat = {n: x[n].reshape(1, spec.B * spec.T, *x[n].shape[2:]) for n in ("q", "k", "g", "beta", "Aqk", "Akk", "do")}
         cu = np.arange(spec.B + 1, dtype=np.int64) * spec.T
-        return lambda: launch.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"], flat["do"],
-                                  scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
-                                  snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit)
+        last = {}
+
+        def run():
+            last["out"] = launch.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"],
+                                        flat["do"], scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
+                                        snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
+                                        vsplit=spec.vsplit)
+        return run, lambda: last["out"]
     B, T = spec.B, spec.T
     cu = np.arange(B + 1, dtype=np.int64) * T
     if kernel == "s":
@@ -176,7 +184,8 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
 
         plan = forward_states.plan_forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"])
         states = cupy.empty(plan.states_shape, dtype=np.uint16)
-        return lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], out=states)
+        return (lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], out=states),
+                lambda: states)
     from kernel.token_gradients import launch as token_gradients
 
     t = token_gradients.tables(cu)
@@ -185,8 +194,33 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
     out = {"dq": cupy.empty((B, T, H, D), np.float32), "dk": cupy.empty((B, T, H, D), np.float32),
            "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
            "dbeta": cupy.empty((B, T, H), np.float32)}
-    return lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"], ds,
-                                          states, cu=cu, H=H, scale=D ** -0.5, out=out)
+    return (lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"],
+                                           ds, states, cu=cu, H=H, scale=D ** -0.5, out=out),
+            lambda: out)
+
+
+def digest(outputs) -> str:
+    """sha256 of every array's bytes in ``outputs`` (an array, or dicts / tuples / lists of them in
+    order, dicts by key), with each array's dtype and shape; anything else in it is skipped."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def walk(x):
+        if isinstance(x, dict):
+            for key in sorted(x):
+                h.update(str(key).encode())
+                walk(x[key])
+        elif isinstance(x, (tuple, list)):
+            for item in x:
+                walk(item)
+        elif hasattr(x, "dtype") and hasattr(x, "shape"):
+            host = x.get() if hasattr(x, "get") else np.asarray(x)   # CuPy to the host; numpy as it is
+            h.update(f"{host.dtype}{host.shape}".encode())
+            h.update(np.ascontiguousarray(host).tobytes())
+
+    walk(outputs)
+    return h.hexdigest()
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -206,17 +240,19 @@ def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) ->
     try:
         for spec in specs:
             x = _inputs(spec, H)
-            run = _call(kernel, spec, H, x)
-            ms = {}
+            run, outputs = _call(kernel, spec, H, x)
+            ms, bits = {}, {}
             for label, source in (("new", new), ("old", old), ("new again", new)):
                 use_source(kernel, source)
                 ms[label] = _median_ms(run, reps)
+                bits[label] = digest(outputs())
             after = min(ms["new"], ms["new again"])
             rows.append(dict(config=spec.name, before_ms=ms["old"], after_ms=after, ratio=after / ms["old"],
-                             runs_ms=ms))
-            print(f"  {spec.name}: new {ms['new']:.3f} / old {ms['old']:.3f} / new again {ms['new again']:.3f} ms",
-                  flush=True)
-            del x, run
+                             runs_ms=ms, same_bits=bits["old"] == bits["new"],
+                             repeats=bits["new again"] == bits["new"]))
+            print(f"  {spec.name}: new {ms['new']:.3f} / old {ms['old']:.3f} / new again {ms['new again']:.3f} ms; "
+                  f"old {'gives the same' if rows[-1]['same_bits'] else 'differs in its'} bits", flush=True)
+            del x, run, outputs
             cupy.get_default_memory_pool().free_all_blocks()
     finally:
         use_source(kernel, new)
@@ -272,9 +308,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         print(f"source-ab: Kernel {a.kernel.upper()}, the working tree against {label}, H = {a.heads}, "
               f"median of {a.reps} (new, old, new)", flush=True)
         rows = measure(a.kernel, old, a.specs, a.heads, a.reps)
-    print(f"\n| config | before ({label}) ms | after ms | after / before |\n|---|---:|---:|---:|")
+    print(f"\n| config | before ({label}) ms | after ms | after / before | outputs |\n|---|---:|---:|---:|---|")
     for r in rows:
-        print(f"| {r['config']} | {r['before_ms']:.3f} | {r['after_ms']:.3f} | {r['ratio']:.3f} |")
+        bits = "same bits" if r["same_bits"] else "differ"
+        if not r["repeats"]:
+            bits += "; the new build's two runs differ"
+        print(f"| {r['config']} | {r['before_ms']:.3f} | {r['after_ms']:.3f} | {r['ratio']:.3f} | {bits} |")
     if a.json:
         a.json.write_text(json.dumps(dict(kernel=a.kernel, old=label, heads=a.heads, reps=a.reps, rows=rows), indent=1))
         print(f"wrote {a.json}")

@@ -1,4 +1,5 @@
 """ptx-lab source-ab: its arguments and the old source it builds from (CPU); one small timing run (GPU)."""
+import numpy as np
 import pytest
 
 from kernel.tools import source_ab
@@ -85,6 +86,19 @@ def test_without_a_gpu_it_says_so(capsys):
     assert "source-ab times kernels on a GPU" in capsys.readouterr().err
 
 
+def test_the_outputs_digest_sees_every_bit_dtype_and_shape():
+    a = {"dq": np.arange(6, dtype=np.float32).reshape(2, 3), "dbeta": np.ones(3, np.float32)}
+    same = {"dbeta": np.ones(3, np.float32), "dq": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    assert source_ab.digest(a) == source_ab.digest(same)                       # dicts by key
+    flipped = {**a, "dq": a["dq"].copy()}
+    flipped["dq"].view(np.uint32)[1, 2] ^= 1                                   # one bit of one element
+    assert source_ab.digest(flipped) != source_ab.digest(a)
+    assert source_ab.digest({**a, "dq": a["dq"].reshape(3, 2)}) != source_ab.digest(a)
+    assert source_ab.digest({**a, "dq": a["dq"].view(np.int32)}) != source_ab.digest(a)
+    assert source_ab.digest((a["dq"], None, 3)) == source_ab.digest([a["dq"]])  # not an array: skipped
+    assert source_ab.digest((a["dq"], a["dbeta"])) != source_ab.digest((a["dbeta"], a["dq"]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", sorted(source_ab.ROOMS))
 def test_the_same_source_twice_takes_about_the_same_time(kernel, tmp_path, capsys):
@@ -101,5 +115,6 @@ def test_the_same_source_twice_takes_about_the_same_time(kernel, tmp_path, capsy
     assert [r["config"] for r in rows] == ["2x256"]
     assert all(v > 0 for v in rows[0]["runs_ms"].values())
     assert 0.5 < rows[0]["ratio"] < 2.0
+    assert rows[0]["same_bits"] and rows[0]["repeats"]     # one source, three builds: one set of bits
     # the working tree's source is back in place afterwards
     assert source_ab._source_dir(kernel) == working_tree != old

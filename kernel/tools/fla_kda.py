@@ -121,11 +121,12 @@ def l2norm_backward(f: FlaForward, dq, dk) -> tuple[Any, Any]:
     return f.fns["l2norm_bwd"](f.q, f.q_rstd, dq), f.fns["l2norm_bwd"](f.k, f.k_rstd, dk)
 
 
-def chunk_kda_step_inputs(raw: dict, *, h0, cu_seqlens) -> dict:
+def chunk_kda_step_inputs(raw: dict, *, h0, cu_seqlens, safe_gate: bool = True) -> dict:
     """Leaf tensors (requires_grad) and the keyword arguments of one chunk_kda training step, FLA's or
-    kernel.chunk_kda's (the same signature): q, k, v, g, beta, h0 from `raw`."""
+    kernel.chunk_kda's (the same signature): q, k, v, g, beta, h0 from `raw`. safe_gate True passes
+    FLA's lower bound with it (gates in [-5, 0]); False passes neither (gates of any size)."""
     leaves = {name: raw[name].detach().clone().requires_grad_() for name in ("q", "k", "v", "g", "beta")}
     leaves["initial_state"] = h0.detach().clone().requires_grad_()
-    kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, safe_gate=True,
-                  lower_bound=GATE_LOWER_BOUND, cu_seqlens=cu_seqlens)
+    kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, safe_gate=safe_gate,
+                  lower_bound=GATE_LOWER_BOUND if safe_gate else None, cu_seqlens=cu_seqlens)
     return {"leaves": leaves, "kwargs": kwargs}

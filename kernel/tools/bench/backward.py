@@ -20,6 +20,11 @@ process of its own (:mod:`.backward_run`). In this order:
 5. the training step: FLA's ``chunk_kda`` forward and backward through autograd against
    ``kernel.chunk_kda`` (FLA's forward, our backward), in turn.
 
+With ``--gates trained-layer`` the gates are FLA's layer gate grown (unbounded below, some tiles
+past 2^-126, where Kernel B forms the tile products pairwise): FLA's forward, its backward and the
+step then run with safe_gate False and no lower bound, and FLA's safe_gate True backward, which
+asks for gates in [-5, 0], is left out.
+
 torch, CuPy, fla and the kernel's modules are imported inside the functions.
 """
 from __future__ import annotations
@@ -191,7 +196,8 @@ def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res:
         except Exception as exc:
             res["backward"][OURS] = {"error": error_text(exc)}
     if not args.no_fla:
-        calls[FLA_SAFE] = lambda: fla_kda.backward(f, do, dht, safe_gate=True)
+        if f.safe_gate:   # FLA's safe_gate asks for gates in [-5, 0]: clamped gates only
+            calls[FLA_SAFE] = lambda: fla_kda.backward(f, do, dht, safe_gate=True)
         calls[FLA_UNSAFE] = lambda: fla_kda.backward(f, do, dht, safe_gate=False)
     calls = _first_calls(calls, res["backward"], t_start, tag)
     _in_turn(calls, args, flush, res["backward"])
@@ -267,12 +273,20 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
         res["lengths"] = list(cfg.lengths)
     res["fla_autotune_reset"] = fla_adapter.reset_autotune()
 
-    raw = make_inputs(cfg, H, seed=args.seed, gate_strength=args.gate_strength)
+    clamped = args.gates == "clamped"
+    raw = make_inputs(cfg, H, seed=args.seed, gate_strength=args.gate_strength, gates=args.gates,
+                      projection_scale=args.projection_scale)
+    res["gates"] = args.gates
+    if not clamped:
+        from kernel.tools.trained_layer_gate import gate_statistics
+
+        res["gate_statistics"] = gate_statistics(raw["g"], cfg.lengths)
+        log(f"    {tag}: {args.gates} gates: " + ", ".join(f"{k} {v:.3g}" for k, v in res["gate_statistics"].items()))
     cu_fla, cu_host = cu_for_fla(raw["cu_seqlens"]), cu_for_kernel_a(raw["cu_seqlens"])
     h0 = torch.zeros_like(raw["dht"])
     t0 = time.perf_counter()
     f = fla_kda.forward(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"], h0=h0, cu_seqlens=cu_fla,
-                        safe_gate=True)
+                        safe_gate=clamped, lower_bound=fla_kda.GATE_LOWER_BOUND if clamped else None)
     torch.cuda.synchronize()
     res["fla_forward_s"] = time.perf_counter() - t0
     log(f"    {tag}: inputs and FLA's forward ready [{time.perf_counter() - t_start:.0f} s]")
@@ -295,7 +309,7 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
     """FLA's chunk_kda and kernel.chunk_kda, forward + backward through autograd, in turn."""
     import torch
 
-    inp = fla_kda.chunk_kda_step_inputs(raw, h0=h0, cu_seqlens=cu_fla)
+    inp = fla_kda.chunk_kda_step_inputs(raw, h0=h0, cu_seqlens=cu_fla, safe_gate=args.gates == "clamped")
     leaves, kwargs = inp["leaves"], inp["kwargs"]
     order = list(leaves.values())
 

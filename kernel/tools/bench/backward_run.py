@@ -31,7 +31,9 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
     """The command line of one configuration's own process: this run's options, one config."""
     argv = [sys.executable, "-m", "kernel.tools.bench", "--backward", "--in-process", "--configs", config,
             "--json", json_path, "--heads", str(args.heads), "--warmup", str(args.warmup), "--reps", str(args.reps),
-            "--seed", str(args.seed), "--gate-strength", repr(args.gate_strength)]
+            "--seed", str(args.seed), "--gate-strength", repr(args.gate_strength), "--gates", args.gates]
+    if args.projection_scale is not None:
+        argv += ["--projection-scale", repr(args.projection_scale)]
     if args.no_fla:
         argv.append("--no-fla")
     if args.no_step:

@@ -16,6 +16,7 @@ from typing import Sequence
 from kernel.ds_scan.config import parse_knobs
 from kernel.shapes import HEAD_DIM
 
+from .inputs import GATE_RECIPES
 from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
                       parse_configs)
 from .measure import bench_config, fla_import, kernel_a_import, precision_config
@@ -85,6 +86,13 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     p.add_argument("--gate-strength", type=float, default=1.0,
                    help="gate strength of kernel.reference.random_inputs (default 1)")
+    p.add_argument("--gates", choices=GATE_RECIPES, default=GATE_RECIPES[0],
+                   help="--backward: the gates' recipe. clamped (default): logsigmoid gates in [-5, 0], FLA "
+                        "with safe_gate True and False; trained-layer: FLA's layer gate with its projection "
+                        "grown (kernel.tools.trained_layer_gate), unbounded below, so that some 16-token tiles "
+                        "decay a channel past 2^-126; FLA then runs with safe_gate False only")
+    p.add_argument("--projection-scale", type=float, default=None, metavar="X",
+                   help="--gates trained-layer: the gate projection's growth (default the recipe's, 4)")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="bar chart of the timings")
     p.add_argument("--json", metavar="FILE", default=None, help="write every number as JSON")
     p.add_argument("--from-json", metavar="FILE", nargs="+", default=None,
@@ -101,6 +109,10 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
         args.reps = 5 if args.quick else 20
     if args.heads < 1 or args.reps < 1 or args.warmup < 0 or args.precision_heads < 1:
         p.error("--heads, --reps, --precision-heads must be >= 1 and --warmup >= 0")
+    if args.gates != GATE_RECIPES[0] and not (args.backward or args.from_json):
+        p.error(f"--gates {args.gates} times the whole backward: add --backward")
+    if args.projection_scale is not None and (args.gates != "trained-layer" or not args.projection_scale > 0):
+        p.error("--projection-scale takes a number > 0, with --gates trained-layer")
     args.vsplit = args.vsplit if args.vsplit == "auto" else int(args.vsplit)
     if args.segments != "auto":
         try:

@@ -34,13 +34,22 @@ def every_k_rows(lengths: Sequence[int], every: int) -> np.ndarray:
     return per_tile[seq] + np.minimum(every * m + every - 1, n_t[seq] - 1)
 
 
-def make_inputs(cfg: Config, H: int, *, seed: int, gate_strength: float, device: str = "cuda") -> dict:
+# the gate recipes make_inputs draws (the first is the default)
+GATE_RECIPES = ("clamped", "trained-layer")
+
+
+def make_inputs(cfg: Config, H: int, *, seed: int, gate_strength: float, gates: str = "clamped",
+                projection_scale: float | None = None, device: str = "cuda") -> dict:
     """Raw inputs for both kernels, drawn on the GPU with the recipe of
     ``kernel.reference.random_inputs`` (not its random stream: numpy at these
     sizes would take minutes). q, k, v, do bf16; g, beta, dht fp32.
 
         q, k, v ~ N(0, 1); do ~ 0.1 N(0, 1); beta = sigmoid(N(0, 1));
         g = clip(gate_strength * logsigmoid(N(3, 1)), -5, 0); dht ~ 0.1 N(0, 1)
+
+    ``gates="trained-layer"``: g is instead :func:`kernel.tools.trained_layer_gate.trained_layer_gate`'s
+    activated gate (FLA's layer at its defaults, the projection grown ``projection_scale`` times,
+    default the recipe's), drawn on ``device``, unbounded below.
     """
     import torch
 
@@ -55,6 +64,15 @@ def make_inputs(cfg: Config, H: int, *, seed: int, gate_strength: float, device:
     q, k, v = randn(shape, bf16), randn(shape, bf16), randn(shape, bf16)
     g = randn(shape, f32).add_(ref.GATE_LOGIT_MEAN)
     g = torch.nn.functional.logsigmoid(g).mul_(gate_strength).clamp_(ref.GATE_LOWER_BOUND, 0.0)
+    if gates == "trained-layer":
+        from kernel.tools.trained_layer_gate import PROJECTION_SCALE, trained_layer_gate
+
+        scale = PROJECTION_SCALE if projection_scale is None else projection_scale
+        lengths = list(cfg.lengths) if cfg.varlen else None
+        g = trained_layer_gate(cfg.B, cfg.T, H, H, lengths=lengths, seed=seed, projection_scale=scale,
+                               device=device)["g"].reshape(shape).contiguous()
+    elif gates != "clamped":
+        raise ValueError(f"gates must be one of {GATE_RECIPES}, got {gates!r}")
     beta = torch.sigmoid(randn(shape[:3], f32))
     do = randn(shape, bf16).mul_(ref.DO_SCALE)
     dht = randn((cfg.N, H, HEAD_DIM, HEAD_DIM), f32).mul_(ref.DHT_SCALE)

@@ -39,8 +39,43 @@ def test_each_configuration_gets_this_runs_options():
     assert argv[:3] == [sys.executable, "-m", "kernel.tools.bench"]
     child = cli.parse_args(argv[3:])
     assert child.backward and child.in_process and child.configs == "varlen64x262144" and child.json == "x.json"
-    for name in ("heads", "reps", "warmup", "seed", "gate_strength", "no_step", "no_fla"):
+    for name in ("heads", "reps", "warmup", "seed", "gate_strength", "no_step", "no_fla", "gates",
+                 "projection_scale"):
         assert getattr(child, name) == getattr(a, name), name
+    a = cli.parse_args(["--backward", "--gates", "trained-layer", "--projection-scale", "8"])
+    child = cli.parse_args(backward_run.child_argv(a, "4x8192", "x.json")[3:])
+    assert (child.gates, child.projection_scale) == ("trained-layer", 8.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gates", "trained-layer"], "--gates trained-layer times the whole backward: add --backward"),
+    (["--backward", "--projection-scale", "8"], "--projection-scale takes a number > 0, with --gates trained-layer"),
+    (["--backward", "--gates", "trained-layer", "--projection-scale", "0"], "--projection-scale takes a number > 0"),
+])
+def test_the_gate_recipe_options_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_the_trained_layer_gates_are_the_recipes_unbounded_gate():
+    torch = pytest.importorskip("torch")
+    from kernel.tools.bench.inputs import make_inputs
+    from kernel.tools.trained_layer_gate import trained_layer_gate
+
+    for config in ("2x64", "varlen5x200"):
+        cfg = configs.parse_config(config)
+        raw = make_inputs(cfg, 2, seed=1, gate_strength=1.0, gates="trained-layer", projection_scale=8.0,
+                          device="cpu")
+        want = trained_layer_gate(cfg.B, cfg.T, 2, 2, lengths=list(cfg.lengths) if cfg.varlen else None, seed=1,
+                                  projection_scale=8.0)["g"]
+        assert raw["g"].shape == raw["q"].shape and raw["g"].dtype == torch.float32
+        assert torch.equal(raw["g"], want.reshape(raw["g"].shape))
+        assert raw["g"].min() < -5       # below what FLA's safe_gate takes
+    clamped = make_inputs(configs.parse_config("2x64"), 2, seed=1, gate_strength=1.0, device="cpu")
+    assert clamped["g"].min() >= -5
+    with pytest.raises(ValueError, match="gates must be one of"):
+        make_inputs(configs.parse_config("2x64"), 2, seed=1, gate_strength=1.0, gates="bounded", device="cpu")
 
 
 # ------------------------------------------------------------ the floor ----
@@ -154,6 +189,16 @@ def test_rendering_what_is_missing_or_failed():
                      "4x8192: step kernel_chunk_kda: kernel.chunk_kda.chunk_kda is missing",
                      "1x131072: its process exited with -9"]
     assert "ours" in backward_report.progress_line("[1/1] 4x8192", r)
+
+
+def test_trained_layer_gates_are_named_and_judged_against_flas_safe_gate_false():
+    r = _synthetic(gates="trained-layer", backward={OURS: {"median_ms": 6.0}, FLA_UNSAFE: {"median_ms": 15.0}},
+                   ratio={f"{OURS}/{FLA_UNSAFE}": 0.4}, peak_memory={OURS: {"bytes": 1.5e9}, FLA_UNSAFE: {"bytes": 3e9}})
+    cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(r)))
+    assert cells["config"] == "4x8192 (trained-layer gates)"
+    assert (cells["FLA sg=T ms"], cells["ours/FLA sg=T"], cells["ours/FLA sg=F"]) == ("-", "-", "0.400")
+    assert backward_report.verdict([r]) == ["4x8192: time 0.400x FLA's safe_gate=False: met; memory 0.50x FLA's "
+                                            "safe_gate=False: met; FLA's dhu BV ?"]
 
 
 def test_the_verdict_judges_time_and_memory_and_names_flas_dhu_choice():

@@ -78,6 +78,23 @@ def test_one_small_configuration_is_measured(config):
     assert len(backward_report.backward_row(res)) == len(backward_report.BACKWARD_COLUMNS)
 
 
+def test_trained_layer_gates_leave_flas_safe_gate_out():
+    _need_stack()
+    import torch
+
+    from kernel.tools.bench import backward, cli
+    from kernel.tools.bench.configs import parse_config
+    from kernel.tools.bench.timing import L2_FLUSH_BYTES
+
+    args = cli.parse_args(["--backward", "--in-process", "--configs", "2x256", "--heads", "2", "--reps", "2",
+                           "--warmup", "1", "--gates", "trained-layer", "--projection-scale", "8"])
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    res = backward.bench_backward_config(parse_config("2x256"), args, flush)
+    assert res["gates"] == "trained-layer" and res["gate_statistics"]["tile_channels_past"] > 0
+    assert backward.FLA_SAFE not in res["backward"] and res["backward"][backward.FLA_UNSAFE]["median_ms"] > 0
+    assert res["step"][backward.STEP_FLA]["median_ms"] > 0
+
+
 def test_each_configuration_runs_in_its_own_process(tmp_path):
     _need_stack()
     from kernel.tools.bench import cli

@@ -21,7 +21,9 @@ One module per concern:
 * :mod:`.cli`      arguments and the run loop (``main``)
 * :mod:`.backward`, :mod:`.backward_report`, :mod:`.backward_run`  ``--backward``: the whole KDA
   backward, ours (``kernel.kda_backward``) against FLA's ``chunk_kda_bwd``: one configuration
-  measured, its table and plot, the loop that gives each configuration its own process
+  measured, its table and plot, the loop that gives each configuration its own process (``--layer``'s too)
+* :mod:`.layer`, :mod:`.layer_report`  ``--layer``: FLA's KDA layer, forward + backward, FLA's path
+  against ``kernel.patch_fla()``'s: one configuration measured, its table
 
     ptx-lab bench                       # the five configs, H = 32, D = 128
     ptx-lab bench --quick               # 4x8192 and 1x32768, few repetitions

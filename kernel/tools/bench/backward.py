@@ -118,7 +118,7 @@ def peak_memory(fn: Callable[[], Any]) -> dict:
     return {"torch_bytes": int(peak), "cupy_pool_bytes": int(grew), "bytes": int(peak + grew)}
 
 
-def _first_calls(calls: dict[str, Callable], res_part: dict, t_start: float, tag: str) -> dict[str, Callable]:
+def first_calls(calls: dict[str, Callable], res_part: dict, t_start: float, tag: str) -> dict[str, Callable]:
     """Each call once, alone (compiles and autotunes); those that fail are recorded and dropped."""
     ok = {}
     for name, fn in calls.items():
@@ -163,7 +163,7 @@ def _ours_call(kda_backward, f: fla_kda.FlaForward, do, dht, cu_host, res: dict)
     return (lambda **kw: call(cu, **kw)), cu
 
 
-def _in_turn(calls: dict[str, Callable], args, flush, out: dict) -> None:
+def in_turn(calls: dict[str, Callable], args, flush, out: dict) -> None:
     if not calls:
         return
     try:
@@ -176,7 +176,7 @@ def _in_turn(calls: dict[str, Callable], args, flush, out: dict) -> None:
         free_memory()
 
 
-def _ms(d: dict, name: str):
+def median_of(d: dict, name: str):
     return d.get(name, {}).get("median_ms")
 
 
@@ -199,11 +199,11 @@ def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res:
         if f.safe_gate:   # FLA's safe_gate asks for gates in [-5, 0]: clamped gates only
             calls[FLA_SAFE] = lambda: fla_kda.backward(f, do, dht, safe_gate=True)
         calls[FLA_UNSAFE] = lambda: fla_kda.backward(f, do, dht, safe_gate=False)
-    calls = _first_calls(calls, res["backward"], t_start, tag)
-    _in_turn(calls, args, flush, res["backward"])
+    calls = first_calls(calls, res["backward"], t_start, tag)
+    in_turn(calls, args, flush, res["backward"])
     for name in (FLA_SAFE, FLA_UNSAFE):
-        if _ms(res["backward"], OURS) and _ms(res["backward"], name):
-            res.setdefault("ratio", {})[f"{OURS}/{name}"] = _ms(res["backward"], OURS) / _ms(res["backward"], name)
+        if median_of(res["backward"], OURS) and median_of(res["backward"], name):
+            res.setdefault("ratio", {})[f"{OURS}/{name}"] = median_of(res["backward"], OURS) / median_of(res["backward"], name)
     log(f"    {tag}: backwards timed [{time.perf_counter() - t_start:.0f} s]")
 
     # 3. peak memory, one call each
@@ -248,14 +248,14 @@ def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res:
         pieces[KERNEL_A] = ka_call
         if scans.side_by_side:
             pieces[KERNEL_A_HALF] = lambda: ka_call(scans.vsplit)
-        pieces = _first_calls(pieces, res["pieces"], t_start, tag)
-        _in_turn(pieces, args, flush, res["pieces"])
-        total, fs, ka = (_ms(res["pieces"], n) for n in (OURS, FORWARD_STATES, KERNEL_A))
-        in_turn = _ms(res["pieces"], OURS_IN_TURN) if scans.side_by_side else total
+        pieces = first_calls(pieces, res["pieces"], t_start, tag)
+        in_turn(pieces, args, flush, res["pieces"])
+        total, fs, ka = (median_of(res["pieces"], n) for n in (OURS, FORWARD_STATES, KERNEL_A))
+        total_in_turn = median_of(res["pieces"], OURS_IN_TURN) if scans.side_by_side else total
         if total and ka is not None:
             res["pieces"]["kernel_a_share"] = ka / total
-            if fs is not None and in_turn:
-                res["pieces"]["rest_ms"] = in_turn - fs - ka   # Kernel B and the casts: the in-turn total's rest
+            if fs is not None and total_in_turn:
+                res["pieces"]["rest_ms"] = total_in_turn - fs - ka   # Kernel B and the casts: the in-turn total's rest
         log(f"    {tag}: our pieces timed [{time.perf_counter() - t_start:.0f} s]")
     calls.clear()
 
@@ -328,9 +328,9 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
         res["step"][STEP_OURS] = {"error": why}
     else:
         steps[STEP_OURS] = step_of(ours)
-    steps = _first_calls(steps, res["step"], t_start, tag)
-    _in_turn(steps, args, flush, res["step"])
-    a, b = _ms(res["step"], STEP_OURS), _ms(res["step"], STEP_FLA)
+    steps = first_calls(steps, res["step"], t_start, tag)
+    in_turn(steps, args, flush, res["step"])
+    a, b = median_of(res["step"], STEP_OURS), median_of(res["step"], STEP_FLA)
     if a and b:
         res["step"]["ratio"] = a / b
     log(f"    {tag}: training step timed [{time.perf_counter() - t_start:.0f} s]")

@@ -12,7 +12,7 @@ import numpy as np
 from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
                        OURS, OURS_IN_TURN, STEP_FLA, STEP_OURS)
 from . import report
-from .report import error_text, format_table, get, log
+from .report import cell, error_text, format_table, get, log, num
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
@@ -28,22 +28,6 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
           "(FLA's forward, our backward), safe_gate True.")
 
 
-def _cell(part: dict | None, fmt: str, scale: float = 1.0, key: str = "median_ms") -> str:
-    """A number, or 'missing' (the module is not there), 'failed' (it raised), '-' (not run)."""
-    if not isinstance(part, dict):
-        return "-"
-    if part.get(key) is not None:
-        return format(part[key] * scale, fmt)
-    err = part.get("error")
-    if err is None:
-        return "-"
-    return "missing" if "is missing" in err else "failed"
-
-
-def _num(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
 def backward_row(res: dict) -> list[str]:
     """One row of the table; ratios are ours over the column's FLA backward, from the same run in turn."""
     bw, mem, step = res.get("backward", {}), res.get("peak_memory", {}), res.get("step", {})
@@ -52,27 +36,27 @@ def backward_row(res: dict) -> list[str]:
     gates = res.get("gates", "clamped")
     return [
         res.get("config", "?") + ("" if gates == "clamped" else f" ({gates} gates)"),
-        _cell(bw.get(OURS), ".3f"), _cell(bw.get(FLA_SAFE), ".3f"), _cell(bw.get(FLA_UNSAFE), ".3f"),
-        _num(get(res, "ratio", f"{OURS}/{FLA_SAFE}"), ".3f"), _num(get(res, "ratio", f"{OURS}/{FLA_UNSAFE}"), ".3f"),
-        _num(floor, ".3f"), _num(None if ours is None or not floor else ours / floor, ".2f"),
-        _num(get(res, "pieces", "kernel_a_share"), ".2f"),
-        *(_cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in BACKWARDS),
-        _cell(step.get(STEP_FLA), ".3f"), _cell(step.get(STEP_OURS), ".3f"), _num(step.get("ratio"), ".3f"),
+        cell(bw.get(OURS), ".3f"), cell(bw.get(FLA_SAFE), ".3f"), cell(bw.get(FLA_UNSAFE), ".3f"),
+        num(get(res, "ratio", f"{OURS}/{FLA_SAFE}"), ".3f"), num(get(res, "ratio", f"{OURS}/{FLA_UNSAFE}"), ".3f"),
+        num(floor, ".3f"), num(None if ours is None or not floor else ours / floor, ".2f"),
+        num(get(res, "pieces", "kernel_a_share"), ".2f"),
+        *(cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in BACKWARDS),
+        cell(step.get(STEP_FLA), ".3f"), cell(step.get(STEP_OURS), ".3f"), num(step.get("ratio"), ".3f"),
     ]
 
 
 def progress_line(tag: str, res: dict) -> str:
     cells = dict(zip(BACKWARD_COLUMNS, backward_row(res)))
     p = res.get("pieces", {})
-    pieces = ", ".join(f"{n} {_cell(p.get(n), '.3f')} ms" for n in (FORWARD_STATES, KERNEL_A))
+    pieces = ", ".join(f"{n} {cell(p.get(n), '.3f')} ms" for n in (FORWARD_STATES, KERNEL_A))
     scans = res.get("scans") or {}
     if scans.get("side_by_side"):
         pieces += (f"; the scans side by side (Kernel A vsplit {scans['vsplit']}, the forward-state scan "
-                   f"{scans['states_warps']} warps: {_cell(p.get(KERNEL_A_HALF), '.3f')} and "
-                   f"{_cell(p.get(FORWARD_STATES_HALF), '.3f')} ms alone), in turn {_cell(p.get(OURS_IN_TURN), '.3f')} ms")
+                   f"{scans['states_warps']} warps: {cell(p.get(KERNEL_A_HALF), '.3f')} and "
+                   f"{cell(p.get(FORWARD_STATES_HALF), '.3f')} ms alone), in turn {cell(p.get(OURS_IN_TURN), '.3f')} ms")
     return (f"{tag}: ours {cells['ours ms']} ms, FLA safe_gate True {cells['FLA sg=T ms']} ms / False "
             f"{cells['FLA sg=F ms']} ms (ratios {cells['ours/FLA sg=T']} / {cells['ours/FLA sg=F']}), floor "
-            f"{cells['floor ms']} ms; pieces: {pieces}, rest {_num(p.get('rest_ms'), '.3f')} ms, A share "
+            f"{cells['floor ms']} ms; pieces: {pieces}, rest {num(p.get('rest_ms'), '.3f')} ms, A share "
             f"{cells['A share']}; step FLA {cells['step FLA ms']} ms, ours {cells['step ours ms']} ms "
             f"[{res.get('wall_s', 0):.0f} s]")
 

@@ -1,4 +1,4 @@
-"""``ptx-lab bench --backward``: the run loop, each configuration in a process of its own.
+"""``ptx-lab bench --backward`` and ``--layer``: the run loop, each configuration in a process of its own.
 
 FLA's Triton autotune keys leave out B and T (:func:`kernel.tools.fla_adapter.reset_autotune`), and
 one configuration's allocator pools and compiled kernels would follow it into the next. So with more
@@ -8,32 +8,62 @@ and prints one table. ``--in-process`` measures every configuration here, one af
 """
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from kernel.tools.fla_adapter import FLA_VERSION
 
-from .backward import bench_backward_config, missing_requirement
-from .backward_report import log_backward_table, progress_line, read_runs, write_outputs
+from . import backward, backward_report, layer, layer_report
 from .configs import Config, parse_configs
 from .device import CANNOT_RUN_EXIT, environment
 from .report import log
 from .timing import L2_FLUSH_BYTES, run_configs
 
-NEEDS = f"torch, fla-core {FLA_VERSION} (with triton) and CuPy on a CUDA GPU"
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """What one mode measures per configuration and how its results are reported."""
+    flag: str
+    needs: str
+    missing: Callable[[], str | None]
+    measure: Callable[..., dict]          # (config, args, flush) -> result
+    progress: Callable[[str, dict], str]
+    table: Callable[[list], None]
+    write: Callable[..., None]            # (results, runs, plot, json, *, environment, args)
+    read: Callable[[list], Any]
+
+
+MODES = {
+    "backward": Mode("--backward", f"torch, fla-core {FLA_VERSION} (with triton) and CuPy on a CUDA GPU",
+                     backward.missing_requirement, backward.bench_backward_config, backward_report.progress_line,
+                     backward_report.log_backward_table, backward_report.write_outputs, backward_report.read_runs),
+    "layer": Mode("--layer", f"torch, fla-core {FLA_VERSION} with flash-linear-attention's layers (and transformers), "
+                  f"and CuPy on a CUDA GPU", layer.missing_requirement, layer.bench_layer_config,
+                  layer_report.progress_line, layer_report.log_layer_table, layer_report.write_outputs,
+                  layer_report.read_runs),
+}
+
+
+def mode_of(args) -> Mode:
+    return MODES["layer" if getattr(args, "layer", False) else "backward"]
 
 
 def child_argv(args, config: str, json_path: str) -> list[str]:
     """The command line of one configuration's own process: this run's options, one config."""
-    argv = [sys.executable, "-m", "kernel.tools.bench", "--backward", "--in-process", "--configs", config,
+    argv = [sys.executable, "-m", "kernel.tools.bench", mode_of(args).flag, "--in-process", "--configs", config,
             "--json", json_path, "--heads", str(args.heads), "--warmup", str(args.warmup), "--reps", str(args.reps),
-            "--seed", str(args.seed), "--gate-strength", repr(args.gate_strength), "--gates", args.gates]
-    if args.projection_scale is not None:
-        argv += ["--projection-scale", repr(args.projection_scale)]
+            "--seed", str(args.seed)]
+    if getattr(args, "layer", False):
+        argv += ["--hidden", str(args.hidden)]
+    else:
+        argv += ["--gate-strength", repr(args.gate_strength), "--gates", args.gates]
+        if args.projection_scale is not None:
+            argv += ["--projection-scale", repr(args.projection_scale)]
     if args.no_fla:
         argv.append("--no-fla")
     if args.no_step:
@@ -44,13 +74,13 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
 def run_each_in_own_process(args, configs: Sequence[Config]) -> tuple[list[dict], list[dict]]:
     results, runs = [], []
     t_all = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-backward-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for i, cfg in enumerate(configs):
             path = str(Path(tmp) / f"{cfg.name}.json")
             log(f"[{i + 1}/{len(configs)}] {cfg.name}: own process [{time.perf_counter() - t_all:.0f} s]")
             t0 = time.perf_counter()
             rc = subprocess.call(child_argv(args, cfg.name, path))
-            read = read_runs([path]) if Path(path).exists() else None
+            read = mode_of(args).read([path]) if Path(path).exists() else None
             if rc != 0 or read is None:
                 results.append({"config": cfg.name, "error": f"its process exited with {rc}"
                                 + ("" if read else ", no JSON written"), "wall_s": time.perf_counter() - t0})
@@ -65,28 +95,31 @@ def run_each_in_own_process(args, configs: Sequence[Config]) -> tuple[list[dict]
 def run_in_process(args, configs: Sequence[Config]) -> list[dict]:
     import torch
 
+    mode = mode_of(args)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    results = run_configs(configs, lambda cfg: bench_backward_config(cfg, args, flush),
-                          lambda i, tag, res: log(progress_line(tag, res)), failed={"bench": "backward"})
+    results = run_configs(configs, lambda cfg: mode.measure(cfg, args, flush),
+                          lambda i, tag, res: log(mode.progress(tag, res)), failed={"bench": mode.flag[2:]})
     del flush
     return results
 
 
 def main_backward(args, prog: str) -> int:
-    """The --backward mode of ``ptx-lab bench`` (arguments parsed by cli.parse_args)."""
+    """The --backward and --layer modes of ``ptx-lab bench`` (arguments parsed by cli.parse_args)."""
+    mode = mode_of(args)
     configs = parse_configs(args.configs, args.seed, log)
-    why = missing_requirement()
+    why = mode.missing()
     if why:
-        log(f"{prog} --backward needs {NEEDS}: {why}")
+        log(f"{prog} {mode.flag} needs {mode.needs}: {why}")
         return CANNOT_RUN_EXIT
     env = environment()
-    log(f"device: {env.get('device')} ({env.get('sms')} SMs), torch {env['torch']}; H={args.heads}, K=V=128, "
+    shape = f"hidden {args.hidden}, {args.heads} heads of 128" if mode.flag == "--layer" else f"H={args.heads}, K=V=128"
+    log(f"device: {env.get('device')} ({env.get('sms')} SMs), torch {env['torch']}; {shape}, "
         f"bf16; warm-up {args.warmup}, median of {args.reps}, seed {args.seed}")
     if len(configs) > 1 and not args.in_process:
         results, runs = run_each_in_own_process(args, configs)
     else:
         results, runs = run_in_process(args, configs), []
-    log_backward_table(results)
-    write_outputs(results, runs, args.plot, args.json, environment=env, args=dict(vars(args)))
+    mode.table(results)
+    mode.write(results, runs, args.plot, args.json, environment=env, args=dict(vars(args)))
     ok = [r for r in results if "error" not in r]
     return 0 if ok or not configs else 1

@@ -5,6 +5,7 @@
     ptx-lab bench --configs 32x8192,varlen64x262144 --precision --json out.json
     ptx-lab bench --from-json a.json b.json --plot p.png    # earlier runs' tables, no GPU
     ptx-lab bench --backward --json b.json --plot b.png      # the whole backward: ours vs FLA (.backward_run)
+    ptx-lab bench --layer --json l.json                      # FLA's KDA layer, its path vs ours (.layer)
 """
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from kernel.ds_scan.config import parse_knobs
 from kernel.shapes import HEAD_DIM
 
 from .inputs import GATE_RECIPES
+from .layer import HIDDEN as LAYER_HIDDEN, LAYER_HEADS
 from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
                       parse_configs)
 from .measure import bench_config, fla_import, kernel_a_import, precision_config
 from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get, log,
                      log_precision_table, plot, precision_row, report_from_json, table_row)
-from . import backward_report
+from . import backward_report, layer_report
 from .backward_run import main_backward
 from .device import CANNOT_RUN_EXIT, environment
 from .timing import L2_FLUSH_BYTES, log_failure, run_configs
@@ -46,15 +48,23 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         "chunk_kda_bwd with safe_gate True and False, their peak memory, Kernel A's share, the "
                         "byte floor, and the chunk_kda training step (FLA's vs kernel.chunk_kda); each "
                         "configuration in its own process (default configs " + ",".join(BACKWARD_CONFIGS) + ")")
+    p.add_argument("--layer", action="store_true",
+                   help="FLA's KDA layer (fla.layers.kda.KimiDeltaAttention at its defaults, bf16): its forward + "
+                        "backward through autograd with FLA's chunk_kda against kernel.patch_fla()'s route, timed "
+                        "in turn, and each one's peak memory; each configuration in its own process (default "
+                        "configs " + ",".join(BACKWARD_CONFIGS) + "; needs flash-linear-attention and transformers)")
+    p.add_argument("--hidden", type=int, default=LAYER_HIDDEN,
+                   help=f"--layer: the layer's hidden size (default {LAYER_HIDDEN}, FLA's)")
     p.add_argument("--in-process", action="store_true",
-                   help="--backward: measure every configuration in this process, one after the other")
+                   help="--backward, --layer: measure every configuration in this process, one after the other")
     p.add_argument("--no-step", action="store_true", help="--backward: skip the forward + backward step")
     p.add_argument("--configs", default=None,
                    help="comma-separated BxT or varlenNxTOTAL (default: "
                         + ",".join(DEFAULT_CONFIGS) + ")")
     p.add_argument("--quick", action="store_true",
                    help="small subset (" + ",".join(QUICK_CONFIGS) + "), few repetitions")
-    p.add_argument("--heads", type=int, default=32, help=f"H (default 32); HEAD_DIM is fixed at {HEAD_DIM}")
+    p.add_argument("--heads", type=int, default=None,
+                   help=f"H (default 32; --layer {LAYER_HEADS}, FLA's layer's); HEAD_DIM is fixed at {HEAD_DIM}")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3, quick 1)")
     p.add_argument("--reps", type=int, default=None, help="timed calls, median reported "
                                                          "(default 20, quick 5)")
@@ -100,8 +110,14 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         "files, one row per config, e.g. configs timed in separate processes. Each "
                         "row's ratios come from its own run; no GPU needed")
     args = p.parse_args(argv)
+    if args.backward and args.layer:
+        p.error("--backward and --layer are two modes: pick one")
+    if args.heads is None:
+        args.heads = LAYER_HEADS if args.layer else 32
+    if args.hidden < 1 or (args.hidden != LAYER_HIDDEN and not args.layer):
+        p.error("--hidden takes an integer >= 1, with --layer")
     if args.configs is None:
-        args.configs = ",".join(QUICK_CONFIGS if args.quick else BACKWARD_CONFIGS if args.backward
+        args.configs = ",".join(QUICK_CONFIGS if args.quick else BACKWARD_CONFIGS if (args.backward or args.layer)
                                 else DEFAULT_CONFIGS)
     if args.warmup is None:
         args.warmup = 1 if args.quick else 3
@@ -146,10 +162,12 @@ def _progress_line(tag: str, res: dict) -> str:
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
     if args.from_json:
+        if args.layer or all(layer_report.is_layer_json(path) for path in args.from_json):
+            return layer_report.report_from_json(args.from_json, args.plot, args.json)
         if args.backward or all(backward_report.is_backward_json(path) for path in args.from_json):
             return backward_report.report_from_json(args.from_json, args.plot, args.json)
         return report_from_json(args.from_json, args.plot, args.json)
-    if args.backward:
+    if args.backward or args.layer:
         return main_backward(args, prog)
     configs = parse_configs(args.configs, args.seed, log)
 

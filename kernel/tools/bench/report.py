@@ -45,6 +45,22 @@ def get(d: dict, *keys):
     return d
 
 
+def cell(part: dict | None, fmt: str, scale: float = 1.0, key: str = "median_ms") -> str:
+    """A number, or 'missing' (the module is not there), 'failed' (it raised), '-' (not run)."""
+    if not isinstance(part, dict):
+        return "-"
+    if part.get(key) is not None:
+        return format(part[key] * scale, fmt)
+    err = part.get("error")
+    if err is None:
+        return "-"
+    return "missing" if "is missing" in err else "failed"
+
+
+def num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
 def table_row(res: dict) -> list[str]:
     """One row of the timing table; A GB/s, floor, A/floor are for bf16-every-64
     (fp32-every-tile's when only it ran); '-' where a number is missing."""

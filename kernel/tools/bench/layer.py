@@ -1,0 +1,131 @@
+"""FLA's KDA layer on one configuration: forward + backward through autograd, FLA's path against ours.
+
+``ptx-lab bench --layer`` runs :func:`bench_layer_config` once per configuration, each in a process
+of its own (as ``--backward`` does). The layer is ``fla.layers.kda.KimiDeltaAttention`` at its
+defaults (flash-linear-attention 0.6.0): hidden 2048, 16 heads of 128 (``--heads``, ``--hidden``),
+the short convolutions, the gate and beta activations in the op, ``state_v_first``, an unbounded
+gate. Its weights are bf16, as a bf16 training run holds them. One step is what a training loop
+runs: the layer on x [B, T, hidden] (a varlen configuration packs its sequences into [1, total,
+hidden] with ``cu_seqlens``), then the gradients of every parameter and of x for an upstream
+gradient dout:
+
+* FLA's path: the layer as it is;
+* ours: the same layer object with ``kernel.patch_fla()``'s route in place of FLA's
+  ``chunk_kda``, which is exactly what the switch puts there (FLA's forward, our backward).
+
+The route is taken from ``kernel.patch_fla()`` once and then swapped into the layer's module per
+call (one attribute), so that the timing holds no patching. The two steps are timed in turn
+(:func:`.timing.time_alternating`) after each one's first call alone (FLA compiles its Triton
+kernels there), then each one's peak memory as torch counts it. x, dout ~ N(0, 1), seeded.
+
+torch, fla and the kernel's modules are imported inside the functions.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any, Callable
+
+from .backward import first_calls, in_turn, median_of, peak_memory
+from .configs import Config
+from .report import error_text, log
+from .timing import free_memory
+
+LAYER_FLA, LAYER_OURS = "layer_fla", "layer_ours"
+SIDES = (LAYER_FLA, LAYER_OURS)
+HIDDEN = 2048           # FLA's KimiDeltaAttention default hidden_size
+LAYER_HEADS = 16        # and its num_heads (of head_dim 128)
+TIME_TARGET = 0.65      # issue 34: the layer's forward + backward at most this fraction of FLA's
+
+
+def missing_requirement() -> str | None:
+    """Why the layer bench cannot run here, or None."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch is not installed ({exc})"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    try:
+        importlib.import_module("fla.layers.kda")   # what is measured; it imports transformers
+    except ImportError as exc:
+        return (f"fla.layers.kda cannot be imported ({exc}): it needs flash-linear-attention 0.6.0 and "
+                f"transformers beside fla-core")
+    return None
+
+
+def _layer_and_inputs(cfg: Config, heads: int, hidden: int, seed: int):
+    import numpy as np
+    import torch
+    from fla.layers.kda import KimiDeltaAttention
+
+    torch.manual_seed(seed)
+    layer = KimiDeltaAttention(hidden_size=hidden, num_heads=heads, head_dim=128, mode="chunk")
+    layer = layer.to(device="cuda", dtype=torch.bfloat16).train()
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    kw: dict[str, Any] = {}
+    if cfg.varlen:
+        shape = (1, cfg.tokens, hidden)
+        kw["cu_seqlens"] = torch.tensor(np.concatenate([[0], np.cumsum(cfg.lengths)]), dtype=torch.long,
+                                        device="cuda")
+    else:
+        shape = (cfg.B, cfg.T, hidden)
+    x = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    dout = torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    return layer, x, dout, kw
+
+
+def _routes():
+    """(FLA's chunk_kda, the route kernel.patch_fla() puts in its place, the layer's module)."""
+    import fla.layers.kda as layer_module
+
+    import kernel
+
+    original = layer_module.chunk_kda
+    with kernel.patched_fla():
+        routed = layer_module.chunk_kda
+    if routed is original:
+        raise RuntimeError("kernel.patched_fla() did not replace fla.layers.kda.chunk_kda")
+    return original, routed, layer_module
+
+
+def bench_layer_config(cfg: Config, args, flush) -> dict:
+    """Time FLA's layer step against ours on one configuration, and each one's peak memory."""
+    import torch
+
+    heads, hidden = args.heads, args.hidden
+    t_start, tag = time.perf_counter(), cfg.name
+    res: dict[str, Any] = {"bench": "layer", "config": cfg.name, "B": cfg.B, "T": cfg.T, "N": cfg.N,
+                           "tokens": cfg.tokens, "varlen": cfg.varlen, "heads": heads, "hidden": hidden,
+                           "layer": {}, "peak_memory": {}}
+    layer, x, dout, kw = _layer_and_inputs(cfg, heads, hidden, args.seed)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    original, routed, layer_module = _routes()
+
+    def step_with(op) -> Callable:
+        def call():
+            layer_module.chunk_kda = op
+            try:
+                out = layer(x, **kw)[0]
+                return torch.autograd.grad(out, [x, *params], dout)
+            finally:
+                layer_module.chunk_kda = original
+        return call
+
+    calls = {LAYER_FLA: step_with(original), LAYER_OURS: step_with(routed)}
+    log(f"    {tag}: layer ready (hidden {hidden}, {heads} heads of 128, {sum(p.numel() for p in params):,} "
+        f"parameters) [{time.perf_counter() - t_start:.0f} s]")
+    calls = first_calls(calls, res["layer"], t_start, tag)
+    in_turn(calls, args, flush, res["layer"])
+    a, b = median_of(res["layer"], LAYER_OURS), median_of(res["layer"], LAYER_FLA)
+    if a and b:
+        res["ratio"] = a / b
+    for name, fn in calls.items():
+        try:
+            res["peak_memory"][name] = peak_memory(fn)
+        except Exception as exc:
+            res["peak_memory"][name] = {"error": error_text(exc)}
+            free_memory()
+    log(f"    {tag}: layer timed [{time.perf_counter() - t_start:.0f} s]")
+    calls.clear()
+    return res

@@ -1,0 +1,86 @@
+"""ptx-lab bench --layer on the CPU: its arguments, the child process's command line, the refusal, and
+the rendering. The result dicts are synthetic: they test how a result is rendered, not a measurement
+(test_bench_layer_gpu.py measures)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from kernel.tools.bench import backward_run, cli, layer, layer_report
+from kernel.tools.bench.device import CANNOT_RUN_EXIT
+from kernel.tools.bench.layer import LAYER_FLA, LAYER_OURS
+
+
+def test_layer_mode_arguments():
+    a = cli.parse_args(["--layer"])
+    assert a.layer and not a.backward and (a.heads, a.hidden) == (16, 2048)
+    assert a.configs.split(",") == ["4x8192", "32x8192", "8x32768", "1x131072", "varlen64x262144"]
+    assert cli.parse_args(["--layer", "--heads", "4", "--hidden", "512"]).heads == 4
+    assert cli.parse_args([]).heads == 32 and cli.parse_args(["--backward"]).heads == 32
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--layer", "--backward"], "--backward and --layer are two modes: pick one"),
+    (["--hidden", "512"], "--hidden takes an integer >= 1, with --layer"),
+    (["--layer", "--hidden", "0"], "--hidden takes an integer >= 1, with --layer"),
+    (["--layer", "--gates", "trained-layer"], "--gates trained-layer times the whole backward: add --backward"),
+])
+def test_bad_layer_arguments_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_each_configuration_gets_the_layer_runs_options():
+    a = cli.parse_args(["--layer", "--heads", "8", "--hidden", "1024", "--reps", "7", "--warmup", "2", "--seed", "3"])
+    argv = backward_run.child_argv(a, "varlen64x262144", "x.json")
+    assert argv[:4] == [sys.executable, "-m", "kernel.tools.bench", "--layer"]
+    child = cli.parse_args(argv[3:])
+    assert child.layer and child.in_process and child.configs == "varlen64x262144" and child.json == "x.json"
+    for name in ("heads", "hidden", "reps", "warmup", "seed"):
+        assert getattr(child, name) == getattr(a, name), name
+    assert backward_run.mode_of(child) is backward_run.MODES["layer"]
+
+
+def test_refused_without_what_it_needs_naming_it(capsys):
+    why = layer.missing_requirement()
+    if why is None:
+        pytest.skip("everything the layer bench needs is here")
+    assert cli.main(["--layer", "--configs", "2x256"]) == CANNOT_RUN_EXIT
+    err = capsys.readouterr()
+    assert "--layer needs torch, fla-core" in err.out + err.err and why in err.out + err.err
+
+
+def _synthetic(config="4x8192", **over) -> dict:
+    r = {"bench": "layer", "config": config, "heads": 16, "hidden": 2048,
+         "layer": {LAYER_FLA: {"median_ms": 20.0}, LAYER_OURS: {"median_ms": 12.0}}, "ratio": 0.6,
+         "peak_memory": {LAYER_FLA: {"bytes": 4e9}, LAYER_OURS: {"bytes": 3e9}}, "wall_s": 30.0}
+    r.update(over)
+    return r
+
+
+def test_rendering_a_row_the_verdict_and_the_problems():
+    assert layer_report.layer_row(_synthetic()) == ["4x8192", "20.000", "12.000", "0.600", "4.00", "3.00", "0.75"]
+    slow = _synthetic("1x131072", ratio=0.7, peak_memory={LAYER_FLA: {"bytes": 4e9}, LAYER_OURS: {"bytes": 5e9}})
+    failed = _synthetic("8x32768", layer={LAYER_FLA: {"median_ms": 20.0}, LAYER_OURS: {"error": "RuntimeError: x"}},
+                        ratio=None, peak_memory={})
+    assert layer_report.verdict([_synthetic(), slow, failed, {"config": "32x8192", "error": "exited with -9"}]) == [
+        "4x8192: time 0.600x FLA's: met; memory 0.75x FLA's: met",
+        "1x131072: time 0.700x FLA's: NOT met (target 0.65x); memory 1.25x FLA's: NOT met",
+        "8x32768: time not measured; memory not measured"]
+    assert layer_report.problems([failed, {"config": "32x8192", "error": "exited with -9"}]) == [
+        "8x32768: layer layer_ours: RuntimeError: x", "32x8192: exited with -9"]
+    assert "ours 12.000 ms (ratio 0.600)" in layer_report.progress_line("[1/1] 4x8192", _synthetic())
+
+
+def test_rendering_from_json_and_saying_no_plot(tmp_path, capsys):
+    path = tmp_path / "l.json"
+    path.write_text(json.dumps({"environment": {}, "args": {}, "runs": [], "results": [_synthetic()]}))
+    assert layer_report.is_layer_json(str(path))
+    assert cli.main(["--from-json", str(path), "--plot", str(tmp_path / "l.png"), "--json", str(tmp_path / "o.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| 4x8192 " in out and "4x8192: time 0.600x FLA's: met" in out and "--layer draws no plot" in out
+    assert not (tmp_path / "l.png").exists()
+    assert json.loads((tmp_path / "o.json").read_text())["results"][0]["config"] == "4x8192"

@@ -118,6 +118,16 @@ def peak_memory(fn: Callable[[], Any]) -> dict:
     return {"torch_bytes": int(peak), "cupy_pool_bytes": int(grew), "bytes": int(peak + grew)}
 
 
+def peak_memories(calls: dict[str, Callable], out: dict) -> None:
+    """:func:`peak_memory` of one call of each, into out[name]; a call that raises is recorded there."""
+    for name, fn in calls.items():
+        try:
+            out[name] = peak_memory(fn)
+        except Exception as exc:
+            out[name] = {"error": error_text(exc)}
+            free_memory()
+
+
 def first_calls(calls: dict[str, Callable], res_part: dict, t_start: float, tag: str) -> dict[str, Callable]:
     """Each call once, alone (compiles and autotunes); those that fail are recorded and dropped."""
     ok = {}
@@ -207,12 +217,7 @@ def _time_backwards(f: fla_kda.FlaForward, raw: dict, cu_host, args, flush, res:
     log(f"    {tag}: backwards timed [{time.perf_counter() - t_start:.0f} s]")
 
     # 3. peak memory, one call each
-    for name, fn in calls.items():
-        try:
-            res["peak_memory"][name] = peak_memory(fn)
-        except Exception as exc:
-            res["peak_memory"][name] = {"error": error_text(exc)}
-            free_memory()
+    peak_memories(calls, res["peak_memory"])
 
     # 4. our pieces beside our whole backward: each scan alone on its full-GPU grid, and where the
     #    rule runs them side by side also each on its halved grid and the whole backward in turn

@@ -4,7 +4,6 @@ no GPU (matplotlib for the plot only).
 """
 from __future__ import annotations
 
-import json
 from typing import Sequence
 
 import numpy as np
@@ -12,7 +11,7 @@ import numpy as np
 from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
                        OURS, OURS_IN_TURN, STEP_FLA, STEP_OURS)
 from . import report
-from .report import cell, error_text, format_table, get, log, num
+from .report import cell, error_text, get, is_bench_json, log, num, target_verdict, write_json
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
@@ -63,16 +62,7 @@ def progress_line(tag: str, res: dict) -> str:
 
 def problems(results: Sequence[dict]) -> list[str]:
     """One line per error recorded anywhere in the results (a whole config, a backward, a piece, a step)."""
-    out = []
-    for r in results:
-        if "error" in r:
-            out.append(f"{r.get('config')}: {r['error']}")
-            continue
-        for part in ("backward", "peak_memory", "pieces", "step"):
-            for name, v in (r.get(part) or {}).items():
-                if isinstance(v, dict) and "error" in v:
-                    out.append(f"{r.get('config')}: {part} {name}: {v['error']}")
-    return out
+    return report.problems(results, ("backward", "peak_memory", "pieces", "step"))
 
 
 TIME_TARGET = 0.5   # the whole backward's time over FLA's safe_gate=True backward, at most
@@ -100,26 +90,15 @@ def verdict(results: Sequence[dict]) -> list[str]:
         mem = r.get("peak_memory", {})
         ours_b, fla_b = get(mem, OURS, "bytes"), get(mem, against, "bytes")
         which = "FLA's" if against == FLA_SAFE else "FLA's safe_gate=False"
-        t = "time not measured" if ratio is None else (
-            f"time {ratio:.3f}x {which}: " + ("met" if ratio <= TIME_TARGET else f"NOT met (target {TIME_TARGET}x)"))
-        m = "memory not measured" if ours_b is None or fla_b is None else (
-            f"memory {ours_b / fla_b:.2f}x {which}: " + ("met" if ours_b <= fla_b else "NOT met"))
-        out.append(f"{r.get('config', '?')}: {t}; {m}; FLA's dhu BV {dhu_block_v(r)}")
+        out.append(target_verdict(r.get("config", "?"), ratio, ours_b, fla_b, TIME_TARGET, which)
+                   + f"; FLA's dhu BV {dhu_block_v(r)}")
     return out
 
 
 def log_backward_table(results: Sequence[dict]) -> None:
-    ok = [r for r in results if "error" not in r]
-    log("")
-    log(format_table([backward_row(r) for r in ok], BACKWARD_COLUMNS))
-    log(LEGEND)
-    for line in problems(results):
-        log(line)
-    lines = verdict(results)
-    if lines:
-        log("targets (the whole backward at most 0.5x FLA's safe_gate=True backward; peak memory no more):")
-        for line in lines:
-            log(f"  {line}")
+    report.log_mode_table(results, backward_row, BACKWARD_COLUMNS, LEGEND, problems(results), verdict(results),
+                          "targets (the whole backward at most 0.5x FLA's safe_gate=True backward; peak memory "
+                          "no more):")
 
 
 def plot_backward(results: Sequence[dict], path: str) -> None:
@@ -165,22 +144,14 @@ def plot_backward(results: Sequence[dict], path: str) -> None:
 
 def is_backward_json(path: str) -> bool:
     """True when `path` is a --backward run's JSON file (its results say so)."""
-    try:
-        with open(path) as fh:
-            rows = json.load(fh).get("results") or []
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(rows, list) and any(isinstance(r, dict) and r.get("bench") == "backward" for r in rows)
+    return is_bench_json(path, "backward")
 
 
 def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, *,
                   environment: dict | None = None, args: dict | None = None) -> None:
     """The JSON file (this run's environment and arguments, the runs it merged, every result) and the plot."""
     if json_path:
-        with open(json_path, "w") as fh:
-            json.dump({"environment": environment, "args": args, "runs": runs, "results": results}, fh,
-                      indent=1, default=str)
-        log(f"wrote {json_path}")
+        write_json(json_path, results, runs, environment, args)
     ok = [r for r in results if "error" not in r]
     if plot_path and ok:
         try:
@@ -198,12 +169,5 @@ def read_runs(paths: Sequence[str]) -> tuple[list[dict], list[dict]] | None:
 
 def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
     """The table (and --plot / --json) of configurations timed by earlier --backward runs."""
-    read = read_runs(paths)
-    if read is None:
-        return 1
-    results, runs = read
-    ok = [r for r in results if "error" not in r]
-    log(f"{len(ok)} config(s) from {len(paths)} file(s); each row's ratios were measured in its own run")
-    log_backward_table(results)
-    write_outputs(results, runs, plot_path, json_path)
-    return 0 if ok else 1
+    return report.report_runs(paths, "bench --backward --json", log_backward_table, write_outputs, plot_path,
+                              json_path)

@@ -26,10 +26,9 @@ import importlib
 import time
 from typing import Any, Callable
 
-from .backward import first_calls, in_turn, median_of, peak_memory
+from .backward import first_calls, in_turn, median_of, peak_memories
 from .configs import Config
-from .report import error_text, log
-from .timing import free_memory
+from .report import log
 
 LAYER_FLA, LAYER_OURS = "layer_fla", "layer_ours"
 SIDES = (LAYER_FLA, LAYER_OURS)
@@ -120,12 +119,7 @@ def bench_layer_config(cfg: Config, args, flush) -> dict:
     a, b = median_of(res["layer"], LAYER_OURS), median_of(res["layer"], LAYER_FLA)
     if a and b:
         res["ratio"] = a / b
-    for name, fn in calls.items():
-        try:
-            res["peak_memory"][name] = peak_memory(fn)
-        except Exception as exc:
-            res["peak_memory"][name] = {"error": error_text(exc)}
-            free_memory()
+    peak_memories(calls, res["peak_memory"])
     log(f"    {tag}: layer timed [{time.perf_counter() - t_start:.0f} s]")
     calls.clear()
     return res

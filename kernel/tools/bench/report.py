@@ -61,6 +61,78 @@ def num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def target_verdict(config: str, ratio: float | None, ours_bytes, fla_bytes, target: float, against: str) -> str:
+    """"CONFIG: time R x AGAINST: met | NOT met (target T x); memory M x AGAINST: met | NOT met", either
+    part "not measured" where its numbers are missing: the line each mode's verdict prints per configuration."""
+    t = "time not measured" if ratio is None else (
+        f"time {ratio:.3f}x {against}: " + ("met" if ratio <= target else f"NOT met (target {target}x)"))
+    m = "memory not measured" if ours_bytes is None or not fla_bytes else (
+        f"memory {ours_bytes / fla_bytes:.2f}x {against}: " + ("met" if ours_bytes <= fla_bytes else "NOT met"))
+    return f"{config}: {t}; {m}"
+
+
+def write_json(path: str, results: list[dict], runs: list[dict], environment: dict | None, args: dict | None) -> None:
+    """A run's JSON file: its environment and arguments, the runs it merged, every result."""
+    with open(path, "w") as fh:
+        json.dump({"environment": environment, "args": args, "runs": runs, "results": results}, fh,
+                  indent=1, default=str)
+    log(f"wrote {path}")
+
+
+def is_bench_json(path: str, bench: str) -> bool:
+    """True when `path` is a JSON file of runs whose results say they are ``bench`` ("backward", "layer")."""
+    try:
+        with open(path) as fh:
+            rows = json.load(fh).get("results") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(rows, list) and any(isinstance(r, dict) and r.get("bench") == bench for r in rows)
+
+
+def report_runs(paths: Sequence[str], what: str, table, write, plot_path: str | None, json_path: str | None) -> int:
+    """The table (and --plot / --json) of configurations timed by earlier runs of one mode: read them
+    (``what`` names the mode's JSON in a refusal), log ``table(results)``, then ``write``."""
+    read = read_runs(paths, what)
+    if read is None:
+        return 1
+    results, runs = read
+    ok = [r for r in results if "error" not in r]
+    log(f"{len(ok)} config(s) from {len(paths)} file(s); each row's ratios were measured in its own run")
+    table(results)
+    write(results, runs, plot_path, json_path)
+    return 0 if ok else 1
+
+
+def problems(results: Sequence[dict], parts: Sequence[str]) -> list[str]:
+    """One line per error recorded anywhere in the results: a whole configuration's, or one in
+    result[part][name] for each of ``parts``."""
+    out = []
+    for r in results:
+        if "error" in r:
+            out.append(f"{r.get('config')}: {r['error']}")
+            continue
+        for part in parts:
+            for name, v in (r.get(part) or {}).items():
+                if isinstance(v, dict) and "error" in v:
+                    out.append(f"{r.get('config')}: {part} {name}: {v['error']}")
+    return out
+
+
+def log_mode_table(results: Sequence[dict], row, columns: Sequence[str], legend: str, problem_lines: list[str],
+                   verdict_lines: list[str], targets: str) -> None:
+    """A mode's table (``row`` of each configuration that ran), its legend, the problems, then the
+    verdict under the ``targets`` heading."""
+    log("")
+    log(format_table([row(r) for r in results if "error" not in r], columns))
+    log(legend)
+    for line in problem_lines:
+        log(line)
+    if verdict_lines:
+        log(targets)
+        for line in verdict_lines:
+            log(f"  {line}")
+
+
 def table_row(res: dict) -> list[str]:
     """One row of the timing table; A GB/s, floor, A/floor are for bf16-every-64
     (fp32-every-tile's when only it ran); '-' where a number is missing."""

@@ -102,9 +102,15 @@ def _autotuner_choices() -> list:
 
     from triton.runtime.autotuner import Autotuner
 
+    def is_tuner(obj) -> bool:
+        try:
+            return isinstance(obj, Autotuner)
+        except ReferenceError:   # a weakref.proxy whose object is gone (torch.compile leaves such)
+            return False
+
     with warnings.catch_warnings():   # isinstance() on every live object wakes torch's deprecated aliases
         warnings.simplefilter("ignore", FutureWarning)
-        tuners = [obj for obj in gc.get_objects() if isinstance(obj, Autotuner)]
+        tuners = [obj for obj in gc.get_objects() if is_tuner(obj)]
     return [(t, t.cache) for t in tuners if isinstance(getattr(t, "cache", None), dict) and t.cache]
 
 

@@ -273,6 +273,25 @@ def test_fla_is_imported_to_tune_for_each_process(monkeypatch):
     assert os.environ[fla_adapter.AUTOTUNE_DISK_CACHE_ENV] == "1"
 
 
+def test_a_dead_weak_proxy_among_the_live_objects_is_passed_over():
+    # torch.compile leaves weakref.proxy objects whose referent is gone; isinstance() on one raises
+    pytest.importorskip("triton.runtime.autotuner")
+    import weakref
+
+    from kernel.tools import fla_adapter
+
+    class Thing:
+        pass
+
+    thing = Thing()
+    holder = [weakref.proxy(thing)]   # kept alive in a list, so that gc.get_objects() reaches the proxy
+    del thing
+    with pytest.raises(ReferenceError):
+        isinstance(holder[0], int)
+    assert isinstance(fla_adapter.autotune_choices(), dict)
+    assert isinstance(fla_adapter.reset_autotune(), int)
+
+
 def test_fla_autotune_choices_are_recorded():
     autotuner = pytest.importorskip("triton.runtime.autotuner")
     from kernel.tools import fla_adapter

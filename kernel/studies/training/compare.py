@@ -14,6 +14,12 @@ Three runs of the same small KDA language model on the same synthetic task
 3. FLA's ``chunk_kda`` again with seed ``--noise-seed``: how far two runs that
    should learn equally well drift apart anyway.
 
+``--model fla`` trains FLA's own model instead: ``fla.models.KDAForCausalLM`` (needs
+flash-linear-attention and transformers) of ``--layers`` layers and ``--heads`` heads of 128,
+its ``KimiDeltaAttention`` at its defaults (the gate and beta in the op, unbounded gates), its
+loss its own. Run 2 is then the same model trained inside ``kernel.patched_fla()``: FLA's
+model, unchanged, through the switch.
+
 Printed: progress every ``--log-every`` steps with the elapsed time, then a
 table of each run's final loss (the mean of its last ``--smooth`` steps) and
 the largest absolute difference between the smoothed curves of runs 2 and 1 and
@@ -32,11 +38,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 PROG = "python -m kernel.studies.training.compare"
+MODELS = ("study", "fla")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
+    ap.add_argument("--model", choices=MODELS, default=MODELS[0],
+                    help="study: this study's small KDA LM (model.py); fla: FLA's KDAForCausalLM at its "
+                         "layer defaults, run 2 through kernel.patched_fla() (default study)")
     ap.add_argument("--out", type=Path, default=Path("docs/bench/training.png"), help="the PNG to write")
     ap.add_argument("--json", type=Path, default=None, help="also write every loss and the summary here")
     ap.add_argument("--batch", type=int, default=8, help="rows per step (default 8)")
@@ -72,16 +82,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------
 
 def build_model(a: argparse.Namespace):
+    if a.model == "fla":
+        from fla.models import KDAConfig, KDAForCausalLM
+
+        # its layer at the defaults, the study's shape; the loss in plain torch (FLA's fused one is
+        # another kernel to compare, not what this study asks)
+        config = KDAConfig(hidden_size=128 * a.heads, num_heads=a.heads, head_dim=128, num_hidden_layers=a.layers,
+                           vocab_size=a.vocab, fuse_cross_entropy=False, bos_token_id=0, eos_token_id=0,
+                           pad_token_id=None, use_cache=False)
+        return KDAForCausalLM(config)
     from .model import KDALanguageModel
 
     return KDALanguageModel(a.vocab, a.layers, a.heads)
 
 
-def train(kda: Callable, a: argparse.Namespace, seed: int, *, device: str, label: str = "",
-          log: Callable[[str], None] = print) -> dict[str, Any]:
-    """`a.steps` AdamW steps with `kda` as every layer's KDA -> {"losses": [...], "seconds": s}.
+def model_loss(model, rows, kda: Callable | None, a: argparse.Namespace):
+    """The next-token loss of a batch of rows [B, T + 1]: the study's model with `kda` as its KDA, or
+    FLA's model on its own (labels shifted inside, as Hugging Face's causal LMs do)."""
+    if a.model == "fla":
+        return model(input_ids=rows[:, :-1], labels=rows[:, :-1]).loss
+    return model.loss(rows, kda)
+
+
+def train(kda: Callable | None, a: argparse.Namespace, seed: int, *, device: str, label: str = "",
+          log: Callable[[str], None] = print, route=None) -> dict[str, Any]:
+    """`a.steps` AdamW steps with `kda` as every layer's KDA (the study's model) -> {"losses": [...],
+    "seconds": s}. ``route``: a context manager each step runs inside (``kernel.patched_fla()`` for
+    FLA's model through our backward).
 
     The seed fixes the initial weights and the batches; bf16 autocast on CUDA."""
+    import contextlib
+
     import torch
 
     from .model import repeated_segments
@@ -103,10 +134,11 @@ def train(kda: Callable, a: argparse.Namespace, seed: int, *, device: str, label
     start = time.perf_counter()
     for step in range(a.steps):
         rows = repeated_segments(a.batch, a.T, a.vocab, a.min_period, a.max_period, batches).to(device)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
-            loss = model.loss(rows, kda)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        with route() if route is not None else contextlib.nullcontext():
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_autocast):
+                loss = model_loss(model, rows, kda, a)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
@@ -185,7 +217,8 @@ def plot(runs: dict[str, dict], summary: dict, path: Path, title: str, *, refere
 
 def describe(a) -> str:
     """The run's shape, for the table's heading and the picture's title."""
-    return (f"{a.layers} KDA layers x {a.heads} heads of 128, batch {a.batch} x T {a.T}, vocab {a.vocab}, "
+    which = "FLA's KDAForCausalLM, " if getattr(a, "model", "study") == "fla" else ""
+    return (f"{which}{a.layers} KDA layers x {a.heads} heads of 128, batch {a.batch} x T {a.T}, vocab {a.vocab}, "
             f"segments of {a.min_period}-{a.max_period} tokens, {a.steps} steps")
 
 
@@ -216,8 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as exc:
         print(f"{PROG} needs fla-core 0.6.0 ({exc})", file=sys.stderr)
         return 2
+    import kernel
     from kernel import chunk_kda as our_chunk_kda
 
+    if a.model == "fla":
+        try:
+            build_model(argparse.Namespace(**{**vars(a), "layers": 1, "heads": 1}))
+        except ImportError as exc:
+            print(f"{PROG} --model fla needs flash-linear-attention 0.6.0 and transformers ({exc})", file=sys.stderr)
+            return 2
     fla_run, our_run, noise_run = (f"FLA backward, seed {a.seed}", f"our backward, seed {a.seed}",
                                    f"FLA backward, seed {a.noise_seed}")
     plan = ((fla_run, fla_chunk_kda, a.seed), (our_run, our_chunk_kda, a.seed), (noise_run, fla_chunk_kda, a.noise_seed))
@@ -226,8 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)
     runs = {}
     for label, kda, seed in plan:
-        runs[label] = {"implementation": "fla" if kda is fla_chunk_kda else "kernel.chunk_kda", "seed": seed,
-                       **train(kda, a, seed, device="cuda", label=label, log=lambda s: print(s, flush=True))}
+        ours = kda is not fla_chunk_kda
+        route = kernel.patched_fla if (ours and a.model == "fla") else None
+        runs[label] = {"implementation": ("kernel.patch_fla()" if route else "kernel.chunk_kda") if ours else "fla",
+                       "seed": seed, **train(kda, a, seed, device="cuda", label=label, route=route,
+                                             log=lambda s: print(s, flush=True))}
     summary = summarize(runs, a.smooth, reference=fla_run, same_seed=our_run, other_seed=noise_run)
     print("\n" + table(runs, summary))
     plot(runs, summary, a.out, f"KDA LM, FLA's backward vs ours: {shape}", reference=fla_run)

@@ -15,6 +15,7 @@ from kernel.studies.training import compare, model  # noqa: E402
 def test_the_defaults_are_the_studys():
     a = compare.parse_args([])
     assert (a.steps, a.layers, a.heads, a.T, a.batch, a.seed, a.noise_seed) == (300, 2, 4, 1024, 8, 0, 1)
+    assert a.model == "study"
     assert str(a.out) == "docs/bench/training.png" and a.json is None
 
 
@@ -77,6 +78,21 @@ def test_the_studys_model_builds_with_flas_shapes():
     assert seen["kw"] == dict(use_qk_l2norm_in_kernel=True, safe_gate=True, lower_bound=-5.0)
 
 
+def test_flas_own_model_builds_with_the_studys_shape_and_its_layer_defaults():
+    pytest.importorskip("transformers", reason="fla.models needs transformers")
+    pytest.importorskip("fla.models", reason="flash-linear-attention 0.6.0 (fla.models) is not installed")
+    from fla.layers.kda import KimiDeltaAttention
+
+    a = compare.parse_args(["--model", "fla", "--layers", "2", "--heads", "4"])
+    m = compare.build_model(a)
+    layers = [mod for mod in m.modules() if isinstance(mod, KimiDeltaAttention)]
+    assert len(layers) == 2
+    for layer in layers:   # the layer at its defaults: gate unbounded, no safe gate, 4 heads of 128
+        assert (layer.num_heads, layer.head_dim, layer.safe_gate, layer.lower_bound) == (4, 128, False, None)
+    assert m.config.vocab_size == a.vocab and m.config.hidden_size == 512 and not m.config.fuse_cross_entropy
+    assert "FLA's KDAForCausalLM" in compare.describe(a)
+
+
 def test_training_is_reproducible_from_its_seed():
     a = compare.parse_args(["--steps", "3", "--T", "12", "--min-period", "2", "--max-period", "4", "--heads", "1",
                             "--layers", "1", "--log-every", "1"])
@@ -106,17 +122,22 @@ def test_summary_table_and_picture(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.fla
-def test_the_comparison_runs_on_the_gpu(tmp_path):
+@pytest.mark.parametrize("which", compare.MODELS)
+def test_the_comparison_runs_on_the_gpu(which, tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
     pytest.importorskip("fla.ops.kda", reason="fla-core 0.6.0 is not installed")
     pytest.importorskip("kernel.kda_backward", reason="kernel.kda_backward is not built yet")
+    if which == "fla":
+        pytest.importorskip("fla.models", reason="flash-linear-attention 0.6.0 (fla.models) is not installed")
     out, record = tmp_path / "t.png", tmp_path / "t.json"
-    assert compare.main(["--steps", "20", "--T", "256", "--log-every", "10", "--smooth", "5",
+    assert compare.main(["--model", which, "--steps", "20", "--T", "256", "--log-every", "10", "--smooth", "5",
                          "--out", str(out), "--json", str(record)]) == 0
     r = json.loads(record.read_text())
     assert len(r["runs"]) == 3 and all(len(run["losses"]) == 20 and all(np.isfinite(run["losses"]))
                                        for run in r["runs"].values())
+    ours = [run for run in r["runs"].values() if run["implementation"] != "fla"]
+    assert [run["implementation"] for run in ours] == (["kernel.patch_fla()"] if which == "fla" else ["kernel.chunk_kda"])
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 

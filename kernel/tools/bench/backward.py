@@ -20,10 +20,10 @@ process of its own (:mod:`.backward_run`). In this order:
 5. the training step: FLA's ``chunk_kda`` forward and backward through autograd against
    ``kernel.chunk_kda`` (FLA's forward, our backward), in turn.
 
-With ``--gates trained-layer`` the gates are FLA's layer gate grown (unbounded below, some tiles
-past 2^-126, where Kernel B forms the tile products pairwise): FLA's forward, its backward and the
-step then run with safe_gate False and no lower bound, and FLA's safe_gate True backward, which
-asks for gates in [-5, 0], is left out.
+With ``--gates trained-layer`` the gates are FLA's layer gate grown (unbounded below, some 16-token
+tiles decaying a channel past 2^-126): FLA's forward, its backward and the step then run with
+safe_gate False and no lower bound, and FLA's safe_gate True backward, which asks for gates in
+[-5, 0], is left out. The bench times; it does not check gradients (``ptx-lab kda-precision`` does).
 
 torch, CuPy, fla and the kernel's modules are imported inside the functions.
 """

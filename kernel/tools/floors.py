@@ -259,17 +259,22 @@ class Floor:
     tensor_ms: float
 
 
+def _floor_rows(designs, shapes: dict, count_of, copy_bytes_per_s: float, mma_flops_per_s: float) -> list[Floor]:
+    """Every design at every shape, counted by ``count_of(design, lengths)``: bytes and the byte floor,
+    tensor FLOPs and the tensor floor."""
+    out = []
+    for d in designs:
+        for shape, lengths in shapes.items():
+            c = count_of(d, lengths)
+            out.append(Floor(d.name, shape, c.total_bytes / 1e9, c.total_bytes / copy_bytes_per_s * 1e3,
+                             c.total_flops / 1e12, c.total_flops / mma_flops_per_s * 1e3))
+    return out
+
+
 def floors(copy_bytes_per_s: float = COPY_BYTES_PER_S,
            mma_flops_per_s: float = MMA_FLOPS_PER_S) -> list[Floor]:
-    """Every design at every shape: bytes and the byte floor, tensor FLOPs and the tensor floor."""
-    out = []
-    for d in DESIGNS:
-        for shape, lengths in SHAPES.items():
-            c = count(d, lengths)
-            out.append(Floor(d.name, shape, c.total_bytes / 1e9,
-                             c.total_bytes / copy_bytes_per_s * 1e3, c.total_flops / 1e12,
-                             c.total_flops / mma_flops_per_s * 1e3))
-    return out
+    """Every backward design at every shape: bytes and the byte floor, tensor FLOPs and the tensor floor."""
+    return _floor_rows(DESIGNS, SHAPES, count, copy_bytes_per_s, mma_flops_per_s)
 
 
 # ----------------------------------------------------------------------------
@@ -529,13 +534,7 @@ def chain_floor_ms(lengths: Sequence[int], tile_s: float = CHAIN_TILE_S) -> floa
 def forward_floors(copy_bytes_per_s: float = COPY_BYTES_PER_S,
                    mma_flops_per_s: float = MMA_FLOPS_PER_S) -> list[Floor]:
     """Every forward design at every shape: bytes and the byte floor, tensor FLOPs and the tensor floor."""
-    out = []
-    for d in FORWARD_DESIGNS:
-        for shape, lengths in FORWARD_SHAPES.items():
-            c = forward_count(d, lengths)
-            out.append(Floor(d.name, shape, c.total_bytes / 1e9, c.total_bytes / copy_bytes_per_s * 1e3,
-                             c.total_flops / 1e12, c.total_flops / mma_flops_per_s * 1e3))
-    return out
+    return _floor_rows(FORWARD_DESIGNS, FORWARD_SHAPES, forward_count, copy_bytes_per_s, mma_flops_per_s)
 
 
 # ----------------------------------------------------------------------------

@@ -53,6 +53,8 @@ def make_inputs(cfg: Config, H: int, *, seed: int, gate_strength: float, gates: 
     """
     import torch
 
+    if gates not in GATE_RECIPES:
+        raise ValueError(f"gates must be one of {GATE_RECIPES}, got {gates!r}")
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     shape = (cfg.B, cfg.T, H, HEAD_DIM)
@@ -62,17 +64,17 @@ def make_inputs(cfg: Config, H: int, *, seed: int, gate_strength: float, gates: 
         return torch.randn(shp, generator=gen, device=device, dtype=dtype)
 
     q, k, v = randn(shape, bf16), randn(shape, bf16), randn(shape, bf16)
-    g = randn(shape, f32).add_(ref.GATE_LOGIT_MEAN)
-    g = torch.nn.functional.logsigmoid(g).mul_(gate_strength).clamp_(ref.GATE_LOWER_BOUND, 0.0)
-    if gates == "trained-layer":
+    g = randn(shape, f32)   # drawn for either recipe, so that beta, do and dht are the same draws
+    if gates == "clamped":
+        g = torch.nn.functional.logsigmoid(g.add_(ref.GATE_LOGIT_MEAN)).mul_(gate_strength).clamp_(
+            ref.GATE_LOWER_BOUND, 0.0)
+    else:
         from kernel.tools.trained_layer_gate import PROJECTION_SCALE, trained_layer_gate
 
         scale = PROJECTION_SCALE if projection_scale is None else projection_scale
         lengths = list(cfg.lengths) if cfg.varlen else None
         g = trained_layer_gate(cfg.B, cfg.T, H, H, lengths=lengths, seed=seed, projection_scale=scale,
                                device=device)["g"].reshape(shape).contiguous()
-    elif gates != "clamped":
-        raise ValueError(f"gates must be one of {GATE_RECIPES}, got {gates!r}")
     beta = torch.sigmoid(randn(shape[:3], f32))
     do = randn(shape, bf16).mul_(ref.DO_SCALE)
     dht = randn((cfg.N, H, HEAD_DIM, HEAD_DIM), f32).mul_(ref.DHT_SCALE)

@@ -40,8 +40,17 @@ One switch routes FLA's own op to this one for a whole model: :func:`patch_fla` 
 :func:`unpatch_fla` and the context manager :func:`patched_fla`); whatever this op does not cover
 then runs FLA's own path with a one-time warning.
 
-The rooms: :mod:`.arguments` (the one check of a call), :mod:`.function` (the autograd
-function), :mod:`.entry` (the signature), :mod:`.patch` (the switch). torch is imported with this package; fla and
+torch.compile: the op is registered with torch.library (``torch.ops.ptx_lab.chunk_kda_fwd`` and
+``chunk_kda_bwd``, fake implementations, the autograd formula), so a model calling
+:func:`chunk_kda` compiles with ``fullgraph=True``, FLA's own being compiler-disabled. A uniform
+batch (B x T, no ``cu_seqlens``) traces with no host sync. With ``cu_seqlens`` the trace copies
+them to the host (``cu_seqlens.cpu()``, one sync) unless ``cu_seqlens_cpu`` is given, and their
+values are checked when the forward op runs rather than at the call; with ``disable_recompute``
+as well, FLA's states have a data-dependent chunk count (an unbacked size in the trace).
+
+The rooms: :mod:`.arguments` (the one check of a call), :mod:`.function` (what the forward and
+backward run), :mod:`.library` (the ops, their fakes and autograd), :mod:`.entry` (the signature),
+:mod:`.patch` (the switch). torch is imported with this package; fla and
 :mod:`kernel.kda_backward` (CuPy) only when the forward or the backward runs. ``import kernel``
 needs none of them: ``kernel.chunk_kda`` loads this package on first use.
 """
@@ -49,8 +58,8 @@ from __future__ import annotations
 
 from .arguments import FLA_CALL, GATE_FLOOR, Call, check_arguments
 from .entry import chunk_kda
-from .function import ChunkKDAFunction, FallbackWarning, forget_warnings, tiles_in_range
+from .function import FallbackWarning, forget_warnings, tiles_in_range
 from .patch import is_patched, patch_fla, patched_fla, unpatch_fla
 
-__all__ = ["chunk_kda", "ChunkKDAFunction", "FallbackWarning", "GATE_FLOOR", "FLA_CALL", "Call", "check_arguments",
+__all__ = ["chunk_kda", "FallbackWarning", "GATE_FLOOR", "FLA_CALL", "Call", "check_arguments",
            "tiles_in_range", "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]

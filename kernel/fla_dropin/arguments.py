@@ -3,7 +3,8 @@
 FLA's own rules for the arguments its layer passes (the gate and beta activations, ``state_v_first``,
 grouped value heads), and a refusal that names every argument our backward does not cover. Only
 shapes, dtypes, flags and the offsets are read: nothing here touches the GPU, and CPU tensors are
-fine. The result is a :class:`Call`, which the autograd function carries to the backward.
+fine. The result is a :class:`Call`, whose settings the ops (:mod:`.library`) take as arguments.
+Under torch.compile the offsets' values are not read here (a trace cannot), only their shape.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ BOOL_ARGUMENTS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_
 @dataclasses.dataclass(frozen=True)
 class Call:
     """A checked call: the sizes and every setting the forward and backward need besides the tensors.
-    ``offsets`` is the host copy of cu_seqlens (None without it), made once at the boundary."""
+    ``offsets`` is the host copy of cu_seqlens (None without it, and under torch.compile, whose
+    trace cannot read values), made once at the boundary."""
     B: int
     T: int
     H: int                      # query / key heads
@@ -225,8 +227,10 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
             raise ValueError(f"cu_seqlens: expected an integer dtype (torch.long), got {cu_seqlens.dtype}")
         # its values: 0 first, strictly increasing, T last (from cu_seqlens_cpu where the caller has it,
         # else a copy of N + 1 integers to the host, as FLA's own chunk index makes); the backward
-        # reuses this host copy
-        offsets = check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens, B, T)
+        # reuses this host copy. torch.compile traces no reading of values: there the forward op
+        # checks them when it runs
+        if not torch.compiler.is_compiling():
+            offsets = check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens, B, T)
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
         layout = "[N, HV, V, K]" if switches["state_v_first"] else "[N, HV, K, V]"

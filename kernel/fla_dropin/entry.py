@@ -6,12 +6,11 @@ from typing import Any
 import torch
 
 from .arguments import BOOL_ARGUMENTS, NOT_COVERED, Call, check_arguments
-from .function import ChunkKDAFunction
+from .library import chunk_kda_op
 
 __all__ = ["chunk_kda", "check_call"]
 
 
-@torch.compiler.disable
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -54,16 +53,21 @@ def chunk_kda(
     Raises ValueError naming the argument for everything outside the covered cases (the package
     docstring lists them), TypeError for a keyword FLA's chunk_kda does not know or a switch that
     is not a bool, ImportError without fla-core.
+
+    Runs through the ``torch.ops.ptx_lab.chunk_kda_fwd`` op (:mod:`.library`), so that
+    ``torch.compile(fullgraph=True)`` traces a model through it (FLA's own is compiler-disabled).
+    Meta tensors get the ops' fake implementations: a dry run of the shapes.
     """
     # the arguments by name, as check_call takes them (**kwargs under "kwargs"): nothing else is bound yet
     call, tensors = check_call(dict(locals()))
-    return ChunkKDAFunction.apply(*tensors, call)
+    return chunk_kda_op(call, *tensors)
 
 
 def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
     """The one check of a call given as :func:`chunk_kda`'s arguments by name (``**kwargs`` under
-    "kwargs"): its :class:`Call` and the tensors ``ChunkKDAFunction.apply`` takes before it. Raises as
-    :func:`chunk_kda` does, before anything touches the GPU."""
+    "kwargs"): its :class:`Call` and the tensors :func:`~.library.chunk_kda_op` takes after it. Raises as
+    :func:`chunk_kda` does, before anything touches the GPU. Tensors on the meta device pass (the
+    ops' fake implementations serve them)."""
     a = arguments
     flags = {name: a[name] for name, _, _ in NOT_COVERED}
     given = {name: a[name] for name in BOOL_ARGUMENTS}
@@ -73,7 +77,7 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
                            kwargs=kwargs, switches=given, scale=a["scale"], lower_bound=a["lower_bound"],
                            cu_seqlens_cpu=a["cu_seqlens_cpu"])
     A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if call.use_gate_in_kernel else (None, None)
-    if q.device.type != "cuda":
+    if q.device.type not in ("cuda", "meta"):
         raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
     for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
                     ("cu_seqlens", cu_seqlens), ("A_log", A_log), ("dt_bias", dt_bias)):

@@ -1,11 +1,15 @@
-"""The autograd function behind ``kernel.chunk_kda``: FLA's forward, our backward.
+"""What ``kernel.chunk_kda``'s two ops run: FLA's forward and our backward, as plain functions.
 
-Forward: what FLA's own autograd function does before its kernels (the l2norm of q and k, the beta
-sigmoid, the chunk table for ``cu_seqlens``), then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd`` with
-every setting of the call, so that o and the final state are FLA's to the bit.
+:mod:`.library` registers them with torch.library (the forward and backward ops, their fake
+implementations and the autograd formula that joins them); this module holds no autograd state.
 
-Backward: :func:`kernel.kda_backward.run` on the tensors FLA's forward left, then what lies between
-its gradients and the call's arguments:
+Forward (:func:`forward`): what FLA's own autograd function does before its kernels (the l2norm of
+q and k, the beta sigmoid, the chunk table for ``cu_seqlens``), then
+``fla.ops.kda.chunk_fwd.chunk_kda_fwd`` with every setting of the call, so that o and the final
+state are FLA's to the bit. It returns every tensor the backward reads.
+
+Backward (:func:`backward`): :func:`kernel.kda_backward.run` on the tensors FLA's forward left, then
+what lies between its gradients and the call's arguments:
 
 * the gate: FLA's 64-chunk cumsum of the activated gate, recomputed by FLA's own
   ``kda_gate_chunk_cumsum`` where FLA's forward freed it; the gate activation's backward to g_raw,
@@ -33,7 +37,8 @@ import torch
 from ..shapes import CHUNK_TOKENS, TILE_TOKENS
 from .arguments import Call
 
-__all__ = ["ChunkKDAFunction", "FallbackWarning", "tiles_in_range", "warn_once", "forget_warnings"]
+__all__ = ["forward", "fla_forward", "backward", "FORWARD_OUTPUTS", "GRADIENT_INPUTS", "FallbackWarning",
+           "tiles_in_range", "warn_once", "forget_warnings"]
 
 # log2 of the smallest decay a tile may apply to a channel (fp32's smallest normal)
 TILE_DECAY_FLOOR_LOG2 = -126.0
@@ -119,81 +124,101 @@ def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.transpose(-1, -2).contiguous()
 
 
-class ChunkKDAFunction(torch.autograd.Function):
-    """FLA's forward (``chunk_kda_fwd``), our backward (:func:`kernel.kda_backward.run`)."""
+# forward's tensors, in the order the op returns them (each one the call does not make is absent):
+# the output, the final state, and what the backward reads: q and k as the kernels read them (after
+# the l2norm) with their rstd, beta after the sigmoid, FLA's 64-chunk cumsum of the gate in log2
+# (absent where FLA frees it: the gate activated in the op, without disable_recompute), Aqk, Akk,
+# and FLA's states h (kept with disable_recompute)
+FORWARD_OUTPUTS = ("o", "final_state", "q", "q_rstd", "k", "k_rstd", "beta", "g_cumsum", "Aqk", "Akk", "h")
+# the inputs that have a gradient, in the order the backward returns them
+GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
 
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda")
-    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, call: Call):
-        fla = _fla()
-        in_dtypes = (q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype)
-        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+
+def forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
+    """FLA's forward for ``call`` on CUDA tensors: {name: tensor or None} for :data:`FORWARD_OUTPUTS`
+    (o in q's dtype). ``cu_seqlens_cpu`` goes to FLA as the caller gave it."""
+    with torch.cuda.device(q.device):
+        return fla_forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+
+
+def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
+    """:func:`forward` on q's current device: FLA's preprocessing and ``chunk_kda_fwd``."""
+    fla = _fla()
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    initial_state = None if initial_state is None else initial_state.contiguous()
+    q_rstd = k_rstd = None
+    if call.use_qk_l2norm_in_kernel:
+        q, q_rstd = fla["l2norm_fwd"](q)
+        k, k_rstd = fla["l2norm_fwd"](k)
+    beta_activated = None
+    if call.use_beta_sigmoid_in_kernel:
+        beta_activated = fla["beta_sigmoid"](beta, scale=call.beta_scale)
+    chunk_indices = _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu)
+    (o, final_state, g_cumsum, Aqk, Akk, _w, _u, _qg, _kg, _v_new, h, _h0) = fla["chunk_kda_fwd"](
+        q=q, k=k, v=v, g=g, beta=beta if beta_activated is None else beta_activated, scale=call.scale,
+        initial_state=initial_state, output_final_state=call.output_final_state, state_v_first=call.state_v_first,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS,
+        safe_gate=call.safe_gate, lower_bound=call.lower_bound, use_gate_in_kernel=call.use_gate_in_kernel,
+        A_log=A_log, dt_bias=dt_bias, disable_recompute=call.disable_recompute)
+    # FLA keeps w, u, qg, kg, v_new for its own backward; ours needs only h (the states), and the raw
+    # gate where the activation ran in the kernel (g_cumsum is then None unless disable_recompute)
+    normed = call.use_qk_l2norm_in_kernel
+    return dict(o=o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
+                k=k if normed else None, k_rstd=k_rstd, beta=beta_activated, g_cumsum=g_cumsum, Aqk=Aqk, Akk=Akk,
+                h=h if call.disable_recompute else None)
+
+
+def _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu):
+    """FLA's chunk table for cu_seqlens, as FLA's own autograd function makes it (FLA caches it by the
+    arguments' identity, so the backward's call with the same arguments reuses the forward's)."""
+    if cu_seqlens is None:
+        return None
+    return fla["chunk_indices"](cu_seqlens=cu_seqlens, chunk_size=CHUNK_TOKENS, cu_seqlens_cpu=cu_seqlens_cpu)
+
+
+def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, q, q_rstd, k, k_rstd, v, g_cumsum,
+             g_raw, beta, beta_activated, A_log, dt_bias, Aqk, Akk, h, initial_state, cu_seqlens,
+             cu_seqlens_cpu) -> tuple:
+    """The gradients of :data:`GRADIENT_INPUTS` (None for one that ``need`` leaves out or the call has
+    not), each in its input's dtype (g's is ``g_dtype``), from the forward's tensors: q and k as the
+    kernels read them, ``beta`` the call's and ``beta_activated`` the sigmoid's (or None), ``g_raw`` the
+    call's gate where the op activated it. ``do`` and ``dht`` may be None (no gradient reached them)."""
+    fla = _fla()
+    if do is None:
+        do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
+    kernels_beta = beta if beta_activated is None else beta_activated
+    with torch.cuda.device(q.device):
+        q, k, v, do = (x.contiguous() for x in (q, k, v, do))
         initial_state = None if initial_state is None else initial_state.contiguous()
-        with torch.cuda.device(q.device):
-            q_rstd = k_rstd = None
-            if call.use_qk_l2norm_in_kernel:
-                q, q_rstd = fla["l2norm_fwd"](q)
-                k, k_rstd = fla["l2norm_fwd"](k)
-            beta_raw = beta
-            if call.use_beta_sigmoid_in_kernel:
-                beta = fla["beta_sigmoid"](beta_raw, scale=call.beta_scale)
-            chunk_indices = None
-            if cu_seqlens is not None:
-                chunk_indices = fla["chunk_indices"](cu_seqlens=cu_seqlens, chunk_size=CHUNK_TOKENS,
-                                                     cu_seqlens_cpu=cu_seqlens_cpu)
-            (o, final_state, g_cumsum, Aqk, Akk, _w, _u, _qg, _kg, _v_new, h, initial_state) = fla["chunk_kda_fwd"](
-                q=q, k=k, v=v, g=g, beta=beta, scale=call.scale, initial_state=initial_state,
-                output_final_state=call.output_final_state, state_v_first=call.state_v_first, cu_seqlens=cu_seqlens,
-                cu_seqlens_cpu=cu_seqlens_cpu, chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS,
-                safe_gate=call.safe_gate, lower_bound=call.lower_bound, use_gate_in_kernel=call.use_gate_in_kernel,
-                A_log=A_log, dt_bias=dt_bias, disable_recompute=call.disable_recompute)
-        # FLA keeps w, u, qg, kg, v_new for its own backward; ours needs only h (the states), and the raw
-        # gate where the activation ran in the kernel (g_cumsum is then None unless disable_recompute)
-        ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g_cumsum, g if call.use_gate_in_kernel else None, beta_raw,
-                              beta, A_log, dt_bias, Aqk, Akk, h if call.disable_recompute else None, initial_state,
-                              cu_seqlens, chunk_indices)
-        ctx.call = call
-        ctx.in_dtypes = in_dtypes
-        return o.type_as(q), final_state
+        chunk_indices = _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu)
+        if g_cumsum is None:
+            g_cumsum = fla["gate_cumsum"](g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=fla["rcp_ln2"],
+                                          chunk_size=CHUNK_TOKENS, cu_seqlens=cu_seqlens,
+                                          chunk_indices=chunk_indices, lower_bound=call.lower_bound)
+        if call.tiles_bounded or tiles_in_range(g_cumsum, _offsets(call)):
+            dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log,
+                                                          dt_bias, Aqk, Akk, h, initial_state, do, dht)
+        else:
+            warn_once("kernel.chunk_kda: a 16-token tile's gates decay a channel past 2^-126, beyond what our "
+                      "backward's tile products hold in fp32: FLA's backward runs for such calls (set "
+                      "lower_bound >= -5, or safe_gate=True with gates clamped to [-5, 0], to stay on ours)")
+            dq, dk, dv, dbeta, dg, dh0, dA, dbias = fla["chunk_kda_bwd"](
+                q=q, k=k, v=v, beta=kernels_beta, Aqk=Aqk, Akk=Akk, scale=call.scale, initial_state=initial_state,
+                do=do, dht=dht, g=g_cumsum, g_org=g_raw, state_v_first=call.state_v_first, cu_seqlens=cu_seqlens,
+                chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS, safe_gate=call.safe_gate,
+                lower_bound=call.lower_bound, use_gate_in_kernel=call.use_gate_in_kernel, A_log=A_log,
+                dt_bias=dt_bias, disable_recompute=False)
+        if call.use_qk_l2norm_in_kernel:
+            dq = fla["l2norm_bwd"](q, q_rstd, dq) if need[0] else None
+            dk = fla["l2norm_bwd"](k, k_rstd, dk) if need[1] else None
+    if beta_activated is not None and need[4]:
+        from ..activations import beta_backward
 
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx, do, dht):
-        (q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state,
-         cu_seqlens, chunk_indices) = ctx.saved_tensors
-        call: Call = ctx.call
-        fla = _fla()
-        need = ctx.needs_input_grad
-        with torch.cuda.device(q.device):
-            if g_cumsum is None:
-                g_cumsum = fla["gate_cumsum"](g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=fla["rcp_ln2"],
-                                              chunk_size=CHUNK_TOKENS, cu_seqlens=cu_seqlens,
-                                              chunk_indices=chunk_indices, lower_bound=call.lower_bound)
-            if call.tiles_bounded or tiles_in_range(g_cumsum, _offsets(call)):
-                dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias,
-                                                              Aqk, Akk, h, initial_state, do, dht)
-            else:
-                warn_once("kernel.chunk_kda: a 16-token tile's gates decay a channel past 2^-126, beyond what our "
-                          "backward's tile products hold in fp32: FLA's backward runs for such calls (set "
-                          "lower_bound >= -5, or safe_gate=True with gates clamped to [-5, 0], to stay on ours)")
-                dq, dk, dv, dbeta, dg, dh0, dA, dbias = fla["chunk_kda_bwd"](
-                    q=q, k=k, v=v, beta=beta, Aqk=Aqk, Akk=Akk, scale=call.scale, initial_state=initial_state,
-                    do=do, dht=dht, g=g_cumsum, g_org=g_raw, state_v_first=call.state_v_first, cu_seqlens=cu_seqlens,
-                    chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS, safe_gate=call.safe_gate,
-                    lower_bound=call.lower_bound, use_gate_in_kernel=call.use_gate_in_kernel, A_log=A_log,
-                    dt_bias=dt_bias, disable_recompute=False)
-            if call.use_qk_l2norm_in_kernel:
-                dq = fla["l2norm_bwd"](q, q_rstd, dq) if need[0] else None
-                dk = fla["l2norm_bwd"](k, k_rstd, dk) if need[1] else None
-        if call.use_beta_sigmoid_in_kernel and need[4]:
-            from ..activations import beta_backward
-
-            dbeta = beta_backward(dbeta, beta_raw, call.allow_neg_eigval)
-        q_dt, k_dt, v_dt, g_dt, beta_dt = ctx.in_dtypes
-        cast = lambda x, dt, i: x.to(dt) if (x is not None and need[i]) else None   # noqa: E731
-        return (cast(dq, q_dt, 0), cast(dk, k_dt, 1), cast(dv, v_dt, 2), cast(dg, g_dt, 3), cast(dbeta, beta_dt, 4),
-                dA if need[5] else None, dbias if need[6] else None,
-                dh0 if (initial_state is not None and need[7]) else None, None, None, None)
+        dbeta = beta_backward(dbeta, beta, call.allow_neg_eigval)
+    dtypes = (q.dtype, k.dtype, v.dtype, g_dtype, beta.dtype,
+              None if A_log is None else A_log.dtype, None if dt_bias is None else dt_bias.dtype, torch.float32)
+    grads = (dq, dk, dv, dg, dbeta, dA, dbias, dh0 if initial_state is not None else None)
+    return tuple(x.to(dt) if (x is not None and wanted) else None for x, dt, wanted in zip(grads, dtypes, need))
 
 
 def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht):

@@ -17,6 +17,10 @@ The routed op runs ours where the call is covered and FLA's own otherwise, with 
 :class:`~kernel.fla_dropin.FallbackWarning` that names the argument: never an error in the middle
 of training. Calls that build no graph (inference, ``torch.no_grad``) go to FLA's directly: the
 forward is FLA's either way, and ours adds nothing without a backward.
+
+The routed op is traceable: under ``torch.compile(fullgraph=True)`` a covered call of a patched
+model compiles through our op (a call that falls back to FLA's own meets FLA's compiler-disabled
+function, which fullgraph refuses).
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .entry import check_call, chunk_kda
-from .function import ChunkKDAFunction, warn_once
+from .function import warn_once
+from .library import chunk_kda_op
 
 __all__ = ["patch_fla", "unpatch_fla", "patched_fla", "is_patched"]
 
@@ -53,7 +58,6 @@ def _wants_graph(args: tuple, kwargs: dict) -> bool:
 
 
 def _route(original: Callable) -> Callable:
-    @torch.compiler.disable
     @functools.wraps(original)
     def chunk_kda_routed(*args: Any, **kwargs: Any):
         if not _wants_graph(args, kwargs):
@@ -65,7 +69,7 @@ def _route(original: Callable) -> Callable:
         except (TypeError, ValueError) as exc:
             warn_once(f"kernel.patch_fla: FLA's own chunk_kda runs for calls like this one: {exc}")
             return original(*args, **kwargs)
-        return ChunkKDAFunction.apply(*tensors, call)
+        return chunk_kda_op(call, *tensors)
 
     chunk_kda_routed.__kernel_routes__ = original
     return chunk_kda_routed

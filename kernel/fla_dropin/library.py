@@ -1,0 +1,228 @@
+"""``kernel.chunk_kda``'s op, registered with torch.library: two custom ops and the autograd formula
+that joins them, so that torch.compile traces a model through it and autograd runs through
+torch's registration.
+
+* ``torch.ops.ptx_lab.chunk_kda_fwd``: FLA's forward (:func:`.function.forward`). It returns o, the
+  final state and every tensor the backward reads, :data:`~.function.FORWARD_OUTPUTS` in that
+  order (a custom op keeps no state between its forward and backward, so what an autograd function
+  would save is returned); one the call does not make is an empty tensor.
+* ``torch.ops.ptx_lab.chunk_kda_bwd``: our backward (:func:`.function.backward`): the gradients of
+  :data:`~.function.GRADIENT_INPUTS` in that order, an empty tensor for one nobody asked for.
+
+The call's settings (:class:`~.arguments.Call` less its sizes) are the ops' scalar arguments. The
+varlen offsets reach the ops as ``offsets``, a host int64 tensor of cu_seqlens (the backward's
+launch tables are built from it): :func:`chunk_kda_op` passes the copy that the boundary checked,
+or, under torch.compile, where the boundary cannot read values, ``cu_seqlens_cpu`` or
+``cu_seqlens.cpu()`` as a traced copy. The forward op checks the offsets it reads (cheap: N + 1
+integers on the host), because it can be called on its own through ``torch.ops``.
+
+Each op has a fake implementation: its outputs' shapes and dtypes from the inputs alone, as FLA's
+code allocates them (``chunk_kda_fwd``, ``chunk_kda_fwd_intra``, ``recompute_w_u_fwd``,
+``chunk_gated_delta_rule_fwd_h``, ``l2norm_fwd``, ``fused_beta_sigmoid_fwd`` in fla-core 0.6.0).
+The one data-dependent shape is FLA's states h of a varlen call with ``disable_recompute`` (one
+per 64-token chunk of every sequence): there the fake makes its chunk count an unbacked size,
+which torch.compile carries but a plain meta tensor cannot.
+
+The fake also serves meta tensors, so a call on the meta device is a dry run of the shapes.
+"""
+import dataclasses
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..shapes import CHUNK_TOKENS, check_cu_seqlens, host_offsets
+from .arguments import Call
+from .function import FORWARD_OUTPUTS, GRADIENT_INPUTS, backward, forward
+
+__all__ = ["chunk_kda_op", "chunk_kda_fwd", "chunk_kda_bwd", "NAMESPACE", "SETTINGS", "TENSOR_ARGUMENTS", "SAVED"]
+
+NAMESPACE = "ptx_lab"
+# the Call's fields that are not sizes: the ops' scalar arguments, in this order
+SIZES = ("B", "T", "H", "HV", "N", "offsets")
+SETTINGS = tuple(f.name for f in dataclasses.fields(Call) if f.name not in SIZES)
+# the forward op's tensor arguments, before the settings (the first ones are GRADIENT_INPUTS)
+TENSOR_ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "cu_seqlens_cpu",
+                    "offsets")
+# what the autograd formula keeps for the backward op, its arguments after do and dht: q and k as the
+# kernels read them, the raw gate where the op activated it, the call's beta and the sigmoid's
+SAVED = ("q", "q_rstd", "k", "k_rstd", "v", "g_cumsum", "g_raw", "beta", "beta_activated", "A_log", "dt_bias", "Aqk",
+         "Akk", "h", "initial_state", "cu_seqlens", "cu_seqlens_cpu", "offsets")
+
+
+def _absent(like: Tensor) -> Tensor:
+    """The empty tensor that stands for an output the call does not make."""
+    return like.new_empty(0, dtype=torch.float32)
+
+
+def _forward_made(output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+                  use_beta_sigmoid_in_kernel: bool, disable_recompute: bool) -> tuple[bool, ...]:
+    """Which of FORWARD_OUTPUTS a call makes (FLA frees its gate cumsum where the op activated the
+    gate, unless disable_recompute keeps everything, h included)."""
+    made = dict(o=True, final_state=output_final_state, q=use_qk_l2norm_in_kernel,
+                q_rstd=use_qk_l2norm_in_kernel, k=use_qk_l2norm_in_kernel, k_rstd=use_qk_l2norm_in_kernel,
+                beta=use_beta_sigmoid_in_kernel, g_cumsum=disable_recompute or not use_gate_in_kernel, Aqk=True,
+                Akk=True, h=disable_recompute)
+    return tuple(made[name] for name in FORWARD_OUTPUTS)
+
+
+def _gradients_made(need: Sequence[bool], use_gate_in_kernel: bool, A_log: Optional[Tensor],
+                    dt_bias: Optional[Tensor], initial_state: Optional[Tensor]) -> tuple[bool, ...]:
+    """Which of GRADIENT_INPUTS the backward returns: those asked for that the call has."""
+    has = dict(q=True, k=True, v=True, g=True, beta=True, A_log=use_gate_in_kernel and A_log is not None,
+               dt_bias=use_gate_in_kernel and dt_bias is not None, initial_state=initial_state is not None)
+    return tuple(bool(wanted) and has[name] for name, wanted in zip(GRADIENT_INPUTS, need))
+
+
+def _call(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor], offsets, settings: dict) -> Call:
+    B, T, H = q.shape[:3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return Call(B=B, T=T, H=H, HV=v.shape[2], N=N, offsets=offsets, **settings)
+
+
+def _host_offsets(q: Tensor, cu_seqlens: Optional[Tensor], offsets: Optional[Tensor]):
+    """The checked host copy of cu_seqlens (from ``offsets`` where given), or None."""
+    if cu_seqlens is None:
+        return None
+    return check_cu_seqlens(offsets if offsets is not None else cu_seqlens, q.shape[0], q.shape[1])
+
+
+FORWARD_RETURNS = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+BACKWARD_RETURNS = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_kda_fwd", mutates_args=())
+def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  cu_seqlens_cpu: Optional[Tensor], offsets: Optional[Tensor], scale: float,
+                  output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+                  use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
+                  lower_bound: Optional[float], disable_recompute: bool, state_v_first: bool) -> FORWARD_RETURNS:
+    """FLA's KDA forward on a checked call: FORWARD_OUTPUTS, each absent one an empty tensor."""
+    arguments = locals()
+    settings = {name: arguments[name] for name in SETTINGS}
+    call = _call(q, v, cu_seqlens, _host_offsets(q, cu_seqlens, offsets), settings)
+    if q.device.type != "cuda":
+        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
+    out = forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+    made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel, disable_recompute)
+    return tuple(out[name] if m else _absent(q) for name, m in zip(FORWARD_OUTPUTS, made))
+
+
+@chunk_kda_fwd.register_fake
+def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, scale,
+                        output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    state = (V, K) if state_v_first else (K, V)
+    shapes = dict(   # (shape, dtype) of each output, as FLA allocates it
+        o=(v.shape, q.dtype),                                           # empty_like(v), then type_as(q)
+        final_state=((N, HV, *state), torch.float32),                   # chunk_gated_delta_rule_fwd_h
+        q=(q.shape, q.dtype), q_rstd=(q.shape[:-1], torch.float32),     # l2norm_fwd
+        k=(k.shape, k.dtype), k_rstd=(k.shape[:-1], torch.float32),
+        beta=(beta.shape, torch.float32),                               # fused_beta_sigmoid_fwd
+        g_cumsum=(g.shape, torch.float32),                              # chunk_local_cumsum, kda_gate_chunk_cumsum
+        Aqk=((B, T, HV, CHUNK_TOKENS), k.dtype), Akk=((B, T, HV, CHUNK_TOKENS), k.dtype),   # chunk_kda_fwd_intra
+    )
+    if disable_recompute:
+        # chunk_gated_delta_rule_fwd_h: one state per 64-token chunk of every sequence, in kg's dtype
+        # (k's); with cu_seqlens the chunk count depends on the offsets' values
+        NT = -(-T // CHUNK_TOKENS) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+        shapes["h"] = ((B, NT, HV, *state), k.dtype)
+    made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel, disable_recompute)
+    return tuple(q.new_empty(shapes[name][0], dtype=shapes[name][1]) if m else _absent(q)
+                 for name, m in zip(FORWARD_OUTPUTS, made))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_kda_bwd", mutates_args=())
+def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd: Optional[Tensor], k: Tensor,
+                  k_rstd: Optional[Tensor], v: Tensor, g_cumsum: Optional[Tensor], g_raw: Optional[Tensor],
+                  beta: Tensor, beta_activated: Optional[Tensor], A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+                  Aqk: Tensor, Akk: Tensor, h: Optional[Tensor], initial_state: Optional[Tensor],
+                  cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor], offsets: Optional[Tensor],
+                  g_dtype: torch.dtype, need: Sequence[bool], scale: float, output_final_state: bool,
+                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                  allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float], disable_recompute: bool,
+                  state_v_first: bool) -> BACKWARD_RETURNS:
+    """Our KDA backward from the forward op's tensors: the gradients of GRADIENT_INPUTS, each one
+    ``need`` leaves out (or the call has not) an empty tensor."""
+    arguments = locals()
+    settings = {name: arguments[name] for name in SETTINGS}
+    # the forward op checked these offsets; here they are only read
+    host = None if cu_seqlens is None else host_offsets(offsets if offsets is not None else cu_seqlens).astype("int64")
+    call = _call(q, v, cu_seqlens, host, settings)
+    made = _gradients_made(need, use_gate_in_kernel, A_log, dt_bias, initial_state)
+    grads = backward(call, made, g_dtype, do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta, beta_activated,
+                     A_log, dt_bias, Aqk, Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu)
+    return tuple(x if m else _absent(q) for x, m in zip(grads, made))
+
+
+@chunk_kda_bwd.register_fake
+def _chunk_kda_bwd_fake(do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta, beta_activated, A_log, dt_bias, Aqk,
+                        Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, g_dtype, need, scale,
+                        output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first):
+    g = g_raw if g_raw is not None else g_cumsum
+    like = dict(q=(q, q.dtype), k=(k, k.dtype), v=(v, v.dtype), g=(g, g_dtype), beta=(beta, beta.dtype),
+                A_log=(A_log, None), dt_bias=(dt_bias, None), initial_state=(initial_state, None))
+    made = _gradients_made(need, use_gate_in_kernel, A_log, dt_bias, initial_state)
+    out = []
+    for name, m in zip(GRADIENT_INPUTS, made):
+        x, dtype = like[name]
+        out.append(x.new_empty(x.shape, dtype=dtype or x.dtype) if m else _absent(q))
+    return tuple(out)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a = dict(zip(TENSOR_ARGUMENTS + SETTINGS, inputs))
+    s = {name: a[name] for name in SETTINGS}
+    made = _forward_made(s["output_final_state"], s["use_qk_l2norm_in_kernel"], s["use_gate_in_kernel"],
+                         s["use_beta_sigmoid_in_kernel"], s["disable_recompute"])
+    out = {name: (x if m else None) for name, x, m in zip(FORWARD_OUTPUTS, output, made)}
+    # only o and the final state are the user's; the rest exist for the backward
+    ctx.mark_non_differentiable(*[x for name, x in zip(FORWARD_OUTPUTS, output)
+                                  if name not in ("o", "final_state") or out[name] is None])
+    # an output that no gradient reached comes as None, not as a tensor of zeros made for it
+    ctx.set_materialize_grads(False)
+    normed = s["use_qk_l2norm_in_kernel"]
+    keep = dict(a, q=out["q"] if normed else a["q"], k=out["k"] if normed else a["k"], q_rstd=out["q_rstd"],
+                k_rstd=out["k_rstd"], g_cumsum=out["g_cumsum"], g_raw=a["g"] if s["use_gate_in_kernel"] else None,
+                beta_activated=out["beta"], Aqk=out["Aqk"], Akk=out["Akk"], h=out["h"])
+    ctx.save_for_backward(*(keep[name] for name in SAVED))
+    ctx.settings = s
+    ctx.g_dtype = a["g"].dtype
+
+
+def _backward(ctx, do, dht, *_residuals):
+    s = ctx.settings
+    need = tuple(ctx.needs_input_grad[:len(GRADIENT_INPUTS)])
+    saved = ctx.saved_tensors
+    kept = dict(zip(SAVED, saved))
+    grads = chunk_kda_bwd(do, dht if s["output_final_state"] else None, *saved, ctx.g_dtype, need,
+                          *(s[name] for name in SETTINGS))
+    made = _gradients_made(need, s["use_gate_in_kernel"], kept["A_log"], kept["dt_bias"], kept["initial_state"])
+    return (*(x if m else None for x, m in zip(grads, made)),
+            *([None] * (len(TENSOR_ARGUMENTS) + len(SETTINGS) - len(GRADIENT_INPUTS))))
+
+
+chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def chunk_kda_op(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                 cu_seqlens_cpu) -> tuple[Tensor, Optional[Tensor]]:
+    """(o, final_state or None) of a checked call through the forward op (autograd through the
+    backward op). The varlen offsets: the boundary's checked host copy, or, where the boundary could
+    not read them (torch.compile), ``cu_seqlens_cpu`` or a traced copy of ``cu_seqlens`` to the host."""
+    offsets = None
+    if cu_seqlens is not None:
+        if call.offsets is not None:
+            offsets = torch.from_numpy(call.offsets)
+        else:
+            offsets = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
+    out = chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, offsets,
+                        *(getattr(call, name) for name in SETTINGS))
+    return out[0], (out[1] if call.output_final_state else None)

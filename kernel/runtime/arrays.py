@@ -120,7 +120,7 @@ def check_scale(scale: Any) -> float | None:
         return None
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise TypeError(f"scale must be a real number or None, got {scale!r}")
-    if not np.isfinite(scale) or scale <= 0:
+    if not 0 < scale < np.inf:   # NaN fails too; comparisons, not np.isfinite, so that torch.compile traces it
         raise ValueError(f"scale must be finite and > 0 (the forward's q scale), got {scale}")
     return float(scale)
 

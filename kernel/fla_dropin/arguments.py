@@ -103,7 +103,7 @@ def _lower_bound(lower_bound: Any) -> float | None:
         return None
     if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float, np.integer, np.floating)):
         raise TypeError(f"lower_bound must be a real number or None, got {lower_bound!r}")
-    if not (math.isfinite(lower_bound) and lower_bound < 0):
+    if not -math.inf < lower_bound < 0:   # NaN fails too
         raise ValueError(f"lower_bound must be finite and < 0 (the gate's floor in log space), got {lower_bound!r}")
     return float(lower_bound)
 

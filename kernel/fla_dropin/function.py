@@ -137,6 +137,8 @@ GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_stat
 def forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
     """FLA's forward for ``call`` on CUDA tensors: {name: tensor or None} for :data:`FORWARD_OUTPUTS`
     (o in q's dtype). ``cu_seqlens_cpu`` goes to FLA as the caller gave it."""
+    if q.device.type != "cuda":
+        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
     with torch.cuda.device(q.device):
         return fla_forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
 

@@ -102,8 +102,6 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
     arguments = locals()
     settings = {name: arguments[name] for name in SETTINGS}
     call = _call(q, v, cu_seqlens, _host_offsets(q, cu_seqlens, offsets), settings)
-    if q.device.type != "cuda":
-        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
     out = forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel, disable_recompute)

@@ -1,0 +1,387 @@
+"""kernel.chunk_kda's op through torch.library (CPU): the registration, the fakes, torch.compile.
+
+The ops cannot run for real without a GPU (FLA's forward is Triton), so this side checks what
+needs no kernel:
+
+* the schemas: the forward op's tensor arguments, settings and outputs as the package names them;
+* the forward's fake against FLA's own code: ``function.fla_forward`` run on meta tensors with
+  every Triton launch stubbed out, so that FLA's Python allocates its outputs as it would on the
+  GPU, and those shapes and dtypes are compared with the fake's, output by output, over the
+  settings that change them;
+* the backward's fake: every gradient like its input, absent where nobody asked;
+* ``torch.library.opcheck`` of the forward op on CPU tensors with FLA's launches stubbed (opcheck
+  skips meta and fake inputs altogether): the schema, the autograd registration and the fake
+  against the real op's allocations; the value checks and the backward op are the GPU file's;
+* ``torch.compile(fullgraph=True)`` through chunk_kda on meta tensors: no graph break, the forward
+  op in the forward graph and the backward op in the backward graph, the gradients' shapes
+  eager's; and the patched FLA route compiles the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
+
+from kernel.fla_dropin import Call, chunk_kda, library  # noqa: E402
+from kernel.fla_dropin.function import FORWARD_OUTPUTS, GRADIENT_INPUTS  # noqa: E402
+
+K = V = 128
+OPS = torch.ops.ptx_lab
+
+
+def _leaf(*shape, dtype=torch.bfloat16, device="meta", grad=True):
+    return torch.empty(*shape, dtype=dtype, device=device).requires_grad_(grad)
+
+
+def _call_inputs(*, B=2, T=100, H=2, HV=2, lengths=None, gate_in_kernel=False, with_state=True, device="meta",
+                 grad=True, g_dtype=torch.float32, beta_dtype=torch.float32):
+    """The tensors of one call: q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu."""
+    if lengths is not None:
+        B, T = 1, sum(lengths)
+    N = B if lengths is None else len(lengths)
+    cu_cpu = None if lengths is None else torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long)
+    return dict(q=_leaf(B, T, H, K, device=device, grad=grad), k=_leaf(B, T, H, K, device=device, grad=grad),
+                v=_leaf(B, T, HV, V, device=device, grad=grad),
+                g=_leaf(B, T, HV, K, dtype=g_dtype, device=device, grad=grad),
+                beta=_leaf(B, T, HV, dtype=beta_dtype, device=device, grad=grad),
+                A_log=_leaf(HV, dtype=torch.float32, device=device, grad=grad) if gate_in_kernel else None,
+                dt_bias=_leaf(HV * K, dtype=torch.float32, device=device, grad=grad) if gate_in_kernel else None,
+                initial_state=_leaf(N, HV, K, V, dtype=torch.float32, device=device, grad=grad) if with_state else None,
+                cu_seqlens=None if cu_cpu is None else cu_cpu.to(device), cu_seqlens_cpu=cu_cpu)
+
+
+def _settings(**changes) -> dict:
+    base = dict(scale=K ** -0.5, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=False,
+                use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
+                disable_recompute=False, state_v_first=False)
+    return dict(base, **changes)
+
+
+def _op_arguments(x: dict, settings: dict) -> tuple:
+    offsets = x["cu_seqlens_cpu"]
+    tensors = dict(x, offsets=offsets)
+    return (*(tensors[name] for name in library.TENSOR_ARGUMENTS), *(settings[name] for name in library.SETTINGS))
+
+
+# ----------------------------------------------------------------------------
+# the registration
+# ----------------------------------------------------------------------------
+
+def test_the_ops_are_registered_with_the_packages_names():
+    fwd, bwd = OPS.chunk_kda_fwd.default._schema, OPS.chunk_kda_bwd.default._schema
+    fwd_args = [a.name for a in fwd.arguments]
+    assert fwd_args == [*library.TENSOR_ARGUMENTS, *library.SETTINGS]
+    assert len(fwd.returns) == len(FORWARD_OUTPUTS) and len(bwd.returns) == len(GRADIENT_INPUTS)
+    bwd_args = [a.name for a in bwd.arguments]
+    assert bwd_args == ["do", "dht", *library.SAVED, "g_dtype", "need", *library.SETTINGS]
+    # the settings are the Call's fields that are not sizes, each once
+    assert set(library.SETTINGS) == {f.name for f in dataclasses.fields(Call)} - {"B", "T", "H", "HV", "N", "offsets"}
+    assert list(GRADIENT_INPUTS) == fwd_args[:len(GRADIENT_INPUTS)]
+    assert not fwd.is_mutable and not bwd.is_mutable
+
+
+# ----------------------------------------------------------------------------
+# the forward's fake against FLA's own allocations
+# ----------------------------------------------------------------------------
+
+@pytest.fixture
+def fla_without_launches(monkeypatch):
+    """FLA's Python with every Triton launch a no-op: on meta tensors it allocates its outputs as on
+    the GPU and computes nothing."""
+    pytest.importorskip("triton", reason="fla-core needs triton")
+    pytest.importorskip("fla.ops.kda", reason="fla-core 0.6.0 is not installed")
+    from triton.runtime.jit import KernelInterface
+
+    launched = []
+    monkeypatch.setattr(KernelInterface, "__getitem__",
+                        lambda self, grid: (lambda *a, **k: launched.append(self)), raising=True)
+    return launched
+
+
+FAKE_CASES = [   # (id, call sizes, settings)
+    ("defaults", dict(), dict(use_qk_l2norm_in_kernel=False, output_final_state=False)),
+    ("l2norm-state", dict(), dict()),
+    ("no-initial-state", dict(with_state=False), dict()),
+    ("kept-states", dict(), dict(disable_recompute=True)),
+    ("layer", dict(HV=4, gate_in_kernel=True, g_dtype=torch.bfloat16, beta_dtype=torch.bfloat16),
+     dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, state_v_first=True)),
+    ("layer-kept-states", dict(HV=4, gate_in_kernel=True),
+     dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True, disable_recompute=True)),
+    ("sigmoid-gate", dict(gate_in_kernel=True), dict(use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0)),
+    ("odd-length", dict(B=1, T=65), dict(safe_gate=True, lower_bound=-5.0)),
+    ("varlen", dict(lengths=[1, 64, 65, 30]), dict()),
+    ("varlen-layer", dict(lengths=[5, 130], HV=4, gate_in_kernel=True),
+     dict(use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, state_v_first=True)),
+]
+
+
+def _meta_call(sizes: dict, settings: dict) -> tuple[dict, Call]:
+    x = _call_inputs(grad=False, **sizes)
+    B, T, H = x["q"].shape[:3]
+    offsets = None if x["cu_seqlens_cpu"] is None else x["cu_seqlens_cpu"].numpy()
+    N = B if offsets is None else len(offsets) - 1
+    return x, Call(B=B, T=T, H=H, HV=x["v"].shape[2], N=N, offsets=offsets, **settings)
+
+
+@pytest.mark.parametrize("case", FAKE_CASES, ids=[c[0] for c in FAKE_CASES])
+def test_the_forward_fake_is_what_flas_code_allocates(case, fla_without_launches):
+    from kernel.fla_dropin.function import fla_forward
+
+    _, sizes, changes = case
+    settings = _settings(**changes)
+    x, call = _meta_call(sizes, settings)
+    flas = fla_forward(call, *(x[name] for name in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
+                                                     "cu_seqlens", "cu_seqlens_cpu")))
+    assert fla_without_launches, "no Triton launch was stubbed: FLA's code did not run"
+    assert list(flas) == list(FORWARD_OUTPUTS)
+    fake = OPS.chunk_kda_fwd(*_op_arguments(x, settings))   # meta tensors: the fake implementation
+    for name, theirs, ours in zip(FORWARD_OUTPUTS, flas.values(), fake):
+        if theirs is None:
+            assert ours.numel() == 0, f"{name}: FLA makes none, the fake makes {tuple(ours.shape)}"
+            continue
+        assert (tuple(ours.shape), ours.dtype, ours.stride()) == (tuple(theirs.shape), theirs.dtype, theirs.stride()), \
+            name
+        assert ours.device.type == "meta"
+
+
+def test_the_forward_fake_of_varlen_kept_states_has_an_unbacked_chunk_count(fla_without_launches):
+    # FLA's states h of a varlen call hold one state per 64-token chunk of every sequence, a count of
+    # cu_seqlens' values: the fake makes it an unbacked size (torch.compile's fake tensors carry it;
+    # a plain meta tensor cannot)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
+
+    from kernel.fla_dropin.function import fla_forward
+
+    settings = _settings(disable_recompute=True)
+    x, call = _meta_call(dict(lengths=[1, 64, 65, 30]), settings)
+    flas = fla_forward(call, *(x[name] for name in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
+                                                     "cu_seqlens", "cu_seqlens_cpu")))
+    assert flas["h"].shape[1] == 1 + 1 + 2 + 1
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        fake_x = {n: (None if t is None else mode.from_tensor(t)) for n, t in x.items()}
+        fake = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(fake_x, settings))))
+    h = fake["h"]
+    assert free_unbacked_symbols(h.shape[1])
+    assert (h.shape[0], *h.shape[2:]) == (flas["h"].shape[0], *flas["h"].shape[2:]) and h.dtype == flas["h"].dtype
+    with pytest.raises(RuntimeError, match="data-dependent shape"):
+        OPS.chunk_kda_fwd(*_op_arguments(x, settings))
+
+
+# ----------------------------------------------------------------------------
+# the backward's fake
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("need", [(True,) * 8, (False,) * 8, (True, False, True, False, True, False, True, False),
+                                  (False, True, False, True, False, True, False, True)],
+                         ids=["all", "none", "even", "odd"])
+@pytest.mark.parametrize("gate_in_kernel", [False, True], ids=["gate-given", "gate-in-kernel"])
+def test_the_backward_fake_gives_each_gradient_like_its_input(need, gate_in_kernel):
+    x = _call_inputs(HV=4, gate_in_kernel=gate_in_kernel, grad=False, g_dtype=torch.bfloat16,
+                     beta_dtype=torch.bfloat16)
+    settings = _settings(use_gate_in_kernel=gate_in_kernel, use_beta_sigmoid_in_kernel=gate_in_kernel,
+                         state_v_first=gate_in_kernel)
+    out = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(x, settings))))
+    saved = dict(x, q=out["q"], k=out["k"], q_rstd=out["q_rstd"], k_rstd=out["k_rstd"],
+                 g_cumsum=out["g_cumsum"] if out["g_cumsum"].numel() else None,
+                 g_raw=x["g"] if gate_in_kernel else None, beta_activated=out["beta"] if gate_in_kernel else None,
+                 Aqk=out["Aqk"], Akk=out["Akk"], h=None, offsets=None)
+    do, dht = torch.empty_like(out["o"]), torch.empty_like(out["final_state"])
+    grads = OPS.chunk_kda_bwd(do, dht, *(saved[name] for name in library.SAVED), x["g"].dtype, list(need),
+                              *(settings[name] for name in library.SETTINGS))
+    for name, wanted, grad in zip(GRADIENT_INPUTS, need, grads):
+        given = x[name]
+        if wanted and given is not None:
+            assert (grad.shape, grad.dtype) == (given.shape, given.dtype), name
+        else:
+            assert grad.numel() == 0, name
+
+
+# ----------------------------------------------------------------------------
+# opcheck on CPU tensors, FLA's code allocating without its kernels
+# ----------------------------------------------------------------------------
+# opcheck skips every check for meta or fake inputs, and the real forward needs a GPU; on CPU
+# tensors with FLA's launches stubbed the forward op runs for real (FLA's allocations, no values),
+# which is what the schema, autograd-registration and fake-tensor checks read. The checks that
+# compare values (test_aot_dispatch_*) and the backward op need the GPU (test_fla_library_gpu.py).
+
+OPCHECK_CPU = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+@pytest.fixture
+def forward_op_on_cpu(fla_without_launches, monkeypatch):
+    from kernel.fla_dropin.function import fla_forward
+
+    monkeypatch.setattr(library, "forward", fla_forward)   # the forward less its CUDA device context
+    return fla_forward
+
+
+OPCHECK_CASES = [*FAKE_CASES, ("varlen-kept-states", dict(lengths=[1, 64, 65, 30]), dict(disable_recompute=True))]
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
+def test_opcheck_of_the_forward_op_with_flas_allocations(case, forward_op_on_cpu):
+    _, sizes, changes = case
+    x = _call_inputs(device="cpu", **sizes)
+    result = torch.library.opcheck(OPS.chunk_kda_fwd.default, _op_arguments(x, _settings(**changes)),
+                                   test_utils=OPCHECK_CPU)
+    assert result == {name: "SUCCESS" for name in OPCHECK_CPU}
+
+
+def test_opcheck_catches_a_fake_that_is_not_the_real_ops(forward_op_on_cpu, monkeypatch):
+    # the check above can fail: a real forward whose Aqk is one chunk column short of the fake's
+    def short(*args, **kwargs):
+        out = forward_op_on_cpu(*args, **kwargs)
+        return dict(out, Aqk=out["Aqk"][..., 1:].contiguous())
+
+    monkeypatch.setattr(library, "forward", short)
+    x = _call_inputs(device="cpu")
+    with pytest.raises(Exception, match="test_faketensor"):
+        torch.library.opcheck(OPS.chunk_kda_fwd.default, _op_arguments(x, _settings()), test_utils=("test_faketensor",))
+
+
+# ----------------------------------------------------------------------------
+# torch.compile(fullgraph=True)
+# ----------------------------------------------------------------------------
+
+LAYER = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+             safe_gate=True, lower_bound=-5.0, state_v_first=True, output_final_state=True)
+
+
+def _model(fn=None, **call):
+    fn = fn or chunk_kda
+
+    def model(x: dict):
+        o, ht = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                   initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], cu_seqlens_cpu=x["cu_seqlens_cpu"],
+                   **call)
+        loss = (o.float() * 2.0).sum()
+        return loss + ht.sum() if ht is not None else loss
+
+    return model
+
+
+COMPILE_CASES = [
+    ("uniform", dict(B=2, T=100, H=2, HV=2), dict(use_qk_l2norm_in_kernel=True, output_final_state=True)),
+    ("layer-gva", dict(B=2, T=100, H=2, HV=4, gate_in_kernel=True), LAYER),
+    ("varlen-with-cpu-offsets", dict(lengths=[5, 70, 25]), dict(use_qk_l2norm_in_kernel=True)),
+]
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
+def test_a_model_calling_chunk_kda_compiles_with_fullgraph(case):
+    # fullgraph=True raises at the first graph break; explain counts the graphs too
+    _, sizes, call = case
+    torch._dynamo.reset()
+    torch.compile(_model(**call), backend="eager", fullgraph=True)(_call_inputs(**sizes)).backward()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(_model(**call))(_call_inputs(**sizes))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+WALLED = torch.compiler.disable(chunk_kda)   # chunk_kda behind the compiler's wall, as FLA's own is
+
+
+def test_fullgraph_refuses_a_model_whose_chunk_kda_is_compiler_disabled():
+    # the check above can fail: a compiler-disabled op is a graph break, which fullgraph refuses
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="torch.compiler.disable"):
+        torch.compile(_model(WALLED, use_qk_l2norm_in_kernel=True), backend="eager", fullgraph=True)(
+            _call_inputs())
+
+
+def _recording_backend(graphs: dict):
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    return aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+
+def _targets(gm) -> set[str]:
+    return {str(node.target) for node in gm.graph.nodes if node.op == "call_function"}
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
+def test_fullgraph_compiles_the_forward_op_and_the_backward_op(case):
+    _, sizes, call = case
+    x_eager, x_compiled = _call_inputs(**sizes), _call_inputs(**sizes)
+    model = _model(**call)
+    model(x_eager).backward()
+    graphs: dict = {}
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=_recording_backend(graphs), fullgraph=True)
+    compiled(x_compiled).backward()
+    assert "ptx_lab.chunk_kda_fwd.default" in _targets(graphs["forward"])
+    assert "ptx_lab.chunk_kda_bwd.default" in _targets(graphs["backward"])
+    assert "ptx_lab.chunk_kda_bwd.default" not in _targets(graphs["forward"])
+    for name in GRADIENT_INPUTS:
+        leaf_eager, leaf_compiled = x_eager[name], x_compiled[name]
+        if leaf_eager is None:
+            continue
+        assert leaf_eager.grad is not None and leaf_compiled.grad is not None, name
+        assert (leaf_compiled.grad.shape, leaf_compiled.grad.dtype) == (leaf_eager.grad.shape, leaf_eager.grad.dtype)
+        assert (leaf_eager.grad.shape, leaf_eager.grad.dtype) == (leaf_eager.shape, leaf_eager.dtype), name
+
+
+def test_fullgraph_with_dynamic_shapes_serves_two_lengths_from_one_trace():
+    torch._dynamo.reset()
+    compiled = torch.compile(_model(**LAYER), backend="aot_eager", fullgraph=True, dynamic=True)
+    for T in (100, 257):
+        x = _call_inputs(B=2, T=T, H=2, HV=4, gate_in_kernel=True)
+        compiled(x).backward()
+        assert x["q"].grad.shape == (2, T, 2, K) and x["initial_state"].grad.shape == (2, 4, V, K)
+
+
+def test_the_patched_fla_route_compiles_with_fullgraph():
+    from kernel.fla_dropin import patch
+
+    def flas_own(*args, **kwargs):   # stands in for FLA's op: a covered call never reaches it
+        raise AssertionError("the routed call went to FLA's own")
+
+    torch._dynamo.reset()
+    x = _call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True)
+    torch.compile(_model(patch._route(flas_own), **LAYER), backend="eager", fullgraph=True)(x).backward()
+    assert x["A_log"].grad.shape == x["A_log"].shape
+
+
+def test_the_forward_op_checks_the_offsets_it_reads():
+    # under torch.compile the boundary does not read cu_seqlens' values: the op does, before the GPU
+    x = _call_inputs(lengths=[5, 70, 25], device="cpu", grad=False)
+    for offsets, error in ((torch.tensor([0, 75, 5, 100]), r"cu_seqlens must be strictly increasing"),
+                           (torch.tensor([0, 5, 75, 99]), r"cu_seqlens must end at the total length 100, got 99"),
+                           (x["cu_seqlens_cpu"], r"^q: expected a CUDA tensor")):
+        with pytest.raises(ValueError, match=error):
+            OPS.chunk_kda_fwd(*_op_arguments(dict(x, cu_seqlens_cpu=offsets), _settings()))
+
+
+def test_a_meta_call_is_a_dry_run_of_the_shapes():
+    x = _call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True)
+    loss = _model(**LAYER)(x)
+    loss.backward()
+    for name in GRADIENT_INPUTS:
+        assert x[name].grad.shape == x[name].shape and x[name].grad.dtype == x[name].dtype, name
+
+
+def test_every_setting_combination_traces():
+    # every combination of the switches that change the outputs gets through the boundary, the fakes
+    # and the autograd formula on meta tensors with the gradients like the inputs
+    for l2, gate, sig, kept, vfirst, final in itertools.product((False, True), repeat=6):
+        x = _call_inputs(B=1, T=70, H=2, HV=4, gate_in_kernel=gate)
+        call = dict(use_qk_l2norm_in_kernel=l2, use_gate_in_kernel=gate, use_beta_sigmoid_in_kernel=sig,
+                    disable_recompute=kept, state_v_first=vfirst, output_final_state=final,
+                    lower_bound=-5.0 if gate else None)
+        _model(**call)(x).backward()
+        for name in GRADIENT_INPUTS:
+            if x[name] is not None:
+                assert x[name].grad is not None and x[name].grad.shape == x[name].shape, (name, call)

@@ -1,0 +1,264 @@
+"""kernel.chunk_kda through torch.library on the GPU (``-m gpu``; torch CUDA, fla-core 0.6.0, CuPy).
+
+* ``torch.library.opcheck`` of both ops on CUDA tensors: the schema (no output aliases an input,
+  nothing is mutated), the autograd registration, the fakes against the real ops' outputs, and
+  (forward op) torch's AOT dispatch with static and dynamic shapes against eager, backward included.
+* A model calling chunk_kda compiled with ``torch.compile(fullgraph=True)`` (aot_eager and
+  inductor) gives eager's o, final state and every gradient, bit for bit: the op's kernels are the
+  same and the model around it rounds nothing differently.
+* A training step (forward, backward, SGD step) of a small KDA layer with the gate activated in
+  the op, ``safe_gate=True, lower_bound=-5`` and a uniform batch is captured in a CUDA graph (after
+  a warm-up on a side stream, as torch's documentation asks) and replayed on new data: every
+  replay's loss and every parameter after it equal eager's steps on the same data, bit for bit. A
+  host sync anywhere in the step would fail the capture.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.fla]
+
+K = V = 128
+GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
+
+
+def _gpu_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    pytest.importorskip("triton", reason="fla-core needs triton")
+    pytest.importorskip("fla.ops.kda", reason="fla-core 0.6.0 is not installed")
+    pytest.importorskip("cupy", reason="our backward needs CuPy")
+
+
+def _inputs(*, B=2, T=200, H=2, HV=2, lengths=None, layer=False, seed=0, grad=True) -> dict:
+    """CUDA leaves of one call: unit-recipe q, k, v; the gate as the layer passes it raw (``layer``)
+    or logsigmoid clamped to [-5, 0]; beta raw logits (``layer``) or U(0, 1); h0 ~ 0.1 N(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    if lengths is not None:
+        B, T = 1, sum(lengths)
+    N = B if lengths is None else len(lengths)
+    n = lambda *s: torch.randn(*s, generator=gen)   # noqa: E731
+    x = {"q": n(B, T, H, K).bfloat16(), "k": n(B, T, H, K).bfloat16(), "v": n(B, T, HV, V).bfloat16(),
+         "initial_state": 0.1 * n(N, HV, K, V)}
+    if layer:
+        x["g"], x["beta"] = n(B, T, HV, K).bfloat16(), n(B, T, HV).bfloat16()
+        x["A_log"] = torch.log(torch.empty(HV).uniform_(1, 16, generator=gen))
+        dt = torch.exp(torch.empty(HV * K).uniform_(np.log(1e-3), np.log(1e-1), generator=gen))
+        x["dt_bias"] = dt + torch.log(-torch.expm1(-dt))
+    else:
+        x["g"] = torch.nn.functional.logsigmoid(n(B, T, HV, K)).clamp(-5.0, 0.0)
+        x["beta"] = torch.rand(B, T, HV, generator=gen)
+        x["A_log"] = x["dt_bias"] = None
+    x = {name: (None if t is None else t.cuda().requires_grad_(grad)) for name, t in x.items()}
+    cu = None if lengths is None else torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long)
+    x["cu_seqlens"], x["cu_seqlens_cpu"] = (None, None) if cu is None else (cu.cuda(), cu)
+    return x
+
+
+LAYER = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+             safe_gate=True, lower_bound=-5.0, state_v_first=True, output_final_state=True)
+PLAIN = dict(use_qk_l2norm_in_kernel=True, output_final_state=True, safe_gate=True, lower_bound=-5.0)
+
+CASES = [   # (id, inputs, chunk_kda's settings)
+    ("uniform", dict(), PLAIN),
+    ("uniform-unbounded-gate", dict(), dict(PLAIN, safe_gate=False, lower_bound=None)),
+    ("layer-gva", dict(HV=4, layer=True), LAYER),
+    ("varlen", dict(lengths=[1, 63, 64, 65, 130]), PLAIN),
+    ("varlen-kept-states", dict(lengths=[1, 63, 64, 65, 130]), dict(PLAIN, disable_recompute=True)),
+    ("varlen-layer-gva", dict(lengths=[17, 200], HV=4, layer=True), LAYER),
+]
+
+
+def _settings(call: dict) -> dict:
+    base = dict(scale=K ** -0.5, output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
+                disable_recompute=False, state_v_first=False)
+    return dict(base, **call)
+
+
+def _op_arguments(x: dict, call: dict) -> tuple:
+    from kernel.fla_dropin import library
+
+    tensors = dict(x, offsets=x["cu_seqlens_cpu"])
+    settings = _settings(call)
+    return (*(tensors[name] for name in library.TENSOR_ARGUMENTS), *(settings[name] for name in library.SETTINGS))
+
+
+# ----------------------------------------------------------------------------
+# opcheck on CUDA tensors
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_opcheck_of_the_forward_op(case):
+    _gpu_or_skip()
+    _, sizes, call = case
+    x = _inputs(**sizes)
+    result = torch.library.opcheck(torch.ops.ptx_lab.chunk_kda_fwd.default, _op_arguments(x, call))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_opcheck_of_the_backward_op(case):
+    _gpu_or_skip()
+    from kernel.fla_dropin import library
+    from kernel.fla_dropin.function import FORWARD_OUTPUTS
+
+    _, sizes, call = case
+    x = _inputs(grad=False, **sizes)
+    settings = _settings(call)
+    out = dict(zip(FORWARD_OUTPUTS, torch.ops.ptx_lab.chunk_kda_fwd(*_op_arguments(x, call))))
+    present = lambda name: out[name] if out[name].numel() else None   # noqa: E731
+    normed, gate_in = settings["use_qk_l2norm_in_kernel"], settings["use_gate_in_kernel"]
+    saved = dict(x, offsets=x["cu_seqlens_cpu"], q=out["q"] if normed else x["q"], k=out["k"] if normed else x["k"],
+                 q_rstd=present("q_rstd"), k_rstd=present("k_rstd"), g_cumsum=present("g_cumsum"),
+                 g_raw=x["g"] if gate_in else None, beta_activated=present("beta"), Aqk=out["Aqk"], Akk=out["Akk"],
+                 h=present("h"))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    do = torch.randn(out["o"].shape, generator=gen, device="cuda").to(out["o"].dtype)
+    dht = torch.randn(out["final_state"].shape, generator=gen, device="cuda") if settings["output_final_state"] \
+        else None
+    need = [x[name] is not None for name in GRADIENT_INPUTS]
+    arguments = (do, dht, *(saved[name] for name in library.SAVED), x["g"].dtype, need,
+                 *(settings[name] for name in library.SETTINGS))
+    result = torch.library.opcheck(torch.ops.ptx_lab.chunk_kda_bwd.default, arguments,
+                                   test_utils=("test_schema", "test_faketensor"))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+# ----------------------------------------------------------------------------
+# torch.compile(fullgraph=True) against eager
+# ----------------------------------------------------------------------------
+
+def _model(**call):
+    from kernel import chunk_kda
+
+    def model(x: dict, w_o, w_ht):
+        o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                          initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"],
+                          cu_seqlens_cpu=x["cu_seqlens_cpu"], **call)
+        return o, ht, (o.float() * w_o).sum() + (ht * w_ht).sum()
+
+    return model
+
+
+def _run(fn, x: dict, w_o, w_ht) -> dict:
+    o, ht, loss = fn(x, w_o, w_ht)
+    loss.backward()
+    out = {"o": o.detach(), "final_state": ht.detach()}
+    out.update({"d" + name: x[name].grad for name in GRADIENT_INPUTS if x[name] is not None})
+    return out
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fullgraph_compiled_model_equals_eager(case, backend):
+    _gpu_or_skip()
+    _, sizes, call = case
+    x_eager, x_compiled = _inputs(seed=3, **sizes), _inputs(seed=3, **sizes)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w_o = torch.randn(x_eager["v"].shape, generator=gen, device="cuda").bfloat16().float()
+    w_ht = 0.1 * torch.randn(x_eager["initial_state"].shape, generator=gen, device="cuda")
+    eager = _run(_model(**call), x_eager, w_o, w_ht)
+    torch._dynamo.reset()
+    compiled = _run(torch.compile(_model(**call), backend=backend, fullgraph=True), x_compiled, w_o, w_ht)
+    assert set(compiled) == set(eager)
+    for name, want in eager.items():
+        got = compiled[name]
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert torch.equal(got, want), f"{name}: max |diff| {(got.float() - want.float()).abs().max().item():.3e}"
+
+
+# ----------------------------------------------------------------------------
+# a training step in a CUDA graph
+# ----------------------------------------------------------------------------
+
+class _KDALayer(torch.nn.Module):
+    """A small KDA layer as FLA's KimiDeltaAttention calls the op: projections to q, k, v, the raw
+    gate and beta logits, the gate and beta activated in the op, the sigmoid gate bounded at -5."""
+
+    def __init__(self, hidden: int, H: int, HV: int):
+        super().__init__()
+        self.H, self.HV = H, HV
+        bf16 = dict(bias=False, dtype=torch.bfloat16)
+        self.q, self.k = torch.nn.Linear(hidden, H * K, **bf16), torch.nn.Linear(hidden, H * K, **bf16)
+        self.v, self.g = torch.nn.Linear(hidden, HV * V, **bf16), torch.nn.Linear(hidden, HV * K, **bf16)
+        self.beta, self.out = torch.nn.Linear(hidden, HV, **bf16), torch.nn.Linear(HV * V, hidden, **bf16)
+        self.A_log = torch.nn.Parameter(torch.log(torch.linspace(1.0, 16.0, HV)))
+        self.dt_bias = torch.nn.Parameter(torch.full((HV * K,), -3.0))
+
+    def forward(self, x):
+        from kernel import chunk_kda
+
+        B, T, _ = x.shape
+        o, _ = chunk_kda(self.q(x).view(B, T, self.H, K), self.k(x).view(B, T, self.H, K),
+                         self.v(x).view(B, T, self.HV, V), self.g(x).view(B, T, self.HV, K),
+                         self.beta(x), A_log=self.A_log, dt_bias=self.dt_bias, use_qk_l2norm_in_kernel=True,
+                         use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+                         state_v_first=True)
+        return self.out(o.reshape(B, T, self.HV * V))
+
+
+def _loss(model, x, target):
+    return (model(x).float() - target).square().mean()
+
+
+def test_a_training_step_captured_in_a_cuda_graph_replays_as_eager_steps():
+    _gpu_or_skip()
+    B, T, hidden, H, HV, steps, warmup = 2, 256, 256, 2, 4, 6, 3
+    torch.manual_seed(0)
+    graphed = _KDALayer(hidden, H, HV).cuda()
+    eager = copy.deepcopy(graphed)
+    opt_graphed = torch.optim.SGD(graphed.parameters(), lr=0.5)
+    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.5)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    data = [(torch.randn(B, T, hidden, generator=gen, device="cuda").bfloat16(),
+             torch.randn(B, T, hidden, generator=gen, device="cuda")) for _ in range(steps)]
+    static_x, static_target = torch.empty_like(data[0][0]), torch.empty_like(data[0][1])
+
+    def eager_step(i):
+        opt_eager.zero_grad(set_to_none=True)
+        loss = _loss(eager, *data[i])
+        loss.backward()
+        opt_eager.step()
+        return loss.detach()
+
+    # warm-up on a side stream (FLA's autotuning, our kernels' builds and cached tables happen here)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(warmup):
+            static_x.copy_(data[i][0])
+            static_target.copy_(data[i][1])
+            opt_graphed.zero_grad(set_to_none=True)
+            _loss(graphed, static_x, static_target).backward()
+            opt_graphed.step()
+    torch.cuda.current_stream().wait_stream(side)
+    for i in range(warmup):
+        eager_step(i)
+
+    graph = torch.cuda.CUDAGraph()
+    opt_graphed.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = _loss(graphed, static_x, static_target)
+        static_loss.backward()
+        opt_graphed.step()
+
+    before = [p.detach().clone() for p in graphed.parameters()]
+    for i in range(warmup, steps):
+        static_x.copy_(data[i][0])
+        static_target.copy_(data[i][1])
+        graph.replay()
+        want = eager_step(i)
+        assert torch.equal(static_loss, want), (i, static_loss.item(), want.item())
+        for (name, p), q in zip(graphed.named_parameters(), eager.parameters()):
+            for what, got, expected in (("grad", p.grad, q.grad), ("value", p, q)):
+                assert torch.equal(got, expected), \
+                    (i, name, what, (got.float() - expected.float()).abs().max().item())
+    # the replays trained: every parameter moved from where the warm-up left it
+    moved = [name for (name, p), b in zip(graphed.named_parameters(), before) if not torch.equal(p, b)]
+    assert moved == [name for name, _ in graphed.named_parameters()]

@@ -266,7 +266,7 @@ def _model(fn=None, **call):
 
 
 COMPILE_CASES = [
-    ("uniform", dict(B=2, T=100, H=2, HV=2), dict(use_qk_l2norm_in_kernel=True, output_final_state=True)),
+    ("uniform", dict(B=2, T=100, H=2, HV=2), dict(use_qk_l2norm_in_kernel=True, output_final_state=True, scale=0.1)),
     ("layer-gva", dict(B=2, T=100, H=2, HV=4, gate_in_kernel=True), LAYER),
     ("varlen-with-cpu-offsets", dict(lengths=[5, 70, 25]), dict(use_qk_l2norm_in_kernel=True)),
 ]
@@ -341,6 +341,22 @@ def test_fullgraph_with_dynamic_shapes_serves_two_lengths_from_one_trace():
         x = _call_inputs(B=2, T=T, H=2, HV=4, gate_in_kernel=True)
         compiled(x).backward()
         assert x["q"].grad.shape == (2, T, 2, K) and x["initial_state"].grad.shape == (2, 4, V, K)
+
+
+def test_a_varlen_call_without_host_offsets_traces_their_copy_to_the_host():
+    # the boundary cannot read cu_seqlens in a trace: it copies them to the host inside the graph
+    # (one sync when it runs) and the op reads that copy; torch.export's strict trace admits no break
+    class Model(torch.nn.Module):
+        def forward(self, q, k, v, g, beta, cu_seqlens):
+            return chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)[0]
+
+    x = _call_inputs(lengths=[5, 70, 25], grad=False)
+    exported = torch.export.export(Model(), tuple(x[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens")),
+                                   strict=True)
+    calls = [node for node in exported.graph.nodes if node.op == "call_function"]
+    op = next(node for node in calls if str(node.target) == "ptx_lab.chunk_kda_fwd.default")
+    offsets = op.args[library.TENSOR_ARGUMENTS.index("offsets")]
+    assert offsets.meta["val"].device.type == "cpu" and offsets.args[0].name == "cu_seqlens"
 
 
 def test_the_patched_fla_route_compiles_with_fullgraph():

@@ -25,9 +25,9 @@ The float64 statement of all of it is :func:`kernel.reference.kda_backward_refer
 Arguments are FLA's (fla-core 0.6.0, ``chunk_kda_fwd``, chunk_size 64): q and k as its
 forward used them (l2-normalised when ``use_qk_l2norm_in_kernel``: the l2norm backward is
 the caller's, as in FLA), its ``g`` (the 64-chunk-local cumsum of the gate / ln 2), beta
-after its sigmoid, its ``Aqk`` and ``Akk``. The gate must decay a 16-token tile by at
-most 2^-126 in every channel (fp32's range for the tile's factorised products): a
-per-token gate >= -5 (FLA's ``safe_gate`` with ``lower_bound=-5``) is well inside it.
+after its sigmoid, its ``Aqk`` and ``Akk``. Any gate: a 16-token tile that decays a
+channel past 2^-126 (fp32's range for its factorised products) has its G14-G17 formed
+pairwise in Kernel B, decided on the device (``docs/kda_backward.md``, "Gates of any size").
 """
 from __future__ import annotations
 

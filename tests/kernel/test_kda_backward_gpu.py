@@ -22,8 +22,18 @@ CASES = [
     dict(B=2, T=100, lengths=None, h0=True, dht=True),
     dict(B=1, T=1, lengths=(1, 15, 16, 17, 65, 200), h0=False, dht=True),
     dict(B=1, T=1, lengths=(64, 63, 129, 5), h0=True, dht=False),
+    dict(B=2, T=100, lengths=None, h0=True, dht=True, wide=True),
 ]
-IDS = ["batch-2x100", "varlen-1-15-16-17-65-200", "varlen-64-63-129-5"]
+IDS = ["batch-2x100", "varlen-1-15-16-17-65-200", "varlen-64-63-129-5", "batch-2x100-tiles-past-fp32"]
+
+
+def _widen(g):
+    """Tiles whose gates decay a channel past fp32's normal range (natural-log gates, [B, T, H, K]):
+    one channel by 2^-208 over a tile, one by 2^-144 at one token, and every channel of a tile by
+    2^-208; Kernel B forms their G14-G17 pairwise."""
+    g[0, 16:32, 1, 5] = -9.0
+    g[1, 20, 0, 77] = -100.0
+    g[1, 48:64, 1, :] = -9.0
 
 
 def _rel(out, ref) -> float:
@@ -57,6 +67,8 @@ def make_case(case, H=2, seed=11):
 
     raw = random_inputs(case["B"], case["T"], H, lengths=list(case["lengths"]) if case["lengths"] else None,
                         seed=seed, with_dht=case["dht"])
+    if case.get("wide"):
+        _widen(raw["g"])
     rb = lambda x: bits_to_f32(bf16_bits(x)).astype(np.float64)  # noqa: E731  (bf16 rounding)
     q, k = rb(l2norm(np, raw["q"].astype(np.float64))), rb(l2norm(np, raw["k"].astype(np.float64)))
     v, do = rb(raw["v"]), rb(raw["do"])

@@ -112,6 +112,8 @@ def _layout(src: str) -> dict[str, int]:
 
 
 LAYOUT = _layout(CU)
+# the widest span (log2) a channel may have in a tile before the K phase goes pairwise
+SPAN_LIMIT = np.float32(re.search(r"constexpr float SPAN_LIMIT = ([\d.]+)f;", CU).group(1))
 HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS = LAYOUT["HEAD_DIM"], LAYOUT["TILE_TOKENS"], LAYOUT["CHUNK_TOKENS"]
 WARPS, ROW, STAGE, SMEM_BYTES = LAYOUT["WARPS"], LAYOUT["ROW"], LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"]
 PS, GC_ROW = LAYOUT["PS"], LAYOUT["GC_ROW"]
@@ -166,9 +168,10 @@ RECIPE_DEFS = (
 )
 STORES = ("stmatrix_x4_trans", "stmatrix_x4")   # the second only as a swap: the kernel stores .trans
 # the reduce step's element positions in the A fragment of the matrix and of its transpose
+# (frag_position's body, and the reduce step's use of it: the transpose's position swaps the arguments)
 FRAG_INDEX: dict[str, str] = {
-    "plain": "const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);",
-    "trans": "const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);",
+    "position": "return (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);",
+    "plain, trans": "const int plain = frag_position(i, jj), trans = frag_position(jj, i);",
 }
 # the kernel's function or marker each part of CtaModel mirrors by hand (the module docstring's table)
 PARTS: dict[str, str] = {
@@ -176,7 +179,8 @@ PARTS: dict[str, str] = {
     "load_tile": "__device__ __forceinline__ void load_tile(",
     "CtaModel.__init__": "const Copies cps = copies_of(tid, RS);",
     "CtaModel.run": "for (int it = 0; it < ntile; ++it) {",
-    "CtaModel._r1": "__device__ __forceinline__ void rebuild_operands(",
+    "CtaModel._r1": "__device__ __forceinline__ bool rebuild_operands(",
+    "CtaModel._pairwise_row": "__device__ __forceinline__ PairwiseRow pairwise_row(",
     "CtaModel._load_state": "a_to_acc(S[2 * b], S[2 * b + 1], x);",
     "CtaModel._v_phase": "__device__ __forceinline__ void v_phase(",
     "CtaModel._v_phase (G9 / G10)": "__device__ __forceinline__ void g9_g10_partials(",
@@ -235,10 +239,15 @@ def _sites(src: str) -> dict[str, Site]:
 SITE = _sites(CU)
 
 
+FRAG_ORDERS = ("plain", "trans")
+
+
 def frag_index(which: str, i: np.ndarray, jj: np.ndarray) -> np.ndarray:
-    """The kernel's ``plain`` or ``trans`` (u16 position in a [32 lanes][4] u32 fragment)."""
-    expr = FRAG_INDEX[which].split("=", 1)[1].rstrip(";")
-    return eval(expr, {"__builtins__": {}}, {"i": i, "jj": jj})   # noqa: S307 (the kernel's own text)
+    """The kernel's ``plain`` (frag_position(i, jj)) or ``trans`` (frag_position(jj, i)): the u16 position
+    in a [32 lanes][4] u32 fragment."""
+    expr = FRAG_INDEX["position"].removeprefix("return").rstrip(";")
+    args = {"i": i, "jj": jj} if which == "plain" else {"i": jj, "jj": i}
+    return eval(expr, {"__builtins__": {}}, args)   # noqa: S307 (the kernel's own text)
 
 
 def lane_bytes(order: str, row_bytes: int) -> np.ndarray:
@@ -365,6 +374,7 @@ class Outputs:
     dbeta: np.ndarray
     S1_fp32: list
     S1_bf16: list
+    pairwise: list = dataclasses.field(default_factory=list)   # per tile walked: G14-G17 formed pairwise
 
 
 class CtaModel:
@@ -374,8 +384,8 @@ class CtaModel:
         self.inp = inp
         self.swaps = dict(swaps or {})
         for site, recipe in self.swaps.items():
-            kinds = (RECIPES if SITE[site].recipe in RECIPES else STORES) if site in SITE else FRAG_INDEX
-            if (site not in SITE and site not in FRAG_INDEX) or recipe not in kinds:
+            kinds = (RECIPES if SITE[site].recipe in RECIPES else STORES) if site in SITE else FRAG_ORDERS
+            if (site not in SITE and site not in FRAG_ORDERS) or recipe not in kinds:
                 raise ValueError(f"swaps: {site!r} -> {recipe!r}: expected a site of SITES with one of "
                                  f"{RECIPES} (loads) or {STORES} (stores), or 'plain' / 'trans' -> the other")
         tokens, self.H = inp.q.shape[:2]
@@ -509,6 +519,7 @@ class CtaModel:
     def _tile(self, it: int, st: int, tok0: int, row0: int, lt: int) -> None:
         self.stb = st * STAGE
         self._r1(lt)
+        self.out.pairwise.append(self.pairwise)
         if it == 0:
             for w in range(WARPS):
                 self._load_state(w)
@@ -551,6 +562,7 @@ class CtaModel:
             gamma_s[kk[first] + c] = np.exp2(gT[c][first])
         gcs = self.f32(L["SM_GC"])
         smem32 = self.u32(0)
+        past = np.zeros(THREADS, bool)
         for e in range(4):
             i = i0 + 4 * e
             o = i * (ROW // 2) + kk
@@ -560,15 +572,18 @@ class CtaModel:
             be = betas[i]
             kd, kr, qe, bke = [], [], [], []
             for c in range(2):
-                fu = np.exp2(_f32(gc[c] - gT[c]))
-                kd.append(kv[c] * np.exp2(gc[c]))
-                kr.append(kv[c] * np.exp2(_f32(gT[c] - gc[c])))
-                qe.append(_f32(s * qv[c]) * fu)
-                bke.append(_f32(be * kv[c]) * fu)
+                past |= ~(np.abs(_f32(gc[c] - gT[c])) <= SPAN_LIMIT)
+                with np.errstate(over="ignore", invalid="ignore"):   # past the span limit Qe and beta Ke
+                    fu = np.exp2(_f32(gc[c] - gT[c]))                # overflow; the K phase reads them not
+                    kd.append(kv[c] * np.exp2(gc[c]))
+                    kr.append(kv[c] * np.exp2(_f32(gT[c] - gc[c])))
+                    qe.append(_f32(s * qv[c]) * fu)
+                    bke.append(_f32(be * kv[c]) * fu)
             for at_, val in (("SM_KD", kd), ("SM_KR", kr), ("SM_QE", qe), ("SM_BKE", bke)):
                 smem32[(L[at_] + 2 * o) // 4] = model.pack_bf16x2(_f32(val[0]), _f32(val[1]))
             gcs[i * GC_ROW + kk] = gc[0]
             gcs[i * GC_ROW + kk + 1] = gc[1]
+        self.pairwise = bool(past.any())   # __syncthreads_or
 
     def _load_state(self, w: int) -> None:
         env = self.env(w)
@@ -721,23 +736,25 @@ class CtaModel:
         # G14-G17 from the dMqk / dLkk fragments in lane order
         frag = self.u32(L["SM_FRAG"]).reshape(-1)[:8 * 32 * 4].reshape(8, 32, 4)
         am, amt, al, alt, rm, rmt, rl, rlt = (np.ascontiguousarray(frag[x]) for x in range(8))
-        bk = self.load("G14 B Kr", env)
-        bq = self.load("G15 B Qe", env)
-        be = self.load("G17 B beta Ke", env)
-        Qe = [_mma(_zeros(), am, bk[nt]) for nt in range(2)]
-        X = [_mma(_zeros(), al, bk[nt]) for nt in range(2)]
-        for nt in range(2):
-            Kr[nt] = _mma(Kr[nt], amt, bq[nt])
-        for nt in range(2):
-            Kr[nt] = _mma(Kr[nt], alt, be[nt])
-        for nt in range(2):   # the remainders' fragments, in the kernel's order
-            Qe[nt] = _mma(Qe[nt], rm, bk[nt])
-        for nt in range(2):
-            X[nt] = _mma(X[nt], rl, bk[nt])
-        for nt in range(2):
-            Kr[nt] = _mma(Kr[nt], rmt, bq[nt])
-        for nt in range(2):
-            Kr[nt] = _mma(Kr[nt], rlt, be[nt])
+        Qe, X = [_zeros(), _zeros()], [_zeros(), _zeros()]
+        if not self.pairwise:
+            bk = self.load("G14 B Kr", env)
+            bq = self.load("G15 B Qe", env)
+            be = self.load("G17 B beta Ke", env)
+            Qe = [_mma(_zeros(), am, bk[nt]) for nt in range(2)]
+            X = [_mma(_zeros(), al, bk[nt]) for nt in range(2)]
+            for nt in range(2):
+                Kr[nt] = _mma(Kr[nt], amt, bq[nt])
+            for nt in range(2):
+                Kr[nt] = _mma(Kr[nt], alt, be[nt])
+            for nt in range(2):   # the remainders' fragments, in the kernel's order
+                Qe[nt] = _mma(Qe[nt], rm, bk[nt])
+            for nt in range(2):
+                X[nt] = _mma(X[nt], rl, bk[nt])
+            for nt in range(2):
+                Kr[nt] = _mma(Kr[nt], rmt, bq[nt])
+            for nt in range(2):
+                Kr[nt] = _mma(Kr[nt], rlt, be[nt])
         # dgamma of row r of this warp's k: Gm's diagonal, in lane 4 (r mod 8) + (r mod 8) / 2
         odd = (G & 1) == 1
         lo = np.where(odd, Gm[0][:, 1], Gm[0][:, 0])
@@ -770,14 +787,23 @@ class CtaModel:
                 dq2, dk2, fs2, fe2 = [], [], [], []
                 for e in range(2):
                     fs = np.exp2(gc[e])
-                    fu, fd = np.exp2(_f32(gc[e] - gT[e])), np.exp2(_f32(gT[e] - gc[e]))
-                    dQd, dKd, dQe = Qd[nt][:, x + e], _f32(-be_ * WS[nt][:, x + e]), Qe[nt][:, x + e]
-                    dKe, dKr = _f32(be_ * X[nt][:, x + e]), Kr[nt][:, x + e]
-                    dq2.append(_f32(s * _f32(fs * dQd + fu * dQe + dd * kv[e])))
-                    dk2.append(_f32(fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e]))
+                    fd = np.exp2(_f32(gT[e] - gc[e]))
+                    dQd, dKd, dKr = Qd[nt][:, x + e], _f32(-be_ * WS[nt][:, x + e]), Kr[nt][:, x + e]
                     fs2.append(_f32(s * qv[e] * fs * dQd + kdb[e] * dKd))
-                    fe2.append(_f32(qeb[e] * dQe + beb[e] * X[nt][:, x + e] - krb[e] * dKr))
-                    b2[r] = _f32(b2[r] + kv[e] * fu * X[nt][:, x + e])
+                    if not self.pairwise:
+                        fu = np.exp2(_f32(gc[e] - gT[e]))
+                        dQe, dKe = Qe[nt][:, x + e], _f32(be_ * X[nt][:, x + e])
+                        dq2.append(_f32(s * _f32(fs * dQd + fu * dQe + dd * kv[e])))
+                        dk2.append(_f32(fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e]))
+                        fe2.append(_f32(qeb[e] * dQe + beb[e] * X[nt][:, x + e] - krb[e] * dKr))
+                        b2[r] = _f32(b2[r] + kv[e] * fu * X[nt][:, x + e])
+                    else:
+                        below_m, below_l, above = self._pairwise_row(i, kk + e)
+                        dq2.append(_f32(s * _f32(fs * dQd + below_m + dd * kv[e])))
+                        dk2.append(_f32(fs * dKd + be_ * below_l + fd * dKr + above + s * dd * qv[e]))
+                        fe2.append(_f32(s * qv[e] * below_m + be_ * kv[e] * below_l - krb[e] * dKr
+                                        - kv[e] * above))
+                        b2[r] = _f32(b2[r] + kv[e] * below_l)
                 for e in range(2):
                     part[fsb + i * PS + cl + e] = fs2[e]
                     part[feb + i * PS + cl + e] = fe2[e]
@@ -806,6 +832,32 @@ class CtaModel:
             if i < lt:
                 self.out.dg[row0 + i * self.RS + kk] = _f32(rev[i] - ex + tail)
             ex = _f32(ex + part[feb + i * PS + ln])
+
+    def _pairwise_row(self, i: np.ndarray, kk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """pairwise_row (token_gradients_pairwise.cuh) for each lane's row i and column kk: G14's and
+        G16's row i with 2^(gc_i - gT) inside, G15 + G17's with 2^(gT - gc_i), each entry's decay
+        2^(gc_i - gc_j) formed in fp32."""
+        L, stb, s = LAYOUT, self.stb, self.s
+        gcs, betas = self.f32(L["SM_GC"]), self.f32(stb + L["ST_BETA"])
+        qs16, ks16, frag16 = self.u16(stb + L["ST_Q"]), self.u16(stb + L["ST_K"]), self.u16(L["SM_FRAG"])
+
+        def value(matrix, a, b):   # frag_value: the bf16 fragment plus its remainder's
+            p = frag_index("plain", a, b)
+            return _f32(_bf(frag16[matrix * 256 + p]) + _bf(frag16[(matrix + 4) * 256 + p]))
+
+        gi = gcs[i * GC_ROW + kk]
+        below_m, below_l, above = (np.zeros(WARP, np.float32) for _ in range(3))
+        for j in range(TILE_TOKENS):
+            jj = np.full(WARP, j)
+            qm, km = _f32(s * _bf(qs16[j * (ROW // 2) + kk])), _f32(betas[j] * _bf(ks16[j * (ROW // 2) + kk]))
+            lower, upper = j < i, j > i
+            with np.errstate(over="ignore", invalid="ignore"):   # the lanes off each sum's triangle, masked
+                kj = _f32(_bf(ks16[j * (ROW // 2) + kk]) * np.exp2(_f32(gi - gcs[j * GC_ROW + kk])))
+                f = np.exp2(_f32(gcs[j * GC_ROW + kk] - gi))
+                below_m = np.where(lower, _f32(below_m + value(0, i, jj) * kj), below_m)
+                below_l = np.where(lower, _f32(below_l + value(2, i, jj) * kj), below_l)
+                above = np.where(upper, _f32(above + _f32(value(0, jj, i) * qm + value(2, jj, i) * km) * f), above)
+        return below_m, below_l, above
 
     def _finish(self, tok0: int, row0: int, lt: int, last: bool) -> None:
         L, H = LAYOUT, self.H

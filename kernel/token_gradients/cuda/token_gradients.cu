@@ -28,7 +28,8 @@
 // token_gradients_loads.cuh (the arguments, the tile loads), token_gradients_operands.cuh (block
 // offsets, the fragments an ldmatrix .x4 gives, mma), token_gradients_r1.cuh (R1),
 // token_gradients_v_phase.cuh (the V phase, G9 / G10 and G8), token_gradients_reduce.cuh (the
-// fixed-order sums between the phases); ptx_lab's fragments.cuh packs accumulators into operands.
+// fixed-order sums between the phases), token_gradients_pairwise.cuh (G14-G17 of a tile whose gates
+// span past fp32's range); ptx_lab's fragments.cuh packs accumulators into operands.
 // This file holds the kernel: the prologue, the walk over the chunk's tiles, and the K phase,
 // written out here: as a function of its own it compiled to other SASS.
 #include "fragments.cuh"
@@ -36,6 +37,7 @@
 #include "token_gradients_layout.cuh"
 #include "token_gradients_loads.cuh"
 #include "token_gradients_operands.cuh"
+#include "token_gradients_pairwise.cuh"
 #include "token_gradients_r1.cuh"
 #include "token_gradients_reduce.cuh"
 #include "token_gradients_v_phase.cuh"
@@ -120,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const unsigned short* const ks = reinterpret_cast<const unsigned short*>(stg + ST_K);
 
         // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16; gc kept in fp32 ----
-        rebuild_operands(smem, gs, gbs, betas, qs, ks, gt_s, gamma_s, gcs, lt, s, tid);
+        const bool past = rebuild_operands(smem, gs, gbs, betas, qs, ks, gt_s, gamma_s, gcs, lt, s, tid);
         if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
@@ -129,7 +131,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 a_to_acc(S[2 * b], S[2 * b + 1], x);
             }
         }
-        __syncthreads();   // R1 is in
+        // R1 is in; a tile with a channel past SPAN_LIMIT takes the pairwise G14-G17 (the same for
+        // every thread: the branch below never diverges)
+        const bool pairwise = __syncthreads_or(past);
 
         // ================= V phase: v rows v0..v0+15, tokens as N =================
         float U[2][4];
@@ -174,8 +178,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 mma(Kr[0], au, bd0); mma(Kr[1], au, bd1);
                 mma(Gm[0], as, bd0); mma(Gm[1], as, bd1);
             }
-            // G14-G17: the TILE_TOKENS x TILE_TOKENS gradients against Kr, Qe and beta Ke
-            {
+            // G14-G17: the TILE_TOKENS x TILE_TOKENS gradients against Kr, Qe and beta Ke (a tile past
+            // SPAN_LIMIT forms them pairwise below; Kr then holds G13 alone)
+            if (!pairwise) {
                 const uint4 fm = frag[0 * 32 + lane], fmt = frag[1 * 32 + lane];
                 const uint4 fl = frag[2 * 32 + lane], flt = frag[3 * 32 + lane];
                 const u32 am[4] = {fm.x, fm.y, fm.z, fm.w}, amt[4] = {fmt.x, fmt.y, fmt.z, fmt.w};
@@ -239,13 +244,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const float fs = exp2f(gcv[e]), fu = exp2f(gcv[e] - gTv[e]), fd = exp2f(gTv[e] - gcv[e]);
-                        const float dQd = Qd[nt][x + e], dKd = -be * WS[nt][x + e], dQe = Qe[nt][x + e];
-                        const float dKe = be * X[nt][x + e], dKr = Kr[nt][x + e];
-                        dq2[e] = s * (fs * dQd + fu * dQe + dd * kv[e]);
-                        dk2[e] = fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e];
+                        const float dQd = Qd[nt][x + e], dKd = -be * WS[nt][x + e], dKr = Kr[nt][x + e];
                         fs2[e] = s * qv[e] * fs * dQd + kdb[e] * dKd;
-                        fe2[e] = qeb[e] * dQe + beb[e] * X[nt][x + e] - krb[e] * dKr;   // Ke dKe = (beta Ke) X
-                        b2[r] += kv[e] * fu * X[nt][x + e];
+                        if (!pairwise) {
+                            const float dQe = Qe[nt][x + e], dKe = be * X[nt][x + e];
+                            dq2[e] = s * (fs * dQd + fu * dQe + dd * kv[e]);
+                            dk2[e] = fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e];
+                            fe2[e] = qeb[e] * dQe + beb[e] * X[nt][x + e] - krb[e] * dKr;   // Ke dKe = (beta Ke) X
+                            b2[r] += kv[e] * fu * X[nt][x + e];
+                        } else {   // the same sums with each row's factor inside: Qe dQe = s q (fu dQe), ...
+                            const PairwiseRow p = pairwise_row(frag16, gcs, qs, ks, betas, s, i, kk + e);
+                            dq2[e] = s * (fs * dQd + p.below_m + dd * kv[e]);
+                            dk2[e] = fs * dKd + be * p.below_l + fd * dKr + p.above + s * dd * qv[e];
+                            fe2[e] = s * qv[e] * p.below_m + be * kv[e] * p.below_l - krb[e] * dKr - kv[e] * p.above;
+                            b2[r] += kv[e] * p.below_l;
+                        }
                     }
                     *reinterpret_cast<float2*>(fsb + i * PS + cl) = make_float2(fs2[0], fs2[1]);
                     *reinterpret_cast<float2*>(feb + i * PS + cl) = make_float2(fe2[0], fe2[1]);

@@ -9,6 +9,11 @@
 namespace kdb {
 using namespace ptx_lab;
 
+// A tile's gated products factorise about its last row while every channel's span |gc - gT| (log2)
+// is at most this: fp32's normal exponents reach 2^-126, so Kr = k 2^(gT - gc) stays normal and
+// Qe = s q 2^(gc - gT) finite. Wider tiles take the pairwise path (kernel/studies/sub_tile_reference).
+constexpr float SPAN_LIMIT = 126.f;
+
 constexpr int WARPS = 8;
 constexpr int THREADS = 32 * WARPS;
 constexpr int ROW = 2 * (HEAD_DIM + 8);   // bytes per padded bf16 row of 128: 272 = 68 words, so the

@@ -2,6 +2,9 @@
 // operands Kd = k 2^gc, Kr = k 2^(gT - gc), Qe = s q 2^(gc - gT) and beta Ke = beta k 2^(gc - gT),
 // computed in fp32 from the stage's raw q, k, g and beta and rounded once to bf16 into their
 // 272-byte-row tiles; the rebased gate gc stays in fp32 (SM_GC), gT and gamma = 2^gT per k column.
+// Qe and beta Ke hold 2^(gc - gT) >= 1 and Kr 2^(gT - gc) <= 1: exact while a channel's tile span
+// |gc - gT| is within SPAN_LIMIT. Past it Qe overflows and Kr leaves fp32's normal range, and the K
+// phase forms G14-G17's products pairwise instead (docs/kda_backward.md, "Gates of any size").
 #pragma once
 #include "fragments.cuh"
 #include "token_gradients_layout.cuh"
@@ -10,8 +13,9 @@ namespace kdb {
 
 // Every thread: a pair of columns kk = 2 (tid & 63) and every 4th row from tid >> 6 (4-byte bf16
 // pairs, 8-byte gate pairs). gs, gbs, betas, qs, ks: the stage's g, g before the tile, beta, q, k;
-// rows at or past lt take gc = gT (their q and k are zero-filled).
-__device__ __forceinline__ void rebuild_operands(unsigned char* smem, const float* gs, const float* gbs,
+// rows at or past lt take gc = gT (their q and k are zero-filled). Returns whether one of this
+// thread's rows and columns spans more than SPAN_LIMIT.
+__device__ __forceinline__ bool rebuild_operands(unsigned char* smem, const float* gs, const float* gbs,
                                                  const float* betas, const unsigned short* qs,
                                                  const unsigned short* ks, float* gt_s, float* gamma_s, float* gcs,
                                                  int lt, float s, int tid) {
@@ -23,6 +27,7 @@ __device__ __forceinline__ void rebuild_operands(unsigned char* smem, const floa
         *reinterpret_cast<float2*>(gt_s + kk) = make_float2(gT[0], gT[1]);
         *reinterpret_cast<float2*>(gamma_s + kk) = make_float2(exp2f(gT[0]), exp2f(gT[1]));
     }
+    bool past = false;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int i = i0 + 4 * e, o = i * (ROW / 2) + kk;
@@ -35,6 +40,7 @@ __device__ __forceinline__ void rebuild_operands(unsigned char* smem, const floa
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             const float fu = exp2f(gc[c] - gT[c]);
+            past |= !(fabsf(gc[c] - gT[c]) <= SPAN_LIMIT);   // NaN counts as past
             kd[c] = kv[c] * exp2f(gc[c]);
             kr[c] = kv[c] * exp2f(gT[c] - gc[c]);
             qe[c] = s * qv[c] * fu;
@@ -46,6 +52,7 @@ __device__ __forceinline__ void rebuild_operands(unsigned char* smem, const floa
         *reinterpret_cast<u32*>(smem + SM_BKE + 2 * o) = pack_bf16x2(bke[0], bke[1]);
         *reinterpret_cast<float2*>(gcs + i * GC_ROW + kk) = make_float2(gc[0], gc[1]);
     }
+    return past;
 }
 
 }  // namespace kdb

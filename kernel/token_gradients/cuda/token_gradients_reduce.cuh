@@ -7,6 +7,12 @@
 
 namespace kdb {
 
+// The u16 position of element (i, jj) of a 16 x 16 matrix in its A fragment in lane order (mma.cuh's A
+// layout, [32 lanes][4 registers][2 halves]); its transpose's is frag_position(jj, i).
+__device__ __forceinline__ int frag_position(int i, int jj) {
+    return (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);
+}
+
 // Every thread: element (i, jj) = (tid / 16, tid % 16) of dMqk and dLkk (strictly lower), written
 // to its (lane, register, half) of the A fragment of the matrix and of its transpose (mma.cuh's A
 // layout) in frag16, in two parts (the bf16 rounding, then the rounding of what it left; the
@@ -23,8 +29,7 @@ __device__ __forceinline__ void reduce_partials(unsigned short* frag16, const fl
     const float mv = jj < i ? m : 0.f, lv = jj < i ? -l : 0.f;
     const unsigned short mb = f32_to_bf16(mv), lb = f32_to_bf16(lv);
     const unsigned short mr = f32_to_bf16(mv - bf16_to_f32(mb)), lr = f32_to_bf16(lv - bf16_to_f32(lb));   // exact differences
-    const int plain = (4 * (i & 7) + ((jj & 7) >> 1)) * 8 + ((i >> 3) + 2 * (jj >> 3)) * 2 + (jj & 1);
-    const int trans = (4 * (jj & 7) + ((i & 7) >> 1)) * 8 + ((jj >> 3) + 2 * (i >> 3)) * 2 + (i & 1);
+    const int plain = frag_position(i, jj), trans = frag_position(jj, i);
     frag16[0 * 256 + plain] = mb;    // dMqk
     frag16[1 * 256 + trans] = mb;    // dMqk^T
     frag16[2 * 256 + plain] = lb;    // dLkk

@@ -54,14 +54,17 @@ def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.nd
     return h0, dS
 
 
-def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0) -> dict:
+def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0, wide=None) -> dict:
     """One sequence of T <= 64 tokens (one 64-token chunk), H heads: the kernel's inputs and the
     float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, tile 1 from tile 0's S1).
     recipe: kernel.reference.random_inputs, or "unit" (kernel.tools.kda_precision's: q, k, v, do
     ~ N(0, 1), gates logsigmoid(N(0, 1)) clamped to [-5, 0]). With `context`, the chunk's entry
     state and the dS entering it from the right are those of a chunk in the middle of a sequence
-    (:func:`_inside_a_long_sequence`); without, a small random state and the recipe's dht."""
+    (:func:`_inside_a_long_sequence`); without, a small random state and the recipe's dht. `wide`
+    edits the gates (natural log, [1, T, H, K]) in place first."""
     raw = _recipe(recipe, T, seed)
+    if wide is not None:
+        wide(raw["g"])
     cu = raw["cu_seqlens"]
     q, k = _rb(l2norm(np, raw["q"].astype(np.float64))), _rb(l2norm(np, raw["k"].astype(np.float64)))
     v, do = _rb(raw["v"]), _rb(raw["do"])
@@ -204,6 +207,36 @@ def test_a_partial_tile_after_the_carried_state_matches(partial_case):
     out, got = emulate(partial_case)
     assert len(out.S1_fp32) == 1                            # no S1 after the chunk's last tile
     _check(partial_case, out, got, 2)
+
+
+def _wide_tile(g):
+    """Tile 1 (tokens 16-31) of head HEAD decays channel 5 by 2^-208 (gates -9, ln) and channel 77 by
+    2^-144 at one token (-100), past fp32's normal range; tiles 0 and 2 keep the recipe's gates."""
+    g[0, 16:32, HEAD, 5] = -9.0
+    g[0, 20, HEAD, 77] = -100.0
+
+
+@pytest.fixture(scope="module")
+def wide_case():
+    return make_case(48, seed=0, wide=_wide_tile)
+
+
+def test_a_tile_past_fp32s_range_is_exact_through_the_pairwise_path(wide_case):
+    out, got = emulate(wide_case)
+    assert out.pairwise == [False, True, False]
+    errs = _check(wide_case, out, got, 3)
+    assert all(np.isfinite(list(errs.values())))
+
+
+def test_the_factorised_products_fail_on_that_tile(wide_case, monkeypatch):
+    # the same tile with no span limit takes R1's factors past fp32's range: the reason for the path
+    monkeypatch.setattr(kb, "SPAN_LIMIT", np.float32(np.inf))
+    with np.errstate(all="ignore"):
+        out, got = emulate(wide_case)
+    assert out.pairwise == [False, False, False]
+    tile1 = wide_case["ref"][1]["rows"]
+    assert not all(np.isfinite(got[n][tile1, HEAD]).all() and _rel(got[n][tile1, HEAD], wide_case["ref"][1][n]) < BOUND
+                   for n in GRADS)
 
 
 # Four 64-token chunks of the unit recipe, walked whole, each in the middle of a sequence (512 tokens

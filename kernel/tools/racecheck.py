@@ -86,7 +86,8 @@ kernel.tools.check's 40 tokens (3 tiles) never reach. Built with
 -lineinfo so each hazard names its source line.
 
 The runs forward-states and kernel-b check the whole backward's other two kernels on lengths
-1, 17, 200 and 700 (H 2): kernel-b runs one kda_backward with compute-sanitizer told to check
+1, 17, 200 and 700 (H 2), two of whose tiles decay channels past fp32's range (Kernel B's
+pairwise path): kernel-b runs one kda_backward with compute-sanitizer told to check
 only Kernel B; forward-states runs the forward-state scan alone, built with -lineinfo, in
 kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config fields, e.g.
 {"producers": 1}). .ci/gpu-checks' memcheck step runs these two workloads under memcheck.
@@ -210,10 +211,17 @@ def _kernel_a() -> str:
 def _fla_case():
     """(random inputs, their FLA forward tensors) of BACKWARD_LENGTHS, H = 2, from the float64
     emulation of FLA's forward."""
+    import numpy as np
+
     from kernel.reference import random_inputs
     from kernel.reference.fla_layout import fla_forward_tensors
 
     raw = random_inputs(1, sum(BACKWARD_LENGTHS), 2, lengths=list(BACKWARD_LENGTHS), seed=0, with_dht=True)
+    # two tiles whose gates decay channels past fp32's range, so that Kernel B's pairwise path runs too:
+    # one channel of the 200-token sequence's tile 2, every channel of the 700-token one's tile 5
+    bos = np.concatenate([[0], np.cumsum(BACKWARD_LENGTHS)])
+    raw["g"][0, bos[2] + 32:bos[2] + 48, 1, 3] = -9.0
+    raw["g"][0, bos[3] + 80:bos[3] + 96, 0, :] = -9.0
     return raw, fla_forward_tensors(raw["q"], raw["k"], raw["g"], raw["beta"], cu_seqlens=raw["cu_seqlens"])
 
 

@@ -24,9 +24,9 @@ softplus gate or the ``lower_bound`` sigmoid gate, ``A_log=None``; ``use_beta_si
 ``initial_state``, ``output_final_state``, ``use_qk_l2norm_in_kernel``, ``cu_seqlens`` /
 ``cu_seqlens_cpu``, ``safe_gate``, ``lower_bound``, ``disable_recompute``.
 
-Gates are not limited: where a call's gates are not bounded by construction and a 16-token tile
-decays a channel past 2^-126 (beyond what our backward's tile products hold in fp32), that call's
-backward is FLA's, with a one-time :class:`FallbackWarning`.
+Gates are not limited: a 16-token tile that decays a channel past 2^-126, beyond what the
+backward's factorised tile products hold in fp32, has those products formed pairwise in Kernel B,
+decided on the device with no host sync.
 
 Refused with a ValueError that names the argument and what to do instead, before anything
 touches the GPU: ``cp_context``, ``chunk_size`` other than 64, ``return_intermediate_states``,
@@ -56,10 +56,10 @@ needs none of them: ``kernel.chunk_kda`` loads this package on first use.
 """
 from __future__ import annotations
 
-from .arguments import FLA_CALL, GATE_FLOOR, Call, check_arguments
+from .arguments import FLA_CALL, Call, check_arguments
 from .entry import chunk_kda
-from .function import FallbackWarning, forget_warnings, tiles_in_range
+from .function import FallbackWarning, forget_warnings
 from .patch import is_patched, patch_fla, patched_fla, unpatch_fla
 
-__all__ = ["chunk_kda", "FallbackWarning", "GATE_FLOOR", "FLA_CALL", "Call", "check_arguments",
-           "tiles_in_range", "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]
+__all__ = ["chunk_kda", "FallbackWarning", "FLA_CALL", "Call", "check_arguments",
+           "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]

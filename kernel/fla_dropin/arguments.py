@@ -17,16 +17,11 @@ import numpy as np
 import torch
 
 from ..runtime.arrays import check_scale
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens
-
-# A 16-token tile may decay a channel by at most 2^-126 (fp32's smallest normal) for the backward's
-# factorised tile products: the gates of 16 tokens may sum to no less than -126 ln 2. Every gate
-# >= GATE_FLOOR is enough (-5.458...; FLA's recommended lower bound is -5).
-GATE_FLOOR = -126.0 * math.log(2.0) / TILE_TOKENS
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_cu_seqlens
 
 FLA_CALL = "fla.ops.kda.chunk_kda"
 
-__all__ = ["Call", "check_arguments", "GATE_FLOOR", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
+__all__ = ["Call", "check_arguments", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
 
 # (argument, FLA's default, what to do instead) for every argument we do not cover
 NOT_COVERED = (
@@ -67,16 +62,6 @@ class Call:
     def groups(self) -> int:
         """Value heads per query head (1 without grouped value attention)."""
         return self.HV // self.H
-
-    @property
-    def tiles_bounded(self) -> bool:
-        """Whether every 16-token tile's decay is within the backward's range by construction, so that
-        no data-dependent check is needed: the sigmoid gate in the kernel with a lower bound >=
-        GATE_FLOOR, or a precomputed gate that the caller promised bounded (``safe_gate``, as FLA's
-        own M = 16 path needs)."""
-        if self.use_gate_in_kernel:
-            return self.lower_bound is not None and self.lower_bound >= GATE_FLOOR
-        return self.safe_gate
 
     @property
     def beta_scale(self) -> float:

@@ -20,31 +20,21 @@ what lies between its gradients and the call's arguments:
   each group (FLA sums them the same way);
 * the l2norm's backward (FLA's) and the casts to the inputs' dtypes.
 
-The backward's factorised tile products hold a 16-token tile's decay down to 2^-126 per channel.
-Where the gate is not bounded by construction (:attr:`Call.tiles_bounded`), one reduction over the
-tile boundaries of the gate's cumsum checks that every tile stays there (a host sync); a call whose
-gates leave the range gets FLA's backward on the same saved tensors instead, with a one-time
-warning, so that a training run whose gates grow never stops.
+Every gate FLA accepts runs ours: a 16-token tile whose gates decay a channel past fp32's range for
+the factorised tile products takes Kernel B's pairwise path, decided on the device with no host
+sync (docs/kda_backward.md, "Gates of any size").
 """
 from __future__ import annotations
 
-import functools
 import warnings
 
-import numpy as np
 import torch
 
-from ..shapes import CHUNK_TOKENS, TILE_TOKENS
+from ..shapes import CHUNK_TOKENS
 from .arguments import Call
 
 __all__ = ["forward", "fla_forward", "backward", "FORWARD_OUTPUTS", "GRADIENT_INPUTS", "FallbackWarning",
-           "tiles_in_range", "warn_once", "forget_warnings"]
-
-# log2 of the smallest decay a tile may apply to a channel (fp32's smallest normal)
-TILE_DECAY_FLOOR_LOG2 = -126.0
-# the tile check's transient memory, at most (a 32 x 8192 batch of 32 heads would gather 268 MB a
-# tensor at once)
-TILE_CHECK_BYTES = 32 << 20
+           "warn_once", "forget_warnings"]
 
 
 class FallbackWarning(UserWarning):
@@ -71,7 +61,6 @@ def _fla():
     try:
         from fla.modules.norm.l2norm import l2norm_bwd, l2norm_fwd
         from fla.ops.common.gate import fused_beta_sigmoid_fwd
-        from fla.ops.kda.chunk_bwd import chunk_kda_bwd
         from fla.ops.kda.chunk_fwd import chunk_kda_fwd
         from fla.ops.kda.gate import kda_gate_chunk_cumsum
         from fla.ops.utils.constant import RCP_LN2
@@ -79,44 +68,8 @@ def _fla():
     except ImportError as exc:
         raise ImportError(f"kernel.chunk_kda runs FLA's forward: it needs fla-core 0.6.0 and triton ({exc})") from exc
     return dict(l2norm_fwd=l2norm_fwd, l2norm_bwd=l2norm_bwd, beta_sigmoid=fused_beta_sigmoid_fwd,
-                chunk_kda_fwd=chunk_kda_fwd, chunk_kda_bwd=chunk_kda_bwd, gate_cumsum=kda_gate_chunk_cumsum,
+                chunk_kda_fwd=chunk_kda_fwd, gate_cumsum=kda_gate_chunk_cumsum,
                 rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
-
-
-@functools.lru_cache(maxsize=32)
-def _tile_rows(offsets: bytes, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every 16-token tile of every sequence (packed rows, offsets int64 [N + 1] as bytes): the row
-    of its last token, and the row before it where that is in the same 64-token chunk (else -1: FLA's
-    cumsum restarts at every chunk, so the tile's decay is its last row's value)."""
-    cu = np.frombuffer(offsets, dtype=np.int64)
-    ends, bases = [], []
-    for bos, eos in zip(cu[:-1], cu[1:]):
-        starts = np.arange(bos, eos, TILE_TOKENS)
-        ends.append(np.minimum(starts + TILE_TOKENS - 1, eos - 1))
-        first_of_chunk = (starts - bos) % CHUNK_TOKENS == 0
-        bases.append(np.where(first_of_chunk, -1, starts - 1))
-    return (torch.from_numpy(np.concatenate(ends)).to(device), torch.from_numpy(np.concatenate(bases)).to(device))
-
-
-def tiles_in_range(g_cumsum: torch.Tensor, offsets: np.ndarray) -> bool:
-    """Whether every 16-token tile decays every channel by at most 2^-126: g_cumsum is FLA's 64-chunk
-    cumsum of the gate in log2, [B, T, HV, K] over the packed rows ``offsets`` describes. Gathers
-    the tile boundaries (1/16 of the rows) a block of tiles at a time, so that the transient stays
-    under TILE_CHECK_BYTES whatever the batch, and syncs the host once."""
-    end, base = _tile_rows(np.ascontiguousarray(offsets, dtype=np.int64).tobytes(), str(g_cumsum.device))
-    rows = g_cumsum.reshape(-1, *g_cumsum.shape[2:])
-    row_bytes = rows[0].numel() * rows.element_size()
-    block = max(1, TILE_CHECK_BYTES // (3 * row_bytes))   # the two gathered rows and their difference
-    ok = torch.ones((), dtype=torch.bool, device=rows.device)
-    for lo in range(0, end.numel(), block):
-        e, b = end[lo:lo + block], base[lo:lo + block]
-        before = torch.where((b >= 0)[:, None, None], rows[b.clamp(min=0)], 0.0)
-        ok &= ((rows[e] - before) >= TILE_DECAY_FLOOR_LOG2).all()   # NaN fails too
-    return bool(ok)
-
-
-def _offsets(call: Call) -> np.ndarray:
-    return call.offsets if call.offsets is not None else np.arange(call.B + 1, dtype=np.int64) * call.T
 
 
 def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -197,19 +150,8 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
             g_cumsum = fla["gate_cumsum"](g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=fla["rcp_ln2"],
                                           chunk_size=CHUNK_TOKENS, cu_seqlens=cu_seqlens,
                                           chunk_indices=chunk_indices, lower_bound=call.lower_bound)
-        if call.tiles_bounded or tiles_in_range(g_cumsum, _offsets(call)):
-            dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log,
-                                                          dt_bias, Aqk, Akk, h, initial_state, do, dht)
-        else:
-            warn_once("kernel.chunk_kda: a 16-token tile's gates decay a channel past 2^-126, beyond what our "
-                      "backward's tile products hold in fp32: FLA's backward runs for such calls (set "
-                      "lower_bound >= -5, or safe_gate=True with gates clamped to [-5, 0], to stay on ours)")
-            dq, dk, dv, dbeta, dg, dh0, dA, dbias = fla["chunk_kda_bwd"](
-                q=q, k=k, v=v, beta=kernels_beta, Aqk=Aqk, Akk=Akk, scale=call.scale, initial_state=initial_state,
-                do=do, dht=dht, g=g_cumsum, g_org=g_raw, state_v_first=call.state_v_first, cu_seqlens=cu_seqlens,
-                chunk_indices=chunk_indices, chunk_size=CHUNK_TOKENS, safe_gate=call.safe_gate,
-                lower_bound=call.lower_bound, use_gate_in_kernel=call.use_gate_in_kernel, A_log=A_log,
-                dt_bias=dt_bias, disable_recompute=False)
+        dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
+                                                      Aqk, Akk, h, initial_state, do, dht)
         if call.use_qk_l2norm_in_kernel:
             dq = fla["l2norm_bwd"](q, q_rstd, dq) if need[0] else None
             dk = fla["l2norm_bwd"](k, k_rstd, dk) if need[1] else None

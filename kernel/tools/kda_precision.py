@@ -30,11 +30,11 @@ Recipes:
   activated (:func:`kernel.activations.gate` of the recipe's raw projection),
   not the layer's raw one with ``use_gate_in_kernel``, so dA_log and dt_bias
   are not in its table. FLA runs only with safe_gate False (its safe_gate
-  asks for gates in [-5, 0]); ours is ``kernel.chunk_kda`` on the same call,
-  whose backward is FLA's for a call with a tile past 2^-126 (the tile-range
-  fallback, until issue 34's item 2 lands). The tool catches that fallback's
-  warning per case and then labels the row "chunk_kda: FLA's backward
-  (fallback)", never "ours", and judges nothing there.
+  asks for gates in [-5, 0]); ours is ``kernel.chunk_kda`` on the same call, its
+  tiles past 2^-126 taking Kernel B's pairwise path. Should ``kernel.chunk_kda``
+  ever run FLA's backward for a case (its FallbackWarning), the tool labels that
+  row "chunk_kda: FLA's backward (fallback)", never "ours", and judges nothing
+  there.
 
 Beside FLA's rows, one of ours (unless ``--no-ours``; for ``trained-layer``, see
 above): FLA's forward on the same
@@ -97,7 +97,7 @@ def verdict(rows: Sequence[tuple]) -> list[str]:
         ours = [r for r in rs if r[2] in (OURS, OURS_DROPIN)]
         fla = [r for r in rs if r[2].startswith("FLA")]
         if not ours and any(r[2] == FALLBACK for r in rs):
-            out.append(f"{recipe} {shape}: not judged (kernel.chunk_kda ran FLA's backward: a tile past 2^-126)")
+            out.append(f"{recipe} {shape}: not judged (kernel.chunk_kda ran FLA's backward: a FallbackWarning)")
             continue
         if not ours or not fla:
             continue
@@ -283,10 +283,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                     help="also a packed batch of N ragged sequences totalling T tokens (0: none; default 8)")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES),
                     help=f"input recipes (default all). {TRAINED_LAYER}: FLA's layer gate, its projection grown "
-                         "(kernel.tools.trained_layer_gate); its gates may leave our tile range (a 16-token tile "
-                         "decaying a channel past 2^-126), where kernel.chunk_kda runs FLA's backward: that row "
-                         "is then labelled a fallback, holds FLA's numbers, and is not judged (until issue 34's "
-                         "item 2 lands)")
+                         "(kernel.tools.trained_layer_gate); some of its 16-token tiles decay a channel past "
+                         "2^-126, where Kernel B forms the tile products pairwise; a row whose backward fell back "
+                         "to FLA's would be labelled so and not judged")
     ap.add_argument("--projection-scale", type=float, metavar="X",
                     help=f"the {TRAINED_LAYER} recipe's growth of the gate projection's output (default "
                          "the recipe's, 4; 2 puts single gates below -5.46 but, in every draw measured, no tile "
@@ -387,10 +386,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     for r in rows:
         print(line(r))
     if fallbacks:
-        print("\nkernel.chunk_kda's tile-range fallback (FLA's backward where a 16-token tile decays a channel past "
-              "2^-126):")
+        print("\nkernel.chunk_kda's backward on the trained-layer gates (tiles past 2^-126 take Kernel B's pairwise "
+              "path):")
         for case, fell_back in fallbacks.items():
-            print(f"  {case}: " + ("ran: the row is FLA's backward, not ours" if fell_back else "did not run: ours")
+            print(f"  {case}: " + ("FLA's ran (a FallbackWarning): the row is FLA's backward, not ours" if fell_back
+                                   else "ours ran")
                   + f" ({gates[case]['tile_channels_past']:.2e} of the tile decays past 2^-126)")
     judged = verdict(rows)
     if judged:

@@ -37,7 +37,7 @@ from kernel.reference.checks import int_arg, is_int, lengths_arg, real_arg
 from kernel.shapes import HEAD_DIM, TILE_TOKENS
 
 __all__ = ["trained_layer_gate", "tile_decays", "gate_statistics", "HIDDEN", "PROJECTION_SCALE",
-           "TILE_DECAY_FLOOR"]
+           "TILE_DECAY_FLOOR", "GATE_FLOOR"]
 
 HIDDEN = 2048               # FLA's KimiDeltaAttention default hidden_size
 PROJECTION_SCALE = 4.0      # how much the recipe grows the gate projection's output over its initial one
@@ -46,9 +46,11 @@ DT_RANGE = (1e-3, 1e-1)     # dt log-uniform here, FLA's init
 DT_CLAMP = 1e-4             # FLA clamps dt below (a no-op for this range, kept to be FLA's line)
 TOKENS_PER_DRAW = 4096      # tokens of x drawn and projected at once; fixed, so the stream depends on nothing else
 
-# The most a 16-token tile may decay one channel (natural log): 2^-126, fp32's smallest normal,
-# the limit of our backward's factorised tile products (kernel.fla_dropin's GATE_FLOOR per token).
+# The most a 16-token tile may decay one channel (natural log) for our backward's factorised tile
+# products: 2^-126, fp32's smallest normal. A tile past it takes Kernel B's pairwise path.
 TILE_DECAY_FLOOR = -126.0 * math.log(2.0)
+# the per-token gate whose 16-token tile reaches that decay (-5.458...; FLA's recommended bound is -5)
+GATE_FLOOR = TILE_DECAY_FLOOR / TILE_TOKENS
 
 
 def _packed(B: Any, T: Any, lengths: Any) -> tuple[int, int, np.ndarray]:
@@ -121,8 +123,8 @@ def tile_decays(g, lengths: Sequence[int]):
     """Every 16-token tile's decay per head and channel: the sum of g (natural log) over the tile's
     tokens, float64 torch [tiles, HV, K]. g [B, T, HV, K] holds the sequences of ``lengths`` one after
     another (B equal ones, or one packed batch). A tile is 16 tokens from its sequence's start (the last
-    one shorter), as ``kernel.fla_dropin.tiles_in_range`` reads them; FLA's cumsum restarts every 64
-    tokens, a multiple of 16, so a tile's decay is its own sum either way."""
+    one shorter), as Kernel B walks them; FLA's cumsum restarts every 64 tokens, a multiple of 16, so
+    a tile's decay is its own sum either way."""
     import torch
 
     lens = lengths_arg(lengths)
@@ -140,11 +142,9 @@ def tile_decays(g, lengths: Sequence[int]):
 
 def gate_statistics(g, lengths: Sequence[int]) -> dict:
     """What the recipe is for, as plain floats: the smallest gate; the fraction of gates below
-    ``kernel.fla_dropin.GATE_FLOOR`` (each alone would fail a per-token floor); the smallest tile
-    decay; the fraction of (tile, head, channel) decays past :data:`TILE_DECAY_FLOOR` and of (tile,
-    head) with any channel past it (where ``kernel.chunk_kda``'s backward is FLA's today)."""
-    from kernel.fla_dropin import GATE_FLOOR
-
+    :data:`GATE_FLOOR` (each alone would fail a per-token floor); the smallest tile decay; the
+    fraction of (tile, head, channel) decays past :data:`TILE_DECAY_FLOOR` and of (tile, head) with
+    any channel past it (the tiles whose G14-G17 Kernel B forms pairwise)."""
     tiles = tile_decays(g, lengths)
     past = tiles < TILE_DECAY_FLOOR
     return {"min_gate": float(g.min()), "below_gate_floor": float((g < GATE_FLOOR).double().mean()),

@@ -217,7 +217,7 @@ def test_the_main_loop_with_stand_ins_for_the_gpu(monkeypatch, capsys, tmp_path)
 @pytest.mark.gpu
 @pytest.mark.fla
 @pytest.mark.parametrize("scale, past", [(4.0, False), (8.0, True)])
-def test_the_trained_layer_recipe_labels_the_fallback(scale, past, capsys):
+def test_the_trained_layer_recipe_runs_ours_past_the_tile_range(scale, past, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("fla")
     from kernel.tools.trained_layer_gate import gate_statistics, trained_layer_gate
@@ -234,10 +234,8 @@ def test_the_trained_layer_recipe_labels_the_fallback(scale, past, capsys):
     if "kernel.kda_backward cannot be imported" in out:
         assert labels == ["bf16 rounding", "FLA safe_gate=False"]
         return
-    ours = kda_precision.FALLBACK if past else kda_precision.OURS_DROPIN
-    assert labels == ["bf16 rounding", "FLA safe_gate=False", ours]
-    assert ("trained-layer 1x256: ran: the row is FLA's backward" in out) == past
-    assert ("trained-layer 1x256: did not run: ours" in out) == (not past)
-    if past:    # FLA's backward either way (on the same saved tensors): FLA's row's numbers
-        fla, fallback = ([float(c) for c in r.strip().strip("|").split("|")[3:]] for r in rows[1:3])
-        assert fallback == pytest.approx(fla, rel=1e-2), rows
+    assert labels == ["bf16 rounding", "FLA safe_gate=False", kda_precision.OURS_DROPIN]
+    assert "trained-layer 1x256: ours ran" in out
+    judged = [line for line in out.splitlines() if line.strip().startswith("trained-layer 1x256:")
+              and ("met" in line or "worse" in line)]
+    assert judged, out     # judged against FLA's row, tiles past the range or not

@@ -24,7 +24,6 @@ import pytest
 torch = pytest.importorskip("torch", reason="the recipe draws with torch")
 
 from kernel.activations import gate  # noqa: E402
-from kernel.fla_dropin import GATE_FLOOR, tiles_in_range  # noqa: E402
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM  # noqa: E402
 from kernel.tools import trained_layer_gate as recipe  # noqa: E402
 
@@ -106,7 +105,18 @@ def _chunk_cumsum_log2(g: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def test_tile_decays_read_the_tiles_as_the_drop_ins_range_check_does():
+def _decays_from_the_cumsum(gc: torch.Tensor, n: int) -> torch.Tensor:
+    """One sequence's tile decays (natural log) from FLA's 64-token cumsum gc [1, n, HV, K] (log2): each
+    16-token tile's last row minus the row before it within its chunk, the way Kernel B rebases gT."""
+    out = []
+    for start in range(0, n, 16):
+        last = min(start + 15, n - 1)
+        before = gc[0, start - 1] if start % 64 else torch.zeros_like(gc[0, 0])
+        out.append((gc[0, last] - before).double() * math.log(2.0))
+    return torch.stack(out)
+
+
+def test_tile_decays_read_the_tiles_as_kernel_b_rebases_them():
     lengths = [1, 15, 16, 17, 63, 64, 65, 200, 300]
     g = recipe.trained_layer_gate(None, None, 1, 2, lengths=lengths, seed=4, hidden=256, projection_scale=6.0)["g"]
     tiles = recipe.tile_decays(g, lengths)
@@ -118,7 +128,9 @@ def test_tile_decays_read_the_tiles_as_the_drop_ins_range_check_does():
     per_seq = np.concatenate([[0], np.cumsum([-(-n // 16) for n in lengths])])
     for n, t0, t1, s0, s1 in zip(lengths, cu[:-1], cu[1:], per_seq[:-1], per_seq[1:]):
         past = bool((tiles[s0:s1] < recipe.TILE_DECAY_FLOOR).any())
-        assert past == (not tiles_in_range(_chunk_cumsum_log2(g[:, t0:t1]), np.array([0, n]))), n
+        rebased = _decays_from_the_cumsum(_chunk_cumsum_log2(g[:, t0:t1]), n)
+        torch.testing.assert_close(rebased, tiles[s0:s1], rtol=1e-5, atol=1e-3)   # fp32 cumsums of up to 64
+        assert past == bool((rebased < recipe.TILE_DECAY_FLOOR).any()), n
         verdicts.append(past)
     assert any(verdicts) and not all(verdicts), verdicts    # both outcomes, or the comparison says little
 
@@ -148,4 +160,4 @@ def test_seed_0_is_the_simulations_layer(simulation):
     assert _within_counting_noise(four["below_gate_floor"], 7.8e-3, gates), four
     assert _within_counting_noise(four["tile_channels_past"], 5.5e-5, tile_channels), four
     assert four["min_tile"] < recipe.TILE_DECAY_FLOOR < two["min_tile"], (two, four)
-    assert -5.46 < GATE_FLOOR < -5.45
+    assert -5.46 < recipe.GATE_FLOOR < -5.45

@@ -228,6 +228,21 @@ def test_a_tile_past_fp32s_range_is_exact_through_the_pairwise_path(wide_case):
     assert all(np.isfinite(list(errs.values())))
 
 
+def test_a_partial_tile_past_the_range_is_exact_too():
+    # the chunk's last tile holds 13 tokens; its rows past the end (gc = gT, zero q and k) stay out of
+    # the pairwise sums, and a gate of -300 at one token (2^-433, within the float64 reference's 2^-512)
+    # puts every channel past the range at once
+    def wide(g):
+        g[0, 34, HEAD, :] = -300.0
+        g[0, 36:45, HEAD, 9] = -30.0
+
+    case = make_case(45, seed=1, wide=wide)
+    out, got = emulate(case)
+    assert out.pairwise == [False, False, True]
+    errs = _check(case, out, got, 3)
+    assert all(np.isfinite(list(errs.values())))
+
+
 def test_the_factorised_products_fail_on_that_tile(wide_case, monkeypatch):
     # the same tile with no span limit takes R1's factors past fp32's range: the reason for the path
     monkeypatch.setattr(kb, "SPAN_LIMIT", np.float32(np.inf))

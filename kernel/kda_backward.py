@@ -167,9 +167,12 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
-        side_by_side: bool | None = None) -> dict:
+        side_by_side: bool | None = None, rstd: tuple | None = None) -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
-    by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'."""
+    by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
+    ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
+    the normalised rows, and dq, dk come out with respect to the raw ones (Kernel B applies the l2norm's
+    backward in its epilogue)."""
     cupy = require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     scans = (plan_scans(batch.N * batch.H, builds.sm_count(), side_by_side) if states is None
@@ -178,8 +181,8 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
         import torch
 
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states)
-    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states)
+            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd)
+    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd)
 
 
 def _empty_bf16(batch: Batch, like):
@@ -194,7 +197,7 @@ def _empty_bf16(batch: Batch, like):
     return cupy.empty(batch.states_shape, dtype=np.uint16)
 
 
-def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states) -> dict:
+def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd) -> dict:
     import cupy
 
     B, T, H = batch.B, batch.T, batch.H
@@ -262,6 +265,7 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
         out = {"dq": cupy.empty(wide, np.float32), "dk": cupy.empty(wide, np.float32),
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
                "dbeta": cupy.empty(row, np.float32)}
+    rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
-                           cu=batch.cu_seqlens, H=H, scale=batch.scale, out=out)
+                           cu=batch.cu_seqlens, H=H, scale=batch.scale, out=out, rstd=rstd_c)
     return {**(out_t if batch.torch_out else out), "dh0": dh0}

@@ -18,7 +18,7 @@ what lies between its gradients and the call's arguments:
 * ``state_v_first``: the states enter and leave the backward as [K, V];
 * grouped value heads: q and k repeated per value head for the backward, dq and dk summed back over
   each group (FLA sums them the same way);
-* the l2norm's backward (FLA's) and the casts to the inputs' dtypes.
+* the l2norm's backward, in Kernel B's epilogue (from FLA's rstd), and the casts to the inputs' dtypes.
 
 Every gate FLA accepts runs ours: a 16-token tile whose gates decay a channel past fp32's range for
 the factorised tile products takes Kernel B's pairwise path, decided on the device with no host
@@ -59,7 +59,7 @@ def warn_once(message: str) -> None:
 
 def _fla():
     try:
-        from fla.modules.norm.l2norm import l2norm_bwd, l2norm_fwd
+        from fla.modules.norm.l2norm import l2norm_fwd
         from fla.ops.common.gate import fused_beta_sigmoid_fwd
         from fla.ops.kda.chunk_fwd import chunk_kda_fwd
         from fla.ops.kda.gate import kda_gate_chunk_cumsum
@@ -67,7 +67,7 @@ def _fla():
         from fla.ops.utils.index import prepare_chunk_indices
     except ImportError as exc:
         raise ImportError(f"kernel.chunk_kda runs FLA's forward: it needs fla-core 0.6.0 and triton ({exc})") from exc
-    return dict(l2norm_fwd=l2norm_fwd, l2norm_bwd=l2norm_bwd, beta_sigmoid=fused_beta_sigmoid_fwd,
+    return dict(l2norm_fwd=l2norm_fwd, beta_sigmoid=fused_beta_sigmoid_fwd,
                 chunk_kda_fwd=chunk_kda_fwd, gate_cumsum=kda_gate_chunk_cumsum,
                 rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
 
@@ -150,11 +150,10 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
             g_cumsum = fla["gate_cumsum"](g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=fla["rcp_ln2"],
                                           chunk_size=CHUNK_TOKENS, cu_seqlens=cu_seqlens,
                                           chunk_indices=chunk_indices, lower_bound=call.lower_bound)
+        # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
+        rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
         dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
-                                                      Aqk, Akk, h, initial_state, do, dht)
-        if call.use_qk_l2norm_in_kernel:
-            dq = fla["l2norm_bwd"](q, q_rstd, dq) if need[0] else None
-            dk = fla["l2norm_bwd"](k, k_rstd, dk) if need[1] else None
+                                                      Aqk, Akk, h, initial_state, do, dht, rstd)
     if beta_activated is not None and need[4]:
         from ..activations import beta_backward
 
@@ -165,19 +164,23 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
     return tuple(x.to(dt) if (x is not None and wanted) else None for x, dt, wanted in zip(grads, dtypes, need))
 
 
-def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht):
+def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht, rstd):
     """Our backward and the layouts around it; the gradients as FLA's chunk_kda_bwd returns them
-    (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias)."""
+    (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias), dq and dk
+    through the l2norm's backward where ``rstd`` (q's and k's) is given."""
     from ..kda_backward import checked_batch, run
 
     G = call.groups
     qv, kv = (q, k) if G == 1 else (q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2))
+    if rstd is not None:   # per value head as q and k; the l2norm's backward is linear in dy: it commutes
+        rstd = tuple(x.float().contiguous() if G == 1 else x.float().repeat_interleave(G, dim=2) for x in rstd)
     batch = checked_batch(call.B, call.T, call.HV, call.offsets, scale=call.scale, torch_out=True)
     # FLA's saved states are [V, K] with state_v_first: the forward-state scan makes ours instead
     states = h if not call.state_v_first else None
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     dht = None if dht is None else (_v_first(dht) if call.state_v_first else dht.contiguous())
-    grads = run(batch, qv, kv, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states)
+    grads = run(batch, qv, kv, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
+                rstd=rstd)
     dq, dk = grads["dq"], grads["dk"]
     if G > 1:   # each query head's gradient is the sum over the value heads that read it
         dq = dq.view(call.B, call.T, call.H, G, -1).sum(3)

@@ -86,14 +86,17 @@ def _device_tables(cu_bytes: bytes):
 
 
 def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, scale: float,
-           out: dict) -> None:
+           out: dict, rstd: tuple | None = None) -> None:
     """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
-    preallocated CuPy arrays of ``out``: dq, dk, dg (fp32), dv (bf16 bits), dbeta (fp32)."""
+    preallocated CuPy arrays of ``out``: dq, dk, dg (fp32), dv (bf16 bits), dbeta (fp32). With ``rstd``
+    (q's and k's fp32 [tokens, H] 1 / |x| from the forward's l2norm, q and k then the normalised
+    rows), dq and dk come out through the l2norm's backward: with respect to the raw q and k."""
     fn, smem, threads = kernel()
     cu_d, tile_d, chunk_d, seq_d, chunks = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes())
+    q_rstd, k_rstd = rstd if rstd is not None else (np.uint64(0), np.uint64(0))   # null pointers: no l2norm
     fn((chunks, H), (threads,),
        (q, k, v, do, g, beta, aqk, akk, ds, states, out["dq"], out["dk"], out["dv"], out["dg"], out["dbeta"],
-        cu_d, tile_d, chunk_d, seq_d, np.int32(H), np.float32(scale)),
+        q_rstd, k_rstd, cu_d, tile_d, chunk_d, seq_d, np.int32(H), np.float32(scale)),
        shared_mem=smem)
 
 

@@ -56,8 +56,10 @@ def _worst(out, ref, cu, axis_h=2):
     return worst
 
 
-def make_case(case, H=2, seed=11):
-    """Host float64 inputs, the device inputs in FLA's layout, and the reference gradients."""
+def make_case(case, H=2, seed=11, with_l2norm=False):
+    """Host float64 inputs, the device inputs in FLA's layout, and the reference gradients. With
+    ``with_l2norm``, q and k go in normalised (bf16) with their fp32 rstd in the inputs' "rstd", and
+    the reference's dq, dk are with respect to the raw rows (its own l2norm in float64)."""
     import cupy
 
     from kernel.ds_scan.launch import bf16_bits, bits_to_f32
@@ -70,7 +72,8 @@ def make_case(case, H=2, seed=11):
     if case.get("wide"):
         _widen(raw["g"])
     rb = lambda x: bits_to_f32(bf16_bits(x)).astype(np.float64)  # noqa: E731  (bf16 rounding)
-    q, k = rb(l2norm(np, raw["q"].astype(np.float64))), rb(l2norm(np, raw["k"].astype(np.float64)))
+    q_raw, k_raw = rb(raw["q"]), rb(raw["k"])
+    q, k = rb(l2norm(np, q_raw)), rb(l2norm(np, k_raw))
     v, do = rb(raw["v"]), rb(raw["do"])
     g, beta = raw["g"].astype(np.float64), raw["beta"].astype(np.float64)
     cu = raw["cu_seqlens"]
@@ -82,6 +85,10 @@ def make_case(case, H=2, seed=11):
     F = fla_forward_tensors(q, k, g, beta, cu_seqlens=cu, qk_l2norm=False)
     ref = kda_backward_reference(q, k, v, g, beta, do, initial_state=h0, dht=raw["dht"], cu_seqlens=cu,
                                  qk_l2norm=False)
+    if with_l2norm:   # dq, dk with respect to the raw rows: the reference's l2norm, on those
+        raw_ref = kda_backward_reference(q_raw, k_raw, v, g, beta, do, initial_state=h0, dht=raw["dht"],
+                                         cu_seqlens=cu, qk_l2norm=True)
+        ref = {**ref, "dq": raw_ref["dq"], "dk": raw_ref["dk"]}
     _, _, tile_states = kda_forward_reference(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, qk_l2norm=False)
     t = tables(cu_h)
     flat = tile_states.reshape(-1, H, 128, 128)
@@ -94,6 +101,8 @@ def make_case(case, H=2, seed=11):
     kw = dict(initial_state=None if h0 is None else dev(h0.astype(np.float32)),
               dht=None if raw["dht"] is None else dev(raw["dht"].astype(np.float32)), cu_seqlens=cu)
     states = dev(bf16_bits(every64.reshape(states_shape)))
+    if with_l2norm:
+        kw["rstd"] = tuple(dev((1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)).astype(np.float32)) for x in (q_raw, k_raw))
     return inputs, kw, states, ref, cu
 
 
@@ -139,6 +148,20 @@ def test_whole_backward_matches_float64(case):
     inputs, kw, _, ref, cu = make_case(case)
     out = kda_backward(**inputs, **kw)
     _check(out, ref, cu, "recomputed states")
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=IDS[:2])
+def test_kernel_b_applies_the_l2norms_backward(case):
+    """q and k as the forward's l2norm left them, with its rstd: dq and dk with respect to the raw rows."""
+    from kernel.kda_backward import checked_batch, run
+
+    inputs, kw, states, ref, cu = make_case(case, with_l2norm=True)
+    rstd, cu_seqlens = kw.pop("rstd"), kw.pop("cu_seqlens")
+    B, T, H = inputs["q"].shape[:3]
+    batch = checked_batch(B, T, H, cu_seqlens, scale=128 ** -0.5, torch_out=False)
+    out = run(batch, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], inputs["Aqk"],
+              inputs["Akk"], inputs["do"], states=states, rstd=rstd, **kw)
+    _check(out, ref, cu, "the l2norm's backward in Kernel B")
 
 
 def test_two_calls_give_the_same_bits():

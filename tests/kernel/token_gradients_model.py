@@ -272,7 +272,8 @@ class Inputs:
     q, k, v, do [tokens, H, 128] bf16; g [tokens, H, 128] fp32 (FLA's 64-chunk-local log2
     cumsum); beta [tokens, H] fp32; aqk, akk [tokens, H, 64] bf16; ds [tiles, H, 128, 128] bf16
     (dS after every tile); states [chunks, H, 128, 128] bf16 (the state entering every chunk);
-    cu [N + 1] int64 offsets; scale.
+    cu [N + 1] int64 offsets; scale; q_rstd, k_rstd [tokens, H] fp32 or None (the forward's l2norm:
+    dq and dk then go through its backward).
     """
     q: np.ndarray
     k: np.ndarray
@@ -286,6 +287,8 @@ class Inputs:
     states: np.ndarray
     cu: np.ndarray
     scale: float
+    q_rstd: np.ndarray | None = None
+    k_rstd: np.ndarray | None = None
 
     def image(self, name: str) -> np.ndarray:
         """The array as a flat byte image (the model's global memory)."""
@@ -330,6 +333,13 @@ def _bf(bits) -> np.ndarray:
 def _sum_over_g(x: np.ndarray) -> np.ndarray:
     """The kernel's sum_over_g: xor shuffles 4, 8, 16 (fp32, the same order)."""
     for m in (4, 8, 16):
+        x = _f32(x + x[LANE ^ m])
+    return x
+
+
+def _sum_over_t(x: np.ndarray) -> np.ndarray:
+    """A row's 4 lanes' sum: xor shuffles 1, 2 (fp32, the kernel's order)."""
+    for m in (1, 2):
         x = _f32(x + x[LANE ^ m])
     return x
 
@@ -406,6 +416,7 @@ class CtaModel:
                                                         "states")}
         self.cps = copies_of(np.arange(THREADS), self.RS)
         self.S = np.zeros((WARPS, WARP, 16, 4), np.float32)   # every warp's float S[16][4]
+        self.pending: dict = {}   # warp -> the K phase's dq, dk before their stores (_k_out)
         size = tokens * H * HEAD_DIM
         self.out = Outputs(dq=np.full(size, np.nan, np.float32), dk=np.full(size, np.nan, np.float32),
                            dv=np.full(size, 0xFFFF, np.uint16), dg=np.full(size, np.nan, np.float32),
@@ -532,6 +543,8 @@ class CtaModel:
         self._reduce()
         for w in range(WARPS):
             self._k_phase(w, row0, lt)
+        for w in range(WARPS):   # after the K phase's barrier where the l2norm's row sums meet
+            self._k_out(w, tok0, row0, lt)
         self._finish(tok0, row0, lt, last)
 
     def env(self, warp: int) -> dict:
@@ -771,6 +784,8 @@ class CtaModel:
         feb = fsb + TILE_TOKENS * PS
         qs32, ks32 = self.u32(stb + L["ST_Q"]), self.u32(stb + L["ST_K"])
         b2 = [np.zeros(WARP, np.float32), np.zeros(WARP, np.float32)]
+        out = {}   # (nt, r) -> (dq pair, dk pair), stored by _k_out
+        yq, yk = [np.zeros(WARP, np.float32) for _ in range(2)], [np.zeros(WARP, np.float32) for _ in range(2)]
         for nt in range(2):
             cl = 8 * nt + 2 * T
             kk = k0 + cl
@@ -807,10 +822,17 @@ class CtaModel:
                 for e in range(2):
                     part[fsb + i * PS + cl + e] = fs2[e]
                     part[feb + i * PS + cl + e] = fe2[e]
-                    ok = i < lt
-                    off = row0 + i * self.RS + kk + e
-                    self.out.dq[off[ok]] = dq2[e][ok]
-                    self.out.dk[off[ok]] = dk2[e][ok]
+                out[nt, r] = (dq2, dk2)
+                yq[r] = _f32(yq[r] + _f32(qv[0] * dq2[0] + qv[1] * dq2[1]))
+                yk[r] = _f32(yk[r] + _f32(kv[0] * dk2[0] + kv[1] * dk2[1]))
+        self.pending[w] = out
+        if self.inp.q_rstd is not None:   # each row's y . dy over this warp's 16 columns, to shared memory
+            l2part = self.f32(L["SM_L2PART"])
+            for r in range(2):
+                for which, y in ((0, yq[r]), (1, yk[r])):
+                    x = _sum_over_t(y)
+                    t0 = T == 0
+                    l2part[((which * WARPS + w) * TILE_TOKENS + G + 8 * r)[t0]] = x[t0]
         b2part = self.f32(L["SM_B2PART"])
         for r in range(2):
             x = b2[r]
@@ -832,6 +854,41 @@ class CtaModel:
             if i < lt:
                 self.out.dg[row0 + i * self.RS + kk] = _f32(rev[i] - ex + tail)
             ex = _f32(ex + part[feb + i * PS + ln])
+
+    def _k_out(self, w: int, tok0: int, row0: int, lt: int) -> None:
+        """The K phase's dq and dk stores of warp w, through the l2norm's backward where its rstd is given:
+        dx = rstd (dy - y (y . dy)), each row's dot the 8 warps' partial sums added in order."""
+        L, H, k0 = LAYOUT, self.H, 16 * w
+        qs16, ks16 = self.u16(self.stb + L["ST_Q"]), self.u16(self.stb + L["ST_K"])
+        l2part = self.f32(L["SM_L2PART"])
+        for r in range(2):
+            i = G + 8 * r
+            ok = i < lt
+            scale = None
+            if self.inp.q_rstd is not None:
+                dots = []
+                for which in range(2):
+                    d = np.zeros(WARP, np.float32)
+                    for ww in range(WARPS):
+                        d = _f32(d + l2part[(which * WARPS + ww) * TILE_TOKENS + i])
+                    dots.append(d)
+                tok = np.minimum(tok0 + i, self.inp.q_rstd.shape[0] - 1)   # rows past the tile read nothing
+                rq = np.where(ok, self.inp.q_rstd[tok, self.h], 0).astype(np.float32)
+                rk = np.where(ok, self.inp.k_rstd[tok, self.h], 0).astype(np.float32)
+                scale = (rq, rk, dots)
+            for nt in range(2):
+                kk = k0 + 8 * nt + 2 * T
+                dq2, dk2 = self.pending[w][nt, r]
+                for e in range(2):
+                    dq, dk = dq2[e], dk2[e]
+                    if scale is not None:
+                        rq, rk, (dot_q, dot_k) = scale
+                        qv, kv = _bf(qs16[i * (ROW // 2) + kk + e]), _bf(ks16[i * (ROW // 2) + kk + e])
+                        dq = _f32(rq * _f32(dq - _f32(qv * dot_q)))
+                        dk = _f32(rk * _f32(dk - _f32(kv * dot_k)))
+                    off = row0 + i * self.RS + kk + e
+                    self.out.dq[off[ok]] = dq[ok]
+                    self.out.dk[off[ok]] = dk[ok]
 
     def _pairwise_row(self, i: np.ndarray, kk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """pairwise_row (token_gradients_pairwise.cuh) for each lane's row i and column kk: G14's and

@@ -51,10 +51,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,
         const float* gate, const float* beta, const unsigned short* aqk, const unsigned short* akk,
         const unsigned short* ds, const unsigned short* states, float* dq, float* dk, unsigned short* dv,
-        float* dg, float* dbeta, const long long* cu, const long long* tile_offs, const long long* chunk_offs,
-        const int* chunk_seq, int H_, float scale) {
-    const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, cu, tile_offs,
-                 chunk_offs, chunk_seq, H_, scale};
+        float* dg, float* dbeta, const float* q_rstd, const float* k_rstd, const long long* cu,
+        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int H_, float scale) {
+    const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, q_rstd, k_rstd, cu,
+                 tile_offs, chunk_offs, chunk_seq, H_, scale};
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const X4Lane xl = x4_lane(lane);
@@ -82,6 +82,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     float* const b2part = reinterpret_cast<float*>(smem + SM_B2PART);
     float* const dvec = reinterpret_cast<float*>(smem + SM_DVEC);
     float* const b1 = reinterpret_cast<float*>(smem + SM_B1);
+    float* const l2part = reinterpret_cast<float*>(smem + SM_L2PART);
 
     const int v0 = 16 * warp;   // V phase: this warp's v rows
     const int k0 = 16 * warp;   // K phase: this warp's k columns
@@ -220,6 +221,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             float* const fsb = part + warp * 2 * TILE_TOKENS * PS;   // this warp's from_start [16 i][16 k]
             float* const feb = fsb + TILE_TOKENS * PS;                 // and from_end
             float b2[2] = {0.f, 0.f};
+            float dqo[2][2][2], dko[2][2][2];   // [n-tile][row half][pair]: dq, dk, stored after the loop
+            float yq[2] = {0.f, 0.f}, yk[2] = {0.f, 0.f};   // y . dy of each row over this lane's 4 columns
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
                 const int cl = 8 * nt + 2 * t, kk = k0 + cl;
@@ -240,7 +243,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     const u32 be2 = *reinterpret_cast<const u32*>(smem + SM_BKE + so);
                     const float kdb[2] = {bf16_lo(kd2), bf16_hi(kd2)}, krb[2] = {bf16_lo(kr2), bf16_hi(kr2)};
                     const float qeb[2] = {bf16_lo(qe2), bf16_hi(qe2)}, beb[2] = {bf16_lo(be2), bf16_hi(be2)};
-                    float dq2[2], dk2[2], fs2[2], fe2[2];
+                    float* const dq2 = dqo[nt][r];
+                    float* const dk2 = dko[nt][r];
+                    float fs2[2], fe2[2];
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const float fs = exp2f(gcv[e]), fu = exp2f(gcv[e] - gTv[e]), fd = exp2f(gTv[e] - gcv[e]);
@@ -262,10 +267,62 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     }
                     *reinterpret_cast<float2*>(fsb + i * PS + cl) = make_float2(fs2[0], fs2[1]);
                     *reinterpret_cast<float2*>(feb + i * PS + cl) = make_float2(fe2[0], fe2[1]);
+                    yq[r] += qv[0] * dq2[0] + qv[1] * dq2[1];
+                    yk[r] += kv[0] * dk2[0] + kv[1] * dk2[1];
+                }
+            }
+            // dq and dk out. Where the op normalised q and k (their rstd given), through the l2norm's
+            // backward first: dx = rstd (dy - y (y . dy)), y the normalised row this kernel read. A row's
+            // y . dy over its 128 columns: this warp's 16 (the row's 4 lanes), then the 8 warps' in
+            // shared memory, added in a fixed order.
+            if (a.q_rstd != nullptr) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+#pragma unroll
+                    for (int m = 1; m <= 2; m <<= 1) {
+                        yq[r] += __shfl_xor_sync(0xffffffffu, yq[r], m);
+                        yk[r] += __shfl_xor_sync(0xffffffffu, yk[r], m);
+                    }
+                    if (t == 0) {
+                        l2part[warp * TILE_TOKENS + g + 8 * r] = yq[r];
+                        l2part[(WARPS + warp) * TILE_TOKENS + g + 8 * r] = yk[r];
+                    }
+                }
+                __syncthreads();   // every warp's row sums are in
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = g + 8 * r;
+                    float dot_q = 0.f, dot_k = 0.f;
+#pragma unroll
+                    for (int w = 0; w < WARPS; ++w) {
+                        dot_q += l2part[w * TILE_TOKENS + i];
+                        dot_k += l2part[(WARPS + w) * TILE_TOKENS + i];
+                    }
+                    const float rq = i < lt ? a.q_rstd[(tok0 + i) * H + h] : 0.f;
+                    const float rk = i < lt ? a.k_rstd[(tok0 + i) * H + h] : 0.f;
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        const int kk = k0 + 8 * nt + 2 * t;
+                        const u32 q2 = *reinterpret_cast<const u32*>(qs + i * (ROW / 2) + kk);
+                        const u32 k2 = *reinterpret_cast<const u32*>(ks + i * (ROW / 2) + kk);
+                        const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            dqo[nt][r][e] = rq * (dqo[nt][r][e] - qv[e] * dot_q);
+                            dko[nt][r][e] = rk * (dko[nt][r][e] - kv[e] * dot_k);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int i = g + 8 * r;
                     if (i < lt) {
-                        const long long off = row0 + i * RS + kk;
-                        *reinterpret_cast<float2*>(a.dq + off) = make_float2(dq2[0], dq2[1]);
-                        *reinterpret_cast<float2*>(a.dk + off) = make_float2(dk2[0], dk2[1]);
+                        const long long off = row0 + i * RS + k0 + 8 * nt + 2 * t;
+                        *reinterpret_cast<float2*>(a.dq + off) = make_float2(dqo[nt][r][0], dqo[nt][r][1]);
+                        *reinterpret_cast<float2*>(a.dk + off) = make_float2(dko[nt][r][0], dko[nt][r][1]);
                     }
                 }
             }

@@ -59,7 +59,8 @@ constexpr int SM_B1PART = SM_DPART + WARPS * TILE_TOKENS * 4;    // fp32 [8][16]
 constexpr int SM_B2PART = SM_B1PART + WARPS * TILE_TOKENS * 4;   // fp32 [8][16] per-warp rowsum(Ke . X)
 constexpr int SM_DVEC = SM_B2PART + WARPS * TILE_TOKENS * 4;     // fp32 [16] d
 constexpr int SM_B1 = SM_DVEC + TILE_TOKENS * 4;                 // fp32 [16] rowsum(dW . Vn)
-constexpr int SMEM_BYTES = SM_B1 + TILE_TOKENS * 4;
+constexpr int SM_L2PART = SM_B1 + TILE_TOKENS * 4;              // fp32 [2][8][16] per-warp y . dy of q, k rows
+constexpr int SMEM_BYTES = SM_L2PART + 2 * WARPS * TILE_TOKENS * 4;
 static_assert(WARPS * TILE_TOKENS * TILE_TOKENS * 2 <= SM_DPART - SM_FRAG,
               "the U remainders must fit in the fragment area");
 static_assert(SMEM_BYTES <= 232448, "more shared memory than an H200 SM lends one CTA");

@@ -23,6 +23,8 @@ struct Args {
     unsigned short* dv;           // bf16 [tokens, H, 128]
     float* dg;                    // fp32 [tokens, H, 128]: w.r.t. the per-token natural-log gate
     float* dbeta;                 // fp32 [tokens, H]
+    const float* q_rstd;          // fp32 [tokens, H], or null: 1 / |q| of the forward's l2norm (dq, dk then
+    const float* k_rstd;          // come out with respect to the raw q, k), as FLA's l2norm_fwd returns it
     const long long* cu;          // [N + 1] sequence offsets
     const long long* tile_offs;   // [N + 1] first dS snapshot (tile) of each sequence
     const long long* chunk_offs;  // [N + 1] first state (64-chunk) of each sequence

@@ -54,14 +54,18 @@ def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.nd
     return h0, dS
 
 
-def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0, wide=None) -> dict:
+def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0, wide=None,
+              with_l2norm: bool = False) -> dict:
     """One sequence of T <= 64 tokens (one 64-token chunk), H heads: the kernel's inputs and the
     float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, tile 1 from tile 0's S1).
     recipe: kernel.reference.random_inputs, or "unit" (kernel.tools.kda_precision's: q, k, v, do
     ~ N(0, 1), gates logsigmoid(N(0, 1)) clamped to [-5, 0]). With `context`, the chunk's entry
     state and the dS entering it from the right are those of a chunk in the middle of a sequence
     (:func:`_inside_a_long_sequence`); without, a small random state and the recipe's dht. `wide`
-    edits the gates (natural log, [1, T, H, K]) in place first."""
+    edits the gates (natural log, [1, T, H, K]) in place first. ``with_l2norm``: the kernel also gets the
+    forward's rstd of q and k (1 / sqrt(|x|^2 + 1e-6) of the raw rows, fp32, as FLA's l2norm_fwd), and
+    the reference's dq, dk go through the l2norm's backward in float64, r (dy - y (y . dy)), y the
+    normalised rows the kernel reads."""
     raw = _recipe(recipe, T, seed)
     if wide is not None:
         wide(raw["g"])
@@ -82,10 +86,16 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     ds = bf16_bits(snaps[0].astype(np.float32))                                # [tiles, H, K, V]
     states = bf16_bits(h0.astype(np.float32))                                  # [chunks, H, K, V]
     s = HEAD_DIM ** -0.5
+    rstd = {}
+    if with_l2norm:
+        for n in ("q", "k"):
+            x = raw[n][0].astype(np.float64)
+            rstd[n] = 1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)                 # [tokens, H]
     inp = kb.Inputs(q=bf16_bits(q[0].astype(np.float32)), k=bf16_bits(k[0].astype(np.float32)),
                     v=bf16_bits(v[0].astype(np.float32)), do=bf16_bits(do[0].astype(np.float32)),
                     g=g64[0], beta=beta[0].astype(np.float32), aqk=aqk[0], akk=akk[0], ds=ds, states=states,
-                    cu=cu, scale=s)
+                    cu=cu, scale=s, q_rstd=rstd["q"].astype(np.float32) if with_l2norm else None,
+                    k_rstd=rstd["k"].astype(np.float32) if with_l2norm else None)
 
     ref, S0 = [], bits_to_f32(states[0, HEAD]).astype(np.float64)
     for t in range(-(-T // TILE_TOKENS)):
@@ -105,6 +115,11 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
         dS1 = bits_to_f32(ds[t, HEAD]).astype(np.float64)
         grads = _tile_backward(np, blk, r, S0, dS1)
         _, S1, _ = _tile_forward(np, blk, r, S0)
+        if with_l2norm:   # dx = r (dy - y (y . dy)) for the rows of head HEAD
+            for n, y in (("dq", blk["q"]), ("dk", blk["k"])):
+                dy, r = grads[n], np.zeros(TILE_TOKENS)
+                r[:L] = rstd[n[1]][rows, HEAD]
+                grads[n] = r[:, None] * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
         ref.append({"rows": rows, "S1": S1, **{n: grads[n][:L] for n in GRADS}})
         S0 = S1
     return {"inputs": inp, "ref": ref}
@@ -172,7 +187,7 @@ def _check(case, out, got, tiles):
 def test_the_layout_is_the_cus():
     L = kb.LAYOUT
     assert (L["ROW"], L["PS"], L["GC_ROW"], L["THREADS"]) == (272, 24, 136, 256)
-    assert L["SMEM_BYTES"] == 229_376                      # ptx-lab resources' count of the build
+    assert L["SMEM_BYTES"] == 230_400                      # ptx-lab resources' count of the build
     assert L["ST_MQK"] + TILE_TOKENS * 32 == L["ST_INV"]              # 32-byte rows for the 16 x 16 blocks
     missing = kb.CU.replace(kb.SITES["G2 B Kr^T"], "b_of(b0, b1f, nc + SM_KR + at(0, 16 * ks2));")
     with pytest.raises(LookupError, match=r"SITES\['G2 B Kr\^T'\].*not in token_gradients.cu"):
@@ -207,6 +222,16 @@ def test_a_partial_tile_after_the_carried_state_matches(partial_case):
     out, got = emulate(partial_case)
     assert len(out.S1_fp32) == 1                            # no S1 after the chunk's last tile
     _check(partial_case, out, got, 2)
+
+
+def test_the_l2norms_backward_in_the_epilogue_matches_float64():
+    # a chunk of two full tiles and a partial one, q and k through the forward's l2norm; its backward
+    # runs after the 8 warps' row sums meet
+    case = make_case(45, seed=2, with_l2norm=True)
+    out, got = emulate(case)
+    _check(case, out, got, 3)
+    plain = make_case(45, seed=2)              # without the rstd: the normalised rows' gradients
+    assert not np.allclose(emulate(plain)[1]["dq"][:45, HEAD], got["dq"][:45, HEAD], rtol=1e-2)
 
 
 def _wide_tile(g):

@@ -167,12 +167,13 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
-        side_by_side: bool | None = None, rstd: tuple | None = None) -> dict:
+        side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False) -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
     by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
     ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
     the normalised rows, and dq, dk come out with respect to the raw ones (Kernel B applies the l2norm's
-    backward in its epilogue)."""
+    backward in its epilogue). ``dqk_bf16``: dq and dk come back bf16, rounded once in Kernel B (for a
+    caller whose gradients are bf16: no cast pass after it)."""
     cupy = require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     scans = (plan_scans(batch.N * batch.H, builds.sm_count(), side_by_side) if states is None
@@ -181,8 +182,8 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
         import torch
 
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd)
-    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd)
+            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16)
+    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16)
 
 
 def _empty_bf16(batch: Batch, like):
@@ -197,7 +198,8 @@ def _empty_bf16(batch: Batch, like):
     return cupy.empty(batch.states_shape, dtype=np.uint16)
 
 
-def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd) -> dict:
+def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,
+         dqk_bf16: bool) -> dict:
     import cupy
 
     B, T, H = batch.B, batch.T, batch.H
@@ -255,14 +257,16 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
         import torch
 
         dev = q.device
-        out_t = {"dq": torch.empty(wide, dtype=torch.float32, device=dev),
-                 "dk": torch.empty(wide, dtype=torch.float32, device=dev),
+        dqk = torch.bfloat16 if dqk_bf16 else torch.float32
+        out_t = {"dq": torch.empty(wide, dtype=dqk, device=dev),
+                 "dk": torch.empty(wide, dtype=dqk, device=dev),
                  "dv": torch.empty(wide, dtype=torch.bfloat16, device=dev),
                  "dg": torch.empty(wide, dtype=torch.float32, device=dev),
                  "dbeta": torch.empty(row, dtype=torch.float32, device=dev)}
         out = {name: cupy_view(x) for name, x in out_t.items()}
     else:
-        out = {"dq": cupy.empty(wide, np.float32), "dk": cupy.empty(wide, np.float32),
+        dqk = np.uint16 if dqk_bf16 else np.float32
+        out = {"dq": cupy.empty(wide, dqk), "dk": cupy.empty(wide, dqk),
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
                "dbeta": cupy.empty(row, np.float32)}
     rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))

@@ -179,8 +179,9 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     states = h if not call.state_v_first else None
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     dht = None if dht is None else (_v_first(dht) if call.state_v_first else dht.contiguous())
+    # bf16 dq, dk straight from Kernel B where they go out as such: no group sum (fp32) after it
     grads = run(batch, qv, kv, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
-                rstd=rstd)
+                rstd=rstd, dqk_bf16=G == 1 and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16)
     dq, dk = grads["dq"], grads["dk"]
     if G > 1:   # each query head's gradient is the sum over the value heads that read it
         dq = dq.view(call.B, call.T, call.H, G, -1).sum(3)

@@ -88,15 +88,20 @@ def _device_tables(cu_bytes: bytes):
 def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, scale: float,
            out: dict, rstd: tuple | None = None) -> None:
     """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
-    preallocated CuPy arrays of ``out``: dq, dk, dg (fp32), dv (bf16 bits), dbeta (fp32). With ``rstd``
-    (q's and k's fp32 [tokens, H] 1 / |x| from the forward's l2norm, q and k then the normalised
-    rows), dq and dk come out through the l2norm's backward: with respect to the raw q and k."""
+    preallocated CuPy arrays of ``out``: dq, dk (fp32, or bf16 bits: rounded once in the kernel), dg
+    (fp32), dv (bf16 bits), dbeta (fp32). With ``rstd`` (q's and k's fp32 [tokens, H] 1 / |x| from
+    the forward's l2norm, q and k then the normalised rows), dq and dk come out through the l2norm's
+    backward: with respect to the raw q and k."""
+    bf16_out = out["dq"].dtype == np.uint16
+    if out["dk"].dtype != out["dq"].dtype or not (bf16_out or out["dq"].dtype == np.float32):
+        raise ValueError(f"out: dq and dk must both be float32 or both bf16 bits (uint16), got {out['dq'].dtype} "
+                         f"and {out['dk'].dtype}")
     fn, smem, threads = kernel()
     cu_d, tile_d, chunk_d, seq_d, chunks = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes())
     q_rstd, k_rstd = rstd if rstd is not None else (np.uint64(0), np.uint64(0))   # null pointers: no l2norm
     fn((chunks, H), (threads,),
        (q, k, v, do, g, beta, aqk, akk, ds, states, out["dq"], out["dk"], out["dv"], out["dg"], out["dbeta"],
-        q_rstd, k_rstd, cu_d, tile_d, chunk_d, seq_d, np.int32(H), np.float32(scale)),
+        q_rstd, k_rstd, cu_d, tile_d, chunk_d, seq_d, np.int32(H), np.float32(scale), np.int32(bf16_out)),
        shared_mem=smem)
 
 

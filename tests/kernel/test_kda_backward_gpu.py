@@ -164,6 +164,22 @@ def test_kernel_b_applies_the_l2norms_backward(case):
     _check(out, ref, cu, "the l2norm's backward in Kernel B")
 
 
+def test_bf16_dq_dk_are_the_fp32_ones_rounded_once():
+    from kernel.ds_scan.launch import bf16_bits
+    from kernel.kda_backward import checked_batch, run
+
+    inputs, kw, states, _, cu = make_case(CASES[1], with_l2norm=True)
+    rstd, cu_seqlens = kw.pop("rstd"), kw.pop("cu_seqlens")
+    B, T, H = inputs["q"].shape[:3]
+    batch = checked_batch(B, T, H, cu_seqlens, scale=128 ** -0.5, torch_out=False)
+    f32, b16 = (run(batch, *(inputs[n] for n in ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")), states=states,
+                    rstd=rstd, dqk_bf16=flag, **kw) for flag in (False, True))
+    for n in ("dq", "dk"):
+        assert b16[n].dtype == np.uint16 and np.array_equal(b16[n].get(), bf16_bits(f32[n].get())), n
+    for n in ("dv", "dg", "dbeta", "dh0"):
+        assert np.array_equal(b16[n].get(), f32[n].get()), n
+
+
 def test_two_calls_give_the_same_bits():
     from kernel.kda_backward import kda_backward
 

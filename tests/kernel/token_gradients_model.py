@@ -289,6 +289,7 @@ class Inputs:
     scale: float
     q_rstd: np.ndarray | None = None
     k_rstd: np.ndarray | None = None
+    dqk_bf16: bool = False    # dq, dk stored as bf16 (Outputs then hold their bf16 values as fp32)
 
     def image(self, name: str) -> np.ndarray:
         """The array as a flat byte image (the model's global memory)."""
@@ -886,6 +887,8 @@ class CtaModel:
                         qv, kv = _bf(qs16[i * (ROW // 2) + kk + e]), _bf(ks16[i * (ROW // 2) + kk + e])
                         dq = _f32(rq * _f32(dq - _f32(qv * dot_q)))
                         dk = _f32(rk * _f32(dk - _f32(kv * dot_k)))
+                    if self.inp.dqk_bf16:   # pack_bf16x2: round to nearest even
+                        dq, dk = (_bf(model.pack_bf16x2(x, np.float32(0)) & 0xFFFF) for x in (dq, dk))
                     off = row0 + i * self.RS + kk + e
                     self.out.dq[off[ok]] = dq[ok]
                     self.out.dk[off[ok]] = dk[ok]

@@ -50,11 +50,12 @@ extern "C" __constant__ int kdb_threads = THREADS;
 extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,
         const float* gate, const float* beta, const unsigned short* aqk, const unsigned short* akk,
-        const unsigned short* ds, const unsigned short* states, float* dq, float* dk, unsigned short* dv,
+        const unsigned short* ds, const unsigned short* states, void* dq, void* dk, unsigned short* dv,
         float* dg, float* dbeta, const float* q_rstd, const float* k_rstd, const long long* cu,
-        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int H_, float scale) {
+        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int H_, float scale,
+        int dqk_bf16) {
     const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, q_rstd, k_rstd, cu,
-                 tile_offs, chunk_offs, chunk_seq, H_, scale};
+                 tile_offs, chunk_offs, chunk_seq, H_, scale, dqk_bf16};
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const X4Lane xl = x4_lane(lane);
@@ -321,8 +322,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     const int i = g + 8 * r;
                     if (i < lt) {
                         const long long off = row0 + i * RS + k0 + 8 * nt + 2 * t;
-                        *reinterpret_cast<float2*>(a.dq + off) = make_float2(dqo[nt][r][0], dqo[nt][r][1]);
-                        *reinterpret_cast<float2*>(a.dk + off) = make_float2(dko[nt][r][0], dko[nt][r][1]);
+                        if (a.dqk_bf16) {   // rounded once, where the caller's gradients are bf16
+                            reinterpret_cast<u32*>(a.dq)[off / 2] = pack_bf16x2(dqo[nt][r][0], dqo[nt][r][1]);
+                            reinterpret_cast<u32*>(a.dk)[off / 2] = pack_bf16x2(dko[nt][r][0], dko[nt][r][1]);
+                        } else {
+                            reinterpret_cast<float2*>(a.dq)[off / 2] = make_float2(dqo[nt][r][0], dqo[nt][r][1]);
+                            reinterpret_cast<float2*>(a.dk)[off / 2] = make_float2(dko[nt][r][0], dko[nt][r][1]);
+                        }
                     }
                 }
             }

@@ -18,8 +18,8 @@ struct Args {
     const unsigned short* akk;    // bf16 [tokens, H, 64]
     const unsigned short* ds;     // bf16 [tiles, H, 128, 128]: Kernel A's dS after every tile
     const unsigned short* states; // bf16 [chunks, H, 128, 128]: the state entering every chunk
-    float* dq;                    // fp32 [tokens, H, 128]
-    float* dk;
+    void* dq;                     // [tokens, H, 128]: fp32, or bf16 with dqk_bf16
+    void* dk;
     unsigned short* dv;           // bf16 [tokens, H, 128]
     float* dg;                    // fp32 [tokens, H, 128]: w.r.t. the per-token natural-log gate
     float* dbeta;                 // fp32 [tokens, H]
@@ -31,6 +31,7 @@ struct Args {
     const int* chunk_seq;         // [chunks] the sequence of each chunk
     int H;
     float scale;
+    int dqk_bf16;                 // dq, dk stored as bf16 (rounded once) instead of fp32
 };
 
 // What a thread copies of every tile, fixed for the whole walk: its shared-memory offsets and

@@ -234,6 +234,20 @@ def test_the_l2norms_backward_in_the_epilogue_matches_float64():
     assert not np.allclose(emulate(plain)[1]["dq"][:45, HEAD], got["dq"][:45, HEAD], rtol=1e-2)
 
 
+def test_bf16_gradients_are_the_fp32_ones_rounded_once():
+    import dataclasses
+
+    case = make_case(21, seed=4, with_l2norm=True)
+    _, f32 = emulate(case)
+    _, b16 = emulate({**case, "inputs": dataclasses.replace(case["inputs"], dqk_bf16=True)})
+    for n in ("dq", "dk"):
+        want = bits_to_f32(bf16_bits(f32[n][:21, HEAD]))
+        assert np.array_equal(b16[n][:21, HEAD], want), n
+        assert not np.array_equal(b16[n][:21, HEAD], f32[n][:21, HEAD]), n   # the rounding happened
+    for n in ("dv", "dg", "dbeta"):
+        assert np.array_equal(b16[n], f32[n], equal_nan=True), n
+
+
 def _wide_tile(g):
     """Tile 1 (tokens 16-31) of head HEAD decays channel 5 by 2^-208 (gates -9, ln) and channel 77 by
     2^-144 at one token (-100), past fp32's normal range; tiles 0 and 2 keep the recipe's gates."""

@@ -13,7 +13,8 @@ what lies between its gradients and the call's arguments:
 
 * the gate: FLA's 64-chunk cumsum of the activated gate, recomputed by FLA's own
   ``kda_gate_chunk_cumsum`` where FLA's forward freed it; the gate activation's backward to g_raw,
-  A_log and dt_bias (:mod:`kernel.activations`);
+  A_log and dt_bias by FLA's fused ``kda_gate_bwd`` (one pass; :mod:`kernel.activations` holds the
+  same math in torch, which the tests check in float64);
 * beta: the sigmoid's backward;
 * ``state_v_first``: the states enter and leave the backward as [K, V];
 * grouped value heads: q and k repeated per value head for the backward, dq and dk summed back over
@@ -62,13 +63,13 @@ def _fla():
         from fla.modules.norm.l2norm import l2norm_fwd
         from fla.ops.common.gate import fused_beta_sigmoid_fwd
         from fla.ops.kda.chunk_fwd import chunk_kda_fwd
-        from fla.ops.kda.gate import kda_gate_chunk_cumsum
+        from fla.ops.kda.gate import kda_gate_bwd, kda_gate_chunk_cumsum
         from fla.ops.utils.constant import RCP_LN2
         from fla.ops.utils.index import prepare_chunk_indices
     except ImportError as exc:
         raise ImportError(f"kernel.chunk_kda runs FLA's forward: it needs fla-core 0.6.0 and triton ({exc})") from exc
     return dict(l2norm_fwd=l2norm_fwd, beta_sigmoid=fused_beta_sigmoid_fwd,
-                chunk_kda_fwd=chunk_kda_fwd, gate_cumsum=kda_gate_chunk_cumsum,
+                chunk_kda_fwd=chunk_kda_fwd, gate_cumsum=kda_gate_chunk_cumsum, gate_bwd=kda_gate_bwd,
                 rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
 
 
@@ -191,7 +192,8 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
         dh0 = _v_first(dh0)
     dg, dA, dbias = grads["dg"], None, None
     if call.use_gate_in_kernel:
-        from ..activations import gate_backward
-
-        dg, dA, dbias = gate_backward(dg, g_raw, A_log, dt_bias, call.lower_bound)
+        # FLA's fused gate backward (one pass, dA_log and dt_bias summed per block of 32 tokens, then
+        # over blocks): kernel.activations.gate_backward is the same math in torch, in float64 in the tests
+        dg, dA, dbias = _fla()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,
+                                           lower_bound=call.lower_bound)
     return dq, dk, grads["dv"], grads["dbeta"], dg, dh0, dA, dbias

@@ -367,7 +367,7 @@ FORWARD_TENSORS = {t.name: t for t in (
     FwdTensor("o", "V", BF16, "the output"),
     FwdTensor("qn", "K", BF16, "l2norm(q)"),
     FwdTensor("kn", "K", BF16, "l2norm(k)"),
-    FwdTensor("q_rstd", "1", FP32, "1 / norm(q), for the l2norm's backward"),
+    FwdTensor("q_rstd", "1", FP32, "1 / norm(q), for the l2norm's backward (in Kernel B's epilogue)"),
     FwdTensor("k_rstd", "1", FP32, "1 / norm(k)"),
     FwdTensor("gc", "K", FP32, "the gate's 64-chunk-local cumsum / ln 2 (FLA's g_cumsum)"),
     FwdTensor("Aqk", "BT", BF16, "FLA's [.., 64] rows: Mqk over the chunk"),
@@ -434,7 +434,7 @@ def _one_pass(*, gate: str = "g", l2norm_pass: bool = False, saves: tuple = ()) 
 
 
 # kernel.kda_backward.run's inputs that the forward makes (v, beta and h0 are the caller's):
-# q and k as the forward used them with the l2 norms for FLA's l2norm backward, the gate's 64-chunk
+# q and k as the forward used them with the l2 norms for the l2norm's backward (Kernel B), the gate's 64-chunk
 # cumsum, Mqk and INV (the diagonal blocks of Aqk and Akk: all its kernels read of them), the states
 OUR_BACKWARD_READS = ("qn", "kn", "q_rstd", "k_rstd", "gc", "Mqk", "INV", "h")
 # our backward today (BUILT) on states the forward saved: the forward-state scan goes

@@ -58,8 +58,16 @@ def chunk_kda(
     ``torch.compile(fullgraph=True)`` traces a model through it (FLA's own is compiler-disabled).
     Meta tensors get the ops' fake implementations: a dry run of the shapes.
     """
-    # the arguments by name, as check_call takes them (**kwargs under "kwargs"): nothing else is bound yet
-    call, tensors = check_call(dict(locals()))
+    # the arguments by name, as check_call takes them (**kwargs under "kwargs"); spelled out, not
+    # locals(), which torch.compile (2.11) cannot trace
+    call, tensors = check_call(dict(
+        q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+        disable_recompute=disable_recompute, return_intermediate_states=return_intermediate_states,
+        state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, cp_context=cp_context,
+        use_graph=use_graph, max_num_seqs=max_num_seqs, kwargs=kwargs))
     return chunk_kda_op(call, *tensors)
 
 

@@ -1,8 +1,9 @@
 """kernel.chunk_kda through torch.library on the GPU (``-m gpu``; torch CUDA, fla-core 0.6.0, CuPy).
 
 * ``torch.library.opcheck`` of both ops on CUDA tensors: the schema (no output aliases an input,
-  nothing is mutated), the autograd registration, the fakes against the real ops' outputs, and
-  (forward op) torch's AOT dispatch with static and dynamic shapes against eager, backward included.
+  nothing is mutated), the autograd registration (forward op) and the fakes against the real ops'
+  outputs. Not its AOT-dispatch check, which compares every output bit, FLA's partly unwritten Aqk
+  included; the compiled-model tests stand for it.
 * A model calling chunk_kda compiled with ``torch.compile(fullgraph=True)`` (aot_eager and
   inductor) gives eager's o, final state and every gradient, bit for bit: the op's kernels are the
   same and the model around it rounds nothing differently.
@@ -98,7 +99,12 @@ def test_opcheck_of_the_forward_op(case):
     _gpu_or_skip()
     _, sizes, call = case
     x = _inputs(**sizes)
-    result = torch.library.opcheck(torch.ops.ptx_lab.chunk_kda_fwd.default, _op_arguments(x, call))
+    # Not opcheck's AOT-dispatch check: it compares every output of eager and traced runs, and the
+    # forward returns FLA's Aqk, which FLA allocates with torch.empty and fills below the diagonal
+    # only (the backward reads nothing else), so the rest is whatever memory held. The fullgraph
+    # tests below compare what the outputs mean (o, the final state, every gradient) bit for bit.
+    result = torch.library.opcheck(torch.ops.ptx_lab.chunk_kda_fwd.default, _op_arguments(x, call),
+                                   test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     assert set(result.values()) == {"SUCCESS"}, result
 
 

@@ -99,11 +99,12 @@ def test_opcheck_of_the_forward_op(case):
     _gpu_or_skip()
     _, sizes, call = case
     x = _inputs(**sizes)
+    arguments = _op_arguments(x, call)   # first: its import of the library registers the ops
     # Not opcheck's AOT-dispatch check: it compares every output of eager and traced runs, and the
     # forward returns FLA's Aqk, which FLA allocates with torch.empty and fills below the diagonal
     # only (the backward reads nothing else), so the rest is whatever memory held. The fullgraph
     # tests below compare what the outputs mean (o, the final state, every gradient) bit for bit.
-    result = torch.library.opcheck(torch.ops.ptx_lab.chunk_kda_fwd.default, _op_arguments(x, call),
+    result = torch.library.opcheck(torch.ops.ptx_lab.chunk_kda_fwd.default, arguments,
                                    test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     assert set(result.values()) == {"SUCCESS"}, result
 

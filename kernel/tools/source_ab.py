@@ -20,7 +20,9 @@ bytes): the table says whether the old build gave the new one's bits, and the tw
 other's (a change meant to keep the arithmetic shows as "same bits"). Only the room's own sources change (its entry file and the headers beside it, and
 kernel/shapes.cuh beside the old tree if it is there); ptx_lab's headers are the working tree's
 for both. The old build is the room's build description with its entry file moved
-(:func:`use_source`), so it is compiled with the working tree's options.
+(:func:`use_source`), so it is compiled with the working tree's options and launched by the
+working tree's code: an old kernel whose parameter list differs is refused (it would read the new
+arguments with the old layout).
 
 Kernel A runs as kernel.kda_backward launches it (FLA's tensors, bf16 dS after every tile, dht),
 at the v-split given after the configuration (``1x131072:2``) or the API's choice. Kernel S runs
@@ -34,6 +36,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -119,10 +122,31 @@ def old_tree_from_rev(rev: str, kernel: str, into: Path) -> Path:
     return into / rel
 
 
+def kernel_parameters(source: str) -> list[str]:
+    """The parameter list of the ``extern "C" __global__`` function in an entry file's text, each
+    parameter with its whitespace collapsed; [] where there is none."""
+    head = re.search(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?\w+\s*\(', source)
+    if head is None:
+        return []
+    found = re.match(r"([^)]*)\)", source[head.end():])
+    return [] if found is None else [" ".join(p.split()) for p in found.group(1).split(",") if p.strip()]
+
+
 def _check_old(old: Path, kernel: str) -> Path:
     entry = _entry_name(kernel)
     if not (old / entry).is_file():
         raise ValueError(f"{old} is not {ROOMS[kernel].title}'s source directory (no {entry} in it)")
+    # both builds run under the working tree's launch code: a kernel whose arguments changed would
+    # read the new argument list with the old layout (on the GPU: a bad address, or wrong numbers)
+    theirs = kernel_parameters((old / entry).read_text())
+    ours = kernel_parameters((_source_dir(kernel) / entry).read_text())
+    if theirs != ours:
+        differ = [f"{i}: old {a!r}, new {b!r}" for i, (a, b) in enumerate(zip(theirs, ours)) if a != b]
+        if len(theirs) != len(ours):
+            differ.append(f"old {len(theirs)} parameters, new {len(ours)}")
+        raise ValueError(f"the old {entry}'s kernel takes other arguments than the working tree's, whose "
+                         f"launch code times both builds ({'; '.join(differ[:3])}): time the two with "
+                         f"their own launch code, e.g. ptx-lab bench on each checkout")
     return old
 
 

@@ -77,6 +77,29 @@ def test_a_bad_revision_or_source_is_refused_with_its_reason(tmp_path):
         source_ab._check_old(tmp_path, "b")
 
 
+@pytest.mark.parametrize("kernel", ["a", "s", "b"])
+def test_each_rooms_kernel_parameters_are_read(kernel):
+    entry = source_ab._source_dir(kernel) / source_ab._entry_name(kernel)
+    params = source_ab.kernel_parameters(entry.read_text())
+    assert len(params) > 5 and all(p and "(" not in p for p in params), params
+
+
+def test_an_old_kernel_with_other_arguments_is_refused(tmp_path):
+    # the working tree's launch code runs both builds: another parameter list is refused by name
+    import shutil
+
+    old = tmp_path / "cuda"
+    shutil.copytree(source_ab._source_dir("b"), old)
+    entry = old / source_ab._entry_name("b")
+    text = entry.read_text()
+    assert "float scale," in text
+    entry.write_text(text.replace("float scale,", "float scale, int added,", 1))
+    with pytest.raises(ValueError, match=r"takes other arguments.*old 'int added'"):
+        source_ab._check_old(old, "b")
+    entry.write_text(text)
+    assert source_ab._check_old(old, "b") == old
+
+
 def test_without_a_gpu_it_says_so(capsys):
     from ptx_lab.gpu import gpu_reason
 

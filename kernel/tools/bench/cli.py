@@ -51,7 +51,9 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     p.add_argument("--layer", action="store_true",
                    help="FLA's KDA layer (fla.layers.kda.KimiDeltaAttention at its defaults, bf16): its forward + "
                         "backward through autograd with FLA's chunk_kda against kernel.patch_fla()'s route, timed "
-                        "in turn, and each one's peak memory; each configuration in its own process (default "
+                        "in turn, and each one's peak memory; then the op's backward alone on the layer's own call, FLA's "
+                        "against ours and our bare kernel.kda_backward.run (the wrapper's cost); each configuration "
+                        "in its own process (default "
                         "configs " + ",".join(BACKWARD_CONFIGS) + "; needs flash-linear-attention and transformers)")
     p.add_argument("--hidden", type=int, default=LAYER_HIDDEN,
                    help=f"--layer: the layer's hidden size (default {LAYER_HIDDEN}, FLA's)")

@@ -18,6 +18,16 @@ call (one attribute), so that the timing holds no patching. The two steps are ti
 (:func:`.timing.time_alternating`) after each one's first call alone (FLA compiles its Triton
 kernels there), then each one's peak memory as torch counts it. x, dout ~ N(0, 1), seeded.
 
+Then the op's backward alone, with the layer's own settings: the ``chunk_kda`` call the layer makes
+on x is recorded (its tensors kept as leaves that require a gradient, as in training), each side's
+op runs its forward once, and three calls are timed in turn:
+
+* FLA's backward: ``torch.autograd.grad`` of FLA's ``chunk_kda`` output (the graph kept);
+* ours: the same through the route (``torch.ops.ptx_lab.chunk_kda_bwd``: our kernels, the
+  l2norm epilogue, FLA's fused gate backward, the beta sigmoid's backward, the casts);
+* ours bare: ``kernel.kda_backward.run`` with the arguments the op's backward handed it (recorded
+  in one call), so that ours / bare - 1 is what the autograd wrapper costs.
+
 torch, fla and the kernel's modules are imported inside the functions.
 """
 from __future__ import annotations
@@ -28,13 +38,16 @@ from typing import Any, Callable
 
 from .backward import first_calls, in_turn, median_of, peak_memories
 from .configs import Config
-from .report import log
+from .report import error_text, log
 
 LAYER_FLA, LAYER_OURS = "layer_fla", "layer_ours"
 SIDES = (LAYER_FLA, LAYER_OURS)
+OP_FLA, OP_OURS, OP_BARE = "op_backward_fla", "op_backward_ours", "op_backward_ours_bare"
 HIDDEN = 2048           # FLA's KimiDeltaAttention default hidden_size
 LAYER_HEADS = 16        # and its num_heads (of head_dim 128)
 TIME_TARGET = 0.65      # issue 34: the layer's forward + backward at most this fraction of FLA's
+BACKWARD_TARGET = 0.45  # ... the op's backward through autograd, the layer's settings, at most this of FLA's
+WRAPPER_TARGET = 0.03   # ... and what autograd and the casts add to our bare backward at most this of it
 
 
 def missing_requirement() -> str | None:
@@ -122,4 +135,80 @@ def bench_layer_config(cfg: Config, args, flush) -> dict:
     peak_memories(calls, res["peak_memory"])
     log(f"    {tag}: layer timed [{time.perf_counter() - t_start:.0f} s]")
     calls.clear()
+
+    res["op_backward"] = {}
+    try:
+        op_calls = _op_backward_calls(_layers_call(layer, x, kw, layer_module, original), original, routed,
+                                      args.seed)
+    except Exception as exc:
+        res["op_backward"] = {name: {"error": error_text(exc)} for name in (OP_FLA, OP_OURS, OP_BARE)}
+        log(f"    {tag}: the op's backward alone could not be set up: {error_text(exc)}")
+        return res
+    op_calls = first_calls(op_calls, res["op_backward"], t_start, tag)
+    in_turn(op_calls, args, flush, res["op_backward"])
+    ours, fla, bare = (median_of(res["op_backward"], n) for n in (OP_OURS, OP_FLA, OP_BARE))
+    if ours and fla:
+        res["backward_ratio"] = ours / fla
+    if ours and bare:
+        res["wrapper"] = ours / bare - 1.0
+    log(f"    {tag}: the op's backward timed [{time.perf_counter() - t_start:.0f} s]")
+    op_calls.clear()
     return res
+
+
+def _layers_call(layer, x, kw: dict, layer_module, original) -> dict:
+    """The keyword arguments of the layer's chunk_kda call on x, each tensor a fresh leaf; the
+    floating ones require a gradient, as in training (the layer's q, k, v, gate and beta come from
+    its projections, A_log and dt_bias are its parameters)."""
+    import torch
+
+    seen: dict = {}
+
+    def recorder(*positional, **call):
+        if positional:
+            raise RuntimeError("the layer passed chunk_kda positional arguments: this bench records keywords")
+        seen.update(call)
+        return original(**call)
+
+    layer_module.chunk_kda = recorder
+    try:
+        with torch.no_grad():
+            layer(x, **kw)
+    finally:
+        layer_module.chunk_kda = original
+    if not seen:
+        raise RuntimeError("the layer never called fla.layers.kda.chunk_kda")
+    return {name: (t.detach().clone().requires_grad_(t.is_floating_point()) if isinstance(t, torch.Tensor) else t)
+            for name, t in seen.items()}
+
+
+def _op_backward_calls(call: dict, original, routed, seed: int) -> dict[str, Callable]:
+    """FLA's op's backward, ours and our bare backward (kernel.kda_backward.run on the arguments the
+    op hands it, recorded in one call), each a zero-argument call; the forwards run here, once."""
+    import torch
+
+    import kernel.kda_backward as kda_backward
+
+    leaves = [t for t in call.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    calls: dict[str, Callable] = {}
+    for name, op in ((OP_FLA, original), (OP_OURS, routed)):
+        o = op(**call)[0]
+        gen = torch.Generator(device=o.device).manual_seed(seed + 2)   # the same upstream gradient for both
+        do = torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
+        calls[name] = lambda o=o, do=do: torch.autograd.grad(o, leaves, do, retain_graph=True)
+    handed: dict = {}
+    real_run = kda_backward.run
+
+    def recording_run(*a, **k):
+        handed["args"], handed["kwargs"] = a, k
+        return real_run(*a, **k)
+
+    kda_backward.run = recording_run
+    try:
+        calls[OP_OURS]()
+    finally:
+        kda_backward.run = real_run
+    if not handed:
+        raise RuntimeError("the route's backward did not run kernel.kda_backward.run")
+    calls[OP_BARE] = lambda: real_run(*handed["args"], **handed["kwargs"])
+    return calls

@@ -1,5 +1,6 @@
 """ptx-lab bench --layer on the GPU (torch, fla-core, flash-linear-attention, CuPy): one small
-configuration measured in this process, and the layer's module left as it was."""
+configuration measured in this process (the layer's step, then the op's backward alone, FLA's, ours
+and ours bare), and the layer's module and kernel.kda_backward.run left as they were."""
 from __future__ import annotations
 
 import pytest
@@ -29,5 +30,13 @@ def test_one_small_configuration_is_measured(config):
         assert res["layer"][side]["median_ms"] > 0 and res["peak_memory"][side]["bytes"] > 0, res
     assert res["ratio"] == pytest.approx(res["layer"][layer.LAYER_OURS]["median_ms"]
                                          / res["layer"][layer.LAYER_FLA]["median_ms"])
+    for side in (layer.OP_FLA, layer.OP_OURS, layer.OP_BARE):   # the op's backward alone, and ours bare
+        assert res["op_backward"][side]["median_ms"] > 0, res
+    assert res["backward_ratio"] == pytest.approx(res["op_backward"][layer.OP_OURS]["median_ms"]
+                                                  / res["op_backward"][layer.OP_FLA]["median_ms"])
+    assert res["wrapper"] == pytest.approx(res["op_backward"][layer.OP_OURS]["median_ms"]
+                                           / res["op_backward"][layer.OP_BARE]["median_ms"] - 1)
     assert layer_module.chunk_kda is original      # the route was put back after every call
+    import kernel.kda_backward
+    assert kernel.kda_backward.run.__name__ == "run"   # the recording wrapper was taken out
     assert len(layer_report.layer_row(res)) == len(layer_report.LAYER_COLUMNS)

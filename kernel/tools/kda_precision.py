@@ -3,6 +3,7 @@
     ptx-lab kda-precision                       # T = 8192 and a varlen batch, 2 heads, every recipe
     ptx-lab kda-precision --T 2048 --heads 1    # smaller
     ptx-lab kda-precision --recipes trained-layer   # FLA's layer gate, grown: tiles past our range
+    ptx-lab kda-precision --recipes layer-call --heads 16   # the same, called as the layer calls the op
 
 (also ``python -m kernel.tools.kda_precision``; needs a GPU, torch, CuPy and fla-core.)
 
@@ -29,12 +30,20 @@ Recipes:
   some 16-token tiles decay a channel past 2^-126. The tool takes the gate
   activated (:func:`kernel.activations.gate` of the recipe's raw projection),
   not the layer's raw one with ``use_gate_in_kernel``, so dA_log and dt_bias
-  are not in its table. FLA runs only with safe_gate False (its safe_gate
+  are not in its table (``layer-call``'s has them). FLA runs only with safe_gate False (its safe_gate
   asks for gates in [-5, 0]); ours is ``kernel.chunk_kda`` on the same call, its
   tiles past 2^-126 taking Kernel B's pairwise path. Should ``kernel.chunk_kda``
   ever run FLA's backward for a case (its FallbackWarning), the tool labels that
   row "chunk_kda: FLA's backward (fallback)", never "ours", and judges nothing
   there.
+* ``layer-call``: the trained-layer recipe called as FLA's layer calls the op: the raw
+  gate projection (bf16) with ``A_log`` and ``dt_bias`` and ``use_gate_in_kernel``, beta as
+  logits ~ N(0, 1) with ``use_beta_sigmoid_in_kernel``. dg and dbeta are then the gradients of
+  the raw projection and the logits, and the table's dA_log and ddt_bias columns are filled
+  (dA_log has one entry per head: ``--heads`` sets how many sums it averages). The float64
+  reference activates the rounded raw inputs in float64 (:func:`kernel.activations.gate`,
+  the sigmoid) and chains its gradients back through torch's float64 autograd
+  (:func:`layer_call_chain`). FLA runs with safe_gate False; ours is ``kernel.chunk_kda``.
 
 Beside FLA's rows, one of ours (unless ``--no-ours``; for ``trained-layer``, see
 above): FLA's forward on the same
@@ -61,7 +70,12 @@ import numpy as np
 from kernel.kda_backward import GRADIENTS
 
 TRAINED_LAYER = "trained-layer"
-RECIPES = ("unit", "random_inputs", TRAINED_LAYER)
+LAYER_CALL = "layer-call"
+RECIPES = ("unit", "random_inputs", TRAINED_LAYER, LAYER_CALL)
+LAYER_GATES = (TRAINED_LAYER, LAYER_CALL)       # the recipes with the layer's gate (unbounded below)
+PARAMETERS = ("dA_log", "ddt_bias")             # the gate's parameters' gradients (layer-call only)
+COLUMNS = (*GRADIENTS, *PARAMETERS)
+NOT_THERE = "-"                                 # a column a recipe has no gradient for
 
 
 def unit_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: int) -> dict:
@@ -101,13 +115,16 @@ def verdict(rows: Sequence[tuple]) -> list[str]:
             continue
         if not ours or not fla:
             continue
+        cell = lambda r, i: r[3 + i] if 3 + i < len(r) else NOT_THERE   # noqa: E731
+        judged = [i for i in range(len(COLUMNS)) if cell(ours[0], i) != NOT_THERE
+                  and all(cell(r, i) != NOT_THERE for r in fla)]
         try:
-            mine = [float(x) for x in ours[0][3:]]
-            best = [min(float(r[3 + i]) for r in fla) for i in range(len(GRADIENTS))]
+            mine = [float(cell(ours[0], i)) for i in judged]
+            best = [min(float(cell(r, i)) for r in fla) for i in judged]
         except ValueError:
             out.append(f"{recipe} {shape}: not judged (a backward failed)")
             continue
-        worse = [f"{n} {m / b:.2f}x" for n, m, b in zip(GRADIENTS, mine, best) if m > b]
+        worse = [f"{COLUMNS[i]} {m / b:.2f}x" for i, m, b in zip(judged, mine, best) if m > b]
         out.append(f"{recipe} {shape}: " + ("met" if not worse else "worse than FLA's best: " + ", ".join(worse)))
     return out
 
@@ -117,10 +134,11 @@ def recipe_inputs(recipe: str, B: int, T: int, H: int, K: int, V: int, lengths=N
     """One recipe's inputs (RECIPES): :func:`unit_inputs`, kernel.reference.random_inputs (with
     ``lengths``, a packed batch and B, T ignored), or :func:`trained_layer_inputs` (``projection_scale``
     its gate's, default the recipe's; no other recipe takes it); cu_seqlens int64 numpy or None."""
-    if recipe == TRAINED_LAYER:
-        return trained_layer_inputs(B, T, H, K, V, lengths, seed, projection_scale)
+    if recipe in LAYER_GATES:
+        return trained_layer_inputs(B, T, H, K, V, lengths, seed, projection_scale, layer_call=recipe == LAYER_CALL)
     if projection_scale is not None:
-        raise ValueError(f"projection_scale belongs to the {TRAINED_LAYER!r} recipe, got it with {recipe!r}")
+        raise ValueError(f"projection_scale belongs to the {TRAINED_LAYER!r} and {LAYER_CALL!r} recipes, got it "
+                         f"with {recipe!r}")
     if recipe == "unit":
         return unit_inputs(B, T, H, K, V, lengths, seed)
     if recipe != "random_inputs":
@@ -133,11 +151,15 @@ def recipe_inputs(recipe: str, B: int, T: int, H: int, K: int, V: int, lengths=N
 
 
 def trained_layer_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: int,
-                         projection_scale: float | None = None) -> dict:
+                         projection_scale: float | None = None, layer_call: bool = False) -> dict:
     """The ``trained-layer`` recipe as float32 numpy arrays: :func:`unit_inputs` (the same draws of q, k, v,
     beta, do, dht for the same seed) with g the activated gate
     of :func:`kernel.tools.trained_layer_gate.trained_layer_gate` (H value heads, the layer's K = 128,
-    its raw projection in bf16 as a bf16 layer passes it). Needs torch (on the CPU)."""
+    its raw projection in bf16 as a bf16 layer passes it). Needs torch (on the CPU).
+
+    With ``layer_call`` (the ``layer-call`` recipe) also what the layer passes the op: ``g_raw`` (the
+    bf16 projection's values), ``A_log``, ``dt_bias``, and ``beta_raw``, logits ~ N(0, 1) (drawn
+    from seed + 1, so that the other draws stay the unit recipe's)."""
     from kernel.shapes import HEAD_DIM
     from kernel.tools.trained_layer_gate import PROJECTION_SCALE, trained_layer_gate
 
@@ -147,6 +169,10 @@ def trained_layer_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: 
     scale = PROJECTION_SCALE if projection_scale is None else projection_scale
     gate = trained_layer_gate(B, T, H, H, lengths=lengths, seed=seed, projection_scale=scale)
     out["g"] = gate["g"].numpy()
+    if layer_call:
+        out["g_raw"] = gate["g_raw"].float().numpy()
+        out["A_log"], out["dt_bias"] = gate["A_log"].numpy(), gate["dt_bias"].numpy()
+        out["beta_raw"] = np.random.default_rng(seed + 1).standard_normal(out["beta"].shape).astype(np.float32)
     return out
 
 
@@ -157,13 +183,17 @@ def rel_fro(x, ref) -> float:
 
 def device_inputs(raw: dict) -> dict:
     """The raw inputs as both backwards get them, torch on the GPU: bf16 q, k, v, do, beta; fp32 g, dht; a
-    zero fp32 initial state (so that dh0 is a gradient); cu_seqlens int64 or None."""
+    zero fp32 initial state (so that dh0 is a gradient); cu_seqlens int64 or None. For layer-call, g and
+    beta are the bf16 raw projection and logits, and fp32 A_log and dt_bias come too."""
     import torch
 
     dev = "cuda"
     t = lambda x, dt: torch.from_numpy(np.ascontiguousarray(x)).to(dev, dt)
     out = {n: t(raw[n], torch.bfloat16) for n in ("q", "k", "v", "beta", "do")}
     out["g"], out["dht"] = t(raw["g"], torch.float32), t(raw["dht"], torch.float32)
+    if "g_raw" in raw:   # layer-call: the raw projection and beta's logits, as the layer passes them
+        out["g"], out["beta"] = t(raw["g_raw"], torch.bfloat16), t(raw["beta_raw"], torch.bfloat16)
+        out["A_log"], out["dt_bias"] = t(raw["A_log"], torch.float32), t(raw["dt_bias"], torch.float32)
     out["h0"] = torch.zeros_like(out["dht"])
     out["cu_seqlens"] = (None if raw["cu_seqlens"] is None
                          else torch.as_tensor(raw["cu_seqlens"], device=dev, dtype=torch.long))
@@ -176,7 +206,8 @@ def _host(x) -> np.ndarray:
 
 def seen_inputs(dev: dict) -> dict:
     """The rounded inputs both backwards saw, as float64 numpy (what the reference gets)."""
-    return {n: _host(dev[n]) for n in ("q", "k", "v", "g", "beta", "do", "dht")}
+    names = ("q", "k", "v", "g", "beta", "do", "dht") + (("A_log", "dt_bias") if "A_log" in dev else ())
+    return {n: _host(dev[n]) for n in names}
 
 
 def fla_gradients(dev: dict, *, safe_gate: bool) -> dict:
@@ -221,13 +252,17 @@ def autograd_gradients(chunk_kda, dev: dict, *, safe_gate: bool) -> dict:
     device_inputs -> the gradients as float64 numpy."""
     import torch
 
-    leaves = {n: dev[n].detach().clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")}
+    layer_call = "A_log" in dev
+    names = ("q", "k", "v", "g", "beta", "h0") + (("A_log", "dt_bias") if layer_call else ())
+    leaves = {n: dev[n].detach().clone().requires_grad_() for n in names}
+    gate = (dict(A_log=leaves["A_log"], dt_bias=leaves["dt_bias"], use_gate_in_kernel=True,
+                 use_beta_sigmoid_in_kernel=True) if layer_call else {})
     o, ht = chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                       initial_state=leaves["h0"], output_final_state=True, use_qk_l2norm_in_kernel=True,
-                      safe_gate=safe_gate, cu_seqlens=dev["cu_seqlens"])
+                      safe_gate=safe_gate, cu_seqlens=dev["cu_seqlens"], **gate)
     loss = (o.float() * dev["do"].float()).sum() + (ht * dev["dht"]).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()))
-    return {name: _host(x) for name, x in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads)}
+    return {name: _host(x) for name, x in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0", *PARAMETERS), grads)}
 
 
 def ours_gradients(dev: dict, kda_backward) -> dict:
@@ -245,15 +280,50 @@ def ours_gradients(dev: dict, kda_backward) -> dict:
 
 
 def reference_gradients(seen: dict, cu_seqlens) -> dict:
-    """kernel.reference.kda_backward_reference in float64 on CuPy -> float64 numpy."""
+    """kernel.reference.kda_backward_reference in float64 on CuPy -> float64 numpy. For layer-call (A_log in
+    ``seen``) on the gate and beta activated in float64, then chained back to the raw inputs
+    (:func:`layer_call_chain`)."""
     import cupy
 
     from kernel.reference import kda_backward_reference
 
-    d = {name: cupy.asarray(x) for name, x in seen.items()}
+    layer_call = "A_log" in seen
+    g, beta = (layer_call_activations(seen) if layer_call else (seen["g"], seen["beta"]))
+    d = {name: cupy.asarray(x) for name, x in dict(seen, g=g, beta=beta).items()}
     out = kda_backward_reference(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], dht=d["dht"],
                                  cu_seqlens=cu_seqlens, qk_l2norm=True)
-    return {name: cupy.asnumpy(out[name]) for name in GRADIENTS}
+    grads = {name: cupy.asnumpy(out[name]) for name in GRADIENTS}
+    if layer_call:
+        grads.update(layer_call_chain(seen, grads["dg"], grads["dbeta"]))
+    return grads
+
+
+def layer_call_activations(seen: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(the gate, beta) in float64 from the layer-call inputs ``seen`` (float64 numpy): the layer's
+    softplus gate of the raw projection with A_log and dt_bias, the sigmoid of beta's logits."""
+    import torch
+
+    from kernel.activations import gate
+
+    t = {n: torch.from_numpy(seen[n]) for n in ("g", "beta", "A_log", "dt_bias")}
+    g = gate(t["g"], t["A_log"], t["dt_bias"], dtype=torch.float64)
+    return g.numpy(), torch.sigmoid(t["beta"]).numpy()
+
+
+def layer_call_chain(seen: dict, dg: np.ndarray, dbeta: np.ndarray) -> dict:
+    """The float64 gradients of the layer-call inputs from those of the activated gate and beta, by torch's
+    float64 autograd through :func:`kernel.activations.gate` and the sigmoid (independent of the
+    kernels' and of activations.gate_backward): dg, dbeta (the raw projection's and the logits'),
+    dA_log, ddt_bias."""
+    import torch
+
+    from kernel.activations import gate
+
+    leaf = {n: torch.from_numpy(seen[n]).clone().requires_grad_() for n in ("g", "beta", "A_log", "dt_bias")}
+    g = gate(leaf["g"], leaf["A_log"], leaf["dt_bias"], dtype=torch.float64)
+    beta = torch.sigmoid(leaf["beta"])
+    grads = torch.autograd.grad((g, beta), list(leaf.values()), (torch.from_numpy(dg), torch.from_numpy(dbeta)))
+    return {name: x.numpy() for name, x in zip(("dg", "dbeta", *PARAMETERS), grads)}
 
 
 def backwards_of(recipe: str, safe_gates: Sequence[bool], ours: bool) -> list[tuple[str, bool | None]]:
@@ -262,10 +332,24 @@ def backwards_of(recipe: str, safe_gates: Sequence[bool], ours: bool) -> list[tu
     which that recipe's leave), then, with ``ours``, ours: kernel.kda_backward on FLA's safe_gate True
     forward, or kernel.chunk_kda (safe_gate False) for the trained-layer recipe."""
     rows: list[tuple[str, bool | None]] = [(f"FLA safe_gate={sg}", sg) for sg in safe_gates
-                                           if not (sg and recipe == TRAINED_LAYER)]
+                                           if not (sg and recipe in LAYER_GATES)]
     if ours:
-        rows.append((OURS_DROPIN if recipe == TRAINED_LAYER else OURS, None))
+        rows.append((OURS_DROPIN if recipe in LAYER_GATES else OURS, None))
     return rows
+
+
+def per_head_line(grads_by_label: dict, ref_dA: np.ndarray) -> str:
+    """dA_log head by head (each one sum over every token and channel of the head): in how many heads
+    ours is at least as close to float64 as FLA's row, and the median of ours' error over FLA's."""
+    fla = [g["dA_log"] for label, g in grads_by_label.items() if label.startswith("FLA") and "dA_log" in g]
+    ours = [g["dA_log"] for label, g in grads_by_label.items() if label in (OURS, OURS_DROPIN) and "dA_log" in g]
+    if not fla or not ours:
+        return "dA_log per head: not compared (a row is missing)"
+    e_ours, e_fla = np.abs(ours[0] - ref_dA), np.abs(fla[0] - ref_dA)
+    both_exact = (e_ours == 0) & (e_fla == 0)   # a tie, not a ratio of 0
+    ratio = np.median(np.where(both_exact, 1.0, e_ours / np.maximum(e_fla, np.finfo(np.float64).tiny)))
+    return (f"dA_log per head: ours at least as close as FLA's in {int((e_ours <= e_fla).sum())} of {ref_dA.size} "
+            f"heads; median |error| ours / FLA's {ratio:.2f}")
 
 
 def bf16_rounding(x: np.ndarray) -> float:
@@ -285,9 +369,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                     help=f"input recipes (default all). {TRAINED_LAYER}: FLA's layer gate, its projection grown "
                          "(kernel.tools.trained_layer_gate); some of its 16-token tiles decay a channel past "
                          "2^-126, where Kernel B forms the tile products pairwise; a row whose backward fell back "
-                         "to FLA's would be labelled so and not judged")
+                         f"to FLA's would be labelled so and not judged. {LAYER_CALL}: the same gates passed as "
+                         "the layer passes them (the raw projection with A_log and dt_bias, beta as logits, both "
+                         "activated in the op), with dA_log and ddt_bias in the table")
     ap.add_argument("--projection-scale", type=float, metavar="X",
-                    help=f"the {TRAINED_LAYER} recipe's growth of the gate projection's output (default "
+                    help=f"the {TRAINED_LAYER} and {LAYER_CALL} recipes' growth of the gate projection's output "
+                         "(default "
                          "the recipe's, 4; 2 puts single gates below -5.46 but, in every draw measured, no tile "
                          "past the range)")
     ap.add_argument("--safe-gate", nargs="+", choices=("true", "false"), default=["true", "false"],
@@ -304,8 +391,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         ap.error("--T and --heads must be >= 1, --varlen >= 0")
     if a.projection_scale is not None and not (math.isfinite(a.projection_scale) and a.projection_scale > 0):
         ap.error(f"--projection-scale must be finite and > 0, got {a.projection_scale}")
-    if a.projection_scale is not None and TRAINED_LAYER not in a.recipes:
-        ap.error(f"--projection-scale belongs to the {TRAINED_LAYER} recipe, which --recipes leaves out")
+    if a.projection_scale is not None and not set(LAYER_GATES) & set(a.recipes):
+        ap.error(f"--projection-scale belongs to the {TRAINED_LAYER} and {LAYER_CALL} recipes, which --recipes "
+                 f"leaves out")
     a.safe_gate = [v == "true" for v in a.safe_gate]
 
     from ptx_lab.gpu import gpu_reason
@@ -335,15 +423,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         except Exception as exc:   # the lead's module may not be there yet: FLA's rows still come
             why_not_ours = f"kernel.kda_backward cannot be imported ({exc.__class__.__name__}: {exc})"
             print(f"ours: {why_not_ours}", flush=True)
-    header = ("recipe", "shape", "backward", *GRADIENTS)
+    header = ("recipe", "shape", "backward", *COLUMNS)
     rows = []
     gates, fallbacks = {}, {}     # the trained-layer cases' gate statistics, and whether chunk_kda fell back
     for recipe in a.recipes:
-        scale = a.projection_scale if recipe == TRAINED_LAYER else None
+        scale = a.projection_scale if recipe in LAYER_GATES else None
         for shape, lengths in shapes:
             case = f"{recipe} {shape}"
             raw = recipe_inputs(recipe, 1, a.T, a.heads, K, V, lengths, a.seed, projection_scale=scale)
-            if recipe == TRAINED_LAYER:
+            if recipe in LAYER_GATES:
                 from kernel.tools.trained_layer_gate import gate_statistics
 
                 gates[case] = gate_statistics(torch.from_numpy(raw["g"]), lengths or [a.T])
@@ -355,7 +443,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
             dev = device_inputs(raw)
             print(f"[{case}] the float64 reference (CuPy)", flush=True)
             ref = reference_gradients(seen_inputs(dev), raw["cu_seqlens"])   # the rounded inputs both saw
-            rows.append((recipe, shape, "bf16 rounding", *(f"{bf16_rounding(ref[n]):.2e}" for n in GRADIENTS)))
+            rows.append((recipe, shape, "bf16 rounding",
+                         *(f"{bf16_rounding(ref[n]):.2e}" if n in ref else NOT_THERE for n in COLUMNS)))
+            per_case = {}
             for label, safe_gate in backwards_of(recipe, a.safe_gate, kda_backward is not None):
                 print(f"[{case}] {label} (FLA's first call on a new shape or option compiles and "
                       "autotunes its Triton kernels: minutes)", flush=True)
@@ -368,18 +458,21 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                     else:
                         grads = fla_gradients(dev, safe_gate=safe_gate)
                 except Exception as exc:
-                    rows.append((recipe, shape, label, *(["failed"] * len(GRADIENTS))))
+                    rows.append((recipe, shape, label, *("failed" if n in ref else NOT_THERE for n in COLUMNS)))
                     print(f"[{case}] {label} failed: {exc.__class__.__name__}: {exc}", flush=True)
                     continue
-                errs = {n: rel_fro(grads[n], ref[n]) for n in GRADIENTS}
-                rows.append((recipe, shape, label, *(f"{errs[n]:.2e}" for n in GRADIENTS)))
+                errs = {n: rel_fro(grads[n], ref[n]) for n in COLUMNS if n in ref and n in grads}
+                rows.append((recipe, shape, label, *(f"{errs[n]:.2e}" if n in errs else NOT_THERE for n in COLUMNS)))
                 print(f"[{case}] {label}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()), flush=True)
+                per_case[label] = grads
+            if "dA_log" in ref:
+                print(f"[{case}] {per_head_line(per_case, ref['dA_log'])}", flush=True)
             dev.clear()
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
     print(f"\nthe whole backward's gradients vs float64 (relative Frobenius), H = {a.heads}, K = V = {K}: FLA's "
           "chunk_kda (autograd) and ours (FLA's forward, kernel.kda_backward, FLA's l2norm backward; "
-          f"for {TRAINED_LAYER}, kernel.chunk_kda)"
+          f"for {TRAINED_LAYER} and {LAYER_CALL}, kernel.chunk_kda; {NOT_THERE}: a gradient the recipe has not)"
           + ("" if kda_backward is not None else f"; ours {why_not_ours}") + ":")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

@@ -91,7 +91,7 @@ def test_the_trained_layer_recipe_is_the_unit_recipe_with_the_layers_gate():
                        trained_layer_gate(1, 320, 2, 2, lengths=lengths, seed=3, projection_scale=8.0)["g"])
     with pytest.raises(ValueError, match="K must be the layer's head dimension 128"):
         kda_precision.recipe_inputs("trained-layer", 1, 32, 2, 16, 8)
-    with pytest.raises(ValueError, match="projection_scale belongs to the 'trained-layer' recipe"):
+    with pytest.raises(ValueError, match="projection_scale belongs to the .trained-layer. and .layer-call. recipes"):
         kda_precision.recipe_inputs("unit", 1, 32, 2, 16, 8, projection_scale=2.0)
 
 
@@ -134,7 +134,8 @@ def test_the_fallback_is_caught_in_every_case_though_the_drop_in_warns_once():
 @pytest.mark.parametrize("argv, message", [
     (["--projection-scale", "0"], "--projection-scale must be finite and > 0"),
     (["--projection-scale", "nan"], "--projection-scale must be finite and > 0"),
-    (["--projection-scale", "2", "--recipes", "unit"], "--projection-scale belongs to the trained-layer recipe"),
+    (["--projection-scale", "2", "--recipes", "unit"],
+     "--projection-scale belongs to the trained-layer and layer-call recipes"),
     (["--recipes", "trained"], "invalid choice"),
 ])
 def test_the_trained_layer_options_are_checked_before_the_gpu(argv, message, capsys):
@@ -239,3 +240,82 @@ def test_the_trained_layer_recipe_runs_ours_past_the_tile_range(scale, past, cap
     judged = [line for line in out.splitlines() if line.strip().startswith("trained-layer 1x256:")
               and ("met" in line or "worse" in line)]
     assert judged, out     # judged against FLA's row, tiles past the range or not
+
+
+def test_the_layer_call_recipe_passes_the_raw_gate_and_beta_logits():
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+
+    lengths = [20, 300]
+    call = kda_precision.recipe_inputs("layer-call", 1, 320, 2, 128, 128, lengths, seed=3)
+    trained = kda_precision.recipe_inputs("trained-layer", 1, 320, 2, 128, 128, lengths, seed=3)
+    for name in ("q", "k", "v", "g", "beta", "do", "dht", "cu_seqlens"):   # the trained-layer draws, unchanged
+        assert np.array_equal(call[name], trained[name]), name
+    assert call["g_raw"].shape == (1, 320, 2, 128) and call["A_log"].shape == (2,) and call["dt_bias"].shape == (256,)
+    # the raw projection is the bf16 one the layer passes: its float32 values round-trip through bf16
+    assert np.array_equal(call["g_raw"].astype(ml_dtypes.bfloat16).astype(np.float32), call["g_raw"])
+    from kernel.activations import gate
+    again = gate(torch.from_numpy(call["g_raw"]).bfloat16(), torch.from_numpy(call["A_log"]),
+                 torch.from_numpy(call["dt_bias"]))
+    assert torch.equal(again, torch.from_numpy(call["g"]))
+    assert call["beta_raw"].shape == (1, 320, 2) and call["beta_raw"].min() < 0 < call["beta_raw"].max()
+    assert kda_precision.backwards_of("layer-call", [True, False], True) == [
+        ("FLA safe_gate=False", False), (kda_precision.OURS_DROPIN, None)]
+
+
+def test_the_layer_call_references_chain_agrees_with_the_hand_written_gate_backward():
+    # two independent routes to dA_log, ddt_bias, the raw gate's and the logits' gradients: torch's
+    # float64 autograd through kernel.activations.gate (the reference) and activations.gate_backward's
+    # formulas in fp32 (what the drop-in's tests check): they agree to fp32's rounding
+    torch = pytest.importorskip("torch")
+    from kernel.activations import beta_backward, gate_backward
+
+    raw = kda_precision.recipe_inputs("layer-call", 1, 64, 2, 128, 128, seed=5)
+    seen = {"g": raw["g_raw"].astype(np.float64), "beta": raw["beta_raw"].astype(np.float64),
+            "A_log": raw["A_log"].astype(np.float64), "dt_bias": raw["dt_bias"].astype(np.float64)}
+    g64, beta64 = kda_precision.layer_call_activations(seen)
+    assert np.allclose(g64, raw["g"], rtol=1e-5, atol=1e-6) and np.allclose(beta64, 1 / (1 + np.exp(-seen["beta"])))
+    rng = np.random.default_rng(0)
+    dg, dbeta = rng.standard_normal(g64.shape), rng.standard_normal(beta64.shape)
+    chain = kda_precision.layer_call_chain(seen, dg, dbeta)
+    assert set(chain) == {"dg", "dbeta", "dA_log", "ddt_bias"} and chain["dA_log"].dtype == np.float64
+    t = lambda x: torch.from_numpy(x).float()   # noqa: E731
+    dx, dA, ddt = gate_backward(t(dg), t(seen["g"]), t(seen["A_log"]), t(seen["dt_bias"]))
+    for name, hand in (("dg", dx), ("dA_log", dA), ("ddt_bias", ddt),
+                       ("dbeta", beta_backward(t(dbeta), t(seen["beta"])))):
+        assert kda_precision.rel_fro(hand.double().numpy(), chain[name]) < 1e-5, name
+
+
+def test_the_verdict_and_the_per_head_line_judge_the_gates_parameters():
+    C = kda_precision.COLUMNS
+    assert C[-2:] == ("dA_log", "ddt_bias")
+    row = lambda recipe, label, errs: (recipe, "1x64", label, *errs)   # noqa: E731
+    fla = [f"{3e-3:.2e}"] * len(C)
+    ours = [f"{2e-3:.2e}"] * (len(C) - 2) + [f"{4.5e-3:.2e}", f"{2e-3:.2e}"]
+    rows = [row("layer-call", "FLA safe_gate=False", fla), row("layer-call", kda_precision.OURS_DROPIN, ours),
+            row("unit", "FLA safe_gate=True", fla[:-2] + ["-", "-"]),     # the unit recipe has no dA_log
+            row("unit", kda_precision.OURS, ours[:-2] + ["-", "-"])]
+    assert kda_precision.verdict(rows) == ["layer-call 1x64: worse than FLA's best: dA_log 1.50x", "unit 1x64: met"]
+    ref = np.array([1.0, 2.0, 3.0, 4.0])
+    line = kda_precision.per_head_line({"FLA safe_gate=False": {"dA_log": ref + [1e-3, 1e-3, 1e-3, 0.0]},
+                                        kda_precision.OURS_DROPIN: {"dA_log": ref + [5e-4, 2e-3, 1e-3, 0.0]}}, ref)
+    assert line == "dA_log per head: ours at least as close as FLA's in 3 of 4 heads; median |error| ours / FLA's 1.00"
+    assert "not compared" in kda_precision.per_head_line({"FLA safe_gate=False": {"dA_log": ref}}, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.fla
+def test_the_layer_call_recipe_measures_the_gates_parameters(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("fla")
+    assert kda_precision.main(["--T", "256", "--heads", "2", "--varlen", "0", "--recipes", "layer-call"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| layer-call ")]
+    labels = [r.split("|")[3].strip() for r in rows]
+    assert labels[:2] == ["bf16 rounding", "FLA safe_gate=False"]
+    if "kernel.kda_backward cannot be imported" in out:
+        return
+    assert labels[2] == kda_precision.OURS_DROPIN
+    cells = [c.strip() for c in rows[2].strip().strip("|").split("|")[3:]]
+    assert len(cells) == len(kda_precision.COLUMNS) and all(float(c) < 0.05 for c in cells), rows
+    assert "[layer-call 1x256] dA_log per head: ours at least as close as FLA's in" in out

@@ -57,7 +57,8 @@ def _synthetic(config="4x8192", **over) -> dict:
     r = {"bench": "layer", "config": config, "heads": 16, "hidden": 2048,
          "layer": {LAYER_FLA: {"median_ms": 20.0}, LAYER_OURS: {"median_ms": 12.0}}, "ratio": 0.6,
          "peak_memory": {LAYER_FLA: {"bytes": 4e9}, LAYER_OURS: {"bytes": 3e9}}, "wall_s": 30.0,
-         "op_backward": {OP_FLA: {"median_ms": 10.0}, OP_OURS: {"median_ms": 4.2}, OP_BARE: {"median_ms": 4.0}},
+         "op_backward": {OP_FLA: {"median_ms": 10.0}, OP_OURS: {"median_ms": 4.2, "host_ms": 0.61},
+                         OP_BARE: {"median_ms": 4.0}},
          "backward_ratio": 0.42, "wrapper": 0.05}
     r.update(over)
     return r
@@ -65,7 +66,7 @@ def _synthetic(config="4x8192", **over) -> dict:
 
 def test_rendering_a_row_the_verdict_and_the_problems():
     assert layer_report.layer_row(_synthetic()) == ["4x8192", "20.000", "12.000", "0.600", "4.00", "3.00", "0.75",
-                                                    "10.000", "4.200", "0.420", "4.000", "+5.0%"]
+                                                    "10.000", "4.200", "0.420", "4.000", "+5.0%", "0.61"]
     slow = _synthetic("1x131072", ratio=0.7, peak_memory={LAYER_FLA: {"bytes": 4e9}, LAYER_OURS: {"bytes": 5e9}})
     failed = _synthetic("8x32768", layer={LAYER_FLA: {"median_ms": 20.0}, LAYER_OURS: {"error": "RuntimeError: x"}},
                         ratio=None, peak_memory={}, backward_ratio=None, wrapper=None,
@@ -81,7 +82,7 @@ def test_rendering_a_row_the_verdict_and_the_problems():
         "8x32768: time not measured; memory not measured",
         "8x32768: backward not measured; wrapper not measured",
         "2x256: time 0.600x FLA's: met; memory 0.75x FLA's: met"]
-    assert layer_report.layer_row(earlier)[-5:] == ["-"] * 5
+    assert layer_report.layer_row(earlier)[-6:] == ["-"] * 6
     assert layer_report.problems([failed, {"config": "32x8192", "error": "exited with -9"}]) == [
         "8x32768: layer layer_ours: RuntimeError: x", "8x32768: op_backward op_backward_ours: RuntimeError: y",
         "32x8192: exited with -9"]

@@ -31,7 +31,7 @@ def test_one_small_configuration_is_measured(config):
     assert res["ratio"] == pytest.approx(res["layer"][layer.LAYER_OURS]["median_ms"]
                                          / res["layer"][layer.LAYER_FLA]["median_ms"])
     for side in (layer.OP_FLA, layer.OP_OURS, layer.OP_BARE):   # the op's backward alone, and ours bare
-        assert res["op_backward"][side]["median_ms"] > 0, res
+        assert res["op_backward"][side]["median_ms"] > 0 and res["op_backward"][side]["host_ms"] > 0, res
     assert res["backward_ratio"] == pytest.approx(res["op_backward"][layer.OP_OURS]["median_ms"]
                                                   / res["op_backward"][layer.OP_FLA]["median_ms"])
     assert res["wrapper"] == pytest.approx(res["op_backward"][layer.OP_OURS]["median_ms"]

@@ -18,7 +18,10 @@ process of its own (:mod:`.backward_run`). In this order:
    Kernel A (``kernel.ds_scan.launch.launch`` on FLA's tensors, bf16 dS after every tile); the rest (Kernel B
    and the casts) is the total minus those two;
 5. the training step: FLA's ``chunk_kda`` forward and backward through autograd against
-   ``kernel.chunk_kda`` (FLA's forward, our backward), in turn.
+   ``kernel.chunk_kda`` (FLA's forward, our backward) and cuDNN frontend's ``kimi_delta_attention``
+   (:mod:`kernel.tools.cudnn_kda`: q and k normalised in torch, its Hopper engine's conditions;
+   where it is installed, unless ``--no-cudnn``), in turn; then each one's backward alone through
+   autograd (the forward run once, its graph kept), in turn: what a user's backward costs.
 
 With ``--gates trained-layer`` the gates are FLA's layer gate grown (unbounded below, some 16-token
 tiles decaying a channel past 2^-126): FLA's forward, its backward and the step then run with
@@ -50,7 +53,8 @@ BACKWARDS = (OURS, FLA_SAFE, FLA_UNSAFE)
 FORWARD_STATES, KERNEL_A = "forward_states", "kernel_a"
 # where the rule runs the two scans side by side: ours with them in turn, and each on its halved grid
 OURS_IN_TURN, FORWARD_STATES_HALF, KERNEL_A_HALF = "ours_scans_in_turn", "forward_states_half", "kernel_a_half"
-STEP_FLA, STEP_OURS = "fla_chunk_kda", "kernel_chunk_kda"
+STEP_FLA, STEP_OURS, STEP_CUDNN = "fla_chunk_kda", "kernel_chunk_kda", "cudnn_kda"
+STEPS = (STEP_FLA, STEP_OURS, STEP_CUDNN)
 
 
 def missing_requirement() -> str | None:
@@ -273,7 +277,7 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
     res: dict[str, Any] = {"bench": "backward", "config": cfg.name, "B": cfg.B, "T": cfg.T, "H": H,
                            "N": cfg.N, "tokens": cfg.tokens, "varlen": cfg.varlen,
                            "floor": floor_entry(cfg.lengths, H), "backward": {}, "peak_memory": {},
-                           "pieces": {}, "step": {}}
+                           "pieces": {}, "step": {}, "autograd_backward": {}}
     if cfg.varlen:
         res["lengths"] = list(cfg.lengths)
     res["fla_autotune_reset"] = fla_adapter.reset_autotune()
@@ -311,34 +315,81 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
 
 
 def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: str) -> None:
-    """FLA's chunk_kda and kernel.chunk_kda, forward + backward through autograd, in turn."""
+    """FLA's chunk_kda, kernel.chunk_kda and cuDNN's op, forward + backward through autograd, in turn;
+    then each one's backward alone through autograd, in turn."""
     import torch
 
     inp = fla_kda.chunk_kda_step_inputs(raw, h0=h0, cu_seqlens=cu_fla, safe_gate=args.gates == "clamped")
     leaves, kwargs = inp["leaves"], inp["kwargs"]
     order = list(leaves.values())
+    upstream = (raw["do"], raw["dht"])
 
-    def step_of(chunk_kda):
-        def call():
-            o, ht = chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
-                              initial_state=leaves["initial_state"], **kwargs)
-            return torch.autograd.grad((o, ht), order, (raw["do"], raw["dht"]))
-        return call
+    def forward_of(chunk_kda):
+        return lambda: chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                                 initial_state=leaves["initial_state"], **kwargs)
 
-    steps = {}
+    sides: dict[str, tuple[Callable, list]] = {}   # name -> (its forward: () -> (o, ht), the leaves it reads)
     if not args.no_fla:
-        steps[STEP_FLA] = step_of(fla_kda.import_fla()["chunk_kda"])
+        sides[STEP_FLA] = (forward_of(fla_kda.import_fla()["chunk_kda"]), order)
     ours, why = import_ours("fla_dropin", "chunk_kda")
     if ours is None:
         res["step"][STEP_OURS] = {"error": why}
     else:
-        steps[STEP_OURS] = step_of(ours)
+        sides[STEP_OURS] = (forward_of(ours), order)
+    if not getattr(args, "no_cudnn", False):
+        try:
+            from kernel.tools import cudnn_kda
+
+            c = cudnn_kda.step_inputs(raw, h0=h0, cu_seqlens=cu_fla)
+            sides[STEP_CUDNN] = (lambda c=c: c["forward"](c["leaves"]), list(c["leaves"].values()))
+        except ImportError as exc:
+            res["step"][STEP_CUDNN] = {"error": str(exc)}
+            log(f"    {tag}: no cuDNN side: {exc}")
+    steps = {name: (lambda fwd=fwd, xs=xs: torch.autograd.grad(fwd(), xs, upstream))
+             for name, (fwd, xs) in sides.items()}
     steps = first_calls(steps, res["step"], t_start, tag)
     in_turn(steps, args, flush, res["step"])
     a, b = median_of(res["step"], STEP_OURS), median_of(res["step"], STEP_FLA)
     if a and b:
         res["step"]["ratio"] = a / b
+    c_ms = median_of(res["step"], STEP_CUDNN)
+    if a and c_ms:
+        res["step"]["ratio_cudnn"] = a / c_ms
+    steps.clear()
     log(f"    {tag}: training step timed [{time.perf_counter() - t_start:.0f} s]")
+    _autograd_backwards({n: sides[n] for n in sides if "error" not in res["step"].get(n, {})}, upstream, args,
+                        flush, res, t_start, tag)
+    sides.clear()
     leaves.clear()
     order.clear()
+    free_memory()
+
+
+def _autograd_backwards(sides: dict, upstream: tuple, args, flush, res: dict, t_start: float, tag: str) -> None:
+    """Each side's backward alone through autograd: its forward once (the graph kept), then
+    ``torch.autograd.grad`` with retain_graph, the sides in turn; ratios ours / FLA's and ours / cuDNN's."""
+    import torch
+
+    out = res["autograd_backward"]
+    calls = {}
+    for name, (forward, xs) in sides.items():
+        try:
+            outputs = forward()
+        except Exception as exc:
+            out[name] = {"error": error_text(exc)}
+            free_memory()
+            continue
+        calls[name] = lambda outputs=outputs, xs=xs: torch.autograd.grad(outputs, xs, upstream, retain_graph=True)
+    calls = first_calls(calls, out, t_start, tag)
+    in_turn(calls, args, flush, out)
+    ours = median_of(out, STEP_OURS)
+    for other, key in ((STEP_FLA, "ratio"), (STEP_CUDNN, "ratio_cudnn")):
+        theirs = median_of(out, other)
+        if ours and theirs:
+            out[key] = ours / theirs
+    bare = median_of(res.get("backward", {}), OURS)   # kernel.kda_backward alone, timed earlier in this process
+    if ours and bare:
+        out["over_bare"] = ours / bare - 1.0
+    log(f"    {tag}: the backwards alone through autograd timed [{time.perf_counter() - t_start:.0f} s]")
+    calls.clear()
     free_memory()

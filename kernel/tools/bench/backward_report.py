@@ -9,13 +9,15 @@ from typing import Sequence
 import numpy as np
 
 from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
-                       OURS, OURS_IN_TURN, STEP_FLA, STEP_OURS)
+                       OURS, OURS_IN_TURN, STEP_CUDNN, STEP_FLA, STEP_OURS)
 from . import report
 from .report import cell, error_text, get, is_bench_json, log, num, target_verdict, write_json
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
-                    "step FLA ms", "step ours ms", "step ours/FLA")
+                    "step FLA ms", "step ours ms", "step ours/FLA", "step cuDNN ms", "step ours/cuDNN",
+                    "autograd bwd FLA ms", "autograd bwd ours ms", "autograd bwd cuDNN ms", "autograd ours/FLA",
+                    "autograd ours/cuDNN", "autograd over bare")
 LABELS = {OURS: "ours (kernel.kda_backward)", FLA_SAFE: "FLA chunk_kda_bwd safe_gate=True",
           FLA_UNSAFE: "FLA chunk_kda_bwd safe_gate=False"}
 LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state scan, Kernel A, Kernel B, casts); "
@@ -24,12 +26,16 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
           "design (kernel.tools.floors.RECOMMENDED) at the copy rate. A share = Kernel A / ours, timed beside it. "
           "GB = peak GPU memory of one backward above what was allocated before (torch + CuPy's pool; outputs "
           "included). step = chunk_kda forward + backward through autograd, FLA's against kernel.chunk_kda "
-          "(FLA's forward, our backward), safe_gate True.")
+          "(FLA's forward, our backward), safe_gate True, and cuDNN frontend's kimi_delta_attention (q, k normalised "
+          "in torch, fp32 beta and log gate: what its Hopper engine serves); autograd bwd = each one's backward "
+          "alone through autograd (forward once, graph kept), in turn; over bare = ours through autograd over "
+          "kernel.kda_backward alone (the 'ours ms' column) - 1: the wrapper's share.")
 
 
 def backward_row(res: dict) -> list[str]:
     """One row of the table; ratios are ours over the column's FLA backward, from the same run in turn."""
     bw, mem, step = res.get("backward", {}), res.get("peak_memory", {}), res.get("step", {})
+    ab = res.get("autograd_backward", {})
     ours = get(bw, OURS, "median_ms")
     floor = get(res, "floor", "ms")
     gates = res.get("gates", "clamped")
@@ -41,6 +47,10 @@ def backward_row(res: dict) -> list[str]:
         num(get(res, "pieces", "kernel_a_share"), ".2f"),
         *(cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in BACKWARDS),
         cell(step.get(STEP_FLA), ".3f"), cell(step.get(STEP_OURS), ".3f"), num(step.get("ratio"), ".3f"),
+        cell(step.get(STEP_CUDNN), ".3f"), num(step.get("ratio_cudnn"), ".3f"),
+        *(cell(ab.get(n), ".3f") for n in (STEP_FLA, STEP_OURS, STEP_CUDNN)),
+        num(ab.get("ratio"), ".3f"), num(ab.get("ratio_cudnn"), ".3f"),
+        "-" if ab.get("over_bare") is None else f"{ab['over_bare']:+.1%}",
     ]
 
 
@@ -62,10 +72,11 @@ def progress_line(tag: str, res: dict) -> str:
 
 def problems(results: Sequence[dict]) -> list[str]:
     """One line per error recorded anywhere in the results (a whole config, a backward, a piece, a step)."""
-    return report.problems(results, ("backward", "peak_memory", "pieces", "step"))
+    return report.problems(results, ("backward", "peak_memory", "pieces", "step", "autograd_backward"))
 
 
 TIME_TARGET = 0.5   # the whole backward's time over FLA's safe_gate=True backward, at most
+CUDNN_TARGET = 0.5  # ours through autograd over cuDNN frontend's backward through autograd, at most
 DHU_KERNEL = "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64"
 
 
@@ -92,13 +103,18 @@ def verdict(results: Sequence[dict]) -> list[str]:
         which = "FLA's" if against == FLA_SAFE else "FLA's safe_gate=False"
         out.append(target_verdict(r.get("config", "?"), ratio, ours_b, fla_b, TIME_TARGET, which)
                    + f"; FLA's dhu BV {dhu_block_v(r)}")
+        ab = r.get("autograd_backward") or {}
+        if ab.get("ratio_cudnn") is not None:
+            c = ab["ratio_cudnn"]
+            out.append(f"{r.get('config', '?')}: through autograd ours {c:.3f}x cuDNN's backward: "
+                       + ("met" if c <= CUDNN_TARGET else f"NOT met (target {CUDNN_TARGET}x)"))
     return out
 
 
 def log_backward_table(results: Sequence[dict]) -> None:
     report.log_mode_table(results, backward_row, BACKWARD_COLUMNS, LEGEND, problems(results), verdict(results),
                           "targets (the whole backward at most 0.5x FLA's safe_gate=True backward; peak memory "
-                          "no more):")
+                          f"no more; through autograd at most {CUDNN_TARGET}x cuDNN's where it runs):")
 
 
 def plot_backward(results: Sequence[dict], path: str) -> None:
@@ -121,12 +137,14 @@ def plot_backward(results: Sequence[dict], path: str) -> None:
         ax.scatter([xi for xi, f in zip(at, floors) if f is not None], [f for f in floors if f is not None],
                    marker="_", s=600, color="k", zorder=3, label="byte floor (recommended design)")
     ax.set_title("whole KDA backward")
-    steps = [n for n in (STEP_FLA, STEP_OURS) if any(get(r, "step", n, "median_ms") is not None for r in results)]
+    steps = [n for n in (STEP_FLA, STEP_OURS, STEP_CUDNN)
+             if any(get(r, "step", n, "median_ms") is not None for r in results)]
     w2 = 0.8 / max(1, len(steps))
     for i, n in enumerate(steps):
         vals = [get(r, "step", n, "median_ms") or 0.0 for r in results]
         ax2.bar(x + (i - (len(steps) - 1) / 2) * w2, vals, w2,
-                label={STEP_FLA: "FLA chunk_kda", STEP_OURS: "kernel.chunk_kda"}[n])
+                label={STEP_FLA: "FLA chunk_kda", STEP_OURS: "kernel.chunk_kda",
+                       STEP_CUDNN: "cuDNN kimi_delta_attention"}[n])
     ax2.set_title("training step: chunk_kda forward + backward")
     for a in (ax, ax2):
         a.set_xticks(x)

@@ -66,6 +66,8 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
             argv += ["--projection-scale", repr(args.projection_scale)]
     if args.no_fla:
         argv.append("--no-fla")
+    if getattr(args, "no_cudnn", False):
+        argv.append("--no-cudnn")
     if args.no_step:
         argv.append("--no-step")
     return argv

@@ -84,6 +84,8 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                    help=f"skip the alternating timing (Kernel A's {BF16_EVERY_64} and FLA's dAv+dhu called "
                         "in turn, the same number of times, after the separate timings)")
     p.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
+    p.add_argument("--no-cudnn", action="store_true",
+                   help="--backward: leave cuDNN frontend's KDA op out of the step (it runs where installed)")
     p.add_argument("--no-kernel", action="store_true", help="skip Kernel A")
     p.add_argument("--cupti", action="store_true",
                    help="also take kernel-only times with torch.profiler (CUPTI); off by default: "

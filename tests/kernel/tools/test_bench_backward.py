@@ -15,7 +15,7 @@ import pytest
 
 from kernel.tools import floors
 from kernel.tools.bench import backward, backward_report, backward_run, cli, configs
-from kernel.tools.bench.backward import FLA_SAFE, FLA_UNSAFE, OURS, STEP_FLA, STEP_OURS
+from kernel.tools.bench.backward import FLA_SAFE, FLA_UNSAFE, OURS, STEP_CUDNN, STEP_FLA, STEP_OURS
 
 from .blocked_imports import run_blocked
 
@@ -161,7 +161,8 @@ def _synthetic(config="4x8192", **over) -> dict:
          "peak_memory": {OURS: {"bytes": 1.5e9}, FLA_SAFE: {"bytes": 4.25e9}, FLA_UNSAFE: {"bytes": 4.25e9}},
          "pieces": {"kernel_a_share": 0.25, "forward_states": {"median_ms": 1.0}, "kernel_a": {"median_ms": 1.5},
                     "rest_ms": 3.5},
-         "step": {STEP_FLA: {"median_ms": 20.0}, STEP_OURS: {"median_ms": 15.0}, "ratio": 0.75}, "wall_s": 12.0}
+         "step": {STEP_FLA: {"median_ms": 20.0}, STEP_OURS: {"median_ms": 15.0}, "ratio": 0.75}, "wall_s": 12.0,
+         "autograd_backward": {}}
     r.update(over)
     return r
 
@@ -171,7 +172,26 @@ def test_rendering_a_row():
     floor = floors.byte_floor_ms([8192] * 4)
     assert len(row) == len(backward_report.BACKWARD_COLUMNS)
     assert row == ["4x8192", "6.000", "12.000", "15.000", "0.500", "0.400", f"{floor:.3f}", f"{6.0 / floor:.2f}",
-                   "0.25", "1.50", "4.25", "4.25", "20.000", "15.000", "0.750"]
+                   "0.25", "1.50", "4.25", "4.25", "20.000", "15.000", "0.750"] + ["-"] * 8   # no cuDNN, autograd
+
+
+def test_rendering_the_cudnn_step_and_the_backwards_through_autograd():
+    r = _synthetic(step={STEP_FLA: {"median_ms": 20.0}, STEP_OURS: {"median_ms": 15.0}, STEP_CUDNN: {"median_ms": 25.0},
+                         "ratio": 0.75, "ratio_cudnn": 0.6},
+                   autograd_backward={STEP_FLA: {"median_ms": 14.0}, STEP_OURS: {"median_ms": 6.3},
+                                      STEP_CUDNN: {"median_ms": 12.6}, "ratio": 0.45, "ratio_cudnn": 0.5,
+                                      "over_bare": 0.05})
+    cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(r)))
+    assert (cells["step cuDNN ms"], cells["step ours/cuDNN"]) == ("25.000", "0.600")
+    assert [cells[c] for c in backward_report.BACKWARD_COLUMNS[-6:]] == [
+        "14.000", "6.300", "12.600", "0.450", "0.500", "+5.0%"]
+    slow = _synthetic("1x131072", autograd_backward={"ratio_cudnn": 0.62})
+    assert backward_report.verdict([r, slow])[1::2] == [
+        "4x8192: through autograd ours 0.500x cuDNN's backward: met",
+        "1x131072: through autograd ours 0.620x cuDNN's backward: NOT met (target 0.5x)"]
+    missing = _synthetic(step={STEP_CUDNN: {"error": "cuDNN frontend's kimi_delta_attention is missing (x)"}})
+    cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(missing)))
+    assert cells["step cuDNN ms"] == "missing"
 
 
 def test_rendering_what_is_missing_or_failed():

@@ -76,6 +76,15 @@ def test_one_small_configuration_is_measured(config):
         assert 0 < res["pieces"]["kernel_a_share"] < 1
     assert res["fla_autotune"], "FLA's autotuners recorded no choice"
     assert len(backward_report.backward_row(res)) == len(backward_report.BACKWARD_COLUMNS)
+    # each side's backward alone through autograd; cuDNN's where it is installed, else its reason
+    ab = res["autograd_backward"]
+    assert ab[backward.STEP_FLA]["median_ms"] > 0
+    if "median_ms" in ours:
+        assert ab[backward.STEP_OURS]["median_ms"] > 0 and math.isclose(
+            ab["ratio"], ab[backward.STEP_OURS]["median_ms"] / ab[backward.STEP_FLA]["median_ms"])
+        assert "over_bare" in ab
+    cudnn = res["step"][backward.STEP_CUDNN]
+    assert "median_ms" in cudnn or "missing" in cudnn["error"], cudnn
 
 
 def test_trained_layer_gates_leave_flas_safe_gate_out():

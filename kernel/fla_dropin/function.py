@@ -153,8 +153,11 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
                                           chunk_indices=chunk_indices, lower_bound=call.lower_bound)
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
+        # the gate's activation backward is a pass of its own: skipped where no gradient of the
+        # raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
+        gate_wanted = any(need[GRADIENT_INPUTS.index(name)] for name in ("g", "A_log", "dt_bias"))
         dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
-                                                      Aqk, Akk, h, initial_state, do, dht, rstd)
+                                                      Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted)
     if beta_activated is not None and need[4]:
         from ..activations import beta_backward
 
@@ -165,10 +168,12 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
     return tuple(x.to(dt) if (x is not None and wanted) else None for x, dt, wanted in zip(grads, dtypes, need))
 
 
-def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht, rstd):
+def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht, rstd,
+          gate_wanted: bool = True):
     """Our backward and the layouts around it; the gradients as FLA's chunk_kda_bwd returns them
     (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias), dq and dk
-    through the l2norm's backward where ``rstd`` (q's and k's) is given."""
+    through the l2norm's backward where ``rstd`` (q's and k's) is given; the gate's activation backward
+    only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None)."""
     from ..kda_backward import checked_batch, run
 
     G = call.groups
@@ -191,7 +196,7 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     if call.state_v_first and dh0 is not None:
         dh0 = _v_first(dh0)
     dg, dA, dbias = grads["dg"], None, None
-    if call.use_gate_in_kernel:
+    if call.use_gate_in_kernel and gate_wanted:
         # FLA's fused gate backward (one pass, dA_log and dt_bias summed per block of 32 tokens, then
         # over blocks): kernel.activations.gate_backward is the same math in torch, in float64 in the tests
         dg, dA, dbias = _fla()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,

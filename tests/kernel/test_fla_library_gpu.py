@@ -7,6 +7,8 @@
 * A model calling chunk_kda compiled with ``torch.compile(fullgraph=True)`` (aot_eager and
   inductor) gives eager's o, final state and every gradient, bit for bit: the op's kernels are the
   same and the model around it rounds nothing differently.
+* A call whose gate is frozen (no gradient asked for g, A_log, dt_bias) skips the gate's
+  activation backward and gives the other gradients of the full call, bit for bit.
 * A training step (forward, backward, SGD step) of a small KDA layer with the gate activated in
   the op, ``safe_gate=True, lower_bound=-5`` and a uniform batch is captured in a CUDA graph (after
   a warm-up on a side stream, as torch's documentation asks) and replayed on new data: every
@@ -178,6 +180,40 @@ def test_fullgraph_compiled_model_equals_eager(case, backend):
         got = compiled[name]
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert torch.equal(got, want), f"{name}: max |diff| {(got.float() - want.float()).abs().max().item():.3e}"
+
+
+def test_a_gradient_nobody_asked_for_is_not_computed(monkeypatch):
+    # the layer's settings with the gate frozen (g, A_log, dt_bias without requires_grad): the gate's
+    # activation backward, a pass of its own, is skipped, and the other gradients are the full call's
+    _gpu_or_skip()
+    from kernel import chunk_kda
+    from kernel.fla_dropin import function
+
+    real_fla = function._fla
+    gate_passes = []
+
+    def counting_fla():
+        parts = dict(real_fla())
+        real_gate_bwd = parts["gate_bwd"]
+        parts["gate_bwd"] = lambda **kw: gate_passes.append(1) or real_gate_bwd(**kw)
+        return parts
+
+    monkeypatch.setattr(function, "_fla", counting_fla)
+    settings = dict(LAYER, output_final_state=False)
+    grads = {}
+    for frozen in (False, True):
+        x = _inputs(B=1, T=130, H=2, HV=2, layer=True, seed=11)
+        if frozen:
+            for name in ("g", "A_log", "dt_bias"):
+                x[name].requires_grad_(False)
+        o, _ = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                         initial_state=x["initial_state"], **settings)
+        o.float().square().sum().backward()
+        grads[frozen] = {n: x[n].grad for n in GRADIENT_INPUTS}
+    assert gate_passes == [1], "the gate's backward ran for the frozen gate (or not for the full call)"
+    assert all(grads[True][n] is None for n in ("g", "A_log", "dt_bias"))
+    for name in ("q", "k", "v", "beta", "initial_state"):
+        assert torch.equal(grads[True][name], grads[False][name]), name
 
 
 # ----------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from kernel.kda_backward import GRADIENTS
 
 torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
 
+from .fla_requirements import skip_without_fla_gpu  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 
 # fla-core 0.6.0's fla.ops.kda.chunk_kda, read from its source: (name, default), in order
@@ -288,14 +290,6 @@ TIMES_FLA = 2.0        # our error may be at most this multiple of FLA's own ...
 ERROR_FLOOR = 1e-3     # ... plus this (bf16 rounding of a gradient alone is ~1e-3 relative)
 
 
-def _gpu_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    pytest.importorskip("triton", reason="fla-core needs triton")
-    pytest.importorskip("fla.ops.kda", reason="fla-core 0.6.0 is not installed")
-    pytest.importorskip("kernel.kda_backward", reason="kernel.kda_backward is not built yet")
-
-
 def _unit_inputs(lengths, B, T, H, seed):
     """q, k, v, do ~ N(0, 1), g = logsigmoid(N(0, 1)) clamped to [-5, 0], beta ~ U(0, 1),
     h0 ~ 0.1 N(0, 1), dht ~ 0.1 N(0, 1); rounded as the layer gets them."""
@@ -360,7 +354,7 @@ CASES = [
 @pytest.mark.fla
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_gradients_match_flas_precision(case):
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
     name, lengths, B, T, safe_gate, disable_recompute, with_state = case

@@ -22,18 +22,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
 
+from .fla_requirements import skip_without_fla_gpu  # noqa: E402
+
 K = V = 128
 TIMES_FLA = 2.0        # our error may be at most this multiple of FLA's own ...
 ERROR_FLOOR = 1e-3     # ... plus this (bf16 rounding of a gradient alone is ~1e-3 relative)
 PARAMS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "h0")
-
-
-def _gpu_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    pytest.importorskip("triton", reason="fla-core needs triton")
-    pytest.importorskip("fla.ops.kda", reason="fla-core 0.6.0 is not installed")
-    pytest.importorskip("cupy", reason="our backward needs CuPy")
 
 
 def _layer_inputs(*, lengths, H, HV, seed, gate_scale=1.0, gate_shift=0.0):
@@ -135,7 +129,7 @@ def _compare(name: str, x: dict, kw: dict, H: int, HV: int) -> None:
 @pytest.mark.fla
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_the_layers_call_matches_flas_precision(case):
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     name, H, HV, kw = case
     _compare(name, _layer_inputs(lengths=LENGTHS, H=H, HV=HV, seed=11), kw, H, HV)
 
@@ -159,5 +153,5 @@ def test_the_trained_gates_pass_the_tile_range_within_the_references():
 @pytest.mark.gpu
 @pytest.mark.fla
 def test_gates_past_the_tile_range_run_ours_at_flas_precision():
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     _compare("trained gates", _layer_inputs(lengths=LENGTHS, H=2, HV=2, seed=5, **TRAINED), {}, 2, 2)

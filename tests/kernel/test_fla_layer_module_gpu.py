@@ -34,6 +34,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
 
 from . import kda_layer_oracle as oracle  # noqa: E402
+from .fla_requirements import skip_without_fla_gpu  # noqa: E402
 
 HIDDEN = 256
 HEADS = 2
@@ -58,15 +59,6 @@ CASES = [(gate, kw, hv, layout, precision) for gate, kw in GATES for hv in V_HEA
 def _case_id(case) -> str:
     gate, _, hv, layout, precision = case
     return f"{gate}-{'gva' if hv else 'mha'}-{layout}-{precision}"
-
-
-def _gpu_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    pytest.importorskip("triton", reason="fla-core needs triton")
-    pytest.importorskip("transformers", reason="fla.layers imports transformers, which is not installed")
-    pytest.importorskip("fla.layers.kda", reason="flash-linear-attention 0.6.0 (fla.layers) is not installed")
-    pytest.importorskip("cupy", reason="our backward needs CuPy")
 
 
 def _layer(gate_kw: dict, num_v_heads, precision: str):
@@ -133,7 +125,7 @@ def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.fla
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_a_layer_step_through_the_switch_matches_flas_precision(case, monkeypatch):
-    _gpu_or_skip()
+    skip_without_fla_gpu(layers=True)
     import fla.layers.kda as fla_layer_module
 
     import kernel

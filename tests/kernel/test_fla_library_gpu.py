@@ -24,18 +24,12 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
 
+from .fla_requirements import skip_without_fla_gpu  # noqa: E402
+
 pytestmark = [pytest.mark.gpu, pytest.mark.fla]
 
 K = V = 128
 GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
-
-
-def _gpu_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA device")
-    pytest.importorskip("triton", reason="fla-core needs triton")
-    pytest.importorskip("fla.ops.kda", reason="fla-core 0.6.0 is not installed")
-    pytest.importorskip("cupy", reason="our backward needs CuPy")
 
 
 def _inputs(*, B=2, T=200, H=2, HV=2, lengths=None, layer=False, seed=0, grad=True) -> dict:
@@ -98,7 +92,7 @@ def _op_arguments(x: dict, call: dict) -> tuple:
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_opcheck_of_the_forward_op(case):
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     _, sizes, call = case
     x = _inputs(**sizes)
     arguments = _op_arguments(x, call)   # first: its import of the library registers the ops
@@ -113,7 +107,7 @@ def test_opcheck_of_the_forward_op(case):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_opcheck_of_the_backward_op(case):
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     from kernel.fla_dropin import library
     from kernel.fla_dropin.function import FORWARD_OUTPUTS
 
@@ -166,7 +160,7 @@ def _run(fn, x: dict, w_o, w_ht) -> dict:
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_fullgraph_compiled_model_equals_eager(case, backend):
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     _, sizes, call = case
     x_eager, x_compiled = _inputs(seed=3, **sizes), _inputs(seed=3, **sizes)
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -185,7 +179,7 @@ def test_fullgraph_compiled_model_equals_eager(case, backend):
 def test_a_gradient_nobody_asked_for_is_not_computed(monkeypatch):
     # the layer's settings with the gate frozen (g, A_log, dt_bias without requires_grad): the gate's
     # activation backward, a pass of its own, is skipped, and the other gradients are the full call's
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     from kernel import chunk_kda
     from kernel.fla_dropin import function
 
@@ -251,7 +245,7 @@ def _loss(model, x, target):
 
 
 def test_a_training_step_captured_in_a_cuda_graph_replays_as_eager_steps():
-    _gpu_or_skip()
+    skip_without_fla_gpu()
     B, T, hidden, H, HV, steps, warmup = 2, 256, 256, 2, 4, 6, 3
     torch.manual_seed(0)
     graphed = _KDALayer(hidden, H, HV).cuda()

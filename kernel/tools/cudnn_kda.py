@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["missing_requirement", "import_kda", "step_inputs", "L2NORM_EPS"]
+from kernel.reference import L2NORM_EPS   # FLA's l2norm eps, so that the normalised q, k are FLA's
 
-L2NORM_EPS = 1e-6     # FLA's l2norm_fwd eps, so that the normalised q, k are FLA's
+__all__ = ["missing_requirement", "import_kda", "step_inputs"]
 
 
 def import_kda() -> Callable:

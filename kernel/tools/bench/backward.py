@@ -336,7 +336,7 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
         res["step"][STEP_OURS] = {"error": why}
     else:
         sides[STEP_OURS] = (forward_of(ours), order)
-    if not getattr(args, "no_cudnn", False):
+    if not args.no_cudnn:
         try:
             from kernel.tools import cudnn_kda
 

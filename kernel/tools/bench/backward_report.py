@@ -11,7 +11,7 @@ import numpy as np
 from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
                        OURS, OURS_IN_TURN, STEP_CUDNN, STEP_FLA, STEP_OURS)
 from . import report
-from .report import cell, error_text, get, is_bench_json, log, num, target_verdict, write_json
+from .report import against_target, cell, error_text, get, is_bench_json, log, num, target_verdict, write_json
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
@@ -50,7 +50,7 @@ def backward_row(res: dict) -> list[str]:
         cell(step.get(STEP_CUDNN), ".3f"), num(step.get("ratio_cudnn"), ".3f"),
         *(cell(ab.get(n), ".3f") for n in (STEP_FLA, STEP_OURS, STEP_CUDNN)),
         num(ab.get("ratio"), ".3f"), num(ab.get("ratio_cudnn"), ".3f"),
-        "-" if ab.get("over_bare") is None else f"{ab['over_bare']:+.1%}",
+        num(ab.get("over_bare"), "+.1%"),
     ]
 
 
@@ -107,7 +107,7 @@ def verdict(results: Sequence[dict]) -> list[str]:
         if ab.get("ratio_cudnn") is not None:
             c = ab["ratio_cudnn"]
             out.append(f"{r.get('config', '?')}: through autograd ours {c:.3f}x cuDNN's backward: "
-                       + ("met" if c <= CUDNN_TARGET else f"NOT met (target {CUDNN_TARGET}x)"))
+                       + against_target(c, CUDNN_TARGET))
     return out
 
 

@@ -66,7 +66,7 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
             argv += ["--projection-scale", repr(args.projection_scale)]
     if args.no_fla:
         argv.append("--no-fla")
-    if getattr(args, "no_cudnn", False):
+    if args.no_cudnn:
         argv.append("--no-cudnn")
     if args.no_step:
         argv.append("--no-step")

@@ -6,7 +6,7 @@ from typing import Sequence
 from . import report
 from .layer import (BACKWARD_TARGET, LAYER_FLA, LAYER_OURS, OP_BARE, OP_FLA, OP_OURS, TIME_TARGET,
                     WRAPPER_TARGET)
-from .report import cell, get, is_bench_json, log, num, target_verdict, write_json
+from .report import against_target, cell, get, is_bench_json, log, num, target_verdict, write_json
 
 LAYER_COLUMNS = ("config", "FLA layer ms", "ours layer ms", "ours/FLA", "FLA GB", "ours GB", "ours/FLA GB",
                  "FLA bwd ms", "ours bwd ms", "ours/FLA bwd", "bare ms", "wrapper", "ours bwd host ms")
@@ -35,9 +35,8 @@ def layer_row(res: dict) -> list[str]:
 def op_backward_cells(res: dict) -> list[str]:
     """The op's backward alone: FLA's, ours, the ratio, our bare backward, the wrapper's share."""
     op = res.get("op_backward", {})
-    wrapper = res.get("wrapper")
     return [cell(op.get(OP_FLA), ".3f"), cell(op.get(OP_OURS), ".3f"), num(res.get("backward_ratio"), ".3f"),
-            cell(op.get(OP_BARE), ".3f"), "-" if wrapper is None else f"{wrapper:+.1%}",
+            cell(op.get(OP_BARE), ".3f"), num(res.get("wrapper"), "+.1%"),
             cell(op.get(OP_OURS), ".2f", key="host_ms")]
 
 
@@ -73,7 +72,7 @@ def backward_verdict(r: dict) -> str:
     "not measured" where its numbers are missing."""
     ratio, wrapper = r.get("backward_ratio"), r.get("wrapper")
     b = "backward not measured" if ratio is None else (
-        f"backward {ratio:.3f}x FLA's: " + ("met" if ratio <= BACKWARD_TARGET else f"NOT met (target {BACKWARD_TARGET}x)"))
+        f"backward {ratio:.3f}x FLA's: " + against_target(ratio, BACKWARD_TARGET))
     w = "wrapper not measured" if wrapper is None else (
         f"wrapper {wrapper:+.1%} of our bare backward: "
         + ("met" if wrapper <= WRAPPER_TARGET else f"NOT met (target {WRAPPER_TARGET:.0%})"))

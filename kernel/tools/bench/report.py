@@ -61,11 +61,15 @@ def num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def against_target(ratio: float, target: float) -> str:
+    """"met" where ratio <= target, else "NOT met (target Tx)": a time target's word in every verdict."""
+    return "met" if ratio <= target else f"NOT met (target {target}x)"
+
+
 def target_verdict(config: str, ratio: float | None, ours_bytes, fla_bytes, target: float, against: str) -> str:
     """"CONFIG: time R x AGAINST: met | NOT met (target T x); memory M x AGAINST: met | NOT met", either
     part "not measured" where its numbers are missing: the line each mode's verdict prints per configuration."""
-    t = "time not measured" if ratio is None else (
-        f"time {ratio:.3f}x {against}: " + ("met" if ratio <= target else f"NOT met (target {target}x)"))
+    t = "time not measured" if ratio is None else f"time {ratio:.3f}x {against}: " + against_target(ratio, target)
     m = "memory not measured" if ours_bytes is None or not fla_bytes else (
         f"memory {ours_bytes / fla_bytes:.2f}x {against}: " + ("met" if ours_bytes <= fla_bytes else "NOT met"))
     return f"{config}: {t}; {m}"

@@ -34,12 +34,12 @@ def test_backward_mode_arguments():
 
 def test_each_configuration_gets_this_runs_options():
     a = cli.parse_args(["--backward", "--heads", "8", "--reps", "7", "--warmup", "2", "--seed", "3",
-                        "--gate-strength", "0.5", "--no-step", "--no-fla"])
+                        "--gate-strength", "0.5", "--no-step", "--no-fla", "--no-cudnn"])
     argv = backward_run.child_argv(a, "varlen64x262144", "x.json")
     assert argv[:3] == [sys.executable, "-m", "kernel.tools.bench"]
     child = cli.parse_args(argv[3:])
     assert child.backward and child.in_process and child.configs == "varlen64x262144" and child.json == "x.json"
-    for name in ("heads", "reps", "warmup", "seed", "gate_strength", "no_step", "no_fla", "gates",
+    for name in ("heads", "reps", "warmup", "seed", "gate_strength", "no_step", "no_fla", "no_cudnn", "gates",
                  "projection_scale"):
         assert getattr(child, name) == getattr(a, name), name
     a = cli.parse_args(["--backward", "--gates", "trained-layer", "--projection-scale", "8"])

@@ -97,6 +97,11 @@ OURS_DROPIN = "ours (chunk_kda)"
 FALLBACK = "chunk_kda: FLA's backward (fallback)"
 
 
+def _error_cell(row: tuple, i: int) -> str:
+    """Column i of COLUMNS in a row (recipe, shape, backward, *errors); NOT_THERE past its end."""
+    return row[3 + i] if 3 + i < len(row) else NOT_THERE
+
+
 def verdict(rows: Sequence[tuple]) -> list[str]:
     """The precision target, case by case: every gradient of ours no worse than the best of FLA's rows
     of that case. rows: (recipe, shape, backward, *errors as text in GRADIENTS' order), as main prints
@@ -115,12 +120,11 @@ def verdict(rows: Sequence[tuple]) -> list[str]:
             continue
         if not ours or not fla:
             continue
-        cell = lambda r, i: r[3 + i] if 3 + i < len(r) else NOT_THERE   # noqa: E731
-        judged = [i for i in range(len(COLUMNS)) if cell(ours[0], i) != NOT_THERE
-                  and all(cell(r, i) != NOT_THERE for r in fla)]
+        judged = [i for i in range(len(COLUMNS)) if _error_cell(ours[0], i) != NOT_THERE
+                  and all(_error_cell(r, i) != NOT_THERE for r in fla)]
         try:
-            mine = [float(cell(ours[0], i)) for i in judged]
-            best = [min(float(cell(r, i)) for r in fla) for i in judged]
+            mine = [float(_error_cell(ours[0], i)) for i in judged]
+            best = [min(float(_error_cell(r, i)) for r in fla) for i in judged]
         except ValueError:
             out.append(f"{recipe} {shape}: not judged (a backward failed)")
             continue

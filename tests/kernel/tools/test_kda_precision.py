@@ -14,6 +14,12 @@ import pytest
 from kernel.tools import kda_precision
 
 
+def _table(out: str, recipe: str) -> tuple[list[str], list[str]]:
+    """The printed table's rows of ``recipe`` and each row's backward label (its third cell)."""
+    rows = [line for line in out.splitlines() if line.startswith(f"| {recipe} ")]
+    return rows, [r.split("|")[3].strip() for r in rows]
+
+
 def test_ours_is_on_by_default_and_can_be_left_out(capsys):
     with pytest.raises(SystemExit):
         kda_precision.main(["--help"])
@@ -36,8 +42,7 @@ def test_one_case_has_flas_rows_and_ours(capsys):
     # H = 2, as the drop-in's GPU tests: FLA compiles its kernels per H (a constexpr), minutes each
     assert kda_precision.main(["--T", "256", "--heads", "2", "--varlen", "0", "--recipes", "unit"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| unit ")]
-    labels = [r.split("|")[3].strip() for r in rows]
+    rows, labels = _table(out, "unit")
     assert labels[:3] == ["bf16 rounding", "FLA safe_gate=True", "FLA safe_gate=False"]
     if "kernel.kda_backward cannot be imported" not in out:
         assert labels[3] == "ours (kda_backward)"
@@ -230,8 +235,7 @@ def test_the_trained_layer_recipe_runs_ours_past_the_tile_range(scale, past, cap
             "--projection-scale", str(scale)]
     assert kda_precision.main(argv) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| trained-layer ")]
-    labels = [r.split("|")[3].strip() for r in rows]
+    rows, labels = _table(out, "trained-layer")
     if "kernel.kda_backward cannot be imported" in out:
         assert labels == ["bf16 rounding", "FLA safe_gate=False"]
         return
@@ -310,8 +314,7 @@ def test_the_layer_call_recipe_measures_the_gates_parameters(capsys):
     pytest.importorskip("fla")
     assert kda_precision.main(["--T", "256", "--heads", "2", "--varlen", "0", "--recipes", "layer-call"]) == 0
     out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| layer-call ")]
-    labels = [r.split("|")[3].strip() for r in rows]
+    rows, labels = _table(out, "layer-call")
     assert labels[:2] == ["bf16 rounding", "FLA safe_gate=False"]
     if "kernel.kda_backward cannot be imported" in out:
         return

@@ -365,12 +365,13 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
     free_memory()
 
 
-def _autograd_backwards(sides: dict, upstream: tuple, args, flush, res: dict, t_start: float, tag: str) -> None:
-    """Each side's backward alone through autograd: its forward once (the graph kept), then
-    ``torch.autograd.grad`` with retain_graph, the sides in turn; ratios ours / FLA's and ours / cuDNN's."""
+def retained_backwards(sides: dict, upstream, out: dict) -> dict[str, Callable]:
+    """For each side (name -> (forward, the inputs to differentiate)): its forward run here, once, and a
+    zero-argument call of ``torch.autograd.grad`` of its outputs with ``upstream``, the graph kept, so
+    that the backward alone can be called again and timed. A forward that raises is recorded in
+    out[name] and has no call."""
     import torch
 
-    out = res["autograd_backward"]
     calls = {}
     for name, (forward, xs) in sides.items():
         try:
@@ -380,7 +381,14 @@ def _autograd_backwards(sides: dict, upstream: tuple, args, flush, res: dict, t_
             free_memory()
             continue
         calls[name] = lambda outputs=outputs, xs=xs: torch.autograd.grad(outputs, xs, upstream, retain_graph=True)
-    calls = first_calls(calls, out, t_start, tag)
+    return calls
+
+
+def _autograd_backwards(sides: dict, upstream: tuple, args, flush, res: dict, t_start: float, tag: str) -> None:
+    """Each side's backward alone through autograd: its forward once (the graph kept), then
+    ``torch.autograd.grad`` with retain_graph, the sides in turn; ratios ours / FLA's and ours / cuDNN's."""
+    out = res["autograd_backward"]
+    calls = first_calls(retained_backwards(sides, upstream, out), out, t_start, tag)
     in_turn(calls, args, flush, out)
     ours = median_of(out, STEP_OURS)
     for other, key in ((STEP_FLA, "ratio"), (STEP_CUDNN, "ratio_cudnn")):

@@ -36,7 +36,7 @@ import importlib
 import time
 from typing import Any, Callable
 
-from .backward import first_calls, in_turn, median_of, peak_memories
+from .backward import first_calls, in_turn, median_of, peak_memories, retained_backwards
 from .configs import Config
 from .report import error_text, log
 
@@ -139,7 +139,7 @@ def bench_layer_config(cfg: Config, args, flush) -> dict:
     res["op_backward"] = {}
     try:
         op_calls = _op_backward_calls(_layers_call(layer, x, kw, layer_module, original), original, routed,
-                                      args.seed)
+                                      args.seed, res["op_backward"])
     except Exception as exc:
         res["op_backward"] = {name: {"error": error_text(exc)} for name in (OP_FLA, OP_OURS, OP_BARE)}
         log(f"    {tag}: the op's backward alone could not be set up: {error_text(exc)}")
@@ -182,20 +182,22 @@ def _layers_call(layer, x, kw: dict, layer_module, original) -> dict:
             for name, t in seen.items()}
 
 
-def _op_backward_calls(call: dict, original, routed, seed: int) -> dict[str, Callable]:
+def _op_backward_calls(call: dict, original, routed, seed: int, out: dict) -> dict[str, Callable]:
     """FLA's op's backward, ours and our bare backward (kernel.kda_backward.run on the arguments the
-    op hands it, recorded in one call), each a zero-argument call; the forwards run here, once."""
+    op hands it, recorded in one call), each a zero-argument call (:func:`.backward.retained_backwards`:
+    the forwards run here, once; one that raises is recorded in ``out``)."""
     import torch
 
     import kernel.kda_backward as kda_backward
 
     leaves = [t for t in call.values() if isinstance(t, torch.Tensor) and t.requires_grad]
-    calls: dict[str, Callable] = {}
-    for name, op in ((OP_FLA, original), (OP_OURS, routed)):
-        o = op(**call)[0]
-        gen = torch.Generator(device=o.device).manual_seed(seed + 2)   # the same upstream gradient for both
-        do = torch.randn(o.shape, generator=gen, device=o.device, dtype=o.dtype)
-        calls[name] = lambda o=o, do=do: torch.autograd.grad(o, leaves, do, retain_graph=True)
+    # the upstream gradient of o, which has v's shape and q's dtype: the same for both sides
+    gen = torch.Generator(device=call["v"].device).manual_seed(seed + 2)
+    do = torch.randn(call["v"].shape, generator=gen, device=call["v"].device, dtype=call["q"].dtype)
+    calls = retained_backwards({OP_FLA: (lambda: original(**call)[0], leaves),
+                                OP_OURS: (lambda: routed(**call)[0], leaves)}, do, out)
+    if OP_OURS not in calls:
+        return calls
     handed: dict = {}
     real_run = kda_backward.run
 

@@ -127,26 +127,35 @@ def test_the_op_backward_part_records_the_layers_call_and_our_bare_backward(monk
         def backward(ctx, do):
             return kernel.kda_backward.run(do, scale=2.0)["dq"] * 3
 
-    fla_op = lambda **c: (2 * c["q"] * c["A_log"].sum(), None)   # noqa: E731
-    routed = lambda **c: (Ours.apply(c["q"]) + 0 * c["A_log"].sum(), None)   # noqa: E731
+    fla_op = lambda **c: (2 * c["q"] * c["A_log"].sum() + 0 * c["v"], None)   # noqa: E731
+    routed = lambda **c: (Ours.apply(c["q"]) + 0 * c["A_log"].sum() + 0 * c["v"], None)   # noqa: E731
     module = types.SimpleNamespace(chunk_kda=fla_op)
-    q_proj, a_log = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.ones(2))
+    q_proj, v_proj, a_log = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.Parameter(torch.ones(2))
 
     def the_layer(x):
-        return module.chunk_kda(q=q_proj(x), A_log=a_log, cu_seqlens=torch.tensor([0, 3]), use_gate_in_kernel=True)
+        return module.chunk_kda(q=q_proj(x), v=v_proj(x), A_log=a_log, cu_seqlens=torch.tensor([0, 3]),
+                                use_gate_in_kernel=True)
 
     call = layer._layers_call(the_layer, torch.randn(3, 4), {}, module, fla_op)
     assert module.chunk_kda is fla_op
     assert call["q"].is_leaf and call["q"].requires_grad and call["A_log"].requires_grad
     assert not call["cu_seqlens"].requires_grad and call["use_gate_in_kernel"] is True
-    calls = layer._op_backward_calls(call, fla_op, routed, seed=0)
-    assert set(calls) == {layer.OP_FLA, layer.OP_OURS, layer.OP_BARE}
+    out = {}
+    calls = layer._op_backward_calls(call, fla_op, routed, seed=0, out=out)
+    assert set(calls) == {layer.OP_FLA, layer.OP_OURS, layer.OP_BARE} and out == {}
     assert kernel.kda_backward.run is stub_run and len(bare_calls) == 1   # recorded once, then put back
-    dq_fla, da_fla = calls[layer.OP_FLA]()
-    dq_ours, _ = calls[layer.OP_OURS]()   # twice: the graphs are kept
+    dq_fla, _, da_fla = calls[layer.OP_FLA]()
+    dq_ours, _, _ = calls[layer.OP_OURS]()   # twice: the graphs are kept
     calls[layer.OP_OURS]()
     assert calls[layer.OP_BARE]() is not None and len(bare_calls) == 4
     assert bare_calls[-1][1] == {"scale": 2.0} and torch.equal(bare_calls[-1][0][0], bare_calls[0][0][0])
     assert torch.equal(dq_ours, 3 * bare_calls[0][0][0]) and dq_fla.shape == dq_ours.shape == (3, 4)
+    # a side whose forward raises is recorded, not run; without our op's call there is no bare one
+    def broken(**c):
+        raise ValueError("refused")
+
+    out = {}
+    calls = layer._op_backward_calls(call, fla_op, broken, seed=0, out=out)
+    assert set(calls) == {layer.OP_FLA} and "ValueError: refused" in out[layer.OP_OURS]["error"]
     with pytest.raises(RuntimeError, match="never called"):
         layer._layers_call(lambda x: None, torch.randn(3, 4), {}, module, fla_op)

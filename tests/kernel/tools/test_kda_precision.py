@@ -46,9 +46,11 @@ def test_one_case_has_flas_rows_and_ours(capsys):
     assert labels[:3] == ["bf16 rounding", "FLA safe_gate=True", "FLA safe_gate=False"]
     if "kernel.kda_backward cannot be imported" not in out:
         assert labels[3] == "ours (kda_backward)"
-        err = [[float(c) for c in r.strip().strip("|").split("|")[3:]] for r in rows]
+        # a gradient the recipe does not have (dA_log, ddt_bias outside layer-call) is printed "-"
+        err = [[None if c.strip() == "-" else float(c) for c in r.strip().strip("|").split("|")[3:]] for r in rows]
+        assert [e is None for e in err[3]] == [e is None for e in err[1]], rows
         # the yardstick: ours no worse than FLA's worse row, with a factor 2 of slack at this small T
-        assert all(o <= 2 * max(t, f) for o, t, f in zip(err[3], err[1], err[2])), rows
+        assert all(o <= 2 * max(t, f) for o, t, f in zip(err[3], err[1], err[2]) if o is not None), rows
 
 
 def test_the_verdict_names_each_gradient_worse_than_flas_best():

@@ -103,17 +103,34 @@ def _step(layer, x, do, kw: dict, precision: str):
 
 
 def _oracle(layer, x, do, kw: dict):
-    """The float64 output and gradients; a padded batch is packed first, as the layer unpads it."""
+    """The float64 output and gradients, and the gate parameters' term magnitudes
+    (oracle.gate_term_magnitudes); a padded batch is packed first, as the layer unpads it."""
     if "attention_mask" not in kw:
-        return oracle.layer_gradients(layer, x, do, kw.get("cu_seqlens"))
+        cu = kw.get("cu_seqlens")
+        return (*oracle.layer_gradients(layer, x, do, cu), oracle.gate_term_magnitudes(layer, x, do, cu))
     keep = kw["attention_mask"].bool().cpu()
     cu = torch.cat([torch.zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])
-    out, grads = oracle.layer_gradients(layer, x.cpu()[keep][None], do.cpu()[keep][None], cu)
+    packed_x, packed_do = x.cpu()[keep][None], do.cpu()[keep][None]
+    out, grads = oracle.layer_gradients(layer, packed_x, packed_do, cu)
     full = torch.zeros(x.shape, dtype=torch.float64)
     full[keep] = out[0]
     dx = torch.zeros(x.shape, dtype=torch.float64)
     dx[keep] = grads["hidden_states"][0]
-    return full, {**grads, "hidden_states": dx}
+    return full, {**grads, "hidden_states": dx}, oracle.gate_term_magnitudes(layer, packed_x, packed_do, cu)
+
+
+def _floor(name: str, ref: dict, magnitudes: dict) -> float:
+    """ERROR_FLOOR, relative to the gradient; for A_log and dt_bias, sums over every token whose terms
+    cancel, ERROR_FLOOR of their terms' magnitudes (oracle.gate_term_magnitudes), as a relative error.
+
+    Why: A_log's gradient is 2 numbers here (one per head), each a sum 10 to 2000 times smaller than
+    its terms, so its relative error is the gate gradient's error magnified that much, in a random
+    direction. Against the cancelled sum, ours and FLA's are two draws of that noise: the draws over
+    seeds are in docs/log/39-the-targets-measured.md.
+    """
+    if name not in magnitudes:
+        return ERROR_FLOOR
+    return ERROR_FLOOR * float(torch.linalg.norm(magnitudes[name]) / torch.linalg.norm(ref[name]))
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -162,17 +179,18 @@ def test_a_layer_step_through_the_switch_matches_flas_precision(case, monkeypatc
     for name in AFTER_THE_OP:
         assert torch.equal(ours[name], fla[name]), f"d{name} sees only the forward, yet differs from FLA's"
 
-    out_ref, ref = _oracle(layer, x, do, kw)
+    out_ref, ref, magnitudes = _oracle(layer, x, do, kw)
     e_out = _rel(out_fla, out_ref)
     print(f"\n[{_case_id(case)}] relative Frobenius error vs the float64 layer: output (FLA's forward) {e_out:.3e}")
-    print(f"  {'gradient':22s} {'ours':>10s} {'FLA':>10s}")
+    print(f"  {'gradient':22s} {'ours':>10s} {'FLA':>10s} {'floor':>10s}")
     failed = []
     for name in ref:
         assert ours[name].shape == fla[name].shape == ref[name].shape and ours[name].dtype == fla[name].dtype, name
         e_ours, e_fla = _rel(ours[name], ref[name]), _rel(fla[name], ref[name])
-        print(f"  d{name:21s} {e_ours:10.3e} {e_fla:10.3e}")
-        if not e_ours <= TIMES_FLA * e_fla + ERROR_FLOOR:
-            failed.append(f"d{name}: ours {e_ours:.3e} > {TIMES_FLA} x FLA's {e_fla:.3e} + {ERROR_FLOOR}")
+        floor = _floor(name, ref, magnitudes)
+        print(f"  d{name:21s} {e_ours:10.3e} {e_fla:10.3e} {floor:10.3e}")
+        if not e_ours <= TIMES_FLA * e_fla + floor:
+            failed.append(f"d{name}: ours {e_ours:.3e} > {TIMES_FLA} x FLA's {e_fla:.3e} + {floor:.3e}")
         if not e_fla < ORACLE_GUARD:
             failed.append(f"d{name}: FLA's own error {e_fla:.3e} >= {ORACLE_GUARD}: is the oracle the layer?")
     assert e_out < ORACLE_GUARD, f"FLA's output is {e_out:.3e} off the float64 layer: is the oracle the layer?"

@@ -363,3 +363,28 @@ def test_settings_are_read_off_the_layer():
                         norm_eps=1e-6))
     assert oracle.settings(layer) == oracle.LayerSettings(H=2, HV=4, K=8, V=8, conv_size=3, conv_bias=False,
                                                           allow_neg_eigval=True, lower_bound=-5.0, norm_eps=1e-6)
+
+
+@pytest.mark.parametrize("case", [LAYERS[1], LAYERS[2]], ids=[LAYERS[1][0], LAYERS[2][0]])
+def test_gate_term_magnitudes_bound_the_gradients_they_sum(case):
+    _, kw, lengths = case
+    layer = _layer(kw, hidden=6, head_dim=3)
+    lengths = None if lengths is None else [1, 4, 2]
+    x, cu = _hidden(layer, lengths)
+    x = x[:, :5] if cu is None else x
+    do = torch.randn(x.shape, dtype=F64)
+    _, grads = oracle.layer_gradients(layer, x, do, cu)
+    got = oracle.gate_term_magnitudes(layer, x, do, cu)
+    assert set(got) == {"A_log", "dt_bias"}
+    for name, m in got.items():
+        # the magnitudes bound the sum they make, and A_log's is dt_bias's channels' sum weighted
+        # differently: neither may be zero where the gradient is not
+        assert m.shape == grads[name].shape and m.dtype == F64
+        assert torch.all(grads[name].abs() <= m * (1 + 1e-12)), name
+        assert torch.all((m > 0) | (grads[name] == 0)), name
+    if layer.lower_bound is None:   # the softplus gate g = -exp(A_log) softplus(.): dg/dA_log = g itself
+        params = oracle.parameters(layer)
+        taps = {}
+        out = oracle.layer_forward(params, oracle.settings(layer), x, cu, taps)
+        dg, = torch.autograd.grad((out * do).sum(), taps["g"])
+        assert torch.allclose(got["A_log"], (dg * taps["g"]).abs().sum((0, 1, 3)), rtol=1e-12, atol=0)

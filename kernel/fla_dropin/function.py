@@ -17,8 +17,9 @@ what lies between its gradients and the call's arguments:
   same math in torch, which the tests check in float64);
 * beta: the sigmoid's backward;
 * ``state_v_first``: the states enter and leave the backward as [K, V];
-* grouped value heads: q and k repeated per value head for the backward, dq and dk summed back over
-  each group (FLA sums them the same way);
+* grouped value heads: native in the kernels (each value head reads q and k at its query / key head,
+  never repeated in memory), dq and dk summed over each group by :func:`kernel.kda_backward.run`, as
+  FLA sums them;
 * the l2norm's backward, in Kernel B's epilogue (from FLA's rstd), and the casts to the inputs' dtypes.
 
 Every gate FLA accepts runs ours: a 16-token tile whose gates decay a channel past fp32's range for
@@ -176,22 +177,17 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None)."""
     from ..kda_backward import checked_batch, run
 
-    G = call.groups
-    qv, kv = (q, k) if G == 1 else (q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2))
-    if rstd is not None:   # per value head as q and k; the l2norm's backward is linear in dy: it commutes
-        rstd = tuple(x.float().contiguous() if G == 1 else x.float().repeat_interleave(G, dim=2) for x in rstd)
-    batch = checked_batch(call.B, call.T, call.HV, call.offsets, scale=call.scale, torch_out=True)
+    if rstd is not None:   # Kernel B reads them at each value head's query / key head, as q and k
+        rstd = tuple(x.float().contiguous() for x in rstd)
+    batch = checked_batch(call.B, call.T, call.H, call.offsets, scale=call.scale, torch_out=True, HV=call.HV)
     # FLA's saved states are [V, K] with state_v_first: the forward-state scan makes ours instead
     states = h if not call.state_v_first else None
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     dht = None if dht is None else (_v_first(dht) if call.state_v_first else dht.contiguous())
-    # bf16 dq, dk straight from Kernel B where they go out as such: no group sum (fp32) after it
-    grads = run(batch, qv, kv, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
-                rstd=rstd, dqk_bf16=G == 1 and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16)
+    # bf16 dq, dk where the caller's are: rounded once (in Kernel B, or with GVA after the group sum)
+    grads = run(batch, q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
+                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16)
     dq, dk = grads["dq"], grads["dk"]
-    if G > 1:   # each query head's gradient is the sum over the value heads that read it
-        dq = dq.view(call.B, call.T, call.H, G, -1).sum(3)
-        dk = dk.view(call.B, call.T, call.H, G, -1).sum(3)
     dh0 = grads["dh0"]
     if call.state_v_first and dh0 is not None:
         dh0 = _v_first(dh0)

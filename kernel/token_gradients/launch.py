@@ -2,7 +2,7 @@
 
 Kernel B (``kernel/token_gradients/cuda/token_gradients.cu``) turns the forward's tensors,
 do, Kernel A's dS after every 16-token tile and the forward state entering every
-64-token chunk into dq, dk, dv, dg and dbeta, one CTA per 64-token chunk and head.
+64-token chunk into dq, dk, dv, dg and dbeta, one CTA per 64-token chunk and (value) head.
 :func:`kernel.kda_backward.kda_backward` checks the arguments and calls
 :func:`launch`; this module only compiles, allocates and launches. Its float64
 statement is ``kernel.reference.kda``'s ``_tile_backward``.
@@ -85,13 +85,16 @@ def _device_tables(cu_bytes: bytes):
             cupy.asarray(t["chunk_seq"]), t["chunks"])
 
 
-def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, scale: float,
+def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, HV: int, scale: float,
            out: dict, rstd: tuple | None = None) -> None:
     """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
     preallocated CuPy arrays of ``out``: dq, dk (fp32, or bf16 bits: rounded once in the kernel), dg
-    (fp32), dv (bf16 bits), dbeta (fp32). With ``rstd`` (q's and k's fp32 [tokens, H] 1 / |x| from
-    the forward's l2norm, q and k then the normalised rows), dq and dk come out through the l2norm's
-    backward: with respect to the raw q and k."""
+    (fp32), dv (bf16 bits), dbeta (fp32). q and k (and their rstd) have ``H`` heads, every other array
+    ``HV`` (H, or a multiple of it: FLA's grouped value heads, value head hv reading q and k at head
+    hv // (HV / H)); dq and dk come out per value head, [tokens, HV, 128], for the caller to sum over
+    each group. With ``rstd`` (q's and k's fp32 [tokens, H] 1 / |x| from the forward's l2norm, q and k
+    then the normalised rows), dq and dk come out through the l2norm's backward: with respect to the
+    raw q and k."""
     bf16_out = out["dq"].dtype == np.uint16
     if out["dk"].dtype != out["dq"].dtype or not (bf16_out or out["dq"].dtype == np.float32):
         raise ValueError(f"out: dq and dk must both be float32 or both bf16 bits (uint16), got {out['dq'].dtype} "
@@ -99,9 +102,10 @@ def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int
     fn, smem, threads = kernel()
     cu_d, tile_d, chunk_d, seq_d, chunks = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes())
     q_rstd, k_rstd = rstd if rstd is not None else (np.uint64(0), np.uint64(0))   # null pointers: no l2norm
-    fn((chunks, H), (threads,),
+    fn((chunks, HV), (threads,),
        (q, k, v, do, g, beta, aqk, akk, ds, states, out["dq"], out["dk"], out["dv"], out["dg"], out["dbeta"],
-        q_rstd, k_rstd, cu_d, tile_d, chunk_d, seq_d, np.int32(H), np.float32(scale), np.int32(bf16_out)),
+        q_rstd, k_rstd, cu_d, tile_d, chunk_d, seq_d, np.int32(HV), np.int32(H), np.float32(scale),
+        np.int32(bf16_out)),
        shared_mem=smem)
 
 

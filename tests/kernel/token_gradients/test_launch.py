@@ -1,10 +1,13 @@
 """kernel.token_gradients.launch on the CPU: Kernel B's batch tables (first tile, first chunk and
-sequence of every chunk)."""
+sequence of every chunk), and the launch's grid and arguments against the kernel's parameters."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from kernel.token_gradients import tables
+from kernel.token_gradients import KERNEL_NAME, SOURCE_PATH, launch, tables
+
+from ..kernel_signature import launched
 
 
 def test_tables_name_every_chunk_s_sequence_and_first_tile():
@@ -17,3 +20,34 @@ def test_tables_name_every_chunk_s_sequence_and_first_tile():
     # a chunk's first tile is its sequence's first tile + 4 (chunk - first chunk)
     for c, n in enumerate(t["chunk_seq"]):
         assert t["tile_offs"][n] + 4 * (c - t["chunk_offs"][n]) < t["tile_offs"][n + 1]
+
+
+def _launch(monkeypatch, *, H: int, HV: int, rstd=None, dqk=np.float32):
+    """One launch of 1 + 2 chunks with the kernel and the device tables stood in for: (grid, block,
+    {parameter: argument}, shared memory)."""
+    calls = []
+    monkeypatch.setattr(launch, "kernel", lambda: (lambda *call, **kw: calls.append((call, kw)), 4321, 256))
+    monkeypatch.setattr(launch, "_device_tables",
+                        lambda b: ("cu", "tile", "chunk", "seq", tables(np.frombuffer(b, np.int64))["chunks"]))
+    out = {"dq": np.zeros(1, dqk), "dk": np.zeros(1, dqk), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    names = ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")
+    launch.launch(*names, cu=np.array([0, 60, 130]), H=H, HV=HV, scale=0.25, out=out, rstd=rstd)
+    (grid, block, args), opts = calls[0]
+    return grid, block, launched(SOURCE_PATH, KERNEL_NAME, args), opts["shared_mem"]
+
+
+@pytest.mark.parametrize("H, HV", [(3, 3), (2, 8)])
+def test_one_cta_per_chunk_and_value_head_and_both_head_counts_where_the_kernel_takes_them(monkeypatch, H, HV):
+    grid, block, got, smem = _launch(monkeypatch, H=H, HV=HV)
+    assert grid == (3, HV) and block == (256,) and smem == 4321
+    assert (got["HV_"], got["H_"], got["scale"], got["dqk_bf16"]) == (HV, H, 0.25, 0)
+    assert (got["q"], got["k"], got["v"], got["dout"], got["gate"], got["ds"]) == ("q", "k", "v", "do", "g", "ds")
+    assert (got["q_rstd"], got["k_rstd"]) == (0, 0)            # null: no l2norm backward
+
+
+def test_rstd_and_bf16_gradients_reach_their_parameters(monkeypatch):
+    _, _, got, _ = _launch(monkeypatch, H=2, HV=4, rstd=("rq", "rk"), dqk=np.uint16)
+    assert (got["q_rstd"], got["k_rstd"], got["dqk_bf16"]) == ("rq", "rk", 1)
+    with pytest.raises(ValueError, match="dq and dk must both be float32 or both bf16"):
+        launch.launch(*"q k v g beta aqk akk do ds states".split(), cu=np.array([0, 9]), H=1, HV=1, scale=1.0,
+                      out={"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.uint16)})

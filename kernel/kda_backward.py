@@ -37,6 +37,7 @@ are summed over each group after it, as FLA sums them (:func:`group_sum`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,10 +47,23 @@ from .runtime import builds
 from .runtime.arrays import bf16_bits, beta_f32, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
 from .shapes import CHUNK_TOKENS, HEAD_DIM, host_offsets
 
-__all__ = ["kda_backward", "plan_kda_backward", "checked_batch", "run", "Batch", "plan_scans", "ScanPlan", "group_sum",
-           "GRADIENTS"]
+__all__ = ["kda_backward", "plan_kda_backward", "checked_batch", "run", "Batch", "Gate", "plan_scans", "ScanPlan",
+           "group_sum", "GRADIENTS", "GATE_GRADIENTS"]
 
 GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+# what :func:`run` returns instead of dg where Kernel B applies the gate activation's backward (``gate``)
+GATE_GRADIENTS = ("dg_raw", "dA_log", "ddt_bias")
+
+
+class Gate(NamedTuple):
+    """The gate activation FLA's layer asks the op to apply (kernel.activations.gate), for Kernel B's
+    epilogue to apply its backward: g_raw bf16 [B, T, HV, 128]; A_log [HV] or None (the sigmoid form
+    only); dt_bias [HV * 128] or [HV, 128], or None; lower_bound None (the softplus form) or L (the
+    sigmoid form). A_log and dt_bias in any float dtype (read in fp32)."""
+    g_raw: Any
+    A_log: Any
+    dt_bias: Any
+    lower_bound: float | None
 # What a host array's refusal says after "(host memory): "
 HOST_ADVICE = ("kda_backward runs on the GPU and takes CuPy arrays or torch CUDA tensors. For a float64 "
                "evaluation on the host use kernel.reference.kda_backward_reference (on the raw gate)")
@@ -179,13 +193,18 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
-        side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False) -> dict:
+        side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False,
+        gate: Gate | None = None) -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
     by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
     ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
     the normalised rows, and dq, dk come out with respect to the raw ones (Kernel B applies the l2norm's
     backward in its epilogue). ``dqk_bf16``: dq and dk come back bf16, rounded once (for a caller whose
-    gradients are bf16): in Kernel B, or with GVA after the group sum in fp32."""
+    gradients are bf16): in Kernel B, or with GVA after the group sum in fp32. ``gate`` (:class:`Gate`):
+    Kernel B applies the gate activation's backward where it forms dg, and the result has, instead of
+    "dg", :data:`GATE_GRADIENTS`: dg_raw (bf16, g_raw's), dA_log (fp32 [HV], None without A_log) and
+    ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per 64-token chunk in
+    the kernel and then over chunks in a fixed order (two calls give the same bits)."""
     cupy = require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     scans = (plan_scans(batch.N * batch.HV, builds.sm_count(), side_by_side) if states is None
@@ -194,8 +213,9 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
         import torch
 
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16)
-    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16)
+            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16,
+                        gate)
+    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate)
 
 
 def _empty_bf16(batch: Batch, like):
@@ -211,7 +231,7 @@ def _empty_bf16(batch: Batch, like):
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,
-         dqk_bf16: bool) -> dict:
+         dqk_bf16: bool, gate: Gate | None = None) -> dict:
     import cupy
 
     B, T, H, HV = batch.B, batch.T, batch.H, batch.HV
@@ -284,13 +304,62 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
                "dbeta": cupy.empty(row, np.float32)}
     rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
+    gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q)
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
-                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c)
+                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out)
     grads = {**(out_t if batch.torch_out else out), "dh0": dh0}
+    if gate is not None:
+        del grads["dg"]   # never written: the gate build writes dg_raw instead
+        grads.update(_gate_sums(gate_out, gate_t, batch.torch_out))
     if HV != H:
         for name in ("dq", "dk"):
             grads[name] = _rounded(group_sum(grads[name], H), dqk_bf16, batch.torch_out)
     return grads
+
+
+def _gate_out(batch: Batch, gate: Gate, like):
+    """Kernel B's gate epilogue arguments (token_gradients.GateOut), with, for a torch caller, the torch
+    tensors behind its outputs ({name: tensor}); A_log and dt_bias go in as fp32."""
+    import cupy
+
+    if gate.lower_bound is None and gate.A_log is None:
+        raise ValueError("gate: A_log is None with lower_bound None: the softplus form g = -exp(A_log) softplus(x) "
+                         "needs A_log (only the sigmoid form, lower_bound = L, takes A_log None)")
+    B, T, HV = batch.B, batch.T, batch.HV
+    chunks = token_gradients.chunk_count(batch.cu_seqlens)
+    wide = (B, T, HV, HEAD_DIM)
+    if batch.torch_out:
+        import torch
+
+        dev = like.device
+        a_log = None if gate.A_log is None else gate.A_log.float().contiguous().reshape(-1)
+        dt_bias = None if gate.dt_bias is None else gate.dt_bias.float().contiguous().reshape(-1)
+        t = {"dg_raw": torch.empty(wide, dtype=torch.bfloat16, device=dev),
+             "da_part": None if a_log is None else torch.empty((chunks, HV), dtype=torch.float32, device=dev),
+             "ddt_part": None if dt_bias is None else torch.empty((chunks, HV, HEAD_DIM), dtype=torch.float32,
+                                                                 device=dev)}
+        views = {name: None if x is None else cupy_view(x) for name, x in t.items()}
+        inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else cupy_view(a_log),
+                  None if dt_bias is None else cupy_view(dt_bias))
+    else:
+        t = None
+        a_log, dt_bias = gate.A_log, gate.dt_bias
+        views = {"dg_raw": cupy.empty(wide, np.uint16),
+                 "da_part": None if a_log is None else cupy.empty((chunks, HV), np.float32),
+                 "ddt_part": None if dt_bias is None else cupy.empty((chunks, HV, HEAD_DIM), np.float32)}
+        inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else to_cupy("A_log", a_log, "f32").reshape(-1),
+                  None if dt_bias is None else to_cupy("dt_bias", dt_bias, "f32").reshape(-1))
+    return token_gradients.GateOut(*inputs, gate.lower_bound, views["dg_raw"], views["da_part"],
+                                   views["ddt_part"]), t
+
+
+def _gate_sums(out, t, torch_out: bool) -> dict:
+    """dg_raw, and dA_log and ddt_bias: the per-chunk partial sums added over the chunks (a reduction
+    of each element's terms, no atomics: the same bits every call), fp32."""
+    src = t if torch_out else {"dg_raw": out.dg_raw, "da_part": out.da_part, "ddt_part": out.ddt_part}
+    da, ddt = src["da_part"], src["ddt_part"]
+    return {"dg_raw": src["dg_raw"], "dA_log": None if da is None else da.sum(0),
+            "ddt_bias": None if ddt is None else ddt.sum(0).reshape(-1)}
 
 
 def group_sum(x, H: int):

@@ -13,8 +13,9 @@ what lies between its gradients and the call's arguments:
 
 * the gate: FLA's 64-chunk cumsum of the activated gate, recomputed by FLA's own
   ``kda_gate_chunk_cumsum`` where FLA's forward freed it; the gate activation's backward to g_raw,
-  A_log and dt_bias by FLA's fused ``kda_gate_bwd`` (one pass; :mod:`kernel.activations` holds the
-  same math in torch, which the tests check in float64);
+  A_log and dt_bias in Kernel B's epilogue, where it forms dg (a bf16 g_raw; FLA's fused
+  ``kda_gate_bwd``, a pass of its own, for another dtype); :mod:`kernel.activations` holds the same
+  math in torch, which the tests check in float64;
 * beta: the sigmoid's backward;
 * ``state_v_first``: the states enter and leave the backward as [K, V];
 * grouped value heads: native in the kernels (each value head reads q and k at its query / key head,
@@ -175,7 +176,7 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias), dq and dk
     through the l2norm's backward where ``rstd`` (q's and k's) is given; the gate's activation backward
     only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None)."""
-    from ..kda_backward import checked_batch, run
+    from ..kda_backward import Gate, checked_batch, run
 
     if rstd is not None:   # Kernel B reads them at each value head's query / key head, as q and k
         rstd = tuple(x.float().contiguous() for x in rstd)
@@ -184,13 +185,20 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     states = h if not call.state_v_first else None
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     dht = None if dht is None else (_v_first(dht) if call.state_v_first else dht.contiguous())
+    # the gate activation's backward in Kernel B's epilogue, which writes g_raw's gradient in bf16 only
+    in_kernel = call.use_gate_in_kernel and gate_wanted and g_raw.dtype == torch.bfloat16
+    gate = Gate(g_raw.contiguous(), A_log, dt_bias, call.lower_bound) if in_kernel else None
     # bf16 dq, dk where the caller's are: rounded once (in Kernel B, or with GVA after the group sum)
     grads = run(batch, q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
-                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16)
+                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16, gate=gate)
     dq, dk = grads["dq"], grads["dk"]
     dh0 = grads["dh0"]
     if call.state_v_first and dh0 is not None:
         dh0 = _v_first(dh0)
+    if in_kernel:
+        dA, dbias = grads["dA_log"], grads["ddt_bias"]
+        return (dq, dk, grads["dv"], grads["dbeta"], grads["dg_raw"], dh0,
+                None if dA is None else dA.view(A_log.shape), None if dbias is None else dbias.view(dt_bias.shape))
     dg, dA, dbias = grads["dg"], None, None
     if call.use_gate_in_kernel and gate_wanted:
         # FLA's fused gate backward (one pass, dA_log and dt_bias summed per block of 32 tokens, then

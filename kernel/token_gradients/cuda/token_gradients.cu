@@ -30,11 +30,13 @@
 // offsets, the fragments an ldmatrix .x4 gives, mma), token_gradients_r1.cuh (R1),
 // token_gradients_v_phase.cuh (the V phase, G9 / G10 and G8), token_gradients_reduce.cuh (the
 // fixed-order sums between the phases), token_gradients_pairwise.cuh (G14-G17 of a tile whose gates
-// span past fp32's range); ptx_lab's fragments.cuh packs accumulators into operands.
+// span past fp32's range), token_gradients_gate.cuh (the gate build's epilogue, KDB_GATE=1: the gate
+// activation's backward where dg is formed); ptx_lab's fragments.cuh packs accumulators into operands.
 // This file holds the kernel: the prologue, the walk over the chunk's tiles, and the K phase,
 // written out here: as a function of its own it compiled to other SASS.
 #include "fragments.cuh"
 #include "stmatrix.cuh"
+#include "token_gradients_gate.cuh"
 #include "token_gradients_layout.cuh"
 #include "token_gradients_loads.cuh"
 #include "token_gradients_operands.cuh"
@@ -54,9 +56,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const unsigned short* ds, const unsigned short* states, void* dq, void* dk, unsigned short* dv,
         float* dg, float* dbeta, const float* q_rstd, const float* k_rstd, const long long* cu,
         const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int HV_, int H_,
-        float scale, int dqk_bf16) {
+        float scale, int dqk_bf16, const unsigned short* g_raw, const float* a_log, const float* dt_bias,
+        unsigned short* dg_raw, float* da_part, float* ddt_part, int gate_form, float lower_bound) {
     const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, q_rstd, k_rstd, cu,
                  tile_offs, chunk_offs, chunk_seq, HV_, H_, scale, dqk_bf16};
+#if KDB_GATE
+    const GateArgs ga{g_raw, a_log, dt_bias, dg_raw, da_part, ddt_part, gate_form, lower_bound};
+    float gate_dt = 0.f, gate_da = 0.f;   // this thread's channel's partial sums over the chunk (lanes 0..15)
+#endif
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const X4Lane xl = x4_lane(lane);
@@ -358,7 +365,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     float ex = 0.f;
 #pragma unroll
                     for (int i = 0; i < TILE_TOKENS; ++i) {
+#if KDB_GATE
+                        if (i < lt) gate_epilogue(ga, rev[i] - ex + tail, row0 + i * RS + kk, h * HEAD_DIM + kk, h,
+                                                  gate_dt, gate_da);
+#else
                         if (i < lt) a.dg[row0 + i * RS + kk] = rev[i] - ex + tail;
+#endif
                         ex += feb[i * PS + lane];
                     }
                 }
@@ -387,4 +399,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             }
         }
     }
+#if KDB_GATE
+    // l2part is free: the last tile's K phase read it before that tile's last barrier
+    gate_partials(ga, gate_dt, gate_da, chunk * HV + h, warp, lane, l2part);
+#endif
 }

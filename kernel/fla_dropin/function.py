@@ -155,8 +155,8 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
                                           chunk_indices=chunk_indices, lower_bound=call.lower_bound)
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
-        # the gate's activation backward is a pass of its own: skipped where no gradient of the
-        # raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
+        # the gate's activation backward (Kernel B's gate build, or FLA's pass for a gate not in bf16):
+        # skipped where no gradient of the raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
         gate_wanted = any(need[GRADIENT_INPUTS.index(name)] for name in ("g", "A_log", "dt_bias"))
         dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
                                                       Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted)

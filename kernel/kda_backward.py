@@ -28,22 +28,42 @@ the caller's, as in FLA), its ``g`` (the 64-chunk-local cumsum of the gate / ln 
 after its sigmoid, its ``Aqk`` and ``Akk``. Any gate: a 16-token tile that decays a
 channel past 2^-126 (fp32's range for its factorised products) has its G14-G17 formed
 pairwise in Kernel B, decided on the device (``docs/kda_backward.md``, "Gates of any size").
+
+FLA's grouped value heads (GVA): q and k have H heads and everything else HV = G H, value head hv
+reading q and k at head hv // G (:func:`kernel.shapes.qk_head`). The three kernels read q and k
+(and the l2norm's rstd) there, in place; Kernel B's dq and dk come out per value head in fp32 and
+are summed over each group after it, as FLA sums them (:func:`group_sum`).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .ds_scan import fla, launch as ds_scan
 from .token_gradients import launch as token_gradients
 from .runtime import builds
-from .runtime.arrays import beta_f32, cupy_view, describe, expect, refuse_gva, require_cupy, require_gpu, to_cupy
+from .runtime.arrays import bf16_bits, beta_f32, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
 from .shapes import CHUNK_TOKENS, HEAD_DIM, host_offsets
 
-__all__ = ["kda_backward", "plan_kda_backward", "checked_batch", "run", "Batch", "plan_scans", "ScanPlan", "GRADIENTS"]
+__all__ = ["kda_backward", "plan_kda_backward", "checked_batch", "run", "Batch", "Gate", "plan_scans", "ScanPlan",
+           "group_sum", "GRADIENTS", "GATE_GRADIENTS"]
 
 GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+# what :func:`run` returns instead of dg where Kernel B applies the gate activation's backward (``gate``)
+GATE_GRADIENTS = ("dg_raw", "dA_log", "ddt_bias")
+
+
+class Gate(NamedTuple):
+    """The gate activation FLA's layer asks the op to apply (kernel.activations.gate), for Kernel B's
+    epilogue to apply its backward: g_raw bf16 [B, T, HV, 128]; A_log [HV] or None (the sigmoid form
+    only); dt_bias [HV * 128] or [HV, 128], or None; lower_bound None (the softplus form) or L (the
+    sigmoid form). A_log and dt_bias in any float dtype (read in fp32)."""
+    g_raw: Any
+    A_log: Any
+    dt_bias: Any
+    lower_bound: float | None
 # What a host array's refusal says after "(host memory): "
 HOST_ADVICE = ("kda_backward runs on the GPU and takes CuPy arrays or torch CUDA tensors. For a float64 "
                "evaluation on the host use kernel.reference.kda_backward_reference (on the raw gate)")
@@ -65,7 +85,7 @@ class ScanPlan:
 
 
 def plan_scans(pairs: int, sm_count: int, side_by_side: bool | None = None) -> ScanPlan:
-    """The two scans' plan for `pairs` = sequences x heads on a GPU of `sm_count` SMs.
+    """The two scans' plan for `pairs` = sequences x (value) heads on a GPU of `sm_count` SMs.
 
     Side by side, each scan takes the grid its own rule picks for half of the SMs; they go side by
     side (None) when those two grids fit on the GPU together. On the H200 that is pairs <= 65:
@@ -90,20 +110,20 @@ def plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = N
     devices and cu_seqlens, each named. Returns Kernel A's launch plan (batch layout included)."""
     plan = fla.plan_fla_launch(q, k, g, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens,
                                      scale=scale, snapshot_dtype="bfloat16", host_advice=HOST_ADVICE)
-    B, T, H, N = plan.B, plan.T, plan.H, plan.N
+    B, T, HV, N = plan.B, plan.T, plan.HV, plan.N
     va = describe("v", v, HOST_ADVICE)
-    refuse_gva("v", va, B, T, H)
-    expect("v", va, (B, T, H, HEAD_DIM), f"[B, T, H, V], V = {HEAD_DIM}", ("bfloat16",))
+    expect("v", va, (B, T, HV, HEAD_DIM), f"[B, T, HV, V], V = {HEAD_DIM}, the value heads of g and do",
+           ("bfloat16",))
     named = {"v": va}
     if initial_state is not None:
         named["initial_state"] = describe("initial_state", initial_state, HOST_ADVICE)
-        expect("initial_state", named["initial_state"], (N, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V]", ("float32",))
+        expect("initial_state", named["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V]", ("float32",))
     if states is not None:
         n_chunks = int(plan.snapshot_offsets[-1])
         shape = plan.dh_shape
         named["states"] = describe("states", states, HOST_ADVICE)
         expect("states", named["states"], shape,
-                          f"[B, NT, H, K, V]: the state entering each of the {n_chunks} {CHUNK_TOKENS}-token "
+                          f"[B, NT, HV, K, V]: the state entering each of the {n_chunks} {CHUNK_TOKENS}-token "
                           f"chunks (FLA's h, state_v_first=False)", ("bfloat16",))
     for name, a in named.items():
         if a.device is not None and plan.device is not None and a.device != plan.device:
@@ -116,7 +136,8 @@ class Batch:
     """What the launches need of a checked call: its sizes, the host offsets and the forward's scale."""
     B: int
     T: int
-    H: int
+    H: int                       # q's and k's heads
+    HV: int                      # the value heads of everything else: H, or a multiple of it (FLA's GVA)
     cu_seqlens: np.ndarray       # host int64 [N + 1]
     varlen: bool                 # the caller gave cu_seqlens (else B sequences of T tokens)
     scale: float
@@ -128,62 +149,73 @@ class Batch:
         return len(self.cu_seqlens) - 1
 
 
-def checked_batch(B: int, T: int, H: int, cu_seqlens=None, *, scale: float, torch_out: bool) -> Batch:
-    """The :class:`Batch` of a call whose boundary checked its arguments (q's B, T, H, its cu_seqlens in
-    any form, or None, and its scale, a float): nothing is checked here. A device cu_seqlens is copied
-    to the host (N + 1 integers)."""
+def checked_batch(B: int, T: int, H: int, cu_seqlens=None, *, scale: float, torch_out: bool,
+                  HV: int | None = None) -> Batch:
+    """The :class:`Batch` of a call whose boundary checked its arguments (q's B, T, H, the value heads HV,
+    a multiple of H, or None for H, its cu_seqlens in any form, or None, and its scale, a float): nothing
+    is checked here. A device cu_seqlens is copied to the host (N + 1 integers)."""
+    HV = H if HV is None else HV
     if cu_seqlens is None:
         cu = np.arange(B + 1, dtype=np.int64) * T
     else:
         cu = host_offsets(cu_seqlens).astype(np.int64)
-    return Batch(B, T, H, cu, cu_seqlens is not None, float(scale), bool(torch_out),
-                 fla.dh_shape(B, H, cu, cu_seqlens is not None))
+    return Batch(B, T, H, HV, cu, cu_seqlens is not None, float(scale), bool(torch_out),
+                 fla.dh_shape(B, HV, cu, cu_seqlens is not None))
 
 
 def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
                  dht=None, cu_seqlens=None, states=None, side_by_side: bool | None = None) -> dict:
     """KDA's gradients from FLA's forward tensors, on the GPU.
 
-    q, k, v, do: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's g_cumsum); beta: fp32 or
-    bf16 [B, T, H]; Aqk, Akk: bf16 [B, T, H, 64]; initial_state, dht: fp32 [N, H, 128, 128]
-    or None; states: FLA's h (bf16 [B, NT, H, 128, 128], the state entering each 64-chunk)
-    or None (recomputed). Varlen: B == 1 and cu_seqlens (N + 1 offsets). CuPy arrays (bf16
+    q, k: bf16 [B, T, H, 128]; v, do: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's
+    g_cumsum); beta: fp32 or bf16 [B, T, HV]; Aqk, Akk: bf16 [B, T, HV, 64]; initial_state, dht:
+    fp32 [N, HV, 128, 128] or None; states: FLA's h (bf16 [B, NT, HV, 128, 128], the state entering
+    each 64-chunk) or None (recomputed). HV = H, or a multiple of it (FLA's grouped value heads:
+    value head hv reads q and k at head hv // (HV / H)). Varlen: B == 1 and cu_seqlens (N + 1
+    offsets). CuPy arrays (bf16
     as uint16 bits) or torch CUDA tensors; torch in, torch out, on torch's current stream.
     ``scale``: the forward's (default 128 ** -0.5). ``side_by_side``: run the forward-state scan
     beside Kernel A on a second stream, each on a grid for half the SMs (None: when both fit,
     :func:`plan_scans`; only when the states are recomputed).
 
-    Returns {"dq", "dk": fp32 [B, T, H, 128] w.r.t. the q, k given; "dv": bf16 [B, T, H, 128];
-    "dg": fp32 [B, T, H, 128] w.r.t. the per-token natural-log gate (before FLA's cumsum);
-    "dbeta": fp32 [B, T, H]; "dh0": fp32 [N, H, 128, 128]}. Two calls give the same bits.
+    Returns {"dq", "dk": fp32 [B, T, H, 128] w.r.t. the q, k given (with GVA summed over the value
+    heads that read each); "dv": bf16 [B, T, HV, 128]; "dg": fp32 [B, T, HV, 128] w.r.t. the per-token
+    natural-log gate (before FLA's cumsum); "dbeta": fp32 [B, T, HV]; "dh0": fp32 [N, HV, 128, 128]}.
+    Two calls give the same bits.
     """
     plan = plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, scale=scale, initial_state=initial_state,
                              dht=dht, cu_seqlens=cu_seqlens, states=states)
     side_by_side = _side_by_side_arg(side_by_side)
-    batch = Batch(plan.B, plan.T, plan.H, plan.cu_seqlens, cu_seqlens is not None, plan.scale, plan.torch_out,
-                  plan.dh_shape)
+    batch = Batch(plan.B, plan.T, plan.H, plan.HV, plan.cu_seqlens, cu_seqlens is not None, plan.scale,
+                  plan.torch_out, plan.dh_shape)
     return run(batch, q, k, v, g, beta, Aqk, Akk, do, initial_state=initial_state, dht=dht, states=states,
                side_by_side=side_by_side)
 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
-        side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False) -> dict:
+        side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False,
+        gate: Gate | None = None) -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
     by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
     ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
     the normalised rows, and dq, dk come out with respect to the raw ones (Kernel B applies the l2norm's
-    backward in its epilogue). ``dqk_bf16``: dq and dk come back bf16, rounded once in Kernel B (for a
-    caller whose gradients are bf16: no cast pass after it)."""
+    backward in its epilogue). ``dqk_bf16``: dq and dk come back bf16, rounded once (for a caller whose
+    gradients are bf16): in Kernel B, or with GVA after the group sum in fp32. ``gate`` (:class:`Gate`):
+    Kernel B applies the gate activation's backward where it forms dg, and the result has, instead of
+    "dg", :data:`GATE_GRADIENTS`: dg_raw (bf16, g_raw's), dA_log (fp32 [HV], None without A_log) and
+    ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per 64-token chunk in
+    the kernel and then over chunks in a fixed order (two calls give the same bits)."""
     cupy = require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
-    scans = (plan_scans(batch.N * batch.H, builds.sm_count(), side_by_side) if states is None
+    scans = (plan_scans(batch.N * batch.HV, builds.sm_count(), side_by_side) if states is None
              else ScanPlan(False, "auto", None))
     if batch.torch_out:
         import torch
 
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16)
-    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16)
+            return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16,
+                        gate)
+    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate)
 
 
 def _empty_bf16(batch: Batch, like):
@@ -199,10 +231,10 @@ def _empty_bf16(batch: Batch, like):
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,
-         dqk_bf16: bool) -> dict:
+         dqk_bf16: bool, gate: Gate | None = None) -> dict:
     import cupy
 
-    B, T, H = batch.B, batch.T, batch.H
+    B, T, H, HV = batch.B, batch.T, batch.H, batch.HV
     c = {name: to_cupy(name, x, want) for name, x, want in (
         ("q", q, "bf16"), ("k", k, "bf16"), ("v", v, "bf16"), ("g", g, "f32"), ("Aqk", Aqk, "bf16"),
         ("Akk", Akk, "bf16"), ("do", do, "bf16"))}
@@ -220,9 +252,9 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
         from .forward_states import auto_config, choose_warps, device_tables, launch_planned, plan_from_layout
 
         h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
-        warps = scans.states_warps if scans.states_warps is not None else choose_warps(batch.N * H, builds.sm_count())
+        warps = scans.states_warps if scans.states_warps is not None else choose_warps(batch.N * HV, builds.sm_count())
         # the arguments were checked once, at the caller's boundary: the scan takes its plan from that check
-        states_plan = plan_from_layout(B, T, H, batch.cu_seqlens, batch.states_shape, auto_config(warps),
+        states_plan = plan_from_layout(B, T, H, HV, batch.cu_seqlens, batch.states_shape, auto_config(warps),
                                        has_initial_state=h0 is not None)
         # the states come from the caller's stream, so that they return to its pool when freed, after
         # Kernel B: torch's pool for a torch caller (torch counts and reuses the memory), else CuPy's
@@ -243,7 +275,7 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     # split along the sequence (segments 1): at few sequences its scan runs beside the
     # forward-state scan on half the SMs (plan_scans), which has no split of its own yet.
     dht_c = to_cupy("dht", dht, "f32") if dht is not None else None
-    checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dht_c, B, T, H,
+    checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dht_c, B, T, H, HV,
                                  batch.cu_seqlens, q.device if batch.torch_out else None)
     ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=False,
                           snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=1, knobs={},
@@ -252,12 +284,14 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     if side is not None:
         main.wait_event(states_ready)
 
-    wide, row = (B, T, H, HEAD_DIM), (B, T, H)
+    # Kernel B's dq, dk are per value head: with GVA fp32 [B, T, HV, K], summed over each group below
+    wide, row = (B, T, HV, HEAD_DIM), (B, T, HV)
+    in_kernel_bf16 = dqk_bf16 and HV == H
     if batch.torch_out:
         import torch
 
         dev = q.device
-        dqk = torch.bfloat16 if dqk_bf16 else torch.float32
+        dqk = torch.bfloat16 if in_kernel_bf16 else torch.float32
         out_t = {"dq": torch.empty(wide, dtype=dqk, device=dev),
                  "dk": torch.empty(wide, dtype=dqk, device=dev),
                  "dv": torch.empty(wide, dtype=torch.bfloat16, device=dev),
@@ -265,11 +299,85 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
                  "dbeta": torch.empty(row, dtype=torch.float32, device=dev)}
         out = {name: cupy_view(x) for name, x in out_t.items()}
     else:
-        dqk = np.uint16 if dqk_bf16 else np.float32
+        dqk = np.uint16 if in_kernel_bf16 else np.float32
         out = {"dq": cupy.empty(wide, dqk), "dk": cupy.empty(wide, dqk),
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
                "dbeta": cupy.empty(row, np.float32)}
     rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
+    gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q)
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
-                           cu=batch.cu_seqlens, H=H, scale=batch.scale, out=out, rstd=rstd_c)
-    return {**(out_t if batch.torch_out else out), "dh0": dh0}
+                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out)
+    grads = {**(out_t if batch.torch_out else out), "dh0": dh0}
+    if gate is not None:
+        del grads["dg"]   # never written: the gate build writes dg_raw instead
+        grads.update(_gate_sums(gate_out, gate_t, batch.torch_out))
+    if HV != H:
+        for name in ("dq", "dk"):
+            grads[name] = _rounded(group_sum(grads[name], H), dqk_bf16, batch.torch_out)
+    return grads
+
+
+def _gate_out(batch: Batch, gate: Gate, like):
+    """Kernel B's gate epilogue arguments (token_gradients.GateOut), with, for a torch caller, the torch
+    tensors behind its outputs ({name: tensor}); A_log and dt_bias go in as fp32."""
+    import cupy
+
+    if gate.lower_bound is None and gate.A_log is None:
+        raise ValueError("gate: A_log is None with lower_bound None: the softplus form g = -exp(A_log) softplus(x) "
+                         "needs A_log (only the sigmoid form, lower_bound = L, takes A_log None)")
+    B, T, HV = batch.B, batch.T, batch.HV
+    chunks = token_gradients.chunk_count(batch.cu_seqlens)
+    wide = (B, T, HV, HEAD_DIM)
+    if batch.torch_out:
+        import torch
+
+        dev = like.device
+        a_log = None if gate.A_log is None else gate.A_log.float().contiguous().reshape(-1)
+        dt_bias = None if gate.dt_bias is None else gate.dt_bias.float().contiguous().reshape(-1)
+        t = {"dg_raw": torch.empty(wide, dtype=torch.bfloat16, device=dev),
+             "da_part": None if a_log is None else torch.empty((chunks, HV), dtype=torch.float32, device=dev),
+             "ddt_part": None if dt_bias is None else torch.empty((chunks, HV, HEAD_DIM), dtype=torch.float32,
+                                                                 device=dev)}
+        views = {name: None if x is None else cupy_view(x) for name, x in t.items()}
+        inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else cupy_view(a_log),
+                  None if dt_bias is None else cupy_view(dt_bias))
+    else:
+        t = None
+        a_log, dt_bias = gate.A_log, gate.dt_bias
+        views = {"dg_raw": cupy.empty(wide, np.uint16),
+                 "da_part": None if a_log is None else cupy.empty((chunks, HV), np.float32),
+                 "ddt_part": None if dt_bias is None else cupy.empty((chunks, HV, HEAD_DIM), np.float32)}
+        inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else to_cupy("A_log", a_log, "f32").reshape(-1),
+                  None if dt_bias is None else to_cupy("dt_bias", dt_bias, "f32").reshape(-1))
+    return token_gradients.GateOut(*inputs, gate.lower_bound, views["dg_raw"], views["da_part"],
+                                   views["ddt_part"]), t
+
+
+def _gate_sums(out, t, torch_out: bool) -> dict:
+    """dg_raw, and dA_log and ddt_bias: the per-chunk partial sums added over the chunks (a reduction
+    of each element's terms, no atomics: the same bits every call), fp32."""
+    src = t if torch_out else {"dg_raw": out.dg_raw, "da_part": out.da_part, "ddt_part": out.ddt_part}
+    da, ddt = src["da_part"], src["ddt_part"]
+    return {"dg_raw": src["dg_raw"], "dA_log": None if da is None else da.sum(0),
+            "ddt_bias": None if ddt is None else ddt.sum(0).reshape(-1)}
+
+
+def group_sum(x, H: int):
+    """dq or dk per value head, [B, T, HV, K], summed over the value heads that read each query / key
+    head: [B, T, H, K], head h the sum of value heads h G .. h G + G - 1 (G = HV / H), which read it
+    (kernel.shapes.qk_head), as FLA sums them. numpy, CuPy or torch: a reduction of each element's G
+    terms (no atomics), so two calls give the same bits."""
+    B, T, HV, K = x.shape
+    return x.reshape(B, T, H, HV // H, K).sum(3)
+
+
+def _rounded(x, bf16: bool, torch_out: bool):
+    """x (fp32), or rounded once to bf16 where the caller asked for bf16 gradients (torch.bfloat16, or
+    CuPy's uint16 bits)."""
+    if not bf16:
+        return x
+    if torch_out:
+        import torch
+
+        return x.to(torch.bfloat16)
+    return bf16_bits(x)

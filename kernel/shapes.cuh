@@ -15,3 +15,8 @@ constexpr int CHUNK_TOKENS = 64;                            // tokens per chunk 
 constexpr int TILES_PER_CHUNK = CHUNK_TOKENS / TILE_TOKENS;
 
 static_assert(CHUNK_TOKENS % TILE_TOKENS == 0, "a chunk must be a whole number of tiles");
+
+// FLA's grouped value heads (GVA): q and k have H heads, every other per-head array (v, do, the gate,
+// beta, Aqk, Akk, the states and their gradients) HV = G H, and value head hv reads query / key head
+// hv / G, as FLA maps them. Without GVA, HV = H and every head reads its own.
+__host__ __device__ constexpr int qk_head(int hv, int HV, int H) { return hv / (HV / H); }

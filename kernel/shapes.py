@@ -9,7 +9,9 @@ Two token units run through the whole backward, and they have one name each:
   Kernel B CTA.
 
 The device sources take the same four constants, under the same names, from ``kernel/shapes.cuh``
-(tests/kernel/test_shapes.py holds the two files equal). The float64 references take any tile that
+(tests/kernel/test_shapes.py holds the two files equal), and the one head mapping, :func:`qk_head`:
+FLA's grouped value heads give q and k H heads and everything else HV = G H, value head hv reading
+q and k at hv // G. The float64 references take any tile that
 divides the chunk, by their ``tile`` keyword; the kernels are built for ``TILE_TOKENS``.
 
 Every sequence is cut into tiles and chunks from its own start, so a varlen batch (``cu_seqlens``)
@@ -28,8 +30,15 @@ TILE_TOKENS = 16      # tokens per tile
 CHUNK_TOKENS = 64     # tokens per chunk (FLA's chunk_size)
 TILES_PER_CHUNK = CHUNK_TOKENS // TILE_TOKENS
 
-__all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "snapshot_offsets", "check_cu_seqlens",
-           "host_offsets"]
+__all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "qk_head", "snapshot_offsets",
+           "check_cu_seqlens", "host_offsets"]
+
+
+def qk_head(hv: int, HV: int, H: int) -> int:
+    """The query / key head that value head ``hv`` reads under FLA's grouped value heads (GVA): q and k
+    have ``H`` heads, every other per-head array ``HV`` = G H, and value head hv reads q, k at hv // G
+    (kernel/shapes.cuh's qk_head; without GVA, HV = H and every head reads its own)."""
+    return hv // (HV // H)
 
 
 def snapshot_offsets(lengths: np.ndarray, tile: int, snapshot_every: int) -> np.ndarray:

@@ -30,15 +30,19 @@ The kernel keeps its parameter list; a build option (``config.Config.fla_inputs`
 row (``tokens`` = B * T, row strides in elements; every array C-contiguous, as checked
 here; :func:`plan_fla_launch` returns this description)::
 
-    q, k, do   bf16 [tokens, H, 128]  row stride H * 128   unchanged
-    beta       fp32 [tokens, H]       row stride H         (bf16 is widened on the host first)
-    g64        fp32 [tokens, H, 128]  row stride H * 128   in place of gc
-    Aqk        bf16 [tokens, H, 64]   row stride H * 64    in place of Mqk
-    Akk        bf16 [tokens, H, 64]   row stride H * 64    in place of INV
-    dht        fp32 [N, H, 128, 128] or null
-    snapshots  dh: bf16 (or fp32) [NT total, H, 128, 128], every 4th tile (SNAP_EVERY 4)
-    dh0        fp32 [N, H, 128, 128]
+    q, k       bf16 [tokens, H, 128]   row stride H * 128    unchanged
+    do         bf16 [tokens, HV, 128]  row stride HV * 128   unchanged
+    beta       fp32 [tokens, HV]       row stride HV         (bf16 is widened on the host first)
+    g64        fp32 [tokens, HV, 128]  row stride HV * 128   in place of gc
+    Aqk        bf16 [tokens, HV, 64]   row stride HV * 64    in place of Mqk
+    Akk        bf16 [tokens, HV, 64]   row stride HV * 64    in place of INV
+    dht        fp32 [N, HV, 128, 128] or null
+    snapshots  dh: bf16 (or fp32) [NT total, HV, 128, 128], every 4th tile (SNAP_EVERY 4)
+    dh0        fp32 [N, HV, 128, 128]
     cu_seqlens, snapshot offsets (= FLA's chunk_offsets), order: as today
+
+HV = H, or with FLA's grouped value heads (GVA) a multiple of it: value head hv reads q and k at
+head hv // (HV / H) (kernel.shapes.qk_head), in place: they are never repeated in memory.
 
 For tile n of a sequence (n counted from the sequence's start: FLA's chunks
 restart at every sequence start, like Kernel A's tiles), rows tok0 .. tok0 + L - 1:
@@ -69,7 +73,7 @@ import dataclasses
 import numpy as np
 
 from . import launch
-from ..runtime.arrays import ArrayInfo, check_scale, describe, expect, leading, refuse_gva, require_cupy, require_gpu
+from ..runtime.arrays import ArrayInfo, check_scale, describe, expect, leading, require_cupy, require_gpu, value_heads
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
 
 FLA_OTHER_CHUNK = 32                       # KDA's only other chunk_size in fla-core 0.6.0
@@ -126,7 +130,8 @@ class FlaLaunch:
     """
     B: int
     T: int
-    H: int
+    H: int               # q's and k's heads
+    HV: int              # the value heads of everything else: H, or a multiple of it (FLA's GVA)
     N: int
     scale: float
     snapshot_dtype: str
@@ -145,12 +150,12 @@ class FlaLaunch:
         return TILES_PER_CHUNK
 
 
-def dh_shape(B: int, H: int, cu: np.ndarray, varlen: bool) -> tuple[int, ...]:
+def dh_shape(B: int, HV: int, cu: np.ndarray, varlen: bool) -> tuple[int, ...]:
     """The shape of FLA's dh (and of its states h): one [K, V] state per 64-token chunk of every sequence
-    of the host int64 ``cu`` [N + 1], [B, NT, H, K, V], or [1, sum of NT, H, K, V] packed by FLA's
-    chunk_offsets for ``varlen``."""
+    of the host int64 ``cu`` [N + 1] and value head, [B, NT, HV, K, V], or [1, sum of NT, HV, K, V]
+    packed by FLA's chunk_offsets for ``varlen``."""
     chunks = int(snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)[-1])
-    return (1, chunks, H, HEAD_DIM, HEAD_DIM) if varlen else (B, chunks // B, H, HEAD_DIM, HEAD_DIM)
+    return (1, chunks, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, chunks // B, HV, HEAD_DIM, HEAD_DIM)
 
 
 def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
@@ -173,20 +178,22 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
 
     qa = describe("q", q, host_advice)
     B, T, H = leading("q", qa)
-    wide = (B, T, H, HEAD_DIM)
-    expect("q", qa, wide, "[B, T, H, K]", ("bfloat16",))
+    expect("q", qa, (B, T, H, HEAD_DIM), "[B, T, H, K]", ("bfloat16",))
     arrays = {"q": qa, "k": describe("k", k, host_advice)}
-    expect("k", arrays["k"], wide, "same as q: [B, T, H, K]", ("bfloat16",))
-    specs = (("g64", g64, wide, "[B, T, H, K], FLA's chunk-local cumsum of g / ln 2", ("float32",)),
-             ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
-             ("Aqk", Aqk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}]", ("bfloat16",)),
-             ("Akk", Akk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}]", ("bfloat16",)),
-             ("do", do, wide, f"[B, T, H, V], V = {HEAD_DIM}", ("bfloat16",)))
+    expect("k", arrays["k"], (B, T, H, HEAD_DIM), "same as q: [B, T, H, K]", ("bfloat16",))
+    # the gate's heads are the value heads of everything but q and k (FLA's GVA where more than q's)
+    arrays["g64"] = describe("g64", g64, host_advice)
+    HV = value_heads("g64", arrays["g64"], B, T, H)
+    wide = (B, T, HV, HEAD_DIM)
+    specs = (("g64", g64, wide, "[B, T, HV, K], FLA's chunk-local cumsum of g / ln 2", ("float32",)),
+             ("beta", beta, (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")),
+             ("Aqk", Aqk, (B, T, HV, CHUNK_TOKENS), f"[B, T, HV, {CHUNK_TOKENS}]", ("bfloat16",)),
+             ("Akk", Akk, (B, T, HV, CHUNK_TOKENS), f"[B, T, HV, {CHUNK_TOKENS}]", ("bfloat16",)),
+             ("do", do, wide, f"[B, T, HV, V], V = {HEAD_DIM}", ("bfloat16",)))
     for name, x, shape, layout, dtypes in specs:
-        a = describe(name, x, host_advice)
-        refuse_gva(name, a, B, T, H)
+        a = arrays[name] if name in arrays else describe(name, x, host_advice)
         if name in ("Aqk", "Akk"):
-            _refuse_chunk_32(name, a, B, T, H)
+            _refuse_chunk_32(name, a, B, T, HV)
         expect(name, a, shape, layout, dtypes)
         arrays[name] = a
 
@@ -195,7 +202,7 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
     N = cu.shape[0] - 1
     if dht is not None:
         arrays["dht"] = describe("dht", dht, host_advice)
-        expect("dht", arrays["dht"], (N, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V]", ("float32",))
+        expect("dht", arrays["dht"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V]", ("float32",))
 
     device = qa.device
     for name, a in arrays.items():
@@ -206,14 +213,14 @@ def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,
 
     def operand(name: str) -> Operand:
         a = arrays[name]
-        row = int(np.prod(a.shape[2:])) if name != "dht" else H * HEAD_DIM * HEAD_DIM
+        row = int(np.prod(a.shape[2:])) if name != "dht" else HV * HEAD_DIM * HEAD_DIM
         head = int(np.prod(a.shape[3:])) if name != "dht" else HEAD_DIM * HEAD_DIM
         return Operand(ptr=a.ptr, dtype=a.dtype, shape=a.shape, row_stride=row, head_stride=head)
 
-    return FlaLaunch(B=B, T=T, H=H, N=N, scale=float(scale) if scale is not None else HEAD_DIM ** -0.5,
+    return FlaLaunch(B=B, T=T, H=H, HV=HV, N=N, scale=float(scale) if scale is not None else HEAD_DIM ** -0.5,
                      snapshot_dtype=snapshot_dtype, operands={n: operand(n) for n in arrays},
-                     cu_seqlens=cu, snapshot_offsets=offsets, dh_shape=dh_shape(B, H, cu, cu_seqlens is not None),
-                     dh0_shape=(N, H, HEAD_DIM, HEAD_DIM),
+                     cu_seqlens=cu, snapshot_offsets=offsets, dh_shape=dh_shape(B, HV, cu, cu_seqlens is not None),
+                     dh0_shape=(N, HV, HEAD_DIM, HEAD_DIM),
                      device=device, torch_out=qa.torch, vsplit=vsplit, tuning=knobs)
 
 
@@ -228,21 +235,23 @@ def dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=
     """Kernel A on FLA's forward tensors (fla-core 0.6.0, chunk_size 64): FLA's dh and dh0.
 
     q, k: bf16 [B, T, H, 128] as FLA's forward stored them (l2-normalised if it did);
-    g64: fp32 [B, T, H, 128], FLA's g (64-chunk-local cumsum of the gate / ln 2);
-    beta: fp32 or bf16 [B, T, H]; Aqk, Akk: bf16 [B, T, H, 64]; do: bf16 [B, T, H, 128];
-    dht: fp32 [N, H, 128, 128] or None. Varlen: B == 1 and cu_seqlens (N+1 offsets).
+    g64: fp32 [B, T, HV, 128], FLA's g (64-chunk-local cumsum of the gate / ln 2);
+    beta: fp32 or bf16 [B, T, HV]; Aqk, Akk: bf16 [B, T, HV, 64]; do: bf16 [B, T, HV, 128];
+    dht: fp32 [N, HV, 128, 128] or None. HV = H, or a multiple of it (FLA's grouped value heads:
+    value head hv reads q and k at head hv // (HV / H), as FLA maps them).
+    Varlen: B == 1 and cu_seqlens (N+1 offsets).
     CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors (then torch tensors come back).
     ``scale``: the forward's (default 128**-0.5, FLA's default).
 
-    Returns (dh, dh0): dh [B, ceil(T/64), H, 128, 128] (varlen: [1, sum ceil(n/64), H, 128,
+    Returns (dh, dh0): dh [B, ceil(T/64), HV, 128, 128] (varlen: [1, sum ceil(n/64), HV, 128,
     128], FLA's chunk_offsets) in ``snapshot_dtype`` (bf16 = FLA's), the gradient w.r.t. the
-    state after each 64-chunk; dh0 fp32 [N, H, 128, 128].
+    state after each 64-chunk; dh0 fp32 [N, HV, 128, 128].
 
     ``segments``: the sequence split, as in :func:`kernel.dstate_scan` (its cuts fall on
     FLA's 64-token chunk edges).
 
-    Refused, with what to do instead: FLA's ``state_v_first``, GVA (more value heads than
-    key heads), chunk_size 32.
+    Refused, with what to do instead: FLA's ``state_v_first``, chunk_size 32; and value heads
+    that are not a multiple of q's.
     """
     launch.check_segments(segments)
     plan = plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, dht=dht, cu_seqlens=cu_seqlens, scale=scale,
@@ -251,7 +260,7 @@ def dstate_scan_from_fla(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=
     require_cupy(launch.WHAT)
     require_gpu(launch.WHAT)
     inputs = launch.scan_inputs_of(dict(q=q, k=k, g64=g64, beta=beta, Aqk=Aqk, Akk=Akk, do=do), dht,
-                                   B=plan.B, T=plan.T, H=plan.H, cu=plan.cu_seqlens)
+                                   B=plan.B, T=plan.T, H=plan.H, HV=plan.HV, cu=plan.cu_seqlens)
     # FLA's q and k are used as it stored them (Aqk was built from exactly these): no l2norm here
     return launch.run(inputs, scale=plan.scale, varlen=cu_seqlens is not None, qk_l2norm=False,
                       snapshot_dtype=plan.snapshot_dtype, snapshot_every=plan.snapshot_every, vsplit=plan.vsplit,

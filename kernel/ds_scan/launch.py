@@ -25,7 +25,7 @@ from . import config, split
 from .config import Config
 from ..runtime import builds
 from ..runtime.arrays import (beta_f32, bf16_bits, bits_to_f32, check_scale, cupy_view, describe, expect, is_torch,
-                             leading, require_cupy, require_gpu, to_cupy)
+                             leading, require_cupy, require_gpu, to_cupy, value_heads)
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
@@ -78,15 +78,16 @@ INT32_MAX = 2**31 - 1   # tensor-copy coordinates are signed 32-bit
 _NO_MAPS = np.zeros(1, dtype=MAPS_DTYPE)
 
 
-def _tma_maps(cfg: Config, tma_dims, q, k, gc, do, mqk, inv, snapshots):
-    """The tensor maps the configuration uses (the others stay zero), as one parameter."""
+def _tma_maps(cfg: Config, tma_dims, q, k, gc, do, mqk, inv, snapshots, *, H: int, HV: int):
+    """The tensor maps the configuration uses (the others stay zero), as one parameter: q and k of
+    ``H`` heads, the others of ``HV``."""
     uses_loads, uses_snap = cfg.loads == config.LOADS_TMA, cfg.snap_store == config.SNAP_TMA
     if not (uses_loads or uses_snap):
         return _NO_MAPS
-    B, T, H, _ = q.shape
+    B, T = q.shape[:2]
     loads = (q.data.ptr, k.data.ptr, gc.data.ptr, do.data.ptr, mqk.data.ptr, inv.data.ptr) if uses_loads else None
     snap = (snapshots.data.ptr, snapshots.size // HEAD_DIM) if uses_snap else None
-    return encode_tensor_maps(cfg.snap_bf16, tma_dims, B * T, H, loads, snap)
+    return encode_tensor_maps(cfg.snap_bf16, tma_dims, B * T, H, HV, loads, snap)
 
 
 # Encoding is host work on every call (validation in Python, a driver call per map, about
@@ -94,7 +95,10 @@ def _tma_maps(cfg: Config, tma_dims, q, k, gc, do, mqk, inv, snapshots):
 # hands the snapshot buffer the same address), so the encoded parameter is cached by
 # everything it depends on. The kernel only reads it.
 @functools.lru_cache(maxsize=64)
-def encode_tensor_maps(snap_bf16: bool, tma_dims: tuple, tokens: int, H: int, loads, snap) -> np.ndarray:
+def encode_tensor_maps(snap_bf16: bool, tma_dims: tuple, tokens: int, H: int, HV: int, loads, snap) -> np.ndarray:
+    """Kernel A's tensor-map parameter for ``tokens`` rows of q and k (``H`` heads) and of the other
+    inputs (``HV`` heads: FLA's grouped value heads when more), and for the snapshots: ``loads`` the six
+    inputs' addresses or None, ``snap`` (address, rows) or None; the maps not asked for stay zero."""
     from ptx_lab import tensormap
     from ptx_lab.tensormap import TensorMap2D
 
@@ -111,13 +115,13 @@ def encode_tensor_maps(snap_bf16: bool, tma_dims: tuple, tokens: int, H: int, lo
         if tokens > INT32_MAX:
             raise ValueError(f"tensor-copy loads address tokens with 32-bit coordinates; B * T = {tokens}")
         q, k, gc, do, mqk, inv = loads
-        wide, small = (tokens, H * HEAD_DIM), (tokens, H * TILE_TOKENS)
-        want("q", q, "bfloat16", wide, H * HEAD_DIM * 2, (TILE_TOKENS, HEAD_DIM))
-        want("k", k, "bfloat16", wide, H * HEAD_DIM * 2, (TILE_TOKENS, HEAD_DIM))
-        want("gc", gc, "float32", wide, H * HEAD_DIM * 4, (TILE_TOKENS, gc_cols))
-        want("do", do, "bfloat16", wide, H * HEAD_DIM * 2, (TILE_TOKENS, do_cols), swizzle=do_swz)
-        want("mqk", mqk, "bfloat16", small, H * TILE_TOKENS * 2, (TILE_TOKENS, TILE_TOKENS), swizzle=2 * TILE_TOKENS)
-        want("inv", inv, "bfloat16", small, H * TILE_TOKENS * 2, (TILE_TOKENS, TILE_TOKENS), swizzle=2 * TILE_TOKENS)
+        qk, wide, small = (tokens, H * HEAD_DIM), (tokens, HV * HEAD_DIM), (tokens, HV * TILE_TOKENS)
+        want("q", q, "bfloat16", qk, H * HEAD_DIM * 2, (TILE_TOKENS, HEAD_DIM))
+        want("k", k, "bfloat16", qk, H * HEAD_DIM * 2, (TILE_TOKENS, HEAD_DIM))
+        want("gc", gc, "float32", wide, HV * HEAD_DIM * 4, (TILE_TOKENS, gc_cols))
+        want("do", do, "bfloat16", wide, HV * HEAD_DIM * 2, (TILE_TOKENS, do_cols), swizzle=do_swz)
+        want("mqk", mqk, "bfloat16", small, HV * TILE_TOKENS * 2, (TILE_TOKENS, TILE_TOKENS), swizzle=2 * TILE_TOKENS)
+        want("inv", inv, "bfloat16", small, HV * TILE_TOKENS * 2, (TILE_TOKENS, TILE_TOKENS), swizzle=2 * TILE_TOKENS)
     if snap is not None:
         ptr, rows = snap
         if rows > INT32_MAX:
@@ -156,7 +160,8 @@ class ScanInputs:
     dht: Any
     B: int
     T: int
-    H: int
+    H: int               # q's and k's heads
+    HV: int              # the other arrays' (value) heads: H, or a multiple of it (FLA's grouped value heads)
     cu: np.ndarray       # host int64 [N + 1]
     torch_device: Any    # the torch inputs' device, or None for CuPy inputs
 
@@ -166,17 +171,18 @@ class ScanInputs:
 ARRAY_WANTS = ("bf16", "bf16", "f32", None, "bf16", "bf16", "bf16")
 
 
-def scan_inputs_of(named: dict, dht, *, B: int, T: int, H: int, cu: np.ndarray) -> ScanInputs:
+def scan_inputs_of(named: dict, dht, *, B: int, T: int, H: int, HV: int, cu: np.ndarray) -> ScanInputs:
     """The :class:`ScanInputs` of arrays a caller's boundary checked (kind, dtype, shape, layout):
-    ``named`` maps the caller's names to q, k, gc, beta, mqk, inv, do, in that order; ``cu`` is the
-    host int64 cu_seqlens [N + 1]. Each array becomes the CuPy array the launch passes (to_cupy: a
-    torch tensor viewed in place, and every array held to the current device), beta widened to fp32."""
+    ``named`` maps the caller's names to q, k, gc, beta, mqk, inv, do, in that order (q, k of ``H``
+    heads, the others of ``HV``); ``cu`` is the host int64 cu_seqlens [N + 1]. Each array becomes the
+    CuPy array the launch passes (to_cupy: a torch tensor viewed in place, and every array held to the
+    current device), beta widened to fp32."""
     arrays = tuple(beta_f32(x) if want is None else to_cupy(name, x, want)
                    for (name, x), want in zip(named.items(), ARRAY_WANTS))
     if dht is not None:
         dht = to_cupy("dht", dht, "f32")
     first = next(iter(named.values()))
-    return ScanInputs(arrays, dht, B, T, H, cu, first.device if is_torch(first) else None)
+    return ScanInputs(arrays, dht, B, T, H, HV, cu, first.device if is_torch(first) else None)
 
 
 def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -> ScanInputs:
@@ -190,15 +196,15 @@ def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -
     named = dict(q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
     a = {name: describe(name, x, HOST_ADVICE) for name, x in named.items()}
     B, T, H = leading("q", a["q"])
-    wide = (B, T, H, HEAD_DIM)
+    HV = value_heads("do", a["do"], B, T, H)
     for name, shape, layout, dtypes in (
-            ("q", wide, "[B, T, H, K]", ("bfloat16",)),
-            ("k", wide, "same as q: [B, T, H, K]", ("bfloat16",)),
-            ("do", wide, f"[B, T, H, V], V = {HEAD_DIM}", ("bfloat16",)),
-            ("gc", wide, "[B, T, H, K]", ("float32",)),
-            ("beta", (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
-            ("mqk", (B, T, H, small), f"[B, T, H, {small}]", ("bfloat16",)),
-            ("inv", (B, T, H, small), f"[B, T, H, {small}]", ("bfloat16",))):
+            ("q", (B, T, H, HEAD_DIM), "[B, T, H, K]", ("bfloat16",)),
+            ("k", (B, T, H, HEAD_DIM), "same as q: [B, T, H, K]", ("bfloat16",)),
+            ("do", (B, T, HV, HEAD_DIM), f"[B, T, HV, V], V = {HEAD_DIM}", ("bfloat16",)),
+            ("gc", (B, T, HV, HEAD_DIM), "[B, T, HV, K]", ("float32",)),
+            ("beta", (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")),
+            ("mqk", (B, T, HV, small), f"[B, T, HV, {small}]", ("bfloat16",)),
+            ("inv", (B, T, HV, small), f"[B, T, HV, {small}]", ("bfloat16",))):
         expect(name, a[name], shape, layout, dtypes)
 
     if cu_seqlens is not None:
@@ -206,9 +212,9 @@ def _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small: int) -
     else:
         cu = np.arange(B + 1, dtype=np.int64) * T
     if dht is not None:
-        expect("dht", describe("dht", dht, HOST_ADVICE), (cu.size - 1, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V]",
+        expect("dht", describe("dht", dht, HOST_ADVICE), (cu.size - 1, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V]",
                ("float32",))
-    return scan_inputs_of(named, dht, B=B, T=T, H=H, cu=cu)
+    return scan_inputs_of(named, dht, B=B, T=T, H=H, HV=HV, cu=cu)
 
 
 def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None,
@@ -224,13 +230,16 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
     arrays and CPU tensors are refused (TypeError). It needs CuPy, for torch
     tensors too, and a CUDA GPU: ``pip install -e '.[cuda]'`` (cupy-cuda13x).
 
-    q, k, do: bf16 [B, T, H, 128]; gc: fp32 [B, T, H, 128]; beta: fp32 or bf16
-    [B, T, H]; mqk, inv: bf16 [B, T, H, 16]; dht: fp32 [N, H, 128, 128] or None.
+    q, k: bf16 [B, T, H, 128]; do: bf16 [B, T, HV, 128]; gc: fp32 [B, T, HV, 128]; beta:
+    fp32 or bf16 [B, T, HV]; mqk, inv: bf16 [B, T, HV, 16]; dht: fp32 [N, HV, 128, 128] or None.
+    HV = H, or a multiple of it: FLA's grouped value heads, value head hv reading q and k at head
+    hv // (HV / H) (kernel.shapes.qk_head), as if they were repeated to HV heads (the reference's
+    contract on q.repeat(HV // H, axis=2)), without the copy.
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 .. T, every length >= 1).
-    Returns (snapshots, dh0): snapshots [B, n_snap, H, 128, 128] (varlen:
-    [1, total snapshots, H, 128, 128], packed per sequence like FLA's
+    Returns (snapshots, dh0): snapshots [B, n_snap, HV, 128, 128] (varlen:
+    [1, total snapshots, HV, 128, 128], packed per sequence like FLA's
     chunk_offsets) in `snapshot_dtype`, every `snapshot_every` tiles of 16
-    tokens; dh0 fp32 [N, H, 128, 128].
+    tokens; dh0 fp32 [N, HV, 128, 128].
 
     `segments`: the sequence split (:mod:`kernel.ds_scan.split`). "auto" cuts long sequences
     into segments scanned side by side where the unsplit grid would leave SMs idle
@@ -247,7 +256,7 @@ def dstate_scan(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht
 
     * every array: its kind (CuPy / torch CUDA), that it lives on the current
       device, its dtype, C-contiguity and shape (head dimension 128, B, T, H >= 1,
-      the others matching q's);
+      the others matching q's, their heads H or a multiple of it);
     * cu_seqlens (copied to the host when on the device: N+1 ints): B == 1, 1-D,
       integers, 0 first, strictly increasing, T last;
     * snapshot_dtype, snapshot_every (1 or 4), vsplit, the tuning knobs, scale
@@ -344,47 +353,47 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
     check of its own. Returns (snapshots, dh0), torch tensors where ``c.torch_device`` is set."""
     cupy = require_cupy(WHAT)
     q, k, gc, beta, mqk, inv, do = c.arrays
-    dht, B, H, cu = c.dht, c.B, c.H, c.cu
+    dht, B, H, HV, cu = c.dht, c.B, c.H, c.HV, c.cu
     torch_in, dev = c.torch_device is not None, c.torch_device
     lengths = np.diff(cu)
     N = lengths.size
 
     cu_d, offs_d, order, total_snaps = builds.device_tables(cu, snapshot_every)
     if not varlen:
-        snap_shape = (B, total_snaps // B, H, HEAD_DIM, HEAD_DIM)
+        snap_shape = (B, total_snaps // B, HV, HEAD_DIM, HEAD_DIM)
     else:
-        snap_shape = (1, total_snaps, H, HEAD_DIM, HEAD_DIM)
+        snap_shape = (1, total_snaps, HV, HEAD_DIM, HEAD_DIM)
 
     sm = builds.sm_count()
     base = dict(snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every, l2norm=bool(qk_l2norm),
                 fla_inputs=bool(fla_inputs))
-    counts = split.counts_for(segments, lengths, H, sm)
+    counts = split.counts_for(segments, lengths, HV, sm)
     # the unsplit scan's configuration: its knobs checked before anything is allocated (a split's
     # scans take the same ones), its module built only where it runs
-    cfg = Config(vsplit=choose_vsplit(N * H, sm) if vsplit == "auto" else int(vsplit),
+    cfg = Config(vsplit=choose_vsplit(N * HV, sm) if vsplit == "auto" else int(vsplit),
                  has_dht=dht is not None, **base, **knobs)
 
     if torch_in:   # torch's allocator and torch tensors out, CuPy views for the launch
         import torch
 
         snap_t = torch.empty(snap_shape, dtype=torch.bfloat16 if cfg.snap_bf16 else torch.float32, device=dev)
-        dh0_t = torch.empty((N, H, HEAD_DIM, HEAD_DIM), dtype=torch.float32, device=dev)
+        dh0_t = torch.empty((N, HV, HEAD_DIM, HEAD_DIM), dtype=torch.float32, device=dev)
         snapshots, dh0 = cupy_view(snap_t), cupy_view(dh0_t)
     else:
         snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
-        dh0 = cupy.empty((N, H, HEAD_DIM, HEAD_DIM), dtype=np.float32)
+        dh0 = cupy.empty((N, HV, HEAD_DIM, HEAD_DIM), dtype=np.float32)
     s = float(scale) if scale is not None else HEAD_DIM ** -0.5
     inputs = (q, k, gc, beta, mqk, inv, do)
     if (counts > 1).any():
-        dh0[...] = _split_scan(inputs, dht, snapshots, cu, counts, H=H, scale=s, sm=sm, vsplit=vsplit,
+        dh0[...] = _split_scan(inputs, dht, snapshots, cu, counts, H=H, HV=HV, scale=s, sm=sm, vsplit=vsplit,
                                base=base, knobs=knobs)
     else:
         fn, smem, threads, tma_dims = kernel(cfg)
         null = np.uint64(0)
-        maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
-        fn((N * H * cfg.vsplit,), (threads,),
-           (*inputs, dht if dht is not None else null, snapshots, dh0, cu_d, offs_d, order, np.int32(H),
-            np.float32(s), maps),
+        maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots, H=H, HV=HV)
+        fn((N * HV * cfg.vsplit,), (threads,),
+           (*inputs, dht if dht is not None else null, snapshots, dh0, cu_d, offs_d, order, np.int32(HV),
+            np.int32(H), np.float32(s), maps),
            shared_mem=smem)
 
     if torch_in:
@@ -417,20 +426,21 @@ def _launch_order(cu_bytes: bytes, segs_bytes: bytes):
     return cupy.asarray(segs[builds.longest_first(seg_len[segs])].astype(np.int32))
 
 
-def _launch_summaries(inputs, M, d, cu_d, offs_d, order, *, H: int, scale: float, vsplit: int, base: dict) -> None:
+def _launch_summaries(inputs, M, d, cu_d, offs_d, order, *, H: int, HV: int, scale: float, vsplit: int,
+                      base: dict) -> None:
     """The summary build over the sequences ``order`` names (of the batch ``cu_d`` packs): two CTAs
-    of each (sequence, head, v part), grid y 0 computing d into ``d``, 1 computing M into ``M``
+    of each (sequence, value head, v part), grid y 0 computing d into ``d``, 1 computing M into ``M``
     (passed as the snapshots pointer, which a summary build never stores snapshots to)."""
     cfg = config.summary_config(vsplit, base["l2norm"], base["fla_inputs"])
     fn, smem, threads, _ = kernel(cfg)
-    fn((order.size * H * cfg.vsplit, 2), (threads,),
-       (*inputs, np.uint64(0), M, d, cu_d, offs_d, order, np.int32(H), np.float32(scale), _NO_MAPS),
+    fn((order.size * HV * cfg.vsplit, 2), (threads,),
+       (*inputs, np.uint64(0), M, d, cu_d, offs_d, order, np.int32(HV), np.int32(H), np.float32(scale), _NO_MAPS),
        shared_mem=smem)
 
 
 def summaries(q, k, gc, beta, mqk, inv, do, *, cu_seqlens=None, scale: float | None = None,
               qk_l2norm: bool = True, vsplit: int | str = "auto", fla_inputs: bool = False):
-    """Each sequence's summary (M [N, H, K, K], d [N, H, K, V], fp32) by Kernel A's summary
+    """Each sequence's summary (M [N, HV, K, K], d [N, HV, K, V], fp32) by Kernel A's summary
     build: dS entering the sequence's first tile from the right = M @ dS after its last + d
     (kernel.reference.segment_summary is the float64 contract). For a sequence split over
     devices, a segment is a sequence of its own (:mod:`kernel.cp`).
@@ -440,52 +450,53 @@ def summaries(q, k, gc, beta, mqk, inv, do, *, cu_seqlens=None, scale: float | N
     check_vsplit(vsplit)
     c = _checked_inputs(q, k, gc, beta, mqk, inv, do, None, cu_seqlens, CHUNK_TOKENS if fla_inputs else TILE_TOKENS)
     cupy = require_cupy(WHAT)
-    H, cu, dev = c.H, c.cu, c.torch_device
+    H, HV, cu, dev = c.H, c.HV, c.cu, c.torch_device
     torch_in = dev is not None
     N = cu.size - 1
     cu_d, offs_d, order, _ = builds.device_tables(cu, 4)
+    shape = (N, HV, HEAD_DIM, HEAD_DIM)
     if torch_in:
         import torch
 
-        M_t = torch.empty((N, H, HEAD_DIM, HEAD_DIM), dtype=torch.float32, device=dev)
-        d_t = torch.empty((N, H, HEAD_DIM, HEAD_DIM), dtype=torch.float32, device=dev)
+        M_t = torch.empty(shape, dtype=torch.float32, device=dev)
+        d_t = torch.empty(shape, dtype=torch.float32, device=dev)
         M, d = cupy_view(M_t), cupy_view(d_t)
     else:
-        M, d = cupy.empty((N, H, HEAD_DIM, HEAD_DIM), dtype=np.float32), cupy.empty((N, H, HEAD_DIM, HEAD_DIM), dtype=np.float32)
-    v = choose_vsplit(2 * N * H, builds.sm_count()) if vsplit == "auto" else int(vsplit)
-    _launch_summaries(c.arrays, M, d, cu_d, offs_d, order, H=H,
+        M, d = cupy.empty(shape, dtype=np.float32), cupy.empty(shape, dtype=np.float32)
+    v = choose_vsplit(2 * N * HV, builds.sm_count()) if vsplit == "auto" else int(vsplit)
+    _launch_summaries(c.arrays, M, d, cu_d, offs_d, order, H=H, HV=HV,
                       scale=float(scale) if scale is not None else HEAD_DIM ** -0.5, vsplit=v,
                       base=dict(l2norm=bool(qk_l2norm), fla_inputs=bool(fla_inputs)))
     return (M_t, d_t) if torch_in else (M, d)
 
 
-def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H: int, scale: float, sm: int,
-                vsplit, base: dict, knobs: dict):
+def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H: int, HV: int, scale: float,
+                sm: int, vsplit, base: dict, knobs: dict):
     """The three passes of :func:`kernel.ds_scan.split.run` with Kernel A's launches; returns dh0."""
     import cupy
 
     p, seg_cu, seg_offs = _split_tables(cu.tobytes(), counts.astype(np.int64).tobytes(), base["snap_every"],
                                         float(split.END_WEIGHT))
     null = np.uint64(0)
-    args_s, scale_s = np.int32(H), np.float32(scale)
+    heads, scale_s = (np.int32(HV), np.int32(H)), np.float32(scale)
     # each pass's CTAs share the SMs a (sequence, head) has (split.pass_vsplits), unless forced
-    v_sum, v_end, v_rest = (split.pass_vsplits(counts, split.slots(len(counts) * H, sm)) if vsplit == "auto"
+    v_sum, v_end, v_rest = (split.pass_vsplits(counts, split.slots(len(counts) * HV, sm)) if vsplit == "auto"
                             else (int(vsplit),) * 3)
 
     def scan(segs, seg_dht, out, *, last: bool):
         cfg = Config(vsplit=v_end if last else v_rest, has_dht=seg_dht is not None, **base, **knobs)
         fn, smem, threads, tma_dims = kernel(cfg)
         q, k, gc, _, mqk, inv, do = inputs
-        maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots)
-        fn((segs.size * H * cfg.vsplit,), (threads,),
+        maps = _tma_maps(cfg, tma_dims, q, k, gc, do, mqk, inv, snapshots, H=H, HV=HV)
+        fn((segs.size * HV * cfg.vsplit,), (threads,),
            (*inputs, seg_dht if seg_dht is not None else null, snapshots, out, seg_cu, seg_offs,
-            _launch_order(p.cu.tobytes(), segs.tobytes()), args_s, scale_s, maps), shared_mem=smem)
+            _launch_order(p.cu.tobytes(), segs.tobytes()), *heads, scale_s, maps), shared_mem=smem)
 
     def summarise(segs, M, d):
         _launch_summaries(inputs, M, d, seg_cu, seg_offs, _launch_order(p.cu.tobytes(), segs.tobytes()),
-                          H=H, scale=scale, vsplit=v_sum, base=base)
+                          H=H, HV=HV, scale=scale, vsplit=v_sum, base=base)
 
-    return split.run(p, dht, scan, summarise, xp=cupy, H=H, K=HEAD_DIM, V=HEAD_DIM, side_by_side=builds.side_by_side)
+    return split.run(p, dht, scan, summarise, xp=cupy, H=HV, K=HEAD_DIM, V=HEAD_DIM, side_by_side=builds.side_by_side)
 
 
 __all__ = ["dstate_scan", "summaries", "run", "ScanInputs", "scan_inputs_of", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel", "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

@@ -13,12 +13,14 @@ what lies between its gradients and the call's arguments:
 
 * the gate: FLA's 64-chunk cumsum of the activated gate, recomputed by FLA's own
   ``kda_gate_chunk_cumsum`` where FLA's forward freed it; the gate activation's backward to g_raw,
-  A_log and dt_bias by FLA's fused ``kda_gate_bwd`` (one pass; :mod:`kernel.activations` holds the
-  same math in torch, which the tests check in float64);
+  A_log and dt_bias in Kernel B's epilogue, where it forms dg (a bf16 g_raw; FLA's fused
+  ``kda_gate_bwd``, a pass of its own, for another dtype); :mod:`kernel.activations` holds the same
+  math in torch, which the tests check in float64;
 * beta: the sigmoid's backward;
 * ``state_v_first``: the states enter and leave the backward as [K, V];
-* grouped value heads: q and k repeated per value head for the backward, dq and dk summed back over
-  each group (FLA sums them the same way);
+* grouped value heads: native in the kernels (each value head reads q and k at its query / key head,
+  never repeated in memory), dq and dk summed over each group by :func:`kernel.kda_backward.run`, as
+  FLA sums them;
 * the l2norm's backward, in Kernel B's epilogue (from FLA's rstd), and the casts to the inputs' dtypes.
 
 Every gate FLA accepts runs ours: a 16-token tile whose gates decay a channel past fp32's range for
@@ -153,8 +155,8 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
                                           chunk_indices=chunk_indices, lower_bound=call.lower_bound)
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
-        # the gate's activation backward is a pass of its own: skipped where no gradient of the
-        # raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
+        # the gate's activation backward (Kernel B's gate build, or FLA's pass for a gate not in bf16):
+        # skipped where no gradient of the raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
         gate_wanted = any(need[GRADIENT_INPUTS.index(name)] for name in ("g", "A_log", "dt_bias"))
         dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
                                                       Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted)
@@ -174,27 +176,29 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias), dq and dk
     through the l2norm's backward where ``rstd`` (q's and k's) is given; the gate's activation backward
     only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None)."""
-    from ..kda_backward import checked_batch, run
+    from ..kda_backward import Gate, checked_batch, run
 
-    G = call.groups
-    qv, kv = (q, k) if G == 1 else (q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2))
-    if rstd is not None:   # per value head as q and k; the l2norm's backward is linear in dy: it commutes
-        rstd = tuple(x.float().contiguous() if G == 1 else x.float().repeat_interleave(G, dim=2) for x in rstd)
-    batch = checked_batch(call.B, call.T, call.HV, call.offsets, scale=call.scale, torch_out=True)
+    if rstd is not None:   # Kernel B reads them at each value head's query / key head, as q and k
+        rstd = tuple(x.float().contiguous() for x in rstd)
+    batch = checked_batch(call.B, call.T, call.H, call.offsets, scale=call.scale, torch_out=True, HV=call.HV)
     # FLA's saved states are [V, K] with state_v_first: the forward-state scan makes ours instead
     states = h if not call.state_v_first else None
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     dht = None if dht is None else (_v_first(dht) if call.state_v_first else dht.contiguous())
-    # bf16 dq, dk straight from Kernel B where they go out as such: no group sum (fp32) after it
-    grads = run(batch, qv, kv, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
-                rstd=rstd, dqk_bf16=G == 1 and q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16)
+    # the gate activation's backward in Kernel B's epilogue, which writes g_raw's gradient in bf16 only
+    in_kernel = call.use_gate_in_kernel and gate_wanted and g_raw.dtype == torch.bfloat16
+    gate = Gate(g_raw.contiguous(), A_log, dt_bias, call.lower_bound) if in_kernel else None
+    # bf16 dq, dk where the caller's are: rounded once (in Kernel B, or with GVA after the group sum)
+    grads = run(batch, q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
+                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16, gate=gate)
     dq, dk = grads["dq"], grads["dk"]
-    if G > 1:   # each query head's gradient is the sum over the value heads that read it
-        dq = dq.view(call.B, call.T, call.H, G, -1).sum(3)
-        dk = dk.view(call.B, call.T, call.H, G, -1).sum(3)
     dh0 = grads["dh0"]
     if call.state_v_first and dh0 is not None:
         dh0 = _v_first(dh0)
+    if in_kernel:
+        dA, dbias = grads["dA_log"], grads["ddt_bias"]
+        return (dq, dk, grads["dv"], grads["dbeta"], grads["dg_raw"], dh0,
+                None if dA is None else dA.view(A_log.shape), None if dbias is None else dbias.view(dt_bias.shape))
     dg, dA, dbias = grads["dg"], None, None
     if call.use_gate_in_kernel and gate_wanted:
         # FLA's fused gate backward (one pass, dA_log and dt_bias summed per block of 32 tokens, then

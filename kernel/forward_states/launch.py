@@ -21,13 +21,17 @@ and the bf16 rounding of the output.
 
 Tensors (FLA 0.6.0's forward, chunk_size 64; ``..`` = ``B, T`` or ``1, total`` with cu_seqlens)::
 
-    k, v           bf16 [.., H, 128]   k as FLA's forward used it (l2-normalised if it did)
-    g              fp32 [.., H, 128]   FLA's g: the 64-chunk-local cumsum of the gate / ln 2
-    beta           fp32 or bf16 [.., H]
-    Akk            bf16 [.., H, 64]    only the diagonal blocks' lower triangles are read
-    initial_state  fp32 [N, H, 128, 128] ([K, V]) or None (zeros)
-    -> states      bf16 [B, NT, H, 128, 128] ([K, V]; varlen [1, sum NT_n, H, 128, 128],
+    k              bf16 [.., H, 128]    as FLA's forward used it (l2-normalised if it did)
+    v              bf16 [.., HV, 128]
+    g              fp32 [.., HV, 128]   FLA's g: the 64-chunk-local cumsum of the gate / ln 2
+    beta           fp32 or bf16 [.., HV]
+    Akk            bf16 [.., HV, 64]    only the diagonal blocks' lower triangles are read
+    initial_state  fp32 [N, HV, 128, 128] ([K, V]) or None (zeros)
+    -> states      bf16 [B, NT, HV, 128, 128] ([K, V]; varlen [1, sum NT_n, HV, 128, 128],
                    packed by kernel.reference.snapshot_offsets(lengths, 16, 4), FLA's chunk_offsets)
+
+HV = H, or a multiple of it: FLA's grouped value heads (GVA), value head hv reading k at head
+hv // (HV / H) (kernel.shapes.qk_head), in place (k is never repeated in memory).
 
 CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out (allocated by
 torch). The kernel runs on CuPy's current stream (see kernel.ds_scan.launch for pointing it at torch's).
@@ -47,7 +51,7 @@ import numpy as np
 
 from ..runtime import builds
 from ..runtime.arrays import (ArrayInfo, beta_f32, cupy_view, describe, expect, leading, require_cupy, require_gpu,
-                              to_cupy)
+                              to_cupy, value_heads)
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
 from .config import BUILD, Config, auto_config, choose_warps
 
@@ -67,7 +71,8 @@ class StatesPlan:
     """What the launch will do: shapes, offsets (host int64) and the build."""
     B: int
     T: int
-    H: int
+    H: int                          # k's heads
+    HV: int                         # the value heads of everything else: H, or a multiple of it (FLA's GVA)
     N: int
     cu_seqlens: np.ndarray          # [N+1]
     snapshot_offsets: np.ndarray    # [N+1], FLA's chunk_offsets
@@ -80,7 +85,7 @@ class StatesPlan:
 
     @property
     def ctas(self) -> int:
-        return self.N * self.H * self.config.vgroups
+        return self.N * self.HV * self.config.vgroups
 
 
 # What the host-array refusal says after "(host memory): "
@@ -102,16 +107,18 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
         raise TypeError(f"config must be a kernel.forward_states.Config or None, got {type(config).__name__}")
     ka = _device_array("k", k)
     B, T, H = leading("k", ka)
-    wide = (B, T, H, HEAD_DIM)
-    arrays = {"k": ka}
-    expect("k", ka, wide, "[B, T, H, K], K = 128", ("bfloat16",))
-    specs = (("v", v, wide, "[B, T, H, V], V = 128, B, T, H as k", ("bfloat16",)),
-             ("g", g, wide, "[B, T, H, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
-             ("beta", beta, (B, T, H), "[B, T, H]", ("float32", "bfloat16")),
-             ("Akk", Akk, (B, T, H, CHUNK_TOKENS), f"[B, T, H, {CHUNK_TOKENS}], FLA's chunk_size {CHUNK_TOKENS}",
+    expect("k", ka, (B, T, H, HEAD_DIM), "[B, T, H, K], K = 128", ("bfloat16",))
+    arrays = {"k": ka, "v": _device_array("v", v)}
+    HV = value_heads("v", arrays["v"], B, T, H, qk_name="k")   # FLA's GVA where more than k's
+    wide = (B, T, HV, HEAD_DIM)
+    specs = (("v", v, wide, "[B, T, HV, V], V = 128, B, T as k", ("bfloat16",)),
+             ("g", g, wide, "[B, T, HV, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
+             ("beta", beta, (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")),
+             ("Akk", Akk, (B, T, HV, CHUNK_TOKENS), f"[B, T, HV, {CHUNK_TOKENS}], FLA's chunk_size {CHUNK_TOKENS}",
               ("bfloat16",)))
     for name, x, shape, layout, dtypes in specs:
-        arrays[name] = _device_array(name, x)
+        if name not in arrays:
+            arrays[name] = _device_array(name, x)
         expect(name, arrays[name], shape, layout, dtypes)
 
     if cu_seqlens is not None:
@@ -121,7 +128,8 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
     N = cu.shape[0] - 1
     if initial_state is not None:
         arrays["initial_state"] = _device_array("initial_state", initial_state)
-        expect("initial_state", arrays["initial_state"], (N, H, HEAD_DIM, HEAD_DIM), "[N, H, K, V], N sequences", ("float32",))
+        expect("initial_state", arrays["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V], N sequences",
+               ("float32",))
 
     device = ka.device
     for name, a in arrays.items():
@@ -132,9 +140,9 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
                              f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
 
     offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
-    shape = (B, int(offsets[-1]) // B, H, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else (1, int(offsets[-1]), H, HEAD_DIM, HEAD_DIM)
-    cfg = config if config is not None else auto_config(choose_warps(N * H, sm_count))
-    return StatesPlan(B=B, T=T, H=H, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
+    shape = (B, int(offsets[-1]) // B, HV, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else (1, int(offsets[-1]), HV, HEAD_DIM, HEAD_DIM)
+    cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
+    return StatesPlan(B=B, T=T, H=H, HV=HV, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
                       config=cfg, torch_out=ka.torch, device=device, beta_bf16=arrays["beta"].dtype == "bfloat16",
                       has_initial_state=initial_state is not None)
 
@@ -166,10 +174,12 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
                    out=None):
     """Kernel S: the bf16 state entering every 64-token chunk (FLA's h), from FLA's forward tensors.
 
-    k, v: bf16 [B, T, H, 128]; g: fp32 [B, T, H, 128] (FLA's chunk-local cumsum / ln 2); beta: fp32 or
-    bf16 [B, T, H]; Akk: bf16 [B, T, H, 64]; initial_state: fp32 [N, H, 128, 128] or None (zeros).
+    k: bf16 [B, T, H, 128]; v: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's chunk-local cumsum /
+    ln 2); beta: fp32 or bf16 [B, T, HV]; Akk: bf16 [B, T, HV, 64]; initial_state: fp32 [N, HV, 128, 128]
+    or None (zeros). HV = H, or a multiple of it (FLA's grouped value heads: value head hv reads k at
+    head hv // (HV / H)).
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
-    Returns bf16 [B, NT, H, 128, 128] (varlen [1, sum NT_n, H, 128, 128]), entry c of a sequence = its
+    Returns bf16 [B, NT, HV, 128, 128] (varlen [1, sum NT_n, HV, 128, 128]), entry c of a sequence = its
     state entering tokens 64c.. ([K, V]). ``config``: the build (None: the auto rule for this GPU).
     ``out``: a C-contiguous CuPy uint16 array of that shape to write into and return, for a caller
     that runs this on another stream than the one its result is used and freed on (kda_backward).
@@ -179,7 +189,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     cupy = require_cupy("kernel.forward_states")
     require_gpu("kernel.forward_states")
     if config is None:
-        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.H, builds.sm_count())))
+        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.HV, builds.sm_count())))
 
     k_c = to_cupy("k", k, "bf16")
     v_c = to_cupy("v", v, "bf16")
@@ -205,12 +215,13 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     return out_t
 
 
-def plan_from_layout(B: int, T: int, H: int, cu_seqlens: np.ndarray, states_shape: tuple[int, ...], config: Config,
-                     has_initial_state: bool) -> StatesPlan:
-    """The plan of a caller that checked the batch already (kernel.kda_backward: its host int64
-    ``cu_seqlens`` [N+1] and the states' shape, FLA's h): nothing is checked again here."""
+def plan_from_layout(B: int, T: int, H: int, HV: int, cu_seqlens: np.ndarray, states_shape: tuple[int, ...],
+                     config: Config, has_initial_state: bool) -> StatesPlan:
+    """The plan of a caller that checked the batch already (kernel.kda_backward: k's heads H, the value
+    heads HV, its host int64 ``cu_seqlens`` [N+1] and the states' shape, FLA's h): nothing is checked
+    again here."""
     offsets = snapshot_offsets(np.diff(cu_seqlens), TILE_TOKENS, TILES_PER_CHUNK)
-    return StatesPlan(B=B, T=T, H=H, N=len(cu_seqlens) - 1, cu_seqlens=cu_seqlens, snapshot_offsets=offsets,
+    return StatesPlan(B=B, T=T, H=H, HV=HV, N=len(cu_seqlens) - 1, cu_seqlens=cu_seqlens, snapshot_offsets=offsets,
                       states_shape=tuple(states_shape), config=config, torch_out=False, device=None,
                       beta_bf16=False, has_initial_state=has_initial_state)
 
@@ -226,5 +237,5 @@ def launch_planned(plan: StatesPlan, k, v, g, beta, Akk, initial_state, out) -> 
     null = np.uint64(0)
     fn((plan.ctas,), (threads,),
        (k, v, g, beta, Akk, initial_state if initial_state is not None else null, out, cu_d, offs_d, order,
-        np.int32(plan.H)),
+        np.int32(plan.HV), np.int32(plan.H)),
        shared_mem=smem)

@@ -45,7 +45,8 @@ What FLA stores (read from the 0.6.0 source, ``chunk_kda_fwd``,
 A sequence's last chunk may be partial: it simply has fewer rows (no row past
 the sequence's end exists for it), and within a row the columns past the
 sequence's end lie above the diagonal. With GVA (more value heads than key
-heads) FLA stores g, beta, Aqk, Akk per value head; that is refused here.
+heads) FLA stores g, beta, Aqk, Akk per value head; this statement takes q and k
+repeated per value head instead (the same math), and refuses the unrepeated ones.
 
 Every function is array-module agnostic (numpy in, numpy out; CuPy in, CuPy out).
 """
@@ -129,13 +130,14 @@ def _check_read_blocks(xp, name: str, blocks, block: np.ndarray, tile: int) -> N
 
 
 def _refuse_gva(name: str, x: Any, q_heads: int, layout: str) -> None:
-    """FLA's GVA stores g, beta, Aqk, Akk per value head (HV > H key heads): not covered."""
+    """FLA's GVA stores g, beta, Aqk, Akk per value head (HV > H key heads): this float64 statement
+    takes one head count, and GVA is the same math on q and k repeated per value head."""
     shape = tuple(getattr(x, "shape", ()))
     if len(shape) >= 3 and shape[2] > q_heads and shape[2] % q_heads == 0:
         raise ValueError(
             f"{name} has {shape[2]} heads and q has {q_heads}: that is FLA's GVA (more value heads "
-            f"than key heads), which Kernel A does not cover (it pairs each head's q, k with that "
-            f"head's gate, beta and do). Repeat q and k to {shape[2]} heads first "
+            f"than key heads), which this float64 statement takes as q and k repeated per value head "
+            f"(the kernels read them in place). Repeat q and k to {shape[2]} heads first "
             f"(q.repeat_interleave({shape[2] // q_heads}, dim=2); FLA maps value head hv to key head "
             f"hv // {shape[2] // q_heads}) and pass {name} {layout} with H = {shape[2]}")
 

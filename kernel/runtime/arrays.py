@@ -9,7 +9,7 @@ The checks come in two steps, both host work that reads no tensor data:
 
 * :func:`describe` says what an argument is (shape, dtype, contiguity, device, address) without
   CuPy or a GPU, refusing host arrays with advice the entry point words; :func:`leading`,
-  :func:`expect` and :func:`refuse_gva` judge it, each error naming the argument;
+  :func:`expect` and :func:`value_heads` judge it, each error naming the argument;
 * :func:`to_cupy` turns a checked argument into the CuPy array the launch passes.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..shapes import HEAD_DIM
 CUDA_INSTALL = "pip install -e '.[cuda]'"   # pyproject's cuda extra: cupy-cuda13x
 DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)", "float32": "float32"}
 
-__all__ = ["ArrayInfo", "describe", "leading", "expect", "refuse_gva", "check_scale", "is_torch", "require_cupy",
+__all__ = ["ArrayInfo", "describe", "leading", "expect", "value_heads", "check_scale", "is_torch", "require_cupy",
            "require_gpu", "cupy_view", "to_cupy", "beta_f32", "bf16_bits", "bits_to_f32", "CUDA_INSTALL"]
 
 
@@ -103,15 +103,20 @@ def expect(name: str, a: ArrayInfo, shape: tuple, layout: str, dtypes: tuple[str
         raise ValueError(f"{name} must be C-contiguous (call .contiguous() / cupy.ascontiguousarray)")
 
 
-def refuse_gva(name: str, a: ArrayInfo, B: int, T: int, H: int) -> None:
-    """ValueError naming FLA's GVA (more value heads than query heads), with the way round it."""
-    if len(a.shape) >= 3 and a.shape[:2] == (B, T) and a.shape[2] > H and a.shape[2] % H == 0:
-        g = a.shape[2] // H
+def value_heads(name: str, a: ArrayInfo, B: int, T: int, H: int, qk_name: str = "q") -> int:
+    """HV, the heads of ``a``, a per-value-head array ([B, T, HV, ..]: v, do, the gate, beta, Aqk, Akk)
+    beside ``qk_name``'s [B, T, H, ..] (q's, or k's): H, or a multiple of it (FLA's grouped value heads,
+    GVA: value head hv reads q and k at head kernel.shapes.qk_head(hv, HV, H) = hv // (HV / H)).
+    ValueError naming both arrays and their heads otherwise. An array of another rank or batch is left
+    to :func:`expect`, which names its shape (H comes back)."""
+    if len(a.shape) < 3 or a.shape[:2] != (B, T):
+        return H
+    HV = a.shape[2]
+    if HV < H or HV % H:
         raise ValueError(
-            f"{name} has {a.shape[2]} heads and q has {H}: that is FLA's GVA (more value heads than "
-            f"key heads), which the kernels do not cover (each head's q, k go with that head's gate, "
-            f"beta and do). Repeat q and k to {a.shape[2]} heads (q.repeat_interleave({g}, dim=2): "
-            f"FLA maps value head hv to key head hv // {g}) and call again with H = {a.shape[2]}")
+            f"{name} has {HV} heads and {qk_name} has {H}: the value heads must be {qk_name}'s heads or a "
+            f"multiple of them (FLA's grouped value heads: value head hv reads q and k at head hv // (HV / H))")
+    return HV
 
 
 def check_scale(scale: Any) -> float | None:

@@ -46,6 +46,8 @@ class Case:
     seed: int = 0
     tuning: tuple = ()       # config.Config knobs (kernel.ds_scan.config) as (name, value) pairs, e.g. (("ksplit", 2),)
     gate_strength: float = 1.0   # reference.random_inputs: 1 = a tile decays to ~0.45; 8 = often to 0
+    group: int = 1           # FLA's grouped value heads: q and k get H / group heads, value head hv reading
+                             # q's and k's hv // group in place (the reference reads them repeated so)
 
 
 VARLEN = (1, 15, 16, 17, 1000, 33)
@@ -130,6 +132,17 @@ CASES += (
     Case("split3-bf16x4-no-decay", lengths=(2000,), H=2, snapshot_dtype="bfloat16", snapshot_every=4, segments=3,
          seed=37, gate_strength=0.0),
 )
+# FLA's grouped value heads: q and k read in place at each value head's query / key head, by cp.async
+# loads (the FLA layout's only ones) and by tensor copies (their maps of H heads), unsplit and split
+CASES += (
+    Case("var-f32x1-vs2-gva2", lengths=VARLEN, H=4, vsplit=2, seed=38, group=2),
+    Case("eq-bf16x4-vs1-gva4-nonorm", B=2, T=200, H=8, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1,
+         l2norm=False, seed=39, group=4),
+    Case("var-bf16x4-vs1-tma-gva3", lengths=VARLEN, H=6, snapshot_dtype="bfloat16", snapshot_every=4, vsplit=1,
+         seed=40, tuning=(("loads", 2), ("snap_store", 3)), group=3),
+    Case("eq-f32x1-vs4-tmaload-gva2-dht", B=2, T=200, H=4, vsplit=4, seed=41, tuning=(("loads", 2),), group=2),
+    Case("split3-f32x1-gva2", lengths=SPLIT, H=4, segments=3, seed=42, group=2),
+)
 SMALL = Case("small", lengths=(1, 17, 40), H=2, vsplit=2, seed=8)
 
 
@@ -166,7 +179,9 @@ def inputs(case: Case):
         for name in ("q", "k"):
             raw[name] = raw[name] * (raw[name].shape[-1] ** -0.5)
     q_b, k_b, do_b = bf16_bits(raw["q"]), bf16_bits(raw["k"]), bf16_bits(raw["do"])
-    q_r, k_r = bits_to_f32(q_b), bits_to_f32(k_b)
+    # grouped value heads: one q, k head a group (the kernel's), repeated per value head (the reference's)
+    q_b, k_b = (cupy.ascontiguousarray(x[:, :, ::case.group]) for x in (q_b, k_b))
+    q_r, k_r = (cupy.repeat(bits_to_f32(x), case.group, axis=2) for x in (q_b, k_b))
     gc, mqk, inv = prepare_tiles(q_r, k_r, raw["g"], raw["beta"], qk_l2norm=case.l2norm, cu_seqlens=cu)
     gc32 = gc.astype(np.float32)
     mqk_b, inv_b = bf16_bits(mqk), bf16_bits(inv)

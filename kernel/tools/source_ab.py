@@ -219,7 +219,7 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
            "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
            "dbeta": cupy.empty((B, T, H), np.float32)}
     return (lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"],
-                                           ds, states, cu=cu, H=H, scale=D ** -0.5, out=out),
+                                           ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out),
             lambda: out)
 
 

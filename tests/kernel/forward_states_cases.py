@@ -33,12 +33,13 @@ def bf16(x) -> np.ndarray:
 
 def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, seed: int = 0,
               initial_state: bool = False, gate_strength: float = 1.0, first_tile_only: bool = False,
-              beta_bf16: bool = False) -> dict:
+              beta_bf16: bool = False, group: int = 1) -> dict:
     """Host inputs of forward_states (bf16 as uint16 bits) and the float64 entries they must give.
 
     first_tile_only: k, v and beta are zero past each sequence's first 16 tokens, so a later entry
     holds the first tile's contribution alone (decayed). beta_bf16: beta rounded to bf16 and passed
-    as bf16 bits.
+    as bf16 bits. group: FLA's grouped value heads, k with H / group heads, value head hv reading
+    k's head hv // group (the reference and Akk see k repeated so, "k_repeated").
 
     Returns dict: k, v (uint16 bits [.., H, 128]), g (fp32 FLA g), beta (fp32 [.., H]), Akk (uint16
     bits [.., H, 64]), initial_state (fp32 [N, H, 128, 128] or None), cu_seqlens (int64 or None),
@@ -50,6 +51,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     Bq, Tq = inp["k"].shape[:2]
     lens = np.diff(cu) if cu is not None else np.full(Bq, Tq, dtype=np.int64)
     k = bf16(l2norm(np, inp["k"].astype(np.float64)))
+    k = np.repeat(k[:, :, ::group], group, axis=2)        # group > 1: every group's value heads read one k head
     v = bf16(inp["v"])
     beta = bf16(inp["beta"]) if beta_bf16 else inp["beta"].astype(np.float32)
     if first_tile_only:
@@ -64,7 +66,8 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     flat = states.reshape(-1, H, D, D)
     ref = np.concatenate([flat[tiles[n]:tiles[n + 1]][::EVERY] for n in range(len(lens))])
     assert ref.shape[0] == entries[-1]
-    return {"k": bf16_bits(k), "v": bf16_bits(v), "g": F.g64.astype(np.float32),
+    return {"k": bf16_bits(np.ascontiguousarray(k[:, :, ::group])), "k_repeated": bf16_bits(k), "v": bf16_bits(v),
+            "g": F.g64.astype(np.float32),
             "beta": bf16_bits(beta) if beta_bf16 else beta, "beta_values": beta,
             "Akk": bf16_bits(F.Akk), "initial_state": h0, "cu_seqlens": cu, "lengths": [int(n) for n in lens],
             "ref": ref, "offsets": entries, "B": Bq, "T": Tq, "H": H}
@@ -72,7 +75,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
 
 def emulate(case: dict) -> np.ndarray:
     """The kernel's scan in numpy, in its precision: float32 [entries, H, 128, 128] (bf16 values)."""
-    k = bits_to_f32(case["k"]).reshape(-1, case["H"], D)
+    k = bits_to_f32(case["k_repeated"]).reshape(-1, case["H"], D)
     v = bits_to_f32(case["v"]).reshape(-1, case["H"], D)
     g = case["g"].reshape(-1, case["H"], D)
     beta = case["beta_values"].reshape(-1, case["H"])

@@ -9,6 +9,10 @@
   same and the model around it rounds nothing differently.
 * A call whose gate is frozen (no gradient asked for g, A_log, dt_bias) skips the gate's
   activation backward and gives the other gradients of the full call, bit for bit.
+* The gate activation's backward in Kernel B's epilogue (softplus and sigmoid forms, without A_log
+  or dt_bias too, uniform and varlen): dg_raw, dA_log and ddt_bias equal, within rounding, FLA's
+  kda_gate_bwd on our plain dg (the previous path) and the float64 autograd of kernel.activations.gate,
+  and two calls give the same bits.
 * A training step (forward, backward, SGD step) of a small KDA layer with the gate activated in
   the op, ``safe_gate=True, lower_bound=-5`` and a uniform batch is captured in a CUDA graph (after
   a warm-up on a side stream, as torch's documentation asks) and replayed on new data: every
@@ -178,21 +182,19 @@ def test_fullgraph_compiled_model_equals_eager(case, backend):
 
 def test_a_gradient_nobody_asked_for_is_not_computed(monkeypatch):
     # the layer's settings with the gate frozen (g, A_log, dt_bias without requires_grad): the gate's
-    # activation backward, a pass of its own, is skipped, and the other gradients are the full call's
+    # activation backward (Kernel B's gate build, for the bf16 raw gate) is skipped, and the other
+    # gradients are the full call's
     skip_without_fla_gpu()
-    from kernel import chunk_kda
-    from kernel.fla_dropin import function
+    from kernel import chunk_kda, kda_backward
 
-    real_fla = function._fla
+    real_run = kda_backward.run
     gate_passes = []
 
-    def counting_fla():
-        parts = dict(real_fla())
-        real_gate_bwd = parts["gate_bwd"]
-        parts["gate_bwd"] = lambda **kw: gate_passes.append(1) or real_gate_bwd(**kw)
-        return parts
+    def counting_run(*args, gate=None, **kw):
+        gate_passes.append(gate is not None)
+        return real_run(*args, gate=gate, **kw)
 
-    monkeypatch.setattr(function, "_fla", counting_fla)
+    monkeypatch.setattr(kda_backward, "run", counting_run)
     settings = dict(LAYER, output_final_state=False)
     grads = {}
     for frozen in (False, True):
@@ -204,10 +206,87 @@ def test_a_gradient_nobody_asked_for_is_not_computed(monkeypatch):
                          initial_state=x["initial_state"], **settings)
         o.float().square().sum().backward()
         grads[frozen] = {n: x[n].grad for n in GRADIENT_INPUTS}
-    assert gate_passes == [1], "the gate's backward ran for the frozen gate (or not for the full call)"
+    assert gate_passes == [True, False], "the gate's backward ran for the frozen gate (or not for the full call)"
     assert all(grads[True][n] is None for n in ("g", "A_log", "dt_bias"))
     for name in ("q", "k", "v", "beta", "initial_state"):
         assert torch.equal(grads[True][name], grads[False][name]), name
+
+
+# ----------------------------------------------------------------------------
+# the gate activation's backward in Kernel B's epilogue
+# ----------------------------------------------------------------------------
+
+GATE_FORMS = {   # (inputs' edits, chunk_kda's settings)
+    "softplus": (dict(), dict(LAYER, safe_gate=False, lower_bound=None)),
+    "sigmoid": (dict(), LAYER),
+    "sigmoid-no-A_log": (dict(A_log=None), LAYER),
+    "softplus-no-dt_bias": (dict(dt_bias=None), dict(LAYER, safe_gate=False, lower_bound=None)),
+}
+
+
+def _gate_grads(x: dict, settings: dict) -> dict:
+    from kernel import chunk_kda
+
+    for name in ("g", "A_log", "dt_bias"):
+        if x[name] is not None:
+            x[name].grad = None
+    o, _ = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], **settings)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    (o.float() * torch.randn(o.shape, generator=gen, device="cuda")).sum().backward()
+    return {name: None if x[name] is None else x[name].grad.clone() for name in ("g", "A_log", "dt_bias")}
+
+
+@pytest.mark.parametrize("lengths", [None, [17, 64, 200]], ids=["uniform", "varlen"])
+@pytest.mark.parametrize("form", list(GATE_FORMS))
+def test_the_gate_epilogue_gives_fla_s_gate_backward_on_our_dg_and_the_float64_one(monkeypatch, form, lengths):
+    skip_without_fla_gpu()
+    from kernel import kda_backward
+    from kernel.activations import gate
+    from kernel.fla_dropin import function
+
+    edits, call = GATE_FORMS[form]
+    settings = dict(call, output_final_state=False)
+    x = _inputs(B=2, T=200, H=2, HV=4, lengths=lengths, layer=True, seed=21)
+    x.update({name: v for name, v in edits.items()})
+    ours = _gate_grads(x, settings)
+    again = _gate_grads(x, settings)
+    for name, got in ours.items():   # two calls: the same bits (no atomics anywhere)
+        assert (got is None) == (again[name] is None) and (got is None or torch.equal(got, again[name])), name
+
+    # the previous path: Kernel B's plain dg, then FLA's kda_gate_bwd (one pass of its own); dg kept
+    real_run, dgs = kda_backward.run, []
+
+    def plain_run(*args, gate=None, **kw):
+        grads = real_run(*args, **kw)
+        dgs.append(grads["dg"].clone())
+        if gate is None:
+            return grads
+        dg_raw, dA, ddt = function._fla()["gate_bwd"](g=gate.g_raw, A_log=gate.A_log, dt_bias=gate.dt_bias,
+                                                      dyg=grads["dg"], lower_bound=gate.lower_bound)
+        return {**grads, "dg_raw": dg_raw, "dA_log": dA, "ddt_bias": ddt}
+
+    monkeypatch.setattr(kda_backward, "run", plain_run)
+    previous = _gate_grads(x, settings)
+    # float64: autograd of kernel.activations.gate on our dg
+    g64 = x["g"].detach().double().requires_grad_(True)
+    a64 = None if x["A_log"] is None else x["A_log"].detach().double().requires_grad_(True)
+    b64 = None if x["dt_bias"] is None else x["dt_bias"].detach().double().requires_grad_(True)
+    y = gate(g64, a64, b64, settings["lower_bound"], dtype=torch.float64)
+    y.backward(dgs[0].double().view(y.shape))
+    exact = {"g": g64.grad, "A_log": None if a64 is None else a64.grad, "dt_bias": None if b64 is None else b64.grad}
+    for name, got in ours.items():
+        if exact[name] is None:
+            assert got is None and previous[name] is None, name
+            continue
+        assert got.dtype == previous[name].dtype and got.shape == previous[name].shape, name
+        scale = exact[name].abs().max().item()
+        # g: bf16 of the same fp32 value up to exp / log1p's last bits (one bf16 step); the sums: fp32 in
+        # another order than FLA's blocks
+        tol = dict(g=2 ** -7 * scale, A_log=1e-4 * scale, dt_bias=1e-4 * scale)[name]
+        for other in (previous[name], exact[name]):
+            err = (got.double() - other.double()).abs().max().item()
+            assert err <= tol, f"{form} {name}: max |diff| {err:.3e} > {tol:.3e}"
 
 
 # ----------------------------------------------------------------------------

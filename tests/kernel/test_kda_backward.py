@@ -6,25 +6,28 @@ import sys
 import numpy as np
 import pytest
 
-from kernel.kda_backward import ScanPlan, kda_backward, plan_kda_backward, plan_scans
+from kernel.kda_backward import ScanPlan, checked_batch, group_sum, kda_backward, plan_kda_backward, plan_scans
 from kernel.reference import snapshot_offsets
+from kernel.shapes import qk_head
 
 from .ds_scan.test_fla import BF16, DeviceArray
 
 D, C64 = 128, 64
 
 
-def _args(B=2, T=100, H=3, *, N=None, h0=True, dht=True, states=False):
+def _args(B=2, T=100, H=3, *, HV=None, N=None, h0=True, dht=True, states=False):
+    """Stand-ins: q, k with H heads, everything else with HV (None: H; more: FLA's grouped value heads)."""
     N = B if N is None else N
-    wide = (B, T, H, D)
-    a = dict(q=DeviceArray(wide, BF16), k=DeviceArray(wide, BF16), v=DeviceArray(wide, BF16),
-             g=DeviceArray(wide, np.float32), beta=DeviceArray((B, T, H), np.float32),
-             Aqk=DeviceArray((B, T, H, C64), BF16), Akk=DeviceArray((B, T, H, C64), BF16),
+    HV = H if HV is None else HV
+    qk, wide = (B, T, H, D), (B, T, HV, D)
+    a = dict(q=DeviceArray(qk, BF16), k=DeviceArray(qk, BF16), v=DeviceArray(wide, BF16),
+             g=DeviceArray(wide, np.float32), beta=DeviceArray((B, T, HV), np.float32),
+             Aqk=DeviceArray((B, T, HV, C64), BF16), Akk=DeviceArray((B, T, HV, C64), BF16),
              do=DeviceArray(wide, BF16))
     nt = -(-T // C64)
-    kw = dict(initial_state=DeviceArray((N, H, D, D), np.float32) if h0 else None,
-              dht=DeviceArray((N, H, D, D), np.float32) if dht else None,
-              states=DeviceArray((B, nt, H, D, D), BF16) if states else None)
+    kw = dict(initial_state=DeviceArray((N, HV, D, D), np.float32) if h0 else None,
+              dht=DeviceArray((N, HV, D, D), np.float32) if dht else None,
+              states=DeviceArray((B, nt, HV, D, D), BF16) if states else None)
     return a, kw
 
 
@@ -44,7 +47,8 @@ def test_valid_arguments_give_kernel_a_s_plan():
 @pytest.mark.parametrize("name, value, message", [
     ("v", DeviceArray((2, 100, 3, 64), BF16), r"v must have shape \(2, 100, 3, 128\)"),
     ("v", DeviceArray((2, 100, 3, D), np.float32), r"v .*bf16"),
-    ("v", DeviceArray((2, 100, 6, D), BF16), r"v .*GVA|v .*value heads"),
+    ("v", DeviceArray((2, 100, 6, D), BF16), r"v must have shape \(2, 100, 3, 128\) \(\[B, T, HV, V\], V = 128, "
+                                             r"the value heads of g and do\)"),
     ("initial_state", DeviceArray((3, 3, D, D), np.float32), r"initial_state must have shape \(2, 3, 128, 128\)"),
     ("initial_state", DeviceArray((2, 3, D, D), BF16), r"initial_state .*float32"),
     ("states", DeviceArray((2, 1, 3, D, D), BF16), r"states must have shape \(2, 2, 3, 128, 128\)"),
@@ -57,6 +61,53 @@ def test_bad_arguments_are_named(name, value, message):
     (a if name in a else kw)[name] = value
     with pytest.raises((ValueError, TypeError), match=message):
         _plan(a, kw)
+
+
+def test_grouped_value_heads_are_planned_per_value_head():
+    # FLA's GVA: q and k with 2 heads, v, g, beta, Aqk, Akk, do, the states and their gradients with 6
+    a, kw = _args(B=2, T=100, H=2, HV=6, states=True)
+    plan = _plan(a, kw)
+    assert (plan.B, plan.T, plan.H, plan.HV, plan.N) == (2, 100, 2, 6, 2)
+    assert plan.dh_shape == (2, 2, 6, D, D) and plan.dh0_shape == (2, 6, D, D)
+    batch = checked_batch(2, 100, 2, scale=0.5, torch_out=False, HV=6)
+    assert (batch.H, batch.HV, batch.states_shape) == (2, 6, plan.dh_shape)
+    assert checked_batch(2, 100, 3, scale=0.5, torch_out=False).HV == 3     # without GVA: HV = H
+
+
+@pytest.mark.parametrize("name, shape, message", [
+    ("g", (2, 100, 5, D), r"g64 has 5 heads and q has 2: the value heads must be q's heads or a multiple of them"),
+    ("g", (2, 100, 1, D), r"g64 has 1 heads and q has 2: the value heads must be q's heads"),
+    ("v", (2, 100, 2, D), r"v must have shape \(2, 100, 6, 128\)"),
+    ("do", (2, 100, 2, D), r"do must have shape \(2, 100, 6, 128\)"),
+    ("k", (2, 100, 6, D), r"k must have shape \(2, 100, 2, 128\) \(same as q"),
+    ("initial_state", (2, 2, D, D), r"initial_state must have shape \(2, 6, 128, 128\)"),
+    ("dht", (2, 2, D, D), r"dht must have shape \(2, 6, 128, 128\)"),
+    ("states", (2, 2, 2, D, D), r"states must have shape \(2, 2, 6, 128, 128\) \(\[B, NT, HV, K, V\]"),
+])
+def test_grouped_value_heads_are_checked_by_name(name, shape, message):
+    a, kw = _args(B=2, T=100, H=2, HV=6, states=True)
+    dtype = np.dtype((a | kw)[name].__cuda_array_interface__["typestr"])
+    (a if name in a else kw)[name] = DeviceArray(shape, dtype)
+    with pytest.raises(ValueError, match=message):
+        _plan(a, kw)
+
+
+def test_the_group_sum_adds_the_value_heads_that_read_each_query_head():
+    # Kernel B's dq, dk per value head [B, T, HV, K] -> [B, T, H, K]: each query / key head collects
+    # exactly the value heads qk_head maps to it (the adjoint of FLA's repeat_interleave of q and k)
+    rng = np.random.default_rng(0)
+    B, T, H, HV = 2, 5, 3, 12
+    x = rng.standard_normal((B, T, HV, D)).astype(np.float32)
+    got = group_sum(x, H)
+    assert got.shape == (B, T, H, D)
+    want = np.zeros((B, T, H, D), np.float64)
+    for hv in range(HV):
+        want[:, :, qk_head(hv, HV, H)] += x[:, :, hv]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)   # fp32 sums of 4 terms
+    assert np.array_equal(group_sum(x, H), got)                        # the same bits call after call
+    assert np.array_equal(group_sum(x[:, :, :H], H), x[:, :, :H])     # HV = H: each head alone
+    torch = pytest.importorskip("torch")
+    assert np.array_equal(group_sum(torch.from_numpy(x), H).numpy(), got)   # torch's sum: the same order
 
 
 def test_the_fla_entry_checks_run_too():

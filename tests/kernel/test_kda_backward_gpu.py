@@ -56,10 +56,15 @@ def _worst(out, ref, cu, axis_h=2):
     return worst
 
 
-def make_case(case, H=2, seed=11, with_l2norm=False):
+def make_case(case, H=2, seed=11, with_l2norm=False, group=1):
     """Host float64 inputs, the device inputs in FLA's layout, and the reference gradients. With
     ``with_l2norm``, q and k go in normalised (bf16) with their fp32 rstd in the inputs' "rstd", and
-    the reference's dq, dk are with respect to the raw rows (its own l2norm in float64)."""
+    the reference's dq, dk are with respect to the raw rows (its own l2norm in float64).
+
+    ``group``: FLA's grouped value heads. H is then the value heads, and q and k (and rstd) have
+    H / group: value head hv reads q's and k's head hv // group. The float64 reference runs on q and k
+    repeated so (FLA's own definition of GVA) and its dq, dk are summed over each group, the gradient
+    of the one row every value head of the group read."""
     import cupy
 
     from kernel.ds_scan.launch import bf16_bits, bits_to_f32
@@ -72,8 +77,10 @@ def make_case(case, H=2, seed=11, with_l2norm=False):
     if case.get("wide"):
         _widen(raw["g"])
     rb = lambda x: bits_to_f32(bf16_bits(x)).astype(np.float64)  # noqa: E731  (bf16 rounding)
-    q_raw, k_raw = rb(raw["q"]), rb(raw["k"])
+    q_raw, k_raw = (rb(raw[n][:, :, ::group]) for n in ("q", "k"))      # one q, k head a group of value heads
     q, k = rb(l2norm(np, q_raw)), rb(l2norm(np, k_raw))
+    rep = lambda x: np.repeat(x, group, axis=2)  # noqa: E731  (value head hv reads head hv // group)
+    gsum = lambda x: x.reshape(*x.shape[:2], -1, group, x.shape[3]).sum(3)  # noqa: E731  (its adjoint)
     v, do = rb(raw["v"]), rb(raw["do"])
     g, beta = raw["g"].astype(np.float64), raw["beta"].astype(np.float64)
     cu = raw["cu_seqlens"]
@@ -82,14 +89,16 @@ def make_case(case, H=2, seed=11, with_l2norm=False):
     N = len(cu_h) - 1
     rng = np.random.default_rng(seed + 1)
     h0 = 0.1 * rng.standard_normal((N, H, 128, 128)) if case["h0"] else None
-    F = fla_forward_tensors(q, k, g, beta, cu_seqlens=cu, qk_l2norm=False)
-    ref = kda_backward_reference(q, k, v, g, beta, do, initial_state=h0, dht=raw["dht"], cu_seqlens=cu,
+    F = fla_forward_tensors(rep(q), rep(k), g, beta, cu_seqlens=cu, qk_l2norm=False)
+    ref = kda_backward_reference(rep(q), rep(k), v, g, beta, do, initial_state=h0, dht=raw["dht"], cu_seqlens=cu,
                                  qk_l2norm=False)
     if with_l2norm:   # dq, dk with respect to the raw rows: the reference's l2norm, on those
-        raw_ref = kda_backward_reference(q_raw, k_raw, v, g, beta, do, initial_state=h0, dht=raw["dht"],
+        raw_ref = kda_backward_reference(rep(q_raw), rep(k_raw), v, g, beta, do, initial_state=h0, dht=raw["dht"],
                                          cu_seqlens=cu, qk_l2norm=True)
         ref = {**ref, "dq": raw_ref["dq"], "dk": raw_ref["dk"]}
-    _, _, tile_states = kda_forward_reference(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, qk_l2norm=False)
+    ref = {**ref, "dq": gsum(ref["dq"]), "dk": gsum(ref["dk"])}
+    _, _, tile_states = kda_forward_reference(rep(q), rep(k), v, g, beta, initial_state=h0, cu_seqlens=cu,
+                                              qk_l2norm=False)
     t = tables(cu_h)
     flat = tile_states.reshape(-1, H, 128, 128)
     every64 = np.concatenate([flat[t["tile_offs"][n]:t["tile_offs"][n + 1]:4] for n in range(N)])
@@ -252,3 +261,80 @@ def test_the_scans_side_by_side_give_the_in_turn_gradients():
         assert (side[0][name] == side[1][name]).all(), f"{name}: two side-by-side calls differ"
         a, s = _host(name, apart[name]), _host(name, side[0][name])
         assert _rel(s, a) < 1e-5, f"{name}: side by side vs in turn, relative difference {_rel(s, a):.2e}"
+
+
+# ----------------------------------------------------------------------------
+# FLA's grouped value heads: q and k (and their rstd) read in place, dq and dk summed over each group
+# ----------------------------------------------------------------------------
+
+GVA = [(CASES[0], 4, 2), (CASES[1], 6, 3), (CASES[3], 4, 4)]
+GVA_IDS = [f"{IDS[0]}-HV4-G2", f"{IDS[1]}-HV6-G3", f"{IDS[3]}-HV4-G4"]
+
+
+@pytest.mark.parametrize("case, HV, group", GVA, ids=GVA_IDS)
+def test_grouped_value_heads_match_float64(case, HV, group):
+    """The whole backward, states recomputed, q and k with HV / group heads: float64 on q and k
+    repeated per value head, its dq and dk summed over each group."""
+    from kernel.kda_backward import kda_backward
+
+    inputs, kw, states, ref, cu = make_case(case, H=HV, group=group)
+    assert inputs["q"].shape[2] == inputs["k"].shape[2] == HV // group and inputs["v"].shape[2] == HV
+    _check(kda_backward(**inputs, **kw), ref, cu, f"GVA {group}, recomputed states")
+    _check(kda_backward(**inputs, **kw, states=states), ref, cu, f"GVA {group}, given states")
+
+
+def test_grouped_value_heads_through_the_l2norm_s_backward_match_float64():
+    from kernel.kda_backward import checked_batch, run
+
+    inputs, kw, states, ref, cu = make_case(CASES[1], H=4, group=2, with_l2norm=True)
+    rstd, cu_seqlens = kw.pop("rstd"), kw.pop("cu_seqlens")
+    assert rstd[0].shape[2] == 2
+    B, T = inputs["q"].shape[:2]
+    batch = checked_batch(B, T, 2, cu_seqlens, scale=128 ** -0.5, torch_out=False, HV=4)
+    out = run(batch, *(inputs[n] for n in ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")), rstd=rstd, **kw)
+    _check(out, ref, cu, "GVA 2, the l2norm's backward")
+
+
+def test_grouped_value_heads_give_the_bits_of_q_and_k_repeated():
+    """In place or repeated per value head, every kernel reads the same rows: dv, dg, dbeta and dh0 are
+    the same bits, dq and dk the repeated call's summed over each group; bf16 dq, dk are the fp32 sums
+    rounded once."""
+    import cupy
+
+    from kernel.ds_scan.launch import bf16_bits
+    from kernel.kda_backward import checked_batch, group_sum, run
+
+    inputs, kw, _, _, _ = make_case(CASES[1], H=6, group=3, with_l2norm=True)
+    rstd, cu_seqlens = kw.pop("rstd"), kw.pop("cu_seqlens")
+    B, T = inputs["q"].shape[:2]
+    rep = lambda x: cupy.ascontiguousarray(cupy.repeat(x, 3, axis=2))  # noqa: E731
+    names = ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")
+
+    def call(H, q, k, r, bf16=False):
+        batch = checked_batch(B, T, H, cu_seqlens, scale=128 ** -0.5, torch_out=False, HV=6)
+        return run(batch, q, k, *(inputs[n] for n in names[2:]), rstd=r, dqk_bf16=bf16, **kw)
+
+    native = call(2, inputs["q"], inputs["k"], rstd)
+    repeated = call(6, rep(inputs["q"]), rep(inputs["k"]), tuple(rep(x) for x in rstd))
+    for n in ("dv", "dg", "dbeta", "dh0"):
+        assert cupy.array_equal(native[n], repeated[n]), n
+    for n in ("dq", "dk"):
+        assert native[n].shape == (B, T, 2, 128) and cupy.array_equal(native[n], group_sum(repeated[n], 2)), n
+    again, b16 = call(2, inputs["q"], inputs["k"], rstd), call(2, inputs["q"], inputs["k"], rstd, bf16=True)
+    for n in ("dq", "dk"):
+        assert cupy.array_equal(again[n], native[n]), f"{n}: two calls differ"
+        assert b16[n].dtype == np.uint16 and cupy.array_equal(b16[n], bf16_bits(native[n])), n
+
+
+def test_grouped_value_heads_torch_in_torch_out():
+    torch = pytest.importorskip("torch")
+    from kernel.kda_backward import kda_backward
+
+    inputs, kw, _, ref, cu = make_case(CASES[0], H=4, group=2)
+    as_t = lambda x: None if x is None else torch.as_tensor(x, device="cuda")  # noqa: E731
+    t_in = {n: (as_t(x).view(torch.bfloat16) if x.dtype == np.uint16 else as_t(x)) for n, x in inputs.items()}
+    out = kda_backward(**t_in, initial_state=as_t(kw["initial_state"]), dht=as_t(kw["dht"]), cu_seqlens=None)
+    assert out["dq"].shape == out["dk"].shape == (2, 100, 2, 128) and out["dq"].dtype == torch.float32
+    assert out["dv"].shape == (2, 100, 4, 128) and out["dh0"].shape == (2, 4, 128, 128)
+    for name in GRADS:
+        assert _rel(out[name].float().cpu().numpy().astype(np.float64), ref[name]) < BOUND, name

@@ -54,6 +54,20 @@ def test_every_kernel_includes_the_header_and_names_no_shape_itself(kernel):
         assert not own & set(NAMES + OLD_NAMES), f"{name} defines {sorted(own & set(NAMES + OLD_NAMES))} itself"
 
 
+QK_HEAD = re.compile(r"constexpr int qk_head\(int hv, int HV, int H\) \{ return ([^;]+); \}")
+
+
+def test_the_header_maps_value_heads_to_query_heads_as_the_module_and_as_fla():
+    # FLA's grouped value heads: value head hv reads q and k at hv // G, the head whose
+    # repeat_interleave(G) copy it would be; the header's mapping (C's integer /) is the module's
+    expr = QK_HEAD.search(builds.SHAPES_HEADER.read_text()).group(1).replace("/", "//")
+    for H, HV in ((1, 1), (3, 3), (1, 4), (2, 6), (4, 32)):
+        repeated = np.repeat(np.arange(H), HV // H)              # head of each value head after the repeat
+        for hv in range(HV):
+            device = eval(expr, {"__builtins__": {}}, dict(hv=hv, HV=HV, H=H))   # noqa: S307 (our header)
+            assert device == shapes.qk_head(hv, HV, H) == repeated[hv], (H, HV, hv)
+
+
 def test_a_change_to_the_header_changes_every_build_s_digest(tmp_path, monkeypatch):
     def digests(text: str) -> dict[str, str]:
         copy = tmp_path / "kernel" / builds.SHAPES_HEADER.name   # the same folder and file name

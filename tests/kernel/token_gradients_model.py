@@ -59,6 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kernel.shapes import qk_head
 from kernel.token_gradients import SOURCE_PATH, tables
 from ptx_lab import fragments, model
 
@@ -175,9 +176,9 @@ FRAG_INDEX: dict[str, str] = {
 }
 # the kernel's function or marker each part of CtaModel mirrors by hand (the module docstring's table)
 PARTS: dict[str, str] = {
-    "copies_of": "__device__ __forceinline__ Copies copies_of(int tid, long long RS) {",
+    "copies_of": "__device__ __forceinline__ Copies copies_of(int tid, long long RS, long long QK_RS) {",
     "load_tile": "__device__ __forceinline__ void load_tile(",
-    "CtaModel.__init__": "const Copies cps = copies_of(tid, RS);",
+    "CtaModel.__init__": "const Copies cps = copies_of(tid, RS, QK_RS);",
     "CtaModel.run": "for (int it = 0; it < ntile; ++it) {",
     "CtaModel._r1": "__device__ __forceinline__ bool rebuild_operands(",
     "CtaModel._pairwise_row": "__device__ __forceinline__ PairwiseRow pairwise_row(",
@@ -269,11 +270,12 @@ def at(row0, col0):
 class Inputs:
     """Kernel B's global arrays (Args in token_gradients_loads.cuh), numpy: bf16 as uint16 bits.
 
-    q, k, v, do [tokens, H, 128] bf16; g [tokens, H, 128] fp32 (FLA's 64-chunk-local log2
-    cumsum); beta [tokens, H] fp32; aqk, akk [tokens, H, 64] bf16; ds [tiles, H, 128, 128] bf16
-    (dS after every tile); states [chunks, H, 128, 128] bf16 (the state entering every chunk);
-    cu [N + 1] int64 offsets; scale; q_rstd, k_rstd [tokens, H] fp32 or None (the forward's l2norm:
-    dq and dk then go through its backward).
+    q, k [tokens, H, 128] bf16; v, do [tokens, HV, 128] bf16 (HV = H, or a multiple of it: FLA's
+    grouped value heads); g [tokens, HV, 128] fp32 (FLA's 64-chunk-local log2 cumsum); beta
+    [tokens, HV] fp32; aqk, akk [tokens, HV, 64] bf16; ds [tiles, HV, 128, 128] bf16 (dS after every
+    tile); states [chunks, HV, 128, 128] bf16 (the state entering every chunk); cu [N + 1] int64
+    offsets; scale; q_rstd, k_rstd [tokens, H] fp32 or None (the forward's l2norm: dq and dk then go
+    through its backward).
     """
     q: np.ndarray
     k: np.ndarray
@@ -305,16 +307,18 @@ class Copies:
     gcol: np.ndarray
     off16: np.ndarray
     offg: np.ndarray
+    qk_off16: np.ndarray
     beta_row: np.ndarray
     blk_row: np.ndarray
     blk_half: np.ndarray
     blk_which: np.ndarray
 
 
-def copies_of(tid: np.ndarray, RS: int) -> Copies:
+def copies_of(tid: np.ndarray, RS: int, QK_RS: int) -> Copies:
     x = tid - 48
     return Copies(row16=tid >> 4, col16=tid & 15, grow=tid >> 5, gcol=tid & 31,
                   off16=(tid >> 4) * RS + (tid & 15) * 8, offg=(tid >> 5) * RS + (tid & 31) * 4,
+                  qk_off16=(tid >> 4) * QK_RS + (tid & 15) * 8,
                   beta_row=tid - 32, blk_row=(x & 31) >> 1, blk_half=x & 1, blk_which=x >> 5)
 
 
@@ -389,7 +393,7 @@ class Outputs:
 
 
 class CtaModel:
-    """One CTA of Kernel B: blockIdx = (chunk, h)."""
+    """One CTA of Kernel B: blockIdx = (chunk, h), h a value head (q and k read at qk_head's)."""
 
     def __init__(self, inp: Inputs, chunk: int, h: int, *, swaps: dict[str, str] | None = None):
         self.inp = inp
@@ -399,9 +403,10 @@ class CtaModel:
             if (site not in SITE and site not in FRAG_ORDERS) or recipe not in kinds:
                 raise ValueError(f"swaps: {site!r} -> {recipe!r}: expected a site of SITES with one of "
                                  f"{RECIPES} (loads) or {STORES} (stores), or 'plain' / 'trans' -> the other")
-        tokens, self.H = inp.q.shape[:2]
-        H = self.H
-        self.h, self.s = h, np.float32(inp.scale)
+        tokens, self.HV = inp.v.shape[:2]
+        self.H = inp.q.shape[1]
+        HV = self.HV
+        self.h, self.qh, self.s = h, qk_head(h, HV, self.H), np.float32(inp.scale)
         tab = tables(np.asarray(inp.cu, dtype=np.int64))
         n = int(tab["chunk_seq"][chunk])
         j = chunk - int(tab["chunk_offs"][n])
@@ -411,18 +416,19 @@ class CtaModel:
         self.ntile = (self.l64 + TILE_TOKENS - 1) // TILE_TOKENS
         self.snap0 = int(tab["tile_offs"][n]) + 4 * j
         self.chunk = chunk
-        self.RS = H * HEAD_DIM
+        self.RS, self.QK_RS = HV * HEAD_DIM, self.H * HEAD_DIM
         self.smem = np.zeros(SMEM_BYTES + SCRATCH, np.uint8)
         self.glob = {name: inp.image(name) for name in ("q", "k", "v", "do", "g", "beta", "aqk", "akk", "ds",
                                                         "states")}
-        self.cps = copies_of(np.arange(THREADS), self.RS)
+        self.cps = copies_of(np.arange(THREADS), self.RS, self.QK_RS)
         self.S = np.zeros((WARPS, WARP, 16, 4), np.float32)   # every warp's float S[16][4]
         self.pending: dict = {}   # warp -> the K phase's dq, dk before their stores (_k_out)
-        size = tokens * H * HEAD_DIM
+        size = tokens * HV * HEAD_DIM
         self.out = Outputs(dq=np.full(size, np.nan, np.float32), dk=np.full(size, np.nan, np.float32),
                            dv=np.full(size, 0xFFFF, np.uint16), dg=np.full(size, np.nan, np.float32),
-                           dbeta=np.full(tokens * H, np.nan, np.float32), S1_fp32=[], S1_bf16=[])
-        self.load_tile(0, 0, (self.tok_chunk * H + h) * HEAD_DIM, min(TILE_TOKENS, self.l64), self.snap0)
+                           dbeta=np.full(tokens * HV, np.nan, np.float32), S1_fp32=[], S1_bf16=[])
+        self.load_tile(0, 0, (self.tok_chunk * HV + h) * HEAD_DIM, (self.tok_chunk * self.H + self.qh) * HEAD_DIM,
+                       min(TILE_TOKENS, self.l64), self.snap0)
 
     # ---- shared memory views (the image is replaced by every store the model makes)
     def f32(self, byte_off: int) -> np.ndarray:
@@ -464,20 +470,21 @@ class CtaModel:
         self.smem = model.cp_async(self.smem, self.glob[gname], d.astype(np.int64), s_.astype(np.int64), size,
                                    n.astype(np.int64), cache)
 
-    def load_tile(self, st: int, it: int, row0: int, lt: int, snap: int) -> None:
+    def load_tile(self, st: int, it: int, row0: int, qk_row0: int, lt: int, snap: int) -> None:
         """The kernel's load_tile (every thread's copies, warp by warp)."""
-        cp, RS, H, h = self.cps, self.RS, self.H, self.h
+        cp, RS, HV, h = self.cps, self.RS, self.HV, self.h
         tid = np.arange(THREADS)
         base = st * STAGE
         L = LAYOUT
         every = np.ones(THREADS, bool)
         ok = cp.row16 < lt
         off = row0 + np.where(ok, cp.off16, cp.col16 * 8)
+        qk_off = qk_row0 + np.where(ok, cp.qk_off16, cp.col16 * 8)
         dst = cp.row16 * ROW + cp.col16 * 16
         n16 = np.where(ok, 16, 0)
         copies = []   # (active, dst, src bytes, size, nbytes, cache, tensor)
-        for name, at_ in (("q", "ST_Q"), ("k", "ST_K"), ("v", "ST_V"), ("do", "ST_DO")):
-            copies.append((every, base + L[at_] + dst, 2 * off, 16, n16, "cg", name))
+        for name, at_, o in (("q", "ST_Q", qk_off), ("k", "ST_K", qk_off), ("v", "ST_V", off), ("do", "ST_DO", off)):
+            copies.append((every, base + L[at_] + dst, 2 * o, 16, n16, "cg", name))
         for e in range(2):
             r = cp.grow + 8 * e
             okg = r < lt
@@ -490,22 +497,22 @@ class CtaModel:
         r = cp.beta_row
         okr = r < lt
         copies.append(((tid >= 32) & (tid < 48), base + L["ST_BETA"] + r * 4,
-                       4 * (row0 // HEAD_DIM + np.where(okr, r * H, 0)), 4, np.where(okr, 4, 0), "ca", "beta"))
+                       4 * (row0 // HEAD_DIM + np.where(okr, r * HV, 0)), 4, np.where(okr, 4, 0), "ca", "beta"))
         r, half = cp.blk_row, cp.blk_half
         okr = r < lt
         nb = 2 * (r + 1) - 16 * half
         nb = np.where(okr, np.clip(nb, 0, 16), 0)
-        src = (row0 // HEAD_DIM + np.where(okr, r * H, 0)) * CHUNK_TOKENS + TILE_TOKENS * it + 8 * half
+        src = (row0 // HEAD_DIM + np.where(okr, r * HV, 0)) * CHUNK_TOKENS + TILE_TOKENS * it + 8 * half
         blk = (tid >= 48) & (tid < 112)
         for which, name, at_ in ((0, "aqk", "ST_MQK"), (1, "akk", "ST_INV")):
             copies.append((blk & (cp.blk_which == which), base + L[at_] + r * 32 + half * 16, 2 * src, 16, nb,
                            "cg", name))
-        src = (snap * H + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
+        src = (snap * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
         dst = base + L["ST_DS"] + cp.row16 * ROW + cp.col16 * 16
         for e in range(8):
             copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * HEAD_DIM), 16, 16, "cg", "ds"))
         if it == 0:
-            src = (self.chunk * H + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
+            src = (self.chunk * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
             dst = L["SM_S"] + cp.row16 * ROW + cp.col16 * 16
             for e in range(8):
                 copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * HEAD_DIM), 16, 16, "cg", "states"))
@@ -516,14 +523,15 @@ class CtaModel:
     # ---- the tile loop
     def run(self, tiles: int | None = None) -> Outputs:
         """Walk the chunk's tiles (the first `tiles` of them), as the kernel's loop."""
-        H, h, RS = self.H, self.h, self.RS
+        HV, h, RS = self.HV, self.h, self.RS
         for it in range(self.ntile if tiles is None else min(tiles, self.ntile)):
             st = it & 1
             tok0 = self.tok_chunk + TILE_TOKENS * it
-            row0 = (tok0 * H + h) * HEAD_DIM
+            row0 = (tok0 * HV + h) * HEAD_DIM
+            qk_row0 = (tok0 * self.H + self.qh) * HEAD_DIM
             lt = min(TILE_TOKENS, self.l64 - TILE_TOKENS * it)
             if it + 1 < self.ntile:
-                self.load_tile(st ^ 1, it + 1, row0 + TILE_TOKENS * RS,
+                self.load_tile(st ^ 1, it + 1, row0 + TILE_TOKENS * RS, qk_row0 + TILE_TOKENS * self.QK_RS,
                                min(TILE_TOKENS, self.l64 - TILE_TOKENS * (it + 1)), self.snap0 + it + 1)
             self._tile(it, st, tok0, row0, lt)
         return self.out
@@ -859,7 +867,7 @@ class CtaModel:
     def _k_out(self, w: int, tok0: int, row0: int, lt: int) -> None:
         """The K phase's dq and dk stores of warp w, through the l2norm's backward where its rstd is given:
         dx = rstd (dy - y (y . dy)), each row's dot the 8 warps' partial sums added in order."""
-        L, H, k0 = LAYOUT, self.H, 16 * w
+        L, k0 = LAYOUT, 16 * w
         qs16, ks16 = self.u16(self.stb + L["ST_Q"]), self.u16(self.stb + L["ST_K"])
         l2part = self.f32(L["SM_L2PART"])
         for r in range(2):
@@ -874,8 +882,8 @@ class CtaModel:
                         d = _f32(d + l2part[(which * WARPS + ww) * TILE_TOKENS + i])
                     dots.append(d)
                 tok = np.minimum(tok0 + i, self.inp.q_rstd.shape[0] - 1)   # rows past the tile read nothing
-                rq = np.where(ok, self.inp.q_rstd[tok, self.h], 0).astype(np.float32)
-                rk = np.where(ok, self.inp.k_rstd[tok, self.h], 0).astype(np.float32)
+                rq = np.where(ok, self.inp.q_rstd[tok, self.qh], 0).astype(np.float32)
+                rk = np.where(ok, self.inp.k_rstd[tok, self.qh], 0).astype(np.float32)
                 scale = (rq, rk, dots)
             for nt in range(2):
                 kk = k0 + 8 * nt + 2 * T
@@ -920,13 +928,13 @@ class CtaModel:
         return below_m, below_l, above
 
     def _finish(self, tok0: int, row0: int, lt: int, last: bool) -> None:
-        L, H = LAYOUT, self.H
+        L, HV = LAYOUT, self.HV
         b1, b2part = self.f32(L["SM_B1"]), self.f32(L["SM_B2PART"])
         for tid in range(lt):
             x = np.float32(b1[tid])
             for w in range(WARPS):
                 x = np.float32(x + b2part[w * TILE_TOKENS + tid])
-            self.out.dbeta[(tok0 + tid) * H + self.h] = x
+            self.out.dbeta[(tok0 + tid) * HV + self.h] = x
         dv16 = self.u16(L["SM_DV"])
         for r in range(lt):
             self.out.dv[row0 + r * self.RS + np.arange(HEAD_DIM)] = dv16[r * (ROW // 2) + np.arange(HEAD_DIM)]

@@ -29,7 +29,7 @@ __device__ __forceinline__ void init_band(float (&dS)[MT][NJ][4], const Params& 
         }
 #elif HAS_DHT
     {
-        const float* src = p.dht + ((long long)seq * p.H + h) * ((long long)HEAD_DIM * HEAD_DIM);
+        const float* src = p.dht + ((long long)seq * p.HV + h) * ((long long)HEAD_DIM * HEAD_DIM);
         const int g = lane >> 2, t = lane & 3;
 #pragma unroll
         for (int m = 0; m < MT; ++m)

@@ -65,9 +65,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* gc, const float* beta,
                 const unsigned short* mqk, const unsigned short* inv, const unsigned short* dO,
                 const float* dht, void* snapshots, float* dh0, const long long* cu_seqlens,
-                const long long* snap_offsets, const int* order, int H, float scale,
+                const long long* snap_offsets, const int* order, int HV, int H, float scale,
                 const __grid_constant__ TmaMaps maps) {
-    const Params p{q, k, gc, beta, mqk, inv, dO, dht, snapshots, dh0, cu_seqlens, snap_offsets, order, H, scale, &maps};
+    const Params p{q, k, gc, beta, mqk, inv, dO, dht, snapshots, dh0, cu_seqlens, snap_offsets, order, HV, H, scale, &maps};
     // tensor copies: swizzled boxes need 1024-aligned addresses (SMEM_BYTES has the slack)
     unsigned char* const smem = ALIGN_SMEM ? smem_raw + (TMA_ALIGN - smem_addr(smem_raw) % TMA_ALIGN) % TMA_ALIGN : smem_raw;
     Stage* stages = reinterpret_cast<Stage*>(smem);
@@ -91,7 +91,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // change would be spilled); the consumers' inc below waits for them.
         if constexpr (REG_SPLIT) setmaxnreg_dec<PRODUCER_REGS>();
         const CtaWork w = cta_work(p);
-        const int vs = w.vs, h = w.h, len = w.len, nt = w.nt;
+        const int vs = w.vs, h = w.h, qh = w.qh, len = w.len, nt = w.nt;
         const long long seq_start = w.seq_start;
         const int pw = warp - NUM_CONSUMERS;
         const int ptid = threadIdx.x - NUM_CONSUMERS * 32;
@@ -119,14 +119,14 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                 const int L = tile_len(n);
                 const int do_rows = SUMMARY && w.role ? 0 : L;   // M's scan: do = 0
                 if constexpr (TMA_LOADS) {
-                    if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, vs);
+                    if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, qh, vs);
                     copy_beta(stages[j % NSTAGE], p, tok0, L, h, ptid);
                 } else {
 #if FLA_INPUTS   // (a preprocessor branch: the lambda of the other builds captures exactly what it did)
-                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, vs, pw, lane, ptid, !gt_shared(j), n,
-                                     smem_addr(gate_base(smem, j % NSTAGE, pw)));
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, qh, vs, pw, lane, ptid, !gt_shared(j),
+                                     n, smem_addr(gate_base(smem, j % NSTAGE, pw)));
 #else
-                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, vs, pw, lane, ptid, !gt_shared(j));
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, qh, vs, pw, lane, ptid, !gt_shared(j));
 #endif
                 }
             }
@@ -205,7 +205,7 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         const bool snap_now = !SUMMARY && (SNAP_EVERY == 1 || (n % SNAP_EVERY) == SNAP_EVERY - 1 || n == nt - 1);
         const long long snap_idx = snap_base + n / SNAP_EVERY;
         // the tensor map's row of this band's first k: where store_band_tma stages and issue_band_tma sends
-        const int snap_row = (int)((snap_idx * p.H + h) * HEAD_DIM + k0);
+        const int snap_row = (int)((snap_idx * p.HV + h) * HEAD_DIM + k0);
         if (snap_now) store_snapshot(p, maps, snap_idx, snap_row, h, k0, v0, dS, staging, lane);
         timer.add(T_C_SNAPSHOT, t0);
         const long long t1 = PhaseTimer::now();

@@ -11,13 +11,14 @@ extern __shared__ __align__(16) unsigned char smem_raw[];   // the launch reques
 namespace kda {
 
 // The tensor maps the host encodes (kernel.ds_scan.launch, ptx_lab.tensormap), one kernel
-// parameter. Only those the configuration uses are encoded; the rest are zeros.
+// parameter. Only those the configuration uses are encoded; the rest are zeros. q and k have their own
+// H heads, the others HV (work.cuh's Params).
 struct TmaMaps {
-    TensorMap q, k, gc;   // [tokens][H * HEAD_DIM]: boxes TILE_TOKENS x HEAD_DIM (bf16),
-                          // TILE_TOKENS x GC_BOX_COLS (fp32)
-    TensorMap dO;         // [tokens][H * HEAD_DIM] bf16: boxes TILE_TOKENS x DO_BOX_COLS, swizzled DO_SWZ
-    TensorMap mqk, inv;   // [tokens][H * TILE_TOKENS] bf16: boxes TILE_TOKENS x TILE_TOKENS, swizzled 32
-    TensorMap snap;       // [snapshots * H * HEAD_DIM][HEAD_DIM]: boxes KW x BAND, swizzled SNAP_SWZ
+    TensorMap q, k;       // [tokens][H * HEAD_DIM] bf16: boxes TILE_TOKENS x HEAD_DIM
+    TensorMap gc;         // [tokens][HV * HEAD_DIM] fp32: boxes TILE_TOKENS x GC_BOX_COLS
+    TensorMap dO;         // [tokens][HV * HEAD_DIM] bf16: boxes TILE_TOKENS x DO_BOX_COLS, swizzled DO_SWZ
+    TensorMap mqk, inv;   // [tokens][HV * TILE_TOKENS] bf16: boxes TILE_TOKENS x TILE_TOKENS, swizzled 32
+    TensorMap snap;       // [snapshots * HV * HEAD_DIM][HEAD_DIM]: boxes KW x BAND, swizzled SNAP_SWZ
 };
 
 // Row strides (in elements) of the shared tiles that ldmatrix reads. One 8x8

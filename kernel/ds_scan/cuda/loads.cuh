@@ -49,7 +49,7 @@ __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long 
     if (ptid < TILE_TOKENS) {
         const bool valid = ptid < L;
         cp_async_ca_zfill<4>(smem_addr(&st.beta[ptid]),
-                             p.beta + (tok0 + (valid ? ptid : 0)) * p.H + h, valid ? 4u : 0u);
+                             p.beta + (tok0 + (valid ? ptid : 0)) * p.HV + h, valid ? 4u : 0u);
     }
 }
 
@@ -68,27 +68,30 @@ __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long 
 // the diagonal block at column 16 (n mod 4) of the 64-wide Aqk / Akk rows, lower triangle only,
 // and this warp's copy of g at the token before the tile into gbase (zeros at a chunk's start).
 // do and Mqk rows at or past do_rows are zero-filled (L, or 0 for a SUMMARY build's M: Mqk only
-// ever multiplies do, so neither is read from global memory there).
+// ever multiplies do, so neither is read from global memory there). q and k are read at head qh, rows
+// of their own H heads apart; everything else at head h, rows of HV heads apart.
 __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, long long tok0, int L, int do_rows,
-                                                 int h, int vs, int pw, int lane, int ptid, bool own_gt,
+                                                 int h, int qh, int vs, int pw, int lane, int ptid, bool own_gt,
                                                  int n = 0, u32 gbase = 0u) {
     constexpr int R = TOKENS_PER_PRODUCER;
-    const u32 row_elems = (u32)p.H * HEAD_DIM;   // elements between consecutive tokens
-    const long long first = (tok0 * p.H + h) * HEAD_DIM;
-    const char* q = reinterpret_cast<const char*>(p.q + first);
-    const char* k = reinterpret_cast<const char*>(p.k + first);
+    const u32 row_elems = (u32)p.HV * HEAD_DIM;      // elements between consecutive tokens
+    const u32 qk_row_elems = (u32)p.H * HEAD_DIM;    // ... of q and k
+    const long long first = (tok0 * p.HV + h) * HEAD_DIM;
+    const long long qk_first = (tok0 * p.H + qh) * HEAD_DIM;
+    const char* q = reinterpret_cast<const char*>(p.q + qk_first);
+    const char* k = reinterpret_cast<const char*>(p.k + qk_first);
     const char* gc = reinterpret_cast<const char*>(p.gc + first);
     const char* dO = reinterpret_cast<const char*>(p.dO + first + vs * DV);
-    copy_rows<HEAD_DIM * 2, HEAD_DIM * 2, R, 32>(smem_addr(st.q), q, row_elems * 2, L, lane, pw * R);
-    copy_rows<HEAD_DIM * 2, HEAD_DIM * 2, R, 32>(smem_addr(st.k), k, row_elems * 2, L, lane, pw * R);
+    copy_rows<HEAD_DIM * 2, HEAD_DIM * 2, R, 32>(smem_addr(st.q), q, qk_row_elems * 2, L, lane, pw * R);
+    copy_rows<HEAD_DIM * 2, HEAD_DIM * 2, R, 32>(smem_addr(st.k), k, qk_row_elems * 2, L, lane, pw * R);
     copy_rows<HEAD_DIM * 4, HEAD_DIM * 4, R, 32>(smem_addr(st.gc), gc, row_elems * 4, L, lane, pw * R);
     if (own_gt)
         copy_rows<HEAD_DIM * 4, HEAD_DIM * 4, 1, 32>(smem_addr(st.gT[pw]), gc + (L - 1) * (row_elems * 4), 0u, 1, lane, 0);
     copy_rows<DV * 2, DO_STRIDE * 2, TILE_TOKENS, PRODUCER_THREADS>(smem_addr(st.dO), dO, row_elems * 2, do_rows,
                                                                     ptid, 0);
     const int block_col = FLA_INPUTS ? (n % TILES_PER_CHUNK) * TILE_TOKENS : 0;
-    const long long sfirst = (tok0 * p.H + h) * SMALL_COLS + block_col;
-    const u32 srow_bytes = (u32)p.H * SMALL_COLS * 2;
+    const long long sfirst = (tok0 * p.HV + h) * SMALL_COLS + block_col;
+    const u32 srow_bytes = (u32)p.HV * SMALL_COLS * 2;
     copy_rows<TILE_TOKENS * 2, SMALL_STRIDE * 2, TILE_TOKENS, PRODUCER_THREADS, FLA_INPUTS>(
         smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, do_rows, from_warp(ptid, MQK_WARP), 0);
     copy_rows<TILE_TOKENS * 2, SMALL_STRIDE * 2, TILE_TOKENS, PRODUCER_THREADS, FLA_INPUTS>(
@@ -109,14 +112,16 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
 // tile's first token also reads the rows after the sequence's end (the next
 // sequence's tokens, or zeros past the tensor): R1 masks q/k/gc rows >= L, and
 // zero_tail_rows clears those of do/Mqk/INV. beta (a 4-byte row, under the 16-byte
-// box minimum) still comes by cp.async, zero-filled.
-__device__ __forceinline__ void issue_tile_tma(Stage& st, const Params& p, u32 mbar, long long tok0, int h, int vs) {
+// box minimum) still comes by cp.async, zero-filled. q and k at column qh * HEAD_DIM of their maps'
+// H heads, the others at h * HEAD_DIM of HV.
+__device__ __forceinline__ void issue_tile_tma(Stage& st, const Params& p, u32 mbar, long long tok0, int h, int qh,
+                                               int vs) {
     const TmaMaps& m = *p.maps;
     const int row = (int)tok0;
     fence_proxy_async_shared();   // this stage's earlier generic writes (tail zeroing) before the async proxy's
     mbarrier_arrive_expect_tx(mbar, TILE_TX_BYTES);
-    cp_async_bulk_tensor_2d_g2s(smem_addr(st.q), &m.q, h * HEAD_DIM, row, mbar);
-    cp_async_bulk_tensor_2d_g2s(smem_addr(st.k), &m.k, h * HEAD_DIM, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.q), &m.q, qh * HEAD_DIM, row, mbar);
+    cp_async_bulk_tensor_2d_g2s(smem_addr(st.k), &m.k, qh * HEAD_DIM, row, mbar);
 #pragma unroll
     for (int b = 0; b < GC_BOXES; ++b)
         cp_async_bulk_tensor_2d_g2s(smem_addr(st.gc + b * TILE_TOKENS * GC_BOX_COLS), &m.gc,

@@ -168,10 +168,10 @@ __device__ __forceinline__ void store_snapshot(const Params& p, const TmaMaps& m
     (void)maps; (void)snap_row;
     const long long head_mat = (long long)HEAD_DIM * HEAD_DIM;
 #if SNAP_BF16
-    store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
+    store_band_bf16(static_cast<unsigned short*>(p.snapshots) + (snap_idx * p.HV + h) * head_mat, dS,
                     reinterpret_cast<unsigned short*>(staging), k0, v0, lane);
 #else
-    store_band_f32<1>(static_cast<float*>(p.snapshots) + (snap_idx * p.H + h) * head_mat, dS,
+    store_band_f32<1>(static_cast<float*>(p.snapshots) + (snap_idx * p.HV + h) * head_mat, dS,
                       reinterpret_cast<float*>(staging), k0, v0, lane);
 #endif
 #endif
@@ -189,7 +189,7 @@ __device__ __forceinline__ void store_dh0(const Params& p, int seq, int h, int k
         __syncwarp();
     }
     float* const out = SUMMARY && role ? static_cast<float*>(p.snapshots) : p.dh0;
-    store_band_f32<SNAP_BF16 ? 2 : 1>(out + ((long long)seq * p.H + h) * head_mat, dS,
+    store_band_f32<SNAP_BF16 ? 2 : 1>(out + ((long long)seq * p.HV + h) * head_mat, dS,
                                       reinterpret_cast<float*>(staging), k0, v0, lane);
 }
 

@@ -95,20 +95,21 @@ using namespace fs;
 extern "C" __constant__ int fs_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int fs_threads = THREADS;
 
-// Grid: one CTA per (sequence rank, head, v group), v group fastest; order[rank] is the
-// sequence (longest first). states: bf16 [sum of entries, H, K, V], entry snap_offsets[n] + c
-// of sequence n is the state entering its tile 4c.
+// Grid: one CTA per (sequence rank, value head, v group), v group fastest; order[rank] is the
+// sequence (longest first). k has H heads, the other arrays HV (FLA's grouped value heads: value head
+// h reads k at head qk_head(h, HV, H); HV = H without them). states: bf16 [sum of entries, HV, K, V],
+// entry snap_offsets[n] + c of sequence n is the state entering its tile 4c.
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const float* __restrict__ g,
                    const float* __restrict__ beta, const u16* __restrict__ akk, const float* __restrict__ h0,
                    u16* __restrict__ states, const long long* __restrict__ cu_seqlens,
-                   const long long* __restrict__ snap_offsets, const int* __restrict__ order, int H) {
+                   const long long* __restrict__ snap_offsets, const int* __restrict__ order, int HV, int H) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int vg = blockIdx.x % VGROUPS;
-    const int h = (blockIdx.x / VGROUPS) % H;
-    const int n = order[blockIdx.x / VGROUPS / H];
+    const int h = (blockIdx.x / VGROUPS) % HV;
+    const int n = order[blockIdx.x / VGROUPS / HV];
     const long long bos = cu_seqlens[n];
     const int len = (int)(cu_seqlens[n + 1] - bos);
     const int ntiles = (len + TILE_TOKENS - 1) / TILE_TOKENS;
@@ -116,10 +117,11 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
     if (warp >= WARPS) {
         // ---------------- producers: loads and R1, PREFETCH tiles / one tile ahead ----------------
         const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
+        const int kh = qk_head(h, HV, H);
         auto issue = [&](int i) {
             if (i < ntiles)
                 issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)TILE_TOKENS * i,
-                           min(TILE_TOKENS, len - TILE_TOKENS * i), i, H, h, vg, pw, lane, ptid);
+                           min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
             cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
         };
 #pragma unroll 1
@@ -152,7 +154,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
     float acc[HEAD_DIM / 8][4];
     {
         const long long v0 = vg * VW + vrow + gr;
-        const float* s0 = h0 ? h0 + ((long long)n * H + h) * HEAD_DIM * HEAD_DIM : nullptr;
+        const float* s0 = h0 ? h0 + ((long long)n * HV + h) * HEAD_DIM * HEAD_DIM : nullptr;
 #pragma unroll
         for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
             const int k0 = 8 * nt + 2 * t;
@@ -261,7 +263,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
         if (snap) {
             __syncwarp();
-            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * H + h) * (long long)(HEAD_DIM * HEAD_DIM)
+            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * HV + h) * (long long)(HEAD_DIM * HEAD_DIM)
                        + vg * VW + vrow;
 #pragma unroll
             for (int m = 0; m < HEAD_DIM * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane

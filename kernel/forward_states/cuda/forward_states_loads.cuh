@@ -11,16 +11,18 @@ namespace fs {
 // Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): the warp's own g and k rows,
 // glast and gbase (lane l: columns 4l .. 4l+3 of g, the row's 16-byte chunks of k), and its share
 // of v, INV and beta (read by the consumers). Addresses are the tile's first (token, head) row plus
-// 32-bit element offsets (row c at c H HEAD_DIM): the per-row parts stay in registers across tiles, so a
-// copy costs a select, one 64-bit add and the LDGSTS.
+// 32-bit element offsets (row c at c HV HEAD_DIM, k's at c H HEAD_DIM): the per-row parts stay in
+// registers across tiles, so a copy costs a select, one 64-bit add and the LDGSTS. k is read at its
+// head kh of H, everything else at value head h of HV.
 __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k, const u16* __restrict__ v,
                                            const float* __restrict__ g, const float* __restrict__ beta,
                                            const u16* __restrict__ akk, long long tok0, int L, int i,
-                                           int H, int h, int vg, int pw, int lane, int ptid) {
-    const long long row0 = tok0 * H + h;                 // (token, head) row of the tile's first token
-    const u32 tok = (u32)H * HEAD_DIM;                   // elements between tokens of k, v, g
+                                           int HV, int H, int h, int kh, int vg, int pw, int lane, int ptid) {
+    const long long row0 = tok0 * HV + h;                // (token, head) row of the tile's first token
+    const u32 tok = (u32)HV * HEAD_DIM;                  // elements between tokens of v and g
+    const u32 ktok = (u32)H * HEAD_DIM;                  // ... of k
     const float* gt = g + row0 * HEAD_DIM;
-    const u16* kt = k + row0 * HEAD_DIM;
+    const u16* kt = k + (tok0 * H + kh) * HEAD_DIM;
     const int c0 = pw * ROWS_PER_PRODUCER;
 #pragma unroll
     for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
@@ -36,7 +38,7 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k,
         if (KC % 32 == 0 || idx < KC) {
             const int c = c0 + idx / K_ROW_CHUNKS, ch = idx % K_ROW_CHUNKS;
             const bool valid = c < L;
-            cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + ((valid ? (u32)c * tok : 0u) + ch * 8),
+            cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + ((valid ? (u32)c * ktok : 0u) + ch * 8),
                                 valid ? 16u : 0u);
         }
     }
@@ -67,11 +69,11 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k,
         const bool valid = c < L;
         const int keep = min(max(2 * (c + 1 - 8 * ch), 0), 16);
         const u16* at = akk + row0 * CHUNK_TOKENS + (i % TILES_PER_CHUNK) * TILE_TOKENS;   // Akk's rows: a chunk wide
-        cp_async_cg16_zfill(smem_addr(&st.inv[c][ch * 8]), at + ((valid ? (u32)c * H * CHUNK_TOKENS : 0u) + ch * 8),
+        cp_async_cg16_zfill(smem_addr(&st.inv[c][ch * 8]), at + ((valid ? (u32)c * HV * CHUNK_TOKENS : 0u) + ch * 8),
                             valid ? (u32)keep : 0u);
         if (tail < TILE_TOKENS) {
             const bool bvalid = tail < L;
-            cp_async_ca_zfill<4>(smem_addr(&st.beta[tail]), beta + row0 + (bvalid ? (u32)tail * H : 0u),
+            cp_async_ca_zfill<4>(smem_addr(&st.beta[tail]), beta + row0 + (bvalid ? (u32)tail * HV : 0u),
                                  bvalid ? 4u : 0u);
         }
     }

@@ -1,7 +1,8 @@
 // kernel/token_gradients/cuda/token_gradients.cu -- Kernel B: KDA's per-token gradients.
 //
-// One CTA per 64-token chunk and head walks the chunk's (up to) four 16-token tiles in
-// order. For each tile it has, from global memory, the forward's tensors as FLA's
+// One CTA per 64-token chunk and (value) head walks the chunk's (up to) four 16-token tiles in
+// order (FLA's grouped value heads: q, k and their rstd are read at the head qk_head gives, in place).
+// For each tile it has, from global memory, the forward's tensors as FLA's
 // chunk_kda forward leaves them (q, k, v, its 64-chunk-local log2 gate cumsum g, beta,
 // the 16 x 16 diagonal blocks of Aqk (Mqk) and Akk (INV)), do, and Kernel A's bf16 dS1
 // (dL/dS after the tile). The forward state entering the tile, S0, comes from the
@@ -29,11 +30,13 @@
 // offsets, the fragments an ldmatrix .x4 gives, mma), token_gradients_r1.cuh (R1),
 // token_gradients_v_phase.cuh (the V phase, G9 / G10 and G8), token_gradients_reduce.cuh (the
 // fixed-order sums between the phases), token_gradients_pairwise.cuh (G14-G17 of a tile whose gates
-// span past fp32's range); ptx_lab's fragments.cuh packs accumulators into operands.
+// span past fp32's range), token_gradients_gate.cuh (the gate build's epilogue, KDB_GATE=1: the gate
+// activation's backward where dg is formed); ptx_lab's fragments.cuh packs accumulators into operands.
 // This file holds the kernel: the prologue, the walk over the chunk's tiles, and the K phase,
 // written out here: as a function of its own it compiled to other SASS.
 #include "fragments.cuh"
 #include "stmatrix.cuh"
+#include "token_gradients_gate.cuh"
 #include "token_gradients_layout.cuh"
 #include "token_gradients_loads.cuh"
 #include "token_gradients_operands.cuh"
@@ -52,14 +55,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const float* gate, const float* beta, const unsigned short* aqk, const unsigned short* akk,
         const unsigned short* ds, const unsigned short* states, void* dq, void* dk, unsigned short* dv,
         float* dg, float* dbeta, const float* q_rstd, const float* k_rstd, const long long* cu,
-        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int H_, float scale,
-        int dqk_bf16) {
+        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int HV_, int H_,
+        float scale, int dqk_bf16, const unsigned short* g_raw, const float* a_log, const float* dt_bias,
+        unsigned short* dg_raw, float* da_part, float* ddt_part, int gate_form, float lower_bound) {
     const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, q_rstd, k_rstd, cu,
-                 tile_offs, chunk_offs, chunk_seq, H_, scale, dqk_bf16};
+                 tile_offs, chunk_offs, chunk_seq, HV_, H_, scale, dqk_bf16};
+#if KDB_GATE
+    const GateArgs ga{g_raw, a_log, dt_bias, dg_raw, da_part, ddt_part, gate_form, lower_bound};
+    float gate_dt = 0.f, gate_da = 0.f;   // this thread's channel's partial sums over the chunk (lanes 0..15)
+#endif
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const X4Lane xl = x4_lane(lane);
     const int h = blockIdx.y;
+    const int qh = qk_head(h, a.HV, a.H);   // q's and k's head
     const long long chunk = blockIdx.x;
     const int n = a.chunk_seq[chunk];
     const long long j = chunk - a.chunk_offs[n];
@@ -68,8 +77,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const int l64 = static_cast<int>(min(static_cast<long long>(CHUNK_TOKENS), len - CHUNK_TOKENS * j));
     const int ntile = (l64 + TILE_TOKENS - 1) / TILE_TOKENS;
     const long long snap0 = a.tile_offs[n] + 4 * j;
-    const long long H = a.H, RS = H * HEAD_DIM;   // RS: elements from one token's row of a head to the next
-                                                  // token's
+    const long long HV = a.HV, RS = HV * HEAD_DIM;   // RS: elements from one token's row of a head to the next
+                                                     // token's
+    const long long H = a.H, QK_RS = H * HEAD_DIM;   // ... of q and k
     const float s = a.scale;
     const u32 sb = smem_addr(smem);
     float* const gt_s = reinterpret_cast<float*>(smem + SM_GT);
@@ -95,17 +105,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const u32 ncv = nc + 2 * v0, nrv = nr + 2 * v0, nck = nc + k0 * ROW, nrk = nr + 2 * k0;
     float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
 
-    const Copies cps = copies_of(tid, RS);
-    load_tile(a, cps, smem, 0, 0, (tok_chunk * H + h) * HEAD_DIM, RS, min(TILE_TOKENS, l64), snap0, chunk, h, tid);
+    const Copies cps = copies_of(tid, RS, QK_RS);
+    load_tile(a, cps, smem, 0, 0, (tok_chunk * HV + h) * HEAD_DIM, (tok_chunk * H + qh) * HEAD_DIM, RS,
+              min(TILE_TOKENS, l64), snap0, chunk, h, tid);
 
     for (int it = 0; it < ntile; ++it) {
         const int st = it & 1;
         const long long tok0 = tok_chunk + TILE_TOKENS * it;
-        const long long row0 = (tok0 * H + h) * HEAD_DIM;   // element offset of (token tok0, head h) in
-                                                            // [tokens, H, HEAD_DIM]
+        const long long row0 = (tok0 * HV + h) * HEAD_DIM;   // element offset of (token tok0, head h) in
+                                                             // [tokens, HV, HEAD_DIM]
+        const long long qk_row0 = (tok0 * H + qh) * HEAD_DIM;   // ... of (tok0, qh) in q's [tokens, H, HEAD_DIM]
         const int lt = min(TILE_TOKENS, l64 - TILE_TOKENS * it);
         if (it + 1 < ntile) {
-            load_tile(a, cps, smem, st ^ 1, it + 1, row0 + TILE_TOKENS * RS, RS,
+            load_tile(a, cps, smem, st ^ 1, it + 1, row0 + TILE_TOKENS * RS, qk_row0 + TILE_TOKENS * QK_RS, RS,
                       min(TILE_TOKENS, l64 - TILE_TOKENS * (it + 1)), snap0 + it + 1, chunk, h, tid);
             cp_async_wait<1>();
         } else {
@@ -299,8 +311,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                         dot_q += l2part[w * TILE_TOKENS + i];
                         dot_k += l2part[(WARPS + w) * TILE_TOKENS + i];
                     }
-                    const float rq = i < lt ? a.q_rstd[(tok0 + i) * H + h] : 0.f;
-                    const float rk = i < lt ? a.k_rstd[(tok0 + i) * H + h] : 0.f;
+                    const float rq = i < lt ? a.q_rstd[(tok0 + i) * H + qh] : 0.f;
+                    const float rk = i < lt ? a.k_rstd[(tok0 + i) * H + qh] : 0.f;
 #pragma unroll
                     for (int nt = 0; nt < 2; ++nt) {
                         const int kk = k0 + 8 * nt + 2 * t;
@@ -353,7 +365,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     float ex = 0.f;
 #pragma unroll
                     for (int i = 0; i < TILE_TOKENS; ++i) {
+#if KDB_GATE
+                        if (i < lt) gate_epilogue(ga, rev[i] - ex + tail, row0 + i * RS + kk, h * HEAD_DIM + kk, h,
+                                                  gate_dt, gate_da);
+#else
                         if (i < lt) a.dg[row0 + i * RS + kk] = rev[i] - ex + tail;
+#endif
                         ex += feb[i * PS + lane];
                     }
                 }
@@ -365,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             float x = b1[tid];
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) x += b2part[w * TILE_TOKENS + tid];
-            a.dbeta[(tok0 + tid) * H + h] = x;
+            a.dbeta[(tok0 + tid) * HV + h] = x;
         }
         {   // dv: 16 rows of 256 bytes from the staging tile
             const int r = tid >> 4, c = tid & 15;
@@ -382,4 +399,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             }
         }
     }
+#if KDB_GATE
+    // l2part is free: the last tile's K phase read it before that tile's last barrier
+    gate_partials(ga, gate_dt, gate_da, chunk * HV + h, warp, lane, l2part);
+#endif
 }

@@ -46,13 +46,15 @@ class DeviceArray:
 BF16 = np.uint16   # bf16 bits, CuPy's convention
 
 
-def _args(B=2, T=100, H=3, *, dht=True, beta_dtype=np.float32, N=None):
+def _args(B=2, T=100, H=3, *, HV=None, dht=True, beta_dtype=np.float32, N=None):
+    """Stand-ins of FLA's tensors: q, k with H heads, the others with HV (None: H; more: FLA's GVA)."""
     N = B if N is None else N
-    wide = (B, T, H, D)
-    a = dict(q=DeviceArray(wide, BF16), k=DeviceArray(wide, BF16), g64=DeviceArray(wide, np.float32),
-             beta=DeviceArray((B, T, H), beta_dtype), Aqk=DeviceArray((B, T, H, C64), BF16),
-             Akk=DeviceArray((B, T, H, C64), BF16), do=DeviceArray(wide, BF16))
-    kw = dict(dht=DeviceArray((N, H, D, D), np.float32) if dht else None)
+    HV = H if HV is None else HV
+    qk, wide = (B, T, H, D), (B, T, HV, D)
+    a = dict(q=DeviceArray(qk, BF16), k=DeviceArray(qk, BF16), g64=DeviceArray(wide, np.float32),
+             beta=DeviceArray((B, T, HV), beta_dtype), Aqk=DeviceArray((B, T, HV, C64), BF16),
+             Akk=DeviceArray((B, T, HV, C64), BF16), do=DeviceArray(wide, BF16))
+    kw = dict(dht=DeviceArray((N, HV, D, D), np.float32) if dht else None)
     return a, kw
 
 
@@ -230,14 +232,37 @@ def test_state_v_first_is_refused():
         _call(dstate_scan_from_fla, a, kw, state_v_first=True)
 
 
-@pytest.mark.parametrize("name", ["g64", "beta", "Aqk", "Akk", "do"])
-def test_gva_is_refused(name):
+def test_grouped_value_heads_pass_the_plan_with_q_and_k_in_place():
+    # FLA's GVA: q, k with 2 heads, everything else with 6; the kernel reads q and k at value head
+    # hv's hv // 3 with their own row stride, and every output is per value head
+    a, kw = _args(B=2, T=130, H=2, HV=6)
+    plan = _call(plan_fla_launch, a, kw)
+    assert (plan.H, plan.HV) == (2, 6)
+    ops = plan.operands
+    for name in ("q", "k"):
+        assert (ops[name].row_stride, ops[name].head_stride) == (2 * D, D)
+    for name in ("g64", "do"):
+        assert (ops[name].row_stride, ops[name].head_stride) == (6 * D, D)
+    assert ops["Aqk"].row_stride == ops["Akk"].row_stride == 6 * C64 and ops["beta"].row_stride == 6
+    assert plan.dh_shape == (2, 3, 6, D, D) and plan.dh0_shape == (2, 6, D, D)
+
+
+@pytest.mark.parametrize("heads", [5, 1])
+def test_value_heads_that_are_not_a_multiple_of_q_s_are_refused_naming_both(heads):
     a, kw = _args(H=2)
-    shape = list(a[name].shape)
-    shape[2] = 6                                    # HV = 3 H
-    dtype = np.dtype(a[name].__cuda_array_interface__["typestr"])
-    with pytest.raises(ValueError, match=rf"{name} has 6 heads and q has 2: that is FLA's GVA.*"
-                                         rf"repeat_interleave\(3, dim=2\)"):
+    with pytest.raises(ValueError, match=rf"g64 has {heads} heads and q has 2: the value heads must be q's heads "
+                                         r"or a multiple of them \(FLA's grouped value heads"):
+        _call(dstate_scan_from_fla, a, kw, g64=DeviceArray((2, 100, heads, D), np.float32))
+
+
+@pytest.mark.parametrize("name", ["beta", "Aqk", "Akk", "do", "dht"])
+def test_every_value_side_array_has_the_gate_s_heads(name):
+    a, kw = _args(H=2, HV=6)
+    shape = list((a | kw)[name].shape)
+    shape[1 if name == "dht" else 2] = 4              # a multiple of q's 2, but not g64's 6
+    dtype = np.dtype((a | kw)[name].__cuda_array_interface__["typestr"])
+    want = [6 if i == (1 if name == "dht" else 2) else n for i, n in enumerate(shape)]
+    with pytest.raises(ValueError, match=rf"{name} must have shape \({', '.join(map(str, want))}\)"):
         _call(dstate_scan_from_fla, a, kw, **{name: DeviceArray(shape, dtype)})
 
 

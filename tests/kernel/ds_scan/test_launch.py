@@ -105,3 +105,47 @@ def test_cpu_tensors_are_refused_as_host_arrays():
 def test_host_scalars_are_checked_before_anything_needs_a_gpu(kwargs, error, match, no_cupy):
     with pytest.raises(error, match=match):
         _call(_placeholders(), **kwargs)
+
+
+# ----------------------------------------------------------------------------
+# FLA's grouped value heads: q and k in place, at their own heads
+# ----------------------------------------------------------------------------
+
+def test_the_tensor_maps_give_q_and_k_their_own_heads(monkeypatch):
+    # tensor-copy loads: q and k have H heads (rows of H * 128), every other input HV (rows of HV * 128,
+    # or HV * 16 for Mqk / INV); the kernel reads q and k at column (hv // G) * 128 of their maps
+    from ptx_lab import tensormap
+
+    from kernel.ds_scan import launch
+
+    maps = {}
+
+    def encode(tmap):
+        maps[len(maps)] = tmap
+        return np.zeros(1, dtype=tensormap.TENSOR_MAP_DTYPE)
+
+    monkeypatch.setattr(tensormap, "encode", encode)
+    dims = (64, 128, 64, 128, 32, 64)
+    tokens, H, HV, base = 4096, 2, 8, 0x7F00_0000_0000
+    launch.encode_tensor_maps.__wrapped__(True, dims, tokens, H, HV, tuple(base + 4096 * i for i in range(6)), None)
+    got = dict(zip(("q", "k", "gc", "do", "mqk", "inv"), maps.values()))
+    for name, cols, esize in (("q", H * 128, 2), ("k", H * 128, 2), ("gc", HV * 128, 4), ("do", HV * 128, 2),
+                              ("mqk", HV * 16, 2), ("inv", HV * 16, 2)):
+        assert got[name].shape == (tokens, cols) and got[name].row_stride == cols * esize, name
+
+
+def test_the_summary_launch_passes_value_heads_and_q_s_heads_where_the_kernel_takes_them(monkeypatch):
+    from kernel.ds_scan import config, launch
+
+    from ..kernel_signature import launched
+
+    calls = []
+    monkeypatch.setattr(launch, "kernel", lambda cfg: (lambda *call, **kw: calls.append((call, kw)), 99, cfg.threads, ()))
+    inputs = ("q", "k", "gc", "beta", "mqk", "inv", "do")
+    launch._launch_summaries(inputs, "M", "d", "cu", "offs", np.arange(3, dtype=np.int32), H=2, HV=6, scale=0.5,
+                             vsplit=2, base=dict(l2norm=False, fla_inputs=True))
+    (grid, block, args), opts = calls[0]
+    assert grid == (3 * 6 * 2, 2) and opts == {"shared_mem": 99}   # (sequence, value head, v part) x 2 roles
+    got = launched(config.SOURCE_PATH, config.KERNEL_NAME, args)
+    assert (got["HV"], got["H"], got["scale"]) == (6, 2, 0.5)
+    assert (got["q"], got["k"], got["dO"], got["snapshots"], got["dh0"]) == ("q", "k", "do", "M", "d")

@@ -126,3 +126,29 @@ def test_the_launched_build_runs_g4_g5_as_wgmma_where_it_should(vsplit, wgmma):
     (on,) = builds.read_int_constants(launch.module(cfg), "kda_wgmma", 1)
     assert on == wgmma
     assert launch.kernel(cfg)[0].attributes["local_size_bytes"] == 0
+
+
+GVA_RUNS = [dict(vsplit=2), dict(vsplit=1, tuning={"loads": 2, "snap_store": 3}),
+            dict(vsplit=4, tuning={"loads": 2}), dict(vsplit="auto", segments=3)]
+
+
+@pytest.mark.parametrize("run", GVA_RUNS, ids=["cp.async", "tma-loads-and-store", "tma-loads", "split"])
+def test_grouped_value_heads_read_q_and_k_in_place(run):
+    # FLA's GVA: q and k with 2 heads for 6 value heads. Read in place (cp.async rows of their own
+    # stride, or tensor copies from maps of 2 heads), they must give the bits of q and k repeated
+    # per value head (kernel.tools.check's gva cases hold both to float64)
+    import cupy
+
+    from kernel.ds_scan.launch import dstate_scan
+
+    kern, _ = check.inputs(check.Case("gva", lengths=(1, 17, 700, 64), H=6, seed=43, group=3))
+    assert kern["q"].shape[2] == 2
+
+    def scan(q, k):
+        return dstate_scan(q, k, kern["gc"], kern["beta"], kern["mqk"], kern["inv"], kern["do"], dht=kern["dht"],
+                           cu_seqlens=kern["cu_seqlens"], **run)
+
+    native = scan(kern["q"], kern["k"])
+    repeated = scan(*(cupy.repeat(kern[n], 3, axis=2) for n in ("q", "k")))
+    for name, a, b in zip(("snapshots", "dh0"), native, repeated):
+        assert a.shape == b.shape and cupy.array_equal(a, b), name

@@ -10,20 +10,24 @@ import sys
 import numpy as np
 import pytest
 
-from kernel.forward_states import Config, forward_states, plan_forward_states
+from kernel.forward_states import Config, forward_states, launch, plan_forward_states
+from kernel.forward_states.config import KERNEL_NAME, SOURCE_PATH
 
 from ..ds_scan.test_fla import DeviceArray
+from ..kernel_signature import launched
 
 D, C64 = 128, 64
 BF16 = np.uint16
 
 
-def _args(B=2, T=100, H=3, *, h0=False, beta_dtype=np.float32, N=None):
+def _args(B=2, T=100, H=3, *, HV=None, h0=False, beta_dtype=np.float32, N=None):
+    """Stand-ins: k with H heads, the others with HV (None: H; more: FLA's grouped value heads)."""
     N = B if N is None else N
-    wide = (B, T, H, D)
-    a = dict(k=DeviceArray(wide, BF16), v=DeviceArray(wide, BF16), g=DeviceArray(wide, np.float32),
-             beta=DeviceArray((B, T, H), beta_dtype), Akk=DeviceArray((B, T, H, C64), BF16))
-    kw = dict(initial_state=DeviceArray((N, H, D, D), np.float32) if h0 else None)
+    HV = H if HV is None else HV
+    wide = (B, T, HV, D)
+    a = dict(k=DeviceArray((B, T, H, D), BF16), v=DeviceArray(wide, BF16), g=DeviceArray(wide, np.float32),
+             beta=DeviceArray((B, T, HV), beta_dtype), Akk=DeviceArray((B, T, HV, C64), BF16))
+    kw = dict(initial_state=DeviceArray((N, HV, D, D), np.float32) if h0 else None)
     return a, kw
 
 
@@ -55,6 +59,37 @@ def test_varlen_states_are_packed_by_flas_chunk_offsets():
     chunk_offsets = np.concatenate([[0], np.cumsum([-(-n // C64) for n in lengths])])   # FLA's prepare_chunk_offsets
     np.testing.assert_array_equal(plan.snapshot_offsets, chunk_offsets)
     assert plan.states_shape == (1, int(chunk_offsets[-1]), 2, D, D)
+
+def test_grouped_value_heads_pass_the_plan_and_size_the_grid_by_value_heads():
+    # FLA's GVA: k with 2 heads, v, g, beta, Akk, h0 and the states with 8; one chain per value head
+    a, kw = _args(B=2, T=130, H=2, HV=8, h0=True)
+    plan = _call(plan_forward_states, a, kw)
+    assert (plan.H, plan.HV) == (2, 8)
+    assert plan.states_shape == (2, 3, 8, D, D)
+    assert plan.config.warps == 1 and plan.ctas == 2 * 8 * 8   # 16 chains: the auto rule's for 16 pairs
+
+
+@pytest.mark.parametrize("heads", [3, 1])
+def test_value_heads_that_are_not_a_multiple_of_k_s_are_refused_naming_both(heads):
+    a, kw = _args(H=2)
+    with pytest.raises(ValueError, match=rf"v has {heads} heads and k has 2: the value heads must be k's heads or "
+                                         r"a multiple of them \(FLA's grouped value heads"):
+        _call(plan_forward_states, a, kw, v=DeviceArray((2, 100, heads, D), BF16))
+
+
+def test_the_launch_passes_value_heads_and_k_s_heads_where_the_kernel_takes_them(monkeypatch):
+    a, kw = _args(B=1, T=200, H=2, HV=6, h0=True)
+    plan = _call(plan_forward_states, a, kw, config=Config(warps=2))
+    calls = []
+    monkeypatch.setattr(launch, "device_tables", lambda cu: ("cu", "offs", "order", int(plan.snapshot_offsets[-1])))
+    monkeypatch.setattr(launch, "kernel", lambda cfg: (lambda *call, **kw: calls.append((call, kw)), 123, cfg.threads))
+    launch.launch_planned(plan, "k", "v", "g", "beta", "Akk", "h0", "out")
+    (grid, block, args), opts = calls[0]
+    assert grid == (1 * 6 * 4,) and block == (Config(warps=2).threads,) and opts == {"shared_mem": 123}
+    got = launched(SOURCE_PATH, KERNEL_NAME, args)
+    assert (got["k"], got["v"], got["h0"], got["states"], got["order"]) == ("k", "v", "h0", "out", "order")
+    assert (got["HV"], got["H"]) == (6, 2)
+
 
 def test_the_plan_takes_the_auto_rule_or_the_given_config():
     a, kw = _args(B=2, T=100, H=4)                           # 8 pairs
@@ -102,7 +137,7 @@ def test_dtypes_are_named(name, dtype, expect):
     ("v", (2, 100, 3, 64), r"v must have shape \(2, 100, 3, 128\)"),
     ("g", (2, 99, 3, D), r"g must have shape \(2, 100, 3, 128\)"),
     ("beta", (2, 100, 3, 1), r"beta must have shape \(2, 100, 3\)"),
-    ("Akk", (2, 100, 3, 32), r"Akk must have shape \(2, 100, 3, 64\) \(\[B, T, H, 64\], FLA's chunk_size 64\)"),
+    ("Akk", (2, 100, 3, 32), r"Akk must have shape \(2, 100, 3, 64\) \(\[B, T, HV, 64\], FLA's chunk_size 64\)"),
     ("Akk", (2, 100, 6, 64), r"Akk must have shape")])
 def test_shapes_are_named(name, shape, expect):
     a, kw = _args()

@@ -169,7 +169,22 @@ def test_torch_in_torch_out():
     assert np.array_equal(out_t.view(torch.int16).cpu().numpy().view(np.uint16), out_c)
 
 
+@pytest.mark.parametrize("config", [None, Config(warps=1), Config(warps=8)], ids=lambda c: c.name() if c else "auto")
+def test_grouped_value_heads_read_k_in_place(config):
+    # FLA's GVA: k with 2 heads for the 6 value heads (value head hv reads k's hv // 3), never repeated;
+    # the entries are float64's, and the same bits as with k repeated per value head
+    import cupy
+
+    case = make_case(lengths=RAGGED, H=6, seed=12, initial_state=True, group=3)
+    assert case["k"].shape[2] == 2
+    native = _run(case, config)
+    _check(_host(native), case, "k in place for 3 value heads each")
+    repeated = _run({**case, "k": case["k_repeated"]}, config)
+    assert cupy.array_equal(native, repeated), "reading k in place must give what reading it repeated gives"
+
+
 # ----------------------------------------------------------------------------
+# the knobs the auto rule leaves fixed: producers, ring depth, the G6 split# ----------------------------------------------------------------------------
 # the knobs the auto rule leaves fixed: producers, ring depth, the G6 split
 # ----------------------------------------------------------------------------
 

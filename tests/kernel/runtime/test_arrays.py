@@ -1,4 +1,4 @@
-"""kernel.runtime.arrays on the CPU: the bf16 bits and the scale rule."""
+"""kernel.runtime.arrays on the CPU: the bf16 bits, the scale rule and the value heads' rule."""
 from __future__ import annotations
 
 import math
@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from kernel.runtime import arrays
 from kernel.runtime.arrays import bf16_bits, bf16_bits_rne, bits_to_f32, check_scale
 
 
@@ -47,3 +48,29 @@ def test_a_bad_scale_is_refused_by_name(scale, error):
 def test_a_good_scale_comes_back_as_a_float():
     assert check_scale(None) is None
     assert check_scale(np.float32(0.25)) == 0.25 and isinstance(check_scale(1), float)
+
+
+# ----------------------------------------------------------------------------
+# value_heads: FLA's grouped value heads
+# ----------------------------------------------------------------------------
+
+def _info(shape) -> arrays.ArrayInfo:
+    return arrays.ArrayInfo(tuple(shape), "bfloat16", True, 0, 0, False)
+
+
+@pytest.mark.parametrize("heads", [3, 6, 12])
+def test_value_heads_are_q_s_or_a_multiple(heads):
+    assert arrays.value_heads("v", _info((2, 9, heads, 128)), 2, 9, 3) == heads
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4, 7])
+def test_other_value_heads_are_refused_naming_both_arrays(heads):
+    with pytest.raises(ValueError, match=rf"^do has {heads} heads and k has 3: the value heads must be k's heads or "
+                                         r"a multiple of them \(FLA's grouped value heads: value head hv reads q and "
+                                         r"k at head hv // \(HV / H\)\)$"):
+        arrays.value_heads("do", _info((2, 9, heads, 128)), 2, 9, 3, qk_name="k")
+
+
+def test_another_rank_or_batch_is_left_to_expect():
+    for shape in ((2, 9), (1, 9, 5, 128), (2, 8, 5, 128)):
+        assert arrays.value_heads("v", _info(shape), 2, 9, 3) == 3

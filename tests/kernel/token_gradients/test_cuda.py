@@ -248,6 +248,22 @@ def test_bf16_gradients_are_the_fp32_ones_rounded_once():
         assert np.array_equal(b16[n], f32[n], equal_nan=True), n
 
 
+def test_grouped_value_heads_read_q_k_and_rstd_at_their_query_head():
+    # FLA's GVA with one query / key head for the two value heads: value head HEAD's CTA reads q, k and
+    # their rstd at head qk_head(HEAD, 2, 1) = 0, in place (one head's rows apart). Given there the rows
+    # head HEAD had without GVA, it writes what that CTA wrote, bit for bit
+    import dataclasses
+
+    case = make_case(21, seed=5, with_l2norm=True)
+    inp = case["inputs"]
+    one = lambda x: np.ascontiguousarray(x[:, HEAD:HEAD + 1])   # noqa: E731  [tokens, 1, ..]
+    gva = dataclasses.replace(inp, q=one(inp.q), k=one(inp.k), q_rstd=one(inp.q_rstd), k_rstd=one(inp.k_rstd))
+    _, mha = emulate(case)
+    _, got = emulate({**case, "inputs": gva})
+    for n in GRADS:
+        assert np.array_equal(got[n], mha[n], equal_nan=True), n   # head 1 - HEAD unwritten (NaN) in both
+
+
 def _wide_tile(g):
     """Tile 1 (tokens 16-31) of head HEAD decays channel 5 by 2^-208 (gates -9, ln) and channel 77 by
     2^-144 at one token (-100), past fp32's normal range; tiles 0 and 2 keep the recipe's gates."""

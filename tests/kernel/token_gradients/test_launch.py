@@ -1,10 +1,13 @@
 """kernel.token_gradients.launch on the CPU: Kernel B's batch tables (first tile, first chunk and
-sequence of every chunk)."""
+sequence of every chunk), and the launch's grid and arguments against the kernel's parameters."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from kernel.token_gradients import tables
+from kernel.token_gradients import KERNEL_NAME, SOURCE_PATH, launch, tables
+
+from ..kernel_signature import launched
 
 
 def test_tables_name_every_chunk_s_sequence_and_first_tile():
@@ -17,3 +20,78 @@ def test_tables_name_every_chunk_s_sequence_and_first_tile():
     # a chunk's first tile is its sequence's first tile + 4 (chunk - first chunk)
     for c, n in enumerate(t["chunk_seq"]):
         assert t["tile_offs"][n] + 4 * (c - t["chunk_offs"][n]) < t["tile_offs"][n + 1]
+
+
+def _launch(monkeypatch, *, H: int, HV: int, rstd=None, dqk=np.float32):
+    """One launch of 1 + 2 chunks with the kernel and the device tables stood in for: (grid, block,
+    {parameter: argument}, shared memory)."""
+    calls = []
+    monkeypatch.setattr(launch, "kernel", lambda build: (lambda *call, **kw: calls.append((call, kw)), 4321, 256))
+    monkeypatch.setattr(launch, "_device_tables",
+                        lambda b: ("cu", "tile", "chunk", "seq", tables(np.frombuffer(b, np.int64))["chunks"]))
+    out = {"dq": np.zeros(1, dqk), "dk": np.zeros(1, dqk), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    names = ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")
+    launch.launch(*names, cu=np.array([0, 60, 130]), H=H, HV=HV, scale=0.25, out=out, rstd=rstd)
+    (grid, block, args), opts = calls[0]
+    return grid, block, launched(SOURCE_PATH, KERNEL_NAME, args), opts["shared_mem"]
+
+
+@pytest.mark.parametrize("H, HV", [(3, 3), (2, 8)])
+def test_one_cta_per_chunk_and_value_head_and_both_head_counts_where_the_kernel_takes_them(monkeypatch, H, HV):
+    grid, block, got, smem = _launch(monkeypatch, H=H, HV=HV)
+    assert grid == (3, HV) and block == (256,) and smem == 4321
+    assert (got["HV_"], got["H_"], got["scale"], got["dqk_bf16"]) == (HV, H, 0.25, 0)
+    assert (got["q"], got["k"], got["v"], got["dout"], got["gate"], got["ds"]) == ("q", "k", "v", "do", "g", "ds")
+    assert (got["q_rstd"], got["k_rstd"]) == (0, 0)            # null: no l2norm backward
+
+
+def test_rstd_and_bf16_gradients_reach_their_parameters(monkeypatch):
+    _, _, got, _ = _launch(monkeypatch, H=2, HV=4, rstd=("rq", "rk"), dqk=np.uint16)
+    assert (got["q_rstd"], got["k_rstd"], got["dqk_bf16"]) == ("rq", "rk", 1)
+    with pytest.raises(ValueError, match="dq and dk must both be float32 or both bf16"):
+        launch.launch(*"q k v g beta aqk akk do ds states".split(), cu=np.array([0, 9]), H=1, HV=1, scale=1.0,
+                      out={"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.uint16)})
+
+
+def test_the_plain_build_gets_null_gate_arguments_and_writes_dg(monkeypatch):
+    builds = []
+    monkeypatch.setattr(launch, "kernel", lambda build: (builds.append(build), (lambda *a, **kw: None, 1, 256))[1])
+    _, _, got, _ = _launch(monkeypatch, H=1, HV=1)
+    assert got["dg"] == "dg"
+    assert [got[n] for n in ("g_raw", "a_log", "dt_bias", "dg_raw", "da_part", "ddt_part", "gate_form")] == [0] * 7
+
+
+@pytest.mark.parametrize("lower_bound, form", [(None, 1), (-5.0, 2)])
+def test_the_gate_build_gets_its_inputs_outputs_and_form_and_writes_no_dg(monkeypatch, lower_bound, form):
+    calls, builds = [], []
+
+    def kernel(build):
+        builds.append(build)
+        return (lambda *call, **kw: calls.append(call)), 4321, 256
+
+    monkeypatch.setattr(launch, "kernel", kernel)
+    monkeypatch.setattr(launch, "_device_tables",
+                        lambda b: ("cu", "tile", "chunk", "seq", tables(np.frombuffer(b, np.int64))["chunks"]))
+    out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    gate = launch.GateOut("g_raw", "A_log" if form == 1 else None, "dt_bias", lower_bound, "dg_raw", "da", "ddt")
+    launch.launch(*"q k v g beta aqk akk do ds states".split(), cu=np.array([0, 60, 130]), H=1, HV=2, scale=0.5,
+                  out=out, gate=gate)
+    got = launched(SOURCE_PATH, KERNEL_NAME, calls[0][2])
+    assert builds == [launch.Build(gate=True)] and builds[0].name() == "token-gradients-gate"
+    assert got["dg"] == 0                                          # never written in this build
+    assert (got["g_raw"], got["dt_bias"], got["dg_raw"], got["da_part"], got["ddt_part"]) == (
+        "g_raw", "dt_bias", "dg_raw", "da", "ddt")
+    assert got["a_log"] == ("A_log" if form == 1 else 0)
+    assert got["gate_form"] == form == launch.GATE_FORMS["softplus" if lower_bound is None else "sigmoid"]
+    assert got["lower_bound"] == (0.0 if lower_bound is None else lower_bound)
+
+
+def test_every_build_passes_its_gate_macro_and_both_are_variants():
+    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True)]
+    assert "-DKDB_GATE=0" in launch.options() and "-DKDB_GATE=1" in launch.options(launch.Build(gate=True))
+
+
+def test_the_gate_forms_are_the_kernel_s():
+    text = (SOURCE_PATH.parent / "token_gradients_gate.cuh").read_text()
+    for name, value in launch.GATE_FORMS.items():
+        assert f"constexpr int GATE_{name.upper()} = {value};" in text

@@ -154,14 +154,15 @@ def test_flas_kernels_are_named_as_in_its_source():
 # ---------------------------------------------------- the backward after ----
 
 def test_today_saves_what_kernel_kda_backward_reads():
-    """The tensors of kernel.kda_backward.run that FLA's forward makes (v, beta, do, h0, dht are the
-    caller's) are the ones the 'for our backward' design writes."""
+    """The tensors of kernel.kda_backward.run that FLA's forward makes (v, beta, do, h0, dht and the raw
+    gate with its A_log and dt_bias, for Kernel B's gate build, are the caller's) are the ones the 'for
+    our backward' design writes."""
     from kernel.kda_backward import run
 
     made_by_the_forward = {"q": ("qn",), "k": ("kn",), "g": ("gc",), "Aqk": ("Mqk",), "Akk": ("INV",),
                            "states": ("h",), "rstd": ("q_rstd", "k_rstd")}   # rstd: the l2norm's, for Kernel B
     params = set(inspect.signature(run).parameters) - {"batch", "side_by_side", "dqk_bf16"}   # the last two: options
-    assert params - set(made_by_the_forward) == {"v", "beta", "do", "initial_state", "dht"}
+    assert params - set(made_by_the_forward) == {"v", "beta", "do", "initial_state", "dht", "gate"}
     assert set(floors.OUR_BACKWARD_READS) == {name for names in made_by_the_forward.values() for name in names}
     written = {name for name, _ in TODAY.kernels[-1].writes}
     assert written == set(floors.OUR_BACKWARD_READS) | {"o", "ht"}

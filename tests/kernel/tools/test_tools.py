@@ -165,7 +165,7 @@ def test_a_tensor_map_error_names_the_argument():
     good = 0x7F00_0000_0000
     with pytest.raises(ValueError, match=r"^mqk: its tensor map .*: address = 0x7f0000000008: the tensor must "
                                          r"start 16-byte aligned"):
-        launch.encode_tensor_maps(True, dims, 4096, 32, (good, good, good, good, good + 8, good), None)
+        launch.encode_tensor_maps(True, dims, 4096, 32, 32, (good, good, good, good, good + 8, good), None)
 
 
 @pytest.mark.parametrize("producers, split", [(4, False), (8, True), (16, True)])

@@ -1,0 +1,93 @@
+// kernel/token_gradients/cuda/token_gradients_gate.cuh -- Kernel B's gate epilogue: the backward of the
+// gate activation FLA's layer asks the op to apply (kernel/activations.py), where dg is formed.
+//
+// Built with KDB_GATE=1 (the "token-gradients-gate" variant), the kernel writes, instead of dg,
+// dg_raw = dg * dg/dx (bf16, g_raw's dtype) with x = g_raw + dt_bias[h, c], and per CTA the partial sums
+// of ddt_bias (per channel, over the CTA's tokens) and dA_log (over its tokens and channels), for the
+// caller to add over chunks in a fixed order. KDB_GATE=0 is the plain kernel, its SASS untouched.
+#pragma once
+#include "fragments.cuh"
+#include "token_gradients_layout.cuh"
+
+#ifndef KDB_GATE
+#error "KDB_GATE must be defined: 0 (Kernel B writes dg) or 1 (the gate activation's backward in its epilogue)"
+#endif
+
+namespace kdb {
+
+// the activation's form (kernel.token_gradients.launch.GATE_FORMS)
+constexpr int GATE_SOFTPLUS = 1;   // g = -exp(A_log) softplus(x)
+constexpr int GATE_SIGMOID = 2;    // g = L sigmoid(a x), a = exp(A_log) or 1
+
+struct GateArgs {
+    const unsigned short* g_raw;   // bf16 [tokens, HV, 128]
+    const float* a_log;            // fp32 [HV], or null (the sigmoid form only: a = 1)
+    const float* dt_bias;          // fp32 [HV, 128], or null
+    unsigned short* dg_raw;        // bf16 [tokens, HV, 128]
+    float* da_part;                // fp32 [chunks, HV]: this CTA's share of dA_log, or null (no A_log)
+    float* ddt_part;               // fp32 [chunks, HV, 128]: ... of ddt_bias, or null (no dt_bias)
+    int form;                      // GATE_SOFTPLUS or GATE_SIGMOID
+    float lower_bound;             // L of the sigmoid form
+};
+
+struct GateGrad {
+    float dx;   // dg * dg/dx: dg_raw's and dt_bias's term
+    float da;   // dg * dg/dA_log
+};
+
+// fp32, in the order of kernel.activations.gate_backward's torch expressions (softplus as torch's:
+// x past 20 is its own softplus)
+__device__ __forceinline__ GateGrad gate_grad(const GateArgs& ga, float dy, float x, int h) {
+    GateGrad r;
+    if (ga.form == GATE_SOFTPLUS) {
+        const float amp = -expf(ga.a_log[h]);
+        const float sig = 1.f / (1.f + expf(-x));
+        const float sp = x > 20.f ? x : log1pf(expf(x));
+        r.dx = dy * amp * sig;
+        r.da = dy * amp * sp;
+    } else {
+        const bool scaled = ga.a_log != nullptr;
+        const float a = scaled ? expf(ga.a_log[h]) : 1.f;
+        const float ax = scaled ? a * x : x;
+        const float s = 1.f / (1.f + expf(-ax));
+        const float d_inner = dy * (ga.lower_bound * s * (1.f - s));
+        r.dx = scaled ? d_inner * a : d_inner;
+        r.da = r.dx * x;
+    }
+    return r;
+}
+
+// dg_raw of one element (off: its index in [tokens, HV, 128]; hc: its channel's in dt_bias [HV, 128]),
+// this thread's partial sums carried in dt_sum, da_sum
+__device__ __forceinline__ void gate_epilogue(const GateArgs& ga, float dy, long long off, int hc, int h,
+                                              float& dt_sum, float& da_sum) {
+    const float bias = ga.dt_bias != nullptr ? ga.dt_bias[hc] : 0.f;
+    const float x = bf16_to_f32(ga.g_raw[off]) + bias;
+    const GateGrad r = gate_grad(ga, dy, x, h);
+    ga.dg_raw[off] = f32_to_bf16(r.dx);
+    dt_sum += r.dx;
+    da_sum += r.da;
+}
+
+// The CTA's partials out, after its last tile: ddt_bias's per channel (the 16 lanes 0..15 of each warp own
+// channels 16 warp + lane), dA_log's over the 128 channels in a fixed order (a fixed shuffle tree within
+// the warp, then the WARPS warps in turn), so two runs give the same bits. scratch: WARPS floats of shared memory
+// no thread reads any more; every thread of the CTA calls this.
+__device__ __forceinline__ void gate_partials(const GateArgs& ga, float dt_sum, float da_sum, long long cta,
+                                              int warp, int lane, float* scratch) {
+    if (ga.ddt_part != nullptr && lane < 16) ga.ddt_part[cta * HEAD_DIM + 16 * warp + lane] = dt_sum;
+    if (ga.da_part == nullptr) return;   // the same for every thread
+    float x = lane < 16 ? da_sum : 0.f;
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) s += scratch[w];
+        ga.da_part[cta] = s;
+    }
+}
+
+}  // namespace kdb

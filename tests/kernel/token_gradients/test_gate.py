@@ -1,0 +1,152 @@
+"""Kernel B's gate epilogue (token_gradients_gate.cuh) on the CPU: a numpy model of what each CTA does
+(fp32 per element, each channel's sum over the chunk's tokens in token order, dA_log's over the 128
+channels by the kernel's shuffle tree and then warp by warp) and of the caller's sum over chunks
+(kernel.kda_backward), checked against kernel.activations.gate_backward on random data, and against
+the float64 math of the activation's derivatives."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernel.activations import gate, gate_backward
+from kernel.ds_scan.launch import bf16_bits, bits_to_f32
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM
+from kernel.token_gradients import tables
+
+f32 = np.float32
+WARPS, LANES = 8, 16   # the kernel's warps, and the lanes of each that own one channel
+
+
+def _grad(dy, x, a_log, lower_bound):
+    """gate_grad, fp32 numpy, in the kernel's order: (dx, da)."""
+    with np.errstate(over="ignore"):
+        if lower_bound is None:
+            amp = -np.exp(f32(a_log))
+            sig = f32(1) / (f32(1) + np.exp(-x))
+            sp = np.where(x > 20, x, np.log1p(np.exp(x)))
+            return dy * amp * sig, dy * amp * sp
+        a = f32(1) if a_log is None else np.exp(f32(a_log))
+        ax = x if a_log is None else a * x
+        s = f32(1) / (f32(1) + np.exp(-ax))
+        dx = dy * (f32(lower_bound) * s * (f32(1) - s))
+        dx = dx if a_log is None else dx * a
+        return dx, dx * x
+
+
+def _cta_sum(per_channel: np.ndarray) -> np.float32:
+    """The kernel's sum over 128 channels: per warp a shuffle-xor tree over 32 lanes (16 .. 31 zero), then
+    the warps in order."""
+    total = f32(0)
+    for w in range(WARPS):
+        lanes = np.zeros(32, f32)
+        lanes[:LANES] = per_channel[LANES * w: LANES * (w + 1)]
+        for m in (16, 8, 4, 2, 1):
+            lanes = lanes + lanes[np.arange(32) ^ m]
+        total = f32(total + lanes[0])
+    return total
+
+
+def epilogue_model(dg, g_bits, A_log, dt_bias, lower_bound, cu):
+    """(dg_raw bits, da_part [chunks, HV] or None, ddt_part [chunks, HV, K] or None) as Kernel B's gate
+    build writes them; dg fp32 [tokens, HV, K], g_bits bf16 bits of g_raw."""
+    HV = dg.shape[1]
+    t = tables(cu)
+    x = bits_to_f32(g_bits)
+    if dt_bias is not None:
+        x = (x + dt_bias.astype(f32).reshape(HV, HEAD_DIM)).astype(f32)
+    dg_raw = np.zeros(dg.shape, np.uint16)
+    da_part = np.zeros((t["chunks"], HV), f32)
+    ddt_part = np.zeros((t["chunks"], HV, HEAD_DIM), f32)
+    for c in range(t["chunks"]):
+        n = t["chunk_seq"][c]
+        first = cu[n] + CHUNK_TOKENS * (c - t["chunk_offs"][n])
+        last = min(first + CHUNK_TOKENS, cu[n + 1])
+        for h in range(HV):
+            dt_sum, da_sum = np.zeros(HEAD_DIM, f32), np.zeros(HEAD_DIM, f32)
+            for i in range(first, last):   # token order, as the tiles and their rows go
+                dx, da = _grad(dg[i, h], x[i, h], None if A_log is None else A_log[h], lower_bound)
+                dg_raw[i, h] = bf16_bits(dx.astype(f32))
+                dt_sum, da_sum = (dt_sum + dx).astype(f32), (da_sum + da).astype(f32)
+            ddt_part[c, h] = dt_sum
+            da_part[c, h] = _cta_sum(da_sum)
+    return dg_raw, (None if A_log is None else da_part), (None if dt_bias is None else ddt_part)
+
+
+def _case(seed: int, HV: int, cu, sigmoid: bool, with_a_log: bool = True, with_bias: bool = True):
+    rng = np.random.default_rng(seed)
+    tokens = int(cu[-1])
+    g_bits = bf16_bits((3 * rng.standard_normal((tokens, HV, HEAD_DIM))).astype(f32))
+    dg = rng.standard_normal((tokens, HV, HEAD_DIM)).astype(f32)
+    A_log = rng.uniform(-1, 1, HV).astype(f32) if with_a_log else None
+    dt_bias = rng.standard_normal(HV * HEAD_DIM).astype(f32) if with_bias else None
+    return dg, g_bits, A_log, dt_bias, (-5.0 if sigmoid else None)
+
+
+CASES = [(0, 2, [0, 200], False, True, True), (1, 3, [0, 64, 70, 199], True, True, True),
+         (2, 1, [0, 130], True, False, True), (3, 2, [0, 17, 81], True, True, False),
+         (4, 1, [0, 90], False, True, False)]
+
+
+@pytest.mark.parametrize("seed, HV, cu, sigmoid, with_a_log, with_bias", CASES)
+def test_the_epilogue_and_the_sum_over_chunks_give_gate_backward(seed, HV, cu, sigmoid, with_a_log, with_bias):
+    cu = np.array(cu, np.int64)
+    dg, g_bits, A_log, dt_bias, L = _case(seed, HV, cu, sigmoid, with_a_log, with_bias)
+    dg_raw, da_part, ddt_part = epilogue_model(dg, g_bits, A_log, dt_bias, L, cu)
+    g_raw = torch.from_numpy(bits_to_f32(g_bits)).to(torch.bfloat16)
+    as_t = (lambda x: None if x is None else torch.from_numpy(x))
+    want_raw, want_dA, want_ddt = gate_backward(torch.from_numpy(dg), g_raw, as_t(A_log), as_t(dt_bias), L)
+    # per element: both fp32 by the same formula (exp / log1p may differ in the last bit), rounded to bf16
+    got_raw = bits_to_f32(dg_raw)
+    np.testing.assert_allclose(got_raw, want_raw.float().numpy(), rtol=2 ** -7, atol=1e-30)
+    # the sums: fp32 in another order, against the magnitude of what they add
+    x = bits_to_f32(g_bits) + (0 if dt_bias is None else dt_bias.reshape(HV, HEAD_DIM))
+    dx, da = _grad_abs(dg, x, A_log, L, HV)
+    if with_bias:
+        got = ddt_part.astype(np.float64).sum(0).reshape(-1)
+        np.testing.assert_allclose(got, want_ddt.double().numpy(), rtol=0, atol=1e-5 * dx.sum(0).reshape(-1).max())
+    else:
+        assert ddt_part is None and want_ddt is None
+    if with_a_log:
+        got = da_part.astype(np.float64).sum(0)
+        np.testing.assert_allclose(got, want_dA.double().numpy(), rtol=0, atol=1e-5 * da.sum((0, 2)).max())
+    else:
+        assert da_part is None and want_dA is None
+
+
+def _grad_abs(dg, x, A_log, L, HV):
+    """|dx|, |da| per element, float64: the scale of each sum's terms."""
+    out = [_grad(dg[:, h], x[:, h].astype(f32), None if A_log is None else A_log[h], L) for h in range(HV)]
+    return (np.abs(np.stack([o[j] for o in out], 1)).astype(np.float64) for j in (0, 1))
+
+
+@pytest.mark.parametrize("sigmoid", [False, True])
+def test_the_fp32_derivatives_are_the_float64_ones(sigmoid):
+    """dx and da of the model's formulas against torch autograd of kernel.activations.gate in float64."""
+    cu = np.array([0, 64], np.int64)
+    dg, g_bits, A_log, dt_bias, L = _case(7, 2, cu, sigmoid)
+    x = (bits_to_f32(g_bits) + dt_bias.reshape(2, HEAD_DIM)).astype(f32)
+    dx, da = (np.stack([_grad(dg[:, h], x[:, h], A_log[h], L)[j] for h in range(2)], 1) for j in (0, 1))
+    xt = torch.from_numpy(x.astype(np.float64)).requires_grad_(True)
+    at = torch.from_numpy(A_log.astype(np.float64)).requires_grad_(True)
+    y = gate(xt, at, None, L, dtype=torch.float64)
+    y.backward(torch.from_numpy(dg.astype(np.float64)))
+    # fp32's 1 - s loses its digits where s is near 1 (so do torch's and FLA's): an absolute error of
+    # about 2^-24 |dg L a|
+    np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(da.astype(np.float64).sum((0, 2)), at.grad.numpy(), rtol=1e-4)
+
+
+def test_a_cta_s_da_part_is_its_channels_token_order_sums_added_by_the_shuffle_tree_the_same_bits_every_time():
+    cu = np.array([0, 150], np.int64)
+    args = _case(5, 2, cu, False)
+    one, two = epilogue_model(*args, cu), epilogue_model(*args, cu)
+    for a, b in zip(one, two):
+        assert a.tobytes() == b.tobytes()
+    dg, g_bits, A_log, dt_bias, L = args
+    x = (bits_to_f32(g_bits) + dt_bias.reshape(2, HEAD_DIM)).astype(f32)
+    _, da = _grad(dg[:64, 0], x[:64, 0], A_log[0], L)
+    per_channel = np.zeros(HEAD_DIM, f32)
+    for i in range(64):
+        per_channel = (per_channel + da[i]).astype(f32)
+    assert one[1][0, 0] == _cta_sum(per_channel)

@@ -122,7 +122,10 @@ def all_variants() -> list[Config]:
     return [auto_config(w) for w in WARPS]
 
 
-BUILD = builds.KernelBuild(title="the forward (kda_forward)", entry=SOURCE_PATH, headers="forward_*.cuh",
+# its own headers, and Kernel S's step of the chain, which it includes (the digest must follow both)
+HEADERS = ("forward_*.cuh", "../../forward_states/cuda/forward_states_chain.cuh")
+
+BUILD = builds.KernelBuild(title="the forward (kda_forward)", entry=SOURCE_PATH, headers=HEADERS,
                            function=KERNEL_NAME, constants="kf", default=Config, options=options, variants=all_variants,
                            label=lambda cfg: f"forward-{cfg.name()}",
                            required_sass=lambda cfg: ("HMMA", "LDSM", "LDGSTS", "STSM"))

@@ -115,3 +115,26 @@ def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_pa
             # snapshot's 8 STSM and o's 1. Producers: Qe Kr^T and Ke Kr^T, 16 HMMA and 16 LDSM each.
             assert (row["sass"]["HMMA"], row["sass"]["LDSM"], row["sass"]["STSM"], row["sass"]["MOVM"]) == \
                 (52 + 32, 26 + 32, 9, 0), (cfg.name(), row["sass"])
+
+
+def test_the_digest_follows_kernel_s_chain_which_the_source_includes(tmp_path, monkeypatch):
+    # the forward runs Kernel S's step of the chain: its build names that header, so a change there
+    # changes the forward's digest (CuPy's cache then compiles it again), as it changes Kernel S's
+    from kernel import forward_states as fs
+    from kernel.runtime import builds
+
+    chain = fs.SOURCE_DIR / "forward_states_chain.cuh"
+    assert '#include "../../forward_states/cuda/forward_states_chain.cuh"' in SRC
+    assert chain.resolve() in {p.resolve() for p in kf.BUILD.header_paths()}
+    assert chain.resolve() in {p.resolve() for p in fs.BUILD.header_paths()}
+    room = tmp_path / "kernel"
+    for sub in ("forward/cuda", "forward_states/cuda"):
+        (room / sub).mkdir(parents=True)
+    for p in (kf.SOURCE_PATH, *kf.BUILD.header_paths()):
+        dest = room / ("forward_states/cuda" if p.name == chain.name else "forward/cuda") / p.name
+        dest.write_text(p.read_text())
+    moved = builds.KernelBuild(**{**{f: getattr(kf.BUILD, f) for f in kf.BUILD.__dataclass_fields__},
+                                  "entry": room / "forward/cuda" / kf.SOURCE_PATH.name})
+    before = moved.header_digest()
+    (room / "forward_states/cuda" / chain.name).write_text(chain.read_text() + "\n// changed\n")
+    assert moved.header_digest() != before

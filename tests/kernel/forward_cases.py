@@ -24,8 +24,16 @@ from kernel.reference.checks import l2norm
 
 D, TILE, EVERY, C64 = 128, 16, 4, 64
 RAGGED = [1, 15, 16, 17, 63, 64, 65, 200]
-SPAN_LIMIT = 126.0     # forward_r1.cuh's: a tile whose gc - gT passes it takes the pairwise products
+SPAN_LIMIT = 110.0     # forward_r1.cuh's: a tile whose gc - gT passes it takes the pairwise products
 PAST_GATE = -9.0       # a natural-log gate a token: 16 of them decay a channel by 2^-207.7, past fp32's range
+EDGE_SPAN = 124.0      # a tile decayed by 2^-124 at its last token: within 2^126, past SPAN_LIMIT
+FP32_TINY = np.float32(2.0 ** -126)
+
+
+def ftz(x) -> np.ndarray:
+    """fp32 with subnormals flushed to zero, as the kernel's -ftz=true arithmetic leaves them."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(np.abs(x) < FP32_TINY, np.float32(0), x).astype(np.float32)
 
 
 def bf16(x) -> np.ndarray:
@@ -52,14 +60,30 @@ def past_range(g: np.ndarray, cu: np.ndarray | None) -> np.ndarray:
     return g
 
 
+def edge_range(g: np.ndarray, cu: np.ndarray | None) -> np.ndarray:
+    """g where the last token of a sequence's second tile decays every channel of head 0 by 2^-EDGE_SPAN
+    and its other tokens not at all: the tile spans 124 < 126 (log2), so R1's factors stay in fp32's
+    range, but Kr = k 2^-124 of its first 15 rows falls below 2^-126 for |k| < 1/4, and -ftz=true
+    flushes it: the factorised Mqk and Akk would lose the entries among those rows."""
+    g = g.copy()
+    starts = list(cu[:-1]) if cu is not None else [0]
+    ends = list(cu[1:]) if cu is not None else [g.shape[1]]
+    s, e = next((s, e) for s, e in zip(starts, ends) if e - s >= 32)
+    g[0, s + 16:s + 31, 0, :] = 0.0
+    g[0, s + 31, 0, :] = -EDGE_SPAN * math.log(2.0)
+    return g
+
+
 def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, group: int = 1, seed: int = 0,
               initial_state: bool = False, gate_strength: float = 1.0, beta_bf16: bool = False,
-              out_of_range: bool = False, gate=None, scale: float | None = None) -> dict:
+              out_of_range: bool = False, edge_of_range: bool = False, gate=None,
+              scale: float | None = None) -> dict:
     """Host inputs of kernel.forward (bf16 as uint16 bits) and the float64 outputs they must give.
 
     H: value heads; group: FLA's grouped value heads, q and k with H / group heads (value head hv
     reading head hv // group; the references see them repeated so, "q_repeated", "k_repeated").
-    out_of_range: two tiles decay past fp32's range (:func:`past_range`). gate: a natural-log gate
+    out_of_range: two tiles decay past fp32's range (:func:`past_range`). edge_of_range: a tile decays
+    by 2^-124 at its last token (:func:`edge_range`). gate: a natural-log gate
     [B, T, H, 128] in place of the recipe's (e.g. the trained-layer gate). beta_bf16: beta rounded to
     bf16 and passed as bf16 bits.
 
@@ -82,6 +106,8 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     g = np.asarray(gate, dtype=np.float64) if gate is not None else inp["g"].astype(np.float64)
     if out_of_range:
         g = past_range(g, cu)
+    if edge_of_range:
+        g = edge_range(g, cu)
     s = scale if scale is not None else D ** -0.5
     F = fla_forward_tensors(q, k, g, beta, scale=s, cu_seqlens=cu, qk_l2norm=False, upper="zero")
     h0 = inp["dht"] if initial_state else None          # 0.1 N(0, 1), fp32 [N, H, K, V]
@@ -119,23 +145,25 @@ def _mm(a, b) -> np.ndarray:
     return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
 
 
-def intra_products(q, k, gc, gT, beta, L: int, s: float, *, pairwise: bool | None = None):
+def intra_products(q, k, gc, gT, beta, L: int, s: float, *, pairwise: bool | None = None,
+                   span_limit: float = SPAN_LIMIT):
     """(Mqk, INV, past) of one tile as the producers build them: fp32, before their bf16 rounding.
 
     q, k [16, 128] bf16 values (rows >= L zero); gc [16, 128] fp32 (rows >= L = gT); beta [16].
-    past: a channel spans past SPAN_LIMIT; ``pairwise`` None takes the kernel's decision, True / False
-    forces a path (False on a past tile shows what the factorised products would give).
+    past: a channel spans past ``span_limit``; ``pairwise`` None takes the kernel's decision, True / False
+    forces a path (False on a past tile shows what the factorised products would give). R1's products
+    are flushed to zero below 2^-126, as the kernel's -ftz=true leaves them.
     """
     f32 = np.float32
-    past = bool(np.any(~(gc - gT[None, :] <= SPAN_LIMIT)))
+    past = bool(np.any(~(gc - gT[None, :] <= span_limit)))
     use_pairwise = past if pairwise is None else pairwise
     strict = np.tril(np.ones((TILE, TILE), dtype=bool), -1)
     diag = f32(s) * np.sum(q * k, axis=1, dtype=np.float32)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         if not use_pairwise:
-            up = np.exp2(gc - gT[None, :]).astype(f32)
-            down = np.exp2(gT[None, :] - gc).astype(f32)
-            Qe, Ke, Kr = bf16(f32(s) * q * up), bf16(k * up), bf16(k * down)
+            up = ftz(np.exp2(gc - gT[None, :]))
+            down = ftz(np.exp2(gT[None, :] - gc))
+            Qe, Ke, Kr = bf16(ftz(f32(s) * q * up)), bf16(ftz(k * up)), bf16(ftz(k * down))
             a1, a2 = _mm(Qe, Kr.T), _mm(Ke, Kr.T)
         else:
             # entry (i, j < i): sum_d x_i k_j 2^(gc_i - gc_j), in fp32, real rows only
@@ -155,10 +183,11 @@ def intra_products(q, k, gc, gT, beta, L: int, s: float, *, pairwise: bool | Non
     return mqk, inv, past
 
 
-def emulate(case: dict, *, force_pairwise: bool | None = None) -> dict:
+def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float = SPAN_LIMIT) -> dict:
     """The kernel's forward in numpy, in its precision: o (bf16 values) [.., H, 128], final (fp32),
     states (bf16 values) [entries, H, 128, 128], Aqk and Akk (bf16 values, zero outside the diagonal
-    blocks) [.., H, 64], and the number of tiles that took the pairwise products."""
+    blocks) [.., H, 64], and the number of tiles that took the pairwise products (``span_limit``: the
+    decision's limit, forward_r1.cuh's by default)."""
     H = case["H"]
     q = bits_to_f32(case["q_repeated"]).reshape(-1, H, D)
     k = bits_to_f32(case["k_repeated"]).reshape(-1, H, D)
@@ -191,17 +220,18 @@ def emulate(case: dict, *, force_pairwise: bool | None = None) -> dict:
                 qt, kt, vt = (np.zeros((TILE, D), dtype=np.float32) for _ in range(3))
                 bt = np.zeros(TILE, dtype=np.float32)
                 qt[:L], kt[:L], vt[:L], bt[:L] = q[t0:t0 + L, h], k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
-                mqk, inv, past = intra_products(qt, kt, gc, gT, bt, L, float(s), pairwise=force_pairwise)
+                mqk, inv, past = intra_products(qt, kt, gc, gT, bt, L, float(s), pairwise=force_pairwise,
+                                                span_limit=span_limit)
                 pairwise_tiles += past if force_pairwise is None else force_pairwise
                 mqk, inv = bf16(mqk), bf16(inv)
                 cols = slice(TILE * (i % EVERY), TILE * (i % EVERY + 1))
                 aqk[t0:t0 + L, h, cols] = mqk[:L]
                 akk[t0:t0 + L, h, cols] = inv[:L]
                 with np.errstate(under="ignore"):
-                    start = np.exp2(gc).astype(np.float32)
-                    Kd = bf16(kt * start)
-                    Kr = bf16(kt * np.exp2(gT[None, :] - gc).astype(np.float32))
-                    Qd = bf16(s * qt * start)
+                    start = ftz(np.exp2(gc))
+                    Kd = bf16(ftz(kt * start))
+                    Kr = bf16(ftz(kt * ftz(np.exp2(gT[None, :] - gc))))
+                    Qd = bf16(ftz(s * qt * start))
                 S0 = bf16(S)
                 P = _mm(Kd, S0)
                 W = bt[:, None] * (vt - P)

@@ -144,6 +144,13 @@ def test_tiles_past_fp32s_range_take_the_pairwise_products():
     _check(_run(case), case, "two tiles past fp32's range")
 
 
+def test_a_tile_decayed_by_2_to_the_minus_124_at_its_last_token_matches_float64():
+    # within fp32's range, but Kr of its other rows flushed: past the forward's span limit (forward_r1.cuh)
+    case = make_case(lengths=RAGGED, H=2, seed=4, edge_of_range=True, initial_state=True)
+    assert emulate(case)["pairwise_tiles"] == 1
+    _check(_run(case), case, "a tile decayed by 2^-124 at its last token")
+
+
 def test_the_trained_layer_gate_matches_float64():
     pytest.importorskip("torch", reason="the trained-layer gate recipe draws with torch")
     from kernel.tools.trained_layer_gate import trained_layer_gate

@@ -88,3 +88,21 @@ def test_the_trained_layer_gate_matches_float64():
     out = emulate(case)
     assert out["pairwise_tiles"] > 0, "the recipe should decay some tile past fp32's range"
     _check(case, out, "trained-layer gate")
+
+
+def test_a_tile_within_fp32s_range_but_past_the_span_limit_takes_the_pairwise_products():
+    # a tile decayed by 2^-124 at its last token: R1's factors stay normal (2^124 < 2^126), but Kr =
+    # k 2^-124 of its other rows is flushed to zero (-ftz=true) where |k| < 1/4. At Kernel B's limit of 126
+    # the factorised products lose Mqk's and Akk's entries among those rows; at the forward's they do not
+    from ..forward_cases import SPAN_LIMIT
+
+    assert SPAN_LIMIT == 110.0
+    case = make_case(lengths=RAGGED, H=2, seed=4, edge_of_range=True)
+    out = emulate(case)
+    assert out["pairwise_tiles"] == 1
+    _check(case, out, "a tile decayed by 2^-124 at its last token")
+    flushed = emulate(case, span_limit=126.0)
+    assert flushed["pairwise_tiles"] == 0
+    m = case["blocks"]
+    assert rel(np.where(m, flushed["Aqk"], 0), np.where(m, case["Aqk"], 0)) > 5e-2
+    assert rel(flushed["o"], case["o"]) > 5e-2

@@ -40,7 +40,9 @@ SHAPES_HEADER = Path(__file__).resolve().parents[1] / "shapes.cuh"
 class KernelBuild:
     title: str                                   # what errors and reports call it, e.g. "Kernel A"
     entry: Path                                  # the entry file; its own headers sit beside it
-    headers: str                                 # glob of its own headers beside the entry file
+    headers: str | tuple[str, ...]               # glob(s), beside the entry file, of the headers it includes:
+                                                 # its own, and any it shares with another kernel's room
+                                                 # ("../../forward_states/cuda/forward_states_chain.cuh")
     function: str                                # the __global__ function's name
     constants: str                               # prefix of its exported smem / threads constants
     default: Callable[[], Any]                   # the API's default variant: what CI compiles the entry with
@@ -49,10 +51,16 @@ class KernelBuild:
     label: Callable[[Any], str]                  # variant -> its row name in reports
     required_sass: Callable[[Any], tuple[str, ...]]   # variant -> SASS mnemonics it must hold
 
+    def header_paths(self) -> list[Path]:
+        """The headers ``headers`` names (beside the entry file, or reached from there), each once."""
+        patterns = (self.headers,) if isinstance(self.headers, str) else self.headers
+        return sorted({p for pattern in patterns for p in self.entry.parent.glob(pattern)})
+
     def header_digest(self) -> str:
-        """sha256 over the kernel's own headers, kernel/shapes.cuh and ptx_lab's, names and contents."""
+        """sha256 over the kernel's headers (``headers``), kernel/shapes.cuh and ptx_lab's, names and contents."""
         h = hashlib.sha256()
-        for base, pattern in ((self.entry.parent, self.headers), (SHAPES_HEADER.parent, SHAPES_HEADER.name),
+        patterns = (self.headers,) if isinstance(self.headers, str) else self.headers
+        for base, pattern in (*((self.entry.parent, p) for p in patterns), (SHAPES_HEADER.parent, SHAPES_HEADER.name),
                               (Path(CUDA_INCLUDE_DIR), "*.cuh")):
             for path in sorted(base.glob(pattern)):
                 h.update(f"{base.name}/{path.name}\0".encode())

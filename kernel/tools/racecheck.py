@@ -266,6 +266,32 @@ def _kernel_b() -> str:
     return f"dq finite {bool(cp.isfinite(out['dq']).all())}"
 
 
+def _forward() -> str:
+    """The forward in training mode (every output written) on the backward's case, with its two tiles
+    past fp32's range (the pairwise Mqk and Akk), in its auto configuration built with -lineinfo."""
+    import json
+    import os
+
+    import cupy as cp
+    import numpy as np
+
+    from kernel.ds_scan.launch import bf16_bits
+    from kernel.forward import auto_config, forward
+    from kernel.forward_states import choose_warps
+    from kernel.runtime import builds
+
+    raw, f = _fla_case()
+    cu = raw["cu_seqlens"]
+    # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}
+    cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())),
+                              lineinfo=True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
+    out = forward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
+                  cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
+                  cu_seqlens=cu, output_final_state=True, training=True, config=cfg)
+    cp.cuda.Device().synchronize()
+    return f"configuration {cfg.name()}, final state finite {bool(cp.isfinite(out.final_state).all())}"
+
+
 # Each kernel of kernel.registry.KERNELS by its function's name (KernelBuild.function): its run.
 # A registry kernel missing here is reported by every run of the tool and fails
 # tests/kernel/tools/test_racecheck.py. Kernel A's run checks every kernel its child launches.
@@ -273,6 +299,7 @@ WORKLOADS: dict[str, Workload] = {
     "kda_dstate_scan": Workload("kernel-a", _kernel_a, only_this_kernel=False),
     "kda_forward_states": Workload("forward-states", _forward_states),
     "kda_token_gradients": Workload("kernel-b", _kernel_b),
+    "kda_forward": Workload("forward", _forward),
 }
 
 

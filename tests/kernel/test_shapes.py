@@ -32,7 +32,7 @@ def header_constants(text: str) -> dict[str, int]:
 
 
 def device_sources(kernel: builds.KernelBuild) -> list:
-    return [kernel.entry, *sorted(p for p in kernel.entry.parent.glob(kernel.headers) if p != kernel.entry)]
+    return [kernel.entry, *(p for p in kernel.header_paths() if p != kernel.entry)]
 
 
 def test_the_header_holds_the_module_s_names_and_values():

@@ -35,9 +35,10 @@
 // arrive when done reading stage s, producers sync before refilling it.
 //
 // The rooms: forward_states_layout.cuh (the stages, the staging tiles, the ring),
-// forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1). This file holds the
-// knobs and the shape they give (kernel/forward_states/config.py sets every knob), and the kernel: each
-// role's walk over the tiles, with the consumers' chain written out in it.
+// forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1), forward_states_chain.cuh
+// (a consumer warp's step of the chain, shared with the forward, kernel/forward/cuda). This file holds
+// the knobs and the shape they give (kernel/forward_states/config.py sets every knob), and the kernel:
+// each role's walk over the tiles.
 #include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK
 #include "cp_async.cuh"
 #include "fragments.cuh"
@@ -88,6 +89,7 @@ static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "FS_G6_SPLIT must
 #include "forward_states_layout.cuh"
 #include "forward_states_loads.cuh"
 #include "forward_states_r1.cuh"
+#include "forward_states_chain.cuh"
 
 using namespace fs;
 
@@ -165,99 +167,17 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         }
     }
 
-    const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 1
     for (int i = 0; i < ntiles; ++i) {
         const int s = i % NSTAGE;
         Ring::wait_full(s);   // tile i's inputs and operands are in stage s
         const Stage& st = sh.stage[s];
 
-        // P^T = S^T Kd^T [16 v x 16 tokens] in G6_SPLIT independent accumulator pairs; before the
-        // update, every 4th tile stages S for its store
-        // (Every B fragment of the tile is loaded as soon as the stage is released, Kd's before the
-        // products and Kr's before the reduction: the chain then never waits out an ldmatrix.)
+        // the chain's step (forward_states_chain.cuh): G6 (every 4th tile staging S for its store
+        // first), G7, G8
         const bool snap = i % TILES_PER_CHUNK == 0;
-        u32 bkd[HEAD_DIM / 16][4], bkr[HEAD_DIM / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-            const RowCol p = x4_cols_first(0, 16 * ks, xl);
-            ldmatrix_x4(bkd[ks], smem_addr(&st.kd[p.row][p.col]));
-        }
-        float pp[G6_SPLIT][2][4] = {};
-#pragma unroll
-        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-            u32 a[4];
-            acc_to_a(a, acc[2 * ks], acc[2 * ks + 1]);
-            if (snap) {   // cols first, .trans: A = tile^T, so the tile is S [k][v] (ldmatrix.cuh)
-                const RowCol p = x4_cols_first(16 * ks, 0, xl);
-                stmatrix_x4_trans(smem_addr(&sh.snap[warp][p.row][p.col]), a[0], a[1], a[2], a[3]);
-            }
-            const u32 (&b)[4] = bkd[ks];
-            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            float (&q)[2][4] = pp[ks % G6_SPLIT];
-            mma_m16n8k16_bf16(q[0], a, b0, q[0]);
-            mma_m16n8k16_bf16(q[1], a, b1, q[1]);
-        }
-#pragma unroll
-        for (int j = 0; j < HEAD_DIM / 16; ++j) {
-            const RowCol p = x4_rows_first(0, 16 * j, xl);
-            ldmatrix_x4_trans(bkr[j], smem_addr(&st.kr[p.row][p.col]));
-        }
-        // the partial sums, pairwise: (0 + 1) + (2 + 3)
-#pragma unroll
-        for (int w = 1; w < G6_SPLIT; w *= 2)
-#pragma unroll
-            for (int sp = 0; sp < G6_SPLIT; sp += 2 * w)
-#pragma unroll
-                for (int nt2 = 0; nt2 < 2; ++nt2)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) pp[sp][nt2][e] += pp[sp + w][nt2][e];
-        const float (&p)[2][4] = pp[0];
-
-        // W^T = beta (v^T - P^T): column = token 8 nt2 + 2t (+1), rows gr, gr + 8
-        float w[2][4];
-#pragma unroll
-        for (int nt2 = 0; nt2 < 2; ++nt2) {
-            const int c0 = 8 * nt2 + 2 * t;
-            const float b0 = st.beta[c0], b1 = st.beta[c0 + 1];
-            w[nt2][0] = b0 * (bf16_to_f32(st.v[c0][vrow + gr]) - p[nt2][0]);
-            w[nt2][1] = b1 * (bf16_to_f32(st.v[c0 + 1][vrow + gr]) - p[nt2][1]);
-            w[nt2][2] = b0 * (bf16_to_f32(st.v[c0][vrow + gr + 8]) - p[nt2][2]);
-            w[nt2][3] = b1 * (bf16_to_f32(st.v[c0 + 1][vrow + gr + 8]) - p[nt2][3]);
-        }
-
-        // U^T = W^T INV^T [16 v x 16 tokens]
-        float u[2][4];
-        {
-            u32 a[4], b[4];
-            acc_to_a(a, w[0], w[1]);
-            const RowCol p = x4_cols_first(0, 0, xl);
-            ldmatrix_x4(b, smem_addr(&st.inv[p.row][p.col]));
-            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_m16n8k16_bf16(u[0], a, b0, zero);
-            mma_m16n8k16_bf16(u[1], a, b1, zero);
-        }
-
-        // S^T <- gamma S^T + U^T Kr
-        {
-            u32 a[4];
-            acc_to_a(a, u[0], u[1]);
-#pragma unroll
-            for (int j = 0; j < HEAD_DIM / 16; ++j) {
-                const u32 (&b)[4] = bkr[j];
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    float (&sv)[4] = acc[2 * j + half];
-                    const float2 gm = *reinterpret_cast<const float2*>(&st.gamma[8 * (2 * j + half) + 2 * t]);
-                    sv[0] *= gm.x;
-                    sv[1] *= gm.y;
-                    sv[2] *= gm.x;
-                    sv[3] *= gm.y;
-                    const u32 bb[2] = {b[2 * half], b[2 * half + 1]};
-                    mma_m16n8k16_bf16(sv, a, bb, sv);
-                }
-            }
-        }
+        u32 ua[4];
+        kda_chain::step<G6_SPLIT>(ua, acc, st, sh.snap[warp], snap, vrow, gr, t, xl, [](int, const u32 (&)[4]) {});
         if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
 
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)

@@ -117,7 +117,7 @@ def test_a_registry_kernel_without_a_workload_is_reported_and_fails_the_run(monk
     new = dataclasses.replace(registry.KERNELS[0], title="Kernel N (a new one)", function="kda_new")
     monkeypatch.setattr(racecheck, "KERNELS", (*registry.KERNELS, new))
     assert racecheck.without_workload() == [new]
-    assert racecheck.runs()[-3:] == ("kernel-a", "forward-states", "kernel-b")   # nothing to run for it
+    assert racecheck.runs()[-4:] == ("kernel-a", "forward-states", "kernel-b", "forward")   # nothing to run for it
     _fake_sanitizer(monkeypatch)
     assert racecheck.main(["--runs", "kernel-b", "--logs", str(tmp_path)]) == 1
     err = capsys.readouterr().err
@@ -127,10 +127,10 @@ def test_a_registry_kernel_without_a_workload_is_reported_and_fails_the_run(monk
 def test_the_runs_are_the_probes_then_the_kernels_each_named_once():
     names = racecheck.runs()
     assert len(set(names)) == len(names)
-    assert names == tuple(p.name for p in racecheck.PROBES) + ("kernel-a", "forward-states", "kernel-b")
+    assert names == tuple(p.name for p in racecheck.PROBES) + ("kernel-a", "forward-states", "kernel-b", "forward")
     assert {racecheck.expected(n) for n in names} == {"race-free", "a real race", "?"}
     assert [n for n in names if racecheck.expected(n) == "a real race"] == ["mbarrier-ring-early-release", "no-empty"]
-    assert [n for n in names if racecheck.expected(n) == "?"] == ["kernel-a", "forward-states", "kernel-b"]
+    assert [n for n in names if racecheck.expected(n) == "?"] == ["kernel-a", "forward-states", "kernel-b", "forward"]
 
 
 @pytest.mark.parametrize("run, kernel", [("kernel-a", None), ("forward-states", "kda_forward_states"),

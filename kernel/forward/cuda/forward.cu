@@ -1,0 +1,260 @@
+// kernel/forward/cuda/forward.cu -- KDA's chunked forward in one pass over 16-token tiles: o, the final
+// state, and in training mode what our backward reads (the bf16 state entering every 64-token chunk,
+// and the 16 x 16 diagonal blocks of Aqk and Akk in FLA's layout).
+//
+// Math per 16-token tile of one sequence and head (rows c < L real, the rest zero):
+//     gc = g - g[row before the tile]   (FLA's g restarts every 64 tokens: nothing to subtract
+//                                        at a 64-chunk's first tile)
+//     gT = gc[L-1];  rows >= L: gc = gT, q = k = v = beta = 0
+//     Kd = k 2^gc  Kr = k 2^(gT-gc)  Qd = s q 2^gc  Qe = s q 2^(gc-gT)  Ke = k 2^(gc-gT)  gamma = 2^gT
+//     Mqk = strict_tril(Qe Kr^T) + diag(s q . k);  INV = (I + diag(beta) strict_tril(Ke Kr^T))^-1
+//     Vn = v - Kd S;  U = INV (beta Vn);  o = Qd S + Mqk U;  S <- diag(gamma) S + Kr^T U
+// (kernel/reference/kda.py, _tile_forward). Before every 4th tile's update S goes out as bf16 [K][V]
+// (Kernel S's states, FLA's h); Mqk and INV go out as the diagonal blocks of FLA's Aqk and Akk.
+//
+// Design: Kernel S (kernel/forward_states/cuda/forward_states.cu) plus q, plus Mqk and INV built on
+// chip instead of INV read, plus o. S is held transposed, S^T [V x K], in mma.m16n8k16 fp32
+// accumulators, one consumer warp per 16 V rows, and the chain G6 -> G7 -> G8 runs exactly as
+// Kernel S runs it (the same MMAs in the same order: the states come out bit for bit as Kernel S's
+// on this forward's Akk). Off the chain, each consumer warp adds
+//     O^T  = S^T Qd^T            A = S^T (the G6 loop's fragments)   B = Qd^T: Qd [token][K], cols first
+//     O^T += U^T Mqk^T           A = U^T (G8's fragment)             B = Mqk^T: Mqk [i][j], cols first
+// and writes o through a staging tile (stmatrix .trans of O^T's A fragment gives O [token][v]).
+//
+// The producer warps fill the ring ahead of the chain as in Kernel S (loads FS_NSTAGE - 1 tiles
+// ahead, R1 one tile ahead), and also build each tile's state-free products there: after R1, a
+// producer-only named barrier (every row's Qe, Ke, Kr is in), then producer warp 0 forms Mqk and the
+// last producer warp Akk and INV (forward_intra.cuh), by mma, or pairwise for a tile past SPAN_LIMIT.
+//
+// The rooms: forward_layout.cuh (stages, scratch, staging, barriers), forward_loads.cuh (a tile's
+// copies), forward_r1.cuh (R1), forward_intra.cuh (Mqk, INV), and Kernel S's
+// forward_states_chain.cuh (a consumer warp's step of the chain). This file holds the knobs and the
+// kernel: each role's walk over the tiles.
+#include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK, qk_head
+#include "cp_async.cuh"
+#include "fragments.cuh"
+#include "ldmatrix.cuh"
+#include "mma.cuh"
+#include "ring.cuh"
+#include "stmatrix.cuh"
+
+// Every knob is set by kernel/forward/config.py (config.Config, options()); none has a default here.
+#ifndef KF_WARPS
+#error "KF_WARPS is not set: kernel/forward/config.py sets every knob (Config.warps)"
+#endif
+#ifndef KF_PRODUCERS
+#error "KF_PRODUCERS is not set: kernel/forward/config.py sets every knob (Config.producers)"
+#endif
+#ifndef KF_NSTAGE
+#error "KF_NSTAGE is not set: kernel/forward/config.py sets every knob (Config.nstage)"
+#endif
+#ifndef KF_G6_SPLIT
+#error "KF_G6_SPLIT is not set: kernel/forward/config.py sets every knob (Config.g6_split)"
+#endif
+
+namespace kf {
+using namespace ptx_lab;
+typedef unsigned short u16;
+
+constexpr int WARPS = KF_WARPS;         // consumer warps
+constexpr int PRODUCERS = KF_PRODUCERS; // producer warps
+constexpr int NSTAGE = KF_NSTAGE;
+constexpr int PREFETCH = NSTAGE - 1;    // tiles whose loads are in flight ahead of R1
+constexpr int G6_SPLIT = KF_G6_SPLIT;
+constexpr int CONSUMER_THREADS = 32 * WARPS;
+constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
+constexpr int THREADS = CONSUMER_THREADS + PRODUCER_THREADS;
+constexpr int ROWS_PER_PRODUCER = TILE_TOKENS / PRODUCERS;
+constexpr int VW = 16 * WARPS;          // v rows of S^T per CTA
+constexpr int VGROUPS = HEAD_DIM / VW;  // CTAs per (sequence, head)
+constexpr int MQK_WARP = 0;             // the producer warp that forms Mqk ...
+constexpr int INV_WARP = PRODUCERS - 1; // ... and the one that forms Akk and INV (it copies beta)
+static_assert(WARPS == 1 || WARPS == 2 || WARPS == 4 || WARPS == 8, "KF_WARPS must be 1, 2, 4 or 8");
+static_assert(PRODUCERS == 1 || PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "KF_PRODUCERS must be 1, 2, 4 or 8");
+// FULL(s) and EMPTY(s) take ids 1 .. 2 NSTAGE of the 15 named barriers, the producers' barrier the next
+static_assert(NSTAGE >= 2 && NSTAGE <= 7, "KF_NSTAGE must be 2 .. 7");
+static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "KF_G6_SPLIT must be 1, 2 or 4");
+
+}  // namespace kf
+
+// the roles' headers, built on the configuration above
+#include "forward_layout.cuh"
+#include "forward_loads.cuh"
+#include "forward_r1.cuh"
+#include "forward_intra.cuh"
+#include "../../forward_states/cuda/forward_states_chain.cuh"   // Kernel S's step of the chain
+
+using namespace kf;
+
+// Dynamic shared memory and threads the launch must use (read by the host through the module).
+extern "C" __constant__ int kf_smem_bytes = SMEM_BYTES;
+extern "C" __constant__ int kf_threads = THREADS;
+
+// Grid: one CTA per (sequence rank, value head, v group), v group fastest; order[rank] is the
+// sequence (longest first). q and k have H heads, the other arrays HV (FLA's grouped value heads:
+// value head h reads q and k at head qk_head(h, HV, H)). Outputs (a null pointer: not written):
+//   o            bf16 [tokens, HV, V]                  always
+//   final_state  fp32 [N, HV, K, V]
+//   states       bf16 [sum of entries, HV, K, V]       entry snap_offsets[n] + c: the state entering tile 4c
+//   aqk, akk     bf16 [tokens, HV, 64]                 only the 16 x 16 diagonal blocks are written
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
+            const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ h0, float scale,
+            u16* __restrict__ o, float* __restrict__ final_state, u16* __restrict__ states, u16* __restrict__ aqk,
+            u16* __restrict__ akk, const long long* __restrict__ cu_seqlens,
+            const long long* __restrict__ snap_offsets, const int* __restrict__ order, int HV, int H) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int vg = blockIdx.x % VGROUPS;
+    const int h = (blockIdx.x / VGROUPS) % HV;
+    const int n = order[blockIdx.x / VGROUPS / HV];
+    const long long bos = cu_seqlens[n];
+    const int len = (int)(cu_seqlens[n + 1] - bos);
+    const int ntiles = (len + TILE_TOKENS - 1) / TILE_TOKENS;
+
+    if (warp >= WARPS) {
+        // ------- producers: loads PREFETCH tiles ahead; R1 and the intra-tile products one tile ahead -------
+        const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
+        const int kh = qk_head(h, HV, H);
+        auto issue = [&](int i) {
+            if (i < ntiles)
+                issue_tile(sh.stage[i % NSTAGE], q, k, v, g, beta, bos + (long long)TILE_TOKENS * i,
+                           min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
+            cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
+        };
+#pragma unroll 1
+        for (int s = 0; s < PREFETCH; ++s) issue(s);
+#pragma unroll 1
+        for (int i = 0; i < ntiles; ++i) {
+            const int s = i % NSTAGE, parity = i % 2;
+            const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
+            Stage& st = sh.stage[s];
+            cp_async_wait<PREFETCH - 1>();   // this thread's copies of tile i landed
+            __syncwarp();                    // ... and its warp's: the rows R1 reads
+            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane);
+            if (lane == 0) sh.scratch.past[parity][pw] = past;
+            named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
+            if (pw == MQK_WARP || pw == INV_WARP) {
+                bool pairwise = false;
+#pragma unroll
+                for (int w = 0; w < PRODUCERS; ++w) pairwise |= sh.scratch.past[parity][w] != 0;
+                const long long tok0 = bos + (long long)TILE_TOKENS * i;
+                if (pw == MQK_WARP) {
+                    build_mqk(st, sh.scratch, parity, pairwise, L, scale, lane);
+                    __syncwarp();
+                    if (aqk != nullptr && vg == 0) store_block(aqk, st.mqk, tok0, L, i, HV, h, lane);
+                }
+                if (pw == INV_WARP) {
+                    build_inv(st, sh.scratch, parity, pairwise, L, lane);
+                    if (akk != nullptr && vg == 0) store_block(akk, st.inv, tok0, L, i, HV, h, lane);
+                }
+            }
+            Ring::publish(s);   // release tile i to the consumers
+            // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it
+            // (after the arrive, so the wait never delays tile i).
+            const int j = i + PREFETCH;
+            Ring::wait_to_refill(j, ntiles);
+            issue(j);
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ---------------- consumers: the chain, one warp per 16 v rows, and o ----------------
+    const int gr = lane / 4, t = lane % 4;                 // mma fragment row and column pair
+    const long long snap0 = snap_offsets[n];
+    const int vrow = 16 * warp;                            // this warp's first v row within the CTA's VW
+    const X4Lane xl = x4_lane(lane);
+
+    // S^T [16 v x 128 k] of this warp: acc[nt] holds n-tile nt (k = 8 nt ..); c0 = S^T[gr][8nt+2t],
+    // c1 = [gr][8nt+2t+1], c2 = [gr+8][8nt+2t], c3 = [gr+8][8nt+2t+1]
+    float acc[HEAD_DIM / 8][4];
+    const long long v0 = vg * VW + vrow + gr;
+    {
+        const float* s0 = h0 ? h0 + ((long long)n * HV + h) * HEAD_DIM * HEAD_DIM : nullptr;
+#pragma unroll
+        for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
+            const int k0 = 8 * nt + 2 * t;
+            acc[nt][0] = s0 ? s0[(long long)k0 * HEAD_DIM + v0] : 0.f;
+            acc[nt][1] = s0 ? s0[(long long)(k0 + 1) * HEAD_DIM + v0] : 0.f;
+            acc[nt][2] = s0 ? s0[(long long)k0 * HEAD_DIM + v0 + 8] : 0.f;
+            acc[nt][3] = s0 ? s0[(long long)(k0 + 1) * HEAD_DIM + v0 + 8] : 0.f;
+        }
+    }
+
+#pragma unroll 1
+    for (int i = 0; i < ntiles; ++i) {
+        const int s = i % NSTAGE;
+        Ring::wait_full(s);   // tile i's inputs and operands are in stage s
+        const Stage& st = sh.stage[s];
+        __syncwarp();         // the last tile's o left the staging tile before the snapshot reuses it
+
+        // Kernel S's step of the chain (forward_states_chain.cuh): G6 (every 4th tile staging S for its
+        // store first), G7, G8; F1, O^T = S^T Qd^T, beside each G6 k-step on its A fragment
+        const bool snap = states != nullptr && i % TILES_PER_CHUNK == 0;
+        float out[2][4] = {};
+        u32 ua[4];
+        kda_chain::step<G6_SPLIT>(ua, acc, st, sh.snap[warp], snap, vrow, gr, t, xl, [&](int ks, const u32 (&a)[4]) {
+            u32 bq[4];
+            const RowCol p = x4_cols_first(0, 16 * ks, xl);
+            ldmatrix_x4(bq, smem_addr(&st.qd[p.row][p.col]));
+            const u32 bq0[2] = {bq[0], bq[1]}, bq1[2] = {bq[2], bq[3]};
+            mma_m16n8k16_bf16(out[0], a, bq0, out[0]);
+            mma_m16n8k16_bf16(out[1], a, bq1, out[1]);
+        });
+        // F2, O^T += U^T Mqk^T
+        {
+            u32 b[4];
+            const RowCol p = x4_cols_first(0, 0, xl);
+            ldmatrix_x4(b, smem_addr(&st.mqk[p.row][p.col]));
+            const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_m16n8k16_bf16(out[0], ua, b0, out[0]);
+            mma_m16n8k16_bf16(out[1], ua, b1, out[1]);
+        }
+        if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
+
+        // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
+        if (snap) {
+            __syncwarp();
+            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * HV + h) * (long long)(HEAD_DIM * HEAD_DIM)
+                       + vg * VW + vrow;
+#pragma unroll
+            for (int m = 0; m < HEAD_DIM * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane
+                const int idx = lane + 32 * m, row = idx / 2, half = idx % 2;
+                *reinterpret_cast<uint4*>(dst + (long long)row * HEAD_DIM + half * 8) =
+                    *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
+            }
+            __syncwarp();
+        }
+
+        // o [token][v]: O^T's A fragment by stmatrix .trans into the staging tile's first 16 rows,
+        // then 16 rows of 32 bytes, one 16-byte half a lane, rows < L
+        {
+            u32 a[4];
+            acc_to_a(a, out[0], out[1]);
+            const RowCol p = x4_cols_first(0, 0, xl);
+            stmatrix_x4_trans(smem_addr(&sh.snap[warp][p.row][p.col]), a[0], a[1], a[2], a[3]);
+            __syncwarp();
+            const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
+            const int row = lane / 2, half = lane % 2;
+            if (row < L)
+                *reinterpret_cast<uint4*>(o + ((bos + (long long)TILE_TOKENS * i + row) * HV + h) * HEAD_DIM
+                                          + vg * VW + vrow + half * 8) =
+                    *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
+        }
+    }
+
+    // the state after the sequence's last token, fp32 [K][V]
+    if (final_state != nullptr) {
+        float* dst = final_state + ((long long)n * HV + h) * HEAD_DIM * HEAD_DIM;
+#pragma unroll
+        for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
+            const int k0 = 8 * nt + 2 * t;
+            dst[(long long)k0 * HEAD_DIM + v0] = acc[nt][0];
+            dst[(long long)(k0 + 1) * HEAD_DIM + v0] = acc[nt][1];
+            dst[(long long)k0 * HEAD_DIM + v0 + 8] = acc[nt][2];
+            dst[(long long)(k0 + 1) * HEAD_DIM + v0 + 8] = acc[nt][3];
+        }
+    }
+}

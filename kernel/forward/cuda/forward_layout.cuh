@@ -1,0 +1,65 @@
+// kernel/forward/cuda/forward_layout.cuh -- the forward's shared memory: the ring's stages (a tile's
+// inputs as copied and every operand the producers build for it), the producers' own scratch, the
+// consumers' staging tiles, and the barriers.
+// Included by forward.cu after its configuration (namespace kf: the knobs and the shape that
+// follows from them).
+#pragma once
+#include "ring.cuh"
+
+namespace kf {
+
+// Row strides (elements) of the tiles ldmatrix / stmatrix address: 8 rows of 16 bytes must fall on
+// 8 different 4-bank groups (as Kernel S's).
+constexpr int OP_STRIDE = HEAD_DIM + 8;        // Kd, Kr, Qd, Qe, Ke rows: 272 B, 68 words = 4 mod 32
+constexpr int BLK_STRIDE = TILE_TOKENS + 8;    // INV, Mqk rows: 48 B
+constexpr int SNAP_STRIDE = 16 + 8;            // staging rows (16 v): 48 B
+constexpr int AMAT_STRIDE = TILE_TOKENS + 1;   // the fp32 Lkk of the solve
+
+constexpr int V_CHUNKS = TILE_TOKENS * VW * 2 / 16;   // 16-byte chunks of a tile's v columns: 32 WARPS
+constexpr int K_ROW_CHUNKS = HEAD_DIM * 2 / 16;       // 16: a row of q or k, 16 bytes a lane
+static_assert(ROWS_PER_PRODUCER * K_ROW_CHUNKS % 32 == 0 || ROWS_PER_PRODUCER * K_ROW_CHUNKS < 32, "q, k copy split");
+
+// One tile: its inputs as copied (rows past the tile's L are zero-filled) and what the producers build.
+struct Stage {
+    float g[TILE_TOKENS][HEAD_DIM];     // FLA's chunk-local g (log2), fp32
+    float glast[PRODUCERS][HEAD_DIM];   // per producer warp: g at the tile's last real row
+    float gbase[PRODUCERS][HEAD_DIM];   // per producer warp: g at the row before the tile; zeros at a 64-chunk's start
+    u16 q[TILE_TOKENS][HEAD_DIM];       // bf16
+    u16 k[TILE_TOKENS][HEAD_DIM];       // bf16
+    u16 kd[TILE_TOKENS][OP_STRIDE];     // R1: bf16 k 2^gc
+    u16 kr[TILE_TOKENS][OP_STRIDE];     // R1: bf16 k 2^(gT-gc)
+    u16 qd[TILE_TOKENS][OP_STRIDE];     // R1: bf16 s q 2^gc
+    float gamma[HEAD_DIM];              // R1: 2^gT
+    u16 v[TILE_TOKENS][VW];             // bf16, this CTA's v columns
+    u16 inv[TILE_TOKENS][BLK_STRIDE];   // bf16 (I + diag(beta) Akk)^-1, zero above the diagonal
+    u16 mqk[TILE_TOKENS][BLK_STRIDE];   // bf16 strict_tril(Qe Kr^T) + diag(s q . k), zero above the diagonal
+    float beta[TILE_TOKENS];
+    float diag[TILE_TOKENS];            // R1: s q_c . k_c, Mqk's diagonal (it holds no gate)
+};
+static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
+
+// The producers' scratch between R1 and the intra-tile products, by tile parity: tile i + 2's R1
+// starts only after every producer passed tile i + 1's barrier, so after tile i's products.
+struct alignas(16) Scratch {
+    u16 qe[2][TILE_TOKENS][OP_STRIDE];   // R1: bf16 s q 2^(gc-gT) (meaningless where the tile is past SPAN_LIMIT)
+    u16 ke[2][TILE_TOKENS][OP_STRIDE];   // R1: bf16 k 2^(gc-gT)
+    float lkk[TILE_TOKENS][AMAT_STRIDE]; // the solve's diag(beta) strict_tril(Akk), fp32 (one warp's alone)
+    int past[2][PRODUCERS];              // per producer warp: a channel of its rows spans past SPAN_LIMIT
+};
+
+struct Shared {
+    Stage stage[NSTAGE];
+    Scratch scratch;
+    u16 snap[WARPS][HEAD_DIM][SNAP_STRIDE];   // per consumer warp: its 16 v columns of S [K][V], bf16;
+                                              // rows 0..15 then stage its o [token][v]
+};
+constexpr int SMEM_BYTES = (int)sizeof(Shared);
+
+// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers 1 .. 2 NSTAGE
+// and count every thread of the CTA; the producers' own barrier (R1 done, the products may read
+// every row) takes the next id.
+using Ring = BarrierRing<NSTAGE, THREADS>;
+constexpr u32 PRODUCER_BARRIER = Ring::END_ID;
+static_assert(PRODUCER_BARRIER <= 15, "a CTA has named barriers 0..15");
+
+}  // namespace kf

@@ -1,0 +1,73 @@
+// kernel/forward/cuda/forward_r1.cuh -- the forward's R1: a producer warp rebuilds its rows of a
+// tile's gate-weighted operands in fp32, each rounded once to bf16: Kernel S's Kd, Kr and gamma
+// (kernel/forward_states/cuda/forward_states_r1.cuh), and the forward's Qd for F1, Qe and Ke for the
+// intra-tile products, and Mqk's diagonal s q . k.
+// Included by forward.cu after its configuration (namespace kf: the knobs and the shape that
+// follows from them).
+#pragma once
+#include "fragments.cuh"
+#include "forward_layout.cuh"
+
+namespace kf {
+
+// The factorised products pair Qe = s q 2^(gc - gT) (<= 2^SPAN_LIMIT) with Kr = k 2^(gT - gc) in every
+// channel (gc >= gT). Both factors stay normal fp32 up to a span of 126, but Kr's product with k does
+// not: under -ftz=true, k 2^-span is flushed to zero where |k| < 2^(span - 126), and the entries it
+// pairs with an early row's Qe are lost (a tile decayed by 2^-124 at its last token loses every entry
+// among its other rows). At 110 only |k| < 2^-16 is flushed, whose terms lie below bf16's resolution
+// of the entries; a tile past it takes the pairwise products.
+constexpr float SPAN_LIMIT = 110.f;
+
+// R1 of producer warp pw for tile rows c0 .. c0 + ROWS_PER_PRODUCER - 1 (lane l: columns 4l .. 4l+3),
+// gamma from warp 0; Qe and Ke go to the scratch of the tile's parity. Returns whether a channel of
+// the warp's rows spans past SPAN_LIMIT (the same in every lane; NaN counts as past).
+__device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane) {
+    const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
+    const float4 base = *reinterpret_cast<const float4*>(&st.gbase[pw][col]);
+    const float4 last = *reinterpret_cast<const float4*>(&st.glast[pw][col]);
+    const float gT[4] = {last.x - base.x, last.y - base.y, last.z - base.z, last.w - base.w};
+    if (pw == 0)
+        *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+    float4 row[ROWS_PER_PRODUCER];
+    uint2 kb[ROWS_PER_PRODUCER], qb[ROWS_PER_PRODUCER];
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
+        row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
+        kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
+        qb[r] = *reinterpret_cast<const uint2*>(&st.q[c0 + r][col]);
+    }
+    bool past = false;
+#pragma unroll
+    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
+        const int c = c0 + r;
+        const bool real = c < L;
+        const float gc[4] = {real ? row[r].x - base.x : gT[0], real ? row[r].y - base.y : gT[1],
+                             real ? row[r].z - base.z : gT[2], real ? row[r].w - base.w : gT[3]};
+        const float kf[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
+        const float qf[4] = {bf16_lo(qb[r].x), bf16_hi(qb[r].x), bf16_lo(qb[r].y), bf16_hi(qb[r].y)};
+        float kd[4], kr[4], qd[4], qe[4], ke[4], dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float start = exp2f(gc[e]), up = exp2f(gc[e] - gT[e]);
+            kd[e] = kf[e] * start;
+            kr[e] = kf[e] * exp2f(gT[e] - gc[e]);
+            qd[e] = s * qf[e] * start;
+            qe[e] = s * qf[e] * up;
+            ke[e] = kf[e] * up;
+            dot += qf[e] * kf[e];
+            past |= !(gc[e] - gT[e] <= SPAN_LIMIT);
+        }
+        *reinterpret_cast<uint2*>(&st.kd[c][col]) = make_uint2(pack_bf16x2(kd[0], kd[1]), pack_bf16x2(kd[2], kd[3]));
+        *reinterpret_cast<uint2*>(&st.kr[c][col]) = make_uint2(pack_bf16x2(kr[0], kr[1]), pack_bf16x2(kr[2], kr[3]));
+        *reinterpret_cast<uint2*>(&st.qd[c][col]) = make_uint2(pack_bf16x2(qd[0], qd[1]), pack_bf16x2(qd[2], qd[3]));
+        *reinterpret_cast<uint2*>(&sc.qe[parity][c][col]) = make_uint2(pack_bf16x2(qe[0], qe[1]), pack_bf16x2(qe[2], qe[3]));
+        *reinterpret_cast<uint2*>(&sc.ke[parity][c][col]) = make_uint2(pack_bf16x2(ke[0], ke[1]), pack_bf16x2(ke[2], ke[3]));
+        // s q . k over the row: the lanes' partial sums in a fixed butterfly (the same bits every call)
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        if (lane == 0) st.diag[c] = s * dot;
+    }
+    return __any_sync(0xffffffffu, past);
+}
+
+}  // namespace kf

@@ -1,0 +1,260 @@
+"""The forward: KDA's chunked forward on the GPU in one pass over 16-token tiles.
+
+    out = forward(q, k, v, g, beta, scale=s, initial_state=h0, cu_seqlens=cu,
+                  output_final_state=True, training=True)
+    out.o, out.final_state, out.states, out.Aqk, out.Akk
+
+What and why
+------------
+One serial scan per (sequence, value head, v group), as Kernel S (kernel.forward_states) runs it,
+with q beside k, Mqk and INV built on chip instead of read, and o written
+(kernel/forward/cuda/forward.cu; docs/kda_forward.md counts its bytes and FLOPs). Per tile (rows
+c < L; rows >= L: gc = gT and q, k, v, beta zero)::
+
+    gc = g - g[row before the tile]  (nothing to subtract at a 64-chunk's first tile); gT = gc[L-1]
+    Kd = k 2^gc;  Kr = k 2^(gT-gc);  Qd = s q 2^gc;  Qe = s q 2^(gc-gT);  Ke = k 2^(gc-gT);  gamma = 2^gT
+    Mqk = strict_tril(Qe Kr^T) + diag(s q . k);  INV = (I + diag(beta) strict_tril(Ke Kr^T))^-1
+    Vn = v - Kd S;  U = INV (beta Vn);  o = Qd S + Mqk U;  S <- diag(gamma) S + Kr^T U
+
+A tile that decays a channel by more than 2^-126 (fp32's range for the factorised products) has its
+Mqk and Akk formed pairwise instead, entry by entry, decided on the device: any gate FLA accepts runs.
+The float64 statement is :func:`kernel.reference.kda_forward_reference` (qk_l2norm off: q and k as
+given), up to the kernel's roundings: bf16 MMA operands (S, Kd, Kr, Qd, Qe, Ke, W = beta Vn, U, INV,
+Mqk), fp32 products, and the bf16 outputs.
+
+Tensors (FLA 0.6.0's ``chunk_kda_fwd`` conventions, chunk_size 64; ``..`` = ``B, T`` or ``1, total``)::
+
+    q, k           bf16 [.., H, 128]    as the caller wants them used (l2-normalise first if so)
+    v              bf16 [.., HV, 128]
+    g              fp32 [.., HV, 128]   FLA's g: the 64-chunk-local cumsum of the log gate / ln 2
+    beta           fp32 or bf16 [.., HV]
+    initial_state  fp32 [N, HV, 128, 128] ([K, V]) or None (zeros)
+    -> o           bf16 [.., HV, 128]
+    -> final_state fp32 [N, HV, 128, 128] (output_final_state)
+    -> states      bf16 [B, NT, HV, 128, 128] (varlen [1, sum NT_n, HV, 128, 128]): the state entering
+                   every 64-token chunk, Kernel S's output and kernel.kda_backward's ``states`` (training)
+    -> Aqk, Akk    bf16 [.., HV, 64]: their 16 x 16 diagonal blocks, Mqk and INV as FLA stores them
+                   (zero above the diagonal); the rest of each row is not written, and our backward
+                   reads only these blocks (training)
+
+HV = H, or a multiple of it: FLA's grouped value heads (GVA), value head hv reading q and k at head
+hv // (HV / H) (kernel.shapes.qk_head), in place (never repeated in memory).
+
+CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out (allocated by torch).
+The kernel runs on CuPy's current stream. Values are not checked, as in kernel.forward_states.
+
+:func:`plan_forward` does every check on the host (no GPU, no allocation); :func:`forward` plans,
+compiles (once per :class:`Config`) and launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..runtime import builds
+from ..runtime.arrays import (ArrayInfo, beta_f32, check_scale, cupy_view, describe, expect, leading, require_cupy,
+                              require_gpu, to_cupy, value_heads)
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
+from .config import BUILD, Config, auto_config, choose_warps
+
+H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward's default)
+ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes) or stored 16 bytes at a time
+
+__all__ = ["forward", "plan_forward", "launch_planned", "module", "kernel", "ForwardPlan", "ForwardOutputs"]
+
+
+class ForwardOutputs(NamedTuple):
+    """What :func:`forward` returns; an output not asked for is None."""
+    o: Any
+    final_state: Any
+    states: Any
+    Aqk: Any
+    Akk: Any
+
+
+# ----------------------------------------------------------------------------
+# the plan: every check, on the host
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ForwardPlan:
+    """What the launch will do: shapes, offsets (host int64), the outputs it writes and the build."""
+    B: int
+    T: int
+    H: int                          # q's and k's heads
+    HV: int                         # the value heads of everything else: H, or a multiple of it (FLA's GVA)
+    N: int
+    scale: float
+    cu_seqlens: np.ndarray          # [N+1]
+    snapshot_offsets: np.ndarray    # [N+1], FLA's chunk_offsets
+    o_shape: tuple[int, ...]
+    final_shape: tuple[int, ...] | None     # None: not written
+    states_shape: tuple[int, ...] | None    # None: not written (inference)
+    blocks_shape: tuple[int, ...] | None    # Aqk's and Akk's; None: not written (inference)
+    config: Config
+    torch_out: bool
+    device: int | None
+    beta_bf16: bool
+    has_initial_state: bool
+
+    @property
+    def ctas(self) -> int:
+        return self.N * self.HV * self.config.vgroups
+
+
+# What the host-array refusal says after "(host memory): "
+HOST_ADVICE = ("forward runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}), "
+               "or torch.from_numpy({name}).cuda(); bf16 in CuPy as uint16 bits, kernel.ds_scan.bf16_bits). For a "
+               "float64 evaluation on the host use kernel.reference.kda_forward_reference")
+
+
+def _device_array(name: str, x: Any) -> ArrayInfo:
+    return describe(name, x, HOST_ADVICE)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
+                 output_final_state: bool = False, training: bool = False, config: Config | None = None,
+                 sm_count: int = H200_SM_COUNT) -> ForwardPlan:
+    """Every check of :func:`forward` and the launch it would make; host only (nothing is allocated or
+    run on the GPU; a device cu_seqlens is copied to the host). ``config`` None: the auto rule
+    (:func:`kernel.forward_states.choose_warps` for ``sm_count`` SMs; the launch passes the GPU's)."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a kernel.forward.Config or None, got {type(config).__name__}")
+    output_final_state = _flag("output_final_state", output_final_state)
+    training = _flag("training", training)
+    scale = check_scale(scale)
+    qa = _device_array("q", q)
+    B, T, H = leading("q", qa)
+    expect("q", qa, (B, T, H, HEAD_DIM), "[B, T, H, K], K = 128", ("bfloat16",))
+    arrays = {"q": qa, "k": _device_array("k", k), "v": _device_array("v", v)}
+    expect("k", arrays["k"], (B, T, H, HEAD_DIM), "[B, T, H, K], as q", ("bfloat16",))
+    HV = value_heads("v", arrays["v"], B, T, H, qk_name="q")   # FLA's GVA where more than q's
+    wide = (B, T, HV, HEAD_DIM)
+    specs = (("v", v, wide, "[B, T, HV, V], V = 128, B, T as q", ("bfloat16",)),
+             ("g", g, wide, "[B, T, HV, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
+             ("beta", beta, (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")))
+    for name, x, shape, layout, dtypes in specs:
+        if name not in arrays:
+            arrays[name] = _device_array(name, x)
+        expect(name, arrays[name], shape, layout, dtypes)
+
+    if cu_seqlens is not None:
+        cu = check_cu_seqlens(cu_seqlens, B, T)
+    else:
+        cu = np.arange(B + 1, dtype=np.int64) * T
+    N = cu.shape[0] - 1
+    if initial_state is not None:
+        arrays["initial_state"] = _device_array("initial_state", initial_state)
+        expect("initial_state", arrays["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V], N sequences",
+               ("float32",))
+
+    device = qa.device
+    for name, a in arrays.items():
+        if a.device is not None and device is not None and a.device != device:
+            raise ValueError(f"{name} is on device {a.device}, q on device {device}: all inputs must be on one GPU")
+        if a.ptr % ALIGN:
+            raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
+                             f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
+
+    offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
+    states_shape = None
+    if training:
+        states_shape = (B, int(offsets[-1]) // B, HV, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else \
+            (1, int(offsets[-1]), HV, HEAD_DIM, HEAD_DIM)
+    cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
+    return ForwardPlan(B=B, T=T, H=H, HV=HV, N=N, scale=scale if scale is not None else HEAD_DIM ** -0.5,
+                       cu_seqlens=cu, snapshot_offsets=offsets, o_shape=wide,
+                       final_shape=(N, HV, HEAD_DIM, HEAD_DIM) if output_final_state else None,
+                       states_shape=states_shape, blocks_shape=(B, T, HV, CHUNK_TOKENS) if training else None,
+                       config=cfg, torch_out=qa.torch, device=device,
+                       beta_bf16=arrays["beta"].dtype == "bfloat16", has_initial_state=initial_state is not None)
+
+
+# ----------------------------------------------------------------------------
+# build and launch
+# ----------------------------------------------------------------------------
+
+def module(cfg: Config):
+    """The compiled cupy.RawModule of one configuration (cached per process by ptx_lab.gpu)."""
+    return BUILD.module(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(cfg: Config):
+    """(function, dynamic shared memory, threads) of one configuration, cached per process."""
+    return builds.kernel_function(BUILD, module(cfg), label=f"the forward's configuration {cfg.name()}",
+                                  threads_expected=cfg.threads,
+                                  advice=": use fewer stages (Config.nstage) or fewer warps")
+
+
+def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
+            output_final_state: bool = False, training: bool = False, config: Config | None = None) -> ForwardOutputs:
+    """KDA's forward in one pass: o, and the final state (``output_final_state``), and in ``training``
+    mode the states entering every 64-token chunk and Aqk's and Akk's diagonal blocks (what
+    kernel.kda_backward reads: its ``states``, ``Aqk`` and ``Akk``).
+
+    q, k: bf16 [B, T, H, 128]; v: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's chunk-local cumsum /
+    ln 2); beta: fp32 or bf16 [B, T, HV]; scale: q's scale (None: 128**-0.5); initial_state: fp32
+    [N, HV, 128, 128] or None (zeros). HV = H or a multiple of it (FLA's grouped value heads).
+    Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
+    ``config``: the build (None: the auto rule for this GPU). Returns :class:`ForwardOutputs`.
+    """
+    plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                        output_final_state=output_final_state, training=training, config=config,
+                        sm_count=H200_SM_COUNT)
+    cupy = require_cupy("kernel.forward")
+    require_gpu("kernel.forward")
+    if config is None:
+        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.HV, builds.sm_count())))
+
+    q_c = to_cupy("q", q, "bf16")
+    k_c = to_cupy("k", k, "bf16")
+    v_c = to_cupy("v", v, "bf16")
+    g_c = to_cupy("g", g, "f32")
+    beta_c = beta_f32(beta)
+    h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
+
+    def empty(shape, bf16: bool):
+        """(what the caller gets, its CuPy view) of an uninitialised output, or (None, None)."""
+        if shape is None:
+            return None, None
+        if plan.torch_out:
+            import torch
+
+            t = torch.empty(shape, dtype=torch.bfloat16 if bf16 else torch.float32, device=q.device)
+            return t, cupy_view(t)
+        c = cupy.empty(shape, dtype=np.uint16 if bf16 else np.float32)
+        return c, c
+
+    o_t, o_c = empty(plan.o_shape, True)
+    final_t, final_c = empty(plan.final_shape, False)
+    states_t, states_c = empty(plan.states_shape, True)
+    aqk_t, aqk_c = empty(plan.blocks_shape, True)
+    akk_t, akk_c = empty(plan.blocks_shape, True)
+    launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, h0, o_c, final_c, states_c, aqk_c, akk_c)
+    return ForwardOutputs(o=o_t, final_state=final_t, states=states_t, Aqk=aqk_t, Akk=akk_t)
+
+
+def launch_planned(plan: ForwardPlan, q, k, v, g, beta, initial_state, o, final_state, states, Aqk, Akk) -> None:
+    """The forward on checked CuPy arrays (bf16 as uint16 bits; beta fp32) into the outputs the plan
+    names (CuPy arrays of its shapes; None where the plan writes none): the launch alone."""
+    cfg = plan.config
+    cu_d, offs_d, order, total = builds.device_tables(plan.cu_seqlens, TILES_PER_CHUNK)
+    if total != int(plan.snapshot_offsets[-1]):
+        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
+    fn, smem, threads = kernel(cfg)
+    null = np.uint64(0)
+    ptr = lambda x: null if x is None else x   # noqa: E731
+    fn((plan.ctas,), (threads,),
+       (q, k, v, g, beta, ptr(initial_state), np.float32(plan.scale), o, ptr(final_state), ptr(states), ptr(Aqk),
+        ptr(Akk), cu_d, offs_d, order, np.int32(plan.HV), np.int32(plan.H)),
+       shared_mem=smem)

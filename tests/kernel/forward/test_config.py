@@ -1,0 +1,140 @@
+"""kernel.forward.config on the CPU: the Config's refusals, the auto rule, the shared-memory count, the
+registry entry and the build's knobs (every one reaches the source, none has a default there); and,
+where nvcc is on PATH, every registered variant compiled for sm_90a with 0 spills."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from kernel import forward as kf
+from kernel import registry
+from kernel.forward import Config
+from kernel.forward_states import choose_warps
+
+SRC = kf.SOURCE_PATH.read_text()
+
+
+@pytest.mark.parametrize("field, value", [("warps", 3), ("warps", 16), ("warps", True), ("nstage", 1),
+                                          ("nstage", 8), ("warps", 2.0), ("producers", 3), ("producers", 16),
+                                          ("g6_split", 3), ("g6_split", 8)])
+def test_config_refuses_what_the_source_cannot_build(field, value):
+    with pytest.raises(ValueError, match=f"Config.{field} must be one of"):
+        Config(**{field: value})
+
+
+def test_config_refuses_what_an_sm_cannot_hold():
+    with pytest.raises(ValueError, match=r"Config.warps \+ Config.producers must be at most 12, got 8 \+ 8"):
+        Config(warps=8, producers=8)
+    with pytest.raises(ValueError, match=r"Config w8-p2-st5-g4 needs 256\d+ B of shared memory"):
+        Config(warps=8, producers=2, nstage=5)
+    with pytest.raises(ValueError, match="Config.lineinfo must be True or False"):
+        Config(lineinfo=1)
+
+
+@pytest.mark.parametrize("warps, producers, nstage, expect", [
+    # sizeof(Shared) of forward_layout.cuh, read from nvcc (static_assert) for these configurations
+    (8, 2, 4, 218704), (4, 4, 5, 231904), (2, 4, 5, 214496), (1, 4, 5, 205792), (1, 1, 2, 90960), (8, 8, 2, 155520)])
+def test_the_shared_memory_count_is_the_sources(warps, producers, nstage, expect):
+    assert kf.smem_bytes(warps, producers, nstage) == expect
+
+
+@pytest.mark.parametrize("warps", kf.WARPS)
+def test_the_auto_config_takes_the_deepest_ring_that_fits(warps):
+    cfg = kf.auto_config(warps)
+    assert (cfg.warps, cfg.producers, cfg.g6_split) == (warps, 2 if warps == 8 else 4, 4)
+    assert cfg.smem_bytes <= kf.SMEM_OPTIN
+    assert cfg.nstage == 6 or kf.smem_bytes(warps, cfg.producers, cfg.nstage + 1) > kf.SMEM_OPTIN
+
+
+def test_the_grid_rule_is_kernel_s():
+    # the same CTA per (sequence, head, v group) as Kernel S, so the same warps for the same pairs
+    for pairs in (1, 16, 32, 64, 118, 119, 1024):
+        assert kf.auto_config(choose_warps(pairs, 132)).vgroups == 128 // (16 * choose_warps(pairs, 132))
+
+
+def test_the_registry_builds_the_forward():
+    assert kf.BUILD in registry.KERNELS
+    assert [kf.BUILD.label(c) for c in kf.BUILD.variants()] == [
+        "forward-w1-p4-st5-g4", "forward-w2-p4-st5-g4", "forward-w4-p4-st5-g4", "forward-w8-p2-st4-g4"]
+    assert kf.BUILD.default() == kf.auto_config(8)
+    assert kf.BUILD.function == "kda_forward" and kf.BUILD.constants == "kf"
+    assert set(kf.BUILD.required_sass(kf.BUILD.default())) >= {"HMMA", "LDSM", "LDGSTS", "STSM"}
+    assert re.search(r'extern "C" __constant__ int kf_smem_bytes = SMEM_BYTES;', SRC)
+    assert re.search(r'extern "C" __constant__ int kf_threads = THREADS;', SRC)
+
+
+def test_every_config_field_is_a_knob_and_reaches_the_source():
+    import dataclasses
+
+    assert {f.name for f in dataclasses.fields(Config)} == set(kf.KNOB_MACROS) | set(kf.COMPILER_FLAGS)
+    opts = kf.options(Config(warps=4, producers=2, nstage=2, g6_split=1))
+    assert {"-DKF_WARPS=4", "-DKF_PRODUCERS=2", "-DKF_NSTAGE=2", "-DKF_G6_SPLIT=1", "-ftz=true"} <= set(opts)
+    assert "-lineinfo" not in opts and "-lineinfo" in kf.options(Config(lineinfo=True))
+    for macro in kf.KNOB_MACROS.values():
+        assert re.search(rf"#ifndef {macro}\n#error \"{macro} is not set: kernel/forward/config.py sets every knob",
+                         SRC), macro
+        uses = [line for line in SRC.splitlines()
+                if re.search(rf"\b{macro}\b", line) and not re.match(rf"\s*#(ifndef|error)\b", line)]
+        assert uses, f"{macro} is passed but the source never uses it"
+
+
+def test_the_source_carries_the_header_digest():
+    text = kf.source()
+    assert text.startswith(f"// headers sha256 {kf.header_digest()}\n")
+    assert text.endswith(SRC)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_a_build_without_a_knob_stops_and_names_it(tmp_path):
+    from ptx_lab import CUDA_INCLUDE_DIR
+
+    opts = [o for o in kf.options(Config()) if not o.startswith("-DKF_NSTAGE=")]
+    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
+                           str(kf.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "KF_NSTAGE is not set: kernel/forward/config.py sets every knob" in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_path):
+    # what `ptx-lab resources --check` (CI's section 4) judges, for the forward's variants alone
+    from kernel.tools import resources
+
+    for cfg in kf.all_variants():
+        row = resources.compile_variant(kf.BUILD, cfg, tmp_path)
+        assert "error" not in row, row.get("error")
+        assert row["threads"] == cfg.threads and row["ctas_per_sm"] >= 1
+        assert resources.problems(row) == [], (kf.BUILD.label(cfg), resources.problems(row))
+        assert row["spill"] == 0 and row["stack"] == 0, row["log"]
+        assert row["smem"] == cfg.smem_bytes, (cfg.name(), row["smem"], cfg.smem_bytes)   # Config's sum is the source's
+        if row["sass"] is not None:
+            # consumers: G6 16, F1 16, G7 2, G8 16, F2 2 HMMA; Kd, Qd, Kr 8 each, INV, Mqk 1 LDSM; the
+            # snapshot's 8 STSM and o's 1. Producers: Qe Kr^T and Ke Kr^T, 16 HMMA and 16 LDSM each.
+            assert (row["sass"]["HMMA"], row["sass"]["LDSM"], row["sass"]["STSM"], row["sass"]["MOVM"]) == \
+                (52 + 32, 26 + 32, 9, 0), (cfg.name(), row["sass"])
+
+
+def test_the_digest_follows_kernel_s_chain_which_the_source_includes(tmp_path, monkeypatch):
+    # the forward runs Kernel S's step of the chain: its build names that header, so a change there
+    # changes the forward's digest (CuPy's cache then compiles it again), as it changes Kernel S's
+    from kernel import forward_states as fs
+    from kernel.runtime import builds
+
+    chain = fs.SOURCE_DIR / "forward_states_chain.cuh"
+    assert '#include "../../forward_states/cuda/forward_states_chain.cuh"' in SRC
+    assert chain.resolve() in {p.resolve() for p in kf.BUILD.header_paths()}
+    assert chain.resolve() in {p.resolve() for p in fs.BUILD.header_paths()}
+    room = tmp_path / "kernel"
+    for sub in ("forward/cuda", "forward_states/cuda"):
+        (room / sub).mkdir(parents=True)
+    for p in (kf.SOURCE_PATH, *kf.BUILD.header_paths()):
+        dest = room / ("forward_states/cuda" if p.name == chain.name else "forward/cuda") / p.name
+        dest.write_text(p.read_text())
+    moved = builds.KernelBuild(**{**{f: getattr(kf.BUILD, f) for f in kf.BUILD.__dataclass_fields__},
+                                  "entry": room / "forward/cuda" / kf.SOURCE_PATH.name})
+    before = moved.header_digest()
+    (room / "forward_states/cuda" / chain.name).write_text(chain.read_text() + "\n// changed\n")
+    assert moved.header_digest() != before

@@ -16,6 +16,16 @@ constexpr int TILES_PER_CHUNK = CHUNK_TOKENS / TILE_TOKENS;
 
 static_assert(CHUNK_TOKENS % TILE_TOKENS == 0, "a chunk must be a whole number of tiles");
 
+// The widest span |gc - gT| (log2) a channel may have within a tile for the tile's gated products to
+// be factorised about its last row, Qe = s q 2^(gc - gT) against Kr = k 2^(gT - gc); a wider tile
+// forms them pairwise (Kernel B's G14-G17, the forward's Mqk and Akk). Both factors stay normal fp32
+// up to 126, but the kernels build with -ftz=true, so Kr = k 2^-span is flushed to zero wherever it
+// lands below 2^-126, i.e. for |k| < 2^(span - 126), and its products with the later rows' Qe, whose
+// true size is O(q . k), are lost: at 124, those of every |k| < 1/4. At 110 only |k| < 2^-16 is flushed, terms
+// already below the 2^-9 relative rounding of the bf16 operands they sit beside, and every Kr kept is
+// a normal number, with bf16's full 8 bits (below 2^-126 a bf16 keeps fewer).
+constexpr float SPAN_LIMIT = 110.f;
+
 // FLA's grouped value heads (GVA): q and k have H heads, every other per-head array (v, do, the gate,
 // beta, Aqk, Akk, the states and their gradients) HV = G H, and value head hv reads query / key head
 // hv / G, as FLA maps them. Without GVA, HV = H and every head reads its own.

@@ -8,11 +8,13 @@ Two token units run through the whole backward, and they have one name each:
   tensors (the 64-wide Aqk / Akk rows, the state h entering every chunk) and the tokens of one
   Kernel B CTA.
 
-The device sources take the same four constants, under the same names, from ``kernel/shapes.cuh``
+The device sources take the same constants, under the same names, from ``kernel/shapes.cuh``
 (tests/kernel/test_shapes.py holds the two files equal), and the one head mapping, :func:`qk_head`:
 FLA's grouped value heads give q and k H heads and everything else HV = G H, value head hv reading
 q and k at hv // G. The float64 references take any tile that
-divides the chunk, by their ``tile`` keyword; the kernels are built for ``TILE_TOKENS``.
+divides the chunk, by their ``tile`` keyword; the kernels are built for ``TILE_TOKENS``. Beside the
+shapes, one numeric limit the kernels share: ``SPAN_LIMIT``, the widest gate span of a tile whose
+products are factorised rather than formed pairwise.
 
 Every sequence is cut into tiles and chunks from its own start, so a varlen batch (``cu_seqlens``)
 packs each sequence's snapshots and states one after the other: :func:`snapshot_offsets`.
@@ -29,9 +31,10 @@ HEAD_DIM = 128        # K = V: the head size every kernel is built for
 TILE_TOKENS = 16      # tokens per tile
 CHUNK_TOKENS = 64     # tokens per chunk (FLA's chunk_size)
 TILES_PER_CHUNK = CHUNK_TOKENS // TILE_TOKENS
+SPAN_LIMIT = 110.0    # the widest gate span (log2) of a tile whose products are factorised (why not 126: shapes.cuh)
 
-__all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "qk_head", "snapshot_offsets",
-           "check_cu_seqlens", "host_offsets"]
+__all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT", "qk_head",
+           "snapshot_offsets", "check_cu_seqlens", "host_offsets"]
 
 
 def qk_head(hv: int, HV: int, H: int) -> int:

@@ -21,10 +21,10 @@ import numpy as np
 from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import fla_forward_tensors, kda_forward_reference, random_inputs, snapshot_offsets
 from kernel.reference.checks import l2norm
+from kernel.shapes import SPAN_LIMIT   # a tile whose gc - gT passes it takes the pairwise products
 
 D, TILE, EVERY, C64 = 128, 16, 4, 64
 RAGGED = [1, 15, 16, 17, 63, 64, 65, 200]
-SPAN_LIMIT = 110.0     # forward_r1.cuh's: a tile whose gc - gT passes it takes the pairwise products
 PAST_GATE = -9.0       # a natural-log gate a token: 16 of them decay a channel by 2^-207.7, past fp32's range
 EDGE_SPAN = 124.0      # a tile decayed by 2^-124 at its last token: within 2^126, past SPAN_LIMIT
 FP32_TINY = np.float32(2.0 ** -126)
@@ -187,7 +187,7 @@ def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float
     """The kernel's forward in numpy, in its precision: o (bf16 values) [.., H, 128], final (fp32),
     states (bf16 values) [entries, H, 128, 128], Aqk and Akk (bf16 values, zero outside the diagonal
     blocks) [.., H, 64], and the number of tiles that took the pairwise products (``span_limit``: the
-    decision's limit, forward_r1.cuh's by default)."""
+    decision's limit, kernel.shapes' by default)."""
     H = case["H"]
     q = bits_to_f32(case["q_repeated"]).reshape(-1, H, D)
     k = bits_to_f32(case["k_repeated"]).reshape(-1, H, D)

@@ -14,17 +14,25 @@ import pytest
 from kernel import registry, shapes
 from kernel.runtime import builds
 
-NAMES = ("HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK")
-CONSTEXPR = re.compile(r"^\s*constexpr int (\w+) = ([^;]+);", flags=re.M)
+NAMES = ("HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT")
+CONSTEXPR = re.compile(r"^\s*constexpr (int|float) (\w+) = ([^;]+);", flags=re.M)
+FLOAT_LITERAL = re.compile(r"(\d+\.\d*)f")
 INCLUDE = '#include "../../shapes.cuh"'
 # what the kernels called the shapes before the header owned them
 OLD_NAMES = ("D", "C", "FLA_CHUNK", "TILES_PER_FLA_CHUNK", "KERNEL_TILE", "TILE", "CHUNK")
 
 
-def header_constants(text: str) -> dict[str, int]:
-    """Every ``constexpr int NAME = expr;`` of a header, evaluated in order (C's integer / as //)."""
-    out: dict[str, int] = {}
-    for name, expr in CONSTEXPR.findall(text):
+def header_constants(text: str) -> dict[str, int | float]:
+    """Every ``constexpr int NAME = expr;`` of a header, evaluated in order (C's integer / as //), and
+    every ``constexpr float NAME = literal;`` (``110.f``) as its value."""
+    out: dict[str, int | float] = {}
+    for kind, name, expr in CONSTEXPR.findall(text):
+        if kind == "float":
+            literal = FLOAT_LITERAL.fullmatch(expr.strip())
+            if literal is None:
+                raise ValueError(f"shapes.cuh: constexpr float {name} = {expr}: not a float literal")
+            out[name] = float(literal.group(1))
+            continue
         if not re.fullmatch(r"[\w\s+*/()-]+", expr):
             raise ValueError(f"shapes.cuh: constexpr {name} = {expr}: not integer arithmetic")
         out[name] = int(eval(expr.replace("/", "//"), {"__builtins__": {}}, dict(out)))   # noqa: S307 (our header)
@@ -41,8 +49,17 @@ def test_the_header_holds_the_module_s_names_and_values():
 
 def test_the_constexpr_reader_can_fail():
     assert header_constants("constexpr int A = 64;\nconstexpr int B = A / 16;\n") == {"A": 64, "B": 4}
+    assert header_constants("constexpr float X = 110.f;\nconstexpr float Y = 0.5f;\n") == {"X": 110.0, "Y": 0.5}
     with pytest.raises(ValueError, match="not integer arithmetic"):
         header_constants("constexpr int A = 1 << 4;\n")
+    with pytest.raises(ValueError, match="not a float literal"):
+        header_constants("constexpr float X = 2 * 55.f;\n")
+
+
+def test_the_header_s_span_limit_is_a_float_equal_to_the_module_s():
+    # a float on both sides: the kernels compare fp32 spans with it, the models with np.float32 of it
+    got = header_constants(builds.SHAPES_HEADER.read_text())["SPAN_LIMIT"]
+    assert isinstance(got, float) and isinstance(shapes.SPAN_LIMIT, float) and got == shapes.SPAN_LIMIT == 110.0
 
 
 @pytest.mark.parametrize("kernel", registry.KERNELS, ids=lambda k: k.entry.name)
@@ -50,7 +67,7 @@ def test_every_kernel_includes_the_header_and_names_no_shape_itself(kernel):
     texts = {p.name: p.read_text() for p in device_sources(kernel)}
     assert any(INCLUDE in t for t in texts.values()), f"no source of {kernel.title} includes kernel/shapes.cuh"
     for name, text in texts.items():
-        own = {n for n, _ in CONSTEXPR.findall(text)}
+        own = {n for _, n, _ in CONSTEXPR.findall(text)}
         assert not own & set(NAMES + OLD_NAMES), f"{name} defines {sorted(own & set(NAMES + OLD_NAMES))} itself"
 
 

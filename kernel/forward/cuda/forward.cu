@@ -30,7 +30,7 @@
 // copies), forward_r1.cuh (R1), forward_intra.cuh (Mqk, INV), and Kernel S's
 // forward_states_chain.cuh (a consumer warp's step of the chain). This file holds the knobs and the
 // kernel: each role's walk over the tiles.
-#include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK, qk_head
+#include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK, qk_head, SPAN_LIMIT
 #include "cp_async.cuh"
 #include "fragments.cuh"
 #include "ldmatrix.cuh"

@@ -2,7 +2,7 @@
 // after R1: Mqk = strict_tril(Qe Kr^T) + diag(s q . k) for F2, and INV = (I + diag(beta) Akk)^-1,
 // Akk = strict_tril(Ke Kr^T), for G7; in training mode also written to FLA's Aqk and Akk layout.
 //
-// A tile whose gates span more than SPAN_LIMIT (forward_r1.cuh) in some channel has Qe overflow or Kr
+// A tile whose gates span more than SPAN_LIMIT (kernel/shapes.cuh) in some channel has Qe overflow or Kr
 // flushed below fp32's normal range, although every entry it forms is bounded: entry (i, j < i) pairs
 // the rows through 2^(gc_i - gc_j) <= 1. There each entry's decay is formed pairwise in fp32 (Kernel
 // B's way, kernel/token_gradients/cuda/token_gradients_pairwise.cuh), decided on the device per tile.

@@ -10,17 +10,10 @@
 
 namespace kf {
 
-// The factorised products pair Qe = s q 2^(gc - gT) (<= 2^SPAN_LIMIT) with Kr = k 2^(gT - gc) in every
-// channel (gc >= gT). Both factors stay normal fp32 up to a span of 126, but Kr's product with k does
-// not: under -ftz=true, k 2^-span is flushed to zero where |k| < 2^(span - 126), and the entries it
-// pairs with an early row's Qe are lost (a tile decayed by 2^-124 at its last token loses every entry
-// among its other rows). At 110 only |k| < 2^-16 is flushed, whose terms lie below bf16's resolution
-// of the entries; a tile past it takes the pairwise products.
-constexpr float SPAN_LIMIT = 110.f;
-
 // R1 of producer warp pw for tile rows c0 .. c0 + ROWS_PER_PRODUCER - 1 (lane l: columns 4l .. 4l+3),
 // gamma from warp 0; Qe and Ke go to the scratch of the tile's parity. Returns whether a channel of
-// the warp's rows spans past SPAN_LIMIT (the same in every lane; NaN counts as past).
+// the warp's rows spans past SPAN_LIMIT (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the
+// same in every lane; NaN counts as past).
 __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
     const float4 base = *reinterpret_cast<const float4*>(&st.gbase[pw][col]);

@@ -3,16 +3,12 @@
 // offsets (tests/kernel/token_gradients_model.py reads every constexpr line here and in the shapes
 // header).
 #pragma once
-#include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS (a CTA's tokens), TILES_PER_CHUNK
+#include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS (a CTA's tokens), TILES_PER_CHUNK,
+                              // SPAN_LIMIT (R1's choice of the pairwise G14-G17)
 #include "common.cuh"
 
 namespace kdb {
 using namespace ptx_lab;
-
-// A tile's gated products factorise about its last row while every channel's span |gc - gT| (log2)
-// is at most this: fp32's normal exponents reach 2^-126, so Kr = k 2^(gT - gc) stays normal and
-// Qe = s q 2^(gc - gT) finite. Wider tiles take the pairwise path (kernel/studies/sub_tile_reference).
-constexpr float SPAN_LIMIT = 126.f;
 
 constexpr int WARPS = 8;
 constexpr int THREADS = 32 * WARPS;

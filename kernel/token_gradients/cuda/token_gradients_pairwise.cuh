@@ -1,8 +1,9 @@
 // kernel/token_gradients/cuda/token_gradients_pairwise.cuh -- Kernel B's G14-G17 for a tile whose
-// gates span more than SPAN_LIMIT in some channel. There R1's factors leave fp32's range (Qe's
-// 2^(gc - gT) overflows, Kr's 2^(gT - gc) is subnormal or zero), although every product the tile
-// forms is bounded: entry (i, j <= i) pairs the rows through 2^(gc_i - gc_j) <= 1. Here each entry's
-// decay is formed pairwise in fp32, so that nothing leaves the range but what truly decays below it.
+// gates span more than SPAN_LIMIT (kernel/shapes.cuh) in some channel. There Kr = k 2^(gT - gc) is
+// flushed to zero for the small k (-ftz=true), and past 126 R1's factors leave fp32's range (Qe's
+// 2^(gc - gT) overflows), although every product the tile forms is bounded: entry (i, j <= i) pairs
+// the rows through 2^(gc_i - gc_j) <= 1. Here each entry's decay is formed pairwise in fp32, so that
+// nothing leaves the range but what truly decays below it.
 #pragma once
 #include "fragments.cuh"
 #include "token_gradients_layout.cuh"

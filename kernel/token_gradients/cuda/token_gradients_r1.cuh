@@ -3,8 +3,9 @@
 // computed in fp32 from the stage's raw q, k, g and beta and rounded once to bf16 into their
 // 272-byte-row tiles; the rebased gate gc stays in fp32 (SM_GC), gT and gamma = 2^gT per k column.
 // Qe and beta Ke hold 2^(gc - gT) >= 1 and Kr 2^(gT - gc) <= 1: exact while a channel's tile span
-// |gc - gT| is within SPAN_LIMIT. Past it Qe overflows and Kr leaves fp32's normal range, and the K
-// phase forms G14-G17's products pairwise instead (docs/kda_backward.md, "Gates of any size").
+// |gc - gT| is within SPAN_LIMIT (kernel/shapes.cuh). Past it the small k of Kr are flushed to zero
+// (-ftz=true), past 126 Qe overflows too, and the K phase forms G14-G17's products pairwise instead
+// (docs/kda_backward.md, "Gates of any size").
 #pragma once
 #include "fragments.cuh"
 #include "token_gradients_layout.cuh"

@@ -145,7 +145,7 @@ def test_tiles_past_fp32s_range_take_the_pairwise_products():
 
 
 def test_a_tile_decayed_by_2_to_the_minus_124_at_its_last_token_matches_float64():
-    # within fp32's range, but Kr of its other rows flushed: past the forward's span limit (forward_r1.cuh)
+    # within fp32's range, but Kr of its other rows flushed: past the span limit (kernel/shapes.cuh)
     case = make_case(lengths=RAGGED, H=2, seed=4, edge_of_range=True, initial_state=True)
     assert emulate(case)["pairwise_tiles"] == 1
     _check(_run(case), case, "a tile decayed by 2^-124 at its last token")

@@ -92,9 +92,9 @@ def test_the_trained_layer_gate_matches_float64():
 
 def test_a_tile_within_fp32s_range_but_past_the_span_limit_takes_the_pairwise_products():
     # a tile decayed by 2^-124 at its last token: R1's factors stay normal (2^124 < 2^126), but Kr =
-    # k 2^-124 of its other rows is flushed to zero (-ftz=true) where |k| < 1/4. At Kernel B's limit of 126
-    # the factorised products lose Mqk's and Akk's entries among those rows; at the forward's they do not
-    from ..forward_cases import SPAN_LIMIT
+    # k 2^-124 of its other rows is flushed to zero (-ftz=true) where |k| < 1/4. At fp32's limit of 126
+    # the factorised products lose Mqk's and Akk's entries among those rows; at kernel.shapes' they do not
+    from kernel.shapes import SPAN_LIMIT
 
     assert SPAN_LIMIT == 110.0
     case = make_case(lengths=RAGGED, H=2, seed=4, edge_of_range=True)

@@ -5,7 +5,10 @@ One CTA of the kernel (8 warps, one 64-token chunk of one head) is replayed thro
 :mod:`ptx_lab.model`: every ldmatrix, stmatrix, mma.m16n8k16 and cp.async of the kernel is the
 model's, at the address the kernel computes, on a shared-memory image with the kernel's layout;
 the scalar code between them (R1, the reductions, the gate's cumsums) is numpy over lanes
-or threads, in fp32 where the kernel keeps fp32. A layout or address mistake in the kernel shows
+or threads, in fp32 where the kernel keeps fp32. The kernel builds with -ftz=true, and the model
+flushes where that matters: every exp2f and R1's products (Kd, Kr, Qe, beta Ke), the K phase's and
+the pairwise sums' decays, are zero below 2^-126 (:func:`_ftz`), so that R1's Kr = k 2^(gT - gc) of a
+small k is lost as on the device. A layout or address mistake in the kernel shows
 here as an O(1) error, with no GPU (tests/kernel/token_gradients/test_cuda.py).
 
 The kernel's text (:data:`CU`) is the entry file with each of its ``#include
@@ -59,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernel.shapes import qk_head
+from kernel.shapes import SPAN_LIMIT as _SPAN_LIMIT, qk_head
 from kernel.token_gradients import SOURCE_PATH, tables
 from ptx_lab import fragments, model
 
@@ -113,8 +116,10 @@ def _layout(src: str) -> dict[str, int]:
 
 
 LAYOUT = _layout(CU)
-# the widest span (log2) a channel may have in a tile before the K phase goes pairwise
-SPAN_LIMIT = np.float32(re.search(r"constexpr float SPAN_LIMIT = ([\d.]+)f;", CU).group(1))
+# the widest span (log2) a channel may have in a tile before the K phase goes pairwise (kernel/shapes.cuh's;
+# a test may set another here)
+SPAN_LIMIT = np.float32(_SPAN_LIMIT)
+FP32_TINY = np.float32(2.0 ** -126)   # fp32's smallest normal: -ftz=true flushes what falls below it
 HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS = LAYOUT["HEAD_DIM"], LAYOUT["TILE_TOKENS"], LAYOUT["CHUNK_TOKENS"]
 WARPS, ROW, STAGE, SMEM_BYTES = LAYOUT["WARPS"], LAYOUT["ROW"], LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"]
 PS, GC_ROW = LAYOUT["PS"], LAYOUT["GC_ROW"]
@@ -328,6 +333,13 @@ def copies_of(tid: np.ndarray, RS: int, QK_RS: int) -> Copies:
 
 def _f32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
+
+
+def _ftz(x) -> np.ndarray:
+    """fp32 with subnormals flushed to (signed) zero: what the kernel's -ftz=true exp2f and multiplies
+    leave where a result falls below 2^-126."""
+    x = _f32(x)
+    return np.where(np.abs(x) < FP32_TINY, np.copysign(np.float32(0), x), x).astype(np.float32)
 
 
 def _bf(bits) -> np.ndarray:
@@ -581,7 +593,7 @@ class CtaModel:
         gt_s, gamma_s = self.f32(L["SM_GT"]), self.f32(L["SM_GAMMA"])
         for c in range(2):
             gt_s[kk[first] + c] = gT[c][first]
-            gamma_s[kk[first] + c] = np.exp2(gT[c][first])
+            gamma_s[kk[first] + c] = _ftz(np.exp2(gT[c][first]))
         gcs = self.f32(L["SM_GC"])
         smem32 = self.u32(0)
         past = np.zeros(THREADS, bool)
@@ -595,12 +607,14 @@ class CtaModel:
             kd, kr, qe, bke = [], [], [], []
             for c in range(2):
                 past |= ~(np.abs(_f32(gc[c] - gT[c])) <= SPAN_LIMIT)
-                with np.errstate(over="ignore", invalid="ignore"):   # past the span limit Qe and beta Ke
-                    fu = np.exp2(_f32(gc[c] - gT[c]))                # overflow; the K phase reads them not
-                    kd.append(kv[c] * np.exp2(gc[c]))
-                    kr.append(kv[c] * np.exp2(_f32(gT[c] - gc[c])))
-                    qe.append(_f32(s * qv[c]) * fu)
-                    bke.append(_f32(be * kv[c]) * fu)
+                # past 126 Qe and beta Ke overflow (the K phase reads them not); under -ftz=true every
+                # exp2f and product below 2^-126 is zero, Kr = k 2^(gT - gc) of a small k first
+                with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+                    fu = _ftz(np.exp2(_f32(gc[c] - gT[c])))
+                    kd.append(_ftz(kv[c] * _ftz(np.exp2(gc[c]))))
+                    kr.append(_ftz(kv[c] * _ftz(np.exp2(_f32(gT[c] - gc[c])))))
+                    qe.append(_ftz(_ftz(s * qv[c]) * fu))
+                    bke.append(_ftz(_ftz(be * kv[c]) * fu))
             for at_, val in (("SM_KD", kd), ("SM_KR", kr), ("SM_QE", qe), ("SM_BKE", bke)):
                 smem32[(L[at_] + 2 * o) // 4] = model.pack_bf16x2(_f32(val[0]), _f32(val[1]))
             gcs[i * GC_ROW + kk] = gc[0]
@@ -810,12 +824,12 @@ class CtaModel:
                                       for at_ in ("SM_KD", "SM_KR", "SM_QE", "SM_BKE"))
                 dq2, dk2, fs2, fe2 = [], [], [], []
                 for e in range(2):
-                    fs = np.exp2(gc[e])
-                    fd = np.exp2(_f32(gT[e] - gc[e]))
+                    fs = _ftz(np.exp2(gc[e]))
+                    fd = _ftz(np.exp2(_f32(gT[e] - gc[e])))
                     dQd, dKd, dKr = Qd[nt][:, x + e], _f32(-be_ * WS[nt][:, x + e]), Kr[nt][:, x + e]
                     fs2.append(_f32(s * qv[e] * fs * dQd + kdb[e] * dKd))
                     if not self.pairwise:
-                        fu = np.exp2(_f32(gc[e] - gT[e]))
+                        fu = _ftz(np.exp2(_f32(gc[e] - gT[e])))
                         dQe, dKe = Qe[nt][:, x + e], _f32(be_ * X[nt][:, x + e])
                         dq2.append(_f32(s * _f32(fs * dQd + fu * dQe + dd * kv[e])))
                         dk2.append(_f32(fs * dKd + fu * dKe + fd * dKr + s * dd * qv[e]))
@@ -920,8 +934,8 @@ class CtaModel:
             qm, km = _f32(s * _bf(qs16[j * (ROW // 2) + kk])), _f32(betas[j] * _bf(ks16[j * (ROW // 2) + kk]))
             lower, upper = j < i, j > i
             with np.errstate(over="ignore", invalid="ignore"):   # the lanes off each sum's triangle, masked
-                kj = _f32(_bf(ks16[j * (ROW // 2) + kk]) * np.exp2(_f32(gi - gcs[j * GC_ROW + kk])))
-                f = np.exp2(_f32(gcs[j * GC_ROW + kk] - gi))
+                kj = _ftz(_bf(ks16[j * (ROW // 2) + kk]) * _ftz(np.exp2(_f32(gi - gcs[j * GC_ROW + kk]))))
+                f = _ftz(np.exp2(_f32(gcs[j * GC_ROW + kk] - gi)))
                 below_m = np.where(lower, _f32(below_m + value(0, i, jj) * kj), below_m)
                 below_l = np.where(lower, _f32(below_l + value(2, i, jj) * kj), below_l)
                 above = np.where(upper, _f32(above + _f32(value(0, jj, i) * qm + value(2, jj, i) * km) * f), above)

@@ -10,6 +10,7 @@ a missing .trans or a wrong address gives O(1) errors instead (the last test sho
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -21,7 +22,7 @@ from kernel.reference.checks import l2norm
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla
 from kernel.reference.kda import rebuild, _tile_backward, _tile_forward
 from kernel.runtime.builds import SHAPES_HEADER
-from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS
 from kernel.tools.kda_precision import recipe_inputs
 
 from .. import token_gradients_model as kb
@@ -307,6 +308,51 @@ def test_the_factorised_products_fail_on_that_tile(wide_case, monkeypatch):
     tile1 = wide_case["ref"][1]["rows"]
     assert not all(np.isfinite(got[n][tile1, HEAD]).all() and _rel(got[n][tile1, HEAD], wide_case["ref"][1][n]) < BOUND
                    for n in GRADS)
+
+
+EDGE_SPAN, EDGE_CHANNEL = 124.0, 5
+
+
+def edge_tile(span: float = EDGE_SPAN, channels=EDGE_CHANNEL):
+    """Gates (natural log, edited in place) under which tile 1 (tokens 16-31) of head HEAD spans `span`
+    (log2) in `channels`: no decay over tokens 17-30, 2^-span at token 31. Within fp32's range (Qe <=
+    2^124 stays finite), but Kr = k 2^-span of the rows before the last falls below 2^-126 for |k| <
+    2^(span - 126), and -ftz=true flushes it."""
+    def wide(g):
+        g[0, 17:31, HEAD, channels] = 0.0
+        g[0, 31, HEAD, channels] = -span * math.log(2.0)
+    return wide
+
+
+def test_a_tile_within_fp32s_range_but_past_the_span_limit_takes_the_pairwise_products(monkeypatch):
+    # At fp32's limit of 126 the factorised G14-G17 pair the flushed Kr (every |k| of channel 5 in
+    # tile 1 is below 1/4) with 2^124 Qe: dq, dk and dg of that channel lose the tile's own terms.
+    # At kernel.shapes.SPAN_LIMIT the tile goes pairwise and matches float64.
+    assert SPAN_LIMIT == 110.0 and kb.SPAN_LIMIT == np.float32(SPAN_LIMIT)
+    case = make_case(48, seed=0, wide=edge_tile())
+    k = kb._bf(case["inputs"].k[17:31, HEAD, EDGE_CHANNEL])
+    assert np.all(np.abs(k) < 2.0 ** (EDGE_SPAN - 126))                      # every Kr of the channel flushed
+    tile1 = case["ref"][1]
+
+    def channel_errors(got) -> dict:
+        return {n: _rel(got[n][tile1["rows"], HEAD, EDGE_CHANNEL], tile1[n][:, EDGE_CHANNEL]) for n in ("dq", "dk", "dg")}
+
+    out, got = emulate(case)
+    assert out.pairwise == [False, True, False]
+    _check(case, out, got, 3)
+    assert all(e < BOUND for e in channel_errors(got).values()), channel_errors(got)
+
+    monkeypatch.setattr(kb, "SPAN_LIMIT", np.float32(126.0))
+    out, got = emulate(case)
+    assert out.pairwise == [False, False, False]
+    assert all(e > 0.5 for e in channel_errors(got).values()), channel_errors(got)
+    assert _rel(got["dq"][tile1["rows"], HEAD], tile1["dq"]) > BOUND
+
+    # the loss is the flush's: with subnormals kept, the same factorised products hold
+    monkeypatch.setattr(kb, "_ftz", kb._f32)
+    out, got = emulate(case)
+    assert out.pairwise == [False, False, False]
+    assert all(e < BOUND for e in channel_errors(got).values()), channel_errors(got)
 
 
 # Four 64-token chunks of the unit recipe, walked whole, each in the middle of a sequence (512 tokens

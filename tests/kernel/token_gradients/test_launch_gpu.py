@@ -1,0 +1,61 @@
+"""Kernel B alone on the GPU (kernel.token_gradients.launch) against the float64 tile algebra, on
+test_cuda's cases: the inputs the lane model replays (bf16 q, k, v, do, Mqk, INV, S0, dS1; fp32 g and
+beta), the same float64 gradients, the same bound (test_cuda.BOUND, 3x the model's largest error).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernel.shapes import HEAD_DIM
+
+from .. import token_gradients_model as kb
+from .test_cuda import BOUND, GRADS, HEAD, H, _rel, edge_tile, emulate, make_case
+
+pytestmark = pytest.mark.gpu
+
+# a tile spanning 120 (log2) in every channel of head HEAD: past kernel.shapes.SPAN_LIMIT (110), within
+# fp32's 126. At 126 it would run the factorised G14-G17 with Kr = k 2^-120 flushed for |k| < 2^-6: the
+# lane model puts tile 1's dq 3.0e-2 and dg 2.4e-2 from float64 there, past BOUND
+WIDE_SPAN = 120.0
+
+
+def _device(case: dict) -> dict:
+    """Kernel B's gradients of the case's one chunk, both heads, on the host (dv as fp32 values)."""
+    import cupy
+
+    from kernel.token_gradients import launch
+
+    inp = case["inputs"]
+    tokens = inp.v.shape[0]
+    wide = (tokens, H, HEAD_DIM)
+    out = {"dq": cupy.empty(wide, np.float32), "dk": cupy.empty(wide, np.float32),
+           "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
+           "dbeta": cupy.empty((tokens, H), np.float32)}
+    dev = cupy.asarray
+    launch.launch(*(dev(getattr(inp, n)) for n in ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")),
+                  cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out)
+    cupy.cuda.get_current_stream().synchronize()
+    got = {n: x.get() for n, x in out.items()}
+    got["dv"] = kb.dv_values(got["dv"])
+    return got
+
+
+def _tile_errors(case: dict, got: dict, t: int) -> dict:
+    ref = case["ref"][t]
+    return {n: _rel(got[n][ref["rows"], HEAD], ref[n]) for n in GRADS}
+
+
+def test_a_tile_within_fp32s_range_but_past_the_span_limit_matches_float64(monkeypatch):
+    case = make_case(48, seed=0, wide=edge_tile(WIDE_SPAN, slice(None)))
+    out, _ = emulate(case)
+    assert out.pairwise == [False, True, False]           # the lane model takes the pairwise path there
+    monkeypatch.setattr(kb, "SPAN_LIMIT", np.float32(126.0))
+    _, flushed = emulate(case)
+    assert max(_tile_errors(case, flushed, 1).values()) > BOUND   # what the test would see at 126
+    got = _device(case)
+    for t in range(len(case["ref"])):
+        errs = _tile_errors(case, got, t)
+        print(f"tile {t}: " + "  ".join(f"{n} {e:.2e}" for n, e in errs.items()))
+        assert all(np.isfinite(got[n][case["ref"][t]["rows"], HEAD]).all() for n in GRADS), t
+        assert all(e < BOUND for e in errs.values()), (t, errs)

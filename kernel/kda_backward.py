@@ -25,9 +25,10 @@ The float64 statement of all of it is :func:`kernel.reference.kda_backward_refer
 Arguments are FLA's (fla-core 0.6.0, ``chunk_kda_fwd``, chunk_size 64): q and k as its
 forward used them (l2-normalised when ``use_qk_l2norm_in_kernel``: the l2norm backward is
 the caller's, as in FLA), its ``g`` (the 64-chunk-local cumsum of the gate / ln 2), beta
-after its sigmoid, its ``Aqk`` and ``Akk``. Any gate: a 16-token tile that decays a
-channel past 2^-126 (fp32's range for its factorised products) has its G14-G17 formed
-pairwise in Kernel B, decided on the device (``docs/kda_backward.md``, "Gates of any size").
+after its sigmoid, its ``Aqk`` and ``Akk``. Any gate: a 16-token tile whose gate spans more
+than 110 (log2) in some channel (:data:`kernel.shapes.SPAN_LIMIT`: short of fp32's 126, as -ftz=true
+flushes the small entries of the factorised Kr) has its G14-G17 formed pairwise in Kernel B,
+decided on the device (``docs/kda_backward.md``, "Gates of any size").
 
 FLA's grouped value heads (GVA): q and k have H heads and everything else HV = G H, value head hv
 reading q and k at head hv // G (:func:`kernel.shapes.qk_head`). The three kernels read q and k

@@ -24,9 +24,10 @@ softplus gate or the ``lower_bound`` sigmoid gate, ``A_log=None``; ``use_beta_si
 ``initial_state``, ``output_final_state``, ``use_qk_l2norm_in_kernel``, ``cu_seqlens`` /
 ``cu_seqlens_cpu``, ``safe_gate``, ``lower_bound``, ``disable_recompute``.
 
-Gates are not limited: a 16-token tile that decays a channel past 2^-126, beyond what the
-backward's factorised tile products hold in fp32, has those products formed pairwise in Kernel B,
-decided on the device with no host sync.
+Gates are not limited: a 16-token tile whose gate spans more than 110 (log2) in some channel
+(``kernel.shapes.SPAN_LIMIT``), beyond what the backward's factorised tile products hold in fp32
+under -ftz=true, has those products formed pairwise in Kernel B, decided on the device with no host
+sync.
 
 Refused with a ValueError that names the argument and what to do instead, before anything
 touches the GPU: ``cp_context``, ``chunk_size`` other than 64, ``return_intermediate_states``,

@@ -16,8 +16,9 @@ c < L; rows >= L: gc = gT and q, k, v, beta zero)::
     Mqk = strict_tril(Qe Kr^T) + diag(s q . k);  INV = (I + diag(beta) strict_tril(Ke Kr^T))^-1
     Vn = v - Kd S;  U = INV (beta Vn);  o = Qd S + Mqk U;  S <- diag(gamma) S + Kr^T U
 
-A tile that decays a channel by more than 2^-126 (fp32's range for the factorised products) has its
-Mqk and Akk formed pairwise instead, entry by entry, decided on the device: any gate FLA accepts runs.
+A tile whose gate spans more than 110 (log2) in some channel (:data:`kernel.shapes.SPAN_LIMIT`: short of
+fp32's 126, as -ftz=true flushes the small entries of Kr) has its Mqk and Akk formed pairwise instead,
+entry by entry, decided on the device: any gate FLA accepts runs.
 The float64 statement is :func:`kernel.reference.kda_forward_reference` (qk_l2norm off: q and k as
 given), up to the kernel's roundings: bf16 MMA operands (S, Kd, Kr, Qd, Qe, Ke, W = beta Vn, U, INV,
 Mqk), fp32 products, and the bf16 outputs.

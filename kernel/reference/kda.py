@@ -84,8 +84,10 @@ dx = r (dy - y (y . dy)), y = x r, r = (x . x + 1e-6)^-1/2.
 
 Range: the factorised Mqk/Akk need 2^(gc-gT) finite; this float64 reference
 refuses tiles that decay by more than 2^-MAX_TILE_DECAY_LOG2 in a channel.
-(In fp32 the same factors allow 2^-126; clamped gates, g >= -5, decay a
-16-token tile by at most e^-80 = 2^-115.4.)
+(In fp32 the same factors allow 2^-126, and the kernels, under -ftz=true,
+factorise a tile up to a span of 110, kernel.shapes.SPAN_LIMIT; clamped gates,
+g >= -5, decay a 16-token tile by at most e^-80 = 2^-115.4 and span it by at
+most 75 / ln 2 = 108.2.)
 
 Layouts (``..`` = ``B, T`` or ``1, total`` with ``cu_seqlens``)::
 

@@ -32,9 +32,10 @@ Recipes:
   not the layer's raw one with ``use_gate_in_kernel``, so dA_log and dt_bias
   are not in its table (``layer-call``'s has them). FLA runs only with safe_gate False (its safe_gate
   asks for gates in [-5, 0]); ours is ``kernel.chunk_kda`` on the same call, its
-  tiles past 2^-126 taking Kernel B's pairwise path. Should ``kernel.chunk_kda``
-  ever run FLA's backward for a case (its FallbackWarning), the tool labels that
-  row "chunk_kda: FLA's backward (fallback)", never "ours", and judges nothing
+  tiles spanning more than 110 (log2, ``kernel.shapes.SPAN_LIMIT``) taking Kernel
+  B's pairwise path. Should ``kernel.chunk_kda`` ever run FLA's backward for a case
+  (its FallbackWarning), the tool labels that row "chunk_kda: FLA's backward
+  (fallback)", never "ours", and judges nothing
   there.
 * ``layer-call``: the trained-layer recipe called as FLA's layer calls the op: the raw
   gate projection (bf16) with ``A_log`` and ``dt_bias`` and ``use_gate_in_kernel``, beta as
@@ -372,7 +373,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES),
                     help=f"input recipes (default all). {TRAINED_LAYER}: FLA's layer gate, its projection grown "
                          "(kernel.tools.trained_layer_gate); some of its 16-token tiles decay a channel past "
-                         "2^-126, where Kernel B forms the tile products pairwise; a row whose backward fell back "
+                         "2^-126, and Kernel B forms the tile products pairwise past a span of 110 "
+                         "(log2, kernel.shapes.SPAN_LIMIT); a row whose backward fell back "
                          f"to FLA's would be labelled so and not judged. {LAYER_CALL}: the same gates passed as "
                          "the layer passes them (the raw projection with A_log and dt_bias, beta as logits, both "
                          "activated in the op), with dA_log and ddt_bias in the table")
@@ -483,8 +485,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     for r in rows:
         print(line(r))
     if fallbacks:
-        print("\nkernel.chunk_kda's backward on the trained-layer gates (tiles past 2^-126 take Kernel B's pairwise "
-              "path):")
+        print("\nkernel.chunk_kda's backward on the trained-layer gates (tiles spanning more than 110 "
+              "(log2) take Kernel B's pairwise path):")
         for case, fell_back in fallbacks.items():
             print(f"  {case}: " + ("FLA's ran (a FallbackWarning): the row is FLA's backward, not ours" if fell_back
                                    else "ours ran")

@@ -46,8 +46,9 @@ DT_RANGE = (1e-3, 1e-1)     # dt log-uniform here, FLA's init
 DT_CLAMP = 1e-4             # FLA clamps dt below (a no-op for this range, kept to be FLA's line)
 TOKENS_PER_DRAW = 4096      # tokens of x drawn and projected at once; fixed, so the stream depends on nothing else
 
-# The most a 16-token tile may decay one channel (natural log) for our backward's factorised tile
-# products: 2^-126, fp32's smallest normal. A tile past it takes Kernel B's pairwise path.
+# A 16-token tile's decay of one channel (natural log) at fp32's smallest normal, 2^-126: past it R1's
+# factors leave fp32's range. The kernels go pairwise sooner, past a span (the gates of a tile's last 15
+# tokens) of kernel.shapes.SPAN_LIMIT = 110, where -ftz=true already flushes Kr's small entries.
 TILE_DECAY_FLOOR = -126.0 * math.log(2.0)
 # the per-token gate whose 16-token tile reaches that decay (-5.458...; FLA's recommended bound is -5)
 GATE_FLOOR = TILE_DECAY_FLOOR / TILE_TOKENS
@@ -144,7 +145,8 @@ def gate_statistics(g, lengths: Sequence[int]) -> dict:
     """What the recipe is for, as plain floats: the smallest gate; the fraction of gates below
     :data:`GATE_FLOOR` (each alone would fail a per-token floor); the smallest tile decay; the
     fraction of (tile, head, channel) decays past :data:`TILE_DECAY_FLOOR` and of (tile, head) with
-    any channel past it (the tiles whose G14-G17 Kernel B forms pairwise)."""
+    any channel past it (past fp32's range: Kernel B forms their G14-G17 pairwise, and those of the tiles
+    whose span passes kernel.shapes.SPAN_LIMIT short of it)."""
     tiles = tile_decays(g, lengths)
     past = tiles < TILE_DECAY_FLOOR
     return {"min_gate": float(g.min()), "below_gate_floor": float((g < GATE_FLOOR).double().mean()),

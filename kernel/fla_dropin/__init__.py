@@ -60,6 +60,8 @@ from .arguments import FLA_CALL, Call, check_arguments
 from .entry import chunk_kda
 from .function import FallbackWarning, forget_warnings
 from .patch import is_patched, patch_fla, patched_fla, unpatch_fla
+from .setting import DEFAULT_FORWARD, FORWARDS, forward_setting, use_forward, using_forward
 
 __all__ = ["chunk_kda", "FallbackWarning", "FLA_CALL", "Call", "check_arguments",
-           "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]
+           "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched", "use_forward",
+           "using_forward", "forward_setting", "FORWARDS", "DEFAULT_FORWARD"]

@@ -77,7 +77,8 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
     """The one check of a call given as :func:`chunk_kda`'s arguments by name (``**kwargs`` under
     "kwargs"): its :class:`Call` and the tensors :func:`~.library.chunk_kda_op` takes after it. Raises as
     :func:`chunk_kda` does, before anything touches the GPU. Tensors on the meta device pass (the
-    ops' fake implementations serve them). The call's forward is the setting now (:func:`~.setting.forward_setting`)."""
+    ops' fake implementations serve them). The call's forward is the setting now
+    (:func:`~.setting.forward_setting`)."""
     a = arguments
     flags = {name: a[name] for name, _, _ in NOT_COVERED}
     given = {name: a[name] for name in BOOL_ARGUMENTS}

@@ -47,8 +47,8 @@ import torch
 from ..shapes import CHUNK_TOKENS
 from .arguments import Call
 
-__all__ = ["forward", "forward_here", "our_forward", "fla_forward", "backward", "FORWARD_OUTPUTS", "GRADIENT_INPUTS", "FallbackWarning",
-           "warn_once", "forget_warnings"]
+__all__ = ["forward", "forward_here", "our_forward", "fla_forward", "backward", "FORWARD_OUTPUTS", "GRADIENT_INPUTS",
+           "FallbackWarning", "warn_once", "forget_warnings"]
 
 
 class FallbackWarning(UserWarning):

@@ -167,8 +167,8 @@ def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd
     host = None if cu_seqlens is None else host_offsets(offsets if offsets is not None else cu_seqlens).astype("int64")
     call = _call(q, v, cu_seqlens, host, settings)
     made = _gradients_made(need, use_gate_in_kernel, A_log, dt_bias, initial_state)
-    grads = function.backward(call, made, g_dtype, do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta, beta_activated,
-                     A_log, dt_bias, Aqk, Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu)
+    grads = function.backward(call, made, g_dtype, do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta,
+                              beta_activated, A_log, dt_bias, Aqk, Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu)
     return tuple(x if m else _absent(q) for x, m in zip(grads, made))
 
 

@@ -208,7 +208,9 @@ def our_kernel_stubbed(fla_without_launches, monkeypatch):
         plan = plan_forward(*(_DeviceArray(x) for x in (q, k, v, g, beta)), scale=scale,
                             initial_state=None if initial_state is None else _DeviceArray(initial_state),
                             cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training)
-        empty = lambda shape, dtype: None if shape is None else torch.empty(shape, dtype=dtype, device=q.device)  # noqa: E731
+        def empty(shape, dtype):
+            return None if shape is None else torch.empty(shape, dtype=dtype, device=q.device)
+
         final = None
         if plan.final_shape is not None:
             final = torch.arange(float(np.prod(plan.final_shape)), device=q.device).view(plan.final_shape)

@@ -89,7 +89,8 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
                            lower_bound=a["lower_bound"], cu_seqlens_cpu=a["cu_seqlens_cpu"])
     A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if call.use_gate_in_kernel else (None, None)
     if q.device.type not in ("cuda", "meta"):
-        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
+        raise ValueError(f"q: expected a CUDA tensor (the op runs on the GPU: FLA's Triton kernels and ours), "
+                         f"got one on {q.device}")
     for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
                     ("cu_seqlens", cu_seqlens), ("A_log", A_log), ("dt_bias", dt_bias)):
         if x is not None and x.device != q.device:

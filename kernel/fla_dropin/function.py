@@ -109,7 +109,8 @@ def forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seql
     """The call's forward on CUDA tensors: {name: tensor or None} for :data:`FORWARD_OUTPUTS` (o in
     q's dtype). ``cu_seqlens_cpu`` goes to FLA as the caller gave it."""
     if q.device.type != "cuda":
-        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
+        raise ValueError(f"q: expected a CUDA tensor (the op runs on the GPU: FLA's Triton kernels and ours), "
+                         f"got one on {q.device}")
     with torch.cuda.device(q.device):
         return forward_here(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
 

@@ -130,8 +130,9 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
     dt_bias, chunk_size, the deprecated transpose_state_layout). ``switches`` is updated in place
     where transpose_state_layout gives state_v_first, as FLA does (with FLA's DeprecationWarning).
     ``forward``: whose forward runs ("ours" or "fla", :mod:`.setting`); ours covers every call this
-    check admits (kernel.forward.plan_forward's rules are a subset of these, or are met by the
-    preprocessing: the gate's fp32 cumsum, beta in fp32), so no call needs FLA's forward instead.
+    check admits (kernel.forward.plan_forward's rules are these, or are met by the drop-in's
+    preprocessing: the gate's fp32 cumsum, beta in fp32, a copy of an input not 16-byte aligned), so
+    no call falls back to FLA's forward: one asking for ours gets ours or this refusal.
     """
     forward = check_forward(forward)
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):

@@ -202,8 +202,9 @@ def _aligned(x: torch.Tensor | None) -> torch.Tensor | None:
 def _torch_stream():
     """CuPy on torch's current stream, so that our kernel is ordered with torch's work and a CUDA
     graph capture takes it in (as kernel.kda_backward.run does for a torch caller)."""
-    import cupy
+    from ..runtime.arrays import require_cupy
 
+    cupy = require_cupy("kernel.chunk_kda's forward (kernel.forward; kernel.use_forward('fla') runs FLA's)")
     return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
 
 

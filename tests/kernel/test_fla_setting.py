@@ -154,3 +154,11 @@ def test_the_backward_reads_the_forwards_states_where_they_are_ours_layout(forwa
     h = torch.zeros(B, 2, H, K, V, dtype=torch.bfloat16)
     function._ours(call, x, x, x, x.float(), None, torch.zeros(B, T, H), None, None, x, x, h, None, x, None, None)
     assert handed == [None if scanned else h] and (handed[0] is None or handed[0] is h)
+
+
+def test_our_forward_without_cupy_says_what_to_install_or_set(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", None)   # an import of it fails
+    with pytest.raises(ModuleNotFoundError, match=r"kernel\.chunk_kda's forward .*use_forward\('fla'\).* needs CuPy"):
+        function._torch_stream()

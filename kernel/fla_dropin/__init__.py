@@ -1,4 +1,4 @@
-"""``kernel.chunk_kda``: flash-linear-attention's KDA op with FLA's forward and our backward.
+"""``kernel.chunk_kda``: flash-linear-attention's KDA op with our forward and our backward.
 
     from kernel import chunk_kda          # instead of: from fla.ops.kda import chunk_kda
     o, final_state = chunk_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias,
@@ -8,11 +8,22 @@
 What and why
 ------------
 The same call as fla-core 0.6.0's ``fla.ops.kda.chunk_kda``, argument for argument (names, order,
-defaults, semantics), so that switching is one import. The forward *is* FLA's (FLA's
-preprocessing, then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``), so o and the final state are FLA's
-to the bit. The backward is ours: :func:`kernel.kda_backward.run` on the tensors FLA's forward
-left, then the gate and beta activations' backward, the state layout, the sum over grouped value
-heads and FLA's l2norm backward (:mod:`.function` says how).
+defaults, semantics), so that switching is one import. The forward is ours: FLA's preprocessing
+(the l2norm, the beta sigmoid, the gate's 64-chunk cumsum), then :func:`kernel.forward.forward`,
+which also leaves the states entering every chunk, so the backward runs no forward-state scan.
+The backward is ours: :func:`kernel.kda_backward.run` on the tensors the forward left, then the
+gate and beta activations' backward, the state layout, the sum over grouped value heads and FLA's
+l2norm backward (:mod:`.function` says how).
+
+FLA's forward instead, for comparison (o and the final state then FLA's to the bit, the backward
+still ours)::
+
+    kernel.use_forward("fla")            # for the process; kernel.use_forward("ours") back
+    with kernel.using_forward("fla"):    # for a block
+        ...
+
+The setting (:mod:`.setting`, its default ``DEFAULT_FORWARD`` named once) is read per call at the
+boundary; under torch.compile it is a constant of the trace, and a change compiles again.
 
 What it covers
 --------------
@@ -24,10 +35,15 @@ softplus gate or the ``lower_bound`` sigmoid gate, ``A_log=None``; ``use_beta_si
 ``initial_state``, ``output_final_state``, ``use_qk_l2norm_in_kernel``, ``cu_seqlens`` /
 ``cu_seqlens_cpu``, ``safe_gate``, ``lower_bound``, ``disable_recompute``.
 
+With our forward, ``safe_gate`` and ``lower_bound`` (outside the gate activation) change nothing
+(they pick FLA's intra-chunk kernel), nor does ``disable_recompute``: the forward always keeps, for
+the backward, the gate's fp32 cumsum and the bf16 states entering every 64-token chunk (each 512 B
+a token and value head), and nothing is recomputed.
+
 Gates are not limited: a 16-token tile whose gate spans more than 110 (log2) in some channel
-(``kernel.shapes.SPAN_LIMIT``), beyond what the backward's factorised tile products hold in fp32
-under -ftz=true, has those products formed pairwise in Kernel B, decided on the device with no host
-sync.
+(``kernel.shapes.SPAN_LIMIT``), beyond what the factorised tile products hold in fp32 under
+-ftz=true, has those products formed pairwise, in our forward and in Kernel B, decided on the
+device with no host sync.
 
 Refused with a ValueError that names the argument and what to do instead, before anything
 touches the GPU: ``cp_context``, ``chunk_size`` other than 64, ``return_intermediate_states``,
@@ -36,6 +52,9 @@ rules (value heads not a multiple of q's, ``allow_neg_eigval`` without the beta 
 ``use_gate_in_kernel`` without ``A_log`` or ``lower_bound``, ``safe_gate`` with the gate in the
 op and ``lower_bound`` outside [-5, 0)). A keyword FLA does not know is a TypeError (FLA
 ignores it).
+
+Our forward covers every call the checks admit, so nothing falls back to FLA's forward: a user
+who asks for ours gets ours, or a refusal naming the argument.
 
 One switch routes FLA's own op to this one for a whole model: :func:`patch_fla` (with
 :func:`unpatch_fla` and the context manager :func:`patched_fla`); whatever this op does not cover
@@ -46,13 +65,15 @@ torch.compile: the op is registered with torch.library (``torch.ops.ptx_lab.chun
 :func:`chunk_kda` compiles with ``fullgraph=True``, FLA's own being compiler-disabled. A uniform
 batch (B x T, no ``cu_seqlens``) traces with no host sync. With ``cu_seqlens`` the trace copies
 them to the host (``cu_seqlens.cpu()``, one sync) unless ``cu_seqlens_cpu`` is given, and their
-values are checked when the forward op runs rather than at the call; with ``disable_recompute``
-as well, FLA's states have a data-dependent chunk count (an unbacked size in the trace).
+values are checked when the forward op runs rather than at the call; the states the forward keeps
+then have a data-dependent chunk count (an unbacked size in the trace): always with our forward,
+with ``disable_recompute`` with FLA's.
 
-The rooms: :mod:`.arguments` (the one check of a call), :mod:`.function` (what the forward and
-backward run), :mod:`.library` (the ops, their fakes and autograd), :mod:`.entry` (the signature),
-:mod:`.patch` (the switch). torch is imported with this package; fla and
-:mod:`kernel.kda_backward` (CuPy) only when the forward or the backward runs. ``import kernel``
+The rooms: :mod:`.arguments` (the one check of a call), :mod:`.setting` (whose forward runs),
+:mod:`.function` (what the forward and backward run), :mod:`.library` (the ops, their fakes and
+autograd), :mod:`.entry` (the signature), :mod:`.patch` (the switch). torch is imported with this
+package; fla, :mod:`kernel.forward` and :mod:`kernel.kda_backward` (CuPy) only when the forward or
+the backward runs. ``import kernel``
 needs none of them: ``kernel.chunk_kda`` loads this package on first use.
 """
 from __future__ import annotations
@@ -61,6 +82,8 @@ from .arguments import FLA_CALL, Call, check_arguments
 from .entry import chunk_kda
 from .function import FallbackWarning, forget_warnings
 from .patch import is_patched, patch_fla, patched_fla, unpatch_fla
+from .setting import DEFAULT_FORWARD, FORWARDS, forward_setting, use_forward, using_forward
 
 __all__ = ["chunk_kda", "FallbackWarning", "FLA_CALL", "Call", "check_arguments",
-           "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched"]
+           "forget_warnings", "patch_fla", "unpatch_fla", "patched_fla", "is_patched", "use_forward",
+           "using_forward", "forward_setting", "FORWARDS", "DEFAULT_FORWARD"]

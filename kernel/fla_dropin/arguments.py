@@ -18,6 +18,7 @@ import torch
 
 from ..runtime.arrays import check_scale
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_cu_seqlens
+from .setting import check_forward
 
 FLA_CALL = "fla.ops.kda.chunk_kda"
 
@@ -57,6 +58,7 @@ class Call:
     lower_bound: float | None
     disable_recompute: bool
     state_v_first: bool
+    forward: str                # whose forward runs: "ours" or "fla" (.setting); the backward is ours
 
     @property
     def groups(self) -> int:
@@ -119,15 +121,20 @@ def _gate_parameters(kwargs: dict[str, Any], *, use_gate_in_kernel: bool, lower_
 
 
 def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[str, Any],
-                    kwargs: dict[str, Any], switches: dict[str, Any], scale: Any = None, lower_bound: Any = None,
-                    cu_seqlens_cpu=None) -> Call:
+                    kwargs: dict[str, Any], switches: dict[str, Any], forward: str, scale: Any = None,
+                    lower_bound: Any = None, cu_seqlens_cpu=None) -> Call:
     """Every refusal, on shapes, dtypes, flags and the offsets alone; returns the checked :class:`Call`.
 
     ``flags``: the arguments of :data:`NOT_COVERED` as passed; ``switches``: those of
     :data:`BOOL_ARGUMENTS`; ``kwargs``: what FLA's chunk_kda reads from its ``**kwargs`` (A_log,
     dt_bias, chunk_size, the deprecated transpose_state_layout). ``switches`` is updated in place
     where transpose_state_layout gives state_v_first, as FLA does (with FLA's DeprecationWarning).
+    ``forward``: whose forward runs ("ours" or "fla", :mod:`.setting`); ours covers every call this
+    check admits (kernel.forward.plan_forward's rules are these, or are met by the drop-in's
+    preprocessing: the gate's fp32 cumsum, beta in fp32, a copy of an input not 16-byte aligned), so
+    no call falls back to FLA's forward: one asking for ours gets ours or this refusal.
     """
+    forward = check_forward(forward)
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor, got {type(x).__module__}.{type(x).__name__}")
@@ -224,4 +231,4 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
         if initial_state.dtype != torch.float32:
             raise ValueError(f"initial_state: expected torch.float32 (as FLA), got {initial_state.dtype}")
     return Call(B=B, T=T, H=H, HV=HV, N=N, offsets=offsets, scale=HEAD_DIM ** -0.5 if scale is None else float(scale),
-                lower_bound=lower_bound, **switches)
+                lower_bound=lower_bound, forward=forward, **switches)

@@ -7,6 +7,7 @@ import torch
 
 from .arguments import BOOL_ARGUMENTS, NOT_COVERED, Call, check_arguments
 from .library import chunk_kda_op
+from .setting import forward_setting
 
 __all__ = ["chunk_kda", "check_call"]
 
@@ -36,7 +37,8 @@ def chunk_kda(
     max_num_seqs: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KDA's chunked layer: FLA's forward, our backward. Arguments and semantics as ``fla.ops.kda.chunk_kda``.
+    """KDA's chunked layer: our forward (or FLA's, :func:`~.setting.use_forward`) and our backward. Arguments
+    and semantics as ``fla.ops.kda.chunk_kda``.
 
     q, k: bf16 [B, T, H, 128]; v: bf16 [B, T, HV, 128], HV a multiple of H (grouped value heads);
     g [B, T, HV, 128]: the per-token natural-log gate, or with ``use_gate_in_kernel`` the raw
@@ -75,18 +77,20 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
     """The one check of a call given as :func:`chunk_kda`'s arguments by name (``**kwargs`` under
     "kwargs"): its :class:`Call` and the tensors :func:`~.library.chunk_kda_op` takes after it. Raises as
     :func:`chunk_kda` does, before anything touches the GPU. Tensors on the meta device pass (the
-    ops' fake implementations serve them)."""
+    ops' fake implementations serve them). The call's forward is the setting now
+    (:func:`~.setting.forward_setting`)."""
     a = arguments
     flags = {name: a[name] for name, _, _ in NOT_COVERED}
     given = {name: a[name] for name in BOOL_ARGUMENTS}
     q, k, v, g, beta = a["q"], a["k"], a["v"], a["g"], a["beta"]
     kwargs, initial_state, cu_seqlens = a["kwargs"], a["initial_state"], a["cu_seqlens"]
     call = check_arguments(q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, flags=flags,
-                           kwargs=kwargs, switches=given, scale=a["scale"], lower_bound=a["lower_bound"],
-                           cu_seqlens_cpu=a["cu_seqlens_cpu"])
+                           kwargs=kwargs, switches=given, forward=forward_setting(), scale=a["scale"],
+                           lower_bound=a["lower_bound"], cu_seqlens_cpu=a["cu_seqlens_cpu"])
     A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if call.use_gate_in_kernel else (None, None)
     if q.device.type not in ("cuda", "meta"):
-        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
+        raise ValueError(f"q: expected a CUDA tensor (the op runs on the GPU: FLA's Triton kernels and ours), "
+                         f"got one on {q.device}")
     for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
                     ("cu_seqlens", cu_seqlens), ("A_log", A_log), ("dt_bias", dt_bias)):
         if x is not None and x.device != q.device:

@@ -1,21 +1,32 @@
-"""What ``kernel.chunk_kda``'s two ops run: FLA's forward and our backward, as plain functions.
+"""What ``kernel.chunk_kda``'s two ops run: our forward (or FLA's) and our backward, as plain functions.
 
 :mod:`.library` registers them with torch.library (the forward and backward ops, their fake
 implementations and the autograd formula that joins them); this module holds no autograd state.
 
-Forward (:func:`forward`): what FLA's own autograd function does before its kernels (the l2norm of
-q and k, the beta sigmoid, the chunk table for ``cu_seqlens``), then
-``fla.ops.kda.chunk_fwd.chunk_kda_fwd`` with every setting of the call, so that o and the final
-state are FLA's to the bit. It returns every tensor the backward reads.
+Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
 
-Backward (:func:`backward`): :func:`kernel.kda_backward.run` on the tensors FLA's forward left, then
+* ``"ours"`` (:func:`our_forward`): FLA's preprocessing as FLA's own autograd function runs it (the
+  l2norm of q and k with their rstd, the beta sigmoid), FLA's 64-chunk cumsum of the gate in log2
+  (``kda_gate_chunk_cumsum`` where the op activates the gate, else ``chunk_local_cumsum``, both with
+  scale 1/ln 2, as ``chunk_kda_fwd`` calls them), then :func:`kernel.forward.forward` in training mode
+  on torch's current stream: o, the final state, the states entering every 64-token chunk and Aqk's
+  and Akk's 16 x 16 diagonal blocks (the rest of their rows unwritten: our backward reads nothing
+  else). Every call the boundary admits is within it: nothing falls back to FLA's forward.
+* ``"fla"`` (:func:`fla_forward`): the same preprocessing, then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``
+  with every setting of the call, so that o and the final state are FLA's to the bit.
+
+Either returns every tensor the backward reads (:data:`FORWARD_OUTPUTS`).
+
+Backward (:func:`backward`): :func:`kernel.kda_backward.run` on the tensors the forward left, then
 what lies between its gradients and the call's arguments:
 
-* the gate: FLA's 64-chunk cumsum of the activated gate, recomputed by FLA's own
-  ``kda_gate_chunk_cumsum`` where FLA's forward freed it; the gate activation's backward to g_raw,
-  A_log and dt_bias in Kernel B's epilogue, where it forms dg (a bf16 g_raw; FLA's fused
-  ``kda_gate_bwd``, a pass of its own, for another dtype); :mod:`kernel.activations` holds the same
-  math in torch, which the tests check in float64;
+* the states: our forward's ([K, V] whatever ``state_v_first``), or FLA's kept ``h`` in [K, V]
+  (``disable_recompute`` without ``state_v_first``), skip the forward-state scan; otherwise it runs;
+* the gate: the 64-chunk cumsum of the activated gate, recomputed by FLA's own
+  ``kda_gate_chunk_cumsum`` where FLA's forward freed it (ours keeps it); the gate activation's
+  backward to g_raw, A_log and dt_bias in Kernel B's epilogue, where it forms dg (a bf16 g_raw; FLA's
+  fused ``kda_gate_bwd``, a pass of its own, for another dtype); :mod:`kernel.activations` holds the
+  same math in torch, which the tests check in float64;
 * beta: the sigmoid's backward;
 * ``state_v_first``: the states enter and leave the backward as [K, V];
 * grouped value heads: native in the kernels (each value head reads q and k at its query / key head,
@@ -23,9 +34,9 @@ what lies between its gradients and the call's arguments:
   FLA sums them;
 * the l2norm's backward, in Kernel B's epilogue (from FLA's rstd), and the casts to the inputs' dtypes.
 
-Every gate FLA accepts runs ours: a 16-token tile whose gates decay a channel past fp32's range for
-the factorised tile products takes Kernel B's pairwise path, decided on the device with no host
-sync (docs/kda_backward.md, "Gates of any size").
+Every gate FLA accepts runs ours, forward and backward: a 16-token tile whose gates decay a channel
+past fp32's range for the factorised tile products has them formed pairwise, decided on the device
+with no host sync (docs/kda_forward.md, section 7; docs/kda_backward.md, "Gates of any size").
 """
 from __future__ import annotations
 
@@ -36,8 +47,8 @@ import torch
 from ..shapes import CHUNK_TOKENS
 from .arguments import Call
 
-__all__ = ["forward", "fla_forward", "backward", "FORWARD_OUTPUTS", "GRADIENT_INPUTS", "FallbackWarning",
-           "warn_once", "forget_warnings"]
+__all__ = ["forward", "forward_here", "our_forward", "fla_forward", "backward", "FORWARD_OUTPUTS", "GRADIENT_INPUTS",
+           "FallbackWarning", "warn_once", "forget_warnings"]
 
 
 class FallbackWarning(UserWarning):
@@ -66,13 +77,15 @@ def _fla():
         from fla.ops.common.gate import fused_beta_sigmoid_fwd
         from fla.ops.kda.chunk_fwd import chunk_kda_fwd
         from fla.ops.kda.gate import kda_gate_bwd, kda_gate_chunk_cumsum
+        from fla.ops.utils import chunk_local_cumsum
         from fla.ops.utils.constant import RCP_LN2
         from fla.ops.utils.index import prepare_chunk_indices
     except ImportError as exc:
-        raise ImportError(f"kernel.chunk_kda runs FLA's forward: it needs fla-core 0.6.0 and triton ({exc})") from exc
+        raise ImportError(f"kernel.chunk_kda runs FLA's preprocessing (and forward, if asked): it needs fla-core "
+                          f"0.6.0 and triton ({exc})") from exc
     return dict(l2norm_fwd=l2norm_fwd, beta_sigmoid=fused_beta_sigmoid_fwd,
-                chunk_kda_fwd=chunk_kda_fwd, gate_cumsum=kda_gate_chunk_cumsum, gate_bwd=kda_gate_bwd,
-                rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
+                chunk_kda_fwd=chunk_kda_fwd, gate_cumsum=kda_gate_chunk_cumsum, local_cumsum=chunk_local_cumsum,
+                gate_bwd=kda_gate_bwd, rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
 
 
 def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -82,26 +95,35 @@ def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
 
 # forward's tensors, in the order the op returns them (each one the call does not make is absent):
 # the output, the final state, and what the backward reads: q and k as the kernels read them (after
-# the l2norm) with their rstd, beta after the sigmoid, FLA's 64-chunk cumsum of the gate in log2
-# (absent where FLA frees it: the gate activated in the op, without disable_recompute), Aqk, Akk,
-# and FLA's states h (kept with disable_recompute)
+# the l2norm) with their rstd, beta after the sigmoid, the 64-chunk cumsum of the gate in log2 (absent
+# where FLA's forward frees it: the gate activated in the op, without disable_recompute), Aqk, Akk,
+# and the states entering every chunk h (our forward's always, FLA's kept with disable_recompute)
 FORWARD_OUTPUTS = ("o", "final_state", "q", "q_rstd", "k", "k_rstd", "beta", "g_cumsum", "Aqk", "Akk", "h")
 # the inputs that have a gradient, in the order the backward returns them
 GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
+# the kernels copy every tensor by 16-byte cp.async (kernel.forward.launch.ALIGN)
+KERNEL_ALIGN = 16
 
 
 def forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
-    """FLA's forward for ``call`` on CUDA tensors: {name: tensor or None} for :data:`FORWARD_OUTPUTS`
-    (o in q's dtype). ``cu_seqlens_cpu`` goes to FLA as the caller gave it."""
+    """The call's forward on CUDA tensors: {name: tensor or None} for :data:`FORWARD_OUTPUTS` (o in
+    q's dtype). ``cu_seqlens_cpu`` goes to FLA as the caller gave it."""
     if q.device.type != "cuda":
-        raise ValueError(f"q: expected a CUDA tensor (FLA's forward runs in Triton), got one on {q.device}")
+        raise ValueError(f"q: expected a CUDA tensor (the op runs on the GPU: FLA's Triton kernels and ours), "
+                         f"got one on {q.device}")
     with torch.cuda.device(q.device):
-        return fla_forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+        return forward_here(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
 
 
-def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
-    """:func:`forward` on q's current device: FLA's preprocessing and ``chunk_kda_fwd``."""
-    fla = _fla()
+def forward_here(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
+    """:func:`forward` on q's current device: :func:`our_forward` or :func:`fla_forward`, as ``call.forward`` says."""
+    run = our_forward if call.forward == "ours" else fla_forward
+    return run(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+
+
+def _preprocess(fla, call: Call, q, k, v, g, beta, initial_state):
+    """What FLA's autograd function does before its kernels: (q, q_rstd, k, k_rstd, v, g, beta,
+    beta_activated or None, initial_state), contiguous; q and k l2-normalised where the call asks."""
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     initial_state = None if initial_state is None else initial_state.contiguous()
     q_rstd = k_rstd = None
@@ -111,6 +133,14 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     beta_activated = None
     if call.use_beta_sigmoid_in_kernel:
         beta_activated = fla["beta_sigmoid"](beta, scale=call.beta_scale)
+    return q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state
+
+
+def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
+    """FLA's forward on q's current device: FLA's preprocessing and ``chunk_kda_fwd``."""
+    fla = _fla()
+    q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
+                                                                                   initial_state)
     chunk_indices = _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu)
     (o, final_state, g_cumsum, Aqk, Akk, _w, _u, _qg, _kg, _v_new, h, _h0) = fla["chunk_kda_fwd"](
         q=q, k=k, v=v, g=g, beta=beta if beta_activated is None else beta_activated, scale=call.scale,
@@ -124,6 +154,58 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     return dict(o=o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
                 k=k if normed else None, k_rstd=k_rstd, beta=beta_activated, g_cumsum=g_cumsum, Aqk=Aqk, Akk=Akk,
                 h=h if call.disable_recompute else None)
+
+
+def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
+    """Our forward on q's current device: FLA's preprocessing and the gate's cumsum (kept for the
+    backward), then :func:`kernel.forward.forward` in training mode on torch's current stream, every
+    output from torch's allocator. ``state_v_first``: the initial state goes in as [K, V] and the final
+    state comes out as [V, K]; the states (h) stay [K, V], as our backward reads them."""
+    from .. import forward as kernel_forward
+
+    fla = _fla()
+    q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
+                                                                                   initial_state)
+    g_cumsum = _gate_cumsum(fla, call, g, A_log, dt_bias, cu_seqlens, _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu))
+    kernels_beta = (beta if beta_activated is None else beta_activated).float()   # bf16 widened by torch, not CuPy
+    h0 = _v_first(initial_state) if call.state_v_first else initial_state
+    inputs = [_aligned(x) for x in (q, k, v, g_cumsum, kernels_beta, h0)]
+    with _torch_stream():
+        out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
+                                     cu_seqlens=call.offsets, output_final_state=call.output_final_state,
+                                     training=True)
+    final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
+    normed = call.use_qk_l2norm_in_kernel
+    return dict(o=out.o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
+                k=k if normed else None, k_rstd=k_rstd, beta=beta_activated, g_cumsum=g_cumsum, Aqk=out.Aqk,
+                Akk=out.Akk, h=out.states)
+
+
+def _gate_cumsum(fla, call: Call, g, A_log, dt_bias, cu_seqlens, chunk_indices):
+    """The 64-chunk-local cumsum of the gate / ln 2, fp32, as FLA's chunk_kda_fwd makes it: of the gate
+    the op activates (A_log, dt_bias, lower_bound), or of the call's log gate."""
+    if call.use_gate_in_kernel:
+        return fla["gate_cumsum"](g=g, A_log=A_log, dt_bias=dt_bias, scale=fla["rcp_ln2"], chunk_size=CHUNK_TOKENS,
+                                  cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, lower_bound=call.lower_bound)
+    return fla["local_cumsum"](g=g, scale=fla["rcp_ln2"], chunk_size=CHUNK_TOKENS, cu_seqlens=cu_seqlens,
+                               chunk_indices=chunk_indices)
+
+
+def _aligned(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` (contiguous), or a copy where its first byte is not 16-byte aligned (a contiguous slice of
+    a larger tensor can start anywhere; the forward's plan refuses that)."""
+    if x is None or x.data_ptr() % KERNEL_ALIGN == 0:
+        return x
+    return x.clone()
+
+
+def _torch_stream():
+    """CuPy on torch's current stream, so that our kernel is ordered with torch's work and a CUDA
+    graph capture takes it in (as kernel.kda_backward.run does for a torch caller)."""
+    from ..runtime.arrays import require_cupy
+
+    cupy = require_cupy("kernel.chunk_kda's forward (kernel.forward; kernel.use_forward('fla') runs FLA's)")
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
 
 
 def _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu):
@@ -149,10 +231,8 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
         q, k, v, do = (x.contiguous() for x in (q, k, v, do))
         initial_state = None if initial_state is None else initial_state.contiguous()
         chunk_indices = _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu)
-        if g_cumsum is None:
-            g_cumsum = fla["gate_cumsum"](g=g_raw, A_log=A_log, dt_bias=dt_bias, scale=fla["rcp_ln2"],
-                                          chunk_size=CHUNK_TOKENS, cu_seqlens=cu_seqlens,
-                                          chunk_indices=chunk_indices, lower_bound=call.lower_bound)
+        if g_cumsum is None:   # FLA's forward freed it (the gate activated in the op): recomputed as it made it
+            g_cumsum = _gate_cumsum(fla, call, g_raw, A_log, dt_bias, cu_seqlens, chunk_indices)
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
         # the gate's activation backward (Kernel B's gate build, or FLA's pass for a gate not in bf16):
@@ -181,8 +261,9 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     if rstd is not None:   # Kernel B reads them at each value head's query / key head, as q and k
         rstd = tuple(x.float().contiguous() for x in rstd)
     batch = checked_batch(call.B, call.T, call.H, call.offsets, scale=call.scale, torch_out=True, HV=call.HV)
-    # FLA's saved states are [V, K] with state_v_first: the forward-state scan makes ours instead
-    states = h if not call.state_v_first else None
+    # our forward's states are [K, V] in every layout; FLA's kept h is [V, K] with state_v_first, and
+    # then the forward-state scan makes ours instead
+    states = h if (call.forward == "ours" or not call.state_v_first) else None
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     dht = None if dht is None else (_v_first(dht) if call.state_v_first else dht.contiguous())
     # the gate activation's backward in Kernel B's epilogue, which writes g_raw's gradient in bf16 only

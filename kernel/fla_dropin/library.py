@@ -2,28 +2,36 @@
 that joins them, so that torch.compile traces a model through it and autograd runs through
 torch's registration.
 
-* ``torch.ops.ptx_lab.chunk_kda_fwd``: FLA's forward (:func:`.function.forward`). It returns o, the
-  final state and every tensor the backward reads, :data:`~.function.FORWARD_OUTPUTS` in that
-  order (a custom op keeps no state between its forward and backward, so what an autograd function
-  would save is returned); one the call does not make is an empty tensor.
+* ``torch.ops.ptx_lab.chunk_kda_fwd``: our forward or FLA's, as its ``forward`` argument says
+  (:func:`.function.forward`). It returns o, the final state and every tensor the backward reads,
+  :data:`~.function.FORWARD_OUTPUTS` in that order (a custom op keeps no state between its forward
+  and backward, so what an autograd function would save is returned); one the call does not make
+  is an empty tensor. Aqk and Akk are partly written by either forward (FLA's below the diagonal,
+  ours only the 16 x 16 diagonal blocks), the rest whatever memory held: compare them only where
+  written.
 * ``torch.ops.ptx_lab.chunk_kda_bwd``: our backward (:func:`.function.backward`): the gradients of
   :data:`~.function.GRADIENT_INPUTS` in that order, an empty tensor for one nobody asked for.
 
-The call's settings (:class:`~.arguments.Call` less its sizes) are the ops' scalar arguments. The
+The call's settings (:class:`~.arguments.Call` less its sizes, ``forward`` among them: "ours" or
+"fla", a constant of a torch.compile trace) are the ops' scalar arguments. The
 varlen offsets reach the ops as ``offsets``, a host int64 tensor of cu_seqlens (the backward's
 launch tables are built from it): :func:`chunk_kda_op` passes the copy that the boundary checked,
 or, under torch.compile, where the boundary cannot read values, ``cu_seqlens_cpu`` or
 ``cu_seqlens.cpu()`` as a traced copy. The forward op checks the offsets it reads (cheap: N + 1
 integers on the host), because it can be called on its own through ``torch.ops``.
 
-Each op has a fake implementation: its outputs' shapes and dtypes from the inputs alone, as FLA's
-code allocates them (``chunk_kda_fwd``, ``chunk_kda_fwd_intra``, ``recompute_w_u_fwd``,
-``chunk_gated_delta_rule_fwd_h``, ``l2norm_fwd``, ``fused_beta_sigmoid_fwd`` in fla-core 0.6.0).
-The one data-dependent shape is FLA's states h of a varlen call with ``disable_recompute`` (one
-per 64-token chunk of every sequence): there the fake makes its chunk count an unbacked size,
-which torch.compile carries but a plain meta tensor cannot.
+Each op has a fake implementation: its outputs' shapes and dtypes from the inputs alone, as the
+forward allocates them: FLA's code (``chunk_kda_fwd``, ``chunk_kda_fwd_intra``, ``recompute_w_u_fwd``,
+``chunk_gated_delta_rule_fwd_h``, ``l2norm_fwd``, ``fused_beta_sigmoid_fwd`` in fla-core 0.6.0) and,
+for ours, :func:`kernel.forward.plan_forward`'s shapes (the same but for the states: always made,
+always [K, V], and the gate's cumsum, always kept). The one data-dependent shape is the states h of a
+varlen call (one per 64-token chunk of every sequence), ours or FLA's with ``disable_recompute``:
+there the fake makes its chunk count an unbacked size, which torch.compile carries but a plain meta
+tensor cannot (a varlen dry run on meta tensors under our forward raises torch's data-dependent
+shape error; FakeTensorMode serves it).
 
-The fake also serves meta tensors, so a call on the meta device is a dry run of the shapes.
+The fake also serves meta tensors, so a call on the meta device is a dry run of the shapes (but for
+the data-dependent one above).
 """
 import dataclasses
 from typing import Optional, Sequence
@@ -33,7 +41,8 @@ from torch import Tensor
 
 from ..shapes import CHUNK_TOKENS, check_cu_seqlens, host_offsets
 from .arguments import Call
-from .function import FORWARD_OUTPUTS, GRADIENT_INPUTS, backward, forward
+from . import function
+from .function import FORWARD_OUTPUTS, GRADIENT_INPUTS
 
 __all__ = ["chunk_kda_op", "chunk_kda_fwd", "chunk_kda_bwd", "NAMESPACE", "SETTINGS", "TENSOR_ARGUMENTS", "SAVED"]
 
@@ -56,13 +65,14 @@ def _absent(like: Tensor) -> Tensor:
 
 
 def _forward_made(output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
-                  use_beta_sigmoid_in_kernel: bool, disable_recompute: bool) -> tuple[bool, ...]:
-    """Which of FORWARD_OUTPUTS a call makes (FLA frees its gate cumsum where the op activated the
-    gate, unless disable_recompute keeps everything, h included)."""
+                  use_beta_sigmoid_in_kernel: bool, disable_recompute: bool, forward: str) -> tuple[bool, ...]:
+    """Which of FORWARD_OUTPUTS a call makes: FLA's forward frees its gate cumsum where the op activated
+    the gate, unless disable_recompute keeps everything, h included; ours keeps both always."""
+    ours = forward == "ours"
     made = dict(o=True, final_state=output_final_state, q=use_qk_l2norm_in_kernel,
                 q_rstd=use_qk_l2norm_in_kernel, k=use_qk_l2norm_in_kernel, k_rstd=use_qk_l2norm_in_kernel,
-                beta=use_beta_sigmoid_in_kernel, g_cumsum=disable_recompute or not use_gate_in_kernel, Aqk=True,
-                Akk=True, h=disable_recompute)
+                beta=use_beta_sigmoid_in_kernel, g_cumsum=ours or disable_recompute or not use_gate_in_kernel,
+                Aqk=True, Akk=True, h=ours or disable_recompute)
     return tuple(made[name] for name in FORWARD_OUTPUTS)
 
 
@@ -97,21 +107,23 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   cu_seqlens_cpu: Optional[Tensor], offsets: Optional[Tensor], scale: float,
                   output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                   use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
-                  lower_bound: Optional[float], disable_recompute: bool, state_v_first: bool) -> FORWARD_RETURNS:
-    """FLA's KDA forward on a checked call: FORWARD_OUTPUTS, each absent one an empty tensor."""
+                  lower_bound: Optional[float], disable_recompute: bool, state_v_first: bool,
+                  forward: str) -> FORWARD_RETURNS:
+    """The KDA forward (``forward``: "ours" or "fla") on a checked call: FORWARD_OUTPUTS, each absent one
+    an empty tensor."""
     arguments = locals()
     settings = {name: arguments[name] for name in SETTINGS}
     call = _call(q, v, cu_seqlens, _host_offsets(q, cu_seqlens, offsets), settings)
-    out = forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+    out = function.forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward)
     return tuple(out[name] if m else _absent(q) for name, m in zip(FORWARD_OUTPUTS, made))
 
 
 @chunk_kda_fwd.register_fake
 def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first):
+                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -125,13 +137,14 @@ def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seql
         g_cumsum=(g.shape, torch.float32),                              # chunk_local_cumsum, kda_gate_chunk_cumsum
         Aqk=((B, T, HV, CHUNK_TOKENS), k.dtype), Akk=((B, T, HV, CHUNK_TOKENS), k.dtype),   # chunk_kda_fwd_intra
     )
-    if disable_recompute:
-        # chunk_gated_delta_rule_fwd_h: one state per 64-token chunk of every sequence, in kg's dtype
-        # (k's); with cu_seqlens the chunk count depends on the offsets' values
-        NT = -(-T // CHUNK_TOKENS) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
-        shapes["h"] = ((B, NT, HV, *state), k.dtype)
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward)
+    if made[FORWARD_OUTPUTS.index("h")]:
+        # one state per 64-token chunk of every sequence, bf16 (FLA's chunk_gated_delta_rule_fwd_h: in
+        # kg's dtype, k's, in the state's layout; ours: [K, V] always); with cu_seqlens the chunk count
+        # depends on the offsets' values
+        NT = -(-T // CHUNK_TOKENS) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+        shapes["h"] = ((B, NT, HV, *((K, V) if forward == "ours" else state)), k.dtype)
     return tuple(q.new_empty(shapes[name][0], dtype=shapes[name][1]) if m else _absent(q)
                  for name, m in zip(FORWARD_OUTPUTS, made))
 
@@ -145,7 +158,7 @@ def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd
                   g_dtype: torch.dtype, need: Sequence[bool], scale: float, output_final_state: bool,
                   use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                   allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float], disable_recompute: bool,
-                  state_v_first: bool) -> BACKWARD_RETURNS:
+                  state_v_first: bool, forward: str) -> BACKWARD_RETURNS:
     """Our KDA backward from the forward op's tensors: the gradients of GRADIENT_INPUTS, each one
     ``need`` leaves out (or the call has not) an empty tensor."""
     arguments = locals()
@@ -154,8 +167,8 @@ def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd
     host = None if cu_seqlens is None else host_offsets(offsets if offsets is not None else cu_seqlens).astype("int64")
     call = _call(q, v, cu_seqlens, host, settings)
     made = _gradients_made(need, use_gate_in_kernel, A_log, dt_bias, initial_state)
-    grads = backward(call, made, g_dtype, do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta, beta_activated,
-                     A_log, dt_bias, Aqk, Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu)
+    grads = function.backward(call, made, g_dtype, do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta,
+                              beta_activated, A_log, dt_bias, Aqk, Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu)
     return tuple(x if m else _absent(q) for x, m in zip(grads, made))
 
 
@@ -163,7 +176,7 @@ def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd
 def _chunk_kda_bwd_fake(do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta, beta_activated, A_log, dt_bias, Aqk,
                         Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, g_dtype, need, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first):
+                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward):
     g = g_raw if g_raw is not None else g_cumsum
     like = dict(q=(q, q.dtype), k=(k, k.dtype), v=(v, v.dtype), g=(g, g_dtype), beta=(beta, beta.dtype),
                 A_log=(A_log, None), dt_bias=(dt_bias, None), initial_state=(initial_state, None))
@@ -179,7 +192,7 @@ def _setup_context(ctx, inputs, output) -> None:
     a = dict(zip(TENSOR_ARGUMENTS + SETTINGS, inputs))
     s = {name: a[name] for name in SETTINGS}
     made = _forward_made(s["output_final_state"], s["use_qk_l2norm_in_kernel"], s["use_gate_in_kernel"],
-                         s["use_beta_sigmoid_in_kernel"], s["disable_recompute"])
+                         s["use_beta_sigmoid_in_kernel"], s["disable_recompute"], s["forward"])
     out = {name: (x if m else None) for name, x, m in zip(FORWARD_OUTPUTS, output, made)}
     # only o and the final state are the user's; the rest exist for the backward
     ctx.mark_non_differentiable(*[x for name, x in zip(FORWARD_OUTPUTS, output)

@@ -15,8 +15,9 @@ one still is.
 
 The routed op runs ours where the call is covered and FLA's own otherwise, with a one-time
 :class:`~kernel.fla_dropin.FallbackWarning` that names the argument: never an error in the middle
-of training. Calls that build no graph (inference, ``torch.no_grad``) go to FLA's directly: the
-forward is FLA's either way, and ours adds nothing without a backward.
+of training. Calls that build no graph (inference, ``torch.no_grad``) go to FLA's directly, whichever
+forward is set (:func:`~.setting.use_forward`): ours runs in training mode only, writing the states
+and blocks our backward reads, which such a call never asks for.
 
 The routed op is traceable: under ``torch.compile(fullgraph=True)`` a covered call of a patched
 model compiles through our op (a call that falls back to FLA's own meets FLA's compiler-disabled

@@ -4,11 +4,13 @@ CPU: the signature is fla-core 0.6.0's, argument for argument; every argument it
 does not cover is refused by name before the GPU is touched; every covered call
 gets past the checks; ``import kernel`` stays free of torch.
 
-GPU (``-m gpu``; needs torch CUDA, fla-core 0.6.0, CuPy and kernel.kda_backward):
-the forward is FLA's to the bit, and every gradient (q, k, v, g, beta,
-initial_state) of L = sum(o * do) + sum(S_T * dht) has a relative Frobenius error
-against the float64 reference no worse than 2x FLA's own on the same inputs plus
-a small floor.
+GPU (``-m gpu``; needs torch CUDA, fla-core 0.6.0, CuPy and kernel.kda_backward),
+under each forward setting (kernel.using_forward): with FLA's forward o and the final
+state are FLA's to the bit; with ours, their relative Frobenius error against the
+float64 forward reference is no worse than 2x FLA's own plus a small floor. Either
+way every gradient (q, k, v, g, beta, initial_state) of L = sum(o * do) +
+sum(S_T * dht) has a relative Frobenius error against the float64 reference no worse
+than 2x FLA's own on the same inputs plus a small floor.
 """
 from __future__ import annotations
 
@@ -334,6 +336,18 @@ def _reference(x, *, with_state: bool) -> dict:
                                   qk_l2norm=True)
 
 
+def _forward_reference(x, *, with_state: bool) -> dict:
+    """o and the final state in float64 (kernel.reference.kda_forward_reference, the l2norm in it)."""
+    from kernel.reference import kda_forward_reference
+
+    f64 = lambda t: t.double().numpy()   # noqa: E731
+    o, final, _ = kda_forward_reference(f64(x["q"]), f64(x["k"]), f64(x["v"]), f64(x["g"]), f64(x["beta"]),
+                                        initial_state=f64(x["h0"]) if with_state else None,
+                                        cu_seqlens=None if x["cu_seqlens"] is None else x["cu_seqlens"].numpy(),
+                                        qk_l2norm=True)
+    return {"o": o, "final_state": final}
+
+
 def _rel(a, ref: np.ndarray) -> float:
     a = a.detach().double().cpu().numpy()
     return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
@@ -352,24 +366,40 @@ CASES = [
 
 @pytest.mark.gpu
 @pytest.mark.fla
+@pytest.mark.parametrize("forward", ["ours", "fla"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_gradients_match_flas_precision(case):
+def test_gradients_match_flas_precision(case, forward):
     skip_without_fla_gpu()
     from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+    from kernel import using_forward
 
     name, lengths, B, T, safe_gate, disable_recompute, with_state = case
     x = _unit_inputs(lengths, B, T, H=2, seed=7)
     kw = dict(safe_gate=safe_gate, lower_bound=-5.0 if safe_gate else None, disable_recompute=disable_recompute)
     o_fla, ht_fla, fla = _run(fla_chunk_kda, x, with_state=with_state, **kw)
-    o_ours, ht_ours, ours = _run(_chunk_kda(), x, with_state=with_state, **kw)
+    with using_forward(forward):
+        o_ours, ht_ours, ours = _run(_chunk_kda(), x, with_state=with_state, **kw)
     ref = _reference(x, with_state=with_state)
 
-    # the same forward kernels on the same inputs
-    assert torch.equal(o_ours, o_fla)
-    assert (ht_ours is None and ht_fla is None) or torch.equal(ht_ours, ht_fla)
-
-    print(f"\n[{name}] relative Frobenius error vs float64: gradient, ours, FLA's, ours vs FLA's")
     failed = []
+    if forward == "fla":   # the same forward kernels on the same inputs
+        assert torch.equal(o_ours, o_fla)
+        assert (ht_ours is None and ht_fla is None) or torch.equal(ht_ours, ht_fla)
+    else:
+        fwd = _forward_reference(x, with_state=with_state)
+        print(f"\n[{name}, our forward] relative Frobenius error vs float64: output, ours, FLA's")
+        for out, got, theirs in (("o", o_ours, o_fla), ("final_state", ht_ours, ht_fla)):
+            if theirs is None:
+                assert got is None, out
+                continue
+            assert got.dtype == theirs.dtype and got.shape == theirs.shape, out
+            e_ours, e_fla = _rel(got, fwd[out]), _rel(theirs, fwd[out])
+            print(f"  {out:12s} {e_ours:.3e} {e_fla:.3e}")
+            if not e_ours <= TIMES_FLA * e_fla + ERROR_FLOOR:
+                failed.append(f"{out}: ours {e_ours:.3e} > {TIMES_FLA} x FLA's {e_fla:.3e} + {ERROR_FLOOR}")
+
+    print(f"\n[{name}, {forward}'s forward] relative Frobenius error vs float64: gradient, ours, FLA's, ours vs FLA's")
     for grad in (g for g in GRADIENTS if g in ref and (with_state or g != "dh0")):
         assert ours[grad].dtype == fla[grad].dtype and ours[grad].shape == fla[grad].shape, grad
         e_ours, e_fla = _rel(ours[grad], ref[grad]), _rel(fla[grad], ref[grad])

@@ -5,7 +5,9 @@ logits, the initial state) is compared with FLA's own chunk_kda on the same inpu
 float64 oracle: the gate and beta activations in float64 torch autograd around the float64 KDA
 backward reference (kernel.reference), q and k repeated per value head with grouped value heads,
 the states transposed with state_v_first. Ours must be no worse than 2x FLA's own error plus a
-small floor. The forward is FLA's, so o and the final state must equal FLA's bit for bit.
+small floor. Under each forward setting (kernel.using_forward): with FLA's forward o and the final
+state must equal FLA's bit for bit; with ours they are held to the same rule against the float64
+forward (kernel.reference.kda_forward_reference on the same activated gate and beta).
 
 Gate recipes: the layer's at initialisation (A_log = log U(1, 16), dt_bias = softplus^-1 of dt
 log-uniform in [1e-3, 1e-1], the raw gate N(0, 1)), its sigmoid form with lower_bound, and the
@@ -86,6 +88,24 @@ def _oracle(x, kw, H, HV) -> dict:
     return out
 
 
+def _forward_oracle(x, kw, H, HV) -> dict:
+    """o and the final state ([V, K], as state_v_first gives it) in float64, on the gate and beta
+    activated in float64, q and k repeated per value head."""
+    from kernel import activations
+    from kernel.reference import kda_forward_reference
+
+    G = HV // H
+    A_log = None if kw.get("no_A_log") else x["A_log"].double()
+    gate = activations.gate(x["g"].double(), A_log, x["dt_bias"].double(), kw.get("lower_bound"), dtype=torch.float64)
+    beta = activations.beta(x["beta"].double(), kw.get("allow_neg_eigval", False), dtype=torch.float64)
+    f64 = lambda t: t.double().numpy()   # noqa: E731
+    rep = lambda t: t.repeat_interleave(G, dim=2)   # noqa: E731
+    o, final, _ = kda_forward_reference(f64(rep(x["q"])), f64(rep(x["k"])), f64(x["v"]), gate.numpy(), beta.numpy(),
+                                        initial_state=f64(x["h0"].transpose(-1, -2)),
+                                        cu_seqlens=x["cu_seqlens"].numpy(), qk_l2norm=True)
+    return {"o": o, "final_state": np.swapaxes(final, -1, -2)}
+
+
 def _rel(a, ref: np.ndarray) -> float:
     a = a.detach().double().cpu().numpy()
     return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
@@ -101,21 +121,32 @@ CASES = [
 ]
 
 
-def _compare(name: str, x: dict, kw: dict, H: int, HV: int) -> None:
-    """FLA's chunk_kda and ours on the layer's call: the forward equal, every gradient against float64."""
+def _compare(name: str, x: dict, kw: dict, H: int, HV: int, forward: str) -> None:
+    """FLA's chunk_kda and ours on the layer's call, with ``forward``'s forward: o and the final state
+    FLA's bits (FLA's forward) or against float64 (ours), every gradient against float64."""
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
-    from kernel import chunk_kda
+    from kernel import chunk_kda, using_forward
     from kernel.fla_dropin import FallbackWarning
 
     o_fla, ht_fla, fla = _run(fla_chunk_kda, x, kw)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), using_forward(forward):
         warnings.simplefilter("error", FallbackWarning)   # ours must run, whatever the gates
         o_ours, ht_ours, ours = _run(chunk_kda, x, kw)
-    assert torch.equal(o_ours, o_fla) and torch.equal(ht_ours, ht_fla)
-    ref = _oracle(x, kw, H, HV)
-    print(f"\n[{name}] relative Frobenius error vs float64: gradient, ours, FLA's")
     failed = []
+    if forward == "fla":
+        assert torch.equal(o_ours, o_fla) and torch.equal(ht_ours, ht_fla)
+    else:
+        fwd = _forward_oracle(x, kw, H, HV)
+        print(f"\n[{name}, our forward] relative Frobenius error vs float64: output, ours, FLA's")
+        for out, got, theirs in (("o", o_ours, o_fla), ("final_state", ht_ours, ht_fla)):
+            assert got.dtype == theirs.dtype and got.shape == theirs.shape, out
+            e_ours, e_fla = _rel(got, fwd[out]), _rel(theirs, fwd[out])
+            print(f"  {out:12s} {e_ours:.3e} {e_fla:.3e}")
+            if not e_ours <= TIMES_FLA * e_fla + ERROR_FLOOR:
+                failed.append(f"{out}: ours {e_ours:.3e} > {TIMES_FLA} x FLA's {e_fla:.3e} + {ERROR_FLOOR}")
+    ref = _oracle(x, kw, H, HV)
+    print(f"\n[{name}, {forward}'s forward] relative Frobenius error vs float64: gradient, ours, FLA's")
     for p in ref:
         assert ours[p].dtype == fla[p].dtype and ours[p].shape == fla[p].shape, p
         e_ours, e_fla = _rel(ours[p], ref[p]), _rel(fla[p], ref[p])
@@ -127,11 +158,12 @@ def _compare(name: str, x: dict, kw: dict, H: int, HV: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.fla
+@pytest.mark.parametrize("forward", ["ours", "fla"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_the_layers_call_matches_flas_precision(case):
+def test_the_layers_call_matches_flas_precision(case, forward):
     skip_without_fla_gpu()
     name, H, HV, kw = case
-    _compare(name, _layer_inputs(lengths=LENGTHS, H=H, HV=HV, seed=11), kw, H, HV)
+    _compare(name, _layer_inputs(lengths=LENGTHS, H=H, HV=HV, seed=11), kw, H, HV, forward)
 
 
 TRAINED = dict(gate_scale=3.0, gate_shift=0.0)   # tiles down to 2^-350: past fp32, within float64's reference
@@ -152,6 +184,7 @@ def test_the_trained_gates_pass_the_tile_range_within_the_references():
 
 @pytest.mark.gpu
 @pytest.mark.fla
-def test_gates_past_the_tile_range_run_ours_at_flas_precision():
+@pytest.mark.parametrize("forward", ["ours", "fla"])
+def test_gates_past_the_tile_range_run_ours_at_flas_precision(forward):
     skip_without_fla_gpu()
-    _compare("trained gates", _layer_inputs(lengths=LENGTHS, H=2, HV=2, seed=5, **TRAINED), {}, 2, 2)
+    _compare("trained gates", _layer_inputs(lengths=LENGTHS, H=2, HV=2, seed=5, **TRAINED), {}, 2, 2, forward)

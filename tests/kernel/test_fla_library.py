@@ -8,16 +8,22 @@ needs no kernel:
   every Triton launch stubbed out, so that FLA's Python allocates its outputs as it would on the
   GPU, and those shapes and dtypes are compared with the fake's, output by output, over the
   settings that change them;
+* the same for our forward: ``function.our_forward`` with FLA's preprocessing so stubbed and
+  kernel.forward.forward standing in by its own host checks (``plan_forward`` on the tensors it is
+  handed) and outputs of the plan's shapes; the layouts it passes in and out (``state_v_first``), a
+  misaligned input copied, and the states handed on as h;
 * the backward's fake: every gradient like its input, absent where nobody asked;
 * ``torch.library.opcheck`` of the forward op on CPU tensors with FLA's launches stubbed (opcheck
   skips meta and fake inputs altogether): the schema, the autograd registration and the fake
   against the real op's allocations; the value checks and the backward op are the GPU file's;
-* ``torch.compile(fullgraph=True)`` through chunk_kda on meta tensors: no graph break, the forward
-  op in the forward graph and the backward op in the backward graph, the gradients' shapes
-  eager's; and the patched FLA route compiles the same way.
+* ``torch.compile(fullgraph=True)`` through chunk_kda on meta tensors, with either forward: no graph
+  break, the forward op in the forward graph and the backward op in the backward graph, the
+  gradients' shapes eager's; the forward setting a constant of the trace (a change compiles again);
+  and the patched FLA route compiles the same way.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 
@@ -26,8 +32,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
 
-from kernel.fla_dropin import Call, chunk_kda, library  # noqa: E402
+from kernel.fla_dropin import Call, chunk_kda, function, library, using_forward  # noqa: E402
 from kernel.fla_dropin.function import FORWARD_OUTPUTS, GRADIENT_INPUTS  # noqa: E402
+from kernel.fla_dropin.setting import FORWARDS  # noqa: E402
 
 K = V = 128
 OPS = torch.ops.ptx_lab
@@ -57,7 +64,7 @@ def _call_inputs(*, B=2, T=100, H=2, HV=2, lengths=None, gate_in_kernel=False, w
 def _settings(**changes) -> dict:
     base = dict(scale=K ** -0.5, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=False,
                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-                disable_recompute=False, state_v_first=False)
+                disable_recompute=False, state_v_first=False, forward="fla")
     return dict(base, **changes)
 
 
@@ -132,7 +139,7 @@ def test_the_forward_fake_is_what_flas_code_allocates(case, fla_without_launches
     from kernel.fla_dropin.function import fla_forward
 
     _, sizes, changes = case
-    settings = _settings(**changes)
+    settings = _settings(**changes, forward="fla")
     x, call = _meta_call(sizes, settings)
     flas = fla_forward(call, *(x[name] for name in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
                                                      "cu_seqlens", "cu_seqlens_cpu")))
@@ -173,6 +180,147 @@ def test_the_forward_fake_of_varlen_kept_states_has_an_unbacked_chunk_count(fla_
 
 
 # ----------------------------------------------------------------------------
+# our forward's plumbing and its fake, kernel.forward standing in by its own host checks
+# ----------------------------------------------------------------------------
+
+class _DeviceArray:
+    """A CPU or meta tensor shown as a device array (the CUDA array interface): what
+    kernel.forward.plan_forward reads of it (shape, dtype, contiguity, address), on the host."""
+
+    def __init__(self, t):
+        typestr = {torch.bfloat16: "<u2", torch.float32: "<f4", torch.float16: "<f2"}[t.dtype]
+        strides = None if t.is_contiguous() else tuple(n * t.element_size() for n in t.stride())
+        self.__cuda_array_interface__ = dict(shape=tuple(t.shape), typestr=typestr, data=(t.data_ptr(), False),
+                                             strides=strides, version=3)
+
+
+@pytest.fixture
+def our_kernel_stubbed(fla_without_launches, monkeypatch):
+    """kernel.forward.forward replaced by its plan (every host check of what it is handed) and outputs
+    of the plan's shapes from torch (the final state 0, 1, 2, ..., to follow its layout); CuPy's stream
+    not touched. Returns the list of (arguments, plan, outputs) of each launch."""
+    import kernel.forward as kernel_forward
+    from kernel.forward import ForwardOutputs, plan_forward
+
+    launches = []
+
+    def planned(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, training):
+        plan = plan_forward(*(_DeviceArray(x) for x in (q, k, v, g, beta)), scale=scale,
+                            initial_state=None if initial_state is None else _DeviceArray(initial_state),
+                            cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training)
+        def empty(shape, dtype):
+            return None if shape is None else torch.empty(shape, dtype=dtype, device=q.device)
+
+        final = None
+        if plan.final_shape is not None:
+            final = torch.arange(float(np.prod(plan.final_shape)), device=q.device).view(plan.final_shape)
+        out = ForwardOutputs(o=empty(plan.o_shape, torch.bfloat16), final_state=final,
+                             states=empty(plan.states_shape, torch.bfloat16),
+                             Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16))
+        launches.append((dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, training=training), plan,
+                         out))
+        return out
+
+    monkeypatch.setattr(kernel_forward, "forward", planned)
+    monkeypatch.setattr(function, "_torch_stream", contextlib.nullcontext)
+    return launches
+
+
+def _forward_arguments(x: dict) -> tuple:
+    return tuple(x[name] for name in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens",
+                                      "cu_seqlens_cpu"))
+
+
+def _fake_outputs(x: dict, settings: dict) -> dict:
+    """The forward op's fake outputs by name: on the meta tensors themselves, or for a varlen call
+    (whose states have a data-dependent chunk count) under a FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    if x["cu_seqlens"] is None:
+        return dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(x, settings))))
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        fake_x = {n: (None if t is None else mode.from_tensor(t)) for n, t in x.items()}
+        return dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(fake_x, settings))))
+
+
+@pytest.mark.parametrize("case", FAKE_CASES, ids=[c[0] for c in FAKE_CASES])
+def test_the_forward_fake_is_what_our_forward_allocates(case, our_kernel_stubbed):
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    _, sizes, changes = case
+    settings = _settings(**changes, forward="ours")
+    x, call = _meta_call(sizes, settings)
+    ours = function.our_forward(call, *_forward_arguments(x))
+    (handed, plan, out), = our_kernel_stubbed
+    assert list(ours) == list(FORWARD_OUTPUTS)
+    assert handed["training"] and plan.config is not None
+    # the gate's cumsum is kept for the backward (no recompute there), the states are the backward's h
+    assert ours["g_cumsum"] is handed["g"] and ours["h"] is out.states
+    fake = _fake_outputs(x, settings)
+    for name, theirs in ours.items():
+        faked = fake[name]
+        if theirs is None:
+            assert faked.numel() == 0, f"{name}: ours makes none, the fake makes {tuple(faked.shape)}"
+            continue
+        shape = tuple(faked.shape)
+        if name == "h" and x["cu_seqlens"] is not None:   # the varlen chunk count: unbacked in the fake
+            assert free_unbacked_symbols(shape[1])
+            shape = (shape[0], theirs.shape[1], *shape[2:])
+        assert (shape, faked.dtype) == (tuple(theirs.shape), theirs.dtype), name
+        if x["cu_seqlens"] is None:
+            assert faked.stride() == theirs.stride(), name
+
+
+@pytest.mark.parametrize("v_first", [False, True], ids=["kv", "state-v-first"])
+def test_our_forward_takes_and_gives_the_states_in_the_calls_layout(v_first, our_kernel_stubbed):
+    x = _call_inputs(B=2, T=70, HV=4, device="cpu", grad=False)
+    h0 = torch.randn(x["initial_state"].shape)
+    x["initial_state"] = h0
+    call = _meta_call(dict(B=2, T=70, HV=4), _settings(state_v_first=v_first, forward="ours"))[1]
+    ours = function.our_forward(call, *_forward_arguments(x))
+    (handed, _, out), = our_kernel_stubbed
+    # the kernel reads and writes [K, V]; the call's layout is [V, K] with state_v_first
+    flip = (lambda t: t.transpose(-1, -2)) if v_first else (lambda t: t)   # noqa: E731
+    assert torch.equal(handed["initial_state"], flip(h0))
+    assert torch.equal(ours["final_state"], flip(out.final_state)) and ours["final_state"].is_contiguous()
+    assert ours["h"] is out.states and tuple(ours["h"].shape[-2:]) == (K, V)
+
+
+def test_a_misaligned_input_reaches_our_kernel_as_an_aligned_copy(our_kernel_stubbed):
+    # a contiguous beta starting 4 bytes into its storage: plan_forward refuses it (16-byte cp.async)
+    x = _call_inputs(B=1, T=70, device="cpu", grad=False)
+    beta = torch.rand(x["beta"].numel() + 1)[1:].view(x["beta"].shape)
+    assert beta.is_contiguous() and beta.data_ptr() % 16
+    from kernel.forward import plan_forward
+
+    with pytest.raises(ValueError, match=r"beta starts at address .* not a multiple of 16"):
+        plan_forward(*(_DeviceArray(t) for t in (x["q"], x["k"], x["v"], x["g"], beta)))
+    call = _meta_call(dict(B=1, T=70), _settings(forward="ours"))[1]
+    function.our_forward(call, *_forward_arguments(dict(x, beta=beta)))
+    (handed, _, _), = our_kernel_stubbed
+    assert handed["beta"].data_ptr() % 16 == 0 and torch.equal(handed["beta"], beta)
+
+
+def test_our_forward_passes_the_checked_host_offsets(our_kernel_stubbed):
+    x, call = _meta_call(dict(lengths=[1, 64, 65, 30]), _settings(forward="ours"))
+    ours = function.our_forward(call, *_forward_arguments(x))
+    (_, plan, _), = our_kernel_stubbed
+    assert plan.cu_seqlens.tolist() == [0, 1, 65, 130, 160] and plan.N == 4
+    assert ours["h"].shape[:2] == (1, 1 + 1 + 2 + 1)
+
+
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_the_forward_op_runs_the_forward_its_argument_names(forward, monkeypatch):
+    ran = []
+    for name in ("our_forward", "fla_forward"):
+        monkeypatch.setattr(function, name, lambda call, *a, name=name: ran.append(name) or {})
+    x, call = _meta_call(dict(), _settings(forward=forward))
+    function.forward_here(call, *_forward_arguments(x))
+    assert ran == [{"ours": "our_forward", "fla": "fla_forward"}[forward]]
+
+
+# ----------------------------------------------------------------------------
 # the backward's fake
 # ----------------------------------------------------------------------------
 
@@ -180,16 +328,17 @@ def test_the_forward_fake_of_varlen_kept_states_has_an_unbacked_chunk_count(fla_
                                   (False, True, False, True, False, True, False, True)],
                          ids=["all", "none", "even", "odd"])
 @pytest.mark.parametrize("gate_in_kernel", [False, True], ids=["gate-given", "gate-in-kernel"])
-def test_the_backward_fake_gives_each_gradient_like_its_input(need, gate_in_kernel):
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_the_backward_fake_gives_each_gradient_like_its_input(need, gate_in_kernel, forward):
     x = _call_inputs(HV=4, gate_in_kernel=gate_in_kernel, grad=False, g_dtype=torch.bfloat16,
                      beta_dtype=torch.bfloat16)
     settings = _settings(use_gate_in_kernel=gate_in_kernel, use_beta_sigmoid_in_kernel=gate_in_kernel,
-                         state_v_first=gate_in_kernel)
+                         state_v_first=gate_in_kernel, forward=forward)
     out = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(x, settings))))
     saved = dict(x, q=out["q"], k=out["k"], q_rstd=out["q_rstd"], k_rstd=out["k_rstd"],
                  g_cumsum=out["g_cumsum"] if out["g_cumsum"].numel() else None,
                  g_raw=x["g"] if gate_in_kernel else None, beta_activated=out["beta"] if gate_in_kernel else None,
-                 Aqk=out["Aqk"], Akk=out["Akk"], h=None, offsets=None)
+                 Aqk=out["Aqk"], Akk=out["Akk"], h=out["h"] if out["h"].numel() else None, offsets=None)
     do, dht = torch.empty_like(out["o"]), torch.empty_like(out["final_state"])
     grads = OPS.chunk_kda_bwd(do, dht, *(saved[name] for name in library.SAVED), x["g"].dtype, list(need),
                               *(settings[name] for name in library.SETTINGS))
@@ -202,46 +351,48 @@ def test_the_backward_fake_gives_each_gradient_like_its_input(need, gate_in_kern
 
 
 # ----------------------------------------------------------------------------
-# opcheck on CPU tensors, FLA's code allocating without its kernels
+# opcheck on CPU tensors, FLA's code allocating without its kernels (and ours by its plan)
 # ----------------------------------------------------------------------------
 # opcheck skips every check for meta or fake inputs, and the real forward needs a GPU; on CPU
-# tensors with FLA's launches stubbed the forward op runs for real (FLA's allocations, no values),
-# which is what the schema, autograd-registration and fake-tensor checks read. The checks that
-# compare values (test_aot_dispatch_*) and the backward op need the GPU (test_fla_library_gpu.py).
+# tensors with FLA's launches stubbed (and kernel.forward by its plan) the forward op runs for real
+# (the allocations, no values), which is what the schema, autograd-registration and fake-tensor
+# checks read. The checks that compare values (test_aot_dispatch_*) and the backward op need the
+# GPU (test_fla_library_gpu.py).
 
 OPCHECK_CPU = ("test_schema", "test_autograd_registration", "test_faketensor")
 
 
 @pytest.fixture
-def forward_op_on_cpu(fla_without_launches, monkeypatch):
-    from kernel.fla_dropin.function import fla_forward
-
-    monkeypatch.setattr(library, "forward", fla_forward)   # the forward less its CUDA device context
-    return fla_forward
+def forward_op_on_cpu(our_kernel_stubbed, monkeypatch):
+    monkeypatch.setattr(function, "forward", function.forward_here)   # the forward less its CUDA device context
+    return function.forward_here
 
 
 OPCHECK_CASES = [*FAKE_CASES, ("varlen-kept-states", dict(lengths=[1, 64, 65, 30]), dict(disable_recompute=True))]
 
 
 @pytest.mark.parametrize("case", OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
-def test_opcheck_of_the_forward_op_with_flas_allocations(case, forward_op_on_cpu):
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_opcheck_of_the_forward_op_on_cpu(case, forward, forward_op_on_cpu):
     _, sizes, changes = case
     x = _call_inputs(device="cpu", **sizes)
-    result = torch.library.opcheck(OPS.chunk_kda_fwd.default, _op_arguments(x, _settings(**changes)),
+    result = torch.library.opcheck(OPS.chunk_kda_fwd.default, _op_arguments(x, _settings(**changes, forward=forward)),
                                    test_utils=OPCHECK_CPU)
     assert result == {name: "SUCCESS" for name in OPCHECK_CPU}
 
 
-def test_opcheck_catches_a_fake_that_is_not_the_real_ops(forward_op_on_cpu, monkeypatch):
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_opcheck_catches_a_fake_that_is_not_the_real_ops(forward, forward_op_on_cpu, monkeypatch):
     # the check above can fail: a real forward whose Aqk is one chunk column short of the fake's
     def short(*args, **kwargs):
         out = forward_op_on_cpu(*args, **kwargs)
         return dict(out, Aqk=out["Aqk"][..., 1:].contiguous())
 
-    monkeypatch.setattr(library, "forward", short)
+    monkeypatch.setattr(function, "forward", short)
     x = _call_inputs(device="cpu")
     with pytest.raises(Exception, match="test_faketensor"):
-        torch.library.opcheck(OPS.chunk_kda_fwd.default, _op_arguments(x, _settings()), test_utils=("test_faketensor",))
+        torch.library.opcheck(OPS.chunk_kda_fwd.default, _op_arguments(x, _settings(forward=forward)),
+                              test_utils=("test_faketensor",))
 
 
 # ----------------------------------------------------------------------------
@@ -270,16 +421,22 @@ COMPILE_CASES = [
     ("layer-gva", dict(B=2, T=100, H=2, HV=4, gate_in_kernel=True), LAYER),
     ("varlen-with-cpu-offsets", dict(lengths=[5, 70, 25]), dict(use_qk_l2norm_in_kernel=True)),
 ]
+# each case under each forward, but a varlen call under ours: its states' chunk count is data-dependent,
+# which the compiled graph's run on meta tensors cannot make (test_fla_library_gpu.py compiles it)
+COMPILE_RUNS = [(case, forward) for case in COMPILE_CASES for forward in FORWARDS
+                if not ("lengths" in case[1] and forward == "ours")]
+COMPILE_IDS = [f"{case[0]}-{forward}" for case, forward in COMPILE_RUNS]
 
 
-@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
-def test_a_model_calling_chunk_kda_compiles_with_fullgraph(case):
+@pytest.mark.parametrize("case, forward", COMPILE_RUNS, ids=COMPILE_IDS)
+def test_a_model_calling_chunk_kda_compiles_with_fullgraph(case, forward):
     # fullgraph=True raises at the first graph break; explain counts the graphs too
     _, sizes, call = case
-    torch._dynamo.reset()
-    torch.compile(_model(**call), backend="eager", fullgraph=True)(_call_inputs(**sizes)).backward()
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(_model(**call))(_call_inputs(**sizes))
+    with using_forward(forward):
+        torch._dynamo.reset()
+        torch.compile(_model(**call), backend="eager", fullgraph=True)(_call_inputs(**sizes)).backward()
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(_model(**call))(_call_inputs(**sizes))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
@@ -312,17 +469,28 @@ def _targets(gm) -> set[str]:
     return {str(node.target) for node in gm.graph.nodes if node.op == "call_function"}
 
 
-@pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
-def test_fullgraph_compiles_the_forward_op_and_the_backward_op(case):
+def _op_nodes(gm, target: str) -> list:
+    return [node for node in gm.graph.nodes if node.op == "call_function" and str(node.target) == target]
+
+
+@pytest.mark.parametrize("case, forward", COMPILE_RUNS, ids=COMPILE_IDS)
+def test_fullgraph_compiles_the_forward_op_and_the_backward_op(case, forward):
     _, sizes, call = case
     x_eager, x_compiled = _call_inputs(**sizes), _call_inputs(**sizes)
     model = _model(**call)
-    model(x_eager).backward()
     graphs: dict = {}
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=_recording_backend(graphs), fullgraph=True)
-    compiled(x_compiled).backward()
+    with using_forward(forward):
+        model(x_eager).backward()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=_recording_backend(graphs), fullgraph=True)
+        compiled(x_compiled).backward()
     assert "ptx_lab.chunk_kda_fwd.default" in _targets(graphs["forward"])
+    # the setting reached both ops as a constant of the trace
+    setting = library.SETTINGS.index("forward")
+    fwd, = _op_nodes(graphs["forward"], "ptx_lab.chunk_kda_fwd.default")
+    bwd, = _op_nodes(graphs["backward"], "ptx_lab.chunk_kda_bwd.default")
+    assert fwd.args[len(library.TENSOR_ARGUMENTS) + setting] == forward
+    assert bwd.args[-len(library.SETTINGS) + setting] == forward
     assert "ptx_lab.chunk_kda_bwd.default" in _targets(graphs["backward"])
     assert "ptx_lab.chunk_kda_bwd.default" not in _targets(graphs["forward"])
     for name in GRADIENT_INPUTS:
@@ -332,6 +500,27 @@ def test_fullgraph_compiles_the_forward_op_and_the_backward_op(case):
         assert leaf_eager.grad is not None and leaf_compiled.grad is not None, name
         assert (leaf_compiled.grad.shape, leaf_compiled.grad.dtype) == (leaf_eager.grad.shape, leaf_eager.grad.dtype)
         assert (leaf_eager.grad.shape, leaf_eager.grad.dtype) == (leaf_eager.shape, leaf_eager.dtype), name
+
+
+def test_a_change_of_the_forward_setting_compiles_again():
+    # the setting is read at the boundary, inside the trace: dynamo guards on it, so a compiled model
+    # follows a change instead of replaying the forward it was traced with
+    graphs = []
+    torch._dynamo.reset()
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(_model(**LAYER), backend=backend, fullgraph=True)
+    counts = []
+    for forward in ("ours", "fla", "ours"):
+        with using_forward(forward):
+            compiled(_call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True)).backward()
+        counts.append(len(graphs))
+    assert counts == [1, 2, 2]   # a change compiles again; going back reuses the first trace
+    setting = len(library.TENSOR_ARGUMENTS) + library.SETTINGS.index("forward")
+    assert [_op_nodes(gm, "ptx_lab.chunk_kda_fwd.default")[0].args[setting] for gm in graphs] == ["ours", "fla"]
 
 
 def test_fullgraph_with_dynamic_shapes_serves_two_lengths_from_one_trace():
@@ -389,7 +578,8 @@ def test_a_meta_call_is_a_dry_run_of_the_shapes():
         assert x[name].grad.shape == x[name].shape and x[name].grad.dtype == x[name].dtype, name
 
 
-def test_every_setting_combination_traces():
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_every_setting_combination_traces(forward):
     # every combination of the switches that change the outputs gets through the boundary, the fakes
     # and the autograd formula on meta tensors with the gradients like the inputs
     for l2, gate, sig, kept, vfirst, final in itertools.product((False, True), repeat=6):
@@ -397,7 +587,8 @@ def test_every_setting_combination_traces():
         call = dict(use_qk_l2norm_in_kernel=l2, use_gate_in_kernel=gate, use_beta_sigmoid_in_kernel=sig,
                     disable_recompute=kept, state_v_first=vfirst, output_final_state=final,
                     lower_bound=-5.0 if gate else None)
-        _model(**call)(x).backward()
+        with using_forward(forward):
+            _model(**call)(x).backward()
         for name in GRADIENT_INPUTS:
             if x[name] is not None:
                 assert x[name].grad is not None and x[name].grad.shape == x[name].shape, (name, call)

@@ -1,9 +1,13 @@
 """kernel.chunk_kda through torch.library on the GPU (``-m gpu``; torch CUDA, fla-core 0.6.0, CuPy).
 
+The opcheck, fullgraph and CUDA-graph tests run under each forward setting (our forward and FLA's,
+the ops' ``forward`` argument); the gate tests under the default.
+
 * ``torch.library.opcheck`` of both ops on CUDA tensors: the schema (no output aliases an input,
   nothing is mutated), the autograd registration (forward op) and the fakes against the real ops'
-  outputs. Not its AOT-dispatch check, which compares every output bit, FLA's partly unwritten Aqk
-  included; the compiled-model tests stand for it.
+  outputs. Not its AOT-dispatch check, which compares every output bit, the partly unwritten Aqk
+  and Akk included (FLA's below the diagonal, ours only the diagonal blocks); the compiled-model
+  tests stand for it.
 * A model calling chunk_kda compiled with ``torch.compile(fullgraph=True)`` (aot_eager and
   inductor) gives eager's o, final state and every gradient, bit for bit: the op's kernels are the
   same and the model around it rounds nothing differently.
@@ -75,18 +79,21 @@ CASES = [   # (id, inputs, chunk_kda's settings)
 ]
 
 
-def _settings(call: dict) -> dict:
+FORWARDS = ("ours", "fla")
+
+
+def _settings(call: dict, forward: str) -> dict:
     base = dict(scale=K ** -0.5, output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-                disable_recompute=False, state_v_first=False)
+                disable_recompute=False, state_v_first=False, forward=forward)
     return dict(base, **call)
 
 
-def _op_arguments(x: dict, call: dict) -> tuple:
+def _op_arguments(x: dict, call: dict, forward: str) -> tuple:
     from kernel.fla_dropin import library
 
     tensors = dict(x, offsets=x["cu_seqlens_cpu"])
-    settings = _settings(call)
+    settings = _settings(call, forward)
     return (*(tensors[name] for name in library.TENSOR_ARGUMENTS), *(settings[name] for name in library.SETTINGS))
 
 
@@ -94,31 +101,33 @@ def _op_arguments(x: dict, call: dict) -> tuple:
 # opcheck on CUDA tensors
 # ----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("forward", FORWARDS)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_opcheck_of_the_forward_op(case):
+def test_opcheck_of_the_forward_op(case, forward):
     skip_without_fla_gpu()
     _, sizes, call = case
     x = _inputs(**sizes)
-    arguments = _op_arguments(x, call)   # first: its import of the library registers the ops
+    arguments = _op_arguments(x, call, forward)   # first: its import of the library registers the ops
     # Not opcheck's AOT-dispatch check: it compares every output of eager and traced runs, and the
-    # forward returns FLA's Aqk, which FLA allocates with torch.empty and fills below the diagonal
-    # only (the backward reads nothing else), so the rest is whatever memory held. The fullgraph
-    # tests below compare what the outputs mean (o, the final state, every gradient) bit for bit.
+    # forward returns Aqk and Akk partly written (FLA's below the diagonal, ours only the 16 x 16
+    # diagonal blocks: all the backward reads), the rest whatever memory held. The fullgraph tests
+    # below compare what the outputs mean (o, the final state, every gradient) bit for bit.
     result = torch.library.opcheck(torch.ops.ptx_lab.chunk_kda_fwd.default, arguments,
                                    test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     assert set(result.values()) == {"SUCCESS"}, result
 
 
+@pytest.mark.parametrize("forward", FORWARDS)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_opcheck_of_the_backward_op(case):
+def test_opcheck_of_the_backward_op(case, forward):
     skip_without_fla_gpu()
     from kernel.fla_dropin import library
     from kernel.fla_dropin.function import FORWARD_OUTPUTS
 
     _, sizes, call = case
     x = _inputs(grad=False, **sizes)
-    settings = _settings(call)
-    out = dict(zip(FORWARD_OUTPUTS, torch.ops.ptx_lab.chunk_kda_fwd(*_op_arguments(x, call))))
+    settings = _settings(call, forward)
+    out = dict(zip(FORWARD_OUTPUTS, torch.ops.ptx_lab.chunk_kda_fwd(*_op_arguments(x, call, forward))))
     present = lambda name: out[name] if out[name].numel() else None   # noqa: E731
     normed, gate_in = settings["use_qk_l2norm_in_kernel"], settings["use_gate_in_kernel"]
     saved = dict(x, offsets=x["cu_seqlens_cpu"], q=out["q"] if normed else x["q"], k=out["k"] if normed else x["k"],
@@ -161,18 +170,22 @@ def _run(fn, x: dict, w_o, w_ht) -> dict:
     return out
 
 
+@pytest.mark.parametrize("forward", FORWARDS)
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_fullgraph_compiled_model_equals_eager(case, backend):
+def test_fullgraph_compiled_model_equals_eager(case, backend, forward):
     skip_without_fla_gpu()
+    from kernel import using_forward
+
     _, sizes, call = case
     x_eager, x_compiled = _inputs(seed=3, **sizes), _inputs(seed=3, **sizes)
     gen = torch.Generator(device="cuda").manual_seed(5)
     w_o = torch.randn(x_eager["v"].shape, generator=gen, device="cuda").bfloat16().float()
     w_ht = 0.1 * torch.randn(x_eager["initial_state"].shape, generator=gen, device="cuda")
-    eager = _run(_model(**call), x_eager, w_o, w_ht)
-    torch._dynamo.reset()
-    compiled = _run(torch.compile(_model(**call), backend=backend, fullgraph=True), x_compiled, w_o, w_ht)
+    with using_forward(forward):
+        eager = _run(_model(**call), x_eager, w_o, w_ht)
+        torch._dynamo.reset()
+        compiled = _run(torch.compile(_model(**call), backend=backend, fullgraph=True), x_compiled, w_o, w_ht)
     assert set(compiled) == set(eager)
     for name, want in eager.items():
         got = compiled[name]
@@ -323,8 +336,16 @@ def _loss(model, x, target):
     return (model(x).float() - target).square().mean()
 
 
-def test_a_training_step_captured_in_a_cuda_graph_replays_as_eager_steps():
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_a_training_step_captured_in_a_cuda_graph_replays_as_eager_steps(forward):
     skip_without_fla_gpu()
+    from kernel import using_forward
+
+    with using_forward(forward):
+        _training_step_in_a_cuda_graph()
+
+
+def _training_step_in_a_cuda_graph():
     B, T, hidden, H, HV, steps, warmup = 2, 256, 256, 2, 4, 6, 3
     torch.manual_seed(0)
     graphed = _KDALayer(hidden, H, HV).cuda()

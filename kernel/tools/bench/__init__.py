@@ -24,11 +24,18 @@ One module per concern:
   measured, its table and plot, the loop that gives each configuration its own process (``--layer``'s too)
 * :mod:`.layer`, :mod:`.layer_report`  ``--layer``: FLA's KDA layer, forward + backward, FLA's path
   against ``kernel.patch_fla()``'s: one configuration measured, its table
+* :mod:`.forward`, :mod:`.forward_report`  ``--forward``: the training forward (inputs that require a
+  gradient), ``kernel.chunk_kda`` with our forward against FLA's ``chunk_kda`` and cuDNN's op, and our
+  bare ``kernel.forward.forward``: one configuration measured, its table and plot
+
+``--backward``'s step and ``--layer`` run ``kernel.chunk_kda`` with the forward ``--our-forward`` names
+(ours by default; ``fla``: FLA's forward, our backward), recorded in each result as ``our_forward``.
 
     ptx-lab bench                       # the five configs, H = 32, D = 128
     ptx-lab bench --quick               # 4x8192 and 1x32768, few repetitions
     ptx-lab bench --configs 32x8192,varlen64x262144 --precision --json out.json
     ptx-lab bench --backward --json b.json --plot b.png
+    ptx-lab bench --forward --json f.json --plot f.png
 
 Importing any of these needs neither torch, CuPy nor fla (only numpy); the
 device work is imported inside the functions that do it.

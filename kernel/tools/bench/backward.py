@@ -18,7 +18,9 @@ process of its own (:mod:`.backward_run`). In this order:
    Kernel A (``kernel.ds_scan.launch.launch`` on FLA's tensors, bf16 dS after every tile); the rest (Kernel B
    and the casts) is the total minus those two;
 5. the training step: FLA's ``chunk_kda`` forward and backward through autograd against
-   ``kernel.chunk_kda`` (FLA's forward, our backward) and cuDNN frontend's ``kimi_delta_attention``
+   ``kernel.chunk_kda`` (our backward, and the forward ``--our-forward`` names, applied with
+   ``kernel.using_forward``: ours by default, FLA's with ``fla``; recorded as ``our_forward``) and
+   cuDNN frontend's ``kimi_delta_attention``
    (:mod:`kernel.tools.cudnn_kda`: q and k normalised in torch, its Hopper engine's conditions;
    where it is installed, unless ``--no-cudnn``), in turn; then each one's backward alone through
    autograd (the forward run once, its graph kept), in turn: what a user's backward costs.
@@ -93,6 +95,15 @@ def import_ours(module: str, name: str) -> tuple[Callable | None, str | None]:
         return None, f"{full}.{name} is missing ({error_text(exc)})"
     except Exception as exc:
         return None, f"{full}.{name} cannot be imported ({error_text(exc)})"
+
+
+def our_forward_setting(name: str):
+    """``kernel.using_forward(name)``: the forward kernel.chunk_kda runs in the block (``--our-forward``);
+    a context that changes nothing where kernel.fla_dropin cannot be imported (its side then records why)."""
+    import contextlib
+
+    using, _ = import_ours("fla_dropin", "using_forward")
+    return contextlib.nullcontext() if using is None else using(name)
 
 
 def floor_entry(lengths, heads: int) -> dict:
@@ -303,9 +314,11 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
     del f
     free_memory()
 
-    # 5. the training step, forward + backward
+    # 5. the training step, forward + backward, kernel.chunk_kda on the forward --our-forward names
     if not args.no_step:
-        _step(raw, h0, cu_fla, args, flush, res, t_start, tag)
+        res["our_forward"] = args.our_forward
+        with our_forward_setting(args.our_forward):
+            _step(raw, h0, cu_fla, args, flush, res, t_start, tag)
     res["fla_autotune"] = fla_adapter.autotune_choices()
     log(f"    {tag}: FLA's autotuners chose for {len(res['fla_autotune'])} kernels: "
         + ", ".join(sorted(res["fla_autotune"])) + " (the JSON's 'fla_autotune' has their block sizes)")

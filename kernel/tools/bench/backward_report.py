@@ -11,7 +11,8 @@ import numpy as np
 from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
                        OURS, OURS_IN_TURN, STEP_CUDNN, STEP_FLA, STEP_OURS)
 from . import report
-from .report import against_target, cell, error_text, get, is_bench_json, log, num, target_verdict, write_json
+from .report import (against_target, cell, error_text, get, is_bench_json, log, num, our_forward_of, target_verdict,
+                     write_json)
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
@@ -26,7 +27,7 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
           "design (kernel.tools.floors.RECOMMENDED) at the copy rate. A share = Kernel A / ours, timed beside it. "
           "GB = peak GPU memory of one backward above what was allocated before (torch + CuPy's pool; outputs "
           "included). step = chunk_kda forward + backward through autograd, FLA's against kernel.chunk_kda "
-          "(FLA's forward, our backward), safe_gate True, and cuDNN frontend's kimi_delta_attention (q, k normalised "
+          "(our backward; its forward the title's, --our-forward), safe_gate True, and cuDNN frontend's kimi_delta_attention (q, k normalised "
           "in torch, fp32 beta and log gate: what its Hopper engine serves); autograd bwd = each one's backward "
           "alone through autograd (forward once, graph kept), in turn; over bare = ours through autograd over "
           "kernel.kda_backward alone (the 'ours ms' column) - 1: the wrapper's share.")
@@ -66,7 +67,8 @@ def progress_line(tag: str, res: dict) -> str:
     return (f"{tag}: ours {cells['ours ms']} ms, FLA safe_gate True {cells['FLA sg=T ms']} ms / False "
             f"{cells['FLA sg=F ms']} ms (ratios {cells['ours/FLA sg=T']} / {cells['ours/FLA sg=F']}), floor "
             f"{cells['floor ms']} ms; pieces: {pieces}, rest {num(p.get('rest_ms'), '.3f')} ms, A share "
-            f"{cells['A share']}; step FLA {cells['step FLA ms']} ms, ours {cells['step ours ms']} ms "
+            f"{cells['A share']}; step FLA {cells['step FLA ms']} ms, ours ({our_forward_of([res])}) "
+            f"{cells['step ours ms']} ms "
             f"[{res.get('wall_s', 0):.0f} s]")
 
 
@@ -111,10 +113,17 @@ def verdict(results: Sequence[dict]) -> list[str]:
     return out
 
 
+def title(results: Sequence[dict]) -> str:
+    """The table's title: what the step's and the autograd rows' "ours" ran (kernel.chunk_kda's forward)."""
+    return (f"the whole KDA backward; in the step and autograd columns ours is kernel.chunk_kda with "
+            f"{our_forward_of(results)} and our backward:")
+
+
 def log_backward_table(results: Sequence[dict]) -> None:
     report.log_mode_table(results, backward_row, BACKWARD_COLUMNS, LEGEND, problems(results), verdict(results),
                           "targets (the whole backward at most 0.5x FLA's safe_gate=True backward; peak memory "
-                          f"no more; through autograd at most {CUDNN_TARGET}x cuDNN's where it runs):")
+                          f"no more; through autograd at most {CUDNN_TARGET}x cuDNN's where it runs):",
+                          title=title(results))
 
 
 def plot_backward(results: Sequence[dict], path: str) -> None:
@@ -143,7 +152,7 @@ def plot_backward(results: Sequence[dict], path: str) -> None:
     for i, n in enumerate(steps):
         vals = [get(r, "step", n, "median_ms") or 0.0 for r in results]
         ax2.bar(x + (i - (len(steps) - 1) / 2) * w2, vals, w2,
-                label={STEP_FLA: "FLA chunk_kda", STEP_OURS: "kernel.chunk_kda",
+                label={STEP_FLA: "FLA chunk_kda", STEP_OURS: f"kernel.chunk_kda ({our_forward_of(results)})",
                        STEP_CUDNN: "cuDNN kimi_delta_attention"}[n])
     ax2.set_title("training step: chunk_kda forward + backward")
     for a in (ax, ax2):

@@ -1,4 +1,4 @@
-"""``ptx-lab bench --backward`` and ``--layer``: the run loop, each configuration in a process of its own.
+"""``ptx-lab bench --backward``, ``--layer`` and ``--forward``: the run loop, each configuration in a process of its own.
 
 FLA's Triton autotune keys leave out B and T (:func:`kernel.tools.fla_adapter.reset_autotune`), and
 one configuration's allocator pools and compiled kernels would follow it into the next. So with more
@@ -18,10 +18,10 @@ from typing import Any, Callable, Sequence
 
 from kernel.tools.fla_adapter import FLA_VERSION
 
-from . import backward, backward_report, layer, layer_report
+from . import backward, backward_report, forward, forward_report, layer, layer_report
 from .configs import Config, parse_configs
 from .device import CANNOT_RUN_EXIT, environment
-from .report import log
+from .report import log, our_forward_text
 from .timing import L2_FLUSH_BYTES, run_configs
 
 
@@ -46,11 +46,17 @@ MODES = {
                   f"and CuPy on a CUDA GPU", layer.missing_requirement, layer.bench_layer_config,
                   layer_report.progress_line, layer_report.log_layer_table, layer_report.write_outputs,
                   layer_report.read_runs),
+    "forward": Mode("--forward", f"torch, fla-core {FLA_VERSION} (with triton) and CuPy on a CUDA GPU",
+                    forward.missing_requirement, forward.bench_forward_config, forward_report.progress_line,
+                    forward_report.log_forward_table, forward_report.write_outputs, forward_report.read_runs),
 }
 
 
 def mode_of(args) -> Mode:
-    return MODES["layer" if getattr(args, "layer", False) else "backward"]
+    for name in ("layer", "forward"):
+        if getattr(args, name, False):
+            return MODES[name]
+    return MODES["backward"]
 
 
 def child_argv(args, config: str, json_path: str) -> list[str]:
@@ -58,12 +64,17 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
     argv = [sys.executable, "-m", "kernel.tools.bench", mode_of(args).flag, "--in-process", "--configs", config,
             "--json", json_path, "--heads", str(args.heads), "--warmup", str(args.warmup), "--reps", str(args.reps),
             "--seed", str(args.seed)]
-    if getattr(args, "layer", False):
+    mode = mode_of(args)
+    if mode is MODES["layer"]:
         argv += ["--hidden", str(args.hidden)]
     else:
-        argv += ["--gate-strength", repr(args.gate_strength), "--gates", args.gates]
+        argv += ["--gate-strength", repr(args.gate_strength)]
+    if mode is MODES["backward"]:
+        argv += ["--gates", args.gates]
         if args.projection_scale is not None:
             argv += ["--projection-scale", repr(args.projection_scale)]
+    if mode is not MODES["forward"]:
+        argv += ["--our-forward", args.our_forward]
     if args.no_fla:
         argv.append("--no-fla")
     if args.no_cudnn:
@@ -106,7 +117,7 @@ def run_in_process(args, configs: Sequence[Config]) -> list[dict]:
 
 
 def main_backward(args, prog: str) -> int:
-    """The --backward and --layer modes of ``ptx-lab bench`` (arguments parsed by cli.parse_args)."""
+    """The --backward, --layer and --forward modes of ``ptx-lab bench`` (arguments parsed by cli.parse_args)."""
     mode = mode_of(args)
     configs = parse_configs(args.configs, args.seed, log)
     why = mode.missing()
@@ -116,7 +127,8 @@ def main_backward(args, prog: str) -> int:
     env = environment()
     shape = f"hidden {args.hidden}, {args.heads} heads of 128" if mode.flag == "--layer" else f"H={args.heads}, K=V=128"
     log(f"device: {env.get('device')} ({env.get('sms')} SMs), torch {env['torch']}; {shape}, "
-        f"bf16; warm-up {args.warmup}, median of {args.reps}, seed {args.seed}")
+        f"bf16; warm-up {args.warmup}, median of {args.reps}, seed {args.seed}"
+        + ("" if mode.flag == "--forward" else f"; ours: {our_forward_text(args.our_forward)}"))
     if len(configs) > 1 and not args.in_process:
         results, runs = run_each_in_own_process(args, configs)
     else:

@@ -6,6 +6,8 @@
     ptx-lab bench --from-json a.json b.json --plot p.png    # earlier runs' tables, no GPU
     ptx-lab bench --backward --json b.json --plot b.png      # the whole backward: ours vs FLA (.backward_run)
     ptx-lab bench --layer --json l.json                      # FLA's KDA layer, its path vs ours (.layer)
+    ptx-lab bench --forward --json f.json --plot f.png       # the training forward: ours vs FLA's, cuDNN's (.forward)
+    ptx-lab bench --backward --our-forward fla               # the step with kernel.chunk_kda on FLA's forward
 """
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ from .layer import HIDDEN as LAYER_HIDDEN, LAYER_HEADS
 from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
                       parse_configs)
 from .measure import bench_config, fla_import, kernel_a_import, precision_config
-from .report import (PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get, log,
+from .report import (OUR_FORWARDS, PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get, log,
                      log_precision_table, plot, precision_row, report_from_json, table_row)
-from . import backward_report, layer_report
+from . import backward_report, forward_report, layer_report
 from .backward_run import main_backward
 from .device import CANNOT_RUN_EXIT, environment
 from .timing import L2_FLUSH_BYTES, log_failure, run_configs
@@ -46,7 +48,8 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     p.add_argument("--backward", action="store_true",
                    help="the whole KDA backward instead of Kernel A: ours (kernel.kda_backward) against FLA's "
                         "chunk_kda_bwd with safe_gate True and False, their peak memory, Kernel A's share, the "
-                        "byte floor, and the chunk_kda training step (FLA's vs kernel.chunk_kda); each "
+                        "byte floor, and the chunk_kda training step (FLA's vs kernel.chunk_kda, its forward "
+                        "--our-forward's); each "
                         "configuration in its own process (default configs " + ",".join(BACKWARD_CONFIGS) + ")")
     p.add_argument("--layer", action="store_true",
                    help="FLA's KDA layer (fla.layers.kda.KimiDeltaAttention at its defaults, bf16): its forward + "
@@ -55,10 +58,20 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         "against ours and our bare kernel.kda_backward.run (the wrapper's cost); each configuration "
                         "in its own process (default "
                         "configs " + ",".join(BACKWARD_CONFIGS) + "; needs flash-linear-attention and transformers)")
+    p.add_argument("--forward", action="store_true",
+                   help="KDA's forward as a training step runs it (inputs that require a gradient): kernel.chunk_kda "
+                        "with our forward against FLA's chunk_kda and cuDNN frontend's kimi_delta_attention (where "
+                        "installed, unless --no-cudnn), timed in turn, and our bare kernel.forward.forward on the "
+                        "same tensors (the wrapper's share); each one's peak memory and host time; each "
+                        "configuration in its own process (default configs " + ",".join(BACKWARD_CONFIGS) + ")")
+    p.add_argument("--our-forward", choices=tuple(OUR_FORWARDS), default="ours",
+                   help="--backward's step and --layer: the forward kernel.chunk_kda runs (kernel.using_forward): "
+                        "ours (default) or fla (FLA's forward, our backward)")
     p.add_argument("--hidden", type=int, default=LAYER_HIDDEN,
                    help=f"--layer: the layer's hidden size (default {LAYER_HIDDEN}, FLA's)")
     p.add_argument("--in-process", action="store_true",
-                   help="--backward, --layer: measure every configuration in this process, one after the other")
+                   help="--backward, --layer, --forward: measure every configuration in this process, one after "
+                        "the other")
     p.add_argument("--no-step", action="store_true", help="--backward: skip the forward + backward step")
     p.add_argument("--configs", default=None,
                    help="comma-separated BxT or varlenNxTOTAL (default: "
@@ -85,7 +98,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         "in turn, the same number of times, after the separate timings)")
     p.add_argument("--no-fla", action="store_true", help="skip flash-linear-attention")
     p.add_argument("--no-cudnn", action="store_true",
-                   help="--backward: leave cuDNN frontend's KDA op out of the step (it runs where installed)")
+                   help="--backward, --forward: leave cuDNN frontend's KDA op out (it runs where installed)")
     p.add_argument("--no-kernel", action="store_true", help="skip Kernel A")
     p.add_argument("--cupti", action="store_true",
                    help="also take kernel-only times with torch.profiler (CUPTI); off by default: "
@@ -114,15 +127,17 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         "files, one row per config, e.g. configs timed in separate processes. Each "
                         "row's ratios come from its own run; no GPU needed")
     args = p.parse_args(argv)
-    if args.backward and args.layer:
-        p.error("--backward and --layer are two modes: pick one")
+    modes = [f"--{m}" for m in ("backward", "layer", "forward") if getattr(args, m)]
+    if len(modes) > 1:
+        p.error(f"{' and '.join(modes)} are {('two', 'three')[len(modes) - 2]} modes: pick one")
+    if args.our_forward != "ours" and not (args.backward or args.layer):
+        p.error("--our-forward picks kernel.chunk_kda's forward in --backward's step and --layer: add one of them")
     if args.heads is None:
         args.heads = LAYER_HEADS if args.layer else 32
     if args.hidden < 1 or (args.hidden != LAYER_HIDDEN and not args.layer):
         p.error("--hidden takes an integer >= 1, with --layer")
     if args.configs is None:
-        args.configs = ",".join(QUICK_CONFIGS if args.quick else BACKWARD_CONFIGS if (args.backward or args.layer)
-                                else DEFAULT_CONFIGS)
+        args.configs = ",".join(QUICK_CONFIGS if args.quick else BACKWARD_CONFIGS if modes else DEFAULT_CONFIGS)
     if args.warmup is None:
         args.warmup = 1 if args.quick else 3
     if args.reps is None:
@@ -168,10 +183,12 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     if args.from_json:
         if args.layer or all(layer_report.is_layer_json(path) for path in args.from_json):
             return layer_report.report_from_json(args.from_json, args.plot, args.json)
+        if args.forward or all(forward_report.is_forward_json(path) for path in args.from_json):
+            return forward_report.report_from_json(args.from_json, args.plot, args.json)
         if args.backward or all(backward_report.is_backward_json(path) for path in args.from_json):
             return backward_report.report_from_json(args.from_json, args.plot, args.json)
         return report_from_json(args.from_json, args.plot, args.json)
-    if args.backward or args.layer:
+    if args.backward or args.layer or args.forward:
         return main_backward(args, prog)
     configs = parse_configs(args.configs, args.seed, log)
 

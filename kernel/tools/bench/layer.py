@@ -11,7 +11,9 @@ gradient dout:
 
 * FLA's path: the layer as it is;
 * ours: the same layer object with ``kernel.patch_fla()``'s route in place of FLA's
-  ``chunk_kda``, which is exactly what the switch puts there (FLA's forward, our backward).
+  ``chunk_kda``, which is exactly what the switch puts there: ``kernel.chunk_kda``, our backward and
+  the forward ``--our-forward`` names (ours by default, FLA's with ``fla``), applied with
+  ``kernel.using_forward`` around the whole measurement and recorded as ``our_forward``.
 
 The route is taken from ``kernel.patch_fla()`` once and then swapped into the layer's module per
 call (one attribute), so that the timing holds no patching. The two steps are timed in turn
@@ -102,14 +104,22 @@ def _routes():
 
 
 def bench_layer_config(cfg: Config, args, flush) -> dict:
-    """Time FLA's layer step against ours on one configuration, and each one's peak memory."""
+    """Time FLA's layer step against ours on one configuration, and each one's peak memory; ours with the
+    forward ``args.our_forward`` names."""
+    import kernel
+
+    with kernel.using_forward(args.our_forward):
+        return _bench_layer_config(cfg, args, flush)
+
+
+def _bench_layer_config(cfg: Config, args, flush) -> dict:
     import torch
 
     heads, hidden = args.heads, args.hidden
     t_start, tag = time.perf_counter(), cfg.name
     res: dict[str, Any] = {"bench": "layer", "config": cfg.name, "B": cfg.B, "T": cfg.T, "N": cfg.N,
                            "tokens": cfg.tokens, "varlen": cfg.varlen, "heads": heads, "hidden": hidden,
-                           "layer": {}, "peak_memory": {}}
+                           "layer": {}, "peak_memory": {}, "our_forward": args.our_forward}
     layer, x, dout, kw = _layer_and_inputs(cfg, heads, hidden, args.seed)
     params = [p for p in layer.parameters() if p.requires_grad]
     original, routed, layer_module = _routes()

@@ -6,12 +6,13 @@ from typing import Sequence
 from . import report
 from .layer import (BACKWARD_TARGET, LAYER_FLA, LAYER_OURS, OP_BARE, OP_FLA, OP_OURS, TIME_TARGET,
                     WRAPPER_TARGET)
-from .report import against_target, cell, get, is_bench_json, log, num, target_verdict, write_json
+from .report import against_target, cell, get, is_bench_json, log, num, our_forward_of, target_verdict, write_json
 
 LAYER_COLUMNS = ("config", "FLA layer ms", "ours layer ms", "ours/FLA", "FLA GB", "ours GB", "ours/FLA GB",
                  "FLA bwd ms", "ours bwd ms", "ours/FLA bwd", "bare ms", "wrapper", "ours bwd host ms")
 LEGEND = (f"FLA layer / ours layer = fla.layers.kda.KimiDeltaAttention forward + backward (every parameter's "
-          f"gradient and x's) through autograd, FLA's chunk_kda or kernel.patch_fla()'s route, timed in turn in "
+          f"gradient and x's) through autograd, FLA's chunk_kda or kernel.patch_fla()'s route (kernel.chunk_kda, its "
+          f"forward the title's: --our-forward), timed in turn in "
           f"one process per configuration; GB = peak memory of one step as torch counts it (plus CuPy's pool's "
           f"growth); bwd = the op's backward alone through autograd on the layer's own chunk_kda call (its "
           f"settings: the gate and beta in the op, state_v_first), FLA's and ours, timed in turn with bare = "
@@ -79,11 +80,17 @@ def backward_verdict(r: dict) -> str:
     return f"{r.get('config', '?')}: {b}; {w}"
 
 
+def title(results: Sequence[dict]) -> str:
+    """The table's title: what "ours" ran (kernel.chunk_kda's forward)."""
+    return (f"FLA's KDA layer, forward + backward; ours is kernel.patch_fla()'s route: kernel.chunk_kda with "
+            f"{our_forward_of(results)} and our backward:")
+
+
 def log_layer_table(results: Sequence[dict]) -> None:
     report.log_mode_table(results, layer_row, LAYER_COLUMNS, LEGEND, problems(results), verdict(results),
                           f"targets (the layer's forward + backward at most {TIME_TARGET}x FLA's; peak memory no "
                           f"more; the op's backward at most {BACKWARD_TARGET}x FLA's, its wrapper at most "
-                          f"{WRAPPER_TARGET:.0%} of our bare backward):")
+                          f"{WRAPPER_TARGET:.0%} of our bare backward):", title=title(results))
 
 
 def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, *,

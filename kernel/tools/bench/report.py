@@ -27,6 +27,29 @@ PRECISION_COLUMNS = ("config", "heads x seqs", f"A {BF16_EVERY_64} dh0", f"A {BF
                      "bf16(exact dh)", "mqk/inv in")
 
 
+# --our-forward: whose forward kernel.chunk_kda runs in --backward's step and --layer (kernel.using_forward);
+# a result without the key was recorded before the option, when kernel.chunk_kda ran FLA's forward
+OUR_FORWARDS = {"ours": "our forward", "fla": "FLA's forward"}
+OUR_FORWARD_BEFORE = "fla"
+
+
+def our_forward_text(name: str) -> str:
+    """"kernel.chunk_kda with our forward and our backward" (or FLA's forward): what "ours" ran."""
+    return f"kernel.chunk_kda with {OUR_FORWARDS[name]} and our backward"
+
+
+def our_forward_of(results: Sequence[dict]) -> str:
+    """The forward "ours" ran in these results, as a title's words: "our forward" or "FLA's forward"; where
+    merged runs differ, each with its configurations."""
+    ok = [r for r in results if "error" not in r]
+    by: dict[str, list[str]] = {}
+    for r in ok:
+        by.setdefault(r.get("our_forward", OUR_FORWARD_BEFORE), []).append(str(r.get("config", "?")))
+    if len(by) < 2:
+        return next((OUR_FORWARDS.get(n, n) for n in by), "-")
+    return " / ".join(f"{OUR_FORWARDS.get(n, n)} ({', '.join(c)})" for n, c in sorted(by.items()))
+
+
 def log(*args) -> None:
     print(*args, flush=True)
 
@@ -123,10 +146,12 @@ def problems(results: Sequence[dict], parts: Sequence[str]) -> list[str]:
 
 
 def log_mode_table(results: Sequence[dict], row, columns: Sequence[str], legend: str, problem_lines: list[str],
-                   verdict_lines: list[str], targets: str) -> None:
-    """A mode's table (``row`` of each configuration that ran), its legend, the problems, then the
-    verdict under the ``targets`` heading."""
+                   verdict_lines: list[str], targets: str, title: str | None = None) -> None:
+    """A mode's table (``row`` of each configuration that ran) under ``title`` if given, its legend, the
+    problems, then the verdict under the ``targets`` heading."""
     log("")
+    if title:
+        log(title)
     log(format_table([row(r) for r in results if "error" not in r], columns))
     log(legend)
     for line in problem_lines:

@@ -1,0 +1,120 @@
+"""What ``ptx-lab bench --forward`` prints and writes: the progress line, the table, the plot, and the table
+of earlier runs' JSON files. Reads result dicts of :func:`.forward.bench_forward_config`; needs no GPU
+(matplotlib for the plot only).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import report
+from .forward import FWD_CUDNN, FWD_FLA, FWD_OURS, FWD_RAW, SIDES
+from .report import cell, error_text, get, is_bench_json, log, num, write_json
+
+FORWARD_COLUMNS = ("config", "ours ms", "FLA ms", "cuDNN ms", "raw ms", "ours/FLA", "ours/cuDNN", "over raw",
+                   "ours GB", "FLA GB", "cuDNN GB", "raw GB", "ours host ms", "FLA host ms", "cuDNN host ms",
+                   "raw host ms")
+LABELS = {FWD_OURS: "ours (kernel.chunk_kda)", FWD_FLA: "FLA chunk_kda", FWD_CUDNN: "cuDNN kimi_delta_attention",
+          FWD_RAW: "ours raw (kernel.forward.forward)"}
+TITLE = "KDA's forward as a training step runs it (inputs require a gradient), ours against FLA's and cuDNN's"
+LEGEND = ("ours = kernel.chunk_kda with our forward (kernel.using_forward('ours')): FLA's preprocessing (l2norm, "
+          "the gate's chunk cumsum) and kernel.forward.forward through the op's autograd; FLA = fla.ops.kda.chunk_kda; "
+          "both on the same leaves (requires_grad, use_qk_l2norm_in_kernel, safe_gate True, the final state), so "
+          "that each keeps what its backward reads. cuDNN = cuDNN frontend's kimi_delta_attention (q, k normalised "
+          "in torch inside the call; where installed). raw = kernel.forward.forward alone (training=True) on the "
+          "tensors our op hands it; over raw = ours / raw - 1: the preprocessing, the op and autograd. All timed in "
+          "turn (same power state), one process per configuration. GB = peak GPU memory of one call above what was "
+          "allocated before (torch's max_memory_allocated, reset before each side, plus CuPy's pool), outputs and "
+          "saved tensors included; host ms = the CPU time of one call (the GPU is kept ahead of it).")
+
+
+def forward_row(res: dict) -> list[str]:
+    """One row of the table; ratios from the same run, in turn."""
+    fwd, mem, ratio = res.get("forward", {}), res.get("peak_memory", {}), res.get("ratio", {})
+    return [res.get("config", "?"),
+            *(cell(fwd.get(n), ".3f") for n in SIDES),
+            num(ratio.get("ours/fla"), ".3f"), num(ratio.get("ours/cudnn"), ".3f"), num(ratio.get("over_raw"), "+.1%"),
+            *(cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in SIDES),
+            *(cell(fwd.get(n), ".2f", key="host_ms") for n in SIDES)]
+
+
+def progress_line(tag: str, res: dict) -> str:
+    c = dict(zip(FORWARD_COLUMNS, forward_row(res)))
+    return (f"{tag}: forward ours {c['ours ms']} ms, FLA {c['FLA ms']} ms (ratio {c['ours/FLA']}), cuDNN "
+            f"{c['cuDNN ms']} ms (ratio {c['ours/cuDNN']}), raw {c['raw ms']} ms (ours over raw {c['over raw']}); "
+            f"peak memory ours {c['ours GB']} GB, FLA {c['FLA GB']} GB, cuDNN {c['cuDNN GB']} GB; host ms ours "
+            f"{c['ours host ms']}, FLA {c['FLA host ms']} [{res.get('wall_s', 0):.0f} s]")
+
+
+def problems(results: Sequence[dict]) -> list[str]:
+    return report.problems(results, ("forward", "peak_memory"))
+
+
+def notes(results: Sequence[dict]) -> list[str]:
+    """The sides left out on purpose (e.g. cuDNN's with --no-cudnn), one line each."""
+    return [f"{r.get('config')}: {name} skipped ({v['skipped']})" for r in results if "error" not in r
+            for name, v in (r.get("forward") or {}).items() if isinstance(v, dict) and "skipped" in v]
+
+
+def log_forward_table(results: Sequence[dict]) -> None:
+    report.log_mode_table(results, forward_row, FORWARD_COLUMNS, LEGEND, problems(results) + notes(results), [], "",
+                          title=TITLE + ":")
+
+
+def plot_forward(results: Sequence[dict], path: str) -> None:
+    """Bars per configuration: each side's median time (left) and peak memory (right)."""
+    plt = report.pyplot()
+
+    names = [r["config"] for r in results]
+    x = np.arange(len(names))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(9, 2.6 * len(names)), 4.5))
+    for a, part, key, scale, ylabel in ((ax, "forward", "median_ms", 1.0, "ms (median)"),
+                                        (ax2, "peak_memory", "bytes", 1e-9, "peak GB")):
+        series = [n for n in SIDES if any(get(r, part, n, key) is not None for r in results)]
+        w = 0.8 / max(1, len(series))
+        for i, n in enumerate(series):
+            vals = [(get(r, part, n, key) or 0.0) * scale for r in results]
+            a.bar(x + (i - (len(series) - 1) / 2) * w, vals, w, label=LABELS[n])
+        a.set_xticks(x)
+        a.set_xticklabels(names, fontsize=8)
+        a.set_ylabel(ylabel)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
+    ax.set_title("training forward: time")
+    ax2.set_title("training forward: peak memory")
+    heads = {r.get("H") for r in results}
+    fig.suptitle(f"KDA forward, ours vs flash-linear-attention and cuDNN, "
+                 f"H={'/'.join(map(str, sorted(h for h in heads if h)))}, K=V=128, bf16")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def is_forward_json(path: str) -> bool:
+    """True when `path` is a --forward run's JSON file (its results say so)."""
+    return is_bench_json(path, "forward")
+
+
+def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, *,
+                  environment: dict | None = None, args: dict | None = None) -> None:
+    """The JSON file (this run's environment and arguments, the runs it merged, every result) and the plot."""
+    if json_path:
+        write_json(json_path, results, runs, environment, args)
+    ok = [r for r in results if "error" not in r]
+    if plot_path and ok:
+        try:
+            plot_forward(ok, plot_path)
+            log(f"wrote {plot_path}")
+        except Exception as exc:
+            log(f"plot failed: {error_text(exc)}")
+
+
+def read_runs(paths: Sequence[str]) -> tuple[list[dict], list[dict]] | None:
+    return report.read_runs(paths, "bench --forward --json")
+
+
+def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str | None) -> int:
+    """The table (and --plot / --json) of configurations timed by earlier --forward runs."""
+    return report.report_runs(paths, "bench --forward --json", log_forward_table, write_outputs, plot_path,
+                              json_path)

@@ -31,7 +31,8 @@ Recipes:
   activated (:func:`kernel.activations.gate` of the recipe's raw projection),
   not the layer's raw one with ``use_gate_in_kernel``, so dA_log and dt_bias
   are not in its table (``layer-call``'s has them). FLA runs only with safe_gate False (its safe_gate
-  asks for gates in [-5, 0]); ours is ``kernel.chunk_kda`` on the same call, its
+  asks for gates in [-5, 0]); ours is ``kernel.chunk_kda`` on the same call (our
+  backward, and our forward, or FLA's with ``--our-forward fla``), its
   tiles spanning more than 110 (log2, ``kernel.shapes.SPAN_LIMIT``) taking Kernel
   B's pairwise path. Should ``kernel.chunk_kda`` ever run FLA's backward for a case
   (its FallbackWarning), the tool labels that row "chunk_kda: FLA's backward
@@ -44,7 +45,8 @@ Recipes:
   (dA_log has one entry per head: ``--heads`` sets how many sums it averages). The float64
   reference activates the rounded raw inputs in float64 (:func:`kernel.activations.gate`,
   the sigmoid) and chains its gradients back through torch's float64 autograd
-  (:func:`layer_call_chain`). FLA runs with safe_gate False; ours is ``kernel.chunk_kda``.
+  (:func:`layer_call_chain`). FLA runs with safe_gate False; ours is ``kernel.chunk_kda`` (its forward
+  ``--our-forward``'s, as for ``trained-layer``).
 
 Beside FLA's rows, one of ours (unless ``--no-ours``; for ``trained-layer``, see
 above): FLA's forward on the same
@@ -52,7 +54,9 @@ inputs (``kernel.tools.fla_kda.forward``: l2norm, ``chunk_kda_fwd`` with safe_ga
 True), our whole backward ``kernel.kda_backward.kda_backward`` on its tensors, and
 FLA's l2norm backward for dq and dk, as ``chunk_kda``'s autograd applies it (what
 ``kernel.chunk_kda`` does). Where ``kernel.kda_backward`` cannot be imported the
-table says so and FLA's rows still come.
+table says so and FLA's rows still come. That row's forward is FLA's whatever ``--our-forward`` says: it
+measures our backward on FLA's tensors; ``kernel.chunk_kda``'s rows (``trained-layer``, ``layer-call``) run
+the forward ``--our-forward`` names (``kernel.using_forward``; ours by default).
 
 The "bf16 rounding" row of each case is the bf16 rounding of the exact gradient,
 the error any bf16 output has at best.
@@ -94,6 +98,8 @@ def unit_inputs(B: int, T: int, H: int, K: int, V: int, lengths, seed: int) -> d
 
 
 OURS = "ours (kda_backward)"
+# --our-forward: kernel.chunk_kda's forward in the OURS_DROPIN rows (kernel.using_forward), as the table words it
+OUR_FORWARDS = {"ours": "our forward", "fla": "FLA's forward"}
 OURS_DROPIN = "ours (chunk_kda)"
 FALLBACK = "chunk_kda: FLA's backward (fallback)"
 
@@ -223,8 +229,8 @@ def fla_gradients(dev: dict, *, safe_gate: bool) -> dict:
 
 
 def dropin_gradients(dev: dict) -> tuple[dict, bool]:
-    """kernel.chunk_kda (FLA's forward, our backward) on FLA's call with safe_gate False -> (the gradients
-    as float64 numpy, whether its backward fell back to FLA's)."""
+    """kernel.chunk_kda (our backward; the forward the process's setting names, kernel.use_forward) on FLA's
+    call with safe_gate False -> (the gradients as float64 numpy, whether its backward fell back to FLA's)."""
     from kernel import chunk_kda
 
     return catching_fallback(lambda: autograd_gradients(chunk_kda, dev, safe_gate=False))
@@ -390,6 +396,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap.add_argument("--no-ours", dest="ours", action="store_false",
                     help=f"leave out our backward (kernel.kda_backward; kernel.chunk_kda for {TRAINED_LAYER}); by "
                          "default it runs beside FLA's")
+    ap.add_argument("--our-forward", choices=tuple(OUR_FORWARDS), default="ours",
+                    help=f"the forward kernel.chunk_kda runs in the {TRAINED_LAYER} and {LAYER_CALL} rows "
+                         "(kernel.using_forward): ours (default) or fla (FLA's forward, our backward); the other "
+                         "recipes' row of ours is kernel.kda_backward on FLA's forward tensors either way")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write the table and the verdict there")
     a = ap.parse_args(argv)
@@ -459,7 +469,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                     if label == OURS:
                         grads = ours_gradients(dev, kda_backward)
                     elif label == OURS_DROPIN:
-                        grads, fallbacks[case] = dropin_gradients(dev)
+                        import kernel
+
+                        with kernel.using_forward(a.our_forward):
+                            grads, fallbacks[case] = dropin_gradients(dev)
                         label = FALLBACK if fallbacks[case] else label
                     else:
                         grads = fla_gradients(dev, safe_gate=safe_gate)
@@ -478,7 +491,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
     print(f"\nthe whole backward's gradients vs float64 (relative Frobenius), H = {a.heads}, K = V = {K}: FLA's "
           "chunk_kda (autograd) and ours (FLA's forward, kernel.kda_backward, FLA's l2norm backward; "
-          f"for {TRAINED_LAYER} and {LAYER_CALL}, kernel.chunk_kda; {NOT_THERE}: a gradient the recipe has not)"
+          f"for {TRAINED_LAYER} and {LAYER_CALL}, kernel.chunk_kda with "
+          f"{OUR_FORWARDS[a.our_forward]} and our backward; "
+          f"{NOT_THERE}: a gradient the recipe has not)"
           + ("" if kda_backward is not None else f"; ours {why_not_ours}") + ":")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

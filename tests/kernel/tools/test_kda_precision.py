@@ -6,6 +6,8 @@ small case, whose table has FLA's rows and ours (or says why ours is not there),
 recipe with and without a tile past our range."""
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 
 import numpy as np
@@ -324,3 +326,34 @@ def test_the_layer_call_recipe_measures_the_gates_parameters(capsys):
     cells = [c.strip() for c in rows[2].strip().strip("|").split("|")[3:]]
     assert len(cells) == len(kda_precision.COLUMNS) and all(float(c) < 0.05 for c in cells), rows
     assert "[layer-call 1x256] dA_log per head: ours at least as close as FLA's in" in out
+
+
+@pytest.mark.parametrize("argv, forward, words", [([], "ours", "our forward"),
+                                                  (["--our-forward", "fla"], "fla", "FLA's forward")])
+def test_our_forward_sets_kernel_chunk_kdas_forward_in_its_rows(argv, forward, words, monkeypatch, capsys):
+    """--our-forward reaches kernel.chunk_kda's rows through kernel.using_forward (the setting is back
+    after), and the table's heading names it; the GPU work replaced by stand-ins."""
+    torch = pytest.importorskip("torch")
+    import kernel
+    import ptx_lab.gpu
+
+    seen = []
+    grads = {n: np.ones(3) for n in kda_precision.GRADIENTS}
+
+    def cpu_inputs(raw):
+        out = {n: torch.from_numpy(np.ascontiguousarray(raw[n])) for n in ("q", "k", "v", "g", "beta", "do", "dht")}
+        out["h0"], out["cu_seqlens"] = torch.zeros_like(out["dht"]), raw["cu_seqlens"]
+        return out
+
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))   # main only checks that it imports
+    monkeypatch.setattr(ptx_lab.gpu, "gpu_reason", lambda: None)
+    monkeypatch.setattr(kda_precision, "device_inputs", cpu_inputs)
+    monkeypatch.setattr(kda_precision, "reference_gradients", lambda seen_, cu: grads)
+    monkeypatch.setattr(kda_precision, "fla_gradients", lambda dev, safe_gate: grads)
+    monkeypatch.setattr(kda_precision, "dropin_gradients",
+                        lambda dev: seen.append(kernel.forward_setting()) or (grads, False))
+    before = kernel.forward_setting()
+    assert kda_precision.main(["--T", "64", "--heads", "1", "--varlen", "0", "--recipes", "trained-layer",
+                               *argv]) == 0
+    assert seen == [forward] and kernel.forward_setting() == before
+    assert f"kernel.chunk_kda with {words} and our backward" in capsys.readouterr().out

@@ -1,16 +1,19 @@
-"""Does a KDA model train the same with our backward as with FLA's?
+"""Does a KDA model train the same with kernel.chunk_kda (our forward and backward) as with FLA's chunk_kda?
 
     python -m kernel.studies.training.compare --steps 300 --out docs/bench/training.png --json OUT.json
 
 (from a checkout; needs one CUDA GPU, torch, fla-core 0.6.0, CuPy and kernel.kda_backward.)
+    python -m kernel.studies.training.compare --our-forward fla ...   # run 2 on FLA's forward: the backward alone
 
 Three runs of the same small KDA language model on the same synthetic task
 (:mod:`.model`: repeated random segments, learnt by induction), each
 ``--steps`` AdamW steps under bf16 autocast:
 
 1. FLA's ``chunk_kda`` (its forward and its backward), seed ``--seed``;
-2. ``kernel.chunk_kda`` (FLA's forward, our backward), the same seed: the same
-   initial weights and the same batches, so the two differ only in the backward;
+2. ``kernel.chunk_kda`` (our backward, and the forward ``--our-forward`` names through
+   ``kernel.using_forward``: ours by default, FLA's with ``fla``), the same seed: the same initial
+   weights and the same batches, so the two differ only in the op's implementation (with
+   ``--our-forward fla``, only in the backward);
 3. FLA's ``chunk_kda`` again with seed ``--noise-seed``: how far two runs that
    should learn equally well drift apart anyway.
 
@@ -18,7 +21,7 @@ Three runs of the same small KDA language model on the same synthetic task
 flash-linear-attention and transformers) of ``--layers`` layers and ``--heads`` heads of 128,
 its ``KimiDeltaAttention`` at its defaults (the gate and beta in the op, unbounded gates), its
 loss its own. Run 2 is then the same model trained inside ``kernel.patched_fla()``: FLA's
-model, unchanged, through the switch.
+model, unchanged, through the switch (``kernel.chunk_kda``, its forward ``--our-forward``'s).
 
 Printed: progress every ``--log-every`` steps with the elapsed time, then a
 table of each run's final loss (the mean of its last ``--smooth`` steps) and
@@ -29,6 +32,7 @@ of runs 3 and 1. ``--out`` gets both curves and their differences in one PNG,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -39,6 +43,10 @@ from typing import Any, Callable, Sequence
 
 PROG = "python -m kernel.studies.training.compare"
 MODELS = ("study", "fla")
+# --our-forward: the forward kernel.chunk_kda runs in run 2 (kernel.using_forward), as the labels word it;
+# a record without it (docs/bench/training.json) was made when kernel.chunk_kda ran FLA's forward
+OUR_FORWARDS = {"ours": "our forward", "fla": "FLA's forward"}
+OUR_FORWARD_BEFORE = "fla"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -58,6 +66,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--heads", type=int, default=4, help="KDA heads of 128 (d_model = 128 heads; default 4)")
     ap.add_argument("--lr", type=float, default=5e-3, help="peak AdamW learning rate (default 5e-3)")
     ap.add_argument("--warmup", type=int, default=30, help="linear warm-up steps, then cosine to 10%% (default 30)")
+    ap.add_argument("--our-forward", choices=tuple(OUR_FORWARDS), default="ours",
+                    help="the forward kernel.chunk_kda runs in run 2 (kernel.using_forward): ours (default) or fla "
+                         "(FLA's forward: then only the backward differs from run 1)")
     ap.add_argument("--seed", type=int, default=0, help="seed of runs 1 and 2 (weights and batches)")
     ap.add_argument("--noise-seed", type=int, default=1, help="seed of run 3 (default 1)")
     ap.add_argument("--smooth", type=int, default=25, help="trailing-mean window of the curves (default 25)")
@@ -111,8 +122,6 @@ def train(kda: Callable | None, a: argparse.Namespace, seed: int, *, device: str
     FLA's model through our backward).
 
     The seed fixes the initial weights and the batches; bf16 autocast on CUDA."""
-    import contextlib
-
     import torch
 
     from .model import repeated_segments
@@ -170,7 +179,7 @@ def summarize(runs: dict[str, dict], window: int, *, reference: str, same_seed: 
     curves = {name: smoothed(run["losses"], window) for name, run in runs.items()}
     gap = lambda name: max(abs(x - y) for x, y in zip(curves[name], curves[reference]))
     return {"final_loss": {name: c[-1] for name, c in curves.items()},
-            "max_abs_smoothed_difference": {"backward (ours vs FLA, same seed)": gap(same_seed),
+            "max_abs_smoothed_difference": {"ours vs FLA, same seed": gap(same_seed),
                                             "noise (FLA vs FLA, other seed)": gap(other_seed)},
             "smooth_window": window}
 
@@ -222,11 +231,21 @@ def describe(a) -> str:
             f"segments of {a.min_period}-{a.max_period} tokens, {a.steps} steps")
 
 
+def ours_text(our_forward: str) -> str:
+    """What run 2 ran, in words: "kernel.chunk_kda (our forward, our backward)" or FLA's forward."""
+    return f"kernel.chunk_kda ({OUR_FORWARDS[our_forward]}, our backward)"
+
+
+def title(our_forward: str, shape: str) -> str:
+    return f"KDA LM, FLA's chunk_kda vs {ours_text(our_forward)}: {shape}"
+
+
 def replot(a) -> int:
     record = json.loads(a.replot.read_text())
     cfg = argparse.Namespace(**record["config"])
-    plot(record["runs"], record["summary"], a.out, f"KDA LM, FLA's backward vs ours: {describe(cfg)}",
-         reference=f"FLA backward, seed {cfg.seed}")
+    # run 1 comes first in every record; one made before --our-forward ran FLA's forward in run 2
+    plot(record["runs"], record["summary"], a.out,
+         title(getattr(cfg, "our_forward", OUR_FORWARD_BEFORE), describe(cfg)), reference=next(iter(record["runs"])))
     print(f"wrote {a.out} from {a.replot} ({record['device']}, torch {record['torch']}, fla {record['fla']})")
     return 0
 
@@ -258,8 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError as exc:
             print(f"{PROG} --model fla needs flash-linear-attention 0.6.0 and transformers ({exc})", file=sys.stderr)
             return 2
-    fla_run, our_run, noise_run = (f"FLA backward, seed {a.seed}", f"our backward, seed {a.seed}",
-                                   f"FLA backward, seed {a.noise_seed}")
+    fla_run, our_run, noise_run = (f"FLA's chunk_kda, seed {a.seed}", f"{ours_text(a.our_forward)}, seed {a.seed}",
+                                   f"FLA's chunk_kda, seed {a.noise_seed}")
     plan = ((fla_run, fla_chunk_kda, a.seed), (our_run, our_chunk_kda, a.seed), (noise_run, fla_chunk_kda, a.noise_seed))
     shape = describe(a)
     print(f"{shape}, on {torch.cuda.get_device_name()}; FLA's first call compiles and autotunes its kernels",
@@ -268,12 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, kda, seed in plan:
         ours = kda is not fla_chunk_kda
         route = kernel.patched_fla if (ours and a.model == "fla") else None
-        runs[label] = {"implementation": ("kernel.patch_fla()" if route else "kernel.chunk_kda") if ours else "fla",
-                       "seed": seed, **train(kda, a, seed, device="cuda", label=label, route=route,
-                                             log=lambda s: print(s, flush=True))}
+        with kernel.using_forward(a.our_forward) if ours else contextlib.nullcontext():
+            runs[label] = {"implementation": ("kernel.patch_fla()" if route else "kernel.chunk_kda") if ours else "fla",
+                           **({"forward": a.our_forward} if ours else {}),
+                           "seed": seed, **train(kda, a, seed, device="cuda", label=label, route=route,
+                                                 log=lambda s: print(s, flush=True))}
     summary = summarize(runs, a.smooth, reference=fla_run, same_seed=our_run, other_seed=noise_run)
     print("\n" + table(runs, summary))
-    plot(runs, summary, a.out, f"KDA LM, FLA's backward vs ours: {shape}", reference=fla_run)
+    plot(runs, summary, a.out, title(a.our_forward, shape), reference=fla_run)
     print(f"\nwrote {a.out}")
     if a.json is not None:
         record = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},

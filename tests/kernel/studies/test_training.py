@@ -111,7 +111,7 @@ def test_summary_table_and_picture(tmp_path):
     assert compare.smoothed([4.0, 3.0, 2.0, 1.0], 2) == [4.0, 3.5, 2.5, 1.5]
     s = compare.summarize(runs, 2, reference="a", same_seed="b", other_seed="c")
     assert s["final_loss"] == {"a": 1.5, "b": 1.5, "c": 2.5}
-    assert s["max_abs_smoothed_difference"] == {"backward (ours vs FLA, same seed)": 0.25,
+    assert s["max_abs_smoothed_difference"] == {"ours vs FLA, same seed": 0.25,
                                                 "noise (FLA vs FLA, other seed)": 1.0}
     text = compare.table(runs, s)
     assert "| b   | 1.5000" in text and "noise (FLA vs FLA, other seed): 1.0000" in text
@@ -150,3 +150,24 @@ def test_the_committed_run_redraws_without_a_gpu(tmp_path):
     out = tmp_path / "training.png"
     assert compare.main(["--replot", str(recorded), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, forward", [([], "ours"), (["--our-forward", "fla"], "fla")])
+def test_run_two_names_the_forward_it_runs(argv, forward):
+    a = compare.parse_args(argv)
+    assert a.our_forward == forward
+    words = {"ours": "our forward", "fla": "FLA's forward"}[forward]
+    assert compare.title(a.our_forward, "shape") == f"KDA LM, FLA's chunk_kda vs kernel.chunk_kda ({words}, our backward): shape"
+
+
+def test_the_committed_run_is_titled_with_flas_forward(tmp_path, monkeypatch):
+    # docs/bench/training.json was recorded before --our-forward, when kernel.chunk_kda ran FLA's forward
+    from pathlib import Path
+
+    drawn = {}
+    monkeypatch.setattr(compare, "plot", lambda runs, summary, path, title, reference: drawn.update(
+        title=title, reference=reference))
+    recorded = Path(__file__).resolve().parents[3] / "docs" / "bench" / "training.json"
+    assert compare.main(["--replot", str(recorded), "--out", str(tmp_path / "t.png")]) == 0
+    assert "vs kernel.chunk_kda (FLA's forward, our backward)" in drawn["title"]
+    assert drawn["reference"] == "FLA backward, seed 0"

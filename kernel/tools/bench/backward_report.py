@@ -27,7 +27,8 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
           "design (kernel.tools.floors.RECOMMENDED) at the copy rate. A share = Kernel A / ours, timed beside it. "
           "GB = peak GPU memory of one backward above what was allocated before (torch + CuPy's pool; outputs "
           "included). step = chunk_kda forward + backward through autograd, FLA's against kernel.chunk_kda "
-          "(our backward; its forward the title's, --our-forward), safe_gate True, and cuDNN frontend's kimi_delta_attention (q, k normalised "
+          "(our backward; its forward the title's, --our-forward), safe_gate True, and cuDNN frontend's "
+          "kimi_delta_attention (q, k normalised "
           "in torch, fp32 beta and log gate: what its Hopper engine serves); autograd bwd = each one's backward "
           "alone through autograd (forward once, graph kept), in turn; over bare = ours through autograd over "
           "kernel.kda_backward alone (the 'ours ms' column) - 1: the wrapper's share.")

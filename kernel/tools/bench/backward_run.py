@@ -1,4 +1,5 @@
-"""``ptx-lab bench --backward``, ``--layer`` and ``--forward``: the run loop, each configuration in a process of its own.
+"""``ptx-lab bench --backward``, ``--layer`` and ``--forward``: the run loop, each configuration in a process of
+its own.
 
 FLA's Triton autotune keys leave out B and T (:func:`kernel.tools.fla_adapter.reset_autotune`), and
 one configuration's allocator pools and compiled kernels would follow it into the next. So with more

@@ -24,8 +24,8 @@ from .layer import HIDDEN as LAYER_HIDDEN, LAYER_HEADS
 from .configs import (BACKWARD_CONFIGS, BF16_EVERY_64, DEFAULT_CONFIGS, FP32_EVERY_TILE, MODES, QUICK_CONFIGS, RENAMED_MODES,
                       parse_configs)
 from .measure import bench_config, fla_import, kernel_a_import, precision_config
-from .report import (OUR_FORWARDS, PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get, log,
-                     log_precision_table, plot, precision_row, report_from_json, table_row)
+from .report import (OUR_FORWARDS, PRECISION_COLUMNS, TABLE_COLUMNS, alternating_text, error_text, format_table, get,
+                     log, log_precision_table, plot, precision_row, report_from_json, table_row)
 from . import backward_report, forward_report, layer_report
 from .backward_run import main_backward
 from .device import CANNOT_RUN_EXIT, environment

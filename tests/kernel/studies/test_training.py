@@ -157,7 +157,8 @@ def test_run_two_names_the_forward_it_runs(argv, forward):
     a = compare.parse_args(argv)
     assert a.our_forward == forward
     words = {"ours": "our forward", "fla": "FLA's forward"}[forward]
-    assert compare.title(a.our_forward, "shape") == f"KDA LM, FLA's chunk_kda vs kernel.chunk_kda ({words}, our backward): shape"
+    assert compare.title(a.our_forward, "shape") == \
+        f"KDA LM, FLA's chunk_kda vs kernel.chunk_kda ({words}, our backward): shape"
 
 
 def test_the_committed_run_is_titled_with_flas_forward(tmp_path, monkeypatch):

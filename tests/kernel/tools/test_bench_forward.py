@@ -116,7 +116,8 @@ def test_rendering_what_is_missing_failed_or_skipped():
                             FWD_RAW: {"error": "RuntimeError: y"}},
                    ratio={}, peak_memory={FWD_FLA: {"bytes": 3e9}})
     cells = dict(zip(forward_report.FORWARD_COLUMNS, forward_report.forward_row(r)))
-    assert (cells["ours ms"], cells["FLA ms"], cells["cuDNN ms"], cells["raw ms"]) == ("missing", "4.000", "-", "failed")
+    assert (cells["ours ms"], cells["FLA ms"], cells["cuDNN ms"], cells["raw ms"]) == \
+        ("missing", "4.000", "-", "failed")
     assert (cells["ours/FLA"], cells["over raw"], cells["ours GB"], cells["FLA GB"]) == ("-", "-", "-", "3.00")
     assert forward_report.problems([r, {"config": "1x131072", "error": "its process exited with -9"}]) == [
         "4x8192: forward kernel_chunk_kda: kernel.fla_dropin.chunk_kda is missing (x)",

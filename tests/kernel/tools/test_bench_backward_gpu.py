@@ -67,7 +67,7 @@ def test_one_small_configuration_is_measured(config):
     res = backward.bench_backward_config(parse_config(config), args, flush)
     for name in (backward.FLA_SAFE, backward.FLA_UNSAFE):
         assert res["backward"][name]["median_ms"] > 0 and res["peak_memory"][name]["bytes"] > 0
-    assert res["step"][backward.STEP_FLA]["median_ms"] > 0
+    assert res["step"][backward.STEP_FLA]["median_ms"] > 0 and res["our_forward"] == "ours"
     ours = res["backward"][backward.OURS]
     assert "median_ms" in ours or "is missing" in ours["error"], ours
     if "median_ms" in ours:

@@ -188,3 +188,19 @@ def test_the_layer_table_title_says_which_forward_ours_ran(capsys):
     layer_report.log_layer_table([r])
     assert "kernel.chunk_kda with FLA's forward and our backward" in capsys.readouterr().out
     assert "with our forward" in layer_report.title([{**r, "our_forward": "ours"}])
+
+
+def test_the_step_and_the_layer_run_under_the_forward_asked_for(monkeypatch):
+    pytest.importorskip("torch")
+    import kernel
+    from kernel.tools.bench import backward, layer
+
+    before = kernel.forward_setting()
+    for name in ("fla", "ours"):
+        with backward.our_forward_setting(name):
+            assert kernel.forward_setting() == name
+        assert kernel.forward_setting() == before
+    seen = []
+    monkeypatch.setattr(layer, "_bench_layer_config", lambda cfg, args, flush: seen.append(kernel.forward_setting()))
+    layer.bench_layer_config(configs.parse_config("2x256"), cli.parse_args(["--layer", "--our-forward", "fla"]), None)
+    assert seen == ["fla"] and kernel.forward_setting() == before

@@ -26,6 +26,7 @@ def test_one_small_configuration_is_measured(config):
                            "--reps", "2", "--warmup", "1"])
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     res = layer.bench_layer_config(parse_config(config), args, flush)
+    assert res["our_forward"] == "ours"      # kernel.chunk_kda on our forward, the default of --our-forward
     for side in layer.SIDES:
         assert res["layer"][side]["median_ms"] > 0 and res["peak_memory"][side]["bytes"] > 0, res
     assert res["ratio"] == pytest.approx(res["layer"][layer.LAYER_OURS]["median_ms"]

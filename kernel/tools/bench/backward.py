@@ -60,7 +60,7 @@ STEPS = (STEP_FLA, STEP_OURS, STEP_CUDNN)
 
 
 def missing_requirement() -> str | None:
-    """None when the backward bench can run here, else one line naming what is missing:
+    """None when the backward (or forward) bench can run here, else one line naming what is missing:
     torch, then fla-core (and triton), then CuPy, then a CUDA device."""
     try:
         import torch
@@ -75,7 +75,7 @@ def missing_requirement() -> str | None:
     try:
         importlib.import_module("cupy")
     except ImportError as exc:
-        return f"CuPy is not installed ({exc}): our backward launches through it"
+        return f"CuPy is not installed ({exc}): our kernels launch through it"
     if not torch.cuda.is_available():
         return "torch sees no CUDA device"
     return None

@@ -59,6 +59,7 @@ def bench_forward_config(cfg: Config, args, flush) -> dict:
         res["lengths"] = list(cfg.lengths)
     res["fla_autotune_reset"] = fla_adapter.reset_autotune()
     raw = make_inputs(cfg, H, seed=args.seed, gate_strength=args.gate_strength)
+    del raw["do"]   # the upstream gradient: no backward runs here (the same draws as --backward's otherwise)
     cu_fla = cu_for_fla(raw["cu_seqlens"])
     h0 = torch.zeros_like(raw["dht"])
     calls = _calls(raw, h0, cu_fla, args, res)

@@ -68,6 +68,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const X4Lane xl = x4_lane(lane);
     const int h = blockIdx.y;
+#if KDB_GATE
+    const float gate_a = gate_scale(ga, h);   // exp(A_log), once a CTA
+#endif
     const int qh = qk_head(h, a.HV, a.H);   // q's and k's head
     const long long chunk = blockIdx.x;
     const int n = a.chunk_seq[chunk];
@@ -363,11 +366,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
                     for (int i = TILE_TOKENS - 1; i >= 0; --i) { acc += fsb[i * PS + lane]; rev[i] = acc; }
                     float ex = 0.f;
+#if KDB_GATE
+                    float gx[TILE_TOKENS];
+                    gate_inputs(ga, row0 + kk, RS, h * HEAD_DIM + kk, lt, gx);
+#endif
 #pragma unroll
                     for (int i = 0; i < TILE_TOKENS; ++i) {
 #if KDB_GATE
-                        if (i < lt) gate_epilogue(ga, rev[i] - ex + tail, row0 + i * RS + kk, h * HEAD_DIM + kk, h,
-                                                  gate_dt, gate_da);
+                        if (i < lt) gate_epilogue(ga, gate_a, rev[i] - ex + tail, gx[i], row0 + i * RS + kk, gate_dt,
+                                                  gate_da);
 #else
                         if (i < lt) a.dg[row0 + i * RS + kk] = rev[i] - ex + tail;
 #endif

@@ -35,19 +35,23 @@ struct GateGrad {
     float da;   // dg * dg/dA_log
 };
 
+// exp(A_log) of head h (1 where the sigmoid form has no A_log): read once per CTA
+__device__ __forceinline__ float gate_scale(const GateArgs& ga, int h) {
+    return ga.a_log != nullptr ? expf(ga.a_log[h]) : 1.f;
+}
+
 // fp32, in the order of kernel.activations.gate_backward's torch expressions (softplus as torch's:
-// x past 20 is its own softplus)
-__device__ __forceinline__ GateGrad gate_grad(const GateArgs& ga, float dy, float x, int h) {
+// x past 20 is its own softplus); a = gate_scale(ga, h)
+__device__ __forceinline__ GateGrad gate_grad(const GateArgs& ga, float a, float dy, float x) {
     GateGrad r;
     if (ga.form == GATE_SOFTPLUS) {
-        const float amp = -expf(ga.a_log[h]);
+        const float amp = -a;
         const float sig = 1.f / (1.f + expf(-x));
         const float sp = x > 20.f ? x : log1pf(expf(x));
         r.dx = dy * amp * sig;
         r.da = dy * amp * sp;
     } else {
         const bool scaled = ga.a_log != nullptr;
-        const float a = scaled ? expf(ga.a_log[h]) : 1.f;
         const float ax = scaled ? a * x : x;
         const float s = 1.f / (1.f + expf(-ax));
         const float d_inner = dy * (ga.lower_bound * s * (1.f - s));
@@ -57,13 +61,24 @@ __device__ __forceinline__ GateGrad gate_grad(const GateArgs& ga, float dy, floa
     return r;
 }
 
-// dg_raw of one element (off: its index in [tokens, HV, 128]; hc: its channel's in dt_bias [HV, 128]),
-// this thread's partial sums carried in dt_sum, da_sum
-__device__ __forceinline__ void gate_epilogue(const GateArgs& ga, float dy, long long off, int hc, int h,
-                                              float& dt_sum, float& da_sum) {
+// x = g_raw + dt_bias of one channel (hc: its index in dt_bias [HV, 128]) for a tile's rows i < lt at
+// off0 + i rs in [tokens, HV, 128]. Every load is issued before any is used: one global latency a tile
+// instead of one a row, which the row loop's stores to dg_raw would otherwise keep in series.
+__device__ __forceinline__ void gate_inputs(const GateArgs& ga, long long off0, long long rs, int hc, int lt,
+                                            float (&x)[TILE_TOKENS]) {
     const float bias = ga.dt_bias != nullptr ? ga.dt_bias[hc] : 0.f;
-    const float x = bf16_to_f32(ga.g_raw[off]) + bias;
-    const GateGrad r = gate_grad(ga, dy, x, h);
+    unsigned short raw[TILE_TOKENS];
+#pragma unroll
+    for (int i = 0; i < TILE_TOKENS; ++i) raw[i] = i < lt ? ga.g_raw[off0 + i * rs] : 0;
+#pragma unroll
+    for (int i = 0; i < TILE_TOKENS; ++i) x[i] = bf16_to_f32(raw[i]) + bias;
+}
+
+// dg_raw of one element (off: its index in [tokens, HV, 128]; x from gate_inputs), this thread's
+// partial sums carried in dt_sum, da_sum
+__device__ __forceinline__ void gate_epilogue(const GateArgs& ga, float a, float dy, float x, long long off,
+                                              float& dt_sum, float& da_sum) {
+    const GateGrad r = gate_grad(ga, a, dy, x);
     ga.dg_raw[off] = f32_to_bf16(r.dx);
     dt_sum += r.dx;
     da_sum += r.da;

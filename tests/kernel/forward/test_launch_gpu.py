@@ -262,7 +262,10 @@ def _fla_forward(case: dict) -> dict:
 @pytest.mark.fla
 @pytest.mark.parametrize("lengths", [None, RAGGED + [300]], ids=["B 2 x T 200", "ragged"])
 def test_against_flas_chunk_kda_fwd(lengths):
-    """FLA's forward on the same inputs: ours and FLA's each within the bounds of float64, and of each other."""
+    """FLA's forward on the same inputs: o, the final state and the states, ours within the bounds of float64
+    and of FLA's. Aqk's and Akk's blocks are held to float64 only: FLA's blocks from this call (kept states,
+    disable_recompute) measured 14.3 and 6.1 relative to float64 on the H200, ours 2.7e-3, while FLA's
+    o and states agree with ours to 5e-3; our backward's tests on FLA's blocks use FLA's default call."""
     skip_without_fla_gpu()
     case = make_case(B=2, T=200, H=2, seed=14, initial_state=True) if lengths is None else \
         make_case(lengths=lengths, H=2, seed=14, initial_state=True)
@@ -278,7 +281,9 @@ def test_against_flas_chunk_kda_fwd(lengths):
             a, b, want = np.where(m, a, 0), np.where(m, b, 0), np.where(m, want, 0)
         e_ours, e_fla, e_both = rel(a, want), rel(b, want), rel(a, b)
         print(f"{name}: ours {e_ours:.2e}, FLA {e_fla:.2e} against float64; ours against FLA {e_both:.2e}")
-        assert e_ours < bound and e_both < bound, (name, e_ours, e_fla, e_both)
+        assert e_ours < bound, (name, e_ours, e_fla)
+        if name not in ("Aqk", "Akk"):
+            assert e_both < bound, (name, e_ours, e_fla, e_both)
 
 
 # ----------------------------------------------------------------------------

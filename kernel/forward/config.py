@@ -8,10 +8,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
 
 from ..ds_scan.config import FAST_MATH
-from ..forward_states.config import G6_SPLITS, NSTAGES, PRODUCERS, SMEM_OPTIN, WARPS, choose_warps
+from ..forward_states.config import G6_SPLITS, NSTAGES, PRODUCERS, SMEM_OPTIN, WARPS, check_knobs, choose_warps
 from ..runtime import builds
 from ..shapes import HEAD_DIM, TILE_TOKENS
 
@@ -53,19 +52,7 @@ class Config:
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
-        for name, allowed in (("warps", WARPS), ("producers", PRODUCERS), ("nstage", NSTAGES),
-                              ("g6_split", G6_SPLITS)):
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
-                raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
-        if not isinstance(self.lineinfo, bool):
-            raise ValueError(f"Config.lineinfo must be True or False, got {self.lineinfo!r}")
-        if self.warps + self.producers > MAX_WARPS:
-            raise ValueError(f"Config.warps + Config.producers must be at most {MAX_WARPS}, got {self.warps} + "
-                             f"{self.producers}: a consumer thread needs ~168 registers and the SM has 64K")
-        if self.smem_bytes > SMEM_OPTIN:
-            raise ValueError(f"Config {self.name()} needs {self.smem_bytes} B of shared memory per CTA, more than "
-                             f"the {SMEM_OPTIN} B an H100 / H200 CTA may have: use fewer stages (Config.nstage)")
+        check_knobs(self, max_warps=MAX_WARPS, registers=168)
 
     @property
     def vgroups(self) -> int:

@@ -24,7 +24,7 @@ MAX_WARPS = 12          # warps + producers: 384 threads leave 168 registers a t
 SMEM_OPTIN = 232448     # H100 / H200: dynamic shared memory a CTA may opt in to (227 KB)
 
 __all__ = ["Config", "options", "header_digest", "source", "all_variants", "choose_warps", "auto_config",
-           "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS"]
+           "check_knobs", "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS"]
 
 
 # ----------------------------------------------------------------------------
@@ -43,19 +43,7 @@ class Config:
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
-        for name, allowed in (("warps", WARPS), ("producers", PRODUCERS), ("nstage", NSTAGES),
-                              ("g6_split", G6_SPLITS)):
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
-                raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
-        if not isinstance(self.lineinfo, bool):
-            raise ValueError(f"Config.lineinfo must be True or False, got {self.lineinfo!r}")
-        if self.warps + self.producers > MAX_WARPS:
-            raise ValueError(f"Config.warps + Config.producers must be at most {MAX_WARPS}, got {self.warps} + "
-                             f"{self.producers}: a consumer thread needs ~160 registers and the SM has 64K")
-        if self.smem_bytes > SMEM_OPTIN:
-            raise ValueError(f"Config {self.name()} needs {self.smem_bytes} B of shared memory per CTA, more than "
-                             f"the {SMEM_OPTIN} B an H100 / H200 CTA may have: use fewer stages (Config.nstage)")
+        check_knobs(self, max_warps=MAX_WARPS, registers=160)
 
     @property
     def vgroups(self) -> int:
@@ -78,6 +66,24 @@ class Config:
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
+def check_knobs(cfg, *, max_warps: int, registers: int) -> None:
+    """The knob checks of a scan's Config (Kernel S's, and the forward's, which has the same knobs):
+    each value among its allowed ones, the warps within ``max_warps`` (``registers``: what a consumer
+    thread needs, for the message), the shared memory within the SM's opt-in limit."""
+    for name, allowed in (("warps", WARPS), ("producers", PRODUCERS), ("nstage", NSTAGES), ("g6_split", G6_SPLITS)):
+        value = getattr(cfg, name)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
+            raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
+    if not isinstance(cfg.lineinfo, bool):
+        raise ValueError(f"Config.lineinfo must be True or False, got {cfg.lineinfo!r}")
+    if cfg.warps + cfg.producers > max_warps:
+        raise ValueError(f"Config.warps + Config.producers must be at most {max_warps}, got {cfg.warps} + "
+                         f"{cfg.producers}: a consumer thread needs ~{registers} registers and the SM has 64K")
+    if cfg.smem_bytes > SMEM_OPTIN:
+        raise ValueError(f"Config {cfg.name()} needs {cfg.smem_bytes} B of shared memory per CTA, more than "
+                         f"the {SMEM_OPTIN} B an H100 / H200 CTA may have: use fewer stages (Config.nstage)")
+
+
 KNOB_MACROS = {"warps": "FS_WARPS", "producers": "FS_PRODUCERS", "nstage": "FS_NSTAGE", "g6_split": "FS_G6_SPLIT"}
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 

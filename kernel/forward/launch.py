@@ -58,11 +58,11 @@ import numpy as np
 from ..runtime import builds
 from ..runtime.arrays import (ArrayInfo, beta_f32, check_scale, cupy_view, describe, expect, leading, require_cupy,
                               require_gpu, to_cupy, value_heads)
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, snapshot_offsets
+from ..forward_states.launch import check_placement, sequence_bounds, states_shape
 from .config import BUILD, Config, auto_config, choose_warps
 
 H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward's default)
-ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes) or stored 16 bytes at a time
 
 __all__ = ["forward", "plan_forward", "launch_planned", "module", "kernel", "ForwardPlan", "ForwardOutputs"]
 
@@ -148,35 +148,23 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
             arrays[name] = _device_array(name, x)
         expect(name, arrays[name], shape, layout, dtypes)
 
-    if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, B, T)
-    else:
-        cu = np.arange(B + 1, dtype=np.int64) * T
+    cu = sequence_bounds(cu_seqlens, B, T)
     N = cu.shape[0] - 1
     if initial_state is not None:
         arrays["initial_state"] = _device_array("initial_state", initial_state)
         expect("initial_state", arrays["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V], N sequences",
                ("float32",))
 
-    device = qa.device
-    for name, a in arrays.items():
-        if a.device is not None and device is not None and a.device != device:
-            raise ValueError(f"{name} is on device {a.device}, q on device {device}: all inputs must be on one GPU")
-        if a.ptr % ALIGN:
-            raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
-                             f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
+    check_placement(arrays, "q", qa.device)
 
     offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
-    states_shape = None
-    if training:
-        states_shape = (B, int(offsets[-1]) // B, HV, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else \
-            (1, int(offsets[-1]), HV, HEAD_DIM, HEAD_DIM)
+    shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None) if training else None
     cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
     return ForwardPlan(B=B, T=T, H=H, HV=HV, N=N, scale=scale if scale is not None else HEAD_DIM ** -0.5,
                        cu_seqlens=cu, snapshot_offsets=offsets, o_shape=wide,
                        final_shape=(N, HV, HEAD_DIM, HEAD_DIM) if output_final_state else None,
-                       states_shape=states_shape, blocks_shape=(B, T, HV, CHUNK_TOKENS) if training else None,
-                       config=cfg, torch_out=qa.torch, device=device,
+                       states_shape=shape, blocks_shape=(B, T, HV, CHUNK_TOKENS) if training else None,
+                       config=cfg, torch_out=qa.torch, device=qa.device,
                        beta_bf16=arrays["beta"].dtype == "bfloat16", has_initial_state=initial_state is not None)
 
 

@@ -66,6 +66,31 @@ __all__ = ["forward_states", "plan_forward_states", "plan_from_layout", "launch_
 # the plan: every check, on the host
 # ----------------------------------------------------------------------------
 
+
+def sequence_bounds(cu_seqlens, B: int, T: int) -> np.ndarray:
+    """Host int64 [N+1] token offsets of the sequences: cu_seqlens checked, or B rows of T."""
+    if cu_seqlens is not None:
+        return check_cu_seqlens(cu_seqlens, B, T)
+    return np.arange(B + 1, dtype=np.int64) * T
+
+
+def check_placement(arrays: dict, anchor: str, device) -> None:
+    """Every array on ``anchor``'s GPU (``device``) and 16-byte aligned, as the kernel's cp.async copies
+    need; the error names the array."""
+    for name, a in arrays.items():
+        if a.device is not None and device is not None and a.device != device:
+            raise ValueError(f"{name} is on device {a.device}, {anchor} on device {device}: all inputs must be on "
+                             f"one GPU")
+        if a.ptr % ALIGN:
+            raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
+                             f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
+
+
+def states_shape(offsets: np.ndarray, B: int, HV: int, *, varlen: bool) -> tuple[int, ...]:
+    """The bf16 states' shape: [B, NT, HV, K, V], or [1, sum NT_n, HV, K, V] packed for a varlen batch."""
+    total = int(offsets[-1])
+    return (1, total, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, total // B, HV, HEAD_DIM, HEAD_DIM)
+
 @dataclasses.dataclass(frozen=True)
 class StatesPlan:
     """What the launch will do: shapes, offsets (host int64) and the build."""
@@ -121,29 +146,20 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
             arrays[name] = _device_array(name, x)
         expect(name, arrays[name], shape, layout, dtypes)
 
-    if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, B, T)
-    else:
-        cu = np.arange(B + 1, dtype=np.int64) * T
+    cu = sequence_bounds(cu_seqlens, B, T)
     N = cu.shape[0] - 1
     if initial_state is not None:
         arrays["initial_state"] = _device_array("initial_state", initial_state)
         expect("initial_state", arrays["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V], N sequences",
                ("float32",))
 
-    device = ka.device
-    for name, a in arrays.items():
-        if a.device is not None and device is not None and a.device != device:
-            raise ValueError(f"{name} is on device {a.device}, k on device {device}: all inputs must be on one GPU")
-        if a.ptr % ALIGN:
-            raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
-                             f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
+    check_placement(arrays, "k", ka.device)
 
     offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
-    shape = (B, int(offsets[-1]) // B, HV, HEAD_DIM, HEAD_DIM) if cu_seqlens is None else (1, int(offsets[-1]), HV, HEAD_DIM, HEAD_DIM)
+    shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None)
     cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
     return StatesPlan(B=B, T=T, H=H, HV=HV, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
-                      config=cfg, torch_out=ka.torch, device=device, beta_bf16=arrays["beta"].dtype == "bfloat16",
+                      config=cfg, torch_out=ka.torch, device=ka.device, beta_bf16=arrays["beta"].dtype == "bfloat16",
                       has_initial_state=initial_state is not None)
 
 

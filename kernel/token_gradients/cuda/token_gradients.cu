@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                  tile_offs, chunk_offs, chunk_seq, HV_, H_, scale, dqk_bf16};
 #if KDB_GATE
     const GateArgs ga{g_raw, a_log, dt_bias, dg_raw, da_part, ddt_part, gate_form, lower_bound};
-    float gate_dt = 0.f, gate_da = 0.f;   // this thread's channel's partial sums over the chunk (lanes 0..15)
+    float gate_dt = 0.f, gate_da = 0.f;   // this thread's partial sums over the chunk: its channel's rows (GATE_ROWS)
 #endif
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -358,6 +358,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             __syncwarp();
             // dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma
             {
+#if KDB_GATE
+                // the gate's rows split between the warp's halves (GATE_ROWS): this lane's channel and first row
+                const int gk = k0 + (lane & 15), gi0 = GATE_ROWS * (lane >> 4);
+                float gx[GATE_ROWS];
+                gate_inputs(ga, row0 + gi0 * RS + gk, RS, h * HEAD_DIM + gk, lt - gi0, gx);
+                float dgv[TILE_TOKENS] = {};   // lanes 0..15: dg of their channel's 16 rows
+#endif
                 if (lane < TILE_TOKENS) {
                     const int kk = k0 + lane;
                     const float tail = gamma_s[kk] * dgc;
@@ -366,21 +373,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 #pragma unroll
                     for (int i = TILE_TOKENS - 1; i >= 0; --i) { acc += fsb[i * PS + lane]; rev[i] = acc; }
                     float ex = 0.f;
-#if KDB_GATE
-                    float gx[TILE_TOKENS];
-                    gate_inputs(ga, row0 + kk, RS, h * HEAD_DIM + kk, lt, gx);
-#endif
 #pragma unroll
                     for (int i = 0; i < TILE_TOKENS; ++i) {
 #if KDB_GATE
-                        if (i < lt) gate_epilogue(ga, gate_a, rev[i] - ex + tail, gx[i], row0 + i * RS + kk, gate_dt,
-                                                  gate_da);
+                        dgv[i] = rev[i] - ex + tail;
 #else
                         if (i < lt) a.dg[row0 + i * RS + kk] = rev[i] - ex + tail;
 #endif
                         ex += feb[i * PS + lane];
                     }
                 }
+#if KDB_GATE
+#pragma unroll
+                for (int j = 0; j < GATE_ROWS; ++j) {   // lane l + 16 takes rows 8..15 from lane l
+                    const float hi = __shfl_up_sync(0xffffffffu, dgv[GATE_ROWS + j], 16);
+                    const int i = gi0 + j;
+                    if (i < lt)
+                        gate_epilogue(ga, gate_a, gi0 != 0 ? hi : dgv[j], gx[j], row0 + i * RS + gk, gate_dt, gate_da);
+                }
+#endif
             }
         }
         __syncthreads();   // the K phase has read S0, dS1, U, dW; the dbeta partials are in

@@ -61,17 +61,21 @@ __device__ __forceinline__ GateGrad gate_grad(const GateArgs& ga, float a, float
     return r;
 }
 
-// x = g_raw + dt_bias of one channel (hc: its index in dt_bias [HV, 128]) for a tile's rows i < lt at
-// off0 + i rs in [tokens, HV, 128]. Every load is issued before any is used: one global latency a tile
+// Each channel's 16 rows of a tile are split between two lanes: lane l < 16 owns rows 0..7 of channel
+// 16 warp + l, lane l + 16 its rows 8..15, so the whole warp shares the transcendental work.
+constexpr int GATE_ROWS = TILE_TOKENS / 2;
+
+// x = g_raw + dt_bias of one channel (hc: its index in dt_bias [HV, 128]) for GATE_ROWS rows j < lt at
+// off0 + j rs in [tokens, HV, 128]. Every load is issued before any is used: one global latency a tile
 // instead of one a row, which the row loop's stores to dg_raw would otherwise keep in series.
 __device__ __forceinline__ void gate_inputs(const GateArgs& ga, long long off0, long long rs, int hc, int lt,
-                                            float (&x)[TILE_TOKENS]) {
+                                            float (&x)[GATE_ROWS]) {
     const float bias = ga.dt_bias != nullptr ? ga.dt_bias[hc] : 0.f;
-    unsigned short raw[TILE_TOKENS];
+    unsigned short raw[GATE_ROWS];
 #pragma unroll
-    for (int i = 0; i < TILE_TOKENS; ++i) raw[i] = i < lt ? ga.g_raw[off0 + i * rs] : 0;
+    for (int j = 0; j < GATE_ROWS; ++j) raw[j] = j < lt ? ga.g_raw[off0 + j * rs] : 0;
 #pragma unroll
-    for (int i = 0; i < TILE_TOKENS; ++i) x[i] = bf16_to_f32(raw[i]) + bias;
+    for (int j = 0; j < GATE_ROWS; ++j) x[j] = bf16_to_f32(raw[j]) + bias;
 }
 
 // dg_raw of one element (off: its index in [tokens, HV, 128]; x from gate_inputs), this thread's
@@ -84,15 +88,19 @@ __device__ __forceinline__ void gate_epilogue(const GateArgs& ga, float a, float
     da_sum += r.da;
 }
 
-// The CTA's partials out, after its last tile: ddt_bias's per channel (the 16 lanes 0..15 of each warp own
-// channels 16 warp + lane), dA_log's over the 128 channels in a fixed order (a fixed shuffle tree within
-// the warp, then the WARPS warps in turn), so two runs give the same bits. scratch: WARPS floats of shared memory
-// no thread reads any more; every thread of the CTA calls this.
+// The CTA's partials out, after its last tile, in a fixed order so two runs give the same bits. ddt_bias's
+// per channel: lane l's sum (rows 0..7 of each tile, in token order) plus lane l + 16's (rows 8..15), written
+// by lane l of each warp for channel 16 warp + l. dA_log's over the 128 channels: a fixed shuffle tree over
+// the warp's 32 lanes, then the WARPS warps in turn. scratch: WARPS floats of shared memory no thread reads
+// any more; every thread of the CTA calls this.
 __device__ __forceinline__ void gate_partials(const GateArgs& ga, float dt_sum, float da_sum, long long cta,
                                               int warp, int lane, float* scratch) {
-    if (ga.ddt_part != nullptr && lane < 16) ga.ddt_part[cta * HEAD_DIM + 16 * warp + lane] = dt_sum;
+    if (ga.ddt_part != nullptr) {   // the same for every thread
+        const float dt = dt_sum + __shfl_down_sync(0xffffffffu, dt_sum, 16);
+        if (lane < 16) ga.ddt_part[cta * HEAD_DIM + 16 * warp + lane] = dt;
+    }
     if (ga.da_part == nullptr) return;   // the same for every thread
-    float x = lane < 16 ? da_sum : 0.f;
+    float x = da_sum;
 #pragma unroll
     for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
     if (lane == 0) scratch[warp] = x;

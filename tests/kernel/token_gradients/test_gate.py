@@ -1,6 +1,7 @@
 """Kernel B's gate epilogue (token_gradients_gate.cuh) on the CPU: a numpy model of what each CTA does
-(fp32 per element, each channel's sum over the chunk's tokens in token order, dA_log's over the 128
-channels by the kernel's shuffle tree and then warp by warp) and of the caller's sum over chunks
+(fp32 per element; each channel's rows 0..7 and 8..15 of every 16-token tile summed apart, in token order, by
+the two lanes that share the channel, ddt_bias's as the first plus the second, dA_log's over those 256 sums by
+the kernel's shuffle tree and then warp by warp) and of the caller's sum over chunks
 (kernel.kda_backward), checked against kernel.activations.gate_backward on random data, and against
 the float64 math of the activation's derivatives."""
 from __future__ import annotations
@@ -11,11 +12,12 @@ import torch
 
 from kernel.activations import gate, gate_backward
 from kernel.ds_scan.launch import bf16_bits, bits_to_f32
-from kernel.shapes import CHUNK_TOKENS, HEAD_DIM
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS
 from kernel.token_gradients import tables
 
 f32 = np.float32
-WARPS, LANES = 8, 16   # the kernel's warps, and the lanes of each that own one channel
+WARPS, LANES = 8, 16   # the kernel's warps, and the channels of each (lanes l and l + 16 share channel l)
+GATE_ROWS = TILE_TOKENS // 2   # the rows of a tile one lane applies the gate to
 
 
 def _grad(dy, x, a_log, lower_bound):
@@ -34,13 +36,12 @@ def _grad(dy, x, a_log, lower_bound):
         return dx, dx * x
 
 
-def _cta_sum(per_channel: np.ndarray) -> np.float32:
-    """The kernel's sum over 128 channels: per warp a shuffle-xor tree over 32 lanes (16 .. 31 zero), then
-    the warps in order."""
+def _cta_sum(lo: np.ndarray, hi: np.ndarray) -> np.float32:
+    """The kernel's sum over 128 channels' two halves (lo: rows 0..7 of the tiles, on lanes 0..15; hi: rows
+    8..15, on lanes 16..31): per warp a shuffle-xor tree over its 32 lanes, then the warps in order."""
     total = f32(0)
     for w in range(WARPS):
-        lanes = np.zeros(32, f32)
-        lanes[:LANES] = per_channel[LANES * w: LANES * (w + 1)]
+        lanes = np.concatenate([lo[LANES * w: LANES * (w + 1)], hi[LANES * w: LANES * (w + 1)]]).astype(f32)
         for m in (16, 8, 4, 2, 1):
             lanes = lanes + lanes[np.arange(32) ^ m]
         total = f32(total + lanes[0])
@@ -63,13 +64,14 @@ def epilogue_model(dg, g_bits, A_log, dt_bias, lower_bound, cu):
         first = cu[n] + CHUNK_TOKENS * (c - t["chunk_offs"][n])
         last = min(first + CHUNK_TOKENS, cu[n + 1])
         for h in range(HV):
-            dt_sum, da_sum = np.zeros(HEAD_DIM, f32), np.zeros(HEAD_DIM, f32)
+            dt_sum, da_sum = np.zeros((2, HEAD_DIM), f32), np.zeros((2, HEAD_DIM), f32)   # [half, channel]
             for i in range(first, last):   # token order, as the tiles and their rows go
                 dx, da = _grad(dg[i, h], x[i, h], None if A_log is None else A_log[h], lower_bound)
                 dg_raw[i, h] = bf16_bits(dx.astype(f32))
-                dt_sum, da_sum = (dt_sum + dx).astype(f32), (da_sum + da).astype(f32)
-            ddt_part[c, h] = dt_sum
-            da_part[c, h] = _cta_sum(da_sum)
+                half = (i - first) % TILE_TOKENS // GATE_ROWS
+                dt_sum[half], da_sum[half] = (dt_sum[half] + dx).astype(f32), (da_sum[half] + da).astype(f32)
+            ddt_part[c, h] = dt_sum[0] + dt_sum[1]
+            da_part[c, h] = _cta_sum(da_sum[0], da_sum[1])
     return dg_raw, (None if A_log is None else da_part), (None if dt_bias is None else ddt_part)
 
 
@@ -137,7 +139,7 @@ def test_the_fp32_derivatives_are_the_float64_ones(sigmoid):
     np.testing.assert_allclose(da.astype(np.float64).sum((0, 2)), at.grad.numpy(), rtol=1e-4)
 
 
-def test_a_cta_s_da_part_is_its_channels_token_order_sums_added_by_the_shuffle_tree_the_same_bits_every_time():
+def test_a_cta_s_partials_are_its_lanes_token_order_sums_over_half_tiles_in_a_fixed_order_the_same_bits_every_time():
     cu = np.array([0, 150], np.int64)
     args = _case(5, 2, cu, False)
     one, two = epilogue_model(*args, cu), epilogue_model(*args, cu)
@@ -145,8 +147,11 @@ def test_a_cta_s_da_part_is_its_channels_token_order_sums_added_by_the_shuffle_t
         assert a.tobytes() == b.tobytes()
     dg, g_bits, A_log, dt_bias, L = args
     x = (bits_to_f32(g_bits) + dt_bias.reshape(2, HEAD_DIM)).astype(f32)
-    _, da = _grad(dg[:64, 0], x[:64, 0], A_log[0], L)
-    per_channel = np.zeros(HEAD_DIM, f32)
+    dx, da = _grad(dg[:64, 0], x[:64, 0], A_log[0], L)
+    dt_half, da_half = np.zeros((2, HEAD_DIM), f32), np.zeros((2, HEAD_DIM), f32)   # lanes 0..15, 16..31
     for i in range(64):
-        per_channel = (per_channel + da[i]).astype(f32)
-    assert one[1][0, 0] == _cta_sum(per_channel)
+        half = int(i % TILE_TOKENS >= GATE_ROWS)
+        dt_half[half] = (dt_half[half] + dx[i]).astype(f32)
+        da_half[half] = (da_half[half] + da[i]).astype(f32)
+    assert one[1][0, 0] == _cta_sum(da_half[0], da_half[1])
+    assert one[2][0, 0].tobytes() == (dt_half[0] + dt_half[1]).astype(f32).tobytes()

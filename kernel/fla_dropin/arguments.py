@@ -3,15 +3,17 @@
 FLA's own rules for the arguments its layer passes (the gate and beta activations, ``state_v_first``,
 grouped value heads), and a refusal that names every argument our backward does not cover. Only
 shapes, dtypes, flags and the offsets are read: nothing here touches the GPU, and CPU tensors are
-fine. The result is a :class:`Call`, whose settings the ops (:mod:`.library`) take as arguments.
-Under torch.compile the offsets' values are not read here (a trace cannot), only their shape.
+fine. The result is a :class:`Call`, whose settings the ops (:mod:`.library`) take as arguments,
+its mode among them (:func:`training_mode`: whether the forward keeps what a backward reads).
+Under torch.compile the offsets' values are not read here (a trace cannot), only their shape; the
+grad mode and each input's ``requires_grad`` are constants of the trace, guarded.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import warnings
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ from .setting import check_forward
 
 FLA_CALL = "fla.ops.kda.chunk_kda"
 
-__all__ = ["Call", "check_arguments", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
+__all__ = ["Call", "check_arguments", "training_mode", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
 
 # (argument, FLA's default, what to do instead) for every argument we do not cover
 NOT_COVERED = (
@@ -59,6 +61,7 @@ class Call:
     disable_recompute: bool
     state_v_first: bool
     forward: str                # whose forward runs: "ours" or "fla" (.setting); the backward is ours
+    training: bool              # whether a gradient can be asked for (training_mode); else o, final state alone
 
     @property
     def groups(self) -> int:
@@ -68,6 +71,15 @@ class Call:
     @property
     def beta_scale(self) -> float:
         return 2.0 if self.allow_neg_eigval else 1.0
+
+
+def training_mode(grad_enabled: bool, inputs: Iterable[torch.Tensor | None]) -> bool:
+    """Whether autograd can ask a call with these differentiable ``inputs`` (None: not given) for a
+    gradient: grad mode on (``torch.is_grad_enabled()``, off under ``torch.no_grad`` and
+    ``torch.inference_mode``) and some input requiring grad. Only then does the forward keep what the
+    backward reads (the states, Aqk's and Akk's blocks, the gate's cumsum, q and k normalised)."""
+    # a list, not a generator: torch.compile (2.13) traces it as is
+    return grad_enabled and any([x is not None and x.requires_grad for x in inputs])
 
 
 def _is_default(got: Any, default: Any) -> bool:
@@ -121,8 +133,8 @@ def _gate_parameters(kwargs: dict[str, Any], *, use_gate_in_kernel: bool, lower_
 
 
 def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[str, Any],
-                    kwargs: dict[str, Any], switches: dict[str, Any], forward: str, scale: Any = None,
-                    lower_bound: Any = None, cu_seqlens_cpu=None) -> Call:
+                    kwargs: dict[str, Any], switches: dict[str, Any], forward: str, grad_enabled: bool,
+                    scale: Any = None, lower_bound: Any = None, cu_seqlens_cpu=None) -> Call:
     """Every refusal, on shapes, dtypes, flags and the offsets alone; returns the checked :class:`Call`.
 
     ``flags``: the arguments of :data:`NOT_COVERED` as passed; ``switches``: those of
@@ -133,8 +145,13 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
     check admits (kernel.forward.plan_forward's rules are these, or are met by the drop-in's
     preprocessing: the gate's fp32 cumsum, beta in fp32, a copy of an input not 16-byte aligned), so
     no call falls back to FLA's forward: one asking for ours gets ours or this refusal.
+    ``grad_enabled``: torch's grad mode at the call; with the inputs' ``requires_grad`` it decides
+    the call's ``training`` (:func:`training_mode`).
     """
     forward = check_forward(forward)
+    if not isinstance(grad_enabled, bool):
+        raise TypeError(f"grad_enabled must be True or False (torch.is_grad_enabled() at the call), "
+                        f"got {grad_enabled!r}")
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor, got {type(x).__module__}.{type(x).__name__}")
@@ -230,5 +247,8 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
             raise ValueError(f"initial_state: expected {layout} = {[N, HV, K, V]}, got {list(_shape(initial_state))}")
         if initial_state.dtype != torch.float32:
             raise ValueError(f"initial_state: expected torch.float32 (as FLA), got {initial_state.dtype}")
+    # A_log and dt_bias are the op's inputs only where it activates the gate (FLA ignores them otherwise)
+    gate = (gate_kwargs.get("A_log"), gate_kwargs.get("dt_bias")) if switches["use_gate_in_kernel"] else ()
+    training = training_mode(grad_enabled, (q, k, v, g, beta, *gate, initial_state))
     return Call(B=B, T=T, H=H, HV=HV, N=N, offsets=offsets, scale=HEAD_DIM ** -0.5 if scale is None else float(scale),
-                lower_bound=lower_bound, forward=forward, **switches)
+                lower_bound=lower_bound, forward=forward, training=training, **switches)

@@ -50,7 +50,10 @@ def chunk_kda(
     ``scale`` defaults to 128**-0.5.
 
     Returns (o [B, T, HV, 128] in q's dtype, final_state fp32 [N, HV, 128, 128] or None).
-    Gradients flow to q, k, v, g, beta, A_log, dt_bias and initial_state.
+    Gradients flow to q, k, v, g, beta, A_log, dt_bias and initial_state. A call that no gradient
+    can be asked of (``torch.no_grad``, ``torch.inference_mode``, or no input requiring grad:
+    :func:`~.arguments.training_mode`) runs in inference mode: the forward makes o and the final state
+    alone and keeps nothing for a backward (no states, no Aqk or Akk, no gate cumsum).
 
     Raises ValueError naming the argument for everything outside the covered cases (the package
     docstring lists them), TypeError for a keyword FLA's chunk_kda does not know or a switch that
@@ -78,14 +81,16 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
     "kwargs"): its :class:`Call` and the tensors :func:`~.library.chunk_kda_op` takes after it. Raises as
     :func:`chunk_kda` does, before anything touches the GPU. Tensors on the meta device pass (the
     ops' fake implementations serve them). The call's forward is the setting now
-    (:func:`~.setting.forward_setting`)."""
+    (:func:`~.setting.forward_setting`), its ``training`` the grad mode now and the inputs'
+    ``requires_grad`` (:func:`~.arguments.training_mode`)."""
     a = arguments
     flags = {name: a[name] for name, _, _ in NOT_COVERED}
     given = {name: a[name] for name in BOOL_ARGUMENTS}
     q, k, v, g, beta = a["q"], a["k"], a["v"], a["g"], a["beta"]
     kwargs, initial_state, cu_seqlens = a["kwargs"], a["initial_state"], a["cu_seqlens"]
     call = check_arguments(q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, flags=flags,
-                           kwargs=kwargs, switches=given, forward=forward_setting(), scale=a["scale"],
+                           kwargs=kwargs, switches=given, forward=forward_setting(),
+                           grad_enabled=torch.is_grad_enabled(), scale=a["scale"],
                            lower_bound=a["lower_bound"], cu_seqlens_cpu=a["cu_seqlens_cpu"])
     A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if call.use_gate_in_kernel else (None, None)
     if q.device.type not in ("cuda", "meta"):

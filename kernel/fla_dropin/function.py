@@ -11,7 +11,8 @@ Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
   scale 1/ln 2, as ``chunk_kda_fwd`` calls them), then :func:`kernel.forward.forward` in training mode
   on torch's current stream: o, the final state, the states entering every 64-token chunk and Aqk's
   and Akk's 16 x 16 diagonal blocks (the rest of their rows unwritten: our backward reads nothing
-  else). Every call the boundary admits is within it: nothing falls back to FLA's forward.
+  else); out of training mode (``call.training`` False) o and the final state alone. Every call the
+  boundary admits is within it: nothing falls back to FLA's forward.
 * ``"fla"`` (:func:`fla_forward`): the same preprocessing, then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``
   with every setting of the call, so that o and the final state are FLA's to the bit.
 
@@ -158,7 +159,7 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
 
 def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
     """Our forward on q's current device: FLA's preprocessing and the gate's cumsum (kept for the
-    backward), then :func:`kernel.forward.forward` in training mode on torch's current stream, every
+    backward), then :func:`kernel.forward.forward` in the call's mode on torch's current stream, every
     output from torch's allocator. ``state_v_first``: the initial state goes in as [K, V] and the final
     state comes out as [V, K]; the states (h) stay [K, V], as our backward reads them."""
     from .. import forward as kernel_forward
@@ -173,7 +174,7 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     with _torch_stream():
         out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
                                      cu_seqlens=call.offsets, output_final_state=call.output_final_state,
-                                     training=True)
+                                     training=call.training)
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
     normed = call.use_qk_l2norm_in_kernel
     return dict(o=out.o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,

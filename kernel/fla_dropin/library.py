@@ -6,14 +6,16 @@ torch's registration.
   (:func:`.function.forward`). It returns o, the final state and every tensor the backward reads,
   :data:`~.function.FORWARD_OUTPUTS` in that order (a custom op keeps no state between its forward
   and backward, so what an autograd function would save is returned); one the call does not make
-  is an empty tensor. Aqk and Akk are partly written by either forward (FLA's below the diagonal,
-  ours only the 16 x 16 diagonal blocks), the rest whatever memory held: compare them only where
-  written.
+  is an empty tensor. With ``training`` False (no gradient can be asked for:
+  :func:`~.arguments.training_mode`, decided before the op is called) it makes o and the final state
+  alone, and the autograd formula refuses it inputs that require grad. Aqk and Akk are partly
+  written by either forward (FLA's below the diagonal, ours only the 16 x 16 diagonal blocks), the
+  rest whatever memory held: compare them only where written.
 * ``torch.ops.ptx_lab.chunk_kda_bwd``: our backward (:func:`.function.backward`): the gradients of
   :data:`~.function.GRADIENT_INPUTS` in that order, an empty tensor for one nobody asked for.
 
 The call's settings (:class:`~.arguments.Call` less its sizes, ``forward`` among them: "ours" or
-"fla", a constant of a torch.compile trace) are the ops' scalar arguments. The
+"fla", and ``training``, each a constant of a torch.compile trace) are the ops' scalar arguments. The
 varlen offsets reach the ops as ``offsets``, a host int64 tensor of cu_seqlens (the backward's
 launch tables are built from it): :func:`chunk_kda_op` passes the copy that the boundary checked,
 or, under torch.compile, where the boundary cannot read values, ``cu_seqlens_cpu`` or
@@ -24,8 +26,9 @@ Each op has a fake implementation: its outputs' shapes and dtypes from the input
 forward allocates them: FLA's code (``chunk_kda_fwd``, ``chunk_kda_fwd_intra``, ``recompute_w_u_fwd``,
 ``chunk_gated_delta_rule_fwd_h``, ``l2norm_fwd``, ``fused_beta_sigmoid_fwd`` in fla-core 0.6.0) and,
 for ours, :func:`kernel.forward.plan_forward`'s shapes (the same but for the states: always made,
-always [K, V], and the gate's cumsum, always kept). The one data-dependent shape is the states h of a
-varlen call (one per 64-token chunk of every sequence), ours or FLA's with ``disable_recompute``:
+always [K, V], and the gate's cumsum, always kept in training mode). The one data-dependent shape is
+the states h of a varlen call in training mode (one per 64-token chunk of every sequence), ours or
+FLA's with ``disable_recompute``:
 there the fake makes its chunk count an unbacked size, which torch.compile carries but a plain meta
 tensor cannot (a varlen dry run on meta tensors under our forward raises torch's data-dependent
 shape error; FakeTensorMode serves it).
@@ -44,7 +47,8 @@ from .arguments import Call
 from . import function
 from .function import FORWARD_OUTPUTS, GRADIENT_INPUTS
 
-__all__ = ["chunk_kda_op", "chunk_kda_fwd", "chunk_kda_bwd", "NAMESPACE", "SETTINGS", "TENSOR_ARGUMENTS", "SAVED"]
+__all__ = ["chunk_kda_op", "chunk_kda_fwd", "chunk_kda_bwd", "NAMESPACE", "SETTINGS", "TENSOR_ARGUMENTS", "SAVED",
+           "RETURNED"]
 
 NAMESPACE = "ptx_lab"
 # the Call's fields that are not sizes: the ops' scalar arguments, in this order
@@ -57,6 +61,8 @@ TENSOR_ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_sta
 # kernels read them, the raw gate where the op activated it, the call's beta and the sigmoid's
 SAVED = ("q", "q_rstd", "k", "k_rstd", "v", "g_cumsum", "g_raw", "beta", "beta_activated", "A_log", "dt_bias", "Aqk",
          "Akk", "h", "initial_state", "cu_seqlens", "cu_seqlens_cpu", "offsets")
+# the forward's outputs that are the user's (the rest exist for the backward)
+RETURNED = ("o", "final_state")
 
 
 def _absent(like: Tensor) -> Tensor:
@@ -65,15 +71,17 @@ def _absent(like: Tensor) -> Tensor:
 
 
 def _forward_made(output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
-                  use_beta_sigmoid_in_kernel: bool, disable_recompute: bool, forward: str) -> tuple[bool, ...]:
+                  use_beta_sigmoid_in_kernel: bool, disable_recompute: bool, forward: str,
+                  training: bool) -> tuple[bool, ...]:
     """Which of FORWARD_OUTPUTS a call makes: FLA's forward frees its gate cumsum where the op activated
-    the gate, unless disable_recompute keeps everything, h included; ours keeps both always."""
+    the gate, unless disable_recompute keeps everything, h included; ours keeps both always. Out of
+    training mode: only what is RETURNED."""
     ours = forward == "ours"
     made = dict(o=True, final_state=output_final_state, q=use_qk_l2norm_in_kernel,
                 q_rstd=use_qk_l2norm_in_kernel, k=use_qk_l2norm_in_kernel, k_rstd=use_qk_l2norm_in_kernel,
                 beta=use_beta_sigmoid_in_kernel, g_cumsum=ours or disable_recompute or not use_gate_in_kernel,
                 Aqk=True, Akk=True, h=ours or disable_recompute)
-    return tuple(made[name] for name in FORWARD_OUTPUTS)
+    return tuple(made[name] and (training or name in RETURNED) for name in FORWARD_OUTPUTS)
 
 
 def _gradients_made(need: Sequence[bool], use_gate_in_kernel: bool, A_log: Optional[Tensor],
@@ -108,22 +116,23 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                   use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
                   lower_bound: Optional[float], disable_recompute: bool, state_v_first: bool,
-                  forward: str) -> FORWARD_RETURNS:
+                  forward: str, training: bool) -> FORWARD_RETURNS:
     """The KDA forward (``forward``: "ours" or "fla") on a checked call: FORWARD_OUTPUTS, each absent one
-    an empty tensor."""
+    (all but o and the final state out of ``training`` mode) an empty tensor."""
     arguments = locals()
     settings = {name: arguments[name] for name in SETTINGS}
     call = _call(q, v, cu_seqlens, _host_offsets(q, cu_seqlens, offsets), settings)
     out = function.forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute, forward)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training)
     return tuple(out[name] if m else _absent(q) for name, m in zip(FORWARD_OUTPUTS, made))
 
 
 @chunk_kda_fwd.register_fake
 def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward):
+                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward,
+                        training):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -138,7 +147,7 @@ def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seql
         Aqk=((B, T, HV, CHUNK_TOKENS), k.dtype), Akk=((B, T, HV, CHUNK_TOKENS), k.dtype),   # chunk_kda_fwd_intra
     )
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute, forward)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training)
     if made[FORWARD_OUTPUTS.index("h")]:
         # one state per 64-token chunk of every sequence, bf16 (FLA's chunk_gated_delta_rule_fwd_h: in
         # kg's dtype, k's, in the state's layout; ours: [K, V] always); with cu_seqlens the chunk count
@@ -158,7 +167,7 @@ def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd
                   g_dtype: torch.dtype, need: Sequence[bool], scale: float, output_final_state: bool,
                   use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                   allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float], disable_recompute: bool,
-                  state_v_first: bool, forward: str) -> BACKWARD_RETURNS:
+                  state_v_first: bool, forward: str, training: bool) -> BACKWARD_RETURNS:
     """Our KDA backward from the forward op's tensors: the gradients of GRADIENT_INPUTS, each one
     ``need`` leaves out (or the call has not) an empty tensor."""
     arguments = locals()
@@ -176,7 +185,8 @@ def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd
 def _chunk_kda_bwd_fake(do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta, beta_activated, A_log, dt_bias, Aqk,
                         Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, g_dtype, need, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward):
+                        allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward,
+                        training):
     g = g_raw if g_raw is not None else g_cumsum
     like = dict(q=(q, q.dtype), k=(k, k.dtype), v=(v, v.dtype), g=(g, g_dtype), beta=(beta, beta.dtype),
                 A_log=(A_log, None), dt_bias=(dt_bias, None), initial_state=(initial_state, None))
@@ -191,12 +201,16 @@ def _chunk_kda_bwd_fake(do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta,
 def _setup_context(ctx, inputs, output) -> None:
     a = dict(zip(TENSOR_ARGUMENTS + SETTINGS, inputs))
     s = {name: a[name] for name in SETTINGS}
+    if not s["training"]:
+        # autograd runs this only for a call that requires grad; out of training mode nothing was kept
+        raise RuntimeError(f"{NAMESPACE}::chunk_kda_fwd: called with training=False on inputs that require grad "
+                           f"(with grad mode on), so no backward could run: pass training=True (kernel.chunk_kda "
+                           f"decides it itself: kernel.fla_dropin.arguments.training_mode)")
     made = _forward_made(s["output_final_state"], s["use_qk_l2norm_in_kernel"], s["use_gate_in_kernel"],
-                         s["use_beta_sigmoid_in_kernel"], s["disable_recompute"], s["forward"])
+                         s["use_beta_sigmoid_in_kernel"], s["disable_recompute"], s["forward"], s["training"])
     out = {name: (x if m else None) for name, x, m in zip(FORWARD_OUTPUTS, output, made)}
-    # only o and the final state are the user's; the rest exist for the backward
     ctx.mark_non_differentiable(*[x for name, x in zip(FORWARD_OUTPUTS, output)
-                                  if name not in ("o", "final_state") or out[name] is None])
+                                  if name not in RETURNED or out[name] is None])
     # an output that no gradient reached comes as None, not as a tensor of zeros made for it
     ctx.set_materialize_grads(False)
     normed = s["use_qk_l2norm_in_kernel"]

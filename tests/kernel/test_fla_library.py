@@ -19,7 +19,13 @@ needs no kernel:
 * ``torch.compile(fullgraph=True)`` through chunk_kda on meta tensors, with either forward: no graph
   break, the forward op in the forward graph and the backward op in the backward graph, the
   gradients' shapes eager's; the forward setting a constant of the trace (a change compiles again);
-  and the patched FLA route compiles the same way.
+  and the patched FLA route compiles the same way;
+* inference mode: the boundary's choice of the op's ``training`` argument (the grad mode and the
+  differentiable inputs' requires_grad), the fake out of training mode (o and the final state alone,
+  no data-dependent shape left, so a varlen call under our forward is a meta dry run), our kernel
+  run in the call's mode, opcheck with ``training=False``, the autograd formula refusing inputs that
+  require grad with it, and a call without gradients under ``torch.compile(fullgraph=True)``: an
+  inference graph with ``training`` False, a change of the grad mode compiling again.
 """
 from __future__ import annotations
 
@@ -64,7 +70,7 @@ def _call_inputs(*, B=2, T=100, H=2, HV=2, lengths=None, gate_in_kernel=False, w
 def _settings(**changes) -> dict:
     base = dict(scale=K ** -0.5, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=False,
                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-                disable_recompute=False, state_v_first=False, forward="fla")
+                disable_recompute=False, state_v_first=False, forward="fla", training=True)
     return dict(base, **changes)
 
 
@@ -592,3 +598,178 @@ def test_every_setting_combination_traces(forward):
         for name in GRADIENT_INPUTS:
             if x[name] is not None:
                 assert x[name].grad is not None and x[name].grad.shape == x[name].shape, (name, call)
+
+
+# ----------------------------------------------------------------------------
+# inference mode: the op's training argument
+# ----------------------------------------------------------------------------
+
+def test_training_mode_needs_the_grad_mode_and_an_input_that_requires_grad():
+    from kernel.fla_dropin.arguments import training_mode
+
+    leaf, plain = torch.ones(1, requires_grad=True), torch.ones(1)
+    assert training_mode(True, (plain, None, leaf)) and training_mode(True, (leaf * 2,))   # a non-leaf too
+    assert not training_mode(False, (plain, None, leaf))
+    assert not training_mode(True, (plain, None, plain.detach(), leaf.detach()))
+    assert not training_mode(True, ()) and not training_mode(True, (None,))
+
+
+def _checked_call(x: dict, **call) -> Call:
+    """The Call that chunk_kda's boundary makes of these inputs and keywords now."""
+    import inspect
+
+    from kernel.fla_dropin.entry import check_call
+
+    bound = inspect.signature(chunk_kda).bind(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                                              dt_bias=x["dt_bias"], initial_state=x["initial_state"],
+                                              cu_seqlens=x["cu_seqlens"], cu_seqlens_cpu=x["cu_seqlens_cpu"], **call)
+    bound.apply_defaults()
+    return check_call(dict(bound.arguments))[0]
+
+
+MODE_CASES = [   # (id, the grad mode's context, the inputs that require grad, use_gate_in_kernel, training)
+    ("grad", contextlib.nullcontext, GRADIENT_INPUTS, True, True),
+    ("no_grad", torch.no_grad, GRADIENT_INPUTS, True, False),
+    ("inference_mode", torch.inference_mode, GRADIENT_INPUTS, True, False),
+    ("no-input-requires-grad", contextlib.nullcontext, (), True, False),
+    ("initial-state-alone", contextlib.nullcontext, ("initial_state",), True, True),
+    ("A_log-alone", contextlib.nullcontext, ("A_log",), True, True),
+    # A_log without the gate in the op is not the op's input (FLA ignores it): no gradient can reach it
+    ("A_log-alone-gate-given", contextlib.nullcontext, ("A_log",), False, False),
+]
+
+
+@pytest.mark.parametrize("case", MODE_CASES, ids=[c[0] for c in MODE_CASES])
+def test_the_boundary_decides_the_calls_mode(case):
+    _, mode, requiring, gate_in_kernel, training = case
+    x = _call_inputs(grad=False, gate_in_kernel=True)
+    for name in requiring:
+        x[name].requires_grad_(True)
+    call = dict(LAYER, use_gate_in_kernel=gate_in_kernel)
+    with mode():
+        assert _checked_call(x, **call).training is training
+
+
+@pytest.mark.parametrize("case", FAKE_CASES, ids=[c[0] for c in FAKE_CASES])
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_out_of_training_mode_the_fake_makes_o_and_the_final_state_alone(case, forward):
+    # a plain meta call: no data-dependent shape is left, the states of a varlen call included
+    _, sizes, changes = case
+    settings = _settings(**changes, forward=forward, training=False)
+    x, call = _meta_call(sizes, settings)
+    fake = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(x, settings))))
+    state = (V, K) if call.state_v_first else (K, V)
+    made = {"o": (x["v"].shape, torch.bfloat16)}
+    if call.output_final_state:
+        made["final_state"] = ((call.N, call.HV, *state), torch.float32)
+    for name in FORWARD_OUTPUTS:
+        if name in made:
+            assert (fake[name].shape, fake[name].dtype) == made[name], name
+        else:
+            assert fake[name].numel() == 0, f"{name}: made out of training mode, {tuple(fake[name].shape)}"
+    assert set(library.RETURNED) >= set(made)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_our_forward_runs_the_kernel_in_the_calls_mode(training, our_kernel_stubbed):
+    x, call = _meta_call(dict(HV=4), _settings(forward="ours", training=training))
+    ours = function.our_forward(call, *_forward_arguments(x))
+    (handed, plan, out), = our_kernel_stubbed
+    assert handed["training"] is training
+    assert (plan.states_shape is None, plan.blocks_shape is None) == (not training, not training)
+    assert ours["h"] is out.states and (ours["h"] is None) is not training
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_opcheck_of_the_forward_op_out_of_training_mode_on_cpu(case, forward, forward_op_on_cpu):
+    _, sizes, changes = case
+    x = _call_inputs(device="cpu", grad=False, **sizes)
+    arguments = _op_arguments(x, _settings(**changes, forward=forward, training=False))
+    result = torch.library.opcheck(OPS.chunk_kda_fwd.default, arguments, test_utils=OPCHECK_CPU)
+    assert result == {name: "SUCCESS" for name in OPCHECK_CPU}
+    out = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*arguments)))
+    final = _settings(**changes)["output_final_state"]
+    assert [name for name, t in out.items() if t.numel()] == ["o", "final_state"][:1 + final]
+
+
+def test_the_forward_op_out_of_training_mode_refuses_inputs_that_require_grad():
+    # nothing is kept for a backward: autograd's formula says so at the forward, not at the backward
+    x = _call_inputs()
+    arguments = _op_arguments(x, _settings(training=False))
+    with pytest.raises(RuntimeError, match=r"training=False on inputs that require grad"):
+        OPS.chunk_kda_fwd(*arguments)
+    with torch.no_grad():
+        OPS.chunk_kda_fwd(*arguments)
+
+
+def _inference_model(fn=None, **call):
+    fn = fn or chunk_kda
+
+    def model(x: dict):
+        return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                  initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], cu_seqlens_cpu=x["cu_seqlens_cpu"],
+                  **call)
+
+    return model
+
+
+INFERENCE_RUNS = [(case, forward) for case in COMPILE_CASES for forward in FORWARDS]   # varlen under ours too
+INFERENCE_IDS = [f"{case[0]}-{forward}" for case, forward in INFERENCE_RUNS]
+NO_GRADIENT = {"no_grad": (torch.no_grad, True), "no-input-requires-grad": (contextlib.nullcontext, False)}
+
+
+@pytest.mark.parametrize("how", list(NO_GRADIENT))
+@pytest.mark.parametrize("case, forward", INFERENCE_RUNS, ids=INFERENCE_IDS)
+def test_a_call_without_gradients_is_a_dry_run_in_inference_mode(case, forward, how):
+    # a varlen call under our forward too: without its states nothing has a data-dependent shape
+    _, sizes, call = case
+    mode, grad = NO_GRADIENT[how]
+    x = _call_inputs(grad=grad, **sizes)
+    with using_forward(forward), mode():
+        o, ht = _inference_model(**call)(x)
+    assert o.shape == x["v"].shape and o.dtype == torch.bfloat16 and not o.requires_grad
+    assert (ht is None) is not call.get("output_final_state", False)
+
+
+@pytest.mark.parametrize("how", list(NO_GRADIENT))
+@pytest.mark.parametrize("case, forward", INFERENCE_RUNS, ids=INFERENCE_IDS)
+def test_fullgraph_compiles_a_call_without_gradients_in_inference_mode(case, forward, how):
+    _, sizes, call = case
+    mode, grad = NO_GRADIENT[how]
+    graphs: dict = {}
+    torch._dynamo.reset()
+    compiled = torch.compile(_inference_model(**call), backend=_recording_backend(graphs), fullgraph=True)
+    x = _call_inputs(grad=grad, **sizes)
+    with using_forward(forward), mode():
+        o, _ = compiled(x)
+    assert o.shape == x["v"].shape
+    assert "backward" not in graphs   # aot_autograd made an inference graph: nothing for a backward
+    fwd, = _op_nodes(graphs["forward"], "ptx_lab.chunk_kda_fwd.default")
+    settings = dict(zip(library.SETTINGS, fwd.args[len(library.TENSOR_ARGUMENTS):]))
+    assert (settings["training"], settings["forward"]) == (False, forward)
+
+
+def test_a_change_of_the_grad_mode_compiles_again():
+    # the grad mode and requires_grad are read at the boundary, inside the trace: dynamo guards on
+    # them, so a model compiled for training does not replay its training call under no_grad
+    graphs = []
+    torch._dynamo.reset()
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(_model(**LAYER), backend=backend, fullgraph=True)
+    counts = []
+    for grad in (True, False, True):
+        x = _call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True)
+        with torch.set_grad_enabled(grad):
+            loss = compiled(x)
+        if grad:
+            loss.backward()
+        counts.append(len(graphs))
+    assert counts == [1, 2, 2]   # a change compiles again; going back reuses the first trace
+    setting = len(library.TENSOR_ARGUMENTS) + library.SETTINGS.index("training")
+    assert [_op_nodes(gm, "ptx_lab.chunk_kda_fwd.default")[0].args[setting] for gm in graphs] == [True, False]
+

@@ -85,7 +85,7 @@ FORWARDS = ("ours", "fla")
 def _settings(call: dict, forward: str) -> dict:
     base = dict(scale=K ** -0.5, output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-                disable_recompute=False, state_v_first=False, forward=forward)
+                disable_recompute=False, state_v_first=False, forward=forward, training=True)
     return dict(base, **call)
 
 

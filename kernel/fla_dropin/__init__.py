@@ -36,9 +36,16 @@ softplus gate or the ``lower_bound`` sigmoid gate, ``A_log=None``; ``use_beta_si
 ``cu_seqlens_cpu``, ``safe_gate``, ``lower_bound``, ``disable_recompute``.
 
 With our forward, ``safe_gate`` and ``lower_bound`` (outside the gate activation) change nothing
-(they pick FLA's intra-chunk kernel), nor does ``disable_recompute``: the forward always keeps, for
-the backward, the gate's fp32 cumsum and the bf16 states entering every 64-token chunk (each 512 B
-a token and value head), and nothing is recomputed.
+(they pick FLA's intra-chunk kernel), nor does ``disable_recompute``: a call that a gradient can be
+asked of keeps, for the backward, the gate's fp32 cumsum and the bf16 states entering every
+64-token chunk (each 512 B a token and value head), and nothing is recomputed.
+
+Inference mode: a call that no gradient can be asked of (under ``torch.no_grad`` or
+``torch.inference_mode``, or with no differentiable input requiring grad: a prefill, an evaluation;
+:func:`~.arguments.training_mode`) runs the forward with ``training=False``: o and the final state
+alone, no states (4.3 GB at 32 x 8192 with 32 value heads), no Aqk or Akk, nothing kept. The
+choice is made before the op is called and reaches it as its ``training`` argument (a constant of
+a torch.compile trace, guarded: a change of the grad mode compiles again).
 
 Gates are not limited: a 16-token tile whose gate spans more than 110 (log2) in some channel
 (``kernel.shapes.SPAN_LIMIT``), beyond what the factorised tile products hold in fp32 under
@@ -57,8 +64,8 @@ Our forward covers every call the checks admit, so nothing falls back to FLA's f
 who asks for ours gets ours, or a refusal naming the argument.
 
 One switch routes FLA's own op to this one for a whole model: :func:`patch_fla` (with
-:func:`unpatch_fla` and the context manager :func:`patched_fla`); whatever this op does not cover
-then runs FLA's own path with a one-time warning.
+:func:`unpatch_fla` and the context manager :func:`patched_fla`), no-grad calls included (in
+inference mode); whatever this op does not cover then runs FLA's own path with a one-time warning.
 
 torch.compile: the op is registered with torch.library (``torch.ops.ptx_lab.chunk_kda_fwd`` and
 ``chunk_kda_bwd``, fake implementations, the autograd formula), so a model calling
@@ -66,8 +73,8 @@ torch.compile: the op is registered with torch.library (``torch.ops.ptx_lab.chun
 batch (B x T, no ``cu_seqlens``) traces with no host sync. With ``cu_seqlens`` the trace copies
 them to the host (``cu_seqlens.cpu()``, one sync) unless ``cu_seqlens_cpu`` is given, and their
 values are checked when the forward op runs rather than at the call; the states the forward keeps
-then have a data-dependent chunk count (an unbacked size in the trace): always with our forward,
-with ``disable_recompute`` with FLA's.
+then have a data-dependent chunk count (an unbacked size in the trace): in training mode always
+with our forward, with ``disable_recompute`` with FLA's.
 
 The rooms: :mod:`.arguments` (the one check of a call), :mod:`.setting` (whose forward runs),
 :mod:`.function` (what the forward and backward run), :mod:`.library` (the ops, their fakes and

@@ -15,9 +15,9 @@ one still is.
 
 The routed op runs ours where the call is covered and FLA's own otherwise, with a one-time
 :class:`~kernel.fla_dropin.FallbackWarning` that names the argument: never an error in the middle
-of training. Calls that build no graph (inference, ``torch.no_grad``) go to FLA's directly, whichever
-forward is set (:func:`~.setting.use_forward`): ours runs in training mode only, writing the states
-and blocks our backward reads, which such a call never asks for.
+of training. Calls that build no graph (``torch.no_grad``, ``torch.inference_mode``, no input
+requiring grad: a prefill, an evaluation) run ours too, in inference mode
+(:func:`~.arguments.training_mode`): o and the final state alone, nothing kept for a backward.
 
 The routed op is traceable: under ``torch.compile(fullgraph=True)`` a covered call of a patched
 model compiles through our op (a call that falls back to FLA's own meets FLA's compiler-disabled
@@ -30,8 +30,6 @@ import functools
 import inspect
 import sys
 from typing import Any, Callable, Iterator
-
-import torch
 
 from .entry import check_call, chunk_kda
 from .function import warn_once
@@ -52,17 +50,9 @@ def _fla_kda():
     return fla_kda
 
 
-def _wants_graph(args: tuple, kwargs: dict) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in (*args, *kwargs.values()))
-
-
 def _route(original: Callable) -> Callable:
     @functools.wraps(original)
     def chunk_kda_routed(*args: Any, **kwargs: Any):
-        if not _wants_graph(args, kwargs):
-            return original(*args, **kwargs)
         try:
             bound = _SIGNATURE.bind(*args, **kwargs)
             bound.apply_defaults()

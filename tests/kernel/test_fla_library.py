@@ -773,3 +773,15 @@ def test_a_change_of_the_grad_mode_compiles_again():
     setting = len(library.TENSOR_ARGUMENTS) + library.SETTINGS.index("training")
     assert [_op_nodes(gm, "ptx_lab.chunk_kda_fwd.default")[0].args[setting] for gm in graphs] == [True, False]
 
+
+def test_the_patched_fla_route_compiles_a_no_grad_call_through_our_op():
+    from kernel.fla_dropin import patch
+
+    def flas_own(*args, **kwargs):   # stands in for FLA's op: a covered call never reaches it, no-grad ones too
+        raise AssertionError("the routed call went to FLA's own")
+
+    torch._dynamo.reset()
+    x = _call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True)
+    with torch.no_grad():
+        o, ht = torch.compile(_inference_model(patch._route(flas_own), **LAYER), backend="eager", fullgraph=True)(x)
+    assert o.shape == x["v"].shape and ht.shape == x["initial_state"].shape

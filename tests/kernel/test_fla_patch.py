@@ -2,10 +2,12 @@
 
 CPU, with fla-core installed (it imports without a GPU): the switch replaces FLA's function in
 fla.ops.kda, in FLA's own modules and in a module that imported it by name, a module imported
-after the switch gets the routed op, the undo and the context manager put FLA's back, and a call
-this op does not cover goes to FLA's own with one warning naming the argument. The GPU half (a
+after the switch gets the routed op, the undo and the context manager put FLA's back, a call this
+op does not cover goes to FLA's own with one warning naming the argument, and a call without
+gradients (no_grad, inference_mode, no input requiring grad) runs ours, in inference mode. The GPU half (a
 layer trained through the switch) is in tests/kernel/test_fla_layer_gpu.py.
 """
+import contextlib
 import importlib
 import sys
 import types
@@ -88,10 +90,27 @@ def test_a_call_not_covered_runs_flas_own_with_one_warning_naming_the_argument()
         assert routed(*args, chunk_size=32) == "fla's"
     with pytest.warns(fla_dropin.FallbackWarning, match=r"q: expected a CUDA tensor"):
         assert routed(*args) == "fla's"      # covered, but on the CPU: FLA's own
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error")       # no graph to build: FLA's own directly and silently
-        assert routed(*args, cp_context=object()) == "fla's"
+    with torch.no_grad(), pytest.warns(fla_dropin.FallbackWarning, match=r"does not cover cp_context"):
+        assert routed(*args, cp_context=object()) == "fla's"   # no graph to build: the same rule
     assert seen == [["chunk_size"], ["chunk_size"], [], ["cp_context"]]
+
+
+@pytest.mark.parametrize("how", ["no_grad", "inference_mode", "no-input-requires-grad"])
+def test_a_call_without_gradients_runs_ours_in_inference_mode(how, monkeypatch):
+    # our forward out of training mode keeps nothing for a backward: such a call no longer needs
+    # FLA's own; meta tensors pass the boundary (our op's fakes would serve them)
+    routed = fla_dropin.patch._route(lambda *a, **k: "fla's")
+    ours = []
+    monkeypatch.setattr(fla_dropin.patch, "chunk_kda_op", lambda call, *tensors: ours.append(call) or "ours")
+    q = torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16, device="meta", requires_grad=how != "no-input-requires-grad")
+    args = (q, q.detach(), q.detach(), torch.zeros(1, 8, 2, 128, device="meta"), torch.zeros(1, 8, 2, device="meta"))
+    mode = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(how, contextlib.nullcontext)
+    with mode(), warnings.catch_warnings():
+        warnings.simplefilter("error")       # covered: no fallback, no warning
+        assert routed(*args) == "ours"
+    assert [call.training for call in ours] == [False]
+    q.requires_grad_(True)
+    assert routed(*args) == "ours" and ours[-1].training     # with a gradient to ask for: training mode
 
 
 def test_import_kernel_still_needs_no_torch_for_the_switch_names():

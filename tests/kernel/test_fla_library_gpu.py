@@ -22,10 +22,20 @@ the ops' ``forward`` argument); the gate tests under the default.
   a warm-up on a side stream, as torch's documentation asks) and replayed on new data: every
   replay's loss and every parameter after it equal eager's steps on the same data, bit for bit. A
   host sync anywhere in the step would fail the capture.
+* Inference mode (a call no gradient can be asked of: under ``torch.no_grad``, under
+  ``torch.inference_mode``, or with no input requiring grad): the op's forward runs with
+  ``training=False`` and gives the training call's o and final state, bit for bit; with our forward
+  its peak memory (``torch.cuda.max_memory_allocated``) is below the training call's by at least the
+  states' size; compiled with ``torch.compile(fullgraph=True)`` (aot_eager and inductor) it gives
+  eager's o and final state, bit for bit; the layer's no-grad forward captured in a CUDA graph
+  replays as eager's; and the patched FLA op runs ours for a no-grad call (never FLA's own), o and
+  the final state kernel.chunk_kda's (with FLA's forward, FLA's own to the bit).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -399,3 +409,190 @@ def _training_step_in_a_cuda_graph():
     # the replays trained: every parameter moved from where the warm-up left it
     moved = [name for (name, p), b in zip(graphed.named_parameters(), before) if not torch.equal(p, b)]
     assert moved == [name for name, _ in graphed.named_parameters()]
+
+
+# ----------------------------------------------------------------------------
+# inference mode: a call no gradient can be asked of
+# ----------------------------------------------------------------------------
+
+NO_GRADIENT = {   # how a call has no gradient to give: (the grad mode's context, whether the inputs require grad)
+    "no_grad": (torch.no_grad, True),
+    "inference_mode": (torch.inference_mode, True),
+    "no-input-requires-grad": (contextlib.nullcontext, False),
+}
+
+
+def _call(x: dict, **call):
+    from kernel import chunk_kda
+
+    return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], cu_seqlens_cpu=x["cu_seqlens_cpu"],
+                     **call)
+
+
+@pytest.fixture
+def modes(monkeypatch) -> list:
+    """The ``training`` of every call the forward op runs (function.forward, which it calls by name)."""
+    from kernel.fla_dropin import function
+
+    seen, real = [], function.forward
+
+    def recording(call, *args):
+        seen.append(call.training)
+        return real(call, *args)
+
+    monkeypatch.setattr(function, "forward", recording)
+    return seen
+
+
+def _assert_same_bits(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for name, w in want.items():
+        g = got[name]
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g, w), f"{name}: max |diff| {(g.float() - w.float()).abs().max().item():.3e}"
+
+
+@pytest.mark.parametrize("how", list(NO_GRADIENT))
+@pytest.mark.parametrize("forward", FORWARDS)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_a_call_without_gradients_gives_the_training_calls_o_and_final_state(case, forward, how, modes):
+    skip_without_fla_gpu()
+    from kernel import using_forward
+
+    _, sizes, call = case
+    call = dict(call, output_final_state=True)
+    mode, grad = NO_GRADIENT[how]
+    with using_forward(forward):
+        o, ht = _call(_inputs(seed=3, **sizes), **call)
+        assert o.requires_grad and ht.requires_grad
+        training = {"o": o.detach(), "final_state": ht.detach()}
+        x = _inputs(seed=3, grad=grad, **sizes)
+        with mode():
+            o, ht = _call(x, **call)
+    assert not o.requires_grad and not ht.requires_grad
+    assert modes == [True, False]
+    _assert_same_bits({"o": o, "final_state": ht}, training)
+
+
+def _peak_bytes(fn) -> int:
+    """The most memory torch's allocator held while ``fn`` ran, above what it held before; what ``fn``
+    returns is dropped after (a training call's graph with it)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
+def test_inference_mode_peaks_lower_than_training_by_at_least_the_states():
+    # our forward out of training mode writes no states (one bf16 [K, V] per 64-token chunk and value
+    # head), no Aqk or Akk, and keeps no gate cumsum: the peak drops by at least the states' bytes
+    skip_without_fla_gpu()
+    from kernel import using_forward
+
+    B, T, H, HV = 2, 4096, 2, 4
+    states = B * math.ceil(T / 64) * HV * K * V * 2
+    x = _inputs(B=B, T=T, H=H, HV=HV, layer=True, seed=7)
+    call = lambda: _call(x, **LAYER)   # noqa: E731
+    with using_forward("ours"):
+        for mode in (torch.no_grad, contextlib.nullcontext):   # the builds, FLA's autotuning, the allocator's pools
+            with mode():
+                _peak_bytes(call)
+        with torch.no_grad():
+            inference = _peak_bytes(call)
+        training = _peak_bytes(call)
+    assert training - inference >= states, (training, inference, states)
+
+
+@pytest.mark.parametrize("forward", FORWARDS)
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fullgraph_compiled_call_without_gradients_equals_eager(case, backend, forward, modes):
+    skip_without_fla_gpu()
+    from kernel import using_forward
+
+    _, sizes, call = case
+    x = _inputs(seed=3, **sizes)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w_o = torch.randn(x["v"].shape, generator=gen, device="cuda").bfloat16().float()
+    w_ht = 0.1 * torch.randn(x["initial_state"].shape, generator=gen, device="cuda")
+    with using_forward(forward), torch.no_grad():
+        o, ht, _ = _model(**call)(x, w_o, w_ht)
+        eager = {"o": o, "final_state": ht}
+        torch._dynamo.reset()
+        o, ht, _ = torch.compile(_model(**call), backend=backend, fullgraph=True)(x, w_o, w_ht)
+    assert modes and not any(modes)
+    _assert_same_bits({"o": o, "final_state": ht}, eager)
+
+
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_an_inference_forward_captured_in_a_cuda_graph_replays_as_eager(forward, modes):
+    skip_without_fla_gpu()
+    from kernel import using_forward
+
+    with using_forward(forward), torch.no_grad():
+        _inference_in_a_cuda_graph()
+    assert modes and not any(modes)
+
+
+def _inference_in_a_cuda_graph():
+    B, T, hidden, H, HV, steps, warmup = 2, 256, 256, 2, 4, 6, 3
+    torch.manual_seed(0)
+    layer = _KDALayer(hidden, H, HV).cuda()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    data = [torch.randn(B, T, hidden, generator=gen, device="cuda").bfloat16() for _ in range(steps)]
+    static_x = torch.empty_like(data[0])
+
+    # warm-up on a side stream (FLA's autotuning, our kernels' builds and cached tables happen here)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(warmup):
+            static_x.copy_(data[i])
+            layer(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = layer(static_x)
+    outputs = []
+    for i in range(steps):
+        static_x.copy_(data[i])
+        graph.replay()
+        want = layer(data[i])
+        assert torch.equal(static_y, want), (i, (static_y.float() - want.float()).abs().max().item())
+        outputs.append(static_y.clone())
+    # the replays read the new data: no two steps' outputs are the same
+    assert all(not torch.equal(a, b) for a, b in zip(outputs, outputs[1:]))
+
+
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_the_patched_fla_op_runs_ours_for_a_no_grad_call(forward, modes):
+    skip_without_fla_gpu()
+    import fla.ops.kda as fla_kda
+
+    from kernel import using_forward
+    from kernel.fla_dropin import patch
+
+    flas_calls = []
+
+    def flas_own(*args, **kwargs):
+        flas_calls.append(kwargs)
+        return fla_kda.chunk_kda(*args, **kwargs)
+
+    routed = patch._route(flas_own)
+    x = _inputs(HV=4, layer=True, seed=3)
+    positional = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    keywords = dict(LAYER, A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["initial_state"])
+    with using_forward(forward), torch.no_grad():
+        o, ht = routed(*positional, **keywords)
+        ours = _call(x, **LAYER)
+        flas = fla_kda.chunk_kda(*positional, **keywords)
+    assert flas_calls == [] and modes == [False, False]
+    _assert_same_bits({"o": o, "final_state": ht}, {"o": ours[0], "final_state": ours[1]})
+    if forward == "fla":
+        _assert_same_bits({"o": o, "final_state": ht}, {"o": flas[0], "final_state": flas[1]})

@@ -499,7 +499,7 @@ def test_inference_mode_peaks_lower_than_training_by_at_least_the_states():
     x = _inputs(B=B, T=T, H=H, HV=HV, layer=True, seed=7)
     call = lambda: _call(x, **LAYER)   # noqa: E731
     with using_forward("ours"):
-        for mode in (torch.no_grad, contextlib.nullcontext):   # the builds, FLA's autotuning, the allocator's pools
+        for mode in (torch.no_grad, contextlib.nullcontext):   # the builds, FLA's autotuning, the pools
             with mode():
                 _peak_bytes(call)
         with torch.no_grad():

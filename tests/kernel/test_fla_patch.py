@@ -4,8 +4,9 @@ CPU, with fla-core installed (it imports without a GPU): the switch replaces FLA
 fla.ops.kda, in FLA's own modules and in a module that imported it by name, a module imported
 after the switch gets the routed op, the undo and the context manager put FLA's back, a call this
 op does not cover goes to FLA's own with one warning naming the argument, and a call without
-gradients (no_grad, inference_mode, no input requiring grad) runs ours, in inference mode. The GPU half (a
-layer trained through the switch) is in tests/kernel/test_fla_layer_gpu.py.
+gradients (no_grad, inference_mode, no input requiring grad) runs ours, in inference mode. The GPU
+half (a layer trained through the switch) is in tests/kernel/test_fla_layer_gpu.py; a no-grad call
+through the switch on the GPU in tests/kernel/test_fla_library_gpu.py.
 """
 import contextlib
 import importlib

@@ -11,8 +11,7 @@ import numpy as np
 from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
                        OURS, OURS_IN_TURN, STEP_CUDNN, STEP_FLA, STEP_OURS)
 from . import report
-from .report import (against_target, cell, error_text, get, is_bench_json, log, num, our_forward_of, target_verdict,
-                     write_json)
+from .report import against_target, cell, get, is_bench_json, num, our_forward_of, target_verdict
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
@@ -136,35 +135,20 @@ def plot_backward(results: Sequence[dict], path: str) -> None:
     x = np.arange(len(names))
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(9, 2.6 * len(names)), 4.5),
                                   gridspec_kw={"width_ratios": [3, 2]})
-    series = [n for n in BACKWARDS if any(get(r, "backward", n, "median_ms") is not None for r in results)]
-    w = 0.8 / max(1, len(series))
-    for i, n in enumerate(series):
-        vals = [get(r, "backward", n, "median_ms") or 0.0 for r in results]
-        ax.bar(x + (i - (len(series) - 1) / 2) * w, vals, w, label=LABELS[n])
+    series, w = report.grouped_bars(ax, results, "backward", BACKWARDS, LABELS)
     floors = [get(r, "floor", "ms") for r in results]
     if any(f is not None for f in floors):
         at = x + ((-(len(series) - 1) / 2) * w if series else 0.0)      # over the first bar, ours when it ran
         ax.scatter([xi for xi, f in zip(at, floors) if f is not None], [f for f in floors if f is not None],
                    marker="_", s=600, color="k", zorder=3, label="byte floor (recommended design)")
     ax.set_title("whole KDA backward")
-    steps = [n for n in (STEP_FLA, STEP_OURS, STEP_CUDNN)
-             if any(get(r, "step", n, "median_ms") is not None for r in results)]
-    w2 = 0.8 / max(1, len(steps))
-    for i, n in enumerate(steps):
-        vals = [get(r, "step", n, "median_ms") or 0.0 for r in results]
-        ax2.bar(x + (i - (len(steps) - 1) / 2) * w2, vals, w2,
-                label={STEP_FLA: "FLA chunk_kda", STEP_OURS: f"kernel.chunk_kda ({our_forward_of(results)})",
-                       STEP_CUDNN: "cuDNN kimi_delta_attention"}[n])
+    report.grouped_bars(ax2, results, "step", (STEP_FLA, STEP_OURS, STEP_CUDNN),
+                        {STEP_FLA: "FLA chunk_kda", STEP_OURS: f"kernel.chunk_kda ({our_forward_of(results)})",
+                         STEP_CUDNN: "cuDNN kimi_delta_attention"})
     ax2.set_title("training step: chunk_kda forward + backward")
     for a in (ax, ax2):
-        a.set_xticks(x)
-        a.set_xticklabels(names, fontsize=8)
-        a.set_ylabel("ms (median)")
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=7)
-    heads = {r.get("H") for r in results}
-    fig.suptitle(f"ours vs flash-linear-attention, H={'/'.join(map(str, sorted(h for h in heads if h)))}, "
-                 "K=V=128, bf16")
+        report.label_configs(a, names, "ms (median)")
+    fig.suptitle(f"ours vs flash-linear-attention, H={report.heads_text(results)}, K=V=128, bf16")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -177,16 +161,8 @@ def is_backward_json(path: str) -> bool:
 
 def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, *,
                   environment: dict | None = None, args: dict | None = None) -> None:
-    """The JSON file (this run's environment and arguments, the runs it merged, every result) and the plot."""
-    if json_path:
-        write_json(json_path, results, runs, environment, args)
-    ok = [r for r in results if "error" not in r]
-    if plot_path and ok:
-        try:
-            plot_backward(ok, plot_path)
-            log(f"wrote {plot_path}")
-        except Exception as exc:
-            log(f"plot failed: {error_text(exc)}")
+    """The JSON file and the plot (:func:`plot_backward`), as :func:`.report.write_outputs` writes them."""
+    report.write_outputs(results, runs, plot_path, json_path, plot_backward, environment=environment, args=args)
 
 
 def read_runs(paths: Sequence[str]) -> tuple[list[dict], list[dict]] | None:

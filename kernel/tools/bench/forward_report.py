@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from . import report
 from .forward import FWD_CUDNN, FWD_FLA, FWD_OURS, FWD_RAW, SIDES
-from .report import cell, error_text, get, is_bench_json, log, num, write_json
+from .report import cell, is_bench_json, num
 
 FORWARD_COLUMNS = ("config", "ours ms", "FLA ms", "cuDNN ms", "raw ms", "ours/FLA", "ours/cuDNN", "over raw",
                    "ours GB", "FLA GB", "cuDNN GB", "raw GB", "ours host ms", "FLA host ms", "cuDNN host ms",
@@ -67,25 +65,15 @@ def plot_forward(results: Sequence[dict], path: str) -> None:
     plt = report.pyplot()
 
     names = [r["config"] for r in results]
-    x = np.arange(len(names))
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(9, 2.6 * len(names)), 4.5))
     for a, part, key, scale, ylabel in ((ax, "forward", "median_ms", 1.0, "ms (median)"),
                                         (ax2, "peak_memory", "bytes", 1e-9, "peak GB")):
-        series = [n for n in SIDES if any(get(r, part, n, key) is not None for r in results)]
-        w = 0.8 / max(1, len(series))
-        for i, n in enumerate(series):
-            vals = [(get(r, part, n, key) or 0.0) * scale for r in results]
-            a.bar(x + (i - (len(series) - 1) / 2) * w, vals, w, label=LABELS[n])
-        a.set_xticks(x)
-        a.set_xticklabels(names, fontsize=8)
-        a.set_ylabel(ylabel)
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=7)
+        report.grouped_bars(a, results, part, SIDES, LABELS, key, scale)
+        report.label_configs(a, names, ylabel)
     ax.set_title("training forward: time")
     ax2.set_title("training forward: peak memory")
-    heads = {r.get("H") for r in results}
-    fig.suptitle(f"KDA forward, ours vs flash-linear-attention and cuDNN, "
-                 f"H={'/'.join(map(str, sorted(h for h in heads if h)))}, K=V=128, bf16")
+    fig.suptitle(f"KDA forward, ours vs flash-linear-attention and cuDNN, H={report.heads_text(results)}, "
+                 f"K=V=128, bf16")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -98,16 +86,8 @@ def is_forward_json(path: str) -> bool:
 
 def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, *,
                   environment: dict | None = None, args: dict | None = None) -> None:
-    """The JSON file (this run's environment and arguments, the runs it merged, every result) and the plot."""
-    if json_path:
-        write_json(json_path, results, runs, environment, args)
-    ok = [r for r in results if "error" not in r]
-    if plot_path and ok:
-        try:
-            plot_forward(ok, plot_path)
-            log(f"wrote {plot_path}")
-        except Exception as exc:
-            log(f"plot failed: {error_text(exc)}")
+    """The JSON file and the plot (:func:`plot_forward`), as :func:`.report.write_outputs` writes them."""
+    report.write_outputs(results, runs, plot_path, json_path, plot_forward, environment=environment, args=args)
 
 
 def read_runs(paths: Sequence[str]) -> tuple[list[dict], list[dict]] | None:

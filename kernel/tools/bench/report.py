@@ -106,6 +106,22 @@ def write_json(path: str, results: list[dict], runs: list[dict], environment: di
     log(f"wrote {path}")
 
 
+def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, json_path: str | None, draw, *,
+                  environment: dict | None = None, args: dict | None = None) -> None:
+    """A mode's outputs: the JSON file (this run's environment and arguments, the runs it merged, every
+    result) and the plot, ``draw(the results that ran, plot_path)``, whose failure is logged rather than
+    raised (the numbers are in the table and the JSON already)."""
+    if json_path:
+        write_json(json_path, results, runs, environment, args)
+    ok = [r for r in results if "error" not in r]
+    if plot_path and ok:
+        try:
+            draw(ok, plot_path)
+            log(f"wrote {plot_path}")
+        except Exception as exc:
+            log(f"plot failed: {error_text(exc)}")
+
+
 def is_bench_json(path: str, bench: str) -> bool:
     """True when `path` is a JSON file of runs whose results say they are ``bench`` ("backward", "layer")."""
     try:
@@ -247,6 +263,36 @@ def pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def grouped_bars(ax, results: Sequence[dict], part: str, names: Sequence[str], labels: dict, key: str = "median_ms",
+                 scale: float = 1.0) -> tuple[list[str], float]:
+    """Side by side around each configuration's tick, one bar for each of ``names`` that some result has
+    (``result[part][name][key] * scale``, 0 where a result lacks it), labelled ``labels[name]``: (the names
+    drawn, the bars' width)."""
+    x = np.arange(len(results))
+    series = [n for n in names if any(get(r, part, n, key) is not None for r in results)]
+    w = 0.8 / max(1, len(series))
+    for i, n in enumerate(series):
+        vals = [(get(r, part, n, key) or 0.0) * scale for r in results]
+        ax.bar(x + (i - (len(series) - 1) / 2) * w, vals, w, label=labels[n])
+    return series, w
+
+
+def label_configs(ax, names: Sequence[str], ylabel: str) -> None:
+    """A per-configuration axis: the names under the ticks, ``ylabel``, and the legend where something
+    is labelled (last: it lists what is drawn by then)."""
+    ax.set_xticks(np.arange(len(names)))
+    ax.set_xticklabels(names, fontsize=8)
+    ax.set_ylabel(ylabel)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def heads_text(results: Sequence[dict]) -> str:
+    """The results' head counts for a title: "32", or "16/32" where runs differ."""
+    heads = {r.get("H") for r in results}
+    return "/".join(map(str, sorted(h for h in heads if h)))
 
 
 def plot(results: Sequence[dict], path: str) -> None:

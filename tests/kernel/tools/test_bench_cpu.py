@@ -431,3 +431,24 @@ def test_a_failing_configuration_is_recorded_and_the_run_goes_on(capsys):
     assert all(r["wall_s"] >= 0 for r in results)
     assert seen == [(0, "[1/3] 4x8192"), (2, "[3/3] 2x64")]
     assert "[2/3] 1x131072: FAILED MemoryError: out of memory" in capsys.readouterr().out
+
+
+def test_a_modes_outputs_write_the_json_and_log_a_plot_that_fails(tmp_path, capsys):
+    # report.write_outputs serves --forward and --backward: the plot of the results that ran, whose
+    # failure is logged (the JSON and the table hold the numbers), and none when nothing ran
+    drawn = []
+
+    def draw(results, path):
+        drawn.append([r["config"] for r in results])
+        raise RuntimeError("no display")
+
+    results = [{"config": "4x8192"}, {"config": "1x131072", "error": "its process exited with -9"}]
+    path = tmp_path / "out.json"
+    report.write_outputs(results, [{"file": "a.json"}], str(tmp_path / "out.png"), str(path), draw,
+                         environment={"device": "x"}, args={"reps": 3})
+    out = capsys.readouterr().out
+    assert drawn == [["4x8192"]] and "plot failed: RuntimeError: no display" in out
+    assert json.loads(path.read_text()) == {"environment": {"device": "x"}, "args": {"reps": 3},
+                                            "runs": [{"file": "a.json"}], "results": results}
+    report.write_outputs(results[1:], [], str(tmp_path / "none.png"), None, draw)
+    assert drawn == [["4x8192"]] and not (tmp_path / "none.png").exists()

@@ -508,9 +508,9 @@ def test_fullgraph_compiles_the_forward_op_and_the_backward_op(case, forward):
         assert (leaf_eager.grad.shape, leaf_eager.grad.dtype) == (leaf_eager.shape, leaf_eager.dtype), name
 
 
-def test_a_change_of_the_forward_setting_compiles_again():
-    # the setting is read at the boundary, inside the trace: dynamo guards on it, so a compiled model
-    # follows a change instead of replaying the forward it was traced with
+def _compiled_layer_recording_graphs():
+    """The layer model compiled fullgraph, with the list each graph dynamo makes is appended to (a
+    recompile adds one)."""
     graphs = []
     torch._dynamo.reset()
 
@@ -518,7 +518,13 @@ def test_a_change_of_the_forward_setting_compiles_again():
         graphs.append(gm)
         return gm.forward
 
-    compiled = torch.compile(_model(**LAYER), backend=backend, fullgraph=True)
+    return torch.compile(_model(**LAYER), backend=backend, fullgraph=True), graphs
+
+
+def test_a_change_of_the_forward_setting_compiles_again():
+    # the setting is read at the boundary, inside the trace: dynamo guards on it, so a compiled model
+    # follows a change instead of replaying the forward it was traced with
+    compiled, graphs = _compiled_layer_recording_graphs()
     counts = []
     for forward in ("ours", "fla", "ours"):
         with using_forward(forward):
@@ -753,14 +759,7 @@ def test_fullgraph_compiles_a_call_without_gradients_in_inference_mode(case, for
 def test_a_change_of_the_grad_mode_compiles_again():
     # the grad mode and requires_grad are read at the boundary, inside the trace: dynamo guards on
     # them, so a model compiled for training does not replay its training call under no_grad
-    graphs = []
-    torch._dynamo.reset()
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    compiled = torch.compile(_model(**LAYER), backend=backend, fullgraph=True)
+    compiled, graphs = _compiled_layer_recording_graphs()
     counts = []
     for grad in (True, False, True):
         x = _call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True)

@@ -115,11 +115,17 @@ def write_outputs(results: list[dict], runs: list[dict], plot_path: str | None, 
         write_json(json_path, results, runs, environment, args)
     ok = [r for r in results if "error" not in r]
     if plot_path and ok:
-        try:
-            draw(ok, plot_path)
-            log(f"wrote {plot_path}")
-        except Exception as exc:
-            log(f"plot failed: {error_text(exc)}")
+        plot_logged(draw, ok, plot_path)
+
+
+def plot_logged(draw, results: list, plot_path: str) -> None:
+    """``draw(results, plot_path)``, a failure logged rather than raised (the numbers are in the table
+    and the JSON already)."""
+    try:
+        draw(results, plot_path)
+        log(f"wrote {plot_path}")
+    except Exception as exc:
+        log(f"plot failed: {error_text(exc)}")
 
 
 def is_bench_json(path: str, bench: str) -> bool:
@@ -396,9 +402,5 @@ def report_from_json(paths: Sequence[str], plot_path: str | None, json_path: str
             json.dump({"runs": runs, "results": results}, fh, indent=1, default=str)
         log(f"wrote {json_path}")
     if plot_path and ok:
-        try:
-            plot(ok, plot_path)
-            log(f"wrote {plot_path}")
-        except Exception as exc:
-            log(f"plot failed: {error_text(exc)}")
+        plot_logged(plot, ok, plot_path)
     return 0 if ok else 1

@@ -3,13 +3,17 @@
     ptx-lab source-ab --kernel a --old-rev HEAD~1 --configs 1x131072:2,1x131072,32x8192
     ptx-lab source-ab --kernel s --old-rev HEAD~1 --configs 4x8192,32x8192,1x131072
     ptx-lab source-ab --kernel b --old path/to/old/cuda --configs 4x8192,32x8192
+    ptx-lab source-ab --kernel f --old-rev HEAD~1 --configs 32x8192,32x8192:w4
 
 --kernel names a room: a (Kernel A, the dS scan, kernel/ds_scan/cuda), s (Kernel S, the
-forward-state scan, kernel/forward_states/cuda) or b (Kernel B, the per-token gradients,
-kernel/token_gradients/cuda). --old-rev reads the revision from this checkout's git. Where the GPU
+forward-state scan, kernel/forward_states/cuda), b (Kernel B, the per-token gradients,
+kernel/token_gradients/cuda) or f (the forward, kernel/forward/cuda, which also includes Kernel S's
+forward_states_chain.cuh: a header of the room's build outside its directory travels with it, at
+its place in the tree). --old-rev reads the revision from this checkout's git. Where the GPU
 machine has a copy of the working tree without that history, extract the old sources beforehand
 and pass the room's cuda directory: ``git archive REV kernel/shapes.cuh kernel/forward_states/cuda
-| tar x -C old/`` then ``--old old/kernel/forward_states/cuda``.
+| tar x -C old/`` then ``--old old/kernel/forward_states/cuda`` (for the forward: ``git archive REV
+kernel/shapes.cuh kernel/forward/cuda kernel/forward_states/cuda/forward_states_chain.cuh``).
 
 Times from two processes or two days differ by more than the few percent a change is worth, so
 both builds run here, one after the other: the working tree's ("new"), the old one, then the
@@ -27,7 +31,10 @@ arguments with the old layout).
 Kernel A runs as kernel.kda_backward launches it (FLA's tensors, bf16 dS after every tile, dht),
 at the v-split given after the configuration (``1x131072:2``) or the API's choice. Kernel S runs
 kernel.forward_states.forward_states at its auto configuration, Kernel B
-token_gradients.launch. The inputs are random (unit-norm q and k, gates in [-0.05, 0] a token);
+token_gradients.launch. The forward runs kernel.forward.forward in training mode with the final
+state (what the bench times as "ours raw"), at its auto configuration or at
+kernel.forward.auto_config(warps) for the consumer warps given after the configuration
+(``32x8192:w4``). The inputs are random (unit-norm q and k, gates in [-0.05, 0] a token);
 their values do not change the work.
 """
 from __future__ import annotations
@@ -37,11 +44,12 @@ import dataclasses
 import importlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -53,31 +61,41 @@ D = 128
 class Spec:
     B: int
     T: int
-    vsplit: int | str = "auto"
+    vsplit: int | str = "auto"   # Kernel A's
+    warps: int | str = "auto"    # the forward's consumer warps
 
     @property
     def name(self) -> str:
-        return f"{self.B}x{self.T}" + ("" if self.vsplit == "auto" else f":{self.vsplit}")
+        return (f"{self.B}x{self.T}" + ("" if self.vsplit == "auto" else f":{self.vsplit}")
+                + ("" if self.warps == "auto" else f":w{self.warps}"))
 
 
 def parse_spec(text: str, kernel: str) -> Spec:
-    """'BxT' or 'BxT:vsplit' (Kernel A only)."""
-    shape, sep, vs = text.strip().partition(":")
+    """'BxT', 'BxT:vsplit' (Kernel A only) or 'BxT:w<consumer warps>' (the forward only)."""
+    shape, sep, suffix = text.strip().partition(":")
     try:
         B, T = (int(x) for x in shape.split("x"))
     except ValueError:
-        raise ValueError(f"a configuration is BxT or BxT:vsplit (e.g. 1x131072:2), got {text!r}") from None
+        raise ValueError(f"a configuration is BxT, BxT:vsplit (e.g. 1x131072:2) or BxT:w<warps> (e.g. "
+                         f"32x8192:w4), got {text!r}") from None
     if B < 1 or T < 1:
         raise ValueError(f"B and T must be at least 1, got {text!r}")
     if not sep:
         return Spec(B, T)
+    if kernel == "f":
+        from kernel.forward import WARPS
+
+        if not (suffix[:1] == "w" and suffix[1:].isdigit() and int(suffix[1:]) in WARPS):
+            raise ValueError(f"the forward takes :w<consumer warps>, warps one of {WARPS}, got {suffix!r} in {text!r}")
+        return Spec(B, T, warps=int(suffix[1:]))
     if kernel != "a":
-        raise ValueError(f"only Kernel A takes a v-split, got {text!r} for {ROOMS[kernel].title}")
+        raise ValueError(f"only Kernel A takes a v-split (and the forward :w<warps>), got {text!r} for "
+                         f"{ROOMS[kernel].title}")
     from kernel.ds_scan import config
 
-    if not vs.isdigit() or int(vs) not in config.VSPLITS:
-        raise ValueError(f"the v-split must be one of {config.VSPLITS}, got {vs!r} in {text!r}")
-    return Spec(B, T, int(vs))
+    if not suffix.isdigit() or int(suffix) not in config.VSPLITS:
+        raise ValueError(f"the v-split must be one of {config.VSPLITS}, got {suffix!r} in {text!r}")
+    return Spec(B, T, int(suffix))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,14 +110,15 @@ class Room:
 ROOMS = {"a": Room("Kernel A", ("kernel.ds_scan.config",), ("kernel.ds_scan.launch:kernel",)),
          "s": Room("Kernel S", ("kernel.forward_states.config", "kernel.forward_states.launch"),
                    ("kernel.forward_states.launch:kernel",)),
-         "b": Room("Kernel B", ("kernel.token_gradients.launch",), ("kernel.token_gradients.launch:kernel",))}
+         "b": Room("Kernel B", ("kernel.token_gradients.launch",), ("kernel.token_gradients.launch:kernel",)),
+         "f": Room("the forward", ("kernel.forward.config", "kernel.forward.launch"), ("kernel.forward.launch:kernel",))}
 
 
 def _holders(kernel: str) -> list:
     return [importlib.import_module(m) for m in ROOMS[kernel].holders]
 
 
-def _source_dir(kernel: str) -> Path:
+def source_dir(kernel: str) -> Path:
     """The room's cuda directory in the working tree (or wherever use_source pointed it)."""
     return Path(_holders(kernel)[0].SOURCE_PATH).parent
 
@@ -108,17 +127,51 @@ def _entry_name(kernel: str) -> str:
     return Path(_holders(kernel)[0].SOURCE_PATH).name
 
 
+def _room(kernel: str) -> Path:
+    """The room's cuda directory relative to the repository (the working tree's place, wherever
+    use_source points the build)."""
+    return Path(_holders(kernel)[0].__file__).resolve().parent.relative_to(REPO) / "cuda"
+
+
+def shared_headers(kernel: str) -> list[Path]:
+    """Repository-relative paths of the files a room's sources include from outside its cuda directory:
+    kernel/shapes.cuh, and the headers of its build description that lie elsewhere (the forward's
+    ../../forward_states/cuda/forward_states_chain.cuh). They go with a copy of the room, at their places."""
+    from kernel.runtime.builds import SHAPES_HEADER
+
+    here = source_dir(kernel).resolve()
+    root = here.parents[len(_room(kernel).parts) - 1]   # the tree the room's directory sits in
+    found = {SHAPES_HEADER.relative_to(REPO)}
+    for path in _holders(kernel)[0].BUILD.header_paths():
+        if not path.resolve().is_relative_to(here):
+            found.add(path.resolve().relative_to(root))
+    return sorted(found)
+
+
+def copy_tree(kernel: str, into: Path) -> Path:
+    """The working tree's room and its shared headers copied under `into`, each at its
+    repository-relative place; returns the room's cuda directory there (a tree to patch and build)."""
+    room = _room(kernel)
+    shutil.copytree(REPO / room, into / room)
+    for rel in shared_headers(kernel):
+        (into / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, into / rel)
+    return into / room
+
+
 def old_tree_from_rev(rev: str, kernel: str, into: Path) -> Path:
-    """The room's sources at git revision `rev` (git archive), with kernel/shapes.cuh where the
-    revision has it, under `into`; returns the room's cuda directory there."""
-    rel = _source_dir(kernel).relative_to(REPO)
+    """The room's sources at git revision `rev` (git archive), with its shared headers (kernel/shapes.cuh,
+    the forward's copy of Kernel S's chain step) where the revision has them, under `into`; returns the
+    room's cuda directory there."""
+    rel = _room(kernel)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, str(rel)], capture_output=True)
     if archive.returncode != 0:
         raise ValueError(f"git archive {rev} {rel} failed: {archive.stderr.decode().strip() or 'no output'}")
     subprocess.run(["tar", "x", "-C", str(into)], input=archive.stdout, check=True)
-    shapes = subprocess.run(["git", "-C", str(REPO), "archive", rev, "kernel/shapes.cuh"], capture_output=True)
-    if shapes.returncode == 0:   # revisions before the shared header have none
-        subprocess.run(["tar", "x", "-C", str(into)], input=shapes.stdout, check=True)
+    for header in shared_headers(kernel):
+        shared = subprocess.run(["git", "-C", str(REPO), "archive", rev, header.as_posix()], capture_output=True)
+        if shared.returncode == 0:   # revisions before a shared header have none
+            subprocess.run(["tar", "x", "-C", str(into)], input=shared.stdout, check=True)
     return into / rel
 
 
@@ -132,14 +185,16 @@ def kernel_parameters(source: str) -> list[str]:
     return [] if found is None else [" ".join(p.split()) for p in found.group(1).split(",") if p.strip()]
 
 
-def _check_old(old: Path, kernel: str) -> Path:
+def check_old(old: Path, kernel: str) -> Path:
+    """`old` if it is the room's cuda directory and its kernel takes the working tree's parameters;
+    ValueError naming what differs otherwise."""
     entry = _entry_name(kernel)
     if not (old / entry).is_file():
         raise ValueError(f"{old} is not {ROOMS[kernel].title}'s source directory (no {entry} in it)")
     # both builds run under the working tree's launch code: a kernel whose arguments changed would
     # read the new argument list with the old layout (on the GPU: a bad address, or wrong numbers)
     theirs = kernel_parameters((old / entry).read_text())
-    ours = kernel_parameters((_source_dir(kernel) / entry).read_text())
+    ours = kernel_parameters((source_dir(kernel) / entry).read_text())
     if theirs != ours:
         differ = [f"{i}: old {a!r}, new {b!r}" for i, (a, b) in enumerate(zip(theirs, ours)) if a != b]
         if len(theirs) != len(ours):
@@ -185,9 +240,21 @@ def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
 
 def _call(kernel: str, spec: Spec, H: int, x: dict):
     """(a function that runs the kernel once on x, a function that returns what the last run wrote);
-    Kernel S's and B's outputs are allocated once, outside the run."""
+    Kernel S's and B's outputs are allocated once, outside the run (the forward's by each call, as the
+    API does)."""
     import cupy
 
+    if kernel == "f":
+        from kernel.forward import auto_config
+        from kernel.forward import launch as forward
+
+        config = None if spec.warps == "auto" else auto_config(spec.warps)
+        last = {}
+
+        def run():
+            last["out"] = forward.forward(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=D ** -0.5,
+                                          output_final_state=True, training=True, config=config)
+        return run, lambda: last["out"]
     if kernel == "a":
         from kernel.ds_scan import launch
 
@@ -256,42 +323,65 @@ def _median_ms(fn, reps: int) -> float:
         return time_cuda(fn, warmup=1, reps=reps)["median_ms"]
 
 
-def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) -> list[dict]:
+def time_sides(kernel: str, spec: Spec, H: int, reps: int, sides: Sequence[tuple[str, Path]],
+               on_side: Callable[[dict], None] | None = None) -> list[dict]:
+    """Each (label, cuda directory) of `sides` in turn, on one set of inputs: built (use_source), run once
+    (its first call: the compile, if the build is new to this process), then timed (median ms of `reps`
+    calls after a warm-up) and its last outputs hashed. Returns one row a side, in order: label, source,
+    first_call_s, ms, digest; `on_side` sees each row as it is made. The source in place before the
+    call is put back after it."""
+    import time
+
     import cupy
 
-    new = _source_dir(kernel)
+    before = source_dir(kernel)
+    x = _inputs(spec, H)
+    run, outputs = _call(kernel, spec, H, x)
     rows = []
     try:
-        for spec in specs:
-            x = _inputs(spec, H)
-            run, outputs = _call(kernel, spec, H, x)
-            ms, bits = {}, {}
-            for label, source in (("new", new), ("old", old), ("new again", new)):
-                use_source(kernel, source)
-                ms[label] = _median_ms(run, reps)
-                bits[label] = digest(outputs())
-            after = min(ms["new"], ms["new again"])
-            rows.append(dict(config=spec.name, before_ms=ms["old"], after_ms=after, ratio=after / ms["old"],
-                             runs_ms=ms, same_bits=bits["old"] == bits["new"],
-                             repeats=bits["new again"] == bits["new"]))
-            print(f"  {spec.name}: new {ms['new']:.3f} / old {ms['old']:.3f} / new again {ms['new again']:.3f} ms; "
-                  f"old {'gives the same' if rows[-1]['same_bits'] else 'differs in its'} bits", flush=True)
-            del x, run, outputs
-            cupy.get_default_memory_pool().free_all_blocks()
+        for label, source in sides:
+            use_source(kernel, source)
+            t0 = time.perf_counter()
+            run()
+            cupy.cuda.Device().synchronize()
+            first = time.perf_counter() - t0
+            ms = _median_ms(run, reps)
+            rows.append(dict(label=label, source=str(source), first_call_s=first, ms=ms, digest=digest(outputs())))
+            if on_side is not None:
+                on_side(rows[-1])
     finally:
-        use_source(kernel, new)
+        use_source(kernel, before)
+        del x, run, outputs
+        cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def measure(kernel: str, old: Path, specs: Sequence[Spec], H: int, reps: int) -> list[dict]:
+    new = source_dir(kernel)
+    rows = []
+    for spec in specs:
+        sides = time_sides(kernel, spec, H, reps, (("new", new), ("old", old), ("new again", new)))
+        ms = {r["label"]: r["ms"] for r in sides}
+        bits = {r["label"]: r["digest"] for r in sides}
+        after = min(ms["new"], ms["new again"])
+        rows.append(dict(config=spec.name, before_ms=ms["old"], after_ms=after, ratio=after / ms["old"],
+                         runs_ms=ms, same_bits=bits["old"] == bits["new"], repeats=bits["new again"] == bits["new"]))
+        print(f"  {spec.name}: new {ms['new']:.3f} / old {ms['old']:.3f} / new again {ms['new again']:.3f} ms; "
+              f"old {'gives the same' if rows[-1]['same_bits'] else 'differs in its'} bits", flush=True)
     return rows
 
 
 def parse_args(argv: Sequence[str] | None, prog: str):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernel", choices=tuple(ROOMS), required=True,
-                    help="a: Kernel A (the dS scan); s: Kernel S (the forward-state scan); b: Kernel B")
+                    help="a: Kernel A (the dS scan); s: Kernel S (the forward-state scan); b: Kernel B; "
+                         "f: the forward")
     old = ap.add_mutually_exclusive_group(required=True)
     old.add_argument("--old", type=Path, help="the old source: the kernel's cuda directory")
     old.add_argument("--old-rev", help="the old source at this git revision (git archive of the kernel's sources)")
     ap.add_argument("--configs", default="4x8192,32x8192,1x131072",
-                    help="comma-separated BxT, Kernel A also BxT:vsplit (default %(default)s)")
+                    help="comma-separated BxT, Kernel A also BxT:vsplit, the forward also BxT:w<consumer warps> "
+                         "(default %(default)s)")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--reps", type=int, default=7, help="timed calls per build and configuration (median)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
@@ -323,13 +413,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         return 2
     with tempfile.TemporaryDirectory(prefix="source-ab-") as tmp:
         try:
-            old = _check_old(old_tree_from_rev(a.old_rev, a.kernel, Path(tmp)) if a.old_rev else a.old.resolve(),
-                             a.kernel)
+            old = check_old(old_tree_from_rev(a.old_rev, a.kernel, Path(tmp)) if a.old_rev else a.old.resolve(),
+                            a.kernel)
         except ValueError as exc:
             print(f"source-ab: {exc}", file=sys.stderr)
             return 2
         label = a.old_rev or str(a.old)
-        print(f"source-ab: Kernel {a.kernel.upper()}, the working tree against {label}, H = {a.heads}, "
+        print(f"source-ab: {ROOMS[a.kernel].title}, the working tree against {label}, H = {a.heads}, "
               f"median of {a.reps} (new, old, new)", flush=True)
         rows = measure(a.kernel, old, a.specs, a.heads, a.reps)
     print(f"\n| config | before ({label}) ms | after ms | after / before | outputs |\n|---|---:|---:|---:|---|")

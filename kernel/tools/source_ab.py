@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Container, Sequence
 
 import numpy as np
 
@@ -324,12 +324,13 @@ def _median_ms(fn, reps: int) -> float:
 
 
 def time_sides(kernel: str, spec: Spec, H: int, reps: int, sides: Sequence[tuple[str, Path]],
-               on_side: Callable[[dict], None] | None = None) -> list[dict]:
+               on_side: Callable[[dict], None] | None = None, hashed: Container[str] | None = None) -> list[dict]:
     """Each (label, cuda directory) of `sides` in turn, on one set of inputs: built (use_source), run once
     (its first call: the compile, if the build is new to this process), then timed (median ms of `reps`
-    calls after a warm-up) and its last outputs hashed. Returns one row a side, in order: label, source,
-    first_call_s, ms, digest; `on_side` sees each row as it is made. The source in place before the
-    call is put back after it."""
+    calls after a warm-up) and its last outputs hashed if its label is in `hashed` (None: every side;
+    the forward's outputs at 32x8192 are 8.6 GB to copy to the host and hash). Returns one row a side,
+    in order: label, source, first_call_s, ms, digest (None where not hashed); `on_side` sees each row as
+    it is made. The source in place before the call is put back after it."""
     import time
 
     import cupy
@@ -346,7 +347,8 @@ def time_sides(kernel: str, spec: Spec, H: int, reps: int, sides: Sequence[tuple
             cupy.cuda.Device().synchronize()
             first = time.perf_counter() - t0
             ms = _median_ms(run, reps)
-            rows.append(dict(label=label, source=str(source), first_call_s=first, ms=ms, digest=digest(outputs())))
+            bits = digest(outputs()) if hashed is None or label in hashed else None
+            rows.append(dict(label=label, source=str(source), first_call_s=first, ms=ms, digest=bits))
             if on_side is not None:
                 on_side(rows[-1])
     finally:

@@ -20,9 +20,9 @@ both builds run here, one after the other: the working tree's ("new"), the old o
 working tree's again. Each is timed --reps calls after one warm-up call by the bench's timer
 (kernel.tools.bench.timing.time_cuda; torch), median; the table takes the faster of the two "new"
 medians. Each build's outputs after its last call are hashed (sha256 of every output array's
-bytes): the table says whether the old build gave the new one's bits, and the two new runs each
+bytes; of the forward's Aqk and Akk, the blocks it writes): the table says whether the old build gave the new one's bits, and the two new runs each
 other's (a change meant to keep the arithmetic shows as "same bits"). Only the room's own sources change (its entry file and the headers beside it, and
-kernel/shapes.cuh beside the old tree if it is there); ptx_lab's headers are the working tree's
+its shared headers beside the old tree where they are there); ptx_lab's headers are the working tree's
 for both. The old build is the room's build description with its entry file moved
 (:func:`use_source`), so it is compiled with the working tree's options and launched by the
 working tree's code: an old kernel whose parameter list differs is refused (it would read the new
@@ -238,6 +238,17 @@ def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
                 dht=0.01 * n(B, H, D, D))
 
 
+def written_blocks(blocks, xp=np):
+    """The entries of the forward's Aqk or Akk [B, T, HV, 64] that it writes, as [T, 16, B, HV]: token t's
+    16 columns of its tile within its 64-token chunk. The rest of each row is never written (the memory
+    the allocator handed out), so hashing the whole array would see whatever was there before."""
+    from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
+
+    t = xp.arange(blocks.shape[1])
+    cols = (TILE_TOKENS * (t % CHUNK_TOKENS // TILE_TOKENS))[:, None] + xp.arange(TILE_TOKENS)[None, :]
+    return blocks[:, t[:, None], :, cols]
+
+
 def _call(kernel: str, spec: Spec, H: int, x: dict):
     """(a function that runs the kernel once on x, a function that returns what the last run wrote);
     Kernel S's and B's outputs are allocated once, outside the run (the forward's by each call, as the
@@ -254,7 +265,12 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
         def run():
             last["out"] = forward.forward(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=D ** -0.5,
                                           output_final_state=True, training=True, config=config)
-        return run, lambda: last["out"]
+
+        def written():
+            out = last["out"]
+            return dict(o=out.o, final_state=out.final_state, states=out.states,
+                        Aqk=written_blocks(out.Aqk, cupy), Akk=written_blocks(out.Akk, cupy))
+        return run, written
     if kernel == "a":
         from kernel.ds_scan import launch
 

@@ -156,6 +156,18 @@ def test_without_a_gpu_it_says_so(capsys):
     assert "source-ab times kernels on a GPU" in capsys.readouterr().err
 
 
+def test_only_the_forwards_written_blocks_of_aqk_and_akk_are_hashed():
+    # the forward writes token t's 16 columns of its tile within the 64-chunk; the rest is never written
+    B, T, HV = 2, 200, 3
+    blocks = np.full((B, T, HV, 64), np.nan, np.float32)
+    for t in range(T):
+        c0 = 16 * (t % 64 // 16)
+        blocks[:, t, :, c0:c0 + 16] = t + np.arange(16)[None, None, :]
+    got = source_ab.written_blocks(blocks)
+    assert got.shape == (T, 16, B, HV) and not np.isnan(got).any()
+    assert (got == (np.arange(T)[:, None] + np.arange(16)[None, :])[:, :, None, None]).all()
+
+
 def test_the_outputs_digest_sees_every_bit_dtype_and_shape():
     a = {"dq": np.arange(6, dtype=np.float32).reshape(2, 3), "dbeta": np.ones(3, np.float32)}
     same = {"dbeta": np.ones(3, np.float32), "dq": np.arange(6, dtype=np.float32).reshape(2, 3)}

@@ -15,18 +15,19 @@ and pass the room's cuda directory: ``git archive REV kernel/shapes.cuh kernel/f
 | tar x -C old/`` then ``--old old/kernel/forward_states/cuda`` (for the forward: ``git archive REV
 kernel/shapes.cuh kernel/forward/cuda kernel/forward_states/cuda/forward_states_chain.cuh``).
 
-Times from two processes or two days differ by more than the few percent a change is worth, so
-both builds run here, one after the other: the working tree's ("new"), the old one, then the
-working tree's again. Each is timed --reps calls after one warm-up call by the bench's timer
+Times from two processes or two days differ by more than the few percent a change is worth, so both
+builds run here, one after the other: the working tree's ("new"), the old one, then the working
+tree's again. Each is timed --reps calls after one warm-up call by the bench's timer
 (kernel.tools.bench.timing.time_cuda; torch), median; the table takes the faster of the two "new"
-medians. Each build's outputs after its last call are hashed (sha256 of every output array's
-bytes; of the forward's Aqk and Akk, the blocks it writes): the table says whether the old build gave the new one's bits, and the two new runs each
-other's (a change meant to keep the arithmetic shows as "same bits"). Only the room's own sources change (its entry file and the headers beside it, and
-its shared headers beside the old tree where they are there); ptx_lab's headers are the working tree's
+medians. Each build's outputs after its last call are hashed (sha256 of every output array's bytes;
+of the forward's Aqk and Akk, the blocks it writes): the table says whether the old build gave the
+new one's bits, and the two new runs each other's (a change meant to keep the arithmetic shows as
+"same bits"). Only the room's own sources change (its entry file and the headers beside it, and its
+shared headers beside the old tree where they are there); ptx_lab's headers are the working tree's
 for both. The old build is the room's build description with its entry file moved
-(:func:`use_source`), so it is compiled with the working tree's options and launched by the
-working tree's code: an old kernel whose parameter list differs is refused (it would read the new
-arguments with the old layout).
+(:func:`use_source`), so it is compiled with the working tree's options and launched by the working
+tree's code: an old kernel whose parameter list differs is refused (it would read the new arguments
+with the old layout).
 
 Kernel A runs as kernel.kda_backward launches it (FLA's tensors, bf16 dS after every tile, dht),
 at the v-split given after the configuration (``1x131072:2``) or the API's choice. Kernel S runs

@@ -112,7 +112,8 @@ ROOMS = {"a": Room("Kernel A", ("kernel.ds_scan.config",), ("kernel.ds_scan.laun
          "s": Room("Kernel S", ("kernel.forward_states.config", "kernel.forward_states.launch"),
                    ("kernel.forward_states.launch:kernel",)),
          "b": Room("Kernel B", ("kernel.token_gradients.launch",), ("kernel.token_gradients.launch:kernel",)),
-         "f": Room("the forward", ("kernel.forward.config", "kernel.forward.launch"), ("kernel.forward.launch:kernel",))}
+         "f": Room("the forward", ("kernel.forward.config", "kernel.forward.launch"),
+                   ("kernel.forward.launch:kernel",))}
 
 
 def _holders(kernel: str) -> list:

@@ -43,7 +43,8 @@ def parse_args(argv: Sequence[str] | None):
     a = ap.parse_args(argv)
     try:
         a.specs = [source_ab.parse_spec(c, knockouts.KERNEL) for c in a.configs.split(",") if c.strip()]
-        a.knockouts = knockouts.select(None if a.parts is None else [p.strip() for p in a.parts.split(",") if p.strip()])
+        names = None if a.parts is None else [p.strip() for p in a.parts.split(",") if p.strip()]
+        a.knockouts = knockouts.select(names)
     except ValueError as exc:
         ap.error(str(exc))
     if not a.specs:

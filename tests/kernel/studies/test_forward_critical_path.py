@@ -104,7 +104,9 @@ def _sass_counts(cubin: Path) -> collections.Counter | None:
         return None
     sass = resources._sass(cubin)
     assert sass.returncode == 0, sass.stderr
-    return collections.Counter(re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass.stdout, re.M))
+    # each instruction's mnemonic, after its address and any predicate
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_.]+)", sass.stdout, re.M)
+    return collections.Counter(ops)
 
 
 def _count(counts: collections.Counter, prefix: str) -> int:
@@ -177,7 +179,8 @@ def test_each_knockout_runs_between_two_intact_runs_and_is_measured_against_the_
     assert intact == [dict(config="32x8192", runs_ms=[12.0, 12.4, 11.8], spread=pytest.approx(12.4 / 11.8 - 1))]
     assert len(progress) == 1 + 5 and "  32x8192 inv-solve: first call 0.5 s, median 9.000 ms" in progress
     text = study.table(rows, intact)
-    assert text.splitlines()[0] == "| config | part knocked out | ms intact | ms knocked out | saved ms | share of intact |"
+    assert text.splitlines()[0] == \
+        "| config | part knocked out | ms intact | ms knocked out | saved ms | share of intact |"
     assert f"| 32x8192 | inv-solve: {knockouts.INV_SOLVE.part} | 11.800 | 9.000 | +2.800 | +23.7% |" in text
     assert f"| 32x8192 | mqk: {knockouts.MQK.part} | 12.000 | 11.000 | +1.000 | +8.3% |" in text
     assert "32x8192: 3 intact runs, 11.800 .. 12.400 ms (spread 5.1%)" in text

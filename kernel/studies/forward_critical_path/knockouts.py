@@ -16,7 +16,7 @@ timed, never to be checked. Each patch keeps what the timing needs intact:
   the pairwise path. Forcing the flags false instead lets the compiler drop the pairwise path, and
   the build then spills.)
 
-The values a knockout computes may be garbage, inf or NaN (an uninitialised Mqk, a state left to grow):
+The values a knockout computes may be garbage, inf or NaN (an Mqk from zeros, a state left to grow):
 the arithmetic pipes, MMAs and stores it still runs take the same time for any value.
 
 Every patch's old text must occur exactly once in the file it patches, so that a later edit of the

@@ -11,7 +11,7 @@
 * :mod:`kernel.tools.fla_kda`     FLA's whole KDA forward and backward as its autograd function calls them
 * :mod:`kernel.tools.cp_check`    one sequence's scan split over torch.distributed ranks: exactness, pass times
 * :mod:`kernel.tools.stalls`      each whole-backward kernel's binding stall, from one ncu run (GPU, ncu)
-* :mod:`kernel.tools.source_ab`   Kernel A, S or B from two source trees, timed in one process (GPU)
+* :mod:`kernel.tools.source_ab`   Kernel A, S, B or the forward from two source trees, timed in one process (GPU)
 * :mod:`kernel.tools.trained_layer_gate` the trained-layer gate recipe (FLA's layer gate, its projection scaled) and its statistics
 * :mod:`kernel.tools.fla_configs`  FLA's autotune choices from Triton's cache as FLA config files, for the GPU tests (.ci/gpu-checks)
 
@@ -44,7 +44,7 @@ CP_CHECK = Command("one sequence's Kernel A scan (kernel.cp; --backward: its who
                    "split over torch.distributed ranks: exactness against the unsplit one and each pass's "
                    "time (torch; --spawn N or under torchrun)",
                    "kernel.tools.cp_check:main")
-SOURCE_AB = Command("Kernel A, S or B built from the working tree and from an old source (its cuda directory "
+SOURCE_AB = Command("Kernel A, S, B or the forward built from the working tree and from an old source (its cuda directory "
                     "or a git revision), timed in turn in one process (GPU)", "kernel.tools.source_ab:main")
 STALLS = Command("what binds each kernel of the whole backward: one kda_backward under ncu (--clock-control "
                  "none), its stall reasons, issue rate, DRAM and tensor-pipe use (GPU, torch, ncu)",

@@ -109,8 +109,9 @@ def all_variants() -> list[Config]:
     return [auto_config(w) for w in WARPS]
 
 
-# its own headers, and Kernel S's step of the chain, which it includes (the digest must follow both)
-HEADERS = ("forward_*.cuh", "../../forward_states/cuda/forward_states_chain.cuh")
+# its own headers, and the two of Kernel S's it includes (its step of the chain and walk over the tiles):
+# the digest must follow them all
+HEADERS = ("forward_*.cuh", *(f"../../forward_states/cuda/forward_states_{name}.cuh" for name in ("chain", "walk")))
 
 BUILD = builds.KernelBuild(title="the forward (kda_forward)", entry=SOURCE_PATH, headers=HEADERS,
                            function=KERNEL_NAME, constants="kf", default=Config, options=options, variants=all_variants,

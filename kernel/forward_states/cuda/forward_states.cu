@@ -35,10 +35,11 @@
 // arrive when done reading stage s, producers sync before refilling it.
 //
 // The rooms: forward_states_layout.cuh (the stages, the staging tiles, the ring),
-// forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1), forward_states_chain.cuh
-// (a consumer warp's step of the chain, shared with the forward, kernel/forward/cuda). This file holds
-// the knobs and the shape they give (kernel/forward_states/config.py sets every knob), and the kernel:
-// each role's walk over the tiles.
+// forward_states_loads.cuh (a tile's copies), forward_states_r1.cuh (R1), and two shared with the
+// forward (kernel/forward/cuda): forward_states_chain.cuh (a consumer warp's step of the chain) and
+// forward_states_walk.cuh (the CTA's sequence, the producers' ring loop, a consumer's initial state and
+// snapshot store). This file holds the knobs and the shape they give (kernel/forward_states/config.py
+// sets every knob), and the kernel: each role's walk over the tiles.
 #include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK
 #include "cp_async.cuh"
 #include "fragments.cuh"
@@ -90,6 +91,7 @@ static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "FS_G6_SPLIT must
 #include "forward_states_loads.cuh"
 #include "forward_states_r1.cuh"
 #include "forward_states_chain.cuh"
+#include "forward_states_walk.cuh"
 
 using namespace fs;
 
@@ -109,39 +111,24 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int vg = blockIdx.x % VGROUPS;
-    const int h = (blockIdx.x / VGROUPS) % HV;
-    const int n = order[blockIdx.x / VGROUPS / HV];
-    const long long bos = cu_seqlens[n];
-    const int len = (int)(cu_seqlens[n + 1] - bos);
-    const int ntiles = (len + TILE_TOKENS - 1) / TILE_TOKENS;
+    const kda_walk::Cta cta = kda_walk::cta_of<VGROUPS>(cu_seqlens, order, HV);
+    const int vg = cta.vg, h = cta.h, n = cta.n, len = cta.len, ntiles = cta.ntiles;
+    const long long bos = cta.bos;
 
     if (warp >= WARPS) {
         // ---------------- producers: loads and R1, PREFETCH tiles / one tile ahead ----------------
         const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
         const int kh = qk_head(h, HV, H);
-        auto issue = [&](int i) {
-            if (i < ntiles)
+        kda_walk::produce<Ring, PREFETCH, NSTAGE>(
+            ntiles,
+            [&](int i) {
                 issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)TILE_TOKENS * i,
                            min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
-            cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
-        };
-#pragma unroll 1
-        for (int s = 0; s < PREFETCH; ++s) issue(s);
-#pragma unroll 1
-        for (int i = 0; i < ntiles; ++i) {
-            const int s = i % NSTAGE;
-            cp_async_wait<PREFETCH - 1>();   // this thread's copies of tile i landed
-            __syncwarp();                    // ... and its warp's: the k rows R1 reads
-            rebuild(sh.stage[s], min(TILE_TOKENS, len - TILE_TOKENS * i), pw, lane);
-            Ring::publish(s);   // release tile i to the consumers
-            // Refill the stage of tile i - 1 with tile i + PREFETCH once the consumers left it
-            // (after the arrive, so the wait never delays tile i).
-            const int j = i + PREFETCH;
-            Ring::wait_to_refill(j, ntiles);
-            issue(j);
-        }
-        cp_async_wait<0>();
+            },
+            [&](int i, int s) {
+                kda_walk::copies_landed<PREFETCH>();
+                rebuild(sh.stage[s], min(TILE_TOKENS, len - TILE_TOKENS * i), pw, lane);
+            });
         return;
     }
 
@@ -151,21 +138,9 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
     const int vrow = 16 * warp;                            // this warp's first v row within the CTA's VW
     const X4Lane xl = x4_lane(lane);
 
-    // S^T [16 v x 128 k] of this warp: acc[nt] holds n-tile nt (k = 8 nt ..); c0 = S^T[gr][8nt+2t],
-    // c1 = [gr][8nt+2t+1], c2 = [gr+8][8nt+2t], c3 = [gr+8][8nt+2t+1]
+    // S^T [16 v x 128 k] of this warp, in the chain's accumulators (forward_states_walk.cuh)
     float acc[HEAD_DIM / 8][4];
-    {
-        const long long v0 = vg * VW + vrow + gr;
-        const float* s0 = h0 ? h0 + ((long long)n * HV + h) * HEAD_DIM * HEAD_DIM : nullptr;
-#pragma unroll
-        for (int nt = 0; nt < HEAD_DIM / 8; ++nt) {
-            const int k0 = 8 * nt + 2 * t;
-            acc[nt][0] = s0 ? s0[(long long)k0 * HEAD_DIM + v0] : 0.f;
-            acc[nt][1] = s0 ? s0[(long long)(k0 + 1) * HEAD_DIM + v0] : 0.f;
-            acc[nt][2] = s0 ? s0[(long long)k0 * HEAD_DIM + v0 + 8] : 0.f;
-            acc[nt][3] = s0 ? s0[(long long)(k0 + 1) * HEAD_DIM + v0 + 8] : 0.f;
-        }
-    }
+    kda_walk::load_state(acc, h0, n, HV, h, vg * VW + vrow + gr, t);
 
 #pragma unroll 1
     for (int i = 0; i < ntiles; ++i) {
@@ -181,16 +156,7 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
 
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
-        if (snap) {
-            __syncwarp();
-            u16* dst = states + ((snap0 + i / TILES_PER_CHUNK) * HV + h) * (long long)(HEAD_DIM * HEAD_DIM)
-                       + vg * VW + vrow;
-#pragma unroll
-            for (int m = 0; m < HEAD_DIM * 2 / 32; ++m) {   // 128 rows of 32 bytes, 16 bytes a lane
-                const int idx = lane + 32 * m, row = idx / 2, half = idx % 2;
-                *reinterpret_cast<uint4*>(dst + (long long)row * HEAD_DIM + half * 8) =
-                    *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
-            }
-        }
+        if (snap)
+            kda_walk::store_snapshot(states, sh.snap[warp], snap0, i, HV, h, vg * VW, vrow, lane);
     }
 }

@@ -117,24 +117,26 @@ def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_pa
                 (52 + 32, 26 + 32, 9, 0), (cfg.name(), row["sass"])
 
 
-def test_the_digest_follows_kernel_s_chain_which_the_source_includes(tmp_path, monkeypatch):
-    # the forward runs Kernel S's step of the chain: its build names that header, so a change there
-    # changes the forward's digest (CuPy's cache then compiles it again), as it changes Kernel S's
+@pytest.mark.parametrize("name", ["forward_states_chain.cuh", "forward_states_walk.cuh"])
+def test_the_digest_follows_kernel_s_headers_which_the_source_includes(tmp_path, name):
+    # the forward runs Kernel S's step of the chain and walk over the tiles: its build names those
+    # headers, so a change there changes the forward's digest (CuPy's cache then compiles it again), as it
+    # changes Kernel S's
     from kernel import forward_states as fs
     from kernel.runtime import builds
 
-    chain = fs.SOURCE_DIR / "forward_states_chain.cuh"
-    assert '#include "../../forward_states/cuda/forward_states_chain.cuh"' in SRC
-    assert chain.resolve() in {p.resolve() for p in kf.BUILD.header_paths()}
-    assert chain.resolve() in {p.resolve() for p in fs.BUILD.header_paths()}
+    shared = fs.SOURCE_DIR / name
+    sources = SRC + "".join(p.read_text() for p in kf.SOURCE_DIR.glob("forward_*.cuh"))
+    assert f'#include "../../forward_states/cuda/{name}"' in sources
+    assert shared.resolve() in {p.resolve() for p in kf.BUILD.header_paths()}
+    assert shared.resolve() in {p.resolve() for p in fs.BUILD.header_paths()}
     room = tmp_path / "kernel"
     for sub in ("forward/cuda", "forward_states/cuda"):
         (room / sub).mkdir(parents=True)
     for p in (kf.SOURCE_PATH, *kf.BUILD.header_paths()):
-        dest = room / ("forward_states/cuda" if p.name == chain.name else "forward/cuda") / p.name
-        dest.write_text(p.read_text())
+        (room / p.resolve().parent.parent.name / "cuda" / p.name).write_text(p.read_text())
     moved = builds.KernelBuild(**{**{f: getattr(kf.BUILD, f) for f in kf.BUILD.__dataclass_fields__},
                                   "entry": room / "forward/cuda" / kf.SOURCE_PATH.name})
     before = moved.header_digest()
-    (room / "forward_states/cuda" / chain.name).write_text(chain.read_text() + "\n// changed\n")
+    (room / "forward_states/cuda" / name).write_text(shared.read_text() + "\n// changed\n")
     assert moved.header_digest() != before

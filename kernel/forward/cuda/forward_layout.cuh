@@ -15,10 +15,6 @@ constexpr int BLK_STRIDE = TILE_TOKENS + 8;    // INV, Mqk rows: 48 B
 constexpr int SNAP_STRIDE = 16 + 8;            // staging rows (16 v): 48 B
 constexpr int AMAT_STRIDE = TILE_TOKENS + 1;   // the fp32 Lkk of the solve
 
-constexpr int V_CHUNKS = TILE_TOKENS * VW * 2 / 16;   // 16-byte chunks of a tile's v columns: 32 WARPS
-constexpr int K_ROW_CHUNKS = HEAD_DIM * 2 / 16;       // 16: a row of q or k, 16 bytes a lane
-static_assert(ROWS_PER_PRODUCER * K_ROW_CHUNKS % 32 == 0 || ROWS_PER_PRODUCER * K_ROW_CHUNKS < 32, "q, k copy split");
-
 // One tile: its inputs as copied (rows past the tile's L are zero-filled) and what the producers build.
 struct Stage {
     float g[TILE_TOKENS][HEAD_DIM];     // FLA's chunk-local g (log2), fp32

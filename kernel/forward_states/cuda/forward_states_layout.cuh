@@ -14,11 +14,8 @@ constexpr int OP_STRIDE = HEAD_DIM + 8;      // Kd, Kr rows: 272 B, 68 words = 4
 constexpr int INV_STRIDE = TILE_TOKENS + 8;   // INV rows: 48 B, 12 words a row apart
 constexpr int SNAP_STRIDE = 16 + 8;     // staging rows (16 v of one k): 48 B likewise
 
-// 16-byte chunks of the copies every producer thread shares in (v, INV; beta by 4 bytes)
-constexpr int V_CHUNKS = TILE_TOKENS * VW * 2 / 16;              // 32 WARPS
+// 16-byte chunks of INV, which the last producer warp copies (v's: forward_states_copies.cuh)
 constexpr int INV_CHUNKS = TILE_TOKENS * TILE_TOKENS * 2 / 16;   // 32
-constexpr int K_ROW_CHUNKS = HEAD_DIM * 2 / 16;                  // 16: a producer warp's k rows, 16 bytes a lane
-static_assert(ROWS_PER_PRODUCER * K_ROW_CHUNKS % 32 == 0 || ROWS_PER_PRODUCER * K_ROW_CHUNKS < 32, "k copy split");
 
 // One tile: its inputs as copied (rows past the tile's L are zero-filled) and what R1 builds.
 struct Stage {

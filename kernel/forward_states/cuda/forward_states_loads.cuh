@@ -4,16 +4,15 @@
 // that follows from them).
 #pragma once
 #include "cp_async.cuh"
+#include "forward_states_copies.cuh"
 #include "forward_states_layout.cuh"
 
 namespace fs {
 
-// Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): the warp's own g and k rows,
-// glast and gbase (lane l: columns 4l .. 4l+3 of g, the row's 16-byte chunks of k), and its share
-// of v, INV and beta (read by the consumers). Addresses are the tile's first (token, head) row plus
-// 32-bit element offsets (row c at c HV HEAD_DIM, k's at c H HEAD_DIM): the per-row parts stay in
-// registers across tiles, so a copy costs a select, one 64-bit add and the LDGSTS. k is read at its
-// head kh of H, everything else at value head h of HV.
+// Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): the copies it shares with the
+// forward (forward_states_copies.cuh: its own g and k rows, glast, gbase and its share of v), and INV
+// and beta (read by the consumers). k is read at its head kh of H (row stride H HEAD_DIM), everything
+// else at value head h of HV.
 __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k, const u16* __restrict__ v,
                                            const float* __restrict__ g, const float* __restrict__ beta,
                                            const u16* __restrict__ akk, long long tok0, int L, int i,
@@ -21,44 +20,12 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k,
     const long long row0 = tok0 * HV + h;                // (token, head) row of the tile's first token
     const u32 tok = (u32)HV * HEAD_DIM;                  // elements between tokens of v and g
     const u32 ktok = (u32)H * HEAD_DIM;                  // ... of k
-    const float* gt = g + row0 * HEAD_DIM;
     const u16* kt = k + (tok0 * H + kh) * HEAD_DIM;
-    const int c0 = pw * ROWS_PER_PRODUCER;
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
-        const int c = c0 + r;
-        const bool valid = c < L;
-        cp_async_cg16_zfill(smem_addr(&st.g[c][4 * lane]), gt + ((valid ? (u32)c * tok : 0u) + 4 * lane),
-                            valid ? 16u : 0u);
-    }
-    constexpr int KC = ROWS_PER_PRODUCER * K_ROW_CHUNKS;
-#pragma unroll
-    for (int m = 0; m < (KC + 31) / 32; ++m) {
-        const int idx = lane + 32 * m;
-        if (KC % 32 == 0 || idx < KC) {
-            const int c = c0 + idx / K_ROW_CHUNKS, ch = idx % K_ROW_CHUNKS;
-            const bool valid = c < L;
+    kda_copies::issue_shared<ROWS_PER_PRODUCER, VW, PRODUCER_THREADS>(
+        st, g, v, row0, tok, L, i, vg, pw, lane, ptid, [&](int c, int ch, bool valid) {
             cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + ((valid ? (u32)c * ktok : 0u) + ch * 8),
                                 valid ? 16u : 0u);
-        }
-    }
-    cp_async_cg16(smem_addr(&st.glast[pw][4 * lane]), gt + ((u32)(L - 1) * tok + 4 * lane));
-    {
-        const bool rebase = i % TILES_PER_CHUNK != 0;   // the token before is in the same 64-chunk
-        cp_async_cg16_zfill(smem_addr(&st.gbase[pw][4 * lane]), (rebase ? gt - tok : gt) + 4 * lane,
-                            rebase ? 16u : 0u);
-    }
-    const u16* vt = v + row0 * HEAD_DIM + vg * VW;
-#pragma unroll
-    for (int m = 0; m < (V_CHUNKS + PRODUCER_THREADS - 1) / PRODUCER_THREADS; ++m) {
-        const int idx = ptid + m * PRODUCER_THREADS;
-        if (V_CHUNKS % PRODUCER_THREADS == 0 || idx < V_CHUNKS) {
-            const int c = idx / (VW / 8), ch = idx % (VW / 8);
-            const bool valid = c < L;
-            cp_async_cg16_zfill(smem_addr(&st.v[c][ch * 8]), vt + ((valid ? (u32)c * tok : 0u) + ch * 8),
-                                valid ? 16u : 0u);
-        }
-    }
+        });
     // INV and beta from the last producer warp (warp 0 also copies v's first chunks)
     const int tail = ptid - (PRODUCER_THREADS - 32);
     if (tail >= 0) {

@@ -9,8 +9,8 @@ import dataclasses
 from pathlib import Path
 
 
-from ..ds_scan.config import FAST_MATH
-from ..forward_states.config import G6_SPLITS, NSTAGES, PRODUCERS, SMEM_OPTIN, WARPS, check_knobs, choose_warps
+from ..forward_states.config import (G6_SPLITS, NSTAGES, PRODUCERS, SMEM_OPTIN, WARPS, ScanShape, check_knobs,
+                                     choose_warps, knob_options)
 from ..runtime import builds
 from ..shapes import HEAD_DIM, TILE_TOKENS
 
@@ -43,7 +43,7 @@ def smem_bytes(warps: int, producers: int, nstage: int) -> int:
 # ----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
     warps: int = 8      # consumer warps per CTA = v rows / 16 a CTA owns (choose_warps, as Kernel S)
     producers: int = 2  # producer warps: loads, R1, Mqk (warp 0) and INV (the last); 2 beside 8 consumers
                         # leave 168 registers a thread without a spill (4 spill there)
@@ -55,20 +55,8 @@ class Config:
         check_knobs(self, max_warps=MAX_WARPS, registers=168)
 
     @property
-    def vgroups(self) -> int:
-        """CTAs per (sequence, head): each owns 16 * warps of the 128 v rows."""
-        return HEAD_DIM // (16 * self.warps)
-
-    @property
-    def threads(self) -> int:
-        return 32 * (self.warps + self.producers)
-
-    @property
     def smem_bytes(self) -> int:
         return smem_bytes(self.warps, self.producers, self.nstage)
-
-    def name(self) -> str:
-        return f"w{self.warps}-p{self.producers}-st{self.nstage}-g{self.g6_split}"
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
@@ -77,11 +65,8 @@ COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knob
 
 
 def options(cfg: Config) -> tuple[str, ...]:
-    """What every build passes: -ftz=true (exp2f as one MUFU.EX2, kernel.ds_scan.config.FAST_MATH), one -D per
-    knob, -lineinfo if asked, and the source's directory (NVRTC compiles the text and has no file to look
-    beside)."""
-    return (*FAST_MATH, *(f"-D{macro}={int(getattr(cfg, field))}" for field, macro in KNOB_MACROS.items()),
-            *(("-lineinfo",) if cfg.lineinfo else ()), f"-I{SOURCE_DIR}")
+    """The forward's build options for ``cfg`` (Kernel S's :func:`kernel.forward_states.config.knob_options`)."""
+    return knob_options(cfg, KNOB_MACROS, SOURCE_DIR)
 
 
 def header_digest() -> str:

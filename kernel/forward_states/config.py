@@ -23,16 +23,33 @@ G6_SPLITS = (1, 2, 4)
 MAX_WARPS = 12          # warps + producers: 384 threads leave 168 registers a thread (ptxas: 0 spills)
 SMEM_OPTIN = 232448     # H100 / H200: dynamic shared memory a CTA may opt in to (227 KB)
 
-__all__ = ["Config", "options", "header_digest", "source", "all_variants", "choose_warps", "auto_config",
-           "check_knobs", "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS"]
+__all__ = ["Config", "ScanShape", "options", "knob_options", "header_digest", "source", "all_variants",
+           "choose_warps", "auto_config", "check_knobs", "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS"]
 
 
 # ----------------------------------------------------------------------------
 # the knobs: one frozen Config, its -D options
 # ----------------------------------------------------------------------------
 
+class ScanShape:
+    """What a scan's Config derives from its knobs (warps, producers, nstage, g6_split): Kernel S's, and
+    the forward's, which has the same knobs. The base of both frozen dataclasses, which hold the fields."""
+
+    @property
+    def vgroups(self) -> int:
+        """CTAs per (sequence, head): each owns 16 * warps of the 128 v rows."""
+        return HEAD_DIM // (16 * self.warps)
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.warps + self.producers)
+
+    def name(self) -> str:
+        return f"w{self.warps}-p{self.producers}-st{self.nstage}-g{self.g6_split}"
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(ScanShape):
     warps: int = 8      # consumer warps per CTA = v rows / 16 a CTA owns; fewer where few (sequence, head)
                         # pairs would leave SMs idle (choose_warps)
     producers: int = 4  # producer warps per CTA: loads and R1 (Kd, Kr, gamma); 4 puts one on every SM
@@ -46,23 +63,11 @@ class Config:
         check_knobs(self, max_warps=MAX_WARPS, registers=160)
 
     @property
-    def vgroups(self) -> int:
-        """CTAs per (sequence, head): each owns 16 * warps of the 128 v rows."""
-        return HEAD_DIM // (16 * self.warps)
-
-    @property
-    def threads(self) -> int:
-        return 32 * (self.warps + self.producers)
-
-    @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA, as the source's Shared lays it out (fs_smem_bytes)."""
         stage = (TILE_TOKENS * HEAD_DIM * 4 + 2 * self.producers * HEAD_DIM * 4 + TILE_TOKENS * HEAD_DIM * 2 + 2 * TILE_TOKENS * (HEAD_DIM + 8) * 2 + HEAD_DIM * 4
                  + TILE_TOKENS * 16 * self.warps * 2 + TILE_TOKENS * (TILE_TOKENS + 8) * 2 + TILE_TOKENS * 4)
         return self.nstage * stage + self.warps * HEAD_DIM * (16 + 8) * 2
-
-    def name(self) -> str:
-        return f"w{self.warps}-p{self.producers}-st{self.nstage}-g{self.g6_split}"
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
@@ -88,12 +93,17 @@ KNOB_MACROS = {"warps": "FS_WARPS", "producers": "FS_PRODUCERS", "nstage": "FS_N
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 
+def knob_options(cfg: ScanShape, knob_macros: dict[str, str], source_dir: Path) -> tuple[str, ...]:
+    """What every build of a scan passes: -ftz=true (exp2f as one MUFU.EX2, kernel.ds_scan.config.FAST_MATH),
+    one -D per knob (``knob_macros``: Config field -> the source's macro), -lineinfo if asked, and the
+    source's directory (NVRTC compiles the text and has no file to look beside)."""
+    return (*FAST_MATH, *(f"-D{macro}={int(getattr(cfg, field))}" for field, macro in knob_macros.items()),
+            *(("-lineinfo",) if cfg.lineinfo else ()), f"-I{source_dir}")
+
+
 def options(cfg: Config) -> tuple[str, ...]:
-    """What every build passes: -ftz=true (exp2f as one MUFU.EX2, kernel.ds_scan.config.FAST_MATH), one -D per
-    knob, -lineinfo if asked, and the source's directory (NVRTC compiles the text and has no file to look
-    beside)."""
-    return (*FAST_MATH, *(f"-D{macro}={int(getattr(cfg, field))}" for field, macro in KNOB_MACROS.items()),
-            *(("-lineinfo",) if cfg.lineinfo else ()), f"-I{SOURCE_DIR}")
+    """Kernel S's build options for ``cfg`` (:func:`knob_options`)."""
+    return knob_options(cfg, KNOB_MACROS, SOURCE_DIR)
 
 
 def header_digest() -> str:

@@ -55,14 +55,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..runtime import builds
-from ..runtime.arrays import (ArrayInfo, beta_f32, check_scale, cupy_view, describe, expect, leading, require_cupy,
-                              require_gpu, to_cupy, value_heads)
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, snapshot_offsets
-from ..forward_states.launch import check_placement, sequence_bounds, states_shape
+from ..runtime.arrays import ArrayInfo, beta_f32, check_scale, cupy_view, describe, expect, leading, to_cupy, value_heads
+from ..shapes import CHUNK_TOKENS, HEAD_DIM
+from ..forward_states.launch import (H200_SM_COUNT, ScanPlan, check_batch, host_advice, on_this_gpu, planned_tables,
+                                     scan_kernel, states_shape)
 from .config import BUILD, Config, auto_config, choose_warps
-
-H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward's default)
 
 __all__ = ["forward", "plan_forward", "launch_planned", "module", "kernel", "ForwardPlan", "ForwardOutputs"]
 
@@ -81,35 +78,18 @@ class ForwardOutputs(NamedTuple):
 # ----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class ForwardPlan:
-    """What the launch will do: shapes, offsets (host int64), the outputs it writes and the build."""
-    B: int
-    T: int
-    H: int                          # q's and k's heads
-    HV: int                         # the value heads of everything else: H, or a multiple of it (FLA's GVA)
-    N: int
+class ForwardPlan(ScanPlan):
+    """What the forward's launch will do: Kernel S's plan of a scan (the batch, its offsets, the build),
+    q's scale and the outputs it writes."""
     scale: float
-    cu_seqlens: np.ndarray          # [N+1]
-    snapshot_offsets: np.ndarray    # [N+1], FLA's chunk_offsets
     o_shape: tuple[int, ...]
     final_shape: tuple[int, ...] | None     # None: not written
     states_shape: tuple[int, ...] | None    # None: not written (inference)
     blocks_shape: tuple[int, ...] | None    # Aqk's and Akk's; None: not written (inference)
     config: Config
-    torch_out: bool
-    device: int | None
-    beta_bf16: bool
-    has_initial_state: bool
-
-    @property
-    def ctas(self) -> int:
-        return self.N * self.HV * self.config.vgroups
 
 
-# What the host-array refusal says after "(host memory): "
-HOST_ADVICE = ("forward runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}), "
-               "or torch.from_numpy({name}).cuda(); bf16 in CuPy as uint16 bits, kernel.ds_scan.bf16_bits). For a "
-               "float64 evaluation on the host use kernel.reference.kda_forward_reference")
+HOST_ADVICE = host_advice("forward")
 
 
 def _device_array(name: str, x: Any) -> ArrayInfo:
@@ -143,21 +123,9 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
     specs = (("v", v, wide, "[B, T, HV, V], V = 128, B, T as q", ("bfloat16",)),
              ("g", g, wide, "[B, T, HV, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
              ("beta", beta, (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")))
-    for name, x, shape, layout, dtypes in specs:
-        if name not in arrays:
-            arrays[name] = _device_array(name, x)
-        expect(name, arrays[name], shape, layout, dtypes)
-
-    cu = sequence_bounds(cu_seqlens, B, T)
+    cu, offsets = check_batch(arrays, specs, initial_state=initial_state, cu_seqlens=cu_seqlens, B=B, T=T, HV=HV,
+                              anchor="q", advice=HOST_ADVICE)
     N = cu.shape[0] - 1
-    if initial_state is not None:
-        arrays["initial_state"] = _device_array("initial_state", initial_state)
-        expect("initial_state", arrays["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V], N sequences",
-               ("float32",))
-
-    check_placement(arrays, "q", qa.device)
-
-    offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
     shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None) if training else None
     cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
     return ForwardPlan(B=B, T=T, H=H, HV=HV, N=N, scale=scale if scale is not None else HEAD_DIM ** -0.5,
@@ -180,9 +148,7 @@ def module(cfg: Config):
 @functools.lru_cache(maxsize=None)
 def kernel(cfg: Config):
     """(function, dynamic shared memory, threads) of one configuration, cached per process."""
-    return builds.kernel_function(BUILD, module(cfg), label=f"the forward's configuration {cfg.name()}",
-                                  threads_expected=cfg.threads,
-                                  advice=": use fewer stages (Config.nstage) or fewer warps")
+    return scan_kernel(BUILD, module(cfg), cfg, f"the forward's configuration {cfg.name()}")
 
 
 def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
@@ -200,10 +166,7 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         output_final_state=output_final_state, training=training, config=config,
                         sm_count=H200_SM_COUNT)
-    cupy = require_cupy("kernel.forward")
-    require_gpu("kernel.forward")
-    if config is None:
-        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.HV, builds.sm_count())))
+    cupy, plan = on_this_gpu(plan, config, auto_config, "kernel.forward")
 
     q_c = to_cupy("q", q, "bf16")
     k_c = to_cupy("k", k, "bf16")
@@ -236,11 +199,8 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
 def launch_planned(plan: ForwardPlan, q, k, v, g, beta, initial_state, o, final_state, states, Aqk, Akk) -> None:
     """The forward on checked CuPy arrays (bf16 as uint16 bits; beta fp32) into the outputs the plan
     names (CuPy arrays of its shapes; None where the plan writes none): the launch alone."""
-    cfg = plan.config
-    cu_d, offs_d, order, total = builds.device_tables(plan.cu_seqlens, TILES_PER_CHUNK)
-    if total != int(plan.snapshot_offsets[-1]):
-        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
-    fn, smem, threads = kernel(cfg)
+    cu_d, offs_d, order = planned_tables(plan)
+    fn, smem, threads = kernel(plan.config)
     null = np.uint64(0)
     ptr = lambda x: null if x is None else x   # noqa: E731
     fn((plan.ctas,), (threads,),

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -53,13 +53,14 @@ from ..runtime import builds
 from ..runtime.arrays import (ArrayInfo, beta_f32, cupy_view, describe, expect, leading, require_cupy, require_gpu,
                               to_cupy, value_heads)
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
-from .config import BUILD, Config, auto_config, choose_warps
+from .config import BUILD, Config, ScanShape, auto_config, choose_warps
 
-H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' default)
+H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' and plan_forward's default)
 ALIGN = 16              # every tensor is copied by 16-byte cp.async (beta by 4 bytes)
 
 __all__ = ["forward_states", "plan_forward_states", "plan_from_layout", "launch_planned", "device_tables", "module",
-           "kernel", "StatesPlan"]
+           "kernel", "StatesPlan", "ScanPlan", "host_advice", "check_batch", "scan_kernel", "planned_tables",
+           "on_this_gpu"]
 
 
 # ----------------------------------------------------------------------------
@@ -92,17 +93,17 @@ def states_shape(offsets: np.ndarray, B: int, HV: int, *, varlen: bool) -> tuple
     return (1, total, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, total // B, HV, HEAD_DIM, HEAD_DIM)
 
 @dataclasses.dataclass(frozen=True)
-class StatesPlan:
-    """What the launch will do: shapes, offsets (host int64) and the build."""
+class ScanPlan:
+    """What a scan's launch will do (Kernel S's, and the forward's, on the same grid): the batch, its
+    offsets (host int64) and the build."""
     B: int
     T: int
-    H: int                          # k's heads
+    H: int                          # k's heads (and q's, in the forward)
     HV: int                         # the value heads of everything else: H, or a multiple of it (FLA's GVA)
     N: int
     cu_seqlens: np.ndarray          # [N+1]
     snapshot_offsets: np.ndarray    # [N+1], FLA's chunk_offsets
-    states_shape: tuple[int, ...]
-    config: Config
+    config: ScanShape
     torch_out: bool
     device: int | None
     beta_bf16: bool
@@ -113,14 +114,48 @@ class StatesPlan:
         return self.N * self.HV * self.config.vgroups
 
 
-# What the host-array refusal says after "(host memory): "
-HOST_ADVICE = ("forward_states runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}), "
-               "or torch.from_numpy({name}).cuda(); bf16 in CuPy as uint16 bits, kernel.ds_scan.bf16_bits). For a "
-               "float64 evaluation on the host use kernel.reference.kda_forward_reference")
+@dataclasses.dataclass(frozen=True)
+class StatesPlan(ScanPlan):
+    """What Kernel S's launch will do: a scan's plan and the states' shape."""
+    states_shape: tuple[int, ...]
+    config: Config
+
+
+def host_advice(function: str) -> str:
+    """What a scan's host-array refusal says after "(host memory): " (``{name}``: the array's, filled in by
+    kernel.runtime.arrays.describe), ``function`` naming the scan's entry point."""
+    return (f"{function} runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({{name}}), "
+            "or torch.from_numpy({name}).cuda(); bf16 in CuPy as uint16 bits, kernel.ds_scan.bf16_bits). For a "
+            "float64 evaluation on the host use kernel.reference.kda_forward_reference")
+
+
+HOST_ADVICE = host_advice("forward_states")
 
 
 def _device_array(name: str, x: Any) -> ArrayInfo:
     return describe(name, x, HOST_ADVICE)
+
+
+def check_batch(arrays: dict[str, ArrayInfo], specs, *, initial_state, cu_seqlens, B: int, T: int, HV: int,
+                anchor: str, advice: str) -> tuple[np.ndarray, np.ndarray]:
+    """The checks a scan's plan makes after its ``anchor``'s (q's or k's) and the value heads': each of
+    ``specs`` (name, array, shape, layout, dtypes; described with ``advice`` unless in ``arrays``
+    already), cu_seqlens, initial_state [N, HV, K, V] and every array's device and alignment
+    (:func:`check_placement`). Returns the host int64 token offsets [N+1] and state-entry offsets [N+1]."""
+    for name, x, shape, layout, dtypes in specs:
+        if name not in arrays:
+            arrays[name] = describe(name, x, advice)
+        expect(name, arrays[name], shape, layout, dtypes)
+
+    cu = sequence_bounds(cu_seqlens, B, T)
+    N = cu.shape[0] - 1
+    if initial_state is not None:
+        arrays["initial_state"] = describe("initial_state", initial_state, advice)
+        expect("initial_state", arrays["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V], N sequences",
+               ("float32",))
+
+    check_placement(arrays, anchor, arrays[anchor].device)
+    return cu, snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
 
 
 def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None,
@@ -141,21 +176,9 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
              ("beta", beta, (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")),
              ("Akk", Akk, (B, T, HV, CHUNK_TOKENS), f"[B, T, HV, {CHUNK_TOKENS}], FLA's chunk_size {CHUNK_TOKENS}",
               ("bfloat16",)))
-    for name, x, shape, layout, dtypes in specs:
-        if name not in arrays:
-            arrays[name] = _device_array(name, x)
-        expect(name, arrays[name], shape, layout, dtypes)
-
-    cu = sequence_bounds(cu_seqlens, B, T)
+    cu, offsets = check_batch(arrays, specs, initial_state=initial_state, cu_seqlens=cu_seqlens, B=B, T=T, HV=HV,
+                              anchor="k", advice=HOST_ADVICE)
     N = cu.shape[0] - 1
-    if initial_state is not None:
-        arrays["initial_state"] = _device_array("initial_state", initial_state)
-        expect("initial_state", arrays["initial_state"], (N, HV, HEAD_DIM, HEAD_DIM), "[N, HV, K, V], N sequences",
-               ("float32",))
-
-    check_placement(arrays, "k", ka.device)
-
-    offsets = snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)
     shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None)
     cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
     return StatesPlan(B=B, T=T, H=H, HV=HV, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
@@ -172,18 +195,43 @@ def module(cfg: Config):
     return BUILD.module(cfg)
 
 
+def scan_kernel(build: builds.KernelBuild, mod, cfg: ScanShape, label: str):
+    """(function, dynamic shared memory, threads) of a scan's compiled module ``mod`` of ``cfg``, its
+    threads checked against the Config's (``label`` names the build in the errors)."""
+    return builds.kernel_function(build, mod, label=label, threads_expected=cfg.threads,
+                                  advice=": use fewer stages (Config.nstage) or fewer warps")
+
+
 @functools.lru_cache(maxsize=None)
 def kernel(cfg: Config):
     """(function, dynamic shared memory, threads) of one configuration, cached per process."""
-    return builds.kernel_function(BUILD, module(cfg), label=f"Kernel S configuration {cfg.name()}",
-                                  threads_expected=cfg.threads,
-                                  advice=": use fewer stages (Config.nstage) or fewer warps")
+    return scan_kernel(BUILD, module(cfg), cfg, f"Kernel S configuration {cfg.name()}")
 
 
 def device_tables(cu_seqlens: np.ndarray):
     """The scan's device tables for host offsets ``cu_seqlens`` (cu, state-entry offsets, CTA order, entries),
     made once per batch layout and cached (the runtime's cache, at one entry every 64 tokens)."""
     return builds.device_tables(cu_seqlens, TILES_PER_CHUNK)
+
+
+def planned_tables(plan: ScanPlan):
+    """(cu, state-entry offsets, CTA order) on the device for a scan's plan (:func:`device_tables`), their
+    entries counted as the plan counts them."""
+    cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
+    if total != int(plan.snapshot_offsets[-1]):
+        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
+    return cu_d, offs_d, order
+
+
+def on_this_gpu(plan: ScanPlan, config: ScanShape | None, auto_config: Callable[[int], ScanShape], package: str):
+    """(cupy, the plan) for a scan's launch: CuPy and a GPU there (the errors name ``package``), and
+    where no ``config`` was given, ``auto_config``'s for this GPU's SM count (the plan's is for
+    H200_SM_COUNT)."""
+    cupy = require_cupy(package)
+    require_gpu(package)
+    if config is None:
+        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.HV, builds.sm_count())))
+    return cupy, plan
 
 
 def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, config: Config | None = None,
@@ -202,10 +250,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
     """
     plan = plan_forward_states(k, v, g, beta, Akk, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                config=config, sm_count=H200_SM_COUNT)
-    cupy = require_cupy("kernel.forward_states")
-    require_gpu("kernel.forward_states")
-    if config is None:
-        plan = dataclasses.replace(plan, config=auto_config(choose_warps(plan.N * plan.HV, builds.sm_count())))
+    cupy, plan = on_this_gpu(plan, config, auto_config, "kernel.forward_states")
 
     k_c = to_cupy("k", k, "bf16")
     v_c = to_cupy("v", v, "bf16")
@@ -245,11 +290,8 @@ def plan_from_layout(B: int, T: int, H: int, HV: int, cu_seqlens: np.ndarray, st
 def launch_planned(plan: StatesPlan, k, v, g, beta, Akk, initial_state, out) -> None:
     """Kernel S on checked CuPy arrays (bf16 as uint16 bits; beta fp32) into ``out``, a CuPy uint16 array
     of plan.states_shape: the launch alone, for callers whose boundary checked the arguments."""
-    cfg = plan.config
-    cu_d, offs_d, order, total = device_tables(plan.cu_seqlens)
-    if total != int(plan.snapshot_offsets[-1]):
-        raise RuntimeError(f"state entries: the device tables count {total}, the plan {int(plan.snapshot_offsets[-1])}")
-    fn, smem, threads = kernel(cfg)
+    cu_d, offs_d, order = planned_tables(plan)
+    fn, smem, threads = kernel(plan.config)
     null = np.uint64(0)
     fn((plan.ctas,), (threads,),
        (k, v, g, beta, Akk, initial_state if initial_state is not None else null, out, cu_d, offs_d, order,

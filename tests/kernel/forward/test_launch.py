@@ -13,6 +13,7 @@ import pytest
 
 from kernel.forward import Config, forward, launch, plan_forward
 from kernel.forward.config import KERNEL_NAME, SOURCE_PATH
+from kernel.runtime import builds
 
 from ..ds_scan.test_fla import DeviceArray
 from ..kernel_signature import launched
@@ -122,8 +123,7 @@ def test_the_launch_passes_every_argument_where_the_kernel_takes_it(monkeypatch,
     a, kw = _args(B=1, T=200, H=2, HV=6, h0=True)
     plan = _call(plan_forward, a, kw, config=Config(warps=2), scale=0.5, training=training, output_final_state=final)
     calls = []
-    monkeypatch.setattr(launch.builds, "device_tables",
-                        lambda cu, every: ("cu", "offs", "order", int(plan.snapshot_offsets[-1])))
+    monkeypatch.setattr(builds, "device_tables", lambda cu, every: ("cu", "offs", "order", int(plan.snapshot_offsets[-1])))
     monkeypatch.setattr(launch, "kernel", lambda cfg: (lambda *call, **kw: calls.append((call, kw)), 123, cfg.threads))
     outs = ("o", "final", "states", "aqk", "akk") if training else ("o", None, None, None, None)
     launch.launch_planned(plan, "q", "k", "v", "g", "beta", "h0", *outs)

@@ -1,17 +1,24 @@
 """kernel.forward_states.config on the CPU: the Config's refusals, the auto rule, and the build's knobs
-(every one reaches the source, none has a default there)."""
+(every one reaches the source, none has a default there); the refusals (check_knobs) and the knobs'
+path to the source for both scans that share them (Kernel S's, and the forward's, kernel.forward.config)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
 
 import pytest
 
+from kernel import forward as kf
 from kernel import forward_states as fs
 from kernel.forward_states import Config, choose_warps
 
 SRC = fs.SOURCE_PATH.read_text()
+# each scan's room: its config module, the prefix of its source's macros, and what the source says sets them
+ROOMS = pytest.mark.parametrize("room, prefix, config_py", [(fs, "FS", "kernel/forward_states/config.py"),
+                                                            (kf, "KF", "kernel/forward/config.py")],
+                                ids=["forward_states", "forward"])
 
 
 @pytest.mark.parametrize("pairs, sm, warps", [
@@ -23,19 +30,24 @@ def test_the_auto_rule_fills_the_sms(pairs, sm, warps):
     assert pairs * Config(warps=warps).vgroups >= 0.9 * sm or warps == 1
 
 
+@ROOMS
 @pytest.mark.parametrize("field, value", [("warps", 3), ("warps", 16), ("warps", True), ("nstage", 1),
                                           ("nstage", 8), ("warps", 2.0), ("producers", 3), ("producers", 16),
                                           ("g6_split", 3), ("g6_split", 8)])
-def test_config_refuses_what_the_source_cannot_build(field, value):
+def test_config_refuses_what_the_source_cannot_build(room, prefix, config_py, field, value):
     with pytest.raises(ValueError, match=f"Config.{field} must be one of"):
-        Config(**{field: value})
+        room.Config(**{field: value})
 
 
-def test_config_refuses_what_an_sm_cannot_hold():
+@pytest.mark.parametrize("room, deep, expect", [
+    (fs, dict(producers=4, nstage=7), r"Config w8-p4-st7-g4 needs 262\d+ B of shared memory"),
+    (kf, dict(producers=2, nstage=5), r"Config w8-p2-st5-g4 needs 256\d+ B of shared memory")],
+    ids=["forward_states", "forward"])
+def test_config_refuses_what_an_sm_cannot_hold(room, deep, expect):
     with pytest.raises(ValueError, match=r"Config.warps \+ Config.producers must be at most 12, got 8 \+ 8"):
-        Config(warps=8, producers=8)
-    with pytest.raises(ValueError, match=r"Config w8-p4-st7-g4 needs 262\d+ B of shared memory"):
-        Config(warps=8, producers=4, nstage=7)
+        room.Config(warps=8, producers=8)
+    with pytest.raises(ValueError, match=expect):
+        room.Config(warps=8, **deep)
 
 
 @pytest.mark.parametrize("warps", fs.WARPS)
@@ -51,20 +63,20 @@ def test_the_auto_config_takes_the_deepest_ring_that_fits(warps):
 # the build: every knob reaches the source, none has a default there
 # ----------------------------------------------------------------------------
 
-def test_every_config_field_is_a_knob_and_reaches_the_source():
-    import dataclasses
-
-    assert {f.name for f in dataclasses.fields(Config)} == set(fs.KNOB_MACROS) | set(fs.COMPILER_FLAGS)
-    opts = fs.options(Config(warps=4, producers=2, nstage=2, g6_split=1))
-    assert {"-DFS_WARPS=4", "-DFS_PRODUCERS=2", "-DFS_NSTAGE=2", "-DFS_G6_SPLIT=1", "-ftz=true"} <= set(opts)
-    assert "-lineinfo" not in opts and "-lineinfo" in fs.options(Config(lineinfo=True))
+@ROOMS
+def test_every_config_field_is_a_knob_and_reaches_the_source(room, prefix, config_py):
+    src = room.SOURCE_PATH.read_text()
+    assert {f.name for f in dataclasses.fields(room.Config)} == set(room.KNOB_MACROS) | set(room.COMPILER_FLAGS)
+    opts = room.options(room.Config(warps=4, producers=2, nstage=2, g6_split=1))
+    assert {f"-D{prefix}_WARPS=4", f"-D{prefix}_PRODUCERS=2", f"-D{prefix}_NSTAGE=2", f"-D{prefix}_G6_SPLIT=1",
+            "-ftz=true"} <= set(opts)
+    assert "-lineinfo" not in opts and "-lineinfo" in room.options(room.Config(lineinfo=True))
     with pytest.raises(ValueError, match="Config.lineinfo must be True or False"):
-        Config(lineinfo=1)
-    for macro in fs.KNOB_MACROS.values():
-        assert re.search(rf"#ifndef {macro}\n#error \"{macro} is not set: kernel/forward_states/config.py sets every knob",
-                         SRC), macro
-        uses = [line for line in SRC.splitlines()
-                if re.search(rf"\b{macro}\b", line) and not re.match(rf"\s*#(ifndef|error)\b", line)]
+        room.Config(lineinfo=1)
+    for macro in room.KNOB_MACROS.values():
+        assert re.search(rf"#ifndef {macro}\n#error \"{macro} is not set: {config_py} sets every knob", src), macro
+        uses = [line for line in src.splitlines()
+                if re.search(rf"\b{macro}\b", line) and not re.match(r"\s*#(ifndef|error)\b", line)]
         assert uses, f"{macro} is passed but the source never uses it"
 
 
@@ -76,11 +88,12 @@ def test_the_source_carries_the_header_digest():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_a_build_without_a_knob_stops_and_names_it(tmp_path):
+@ROOMS
+def test_a_build_without_a_knob_stops_and_names_it(tmp_path, room, prefix, config_py):
     from ptx_lab import CUDA_INCLUDE_DIR
 
-    opts = [o for o in fs.options(Config()) if not o.startswith("-DFS_NSTAGE=")]
+    opts = [o for o in room.options(room.Config()) if not o.startswith(f"-D{prefix}_NSTAGE=")]
     proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
-                           str(fs.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
+                           str(room.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
     assert proc.returncode != 0
-    assert "FS_NSTAGE is not set: kernel/forward_states/config.py sets every knob" in proc.stderr
+    assert f"{prefix}_NSTAGE is not set: {config_py} sets every knob" in proc.stderr

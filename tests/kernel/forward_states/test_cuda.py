@@ -8,52 +8,13 @@ import numpy as np
 import pytest
 
 from kernel import forward_states as fs
-from ptx_lab import model
-from ptx_lab.fragments import x4_lane_row_col
 
-from ..forward_states_cases import bf16
-
-D = 128
+from ..chain_fragments import BLK_STRIDE, D, OP_STRIDE, SNAP_STRIDE, acc_of, bf16, chain_step, image
 
 
 # ----------------------------------------------------------------------------
 # one warp's tile step through ptx_lab.model: the .cu's addresses and registers, lane by lane
 # ----------------------------------------------------------------------------
-# Shared-memory images with the .cu's strides (elements): Kd, Kr [16][136], INV [16][24], the
-# staging tile [128][24]; every address below is the one the .cu computes from X4Lane.
-OP_STRIDE, INV_STRIDE, SNAP_STRIDE = D + 8, 16 + 8, 16 + 8
-LANE = np.arange(32)
-GR, TQ = LANE // 4, LANE % 4
-ROWS_FIRST, COLS_FIRST = x4_lane_row_col("rows_first"), x4_lane_row_col("cols_first")
-
-
-def _image(tile, stride):
-    """bf16 tile [rows][cols] -> byte image with rows `stride` elements apart."""
-    rows, cols = tile.shape
-    padded = np.zeros((rows, stride), dtype=np.uint16)
-    padded[:, :cols] = bf16(tile).astype(np.float32).view(np.uint32) >> 16
-    return padded.reshape(-1).view(np.uint8).copy()
-
-
-def _addr(order, row0, col0, stride):
-    rc = order
-    return 2 * ((row0 + rc[:, 0]) * stride + col0 + rc[:, 1])
-
-
-def _acc_of(St):
-    """S^T [16 v x 128 k] as the .cu's acc[16][4] per lane."""
-    acc = np.zeros((32, 16, 4), dtype=np.float32)
-    for nt in range(16):
-        k0 = 8 * nt + 2 * TQ
-        acc[:, nt] = np.stack([St[GR, k0], St[GR, k0 + 1], St[GR + 8, k0], St[GR + 8, k0 + 1]], axis=1)
-    return acc
-
-
-def _pack_a(lo, hi):
-    return np.stack([model.pack_bf16x2(lo[:, 0], lo[:, 1]), model.pack_bf16x2(lo[:, 2], lo[:, 3]),
-                     model.pack_bf16x2(hi[:, 0], hi[:, 1]), model.pack_bf16x2(hi[:, 2], hi[:, 3])],
-                    axis=1).astype(np.uint32)
-
 
 @pytest.mark.parametrize("g6_split", fs.G6_SPLITS)
 def test_the_tile_step_fragments_compute_the_tile_algebra(g6_split):
@@ -64,50 +25,14 @@ def test_the_tile_step_fragments_compute_the_tile_algebra(g6_split):
     beta = rng.uniform(0.2, 1.0, 16).astype(np.float32)
     INV = bf16(np.tril(rng.standard_normal((16, 16))))
     gamma = rng.uniform(0.3, 1.0, D).astype(np.float32)
-    acc = _acc_of(S.T)
+    acc = acc_of(S.T)
 
-    kd_img, kr_img = _image(Kd, OP_STRIDE), _image(Kr, OP_STRIDE)
-    inv_img = _image(INV, INV_STRIDE)
+    # the chain's step, the snapshot staged by stmatrix .trans of G6's A fragments
     snap = np.zeros(D * SNAP_STRIDE * 2, dtype=np.uint8)
-    # P^T = S^T Kd^T in g6_split accumulator pairs (k-step ks into pair ks % g6_split, then the
-    # pairwise sums), and the snapshot's stmatrix .trans of the same A fragments
-    pp = np.zeros((g6_split, 2, 32, 4), np.float32)
-    for ks in range(8):
-        a = _pack_a(acc[:, 2 * ks], acc[:, 2 * ks + 1])
-        snap = model.stmatrix(snap, _addr(COLS_FIRST, 16 * ks, 0, SNAP_STRIDE), a, trans=True)
-        b = model.ldmatrix(kd_img, _addr(COLS_FIRST, 0, 16 * ks, OP_STRIDE), 4, trans=False)
-        q = pp[ks % g6_split]
-        q[0] = model.mma_m16n8k16(a, b[:, :2], q[0], "bfloat16")
-        q[1] = model.mma_m16n8k16(a, b[:, 2:], q[1], "bfloat16")
-    w_ = 1
-    while w_ < g6_split:
-        for sp in range(0, g6_split, 2 * w_):
-            pp[sp] += pp[sp + w_]
-        w_ *= 2
-    p = [pp[0, 0], pp[0, 1]]
+    _, snap = chain_step(acc, image(Kd, OP_STRIDE), image(Kr, OP_STRIDE), image(INV, BLK_STRIDE), v, beta, gamma,
+                         g6_split, staging=snap)
     staged = (snap.view(np.uint16).reshape(D, SNAP_STRIDE)[:, :16].astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(staged, bf16(S))             # the staging tile is S [k][v], rounded
-    # W^T = beta (v^T - P^T)
-    w = []
-    for nt2 in range(2):
-        c0 = 8 * nt2 + 2 * TQ
-        w.append(np.stack([beta[c0] * (v[c0, GR] - p[nt2][:, 0]), beta[c0 + 1] * (v[c0 + 1, GR] - p[nt2][:, 1]),
-                           beta[c0] * (v[c0, GR + 8] - p[nt2][:, 2]),
-                           beta[c0 + 1] * (v[c0 + 1, GR + 8] - p[nt2][:, 3])], axis=1).astype(np.float32))
-    # U^T = W^T INV^T
-    a = _pack_a(w[0], w[1])
-    b = model.ldmatrix(inv_img, _addr(COLS_FIRST, 0, 0, INV_STRIDE), 4, trans=False)
-    zero = np.zeros((32, 4), np.float32)
-    u = [model.mma_m16n8k16(a, b[:, :2], zero, "bfloat16"), model.mma_m16n8k16(a, b[:, 2:], zero, "bfloat16")]
-    # S^T <- gamma S^T + U^T Kr
-    a = _pack_a(u[0], u[1])
-    for j in range(8):
-        b = model.ldmatrix(kr_img, _addr(ROWS_FIRST, 0, 16 * j, OP_STRIDE), 4, trans=True)
-        for half in range(2):
-            nt = 2 * j + half
-            gm = gamma[8 * nt + 2 * TQ], gamma[8 * nt + 2 * TQ + 1]
-            s = acc[:, nt] * np.stack([gm[0], gm[1], gm[0], gm[1]], axis=1)
-            acc[:, nt] = model.mma_m16n8k16(a, b[:, 2 * half:2 * half + 2], s.astype(np.float32), "bfloat16")
 
     # the same tile in matrix algebra, with bf16 at the same points
     f64 = np.float64
@@ -115,7 +40,7 @@ def test_the_tile_step_fragments_compute_the_tile_algebra(g6_split):
     W = beta[:, None] * (v - P)
     U = INV.astype(f64) @ bf16(W).astype(f64)
     S1 = gamma[:, None] * S + Kr.T.astype(f64) @ bf16(U).astype(f64)
-    got = _acc_of(S1.T)
+    got = acc_of(S1.T)
     # the model sums in float64 like the algebra: measured equal to the last fp32 bit (0.0 relative);
     # a wrong fragment order or .trans gives O(1) (a Kr read without .trans: 1.27)
     assert np.linalg.norm(acc - got) <= 1e-6 * np.linalg.norm(got)

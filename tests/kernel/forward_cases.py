@@ -19,9 +19,11 @@ import ml_dtypes
 import numpy as np
 
 from kernel.ds_scan.launch import bf16_bits, bits_to_f32
-from kernel.reference import fla_forward_tensors, kda_forward_reference, random_inputs, snapshot_offsets
+from kernel.reference import fla_forward_tensors, kda_forward_reference
 from kernel.reference.checks import l2norm
 from kernel.shapes import SPAN_LIMIT   # a tile whose gc - gT passes it takes the pairwise products
+
+from .forward_states_cases import random_batch, scan_tiles, state_entries
 
 D, TILE, EVERY, C64 = 128, 16, 4, 64
 RAGGED = [1, 15, 16, 17, 63, 64, 65, 200]
@@ -92,11 +94,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     states [entries, H, 128, 128] (FLA's packing, offsets), Aqk, Akk [.., H, 64] (zero above the diagonal),
     blocks (bool [.., H, 64]: the diagonal blocks' columns of each token's row).
     """
-    inp = random_inputs(B, T, H, D, D, lengths=lengths, seed=seed, gate_strength=gate_strength,
-                        with_dht=initial_state)
-    cu = inp["cu_seqlens"]
-    Bq, Tq = inp["k"].shape[:2]
-    lens = np.diff(cu) if cu is not None else np.full(Bq, Tq, dtype=np.int64)
+    inp, cu, Bq, Tq, lens = random_batch(B, T, lengths, H, seed, gate_strength, initial_state)
     q = bf16(l2norm(np, inp["q"].astype(np.float64)))
     k = bf16(l2norm(np, inp["k"].astype(np.float64)))
     q = np.repeat(q[:, :, ::group], group, axis=2)
@@ -113,10 +111,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     h0 = inp["dht"] if initial_state else None          # 0.1 N(0, 1), fp32 [N, H, K, V]
     o, final, states = kda_forward_reference(q, k, v, g, beta, scale=s, initial_state=h0, cu_seqlens=cu,
                                              qk_l2norm=False, tile=TILE)
-    tiles = snapshot_offsets(lens, TILE, 1)
-    entries = snapshot_offsets(lens, TILE, EVERY)
-    flat = states.reshape(-1, H, D, D)
-    ref_states = np.concatenate([flat[tiles[n]:tiles[n + 1]][::EVERY] for n in range(len(lens))])
+    ref_states, entries = state_entries(states, lens, H)
     return {"q": bf16_bits(np.ascontiguousarray(q[:, :, ::group])), "k": bf16_bits(np.ascontiguousarray(k[:, :, ::group])),
             "q_repeated": bf16_bits(q), "k_repeated": bf16_bits(k), "v": bf16_bits(v),
             "g": F.g64.astype(np.float32), "g_natural": g,
@@ -195,51 +190,38 @@ def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float
     g = case["g"].reshape(-1, H, D)
     beta = case["beta_values"].reshape(-1, H)
     s = np.float32(case["scale"])
-    lens = case["lengths"]
-    bos = np.concatenate([[0], np.cumsum(lens)])
-    total = int(bos[-1])
+    total = int(sum(case["lengths"]))
     o = np.zeros((total, H, D), dtype=np.float32)
     aqk = np.zeros((total, H, C64), dtype=np.float32)
     akk = np.zeros((total, H, C64), dtype=np.float32)
-    states = np.zeros((int(case["offsets"][-1]), H, D, D), dtype=np.float32)
-    final = np.zeros((len(lens), H, D, D), dtype=np.float32)
     pairwise_tiles = 0
-    for n, length in enumerate(lens):
-        for h in range(H):
-            S = (case["initial_state"][n, h].astype(np.float32) if case["initial_state"] is not None
-                 else np.zeros((D, D), dtype=np.float32))
-            for i in range(math.ceil(length / TILE)):
-                t0, L = bos[n] + TILE * i, min(TILE, length - TILE * i)
-                if i % EVERY == 0:
-                    states[case["offsets"][n] + i // EVERY, h] = bf16(S)
-                base = g[t0 - 1, h] if i % EVERY else np.zeros(D, dtype=np.float32)
-                gc = np.empty((TILE, D), dtype=np.float32)
-                gc[:L] = g[t0:t0 + L, h] - base
-                gT = gc[L - 1].copy()
-                gc[L:] = gT
-                qt, kt, vt = (np.zeros((TILE, D), dtype=np.float32) for _ in range(3))
-                bt = np.zeros(TILE, dtype=np.float32)
-                qt[:L], kt[:L], vt[:L], bt[:L] = q[t0:t0 + L, h], k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
-                mqk, inv, past = intra_products(qt, kt, gc, gT, bt, L, float(s), pairwise=force_pairwise,
-                                                span_limit=span_limit)
-                pairwise_tiles += past if force_pairwise is None else force_pairwise
-                mqk, inv = bf16(mqk), bf16(inv)
-                cols = slice(TILE * (i % EVERY), TILE * (i % EVERY + 1))
-                aqk[t0:t0 + L, h, cols] = mqk[:L]
-                akk[t0:t0 + L, h, cols] = inv[:L]
-                with np.errstate(under="ignore"):
-                    start = ftz(np.exp2(gc))
-                    Kd = bf16(ftz(kt * start))
-                    Kr = bf16(ftz(kt * ftz(np.exp2(gT[None, :] - gc))))
-                    Qd = bf16(ftz(s * qt * start))
-                S0 = bf16(S)
-                P = _mm(Kd, S0)
-                W = bt[:, None] * (vt - P)
-                U = _mm(inv, bf16(W))
-                Ub = bf16(U)
-                o[t0:t0 + L, h] = bf16(_mm(Qd, S0) + _mm(mqk, Ub))[:L]
-                S = (np.exp2(gT).astype(np.float32)[:, None] * S + _mm(Kr.T, Ub)).astype(np.float32)
-            final[n, h] = S
+
+    def step(S, n, h, i, t0, L, gc, gT):
+        nonlocal pairwise_tiles
+        qt, kt, vt = (np.zeros((TILE, D), dtype=np.float32) for _ in range(3))
+        bt = np.zeros(TILE, dtype=np.float32)
+        qt[:L], kt[:L], vt[:L], bt[:L] = q[t0:t0 + L, h], k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
+        mqk, inv, past = intra_products(qt, kt, gc, gT, bt, L, float(s), pairwise=force_pairwise,
+                                        span_limit=span_limit)
+        pairwise_tiles += past if force_pairwise is None else force_pairwise
+        mqk, inv = bf16(mqk), bf16(inv)
+        cols = slice(TILE * (i % EVERY), TILE * (i % EVERY + 1))
+        aqk[t0:t0 + L, h, cols] = mqk[:L]
+        akk[t0:t0 + L, h, cols] = inv[:L]
+        with np.errstate(under="ignore"):
+            start = ftz(np.exp2(gc))
+            Kd = bf16(ftz(kt * start))
+            Kr = bf16(ftz(kt * ftz(np.exp2(gT[None, :] - gc))))
+            Qd = bf16(ftz(s * qt * start))
+        S0 = bf16(S)
+        P = _mm(Kd, S0)
+        W = bt[:, None] * (vt - P)
+        U = _mm(inv, bf16(W))
+        Ub = bf16(U)
+        o[t0:t0 + L, h] = bf16(_mm(Qd, S0) + _mm(mqk, Ub))[:L]
+        return (np.exp2(gT).astype(np.float32)[:, None] * S + _mm(Kr.T, Ub)).astype(np.float32)
+
+    states, final = scan_tiles(case, g, step)   # Kernel S's walk over the tiles
     shape = (case["B"], case["T"], H)
     return {"o": o.reshape(*shape, D), "final": final, "states": states, "Aqk": aqk.reshape(*shape, C64),
             "Akk": akk.reshape(*shape, C64), "pairwise_tiles": int(pairwise_tiles)}

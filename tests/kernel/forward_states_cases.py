@@ -14,6 +14,7 @@ the same points), so the bound of the GPU test is a multiple of an error measure
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import ml_dtypes
 import numpy as np
@@ -31,6 +32,28 @@ def bf16(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
+def random_batch(B: int, T: int | None, lengths, H: int, seed: int, gate_strength: float, initial_state: bool):
+    """kernel.reference.random_inputs of a case (dht: the initial state where asked) and its batch: (inputs,
+    cu_seqlens or None, B, T, the sequences' lengths)."""
+    inp = random_inputs(B, T, H, D, D, lengths=lengths, seed=seed, gate_strength=gate_strength,
+                        with_dht=initial_state)
+    cu = inp["cu_seqlens"]
+    Bq, Tq = inp["k"].shape[:2]
+    lens = np.diff(cu) if cu is not None else np.full(Bq, Tq, dtype=np.int64)
+    return inp, cu, Bq, Tq, lens
+
+
+def state_entries(states: np.ndarray, lens, H: int) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's state entering every tile ([.., H, K, V], sequence after sequence) kept at every
+    EVERY-th tile: the entries [entries, H, K, V] in FLA's packing, and their offsets (int64 [N+1])."""
+    tiles = snapshot_offsets(lens, TILE, 1)
+    entries = snapshot_offsets(lens, TILE, EVERY)
+    flat = states.reshape(-1, H, D, D)
+    ref = np.concatenate([flat[tiles[n]:tiles[n + 1]][::EVERY] for n in range(len(lens))])
+    assert ref.shape[0] == entries[-1]
+    return ref, entries
+
+
 def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, seed: int = 0,
               initial_state: bool = False, gate_strength: float = 1.0, first_tile_only: bool = False,
               beta_bf16: bool = False, group: int = 1) -> dict:
@@ -45,11 +68,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     bits [.., H, 64]), initial_state (fp32 [N, H, 128, 128] or None), cu_seqlens (int64 or None),
     lengths, ref (float64 [entries, H, 128, 128], FLA's packing), offsets (entries, int64 [N+1]).
     """
-    inp = random_inputs(B, T, H, D, D, lengths=lengths, seed=seed, gate_strength=gate_strength,
-                        with_dht=initial_state)
-    cu = inp["cu_seqlens"]
-    Bq, Tq = inp["k"].shape[:2]
-    lens = np.diff(cu) if cu is not None else np.full(Bq, Tq, dtype=np.int64)
+    inp, cu, Bq, Tq, lens = random_batch(B, T, lengths, H, seed, gate_strength, initial_state)
     k = bf16(l2norm(np, inp["k"].astype(np.float64)))
     k = np.repeat(k[:, :, ::group], group, axis=2)        # group > 1: every group's value heads read one k head
     v = bf16(inp["v"])
@@ -61,16 +80,40 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
     h0 = inp["dht"] if initial_state else None          # 0.1 N(0, 1), fp32 [N, H, K, V]
     _, _, states = kda_forward_reference(inp["q"], k, v, inp["g"], beta, initial_state=h0, cu_seqlens=cu,
                                          qk_l2norm=False, tile=TILE)
-    tiles = snapshot_offsets(lens, TILE, 1)
-    entries = snapshot_offsets(lens, TILE, EVERY)
-    flat = states.reshape(-1, H, D, D)
-    ref = np.concatenate([flat[tiles[n]:tiles[n + 1]][::EVERY] for n in range(len(lens))])
-    assert ref.shape[0] == entries[-1]
+    ref, entries = state_entries(states, lens, H)
     return {"k": bf16_bits(np.ascontiguousarray(k[:, :, ::group])), "k_repeated": bf16_bits(k), "v": bf16_bits(v),
             "g": F.g64.astype(np.float32),
             "beta": bf16_bits(beta) if beta_bf16 else beta, "beta_values": beta,
             "Akk": bf16_bits(F.Akk), "initial_state": h0, "cu_seqlens": cu, "lengths": [int(n) for n in lens],
             "ref": ref, "offsets": entries, "B": Bq, "T": Tq, "H": H}
+
+
+def scan_tiles(case: dict, g: np.ndarray, step: Callable) -> tuple[np.ndarray, np.ndarray]:
+    """The walk over every sequence, head and tile that Kernel S and the forward share, in numpy: S from
+    the initial state (or zeros), bf16 S kept as the entry of every EVERY-th tile, then S = step(S, n, h,
+    i, t0, L, gc, gT) for tile i (tokens t0 .. t0 + L of ``g`` [tokens, H, 128]; gc: its chunk-local
+    gate, rows >= L = gT, its last real row). Returns the entries [entries, H, 128, 128] and the final
+    states [N, H, 128, 128], float32."""
+    H, lens = case["H"], case["lengths"]
+    bos = np.concatenate([[0], np.cumsum(lens)])
+    entries = np.zeros((int(case["offsets"][-1]), H, D, D), dtype=np.float32)
+    final = np.zeros((len(lens), H, D, D), dtype=np.float32)
+    for n, length in enumerate(lens):
+        for h in range(H):
+            S = (case["initial_state"][n, h].astype(np.float32) if case["initial_state"] is not None
+                 else np.zeros((D, D), dtype=np.float32))
+            for i in range(math.ceil(length / TILE)):
+                t0, L = bos[n] + TILE * i, min(TILE, length - TILE * i)
+                if i % EVERY == 0:
+                    entries[case["offsets"][n] + i // EVERY, h] = bf16(S)
+                base = g[t0 - 1, h] if i % EVERY else np.zeros(D, dtype=np.float32)
+                gc = np.empty((TILE, D), dtype=np.float32)
+                gc[:L] = g[t0:t0 + L, h] - base
+                gT = gc[L - 1].copy()
+                gc[L:] = gT
+                S = step(S, n, h, i, t0, L, gc, gT)
+            final[n, h] = S
+    return entries, final
 
 
 def emulate(case: dict) -> np.ndarray:
@@ -80,38 +123,25 @@ def emulate(case: dict) -> np.ndarray:
     g = case["g"].reshape(-1, case["H"], D)
     beta = case["beta_values"].reshape(-1, case["H"])
     akk = bits_to_f32(case["Akk"]).reshape(-1, case["H"], 4 * TILE)
-    lens = case["lengths"]
-    bos = np.concatenate([[0], np.cumsum(lens)])
-    out = np.zeros((int(case["offsets"][-1]), case["H"], D, D), dtype=np.float32)
     f64 = np.float64
     lower = np.tril(np.ones((TILE, TILE), dtype=bool))
-    for n, length in enumerate(lens):
-        for h in range(case["H"]):
-            S = (case["initial_state"][n, h].astype(np.float32) if case["initial_state"] is not None
-                 else np.zeros((D, D), dtype=np.float32))
-            for i in range(math.ceil(length / TILE)):
-                t0, L = bos[n] + TILE * i, min(TILE, length - TILE * i)
-                if i % EVERY == 0:
-                    out[case["offsets"][n] + i // EVERY, h] = bf16(S)
-                base = g[t0 - 1, h] if i % EVERY else np.zeros(D, dtype=np.float32)
-                gc = np.empty((TILE, D), dtype=np.float32)
-                gc[:L] = g[t0:t0 + L, h] - base
-                gT = gc[L - 1].copy()
-                gc[L:] = gT
-                kt = np.zeros((TILE, D), dtype=np.float32)
-                vt = np.zeros((TILE, D), dtype=np.float32)
-                bt = np.zeros(TILE, dtype=np.float32)
-                inv = np.zeros((TILE, TILE), dtype=np.float32)
-                kt[:L], vt[:L], bt[:L] = k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
-                inv[:L] = akk[t0:t0 + L, h, TILE * (i % EVERY):TILE * (i % EVERY + 1)]
-                inv = np.where(lower, inv, 0.0).astype(np.float32)
-                Kd = bf16(kt * np.exp2(gc))
-                Kr = bf16(kt * np.exp2(gT[None, :] - gc))
-                P = (Kd.astype(f64) @ bf16(S).astype(f64)).astype(np.float32)
-                W = bt[:, None] * (vt - P)
-                U = (inv.astype(f64) @ bf16(W).astype(f64)).astype(np.float32)
-                S = (np.exp2(gT)[:, None] * S + (Kr.T.astype(f64) @ bf16(U).astype(f64))).astype(np.float32)
-    return out
+
+    def step(S, n, h, i, t0, L, gc, gT):
+        kt = np.zeros((TILE, D), dtype=np.float32)
+        vt = np.zeros((TILE, D), dtype=np.float32)
+        bt = np.zeros(TILE, dtype=np.float32)
+        inv = np.zeros((TILE, TILE), dtype=np.float32)
+        kt[:L], vt[:L], bt[:L] = k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
+        inv[:L] = akk[t0:t0 + L, h, TILE * (i % EVERY):TILE * (i % EVERY + 1)]
+        inv = np.where(lower, inv, 0.0).astype(np.float32)
+        Kd = bf16(kt * np.exp2(gc))
+        Kr = bf16(kt * np.exp2(gT[None, :] - gc))
+        P = (Kd.astype(f64) @ bf16(S).astype(f64)).astype(np.float32)
+        W = bt[:, None] * (vt - P)
+        U = (inv.astype(f64) @ bf16(W).astype(f64)).astype(np.float32)
+        return (np.exp2(gT)[:, None] * S + (Kr.T.astype(f64) @ bf16(U).astype(f64))).astype(np.float32)
+
+    return scan_tiles(case, g, step)[0]
 
 
 def rel(out, ref) -> float:

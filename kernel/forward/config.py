@@ -94,10 +94,10 @@ def all_variants() -> list[Config]:
     return [auto_config(w) for w in WARPS]
 
 
-# its own headers, and the three of Kernel S's it includes (its copies, step of the chain and walk over
+# its own headers, and the four of Kernel S's it includes (its copies, gate, step of the chain and walk over
 # the tiles): the digest must follow them all
 HEADERS = ("forward_*.cuh", *(f"../../forward_states/cuda/forward_states_{name}.cuh"
-                              for name in ("copies", "chain", "walk")))
+                              for name in ("copies", "gate", "chain", "walk")))
 
 BUILD = builds.KernelBuild(title="the forward (kda_forward)", entry=SOURCE_PATH, headers=HEADERS,
                            function=KERNEL_NAME, constants="kf", default=Config, options=options, variants=all_variants,

@@ -7,6 +7,7 @@
 #pragma once
 #include "fragments.cuh"
 #include "forward_layout.cuh"
+#include "../../forward_states/cuda/forward_states_gate.cuh"   // Kernel S's gate ends and gc
 
 namespace kf {
 
@@ -16,11 +17,8 @@ namespace kf {
 // same in every lane; NaN counts as past).
 __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
-    const float4 base = *reinterpret_cast<const float4*>(&st.gbase[pw][col]);
-    const float4 last = *reinterpret_cast<const float4*>(&st.glast[pw][col]);
-    const float gT[4] = {last.x - base.x, last.y - base.y, last.z - base.z, last.w - base.w};
-    if (pw == 0)
-        *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+    float gT[4];
+    const float4 base = kda_gate::ends(st, pw, col, gT);   // and gamma, from warp 0
     float4 row[ROWS_PER_PRODUCER];
     uint2 kb[ROWS_PER_PRODUCER], qb[ROWS_PER_PRODUCER];
 #pragma unroll
@@ -34,8 +32,8 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
     for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
         const int c = c0 + r;
         const bool real = c < L;
-        const float gc[4] = {real ? row[r].x - base.x : gT[0], real ? row[r].y - base.y : gT[1],
-                             real ? row[r].z - base.z : gT[2], real ? row[r].w - base.w : gT[3]};
+        float gc[4];
+        kda_gate::chunk_local(gc, row[r], base, gT, real);
         const float kf[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
         const float qf[4] = {bf16_lo(qb[r].x), bf16_hi(qb[r].x), bf16_lo(qb[r].y), bf16_hi(qb[r].y)};
         float kd[4], kr[4], qd[4], qe[4], ke[4], dot = 0.f;

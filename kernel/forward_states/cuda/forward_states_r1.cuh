@@ -4,6 +4,7 @@
 // that follows from them).
 #pragma once
 #include "fragments.cuh"
+#include "forward_states_gate.cuh"
 #include "forward_states_layout.cuh"
 
 namespace fs {
@@ -12,11 +13,8 @@ namespace fs {
 // All rows are read before any is computed (independent shared loads in flight together).
 __device__ __forceinline__ void rebuild(Stage& st, int L, int pw, int lane) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
-    const float4 base = *reinterpret_cast<const float4*>(&st.gbase[pw][col]);
-    const float4 last = *reinterpret_cast<const float4*>(&st.glast[pw][col]);
-    const float gT[4] = {last.x - base.x, last.y - base.y, last.z - base.z, last.w - base.w};
-    if (pw == 0)
-        *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+    float gT[4];
+    const float4 base = kda_gate::ends(st, pw, col, gT);   // and gamma, from warp 0
     float4 row[ROWS_PER_PRODUCER];
     uint2 kb[ROWS_PER_PRODUCER];
 #pragma unroll
@@ -28,8 +26,8 @@ __device__ __forceinline__ void rebuild(Stage& st, int L, int pw, int lane) {
     for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
         const int c = c0 + r;
         const bool real = c < L;
-        const float gc[4] = {real ? row[r].x - base.x : gT[0], real ? row[r].y - base.y : gT[1],
-                             real ? row[r].z - base.z : gT[2], real ? row[r].w - base.w : gT[3]};
+        float gc[4];
+        kda_gate::chunk_local(gc, row[r], base, gT, real);
         const float kf[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
         float kd[4], kr[4];
 #pragma unroll

@@ -73,9 +73,10 @@ def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_pa
                 (52 + 32, 26 + 32, 9, 0), (cfg.name(), row["sass"])
 
 
-@pytest.mark.parametrize("name", ["forward_states_copies.cuh", "forward_states_chain.cuh", "forward_states_walk.cuh"])
+@pytest.mark.parametrize("name", ["forward_states_copies.cuh", "forward_states_gate.cuh", "forward_states_chain.cuh",
+                                  "forward_states_walk.cuh"])
 def test_the_digest_follows_kernel_s_headers_which_the_source_includes(tmp_path, name):
-    # the forward runs Kernel S's copies, step of the chain and walk over the tiles: its build names those
+    # the forward runs Kernel S's copies, gate, step of the chain and walk over the tiles: its build names those
     # headers, so a change there changes the forward's digest (CuPy's cache then compiles it again), as it
     # changes Kernel S's
     from kernel import forward_states as fs

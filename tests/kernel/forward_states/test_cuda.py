@@ -1,5 +1,6 @@
 """kernel/forward_states/cuda on the CPU: the tile step's fragment layouts run through ptx_lab's exact
-CPU model of the instructions, and every variant's compile (where nvcc is on PATH)."""
+CPU model of the instructions, and every variant's compile (where nvcc is on PATH), Kernel S's and the
+forward's (kernel/forward/cuda, built on Kernel S's headers)."""
 from __future__ import annotations
 
 import shutil
@@ -7,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from kernel import forward as kf
 from kernel import forward_states as fs
 
 from ..chain_fragments import BLK_STRIDE, D, OP_STRIDE, SNAP_STRIDE, acc_of, bf16, chain_step, image
@@ -47,16 +49,24 @@ def test_the_tile_step_fragments_compute_the_tile_algebra(g6_split):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_path):
-    # what `ptx-lab resources --check` (CI's section 4) judges, for Kernel S's variants alone
+@pytest.mark.parametrize("room, counts", [
+    # Kernel S: the three products and the load, 16 + 2 + 16 HMMA, 8 + 1 + 8 LDSM; the snapshot's 8 STSM
+    (fs, (34, 17, 8, 0)),
+    # the forward's consumers: G6 16, F1 16, G7 2, G8 16, F2 2 HMMA; Kd, Qd, Kr 8 each, INV, Mqk 1 LDSM; the
+    # snapshot's 8 STSM and o's 1. Its producers: Qe Kr^T and Ke Kr^T, 16 HMMA and 16 LDSM each.
+    (kf, (52 + 32, 26 + 32, 9, 0))], ids=["forward_states", "forward"])
+def test_every_variant_compiles_without_spills_and_holds_its_instructions(tmp_path, room, counts):
+    # what `ptx-lab resources --check` (CI's section 4) judges, for each scan's variants alone (HMMA, LDSM,
+    # STSM, MOVM counted)
     from kernel.tools import resources
 
-    for cfg in fs.all_variants():
-        row = resources.compile_variant(fs.BUILD, cfg, tmp_path)
+    for cfg in room.all_variants():
+        row = resources.compile_variant(room.BUILD, cfg, tmp_path)
         assert "error" not in row, row.get("error")
         assert row["threads"] == cfg.threads and row["ctas_per_sm"] >= 1
-        assert resources.problems(row) == [], (fs.BUILD.label(cfg), resources.problems(row))
+        assert resources.problems(row) == [], (room.BUILD.label(cfg), resources.problems(row))
         assert row["spill"] == 0 and row["stack"] == 0, row["log"]
         assert row["smem"] == cfg.smem_bytes, (cfg.name(), row["smem"], cfg.smem_bytes)   # Config's sum is the source's
-        if row["sass"] is not None:   # the three products and the load: 16 + 2 + 16 HMMA, 8 + 1 + 8 LDSM
-            assert (row["sass"]["HMMA"], row["sass"]["LDSM"], row["sass"]["STSM"], row["sass"]["MOVM"]) == (34, 17, 8, 0)
+        if row["sass"] is not None:
+            assert (row["sass"]["HMMA"], row["sass"]["LDSM"], row["sass"]["STSM"], row["sass"]["MOVM"]) == counts, \
+                (cfg.name(), row["sass"])

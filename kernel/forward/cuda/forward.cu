@@ -120,9 +120,10 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             issue_tile(sh.stage[i % NSTAGE], q, k, v, g, beta, bos + (long long)TILE_TOKENS * i,
                        min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
         };
-        // stage s of tile i: R1, then (after a barrier of the producers alone) Mqk and INV
-        auto build = [&](int i, int s) {
-            const int parity = i % 2;
+        kda_walk::prefetch<PREFETCH>(ntiles, issue);
+#pragma unroll 1
+        for (int i = 0; i < ntiles; ++i) {   // R1, then (after a barrier of the producers alone) Mqk and INV
+            const int s = i % NSTAGE, parity = i % 2;
             const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
             Stage& st = sh.stage[s];
             kda_walk::copies_landed<PREFETCH>();
@@ -144,8 +145,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                     if (akk != nullptr && vg == 0) store_block(akk, st.inv, tok0, L, i, HV, h, lane);
                 }
             }
-        };
-        kda_walk::produce<Ring, PREFETCH, NSTAGE>(ntiles, issue, build);
+            kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
+        }
+        cp_async_wait<0>();
         return;
     }
 

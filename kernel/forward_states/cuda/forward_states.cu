@@ -119,16 +119,19 @@ kda_forward_states(const u16* __restrict__ k, const u16* __restrict__ v, const f
         // ---------------- producers: loads and R1, PREFETCH tiles / one tile ahead ----------------
         const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
         const int kh = qk_head(h, HV, H);
-        kda_walk::produce<Ring, PREFETCH, NSTAGE>(
-            ntiles,
-            [&](int i) {
-                issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)TILE_TOKENS * i,
-                           min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
-            },
-            [&](int i, int s) {
-                kda_walk::copies_landed<PREFETCH>();
-                rebuild(sh.stage[s], min(TILE_TOKENS, len - TILE_TOKENS * i), pw, lane);
-            });
+        auto issue = [&](int i) {
+            issue_tile(sh.stage[i % NSTAGE], k, v, g, beta, akk, bos + (long long)TILE_TOKENS * i,
+                       min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
+        };
+        kda_walk::prefetch<PREFETCH>(ntiles, issue);
+#pragma unroll 1
+        for (int i = 0; i < ntiles; ++i) {
+            const int s = i % NSTAGE;
+            kda_walk::copies_landed<PREFETCH>();
+            rebuild(sh.stage[s], min(TILE_TOKENS, len - TILE_TOKENS * i), pw, lane);
+            kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
+        }
+        cp_async_wait<0>();
         return;
     }
 

@@ -30,36 +30,43 @@ __device__ __forceinline__ Cta cta_of(const long long* __restrict__ cu_seqlens, 
     return c;
 }
 
-// A producer warp's walk over the ring: tile i's copies are issued Prefetch tiles ahead (issue(i)), then
-// per tile build(i, s) fills stage s (R1, and what else the kernel builds there, after copies_landed),
-// the stage goes to the consumers, and the stage of tile i - 1 is refilled with tile i + Prefetch once
-// they left it (after the publish, so the wait never delays tile i).
-template <class Ring, int Prefetch, int NStage, class Issue, class Build>
-__device__ __forceinline__ void produce(int ntiles, Issue&& issue, Build&& build) {
-    auto issue_slot = [&](int i) {
-        if (i < ntiles) issue(i);
-        cp_async_commit();   // one group per tile slot, empty past the end: the wait count stays fixed
-    };
-#pragma unroll 1
-    for (int s = 0; s < Prefetch; ++s) issue_slot(s);
-#pragma unroll 1
-    for (int i = 0; i < ntiles; ++i) {
-        const int s = i % NStage;
-        build(i, s);
-        Ring::publish(s);   // release tile i to the consumers
-        const int j = i + Prefetch;
-        Ring::wait_to_refill(j, ntiles);
-        issue_slot(j);
-    }
-    cp_async_wait<0>();
+// A producer warp's walk over the ring, around its own work on each tile in the kernel's loop (R1, and
+// what else the kernel builds in the stage): issue(i) copies tile i into its stage Prefetch tiles ahead,
+// prefetch() the first tiles, hand_over() after each tile's work the next; copies_landed() opens the work.
+// (The work stays in the kernel's loop: passed in here as a lambda, NVRTC schedules the forward's
+// producers otherwise.)
+
+// Tile i's copies where the tile exists, and one cp.async group a tile slot: empty past the end, so the
+// wait count stays fixed. (ntiles by reference, as the kernels' own lambdas held it: by value, NVRTC lays
+// the branch out the other way round.)
+template <class Issue>
+__device__ __forceinline__ void issue_slot(int i, const int& ntiles, Issue&& issue) {
+    if (i < ntiles) issue(i);
+    cp_async_commit();
 }
 
-// In build: this thread's copies of the tile landed, and its warp's (the rows R1 reads). Called by
-// build itself, so that what it computes from the tile's index alone may go before.
+// Before the walk: the first Prefetch tiles' copies.
+template <int Prefetch, class Issue>
+__device__ __forceinline__ void prefetch(const int& ntiles, Issue&& issue) {
+#pragma unroll 1
+    for (int s = 0; s < Prefetch; ++s) issue_slot(s, ntiles, issue);
+}
+
+// Opening the work on a tile: this thread's copies of it landed, and its warp's (the rows R1 reads).
 template <int Prefetch>
 __device__ __forceinline__ void copies_landed() {
     cp_async_wait<Prefetch - 1>();
     __syncwarp();
+}
+
+// After the work on tile i in stage s: the stage goes to the consumers, and the stage of tile i - 1 is
+// refilled with tile i + Prefetch once they left it (after the publish, so the wait never delays tile i).
+template <class Ring, int Prefetch, class Issue>
+__device__ __forceinline__ void hand_over(int i, int s, const int& ntiles, Issue&& issue) {
+    Ring::publish(s);
+    const int j = i + Prefetch;
+    Ring::wait_to_refill(j, ntiles);
+    issue_slot(j, ntiles, issue);
 }
 
 // A consumer warp's S^T [16 v x 128 k] from h0 (fp32 [N, HV, K, V]; null: zeros) in the chain's

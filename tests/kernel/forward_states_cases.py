@@ -144,6 +144,15 @@ def emulate(case: dict) -> np.ndarray:
     return scan_tiles(case, g, step)[0]
 
 
+def as_torch(x, bf: bool):
+    """A case's host array as a torch CUDA tensor: bf16 bits (``bf``) through int16 (torch's uint16 has few
+    ops) viewed as torch.bfloat16, anything else as it is."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).cuda().view(torch.bfloat16) if bf \
+        else torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
 def rel(out, ref) -> float:
     """||out - ref|| / ||ref|| (Frobenius); 0 where both are zero."""
     num, den = float(np.linalg.norm(out - ref)), float(np.linalg.norm(ref))

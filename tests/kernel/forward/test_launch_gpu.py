@@ -19,6 +19,7 @@ from kernel.forward import Config, all_variants, forward
 
 from ..fla_requirements import skip_without_fla_gpu
 from ..forward_cases import RAGGED, emulate, make_case, rel, worst_rows
+from ..forward_states_cases import as_torch
 
 pytestmark = pytest.mark.gpu
 
@@ -214,10 +215,6 @@ def test_the_states_are_kernel_s_bits_on_this_forwards_akk():
 def test_torch_in_torch_out():
     torch = pytest.importorskip("torch")
     case = make_case(lengths=RAGGED, H=2, seed=9, initial_state=True)
-
-    def as_torch(x, bf):   # bf16 bits through int16 (torch's uint16 has few ops)
-        return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).cuda().view(torch.bfloat16) if bf \
-            else torch.from_numpy(np.ascontiguousarray(x)).cuda()
 
     out_t = forward(as_torch(case["q"], True), as_torch(case["k"], True), as_torch(case["v"], True),
                     as_torch(case["g"], False), as_torch(case["beta"], False), scale=case["scale"],

@@ -21,7 +21,7 @@ import pytest
 from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward_states import Config, all_variants, forward_states
 
-from ..forward_states_cases import RAGGED, bf16, emulate, make_case, rel, worst_entry
+from ..forward_states_cases import RAGGED, as_torch, bf16, emulate, make_case, rel, worst_entry
 
 pytestmark = pytest.mark.gpu
 
@@ -155,10 +155,6 @@ def test_out_is_written_and_returned_and_a_wrong_one_named():
 def test_torch_in_torch_out():
     torch = pytest.importorskip("torch")
     case = make_case(lengths=RAGGED, H=2, seed=9, initial_state=True)
-
-    def as_torch(x, bf):   # bf16 bits through int16 (torch's uint16 has few ops)
-        return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).cuda().view(torch.bfloat16) if bf \
-            else torch.from_numpy(np.ascontiguousarray(x)).cuda()
 
     out_t = forward_states(as_torch(case["k"], True), as_torch(case["v"], True), as_torch(case["g"], False),
                            as_torch(case["beta"], False), as_torch(case["Akk"], True),

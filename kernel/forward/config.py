@@ -70,7 +70,8 @@ def options(cfg: Config) -> tuple[str, ...]:
 
 
 def header_digest() -> str:
-    """sha256 over the headers the source can include: ptx_lab's and this kernel's own (forward_*.cuh)."""
+    """sha256 over the headers the source can include: ptx_lab's, this kernel's own (forward_*.cuh) and the
+    Kernel S headers it includes (HEADERS)."""
     return BUILD.header_digest()
 
 

@@ -8,12 +8,12 @@
 --kernel names a room: a (Kernel A, the dS scan, kernel/ds_scan/cuda), s (Kernel S, the
 forward-state scan, kernel/forward_states/cuda), b (Kernel B, the per-token gradients,
 kernel/token_gradients/cuda) or f (the forward, kernel/forward/cuda, which also includes Kernel S's
-forward_states_chain.cuh: a header of the room's build outside its directory travels with it, at
+shared headers, forward_states_{chain,copies,gate,walk}.cuh: a header of the room's build outside its directory travels with it, at
 its place in the tree). --old-rev reads the revision from this checkout's git. Where the GPU
 machine has a copy of the working tree without that history, extract the old sources beforehand
 and pass the room's cuda directory: ``git archive REV kernel/shapes.cuh kernel/forward_states/cuda
 | tar x -C old/`` then ``--old old/kernel/forward_states/cuda`` (for the forward: ``git archive REV
-kernel/shapes.cuh kernel/forward/cuda kernel/forward_states/cuda/forward_states_chain.cuh``).
+kernel/shapes.cuh kernel/forward/cuda kernel/forward_states/cuda``).
 
 Times from two processes or two days differ by more than the few percent a change is worth, so both
 builds run here, one after the other: the working tree's ("new"), the old one, then the working
@@ -138,7 +138,7 @@ def _room(kernel: str) -> Path:
 def shared_headers(kernel: str) -> list[Path]:
     """Repository-relative paths of the files a room's sources include from outside its cuda directory:
     kernel/shapes.cuh, and the headers of its build description that lie elsewhere (the forward's
-    ../../forward_states/cuda/forward_states_chain.cuh). They go with a copy of the room, at their places."""
+    ../../forward_states/cuda/forward_states_*.cuh). They go with a copy of the room, at their places."""
     from kernel.runtime.builds import SHAPES_HEADER
 
     here = source_dir(kernel).resolve()

@@ -34,6 +34,7 @@ KERNEL = "f"   # source_ab's room: the forward
 FORWARD = "kernel/forward/cuda/forward.cu"
 INTRA = "kernel/forward/cuda/forward_intra.cuh"
 R1 = "kernel/forward/cuda/forward_r1.cuh"
+GATE = "kernel/forward_states/cuda/forward_states_gate.cuh"   # R1's gate reading, shared with Kernel S (the copy only)
 
 
 class PatchError(ValueError):
@@ -101,7 +102,7 @@ MQK = Knockout(
 
 R1_EXP2 = Knockout(
     "r1-exp2", "R1's exp2f (each exponent copied: no gate weighting, gamma = gT)",
-    (Edit(R1, """make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]))""",
+    (Edit(GATE, """make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]))""",
           """make_float4(gT[0], gT[1], gT[2], gT[3]) /* KNOCKOUT r1-exp2 */"""),
      Edit(R1, """            const float start = exp2f(gc[e]), up = exp2f(gc[e] - gT[e]);
 """, """            const float start = gc[e], up = gc[e] - gT[e];   // KNOCKOUT r1-exp2: copies, no exp2f
@@ -158,10 +159,8 @@ CONSUMER_O = Knockout(
 SNAPSHOT_STORE = Knockout(
     "snapshot-store", "the states' snapshot store (S still staged every 4th tile)",
     (Edit(FORWARD, """        if (snap) {
-            __syncwarp();
-            u16* dst = states""", """        if (false) {   // KNOCKOUT snapshot-store: the staged S is not stored
-            __syncwarp();
-            u16* dst = states"""),),
+            kda_walk::store_snapshot(""", """        if (false) {   // KNOCKOUT snapshot-store: the staged S is not stored
+            kda_walk::store_snapshot("""),),
     removes=(("STG.E.128", 8),))
 
 BLOCK_STORES = Knockout(

@@ -51,9 +51,9 @@ def test_arguments_need_exactly_one_old_source(capsys):
 
 
 def test_a_rooms_shared_headers_are_what_its_build_includes_from_outside():
-    # the forward includes Kernel S's chain step from its room: a copy or an old tree must carry it
-    assert source_ab.shared_headers("f") == [Path("kernel/forward_states/cuda/forward_states_chain.cuh"),
-                                             Path("kernel/shapes.cuh")]
+    # the forward includes Kernel S's shared pieces from its room: a copy or an old tree must carry them
+    shared = [Path(f"kernel/forward_states/cuda/forward_states_{name}.cuh") for name in ("chain", "copies", "gate", "walk")]
+    assert source_ab.shared_headers("f") == [*shared, Path("kernel/shapes.cuh")]
     for kernel in ("a", "s", "b"):
         assert source_ab.shared_headers(kernel) == [Path("kernel/shapes.cuh")]
 

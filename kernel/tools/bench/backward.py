@@ -319,12 +319,18 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
         res["our_forward"] = args.our_forward
         with our_forward_setting(args.our_forward):
             _step(raw, h0, cu_fla, args, flush, res, t_start, tag)
-    res["fla_autotune"] = fla_adapter.autotune_choices()
-    log(f"    {tag}: FLA's autotuners chose for {len(res['fla_autotune'])} kernels: "
-        + ", ".join(sorted(res["fla_autotune"])) + " (the JSON's 'fla_autotune' has their block sizes)")
+    record_fla_autotune(res, tag)
     raw.clear()
     free_memory()
     return res
+
+
+def record_fla_autotune(res: dict, tag: str) -> None:
+    """FLA's autotune choices in this process into ``res["fla_autotune"]`` (its kernels' block sizes for
+    the shape), and a line naming the kernels."""
+    res["fla_autotune"] = fla_adapter.autotune_choices()
+    log(f"    {tag}: FLA's autotuners chose for {len(res['fla_autotune'])} kernels: "
+        + ", ".join(sorted(res["fla_autotune"])) + " (the JSON's 'fla_autotune' has their block sizes)")
 
 
 def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: str) -> None:

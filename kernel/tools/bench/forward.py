@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 from kernel.tools import fla_adapter, fla_kda
 
-from .backward import first_calls, import_ours, in_turn, median_of, missing_requirement, peak_memories
+from .backward import (first_calls, import_ours, in_turn, median_of, missing_requirement, peak_memories,
+                       record_fla_autotune)
 from .configs import Config
 from .inputs import cu_for_fla, cu_for_kernel_a, make_inputs
 from .report import error_text, log
@@ -74,9 +75,7 @@ def bench_forward_config(cfg: Config, args, flush) -> dict:
         peak_memories(calls, res["peak_memory"])
     res["ratio"] = _ratios(res["forward"])
     calls.clear()
-    res["fla_autotune"] = fla_adapter.autotune_choices()
-    log(f"    {tag}: FLA's autotuners chose for {len(res['fla_autotune'])} kernels: "
-        + ", ".join(sorted(res["fla_autotune"])) + " (the JSON's 'fla_autotune' has their block sizes)")
+    record_fla_autotune(res, tag)
     raw.clear()
     free_memory()
     return res

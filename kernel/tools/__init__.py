@@ -7,7 +7,7 @@
 * :mod:`kernel.tools.resources`  registers, spills, shared memory, SASS of every variant (nvcc)
 * :mod:`kernel.tools.fla_adapter` FLA's side of the bench
 * :mod:`kernel.tools.floors`     byte and tensor-core floors of the whole KDA backward, and with --forward of the forward's designs (no GPU)
-* :mod:`kernel.tools.kda_precision` FLA's whole-backward gradients and ours against float64 (GPU, torch, fla-core)
+* :mod:`kernel.tools.kda_precision` FLA's gradients, o and final state and ours against float64 (GPU, torch, fla-core)
 * :mod:`kernel.tools.fla_kda`     FLA's whole KDA forward and backward as its autograd function calls them
 * :mod:`kernel.tools.cp_check`    one sequence's scan split over torch.distributed ranks: exactness, pass times
 * :mod:`kernel.tools.stalls`      each whole-backward kernel's binding stall, from one ncu run (GPU, ncu)
@@ -38,8 +38,8 @@ RESOURCES = Command("registers, spills, shared memory and SASS of every variant 
 FLOORS = Command("byte and tensor-core floors of the whole KDA backward per design and configuration; "
                  "--forward: the forward's designs beside FLA's (no GPU)",
                  "kernel.tools.floors:main")
-KDA_PRECISION = Command("FLA's whole KDA backward and ours against the float64 reference: every gradient's "
-                        "error (GPU, torch, fla-core)", "kernel.tools.kda_precision:main")
+KDA_PRECISION = Command("FLA's KDA and ours against the float64 reference: every gradient's error, and the "
+                        "forward's o and final state (GPU, torch, fla-core)", "kernel.tools.kda_precision:main")
 CP_CHECK = Command("one sequence's Kernel A scan (kernel.cp; --backward: its whole backward, kernel.cp.backward) "
                    "split over torch.distributed ranks: exactness against the unsplit one and each pass's "
                    "time (torch; --spawn N or under torchrun)",

@@ -1,4 +1,4 @@
-"""The whole KDA backward's precision yardstick: FLA's gradients and ours against the float64 reference.
+"""KDA's precision yardstick: FLA's gradients, o and final state and ours against the float64 reference.
 
     ptx-lab kda-precision                       # T = 8192 and a varlen batch, 2 heads, every recipe
     ptx-lab kda-precision --T 2048 --heads 1    # smaller
@@ -58,7 +58,14 @@ table says so and FLA's rows still come. That row's forward is FLA's whatever ``
 measures our backward on FLA's tensors; ``kernel.chunk_kda``'s rows (``trained-layer``, ``layer-call``) run
 the forward ``--our-forward`` names (``kernel.using_forward``; ours by default).
 
-The "bf16 rounding" row of each case is the bf16 rounding of the exact gradient,
+Every recipe also gets a row of ``kernel.chunk_kda`` (unless ``--no-ours``), our forward (or the one
+``--our-forward`` names) and our backward, so that the forward's outputs are judged too: the table's
+``o`` and ``ht`` columns are the output and the final state against the float64 forward
+(:func:`kernel.reference.kda_forward_reference` on the same rounded inputs), for FLA's rows and the
+``chunk_kda`` rows; the row of ``kernel.kda_backward`` on FLA's forward has none there ("-"): its
+forward is FLA's.
+
+The "bf16 rounding" row of each case is the bf16 rounding of the exact gradient (and of o),
 the error any bf16 output has at best.
 """
 from __future__ import annotations
@@ -79,7 +86,8 @@ LAYER_CALL = "layer-call"
 RECIPES = ("unit", "random_inputs", TRAINED_LAYER, LAYER_CALL)
 LAYER_GATES = (TRAINED_LAYER, LAYER_CALL)       # the recipes with the layer's gate (unbounded below)
 PARAMETERS = ("dA_log", "ddt_bias")             # the gate's parameters' gradients (layer-call only)
-COLUMNS = (*GRADIENTS, *PARAMETERS)
+OUTPUTS = ("o", "ht")                           # the forward's: the output and the final state (fp32)
+COLUMNS = (*GRADIENTS, *PARAMETERS, *OUTPUTS)
 NOT_THERE = "-"                                 # a column a recipe has no gradient for
 
 
@@ -127,15 +135,21 @@ def verdict(rows: Sequence[tuple]) -> list[str]:
             continue
         if not ours or not fla:
             continue
-        judged = [i for i in range(len(COLUMNS)) if _error_cell(ours[0], i) != NOT_THERE
-                  and all(_error_cell(r, i) != NOT_THERE for r in fla)]
-        try:
-            mine = [float(_error_cell(ours[0], i)) for i in judged]
-            best = [min(float(_error_cell(r, i)) for r in fla) for i in judged]
-        except ValueError:
+        worse, failed = [], False
+        for mine_row in ours:   # each of ours (kernel.kda_backward on FLA's forward, kernel.chunk_kda) on its own
+            judged = [i for i in range(len(COLUMNS)) if _error_cell(mine_row, i) != NOT_THERE
+                      and all(_error_cell(r, i) != NOT_THERE for r in fla)]
+            try:
+                mine = [float(_error_cell(mine_row, i)) for i in judged]
+                best = [min(float(_error_cell(r, i)) for r in fla) for i in judged]
+            except ValueError:
+                failed = True
+                continue
+            label = f"{mine_row[2]} " if len(ours) > 1 else ""
+            worse += [f"{label}{COLUMNS[i]} {m / b:.2f}x" for i, m, b in zip(judged, mine, best) if m > b]
+        if failed and not worse:
             out.append(f"{recipe} {shape}: not judged (a backward failed)")
             continue
-        worse = [f"{COLUMNS[i]} {m / b:.2f}x" for i, m, b in zip(judged, mine, best) if m > b]
         out.append(f"{recipe} {shape}: " + ("met" if not worse else "worse than FLA's best: " + ", ".join(worse)))
     return out
 
@@ -273,7 +287,8 @@ def autograd_gradients(chunk_kda, dev: dict, *, safe_gate: bool) -> dict:
                       safe_gate=safe_gate, cu_seqlens=dev["cu_seqlens"], **gate)
     loss = (o.float() * dev["do"].float()).sum() + (ht * dev["dht"]).sum()
     grads = torch.autograd.grad(loss, list(leaves.values()))
-    return {name: _host(x) for name, x in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0", *PARAMETERS), grads)}
+    return {**{name: _host(x) for name, x in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0", *PARAMETERS), grads)},
+            "o": _host(o), "ht": _host(ht)}
 
 
 def ours_gradients(dev: dict, kda_backward) -> dict:
@@ -291,12 +306,12 @@ def ours_gradients(dev: dict, kda_backward) -> dict:
 
 
 def reference_gradients(seen: dict, cu_seqlens) -> dict:
-    """kernel.reference.kda_backward_reference in float64 on CuPy -> float64 numpy. For layer-call (A_log in
-    ``seen``) on the gate and beta activated in float64, then chained back to the raw inputs
-    (:func:`layer_call_chain`)."""
+    """kernel.reference.kda_backward_reference in float64 on CuPy -> float64 numpy, with the forward's o and
+    ht (kda_forward_reference). For layer-call (A_log in ``seen``) on the gate and beta activated in float64,
+    then chained back to the raw inputs (:func:`layer_call_chain`)."""
     import cupy
 
-    from kernel.reference import kda_backward_reference
+    from kernel.reference import kda_backward_reference, kda_forward_reference
 
     layer_call = "A_log" in seen
     g, beta = (layer_call_activations(seen) if layer_call else (seen["g"], seen["beta"]))
@@ -304,6 +319,8 @@ def reference_gradients(seen: dict, cu_seqlens) -> dict:
     out = kda_backward_reference(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], dht=d["dht"],
                                  cu_seqlens=cu_seqlens, qk_l2norm=True)
     grads = {name: cupy.asnumpy(out[name]) for name in GRADIENTS}
+    o, ht, _ = kda_forward_reference(d["q"], d["k"], d["v"], d["g"], d["beta"], cu_seqlens=cu_seqlens, qk_l2norm=True)
+    grads.update(o=cupy.asnumpy(o), ht=cupy.asnumpy(ht))   # the zero initial state, as both forwards get
     if layer_call:
         grads.update(layer_call_chain(seen, grads["dg"], grads["dbeta"]))
     return grads
@@ -339,13 +356,14 @@ def layer_call_chain(seen: dict, dg: np.ndarray, dbeta: np.ndarray) -> dict:
 
 def backwards_of(recipe: str, safe_gates: Sequence[bool], ours: bool) -> list[tuple[str, bool | None]]:
     """The backwards a case of ``recipe`` runs, as (row label, FLA's safe_gate or None for ours): FLA's at
-    each of ``safe_gates``, less safe_gate True for the trained-layer recipe (it promises gates in [-5, 0],
-    which that recipe's leave), then, with ``ours``, ours: kernel.kda_backward on FLA's safe_gate True
-    forward, or kernel.chunk_kda (safe_gate False) for the trained-layer recipe."""
+    each of ``safe_gates``, less safe_gate True for the trained-layer recipes (it promises gates in [-5, 0],
+    which their gates leave), then, with ``ours``, ours: kernel.kda_backward on FLA's safe_gate True
+    forward (not for the trained-layer recipes), and kernel.chunk_kda (safe_gate False), our forward and
+    our backward, for every recipe."""
     rows: list[tuple[str, bool | None]] = [(f"FLA safe_gate={sg}", sg) for sg in safe_gates
                                            if not (sg and recipe in LAYER_GATES)]
     if ours:
-        rows.append((OURS_DROPIN if recipe in LAYER_GATES else OURS, None))
+        rows += ([] if recipe in LAYER_GATES else [(OURS, None)]) + [(OURS_DROPIN, None)]
     return rows
 
 
@@ -459,8 +477,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
             dev = device_inputs(raw)
             print(f"[{case}] the float64 reference (CuPy)", flush=True)
             ref = reference_gradients(seen_inputs(dev), raw["cu_seqlens"])   # the rounded inputs both saw
-            rows.append((recipe, shape, "bf16 rounding",
-                         *(f"{bf16_rounding(ref[n]):.2e}" if n in ref else NOT_THERE for n in COLUMNS)))
+            rows.append((recipe, shape, "bf16 rounding",   # ht is an fp32 output: no bf16 rounding
+                         *(f"{bf16_rounding(ref[n]):.2e}" if n in ref and n != "ht" else NOT_THERE
+                           for n in COLUMNS)))
             per_case = {}
             for label, safe_gate in backwards_of(recipe, a.safe_gate, kda_backward is not None):
                 print(f"[{case}] {label} (FLA's first call on a new shape or option compiles and "
@@ -489,26 +508,28 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
             dev.clear()
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
-    print(f"\nthe whole backward's gradients vs float64 (relative Frobenius), H = {a.heads}, K = V = {K}: FLA's "
-          "chunk_kda (autograd) and ours (FLA's forward, kernel.kda_backward, FLA's l2norm backward; "
-          f"for {TRAINED_LAYER} and {LAYER_CALL}, kernel.chunk_kda with "
-          f"{OUR_FORWARDS[a.our_forward]} and our backward; "
-          f"{NOT_THERE}: a gradient the recipe has not)"
+    print(f"\nthe whole backward's gradients and the forward's o and ht vs float64 (relative Frobenius), H = "
+          f"{a.heads}, K = V = {K}: FLA's chunk_kda (autograd) and ours: {OURS} (FLA's forward, kernel.kda_backward, "
+          f"FLA's l2norm backward; not for {TRAINED_LAYER} and {LAYER_CALL}) and {OURS_DROPIN} (kernel.chunk_kda with "
+          f"{OUR_FORWARDS[a.our_forward]} and our backward); "
+          f"{NOT_THERE}: a gradient the recipe has not, or o and ht where the row's forward is FLA's)"
           + ("" if kda_backward is not None else f"; ours {why_not_ours}") + ":")
     print(line(header))
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in rows:
         print(line(r))
     if fallbacks:
-        print("\nkernel.chunk_kda's backward on the trained-layer gates (tiles spanning more than 110 "
+        print("\nkernel.chunk_kda's backward (on the trained-layer gates, tiles spanning more than 110 "
               "(log2) take Kernel B's pairwise path):")
         for case, fell_back in fallbacks.items():
             print(f"  {case}: " + ("FLA's ran (a FallbackWarning): the row is FLA's backward, not ours" if fell_back
                                    else "ours ran")
-                  + f" ({gates[case]['tile_channels_past']:.2e} of the tile decays past 2^-126)")
+                  + (f" ({gates[case]['tile_channels_past']:.2e} of the tile decays past 2^-126)" if case in gates
+                     else ""))
     judged = verdict(rows)
     if judged:
-        print("\nthe target, every gradient of ours no worse than FLA's best row of the case:")
+        print("\nthe target, every gradient (and o and ht) of each row of ours no worse than FLA's best row of the "
+              "case:")
         for v in judged:
             print(f"  {v}")
     if a.json is not None:

@@ -47,12 +47,16 @@ def test_one_case_has_flas_rows_and_ours(capsys):
     rows, labels = _table(out, "unit")
     assert labels[:3] == ["bf16 rounding", "FLA safe_gate=True", "FLA safe_gate=False"]
     if "kernel.kda_backward cannot be imported" not in out:
-        assert labels[3] == "ours (kda_backward)"
-        # a gradient the recipe does not have (dA_log, ddt_bias outside layer-call) is printed "-"
+        assert labels[3:] == ["ours (kda_backward)", kda_precision.OURS_DROPIN]
+        # a gradient the recipe does not have (dA_log, ddt_bias outside layer-call) is printed "-", and so are o
+        # and ht in the row whose forward is FLA's
         err = [[None if c.strip() == "-" else float(c) for c in r.strip().strip("|").split("|")[3:]] for r in rows]
-        assert [e is None for e in err[3]] == [e is None for e in err[1]], rows
-        # the yardstick: ours no worse than FLA's worse row, with a factor 2 of slack at this small T
-        assert all(o <= 2 * max(t, f) for o, t, f in zip(err[3], err[1], err[2]) if o is not None), rows
+        outputs = [c in kda_precision.OUTPUTS for c in kda_precision.COLUMNS]
+        assert [e is None for e in err[3]] == [e is None or o for e, o in zip(err[1], outputs)], rows
+        assert [e is None for e in err[4]] == [e is None for e in err[1]], rows
+        # the yardstick: each of ours no worse than FLA's worse row, with a factor 2 of slack at this small T
+        for mine in err[3:]:
+            assert all(o <= 2 * max(t, f) for o, t, f in zip(mine, err[1], err[2]) if o is not None), rows
 
 
 def test_the_verdict_names_each_gradient_worse_than_flas_best():
@@ -107,7 +111,9 @@ def test_the_trained_layer_recipe_is_the_unit_recipe_with_the_layers_gate():
 def test_each_recipe_runs_its_backwards():
     both = [True, False]
     fla = [("FLA safe_gate=True", True), ("FLA safe_gate=False", False)]
-    assert kda_precision.backwards_of("unit", both, True) == fla + [(kda_precision.OURS, None)]
+    # ours: our backward on FLA's forward, and kernel.chunk_kda (our forward too, so o and ht are judged)
+    assert kda_precision.backwards_of("unit", both, True) == fla + [(kda_precision.OURS, None),
+                                                                    (kda_precision.OURS_DROPIN, None)]
     assert kda_precision.backwards_of("random_inputs", both, False) == fla
     # FLA's safe_gate promises gates in [-5, 0]: never on the trained-layer recipe; ours there is kernel.chunk_kda
     assert kda_precision.backwards_of("trained-layer", both, True) == [fla[1], (kda_precision.OURS_DROPIN, None)]
@@ -197,8 +203,10 @@ def test_the_main_loop_with_stand_ins_for_the_gpu(monkeypatch, capsys, tmp_path)
     out_json = tmp_path / "precision.json"
     assert kda_precision.main(["--T", "64", "--heads", "1", "--varlen", "5", "--recipes", "unit", "trained-layer",
                                "--json", str(out_json)]) == 0
-    assert ran == [("fla", True), ("fla", False), ("ours", None)] * 2 + [("fla", False), ("dropin", True),
-                                                                          ("fla", False), ("dropin", False)]
+    # every recipe gets kernel.chunk_kda's row (our forward: o and ht judged), the unit recipe ours on FLA's forward too
+    assert ran == [("fla", True), ("fla", False), ("ours", None), ("dropin", True),
+                   ("fla", True), ("fla", False), ("ours", None), ("dropin", False),
+                   ("fla", False), ("dropin", True), ("fla", False), ("dropin", False)]
     out = capsys.readouterr().out
     labels = [(r.split("|")[1].strip(), r.split("|")[2].strip(), r.split("|")[3].strip())
               for r in out.splitlines() if r.startswith("| trained-layer ")]
@@ -216,8 +224,10 @@ def test_the_main_loop_with_stand_ins_for_the_gpu(monkeypatch, capsys, tmp_path)
     skipped = capsys.readouterr().out
     assert "[trained-layer 1x64] skipped: a tile decays a channel by e^" in skipped and ran[-1] == ("dropin", False)
     saved = json.loads(out_json.read_text())
-    assert saved["fallback"] == {"trained-layer 1x64": True, "trained-layer varlen5x64": False}
-    assert set(saved["gates"]) == set(saved["fallback"]) and saved["gates"]["trained-layer 1x64"]["min_gate"] < -5
+    assert saved["fallback"] == {"unit 1x64": True, "unit varlen5x64": False,
+                                 "trained-layer 1x64": True, "trained-layer varlen5x64": False}
+    assert set(saved["gates"]) == {"trained-layer 1x64", "trained-layer varlen5x64"}
+    assert saved["gates"]["trained-layer 1x64"]["min_gate"] < -5
     assert saved["verdict"] == [
         "unit 1x64: met", "unit varlen5x64: met",
         "trained-layer 1x64: not judged (kernel.chunk_kda ran FLA's backward: a FallbackWarning)",
@@ -296,14 +306,19 @@ def test_the_layer_call_references_chain_agrees_with_the_hand_written_gate_backw
 
 def test_the_verdict_and_the_per_head_line_judge_the_gates_parameters():
     C = kda_precision.COLUMNS
-    assert C[-2:] == ("dA_log", "ddt_bias")
+    assert C[-4:] == ("dA_log", "ddt_bias", "o", "ht")
     row = lambda recipe, label, errs: (recipe, "1x64", label, *errs)   # noqa: E731
     fla = [f"{3e-3:.2e}"] * len(C)
-    ours = [f"{2e-3:.2e}"] * (len(C) - 2) + [f"{4.5e-3:.2e}", f"{2e-3:.2e}"]
+    ours = [f"{2e-3:.2e}"] * (len(C) - 4) + [f"{4.5e-3:.2e}", f"{2e-3:.2e}"] + [f"{2e-3:.2e}"] * 2
+    no_params = lambda r: r[:-4] + ["-", "-"] + r[-2:]   # noqa: E731  (the unit recipe has no dA_log, ddt_bias)
     rows = [row("layer-call", "FLA safe_gate=False", fla), row("layer-call", kda_precision.OURS_DROPIN, ours),
-            row("unit", "FLA safe_gate=True", fla[:-2] + ["-", "-"]),     # the unit recipe has no dA_log
-            row("unit", kda_precision.OURS, ours[:-2] + ["-", "-"])]
+            row("unit", "FLA safe_gate=True", no_params(fla)),
+            row("unit", kda_precision.OURS, no_params(ours)[:-2] + ["-", "-"]),   # FLA's forward: no o, ht of ours
+            row("unit", kda_precision.OURS_DROPIN, no_params(ours))]
     assert kda_precision.verdict(rows) == ["layer-call 1x64: worse than FLA's best: dA_log 1.50x", "unit 1x64: met"]
+    # with two rows of ours each is judged on its own, and named
+    rows[-1] = row("unit", kda_precision.OURS_DROPIN, no_params(ours)[:-2] + [f"{6e-3:.2e}", f"{2e-3:.2e}"])
+    assert kda_precision.verdict(rows)[1] == f"unit 1x64: worse than FLA's best: {kda_precision.OURS_DROPIN} o 2.00x"
     ref = np.array([1.0, 2.0, 3.0, 4.0])
     line = kda_precision.per_head_line({"FLA safe_gate=False": {"dA_log": ref + [1e-3, 1e-3, 1e-3, 0.0]},
                                         kda_precision.OURS_DROPIN: {"dA_log": ref + [5e-4, 2e-3, 1e-3, 0.0]}}, ref)
@@ -357,3 +372,22 @@ def test_our_forward_sets_kernel_chunk_kdas_forward_in_its_rows(argv, forward, w
                                *argv]) == 0
     assert seen == [forward] and kernel.forward_setting() == before
     assert f"kernel.chunk_kda with {words} and our backward" in capsys.readouterr().out
+
+
+def test_the_reference_has_the_forwards_o_and_final_state(monkeypatch):
+    """reference_gradients' o and ht are the float64 forward's on the same inputs (numpy standing in for
+    CuPy), beside the gradients, for an equal-length and a packed batch."""
+    from kernel.reference import kda_forward_reference
+
+    stand_in = types.ModuleType("cupy")
+    stand_in.asarray, stand_in.asnumpy, stand_in.get_array_module = np.asarray, np.asarray, lambda *a: np
+    monkeypatch.setitem(sys.modules, "cupy", stand_in)
+    for lengths in (None, [5, 20, 7]):
+        raw = kda_precision.recipe_inputs("unit", 1, 32, 2, 16, 8, lengths=lengths, seed=2)
+        seen = {n: raw[n].astype(np.float64) for n in ("q", "k", "v", "g", "beta", "do", "dht")}
+        got = kda_precision.reference_gradients(seen, raw["cu_seqlens"])
+        o, ht, _ = kda_forward_reference(seen["q"], seen["k"], seen["v"], seen["g"], seen["beta"],
+                                         cu_seqlens=raw["cu_seqlens"], qk_l2norm=True)
+        assert set(got) >= set(kda_precision.GRADIENTS) | set(kda_precision.OUTPUTS)
+        assert np.array_equal(got["o"], o) and np.array_equal(got["ht"], ht)
+        assert got["o"].shape == raw["v"].shape and got["ht"].shape == raw["dht"].shape

@@ -46,6 +46,6 @@ CP_CHECK = Command("one sequence's Kernel A scan (kernel.cp; --backward: its who
                    "kernel.tools.cp_check:main")
 SOURCE_AB = Command("Kernel A, S, B or the forward built from the working tree and from an old source (its cuda directory "
                     "or a git revision), timed in turn in one process (GPU)", "kernel.tools.source_ab:main")
-STALLS = Command("what binds each kernel of the whole backward: one kda_backward under ncu (--clock-control "
-                 "none), its stall reasons, issue rate, DRAM and tensor-pipe use (GPU, torch, ncu)",
+STALLS = Command("what binds each kernel of the whole backward (--forward: our forward): one kda_backward under "
+                 "ncu (--clock-control none), its stall reasons, issue rate, DRAM and tensor-pipe use (GPU, torch, ncu)",
                  "kernel.tools.stalls:main")

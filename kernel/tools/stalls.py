@@ -1,6 +1,8 @@
-"""What binds each kernel of the whole backward: one ncu run over ``kernel.kda_backward``.
+"""What binds each kernel of the whole backward: one ncu run over ``kernel.kda_backward`` (with
+``--forward``, over our forward, ``kernel.forward.forward``, instead).
 
     ptx-lab stalls [--config 4x8192] [--heads 32] [--json FILE]   (or python -m kernel.tools.stalls)
+    ptx-lab stalls --forward --config 32x8192 --heads 16           # the forward at the layer's size
 
 The tool runs itself again as a child under Nsight Compute (``ncu --clock-control none``,
 so the clocks stay where an unprofiled run has them). The child makes one whole backward
@@ -13,6 +15,7 @@ time:
     forward-state scan  kda_forward_states   the state entering every 64-token chunk
     Kernel A            kda_dstate_scan      the backward dS scan
     Kernel B            kda_token_gradients  the per-token gradients
+    (--forward) the forward  kda_forward     o, the final state, and what the backward reads
 
 For each, the table gives its time under ncu, registers, dynamic shared memory, grid,
 warps resident per scheduler, instructions issued per scheduler and cycle, DRAM and
@@ -33,9 +36,12 @@ from typing import Sequence
 
 from ptx_lab import ncu
 
-KERNELS = {"kda_forward_states": "forward-state scan", "kda_dstate_scan": "Kernel A",
-           "kda_token_gradients": "Kernel B"}
-KERNEL_REGEX = "|".join(KERNELS)
+BACKWARD_KERNELS = {"kda_forward_states": "forward-state scan", "kda_dstate_scan": "Kernel A",
+                    "kda_token_gradients": "Kernel B"}
+FORWARD_KERNELS = {"kda_forward": "the forward"}
+KERNELS = {**BACKWARD_KERNELS, **FORWARD_KERNELS}
+KERNEL_REGEX = "|".join(BACKWARD_KERNELS)
+FORWARD_REGEX = "^kda_forward$"   # whole: kda_forward_states starts with the same name
 
 # ncu's stall reasons on sm_90 (the WarpStateStats section's), each as warps stalled per issued instruction
 STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
@@ -142,7 +148,20 @@ def _drawn_forward_tensors(raw: dict, seed: int) -> tuple:
     return raw["q"], raw["k"], raw["v"], g, raw["beta"], small(), small()
 
 
-def _child(config: str, heads: int, seed: int, inputs: str) -> None:
+def _forward_child(raw: dict, cu_host, seed: int) -> None:
+    """One training-mode forward (every output written) on the bench's inputs: q and k normalised, g as
+    FLA's per-64-chunk cumsum in log2 units (what kernel.chunk_kda hands the kernel)."""
+    import torch
+
+    from kernel.forward import forward
+
+    q, k = (torch.nn.functional.normalize(raw[n].float(), dim=-1).to(torch.bfloat16) for n in ("q", "k"))
+    _, _, _, g, beta, _, _ = _drawn_forward_tensors(raw, seed)
+    forward(q, k, raw["v"], g, beta, cu_seqlens=cu_host, output_final_state=True, training=True)
+    torch.cuda.synchronize()
+
+
+def _child(config: str, heads: int, seed: int, inputs: str, forward: bool = False) -> None:
     import cupy
     import torch
 
@@ -153,6 +172,9 @@ def _child(config: str, heads: int, seed: int, inputs: str) -> None:
     cfg = parse_config(config, seed)
     raw = make_inputs(cfg, heads, seed=seed, gate_strength=1.0)
     cu_fla, cu_host = cu_for_fla(raw["cu_seqlens"]), cu_for_kernel_a(raw["cu_seqlens"])
+    if forward:
+        _forward_child(raw, cu_host, seed)
+        return
     tensors = None
     if inputs in ("auto", "fla"):
         try:
@@ -181,6 +203,9 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.s
     ap.add_argument("--inputs", choices=("auto", "fla", "drawn"), default="auto",
                     help="FLA's forward tensors (fla), ones of their shapes drawn here (drawn), or fla where "
                          "fla-core imports (auto)")
+    ap.add_argument("--forward", action="store_true",
+                    help="profile our forward (kernel.forward.forward, training mode) instead of the backward's "
+                         "three kernels; --inputs does not apply (the forward reads the inputs drawn here)")
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds ncu may run")
     ap.add_argument("--json", default=None, help="write the rows and ncu's command here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -198,13 +223,14 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.s
 
 def child_command(args) -> list[str]:
     return [sys.executable, "-m", "kernel.tools.stalls", "--child", "--config", args.config,
-            "--heads", str(args.heads), "--seed", str(args.seed), "--inputs", args.inputs]
+            "--heads", str(args.heads), "--seed", str(args.seed), "--inputs", args.inputs,
+            *(("--forward",) if args.forward else ())]
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.stalls") -> int:
     args = parse_args(argv, prog)
     if args.child:
-        _child(args.config, args.heads, args.seed, args.inputs)
+        _child(args.config, args.heads, args.seed, args.inputs, args.forward)
         return 0
     if ncu.ncu_path() is None:
         print("stalls: ncu is not on PATH (Nsight Compute, part of the CUDA toolkit)", file=sys.stderr)
@@ -215,12 +241,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if problem:
         print(f"stalls: needs a GPU ({problem})", file=sys.stderr)
         return 2
-    print(f"stalls: {args.config}, H = {args.heads}: one kda_backward under ncu --clock-control none "
+    what = "one forward (kernel.forward.forward)" if args.forward else "one kda_backward"
+    print(f"stalls: {args.config}, H = {args.heads}: {what} under ncu --clock-control none "
           f"({len(METRICS)} metrics; each kernel is replayed once per counter group)", flush=True)
     # the child imports this checkout's kernel package wherever ncu starts it
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    prof = ncu.profile(child_command(args), METRICS, KERNEL_REGEX, timeout=args.timeout, env=env)
+    prof = ncu.profile(child_command(args), METRICS, FORWARD_REGEX if args.forward else KERNEL_REGEX,
+                       timeout=args.timeout, env=env)
     if prof.error:
         print(f"stalls: {prof.error}", file=sys.stderr)
         return 1
@@ -233,7 +261,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
             print(f"{r['kernel']}: {r['binding_note']}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"config": args.config, "heads": args.heads, "ncu_command": list(prof.command),
+            json.dump({"config": args.config, "heads": args.heads, "forward": args.forward,
+                       "ncu_command": list(prof.command),
                        "dropped": prof.dropped, "rows": rows}, fh, indent=1)
         print(f"wrote {args.json}")
     return 0

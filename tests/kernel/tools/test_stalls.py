@@ -1,5 +1,6 @@
 """kernel.tools.stalls: the binding stall, the table and the argument checks on the CPU; one ncu run on the GPU."""
 import json
+import re
 import shutil
 import sys
 
@@ -103,9 +104,15 @@ def test_rows_come_from_ncu_and_go_to_json(monkeypatch, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| Kernel A |" in text and "long_scoreboard 0.90" in text and "does not know x.y" in text
     assert seen["regex"] == stalls.KERNEL_REGEX and tuple(seen["metrics"]) == stalls.METRICS
-    assert "--child" in seen["command"] and seen["env"]["PYTHONPATH"]
+    assert "--child" in seen["command"] and "--forward" not in seen["command"] and seen["env"]["PYTHONPATH"]
     data = json.loads(out.read_text())
-    assert data["rows"][0]["binding"] == "long_scoreboard" and data["dropped"] == ["x.y"]
+    assert data["rows"][0]["binding"] == "long_scoreboard" and data["dropped"] == ["x.y"] and not data["forward"]
+    # --forward: the child runs the forward, and ncu profiles kda_forward alone (not kda_forward_states)
+    assert stalls.main(["--forward", "--config", "32x8192", "--heads", "16"]) == 0
+    assert "one forward (kernel.forward.forward)" in capsys.readouterr().out
+    assert seen["regex"] == stalls.FORWARD_REGEX and "--forward" in seen["command"]
+    assert re.fullmatch(seen["regex"], "kda_forward") and not re.fullmatch(seen["regex"], "kda_forward_states")
+    assert re.search(seen["regex"], "kda_forward") and not re.search(seen["regex"], "kda_forward_states")
 
 
 @pytest.mark.gpu
@@ -116,6 +123,17 @@ def test_stalls_on_the_gpu_name_each_kernel(tmp_path):
     # drawn inputs: no fla-core, so no Triton compile
     assert stalls.main(["--config", "varlen5x1000", "--heads", "2", "--inputs", "drawn", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert {r["kernel"] for r in rows} == set(stalls.KERNELS.values())
+    assert {r["kernel"] for r in rows} == set(stalls.BACKWARD_KERNELS.values())
     for r in rows:
         assert r["time_ns"] and r["binding"] in stalls.STALL_REASONS, r
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not on PATH")
+def test_stalls_of_the_forward_name_the_forward_alone(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "stalls.json"
+    assert stalls.main(["--forward", "--config", "varlen5x1000", "--heads", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["forward"] and [r["kernel"] for r in data["rows"]] == ["the forward"]
+    assert data["rows"][0]["time_ns"] and data["rows"][0]["binding"] in stalls.STALL_REASONS

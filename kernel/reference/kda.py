@@ -399,7 +399,7 @@ def kda_forward_reference(q, k, v, g, beta, *, scale: float | None = None, initi
 
 def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
                            initial_state=None, dht=None, cu_seqlens=None,
-                           qk_l2norm: bool = True, tile: int = TILE_TOKENS) -> dict:
+                           qk_l2norm: bool = True, tile: int = TILE_TOKENS, with_forward: bool = False) -> dict:
     """The exact gradients of L = sum(o * do) + sum(S_T * dht) w.r.t. KDA's raw inputs.
 
     Arguments as :func:`kda_forward_reference`, plus do [B, T, H, V] and
@@ -413,6 +413,9 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
       dh0    [N, H, K, V]  w.r.t. the initial state; with initial_state None,
                            the gradient at a zero initial state (dS does not
                            depend on the states: the loss is affine in each)
+    and with ``with_forward`` the forward's outputs from the same scan (what
+    :func:`kda_forward_reference` returns first): o [B, T, H, V] and ht, the
+    final state [N, H, K, V].
 
     How: the forward states entering each tile (:func:`kda_forward_reference`'s
     scan), Kernel A's dS after each tile and dh0
@@ -430,7 +433,7 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
     r = rebuild(xp, blk)
 
     # the two serial scans: forward states S0 per tile, Kernel A's dS1 per tile
-    _, _, S0 = forward_scan(xp, blk, r, N, H, K, V, wide.get("initial_state"))
+    o, final, S0 = forward_scan(xp, blk, r, N, H, K, V, wide.get("initial_state"))
     gc, mqk, inv = blk["forward"]
     snaps, dh0 = dstate_scan_reference(wide["q"], wide["k"], gc, wide["beta"], mqk, inv,
                                        wide["do"], scale=scale, dht=wide.get("dht"),
@@ -447,7 +450,7 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
     if qk_l2norm:
         dq = _l2norm_backward(xp, wide["q"].reshape(B * T, H, K), dq)
         dk = _l2norm_backward(xp, wide["k"].reshape(B * T, H, K), dk)
-    return {
+    out = {
         "dq": dq.reshape(B, T, H, K),
         "dk": dk.reshape(B, T, H, K),
         "dv": _tokens(xp, grads["dv"], valid, (B, T, H, V)),
@@ -455,3 +458,6 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
         "dbeta": _tokens(xp, grads["dbeta"][..., None], valid, (B, T, H)),
         "dh0": dh0,
     }
+    if with_forward:
+        out.update(o=_tokens(xp, o, valid, (B, T, H, V)), ht=final)
+    return out

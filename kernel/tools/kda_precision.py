@@ -307,20 +307,19 @@ def ours_gradients(dev: dict, kda_backward) -> dict:
 
 def reference_gradients(seen: dict, cu_seqlens) -> dict:
     """kernel.reference.kda_backward_reference in float64 on CuPy -> float64 numpy, with the forward's o and
-    ht (kda_forward_reference). For layer-call (A_log in ``seen``) on the gate and beta activated in float64,
+    ht from the same scan (its with_forward). For layer-call (A_log in ``seen``) on the gate and beta activated in float64,
     then chained back to the raw inputs (:func:`layer_call_chain`)."""
     import cupy
 
-    from kernel.reference import kda_backward_reference, kda_forward_reference
+    from kernel.reference import kda_backward_reference
 
     layer_call = "A_log" in seen
     g, beta = (layer_call_activations(seen) if layer_call else (seen["g"], seen["beta"]))
     d = {name: cupy.asarray(x) for name, x in dict(seen, g=g, beta=beta).items()}
     out = kda_backward_reference(d["q"], d["k"], d["v"], d["g"], d["beta"], d["do"], dht=d["dht"],
-                                 cu_seqlens=cu_seqlens, qk_l2norm=True)
-    grads = {name: cupy.asnumpy(out[name]) for name in GRADIENTS}
-    o, ht, _ = kda_forward_reference(d["q"], d["k"], d["v"], d["g"], d["beta"], cu_seqlens=cu_seqlens, qk_l2norm=True)
-    grads.update(o=cupy.asnumpy(o), ht=cupy.asnumpy(ht))   # the zero initial state, as both forwards get
+                                 cu_seqlens=cu_seqlens, qk_l2norm=True, with_forward=True)
+    grads = {name: cupy.asnumpy(out[name]) for name in (*GRADIENTS, *OUTPUTS)}   # the zero initial state, as both
+                                                                                 # forwards get
     if layer_call:
         grads.update(layer_call_chain(seen, grads["dg"], grads["dbeta"]))
     return grads

@@ -196,6 +196,27 @@ def test_backward_example_with_partial_tiles():
         _record(name, err)
 
 
+def test_the_backward_with_forward_adds_the_forwards_o_and_final_state_and_changes_nothing_else():
+    """with_forward: o and ht are kda_forward_reference's (the same scan, the same bits), the gradients
+    the same bits as without it; a varlen batch with an initial state."""
+    rng = np.random.default_rng(7)
+    lengths, H, K, V = [1, 5, 12], 2, 6, 4
+    T = sum(lengths)
+    q, k = rng.standard_normal((2, 1, T, H, K))
+    v, do = rng.standard_normal((2, 1, T, H, V))
+    g = -np.abs(rng.standard_normal((1, T, H, K)))
+    beta = rng.uniform(0, 1, (1, T, H))
+    h0, dht = rng.standard_normal((2, len(lengths), H, K, V))
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    kw = dict(initial_state=h0, cu_seqlens=cu, tile=4)
+    plain = kda_backward_reference(q, k, v, g, beta, do, dht=dht, **kw)
+    both = kda_backward_reference(q, k, v, g, beta, do, dht=dht, with_forward=True, **kw)
+    o, ht, _ = kda_forward_reference(q, k, v, g, beta, **kw)
+    assert set(both) == set(plain) | {"o", "ht"}
+    assert all(np.array_equal(both[n], plain[n]) for n in plain)
+    assert np.array_equal(both["o"], o) and np.array_equal(both["ht"], ht)
+
+
 # ----------------------------------------------------------------------------
 # the forward against the plain forward
 # ----------------------------------------------------------------------------

@@ -130,15 +130,24 @@ def table(rows: Sequence[dict]) -> str:
 
 
 # ------------------------------------------------------------------------ the child: one backward
+def _chunk_gate(g):
+    """The per-token natural-log gate [B, T, H, D] as FLA's forward keeps it: its cumsum within each
+    64-token chunk, in log2 units."""
+    import torch
+
+    B, T, H, D = g.shape
+    pad = -T % 64
+    g = torch.nn.functional.pad(g, (0, 0, 0, 0, 0, pad)).view(B, -1, 64, H, D)
+    return (g.cumsum(2) / 0.6931471805599453).view(B, T + pad, H, D)[:, :T].contiguous()
+
+
 def _drawn_forward_tensors(raw: dict, seed: int) -> tuple:
     """q, k, v, g, beta, Aqk, Akk with the shapes and magnitudes of FLA's forward tensors: g as
     FLA's per-64-chunk cumsum in log2 units, Aqk and Akk 64 wide a token, small."""
     import torch
 
     B, T, H, D = raw["q"].shape
-    pad = -T % 64
-    g = torch.nn.functional.pad(raw["g"], (0, 0, 0, 0, 0, pad)).view(B, -1, 64, H, D)
-    g = (g.cumsum(2) / 0.6931471805599453).view(B, T + pad, H, D)[:, :T].contiguous()
+    g = _chunk_gate(raw["g"])
     device = raw["q"].device
     gen = torch.Generator(device=device).manual_seed(seed + 1)
 
@@ -148,7 +157,7 @@ def _drawn_forward_tensors(raw: dict, seed: int) -> tuple:
     return raw["q"], raw["k"], raw["v"], g, raw["beta"], small(), small()
 
 
-def _forward_child(raw: dict, cu_host, seed: int) -> None:
+def _forward_child(raw: dict, cu_host) -> None:
     """One training-mode forward (every output written) on the bench's inputs: q and k normalised, g as
     FLA's per-64-chunk cumsum in log2 units (what kernel.chunk_kda hands the kernel)."""
     import torch
@@ -156,8 +165,8 @@ def _forward_child(raw: dict, cu_host, seed: int) -> None:
     from kernel.forward import forward
 
     q, k = (torch.nn.functional.normalize(raw[n].float(), dim=-1).to(torch.bfloat16) for n in ("q", "k"))
-    _, _, _, g, beta, _, _ = _drawn_forward_tensors(raw, seed)
-    forward(q, k, raw["v"], g, beta, cu_seqlens=cu_host, output_final_state=True, training=True)
+    forward(q, k, raw["v"], _chunk_gate(raw["g"]), raw["beta"], cu_seqlens=cu_host, output_final_state=True,
+            training=True)
     torch.cuda.synchronize()
 
 
@@ -173,7 +182,7 @@ def _child(config: str, heads: int, seed: int, inputs: str, forward: bool = Fals
     raw = make_inputs(cfg, heads, seed=seed, gate_strength=1.0)
     cu_fla, cu_host = cu_for_fla(raw["cu_seqlens"]), cu_for_kernel_a(raw["cu_seqlens"])
     if forward:
-        _forward_child(raw, cu_host, seed)
+        _forward_child(raw, cu_host)
         return
     tensors = None
     if inputs in ("auto", "fla"):

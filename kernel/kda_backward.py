@@ -16,7 +16,9 @@ The first two are serial scans over each sequence and independent of each other.
 few sequences x heads (B = 1) neither has enough chains to use the GPU's throughput,
 and each alone still takes about every SM (one CTA an SM: both use most of its shared
 memory). There they run side by side on two streams, each on a grid chosen for half
-of the SMs (:func:`plan_scans`).
+of the SMs (:func:`plan_scans`). Given the states (our forward's, or FLA's h), Kernel A runs
+alone and, at few sequences x heads, cuts each long sequence into segments scanned side by side
+(``segments``, :mod:`kernel.ds_scan.split`): the SMs the forward-state scan would have taken.
 
 The float64 statement of all of it is :func:`kernel.reference.kda_backward_reference`
 (on the raw per-token gate and, with ``qk_l2norm``, the raw q and k);
@@ -165,7 +167,8 @@ def checked_batch(B: int, T: int, H: int, cu_seqlens=None, *, scale: float, torc
 
 
 def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
-                 dht=None, cu_seqlens=None, states=None, side_by_side: bool | None = None) -> dict:
+                 dht=None, cu_seqlens=None, states=None, side_by_side: bool | None = None,
+                 segments: int | str = "auto") -> dict:
     """KDA's gradients from FLA's forward tensors, on the GPU.
 
     q, k: bf16 [B, T, H, 128]; v, do: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's
@@ -177,7 +180,12 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     as uint16 bits) or torch CUDA tensors; torch in, torch out, on torch's current stream.
     ``scale``: the forward's (default 128 ** -0.5). ``side_by_side``: run the forward-state scan
     beside Kernel A on a second stream, each on a grid for half the SMs (None: when both fit,
-    :func:`plan_scans`; only when the states are recomputed).
+    :func:`plan_scans`; only when the states are recomputed). ``segments``: Kernel A's sequence split
+    (:mod:`kernel.ds_scan.split`), used only where Kernel A has the GPU to itself (the states given,
+    or the two scans in turn): "auto" splits long sequences where few sequences x heads would leave
+    SMs idle; an integer S cuts each sequence into up to S segments and runs the scans in turn (1:
+    never split). A split scan is the same algebra rounded in another order: not the unsplit scan's
+    bits, but the same bits from call to call.
 
     Returns {"dq", "dk": fp32 [B, T, H, 128] w.r.t. the q, k given (with GVA summed over the value
     heads that read each); "dv": bf16 [B, T, HV, 128]; "dg": fp32 [B, T, HV, 128] w.r.t. the per-token
@@ -187,15 +195,20 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     plan = plan_kda_backward(q, k, v, g, beta, Aqk, Akk, do, scale=scale, initial_state=initial_state,
                              dht=dht, cu_seqlens=cu_seqlens, states=states)
     side_by_side = _side_by_side_arg(side_by_side)
+    ds_scan.check_segments(segments)
+    if segments != "auto" and segments > 1 and side_by_side and states is None:
+        raise ValueError(f"segments={segments} splits Kernel A's scan, which then needs the GPU to itself: "
+                         f"it cannot run side_by_side=True beside the forward-state scan (pass side_by_side=None "
+                         f"or False, or segments=1)")
     batch = Batch(plan.B, plan.T, plan.H, plan.HV, plan.cu_seqlens, cu_seqlens is not None, plan.scale,
                   plan.torch_out, plan.dh_shape)
     return run(batch, q, k, v, g, beta, Aqk, Akk, do, initial_state=initial_state, dht=dht, states=states,
-               side_by_side=side_by_side)
+               side_by_side=side_by_side, segments=segments)
 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
         side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False,
-        gate: Gate | None = None) -> dict:
+        gate: Gate | None = None, segments: int | str = "auto") -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
     by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
     ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
@@ -205,18 +218,25 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     Kernel B applies the gate activation's backward where it forms dg, and the result has, instead of
     "dg", :data:`GATE_GRADIENTS`: dg_raw (bf16, g_raw's), dA_log (fp32 [HV], None without A_log) and
     ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per 64-token chunk in
-    the kernel and then over chunks in a fixed order (two calls give the same bits)."""
+    the kernel and then over chunks in a fixed order (two calls give the same bits). ``segments``: as
+    :func:`kda_backward`'s (checked by the caller)."""
     cupy = require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
+    if segments != "auto" and segments > 1 and side_by_side is None:
+        side_by_side = False   # a forced split needs the GPU to itself
     scans = (plan_scans(batch.N * batch.HV, builds.sm_count(), side_by_side) if states is None
              else ScanPlan(False, "auto", None))
+    # Kernel A splits its sequences only where it has the GPU to itself: beside the forward-state
+    # scan (half the SMs each) there are no idle SMs for the segments to fill
+    segments = 1 if scans.side_by_side else segments
     if batch.torch_out:
         import torch
 
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16,
-                        gate)
-    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate)
+                        gate, segments)
+    return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate,
+                segments)
 
 
 def _empty_bf16(batch: Batch, like):
@@ -232,7 +252,7 @@ def _empty_bf16(batch: Batch, like):
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,
-         dqk_bf16: bool, gate: Gate | None = None) -> dict:
+         dqk_bf16: bool, gate: Gate | None, segments: int | str) -> dict:
     import cupy
 
     B, T, H, HV = batch.B, batch.T, batch.H, batch.HV
@@ -247,7 +267,7 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     beta_c = beta_f32(beta)
     main = cupy.cuda.get_current_stream()
     # the forward-state scan's stream beside Kernel A: the device's side stream (the runtime's, which
-    # Kernel A's sequence split also uses; Kernel A is not split here)
+    # Kernel A's sequence split also uses; never both in one call: a split runs only without the scan beside it)
     side = builds.side_stream(cupy.cuda.Device().id) if scans.side_by_side else None
     if states is None:
         from .forward_states import auto_config, choose_warps, device_tables, launch_planned, plan_from_layout
@@ -272,14 +292,13 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
             launch_planned(states_plan, c["k"], c["v"], c["g"], beta_c, c["Akk"], h0, states_c)
     else:
         states_c = to_cupy("states", states, "bf16")
-    # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator). Not
-    # split along the sequence (segments 1): at few sequences its scan runs beside the
-    # forward-state scan on half the SMs (plan_scans), which has no split of its own yet.
+    # Kernel A on the caller's arrays: torch in, torch dS and dh0 out (torch's allocator; a split's
+    # scratch too). Split along the sequence only when it runs alone (run() decided ``segments``).
     dht_c = to_cupy("dht", dht, "f32") if dht is not None else None
     checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dht_c, B, T, H, HV,
                                  batch.cu_seqlens, q.device if batch.torch_out else None)
     ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=False,
-                          snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=1, knobs={},
+                          snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=segments, knobs={},
                           fla_inputs=True)
     ds_c = to_cupy("dS", ds, "bf16")
     if side is not None:

@@ -15,6 +15,7 @@ torch.cuda.current_stream().cuda_stream): ...``, as kernel.bench does).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -25,7 +26,7 @@ from . import config, split
 from .config import Config
 from ..runtime import builds
 from ..runtime.arrays import (beta_f32, bf16_bits, bits_to_f32, check_scale, cupy_view, describe, expect, is_torch,
-                             leading, require_cupy, require_gpu, to_cupy, value_heads)
+                             leading, require_cupy, require_gpu, to_cupy, torch_allocations, value_heads)
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
@@ -385,8 +386,11 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
     s = float(scale) if scale is not None else HEAD_DIM ** -0.5
     inputs = (q, k, gc, beta, mqk, inv, do)
     if (counts > 1).any():
-        dh0[...] = _split_scan(inputs, dht, snapshots, cu, counts, H=H, HV=HV, scale=s, sm=sm, vsplit=vsplit,
-                               base=base, knobs=knobs)
+        # the split's buffers (each segment's dS in and out, the summaries, the fold): torch's memory
+        # for a torch caller, which torch then counts and reuses
+        with torch_allocations(dev) if torch_in else contextlib.nullcontext():
+            dh0[...] = _split_scan(inputs, dht, snapshots, cu, counts, H=H, HV=HV, scale=s, sm=sm, vsplit=vsplit,
+                                   base=base, knobs=knobs)
     else:
         fn, smem, threads, tma_dims = kernel(cfg)
         null = np.uint64(0)

@@ -14,8 +14,9 @@ The checks come in two steps, both host work that reads no tensor data:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -25,7 +26,7 @@ CUDA_INSTALL = "pip install -e '.[cuda]'"   # pyproject's cuda extra: cupy-cuda1
 DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)", "float32": "float32"}
 
 __all__ = ["ArrayInfo", "describe", "leading", "expect", "value_heads", "check_scale", "is_torch", "require_cupy",
-           "require_gpu", "cupy_view", "to_cupy", "beta_f32", "bf16_bits", "bits_to_f32", "CUDA_INSTALL"]
+           "require_gpu", "cupy_view", "to_cupy", "torch_allocations", "beta_f32", "bf16_bits", "bits_to_f32", "CUDA_INSTALL"]
 
 
 def is_torch(x: Any) -> bool:
@@ -182,6 +183,25 @@ def cupy_view(x):
         raise ValueError("a CuPy view needs a contiguous tensor")
     mem = cupy.cuda.UnownedMemory(x.data_ptr(), x.numel() * x.element_size(), x, x.device.index)
     return cupy.ndarray(tuple(x.shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+@contextlib.contextmanager
+def torch_allocations(device) -> Iterator[None]:
+    """Inside the block, CuPy's allocations on this thread come from torch's caching allocator on
+    ``device`` (a torch.device), on torch's current stream: a torch caller's scratch is then memory
+    torch counts (``torch.cuda.max_memory_allocated``) and reuses, not memory parked in CuPy's pool.
+    Each allocation is a uint8 tensor that the CuPy memory keeps alive; freed, it goes back to torch's
+    pool on the stream it was made on, so work that uses it must run on that stream, or be joined
+    back to it before the array is dropped."""
+    import cupy
+    import torch
+
+    def allocate(size: int):
+        t = torch.empty(max(int(size), 1), dtype=torch.uint8, device=device)
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), int(size), t, t.device.index), 0)
+
+    with cupy.cuda.using_allocator(allocate):
+        yield
 
 
 def to_cupy(name: str, x: Any, want: str):

@@ -182,3 +182,18 @@ def test_side_by_side_takes_a_bool_or_none(bad):
     a, kw = _args()
     with pytest.raises(TypeError, match="side_by_side must be True, False or None"):
         kda_backward(**a, **kw, side_by_side=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "many"])
+def test_segments_takes_auto_or_a_count(bad):
+    a, kw = _args()
+    with pytest.raises(ValueError, match="segments must be 'auto' or an integer >= 1"):
+        kda_backward(**a, **kw, segments=bad)
+
+
+def test_a_forced_split_is_refused_beside_the_forward_state_scan():
+    """A split Kernel A needs the SMs the forward-state scan would take beside it: asking for both is
+    refused by name (given states, no scan runs, so nothing is refused)."""
+    a, kw = _args()
+    with pytest.raises(ValueError, match=r"segments=3 splits Kernel A's scan.*side_by_side=True"):
+        kda_backward(**a, **kw, segments=3, side_by_side=True)

@@ -338,3 +338,83 @@ def test_grouped_value_heads_torch_in_torch_out():
     assert out["dv"].shape == (2, 100, 4, 128) and out["dh0"].shape == (2, 4, 128, 128)
     for name in GRADS:
         assert _rel(out[name].float().cpu().numpy().astype(np.float64), ref[name]) < BOUND, name
+
+
+# ----------------------------------------------------------------------------
+# Kernel A's sequence split inside the backward: only where Kernel A runs alone
+# ----------------------------------------------------------------------------
+
+def _segment_counts(monkeypatch):
+    """Records the segment counts of every split Kernel A runs (kernel.ds_scan.launch._split_scan)."""
+    from kernel.ds_scan import launch
+
+    seen, real = [], launch._split_scan
+
+    def recording(*args, **kwargs):
+        seen.append(tuple(int(c) for c in args[4]))   # counts: segments per sequence
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "_split_scan", recording)
+    return seen
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=IDS[:2])
+def test_a_split_kernel_a_matches_float64_and_the_unsplit_scan(case, monkeypatch):
+    """Given the states, Kernel A cut into 3 segments a sequence: float64's bound, the same bits twice,
+    and within rounding of the unsplit scan (the segments' incoming dS comes from the fold of their
+    summaries, in fp32, not from the chain: not the unsplit bits)."""
+    from kernel.kda_backward import kda_backward
+
+    seen = _segment_counts(monkeypatch)
+    inputs, kw, states, ref, cu = make_case(case)
+    whole = kda_backward(**inputs, **kw, states=states, segments=1)
+    assert seen == []
+    split = [kda_backward(**inputs, **kw, states=states, segments=3) for _ in range(2)]
+    assert len(seen) == 2 and max(seen[0]) == 3
+    _check(split[0], ref, cu, "split Kernel A")
+    for name in GRADS:
+        assert (split[0][name] == split[1][name]).all(), f"{name}: two split calls differ"
+        a, s = _host(name, whole[name]), _host(name, split[0][name])
+        assert _rel(s, a) < 1e-3, f"{name}: split vs unsplit, relative difference {_rel(s, a):.2e}"
+
+
+def test_auto_splits_a_long_sequence_only_without_the_scan_beside_it(monkeypatch):
+    """At one sequence of 5 x 2048 tokens x 2 heads, "auto" splits Kernel A given the states (and
+    matches float64 there), and never when the forward-state scan runs beside it."""
+    from kernel.kda_backward import kda_backward
+
+    seen = _segment_counts(monkeypatch)
+    inputs, kw, states, ref, cu = make_case(dict(B=1, T=10240, lengths=None, h0=True, dht=True))
+    out = kda_backward(**inputs, **kw, states=states)
+    assert seen == [(5,)], f"auto with the states given ran the splits {seen}"
+    _check(out, ref, cu, "auto split, given states")
+    kda_backward(**inputs, **kw, side_by_side=True)
+    assert seen == [(5,)], "Kernel A was split beside the forward-state scan"
+    kda_backward(**inputs, **kw, side_by_side=False)
+    assert seen == [(5,), (5,)], "with the scans in turn, auto splits too"
+
+
+def test_a_torch_call_s_split_allocates_through_torch_only():
+    """The split's scratch (each segment's dS in and out, the summaries, the fold) comes from torch's
+    caching allocator for a torch caller: CuPy's pool gains nothing."""
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    from kernel.kda_backward import kda_backward
+
+    inputs, kw, states, ref, _ = make_case(CASES[0])
+    as_t = lambda x: None if x is None else torch.as_tensor(x, device="cuda")  # noqa: E731
+    bf = lambda x: as_t(x).view(torch.bfloat16)  # noqa: E731
+    t_in = {n: (bf(x) if x.dtype == np.uint16 else as_t(x)) for n, x in inputs.items()}
+    call = dict(initial_state=as_t(kw["initial_state"]), dht=as_t(kw["dht"]), cu_seqlens=None, states=bf(states),
+                segments=3)
+    kda_backward(**t_in, **call)   # the first call builds the modules and the split's cached tables
+    torch.cuda.synchronize()
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    out = kda_backward(**t_in, **call)
+    torch.cuda.synchronize()
+    assert pool.used_bytes() == before, "a buffer of the split came from CuPy's pool"
+    for name in GRADS:
+        assert _rel(out[name].float().cpu().numpy().astype(np.float64), ref[name]) < BOUND, name

@@ -27,7 +27,9 @@ The mbarrier ring (:func:`mbarrier_parities`, :func:`mbarrier_walk`) hands over 
 stage's use number i // nstage, and its refill waits on EMPTY for the use before. A parity only
 names a phase if the waiter is at most one phase behind and never ahead of the barrier, so the
 walk also checks that every wait it evaluates is for the barrier's current or previous phase;
-``ptx_lab.device.mbarrier_ring_walk`` runs that ring on a GPU.
+``ptx_lab.device.mbarrier_ring_walk`` runs that ring on a GPU. Its engine, :func:`run_mbarrier_roles`,
+walks any roles on mbarriers the same way (the forward's checking build, tests/kernel/forward/
+test_handoffs.py).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ MAX_BARRIER_ID = 15      # ids 1..15 are free (0 is __syncthreads)
 WARP = 32
 
 __all__ = ["barrier_ids", "barrier_counts", "releases", "refill_waits", "run_roles", "walk", "RingError",
-           "MAX_BARRIER_ID", "mbarrier_parities", "mbarrier_walk"]
+           "MAX_BARRIER_ID", "mbarrier_parities", "run_mbarrier_roles", "mbarrier_walk"]
 
 
 class RingError(AssertionError):
@@ -255,50 +257,83 @@ def _mbarrier_programs(nstage: int, ntiles: int) -> dict[str, list[tuple]]:
     return {"producer": producer, "consumer": consumer}
 
 
+def _name(key) -> str:
+    """An mbarrier's key as the messages spell it: ("full", 2) -> FULL(2), "producers" -> PRODUCERS."""
+    return f"{key[0].upper()}({key[1]})" if isinstance(key, tuple) else str(key).upper()
+
+
+def run_mbarrier_roles(programs: Mapping[str, Sequence[tuple]], bars: Mapping, act: Callable[[str, tuple], None],
+                       order: Iterable[int] = (), threads: Mapping[str, int] | None = None) -> list[str]:
+    """Run every role's program over one interleaving on :class:`ptx_lab.model.MBarrier` objects
+    (``bars``: key -> barrier, its count in threads); :func:`run_roles`'s engine for mbarriers.
+
+    Steps: ("arrive", key) is one arrival of each of the role's threads (``threads``: role -> count;
+    None: 1 each); ("wait", key, parity, phase) waits by ``parity`` for the barrier's phase ``phase``
+    (counted from 0), the one the role means: a RingError where the parity is not that phase's, or
+    where the barrier is not in that phase or the next (then the parity names another phase: the
+    waiter is more than one phase behind, or ahead); every other step goes to ``act(role, step)``.
+    `order` as in :func:`run_roles`. RingError where a role's arrivals overfill a phase (part of them
+    would count for the next). Returns the roles left waiting (empty when every role finished); a
+    phase left part-full is the caller's to judge, from the barriers.
+    """
+    roles = tuple(programs)
+    size = {r: 1 for r in roles} if threads is None else {r: _count(threads[r], f"threads[{r!r}]", 1) for r in roles}
+    pc = {r: 0 for r in roles}
+
+    def can_step(role: str) -> bool:
+        if pc[role] >= len(programs[role]):
+            return False
+        op = programs[role][pc[role]]
+        if op[0] != "wait":
+            return True
+        _, key, parity, phase = op
+        bar = bars[key]
+        if parity != phase & 1:
+            raise RingError(f"the {role} waits on {_name(key)} for its phase {phase} "
+                            f"by parity {parity}, which is another phase's")
+        if bar.phase not in (phase, phase + 1):
+            raise RingError(f"the {role} waits on {_name(key)} for its phase {phase} by "
+                            f"parity {parity}, but the barrier is in phase {bar.phase}: the parity "
+                            f"names another phase")
+        return bar.try_wait_parity(parity)
+
+    def step(role: str) -> None:
+        op = programs[role][pc[role]]
+        pc[role] += 1
+        if op[0] == "arrive":
+            bar = bars[op[1]]
+            if size[role] > bar.pending:
+                raise RingError(f"the {role} overfills {_name(op[1])}: {size[role]} arrivals with {bar.pending} "
+                                f"of {bar.count} pending")
+            for _ in range(size[role]):
+                bar.arrive()
+        elif op[0] != "wait":
+            act(role, op)
+
+    _interleave(roles, can_step, step, order)
+    return [f"the {r} waits at step {pc[r]} ({programs[r][pc[r]][0]} on {_name(programs[r][pc[r]][1])})"
+            for r in roles if pc[r] < len(programs[r])]
+
+
 def mbarrier_walk(nstage: int, ntiles: int, order: Iterable[int] = ()) -> list[int]:
-    """Run the mbarrier ring's two roles to the end; returns the tiles the consumer read, in order.
+    """Run the mbarrier ring's two roles to the end (:func:`run_mbarrier_roles`); returns the tiles the
+    consumer read, in order.
 
     One arrival per side and phase (each side is one actor here). `order` as in :func:`walk`.
     RingError on a broken promise: a stage read early or overwritten unread, a wait whose parity
     names another phase than the one it means, a role left waiting, or arrivals left over.
     """
     nstage, ntiles = _count(nstage, "nstage", 1), _count(ntiles, "ntiles", 0)
-    progs = _mbarrier_programs(nstage, ntiles)
     bars = {(kind, s): MBarrier(1) for kind in ("full", "empty") for s in range(nstage)}
-    roles = ("producer", "consumer")
-    pc = {r: 0 for r in roles}
     stages = _Stages(nstage)
 
-    def can_step(role: str) -> bool:
-        if pc[role] >= len(progs[role]):
-            return False
-        op = progs[role][pc[role]]
-        if op[0] != "wait":
-            return True
-        _, key, parity, phase = op
-        bar = bars[key]
-        if parity != phase & 1:
-            raise RingError(f"the {role} waits on {key[0].upper()}({key[1]}) for its phase {phase} "
-                            f"by parity {parity}, which is another phase's")
-        if bar.phase not in (phase, phase + 1):
-            raise RingError(f"the {role} waits on {key[0].upper()}({key[1]}) for its phase {phase} by "
-                            f"parity {parity}, but the barrier is in phase {bar.phase}: the parity "
-                            f"names another phase")
-        return bar.try_wait_parity(parity)
-
-    def step(role: str) -> None:
-        op = progs[role][pc[role]]
-        pc[role] += 1
-        if op[0] == "arrive":
-            bars[op[1]].arrive()
-        elif op[0] == "write":
+    def act(role: str, op: tuple) -> None:
+        if op[0] == "write":
             stages.write(op[1], op[2])
-        elif op[0] == "read":
+        else:
             stages.read(op[1], op[2])
 
-    _interleave(roles, can_step, step, order)
-    stuck = [f"the {r} waits at step {pc[r]} ({progs[r][pc[r]][0]} on {progs[r][pc[r]][1]})"
-             for r in roles if pc[r] < len(progs[r])]
+    stuck = run_mbarrier_roles(_mbarrier_programs(nstage, ntiles), bars, act, order)
     # every phase whole, and one per hand-off: FULL(s) once per tile through s, EMPTY(s) once per
     # refill of s, one fewer (an arrival past those starts a phase nobody waits for)
     uses = {s: len(range(s, ntiles, nstage)) for s in range(nstage)}

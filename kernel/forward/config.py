@@ -28,17 +28,18 @@ __all__ = ["Config", "options", "header_digest", "source", "all_variants", "choo
            "WARPS", "PRODUCERS", "NSTAGES", "G6_SPLITS", "SMEM_OPTIN"]
 
 
-def smem_bytes(warps: int, producers: int, nstage: int) -> int:
+def smem_bytes(warps: int, producers: int, nstage: int, mbarrier_ring: bool = False) -> int:
     """Dynamic shared memory per CTA, as the source's Shared lays it out (kf_smem_bytes): the stages,
     the producers' scratch (Qe, Ke by tile parity, the solve's Lkk, the span flags) and the consumers'
-    staging tiles."""
+    staging tiles; in the checking build (``mbarrier_ring``) its mbarriers after them (the ring's
+    2 nstage, R1_DONE's and PRODUCTS_DONE's 2 each and the producers' one, 8 bytes each)."""
     op = TILE_TOKENS * (HEAD_DIM + 8) * 2            # a bf16 [16][136] operand
     blk = TILE_TOKENS * (TILE_TOKENS + 8) * 2        # a bf16 [16][24] block
     stage = (TILE_TOKENS * HEAD_DIM * 4 + 2 * producers * HEAD_DIM * 4 + 2 * TILE_TOKENS * HEAD_DIM * 2 + 3 * op
              + HEAD_DIM * 4 + TILE_TOKENS * 16 * warps * 2 + 2 * blk + 2 * TILE_TOKENS * 4)
     scratch = 4 * op + TILE_TOKENS * (TILE_TOKENS + 1) * 4 + 2 * producers * 4
     scratch = -(-scratch // 16) * 16
-    return nstage * stage + scratch + warps * HEAD_DIM * (16 + 8) * 2
+    return nstage * stage + scratch + warps * HEAD_DIM * (16 + 8) * 2 + (8 * (2 * nstage + 5) if mbarrier_ring else 0)
 
 
 def barrier_ids(nstage: int, product_warps: int) -> dict[str, list[int] | int]:
@@ -74,12 +75,16 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
     g6_split: int = 4   # independent accumulator pairs of P^T = S^T Kd^T: Kernel S's, so the states are its bits
     product_warps: int = 0   # 2: Mqk and INV on two warps of their own, a tile behind R1, so that R1 of the next
                              # tile overlaps them (0: two producer warps form them after R1); nstage then <= 5
+    mbarrier_ring: bool = False   # the checking build: every hand-off between warps on mbarriers, which
+                                  # compute-sanitizer's racecheck follows (not a launch's choice: slower)
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
         pw = self.product_warps
         if isinstance(pw, (bool, np.bool_)) or not isinstance(pw, (int, np.integer)) or pw not in PRODUCT_WARPS:
             raise ValueError(f"Config.product_warps must be one of {PRODUCT_WARPS}, got {pw!r}")
+        if not isinstance(self.mbarrier_ring, bool):
+            raise ValueError(f"Config.mbarrier_ring must be True or False, got {self.mbarrier_ring!r}")
         # the barriers before the shared memory (check_knobs), which a ring too deep may also overflow
         if self.nstage in NSTAGES and not isinstance(self.nstage, (bool, np.bool_)) and self.nstage > max_stages(pw):
             raise ValueError(f"Config.nstage must be at most {max_stages(pw)} with {pw} product warps, got "
@@ -92,16 +97,17 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
         return 32 * (self.warps + self.producers + self.product_warps)
 
     def name(self) -> str:
-        return super().name() + (f"-pw{self.product_warps}" if self.product_warps else "")
+        return (super().name() + (f"-pw{self.product_warps}" if self.product_warps else "")
+                + ("-mb" if self.mbarrier_ring else ""))
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.warps, self.producers, self.nstage)
+        return smem_bytes(self.warps, self.producers, self.nstage, self.mbarrier_ring)
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
 KNOB_MACROS = {"warps": "KF_WARPS", "producers": "KF_PRODUCERS", "nstage": "KF_NSTAGE", "g6_split": "KF_G6_SPLIT",
-               "product_warps": "KF_PRODUCT_WARPS"}
+               "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING"}
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 

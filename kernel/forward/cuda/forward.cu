@@ -29,6 +29,8 @@
 // hand each tile's R1 over by a barrier of its parity and go on to the next tile's R1 while the
 // products of this one are formed (forward_layout.cuh names the barriers). Alone on the producers,
 // R1 and the products run one after another on every tile; at one sequence a CTA that sum binds.
+// KF_MBARRIER_RING = 1 is a checking build: every hand-off between warps on mbarriers instead of named
+// barriers (forward_layout.cuh's Mbarriers), so that compute-sanitizer's racecheck can follow them.
 //
 // The rooms: forward_layout.cuh (stages, scratch, staging, barriers), forward_loads.cuh (a tile's
 // copies), forward_r1.cuh (R1), forward_intra.cuh (Mqk, INV), and Kernel S's
@@ -59,6 +61,9 @@
 #ifndef KF_PRODUCT_WARPS
 #error "KF_PRODUCT_WARPS is not set: kernel/forward/config.py sets every knob (Config.product_warps)"
 #endif
+#ifndef KF_MBARRIER_RING
+#error "KF_MBARRIER_RING is not set: kernel/forward/config.py sets every knob (Config.mbarrier_ring)"
+#endif
 
 namespace kf {
 using namespace ptx_lab;
@@ -70,6 +75,7 @@ constexpr int NSTAGE = KF_NSTAGE;
 constexpr int PREFETCH = NSTAGE - 1;    // tiles whose loads are in flight ahead of R1
 constexpr int G6_SPLIT = KF_G6_SPLIT;
 constexpr int PRODUCT_WARPS = KF_PRODUCT_WARPS;   // warps of Mqk and INV alone, a tile behind R1 (0: the producers')
+constexpr bool MBARRIER_RING = KF_MBARRIER_RING != 0;   // the checking build: every hand-off on mbarriers
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
 constexpr int PRODUCT_THREADS = 32 * PRODUCT_WARPS;
@@ -122,6 +128,11 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    Mbarriers& mb = *reinterpret_cast<Mbarriers*>(smem_raw + sizeof(Shared));   // the checking build's alone
+    if constexpr (MBARRIER_RING) {
+        if (tid == 0) mb.init();
+        __syncthreads();
+    }
     const kda_walk::Cta cta = kda_walk::cta_of<VGROUPS>(cu_seqlens, order, HV);
     const int vg = cta.vg, h = cta.h, n = cta.n, len = cta.len, ntiles = cta.ntiles;
     const long long bos = cta.bos;
@@ -134,11 +145,18 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             for (int i = 0; i < ntiles; ++i) {
                 const int s = i % NSTAGE, parity = i % 2;
                 const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
-                named_barrier_sync(R1_DONE_BARRIER + parity, HANDOFF_THREADS);   // tile i's R1 and copies are in
+                // tile i's R1 and copies are in (tile i is its parity's use i / 2)
+                if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.r1_done[parity]), (i / 2) & 1);
+                else named_barrier_sync(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
                 tile_products(sh.stage[s], sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, xw, lane);
                 // the scratch of this parity is read: R1 of tile i + 2 may write it
-                if (i + 2 < ntiles) named_barrier_arrive(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
-                Ring::publish(s);   // Mqk and INV of tile i are in its stage
+                if (i + 2 < ntiles) {
+                    if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.products_done[parity]));
+                    else named_barrier_arrive(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
+                }
+                // Mqk and INV of tile i are in its stage
+                if constexpr (MBARRIER_RING) mb.ring.publish(i);
+                else Ring::publish(s);
             }
             return;
         }
@@ -160,17 +178,33 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             Stage& st = sh.stage[s];
             kda_walk::copies_landed<PREFETCH>();
             if constexpr (PRODUCT_WARPS > 0) {   // tile i - 2's products have read the scratch of this parity
-                if (i >= 2) named_barrier_sync(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
+                if (i >= 2) {
+                    if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.products_done[parity]), (i / 2 - 1) & 1);
+                    else named_barrier_sync(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
+                }
             }
             const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane);
             if (lane == 0) sh.scratch.past[parity][pw] = past;
-            if constexpr (PRODUCT_WARPS > 0) {
-                named_barrier_arrive(R1_DONE_BARRIER + parity, HANDOFF_THREADS);   // the product warps take over
+            if constexpr (PRODUCT_WARPS > 0) {   // the product warps take over
+                if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.r1_done[parity]));
+                else named_barrier_arrive(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
             } else {
-                named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
+                if constexpr (MBARRIER_RING) {
+                    mbarrier_arrive(smem_addr(&mb.producers));
+                    mbarrier_wait_parity(smem_addr(&mb.producers), i & 1);
+                } else {
+                    named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
+                }
                 tile_products(st, sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, pw, lane);
             }
-            kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
+            if constexpr (MBARRIER_RING) {   // kda_walk::hand_over on the mbarrier ring, which counts tiles
+                mb.ring.publish(i);
+                const int j = i + PREFETCH;
+                mb.ring.wait_to_refill(j, ntiles);
+                kda_walk::issue_slot(j, ntiles, issue);
+            } else {
+                kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
+            }
         }
         cp_async_wait<0>();
         return;
@@ -190,7 +224,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
 #pragma unroll 1
     for (int i = 0; i < ntiles; ++i) {
         const int s = i % NSTAGE;
-        Ring::wait_full(s);   // tile i's inputs and operands are in stage s
+        // tile i's inputs and operands are in stage s
+        if constexpr (MBARRIER_RING) mb.ring.wait_full(i);
+        else Ring::wait_full(s);
         const Stage& st = sh.stage[s];
         __syncwarp();         // the last tile's o left the staging tile before the snapshot reuses it
 
@@ -216,7 +252,10 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             mma_m16n8k16_bf16(out[0], ua, b0, out[0]);
             mma_m16n8k16_bf16(out[1], ua, b1, out[1]);
         }
-        if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
+        if (Ring::releases(i, ntiles)) {   // the producers refill stage s
+            if constexpr (MBARRIER_RING) mb.ring.release(i);
+            else Ring::release(s);
+        }
 
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
         if (snap) {

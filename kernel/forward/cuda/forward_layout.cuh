@@ -50,7 +50,33 @@ struct Shared {
     u16 snap[WARPS][HEAD_DIM][SNAP_STRIDE];   // per consumer warp: its 16 v columns of S [K][V], bf16;
                                               // rows 0..15 then stage its o [token][v]
 };
-constexpr int SMEM_BYTES = (int)sizeof(Shared);
+static_assert(sizeof(Shared) % 16 == 0, "the checking build's mbarriers follow Shared");
+
+// The checking build's hand-offs (KF_MBARRIER_RING): the same as the named barriers below, on mbarriers,
+// whose arrivals and waits are memory operations that compute-sanitizer's racecheck follows (it misreads
+// named-barrier hand-offs of cp.async data: kernel/tools/racecheck_probes.cu). Every thread arrives for
+// itself. They lie after Shared, so that a build without them keeps its layout.
+//     ring              FULL(s): the producers' and the product warps' threads; EMPTY(s): the consumers'
+//     r1_done[p]        the producers' threads a phase; tile i is use i / 2 of its parity's
+//     products_done[p]  the product warps' threads a phase
+//     producers         the producers' threads, one phase a tile (without product warps)
+struct Mbarriers {
+    MbarrierRing<NSTAGE, PRODUCER_THREADS + PRODUCT_THREADS, CONSUMER_THREADS> ring;
+    u64 r1_done[2];
+    u64 products_done[2];
+    u64 producers;
+
+    // One thread, before any other use; then a CTA barrier.
+    __device__ __forceinline__ void init() {
+        ring.init();
+        for (int p = 0; p < 2; ++p) {
+            mbarrier_init(smem_addr(&r1_done[p]), PRODUCER_THREADS);
+            mbarrier_init(smem_addr(&products_done[p]), PRODUCT_THREADS > 0 ? PRODUCT_THREADS : 1);
+        }
+        mbarrier_init(smem_addr(&producers), PRODUCER_THREADS);
+    }
+};
+constexpr int SMEM_BYTES = (int)sizeof(Shared) + (MBARRIER_RING ? (int)sizeof(Mbarriers) : 0);
 
 // The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers 1 .. 2 NSTAGE.
 // FULL counts every thread of the CTA. EMPTY counts the consumers and the producers: the product warps

@@ -118,3 +118,35 @@ def test_the_source_refuses_a_ring_too_deep_for_the_product_warps_barriers(tmp_p
     assert proc.returncode != 0
     assert "KF_NSTAGE must be 2 .. 7, and 2 .. 5 with product warps" in proc.stderr
     assert "with product warps KF_NSTAGE must be at most 5" in proc.stderr
+
+
+def test_the_checking_build_is_named_and_adds_its_mbarriers_to_the_shared_memory():
+    cfg = kf.Config(warps=1, producers=4, nstage=5, product_warps=2, mbarrier_ring=True)
+    assert cfg.name() == "w1-p4-st5-g4-pw2-mb" and "-DKF_MBARRIER_RING=1" in kf.options(cfg)
+    assert "-DKF_MBARRIER_RING=0" in kf.options(kf.Config())
+    # after Shared: the ring's 2 nstage mbarriers, R1_DONE's and PRODUCTS_DONE's 2 each, the producers' one
+    assert cfg.smem_bytes == kf.smem_bytes(1, 4, 5) + 8 * (2 * 5 + 5)
+    with pytest.raises(ValueError, match="Config.mbarrier_ring must be True or False, got 1"):
+        kf.Config(mbarrier_ring=1)
+    assert not any(c.mbarrier_ring for c in kf.all_variants())   # a checking build, never launched by the API
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("cfg", [kf.Config(warps=1, producers=4, nstage=5, product_warps=2, mbarrier_ring=True),
+                                 kf.Config(warps=8, producers=2, nstage=4, mbarrier_ring=True)], ids=lambda c: c.name())
+def test_the_checking_build_hands_over_on_mbarriers_alone(tmp_path, cfg):
+    # 0 spills, Config's shared memory is the source's, and no named barrier but __syncthreads (id 0) is left
+    from kernel.tools import resources
+
+    row = resources.compile_variant(kf.BUILD, cfg, tmp_path)
+    assert "error" not in row, row.get("error")
+    assert resources.problems(row) == [] and row["spill"] == 0 and row["smem"] == cfg.smem_bytes
+    assert row["threads"] == cfg.threads
+    if row["sass"] is not None:
+        sass = resources._sass(tmp_path / f"{kf.BUILD.label(cfg)}.cubin").stdout
+        assert row["sass"]["SYNCS"] > 0
+        assert set(re.findall(BARRIER_IDS, sass)) == {"0x0"}
+
+
+# a named barrier instruction's first operand: its id, a constant or a register
+BARRIER_IDS = r"\bBAR\.(?:SYNC|ARV|RED)\S*\s+([^,;\s]+)"

@@ -8,8 +8,14 @@ scratch parity may be overwritten before it is read, and no walk may hang, for 1
 2..5 stages. Two changes show what the protocol's parts are for: without PRODUCTS_DONE, R1 overwrites
 a scratch the product warps have not read (at the last tiles, where no refill holds the producers
 back); with the product warps on EMPTY, R1 never runs a tile ahead of them.
+
+The checking build (Config.mbarrier_ring) runs the same hand-offs on mbarriers, each wait by the parity
+forward.cu computes: walked on ptx_lab.ring.run_mbarrier_roles, which also checks that every parity
+names the phase the wait means.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +23,7 @@ from hypothesis import strategies as st
 
 from kernel.forward import Config, auto_config, barrier_ids, max_stages
 from ptx_lab import ring
+from ptx_lab.model import MBarrier
 
 CPU = settings(max_examples=300, deadline=None)
 PRODUCTS = ("mqk", "inv")   # the two product warps, in the kernel's order (MQK_WARP, INV_WARP)
@@ -249,3 +256,91 @@ def test_on_empty_without_its_count_the_product_warps_stand_in_for_the_consumers
     threads, bars = counts(config(1, 2, 3))
     with pytest.raises(ring.RingError, match=r"the producers load tile \d+ into stage \d before the consumers read"):
         ring.run_roles(programs(3, 8, 2, products_on_empty=True), bars, Tiles(3), (), threads)
+
+
+# ----------------------------------------------------------------------------
+# the checking build: the same hand-offs on mbarriers
+# ----------------------------------------------------------------------------
+
+def mbarrier_programs(nstage: int, ntiles: int, product_warps: int) -> dict[str, list[tuple]]:
+    """Each role's steps in the checking build (forward.cu with KF_MBARRIER_RING): programs()' hand-offs
+    on mbarriers; a wait is ("wait", barrier, the parity forward.cu waits by, the phase it means)."""
+    prefetch = nstage - 1
+    producers = [("load", j % nstage, j) for j in range(min(prefetch, ntiles))]
+    for i in range(ntiles):
+        s, p = i % nstage, i % 2
+        if product_warps and i >= 2:   # tile i - 2's arrivals: use i / 2 - 1 of the parity's barrier
+            producers.append(("wait", ("products_done", p), (i // 2 - 1) & 1, i // 2 - 1))
+        producers.append(("r1", s, p, i))
+        if product_warps:
+            producers.append(("arrive", ("r1_done", p)))
+        else:
+            producers += [("arrive", "producers"), ("wait", "producers", i & 1, i),
+                          *(("product", w, s, p, i) for w in PRODUCTS)]
+        producers.append(("arrive", ("full", s)))
+        j = i + prefetch
+        if ring.refill_waits(j, ntiles, nstage):
+            producers.append(("wait", ("empty", j % nstage), ring.mbarrier_parities(j, nstage)[1], j // nstage - 1))
+        if j < ntiles:
+            producers.append(("load", j % nstage, j))
+    roles = {"producers": producers}
+    for w in PRODUCTS if product_warps else ():
+        prog = []
+        for i in range(ntiles):
+            s, p = i % nstage, i % 2
+            prog += [("wait", ("r1_done", p), (i // 2) & 1, i // 2), ("product", w, s, p, i)]
+            if i + 2 < ntiles:
+                prog.append(("arrive", ("products_done", p)))
+            prog.append(("arrive", ("full", s)))
+        roles[w] = prog
+    consumers = []
+    for i in range(ntiles):
+        s = i % nstage
+        consumers += [("wait", ("full", s), ring.mbarrier_parities(i, nstage)[0], i // nstage), ("read", s, i)]
+        if ring.releases(i, ntiles, nstage):
+            consumers.append(("arrive", ("empty", s)))
+    roles["consumers"] = consumers
+    return roles
+
+
+def mbarriers(cfg: Config) -> tuple[dict[str, int], dict]:
+    """(threads a role arrives with, the mbarriers with forward_layout.cuh's counts: Mbarriers::init)."""
+    threads, _ = counts(cfg)
+    producers, products = threads["producers"], WARP * cfg.product_warps
+    bars = {**{("full", s): MBarrier(producers + products) for s in range(cfg.nstage)},
+            **{("empty", s): MBarrier(threads["consumers"]) for s in range(cfg.nstage)},
+            **{("r1_done", p): MBarrier(producers) for p in range(2)},
+            **{("products_done", p): MBarrier(max(products, 1)) for p in range(2)},
+            "producers": MBarrier(producers)}
+    return threads, bars
+
+
+@CPU
+@given(warps=st.sampled_from([1, 2, 4]), product_warps=st.sampled_from([0, 2]), nstage=st.integers(2, 5),
+       ntiles=st.integers(1, 8), order=st.lists(st.integers(0, 3), max_size=300))
+def test_the_checking_build_hands_every_tile_over_whole_by_the_right_parities(warps, product_warps, nstage, ntiles,
+                                                                             order):
+    cfg = dataclasses.replace(config(warps, product_warps, nstage), mbarrier_ring=True)
+    threads, bars = mbarriers(cfg)
+    tiles = Tiles(nstage)
+    stuck = ring.run_mbarrier_roles(mbarrier_programs(nstage, ntiles, product_warps), bars, tiles, order, threads)
+    part_full = [f"{k} holds {b.count - b.pending} of {b.count}" for k, b in bars.items() if b.pending != b.count]
+    assert not stuck and not part_full, (stuck, part_full)
+    assert tiles.seen == list(range(ntiles)) and max(tiles.lead.values()) <= 1
+
+
+@pytest.mark.parametrize("wrong", ["r1_done", "products_done"])
+def test_the_checking_build_catches_a_parity_of_another_use(wrong):
+    # R1_DONE waited by the tile's parity instead of its use's, PRODUCTS_DONE by the use of tile i
+    # instead of tile i - 2's: the walk refuses either (the parity names another phase than the wait's)
+    def parity(op):
+        return op[1][1] if wrong == "r1_done" else op[2] ^ 1
+
+    progs = mbarrier_programs(4, 8, 2)
+    for role, prog in progs.items():
+        progs[role] = [("wait", op[1], parity(op), op[3]) if op[0] == "wait" and op[1][0] == wrong else op
+                       for op in prog]
+    threads, bars = mbarriers(dataclasses.replace(config(1, 2, 4), mbarrier_ring=True))
+    with pytest.raises(ring.RingError, match=rf"waits on {wrong.upper()}\(\d\) for its phase \d+ by parity \d, "
+                                             rf"which is another phase's"):
+        ring.run_mbarrier_roles(progs, bars, Tiles(4), (), threads)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kernel.ds_scan.launch import bits_to_f32
-from kernel.forward import Config, all_variants, forward
+from kernel.forward import Config, all_variants, auto_config, forward
 
 from ..fla_requirements import skip_without_fla_gpu
 from ..forward_cases import RAGGED, emulate, make_case, rel, worst_rows
@@ -184,15 +184,12 @@ def test_every_knob_setting_matches_float64(config):
     _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED + [1000]}")
 
 
-@pytest.mark.parametrize("config", PRODUCT_CONFIGS, ids=lambda c: c.name())
-def test_product_warps_give_the_bits_of_the_build_without_them(config):
-    # the product warps run the producers' own device functions on the same inputs, a tile later and on
-    # other warps: every output comes out bit for bit, in training (the blocks too) and in inference. Ragged
-    # lengths give sequences of 1 and 2 tiles (the hand-offs' first and last tiles), one tile goes pairwise
+def _same_bits(config: Config, other: Config) -> None:
+    """Every output of `config` bit for bit `other`'s, in training (the blocks too) and in inference, on ragged
+    lengths (sequences of 1 and 2 tiles: the hand-offs' first and last tiles) with one tile past fp32's range."""
     case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True)
-    without = dataclasses.replace(config, product_warps=0)
     for training in (True, False):
-        got, want = _host(_run(case, config, training=training)), _host(_run(case, without, training=training))
+        got, want = _host(_run(case, config, training=training)), _host(_run(case, other, training=training))
         for name, x in got.items():
             y = want[name]
             assert (x is None) == (y is None) == (not training and name in ("states", "Aqk", "Akk")), name
@@ -201,8 +198,21 @@ def test_product_warps_give_the_bits_of_the_build_without_them(config):
             if name in ("Aqk", "Akk"):
                 x, y = np.where(case["blocks"], x, 0), np.where(case["blocks"], y, 0)
             assert np.array_equal(x, y, equal_nan=True), \
-                f"{config.name()}, training {training}: {name} differs from {without.name()}'s in " \
+                f"{config.name()}, training {training}: {name} differs from {other.name()}'s in " \
                 f"{int((x != y).sum())} of {x.size} values"
+
+
+@pytest.mark.parametrize("config", PRODUCT_CONFIGS, ids=lambda c: c.name())
+def test_product_warps_give_the_bits_of_the_build_without_them(config):
+    # the product warps run the producers' own device functions on the same inputs, a tile later and on
+    # other warps: every output comes out bit for bit
+    _same_bits(config, dataclasses.replace(config, product_warps=0))
+
+
+@pytest.mark.parametrize("config", [auto_config(1), auto_config(8), PRODUCT_CONFIGS[-4]], ids=lambda c: c.name())
+def test_the_checking_build_on_mbarriers_gives_the_bits_of_the_named_barriers(config):
+    # the checking build changes how the warps wait for each other, nothing they compute
+    _same_bits(dataclasses.replace(config, mbarrier_ring=True), config)
 
 
 # ----------------------------------------------------------------------------

@@ -6,12 +6,12 @@ mode the states and Aqk's and Akk's diagonal blocks our backward reads).
   for a caller that checked its arguments itself;
 * ``cuda/``: the entry file ``forward.cu`` and its ``forward_*.cuh``.
 """
-from .config import (BUILD, COMPILER_FLAGS, G6_SPLITS, KERNEL_NAME, KNOB_MACROS, NSTAGES, PRODUCERS, SMEM_OPTIN,
-                     SOURCE_DIR, SOURCE_PATH, WARPS, Config, all_variants, auto_config, header_digest, options,
-                     smem_bytes, source)
+from .config import (BUILD, COMPILER_FLAGS, G6_SPLITS, KERNEL_NAME, KNOB_MACROS, NSTAGES, PRODUCERS, PRODUCT_WARPS,
+                     SMEM_OPTIN, SOURCE_DIR, SOURCE_PATH, WARPS, Config, all_variants, auto_config, barrier_ids,
+                     header_digest, max_stages, options, smem_bytes, source)
 from .launch import ForwardOutputs, ForwardPlan, forward, launch_planned, module, plan_forward
 
 __all__ = ["forward", "plan_forward", "launch_planned", "module", "Config", "ForwardPlan", "ForwardOutputs",
            "auto_config", "all_variants", "options", "source", "header_digest", "smem_bytes", "BUILD", "SOURCE_DIR",
            "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS", "WARPS", "PRODUCERS", "NSTAGES", "G6_SPLITS",
-           "SMEM_OPTIN"]
+           "PRODUCT_WARPS", "SMEM_OPTIN", "barrier_ids", "max_stages"]

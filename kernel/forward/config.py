@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 
 from ..forward_states.config import (G6_SPLITS, NSTAGES, PRODUCERS, SMEM_OPTIN, WARPS, ScanShape, check_knobs,
                                      choose_warps, knob_options)
@@ -17,25 +18,48 @@ from ..shapes import HEAD_DIM, TILE_TOKENS
 SOURCE_DIR = Path(__file__).resolve().parent / "cuda"
 SOURCE_PATH = SOURCE_DIR / "forward.cu"
 KERNEL_NAME = "kda_forward"
-MAX_WARPS = 12          # warps + producers: 384 threads leave 168 registers a thread
+MAX_WARPS = 12          # warps + producers + product warps: 384 threads leave 168 registers a thread
 MAX_STAGES = 6          # the auto rule's deepest ring: 4 tiles of the chain cover a loaded DRAM latency (Kernel S's)
+PRODUCT_WARPS = (0, 2)  # Config.product_warps: none (two producer warps form Mqk and INV), or one warp each
+MAX_BARRIER_ID = 15     # named barriers 1..15 (0 is __syncthreads)
 
 __all__ = ["Config", "options", "header_digest", "source", "all_variants", "choose_warps", "auto_config",
-           "smem_bytes", "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS",
+           "smem_bytes", "barrier_ids", "max_stages", "BUILD", "PRODUCT_WARPS", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS",
            "WARPS", "PRODUCERS", "NSTAGES", "G6_SPLITS", "SMEM_OPTIN"]
 
 
-def smem_bytes(warps: int, producers: int, nstage: int) -> int:
+def smem_bytes(warps: int, producers: int, nstage: int, mbarrier_ring: bool = False) -> int:
     """Dynamic shared memory per CTA, as the source's Shared lays it out (kf_smem_bytes): the stages,
     the producers' scratch (Qe, Ke by tile parity, the solve's Lkk, the span flags) and the consumers'
-    staging tiles."""
+    staging tiles; in the checking build (``mbarrier_ring``) its mbarriers after them (the ring's
+    2 nstage, R1_DONE's and PRODUCTS_DONE's 2 each and the producers' one, 8 bytes each)."""
     op = TILE_TOKENS * (HEAD_DIM + 8) * 2            # a bf16 [16][136] operand
     blk = TILE_TOKENS * (TILE_TOKENS + 8) * 2        # a bf16 [16][24] block
     stage = (TILE_TOKENS * HEAD_DIM * 4 + 2 * producers * HEAD_DIM * 4 + 2 * TILE_TOKENS * HEAD_DIM * 2 + 3 * op
              + HEAD_DIM * 4 + TILE_TOKENS * 16 * warps * 2 + 2 * blk + 2 * TILE_TOKENS * 4)
     scratch = 4 * op + TILE_TOKENS * (TILE_TOKENS + 1) * 4 + 2 * producers * 4
     scratch = -(-scratch // 16) * 16
-    return nstage * stage + scratch + warps * HEAD_DIM * (16 + 8) * 2
+    return nstage * stage + scratch + warps * HEAD_DIM * (16 + 8) * 2 + (8 * (2 * nstage + 5) if mbarrier_ring else 0)
+
+
+def barrier_ids(nstage: int, product_warps: int) -> dict[str, list[int] | int]:
+    """The named barriers as forward_layout.cuh numbers them: the ring's FULL(s) and EMPTY(s) (ptx_lab.ring's
+    barrier_ids from id 1), then the producers' barrier, then with product warps R1_DONE and PRODUCTS_DONE,
+    one per tile parity; "end" is the first id after them (at most 16)."""
+    ids: dict[str, list[int] | int] = {"full": [1 + s for s in range(nstage)],
+                                       "empty": [1 + nstage + s for s in range(nstage)],
+                                       "producers": 1 + 2 * nstage}
+    end = 2 + 2 * nstage
+    if product_warps:
+        ids["r1_done"], ids["products_done"] = [end, end + 1], [end + 2, end + 3]
+        end += 4
+    ids["end"] = end
+    return ids
+
+
+def max_stages(product_warps: int) -> int:
+    """The deepest ring whose barriers fit ids 1..15 beside the others: 7, and 5 with product warps."""
+    return max(n for n in range(1, 8) if barrier_ids(n, product_warps)["end"] <= MAX_BARRIER_ID + 1)
 
 
 # ----------------------------------------------------------------------------
@@ -49,18 +73,41 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
                         # leave 168 registers a thread without a spill (4 spill there)
     nstage: int = 4     # ring depth: loads run nstage - 1 tiles ahead of R1, which runs one ahead of the chain
     g6_split: int = 4   # independent accumulator pairs of P^T = S^T Kd^T: Kernel S's, so the states are its bits
+    product_warps: int = 0   # 2: Mqk and INV on two warps of their own, a tile behind R1, so that R1 of the next
+                             # tile overlaps them (0: two producer warps form them after R1); nstage then <= 5
+    mbarrier_ring: bool = False   # the checking build: every hand-off between warps on mbarriers, which
+                                  # compute-sanitizer's racecheck follows (not a launch's choice: slower)
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
-        check_knobs(self, max_warps=MAX_WARPS, registers=168)
+        pw = self.product_warps
+        if isinstance(pw, (bool, np.bool_)) or not isinstance(pw, (int, np.integer)) or pw not in PRODUCT_WARPS:
+            raise ValueError(f"Config.product_warps must be one of {PRODUCT_WARPS}, got {pw!r}")
+        if not isinstance(self.mbarrier_ring, bool):
+            raise ValueError(f"Config.mbarrier_ring must be True or False, got {self.mbarrier_ring!r}")
+        # the barriers before the shared memory (check_knobs), which a ring too deep may also overflow
+        if self.nstage in NSTAGES and not isinstance(self.nstage, (bool, np.bool_)) and self.nstage > max_stages(pw):
+            raise ValueError(f"Config.nstage must be at most {max_stages(pw)} with {pw} product warps, got "
+                             f"{self.nstage}: the ring's 2 nstage named barriers, the producers' one and the "
+                             f"product warps' 4 must fit ids 1..{MAX_BARRIER_ID}")
+        check_knobs(self, max_warps=MAX_WARPS, registers=168, extra_warps=("product_warps",))
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.warps + self.producers + self.product_warps)
+
+    def name(self) -> str:
+        return (super().name() + (f"-pw{self.product_warps}" if self.product_warps else "")
+                + ("-mb" if self.mbarrier_ring else ""))
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.warps, self.producers, self.nstage)
+        return smem_bytes(self.warps, self.producers, self.nstage, self.mbarrier_ring)
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
-KNOB_MACROS = {"warps": "KF_WARPS", "producers": "KF_PRODUCERS", "nstage": "KF_NSTAGE", "g6_split": "KF_G6_SPLIT"}
+KNOB_MACROS = {"warps": "KF_WARPS", "producers": "KF_PRODUCERS", "nstage": "KF_NSTAGE", "g6_split": "KF_G6_SPLIT",
+               "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING"}
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 
@@ -81,12 +128,19 @@ def source() -> str:
 
 
 def auto_config(warps: int) -> Config:
-    """The launch's configuration for `warps` consumer warps: 4 producers (2 beside 8 consumers, for
-    the registers), the G6 split by 4, and the deepest ring of at most MAX_STAGES that fits."""
-    producers = 2 if warps == 8 else 4
-    for nstage in range(MAX_STAGES, 1, -1):
+    """The launch's configuration for `warps` consumer warps, the G6 split by 4, and the deepest ring of at
+    most MAX_STAGES that fits (and whose barriers fit):
+    - beside 1 or 2 consumer warps, 4 producers and 2 product warps: with few consumers R1 and the
+      products in series bind the tile, so the products go to warps of their own, and R1 keeps 4 warps;
+    - beside 4, 2 producers and 2 product warps: with 4 producers, 10 warps would cap a thread at 168
+      registers (ptxas gives each of the SM's 4 schedulers' 16K to its ceil(warps / 4) warps) and spill;
+    - beside 8, 2 producers and no product warps: 10 warps cap a thread at 168 registers, which the
+      build fits without product warps; there the consumers' chain binds the tile, not the producers."""
+    producers = 2 if warps >= 4 else 4
+    product_warps = 0 if warps == 8 else 2
+    for nstage in range(min(MAX_STAGES, max_stages(product_warps)), 1, -1):
         if smem_bytes(warps, producers, nstage) <= SMEM_OPTIN:
-            return Config(warps=warps, producers=producers, nstage=nstage, g6_split=4)
+            return Config(warps=warps, producers=producers, nstage=nstage, g6_split=4, product_warps=product_warps)
     raise AssertionError(f"no ring fits {warps} consumer warps")   # unreachable: 2 stages always fit
 
 

@@ -71,19 +71,22 @@ class Config(ScanShape):
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
-def check_knobs(cfg, *, max_warps: int, registers: int) -> None:
+def check_knobs(cfg, *, max_warps: int, registers: int, extra_warps: tuple[str, ...] = ()) -> None:
     """The knob checks of a scan's Config (Kernel S's, and the forward's, which has the same knobs):
-    each value among its allowed ones, the warps within ``max_warps`` (``registers``: what a consumer
-    thread needs, for the message), the shared memory within the SM's opt-in limit."""
+    each value among its allowed ones, every warp of the CTA (cfg.threads: the consumers, the producers
+    and any warps of ``extra_warps``, Config fields the caller checked) within ``max_warps`` (``registers``:
+    what a consumer thread needs, for the message), the shared memory within the SM's opt-in limit."""
     for name, allowed in (("warps", WARPS), ("producers", PRODUCERS), ("nstage", NSTAGES), ("g6_split", G6_SPLITS)):
         value = getattr(cfg, name)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
             raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
     if not isinstance(cfg.lineinfo, bool):
         raise ValueError(f"Config.lineinfo must be True or False, got {cfg.lineinfo!r}")
-    if cfg.warps + cfg.producers > max_warps:
-        raise ValueError(f"Config.warps + Config.producers must be at most {max_warps}, got {cfg.warps} + "
-                         f"{cfg.producers}: a consumer thread needs ~{registers} registers and the SM has 64K")
+    if cfg.threads // 32 > max_warps:
+        parts = ["warps", "producers", *(f for f in extra_warps if getattr(cfg, f))]
+        raise ValueError(f"{' + '.join(f'Config.{f}' for f in parts)} must be at most {max_warps}, got "
+                         f"{' + '.join(str(getattr(cfg, f)) for f in parts)}: a consumer thread needs ~{registers} "
+                         f"registers and the SM has 64K")
     if cfg.smem_bytes > SMEM_OPTIN:
         raise ValueError(f"Config {cfg.name()} needs {cfg.smem_bytes} B of shared memory per CTA, more than "
                          f"the {SMEM_OPTIN} B an H100 / H200 CTA may have: use fewer stages (Config.nstage)")

@@ -282,7 +282,8 @@ def _forward() -> str:
 
     raw, f = _fla_case()
     cu = raw["cu_seqlens"]
-    # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}
+    # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}, or {"mbarrier_ring": true}
+    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows
     cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())),
                               lineinfo=True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
     out = forward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),

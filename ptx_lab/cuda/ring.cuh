@@ -4,12 +4,17 @@
 //
 // BarrierRing
 // -----------
-// Tile i of a walk goes through stage i % Stages. Each stage has two barriers, both counting
-// Threads (every thread of both roles, a multiple of 32):
+// Tile i of a walk goes through stage i % Stages. Each stage has two barriers:
 //     FULL(s)  = FirstId + s             producers arrive once stage s holds its tile;
 //                                        consumers sync before reading it
 //     EMPTY(s) = FirstId + Stages + s    consumers arrive once done reading stage s;
 //                                        producers sync before overwriting it
+// FULL counts Threads (every thread of every role, a multiple of 32), EMPTY counts EmptyThreads
+// (by default Threads). A kernel gives EMPTY fewer where a role only adds to a stage's tile and
+// never refills a stage: it arrives on FULL with the producers and stays off EMPTY, so it never
+// waits for the consumers. Such a role must reach a stage's next tile only through a hand-off
+// from the producers that refill it (they waited on EMPTY), or it could write into a tile the
+// consumers still read.
 // bar.arrive does not wait and bar.sync does; the barrier orders the shared-memory accesses of
 // the threads on both sides (the producers' writes before the consumers' reads, the consumers'
 // reads before the producers' next writes). A stage's first tile has no earlier reader, so
@@ -45,11 +50,13 @@
 
 namespace ptx_lab {
 
-template <int Stages, u32 Threads, u32 FirstId = 1>
+template <int Stages, u32 Threads, u32 FirstId = 1, u32 EmptyThreads = Threads>
 struct BarrierRing {
     static_assert(Stages >= 1 && FirstId >= 1 && FirstId + 2 * Stages <= 16,
                   "a ring's 2 Stages barriers take ids FirstId .. FirstId + 2 Stages - 1 of 1..15");
-    static_assert(Threads % 32 == 0, "named barriers count whole warps");
+    static_assert(Threads % 32 == 0 && EmptyThreads % 32 == 0, "named barriers count whole warps");
+    static_assert(EmptyThreads >= 64 && EmptyThreads <= Threads,
+                  "EMPTY counts the consumers and the producers, a warp each at least, and no more than FULL");
     static constexpr u32 END_ID = FirstId + 2 * Stages;   // the first id after the ring's
 
     __device__ static __forceinline__ u32 full_id(int s) { return FirstId + s; }
@@ -60,9 +67,9 @@ struct BarrierRing {
     // Consumers: wait until stage s holds its tile.
     __device__ static __forceinline__ void wait_full(int s) { named_barrier_sync(full_id(s), Threads); }
     // Consumers: done reading stage s (no wait).
-    __device__ static __forceinline__ void release(int s) { named_barrier_arrive(empty_id(s), Threads); }
+    __device__ static __forceinline__ void release(int s) { named_barrier_arrive(empty_id(s), EmptyThreads); }
     // Producers: wait until stage s may be overwritten.
-    __device__ static __forceinline__ void wait_empty(int s) { named_barrier_sync(empty_id(s), Threads); }
+    __device__ static __forceinline__ void wait_empty(int s) { named_barrier_sync(empty_id(s), EmptyThreads); }
 
     // Whether the consumers of tile i release its stage: only if tile i + Stages exists.
     __device__ static __forceinline__ bool releases(int i, int ntiles) { return i + Stages < ntiles; }

@@ -69,6 +69,44 @@ def test_a_broken_predicate_is_caught(monkeypatch, broken, message):
         ring.walk(3, 10, [0] * 50)   # the producer runs ahead wherever it can
 
 
+@pytest.mark.parametrize("nstage", [1, 3, 7])
+def test_full_counts_every_thread_and_empty_its_own_count(nstage):
+    # BarrierRing<Stages, Threads, FirstId, EmptyThreads>: EmptyThreads defaults to Threads
+    ids = ring.barrier_ids(nstage)
+    assert ring.barrier_counts(nstage, 192) == {b: 192 for b in ids["full"] + ids["empty"]}
+    got = ring.barrier_counts(nstage, 192, 128)
+    assert [got[b] for b in ids["full"]] == [192] * nstage and [got[b] for b in ids["empty"]] == [128] * nstage
+    with pytest.raises(ValueError, match=r"empty_threads \(256\) must be at most threads \(192\)"):
+        ring.barrier_counts(nstage, 192, 256)
+
+
+def test_a_role_off_empty_must_reach_a_stages_next_tile_through_the_producers():
+    # a third role that adds to every tile's stage and arrives on FULL, off EMPTY (its count the producer's
+    # and the consumer's): with nothing else holding it back it arrives for a stage's next tile while the
+    # consumer still waits on that stage's phase, which the run refuses (two arrivals in one phase)
+    nstage, n = 2, 6
+    ids = ring.barrier_ids(nstage)
+    progs = ring._programs(nstage, n, 1)
+    progs["adder"] = [("arrive", ids["full"][i % nstage]) for i in range(n)]
+    counts = ring.barrier_counts(nstage, 3, 2)
+    with pytest.raises(ring.RingError, match="the adder arrives on barrier 1 twice in one phase"):
+        ring.run_roles(progs, counts, lambda role, op: None, [2] * 10)
+
+
+def test_run_roles_counts_threads_and_refuses_an_overfilled_phase():
+    # one role of 64 threads completes a barrier of 64 alone; 32 and 64 overfill it
+    done = []
+    ring.run_roles({"a": [("sync", 1), ("x",)]}, {1: 64}, lambda r, op: done.append(r), threads={"a": 64})
+    assert done == ["a"]
+    with pytest.raises(ring.RingError, match=r"the b overfills barrier 1: \['a', 'b'\] bring 96 threads to a phase of 64"):
+        ring.run_roles({"a": [("arrive", 1)], "b": [("sync", 1)]}, {1: 64}, lambda r, op: None,
+                       threads={"a": 32, "b": 64})
+    with pytest.raises(ring.RingError, match="the walk does not finish: the a waits on barrier 2"):
+        ring.run_roles({"a": [("sync", 2)]}, {2: 64}, lambda r, op: None, threads={"a": 32})
+    with pytest.raises(ring.RingError, match="the a uses barrier 3, which has no count"):
+        ring.run_roles({"a": [("arrive", 3)]}, {2: 64}, lambda r, op: None)
+
+
 @CPU
 @given(nstage=nstages, n=ntiles, order=orders)
 def test_any_interleaving_of_the_mbarrier_ring_hands_every_tile_over_once_in_order(nstage, n, order):

@@ -25,6 +25,12 @@
 // ahead, R1 one tile ahead), and also build each tile's state-free products there: after R1, a
 // producer-only named barrier (every row's Qe, Ke, Kr is in), then producer warp 0 forms Mqk and the
 // last producer warp Akk and INV (forward_intra.cuh), by mma, or pairwise for a tile past SPAN_LIMIT.
+// With KF_PRODUCT_WARPS = 2 two warps of their own form them instead, a tile behind R1: the producers
+// hand each tile's R1 over by a barrier of its parity and go on to the next tile's R1 while the
+// products of this one are formed (forward_layout.cuh names the barriers). Alone on the producers,
+// R1 and the products run one after another on every tile; at one sequence a CTA that sum binds.
+// KF_MBARRIER_RING = 1 is a checking build: every hand-off between warps on mbarriers instead of named
+// barriers (forward_layout.cuh's Mbarriers), so that compute-sanitizer's racecheck can follow them.
 //
 // The rooms: forward_layout.cuh (stages, scratch, staging, barriers), forward_loads.cuh (a tile's
 // copies), forward_r1.cuh (R1), forward_intra.cuh (Mqk, INV), and Kernel S's
@@ -52,6 +58,12 @@
 #ifndef KF_G6_SPLIT
 #error "KF_G6_SPLIT is not set: kernel/forward/config.py sets every knob (Config.g6_split)"
 #endif
+#ifndef KF_PRODUCT_WARPS
+#error "KF_PRODUCT_WARPS is not set: kernel/forward/config.py sets every knob (Config.product_warps)"
+#endif
+#ifndef KF_MBARRIER_RING
+#error "KF_MBARRIER_RING is not set: kernel/forward/config.py sets every knob (Config.mbarrier_ring)"
+#endif
 
 namespace kf {
 using namespace ptx_lab;
@@ -62,18 +74,26 @@ constexpr int PRODUCERS = KF_PRODUCERS; // producer warps
 constexpr int NSTAGE = KF_NSTAGE;
 constexpr int PREFETCH = NSTAGE - 1;    // tiles whose loads are in flight ahead of R1
 constexpr int G6_SPLIT = KF_G6_SPLIT;
+constexpr int PRODUCT_WARPS = KF_PRODUCT_WARPS;   // warps of Mqk and INV alone, a tile behind R1 (0: the producers')
+constexpr bool MBARRIER_RING = KF_MBARRIER_RING != 0;   // the checking build: every hand-off on mbarriers
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
-constexpr int THREADS = CONSUMER_THREADS + PRODUCER_THREADS;
+constexpr int PRODUCT_THREADS = 32 * PRODUCT_WARPS;
+constexpr int THREADS = CONSUMER_THREADS + PRODUCER_THREADS + PRODUCT_THREADS;
 constexpr int ROWS_PER_PRODUCER = TILE_TOKENS / PRODUCERS;
 constexpr int VW = 16 * WARPS;          // v rows of S^T per CTA
 constexpr int VGROUPS = HEAD_DIM / VW;  // CTAs per (sequence, head)
-constexpr int MQK_WARP = 0;             // the producer warp that forms Mqk ...
-constexpr int INV_WARP = PRODUCERS - 1; // ... and the one that forms Akk and INV (it copies beta)
+// the warp that forms Mqk and the one that forms Akk and INV, counted among the product warps where
+// there are any, else among the producers (then the last one, which copies beta)
+constexpr int MQK_WARP = 0;
+constexpr int INV_WARP = (PRODUCT_WARPS > 0 ? PRODUCT_WARPS : PRODUCERS) - 1;
 static_assert(WARPS == 1 || WARPS == 2 || WARPS == 4 || WARPS == 8, "KF_WARPS must be 1, 2, 4 or 8");
 static_assert(PRODUCERS == 1 || PRODUCERS == 2 || PRODUCERS == 4 || PRODUCERS == 8, "KF_PRODUCERS must be 1, 2, 4 or 8");
-// FULL(s) and EMPTY(s) take ids 1 .. 2 NSTAGE of the 15 named barriers, the producers' barrier the next
-static_assert(NSTAGE >= 2 && NSTAGE <= 7, "KF_NSTAGE must be 2 .. 7");
+static_assert(PRODUCT_WARPS == 0 || PRODUCT_WARPS == 2, "KF_PRODUCT_WARPS must be 0 or 2");
+// FULL(s) and EMPTY(s) take ids 1 .. 2 NSTAGE of the 15 named barriers, the producers' barrier the next,
+// and with product warps R1_DONE and PRODUCTS_DONE the four after it (forward_layout.cuh)
+static_assert(NSTAGE >= 2 && NSTAGE <= (PRODUCT_WARPS > 0 ? 5 : 7),
+              "KF_NSTAGE must be 2 .. 7, and 2 .. 5 with product warps");
 static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "KF_G6_SPLIT must be 1, 2 or 4");
 
 }  // namespace kf
@@ -108,12 +128,41 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    Mbarriers& mb = *reinterpret_cast<Mbarriers*>(smem_raw + sizeof(Shared));   // the checking build's alone
+    if constexpr (MBARRIER_RING) {
+        if (tid == 0) mb.init();
+        __syncthreads();
+    }
     const kda_walk::Cta cta = kda_walk::cta_of<VGROUPS>(cu_seqlens, order, HV);
     const int vg = cta.vg, h = cta.h, n = cta.n, len = cta.len, ntiles = cta.ntiles;
     const long long bos = cta.bos;
 
+    if constexpr (PRODUCT_WARPS > 0) {
+        if (warp >= WARPS + PRODUCERS) {
+            // ------- product warps: Mqk (the first) and Akk with INV (the second), a tile behind R1 -------
+            const int xw = warp - WARPS - PRODUCERS;   // MQK_WARP or INV_WARP
+#pragma unroll 1
+            for (int i = 0; i < ntiles; ++i) {
+                const int s = i % NSTAGE, parity = i % 2;
+                const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
+                // tile i's R1 and copies are in (tile i is its parity's use i / 2)
+                if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.r1_done[parity]), (i / 2) & 1);
+                else named_barrier_sync(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
+                tile_products(sh.stage[s], sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, xw, lane);
+                // the scratch of this parity is read: R1 of tile i + 2 may write it
+                if (i + 2 < ntiles) {
+                    if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.products_done[parity]));
+                    else named_barrier_arrive(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
+                }
+                // Mqk and INV of tile i are in its stage
+                if constexpr (MBARRIER_RING) mb.ring.publish(i);
+                else Ring::publish(s);
+            }
+            return;
+        }
+    }
     if (warp >= WARPS) {
-        // ------- producers: loads PREFETCH tiles ahead; R1 and the intra-tile products one tile ahead -------
+        // ------- producers: loads PREFETCH tiles ahead; R1 (and without product warps the products) one tile ahead -------
         const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
         const int kh = qk_head(h, HV, H);
         auto issue = [&](int i) {
@@ -122,30 +171,40 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
         };
         kda_walk::prefetch<PREFETCH>(ntiles, issue);
 #pragma unroll 1
-        for (int i = 0; i < ntiles; ++i) {   // R1, then (after a barrier of the producers alone) Mqk and INV
+        for (int i = 0; i < ntiles; ++i) {   // R1, then Mqk and INV after a barrier of the producers alone, or
+                                             // with product warps R1 handed over to them
             const int s = i % NSTAGE, parity = i % 2;
             const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
             Stage& st = sh.stage[s];
             kda_walk::copies_landed<PREFETCH>();
-            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane);
-            if (lane == 0) sh.scratch.past[parity][pw] = past;
-            named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
-            if (pw == MQK_WARP || pw == INV_WARP) {
-                bool pairwise = false;
-#pragma unroll
-                for (int w = 0; w < PRODUCERS; ++w) pairwise |= sh.scratch.past[parity][w] != 0;
-                const long long tok0 = bos + (long long)TILE_TOKENS * i;
-                if (pw == MQK_WARP) {
-                    build_mqk(st, sh.scratch, parity, pairwise, L, scale, lane);
-                    __syncwarp();
-                    if (aqk != nullptr && vg == 0) store_block(aqk, st.mqk, tok0, L, i, HV, h, lane);
-                }
-                if (pw == INV_WARP) {
-                    build_inv(st, sh.scratch, parity, pairwise, L, lane);
-                    if (akk != nullptr && vg == 0) store_block(akk, st.inv, tok0, L, i, HV, h, lane);
+            if constexpr (PRODUCT_WARPS > 0) {   // tile i - 2's products have read the scratch of this parity
+                if (i >= 2) {
+                    if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.products_done[parity]), (i / 2 - 1) & 1);
+                    else named_barrier_sync(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
                 }
             }
-            kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
+            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane);
+            if (lane == 0) sh.scratch.past[parity][pw] = past;
+            if constexpr (PRODUCT_WARPS > 0) {   // the product warps take over
+                if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.r1_done[parity]));
+                else named_barrier_arrive(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
+            } else {
+                if constexpr (MBARRIER_RING) {
+                    mbarrier_arrive(smem_addr(&mb.producers));
+                    mbarrier_wait_parity(smem_addr(&mb.producers), i & 1);
+                } else {
+                    named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
+                }
+                tile_products(st, sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, pw, lane);
+            }
+            if constexpr (MBARRIER_RING) {   // kda_walk::hand_over on the mbarrier ring, which counts tiles
+                mb.ring.publish(i);
+                const int j = i + PREFETCH;
+                mb.ring.wait_to_refill(j, ntiles);
+                kda_walk::issue_slot(j, ntiles, issue);
+            } else {
+                kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
+            }
         }
         cp_async_wait<0>();
         return;
@@ -165,7 +224,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
 #pragma unroll 1
     for (int i = 0; i < ntiles; ++i) {
         const int s = i % NSTAGE;
-        Ring::wait_full(s);   // tile i's inputs and operands are in stage s
+        // tile i's inputs and operands are in stage s
+        if constexpr (MBARRIER_RING) mb.ring.wait_full(i);
+        else Ring::wait_full(s);
         const Stage& st = sh.stage[s];
         __syncwarp();         // the last tile's o left the staging tile before the snapshot reuses it
 
@@ -191,7 +252,10 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             mma_m16n8k16_bf16(out[0], ua, b0, out[0]);
             mma_m16n8k16_bf16(out[1], ua, b1, out[1]);
         }
-        if (Ring::releases(i, ntiles)) Ring::release(s);   // the producers refill stage s
+        if (Ring::releases(i, ntiles)) {   // the producers refill stage s
+            if constexpr (MBARRIER_RING) mb.ring.release(i);
+            else Ring::release(s);
+        }
 
         // the staged S goes out while the update's MMAs run (the staging tile is this warp's alone)
         if (snap) {

@@ -1,5 +1,5 @@
-// kernel/forward/cuda/forward_intra.cuh -- a tile's state-free products, built by the producers
-// after R1: Mqk = strict_tril(Qe Kr^T) + diag(s q . k) for F2, and INV = (I + diag(beta) Akk)^-1,
+// kernel/forward/cuda/forward_intra.cuh -- a tile's state-free products, built after R1 by two of the
+// producer warps or by the product warps: Mqk = strict_tril(Qe Kr^T) + diag(s q . k) for F2, and INV = (I + diag(beta) Akk)^-1,
 // Akk = strict_tril(Ke Kr^T), for G7; in training mode also written to FLA's Aqk and Akk layout.
 //
 // A tile whose gates span more than SPAN_LIMIT (kernel/shapes.cuh) in some channel has Qe overflow or Kr
@@ -134,6 +134,31 @@ __device__ __forceinline__ void build_inv(Stage& st, Scratch& sc, int parity, bo
         for (int i = 0; i < TILE_TOKENS; ++i) st.inv[i][j] = f32_to_bf16(x[i]);
     }
     __syncwarp();   // the scratch's Lkk is read before the next tile's is written
+}
+
+// Tile i's products once R1 of its every row is in (its stage, and the scratch of its parity): warp
+// MQK_WARP forms Mqk and stores Aqk's block, warp INV_WARP forms Akk and INV and stores Akk's block (one
+// warp does both where they are the same); pw counts among the warps that form them, the producers or
+// the product warps. Every warp reads the span flags of all producers: one row past SPAN_LIMIT takes
+// the whole tile pairwise. The blocks go out from the CTA of the first v group alone (null: not written).
+__device__ __forceinline__ void tile_products(Stage& st, Scratch& sc, int parity, int L, float scale, long long bos,
+                                              int i, u16* __restrict__ aqk, u16* __restrict__ akk, int vg, int HV,
+                                              int h, int pw, int lane) {
+    if (pw == MQK_WARP || pw == INV_WARP) {
+        bool pairwise = false;
+#pragma unroll
+        for (int w = 0; w < PRODUCERS; ++w) pairwise |= sc.past[parity][w] != 0;
+        const long long tok0 = bos + (long long)TILE_TOKENS * i;
+        if (pw == MQK_WARP) {
+            build_mqk(st, sc, parity, pairwise, L, scale, lane);
+            __syncwarp();
+            if (aqk != nullptr && vg == 0) store_block(aqk, st.mqk, tok0, L, i, HV, h, lane);
+        }
+        if (pw == INV_WARP) {
+            build_inv(st, sc, parity, pairwise, L, lane);
+            if (akk != nullptr && vg == 0) store_block(akk, st.inv, tok0, L, i, HV, h, lane);
+        }
+    }
 }
 
 }  // namespace kf

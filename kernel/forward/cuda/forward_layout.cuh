@@ -34,8 +34,9 @@ struct Stage {
 };
 static_assert(sizeof(Stage) % 16 == 0, "stages must stay 16-byte aligned");
 
-// The producers' scratch between R1 and the intra-tile products, by tile parity: tile i + 2's R1
-// starts only after every producer passed tile i + 1's barrier, so after tile i's products.
+// The producers' scratch between R1 and the intra-tile products, by tile parity. Without product warps
+// tile i + 2's R1 starts only after every producer passed tile i + 1's barrier, so after tile i's
+// products; with them, only after PRODUCTS_DONE of the parity (below).
 struct alignas(16) Scratch {
     u16 qe[2][TILE_TOKENS][OP_STRIDE];   // R1: bf16 s q 2^(gc-gT) (meaningless where the tile is past SPAN_LIMIT)
     u16 ke[2][TILE_TOKENS][OP_STRIDE];   // R1: bf16 k 2^(gc-gT)
@@ -49,13 +50,54 @@ struct Shared {
     u16 snap[WARPS][HEAD_DIM][SNAP_STRIDE];   // per consumer warp: its 16 v columns of S [K][V], bf16;
                                               // rows 0..15 then stage its o [token][v]
 };
-constexpr int SMEM_BYTES = (int)sizeof(Shared);
+static_assert(sizeof(Shared) % 16 == 0, "the checking build's mbarriers follow Shared");
 
-// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers 1 .. 2 NSTAGE
-// and count every thread of the CTA; the producers' own barrier (R1 done, the products may read
-// every row) takes the next id.
-using Ring = BarrierRing<NSTAGE, THREADS>;
+// The checking build's hand-offs (KF_MBARRIER_RING): the same as the named barriers below, on mbarriers,
+// whose arrivals and waits are memory operations that compute-sanitizer's racecheck follows (it misreads
+// named-barrier hand-offs of cp.async data: kernel/tools/racecheck_probes.cu). Every thread arrives for
+// itself. They lie after Shared, so that a build without them keeps its layout.
+//     ring              FULL(s): the producers' and the product warps' threads; EMPTY(s): the consumers'
+//     r1_done[p]        the producers' threads a phase; tile i is use i / 2 of its parity's
+//     products_done[p]  the product warps' threads a phase
+//     producers         the producers' threads, one phase a tile (without product warps)
+struct Mbarriers {
+    MbarrierRing<NSTAGE, PRODUCER_THREADS + PRODUCT_THREADS, CONSUMER_THREADS> ring;
+    u64 r1_done[2];
+    u64 products_done[2];
+    u64 producers;
+
+    // One thread, before any other use; then a CTA barrier.
+    __device__ __forceinline__ void init() {
+        ring.init();
+        for (int p = 0; p < 2; ++p) {
+            mbarrier_init(smem_addr(&r1_done[p]), PRODUCER_THREADS);
+            mbarrier_init(smem_addr(&products_done[p]), PRODUCT_THREADS > 0 ? PRODUCT_THREADS : 1);
+        }
+        mbarrier_init(smem_addr(&producers), PRODUCER_THREADS);
+    }
+};
+constexpr int SMEM_BYTES = (int)sizeof(Shared) + (MBARRIER_RING ? (int)sizeof(Mbarriers) : 0);
+
+// The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers 1 .. 2 NSTAGE.
+// FULL counts every thread of the CTA. EMPTY counts the consumers and the producers: the product warps
+// only add Mqk and INV to a stage, and they reach a stage's next tile only through R1_DONE from the
+// producers, who waited on EMPTY for it; on EMPTY they would wait for the consumers too, and R1 could
+// not run a tile ahead of them.
+// The producers' own barrier (R1 done, the products may read every row) takes the next id. With
+// product warps the scratch goes between them and the producers by tile parity p on two more pairs:
+//     R1_DONE(p)       producers arrive once R1 of a tile of parity p is in the scratch and its
+//                      stage; the product warps sync before they read it
+//     PRODUCTS_DONE(p) the product warps arrive once done reading that scratch; the producers sync
+//                      before R1 of the tile two later writes it
+// Both count the producers and the product warps. The product warps of tile i arrive on
+// PRODUCTS_DONE only where tile i + 2 exists and the producers of tile i sync only where i >= 2, so
+// every phase gets all its arrivals, whatever the number of tiles.
+using Ring = BarrierRing<NSTAGE, THREADS, 1, CONSUMER_THREADS + PRODUCER_THREADS>;
 constexpr u32 PRODUCER_BARRIER = Ring::END_ID;
-static_assert(PRODUCER_BARRIER <= 15, "a CTA has named barriers 0..15");
+constexpr u32 R1_DONE_BARRIER = PRODUCER_BARRIER + 1;         // + the tile's parity
+constexpr u32 PRODUCTS_DONE_BARRIER = R1_DONE_BARRIER + 2;    // + the tile's parity
+constexpr u32 HANDOFF_THREADS = PRODUCER_THREADS + PRODUCT_THREADS;
+constexpr u32 END_BARRIER = PRODUCT_WARPS > 0 ? PRODUCTS_DONE_BARRIER + 2 : PRODUCER_BARRIER + 1;
+static_assert(END_BARRIER <= 16, "a CTA has named barriers 0..15: with product warps KF_NSTAGE must be at most 5");
 
 }  // namespace kf

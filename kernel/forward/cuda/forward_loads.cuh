@@ -30,7 +30,8 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ q,
             cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + off, valid ? 16u : 0u);
             cp_async_cg16_zfill(smem_addr(&st.q[c][ch * 8]), qt + off, valid ? 16u : 0u);
         });
-    // beta from the last producer warp, which also solves for INV when there is more than one
+    // beta from the last producer warp, which also solves for INV when there is more than one producer
+    // warp and no product warps
     const int tail = ptid - (PRODUCER_THREADS - 32);
     if (tail >= 0 && tail < TILE_TOKENS) {
         const bool bvalid = tail < L;

@@ -15,6 +15,8 @@ timed, never to be checked. Each patch keeps what the timing needs intact:
   warp's first write what the shared memory held, which can send at most a CTA's first two tiles down
   the pairwise path. Forcing the flags false instead lets the compiler drop the pairwise path, and
   the build then spills.)
+  A build with product warps (kernel.forward.Config.product_warps) has no producer barrier: there the
+  product warps' hand-offs take its place, and that knockout leaves the build as it was.
 
 The values a knockout computes may be garbage, inf or NaN (an Mqk from zeros, a state left to grow):
 the arithmetic pipes, MMAs and stores it still runs take the same time for any value.
@@ -114,8 +116,8 @@ R1_EXP2 = Knockout(
 
 PRODUCER_BARRIER = Knockout(
     "producer-barrier", "the producers' named barrier before Mqk and INV",
-    (Edit(FORWARD, """            named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
-""", """            // KNOCKOUT producer-barrier: no barrier; Mqk and INV may read rows R1 has not written yet
+    (Edit(FORWARD, """                    named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
+""", """                    // KNOCKOUT producer-barrier: no barrier; Mqk and INV may read rows R1 has not written yet
 """),),
     removes=(("BAR.SYNC", 1),))
 
@@ -165,11 +167,11 @@ SNAPSHOT_STORE = Knockout(
 
 BLOCK_STORES = Knockout(
     "block-stores", "the producers' Aqk and Akk block stores",
-    (Edit(FORWARD, """                    if (aqk != nullptr && vg == 0) store_block(aqk, st.mqk, tok0, L, i, HV, h, lane);
-""", """                    (void)tok0;   // KNOCKOUT block-stores: no Aqk block
+    (Edit(INTRA, """            if (aqk != nullptr && vg == 0) store_block(aqk, st.mqk, tok0, L, i, HV, h, lane);
+""", """            (void)tok0;   // KNOCKOUT block-stores: no Aqk block
 """),
-     Edit(FORWARD, """                    if (akk != nullptr && vg == 0) store_block(akk, st.inv, tok0, L, i, HV, h, lane);
-""", """                    // KNOCKOUT block-stores: no Akk block
+     Edit(INTRA, """            if (akk != nullptr && vg == 0) store_block(akk, st.inv, tok0, L, i, HV, h, lane);
+""", """            // KNOCKOUT block-stores: no Akk block
 """)),
     removes=(("STG.E.128", 2),))
 

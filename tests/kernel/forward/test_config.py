@@ -5,6 +5,8 @@ test_config.py), every registered variant compiled for sm_90a with 0 spills (...
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -22,12 +24,37 @@ def test_the_shared_memory_count_is_the_sources(warps, producers, nstage, expect
     assert kf.smem_bytes(warps, producers, nstage) == expect
 
 
-@pytest.mark.parametrize("warps", kf.WARPS)
-def test_the_auto_config_takes_the_deepest_ring_that_fits(warps):
+@pytest.mark.parametrize("warps, producers, product_warps", [(1, 4, 2), (2, 4, 2), (4, 2, 2), (8, 2, 0)])
+def test_the_auto_config_takes_the_deepest_ring_that_fits(warps, producers, product_warps):
+    # product warps beside 1, 2 or 4 consumer warps (R1 on 4 producers beside 1 or 2, on 2 beside 4: 10
+    # warps would cap a thread at 168 registers); beside 8 none, and 2 producers
     cfg = kf.auto_config(warps)
-    assert (cfg.warps, cfg.producers, cfg.g6_split) == (warps, 2 if warps == 8 else 4, 4)
+    assert (cfg.warps, cfg.producers, cfg.product_warps, cfg.g6_split) == (warps, producers, product_warps, 4)
     assert cfg.smem_bytes <= kf.SMEM_OPTIN
-    assert cfg.nstage == 6 or kf.smem_bytes(warps, cfg.producers, cfg.nstage + 1) > kf.SMEM_OPTIN
+    deepest = min(kf.config.MAX_STAGES, kf.max_stages(product_warps))
+    assert cfg.nstage == deepest or kf.smem_bytes(warps, cfg.producers, cfg.nstage + 1) > kf.SMEM_OPTIN
+    assert cfg.threads == 32 * (warps + producers + product_warps)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(product_warps=1), r"Config.product_warps must be one of \(0, 2\), got 1"),
+    (dict(product_warps=True), r"Config.product_warps must be one of \(0, 2\), got True"),
+    (dict(product_warps=2.0), r"Config.product_warps must be one of \(0, 2\), got 2.0"),
+    (dict(warps=2, producers=2, nstage=6, product_warps=2), r"Config.nstage must be at most 5 with 2 product warps"),
+    (dict(warps=8, producers=4, product_warps=2),
+     r"Config.warps \+ Config.producers \+ Config.product_warps must be at most 12, got 8 \+ 4 \+ 2: a consumer "
+     r"thread needs ~168 registers")])
+def test_config_refuses_product_warps_the_source_cannot_build(kw, message):
+    with pytest.raises(ValueError, match=message):
+        kf.Config(**kw)
+
+
+def test_product_warps_name_the_build_and_count_in_its_threads():
+    cfg = kf.Config(warps=1, producers=4, nstage=5, product_warps=2)
+    assert cfg.name() == "w1-p4-st5-g4-pw2" and cfg.threads == 32 * 7
+    assert kf.Config(warps=1, producers=4, nstage=5).name() == "w1-p4-st5-g4"   # the builds without: as before
+    assert "-DKF_PRODUCT_WARPS=2" in kf.options(cfg) and "-DKF_PRODUCT_WARPS=0" in kf.options(kf.Config())
+    assert cfg.smem_bytes == kf.smem_bytes(1, 4, 5)   # the product warps take no shared memory of their own
 
 
 def test_the_grid_rule_is_kernel_s():
@@ -39,7 +66,7 @@ def test_the_grid_rule_is_kernel_s():
 def test_the_registry_builds_the_forward():
     assert kf.BUILD in registry.KERNELS
     assert [kf.BUILD.label(c) for c in kf.BUILD.variants()] == [
-        "forward-w1-p4-st5-g4", "forward-w2-p4-st5-g4", "forward-w4-p4-st5-g4", "forward-w8-p2-st4-g4"]
+        "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4"]
     assert kf.BUILD.default() == kf.auto_config(8)
     assert kf.BUILD.function == "kda_forward" and kf.BUILD.constants == "kf"
     assert set(kf.BUILD.required_sass(kf.BUILD.default())) >= {"HMMA", "LDSM", "LDGSTS", "STSM"}
@@ -77,3 +104,49 @@ def test_the_digest_follows_kernel_s_headers_which_the_source_includes(tmp_path,
     before = moved.header_digest()
     (room / "forward_states/cuda" / name).write_text(shared.read_text() + "\n// changed\n")
     assert moved.header_digest() != before
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_the_source_refuses_a_ring_too_deep_for_the_product_warps_barriers(tmp_path):
+    # what Config refuses (nstage 6 with product warps), the source refuses too, by a static_assert
+    from ptx_lab import CUDA_INCLUDE_DIR
+
+    opts = [o.replace("-DKF_NSTAGE=5", "-DKF_NSTAGE=6") for o in kf.options(kf.auto_config(1))]
+    assert "-DKF_NSTAGE=6" in opts and "-DKF_PRODUCT_WARPS=2" in opts
+    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
+                           str(kf.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "KF_NSTAGE must be 2 .. 7, and 2 .. 5 with product warps" in proc.stderr
+    assert "with product warps KF_NSTAGE must be at most 5" in proc.stderr
+
+
+def test_the_checking_build_is_named_and_adds_its_mbarriers_to_the_shared_memory():
+    cfg = kf.Config(warps=1, producers=4, nstage=5, product_warps=2, mbarrier_ring=True)
+    assert cfg.name() == "w1-p4-st5-g4-pw2-mb" and "-DKF_MBARRIER_RING=1" in kf.options(cfg)
+    assert "-DKF_MBARRIER_RING=0" in kf.options(kf.Config())
+    # after Shared: the ring's 2 nstage mbarriers, R1_DONE's and PRODUCTS_DONE's 2 each, the producers' one
+    assert cfg.smem_bytes == kf.smem_bytes(1, 4, 5) + 8 * (2 * 5 + 5)
+    with pytest.raises(ValueError, match="Config.mbarrier_ring must be True or False, got 1"):
+        kf.Config(mbarrier_ring=1)
+    assert not any(c.mbarrier_ring for c in kf.all_variants())   # a checking build, never launched by the API
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("cfg", [kf.Config(warps=1, producers=4, nstage=5, product_warps=2, mbarrier_ring=True),
+                                 kf.Config(warps=8, producers=2, nstage=4, mbarrier_ring=True)], ids=lambda c: c.name())
+def test_the_checking_build_hands_over_on_mbarriers_alone(tmp_path, cfg):
+    # 0 spills, Config's shared memory is the source's, and no named barrier but __syncthreads (id 0) is left
+    from kernel.tools import resources
+
+    row = resources.compile_variant(kf.BUILD, cfg, tmp_path)
+    assert "error" not in row, row.get("error")
+    assert resources.problems(row) == [] and row["spill"] == 0 and row["smem"] == cfg.smem_bytes
+    assert row["threads"] == cfg.threads
+    if row["sass"] is not None:
+        sass = resources._sass(tmp_path / f"{kf.BUILD.label(cfg)}.cubin").stdout
+        assert row["sass"]["SYNCS"] > 0
+        assert set(re.findall(BARRIER_IDS, sass)) == {"0x0"}
+
+
+# a named barrier instruction's first operand: its id, a constant or a register
+BARRIER_IDS = r"\bBAR\.(?:SYNC|ARV|RED)\S*\s+([^,;\s]+)"

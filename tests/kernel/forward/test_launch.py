@@ -102,3 +102,17 @@ def test_the_launch_passes_every_argument_where_the_kernel_takes_it(monkeypatch,
         assert all(got[n] == np.uint64(0) for n in ("final_state", "states", "aqk", "akk"))   # null: not written
     assert (got["cu_seqlens"], got["snap_offsets"], got["order"]) == ("cu", "offs", "order")
     assert (got["HV"], got["H"]) == (6, 2)
+
+
+def test_the_launch_takes_the_product_warps_threads(monkeypatch):
+    # the block is the module's kf_threads (checked against Config.threads when the kernel is read): with
+    # product warps 32 (warps + producers + product warps)
+    cfg = Config(warps=1, producers=4, nstage=5, product_warps=2)
+    a, kw = _args(B=1, T=200, H=2, HV=2)
+    plan = _call(plan_forward, a, kw, config=cfg)
+    calls = []
+    monkeypatch.setattr(builds, "device_tables", lambda cu, every: ("cu", "offs", "order", int(plan.snapshot_offsets[-1])))
+    monkeypatch.setattr(launch, "kernel", lambda c: (lambda *call, **kw: calls.append((call, kw)), 456, c.threads))
+    launch.launch_planned(plan, "q", "k", "v", "g", "beta", None, "o", None, None, None, None)
+    (grid, block, _), opts = calls[0]
+    assert grid == (1 * 2 * 8,) and block == (32 * (1 + 4 + 2),) and opts == {"shared_mem": 456}

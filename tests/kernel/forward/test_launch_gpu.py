@@ -11,11 +11,13 @@ A failure names the output, the worst row and how far the GPU is from the emulat
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from kernel.ds_scan.launch import bits_to_f32
-from kernel.forward import Config, all_variants, forward
+from kernel.forward import Config, all_variants, auto_config, forward
 
 from ..fla_requirements import skip_without_fla_gpu
 from ..forward_cases import RAGGED, emulate, make_case, rel, worst_rows
@@ -164,7 +166,15 @@ def test_the_trained_layer_gate_matches_float64():
 
 KNOB_CONFIGS = [Config(warps=2, producers=1, nstage=2, g6_split=1), Config(warps=2, producers=2, nstage=3, g6_split=2),
                 Config(warps=1, producers=8, nstage=4, g6_split=4), Config(warps=4, producers=8, nstage=2, g6_split=1),
-                Config(warps=8, producers=4, nstage=3, g6_split=2)]
+                Config(warps=8, producers=4, nstage=3, g6_split=2),
+                # product warps: beside one producer warp, at the shallowest and the deepest ring they allow, and
+                # at 10 and 12 warps of a CTA
+                Config(warps=2, producers=1, nstage=2, g6_split=1, product_warps=2),
+                Config(warps=1, producers=2, nstage=5, g6_split=2, product_warps=2),
+                Config(warps=4, producers=4, nstage=3, g6_split=4, product_warps=2),
+                Config(warps=8, producers=2, nstage=4, g6_split=4, product_warps=2)]
+# every build with product warps the tests run, each against the same build without them
+PRODUCT_CONFIGS = [c for c in all_variants() + KNOB_CONFIGS if c.product_warps]
 
 
 @pytest.mark.parametrize("config", KNOB_CONFIGS, ids=lambda c: c.name())
@@ -172,6 +182,37 @@ def test_every_knob_setting_matches_float64(config):
     # ragged lengths: sequences shorter than the ring beside longer ones; one tile past fp32's range
     case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True)
     _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED + [1000]}")
+
+
+def _same_bits(config: Config, other: Config) -> None:
+    """Every output of `config` bit for bit `other`'s, in training (the blocks too) and in inference, on ragged
+    lengths (sequences of 1 and 2 tiles: the hand-offs' first and last tiles) with one tile past fp32's range."""
+    case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True)
+    for training in (True, False):
+        got, want = _host(_run(case, config, training=training)), _host(_run(case, other, training=training))
+        for name, x in got.items():
+            y = want[name]
+            assert (x is None) == (y is None) == (not training and name in ("states", "Aqk", "Akk")), name
+            if x is None:
+                continue
+            if name in ("Aqk", "Akk"):
+                x, y = np.where(case["blocks"], x, 0), np.where(case["blocks"], y, 0)
+            assert np.array_equal(x, y, equal_nan=True), \
+                f"{config.name()}, training {training}: {name} differs from {other.name()}'s in " \
+                f"{int((x != y).sum())} of {x.size} values"
+
+
+@pytest.mark.parametrize("config", PRODUCT_CONFIGS, ids=lambda c: c.name())
+def test_product_warps_give_the_bits_of_the_build_without_them(config):
+    # the product warps run the producers' own device functions on the same inputs, a tile later and on
+    # other warps: every output comes out bit for bit
+    _same_bits(config, dataclasses.replace(config, product_warps=0))
+
+
+@pytest.mark.parametrize("config", [auto_config(1), auto_config(8), PRODUCT_CONFIGS[-4]], ids=lambda c: c.name())
+def test_the_checking_build_on_mbarriers_gives_the_bits_of_the_named_barriers(config):
+    # the checking build changes how the warps wait for each other, nothing they compute
+    _same_bits(dataclasses.replace(config, mbarrier_ring=True), config)
 
 
 # ----------------------------------------------------------------------------

@@ -83,7 +83,7 @@ def test_the_launch_passes_value_heads_and_k_s_heads_where_the_kernel_takes_them
 
 
 @pytest.mark.parametrize("scan, auto", [(STATES, Config(warps=1, producers=4, nstage=6, g6_split=4)),
-                                         (FORWARD, kf.Config(warps=1, producers=4, nstage=5, g6_split=4))],
+                                         (FORWARD, kf.Config(warps=1, producers=4, nstage=5, g6_split=4, product_warps=2))],
                          ids=lambda x: getattr(x, "name", ""))
 def test_the_plan_takes_the_auto_rule_or_the_given_config(scan, auto):
     a, kw = scan.args(B=2, T=100, H=4)                       # 8 pairs

@@ -130,24 +130,15 @@ def table(rows: Sequence[dict]) -> str:
 
 
 # ------------------------------------------------------------------------ the child: one backward
-def _chunk_gate(g):
-    """The per-token natural-log gate [B, T, H, D] as FLA's forward keeps it: its cumsum within each
-    64-token chunk, in log2 units."""
-    import torch
-
-    B, T, H, D = g.shape
-    pad = -T % 64
-    g = torch.nn.functional.pad(g, (0, 0, 0, 0, 0, pad)).view(B, -1, 64, H, D)
-    return (g.cumsum(2) / 0.6931471805599453).view(B, T + pad, H, D)[:, :T].contiguous()
-
-
 def _drawn_forward_tensors(raw: dict, seed: int) -> tuple:
     """q, k, v, g, beta, Aqk, Akk with the shapes and magnitudes of FLA's forward tensors: g as
     FLA's per-64-chunk cumsum in log2 units, Aqk and Akk 64 wide a token, small."""
     import torch
 
+    from kernel.tools.bench.inputs import chunk_gate
+
     B, T, H, D = raw["q"].shape
-    g = _chunk_gate(raw["g"])
+    g = chunk_gate(raw["g"])
     device = raw["q"].device
     gen = torch.Generator(device=device).manual_seed(seed + 1)
 
@@ -163,9 +154,10 @@ def _forward_child(raw: dict, cu_host) -> None:
     import torch
 
     from kernel.forward import forward
+    from kernel.tools.bench.inputs import chunk_gate
 
     q, k = (torch.nn.functional.normalize(raw[n].float(), dim=-1).to(torch.bfloat16) for n in ("q", "k"))
-    forward(q, k, raw["v"], _chunk_gate(raw["g"]), raw["beta"], cu_seqlens=cu_host, output_final_state=True,
+    forward(q, k, raw["v"], chunk_gate(raw["g"]), raw["beta"], cu_seqlens=cu_host, output_final_state=True,
             training=True)
     torch.cuda.synchronize()
 

@@ -199,3 +199,14 @@ def build_tiles(q, k, g, beta, *, lengths: Sequence[int], scale: float | None = 
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     return (gc_out.reshape(B, T, H, K), mqk_out.reshape(B, T, H, C),
             inv_out.reshape(B, T, H, C))
+
+
+def chunk_gate(g):
+    """The per-token natural-log gate [B, T, H, D] as FLA's forward keeps it: its cumsum within each
+    64-token chunk, in log2 units."""
+    import torch
+
+    B, T, H, D = g.shape
+    pad = -T % 64
+    g = torch.nn.functional.pad(g, (0, 0, 0, 0, 0, pad)).view(B, -1, 64, H, D)
+    return (g.cumsum(2) / 0.6931471805599453).view(B, T + pad, H, D)[:, :T].contiguous()

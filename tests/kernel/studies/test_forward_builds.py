@@ -1,0 +1,25 @@
+"""The forward-builds study's host side: build names, and a clean refusal without a GPU."""
+from __future__ import annotations
+
+import pytest
+
+from kernel.forward import Config, all_variants, auto_config
+from kernel.studies.forward_builds.__main__ import AUTO, WITHOUT, main, parse_build
+
+
+@pytest.mark.parametrize("cfg", all_variants() + [Config(warps=4, producers=2, nstage=5, g6_split=4, product_warps=2)],
+                         ids=lambda c: c.name())
+def test_a_config_name_gives_its_config_back(cfg):
+    assert parse_build(cfg.name(), auto_config(8)) == cfg
+
+
+def test_auto_and_auto_without_products():
+    auto = auto_config(1)
+    assert auto.product_warps == 2
+    assert parse_build(AUTO, auto) == auto
+    assert parse_build(WITHOUT, auto) == Config(warps=1, producers=4, nstage=auto.nstage, g6_split=4)
+
+
+def test_an_unknown_build_is_named_before_any_gpu_work(capsys):
+    assert main(["--builds", "auto,w1-p4"]) == 2
+    assert "build 'w1-p4': expected auto, auto-without-products or a Config name" in capsys.readouterr().err

@@ -86,6 +86,13 @@ class _Stages:
         self.unread[s] = False
         self.seen.append(i)
 
+    def act(self, role: str, op: tuple) -> None:
+        """A role's ("write", stage, tile) or ("read", stage, tile), as the walks' engines call it."""
+        if op[0] == "write":
+            self.write(op[1], op[2])
+        else:
+            self.read(op[1], op[2])
+
 
 def _interleave(roles: tuple[str, ...], can_step, step, order: Iterable[int]) -> None:
     """Step the roles until none can: `order` picks, each time several can, which one does (an index
@@ -219,13 +226,7 @@ def walk(nstage: int, ntiles: int, order: Iterable[int] = (), first_id: int = 1)
     ntiles = _count(ntiles, "ntiles", 0)
     stages = _Stages(nstage)
 
-    def act(role: str, op: tuple) -> None:
-        if op[0] == "write":
-            stages.write(op[1], op[2])
-        else:
-            stages.read(op[1], op[2])
-
-    run_roles(_programs(nstage, ntiles, first_id), barrier_counts(nstage, 2, first_id=first_id), act, order)
+    run_roles(_programs(nstage, ntiles, first_id), barrier_counts(nstage, 2, first_id=first_id), stages.act, order)
     return stages.seen
 
 
@@ -327,13 +328,7 @@ def mbarrier_walk(nstage: int, ntiles: int, order: Iterable[int] = ()) -> list[i
     bars = {(kind, s): MBarrier(1) for kind in ("full", "empty") for s in range(nstage)}
     stages = _Stages(nstage)
 
-    def act(role: str, op: tuple) -> None:
-        if op[0] == "write":
-            stages.write(op[1], op[2])
-        else:
-            stages.read(op[1], op[2])
-
-    stuck = run_mbarrier_roles(_mbarrier_programs(nstage, ntiles), bars, act, order)
+    stuck = run_mbarrier_roles(_mbarrier_programs(nstage, ntiles), bars, stages.act, order)
     # every phase whole, and one per hand-off: FULL(s) once per tile through s, EMPTY(s) once per
     # refill of s, one fewer (an arrival past those starts a phase nobody waits for)
     uses = {s: len(range(s, ntiles, nstage)) for s in range(nstage)}

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Sequence
 
@@ -441,6 +441,25 @@ OUR_BACKWARD_READS = ("qn", "kn", "q_rstd", "k_rstd", "gc", "Mqk", "INV", "h")
 SAVED_STATES = Design("bf16-every-tile dS, bf16 states every 64 saved", BF16, 1, True, BF16, TILES_PER_CHUNK)
 
 
+# Two passes: the state-free products (Mqk, INV) of every tile first, across all SMs, then the chain,
+# which reads them instead of forming them. Where a (sequence, head) spans several CTAs (B = 1: 8 at
+# 16 heads) the one pass forms them in every CTA, on the producers' path of every tile.
+PRODUCTS_PASS, CHAIN_PASS = "products pass", "chain pass"
+PRODUCTS_FIRST_GEMMS = tuple(replace(s, kernel=PRODUCTS_PASS if s.role == "parallel" else CHAIN_PASS)
+                             for s in FORWARD_GEMMS)
+
+
+def _products_first(saves: tuple) -> tuple[FwdKernel, ...]:
+    """The products pass (raw q and k, normalised on chip like the one pass), then the chain pass,
+    which writes o, the final state and ``saves`` (Mqk and INV are the first pass's)."""
+    products = FwdKernel(PRODUCTS_PASS, (("q", 1), ("k", 1), ("g", 1), ("beta", 1)), (("Mqk", 1), ("INV", 1)),
+                         "R1's Qe, Ke and Kr on chip, one tile a warp, no state")
+    chain = FwdKernel(CHAIN_PASS, (("q", 1), ("k", 1), ("v", 1), ("g", 1), ("beta", 1), ("h0", 1), ("Mqk", 1),
+                                   ("INV", 1)),
+                      (("o", 1), ("ht", 1)) + tuple((name, 1) for name in saves if name not in ("Mqk", "INV")))
+    return products, chain
+
+
 @dataclass(frozen=True)
 class ForwardDesign:
     name: str
@@ -460,6 +479,8 @@ FORWARD_DESIGNS = (
                   TILE_TOKENS),
     ForwardDesign("one pass, for our backward as it reads today", _one_pass(saves=OUR_BACKWARD_READS),
                   FORWARD_GEMMS, TILE_TOKENS, SAVED_STATES),
+    ForwardDesign("products a pass before, for our backward as it reads today",
+                  _products_first(OUR_BACKWARD_READS), PRODUCTS_FIRST_GEMMS, TILE_TOKENS, SAVED_STATES),
     ForwardDesign("one pass, states only (backward rebuilds Mqk, INV)", _one_pass(saves=("h",)), FORWARD_GEMMS,
                   TILE_TOKENS, SAVED_STATES, rebuilt=("Mqk", "INV")),
 )

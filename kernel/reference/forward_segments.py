@@ -39,7 +39,8 @@ one. A sequence cut into segments 0 .. m-1 (token order) is computed in three pa
 
 This is the mirror of Kernel A's split (:mod:`kernel.reference.segments`), which
 runs the other way along the sequence; the forward's chain is the one the
-context-parallel backward (:mod:`kernel.cp.backward`) already folds across ranks.
+context-parallel backward (:mod:`kernel.cp.backward`) already folds across ranks,
+its summaries there called (P, Q).
 
 Where segments may start and stop
 ---------------------------------

@@ -57,7 +57,8 @@ Public names
 
 :func:`segment_ranges`, :func:`segment_range`, :func:`flatten_batch` and
 :func:`gather_segments` (where every segment is, one checked range, segments as
-a packed batch) are public for the references of other chains split the same way.
+a packed batch) are shared with :mod:`kernel.reference.forward_segments`, the
+forward's chain split the same way.
 
 Like the rest of :mod:`kernel.reference`, everything is array-module agnostic
 (numpy in, numpy out; CuPy in, CuPy out); :func:`fold_summaries` uses only ``@``

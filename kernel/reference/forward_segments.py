@@ -38,9 +38,9 @@ one. A sequence cut into segments 0 .. m-1 (token order) is computed in three pa
    the states entering its tiles and, for the last, the final state.
 
 This is the mirror of Kernel A's split (:mod:`kernel.reference.segments`), which
-runs the other way along the sequence; the forward's chain is the one the
-context-parallel backward (:mod:`kernel.cp.backward`) already folds across ranks,
-its summaries there called (P, Q).
+runs the other way along the sequence. The context-parallel backward
+(:mod:`kernel.cp.backward`) folds the same chain across ranks with these
+functions, each rank's part one segment (its summaries called (P, Q) there).
 
 Where segments may start and stop
 ---------------------------------

@@ -22,8 +22,8 @@ order, every boundary a tile edge) and:
 2. all-gathers them (float64 [H, K, 2K + 2V] a rank: P, Q, M, d side by side);
 3. folds the forward summaries of the ranks before it into the state entering its part,
    and the backward summaries of the ranks after it into the dS entering its part from
-   the right (:func:`kernel.reference.fold_summaries`, run backwards for the forward
-   chain);
+   the right (:func:`kernel.reference.fold_forward_summaries` and
+   :func:`kernel.reference.fold_summaries`);
 4. runs the backward of its own part with those two boundary states.
 
 Step 4's gradients are exact: given the state entering the part and dL/dS at its end, a
@@ -62,7 +62,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..reference import array_module, fold_summaries, kda_backward_reference, kda_forward_reference
+from ..reference import (array_module, fold_forward_summaries, fold_summaries, forward_segment_summary,
+                         kda_backward_reference, kda_forward_reference)
 from ..shapes import TILE_TOKENS
 from . import exchange
 
@@ -161,8 +162,7 @@ def shard(inputs: Mapping[str, Array], rank: int, world_size: int, *, tile: int 
 
 def _identity_inputs(part: BackwardPart):
     """The part's q, k, g, beta with v and do zero and K columns wide, and the identity
-    [1, H, K, K]: run through the forward (as its initial state) or the backward (as its
-    dht), the identity comes out as P or M."""
+    [1, H, K, K]: run through the backward as its dht, the identity comes out as M."""
     q, k, _, g, beta, _ = part.args()
     xp = array_module(q)
     _, n, H, K = q.shape
@@ -172,8 +172,8 @@ def _identity_inputs(part: BackwardPart):
 
 
 def reference_summaries(part: BackwardPart, options: BackwardOptions) -> dict:
-    """The part's summaries in float64, by kda_forward_reference and kda_backward_reference
-    on its tokens: P from the identity with v = 0, Q from a zero state; M from dht = the
+    """The part's summaries in float64 on its tokens: (P, Q) by forward_segment_summary (the part as
+    one segment: P from the identity with v = 0, Q from a zero state); by kda_backward_reference M from dht = the
     identity with v = do = 0, d from dht = 0. Rank 0's forward entry is the state leaving
     it, the last rank's backward entry the dS leaving it (the module's docstring)."""
     q, k, v, g, beta, do = part.args()
@@ -184,10 +184,7 @@ def reference_summaries(part: BackwardPart, options: BackwardOptions) -> dict:
             h0 = None if part.initial_state is None else part.initial_state[None]
             forward = (None, kda_forward_reference(q, k, v, g, beta, initial_state=h0, **kw)[1][0])
         else:
-            qi, ki, gi, bi, zeros, eye = _identity_inputs(part)
-            P = kda_forward_reference(qi, ki, zeros, gi, bi, initial_state=eye, **kw)[1][0]
-            Q = kda_forward_reference(q, k, v, g, beta, **kw)[1][0]
-            forward = (P, Q)
+            forward = forward_segment_summary(q, k, v, g, beta, **kw)   # (P, Q): the part is one segment
     if part.sends_backward:
         if part.holds_end:
             dht = None if part.dht is None else part.dht[None]
@@ -297,9 +294,9 @@ def _folds(forward: Sequence, backward: Sequence) -> tuple[list, list]:
     """(the state entering each part, the dS entering each from the right) from every part's
     summaries, None standing for what the part holds itself (rank 0's state, the last's dS).
 
-    The forward chain is kernel.reference.fold_summaries run backwards: reversed, the parts'
-    (P, Q) fold like (M, d) do, and rank 0's entry (None, S leaving it) is the known end."""
-    return list(reversed(fold_summaries(list(reversed(forward)), None))), fold_summaries(list(backward), None)
+    The forward chain folds from the left (kernel.reference.fold_forward_summaries), rank 0's entry
+    (None, S leaving it) the known start; the backward chain from the right (fold_summaries)."""
+    return fold_forward_summaries(list(forward), None), fold_summaries(list(backward), None)
 
 
 def _boundaries(part: BackwardPart, rank: int, states: Sequence, dS: Sequence) -> tuple:

@@ -9,6 +9,8 @@ out) and never needs CuPy or a GPU.
 * :mod:`kernel.reference.checks`: the argument checks and tile layout they share.
 * :mod:`kernel.reference.segments`: the same scan split along the sequence
   (segment summaries, their fold, the three passes).
+* :mod:`kernel.reference.forward_segments`: the forward's chain split the same
+  way, left to right (summaries of the state's affine step, their fold, three passes).
 * :mod:`kernel.reference.fla_layout`: FLA's forward tensors (Aqk, Akk, g) and how
   Kernel A's gc, Mqk, INV are read from them.
 * :mod:`kernel.reference.kda`: the whole KDA forward and backward, tile by
@@ -20,6 +22,7 @@ from .inputs import DHT_SCALE, DO_SCALE, GATE_LOGIT_MEAN, GATE_LOWER_BOUND, ragg
 from .fla_layout import (FlaTensors, fla_diagonal_blocks, fla_forward_tensors,
                          kernel_a_inputs_from_fla)
 from .kda import kda_backward_reference, kda_forward_reference
+from .forward_segments import fold_forward_summaries, forward_segment_summary, kda_forward_segmented
 from .segments import (dstate_scan_segmented, fold_summaries, segment_bounds, segment_snapshots,
                        segment_summary)
 
@@ -41,4 +44,7 @@ __all__ = [
     "kernel_a_inputs_from_fla",
     "kda_forward_reference",
     "kda_backward_reference",
+    "forward_segment_summary",
+    "fold_forward_summaries",
+    "kda_forward_segmented",
 ]

@@ -126,9 +126,11 @@ def _expect_finite(xp, name: str, x) -> None:
         raise ValueError(f"{name} must be finite, got {float(x[where])} at index {where}")
 
 
-def _check_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, tile, do=None, dht=None,
-                  with_do: bool = False):
-    """Validated shapes (B, T, H, K, V), offsets cu [N+1] and float64 arrays on q's module."""
+def check_kda_inputs(q, k, v, g, beta, *, initial_state, cu_seqlens, tile, do=None, dht=None,
+                     with_do: bool = False):
+    """Validated shapes (B, T, H, K, V), offsets cu [N+1] and float64 arrays on q's module.
+
+    Public for the references that take the same arguments (the forward's segments)."""
     check_tiling(tile)
     expect_rank("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
@@ -382,8 +384,8 @@ def kda_forward_reference(q, k, v, g, beta, *, scale: float | None = None, initi
                    snapshot layout at snapshot_every = 1, so entry i pairs
                    with snapshot i (dL/dS after the same tile).
     """
-    dims, cu, xp, wide = _check_inputs(q, k, v, g, beta, initial_state=initial_state,
-                                       cu_seqlens=cu_seqlens, tile=tile)
+    dims, cu, xp, wide = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
+                                          cu_seqlens=cu_seqlens, tile=tile)
     B, T, H, K, V = dims
     blk = tile_blocks(xp, cu, tile, dims, wide, scale=scale, qk_l2norm=qk_l2norm,
                   cu_seqlens=cu_seqlens)
@@ -423,9 +425,9 @@ def kda_backward_reference(q, k, v, g, beta, do, *, scale: float | None = None,
     :func:`_tile_backward` on all tiles at once (no tile needs another's
     result; the gate's cumsums stay inside the tile) and the l2norm backward.
     """
-    dims, cu, xp, wide = _check_inputs(q, k, v, g, beta, initial_state=initial_state,
-                                       cu_seqlens=cu_seqlens, tile=tile, do=do, dht=dht,
-                                       with_do=True)
+    dims, cu, xp, wide = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
+                                          cu_seqlens=cu_seqlens, tile=tile, do=do, dht=dht,
+                                          with_do=True)
     B, T, H, K, V = dims
     N = cu.shape[0] - 1
     blk = tile_blocks(xp, cu, tile, dims, wide, scale=scale, qk_l2norm=qk_l2norm,

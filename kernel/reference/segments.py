@@ -55,6 +55,11 @@ Public names
 * :func:`dstate_scan_segmented`: :func:`dstate_scan_reference`'s arguments and
   outputs, computed by the three passes.
 
+:func:`segment_ranges`, :func:`segment_range`, :func:`flatten_batch` and
+:func:`gather_segments` (where every segment is, one checked range, segments as
+a packed batch) are shared with :mod:`kernel.reference.forward_segments`, the
+forward's chain split the same way.
+
 Like the rest of :mod:`kernel.reference`, everything is array-module agnostic
 (numpy in, numpy out; CuPy in, CuPy out); :func:`fold_summaries` uses only ``@``
 and ``+``, so it also folds torch tensors (:mod:`kernel.cp`).
@@ -182,8 +187,13 @@ def _bounds_from_cuts(length: int, tile: int, cuts: Sequence[int], name: str) ->
     return list(zip(edges[:-1], edges[1:]))
 
 
-def _all_bounds(cu: np.ndarray, tile: int, segments) -> list[list[tuple[int, int]]]:
-    """Per sequence, its segments as absolute token ranges of the flattened token axis."""
+def segment_ranges(cu: np.ndarray, tile: int, segments) -> list[list[tuple[int, int]]]:
+    """Per sequence, its segments as absolute token ranges of the flattened token axis.
+
+    ``segments`` as the three-pass functions take it: an integer S >= 1
+    (:func:`segment_bounds` on every sequence) or one list of interior cuts per
+    sequence (token offsets from its first token, strictly increasing tile edges).
+    """
     lengths = np.diff(cu)
     N = lengths.shape[0]
     if is_int(segments):
@@ -202,15 +212,37 @@ def _all_bounds(cu: np.ndarray, tile: int, segments) -> list[list[tuple[int, int
     return [[(int(bos) + a, int(bos) + b) for a, b in r] for bos, r in zip(cu[:-1], rel)]
 
 
+def segment_range(cu: np.ndarray, start, stop, tile: int) -> tuple[int, int]:
+    """(start, stop) of one segment of the flattened token axis, checked; ``stop`` None: the
+    end of the sequence holding ``start``. Both must be tile edges of that one sequence (a
+    multiple of ``tile`` tokens from its first token, or ``stop`` at its end)."""
+    total = int(cu[-1])
+    if not is_int(start) or not 0 <= start < total:
+        raise ValueError(f"start must be an integer token position in 0 .. {total - 1}, got {start!r}")
+    n = int(np.searchsorted(cu, start, side="right")) - 1
+    bos, eos = int(cu[n]), int(cu[n + 1])
+    if stop is None:
+        stop = eos
+    if not is_int(stop) or not start < stop <= eos:
+        raise ValueError(f"stop must be an integer in {start + 1} .. {eos} (the segment may not "
+                         f"cross the end of sequence {n}, tokens {bos} .. {eos - 1}), got {stop!r}")
+    for name, pos in (("start", int(start)), ("stop", int(stop))):
+        if not _is_tile_edge(pos - bos, eos - bos, tile):
+            raise ValueError(f"{name} = {pos} is not a tile edge of sequence {n} (tokens {bos} .. "
+                             f"{eos - 1}, tile {tile}): segments start and stop at "
+                             f"{bos} + a multiple of {tile}, or stop at {eos}")
+    return int(start), int(stop)
+
+
 # ----------------------------------------------------------------------------
 # scans over a set of segments, each as its own packed "sequence"
 # ----------------------------------------------------------------------------
 
-def _gather_segments(xp, flat: dict, ranges: list[tuple[int, int]]):
+def gather_segments(xp, flat: dict, ranges: list[tuple[int, int]]):
     """The tokens of ``ranges``, concatenated [1, sum, ...], and their cu_seqlens.
 
     A segment starts at a tile edge of its sequence, so its tiles are the
-    sequence's own and the tile-local gc, Mqk, INV stay valid.
+    sequence's own and everything tile-local (gc, Mqk, INV) stays valid.
     """
     idx = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges])
     cu = np.concatenate([[0], np.cumsum([b - a for a, b in ranges])]).astype(np.int64)
@@ -220,7 +252,7 @@ def _gather_segments(xp, flat: dict, ranges: list[tuple[int, int]]):
 
 def _scan_ranges(xp, flat: dict, ranges, dht, opts: dict, snapshot_every: int, do=None):
     """dstate_scan_reference over the given segments at once (they are independent)."""
-    g, cu = _gather_segments(xp, flat, ranges)
+    g, cu = gather_segments(xp, flat, ranges)
     return dstate_scan_reference(g["q"], g["k"], g["gc"], g["beta"], g["mqk"], g["inv"],
                                  g["do"] if do is None else do(g["do"]), dht=dht, cu_seqlens=cu,
                                  snapshot_every=snapshot_every, **opts)
@@ -246,7 +278,7 @@ def _summaries(xp, flat: dict, ranges, opts: dict) -> tuple[Array, Array]:
     return out[..., :K], out[..., K:]
 
 
-def _flatten(B: int, T: int, **arrays) -> dict:
+def flatten_batch(B: int, T: int, **arrays) -> dict:
     """[B, T, ...] -> [1, B*T, ...]: a batch of equal-length sequences as one packed batch."""
     return {name: x.reshape((1, B * T) + tuple(x.shape[2:])) for name, x in arrays.items()}
 
@@ -274,25 +306,11 @@ def segment_summary(q, k, gc, beta, mqk, inv, do, *, start: int = 0, stop: int |
     """
     B, T, H, K, V, cu = check_scan_inputs(q, k, gc, beta, mqk, inv, do, tile, 1, cu_seqlens)
     check_scan_dtypes(q, k, gc, beta, mqk, inv, do)
-    total = B * T
-    if not is_int(start) or not 0 <= start < total:
-        raise ValueError(f"start must be an integer token position in 0 .. {total - 1}, got {start!r}")
-    n = int(np.searchsorted(cu, start, side="right")) - 1
-    bos, eos = int(cu[n]), int(cu[n + 1])
-    if stop is None:
-        stop = eos
-    if not is_int(stop) or not start < stop <= eos:
-        raise ValueError(f"stop must be an integer in {start + 1} .. {eos} (the segment may not "
-                         f"cross the end of sequence {n}, tokens {bos} .. {eos - 1}), got {stop!r}")
-    for name, pos in (("start", int(start)), ("stop", int(stop))):
-        if not _is_tile_edge(pos - bos, eos - bos, tile):
-            raise ValueError(f"{name} = {pos} is not a tile edge of sequence {n} (tokens {bos} .. "
-                             f"{eos - 1}, tile {tile}): segments start and stop at "
-                             f"{bos} + a multiple of {tile}, or stop at {eos}")
+    start, stop = segment_range(cu, start, stop, tile)
     xp = array_module(q)
-    flat = _flatten(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
+    flat = flatten_batch(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
     opts = dict(scale=scale, tile=tile, qk_l2norm=qk_l2norm)
-    M, d = _summaries(xp, flat, [(int(start), int(stop))], opts)
+    M, d = _summaries(xp, flat, [(start, stop)], opts)
     return M[0], d[0]
 
 
@@ -314,10 +332,10 @@ def dstate_scan_segmented(q, k, gc, beta, mqk, inv, do, *, segments, scale: floa
     if dht is not None:
         expect_shape("dht", dht, (N, H, K, V), "([N, H, K, V])")
         real_dtype_arg("dht", dht)
-    bounds = _all_bounds(cu, tile, segments)
+    bounds = segment_ranges(cu, tile, segments)
     xp = array_module(q)
     f64 = np.float64
-    flat = _flatten(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
+    flat = flatten_batch(B, T, q=q, k=k, gc=gc, beta=beta, mqk=mqk, inv=inv, do=do)
     opts = dict(scale=scale, tile=tile, qk_l2norm=qk_l2norm)
     dht64 = None if dht is None else xp.asarray(dht, dtype=f64)
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..shapes import TILE_TOKENS, snapshot_offsets
 
-__all__ = ["ALIGN", "SEGMENTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
+__all__ = ["ALIGN", "SEGMENTS", "check_summaries", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
            "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "run", "phase_marks"]
 
 ALIGN = 64          # cuts at multiples of this many tokens from the sequence's start (see above)
@@ -177,6 +177,44 @@ class Plan:
         return bool((self.count > 1).any())
 
 
+def check_summaries(summaries, known, known_name: str, unread: int) -> int:
+    """Refuses, by name, a fold's summaries that are not (M, d) pairs of one shape: every entry but
+    ``unread`` (0: the first, -1: the last; the fold never reads it) is (M [H, K, K] or None,
+    d [H, K, V]), and ``known`` (named ``known_name``), the
+    state or dS at the fold's fixed end, is [H, K, V] or None. Returns the number of entries
+    (at least 1). Both folds (this module's and the forward's) check with it."""
+    try:
+        m = len(summaries)
+    except TypeError:
+        raise ValueError(f"summaries must be a sequence of (M, d) pairs, got "
+                         f"{type(summaries).__name__}") from None
+    if m < 1:
+        raise ValueError("summaries must hold at least one entry (one per segment), got none")
+    hkv = None if known is None else tuple(known.shape)
+    if hkv is not None and len(hkv) != 3:
+        raise ValueError(f"{known_name} must be [H, K, V] (one sequence), got shape {hkv}")
+    for j in range(m):
+        if j == unread % m:
+            continue
+        entry = summaries[j]
+        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+            raise ValueError(f"summaries[{j}] must be an (M, d) pair, got {type(entry).__name__}")
+        M, d = entry
+        shape = tuple(getattr(d, "shape", ()))
+        if len(shape) != 3:
+            raise ValueError(f"summaries[{j}] d must be [H, K, V], got shape {shape}")
+        if hkv is None:
+            hkv = shape
+        elif shape != hkv:
+            raise ValueError(f"summaries[{j}] d must have shape {hkv} (as {known_name} and the other "
+                             f"segments), got {shape}")
+        H, K, _ = hkv
+        if M is not None and tuple(getattr(M, "shape", ())) != (H, K, K):
+            raise ValueError(f"summaries[{j}] M must have shape {(H, K, K)} ([H, K, K]) or be None, "
+                             f"got {tuple(getattr(M, 'shape', ()))}")
+    return m
+
+
 def fold_summaries(summaries: Sequence[tuple[Any, Any] | None], dht=None) -> list:
     """Pass 2: the dS entering every segment of one sequence, from the right.
 
@@ -190,33 +228,7 @@ def fold_summaries(summaries: Sequence[tuple[Any, Any] | None], dht=None) -> lis
     with None standing for zeros (as ``dht`` does) and an entry possibly being d_j
     itself (no copy). Only ``@`` and ``+`` are used: numpy, CuPy and torch all fold.
     """
-    try:
-        m = len(summaries)
-    except TypeError:
-        raise ValueError(f"summaries must be a sequence of (M, d) pairs, got "
-                         f"{type(summaries).__name__}") from None
-    if m < 1:
-        raise ValueError("summaries must hold at least one entry (one per segment), got none")
-    hkv = None if dht is None else tuple(dht.shape)
-    if hkv is not None and len(hkv) != 3:
-        raise ValueError(f"dht must be [H, K, V] (one sequence), got shape {hkv}")
-    for j in range(1, m):
-        entry = summaries[j]
-        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise ValueError(f"summaries[{j}] must be an (M, d) pair, got {type(entry).__name__}")
-        M, d = entry
-        shape = tuple(getattr(d, "shape", ()))
-        if len(shape) != 3:
-            raise ValueError(f"summaries[{j}] d must be [H, K, V], got shape {shape}")
-        if hkv is None:
-            hkv = shape
-        elif shape != hkv:
-            raise ValueError(f"summaries[{j}] d must have shape {hkv} (as dht and the other "
-                             f"segments), got {shape}")
-        H, K, _ = hkv
-        if M is not None and tuple(getattr(M, "shape", ())) != (H, K, K):
-            raise ValueError(f"summaries[{j}] M must have shape {(H, K, K)} ([H, K, K]) or be None, "
-                             f"got {tuple(getattr(M, 'shape', ()))}")
+    m = check_summaries(summaries, dht, "dht", unread=0)
     incoming = [None] * m
     incoming[-1] = dht
     for j in range(m - 1, 0, -1):

@@ -70,6 +70,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..shapes import TILE_TOKENS
+from ..ds_scan.split import check_summaries   # one check for both folds
 from .dstate_scan import snapshot_offsets
 from .kda import check_kda_inputs, kda_forward_reference
 from .segments import flatten_batch, gather_segments, segment_range, segment_ranges
@@ -167,33 +168,7 @@ def fold_forward_summaries(summaries: Sequence[Summary | None], h0=None) -> list
     itself (no copy). The mirror of :func:`kernel.reference.fold_summaries`
     (Kernel A's chain, folded from the right).
     """
-    try:
-        m = len(summaries)
-    except TypeError:
-        raise ValueError(f"summaries must be a sequence of (M, d) pairs, got "
-                         f"{type(summaries).__name__}") from None
-    if m < 1:
-        raise ValueError("summaries must hold at least one entry (one per segment), got none")
-    hkv = None if h0 is None else tuple(h0.shape)
-    if hkv is not None and len(hkv) != 3:
-        raise ValueError(f"h0 must be [H, K, V] (one sequence), got shape {hkv}")
-    for j in range(m - 1):
-        entry = summaries[j]
-        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise ValueError(f"summaries[{j}] must be an (M, d) pair, got {type(entry).__name__}")
-        M, d = entry
-        shape = tuple(getattr(d, "shape", ()))
-        if len(shape) != 3:
-            raise ValueError(f"summaries[{j}] d must be [H, K, V], got shape {shape}")
-        if hkv is None:
-            hkv = shape
-        elif shape != hkv:
-            raise ValueError(f"summaries[{j}] d must have shape {hkv} (as h0 and the other "
-                             f"segments), got {shape}")
-        H, K, _ = hkv
-        if M is not None and tuple(getattr(M, "shape", ())) != (H, K, K):
-            raise ValueError(f"summaries[{j}] M must have shape {(H, K, K)} ([H, K, K]) or be None, "
-                             f"got {tuple(getattr(M, 'shape', ()))}")
+    m = check_summaries(summaries, h0, "h0", unread=-1)
     incoming = [None] * m
     incoming[0] = h0
     for j in range(m - 1):

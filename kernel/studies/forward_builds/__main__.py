@@ -52,8 +52,8 @@ def parse_args(argv: Sequence[str] | None):
                                                           "(default %(default)s)")
     ap.add_argument("--heads", type=int, default=16, help="heads (H = HV; default 16, FLA's layer)")
     ap.add_argument("--builds", default=f"{AUTO},{WITHOUT}",
-                    help=f"comma-separated builds, the first the one the others' bits are checked against "
-                         f"(default %(default)s)")
+                    help="comma-separated builds, the first the one the others' bits are checked against "
+                         "(default %(default)s)")
     ap.add_argument("--reps", type=int, default=7, help="timed calls a build, in turn with the others (median; default 7)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     return ap.parse_args(argv)

@@ -26,19 +26,23 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel.reference import (fold_forward_summaries, forward_segment_summary, kda_forward_reference,
                               kda_forward_segmented, prepare_tiles, segment_bounds, snapshot_offsets)
 from kernel.reference.kda import MAX_TILE_DECAY_LOG2
 
-RTOL = 1e-12        # float64 against float64; the split only reorders a few sums
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from .segment_checks import FAST, WorstErrors, tile_edges as _tile_edges
+from .test_kda import make_inputs as kda_case_inputs
+
+KEY_NORM2 = (0.2, 0.8)   # |q|^2, |k|^2 of a drawn row: a contracting delta rule, as the reference tests draw them
+
 FP32_MIN_LOG2 = 126  # 2^-126: fp32's smallest normal, past which a tile's decay leaves fp32
 HARD_DECAY_LOG2 = 240.0  # a tile's mean decay at most; a tile decays by up to twice its mean
 
-_worst = {"rel": 0.0, "scaled": 0.0}
+_worst = WorstErrors()
+_check_close, _check_scaled = _worst.check_close, _worst.check_scaled
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,34 +53,16 @@ def _report_worst():
           f"{_worst['scaled']:.2e}")
 
 
-def _rel(out, ref) -> float:
-    """||out - ref|| / ||ref||; an all-zero ref must be matched exactly."""
-    num = float(np.linalg.norm(out - ref))
-    den = float(np.linalg.norm(ref))
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def _check_close(out, ref, what: str) -> None:
-    rel = _rel(out, ref)
-    _worst["rel"] = max(_worst["rel"], rel)
-    assert rel < RTOL, f"{what}: relative error {rel:.2e}"
 
 
-def _check_scaled(out, ref, scale: float, what: str) -> None:
-    """||out - ref|| / scale, for a ref whose own norm is no measure of its rounding."""
-    err = float(np.linalg.norm(out - ref))
-    err = err / scale if scale > 0 else err
-    _worst["scaled"] = max(_worst["scaled"], err)
-    assert err < RTOL, f"{what}: error {err:.2e} of the factors' scale {scale:.2e}"
 
 
 # ----------------------------------------------------------------------------
 # strategies and inputs
 # ----------------------------------------------------------------------------
 
-def _tile_edges(length: int, tile: int) -> list[int]:
-    """Interior tile edges of a sequence: where a cut may go."""
-    return list(range(tile, length, tile))
 
 
 @st.composite
@@ -107,28 +93,11 @@ def problems(draw):
 
 
 def make_inputs(p: dict) -> dict:
-    """float64 inputs: [B, T, ..] (equal length) or [1, total, ..] with cu_seqlens."""
-    rng = np.random.default_rng(p["seed"])
-    H, K, V, C = p["H"], p["K"], p["V"], p["tile"]
-    if p["B"] is None:
-        B, T, N = 1, sum(p["lengths"]), len(p["lengths"])
-        cu = np.concatenate([[0], np.cumsum(p["lengths"])]).astype(np.int64)
-    else:
-        B, T, N, cu = p["B"], p["lengths"][0], p["B"], None
-    q = rng.standard_normal((B, T, H, K))
-    k = rng.standard_normal((B, T, H, K))
-    if not p["qk_l2norm"]:
-        # raw N(0, 1) keys make the delta rule expansive (beta |k|^2 > 2), where every
-        # float64 evaluation loses digits to growth: |q|^2, |k|^2 in [0.2, 0.8] instead
-        for x in (q, k):
-            x *= np.sqrt(rng.uniform(0.2, 0.8, (B, T, H, 1)) / (x * x).sum(-1, keepdims=True))
-    per_token = p["tile_decay_log2"] * math.log(2.0) / C
-    return dict(
-        q=q, k=k, v=rng.standard_normal((B, T, H, V)),
-        g=-per_token * rng.uniform(0.0, 2.0, (B, T, H, K)),
-        beta=1.0 / (1.0 + np.exp(-rng.standard_normal((B, T, H)))),
-        initial_state=rng.standard_normal((N, H, K, V)) if p["with_h0"] else None,
-        cu_seqlens=cu)
+    """float64 inputs as the reference's own tests draw them (test_kda.make_inputs), without the
+    backward's do and dht: [B, T, ..] (equal length) or [1, total, ..] with cu_seqlens."""
+    inp = kda_case_inputs({**p, "key_norm2": KEY_NORM2, "with_dht": False})
+    del inp["do"], inp["dht"]
+    return inp
 
 
 def _args(inp):
@@ -270,7 +239,7 @@ def _tile_maps(p, inp, b: int, lo: int, hi: int, h: int):
     """(A_n, b_n, scale_A, scale_b) of every tile of row b's tokens lo .. hi-1, head h, from
     A_n = diag(gamma) - Kr^T INV diag(beta) Kd and b_n = Kr^T INV diag(beta) v, with
     prepare_tiles' gc and INV; the scales are the norms of the maps' terms."""
-    C, K = p["tile"], inp["q"].shape[-1]
+    C = p["tile"]
     one = _one_sequence(inp, b, lo, hi)
     gc, _, inv = prepare_tiles(one["q"], one["k"], one["g"], one["beta"], scale=p["scale"],
                                qk_l2norm=p["qk_l2norm"], tile=C)
@@ -405,26 +374,14 @@ def _small():
     return make_inputs(p)
 
 
-@pytest.mark.parametrize("segments, match", [
-    (0, r"segments must be an integer >= 1 or one list of cuts per sequence, got 0"),
-    (-2, r"segments must be an integer >= 1 or one list of cuts per sequence, got -2"),
-    (True, r"segments must be an integer >= 1 or one list of cuts per sequence, got True"),
-    ("2", r"segments must be an integer >= 1 or one list of cuts per sequence"),
-    (2.0, r"segments must be an integer >= 1 or one list of cuts per sequence, got 2.0"),
-    ([[4]], r"segments as cuts needs one list per sequence \(2\), got 1"),
-    ([[4], [5]], r"segments\[1\]\[0\] = 5 must be a tile edge strictly inside the sequence "
-                 r"\(a multiple of tile = 4 in 1 .. 12\)"),
-    ([[10], []], r"segments\[0\]\[0\] = 10 must be a tile edge strictly inside"),
-    ([[0], []], r"segments\[0\]\[0\] = 0 must be a tile edge"),
-    ([[8, 4], []], r"segments\[0\] must be strictly increasing, got segments\[0\]\[0\] = 8 >= "
-                   r"segments\[0\]\[1\] = 4"),
-    ([[4.0], []], r"segments\[0\]\[0\] must be an integer token offset, got 4.0"),
-    ([3, []], r"segments\[0\] must be a sequence of token offsets, got 3"),
-])
-def test_segmented_rejects_bad_segments(segments, match):
+def test_segmented_rejects_bad_segments_by_the_shared_check():
+    """``segments`` is read by kernel.reference.segments.segment_ranges, whose messages
+    tests/kernel/reference/test_segments.py goes through case by case: here, that the forward uses it."""
     inp = _small()
-    with pytest.raises(ValueError, match=match):
-        kda_forward_segmented(*_args(inp), segments=segments, tile=4, cu_seqlens=inp["cu_seqlens"])
+    with pytest.raises(ValueError, match=r"segments must be an integer >= 1 or one list of cuts per sequence, got 0"):
+        kda_forward_segmented(*_args(inp), segments=0, tile=4, cu_seqlens=inp["cu_seqlens"])
+    with pytest.raises(ValueError, match=r"segments\[1\]\[0\] = 5 must be a tile edge strictly inside the sequence"):
+        kda_forward_segmented(*_args(inp), segments=[[4], [5]], tile=4, cu_seqlens=inp["cu_seqlens"])
 
 
 def test_segmented_checks_the_forwards_arguments():
@@ -444,21 +401,14 @@ def test_segmented_checks_the_forwards_arguments():
         kda_forward_segmented(*_args(inp), tile=4, cu_seqlens=inp["cu_seqlens"])   # no default
 
 
-@pytest.mark.parametrize("start, stop, match", [
-    (-1, None, r"start must be an integer token position in 0 .. 22, got -1"),
-    (23, None, r"start must be an integer token position in 0 .. 22, got 23"),
-    (2, None, r"start = 2 is not a tile edge of sequence 0 \(tokens 0 .. 9, tile 4\)"),
-    (12, None, r"start = 12 is not a tile edge of sequence 1 \(tokens 10 .. 22, tile 4\)"),
-    (0, 6, r"stop = 6 is not a tile edge of sequence 0"),
-    (4, 14, r"stop must be an integer in 5 .. 10 \(the segment may not cross the end of "
-            r"sequence 0, tokens 0 .. 9\), got 14"),
-    (4, 4, r"stop must be an integer in 5 .. 10"),
-    (4.0, None, r"start must be an integer token position"),
-])
-def test_summary_rejects_bad_ranges(start, stop, match):
+def test_summary_rejects_bad_ranges_by_the_shared_check():
+    """A segment's range is checked by kernel.reference.segments.segment_range, whose messages
+    tests/kernel/reference/test_segments.py goes through case by case: here, that the forward uses it."""
     inp = _small()
-    with pytest.raises(ValueError, match=match):
-        forward_segment_summary(*_args(inp), start=start, stop=stop, tile=4, cu_seqlens=inp["cu_seqlens"])
+    with pytest.raises(ValueError, match=r"start = 2 is not a tile edge of sequence 0 \(tokens 0 .. 9, tile 4\)"):
+        forward_segment_summary(*_args(inp), start=2, tile=4, cu_seqlens=inp["cu_seqlens"])
+    with pytest.raises(ValueError, match=r"stop must be an integer in 5 .. 10"):
+        forward_segment_summary(*_args(inp), start=4, stop=14, tile=4, cu_seqlens=inp["cu_seqlens"])
 
 
 def test_summary_ranges_at_tile_edges_and_sequence_ends_are_accepted():

@@ -17,11 +17,9 @@ not of M's own norm). Run with -s to print this run's worst.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel.reference import (
@@ -37,11 +35,11 @@ from kernel.reference import (
 )
 
 from ..scan_cases import scan_case, scan_inputs
+from .segment_checks import FAST, WorstErrors, tile_edges as _tile_edges
 
-RTOL = 1e-12        # float64 against float64; the split only reorders a few sums
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-_worst = {"rel": 0.0, "scaled": 0.0}
+_worst = WorstErrors()
+_check_close, _check_scaled = _worst.check_close, _worst.check_scaled
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,33 +49,16 @@ def _report_worst():
           f"summaries vs explicit tile maps, of the factors' scale: {_worst['scaled']:.2e}")
 
 
-def _rel(out: np.ndarray, ref: np.ndarray) -> float:
-    """||out - ref|| / ||ref||; an all-zero ref must be matched exactly."""
-    num = float(np.linalg.norm(out - ref))
-    den = float(np.linalg.norm(ref))
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def _check_close(out: np.ndarray, ref: np.ndarray, what: str) -> None:
-    rel = _rel(out, ref)
-    _worst["rel"] = max(_worst["rel"], rel)
-    assert rel < RTOL, f"{what}: relative error {rel:.2e}"
 
 
-def _check_scaled(out: np.ndarray, ref: np.ndarray, scale: float, what: str) -> None:
-    """||out - ref|| / scale, for a ref whose own norm is no measure of its rounding."""
-    err = float(np.linalg.norm(out - ref)) / scale if scale > 0 else float(np.linalg.norm(out - ref))
-    _worst["scaled"] = max(_worst["scaled"], err)
-    assert err < RTOL, f"{what}: error {err:.2e} of the factors' scale {scale:.2e}"
 
 
 # ----------------------------------------------------------------------------
 # strategies
 # ----------------------------------------------------------------------------
 
-def _tile_edges(length: int, tile: int) -> list[int]:
-    """Interior tile edges of a sequence: where a cut may go."""
-    return list(range(tile, length, tile))
 
 
 @st.composite

@@ -72,6 +72,11 @@ HOST_ADVICE = ("kda_backward runs on the GPU and takes CuPy arrays or torch CUDA
                "evaluation on the host use kernel.reference.kda_backward_reference (on the raw gate)")
 
 
+def _forces_split(segments) -> bool:
+    """Whether ``segments`` (checked: "auto" or an int >= 1) asks for Kernel A's split outright."""
+    return segments != "auto" and segments > 1
+
+
 def _side_by_side_arg(side_by_side):
     if side_by_side is not None and not isinstance(side_by_side, (bool, np.bool_)):
         raise TypeError(f"side_by_side must be True, False or None (the rule), got {side_by_side!r}")
@@ -196,7 +201,7 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
                              dht=dht, cu_seqlens=cu_seqlens, states=states)
     side_by_side = _side_by_side_arg(side_by_side)
     ds_scan.check_segments(segments)
-    if segments != "auto" and segments > 1 and side_by_side and states is None:
+    if _forces_split(segments) and side_by_side and states is None:
         raise ValueError(f"segments={segments} splits Kernel A's scan, which then needs the GPU to itself: "
                          f"it cannot run side_by_side=True beside the forward-state scan (pass side_by_side=None "
                          f"or False, or segments=1)")
@@ -222,7 +227,7 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     :func:`kda_backward`'s (checked by the caller)."""
     cupy = require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
-    if segments != "auto" and segments > 1 and side_by_side is None:
+    if _forces_split(segments) and side_by_side is None:
         side_by_side = False   # a forced split needs the GPU to itself
     scans = (plan_scans(batch.N * batch.HV, builds.sm_count(), side_by_side) if states is None
              else ScanPlan(False, "auto", None))

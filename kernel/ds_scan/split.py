@@ -46,8 +46,8 @@ import numpy as np
 
 from ..shapes import TILE_TOKENS, snapshot_offsets
 
-__all__ = ["ALIGN", "SEGMENTS", "check_summaries", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
-           "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "run", "phase_marks"]
+__all__ = ["ALIGN", "SEGMENTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
+           "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "check_summaries", "run", "phase_marks"]
 
 ALIGN = 64          # cuts at multiples of this many tokens from the sequence's start (see above)
 # The auto rule and the plan's shape, measured on the H200 (docs/log/32-sequence-split.md).

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ptx_lab import ring
+from ptx_lab.ring import MAX_BARRIER_ID
+
 from ..forward_states.config import (G6_SPLITS, NSTAGES, PRODUCERS, SMEM_OPTIN, WARPS, ScanShape, check_knobs,
                                      choose_warps, knob_options)
 from ..runtime import builds
@@ -21,7 +24,6 @@ KERNEL_NAME = "kda_forward"
 MAX_WARPS = 12          # warps + producers + product warps: 384 threads leave 168 registers a thread
 MAX_STAGES = 6          # the auto rule's deepest ring: 4 tiles of the chain cover a loaded DRAM latency (Kernel S's)
 PRODUCT_WARPS = (0, 2)  # Config.product_warps: none (two producer warps form Mqk and INV), or one warp each
-MAX_BARRIER_ID = 15     # named barriers 1..15 (0 is __syncthreads)
 
 __all__ = ["Config", "options", "header_digest", "source", "all_variants", "choose_warps", "auto_config",
            "smem_bytes", "barrier_ids", "max_stages", "BUILD", "PRODUCT_WARPS", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "KNOB_MACROS", "COMPILER_FLAGS",
@@ -46,10 +48,9 @@ def barrier_ids(nstage: int, product_warps: int) -> dict[str, list[int] | int]:
     """The named barriers as forward_layout.cuh numbers them: the ring's FULL(s) and EMPTY(s) (ptx_lab.ring's
     barrier_ids from id 1), then the producers' barrier, then with product warps R1_DONE and PRODUCTS_DONE,
     one per tile parity; "end" is the first id after them (at most 16)."""
-    ids: dict[str, list[int] | int] = {"full": [1 + s for s in range(nstage)],
-                                       "empty": [1 + nstage + s for s in range(nstage)],
-                                       "producers": 1 + 2 * nstage}
-    end = 2 + 2 * nstage
+    ids = ring.barrier_ids(nstage)
+    ids["producers"] = ids["end"]
+    end = ids["producers"] + 1
     if product_warps:
         ids["r1_done"], ids["products_done"] = [end, end + 1], [end + 2, end + 3]
         end += 4

@@ -64,6 +64,7 @@ def measure(config: str, heads: int, builds: Sequence[str], reps: int) -> list[d
     import torch
 
     from kernel.forward import auto_config, choose_warps, forward
+    from kernel.runtime import builds
     from kernel.tools.bench.configs import parse_config
     from kernel.tools.bench.inputs import chunk_gate, cu_for_kernel_a, make_inputs
 
@@ -73,7 +74,7 @@ def measure(config: str, heads: int, builds: Sequence[str], reps: int) -> list[d
     cu_host = np.arange(cfg.B + 1) * cfg.T if cu is None else np.asarray(cu)
     q, k = (torch.nn.functional.normalize(raw[n].float(), dim=-1).to(torch.bfloat16) for n in ("q", "k"))
     g = chunk_gate(raw["g"])
-    auto = auto_config(choose_warps((len(cu_host) - 1) * heads, torch.cuda.get_device_properties(0).multi_processor_count))
+    auto = auto_config(choose_warps((len(cu_host) - 1) * heads, builds.sm_count()))   # the launch's own rule
     sides = {name: parse_build(name, auto) for name in builds}
 
     def call(c):

@@ -46,6 +46,15 @@ def parse_build(name: str, auto):
     return Config(warps=int(w), producers=int(p), nstage=int(st), g6_split=int(g), product_warps=int(pw or 0))
 
 
+def auto_build(sequences: int, heads: int, sm_count: int):
+    """The build the launch itself picks for `sequences` x `heads` on `sm_count` SMs (its grid rule, then
+    its auto rule)."""
+    from kernel.forward import auto_config
+    from kernel.forward.config import choose_warps
+
+    return auto_config(choose_warps(sequences * heads, sm_count))
+
+
 def parse_args(argv: Sequence[str] | None):
     ap = argparse.ArgumentParser(prog="python -m kernel.studies.forward_builds", description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="1x131072", help="comma-separated BxT or varlenNxT, as ptx-lab bench takes "
@@ -63,8 +72,8 @@ def measure(config: str, heads: int, builds: Sequence[str], reps: int) -> list[d
     import numpy as np
     import torch
 
-    from kernel.forward import auto_config, choose_warps, forward
-    from kernel.runtime import builds
+    from kernel.forward import forward
+    from kernel.runtime.builds import sm_count
     from kernel.tools.bench.configs import parse_config
     from kernel.tools.bench.inputs import chunk_gate, cu_for_kernel_a, make_inputs
 
@@ -74,7 +83,7 @@ def measure(config: str, heads: int, builds: Sequence[str], reps: int) -> list[d
     cu_host = np.arange(cfg.B + 1) * cfg.T if cu is None else np.asarray(cu)
     q, k = (torch.nn.functional.normalize(raw[n].float(), dim=-1).to(torch.bfloat16) for n in ("q", "k"))
     g = chunk_gate(raw["g"])
-    auto = auto_config(choose_warps((len(cu_host) - 1) * heads, builds.sm_count()))   # the launch's own rule
+    auto = auto_build(len(cu_host) - 1, heads, sm_count())
     sides = {name: parse_build(name, auto) for name in builds}
 
     def call(c):

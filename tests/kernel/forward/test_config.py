@@ -24,7 +24,7 @@ def test_the_shared_memory_count_is_the_sources(warps, producers, nstage, expect
     assert kf.smem_bytes(warps, producers, nstage) == expect
 
 
-@pytest.mark.parametrize("warps, producers, product_warps", [(1, 4, 2), (2, 4, 2), (4, 4, 0), (8, 2, 0)])
+@pytest.mark.parametrize("warps, producers, product_warps", [(1, 4, 2), (2, 4, 2), (4, 2, 2), (8, 2, 0)])
 def test_the_auto_config_takes_the_deepest_ring_that_fits(warps, producers, product_warps):
     # product warps beside 1, 2 or 4 consumer warps (R1 on 4 producers beside 1 or 2, on 2 beside 4: 10
     # warps would cap a thread at 168 registers); beside 8 none, and 2 producers
@@ -66,7 +66,7 @@ def test_the_grid_rule_is_kernel_s():
 def test_the_registry_builds_the_forward():
     assert kf.BUILD in registry.KERNELS
     assert [kf.BUILD.label(c) for c in kf.BUILD.variants()] == [
-        "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p4-st5-g4", "forward-w8-p2-st4-g4"]
+        "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4"]
     assert kf.BUILD.default() == kf.auto_config(8)
     assert kf.BUILD.function == "kda_forward" and kf.BUILD.constants == "kf"
     assert set(kf.BUILD.required_sass(kf.BUILD.default())) >= {"HMMA", "LDSM", "LDGSTS", "STSM"}

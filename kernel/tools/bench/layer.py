@@ -68,7 +68,7 @@ def missing_requirement() -> str | None:
     return None
 
 
-def _layer_and_inputs(cfg: Config, heads: int, hidden: int, seed: int):
+def layer_and_inputs(cfg: Config, heads: int, hidden: int, seed: int):
     import numpy as np
     import torch
     from fla.layers.kda import KimiDeltaAttention
@@ -89,7 +89,7 @@ def _layer_and_inputs(cfg: Config, heads: int, hidden: int, seed: int):
     return layer, x, dout, kw
 
 
-def _routes():
+def routes():
     """(FLA's chunk_kda, the route kernel.patch_fla() puts in its place, the layer's module)."""
     import fla.layers.kda as layer_module
 
@@ -120,9 +120,9 @@ def _bench_layer_config(cfg: Config, args, flush) -> dict:
     res: dict[str, Any] = {"bench": "layer", "config": cfg.name, "B": cfg.B, "T": cfg.T, "N": cfg.N,
                            "tokens": cfg.tokens, "varlen": cfg.varlen, "heads": heads, "hidden": hidden,
                            "layer": {}, "peak_memory": {}, "our_forward": args.our_forward}
-    layer, x, dout, kw = _layer_and_inputs(cfg, heads, hidden, args.seed)
+    layer, x, dout, kw = layer_and_inputs(cfg, heads, hidden, args.seed)
     params = [p for p in layer.parameters() if p.requires_grad]
-    original, routed, layer_module = _routes()
+    original, routed, layer_module = routes()
 
     def step_with(op) -> Callable:
         def call():

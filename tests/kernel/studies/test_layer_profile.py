@@ -1,0 +1,28 @@
+"""The layer-profile study's host side: its arguments, our kernels' names, a clean refusal without a GPU."""
+from __future__ import annotations
+
+import pytest
+
+from kernel.studies.layer_profile.__main__ import SIDES, main, our_kernels, parse_args
+
+
+def test_sides_and_steps_are_checked():
+    assert parse_args([]).sides == list(SIDES)
+    assert parse_args(["--sides", "ours"]).sides == ["ours"]
+    for bad in (["--sides", "cudnn"], ["--sides", ","], ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+def test_ours_are_the_registrys_kernels_and_not_flas_kda_named_ones():
+    mine = our_kernels()
+    assert {"kda_forward", "kda_dstate_scan", "kda_token_gradients"} <= mine
+    assert "kda_gate_chunk_cumsum_vector_kernel" not in mine   # FLA's, though named kda_*
+
+
+def test_without_a_gpu_it_says_why(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert main(["--configs", "1x8192"]) == 2
+    assert "layer_profile: needs a CUDA GPU" in capsys.readouterr().err

@@ -20,10 +20,12 @@ kinds of table: :data:`FORWARD_GEMMS` (one 16-token tile of our design, each
 GEMM on the serial state chain or off it) and :data:`FLA_FORWARD_GEMMS` (FLA
 0.6.0's, per 64-token chunk), :data:`FORWARD_TENSORS` and, per design in
 :data:`FORWARD_DESIGNS`, what each kernel reads and writes: FLA's forward
-kernel by kernel as its source has it, and one-pass designs that save nothing
-(inference), what our backward reads today, or the states only. Beside the
-floors: FLA's and cuDNN's measured forward, and the latency of the state chain
-at B = 1.
+kernel by kernel as its source has it, one-pass designs that save nothing
+(inference), what our backward reads today, or the states only, and two that
+take the state-free products off the chain (a products pass before the one
+pass; three passes with the chain in 64-token steps, for few sequences). Beside
+the floors: FLA's and cuDNN's measured forward, and the latency of the state
+chain at B = 1, in 16-token tiles and in 64-token steps.
 
 A floor is the time at a device rate: bytes / :data:`COPY_BYTES_PER_S`
 (DRAM read + write, as a device-to-device copy reaches it) and tensor FLOPs
@@ -460,6 +462,30 @@ def _products_first(saves: tuple) -> tuple[FwdKernel, ...]:
     return products, chain
 
 
+# Three passes, for few sequences x heads, where the one pass's chain of 16-token tiles is the time
+# (1x131072: 8,192 tiles in series): every 64-token chunk's state-free products across all SMs (w, u, kg
+# and Aqk as FLA's forward makes them, and what our backward reads: Aqk holds Mqk's blocks, and INV is
+# the diagonal blocks of the chunk's inverse), then the chain in 64-token steps (FLA's h kernel's two
+# GEMMs a step: 2,048 steps at 1x131072), then o from the states across all SMs (FLA's o kernel).
+THREE_PRODUCTS, THREE_CHAIN, THREE_O = "products pass (64-token chunks)", "chain pass (64-token steps)", "o pass"
+THREE_PASS_GEMMS = tuple(replace(s, kernel={FLA_H: THREE_CHAIN, FLA_O: THREE_O}.get(s.kernel, THREE_PRODUCTS))
+                         for s in FLA_FORWARD_GEMMS)
+
+
+def _three_passes(saves: tuple) -> tuple[FwdKernel, ...]:
+    """The products pass (raw q and k, normalised on chip), the 64-token chain, the o pass; ``saves`` as
+    the one pass's (the states from the chain, Mqk inside Aqk)."""
+    products = FwdKernel(THREE_PRODUCTS, (("q", 1), ("k", 1), ("v", 1), ("g", 1), ("beta", 1)),
+                         tuple((name, 1) for name in saves if name not in ("h", "Mqk"))
+                         + (("Aqk", 1), ("w", 1), ("u", 1), ("kg", 1)),
+                         "the chunk's 64 x 64 inverse on chip; Aqk whole (the o pass reads it)")
+    chain = FwdKernel(THREE_CHAIN, (("kg", 1), ("w", 1), ("u", 1), ("gc", 1 / CHUNK_TOKENS), ("h0", 1)),
+                      (("h", 1), ("v_new", 1), ("ht", 1)),
+                      "one CTA per V block reads all of kg and w: counted once (L2 serves the repeats)")
+    o = FwdKernel(THREE_O, (("qn", 1), ("gc", 1), ("h", 1), ("v_new", 1), ("Aqk", 1)), (("o", 1),))
+    return products, chain, o
+
+
 @dataclass(frozen=True)
 class ForwardDesign:
     name: str
@@ -481,6 +507,8 @@ FORWARD_DESIGNS = (
                   FORWARD_GEMMS, TILE_TOKENS, SAVED_STATES),
     ForwardDesign("products a pass before, for our backward as it reads today",
                   _products_first(OUR_BACKWARD_READS), PRODUCTS_FIRST_GEMMS, TILE_TOKENS, SAVED_STATES),
+    ForwardDesign("three passes (64-token chain), for our backward as it reads today",
+                  _three_passes(OUR_BACKWARD_READS), THREE_PASS_GEMMS, CHUNK_TOKENS, SAVED_STATES),
     ForwardDesign("one pass, states only (backward rebuilds Mqk, INV)", _one_pass(saves=("h",)), FORWARD_GEMMS,
                   TILE_TOKENS, SAVED_STATES, rebuilt=("Mqk", "INV")),
 )
@@ -503,6 +531,10 @@ FORWARD_MEASURED_MS = {
 # Kernel S's chain, one 16-token tile: G6 -> G7 -> G8 and the state's decay, with 2 consumer warps,
 # one CTA an SM (1x131072: 8,192 tiles in series; log 36)
 CHAIN_TILE_S = 0.69e-6
+# the serial step of 64 tokens (v_new = u - w S, then S's update: 8 + 4 dependent k-steps), measured alone
+# on 128 CTAs with a bf16 state stored a step: 1.791 ms for 2,048 steps (Kernel A's composed step,
+# docs/log/26-b1-redesign-in-parts.md; the forward's chain step has the same two GEMMs)
+CHAIN_STEP_S = 1.791e-3 / 2048
 
 
 def _elements(t: FwdTensor, lengths: Sequence[int], heads: int) -> int:
@@ -550,6 +582,16 @@ def chain_tiles(lengths: Sequence[int]) -> int:
 def chain_floor_ms(lengths: Sequence[int], tile_s: float = CHAIN_TILE_S) -> float:
     """The latency floor of that chain at Kernel S's measured time a tile."""
     return chain_tiles(lengths) * tile_s * 1e3
+
+
+def chain_steps(lengths: Sequence[int]) -> int:
+    """The serial chain in 64-token steps: the longest sequence's chunks."""
+    return max(math.ceil(n / CHUNK_TOKENS) for n in lengths)
+
+
+def chain_step_floor_ms(lengths: Sequence[int], step_s: float = CHAIN_STEP_S) -> float:
+    """The latency floor of the 64-token chain at the composed step's measured time."""
+    return chain_steps(lengths) * step_s * 1e3
 
 
 def forward_floors(copy_bytes_per_s: float = COPY_BYTES_PER_S,
@@ -711,6 +753,8 @@ def _forward_floor_table(rows: list[Floor], copy: float, mma: float) -> list[str
             f"{FORWARD_MEASURED_MS[s][i]:.2f}" if s in FORWARD_MEASURED_MS else "-" for s in shapes) + " |")
     lines.append(f"| chain: tiles a CTA x {CHAIN_TILE_S * 1e6:.2f} us | " + " | ".join(
         f"{chain_tiles(FORWARD_SHAPES[s]):,}: {chain_floor_ms(FORWARD_SHAPES[s]):.2f}" for s in shapes) + " |")
+    lines.append(f"| chain in 64-token steps x {CHAIN_STEP_S * 1e6:.2f} us | " + " | ".join(
+        f"{chain_steps(FORWARD_SHAPES[s]):,}: {chain_step_floor_ms(FORWARD_SHAPES[s]):.2f}" for s in shapes) + " |")
     return lines
 
 

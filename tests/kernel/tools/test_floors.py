@@ -108,6 +108,12 @@ def test_the_variants_by_hand():
     # the products a pass before: it reads q, k, g and beta again and writes Mqk and INV, which the chain reads
     assert (per_token["products a pass before, for our backward as it reads today"]
             == per_token[TODAY.name] + (2 * K + 2 * K + 4 * K + 4) + 2 * 2 * C)
+    # three passes: the products pass writes what our backward reads (Mqk inside the whole Aqk) and w, u, kg;
+    # the chain reads w, u, kg and the chunk's last gate row, writes the states and v_new; o from them
+    assert per_token["three passes (64-token chain), for our backward as it reads today"] == (
+        1540 + (4 * K + 8 + 4 * K + 2 * C) + (2 * BT + 3 * 2 * K)
+        + (3 * 2 * K + 4 * K / BT + 2 * STATE // BT + 2 * V)
+        + (2 * K + 4 * K + 2 * STATE // BT + 2 * V + 2 * BT)) == 6708
 
 
 def test_flas_forward_kernel_by_kernel():
@@ -190,6 +196,8 @@ def test_chain_at_b1_is_kernel_s_tile_times_the_tiles():
     assert floors.chain_tiles([131072]) == 8192
     assert abs(floors.chain_floor_ms([131072]) - 8192 * 0.69e-3) < 1e-9
     assert floors.chain_tiles([10, 17, 33]) == 3
+    assert floors.chain_steps([131072]) == 2048 and floors.chain_steps([10, 65, 33]) == 2
+    assert abs(floors.chain_step_floor_ms([131072]) - 1.791) < 1e-9   # the composed step's measured 2,048 steps
 
 
 # ------------------------------------------------------------------ CLI ----

@@ -1,0 +1,162 @@
+"""The three-pass forward in numpy, in the precision its kernels would keep: fp32 where they would
+accumulate, bf16 where they would store or take an MMA operand, subnormals flushed as -ftz leaves them.
+
+Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, gc = the last real row):
+
+* **products** (no state): Akk = strict_tril(diag(beta) (k k^T weighted by 2^(gc_i - gc_j))) and Aqk =
+  tril(s q k^T weighted the same) over the whole 64 x 64 chunk, by 16 x 16 blocks. A block below the
+  diagonal, rows in sub-chunk I, columns in J < I, is factorised about the row before sub-chunk I
+  (g_ref): x_i 2^(gc_i - g_ref) and k_j 2^(g_ref - gc_j), both at most 1, so nothing overflows for
+  any gate. A diagonal block is factorised about its own last row, as the one pass's tile products
+  are, or formed pairwise in fp32 where a channel spans past ``kernel.shapes.SPAN_LIMIT``. Then
+  INV = (I + Akk)^-1 in fp32 (forward substitution on the diagonal blocks, the blocks below from them),
+  w = INV (beta k 2^gc), u = INV (beta v) and kg = k 2^(gT - gc), each stored bf16;
+* **the chain** in 64-token steps: v_new = u - w S, S <- 2^gT S + kg^T v_new (S fp32; bf16 as an
+  operand; v_new stored bf16), the state entering the chunk stored bf16;
+* **o**: (s q 2^gc) S + Aqk v_new, from the stored state and v_new, stored bf16.
+
+The inputs and outputs follow ``kernel.forward``'s: q, k, v bf16 values [tokens, H, 128], FLA's g (the
+64-chunk-local cumsum, log2) [tokens, H, 128], beta [tokens, H]; o [tokens, H, 128], the final state
+[N, H, 128, 128] and the state entering every chunk [chunks, H, 128, 128].
+"""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS
+
+D, C, BT = HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS
+SUB = BT // C                          # sub-chunks (16-token blocks) a chunk
+FP32_TINY = np.float32(2.0 ** -126)
+
+
+def bf16(x) -> np.ndarray:
+    """x rounded to bf16 (nearest even), as float32 values."""
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def ftz(x) -> np.ndarray:
+    """fp32 with subnormals flushed to zero."""
+    x = np.asarray(x, dtype=np.float32)
+    return np.where(np.abs(x) < FP32_TINY, np.float32(0), x).astype(np.float32)
+
+
+def mm(a, b) -> np.ndarray:
+    """An MMA: exact products of its operands, summed in fp32 (here in float64, then rounded)."""
+    return (np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)).astype(np.float32)
+
+
+def chunk_products(q, k, gc, beta, L: int, s: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """(Aqk, Akk, pairwise blocks) of one chunk in fp32: Aqk lower with its diagonal s q . k, Akk strictly
+    lower with beta's rows; q, k [64, 128] bf16 values, gc [64, 128], beta [64]."""
+    f32 = np.float32
+    aqk = np.zeros((BT, BT), dtype=f32)
+    akk = np.zeros((BT, BT), dtype=f32)
+    pairwise = 0
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for I in range(SUB):
+            rows = slice(C * I, C * (I + 1))
+            g_ref = gc[C * I - 1] if I else np.zeros(D, dtype=f32)
+            up = ftz(np.exp2(gc[rows] - g_ref[None, :]))                     # <= 1
+            Qi, Ki = bf16(ftz(f32(s) * q[rows] * up)), bf16(ftz(k[rows] * up))
+            for J in range(I):                                               # below the diagonal
+                cols = slice(C * J, C * (J + 1))
+                Kj = bf16(ftz(k[cols] * ftz(np.exp2(g_ref[None, :] - gc[cols]))))   # <= 1
+                aqk[rows, cols] = mm(Qi, Kj.T)
+                akk[rows, cols] = mm(Ki, Kj.T)
+            gT = gc[C * I + C - 1]                                           # the diagonal block's last row
+            g_blk = gc[rows]
+            strict = np.tril(np.ones((C, C), dtype=bool), -1)
+            if np.all(g_blk - gT[None, :] <= SPAN_LIMIT):
+                e_up, e_down = ftz(np.exp2(g_blk - gT[None, :])), ftz(np.exp2(gT[None, :] - g_blk))
+                Qe, Ke, Kr = bf16(ftz(f32(s) * q[rows] * e_up)), bf16(ftz(k[rows] * e_up)), bf16(ftz(k[rows] * e_down))
+                a1, a2 = mm(Qe, Kr.T), mm(Ke, Kr.T)
+            else:
+                pairwise += 1
+                decay = np.exp2((g_blk[:, None, :] - g_blk[None, :, :]).astype(f32))
+                a1 = f32(s) * np.einsum("id,jd,ijd->ij", q[rows], k[rows], decay, dtype=f32)
+                a2 = np.einsum("id,jd,ijd->ij", k[rows], k[rows], decay, dtype=f32)
+            blk_q = np.where(strict, a1, 0).astype(f32)
+            blk_q[np.arange(C), np.arange(C)] = f32(s) * np.sum(q[rows] * k[rows], axis=1, dtype=f32)
+            aqk[rows, rows] = blk_q
+            akk[rows, rows] = np.where(strict, a2, 0)
+    real = (np.arange(BT) < L)[:, None]
+    aqk = np.where(real, aqk, 0).astype(f32)
+    akk = np.where(real, beta[:, None] * akk, 0).astype(f32)
+    return aqk, akk, pairwise
+
+
+def unit_lower_inverse(lkk: np.ndarray) -> np.ndarray:
+    """(I + lkk)^-1 for a strictly lower 64 x 64 lkk, in fp32: forward substitution on each 16 x 16
+    diagonal block, then block (I, J < I) = -INV_II sum_{J <= m < I} L_Im INV_mJ."""
+    f32 = np.float32
+    inv = np.zeros((BT, BT), dtype=f32)
+    for I in range(SUB):
+        b = slice(C * I, C * (I + 1))
+        blk = lkk[b, b]
+        d = np.zeros((C, C), dtype=f32)
+        for i in range(C):
+            row = np.eye(C, dtype=f32)[i]
+            for m in range(i):
+                row = (row - blk[i, m] * d[m]).astype(f32)
+            d[i] = row
+        inv[b, b] = d
+    for I in range(1, SUB):
+        bi = slice(C * I, C * (I + 1))
+        for J in range(I - 1, -1, -1):
+            bj = slice(C * J, C * (J + 1))
+            acc = np.zeros((C, C), dtype=f32)
+            for m in range(J, I):
+                bm = slice(C * m, C * (m + 1))
+                acc = (acc + mm(lkk[bi, bm], inv[bm, bj])).astype(f32)
+            inv[bi, bj] = -mm(inv[bi, bi], acc)
+    return inv
+
+
+def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None) -> dict:
+    """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
+    entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count."""
+    f32 = np.float32
+    total, H = q.shape[0], q.shape[1]
+    bos = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    chunks = [math.ceil(n / BT) for n in lengths]
+    first = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+    o = np.zeros((total, H, D), dtype=f32)
+    states = np.zeros((int(first[-1]), H, D, D), dtype=f32)
+    final = np.zeros((len(lengths), H, D, D), dtype=f32)
+    pairwise = 0
+    for n, length in enumerate(lengths):
+        for h in range(H):
+            S = (np.asarray(initial_state[n, h], dtype=f32) if initial_state is not None
+                 else np.zeros((D, D), dtype=f32))
+            for c in range(chunks[n]):
+                t0, L = int(bos[n]) + BT * c, min(BT, int(length) - BT * c)
+                qc, kc, vc = (np.zeros((BT, D), dtype=f32) for _ in range(3))
+                bc = np.zeros(BT, dtype=f32)
+                qc[:L], kc[:L], vc[:L], bc[:L] = q[t0:t0 + L, h], k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
+                gc = np.empty((BT, D), dtype=f32)
+                gc[:L] = g[t0:t0 + L, h]
+                gT = gc[L - 1].copy()
+                gc[L:] = gT
+                # the products pass
+                aqk, lkk, past = chunk_products(qc, kc, gc, bc, L, scale)
+                pairwise += past
+                inv = bf16(unit_lower_inverse(lkk))
+                with np.errstate(under="ignore"):
+                    start = ftz(np.exp2(gc))
+                    w = bf16(mm(inv, bf16(ftz(bc[:, None] * kc * start))))
+                    u = bf16(mm(inv, bf16(bc[:, None] * vc)))
+                    kg = bf16(ftz(kc * ftz(np.exp2(gT[None, :] - gc))))
+                    qg = bf16(ftz(f32(scale) * qc * start))
+                # the chain
+                Sb = bf16(S)
+                states[first[n] + c, h] = Sb
+                v_new = bf16((u - mm(w, Sb)).astype(f32))
+                S = (np.exp2(gT).astype(f32)[:, None] * S + mm(kg.T, v_new)).astype(f32)
+                # the o pass
+                o[t0:t0 + L, h] = bf16(mm(qg, Sb) + mm(bf16(aqk), v_new))[:L]
+            final[n, h] = S
+    return {"o": o, "final": final, "states": states, "pairwise_blocks": int(pairwise)}

@@ -71,38 +71,29 @@ def profile_config(config: str, sides: Sequence[str], steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from kernel.tools.bench.configs import parse_config
-    from kernel.tools.bench.layer import HIDDEN, LAYER_HEADS, layer_and_inputs, routes
+    from kernel.tools.bench.layer import HIDDEN, LAYER_HEADS, layer_and_inputs, layer_step, routes
 
     cfg = parse_config(config, 0)
     layer, x, dout, kw = layer_and_inputs(cfg, LAYER_HEADS, HIDDEN, seed=0)
-    params = [p for p in layer.parameters() if p.requires_grad]
     original, routed, layer_module = routes()
     ops = {"fla": original, "ours": routed}
 
-    def step(op):
-        layer_module.chunk_kda = op
-        try:
-            out = layer(x, **kw)[0]
-            return torch.autograd.grad(out, [x, *params], dout)
-        finally:
-            layer_module.chunk_kda = original
-
     res = {}
     for side in sides:
-        op = ops[side]
+        step = layer_step(layer, x, dout, kw, ops[side], layer_module, original)
         for _ in range(2):   # FLA compiles and tunes in its first call on a shape
-            step(op)
+            step()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
-                step(op)
+                step()
             torch.cuda.synchronize()
         kernels = kernel_times(prof.events(), steps)
         walls = []
         for _ in range(steps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            step(op)
+            step()
             end.record()
             torch.cuda.synchronize()
             walls.append(start.elapsed_time(end))

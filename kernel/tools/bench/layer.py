@@ -103,6 +103,23 @@ def routes():
     return original, routed, layer_module
 
 
+def layer_step(layer, x, dout, kw: dict, op, layer_module, original) -> Callable:
+    """One training step of ``layer`` on x with ``op`` as its chunk_kda: the forward, then the gradients of x
+    and of every parameter for dout; the layer's module gets ``original`` back after it."""
+    import torch
+
+    params = [p for p in layer.parameters() if p.requires_grad]
+
+    def call():
+        layer_module.chunk_kda = op
+        try:
+            out = layer(x, **kw)[0]
+            return torch.autograd.grad(out, [x, *params], dout)
+        finally:
+            layer_module.chunk_kda = original
+    return call
+
+
 def bench_layer_config(cfg: Config, args, flush) -> dict:
     """Time FLA's layer step against ours on one configuration, and each one's peak memory; ours with the
     forward ``args.our_forward`` names."""
@@ -113,8 +130,6 @@ def bench_layer_config(cfg: Config, args, flush) -> dict:
 
 
 def _bench_layer_config(cfg: Config, args, flush) -> dict:
-    import torch
-
     heads, hidden = args.heads, args.hidden
     t_start, tag = time.perf_counter(), cfg.name
     res: dict[str, Any] = {"bench": "layer", "config": cfg.name, "B": cfg.B, "T": cfg.T, "N": cfg.N,
@@ -123,18 +138,8 @@ def _bench_layer_config(cfg: Config, args, flush) -> dict:
     layer, x, dout, kw = layer_and_inputs(cfg, heads, hidden, args.seed)
     params = [p for p in layer.parameters() if p.requires_grad]
     original, routed, layer_module = routes()
-
-    def step_with(op) -> Callable:
-        def call():
-            layer_module.chunk_kda = op
-            try:
-                out = layer(x, **kw)[0]
-                return torch.autograd.grad(out, [x, *params], dout)
-            finally:
-                layer_module.chunk_kda = original
-        return call
-
-    calls = {LAYER_FLA: step_with(original), LAYER_OURS: step_with(routed)}
+    calls = {side: layer_step(layer, x, dout, kw, op, layer_module, original)
+             for side, op in ((LAYER_FLA, original), (LAYER_OURS, routed))}
     log(f"    {tag}: layer ready (hidden {hidden}, {heads} heads of 128, {sum(p.numel() for p in params):,} "
         f"parameters) [{time.perf_counter() - t_start:.0f} s]")
     calls = first_calls(calls, res["layer"], t_start, tag)

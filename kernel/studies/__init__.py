@@ -1,4 +1,5 @@
-"""Finished studies of Kernel A's design: code that answered a question, kept to be re-run.
+"""Studies of the kernels' designs (Kernel A's, the forward's, the layer's time): code that answered a
+question, kept to be re-run.
 
 Outside the wheel (pyproject's package list leaves ``kernel.studies`` out): run them
 from a checkout, ``python -m kernel.studies.<study>.<module>``. Each study's README

@@ -7,7 +7,8 @@ Run from a checkout (the one pass's model and the cases are the forward's test h
 tests/kernel/forward_cases.py). Each recipe is one case of ``make_case``: the inputs rounded as
 ``kernel.forward`` takes them, the float64 outputs of ``kernel.reference.kda_forward_reference``. Printed:
 the relative Frobenius error of o, the final state and the states (every 64 tokens) for the one pass's
-model (``forward_cases.emulate``, the kernel's arithmetic) and for the three passes' (``emulate.py``).
+model (``forward_cases.emulate``, the kernel's arithmetic) and for the three passes' (``emulate.py``),
+with u stored in bf16 and in fp32.
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def case_of(recipe: str) -> dict:
 
 
 def compare(case: dict) -> dict:
-    """{output: (one pass's error, three passes' error)} against the case's float64 outputs, and the
-    pairwise tiles and blocks."""
+    """{output: (one pass's error, three passes' error, three passes' error with u in fp32)} against the
+    case's float64 outputs, and the pairwise tiles and blocks."""
     from tests.kernel.forward_cases import D, emulate as one_pass, rel
 
     from kernel.ds_scan.launch import bits_to_f32
@@ -60,22 +61,24 @@ def compare(case: dict) -> dict:
 
     H = case["H"]
     a = one_pass(case)
-    b = three_passes(*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
-                     case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"],
-                     scale=case["scale"], initial_state=case["initial_state"])
-    out = {name: (rel(a[name], case[name]), rel(b[name].reshape(a[name].shape), case[name])) for name in OUTPUTS}
+    args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
+            case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
+    b, c = (three_passes(*args, scale=case["scale"], initial_state=case["initial_state"], u_fp32=u32)
+            for u32 in (False, True))
+    out = {name: (rel(a[name], case[name]), rel(b[name].reshape(a[name].shape), case[name]),
+                  rel(c[name].reshape(a[name].shape), case[name])) for name in OUTPUTS}
     out["pairwise"] = (a["pairwise_tiles"], b["pairwise_blocks"])
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    print("| recipe | " + " | ".join(f"{n} one pass | {n} three passes" for n in OUTPUTS)
+    print("| recipe | " + " | ".join(f"{n}: one pass, three, three with u fp32" for n in OUTPUTS)
           + " | pairwise tiles / blocks |")
-    print("|---|" + "---:|" * (2 * len(OUTPUTS)) + "---|")
+    print("|---|" + "---|" * len(OUTPUTS) + "---|")
     for recipe in args.recipes:
         r = compare(case_of(recipe))
-        cells = " | ".join(f"{r[n][0]:.2e} | {r[n][1]:.2e}" for n in OUTPUTS)
+        cells = " | ".join(" / ".join(f"{e:.2e}" for e in r[n]) for n in OUTPUTS)
         print(f"| {recipe} | {cells} | {r['pairwise'][0]} / {r['pairwise'][1]} |", flush=True)
     return 0
 

@@ -116,9 +116,10 @@ def unit_lower_inverse(lkk: np.ndarray) -> np.ndarray:
     return inv
 
 
-def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None) -> dict:
+def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_fp32: bool = False) -> dict:
     """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
-    entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count."""
+    entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count.
+    ``u_fp32``: the products pass stores u in fp32 (512 B a token more, written and read) instead of bf16."""
     f32 = np.float32
     total, H = q.shape[0], q.shape[1]
     bos = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -148,7 +149,8 @@ def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None) -> d
                 with np.errstate(under="ignore"):
                     start = ftz(np.exp2(gc))
                     w = bf16(mm(inv, bf16(ftz(bc[:, None] * kc * start))))
-                    u = bf16(mm(inv, bf16(bc[:, None] * vc)))
+                    u = mm(inv, bf16(bc[:, None] * vc))
+                    u = u if u_fp32 else bf16(u)
                     kg = bf16(ftz(kc * ftz(np.exp2(gT[None, :] - gc))))
                     qg = bf16(ftz(f32(scale) * qc * start))
                 # the chain

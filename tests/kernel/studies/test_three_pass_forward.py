@@ -42,13 +42,14 @@ def test_the_chunks_products_are_the_pairwise_sums(span):
 
 @pytest.mark.parametrize("recipe", ["ragged", "past fp32's range", "trained-layer gate"])
 def test_three_passes_keep_the_one_pass_precision(recipe):
-    # measured (README): every output within 1.17x the one pass's error, and the pairwise blocks where
-    # the one pass's tiles are
+    # measured (README): every output within 1.17x the one pass's error, within 1.03x with u in fp32, and the
+    # pairwise blocks where the one pass's tiles are
     pytest.importorskip("torch")   # the trained-layer gate is drawn with torch
     r = compare(case_of(recipe))
     for name in ("o", "final", "states"):
-        one, three = r[name]
+        one, three, three_u32 = r[name]
         assert three < 1.25 * one and three < BOUNDS[name], (name, one, three)
+        assert three_u32 < 1.06 * one and three_u32 < three, (name, one, three_u32)
     assert r["pairwise"][0] == r["pairwise"][1]
 
 

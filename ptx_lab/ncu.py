@@ -19,8 +19,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import os
 import re
 import shutil
+import signal
 import subprocess
 from typing import Sequence
 
@@ -63,6 +65,24 @@ def query_metrics(chip: str | None = None) -> str:
     return subprocess.run(args, capture_output=True, text=True, check=False).stdout
 
 
+def run_in_own_group(args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None):
+    """``subprocess.run(args, capture_output=True, text=True)`` in a process group of its own: past
+    ``timeout`` the whole group is killed, so the program ncu profiles (ncu's child, which holds the GPU)
+    does not outlive it, and subprocess.TimeoutExpired is raised as subprocess.run raises it."""
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def profile(command: Sequence[str], metrics: Sequence[str], kernel_regex: str | None = None,
             *, timeout: float = 540.0, env: dict[str, str] | None = None) -> Profile:
     """Run `command` under ncu collecting `metrics`; never raises for ncu's own failures."""
@@ -76,10 +96,10 @@ def profile(command: Sequence[str], metrics: Sequence[str], kernel_regex: str | 
             args += ["--kernel-name", f"regex:{kernel_regex}"]
         args += list(command)
         try:
-            done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env,
-                                  check=False)
+            done = run_in_own_group(args, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            return Profile([], dropped, f"ncu ran past {timeout:.0f} s", tuple(args))
+            return Profile([], dropped, f"ncu ran past {timeout:.0f} s (it and the program it profiled were "
+                                        f"killed)", tuple(args))
         out = done.stdout + "\n" + done.stderr
         unknown = [m for m in _UNKNOWN_METRIC.findall(out) if m in wanted]
         launches = parse_csv(done.stdout)

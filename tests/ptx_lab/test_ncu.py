@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 from ptx_lab import ncu
 
@@ -37,7 +38,7 @@ def test_parse_nothing():
 def test_profile_drops_unknown_metrics_and_retries(monkeypatch):
     calls = []
 
-    def fake_run(args, **kwargs):
+    def fake_run(args, **kwargs):   # ncu.run_in_own_group's contract: subprocess.run's result
         calls.append(args)
         metrics = args[args.index("--metrics") + 1].split(",")
         if "bogus.sum" in metrics:
@@ -45,7 +46,7 @@ def test_profile_drops_unknown_metrics_and_retries(monkeypatch):
         return subprocess.CompletedProcess(args, 0, DETAILS, "")
 
     monkeypatch.setattr(ncu, "ncu_path", lambda: "/usr/bin/ncu")
-    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
+    monkeypatch.setattr(ncu, "run_in_own_group", fake_run)
     prof = ncu.profile(["python3", "-m", "x"], ["bogus.sum", "smsp__inst_executed_op_shared_ld.sum"], "^bank_")
     assert prof.error is None and prof.dropped == ["bogus.sum"] and len(calls) == 2
     assert calls[-1][:6] == ["/usr/bin/ncu", "--clock-control", "none", "--target-processes", "all", "--csv"]
@@ -54,7 +55,40 @@ def test_profile_drops_unknown_metrics_and_retries(monkeypatch):
 
 def test_profile_reports_an_ncu_failure(monkeypatch):
     monkeypatch.setattr(ncu, "ncu_path", lambda: "/usr/bin/ncu")
-    monkeypatch.setattr(ncu.subprocess, "run", lambda args, **k: subprocess.CompletedProcess(
+    monkeypatch.setattr(ncu, "run_in_own_group", lambda args, **k: subprocess.CompletedProcess(
         args, 1, "", "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission\n"))
     prof = ncu.profile(["true"], ["a.sum"])
     assert prof.launches == [] and "ERR_NVGPUCTRPERM" in prof.error
+
+
+def test_a_profile_past_its_timeout_kills_what_ncu_started(tmp_path, monkeypatch):
+    # a stand-in for ncu that starts a child of its own (as ncu starts the program it profiles) and hangs:
+    # past the timeout both must be gone, or the child would hold the GPU for the tests after it
+    pid_file = tmp_path / "child.pid"
+    fake = tmp_path / "ncu"
+    fake.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pid_file}\nsleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(ncu, "ncu_path", lambda: str(fake))
+    start = time.monotonic()
+    prof = ncu.profile(["true"], ["a.sum"], timeout=1.0)
+    assert time.monotonic() - start < 30
+    assert prof.launches == [] and prof.error.startswith("ncu ran past 1 s")
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child), f"the profiled program (pid {child}) outlived ncu's timeout"
+
+
+def test_run_in_own_group_returns_what_subprocess_run_does():
+    done = ncu.run_in_own_group(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -19,12 +19,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import os
 import re
 import shutil
-import signal
 import subprocess
 from typing import Sequence
+
+from .processes import run_in_own_group
 
 NCU = "ncu"
 # --print-units base: counts as plain numbers ("1152", not "1.15 K"), so divisions are exact
@@ -63,24 +63,6 @@ def query_metrics(chip: str | None = None) -> str:
         raise RuntimeError("ncu is not on PATH")
     args = [exe, "--query-metrics"] + (["--chip", chip] if chip else [])
     return subprocess.run(args, capture_output=True, text=True, check=False).stdout
-
-
-def run_in_own_group(args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None):
-    """``subprocess.run(args, capture_output=True, text=True)`` in a process group of its own: past
-    ``timeout`` the whole group is killed, so the program ncu profiles (ncu's child, which holds the GPU)
-    does not outlive it, and subprocess.TimeoutExpired is raised as subprocess.run raises it."""
-    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def profile(command: Sequence[str], metrics: Sequence[str], kernel_regex: str | None = None,

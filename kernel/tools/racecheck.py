@@ -104,6 +104,8 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ptx_lab.processes import run_in_own_group
+
 from kernel.registry import KERNELS
 from kernel.runtime.builds import KernelBuild
 
@@ -417,10 +419,10 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
     for run in runs:
         print(f"[racecheck] {run} ...", flush=True)
         try:
-            proc = subprocess.run(sanitizer_command(sanitizer, run), capture_output=True, text=True, timeout=240)
+            # its own process group: past the limit the workload compute-sanitizer started dies with it
+            proc = run_in_own_group(sanitizer_command(sanitizer, run), timeout=240)
         except subprocess.TimeoutExpired as exc:
-            out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            (log_dir / f"racecheck-{run}.log").write_text(out)
+            (log_dir / f"racecheck-{run}.log").write_text((exc.output or "") + (exc.stderr or ""))
             rows.append((run, expected(run), "timeout", "-", "-", -1, []))
             print("  timed out after 240 s")
             continue

@@ -25,10 +25,18 @@ def run_in_own_group(args: Sequence[str], *, timeout: float,
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:   # the group ended just now
-            pass
+        _kill_group(proc)
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(proc.args, timeout, output=out, stderr=err) from None
+    except BaseException:   # Ctrl-C: the group is not in the terminal's foreground group, so it is ours to end
+        _kill_group(proc)
+        proc.wait()
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:   # the group ended just now
+        pass

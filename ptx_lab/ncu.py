@@ -24,7 +24,7 @@ import shutil
 import subprocess
 from typing import Sequence
 
-from .processes import run_in_own_group
+from .processes import run_tree
 
 NCU = "ncu"
 # --print-units base: counts as plain numbers ("1152", not "1.15 K"), so divisions are exact
@@ -78,7 +78,7 @@ def profile(command: Sequence[str], metrics: Sequence[str], kernel_regex: str | 
             args += ["--kernel-name", f"regex:{kernel_regex}"]
         args += list(command)
         try:
-            done = run_in_own_group(args, timeout=timeout, env=env)
+            done = run_tree(args, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return Profile([], dropped, f"ncu ran past {timeout:.0f} s (it and the program it profiled were "
                                         f"killed)", tuple(args))

@@ -104,7 +104,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ptx_lab.processes import run_in_own_group
+from ptx_lab.processes import run_tree
 
 from kernel.registry import KERNELS
 from kernel.runtime.builds import KernelBuild
@@ -419,8 +419,8 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
     for run in runs:
         print(f"[racecheck] {run} ...", flush=True)
         try:
-            # its own process group: past the limit the workload compute-sanitizer started dies with it
-            proc = run_in_own_group(sanitizer_command(sanitizer, run), timeout=240)
+            # past the limit the workload compute-sanitizer started dies with it
+            proc = run_tree(sanitizer_command(sanitizer, run), timeout=240)
         except subprocess.TimeoutExpired as exc:
             (log_dir / f"racecheck-{run}.log").write_text((exc.output or "") + (exc.stderr or ""))
             rows.append((run, expected(run), "timeout", "-", "-", -1, []))

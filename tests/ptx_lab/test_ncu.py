@@ -38,7 +38,7 @@ def test_parse_nothing():
 def test_profile_drops_unknown_metrics_and_retries(monkeypatch):
     calls = []
 
-    def fake_run(args, **kwargs):   # ncu.run_in_own_group's contract: subprocess.run's result
+    def fake_run(args, **kwargs):   # ncu.run_tree's contract: subprocess.run's result
         calls.append(args)
         metrics = args[args.index("--metrics") + 1].split(",")
         if "bogus.sum" in metrics:
@@ -46,7 +46,7 @@ def test_profile_drops_unknown_metrics_and_retries(monkeypatch):
         return subprocess.CompletedProcess(args, 0, DETAILS, "")
 
     monkeypatch.setattr(ncu, "ncu_path", lambda: "/usr/bin/ncu")
-    monkeypatch.setattr(ncu, "run_in_own_group", fake_run)
+    monkeypatch.setattr(ncu, "run_tree", fake_run)
     prof = ncu.profile(["python3", "-m", "x"], ["bogus.sum", "smsp__inst_executed_op_shared_ld.sum"], "^bank_")
     assert prof.error is None and prof.dropped == ["bogus.sum"] and len(calls) == 2
     assert calls[-1][:6] == ["/usr/bin/ncu", "--clock-control", "none", "--target-processes", "all", "--csv"]
@@ -55,7 +55,7 @@ def test_profile_drops_unknown_metrics_and_retries(monkeypatch):
 
 def test_profile_reports_an_ncu_failure(monkeypatch):
     monkeypatch.setattr(ncu, "ncu_path", lambda: "/usr/bin/ncu")
-    monkeypatch.setattr(ncu, "run_in_own_group", lambda args, **k: subprocess.CompletedProcess(
+    monkeypatch.setattr(ncu, "run_tree", lambda args, **k: subprocess.CompletedProcess(
         args, 1, "", "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission\n"))
     prof = ncu.profile(["true"], ["a.sum"])
     assert prof.launches == [] and "ERR_NVGPUCTRPERM" in prof.error

@@ -1,18 +1,30 @@
-"""ptx_lab.processes: a tool run with a time limit, its whole process group killed past it (CPU)."""
+"""ptx_lab.processes: a tool run with a time limit, it and every process under it killed past the limit (CPU)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
 import pytest
 
-from ptx_lab.processes import run_in_own_group
+from ptx_lab.processes import descendants, run_tree
 
 from .test_ncu import _alive
 
+# a stand-in for ncu or compute-sanitizer: it starts a child of its own (the program it would watch)
+# and then hangs; the child's pid goes to a file
+HANGS = "sleep 60 & echo $! > {pid}; echo started; sleep 60"
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    return not _alive(pid)
+
 
 def test_it_returns_what_subprocess_run_does():
-    done = run_in_own_group(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
+    done = run_tree(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
 
 
@@ -20,18 +32,13 @@ def test_past_the_limit_the_tools_child_dies_with_it(tmp_path):
     pid_file = tmp_path / "child.pid"
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as info:
-        run_in_own_group(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; echo started; sleep 60"], timeout=1.0)
+        run_tree(["sh", "-c", HANGS.format(pid=pid_file)], timeout=1.0)
     assert time.monotonic() - start < 30
-    assert info.value.output == "started\n"   # what the group wrote before the limit comes back
-    child = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(child):
-        time.sleep(0.05)
-    assert not _alive(child)
+    assert info.value.output == "started\n"   # what the tree wrote before the limit comes back
+    assert _gone(int(pid_file.read_text()))
 
 
-def test_an_interrupt_ends_the_group_too(tmp_path, monkeypatch):
-    # Ctrl-C reaches the caller only (the group is not the terminal's): the caller must end the group
+def test_an_interrupt_in_the_caller_ends_the_tree_too(tmp_path, monkeypatch):
     pid_file = tmp_path / "child.pid"
     real = subprocess.Popen.communicate
 
@@ -44,10 +51,24 @@ def test_an_interrupt_ends_the_group_too(tmp_path, monkeypatch):
 
     monkeypatch.setattr(subprocess.Popen, "communicate", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_in_own_group(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; sleep 60"], timeout=30)
+        run_tree(["sh", "-c", HANGS.format(pid=pid_file)], timeout=30)
     monkeypatch.setattr(subprocess.Popen, "communicate", real)
-    child = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(child):
-        time.sleep(0.05)
-    assert not _alive(child)
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_descendants_follow_the_parents_down():
+    # sh -> sh -> sleep: both below the first shell, neither below the sleep
+    proc = subprocess.Popen(["sh", "-c", "sh -c 'sleep 30' & wait"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(descendants(proc.pid)) < 2:
+            time.sleep(0.02)
+        below = descendants(proc.pid)
+        assert len(below) == 2 and descendants(below[-1]) == [] and os.getpid() not in below
+    finally:
+        for p in [*descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:
+                pass
+        proc.wait()

@@ -80,7 +80,7 @@ def _fake_sanitizer(monkeypatch, calls=None):
                                      "========= ERROR SUMMARY: 0 errors\n", stderr="", returncode=0)
 
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
-    monkeypatch.setattr(racecheck, "run_in_own_group", run)
+    monkeypatch.setattr(racecheck, "run_tree", run)
 
 
 def test_racecheck_prints_each_runs_table_row_and_hazard_shapes(monkeypatch, tmp_path, capsys):
@@ -243,13 +243,13 @@ def test_each_race_free_probe_gives_its_answer(probe, capsys):
 
 
 def test_a_run_past_its_limit_is_a_timeout_row_with_its_partial_log(monkeypatch, tmp_path, capsys):
-    def run(cmd, **kw):   # racecheck.run_in_own_group past its limit: the group killed, what it wrote kept
+    def run(cmd, **kw):   # racecheck.run_tree past its limit: the group killed, what it wrote kept
         if "kernel-b" in cmd:
             raise subprocess.TimeoutExpired(cmd, kw["timeout"], output="========= partial\n", stderr="")
         return types.SimpleNamespace(stdout="========= ERROR SUMMARY: 0 errors\n", stderr="", returncode=0)
 
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
-    monkeypatch.setattr(racecheck, "run_in_own_group", run)
+    monkeypatch.setattr(racecheck, "run_tree", run)
     racecheck.main(["--runs", "kernel-b", "no-empty", "--logs", str(tmp_path)])
     out = capsys.readouterr().out
     assert "timed out after 240 s" in out and re.search(r"^kernel-b\s+\S+\s+timeout", out, re.M)

@@ -46,13 +46,13 @@ def parse_build(name: str, auto):
     return Config(warps=int(w), producers=int(p), nstage=int(st), g6_split=int(g), product_warps=int(pw or 0))
 
 
-def auto_build(sequences: int, heads: int, sm_count: int):
-    """The build the launch itself picks for `sequences` x `heads` on `sm_count` SMs (its grid rule, then
-    its auto rule)."""
-    from kernel.forward import auto_config
-    from kernel.forward.config import choose_warps
+def launch_choice(q, k, v, g, beta, cu_seqlens, sm_count: int):
+    """The build the launch itself picks for these inputs on `sm_count` SMs: its own plan's
+    (kernel.forward.plan_forward, as forward() makes it for this GPU)."""
+    from kernel.forward import plan_forward
 
-    return auto_config(choose_warps(sequences * heads, sm_count))
+    return plan_forward(q, k, v, g, beta, cu_seqlens=cu_seqlens, output_final_state=True, training=True,
+                        sm_count=sm_count).config
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -83,7 +83,7 @@ def measure(config: str, heads: int, builds: Sequence[str], reps: int) -> list[d
     cu_host = np.arange(cfg.B + 1) * cfg.T if cu is None else np.asarray(cu)
     q, k = (torch.nn.functional.normalize(raw[n].float(), dim=-1).to(torch.bfloat16) for n in ("q", "k"))
     g = chunk_gate(raw["g"])
-    auto = auto_build(len(cu_host) - 1, heads, sm_count())
+    auto = launch_choice(q, k, raw["v"], g, raw["beta"], cu, sm_count())
     sides = {name: parse_build(name, auto) for name in builds}
 
     def call(c):

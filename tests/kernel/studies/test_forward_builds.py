@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from kernel.forward import Config, all_variants, auto_config
-from kernel.studies.forward_builds.__main__ import AUTO, WITHOUT, auto_build, main, parse_build
+from kernel.studies.forward_builds.__main__ import AUTO, WITHOUT, launch_choice, main, parse_build
+
+from ..scan_stand_ins import FORWARD
 
 
 @pytest.mark.parametrize("cfg", all_variants() + [Config(warps=4, producers=2, nstage=5, g6_split=4, product_warps=2)],
@@ -28,5 +30,6 @@ def test_an_unknown_build_is_named_before_any_gpu_work(capsys):
 @pytest.mark.parametrize("sequences, heads, name", [(1, 16, "w1-p4-st5-g4-pw2"), (1, 32, "w2-p4-st5-g4-pw2"),
                                                     (4, 16, "w4-p2-st5-g4-pw2"), (32, 16, "w8-p2-st4-g4")])
 def test_auto_is_the_launchs_own_choice(sequences, heads, name):
-    # the grid rule (consumer warps from sequences x heads on 132 SMs), then the auto rule
-    assert auto_build(sequences, heads, 132).name() == name
+    # the launch's plan on stand-ins of the study's shapes (one long sequence, or a batch of them), 132 SMs
+    a, _ = FORWARD.args(B=sequences, T=131072 // sequences, H=heads)
+    assert launch_choice(a["q"], a["k"], a["v"], a["g"], a["beta"], None, 132).name() == name

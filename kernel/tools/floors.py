@@ -574,24 +574,16 @@ def backward_after(design: ForwardDesign, lengths: Sequence[int], *, heads: int 
     return count(design.backward, lengths, heads=heads, rebuilt=design.rebuilt)
 
 
-def chain_tiles(lengths: Sequence[int]) -> int:
-    """The serial chain of one CTA per (sequence, head, v-group): the longest sequence's tiles."""
-    return max(math.ceil(n / TILE_TOKENS) for n in lengths)
+def chain_tiles(lengths: Sequence[int], tokens: int = TILE_TOKENS) -> int:
+    """The serial chain of one CTA per (sequence, head, v-group): the longest sequence's steps of ``tokens``
+    (a tile; or CHUNK_TOKENS, the chain in 64-token steps)."""
+    return max(math.ceil(n / tokens) for n in lengths)
 
 
-def chain_floor_ms(lengths: Sequence[int], tile_s: float = CHAIN_TILE_S) -> float:
-    """The latency floor of that chain at Kernel S's measured time a tile."""
-    return chain_tiles(lengths) * tile_s * 1e3
-
-
-def chain_steps(lengths: Sequence[int]) -> int:
-    """The serial chain in 64-token steps: the longest sequence's chunks."""
-    return max(math.ceil(n / CHUNK_TOKENS) for n in lengths)
-
-
-def chain_step_floor_ms(lengths: Sequence[int], step_s: float = CHAIN_STEP_S) -> float:
-    """The latency floor of the 64-token chain at the composed step's measured time."""
-    return chain_steps(lengths) * step_s * 1e3
+def chain_floor_ms(lengths: Sequence[int], tile_s: float = CHAIN_TILE_S, tokens: int = TILE_TOKENS) -> float:
+    """The latency floor of that chain at ``tile_s`` a step: Kernel S's measured tile, or CHAIN_STEP_S with
+    64-token steps."""
+    return chain_tiles(lengths, tokens) * tile_s * 1e3
 
 
 def forward_floors(copy_bytes_per_s: float = COPY_BYTES_PER_S,
@@ -751,10 +743,12 @@ def _forward_floor_table(rows: list[Floor], copy: float, mma: float) -> list[str
     for i, who in enumerate(("FLA chunk_kda, measured", "cuDNN kda_hopper_cuda, measured")):
         lines.append(f"| {who} | " + " | ".join(
             f"{FORWARD_MEASURED_MS[s][i]:.2f}" if s in FORWARD_MEASURED_MS else "-" for s in shapes) + " |")
-    lines.append(f"| chain: tiles a CTA x {CHAIN_TILE_S * 1e6:.2f} us | " + " | ".join(
-        f"{chain_tiles(FORWARD_SHAPES[s]):,}: {chain_floor_ms(FORWARD_SHAPES[s]):.2f}" for s in shapes) + " |")
-    lines.append(f"| chain in 64-token steps x {CHAIN_STEP_S * 1e6:.2f} us | " + " | ".join(
-        f"{chain_steps(FORWARD_SHAPES[s]):,}: {chain_step_floor_ms(FORWARD_SHAPES[s]):.2f}" for s in shapes) + " |")
+    for label, step_s, tokens in ((f"chain: tiles a CTA x {CHAIN_TILE_S * 1e6:.2f} us", CHAIN_TILE_S, TILE_TOKENS),
+                                  (f"chain in 64-token steps x {CHAIN_STEP_S * 1e6:.2f} us", CHAIN_STEP_S,
+                                   CHUNK_TOKENS)):
+        lines.append(f"| {label} | " + " | ".join(
+            f"{chain_tiles(FORWARD_SHAPES[s], tokens):,}: {chain_floor_ms(FORWARD_SHAPES[s], step_s, tokens):.2f}"
+            for s in shapes) + " |")
     return lines
 
 

@@ -196,8 +196,10 @@ def test_chain_at_b1_is_kernel_s_tile_times_the_tiles():
     assert floors.chain_tiles([131072]) == 8192
     assert abs(floors.chain_floor_ms([131072]) - 8192 * 0.69e-3) < 1e-9
     assert floors.chain_tiles([10, 17, 33]) == 3
-    assert floors.chain_steps([131072]) == 2048 and floors.chain_steps([10, 65, 33]) == 2
-    assert abs(floors.chain_step_floor_ms([131072]) - 1.791) < 1e-9   # the composed step's measured 2,048 steps
+    steps = dict(tokens=floors.CHUNK_TOKENS)
+    assert floors.chain_tiles([131072], **steps) == 2048 and floors.chain_tiles([10, 65, 33], **steps) == 2
+    assert abs(floors.chain_floor_ms([131072], floors.CHAIN_STEP_S, **steps) - 1.791) < 1e-9   # the composed
+    # step's measured 2,048 steps
 
 
 # ------------------------------------------------------------------ CLI ----

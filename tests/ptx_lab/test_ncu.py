@@ -6,6 +6,8 @@ import time
 
 from ptx_lab import ncu
 
+from .test_processes import gone
+
 DETAILS = '''==PROF== Connected to process 123
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
 "0","123","python3","h","bank_ld_u16","1","7","(32, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","smsp__inst_executed_op_shared_ld.sum","inst","1,152"
@@ -74,16 +76,5 @@ def test_a_profile_past_its_timeout_kills_what_ncu_started(tmp_path, monkeypatch
     assert time.monotonic() - start < 30
     assert prof.launches == [] and prof.error.startswith("ncu ran past 1 s")
     child = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(child):
-        time.sleep(0.05)
-    assert not _alive(child), f"the profiled program (pid {child}) outlived ncu's timeout"
+    assert gone(child), f"the profiled program (pid {child}) outlived ncu's timeout"
 
-
-def _alive(pid: int) -> bool:
-    """Whether pid runs (a zombie, killed and not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -9,14 +9,22 @@ import pytest
 
 from ptx_lab.processes import descendants, run_tree
 
-from .test_ncu import _alive
-
 # a stand-in for ncu or compute-sanitizer: it starts a child of its own (the program it would watch)
 # and then hangs; the child's pid goes to a file
 HANGS = "sleep 60 & echo $! > {pid}; echo started; sleep 60"
 
 
-def _gone(pid: int, within: float = 5.0) -> bool:
+def _alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone(pid: int, within: float = 5.0) -> bool:
+    """Whether pid has ended (or is a zombie) within ``within`` seconds."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
@@ -35,7 +43,7 @@ def test_past_the_limit_the_tools_child_dies_with_it(tmp_path):
         run_tree(["sh", "-c", HANGS.format(pid=pid_file)], timeout=1.0)
     assert time.monotonic() - start < 30
     assert info.value.output == "started\n"   # what the tree wrote before the limit comes back
-    assert _gone(int(pid_file.read_text()))
+    assert gone(int(pid_file.read_text()))
 
 
 def test_an_interrupt_in_the_caller_ends_the_tree_too(tmp_path, monkeypatch):
@@ -53,7 +61,7 @@ def test_an_interrupt_in_the_caller_ends_the_tree_too(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run_tree(["sh", "-c", HANGS.format(pid=pid_file)], timeout=30)
     monkeypatch.setattr(subprocess.Popen, "communicate", real)
-    assert _gone(int(pid_file.read_text()))
+    assert gone(int(pid_file.read_text()))
 
 
 def test_descendants_follow_the_parents_down():

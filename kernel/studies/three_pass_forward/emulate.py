@@ -12,7 +12,8 @@ Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, g
   INV = (I + Akk)^-1 in fp32 (forward substitution on the diagonal blocks, the blocks below from them),
   w = INV (beta k 2^gc), u = INV (beta v) and kg = k 2^(gT - gc), each stored bf16;
 * **the chain** in 64-token steps: v_new = u - w S, S <- 2^gT S + kg^T v_new (S fp32; bf16 as an
-  operand; v_new stored bf16), the state entering the chunk stored bf16;
+  operand; v_new stored bf16), the state entering the chunk stored bf16 (``kernel.forward_chain`` is
+  its kernel: :func:`chain` here is its arithmetic, up to the order its MMAs sum in);
 * **o**: (s q 2^gc) S + Aqk v_new, from the stored state and v_new, stored bf16.
 
 The inputs and outputs follow ``kernel.forward``'s: q, k, v bf16 values [tokens, H, 128], FLA's g (the
@@ -116,49 +117,102 @@ def unit_lower_inverse(lkk: np.ndarray) -> np.ndarray:
     return inv
 
 
-def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_fp32: bool = False) -> dict:
-    """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
-    entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count.
-    ``u_fp32``: the products pass stores u in fp32 (512 B a token more, written and read) instead of bf16."""
+def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_fp32: bool = False) -> dict:
+    """The products pass on one chunk (rows >= L padded as the module docstring says): w, u, kg, qg [64, 128]
+    (bf16 values; u fp32 with ``u_fp32``), Aqk [64, 64] (fp32), decay = 2^gT [128] (fp32) and the count of
+    blocks formed pairwise."""
     f32 = np.float32
-    total, H = q.shape[0], q.shape[1]
+    gT = gc[L - 1]
+    aqk, lkk, pairwise = chunk_products(qc, kc, gc, bc, L, scale)
+    inv = bf16(unit_lower_inverse(lkk))
+    with np.errstate(under="ignore"):
+        start = ftz(np.exp2(gc))
+        w = bf16(mm(inv, bf16(ftz(bc[:, None] * kc * start))))
+        u = mm(inv, bf16(bc[:, None] * vc))
+        u = u if u_fp32 else bf16(u)
+        kg = bf16(ftz(kc * ftz(np.exp2(gT[None, :] - gc))))
+        qg = bf16(ftz(f32(scale) * qc * start))
+    return {"w": w, "u": u, "kg": kg, "qg": qg, "aqk": aqk, "decay": np.exp2(gT).astype(f32), "pairwise": pairwise}
+
+
+def chain_step(S, w, u, kg, decay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One step of the chain: (bf16(S), v_new, the next S) from S (fp32 [K, V]) and the chunk's operands."""
+    Sb = bf16(S)
+    v_new = bf16((u - mm(w, Sb)).astype(np.float32))
+    return Sb, v_new, (decay[:, None] * S + mm(kg.T, v_new)).astype(np.float32)
+
+
+def chain(w, u, kg, decay, cu_chunks, initial_state=None) -> dict:
+    """The chain over stacked operands (w, u, kg [chunks, H, 64, 128], decay [chunks, H, 128]; sequence n's
+    chunks cu_chunks[n] .. cu_chunks[n + 1] - 1): states (bf16 values) [chunks, H, 128, 128], v_new (bf16
+    values) [chunks, H, 64, 128] and the final state (fp32) [N, H, 128, 128], as ``kernel.forward_chain``
+    computes them."""
+    chunks, H = w.shape[:2]
+    N = len(cu_chunks) - 1
+    states = np.zeros((chunks, H, D, D), dtype=np.float32)
+    v_new = np.zeros((chunks, H, BT, D), dtype=np.float32)
+    final = np.zeros((N, H, D, D), dtype=np.float32)
+    for n in range(N):
+        for h in range(H):
+            S = (np.asarray(initial_state[n, h], dtype=np.float32) if initial_state is not None
+                 else np.zeros((D, D), dtype=np.float32))
+            for c in range(int(cu_chunks[n]), int(cu_chunks[n + 1])):
+                states[c, h], v_new[c, h], S = chain_step(S, w[c, h], u[c, h], kg[c, h], decay[c, h])
+            final[n, h] = S
+    return {"states": states, "v_new": v_new, "final": final}
+
+
+def operands(q, k, v, g, beta, lengths, *, scale: float, u_fp32: bool = False) -> dict:
+    """The products pass over a batch (``kernel.forward``'s inputs, module docstring): w, u, kg, qg [chunks,
+    H, 64, 128], Aqk [chunks, H, 64, 64], decay [chunks, H, 128], cu_chunks [N + 1] (host int64) and the
+    pairwise blocks' count."""
+    f32 = np.float32
+    H = q.shape[1]
     bos = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    chunks = [math.ceil(n / BT) for n in lengths]
-    first = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
-    o = np.zeros((total, H, D), dtype=f32)
-    states = np.zeros((int(first[-1]), H, D, D), dtype=f32)
-    final = np.zeros((len(lengths), H, D, D), dtype=f32)
+    cu_chunks = np.concatenate([[0], np.cumsum([math.ceil(n / BT) for n in lengths])]).astype(np.int64)
+    chunks = int(cu_chunks[-1])
+    out = {name: np.zeros((chunks, H, BT, D), dtype=f32) for name in ("w", "u", "kg", "qg")}
+    out["aqk"] = np.zeros((chunks, H, BT, BT), dtype=f32)
+    out["decay"] = np.zeros((chunks, H, D), dtype=f32)
     pairwise = 0
     for n, length in enumerate(lengths):
-        for h in range(H):
-            S = (np.asarray(initial_state[n, h], dtype=f32) if initial_state is not None
-                 else np.zeros((D, D), dtype=f32))
-            for c in range(chunks[n]):
-                t0, L = int(bos[n]) + BT * c, min(BT, int(length) - BT * c)
+        for c in range(int(cu_chunks[n + 1] - cu_chunks[n])):
+            t0, L = int(bos[n]) + BT * c, min(BT, int(length) - BT * c)
+            for h in range(H):
                 qc, kc, vc = (np.zeros((BT, D), dtype=f32) for _ in range(3))
                 bc = np.zeros(BT, dtype=f32)
                 qc[:L], kc[:L], vc[:L], bc[:L] = q[t0:t0 + L, h], k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
                 gc = np.empty((BT, D), dtype=f32)
                 gc[:L] = g[t0:t0 + L, h]
-                gT = gc[L - 1].copy()
-                gc[L:] = gT
-                # the products pass
-                aqk, lkk, past = chunk_products(qc, kc, gc, bc, L, scale)
-                pairwise += past
-                inv = bf16(unit_lower_inverse(lkk))
-                with np.errstate(under="ignore"):
-                    start = ftz(np.exp2(gc))
-                    w = bf16(mm(inv, bf16(ftz(bc[:, None] * kc * start))))
-                    u = mm(inv, bf16(bc[:, None] * vc))
-                    u = u if u_fp32 else bf16(u)
-                    kg = bf16(ftz(kc * ftz(np.exp2(gT[None, :] - gc))))
-                    qg = bf16(ftz(f32(scale) * qc * start))
-                # the chain
-                Sb = bf16(S)
-                states[first[n] + c, h] = Sb
-                v_new = bf16((u - mm(w, Sb)).astype(f32))
-                S = (np.exp2(gT).astype(f32)[:, None] * S + mm(kg.T, v_new)).astype(f32)
-                # the o pass
-                o[t0:t0 + L, h] = bf16(mm(qg, Sb) + mm(bf16(aqk), v_new))[:L]
-            final[n, h] = S
-    return {"o": o, "final": final, "states": states, "pairwise_blocks": int(pairwise)}
+                gc[L:] = gc[L - 1]
+                ops = chunk_operands(qc, kc, vc, bc, gc, L, scale, u_fp32=u_fp32)
+                pairwise += ops.pop("pairwise")
+                for name, value in ops.items():
+                    out[name][int(cu_chunks[n]) + c, h] = value
+    out["cu_chunks"], out["pairwise_blocks"] = cu_chunks, int(pairwise)
+    return out
+
+
+def o_pass(qg, aqk, states, v_new, lengths) -> np.ndarray:
+    """o (bf16 values) [tokens, H, 128] = bf16(qg S + bf16(Aqk) v_new) per chunk, its real rows."""
+    H = qg.shape[1]
+    o = np.zeros((int(np.sum(lengths)), H, D), dtype=np.float32)
+    t0, c = 0, 0
+    for length in lengths:
+        for start in range(0, int(length), BT):
+            L = min(BT, int(length) - start)
+            for h in range(H):
+                o[t0 + start:t0 + start + L, h] = bf16(mm(qg[c, h], states[c, h]) + mm(bf16(aqk[c, h]), v_new[c, h]))[:L]
+            c += 1
+        t0 += int(length)
+    return o
+
+
+def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_fp32: bool = False) -> dict:
+    """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
+    entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count.
+    ``u_fp32``: the products pass stores u in fp32 (512 B a token more, written and read) instead of bf16."""
+    ops = operands(q, k, v, g, beta, lengths, scale=scale, u_fp32=u_fp32)
+    walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], initial_state)
+    o = o_pass(ops["qg"], ops["aqk"], walked["states"], walked["v_new"], lengths)
+    return {"o": o, "final": walked["final"], "states": walked["states"], "pairwise_blocks": ops["pairwise_blocks"]}

@@ -44,7 +44,8 @@ from kernel.registry import KERNELS
 from kernel.runtime.builds import KernelBuild
 from ptx_lab import CUDA_INCLUDE_DIR
 
-SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS", "SYNCS")   # SYNCS: mbarrier arrivals and waits
+SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS", "SYNCS", "UTMALDG", "UTMASTG")   # SYNCS: mbarrier
+# arrivals and waits; UTMALDG, UTMASTG: tensor copies in and out
 REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, THREADS_PER_SM = 65536, 228 * 1024, 1024, 2048
 
 

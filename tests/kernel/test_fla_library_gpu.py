@@ -304,8 +304,8 @@ def test_the_gate_epilogue_gives_fla_s_gate_backward_on_our_dg_and_the_float64_o
             continue
         assert got.dtype == previous[name].dtype and got.shape == previous[name].shape, name
         scale = exact[name].abs().max().item()
-        # g: bf16 of the same fp32 value up to exp / log1p's last bits (one bf16 step); the sums: fp32 in
-        # another order than FLA's blocks
+        # g: bf16 of fp32 values of the same function a few ulps apart (exp / log1p, and the softplus form's
+        # one exponential against FLA's formulas): one bf16 step; the sums: fp32 in another order than FLA's blocks
         tol = dict(g=2 ** -7 * scale, A_log=1e-4 * scale, dt_bias=1e-4 * scale)[name]
         for other in (previous[name], exact[name]):
             err = (got.double() - other.double()).abs().max().item()

@@ -40,14 +40,23 @@ __device__ __forceinline__ float gate_scale(const GateArgs& ga, int h) {
     return ga.a_log != nullptr ? expf(ga.a_log[h]) : 1.f;
 }
 
-// fp32, in the order of kernel.activations.gate_backward's torch expressions (softplus as torch's:
-// x past 20 is its own softplus); a = gate_scale(ga, h)
+// fp32; a = gate_scale(ga, h). The softplus form needs sigmoid(x) (dg/dx) and softplus(x) (dg/dA_log = g):
+// both come from one exponential, e = exp(-|x|), instead of exp(-x) and exp(x):
+//   sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0 (one reciprocal for both);
+//   softplus(x) = max(x, 0) + log1p(e).
+// e lies in [0, 1] (0 only where fp32 flushes exp(-|x|) below its normal range), so 1 + e is in [1, 2]:
+// nothing overflows for any x, and no cutoff is needed (for large x the log1p term falls under half an ulp
+// of x and softplus(x) rounds to x, which torch's softplus takes as given past 20).
+// The sigmoid form, in the order of kernel.activations.gate_backward's torch expressions, already has one
+// exponential: exp(-a x) is inf below a x = -88, where s = 1 / inf = 0 is the right limit.
 __device__ __forceinline__ GateGrad gate_grad(const GateArgs& ga, float a, float dy, float x) {
     GateGrad r;
     if (ga.form == GATE_SOFTPLUS) {
         const float amp = -a;
-        const float sig = 1.f / (1.f + expf(-x));
-        const float sp = x > 20.f ? x : log1pf(expf(x));
+        const float e = expf(-fabsf(x));
+        const float rcp = 1.f / (1.f + e);
+        const float sig = x >= 0.f ? rcp : e * rcp;
+        const float sp = fmaxf(x, 0.f) + log1pf(e);
         r.dx = dy * amp * sig;
         r.da = dy * amp * sp;
     } else {

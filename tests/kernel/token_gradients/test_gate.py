@@ -3,7 +3,8 @@
 the two lanes that share the channel, ddt_bias's as the first plus the second, dA_log's over those 256 sums by
 the kernel's shuffle tree and then warp by warp) and of the caller's sum over chunks
 (kernel.kda_backward), checked against kernel.activations.gate_backward on random data, and against
-the float64 math of the activation's derivatives."""
+the float64 math of the activation's derivatives; and the softplus form's one-exponential sigmoid and
+softplus against float64 over the whole range of x."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,13 +21,20 @@ WARPS, LANES = 8, 16   # the kernel's warps, and the channels of each (lanes l a
 GATE_ROWS = TILE_TOKENS // 2   # the rows of a tile one lane applies the gate to
 
 
+def _sigmoid_softplus(x):
+    """(sigmoid(x), softplus(x)), fp32, as gate_grad's softplus form has them: from the one exponential
+    e = exp(-|x|) in [0, 1], so that nothing overflows, and one reciprocal."""
+    e = np.exp(-np.abs(x))
+    r = f32(1) / (f32(1) + e)
+    return np.where(x >= 0, r, e * r), np.maximum(x, f32(0)) + np.log1p(e)
+
+
 def _grad(dy, x, a_log, lower_bound):
     """gate_grad, fp32 numpy, in the kernel's order: (dx, da)."""
     with np.errstate(over="ignore"):
         if lower_bound is None:
             amp = -np.exp(f32(a_log))
-            sig = f32(1) / (f32(1) + np.exp(-x))
-            sp = np.where(x > 20, x, np.log1p(np.exp(x)))
+            sig, sp = _sigmoid_softplus(x)
             return dy * amp * sig, dy * amp * sp
         a = f32(1) if a_log is None else np.exp(f32(a_log))
         ax = x if a_log is None else a * x
@@ -98,7 +106,8 @@ def test_the_epilogue_and_the_sum_over_chunks_give_gate_backward(seed, HV, cu, s
     g_raw = torch.from_numpy(bits_to_f32(g_bits)).to(torch.bfloat16)
     as_t = (lambda x: None if x is None else torch.from_numpy(x))
     want_raw, want_dA, want_ddt = gate_backward(torch.from_numpy(dg), g_raw, as_t(A_log), as_t(dt_bias), L)
-    # per element: both fp32 by the same formula (exp / log1p may differ in the last bit), rounded to bf16
+    # per element: the same function in fp32 (a few ulps apart: exp and log1p, and the softplus form's one
+    # exponential against torch's sigmoid and softplus), rounded to bf16: one bf16 step at most
     got_raw = bits_to_f32(dg_raw)
     np.testing.assert_allclose(got_raw, want_raw.float().numpy(), rtol=2 ** -7, atol=1e-30)
     # the sums: fp32 in another order, against the magnitude of what they add
@@ -137,6 +146,32 @@ def test_the_fp32_derivatives_are_the_float64_ones(sigmoid):
     # about 2^-24 |dg L a|
     np.testing.assert_allclose(dx, xt.grad.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(da.astype(np.float64).sum((0, 2)), at.grad.numpy(), rtol=1e-4)
+
+
+def _ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """|got - want| in units of the fp32 spacing at want (float64)."""
+    return np.abs(got.astype(np.float64) - want) / np.spacing(np.abs(want).astype(f32)).astype(np.float64)
+
+
+def test_the_one_exponential_sigmoid_and_softplus_are_the_float64_ones_for_every_x():
+    """x over [-100, 100] (past both ends of the old two-exponential form's cutoff at 20 and of exp's fp32
+    range at 88), 0, +-tiny (the smallest subnormal and normal) and the neighbours of 20: sigmoid and
+    softplus within 5 fp32 ulps of float64 (exp's own error, 2.5 ulps for numpy's fp32 exp, 2 for CUDA's
+    expf, and three roundings), and dx, da finite everywhere."""
+    ends = np.array([0, 1e-45, np.finfo(f32).tiny, 1e-30, 1e-8, 20, 87.3, 88.7, 89, 100], f32)
+    near_20 = np.array([np.nextafter(f32(20), f32(0)), np.nextafter(f32(20), f32(30))], f32)
+    x = np.concatenate([np.linspace(-100, 100, 400_001).astype(f32), ends, -ends, near_20, -near_20])
+    sig, sp = _sigmoid_softplus(x)
+    assert sig.dtype == sp.dtype == f32
+    x64 = x.astype(np.float64)
+    want_sig, want_sp = 1 / (1 + np.exp(-x64)), np.logaddexp(0, x64)
+    assert _ulps(sig, want_sig).max() <= 5 and _ulps(sp, want_sp).max() <= 5
+    assert (sig[x == 0] == 0.5).all() and (sp[x == 0] == f32(np.log(2))).all()
+    assert (sp[x >= 20] == x[x >= 20]).all()   # the log1p term is under half an ulp of x there
+    for a_log in (np.log(16), -2.0):
+        dx, da = _grad(np.ones_like(x), x, f32(a_log), None)
+        assert np.isfinite(dx).all() and np.isfinite(da).all()
+        assert (dx <= 0).all() and (da <= 0).all()   # -a sigmoid(x), -a softplus(x)
 
 
 def test_a_cta_s_partials_are_its_lanes_token_order_sums_over_half_tiles_in_a_fixed_order_the_same_bits_every_time():

@@ -154,10 +154,10 @@ def _ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 
 def test_the_one_exponential_sigmoid_and_softplus_are_the_float64_ones_for_every_x():
-    """x over [-100, 100] (past both ends of the old two-exponential form's cutoff at 20 and of exp's fp32
-    range at 88), 0, +-tiny (the smallest subnormal and normal) and the neighbours of 20: sigmoid and
-    softplus within 5 fp32 ulps of float64 (exp's own error, 2.5 ulps for numpy's fp32 exp, 2 for CUDA's
-    expf, and three roundings), and dx, da finite everywhere."""
+    """x over [-100, 100] (past torch's softplus cutoff at 20 and fp32 exp's range at +-88), 0, +-tiny
+    (the smallest subnormal and normal) and the neighbours of +-20: sigmoid and softplus within 5 fp32 ulps
+    of float64 (exp's own error, up to about 2.5 ulps for numpy's fp32 exp and 2 for CUDA's expf, and three
+    roundings), and dx, da finite everywhere."""
     ends = np.array([0, 1e-45, np.finfo(f32).tiny, 1e-30, 1e-8, 20, 87.3, 88.7, 89, 100], f32)
     near_20 = np.array([np.nextafter(f32(20), f32(0)), np.nextafter(f32(20), f32(30))], f32)
     x = np.concatenate([np.linspace(-100, 100, 400_001).astype(f32), ends, -ends, near_20, -near_20])

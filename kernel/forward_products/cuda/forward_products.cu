@@ -1,0 +1,388 @@
+// kernel/forward_products/cuda/forward_products.cu -- the first pass of the three-pass forward: every
+// 64-token chunk's state-free products at once, one CTA a (chunk, value head), all chunks in parallel.
+//
+// Per chunk (rows c < L real; rows >= L: q = k = v = beta = 0, gc = gc[L-1]; gc is FLA's g, the chunk-local
+// cumsum of the log2 gate, gT = gc[L-1]):
+//     Aqk  = tril(s q k^T weighted 2^(gc_i - gc_j)), its diagonal s q . k      [64 x 64]
+//     Lkk  = strict_tril(diag(beta) k k^T weighted the same)                     [64 x 64]
+//     INV  = (I + Lkk)^-1 (fp32)
+//     w    = INV bf16(beta k 2^gc),  u = INV bf16(beta v),  kg = k 2^(gT - gc),  qg = s q 2^gc,  decay = 2^gT
+// w, u, kg, qg and Aqk go out in bf16 (the chain and the o pass read them), decay in fp32; in training mode
+// also the 16 x 16 diagonal blocks of Aqk and of INV in FLA's [tokens, HV, 64] layout, which our backward
+// reads. kernel.studies.three_pass_forward.emulate.chunk_operands is the arithmetic, rounding for rounding.
+//
+// Every factorised product stays within fp32 for any gate. Warp I owns sub-chunk I (rows 16 I ..):
+// * below the diagonal, block (I, J < I) pairs rows of I with rows of J through 2^(gc_i - gc_j), factorised
+//   about g_ref = gc[16 I - 1], the row before sub-chunk I: x_i 2^(gc_i - g_ref) and k_j 2^(g_ref - gc_j);
+// * the diagonal block is factorised about its own last row, as the one pass's tiles are, or formed
+//   pairwise in fp32 where a channel of the block spans past SPAN_LIMIT (kernel/shapes.cuh).
+// The MMA operands are built in registers, lane by lane, from q, k and gc in shared memory: each element
+// of a fragment is one exp2 and one rounding to bf16, so no operand tile is staged. INV's diagonal blocks
+// are solved by forward substitution (a lane a column), the blocks below in three stages of fp32 products,
+// each stage's blocks on as many warps; w and u are MMAs of bf16(INV) against bf16(beta k 2^gc) and
+// bf16(beta v), staged once.
+//
+// Tensors: q, k bf16 [tokens, H, 128]; v bf16 [tokens, HV, 128]; g fp32 [tokens, HV, 128]; beta fp32
+// [tokens, HV]; chunk table int2 [chunks] (first token, real rows L); out: w, u, kg, qg bf16 [chunks, HV,
+// 64, 128], aqk bf16 [chunks, HV, 64, 64], decay fp32 [chunks, HV, 128]; training: aqk_blocks, inv_blocks
+// bf16 [tokens, HV, 64] (only the 16 columns of each row's own block are written), or null.
+#include "../../shapes.cuh"   // HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK, SPAN_LIMIT, qk_head
+#include "cp_async.cuh"
+#include "fragments.cuh"
+#include "ldmatrix.cuh"
+#include "mma.cuh"
+
+using namespace ptx_lab;
+
+namespace fp {
+
+constexpr int WARPS = TILES_PER_CHUNK;      // warp I owns sub-chunk I
+constexpr int THREADS = 32 * WARPS;
+constexpr int R = CHUNK_TOKENS;
+constexpr int D = HEAD_DIM;
+constexpr int OP_STRIDE = D + 8;            // bf16 rows of 272 bytes: ldmatrix rows in distinct bank groups
+constexpr int G_STRIDE = D + 8;             // fp32 rows: a half-warp's float2 reads of 4 rows x 4 lanes hit 32 banks
+constexpr int L_STRIDE = R + 4;             // fp32 rows of Lkk and INV
+
+struct Shared {
+    unsigned short q[R][OP_STRIDE];
+    unsigned short k[R][OP_STRIDE];
+    unsigned short bv[R][OP_STRIDE];        // v as loaded, then bf16(beta v) in place
+    unsigned short bk[R][OP_STRIDE];        // bf16(beta k 2^gc)
+    float g[R][G_STRIDE];
+    float lkk[R][L_STRIDE];
+    float inv[R][L_STRIDE];
+    float part[WARPS][TILE_TOKENS][TILE_TOKENS + 1];   // a warp's block product, between its two halves
+    float beta[R];
+};
+
+// bf16(x) as the low / high half of an MMA operand register
+__device__ __forceinline__ u32 pair(float lo, float hi) { return pack_bf16x2(lo, hi); }
+
+// Four fp32 values at (row, c), (row, c + 1), (row, c + 8), (row, c + 9) of a bf16 tile: a lane's share of an
+// m16n8k16 fragment's row (A: a0/a2 or a1/a3; B: b0/b1) at k-step columns c = 16 ks + 2 t
+struct Quad { float v[4]; };
+__device__ __forceinline__ Quad bf16_quad(const unsigned short (*tile)[OP_STRIDE], int row, int c) {
+    const u32 lo = *reinterpret_cast<const u32*>(&tile[row][c]), hi = *reinterpret_cast<const u32*>(&tile[row][c + 8]);
+    return {{bf16_lo(lo), bf16_hi(lo), bf16_lo(hi), bf16_hi(hi)}};
+}
+__device__ __forceinline__ Quad g_quad(const Shared& sh, int row, int c) {
+    const float2 lo = *reinterpret_cast<const float2*>(&sh.g[row][c]), hi = *reinterpret_cast<const float2*>(&sh.g[row][c + 8]);
+    return {{lo.x, lo.y, hi.x, hi.y}};
+}
+
+}  // namespace fp
+
+extern "C" __constant__ int fp_smem_bytes = static_cast<int>(sizeof(fp::Shared));
+extern "C" __constant__ int fp_threads = fp::THREADS;
+
+extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
+        const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+        const float* __restrict__ g, const float* __restrict__ beta, const int2* __restrict__ chunk_table, int H, int HV,
+        float scale, unsigned short* __restrict__ w_out, unsigned short* __restrict__ u_out,
+        unsigned short* __restrict__ kg_out, unsigned short* __restrict__ qg_out, unsigned short* __restrict__ aqk_out,
+        float* __restrict__ decay_out, unsigned short* __restrict__ aqk_blocks, unsigned short* __restrict__ inv_blocks) {
+    using namespace fp;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
+    const int c = blockIdx.x / HV, hv = blockIdx.x % HV, hq = qk_head(hv, HV, H);
+    const int2 entry = chunk_table[c];
+    const long long tok0 = entry.x;
+    const int L = entry.y;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gr = lane / 4, t = lane % 4;
+    const long long ch = static_cast<long long>(c) * HV + hv;   // (chunk, value head): the outputs' index
+
+    // ---- loads: rows < L by cp.async (16 bytes a copy), the rest zero; gc past L = gc[L - 1] ----
+    for (int i = tid; i < R * (D / 8); i += THREADS) {
+        const int row = i / (D / 8), col = 8 * (i % (D / 8));
+        if (row < L) {
+            const long long tk = tok0 + row;
+            cp_async_cg16(smem_addr(&sh.q[row][col]), q + (tk * H + hq) * D + col);
+            cp_async_cg16(smem_addr(&sh.k[row][col]), k + (tk * H + hq) * D + col);
+            cp_async_cg16(smem_addr(&sh.bv[row][col]), v + (tk * HV + hv) * D + col);
+        } else {
+            *reinterpret_cast<uint4*>(&sh.q[row][col]) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(&sh.k[row][col]) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(&sh.bv[row][col]) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    for (int i = tid; i < R * (D / 4); i += THREADS) {
+        const int row = i / (D / 4), col = 4 * (i % (D / 4));
+        cp_async_cg16(smem_addr(&sh.g[row][col]), g + ((tok0 + min(row, L - 1)) * HV + hv) * D + col);
+    }
+    cp_async_commit();
+    if (tid < R) sh.beta[tid] = tid < L ? beta[(tok0 + tid) * HV + hv] : 0.f;
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- elementwise: bk, bv (shared), kg, qg, decay (out); each thread 4 consecutive channels of a row ----
+    for (int i = tid; i < R * (D / 4); i += THREADS) {
+        const int row = i / (D / 4), col = 4 * (i % (D / 4));
+        const float4 gc = *reinterpret_cast<const float4*>(&sh.g[row][col]);
+        const float4 gT = *reinterpret_cast<const float4*>(&sh.g[R - 1][col]);   // rows >= L hold gc[L - 1]
+        const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
+        const uint2 qb = *reinterpret_cast<const uint2*>(&sh.q[row][col]);
+        const uint2 vb = *reinterpret_cast<const uint2*>(&sh.bv[row][col]);
+        const float gcv[4] = {gc.x, gc.y, gc.z, gc.w}, gTv[4] = {gT.x, gT.y, gT.z, gT.w};
+        const float kf[4] = {bf16_lo(kb.x), bf16_hi(kb.x), bf16_lo(kb.y), bf16_hi(kb.y)};
+        const float qf[4] = {bf16_lo(qb.x), bf16_hi(qb.x), bf16_lo(qb.y), bf16_hi(qb.y)};
+        const float vf[4] = {bf16_lo(vb.x), bf16_hi(vb.x), bf16_lo(vb.y), bf16_hi(vb.y)};
+        const float b = sh.beta[row];
+        float bk[4], bv[4], kg[4], qg[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float start = exp2f(gcv[e]);
+            bk[e] = b * kf[e] * start;
+            bv[e] = b * vf[e];
+            kg[e] = kf[e] * exp2f(gTv[e] - gcv[e]);
+            qg[e] = scale * qf[e] * start;
+        }
+        *reinterpret_cast<uint2*>(&sh.bk[row][col]) = make_uint2(pair(bk[0], bk[1]), pair(bk[2], bk[3]));
+        const size_t o = (static_cast<size_t>(ch) * R + row) * D + col;
+        *reinterpret_cast<uint2*>(kg_out + o) = make_uint2(pair(kg[0], kg[1]), pair(kg[2], kg[3]));
+        *reinterpret_cast<uint2*>(qg_out + o) = make_uint2(pair(qg[0], qg[1]), pair(qg[2], qg[3]));
+        if (row == R - 1) *reinterpret_cast<float4*>(decay_out + ch * D + col) =
+            make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
+        *reinterpret_cast<uint2*>(&sh.bv[row][col]) = make_uint2(pair(bv[0], bv[1]), pair(bv[2], bv[3]));
+    }
+
+    // ---- the diagonal block's span, per warp (NaN counts as past): the same in every lane, as the MMAs
+    // below need (a warp's lanes must all take or all skip them) ----
+    const int r0 = TILE_TOKENS * warp;
+    bool past = false;
+    for (int i = lane; i < TILE_TOKENS * D; i += 32) {
+        const int row = r0 + i / D, col = i % D;
+        past |= !(sh.g[row][col] - sh.g[r0 + TILE_TOKENS - 1][col] <= SPAN_LIMIT);
+    }
+    past = __any_sync(0xffffffffu, past);
+
+    // ---- warp I's row block of Aqk and Lkk ----
+    // fragment rows of this lane: A rows r0 + gr, r0 + gr + 8; B rows (columns of the product) j0 + gr (+8)
+    const int ra = r0 + gr, rb = r0 + gr + 8;
+    float dq[2][4], dk[2][4];           // the diagonal block, factorised: Qe Kr^T, Ke Kr^T
+    float oq[3][2][4], ok[3][2][4];     // blocks (I, J < I): Qi Kj^T, Ki Kj^T
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            dq[n][e] = dk[n][e] = 0.f;
+#pragma unroll
+            for (int J = 0; J < 3; ++J) oq[J][n][e] = ok[J][n][e] = 0.f;
+        }
+#pragma unroll 1
+    for (int ks = 0; ks < D / 16; ++ks) {
+        const int cc = 16 * ks + 2 * t;
+        const Quad qa = bf16_quad(sh.q, ra, cc), qb = bf16_quad(sh.q, rb, cc);
+        const Quad ka = bf16_quad(sh.k, ra, cc), kb = bf16_quad(sh.k, rb, cc);
+        const Quad ga = g_quad(sh, ra, cc), gb = g_quad(sh, rb, cc);
+        if (!past) {   // diagonal: about the block's last row; its rows are the B rows too (n-tile 0: gr, 1: gr + 8)
+            const Quad gT = g_quad(sh, r0 + TILE_TOKENS - 1, cc);
+            float ea[4], eb[4], fa[4], fb[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                ea[e] = exp2f(ga.v[e] - gT.v[e]); eb[e] = exp2f(gb.v[e] - gT.v[e]);
+                fa[e] = exp2f(gT.v[e] - ga.v[e]); fb[e] = exp2f(gT.v[e] - gb.v[e]);
+            }
+            const u32 aq[4] = {pair(scale * qa.v[0] * ea[0], scale * qa.v[1] * ea[1]),
+                               pair(scale * qb.v[0] * eb[0], scale * qb.v[1] * eb[1]),
+                               pair(scale * qa.v[2] * ea[2], scale * qa.v[3] * ea[3]),
+                               pair(scale * qb.v[2] * eb[2], scale * qb.v[3] * eb[3])};
+            const u32 ak[4] = {pair(ka.v[0] * ea[0], ka.v[1] * ea[1]), pair(kb.v[0] * eb[0], kb.v[1] * eb[1]),
+                               pair(ka.v[2] * ea[2], ka.v[3] * ea[3]), pair(kb.v[2] * eb[2], kb.v[3] * eb[3])};
+            const u32 b0[2] = {pair(ka.v[0] * fa[0], ka.v[1] * fa[1]), pair(ka.v[2] * fa[2], ka.v[3] * fa[3])};
+            const u32 b1[2] = {pair(kb.v[0] * fb[0], kb.v[1] * fb[1]), pair(kb.v[2] * fb[2], kb.v[3] * fb[3])};
+            mma_m16n8k16_bf16(dq[0], aq, b0, dq[0]); mma_m16n8k16_bf16(dq[1], aq, b1, dq[1]);
+            mma_m16n8k16_bf16(dk[0], ak, b0, dk[0]); mma_m16n8k16_bf16(dk[1], ak, b1, dk[1]);
+        }
+        if (warp > 0) {   // below the diagonal: about g_ref, the row before the sub-chunk
+            const Quad gref = g_quad(sh, r0 - 1, cc);
+            float ua[4], ub[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) { ua[e] = exp2f(ga.v[e] - gref.v[e]); ub[e] = exp2f(gb.v[e] - gref.v[e]); }
+            const u32 aq[4] = {pair(scale * qa.v[0] * ua[0], scale * qa.v[1] * ua[1]),
+                               pair(scale * qb.v[0] * ub[0], scale * qb.v[1] * ub[1]),
+                               pair(scale * qa.v[2] * ua[2], scale * qa.v[3] * ua[3]),
+                               pair(scale * qb.v[2] * ub[2], scale * qb.v[3] * ub[3])};
+            const u32 ak[4] = {pair(ka.v[0] * ua[0], ka.v[1] * ua[1]), pair(kb.v[0] * ub[0], kb.v[1] * ub[1]),
+                               pair(ka.v[2] * ua[2], ka.v[3] * ua[3]), pair(kb.v[2] * ub[2], kb.v[3] * ub[3])};
+#pragma unroll
+            for (int J = 0; J < 3; ++J) {
+                if (J >= warp) break;
+                const int ja = TILE_TOKENS * J + gr, jb = ja + 8;
+                const Quad kja = bf16_quad(sh.k, ja, cc), kjb = bf16_quad(sh.k, jb, cc);
+                const Quad gja = g_quad(sh, ja, cc), gjb = g_quad(sh, jb, cc);
+                float da[4], db[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) { da[e] = exp2f(gref.v[e] - gja.v[e]); db[e] = exp2f(gref.v[e] - gjb.v[e]); }
+                const u32 b0[2] = {pair(kja.v[0] * da[0], kja.v[1] * da[1]), pair(kja.v[2] * da[2], kja.v[3] * da[3])};
+                const u32 b1[2] = {pair(kjb.v[0] * db[0], kjb.v[1] * db[1]), pair(kjb.v[2] * db[2], kjb.v[3] * db[3])};
+                mma_m16n8k16_bf16(oq[J][0], aq, b0, oq[J][0]); mma_m16n8k16_bf16(oq[J][1], aq, b1, oq[J][1]);
+                mma_m16n8k16_bf16(ok[J][0], ak, b0, ok[J][0]); mma_m16n8k16_bf16(ok[J][1], ak, b1, ok[J][1]);
+            }
+        }
+    }
+
+    // Aqk's and Lkk's row block out of the accumulators: rows >= L zero, Lkk with beta's rows. Aqk goes to
+    // shared memory first (the lkk rows of the inverse's scratch are not needed until after the stores).
+    // Element e of n-tile n: row r0 + gr + 8 (e >> 1), column 8 n + 2 t + (e & 1) of the block.
+    float* aqk_row = &sh.inv[0][0];   // Aqk staged in the INV tile (written before the inverse needs it)
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = gr + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1), row = r0 + i;
+            const bool real = row < L;
+            float vq, vk;
+            if (!past) {
+                vq = j < i ? dq[n][e] : 0.f;
+                vk = j < i ? dk[n][e] : 0.f;
+            } else {   // pairwise, in fp32: sum_d x_i k_j 2^(gc_i - gc_j)
+                vq = vk = 0.f;
+                if (j < i && real) {
+                    float sq = 0.f, sk = 0.f;
+#pragma unroll 4
+                    for (int d = 0; d < D; ++d) {
+                        const float f = exp2f(sh.g[row][d] - sh.g[r0 + j][d]);
+                        const float kj = bf16_to_f32(sh.k[r0 + j][d]);
+                        sq += bf16_to_f32(sh.q[row][d]) * kj * f;
+                        sk += bf16_to_f32(sh.k[row][d]) * kj * f;
+                    }
+                    vq = scale * sq;
+                    vk = sk;
+                }
+            }
+            aqk_row[row * L_STRIDE + r0 + j] = real ? vq : 0.f;
+            sh.lkk[row][r0 + j] = real ? sh.beta[row] * vk : 0.f;
+#pragma unroll
+            for (int J = 0; J < 3; ++J) {
+                if (J >= warp) break;
+                aqk_row[row * L_STRIDE + TILE_TOKENS * J + 8 * n + 2 * t + (e & 1)] = real ? oq[J][n][e] : 0.f;
+                sh.lkk[row][TILE_TOKENS * J + 8 * n + 2 * t + (e & 1)] = real ? sh.beta[row] * ok[J][n][e] : 0.f;
+            }
+        }
+    // the diagonal of Aqk: s q . k of each real row (lanes over channels, a fixed butterfly)
+#pragma unroll 1
+    for (int i = 0; i < TILE_TOKENS; ++i) {
+        const int row = r0 + i;
+        float dot = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dot += bf16_to_f32(sh.q[row][4 * lane + e]) * bf16_to_f32(sh.k[row][4 * lane + e]);
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        if (lane == 0) aqk_row[row * L_STRIDE + row] = row < L ? scale * dot : 0.f;
+    }
+    __syncwarp();
+    // Aqk's rows of this warp out in bf16 [64 x 64] (zero right of the diagonal); the diagonal block also
+    // to FLA's layout for the backward
+    for (int i = lane; i < TILE_TOKENS * (R / 2); i += 32) {
+        const int row = r0 + i / (R / 2), col = 2 * (i % (R / 2));
+        const float a0 = col <= row ? aqk_row[row * L_STRIDE + col] : 0.f;
+        const float a1 = col + 1 <= row ? aqk_row[row * L_STRIDE + col + 1] : 0.f;
+        *reinterpret_cast<u32*>(aqk_out + (static_cast<size_t>(ch) * R + row) * R + col) = pair(a0, a1);
+        if (aqk_blocks != nullptr && row < L && col >= r0 && col < r0 + TILE_TOKENS)
+            *reinterpret_cast<u32*>(aqk_blocks + ((tok0 + row) * HV + hv) * R + col) = pair(a0, a1);
+    }
+    __syncthreads();   // Lkk whole; Aqk read out of the INV tile
+
+    // ---- INV = (I + Lkk)^-1: the diagonal blocks by forward substitution, lane j < 16 solving column j ----
+    if (lane < TILE_TOKENS) {
+        const int j = lane;
+        float x[TILE_TOKENS];
+#pragma unroll
+        for (int i = 0; i < TILE_TOKENS; ++i) {
+            float acc = i == j ? 1.f : 0.f;
+#pragma unroll
+            for (int m = 0; m < i; ++m) acc -= sh.lkk[r0 + i][r0 + m] * x[m];
+            x[i] = acc;
+        }
+#pragma unroll
+        for (int i = 0; i < TILE_TOKENS; ++i) sh.inv[r0 + i][r0 + j] = x[i];
+    }
+    // zero above the diagonal blocks (the w and u products read whole rows)
+    for (int i = lane; i < TILE_TOKENS * R; i += 32) {
+        const int row = r0 + i / R, col = i % R;
+        if (col >= r0 + TILE_TOKENS) sh.inv[row][col] = 0.f;
+    }
+    __syncthreads();
+    // the blocks below, stage by stage: block (I, J) = -INV_II sum_{J <= m < I} L_Im INV_mJ needs only rows
+    // above I, so stage I's blocks run on warps J = 0 .. I - 1 at once. Lane: row i = lane / 2, 8 columns.
+#pragma unroll 1
+    for (int I = 1; I < WARPS; ++I) {
+        if (warp < I) {
+            const int J = warp, i = lane / 2, j0 = 8 * (lane % 2);
+            float acc[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+#pragma unroll 1
+            for (int m = TILE_TOKENS * J; m < TILE_TOKENS * I; ++m) {
+                const float l = sh.lkk[TILE_TOKENS * I + i][m];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] = fmaf(l, sh.inv[m][TILE_TOKENS * J + j0 + e], acc[e]);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sh.part[warp][i][j0 + e] = acc[e];
+            __syncwarp();
+            float out[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) out[e] = 0.f;
+#pragma unroll 4
+            for (int m = 0; m < TILE_TOKENS; ++m) {
+                const float d = sh.inv[TILE_TOKENS * I + i][TILE_TOKENS * I + m];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) out[e] = fmaf(d, sh.part[warp][m][j0 + e], out[e]);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sh.inv[TILE_TOKENS * I + i][TILE_TOKENS * J + j0 + e] = -out[e];
+        }
+        __syncthreads();
+    }
+
+    // the diagonal block of INV to FLA's layout for the backward (bf16)
+    if (inv_blocks != nullptr)
+        for (int i = lane; i < TILE_TOKENS * (TILE_TOKENS / 2); i += 32) {
+            const int row = r0 + i / (TILE_TOKENS / 2), col = r0 + 2 * (i % (TILE_TOKENS / 2));
+            if (row < L)
+                *reinterpret_cast<u32*>(inv_blocks + ((tok0 + row) * HV + hv) * R + col) =
+                    pair(sh.inv[row][col], sh.inv[row][col + 1]);
+        }
+
+    // ---- w = bf16(INV) bk, u = bf16(INV) bv: warp I's 16 rows, all 128 columns; k-steps past the diagonal
+    // block are zero and skipped ----
+    const X4Lane xl = x4_lane(lane);
+    u32 a[TILES_PER_CHUNK][4];
+#pragma unroll
+    for (int kk = 0; kk < TILES_PER_CHUNK; ++kk) {
+        const int cc = 16 * kk + 2 * t;
+        a[kk][0] = pair(sh.inv[ra][cc], sh.inv[ra][cc + 1]);
+        a[kk][1] = pair(sh.inv[rb][cc], sh.inv[rb][cc + 1]);
+        a[kk][2] = pair(sh.inv[ra][cc + 8], sh.inv[ra][cc + 9]);
+        a[kk][3] = pair(sh.inv[rb][cc + 8], sh.inv[rb][cc + 9]);
+    }
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+        const unsigned short (*b_tile)[OP_STRIDE] = which == 0 ? sh.bk : sh.bv;
+        unsigned short* out = which == 0 ? w_out : u_out;
+#pragma unroll 2
+        for (int np = 0; np < D / 16; ++np) {   // 16 columns at a time: two n-tiles
+            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+            for (int kk = 0; kk < TILES_PER_CHUNK; ++kk) {
+                if (kk > warp) break;
+                // B[r][col] = b_tile rows, by ldmatrix .trans: matrix i = lane / 8 is r block i & 1, col block i >> 1
+                const int r = 16 * kk + 8 * ((lane >> 3) & 1) + xl.row, col = 16 * np + 8 * (lane >> 4);
+                u32 b[4];
+                ldmatrix_x4_trans(b, smem_addr(&b_tile[r][col]));
+                const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma_m16n8k16_bf16(acc[0], a[kk], b_lo, acc[0]);
+                mma_m16n8k16_bf16(acc[1], a[kk], b_hi, acc[1]);
+            }
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const int col = 16 * np + 8 * n + 2 * t;
+                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + ra) * D + col) = pair(acc[n][0], acc[n][1]);
+                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + rb) * D + col) = pair(acc[n][2], acc[n][3]);
+            }
+        }
+    }
+}

@@ -1,0 +1,156 @@
+"""The products pass: every 64-token chunk's state-free products at once, the first pass of the
+three-pass forward (docs/kda_forward.md, "Three passes").
+
+    out = forward_products(q, k, v, g, beta, scale=s, cu_seqlens=cu, training=True)
+    out.w, out.u, out.kg, out.qg, out.aqk, out.decay, out.cu_chunks, out.Aqk, out.Akk
+
+What and why
+------------
+At one long sequence the one-pass forward's time is its serial chain of 16-token tiles, each building
+its own INV and products on the way. The three passes take all of that off the chain: this pass builds
+every chunk's products across all SMs, ``kernel.forward_chain`` walks the chunks, and the o pass forms o
+from the states. Per chunk (kernel/forward_products/cuda/forward_products.cu)::
+
+    Aqk = tril(s q k^T weighted 2^(gc_i - gc_j));  Lkk = strict_tril(diag(beta) k k^T weighted the same)
+    INV = (I + Lkk)^-1;  w = INV (beta k 2^gc);  u = INV (beta v);  kg = k 2^(gT - gc);  qg = s q 2^gc
+    decay = 2^gT
+
+The numpy statement, rounding for rounding, is ``kernel.studies.three_pass_forward.emulate.chunk_operands``
+(its ``operands`` over a batch); the kernel's MMAs and exp2 differ from numpy's in their last bits.
+
+Tensors: the inputs as :func:`kernel.forward.forward` takes them (q, k bf16 [.., H, 128]; v bf16 [.., HV,
+128]; g fp32 [.., HV, 128], FLA's 64-chunk-local cumsum / ln 2; beta fp32 [.., HV]; ``..`` = ``B, T`` or
+``1, total`` with cu_seqlens). Out, chunk-major (a sequence's chunks one after another, sequence after
+sequence; rows past a sequence's end zero)::
+
+    w, u, kg, qg   bf16 [chunks, HV, 64, 128]
+    aqk            bf16 [chunks, HV, 64, 64]    (zero above the diagonal)
+    decay          fp32 [chunks, HV, 128]
+    cu_chunks      host int64 [N + 1]           sequence n's chunks
+    Aqk, Akk       bf16 [.., HV, 64] (training): the 16 x 16 diagonal blocks of Aqk and of INV in FLA's
+                   layout, as kernel.forward writes them for our backward (the rest of a row is not written)
+
+CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out. The kernel runs on CuPy's
+current stream.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..forward.launch import plan_forward
+from ..runtime import builds
+from ..runtime.arrays import beta_f32, cupy_view, require_cupy, require_gpu, to_cupy
+from ..shapes import CHUNK_TOKENS, HEAD_DIM
+from .config import BUILD, Config
+
+__all__ = ["forward_products", "plan_products", "ProductsPlan", "ProductsOutputs", "chunk_table", "launch_planned"]
+
+
+class ProductsOutputs(NamedTuple):
+    w: Any
+    u: Any
+    kg: Any
+    qg: Any
+    aqk: Any
+    decay: Any
+    cu_chunks: np.ndarray
+    Aqk: Any     # None unless training
+    Akk: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductsPlan:
+    B: int
+    T: int
+    H: int
+    HV: int
+    scale: float
+    cu_seqlens: np.ndarray     # host int64 [N + 1] token offsets
+    training: bool
+    torch_out: bool
+    beta_bf16: bool
+
+    @property
+    def cu_chunks(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(-(-np.diff(self.cu_seqlens) // CHUNK_TOKENS))]).astype(np.int64)
+
+    @property
+    def chunks(self) -> int:
+        return int(self.cu_chunks[-1])
+
+
+def plan_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None,
+                  training: bool = True) -> ProductsPlan:
+    """Every check of :func:`forward_products`, on the host: those of :func:`kernel.forward.plan_forward`,
+    whose inputs this pass takes."""
+    fp = plan_forward(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training)
+    return ProductsPlan(B=fp.B, T=fp.T, H=fp.H, HV=fp.HV, scale=fp.scale, cu_seqlens=fp.cu_seqlens,
+                        training=fp.blocks_shape is not None, torch_out=fp.torch_out,
+                        beta_bf16=fp.beta_bf16)
+
+
+def chunk_table(cu_seqlens: np.ndarray) -> np.ndarray:
+    """int32 [chunks, 2]: each chunk's first token and its real rows, sequence after sequence."""
+    rows = []
+    for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:]):
+        for t0 in range(int(bos), int(eos), CHUNK_TOKENS):
+            rows.append((t0, min(CHUNK_TOKENS, int(eos) - t0)))
+    return np.asarray(rows, dtype=np.int32).reshape(-1, 2)
+
+
+@functools.lru_cache(maxsize=64)
+def _table_on_device(cu_bytes: bytes):
+    import cupy
+
+    return cupy.asarray(chunk_table(np.frombuffer(cu_bytes, dtype=np.int64)))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(cfg: Config):
+    """(function, dynamic shared memory, threads), cached per process."""
+    return builds.kernel_function(BUILD, BUILD.module(cfg), label="the forward's products pass")
+
+
+def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict) -> None:
+    """The pass on checked CuPy arrays (bf16 as uint16 bits, beta fp32) into ``out``'s arrays."""
+    fn, smem, threads = kernel(Config())
+    null = np.uint64(0)
+    table = _table_on_device(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes())
+    fn((plan.chunks * plan.HV,), (threads,),
+       (q, k, v, g, beta, table, np.int32(plan.H), np.int32(plan.HV), np.float32(plan.scale), out["w"], out["u"],
+        out["kg"], out["qg"], out["aqk"], out["decay"], out["Aqk"] if out["Aqk"] is not None else null,
+        out["Akk"] if out["Akk"] is not None else null),
+       shared_mem=smem)
+
+
+def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None,
+                     training: bool = True) -> ProductsOutputs:
+    """Every chunk's products (module docstring)."""
+    plan = plan_products(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training)
+    cupy = require_cupy("kernel.forward_products")
+    require_gpu("kernel.forward_products")
+    q_c, k_c, v_c = (to_cupy(n, x, "bf16") for n, x in (("q", q), ("k", k), ("v", v)))
+    g_c = to_cupy("g", g, "f32")
+    beta_c = beta_f32(beta)
+    C, HV, D = plan.chunks, plan.HV, HEAD_DIM
+    shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "bf16"),
+              "kg": ((C, HV, CHUNK_TOKENS, D), "bf16"), "qg": ((C, HV, CHUNK_TOKENS, D), "bf16"),
+              "aqk": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"), "decay": ((C, HV, D), "f32")}
+    if training:
+        shapes.update(Aqk=((plan.B, plan.T, HV, CHUNK_TOKENS), "bf16"), Akk=((plan.B, plan.T, HV, CHUNK_TOKENS), "bf16"))
+    out_t, out_c = {"Aqk": None, "Akk": None}, {"Aqk": None, "Akk": None}
+    for name, (shape, dt) in shapes.items():
+        if plan.torch_out:
+            import torch
+
+            out_t[name] = torch.empty(shape, dtype=torch.bfloat16 if dt == "bf16" else torch.float32, device=q.device)
+            out_c[name] = cupy_view(out_t[name])
+        else:
+            out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
+    launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, out_c)
+    return ProductsOutputs(w=out_t["w"], u=out_t["u"], kg=out_t["kg"], qg=out_t["qg"], aqk=out_t["aqk"],
+                           decay=out_t["decay"], cu_chunks=plan.cu_chunks, Aqk=out_t["Aqk"], Akk=out_t["Akk"])

@@ -1,0 +1,178 @@
+"""The o pass: the forward's output from the state entering every 64-token chunk and each chunk's v_new,
+two GEMMs a chunk and value head, every chunk at once.
+
+    o = forward_output(qg, states, aqk, v_new, cu_seqlens=cu)
+
+What and why
+------------
+The third pass of the three-pass forward (docs/kda_forward.md, section 3, "three passes"): the first pass
+builds every chunk's products (qg, Aqk among them), the second (``kernel.forward_chain``) walks each
+(sequence, value head) chunk by chunk for the states and v_new; this pass forms o from them. Nothing is
+carried from chunk to chunk, so it runs every (chunk, value head) at once, one CTA each
+(kernel/forward_output/cuda/forward_output.cu)::
+
+    o[chunk's real rows] = bf16(qg S + Aqk v_new)[:L]
+
+in fp32 accumulators, L the chunk's real rows (64 but at a sequence's last chunk). The numpy statement of
+the same arithmetic is ``kernel.studies.three_pass_forward.emulate.o_pass`` (it sums the two products apart
+and in float64, the kernel's MMAs into one fp32 accumulator, so the two agree to fp32 rounding before o's
+one bf16 rounding, not bit for bit).
+
+Tensors (chunk-major: a sequence's chunks one after another, sequence after sequence; sequence n has
+ceil(len_n / 64) chunks)::
+
+    qg          bf16 [chunks, HV, 64, 128]    s q 2^gc
+    states      bf16 [chunks, HV, 128, 128]   ([K, V]) the state entering the chunk (the chain's)
+    aqk         bf16 [chunks, HV, 64, 64]     Aqk, lower triangular with its diagonal, taken whole as given
+    v_new       bf16 [chunks, HV, 64, 128]    (the chain's)
+    cu_seqlens  host ints [N + 1]             token offsets of the sequences: 0 first, strictly increasing
+                                              (None: one sequence of chunks * 64 tokens)
+    -> o        bf16 [tokens, HV, 128]        FLA's layout: row t of sequence n is token cu_seqlens[n] + t
+
+CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out (allocated by torch). The
+kernel runs on CuPy's current stream. :func:`plan_output` does every check on the host (no GPU, no
+allocation); :func:`forward_output` plans, compiles (once per :class:`Config`) and launches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from ..runtime import builds
+from ..runtime.arrays import ArrayInfo, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
+from ..shapes import CHUNK_TOKENS, HEAD_DIM
+from .config import BUILD, Config
+
+__all__ = ["forward_output", "plan_output", "OutputPlan", "launch_planned", "kernel", "chunk_tokens"]
+
+INT32_MAX = 2**31 - 1  # the grid's x (one CTA a chunk and value head) and the chunk table's tokens are int32
+HOST_ADVICE = ("forward_output runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}); bf16 "
+               "in CuPy as uint16 bits, kernel.runtime.arrays.bf16_bits). The same arithmetic in numpy is "
+               "kernel.studies.three_pass_forward.emulate.o_pass")
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputPlan:
+    chunks: int
+    HV: int
+    cu_seqlens: np.ndarray         # host int64 [N + 1]
+    config: Config
+    torch_out: bool
+
+    @property
+    def N(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    @property
+    def ctas(self) -> int:
+        return self.chunks * self.HV
+
+
+def chunk_tokens(cu_seqlens: np.ndarray) -> np.ndarray:
+    """int32 [chunks + 1]: the token of every chunk's first row, chunk-major, then the tokens. Chunk c's
+    real rows are min(64, entry c + 1 - entry c): the next chunk starts 64 tokens on within a sequence,
+    at the sequence's end after its last chunk."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    starts = [np.arange(cu[n], cu[n + 1], CHUNK_TOKENS, dtype=np.int64) for n in range(len(cu) - 1)]
+    return np.concatenate([*starts, cu[-1:]]).astype(np.int32)
+
+
+def _check_cu_seqlens(cu_seqlens, chunks: int) -> np.ndarray:
+    if cu_seqlens is None:
+        return np.array([0, chunks * CHUNK_TOKENS], dtype=np.int64)
+    if not isinstance(cu_seqlens, (list, tuple, np.ndarray)):
+        raise TypeError(f"cu_seqlens must be host integers (a list, tuple or numpy array) [N + 1], got "
+                        f"{type(cu_seqlens).__name__}: the launch reads them on the host to lay out the chunks")
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.shape[0] < 2 or not np.issubdtype(cu.dtype, np.integer):
+        raise ValueError(f"cu_seqlens must be 1-D integers [N + 1], N >= 1, got {cu.dtype} of shape {cu.shape}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0 or np.any(np.diff(cu) < 1):
+        raise ValueError(f"cu_seqlens must start at 0 and grow by at least one token a sequence, got {cu.tolist()}")
+    if cu[-1] > INT32_MAX:
+        raise ValueError(f"cu_seqlens ends at {int(cu[-1])} tokens: the chunk table holds tokens as int32, at most "
+                         f"{INT32_MAX}")
+    want = int(np.sum(-(-np.diff(cu) // CHUNK_TOKENS)))
+    if want != chunks:
+        raise ValueError(f"cu_seqlens lays out {want} chunks of {CHUNK_TOKENS} tokens (ceil(len / {CHUNK_TOKENS}) a "
+                         f"sequence), the operands have {chunks}")
+    return cu
+
+
+def plan_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | None = None) -> OutputPlan:
+    """Every check of a call, on the host: shapes, dtypes, contiguity, one device, cu_seqlens, the
+    config. No GPU needed, nothing allocated."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a kernel.forward_output.Config or None, got {type(config).__name__}")
+    arrays: dict[str, ArrayInfo] = {"qg": describe("qg", qg, HOST_ADVICE)}
+    qa = arrays["qg"]
+    if len(qa.shape) != 4 or qa.shape[2:] != (CHUNK_TOKENS, HEAD_DIM) or min(qa.shape[:2]) < 1:
+        raise ValueError(f"qg must be [chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}] with chunks, HV >= 1, got shape "
+                         f"{qa.shape}")
+    chunks, HV = qa.shape[:2]
+    expect("qg", qa, qa.shape, f"[chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}]", ("bfloat16",))
+    for name, x, shape, layout in (
+            ("states", states, (chunks, HV, HEAD_DIM, HEAD_DIM), "[chunks, HV, K, V], chunks and HV as qg's"),
+            ("aqk", aqk, (chunks, HV, CHUNK_TOKENS, CHUNK_TOKENS), f"[chunks, HV, {CHUNK_TOKENS}, {CHUNK_TOKENS}]"),
+            ("v_new", v_new, qa.shape, f"[chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}] as qg")):
+        arrays[name] = describe(name, x, HOST_ADVICE)
+        expect(name, arrays[name], shape, layout, ("bfloat16",))
+    cu = _check_cu_seqlens(cu_seqlens, chunks)
+    devices = {a.device for a in arrays.values()}
+    kinds = {a.torch for a in arrays.values()}
+    if len(devices) > 1 or len(kinds) > 1:
+        got = ", ".join(f"{n}: device {a.device} ({'torch' if a.torch else 'cupy'})" for n, a in arrays.items())
+        raise ValueError(f"qg, states, aqk and v_new must be on one device and all CuPy arrays or all torch tensors, "
+                         f"got {got}")
+    if chunks * HV > INT32_MAX:
+        raise ValueError(f"the grid has one CTA a chunk and value head: chunks * HV = {chunks * HV} is more than "
+                         f"{INT32_MAX}")
+    return OutputPlan(chunks=chunks, HV=HV, cu_seqlens=cu, config=config if config is not None else Config(),
+                      torch_out=qa.torch)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(cfg: Config):
+    """(function, dynamic shared memory, threads) of one configuration, cached per process."""
+    return builds.kernel_function(BUILD, BUILD.module(cfg), label=f"the o pass {cfg.name()}",
+                                  threads_expected=cfg.threads)
+
+
+@functools.lru_cache(maxsize=64)
+def _chunk_tokens_on_device(cu_bytes: bytes):
+    import cupy
+
+    return cupy.asarray(chunk_tokens(np.frombuffer(cu_bytes, dtype=np.int64)))
+
+
+def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o) -> None:
+    """The o pass on checked CuPy arrays (bf16 as uint16 bits) into ``o``: the launch alone."""
+    fn, smem, threads = kernel(plan.config)
+    fn((plan.ctas,), (threads,),
+       (qg, states, aqk, v_new, _chunk_tokens_on_device(plan.cu_seqlens.tobytes()), np.int32(plan.HV), o),
+       shared_mem=smem)
+
+
+def forward_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | None = None):
+    """o [tokens, HV, 128] bf16 (module docstring)."""
+    plan = plan_output(qg, states, aqk, v_new, cu_seqlens=cu_seqlens, config=config)
+    cupy = require_cupy("kernel.forward_output")
+    require_gpu("kernel.forward_output")
+    qg_c, states_c, aqk_c, vn_c = (to_cupy(n, x, "bf16") for n, x in
+                                   (("qg", qg), ("states", states), ("aqk", aqk), ("v_new", v_new)))
+    shape = (plan.tokens, plan.HV, HEAD_DIM)
+    if plan.torch_out:
+        import torch
+
+        o = torch.empty(shape, dtype=torch.bfloat16, device=qg.device)
+        o_c = cupy_view(o)
+    else:
+        o = o_c = cupy.empty(shape, dtype=np.uint16)
+    launch_planned(plan, qg_c, states_c, aqk_c, vn_c, o_c)
+    return o

@@ -6,7 +6,7 @@ each chunk's v_new, with the first pass's qg and Aqk, every (chunk, value head) 
 * ``cuda/``: the entry file ``forward_output.cu``.
 """
 from .config import BUILD, KERNEL_NAME, SOURCE_DIR, SOURCE_PATH, WARPS, Config, all_variants, options
-from .launch import OutputPlan, chunk_tokens, forward_output, launch_planned, plan_output
+from .launch import OutputPlan, forward_output, launch_planned, plan_output
 
-__all__ = ["forward_output", "plan_output", "launch_planned", "OutputPlan", "chunk_tokens", "Config", "all_variants",
+__all__ = ["forward_output", "plan_output", "launch_planned", "OutputPlan", "Config", "all_variants",
            "options", "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "WARPS"]

@@ -40,14 +40,16 @@ import functools
 
 import numpy as np
 
+from ..forward_products.launch import chunk_table
 from ..runtime import builds
 from ..runtime.arrays import ArrayInfo, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
 from ..shapes import CHUNK_TOKENS, HEAD_DIM
 from .config import BUILD, Config
 
-__all__ = ["forward_output", "plan_output", "OutputPlan", "launch_planned", "kernel", "chunk_tokens"]
+__all__ = ["forward_output", "plan_output", "OutputPlan", "launch_planned", "kernel"]
 
 INT32_MAX = 2**31 - 1  # the grid's x (one CTA a chunk and value head) and the chunk table's tokens are int32
+                       # (kernel.forward_products.launch.chunk_table: each chunk's first token and real rows)
 HOST_ADVICE = ("forward_output runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}); bf16 "
                "in CuPy as uint16 bits, kernel.runtime.arrays.bf16_bits). The same arithmetic in numpy is "
                "kernel.studies.three_pass_forward.emulate.o_pass")
@@ -72,15 +74,6 @@ class OutputPlan:
     @property
     def ctas(self) -> int:
         return self.chunks * self.HV
-
-
-def chunk_tokens(cu_seqlens: np.ndarray) -> np.ndarray:
-    """int32 [chunks + 1]: the token of every chunk's first row, chunk-major, then the tokens. Chunk c's
-    real rows are min(64, entry c + 1 - entry c): the next chunk starts 64 tokens on within a sequence,
-    at the sequence's end after its last chunk."""
-    cu = np.asarray(cu_seqlens, dtype=np.int64)
-    starts = [np.arange(cu[n], cu[n + 1], CHUNK_TOKENS, dtype=np.int64) for n in range(len(cu) - 1)]
-    return np.concatenate([*starts, cu[-1:]]).astype(np.int32)
 
 
 def _check_cu_seqlens(cu_seqlens, chunks: int) -> np.ndarray:
@@ -145,17 +138,17 @@ def kernel(cfg: Config):
 
 
 @functools.lru_cache(maxsize=64)
-def _chunk_tokens_on_device(cu_bytes: bytes):
+def _table_on_device(cu_bytes: bytes):
     import cupy
 
-    return cupy.asarray(chunk_tokens(np.frombuffer(cu_bytes, dtype=np.int64)))
+    return cupy.asarray(chunk_table(np.frombuffer(cu_bytes, dtype=np.int64)))
 
 
 def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o) -> None:
     """The o pass on checked CuPy arrays (bf16 as uint16 bits) into ``o``: the launch alone."""
     fn, smem, threads = kernel(plan.config)
     fn((plan.ctas,), (threads,),
-       (qg, states, aqk, v_new, _chunk_tokens_on_device(plan.cu_seqlens.tobytes()), np.int32(plan.HV), o),
+       (qg, states, aqk, v_new, _table_on_device(plan.cu_seqlens.tobytes()), np.int32(plan.HV), o),
        shared_mem=smem)
 
 

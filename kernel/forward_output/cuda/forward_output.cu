@@ -31,9 +31,8 @@
 //     states       bf16 [chunks * HV * 128, 128] = [chunks, HV, K, V]
 //     aqk          bf16 [chunks * HV * 64, 64]
 //     v_new        bf16 [chunks * HV * 64, 128]
-//     chunk_token  int32 [chunks + 1]: the token of chunk c's row 0; its real rows are
-//                  min(64, chunk_token[c + 1] - chunk_token[c]) (the last entry: the tokens)
-//     o            bf16 [tokens, HV, 128] (FLA's layout: chunk c's row r is token chunk_token[c] + r)
+//     table        int32 [chunks][2]: chunk c's first token and its real rows L (the products pass's table)
+//     o            bf16 [tokens, HV, 128] (FLA's layout: chunk c's row r is token table[c][0] + r)
 #include "../../shapes.cuh"   // HEAD_DIM (K = V), CHUNK_TOKENS, TILE_TOKENS
 #include "cp_async.cuh"
 #include "fragments.cuh"
@@ -115,7 +114,7 @@ extern "C" __constant__ int fo_threads = fo::THREADS;
 // Grid: one CTA per (chunk, value head), blockIdx.x = c HV + hv. Two CTAs an SM: their tiles fit twice.
 extern "C" __global__ void __launch_bounds__(fo::THREADS, 2) kda_forward_output(
         const fo::u16* __restrict__ qg, const fo::u16* __restrict__ states, const fo::u16* __restrict__ aqk,
-        const fo::u16* __restrict__ v_new, const int* __restrict__ chunk_token, int HV, fo::u16* __restrict__ o) {
+        const fo::u16* __restrict__ v_new, const int* __restrict__ table, int HV, fo::u16* __restrict__ o) {
     using namespace fo;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -123,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(fo::THREADS, 2) kda_forward_output(
     const long long ch = blockIdx.x;                       // (chunk, value head)
     const int c = static_cast<int>(ch / HV), hv = static_cast<int>(ch % HV);
     // read before the copies: the asm statements below (memory clobbers) would keep it after them
-    const int tok0 = chunk_token[c], L = min(R, chunk_token[c + 1] - tok0);
+    const int tok0 = table[2 * c], L = table[2 * c + 1];
 
     copy_tile<R, HEAD_DIM, WIDE>(sh.qg, qg + ch * R * HEAD_DIM, tid);
     copy_tile<HEAD_DIM, HEAD_DIM, WIDE>(sh.s, states + ch * HEAD_DIM * HEAD_DIM, tid);

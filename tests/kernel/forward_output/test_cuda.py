@@ -16,7 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from kernel.forward_output import SOURCE_PATH, WARPS, Config, all_variants, chunk_tokens, options
+from kernel.forward_output import SOURCE_PATH, WARPS, Config, all_variants, options
+from kernel.forward_products.launch import chunk_table
 from kernel.studies.three_pass_forward.emulate import o_pass
 from ptx_lab import CUDA_INCLUDE_DIR, banks, model
 from ptx_lab.fragments import x4_lane_offsets
@@ -102,12 +103,12 @@ def _case(lengths, HV, seed):
 
 def _run(ops, lengths, HV, warps, chunks=None):
     qg, states, aqk, v_new = ops
-    table = chunk_tokens(np.cumsum([0, *lengths]))
-    o = np.full((int(table[-1]), HV, D), 0xFFFF, np.uint16)   # a NaN where nothing was written
+    table = chunk_table(np.cumsum([0, *lengths]))
+    o = np.full((sum(lengths), HV, D), 0xFFFF, np.uint16)     # a NaN where nothing was written
     for c in range(qg.shape[0]) if chunks is None else chunks:
         for hv in range(HV):
-            cta(qg[c, hv], states[c, hv], aqk[c, hv], v_new[c, hv], tok0=int(table[c]),
-                L=min(R, int(table[c + 1] - table[c])), warps=warps, o=o, HV=HV, hv=hv)
+            cta(qg[c, hv], states[c, hv], aqk[c, hv], v_new[c, hv], tok0=int(table[c, 0]), L=int(table[c, 1]),
+                warps=warps, o=o, HV=HV, hv=hv)
     return (o.astype(np.uint32) << 16).view(np.float32)
 
 

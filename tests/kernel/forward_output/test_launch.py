@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel.forward_output import WARPS, Config, all_variants, chunk_tokens, options, plan_output
+from kernel.forward_output import WARPS, Config, all_variants, options, plan_output
+from kernel.forward_products.launch import chunk_table
 
 from ..ds_scan.test_fla import DeviceArray
 
@@ -39,14 +40,13 @@ def test_sequences_by_their_tokens():
     assert _plan(_args(chunks=8), cu_seqlens=cu.tolist()).tokens == 330
 
 
-def test_the_chunk_table():
-    # each chunk's first token, then the tokens; a chunk's real rows are the difference, at most 64
-    table = chunk_tokens(np.cumsum([0, 1, 64, 65, 200]))
-    np.testing.assert_array_equal(table, [0, 1, 65, 129, 130, 194, 258, 322, 330])
-    assert table.dtype == np.int32
-    rows = np.minimum(R, np.diff(table))
-    np.testing.assert_array_equal(rows, [1, 64, 64, 1, 64, 64, 64, 8])
-    np.testing.assert_array_equal(chunk_tokens(np.array([0, 3 * R])), [0, R, 2 * R, 3 * R])
+def test_the_kernels_chunk_table_follows_the_operands_chunks():
+    # the products pass's table, whose chunk c is the operands' chunk c: its first token and its real rows
+    plan = _plan(_args(chunks=8), cu_seqlens=np.cumsum([0, 1, 64, 65, 200]))
+    table = chunk_table(plan.cu_seqlens)
+    assert table.shape == (plan.chunks, 2) and table.dtype == np.int32
+    np.testing.assert_array_equal(table, [[0, 1], [1, 64], [65, 64], [129, 1], [130, 64], [194, 64], [258, 64],
+                                          [322, 8]])
 
 
 @pytest.mark.parametrize("cu, words", [

@@ -115,9 +115,9 @@ def kernel(cfg: Config):
     return builds.kernel_function(BUILD, BUILD.module(cfg), label="the forward's products pass")
 
 
-def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict) -> None:
+def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, config: Config | None = None) -> None:
     """The pass on checked CuPy arrays (bf16 as uint16 bits, beta fp32) into ``out``'s arrays."""
-    fn, smem, threads = kernel(Config())
+    fn, smem, threads = kernel(config if config is not None else Config())
     null = np.uint64(0)
     table = _table_on_device(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes())
     fn((plan.chunks * plan.HV,), (threads,),
@@ -127,9 +127,11 @@ def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict) -> None:
        shared_mem=smem)
 
 
-def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None,
-                     training: bool = True) -> ProductsOutputs:
-    """Every chunk's products (module docstring)."""
+def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None, training: bool = True,
+                     config: Config | None = None) -> ProductsOutputs:
+    """Every chunk's products (module docstring); ``config``: the build (None: the only one, without -lineinfo)."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a kernel.forward_products.Config or None, got {type(config).__name__}")
     plan = plan_products(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training)
     cupy = require_cupy("kernel.forward_products")
     require_gpu("kernel.forward_products")
@@ -151,6 +153,6 @@ def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens
             out_c[name] = cupy_view(out_t[name])
         else:
             out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
-    launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, out_c)
+    launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, out_c, config)
     return ProductsOutputs(w=out_t["w"], u=out_t["u"], kg=out_t["kg"], qg=out_t["qg"], aqk=out_t["aqk"],
                            decay=out_t["decay"], cu_chunks=plan.cu_chunks, Aqk=out_t["Aqk"], Akk=out_t["Akk"])

@@ -295,6 +295,32 @@ def _forward() -> str:
     return f"configuration {cfg.name()}, final state finite {bool(cp.isfinite(out.final_state).all())}"
 
 
+def _three_passes() -> str:
+    """The three-pass forward on the backward's case, its two tiles past fp32's range included (the
+    products pass's pairwise blocks): the products pass, the chain on its outputs, the o pass on the
+    chain's, each built with -lineinfo. Each pass's run checks only its own kernel."""
+    import cupy as cp
+    import numpy as np
+
+    from kernel import forward_chain, forward_output, forward_products
+    from kernel.ds_scan.launch import bf16_bits
+    from kernel.runtime.arrays import bits_to_f32
+
+    raw, f = _fla_case()
+    cu = raw["cu_seqlens"]
+    p = forward_products.forward_products(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)),
+                                          cp.asarray(bf16_bits(raw["v"])), cp.asarray(f.g64.astype(np.float32)),
+                                          cp.asarray(raw["beta"].astype(np.float32)), cu_seqlens=cu, training=True,
+                                          config=forward_products.Config(lineinfo=True))
+    walked = forward_chain.forward_chain(p.w, p.u, p.kg, p.decay, cu_chunks=p.cu_chunks,
+                                         config=forward_chain.Config(lineinfo=True))
+    o = forward_output.forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=cu,
+                                      config=forward_output.Config(lineinfo=True))
+    cp.cuda.Device().synchronize()
+    return f"o finite {bool(cp.isfinite(bits_to_f32(o)).all())}, final state finite " \
+           f"{bool(cp.isfinite(walked.final_state).all())}"
+
+
 # Each kernel of kernel.registry.KERNELS by its function's name (KernelBuild.function): its run.
 # A registry kernel missing here is reported by every run of the tool and fails
 # tests/kernel/tools/test_racecheck.py. Kernel A's run checks every kernel its child launches.
@@ -303,6 +329,9 @@ WORKLOADS: dict[str, Workload] = {
     "kda_forward_states": Workload("forward-states", _forward_states),
     "kda_token_gradients": Workload("kernel-b", _kernel_b),
     "kda_forward": Workload("forward", _forward),
+    "kda_forward_products": Workload("forward-products", _three_passes),
+    "kda_forward_chain": Workload("forward-chain", _three_passes),
+    "kda_forward_output": Workload("forward-output", _three_passes),
 }
 
 

@@ -113,11 +113,15 @@ def test_every_registry_kernel_has_a_workload_and_every_workload_names_one():
     assert [k.function for k, _ in racecheck.kernel_runs()] == functions   # the registry's order
 
 
+# the registry's kernels' runs, in its order
+KERNEL_RUNS = ("kernel-a", "forward-states", "kernel-b", "forward", "forward-products", "forward-chain", "forward-output")
+
+
 def test_a_registry_kernel_without_a_workload_is_reported_and_fails_the_run(monkeypatch, tmp_path, capsys):
     new = dataclasses.replace(registry.KERNELS[0], title="Kernel N (a new one)", function="kda_new")
     monkeypatch.setattr(racecheck, "KERNELS", (*registry.KERNELS, new))
     assert racecheck.without_workload() == [new]
-    assert racecheck.runs()[-4:] == ("kernel-a", "forward-states", "kernel-b", "forward")   # nothing to run for it
+    assert racecheck.runs()[-len(KERNEL_RUNS):] == KERNEL_RUNS   # nothing to run for it
     _fake_sanitizer(monkeypatch)
     assert racecheck.main(["--runs", "kernel-b", "--logs", str(tmp_path)]) == 1
     err = capsys.readouterr().err
@@ -127,10 +131,10 @@ def test_a_registry_kernel_without_a_workload_is_reported_and_fails_the_run(monk
 def test_the_runs_are_the_probes_then_the_kernels_each_named_once():
     names = racecheck.runs()
     assert len(set(names)) == len(names)
-    assert names == tuple(p.name for p in racecheck.PROBES) + ("kernel-a", "forward-states", "kernel-b", "forward")
+    assert names == tuple(p.name for p in racecheck.PROBES) + KERNEL_RUNS
     assert {racecheck.expected(n) for n in names} == {"race-free", "a real race", "?"}
     assert [n for n in names if racecheck.expected(n) == "a real race"] == ["mbarrier-ring-early-release", "no-empty"]
-    assert [n for n in names if racecheck.expected(n) == "?"] == ["kernel-a", "forward-states", "kernel-b", "forward"]
+    assert tuple(n for n in names if racecheck.expected(n) == "?") == KERNEL_RUNS
 
 
 @pytest.mark.parametrize("run, kernel", [("kernel-a", None), ("forward-states", "kda_forward_states"),

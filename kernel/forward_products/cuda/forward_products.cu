@@ -71,6 +71,27 @@ __device__ __forceinline__ Quad g_quad(const Shared& sh, int row, int c) {
     return {{lo.x, lo.y, hi.x, hi.y}};
 }
 
+
+// The A fragments of s q e and k e for this lane's two rows (q, k and the factor e of row gr: *a; of row
+// gr + 8: *b), each element rounded once to bf16
+__device__ __forceinline__ void scaled_a(u32 (&aq)[4], u32 (&ak)[4], const Quad& qa, const Quad& qb, const Quad& ka,
+                                         const Quad& kb, const float (&ea)[4], const float (&eb)[4], float scale) {
+    aq[0] = pair(scale * qa.v[0] * ea[0], scale * qa.v[1] * ea[1]);
+    aq[1] = pair(scale * qb.v[0] * eb[0], scale * qb.v[1] * eb[1]);
+    aq[2] = pair(scale * qa.v[2] * ea[2], scale * qa.v[3] * ea[3]);
+    aq[3] = pair(scale * qb.v[2] * eb[2], scale * qb.v[3] * eb[3]);
+    ak[0] = pair(ka.v[0] * ea[0], ka.v[1] * ea[1]);
+    ak[1] = pair(kb.v[0] * eb[0], kb.v[1] * eb[1]);
+    ak[2] = pair(ka.v[2] * ea[2], ka.v[3] * ea[3]);
+    ak[3] = pair(kb.v[2] * eb[2], kb.v[3] * eb[3]);
+}
+
+// The B fragment of k f for one row of the product's columns (the lane's row gr of an n-tile)
+__device__ __forceinline__ void scaled_b(u32 (&b)[2], const Quad& k, const float (&f)[4]) {
+    b[0] = pair(k.v[0] * f[0], k.v[1] * f[1]);
+    b[1] = pair(k.v[2] * f[2], k.v[3] * f[3]);
+}
+
 }  // namespace fp
 
 extern "C" __constant__ int fp_smem_bytes = static_cast<int>(sizeof(fp::Shared));
@@ -183,14 +204,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
                 ea[e] = exp2f(ga.v[e] - gT.v[e]); eb[e] = exp2f(gb.v[e] - gT.v[e]);
                 fa[e] = exp2f(gT.v[e] - ga.v[e]); fb[e] = exp2f(gT.v[e] - gb.v[e]);
             }
-            const u32 aq[4] = {pair(scale * qa.v[0] * ea[0], scale * qa.v[1] * ea[1]),
-                               pair(scale * qb.v[0] * eb[0], scale * qb.v[1] * eb[1]),
-                               pair(scale * qa.v[2] * ea[2], scale * qa.v[3] * ea[3]),
-                               pair(scale * qb.v[2] * eb[2], scale * qb.v[3] * eb[3])};
-            const u32 ak[4] = {pair(ka.v[0] * ea[0], ka.v[1] * ea[1]), pair(kb.v[0] * eb[0], kb.v[1] * eb[1]),
-                               pair(ka.v[2] * ea[2], ka.v[3] * ea[3]), pair(kb.v[2] * eb[2], kb.v[3] * eb[3])};
-            const u32 b0[2] = {pair(ka.v[0] * fa[0], ka.v[1] * fa[1]), pair(ka.v[2] * fa[2], ka.v[3] * fa[3])};
-            const u32 b1[2] = {pair(kb.v[0] * fb[0], kb.v[1] * fb[1]), pair(kb.v[2] * fb[2], kb.v[3] * fb[3])};
+            u32 aq[4], ak[4], b0[2], b1[2];
+            scaled_a(aq, ak, qa, qb, ka, kb, ea, eb, scale);
+            scaled_b(b0, ka, fa);
+            scaled_b(b1, kb, fb);
             mma_m16n8k16_bf16(dq[0], aq, b0, dq[0]); mma_m16n8k16_bf16(dq[1], aq, b1, dq[1]);
             mma_m16n8k16_bf16(dk[0], ak, b0, dk[0]); mma_m16n8k16_bf16(dk[1], ak, b1, dk[1]);
         }
@@ -199,12 +216,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
             float ua[4], ub[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) { ua[e] = exp2f(ga.v[e] - gref.v[e]); ub[e] = exp2f(gb.v[e] - gref.v[e]); }
-            const u32 aq[4] = {pair(scale * qa.v[0] * ua[0], scale * qa.v[1] * ua[1]),
-                               pair(scale * qb.v[0] * ub[0], scale * qb.v[1] * ub[1]),
-                               pair(scale * qa.v[2] * ua[2], scale * qa.v[3] * ua[3]),
-                               pair(scale * qb.v[2] * ub[2], scale * qb.v[3] * ub[3])};
-            const u32 ak[4] = {pair(ka.v[0] * ua[0], ka.v[1] * ua[1]), pair(kb.v[0] * ub[0], kb.v[1] * ub[1]),
-                               pair(ka.v[2] * ua[2], ka.v[3] * ua[3]), pair(kb.v[2] * ub[2], kb.v[3] * ub[3])};
+            u32 aq[4], ak[4];
+            scaled_a(aq, ak, qa, qb, ka, kb, ua, ub, scale);
 #pragma unroll
             for (int J = 0; J < 3; ++J) {
                 if (J >= warp) break;
@@ -214,8 +227,9 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
                 float da[4], db[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) { da[e] = exp2f(gref.v[e] - gja.v[e]); db[e] = exp2f(gref.v[e] - gjb.v[e]); }
-                const u32 b0[2] = {pair(kja.v[0] * da[0], kja.v[1] * da[1]), pair(kja.v[2] * da[2], kja.v[3] * da[3])};
-                const u32 b1[2] = {pair(kjb.v[0] * db[0], kjb.v[1] * db[1]), pair(kjb.v[2] * db[2], kjb.v[3] * db[3])};
+                u32 b0[2], b1[2];
+                scaled_b(b0, kja, da);
+                scaled_b(b1, kjb, db);
                 mma_m16n8k16_bf16(oq[J][0], aq, b0, oq[J][0]); mma_m16n8k16_bf16(oq[J][1], aq, b1, oq[J][1]);
                 mma_m16n8k16_bf16(ok[J][0], ak, b0, ok[J][0]); mma_m16n8k16_bf16(ok[J][1], ak, b1, ok[J][1]);
             }

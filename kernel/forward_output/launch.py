@@ -43,7 +43,7 @@ import numpy as np
 from ..forward_products.launch import chunk_table
 from ..runtime import builds
 from ..runtime.arrays import ArrayInfo, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
-from ..shapes import CHUNK_TOKENS, HEAD_DIM
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_cu_seqlens, host_offsets
 from .config import BUILD, Config
 
 __all__ = ["forward_output", "plan_output", "OutputPlan", "launch_planned", "kernel"]
@@ -77,17 +77,16 @@ class OutputPlan:
 
 
 def _check_cu_seqlens(cu_seqlens, chunks: int) -> np.ndarray:
+    """Host int64 offsets: kernel.shapes.check_cu_seqlens (the one check of a cu_seqlens), on host integers
+    only (the launch lays out the chunks on the host), within the chunk table's int32 and laying out as many
+    chunks as the operands hold."""
     if cu_seqlens is None:
         return np.array([0, chunks * CHUNK_TOKENS], dtype=np.int64)
     if not isinstance(cu_seqlens, (list, tuple, np.ndarray)):
         raise TypeError(f"cu_seqlens must be host integers (a list, tuple or numpy array) [N + 1], got "
                         f"{type(cu_seqlens).__name__}: the launch reads them on the host to lay out the chunks")
-    cu = np.asarray(cu_seqlens)
-    if cu.ndim != 1 or cu.shape[0] < 2 or not np.issubdtype(cu.dtype, np.integer):
-        raise ValueError(f"cu_seqlens must be 1-D integers [N + 1], N >= 1, got {cu.dtype} of shape {cu.shape}")
-    cu = cu.astype(np.int64)
-    if cu[0] != 0 or np.any(np.diff(cu) < 1):
-        raise ValueError(f"cu_seqlens must start at 0 and grow by at least one token a sequence, got {cu.tolist()}")
+    offsets = host_offsets(cu_seqlens)
+    cu = check_cu_seqlens(offsets, 1, int(offsets.reshape(-1)[-1]) if offsets.size else 0)
     if cu[-1] > INT32_MAX:
         raise ValueError(f"cu_seqlens ends at {int(cu[-1])} tokens: the chunk table holds tokens as int32, at most "
                          f"{INT32_MAX}")

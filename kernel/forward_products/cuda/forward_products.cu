@@ -236,10 +236,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
         }
     }
 
-    // Aqk's and Lkk's row block out of the accumulators: rows >= L zero, Lkk with beta's rows. Aqk goes to
-    // shared memory first (the lkk rows of the inverse's scratch are not needed until after the stores).
+    // Aqk's and Lkk's row block out of the accumulators: rows >= L zero, Lkk with beta's rows. Aqk is staged
+    // in the INV tile, which the inverse fills only after Aqk has gone out.
     // Element e of n-tile n: row r0 + gr + 8 (e >> 1), column 8 n + 2 t + (e & 1) of the block.
-    float* aqk_row = &sh.inv[0][0];   // Aqk staged in the INV tile (written before the inverse needs it)
+    float* aqk_row = &sh.inv[0][0];
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll

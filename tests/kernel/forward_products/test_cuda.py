@@ -1,0 +1,151 @@
+"""kernel/forward_products/cuda on the CPU: the pass's one ldmatrix use, lane by lane through ptx_lab's exact CPU
+model of the instructions. w = bf16(INV) bk and u = bf16(INV) bv, each warp its 16 rows: the A fragments from
+INV in shared memory, the B operand from the row-padded bk / bv tiles by ldmatrix .trans at the address
+forward_products.cu computes (b_row below, the source's index arithmetic transcribed), the k-steps past the
+diagonal block skipped, the bf16 pairs written out as the .cu writes them. Held bit for bit to the product
+summed in the warps' order (each m16n8k16 rounded once to fp32, as model.mma_m16n8k16 rounds it), within the
+summation orders' bound to the study's arithmetic (kernel.studies.three_pass_forward.emulate: bf16(mm(INV, bk))),
+and every ldmatrix at its fewest wavefronts (ptx_lab.banks), which is what the rows' 16 bytes of padding are for.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from kernel.forward_products import SOURCE_PATH, Config, options
+from kernel.runtime.arrays import bf16_bits, bits_to_f32
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK
+from kernel.studies.three_pass_forward.emulate import bf16, mm
+from ptx_lab import CUDA_INCLUDE_DIR, banks, model
+
+from ..chain_fragments import mma
+
+D, R = HEAD_DIM, CHUNK_TOKENS
+WARPS = TILES_PER_CHUNK
+LANE = np.arange(32)
+GR, T = LANE // 4, LANE % 4
+OP_STRIDE, G_STRIDE, L_STRIDE = D + 8, D + 8, R + 4   # forward_products.cu's row strides (elements)
+
+# struct Shared, in bytes: q, k, bv, bk [64][136] bf16; g [64][136], lkk, inv [64][68] fp32; part [4][16][17] and
+# beta [64] fp32
+Q = 0
+K = Q + 2 * R * OP_STRIDE
+BV = K + 2 * R * OP_STRIDE
+BK = BV + 2 * R * OP_STRIDE
+GT = BK + 2 * R * OP_STRIDE
+LKK = GT + 4 * R * G_STRIDE
+INV = LKK + 4 * R * L_STRIDE
+PART = INV + 4 * R * L_STRIDE
+BETA = PART + 4 * WARPS * TILE_TOKENS * (TILE_TOKENS + 1)
+SMEM_BYTES = BETA + 4 * R
+
+
+def b_row(kk: int, np_: int):
+    """ldmatrix_x4_trans(&b_tile[r][col]): its byte offset in the tile (X4Lane's row is lane & 7)."""
+    r, col = 16 * kk + 8 * ((LANE >> 3) & 1) + (LANE & 7), 16 * np_ + 8 * (LANE >> 4)
+    return 2 * (r * OP_STRIDE + col)
+
+
+def products(inv, bk, bv, *, ch: int, chunks_hv: int):
+    """The w / u stage of kda_forward_products's CTA for (chunk, value head) ch: INV (fp32 [64][64], sh.inv) and
+    bk, bv (bf16 values [64][128]) in their shared tiles; returns the w and u outputs' bits
+    [chunks_hv * 64, 128], all ones where the CTA wrote nothing."""
+    smem = np.zeros(SMEM_BYTES, np.uint8)
+    for off, tile in ((BK, bk), (BV, bv)):
+        rows = np.zeros((R, OP_STRIDE), np.uint16)
+        rows[:, :D] = bf16_bits(tile)
+        smem[off:off + rows.nbytes] = rows.view(np.uint8).reshape(-1)
+    sh_inv = inv.astype(np.float32)
+    outs = [np.full((chunks_hv * R, D), 0xFFFF, np.uint16) for _ in range(2)]
+    for warp in range(WARPS):
+        r0 = TILE_TOKENS * warp
+        ra, rb = r0 + GR, r0 + GR + 8
+        a = []
+        for kk in range(TILES_PER_CHUNK):
+            cc = 16 * kk + 2 * T
+            a.append(np.stack([model.pack_bf16x2(sh_inv[ra, cc], sh_inv[ra, cc + 1]),
+                               model.pack_bf16x2(sh_inv[rb, cc], sh_inv[rb, cc + 1]),
+                               model.pack_bf16x2(sh_inv[ra, cc + 8], sh_inv[ra, cc + 9]),
+                               model.pack_bf16x2(sh_inv[rb, cc + 8], sh_inv[rb, cc + 9])], axis=1).astype(np.uint32))
+        for which, b_tile in enumerate((BK, BV)):
+            out = outs[which]
+            for np_ in range(D // 16):
+                acc = np.zeros((2, 32, 4), np.float32)
+                for kk in range(TILES_PER_CHUNK):
+                    if kk > warp:
+                        break
+                    addr = b_tile + b_row(kk, np_)
+                    access = banks.ldmatrix_access(addr, 4, trans=True)
+                    assert access.wavefronts == access.ideal_wavefronts == 4, access.describe()
+                    b = model.ldmatrix(smem, addr, 4, trans=True)
+                    acc[0] = mma(a[kk], b[:, :2], acc[0])
+                    acc[1] = mma(a[kk], b[:, 2:], acc[1])
+                for n in range(2):
+                    col = 16 * np_ + 8 * n + 2 * T
+                    for row, e in ((ra, 0), (rb, 2)):
+                        pair = model.pack_bf16x2(acc[n][:, e], acc[n][:, e + 1]).astype(np.uint32)
+                        out[ch * R + row, col] = pair & 0xFFFF
+                        out[ch * R + row, col + 1] = pair >> 16
+    return outs
+
+
+def _in_the_warps_order(inv, b):
+    """bf16(INV) b as the warps sum it: warp I's rows over the 16-row k-steps 0..I, each rounded once to fp32."""
+    f64 = np.float64
+    ib = bf16(inv)
+    out = np.zeros((R, D), np.float32)
+    for I in range(WARPS):
+        rows = slice(TILE_TOKENS * I, TILE_TOKENS * I + TILE_TOKENS)
+        for kk in range(I + 1):
+            k = slice(16 * kk, 16 * kk + 16)
+            out[rows] = (out[rows].astype(f64) + ib[rows, k].astype(f64) @ b[k].astype(f64)).astype(np.float32)
+    return bf16(out)
+
+
+def _case(seed: int):
+    rng = np.random.default_rng(seed)
+    inv = np.tril(rng.standard_normal((R, R)) * 0.3, -1).astype(np.float32) + np.eye(R, dtype=np.float32)
+    bk, bv = bf16(rng.standard_normal((R, D)) * 0.2), bf16(rng.standard_normal((R, D)))
+    return inv, bk, bv
+
+
+def test_w_and_u_lane_by_lane_are_the_product_summed_in_the_warps_order():
+    inv, bk, bv = _case(3)
+    ch, chunks_hv = 2, 3
+    w, u = products(inv, bk, bv, ch=ch, chunks_hv=chunks_hv)
+    for name, got, b in (("w", w, bk), ("u", u, bv)):
+        np.testing.assert_array_equal(got[ch * R:ch * R + R], bf16_bits(_in_the_warps_order(inv, b)), err_msg=name)
+        assert np.all(np.delete(got, np.s_[ch * R:ch * R + R], axis=0) == 0xFFFF), f"{name}: rows of another chunk"
+
+
+def test_w_and_u_are_the_studys_product_within_the_summation_orders_bound():
+    # warp I rounds I + 1 <= 4 partial sums, mm once (the k-steps it skips are INV's zero blocks, exact in
+    # both), each at most A = |bf16(INV)| |b| in size: 5 eps A apart (eps = 2^-24) before the bf16 rounding,
+    # which is monotone and can then put them one bf16 spacing apart; 1% for the second-order terms. The case
+    # (seed 3) has one element of u on the neighbouring bf16 value.
+    inv, bk, bv = _case(3)
+    w, u = products(inv, bk, bv, ch=0, chunks_hv=1)
+    differ = 0
+    for name, got, b in (("w", w, bk), ("u", u, bv)):
+        ref = bf16(mm(bf16(inv), b))
+        got = bits_to_f32(got)
+        A = np.abs(bf16(inv)).astype(np.float64) @ np.abs(b).astype(np.float64)
+        big = np.maximum(np.abs(got), np.abs(ref))
+        spacing = np.exp2(np.floor(np.log2(np.maximum(big, 2.0 ** -126))) - 7)
+        bound = 1.01 * 5 * 2.0 ** -24 * A + spacing
+        assert np.all(np.abs(got.astype(np.float64) - ref) <= bound), name
+        differ += int(np.count_nonzero(got != ref))
+    assert differ >= 1
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_the_source_lays_out_the_shared_memory_modelled_here(tmp_path):
+    ptx = tmp_path / "fp.ptx"
+    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *options(Config()), "-ptx",
+                           str(SOURCE_PATH), "-o", str(ptx)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert int(re.search(r"fp_smem_bytes\s*=\s*(\d+)", ptx.read_text()).group(1)) == SMEM_BYTES

@@ -2,7 +2,7 @@
 sequence, through ptx_lab's exact CPU model of the instructions. The producer's tensor copies land each stage
 as the TMA lands its boxes (model.cp_async_bulk_tensor_2d_g2s: w and kg [64 r][64 k] SW128 a k half, u
 [64 r][32 v] SW64 at the CTA's v group, decay by a bulk copy, all on the stage's mbarrier); every ldmatrix,
-stmatrix and exchange access is at the address forward_chain.cu computes (one helper per access below, the
+stmatrix and exchange access is at the address forward_chain.cu computes (one function per access below, the
 source's index arithmetic transcribed); the tensor stores read the staging tiles through the SW32 box layout
 (model.cp_async_bulk_tensor_2d_s2g); and every shared-memory access of a step is at its fewest wavefronts
 (ptx_lab.banks).
@@ -68,7 +68,7 @@ def shared_layout(nstage: int) -> dict[str, int]:
     return at
 
 
-# ---------------------------------------------------------------- forward_chain.cu's addresses, one helper each
+# ---------------------------------------------------------------- forward_chain.cu's addresses, one function each
 
 def tma_swizzle(S: int, off):
     """tma.cuh's tma_swizzle<S>."""

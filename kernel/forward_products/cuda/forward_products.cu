@@ -39,9 +39,8 @@ namespace fp {
 constexpr int WARPS = TILES_PER_CHUNK;      // warp I owns sub-chunk I
 constexpr int THREADS = 32 * WARPS;
 constexpr int R = CHUNK_TOKENS;
-constexpr int D = HEAD_DIM;
-constexpr int OP_STRIDE = D + 8;            // bf16 rows of 272 bytes: ldmatrix rows in distinct bank groups
-constexpr int G_STRIDE = D + 8;             // fp32 rows: a half-warp's float2 reads of 4 rows x 4 lanes hit 32 banks
+constexpr int OP_STRIDE = HEAD_DIM + 8;     // bf16 rows of 272 bytes: ldmatrix rows in distinct bank groups
+constexpr int G_STRIDE = HEAD_DIM + 8;      // fp32 rows: a half-warp's float2 reads of 4 rows x 4 lanes hit 32 banks
 constexpr int L_STRIDE = R + 4;             // fp32 rows of Lkk and INV
 
 struct Shared {
@@ -114,22 +113,22 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
     const long long ch = static_cast<long long>(c) * HV + hv;   // (chunk, value head): the outputs' index
 
     // ---- loads: rows < L by cp.async (16 bytes a copy), the rest zero; gc past L = gc[L - 1] ----
-    for (int i = tid; i < R * (D / 8); i += THREADS) {
-        const int row = i / (D / 8), col = 8 * (i % (D / 8));
+    for (int i = tid; i < R * (HEAD_DIM / 8); i += THREADS) {
+        const int row = i / (HEAD_DIM / 8), col = 8 * (i % (HEAD_DIM / 8));
         if (row < L) {
             const long long tk = tok0 + row;
-            cp_async_cg16(smem_addr(&sh.q[row][col]), q + (tk * H + hq) * D + col);
-            cp_async_cg16(smem_addr(&sh.k[row][col]), k + (tk * H + hq) * D + col);
-            cp_async_cg16(smem_addr(&sh.bv[row][col]), v + (tk * HV + hv) * D + col);
+            cp_async_cg16(smem_addr(&sh.q[row][col]), q + (tk * H + hq) * HEAD_DIM + col);
+            cp_async_cg16(smem_addr(&sh.k[row][col]), k + (tk * H + hq) * HEAD_DIM + col);
+            cp_async_cg16(smem_addr(&sh.bv[row][col]), v + (tk * HV + hv) * HEAD_DIM + col);
         } else {
             *reinterpret_cast<uint4*>(&sh.q[row][col]) = make_uint4(0, 0, 0, 0);
             *reinterpret_cast<uint4*>(&sh.k[row][col]) = make_uint4(0, 0, 0, 0);
             *reinterpret_cast<uint4*>(&sh.bv[row][col]) = make_uint4(0, 0, 0, 0);
         }
     }
-    for (int i = tid; i < R * (D / 4); i += THREADS) {
-        const int row = i / (D / 4), col = 4 * (i % (D / 4));
-        cp_async_cg16(smem_addr(&sh.g[row][col]), g + ((tok0 + min(row, L - 1)) * HV + hv) * D + col);
+    for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
+        const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
+        cp_async_cg16(smem_addr(&sh.g[row][col]), g + ((tok0 + min(row, L - 1)) * HV + hv) * HEAD_DIM + col);
     }
     cp_async_commit();
     if (tid < R) sh.beta[tid] = tid < L ? beta[(tok0 + tid) * HV + hv] : 0.f;
@@ -137,8 +136,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
     __syncthreads();
 
     // ---- elementwise: bk, bv (shared), kg, qg, decay (out); each thread 4 consecutive channels of a row ----
-    for (int i = tid; i < R * (D / 4); i += THREADS) {
-        const int row = i / (D / 4), col = 4 * (i % (D / 4));
+    for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
+        const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
         const float4 gc = *reinterpret_cast<const float4*>(&sh.g[row][col]);
         const float4 gT = *reinterpret_cast<const float4*>(&sh.g[R - 1][col]);   // rows >= L hold gc[L - 1]
         const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
@@ -159,10 +158,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
             qg[e] = scale * qf[e] * start;
         }
         *reinterpret_cast<uint2*>(&sh.bk[row][col]) = make_uint2(pair(bk[0], bk[1]), pair(bk[2], bk[3]));
-        const size_t o = (static_cast<size_t>(ch) * R + row) * D + col;
+        const size_t o = (static_cast<size_t>(ch) * R + row) * HEAD_DIM + col;
         *reinterpret_cast<uint2*>(kg_out + o) = make_uint2(pair(kg[0], kg[1]), pair(kg[2], kg[3]));
         *reinterpret_cast<uint2*>(qg_out + o) = make_uint2(pair(qg[0], qg[1]), pair(qg[2], qg[3]));
-        if (row == R - 1) *reinterpret_cast<float4*>(decay_out + ch * D + col) =
+        if (row == R - 1) *reinterpret_cast<float4*>(decay_out + ch * HEAD_DIM + col) =
             make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
         *reinterpret_cast<uint2*>(&sh.bv[row][col]) = make_uint2(pair(bv[0], bv[1]), pair(bv[2], bv[3]));
     }
@@ -171,8 +170,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
     // below need (a warp's lanes must all take or all skip them) ----
     const int r0 = TILE_TOKENS * warp;
     bool past = false;
-    for (int i = lane; i < TILE_TOKENS * D; i += 32) {
-        const int row = r0 + i / D, col = i % D;
+    for (int i = lane; i < TILE_TOKENS * HEAD_DIM; i += 32) {
+        const int row = r0 + i / HEAD_DIM, col = i % HEAD_DIM;
         past |= !(sh.g[row][col] - sh.g[r0 + TILE_TOKENS - 1][col] <= SPAN_LIMIT);
     }
     past = __any_sync(0xffffffffu, past);
@@ -191,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
             for (int J = 0; J < 3; ++J) oq[J][n][e] = ok[J][n][e] = 0.f;
         }
 #pragma unroll 1
-    for (int ks = 0; ks < D / 16; ++ks) {
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
         const int cc = 16 * ks + 2 * t;
         const Quad qa = bf16_quad(sh.q, ra, cc), qb = bf16_quad(sh.q, rb, cc);
         const Quad ka = bf16_quad(sh.k, ra, cc), kb = bf16_quad(sh.k, rb, cc);
@@ -255,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
                 if (j < i && real) {
                     float sq = 0.f, sk = 0.f;
 #pragma unroll 4
-                    for (int d = 0; d < D; ++d) {
+                    for (int d = 0; d < HEAD_DIM; ++d) {
                         const float f = exp2f(sh.g[row][d] - sh.g[r0 + j][d]);
                         const float kj = bf16_to_f32(sh.k[r0 + j][d]);
                         sq += bf16_to_f32(sh.q[row][d]) * kj * f;
@@ -378,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
         const unsigned short (*b_tile)[OP_STRIDE] = which == 0 ? sh.bk : sh.bv;
         unsigned short* out = which == 0 ? w_out : u_out;
 #pragma unroll 2
-        for (int np = 0; np < D / 16; ++np) {   // 16 columns at a time: two n-tiles
+        for (int np = 0; np < HEAD_DIM / 16; ++np) {   // 16 columns at a time: two n-tiles
             float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
             for (int kk = 0; kk < TILES_PER_CHUNK; ++kk) {
@@ -394,8 +393,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
 #pragma unroll
             for (int n = 0; n < 2; ++n) {
                 const int col = 16 * np + 8 * n + 2 * t;
-                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + ra) * D + col) = pair(acc[n][0], acc[n][1]);
-                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + rb) * D + col) = pair(acc[n][2], acc[n][3]);
+                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + ra) * HEAD_DIM + col) = pair(acc[n][0], acc[n][1]);
+                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + rb) * HEAD_DIM + col) = pair(acc[n][2], acc[n][3]);
             }
         }
     }

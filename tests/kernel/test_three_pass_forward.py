@@ -1,0 +1,70 @@
+"""kernel.three_pass_forward on the CPU: the call is kernel.forward's plan (every check, before any GPU work),
+and the three passes are wired pass to pass with the layouts the one pass returns. The passes themselves are
+recorders here; the real ones are tested in their rooms and, composed, in test_three_pass_forward_gpu.py."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from kernel import forward_chain, forward_output, forward_products
+from kernel.three_pass_forward import three_pass_forward
+
+from .scan_stand_ins import FORWARD, D
+
+HV = 2
+
+
+def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True) -> tuple:
+    calls = {}
+    chunks = int(np.sum(-(-np.diff(cu if cu is not None else np.arange(B + 1) * T) // 64)))
+
+    def products(q, k, v, g, beta, *, scale, cu_seqlens, training):
+        calls["products"] = dict(cu_seqlens=cu_seqlens, training=training, scale=scale)
+        return types.SimpleNamespace(w="w", u="u", kg="kg", decay="decay", qg="qg", aqk="aqk", cu_chunks="cu_chunks",
+                                     Aqk="Aqk" if training else None, Akk="Akk" if training else None)
+
+    def chain(w, u, kg, decay, *, cu_chunks, initial_state, output_final_state):
+        calls["chain"] = (w, u, kg, decay, cu_chunks, initial_state, output_final_state)
+        return types.SimpleNamespace(states=np.zeros((chunks, HV, D, D)), v_new="v_new",
+                                     final_state="final" if output_final_state else None)
+
+    def output(qg, states, aqk, v_new, *, cu_seqlens):
+        calls["output"] = (qg, states.shape, aqk, v_new, tuple(cu_seqlens))
+        return np.zeros((int(cu_seqlens[-1]), HV, D))
+
+    monkeypatch.setattr(forward_products, "forward_products", products)
+    monkeypatch.setattr(forward_chain, "forward_chain", chain)
+    monkeypatch.setattr(forward_output, "forward_output", output)
+    a, kw = FORWARD.args(B=B, T=T, H=HV, h0=True, N=B if cu is None else len(cu) - 1)
+    out = FORWARD.call(three_pass_forward, a, kw, cu_seqlens=cu, training=training, output_final_state=final)
+    return out, calls, kw["initial_state"]
+
+
+def test_a_batch_goes_through_as_b_sequences_in_the_one_passs_layouts(monkeypatch):
+    out, calls, h0 = _wired(monkeypatch, 2, 130, None)
+    assert calls["products"]["cu_seqlens"] is None and calls["products"]["training"]
+    assert calls["chain"] == ("w", "u", "kg", "decay", "cu_chunks", h0, True)
+    assert calls["output"] == ("qg", (6, HV, D, D), "aqk", "v_new", (0, 130, 260))
+    assert out.o.shape == (2, 130, HV, D) and out.states.shape == (2, 3, HV, D, D)
+    assert (out.final_state, out.Aqk, out.Akk) == ("final", "Aqk", "Akk")
+
+
+def test_varlen_passes_the_token_offsets_to_the_products_and_the_o_pass(monkeypatch):
+    cu = np.array([0, 1, 66, 330])
+    out, calls, _ = _wired(monkeypatch, 1, 330, cu)
+    np.testing.assert_array_equal(calls["products"]["cu_seqlens"], cu)
+    assert calls["output"][-1] == (0, 1, 66, 330) and out.states.shape == (1, 8, HV, D, D)
+
+
+def test_inference_keeps_no_states_and_no_blocks(monkeypatch):
+    out, calls, _ = _wired(monkeypatch, 1, 200, None, training=False, final=False)
+    assert not calls["products"]["training"] and calls["chain"][-1] is False
+    assert (out.states, out.Aqk, out.Akk, out.final_state) == (None, None, None, None)
+
+
+def test_the_one_passs_checks_come_first():
+    a, kw = FORWARD.args(B=1, T=100, H=2)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        FORWARD.call(three_pass_forward, a, kw, scale=-1.0)

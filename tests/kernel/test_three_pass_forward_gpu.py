@@ -1,0 +1,67 @@
+"""kernel.three_pass_forward on the GPU: kernel.forward's contract, held to the same float64 bounds as the one
+pass (tests/kernel/forward/test_launch_gpu.py's _check), Aqk's and INV's diagonal blocks the one pass's bits,
+inference, torch in and out. Each pass is tested in its own room; this is their composition."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernel.forward import forward
+from kernel.three_pass_forward import three_pass_forward
+
+from .forward.test_launch_gpu import D, _check, _host
+from .forward_cases import RAGGED, make_case
+from .forward_states_cases import as_torch
+
+pytestmark = pytest.mark.gpu
+
+CASES = {
+    "ragged, h0": dict(lengths=RAGGED, H=2, seed=4, initial_state=True),
+    "B 2 x T 200": dict(B=2, T=200, H=2, seed=5),
+    "GVA, 3 value heads a q head": dict(lengths=RAGGED, H=6, group=3, seed=12, initial_state=True),
+    "past fp32's range": dict(lengths=RAGGED + [300], H=2, seed=5, out_of_range=True, initial_state=True),
+}
+
+
+def _run(case: dict, fn=three_pass_forward, *, training: bool = True, final: bool = True):
+    import cupy
+
+    dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
+    return fn(dev(case["q"]), dev(case["k"]), dev(case["v"]), dev(case["g"]), dev(case["beta"]), scale=case["scale"],
+              initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"], output_final_state=final,
+              training=training)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_three_passes_match_float64_and_write_the_one_passs_blocks(name):
+    case = make_case(**CASES[name])
+    three = _run(case)
+    _check(three, case, f"three passes, {name}")
+    one = _host(_run(case, forward))
+    for block in ("Aqk", "Akk"):   # our backward reads them: the same bits as the one pass writes
+        x, y = np.where(case["blocks"], _host(three)[block], 0), np.where(case["blocks"], one[block], 0)
+        assert np.array_equal(x, y), f"{name}: {block}'s diagonal blocks differ from the one pass's"
+
+
+def test_inference_writes_o_and_the_final_state_alone_with_the_same_bits():
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True)
+    train, infer = _run(case), _run(case, training=False)
+    assert (infer.states, infer.Aqk, infer.Akk) == (None, None, None)
+    assert np.array_equal(infer.o.get(), train.o.get()) and np.array_equal(infer.final_state.get(), train.final_state.get())
+    assert _run(case, training=False, final=False).final_state is None
+
+
+def test_torch_in_torch_out():
+    torch = pytest.importorskip("torch")
+    case = make_case(lengths=RAGGED, H=2, seed=9, initial_state=True)
+    out_t = three_pass_forward(as_torch(case["q"], True), as_torch(case["k"], True), as_torch(case["v"], True),
+                               as_torch(case["g"], False), as_torch(case["beta"], False), scale=case["scale"],
+                               initial_state=as_torch(case["initial_state"], False),
+                               cu_seqlens=torch.from_numpy(case["cu_seqlens"]).cuda(), output_final_state=True,
+                               training=True)
+    assert all(isinstance(x, torch.Tensor) and x.is_cuda for x in out_t)
+    assert out_t.o.dtype == out_t.states.dtype == out_t.Aqk.dtype == torch.bfloat16 and out_t.o.shape[-1] == D
+    out_c = _run(case)
+    assert np.array_equal(out_t.o.view(torch.int16).cpu().numpy().view(np.uint16), out_c.o.get())
+    assert np.array_equal(out_t.states.view(torch.int16).cpu().numpy().view(np.uint16), out_c.states.get())
+    assert np.array_equal(out_t.final_state.cpu().numpy(), out_c.final_state.get())

@@ -8,8 +8,9 @@
 What and why
 ------------
 The same call as fla-core 0.6.0's ``fla.ops.kda.chunk_kda``, argument for argument (names, order,
-defaults, semantics), so that switching is one import. The forward is ours: FLA's preprocessing
-(the l2norm, the beta sigmoid, the gate's 64-chunk cumsum), then :func:`kernel.forward.forward`,
+defaults, semantics), so that switching is one import. The forward is ours: the preprocessing (the
+l2norm, the beta sigmoid, the gate's 64-chunk cumsum; FLA's Triton kernels where fla-core is installed,
+the same math in torch where it is not: :mod:`.preprocess`), then :func:`kernel.forward.forward`,
 which also leaves the states entering every chunk, so the backward runs no forward-state scan.
 The backward is ours: :func:`kernel.kda_backward.run` on the tensors the forward left, then the
 gate and beta activations' backward, the state layout, the sum over grouped value heads and FLA's

@@ -57,7 +57,8 @@ def chunk_kda(
 
     Raises ValueError naming the argument for everything outside the covered cases (the package
     docstring lists them), TypeError for a keyword FLA's chunk_kda does not know or a switch that
-    is not a bool, ImportError without fla-core.
+    is not a bool, ImportError for FLA's forward (``kernel.use_forward("fla")``) without fla-core (our
+    forward and backward run without it: the preprocessing is then torch's, :mod:`.preprocess`).
 
     Runs through the ``torch.ops.ptx_lab.chunk_kda_fwd`` op (:mod:`.library`), so that
     ``torch.compile(fullgraph=True)`` traces a model through it (FLA's own is compiler-disabled).

@@ -82,11 +82,24 @@ def _fla():
         from fla.ops.utils.constant import RCP_LN2
         from fla.ops.utils.index import prepare_chunk_indices
     except ImportError as exc:
-        raise ImportError(f"kernel.chunk_kda runs FLA's preprocessing (and forward, if asked): it needs fla-core "
-                          f"0.6.0 and triton ({exc})") from exc
+        raise ImportError(f"FLA's forward (kernel.use_forward('fla')) needs fla-core 0.6.0 and triton ({exc}); "
+                          f"our forward and backward do not") from exc
     return dict(l2norm_fwd=l2norm_fwd, beta_sigmoid=fused_beta_sigmoid_fwd,
                 chunk_kda_fwd=chunk_kda_fwd, gate_cumsum=kda_gate_chunk_cumsum, local_cumsum=chunk_local_cumsum,
                 gate_bwd=kda_gate_bwd, rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
+
+
+def _preprocessing() -> dict:
+    """What the op runs around our kernels (l2norm, beta's sigmoid, the gate's chunk cumsum, the gate's
+    backward where Kernel B's epilogue does not take it): FLA's Triton kernels where fla-core imports, so
+    that its tensors stay FLA's to the bit, else the same math in torch (:mod:`.preprocess`), so that our
+    forward and our backward need no FLA."""
+    try:
+        return _fla()
+    except ImportError:
+        from .preprocess import preprocessing
+
+        return preprocessing()
 
 
 def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -164,7 +177,7 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     state comes out as [V, K]; the states (h) stay [K, V], as our backward reads them."""
     from .. import forward as kernel_forward
 
-    fla = _fla()
+    fla = _preprocessing()
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
                                                                                    initial_state)
     g_cumsum = _gate_cumsum(fla, call, g, A_log, dt_bias, cu_seqlens, _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu))
@@ -224,7 +237,7 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
     not), each in its input's dtype (g's is ``g_dtype``), from the forward's tensors: q and k as the
     kernels read them, ``beta`` the call's and ``beta_activated`` the sigmoid's (or None), ``g_raw`` the
     call's gate where the op activated it. ``do`` and ``dht`` may be None (no gradient reached them)."""
-    fla = _fla()
+    fla = _preprocessing()
     if do is None:
         do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
     kernels_beta = beta if beta_activated is None else beta_activated
@@ -285,6 +298,6 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     if call.use_gate_in_kernel and gate_wanted:
         # FLA's fused gate backward (one pass, dA_log and dt_bias summed per block of 32 tokens, then
         # over blocks): kernel.activations.gate_backward is the same math in torch, in float64 in the tests
-        dg, dA, dbias = _fla()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,
-                                           lower_bound=call.lower_bound)
+        dg, dA, dbias = _preprocessing()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,
+                                                     lower_bound=call.lower_bound)
     return dq, dk, grads["dv"], grads["dbeta"], dg, dh0, dA, dbias

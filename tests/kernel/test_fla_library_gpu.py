@@ -596,3 +596,43 @@ def test_the_patched_fla_op_runs_ours_for_a_no_grad_call(forward, modes):
     _assert_same_bits({"o": o, "final_state": ht}, {"o": ours[0], "final_state": ours[1]})
     if forward == "fla":
         _assert_same_bits({"o": o, "final_state": ht}, {"o": flas[0], "final_state": flas[1]})
+
+
+# ----------------------------------------------------------------------------
+# without fla-core: the preprocessing in torch
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("layer-gva", "varlen-layer-gva", "varlen")],
+                         ids=lambda c: c[0])
+def test_our_forward_and_backward_run_without_fla_at_its_precision(monkeypatch, case):
+    # fla-core made unimportable for the op: the l2norm, beta's sigmoid, the gate's cumsum (and, for a gate
+    # Kernel B does not take, its backward) run as torch ops (kernel.fla_dropin.preprocess). o, the final
+    # state and every gradient are FLA-preprocessing's up to the fp32 roundings of those few ops
+    skip_without_fla_gpu()
+    from kernel import chunk_kda
+    from kernel.fla_dropin import function
+
+    _, sizes, call = case
+
+    def run(x):
+        for t in x.values():
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.grad = None
+        o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                          initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], **call)
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        (o.float() * torch.randn(o.shape, generator=gen, device="cuda")).sum().backward()
+        return {"o": o.detach().clone(), "final": ht.detach().clone(),
+                **{n: x[n].grad.clone() for n in GRADIENT_INPUTS if x[n] is not None}}
+
+    x = _inputs(**sizes)
+    with_fla = run(x)
+
+    def no_fla():
+        raise ImportError("No module named 'fla' (made unimportable by the test)")
+
+    monkeypatch.setattr(function, "_fla", no_fla)
+    without = run(x)
+    for name, ref in with_fla.items():
+        err = float((without[name].double() - ref.double()).norm() / ref.double().norm())
+        assert err < 2e-3, f"{case[0]}: {name} {err:.2e} from the run with FLA's preprocessing"

@@ -218,15 +218,12 @@ extern "C" __global__ void __launch_bounds__(fc::THREADS, 1) kda_forward_chain(
         fence_proxy_async_shared();   // the state tile's stmatrix writes, before the tensor store reads them
         named_barrier_sync(1 + mv, 64);
 
-        // X^T = both halves, k half 0's partial first in both warps (so that both round Vn alike);
-        // Vn^T = u^T - X^T
+        // X^T = the two halves' sum (fp32 addition commutes: both warps of the pair get its bits, and so
+        // round Vn alike); Vn^T = u^T - X^T
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const float4 o = partner[32 * i];
-            float x0, x1, x2, x3;
-            if (kh == 0) { x0 = x[i][0] + o.x; x1 = x[i][1] + o.y; x2 = x[i][2] + o.z; x3 = x[i][3] + o.w; }
-            else { x0 = o.x + x[i][0]; x1 = o.y + x[i][1]; x2 = o.z + x[i][2]; x3 = o.w + x[i][3]; }
-            un[i][0] -= x0; un[i][1] -= x1; un[i][2] -= x2; un[i][3] -= x3;
+            un[i][0] -= x[i][0] + o.x; un[i][1] -= x[i][1] + o.y; un[i][2] -= x[i][2] + o.z; un[i][3] -= x[i][3] + o.w;
         }
         u32 va[4][4];   // bf16(Vn^T) as the A operand of the update's 4 r-steps
 #pragma unroll

@@ -260,12 +260,11 @@ class ChainCta:
         st, x, un = self.st[warp], self.kept[warp]["x"], self.kept[warp]["un"]
         stg = self.stage(s)
         ch = (self.c0 + s) * self.HV + self.hv
-        for i in range(8):   # partner[32 i]; k half 0's partial first in both warps
+        for i in range(8):   # partner[32 i]: this warp's partial plus its partner's (the same bits either way round)
             addr = self.sh["x_exchange"] + x_exchange(s & 1, kh ^ 1, mv, i)
             fewest(banks.shared_access(addr, 16))
             o = self._rw(addr, 16)
-            xs = x[i] + o if kh == 0 else o + x[i]
-            un[i] -= xs
+            un[i] -= x[i] + o
         va = [pack_a(un[2 * kk], un[2 * kk + 1]) for kk in range(4)]
         if kh == 0:
             vnew_tile = self.sh["vnew_tiles"] + ((s % STAGING) * 2 + mv) * VNEW_TILE_BYTES
@@ -309,7 +308,7 @@ EPS = 2.0 ** -24    # fp32's unit roundoff
 
 def _step_in_the_warps_order(S, w, u, kg, decay):
     """chain_step summed as the chain warps sum it, each 16-deep MMA step rounded once to fp32 (the rounding
-    of ptx_lab.model.mma_m16n8k16): X over 16-k steps within each k half, the halves added k half 0's first,
+    of ptx_lab.model.mma_m16n8k16): X over 16-k steps within each k half, then the two halves' sum,
     v_new = bf16(u - X); S decayed in fp32, then the update's four 16-r steps onto it."""
     f64 = np.float64
     Sb = bf16(S)

@@ -8,7 +8,8 @@ What and why
 ------------
 At one long sequence the one pass (``kernel.forward``) is a serial chain of 16-token tiles, each building
 its own INV and products on the way: 8,192 tiles of 1.26 us at 1x131072. These three passes take the
-products off the chain and walk 64-token steps (docs/kda_forward.md, "Three passes"; docs/log/45):
+products off the chain and walk 64-token steps (docs/kda_forward.md, the design "three passes (64-token
+chain)"; docs/log/45):
 
 1. ``kernel.forward_products``: every chunk's w, u, kg, qg, Aqk and decay at once, across all SMs, and
    Aqk's and INV's diagonal blocks for our backward;

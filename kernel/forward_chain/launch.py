@@ -6,9 +6,9 @@ products, one step of two GEMMs per chunk.
 
 What and why
 ------------
-The middle pass of the three-pass forward (docs/kda_forward.md, "Three passes"): the first pass builds
-every chunk's products at once, across all SMs; this pass walks each (sequence, value head) chunk by
-chunk; the third forms o from the states and v_new. Per chunk (kernel/forward_chain/cuda/forward_chain.cu)::
+The middle pass of the three-pass forward (docs/kda_forward.md, the design "three passes (64-token
+chain)"): the first pass builds every chunk's products at once, across all SMs; this pass walks each
+(sequence, value head) chunk by chunk; the third forms o from the states and v_new. Per chunk (kernel/forward_chain/cuda/forward_chain.cu)::
 
     states[c] = bf16(S);  v_new[c] = bf16(u - w bf16(S));  S <- diag(decay) S + kg^T v_new[c]
 
@@ -109,7 +109,8 @@ def plan_chain(w, u, kg, decay, *, cu_chunks=None, initial_state=None, output_fi
     arrays: dict[str, ArrayInfo] = {"w": describe("w", w, HOST_ADVICE)}
     wa = arrays["w"]
     if len(wa.shape) != 4 or wa.shape[2:] != (CHUNK_TOKENS, HEAD_DIM) or min(wa.shape[:2]) < 1:
-        raise ValueError(f"w must be [chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}] with chunks, HV >= 1, got shape {wa.shape}")
+        raise ValueError(f"w must be [chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}] with chunks, HV >= 1, "
+                         f"got shape {wa.shape}")
     chunks, HV = wa.shape[:2]
     layout = f"[chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}] as w"
     expect("w", wa, wa.shape, layout, ("bfloat16",))

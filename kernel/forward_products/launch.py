@@ -1,5 +1,5 @@
 """The products pass: every 64-token chunk's state-free products at once, the first pass of the
-three-pass forward (docs/kda_forward.md, "Three passes").
+three-pass forward (docs/kda_forward.md, the design "three passes (64-token chain)").
 
     out = forward_products(q, k, v, g, beta, scale=s, cu_seqlens=cu, training=True)
     out.w, out.u, out.kg, out.qg, out.aqk, out.decay, out.cu_chunks, out.Aqk, out.Akk
@@ -143,7 +143,8 @@ def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens
               "kg": ((C, HV, CHUNK_TOKENS, D), "bf16"), "qg": ((C, HV, CHUNK_TOKENS, D), "bf16"),
               "aqk": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"), "decay": ((C, HV, D), "f32")}
     if training:
-        shapes.update(Aqk=((plan.B, plan.T, HV, CHUNK_TOKENS), "bf16"), Akk=((plan.B, plan.T, HV, CHUNK_TOKENS), "bf16"))
+        blocks = (plan.B, plan.T, HV, CHUNK_TOKENS)
+        shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))
     out_t, out_c = {"Aqk": None, "Akk": None}, {"Aqk": None, "Akk": None}
     for name, (shape, dt) in shapes.items():
         if plan.torch_out:

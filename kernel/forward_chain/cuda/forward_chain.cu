@@ -1,5 +1,5 @@
 // kernel/forward_chain/cuda/forward_chain.cu -- the forward's chain in 64-token steps: the middle pass of
-// the three-pass forward (docs/kda_forward.md, "Three passes").
+// the three-pass forward (docs/kda_forward.md, the design "three passes (64-token chain)").
 //
 // Per sequence, value head and 64-token chunk c, from the chunk's products (the first pass's outputs):
 //     v_new = u - w bf16(S)                          [64 x V]   w, u [64 x K], [64 x V] bf16

@@ -20,6 +20,9 @@ of its own (:mod:`.backward_run`, as ``--backward`` and ``--layer``). In this or
    * ours raw: :func:`kernel.forward.forward` alone (training=True, the final state) on the tensors our
      forward hands it, FLA's preprocessing done once before: ours / raw - 1 is what the preprocessing,
      the op and autograd add;
+   * three passes raw: :func:`kernel.three_pass_forward.three_pass_forward` on the same tensors (the same
+     outputs in the same layouts): three passes / raw is what the three-pass design saves or costs at the
+     configuration, the figure a launch rule between the two is chosen by;
 
 3. each side's peak GPU memory, one call each (:func:`.backward.peak_memory`: torch's
    max_memory_allocated, reset before each side, plus CuPy's pool's growth), the outputs and the
@@ -42,10 +45,12 @@ from .inputs import cu_for_fla, cu_for_kernel_a, make_inputs
 from .report import error_text, log
 from .timing import cupy_on_torch_stream, free_memory
 
-__all__ = ["missing_requirement", "bench_forward_config", "SIDES", "FWD_OURS", "FWD_FLA", "FWD_CUDNN", "FWD_RAW"]
+__all__ = ["missing_requirement", "bench_forward_config", "SIDES", "FWD_OURS", "FWD_FLA", "FWD_CUDNN", "FWD_RAW",
+           "FWD_THREE"]
 
 FWD_OURS, FWD_FLA, FWD_CUDNN, FWD_RAW = "kernel_chunk_kda", "fla_chunk_kda", "cudnn_kda", "kernel_forward_raw"
-SIDES = (FWD_OURS, FWD_FLA, FWD_CUDNN, FWD_RAW)
+FWD_THREE = "kernel_three_pass_raw"
+SIDES = (FWD_OURS, FWD_FLA, FWD_CUDNN, FWD_RAW, FWD_THREE)
 
 
 def bench_forward_config(cfg: Config, args, flush) -> dict:
@@ -92,6 +97,9 @@ def _ratios(fwd: dict) -> dict:
     raw = median_of(fwd, FWD_RAW)
     if ours and raw:
         out["over_raw"] = ours / raw - 1.0
+    three = median_of(fwd, FWD_THREE)
+    if three and raw:
+        out["three/raw"] = three / raw
     return out
 
 
@@ -125,19 +133,22 @@ def _calls(raw: dict, h0, cu_fla, args, res: dict) -> dict[str, Callable]:
             res["forward"][FWD_CUDNN] = {"error": str(exc)}
             log(f"    {res['config']}: no cuDNN side: {exc}")
     try:
-        calls[FWD_RAW] = _raw_call(raw, h0, cu_fla)
+        calls.update(_raw_calls(raw, h0, cu_fla))
     except Exception as exc:
-        res["forward"][FWD_RAW] = {"error": error_text(exc)}
-        log(f"    {res['config']}: our raw forward could not be set up: {error_text(exc)}")
+        for side in (FWD_RAW, FWD_THREE):
+            res["forward"][side] = {"error": error_text(exc)}
+        log(f"    {res['config']}: our raw forwards could not be set up: {error_text(exc)}")
     return calls
 
 
-def _raw_call(raw: dict, h0, cu_fla) -> Callable:
-    """:func:`kernel.forward.forward` in training mode on what our op hands it: q and k after FLA's l2norm,
-    the gate's 64-chunk cumsum / ln 2 and beta (already after its sigmoid here), made once by FLA's
-    preprocessing (:func:`kernel.tools.fla_kda.forward`, whose kernels are not timed); cu_seqlens on the
-    host, as the op passes them (no device-to-host copy in the call)."""
+def _raw_calls(raw: dict, h0, cu_fla) -> dict[str, Callable]:
+    """:func:`kernel.forward.forward` (FWD_RAW) and :func:`kernel.three_pass_forward.three_pass_forward`
+    (FWD_THREE) in training mode on what our op hands its forward: q and k after FLA's l2norm, the gate's
+    64-chunk cumsum / ln 2 and beta (already after its sigmoid here), made once by FLA's preprocessing
+    (:func:`kernel.tools.fla_kda.forward`, whose kernels are not timed); cu_seqlens on the host, as the op
+    passes them (no device-to-host copy in the call)."""
     from kernel.forward import forward
+    from kernel.three_pass_forward import three_pass_forward
 
     f = fla_kda.forward(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"], h0=h0, cu_seqlens=cu_fla,
                         safe_gate=True)
@@ -145,8 +156,10 @@ def _raw_call(raw: dict, h0, cu_fla) -> Callable:
     del f
     cu = cu_for_kernel_a(raw["cu_seqlens"])
 
-    def call():
-        with cupy_on_torch_stream():
-            return forward(q, k, v, g, beta, scale=scale, initial_state=h0, cu_seqlens=cu, output_final_state=True,
-                           training=True)
-    return call
+    def call_of(fn) -> Callable:
+        def call():
+            with cupy_on_torch_stream():
+                return fn(q, k, v, g, beta, scale=scale, initial_state=h0, cu_seqlens=cu, output_final_state=True,
+                          training=True)
+        return call
+    return {FWD_RAW: call_of(forward), FWD_THREE: call_of(three_pass_forward)}

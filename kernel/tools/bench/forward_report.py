@@ -7,21 +7,22 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import report
-from .forward import FWD_CUDNN, FWD_FLA, FWD_OURS, FWD_RAW, SIDES
+from .forward import FWD_CUDNN, FWD_FLA, FWD_OURS, FWD_RAW, FWD_THREE, SIDES
 from .report import cell, is_bench_json, num
 
-FORWARD_COLUMNS = ("config", "ours ms", "FLA ms", "cuDNN ms", "raw ms", "ours/FLA", "ours/cuDNN", "over raw",
-                   "ours GB", "FLA GB", "cuDNN GB", "raw GB", "ours host ms", "FLA host ms", "cuDNN host ms",
-                   "raw host ms")
+FORWARD_COLUMNS = ("config", "ours ms", "FLA ms", "cuDNN ms", "raw ms", "3-pass ms", "ours/FLA", "ours/cuDNN",
+                   "over raw", "3-pass/raw", "ours GB", "FLA GB", "cuDNN GB", "raw GB", "3-pass GB", "ours host ms",
+                   "FLA host ms", "cuDNN host ms", "raw host ms", "3-pass host ms")
 LABELS = {FWD_OURS: "ours (kernel.chunk_kda)", FWD_FLA: "FLA chunk_kda", FWD_CUDNN: "cuDNN kimi_delta_attention",
-          FWD_RAW: "ours raw (kernel.forward.forward)"}
+          FWD_RAW: "ours raw (kernel.forward.forward)", FWD_THREE: "ours raw in three passes (kernel.three_pass_forward)"}
 TITLE = "KDA's forward as a training step runs it (inputs require a gradient), ours against FLA's and cuDNN's"
 LEGEND = ("ours = kernel.chunk_kda with our forward (kernel.using_forward('ours')): FLA's preprocessing (l2norm, "
           "the gate's chunk cumsum) and kernel.forward.forward through the op's autograd; FLA = fla.ops.kda.chunk_kda; "
           "both on the same leaves (requires_grad, use_qk_l2norm_in_kernel, safe_gate True, the final state), so "
           "that each keeps what its backward reads. cuDNN = cuDNN frontend's kimi_delta_attention (q, k normalised "
           "in torch inside the call; where installed). raw = kernel.forward.forward alone (training=True) on the "
-          "tensors our op hands it; over raw = ours / raw - 1: the preprocessing, the op and autograd. All timed in "
+          "tensors our op hands it; over raw = ours / raw - 1: the preprocessing, the op and autograd; 3-pass = "
+          "kernel.three_pass_forward on the same tensors, 3-pass/raw its time over the one pass's. All timed in "
           "turn (same power state), one process per configuration. GB = peak GPU memory of one call above what was "
           "allocated before (torch's max_memory_allocated, reset before each side, plus CuPy's pool), outputs and "
           "saved tensors included; host ms = the CPU time of one call (the GPU is kept ahead of it).")
@@ -33,6 +34,7 @@ def forward_row(res: dict) -> list[str]:
     return [res.get("config", "?"),
             *(cell(fwd.get(n), ".3f") for n in SIDES),
             num(ratio.get("ours/fla"), ".3f"), num(ratio.get("ours/cudnn"), ".3f"), num(ratio.get("over_raw"), "+.1%"),
+            num(ratio.get("three/raw"), ".3f"),
             *(cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in SIDES),
             *(cell(fwd.get(n), ".2f", key="host_ms") for n in SIDES)]
 
@@ -40,7 +42,8 @@ def forward_row(res: dict) -> list[str]:
 def progress_line(tag: str, res: dict) -> str:
     c = dict(zip(FORWARD_COLUMNS, forward_row(res)))
     return (f"{tag}: forward ours {c['ours ms']} ms, FLA {c['FLA ms']} ms (ratio {c['ours/FLA']}), cuDNN "
-            f"{c['cuDNN ms']} ms (ratio {c['ours/cuDNN']}), raw {c['raw ms']} ms (ours over raw {c['over raw']}); "
+            f"{c['cuDNN ms']} ms (ratio {c['ours/cuDNN']}), raw {c['raw ms']} ms (ours over raw {c['over raw']}), "
+            f"three passes {c['3-pass ms']} ms ({c['3-pass/raw']} of raw); "
             f"peak memory ours {c['ours GB']} GB, FLA {c['FLA GB']} GB, cuDNN {c['cuDNN GB']} GB; host ms ours "
             f"{c['ours host ms']}, FLA {c['FLA host ms']} [{res.get('wall_s', 0):.0f} s]")
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kernel.tools.bench import backward_report, backward_run, cli, configs, forward, forward_report, layer_report
-from kernel.tools.bench.forward import FWD_CUDNN, FWD_FLA, FWD_OURS, FWD_RAW
+from kernel.tools.bench.forward import FWD_CUDNN, FWD_FLA, FWD_OURS, FWD_RAW, FWD_THREE
 
 from .blocked_imports import run_blocked
 
@@ -84,10 +84,11 @@ def _synthetic(config="4x8192", **over) -> dict:
     """A made-up result in the shape bench_forward_config returns (numbers chosen to render exactly)."""
     r = {"bench": "forward", "config": config, "H": 32,
          "forward": {FWD_OURS: {"median_ms": 3.0, "host_ms": 0.75}, FWD_FLA: {"median_ms": 4.0, "host_ms": 0.5},
-                     FWD_CUDNN: {"median_ms": 6.0, "host_ms": 0.25}, FWD_RAW: {"median_ms": 2.5, "host_ms": 0.125}},
-         "ratio": {"ours/fla": 0.75, "ours/cudnn": 0.5, "over_raw": 0.2},
+                     FWD_CUDNN: {"median_ms": 6.0, "host_ms": 0.25}, FWD_RAW: {"median_ms": 2.5, "host_ms": 0.125},
+                     FWD_THREE: {"median_ms": 2.0, "host_ms": 0.375}},
+         "ratio": {"ours/fla": 0.75, "ours/cudnn": 0.5, "over_raw": 0.2, "three/raw": 0.8},
          "peak_memory": {FWD_OURS: {"bytes": 2.5e9}, FWD_FLA: {"bytes": 3.0e9}, FWD_CUDNN: {"bytes": 2.75e9},
-                         FWD_RAW: {"bytes": 1.25e9}},
+                         FWD_RAW: {"bytes": 1.25e9}, FWD_THREE: {"bytes": 1.5e9}},
          "wall_s": 20.0, "fla_autotune": {}}
     r.update(over)
     return r
@@ -96,17 +97,17 @@ def _synthetic(config="4x8192", **over) -> dict:
 def test_rendering_a_row():
     row = forward_report.forward_row(_synthetic())
     assert len(row) == len(forward_report.FORWARD_COLUMNS)
-    assert row == ["4x8192", "3.000", "4.000", "6.000", "2.500", "0.750", "0.500", "+20.0%",
-                   "2.50", "3.00", "2.75", "1.25", "0.75", "0.50", "0.25", "0.12"]
+    assert row == ["4x8192", "3.000", "4.000", "6.000", "2.500", "2.000", "0.750", "0.500", "+20.0%", "0.800",
+                   "2.50", "3.00", "2.75", "1.25", "1.50", "0.75", "0.50", "0.25", "0.12", "0.38"]
     line = forward_report.progress_line("[1/1] 4x8192", _synthetic())
     assert "forward ours 3.000 ms, FLA 4.000 ms (ratio 0.750), cuDNN 6.000 ms (ratio 0.500)" in line
-    assert "raw 2.500 ms (ours over raw +20.0%)" in line and "[20 s]" in line
+    assert "raw 2.500 ms (ours over raw +20.0%), three passes 2.000 ms (0.800 of raw)" in line and "[20 s]" in line
 
 
 def test_the_ratios_are_ours_over_each_side_from_the_same_run():
     fwd = {FWD_OURS: {"median_ms": 3.0}, FWD_FLA: {"median_ms": 4.0}, FWD_RAW: {"median_ms": 2.0},
-           FWD_CUDNN: {"error": "ImportError: x"}}
-    assert forward._ratios(fwd) == {"ours/fla": 0.75, "over_raw": 0.5}
+           FWD_CUDNN: {"error": "ImportError: x"}, FWD_THREE: {"median_ms": 1.5}}
+    assert forward._ratios(fwd) == {"ours/fla": 0.75, "over_raw": 0.5, "three/raw": 0.75}
     assert forward._ratios({FWD_FLA: {"median_ms": 4.0}}) == {}
 
 

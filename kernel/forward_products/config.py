@@ -37,6 +37,7 @@ def all_variants() -> list[Config]:
     return [Config()]
 
 
-BUILD = builds.KernelBuild(title="the forward's products pass", entry=SOURCE_PATH, headers=(), function=KERNEL_NAME,
+BUILD = builds.KernelBuild(title="the forward's products pass", entry=SOURCE_PATH,
+                           headers=("../../forward/cuda/forward_solve.cuh",), function=KERNEL_NAME,
                            constants="fp", default=Config, options=options, variants=all_variants,
                            label=lambda cfg: "products", required_sass=lambda cfg: ("HMMA", "LDSM", "LDGSTS"))

@@ -12,6 +12,7 @@
 #include "ldmatrix.cuh"
 #include "mma.cuh"
 #include "forward_layout.cuh"
+#include "forward_solve.cuh"
 
 namespace kf {
 
@@ -98,7 +99,7 @@ __device__ __forceinline__ void build_mqk(Stage& st, const Scratch& sc, int pari
 
 // INV of the tile into st.inv (bf16, zero above the diagonal), by one warp: Lkk = diag(beta)
 // strict_tril(Akk) in fp32 to the scratch, then forward substitution, lane j < 16 solving column j
-// in registers: x_i = [i == j] - sum_{m < i} Lkk[i][m] x_m, in order of m.
+// in registers (forward_solve.cuh).
 __device__ __forceinline__ void build_inv(Stage& st, Scratch& sc, int parity, bool pairwise, int L, int lane) {
     if (!pairwise) {
         float acc[2][4];
@@ -123,13 +124,7 @@ __device__ __forceinline__ void build_inv(Stage& st, Scratch& sc, int parity, bo
     if (lane < TILE_TOKENS) {
         const int j = lane;
         float x[TILE_TOKENS];
-#pragma unroll
-        for (int i = 0; i < TILE_TOKENS; ++i) {
-            float acc = i == j ? 1.f : 0.f;
-#pragma unroll
-            for (int m = 0; m < i; ++m) acc -= sc.lkk[i][m] * x[m];
-            x[i] = acc;
-        }
+        kda_solve::unit_lower_column(x, [&](int i, int m) { return sc.lkk[i][m]; }, j);
 #pragma unroll
         for (int i = 0; i < TILE_TOKENS; ++i) st.inv[i][j] = f32_to_bf16(x[i]);
     }

@@ -31,6 +31,7 @@
 #include "fragments.cuh"
 #include "ldmatrix.cuh"
 #include "mma.cuh"
+#include "../../forward/cuda/forward_solve.cuh"   // the diagonal blocks' forward substitution, the one pass's
 
 using namespace ptx_lab;
 
@@ -302,13 +303,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
     if (lane < TILE_TOKENS) {
         const int j = lane;
         float x[TILE_TOKENS];
-#pragma unroll
-        for (int i = 0; i < TILE_TOKENS; ++i) {
-            float acc = i == j ? 1.f : 0.f;
-#pragma unroll
-            for (int m = 0; m < i; ++m) acc -= sh.lkk[r0 + i][r0 + m] * x[m];
-            x[i] = acc;
-        }
+        kda_solve::unit_lower_column(x, [&](int i, int m) { return sh.lkk[r0 + i][r0 + m]; }, j);
 #pragma unroll
         for (int i = 0; i < TILE_TOKENS; ++i) sh.inv[r0 + i][r0 + j] = x[i];
     }

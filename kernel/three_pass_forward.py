@@ -20,7 +20,7 @@ They move more bytes than the one pass (about 6.7 KB a token and head against 3.
 the one pass's chain binds. The arguments and outputs are :func:`kernel.forward.forward`'s, checked by
 its plan; the outputs come in its layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]),
 Aqk's and INV's diagonal blocks as it writes them (the same bits), o and the final state within their
-roundings of the same values. The numpy statement of each pass is kernel.studies.three_pass_forward.emulate.
+roundings of the same values. The numpy statement of each pass is tests/kernel/three_pass_model.py.
 """
 from __future__ import annotations
 

@@ -8,12 +8,13 @@ What and why
 ------------
 The middle pass of the three-pass forward (docs/kda_forward.md, the design "three passes (64-token
 chain)"): the first pass builds every chunk's products at once, across all SMs; this pass walks each
-(sequence, value head) chunk by chunk; the third forms o from the states and v_new. Per chunk (kernel/forward_chain/cuda/forward_chain.cu)::
+(sequence, value head) chunk by chunk; the third forms o from the states and v_new. Per chunk
+(kernel/forward_chain/cuda/forward_chain.cu)::
 
     states[c] = bf16(S);  v_new[c] = bf16(u - w bf16(S));  S <- diag(decay) S + kg^T v_new[c]
 
 with S fp32 from ``initial_state`` (or zeros) to ``final_state``. The numpy statement of the same
-arithmetic is ``kernel.studies.three_pass_forward.emulate.chain`` (the kernel sums its MMAs in another
+arithmetic is ``chain`` of tests/kernel/three_pass_model.py (the kernel sums its MMAs in another
 order, so the two agree to fp32 rounding, not bit for bit).
 
 Tensors (chunk-major: a sequence's chunks one after another, sequence after sequence; rows of a chunk
@@ -55,7 +56,7 @@ VGROUPS = 4            # CTAs per (sequence, value head), 32 of the 128 v column
 INT32_MAX = 2**31 - 1  # tensor copies address rows with signed 32-bit coordinates
 HOST_ADVICE = ("forward_chain runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}); bf16 "
                "in CuPy as uint16 bits, kernel.runtime.arrays.bf16_bits). The same arithmetic in numpy is "
-               "kernel.studies.three_pass_forward.emulate.chain")
+               "chain of tests/kernel/three_pass_model.py, in a checkout")
 
 
 class ChainOutputs(NamedTuple):

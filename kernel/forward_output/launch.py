@@ -14,7 +14,7 @@ carried from chunk to chunk, so it runs every (chunk, value head) at once, one C
     o[chunk's real rows] = bf16(qg S + Aqk v_new)[:L]
 
 in fp32 accumulators, L the chunk's real rows (64 but at a sequence's last chunk). The numpy statement of
-the same arithmetic is ``kernel.studies.three_pass_forward.emulate.o_pass`` (it sums the two products apart
+the same arithmetic is ``o_pass`` of tests/kernel/three_pass_model.py (it sums the two products apart
 and in float64, the kernel's MMAs into one fp32 accumulator, so the two agree to fp32 rounding before o's
 one bf16 rounding, not bit for bit).
 
@@ -52,7 +52,7 @@ INT32_MAX = 2**31 - 1  # the grid's x (one CTA a chunk and value head) and the c
                        # (kernel.forward_products.launch.chunk_table: each chunk's first token and real rows)
 HOST_ADVICE = ("forward_output runs on the GPU and takes CuPy arrays or torch CUDA tensors (cupy.asarray({name}); bf16 "
                "in CuPy as uint16 bits, kernel.runtime.arrays.bf16_bits). The same arithmetic in numpy is "
-               "kernel.studies.three_pass_forward.emulate.o_pass")
+               "o_pass of tests/kernel/three_pass_model.py, in a checkout")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from the states. Per chunk (kernel/forward_products/cuda/forward_products.cu)::
     INV = (I + Lkk)^-1;  w = INV (beta k 2^gc);  u = INV (beta v);  kg = k 2^(gT - gc);  qg = s q 2^gc
     decay = 2^gT
 
-The numpy statement, rounding for rounding, is ``kernel.studies.three_pass_forward.emulate.chunk_operands``
+The numpy statement, rounding for rounding, is ``chunk_operands`` of tests/kernel/three_pass_model.py
 (its ``operands`` over a batch); the kernel's MMAs and exp2 differ from numpy's in their last bits.
 
 Tensors: the inputs as :func:`kernel.forward.forward` takes them (q, k bf16 [.., H, 128]; v bf16 [.., HV,

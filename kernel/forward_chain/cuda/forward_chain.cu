@@ -5,7 +5,7 @@
 //     v_new = u - w bf16(S)                          [64 x V]   w, u [64 x K], [64 x V] bf16
 //     S    <- diag(decay) S + kg^T bf16(v_new)       [K x V]    kg [64 x K] bf16, decay = 2^gT [K] fp32
 // with bf16(S), the state entering the chunk, and bf16(v_new) written out (the o pass and the backward
-// read them), and S in fp32 from start to end (kernel.studies.three_pass_forward.emulate.chain_step is the
+// read them), and S in fp32 from start to end (chain_step of tests/kernel/three_pass_model.py is the
 // arithmetic). At one long sequence this is the forward's serial path: one step of two dependent GEMMs
 // per 64 tokens instead of the one pass's four 16-token tiles, each with its own INV and loads.
 //

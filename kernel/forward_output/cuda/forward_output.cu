@@ -6,7 +6,7 @@
 //     o = bf16(qg S + Aqk v_new)      [64 x V]   qg [64 x K], S [K x V] (the state entering the chunk),
 //                                                Aqk [64 x 64] (lower triangular), v_new [64 x V]
 // in fp32 accumulators, its rows < L written (L: the chunk's real rows, 64 but at a sequence's last
-// chunk). kernel.studies.three_pass_forward.emulate.o_pass is the arithmetic; it sums the two products
+// chunk). o_pass of tests/kernel/three_pass_model.py is the arithmetic; it sums the two products
 // apart and in float64, the MMAs here one after the other into one fp32 accumulator, so the two agree to
 // fp32 rounding before the one bf16 rounding of o.
 //

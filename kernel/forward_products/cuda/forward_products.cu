@@ -9,7 +9,7 @@
 //     w    = INV bf16(beta k 2^gc),  u = INV bf16(beta v),  kg = k 2^(gT - gc),  qg = s q 2^gc,  decay = 2^gT
 // w, u, kg, qg and Aqk go out in bf16 (the chain and the o pass read them), decay in fp32; in training mode
 // also the 16 x 16 diagonal blocks of Aqk and of INV in FLA's [tokens, HV, 64] layout, which our backward
-// reads. kernel.studies.three_pass_forward.emulate.chunk_operands is the arithmetic, rounding for rounding.
+// reads. chunk_operands of tests/kernel/three_pass_model.py is the arithmetic, rounding for rounding.
 //
 // Every factorised product stays within fp32 for any gate. Warp I owns sub-chunk I (rows 16 I ..):
 // * below the diagonal, block (I, J < I) pairs rows of I with rows of J through 2^(gc_i - gc_j), factorised

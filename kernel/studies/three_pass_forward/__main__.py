@@ -3,11 +3,11 @@
     python -m kernel.studies.three_pass_forward            # every recipe (about a minute on one core)
     python -m kernel.studies.three_pass_forward --recipes ragged,long
 
-Run from a checkout (the one pass's model and the cases are the forward's test helpers,
-tests/kernel/forward_cases.py). Each recipe is one case of ``make_case``: the inputs rounded as
+Run from a checkout (the models and the cases are the forwards' test helpers, tests/kernel/forward_cases.py
+and tests/kernel/three_pass_model.py). Each recipe is one case of ``make_case``: the inputs rounded as
 ``kernel.forward`` takes them, the float64 outputs of ``kernel.reference.kda_forward_reference``. Printed:
 the relative Frobenius error of o, the final state and the states (every 64 tokens) for the one pass's
-model (``forward_cases.emulate``, the kernel's arithmetic) and for the three passes' (``emulate.py``),
+model (``forward_cases.emulate``, the kernel's arithmetic) and for the three passes' (``three_pass_model.emulate``),
 with u stored in bf16 and in fp32.
 """
 from __future__ import annotations
@@ -16,13 +16,8 @@ import argparse
 import sys
 from typing import Sequence
 
-RECIPES = {
-    "ragged": dict(lengths=[1, 15, 16, 17, 63, 64, 65, 200], H=2, seed=4, initial_state=True),
-    "long": dict(B=1, T=2048, H=2, seed=6),
-    "strong gates": dict(B=2, T=512, H=2, seed=7, gate_strength=3.0),
-    "past fp32's range": dict(lengths=[1, 15, 16, 17, 63, 64, 65, 200, 300], H=2, seed=5, out_of_range=True),
-    "trained-layer gate": dict(lengths=[1, 15, 16, 17, 63, 64, 65, 200, 300, 1000], H=2, seed=5, initial_state=True),
-}
+from tests.kernel.three_pass_model import RECIPES, case_of
+
 OUTPUTS = ("o", "final", "states")
 
 
@@ -38,18 +33,6 @@ def parse_args(argv: Sequence[str] | None):
     return args
 
 
-def case_of(recipe: str) -> dict:
-    from tests.kernel.forward_cases import make_case
-
-    kw = dict(RECIPES[recipe])
-    if recipe == "trained-layer gate":
-        from kernel.tools.trained_layer_gate import trained_layer_gate
-
-        kw["gate"] = trained_layer_gate(None, None, kw["H"], kw["H"], lengths=kw["lengths"], seed=3,
-                                        hidden=256)["g"].float().numpy()
-    return make_case(**kw)
-
-
 def compare(case: dict) -> dict:
     """{output: (one pass's error, three passes' error, three passes' error with u in fp32)} against the
     case's float64 outputs, and the pairwise tiles and blocks."""
@@ -57,7 +40,7 @@ def compare(case: dict) -> dict:
 
     from kernel.ds_scan.launch import bits_to_f32
 
-    from .emulate import emulate as three_passes
+    from tests.kernel.three_pass_model import emulate as three_passes
 
     H = case["H"]
     a = one_pass(case)

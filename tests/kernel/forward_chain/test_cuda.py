@@ -11,7 +11,7 @@ What comes out is held to two models of the step's arithmetic:
 
 * the step summed in the chain warps' order, each m16n8k16 rounded once to fp32 as model.mma_m16n8k16
   rounds it (_step_in_the_warps_order): states, v_new and S bit for bit;
-* kernel.studies.three_pass_forward.emulate.chain_step (each GEMM summed whole in float64, rounded once):
+* tests/kernel/three_pass_model.py.chain_step (each GEMM summed whole in float64, rounded once):
   states bit for bit (both are bf16(S)), v_new and S within the bound that the two summation orders leave
   (_within_the_orders_bound derives it).
 """
@@ -27,7 +27,7 @@ import pytest
 from kernel.forward_chain import SOURCE_PATH, VGROUPS, Config, all_variants, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM
-from kernel.studies.three_pass_forward.emulate import chain_step
+from ..three_pass_model import chain_step
 from ptx_lab import CUDA_INCLUDE_DIR, banks, model
 from ptx_lab.fragments import x4_lane_row_col
 from ptx_lab.tensormap import TensorMap2D
@@ -444,7 +444,7 @@ def test_a_ctas_steps_lane_by_lane_are_the_step_summed_in_the_warps_order(vg):
 
 @pytest.mark.parametrize("nstage", [cfg.nstage for cfg in all_variants()])
 def test_a_ctas_steps_are_chain_step_within_the_summation_orders_bound(nstage):
-    # against kernel.studies.three_pass_forward.emulate.chain_step on the same operands, each step from the S
+    # against tests/kernel/three_pass_model.py.chain_step on the same operands, each step from the S
     # the CTA holds: bf16(S) bit for bit, v_new and S within _within_the_orders_bound. The case (seed 2, v
     # group 1) has v_new elements on the neighbouring bf16 value in two steps, so the bound's v_new spacing
     # and S's term for it are both at work.

@@ -1,4 +1,4 @@
-"""kernel.forward_chain on the GPU: against its numpy arithmetic (kernel.studies.three_pass_forward.emulate.chain)
+"""kernel.forward_chain on the GPU: against its numpy arithmetic (tests/kernel/three_pass_model.py.chain)
 and, with the numpy products and o passes around it, against float64 (kernel.reference.kda_forward_reference,
 the case's outputs).
 
@@ -17,10 +17,9 @@ import pytest
 from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward_chain import Config, NSTAGES, forward_chain
 from kernel.runtime.arrays import bf16_bits
-from kernel.studies.three_pass_forward.__main__ import case_of
-from kernel.studies.three_pass_forward.emulate import chain, o_pass, operands
 
 from ..forward_cases import D, rel
+from ..three_pass_model import case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 

@@ -1,6 +1,6 @@
 """kernel/forward_output/cuda on the CPU: one CTA lane by lane, every copy, ldmatrix, mma, stmatrix and store
 at the address forward_output.cu computes, through ptx_lab's exact CPU model of the instructions, against the
-o pass's numpy arithmetic (kernel.studies.three_pass_forward.emulate.o_pass); and every shared-memory access
+o pass's numpy arithmetic (tests/kernel/three_pass_model.py.o_pass); and every shared-memory access
 at its fewest wavefronts (ptx_lab.banks), which is what the padded rows are for.
 
 The model's mma adds each k-step's 16 exact products and the accumulator in float64 and rounds once to fp32,
@@ -18,7 +18,7 @@ import pytest
 
 from kernel.forward_output import SOURCE_PATH, WARPS, Config, all_variants, options
 from kernel.forward_products.launch import chunk_table
-from kernel.studies.three_pass_forward.emulate import o_pass
+from ..three_pass_model import o_pass
 from ptx_lab import CUDA_INCLUDE_DIR, banks, model
 from ptx_lab.fragments import x4_lane_offsets
 

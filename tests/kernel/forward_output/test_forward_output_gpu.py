@@ -1,4 +1,4 @@
-"""kernel.forward_output on the GPU: against its numpy arithmetic (kernel.studies.three_pass_forward.emulate.o_pass).
+"""kernel.forward_output on the GPU: against its numpy arithmetic (tests/kernel/three_pass_model.py.o_pass).
 
 The operands are the numpy first pass's and chain's on tests/kernel/forward_cases' inputs (the study's recipes:
 ragged, past fp32's range, the trained-layer gate): qg, Aqk rounded to bf16 (the products pass stores it so,
@@ -29,10 +29,9 @@ import pytest
 from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward_output import WARPS, Config, forward_output, launch_planned, plan_output
 from kernel.runtime.arrays import bf16_bits
-from kernel.studies.three_pass_forward.__main__ import case_of
-from kernel.studies.three_pass_forward.emulate import bf16, chain, o_pass, operands
 
 from ..forward_cases import D, rel
+from ..three_pass_model import bf16, case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 

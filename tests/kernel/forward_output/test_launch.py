@@ -96,7 +96,7 @@ def test_host_arrays_are_refused_with_advice():
     with pytest.raises(TypeError, match="host memory") as e:
         _plan(_args(), states=np.zeros((5, 3, D, D), np.uint16))
     assert str(e.value).startswith("states is a numpy.ndarray")
-    assert "kernel.studies.three_pass_forward.emulate.o_pass" in str(e.value)
+    assert "o_pass of tests/kernel/three_pass_model.py" in str(e.value)
 
 
 def test_arrays_on_two_devices_are_refused():

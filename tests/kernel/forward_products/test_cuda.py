@@ -4,7 +4,7 @@ INV in shared memory, the B operand from the row-padded bk / bv tiles by ldmatri
 forward_products.cu computes (b_row below, the source's index arithmetic transcribed), the k-steps past the
 diagonal block skipped, the bf16 pairs written out as the .cu writes them. Held bit for bit to the product
 summed in the warps' order (each m16n8k16 rounded once to fp32, as model.mma_m16n8k16 rounds it), within the
-summation orders' bound to the study's arithmetic (kernel.studies.three_pass_forward.emulate: bf16(mm(INV, bk))),
+summation orders' bound to the study's arithmetic (tests/kernel/three_pass_model.py: bf16(mm(INV, bk))),
 and every ldmatrix at its fewest wavefronts (ptx_lab.banks), which is what the rows' 16 bytes of padding are for.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from kernel.forward_products import SOURCE_PATH, Config, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK
-from kernel.studies.three_pass_forward.emulate import bf16, mm
+from ..three_pass_model import bf16, mm
 from ptx_lab import CUDA_INCLUDE_DIR, banks, model
 
 from ..chain_fragments import mma

@@ -1,4 +1,4 @@
-"""kernel.forward_products on the GPU: against its numpy arithmetic (kernel.studies.three_pass_forward.emulate
+"""kernel.forward_products on the GPU: against its numpy arithmetic (tests/kernel/three_pass_model.py
 .operands) and, with kernel.forward_chain and the numpy o pass after it, against float64 (the case's outputs,
 kernel.reference.kda_forward_reference).
 
@@ -18,10 +18,9 @@ from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward import forward
 from kernel.forward_chain import forward_chain
 from kernel.forward_products import forward_products
-from kernel.studies.three_pass_forward.__main__ import case_of
-from kernel.studies.three_pass_forward.emulate import bf16, chain, o_pass, operands
 
 from ..forward_cases import D, rel
+from ..three_pass_model import bf16, case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel.studies.three_pass_forward.__main__ import case_of, compare, parse_args
-from kernel.studies.three_pass_forward.emulate import BT, C, chunk_products, unit_lower_inverse
+from kernel.studies.three_pass_forward.__main__ import compare, parse_args
+
+from ..three_pass_model import BT, C, case_of, chunk_products, unit_lower_inverse
 
 from ..forward.test_model import BOUNDS
 

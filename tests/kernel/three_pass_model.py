@@ -1,5 +1,9 @@
 """The three-pass forward in numpy, in the precision its kernels would keep: fp32 where they would
 accumulate, bf16 where they would store or take an MMA operand, subnormals flushed as -ftz leaves them.
+Each pass's function is the arithmetic its kernel is held to (kernel.forward_products: ``chunk_operands``
+and ``operands``; kernel.forward_chain: ``chain_step`` and ``chain``; kernel.forward_output: ``o_pass``),
+as tests/kernel/forward_cases.py's ``emulate`` is the one pass's; ``RECIPES`` and ``case_of`` are the
+inputs their tests and kernel.studies.three_pass_forward draw.
 
 Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, gc = the last real row):
 
@@ -216,3 +220,26 @@ def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_fp
     walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], initial_state)
     o = o_pass(ops["qg"], ops["aqk"], walked["states"], walked["v_new"], lengths)
     return {"o": o, "final": walked["final"], "states": walked["states"], "pairwise_blocks": ops["pairwise_blocks"]}
+
+
+# The recipes the three passes are checked on: forward_cases.make_case's keywords, and the trained layer's gate
+RECIPES = {
+    "ragged": dict(lengths=[1, 15, 16, 17, 63, 64, 65, 200], H=2, seed=4, initial_state=True),
+    "long": dict(B=1, T=2048, H=2, seed=6),
+    "strong gates": dict(B=2, T=512, H=2, seed=7, gate_strength=3.0),
+    "past fp32's range": dict(lengths=[1, 15, 16, 17, 63, 64, 65, 200, 300], H=2, seed=5, out_of_range=True),
+    "trained-layer gate": dict(lengths=[1, 15, 16, 17, 63, 64, 65, 200, 300, 1000], H=2, seed=5, initial_state=True),
+}
+
+
+def case_of(recipe: str) -> dict:
+    """forward_cases.make_case of one recipe; the trained-layer gate drawn from FLA's layer gate grown 4x (torch)."""
+    from .forward_cases import make_case
+
+    kw = dict(RECIPES[recipe])
+    if recipe == "trained-layer gate":
+        from kernel.tools.trained_layer_gate import trained_layer_gate
+
+        kw["gate"] = trained_layer_gate(None, None, kw["H"], kw["H"], lengths=kw["lengths"], seed=3,
+                                        hidden=256)["g"].float().numpy()
+    return make_case(**kw)

@@ -64,13 +64,7 @@ class Knockout:
 INV_SOLVE = Knockout(
     "inv-solve", "INV's 16-step forward substitution (INV = I - Lkk instead)",
     (Edit(INTRA, """        float x[TILE_TOKENS];
-#pragma unroll
-        for (int i = 0; i < TILE_TOKENS; ++i) {
-            float acc = i == j ? 1.f : 0.f;
-#pragma unroll
-            for (int m = 0; m < i; ++m) acc -= sc.lkk[i][m] * x[m];
-            x[i] = acc;
-        }
+        kda_solve::unit_lower_column(x, [&](int i, int m) { return sc.lkk[i][m]; }, j);
 #pragma unroll
         for (int i = 0; i < TILE_TOKENS; ++i) st.inv[i][j] = f32_to_bf16(x[i]);
 """, """        // KNOCKOUT inv-solve: no forward substitution, each entry of INV = I - Lkk on its own

@@ -44,17 +44,25 @@ constexpr int OP_STRIDE = HEAD_DIM + 8;     // bf16 rows of 272 bytes: ldmatrix 
 constexpr int G_STRIDE = HEAD_DIM + 8;      // fp32 rows: a half-warp's float2 reads of 4 rows x 4 lanes hit 32 banks
 constexpr int L_STRIDE = R + 4;             // fp32 rows of Lkk and INV
 
+// q, k and gc are read until Aqk's and Lkk's row blocks are in registers (the pairwise entries and the
+// diagonal's s q . k included); after a barrier q's bytes hold Lkk, k's INV and gc's the inverse's
+// scratch (lkk_tile, inv_tile, part_tile), so that the CTA fits twice on an SM: two chunks' loads and
+// solves beside each other.
 struct Shared {
     unsigned short q[R][OP_STRIDE];
     unsigned short k[R][OP_STRIDE];
     unsigned short bv[R][OP_STRIDE];        // v as loaded, then bf16(beta v) in place
     unsigned short bk[R][OP_STRIDE];        // bf16(beta k 2^gc)
     float g[R][G_STRIDE];
-    float lkk[R][L_STRIDE];
-    float inv[R][L_STRIDE];
-    float part[WARPS][TILE_TOKENS][TILE_TOKENS + 1];   // a warp's block product, between its two halves
     float beta[R];
 };
+using LTile = float[R][L_STRIDE];
+using PartTile = float[WARPS][TILE_TOKENS][TILE_TOKENS + 1];   // a warp's block product, between its halves
+static_assert(sizeof(LTile) == sizeof(Shared::q) && sizeof(LTile) == sizeof(Shared::k), "Lkk and INV take q's and k's bytes");
+static_assert(sizeof(PartTile) <= sizeof(Shared::g), "the scratch fits in gc's bytes");
+__device__ __forceinline__ LTile& lkk_tile(Shared& sh) { return *reinterpret_cast<LTile*>(&sh.q[0][0]); }
+__device__ __forceinline__ LTile& inv_tile(Shared& sh) { return *reinterpret_cast<LTile*>(&sh.k[0][0]); }
+__device__ __forceinline__ PartTile& part_tile(Shared& sh) { return *reinterpret_cast<PartTile*>(&sh.g[0][0]); }
 
 // bf16(x) as the low / high half of an MMA operand register
 __device__ __forceinline__ u32 pair(float lo, float hi) { return pack_bf16x2(lo, hi); }
@@ -97,7 +105,7 @@ __device__ __forceinline__ void scaled_b(u32 (&b)[2], const Quad& k, const float
 extern "C" __constant__ int fp_smem_bytes = static_cast<int>(sizeof(fp::Shared));
 extern "C" __constant__ int fp_threads = fp::THREADS;
 
-extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
+extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_products(
         const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
         const float* __restrict__ g, const float* __restrict__ beta, const int2* __restrict__ chunk_table, int H, int HV,
         float scale, unsigned short* __restrict__ w_out, unsigned short* __restrict__ u_out,
@@ -236,24 +244,16 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
         }
     }
 
-    // Aqk's and Lkk's row block out of the accumulators: rows >= L zero, Lkk with beta's rows. Aqk is staged
-    // in the INV tile, which the inverse fills only after Aqk has gone out.
+    // The pairwise diagonal block, in fp32 into the accumulators' places: sum_d x_i k_j 2^(gc_i - gc_j).
     // Element e of n-tile n: row r0 + gr + 8 (e >> 1), column 8 n + 2 t + (e & 1) of the block.
-    float* aqk_row = &sh.inv[0][0];
+    if (past) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+        for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = gr + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1), row = r0 + i;
-            const bool real = row < L;
-            float vq, vk;
-            if (!past) {
-                vq = j < i ? dq[n][e] : 0.f;
-                vk = j < i ? dk[n][e] : 0.f;
-            } else {   // pairwise, in fp32: sum_d x_i k_j 2^(gc_i - gc_j)
-                vq = vk = 0.f;
-                if (j < i && real) {
-                    float sq = 0.f, sk = 0.f;
+            for (int e = 0; e < 4; ++e) {
+                const int i = gr + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1), row = r0 + i;
+                float sq = 0.f, sk = 0.f;
+                if (j < i && row < L) {
 #pragma unroll 4
                     for (int d = 0; d < HEAD_DIM; ++d) {
                         const float f = exp2f(sh.g[row][d] - sh.g[r0 + j][d]);
@@ -261,20 +261,13 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
                         sq += bf16_to_f32(sh.q[row][d]) * kj * f;
                         sk += bf16_to_f32(sh.k[row][d]) * kj * f;
                     }
-                    vq = scale * sq;
-                    vk = sk;
                 }
+                dq[n][e] = scale * sq;
+                dk[n][e] = sk;
             }
-            aqk_row[row * L_STRIDE + r0 + j] = real ? vq : 0.f;
-            sh.lkk[row][r0 + j] = real ? sh.beta[row] * vk : 0.f;
-#pragma unroll
-            for (int J = 0; J < 3; ++J) {
-                if (J >= warp) break;
-                aqk_row[row * L_STRIDE + TILE_TOKENS * J + 8 * n + 2 * t + (e & 1)] = real ? oq[J][n][e] : 0.f;
-                sh.lkk[row][TILE_TOKENS * J + 8 * n + 2 * t + (e & 1)] = real ? sh.beta[row] * ok[J][n][e] : 0.f;
-            }
-        }
-    // the diagonal of Aqk: s q . k of each real row (lanes over channels, a fixed butterfly)
+    }
+    // the diagonal of Aqk: s q . k of each row (lanes over channels, a fixed butterfly); lane i keeps row i's
+    float diag = 0.f;
 #pragma unroll 1
     for (int i = 0; i < TILE_TOKENS; ++i) {
         const int row = r0 + i;
@@ -284,8 +277,33 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
             dot += bf16_to_f32(sh.q[row][4 * lane + e]) * bf16_to_f32(sh.k[row][4 * lane + e]);
 #pragma unroll
         for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        if (lane == 0) aqk_row[row * L_STRIDE + row] = row < L ? scale * dot : 0.f;
+        if (lane == i) diag = scale * dot;
     }
+    __syncthreads();   // q, k and gc are read for good: their bytes become Lkk, INV and the scratch
+    LTile& lkk = lkk_tile(sh);
+    LTile& inv = inv_tile(sh);
+    PartTile& part = part_tile(sh);
+
+    // Aqk's and Lkk's row block out of the registers: rows >= L zero, Lkk with beta's rows. Aqk goes to
+    // shared memory first, staged in the INV tile (written before the inverse needs it).
+    float* aqk_row = &inv[0][0];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = gr + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1), row = r0 + i;
+            const bool real = row < L;
+            aqk_row[row * L_STRIDE + r0 + j] = real && j < i ? dq[n][e] : 0.f;
+            lkk[row][r0 + j] = real && j < i ? sh.beta[row] * dk[n][e] : 0.f;
+#pragma unroll
+            for (int J = 0; J < 3; ++J) {
+                if (J >= warp) break;
+                aqk_row[row * L_STRIDE + TILE_TOKENS * J + 8 * n + 2 * t + (e & 1)] = real ? oq[J][n][e] : 0.f;
+                lkk[row][TILE_TOKENS * J + 8 * n + 2 * t + (e & 1)] = real ? sh.beta[row] * ok[J][n][e] : 0.f;
+            }
+        }
+    __syncwarp();   // the block's zeros on the diagonal are written before the diagonal itself
+    if (lane < TILE_TOKENS) aqk_row[(r0 + lane) * L_STRIDE + r0 + lane] = r0 + lane < L ? diag : 0.f;
     __syncwarp();
     // Aqk's rows of this warp out in bf16 [64 x 64] (zero right of the diagonal); the diagonal block also
     // to FLA's layout for the backward
@@ -303,14 +321,14 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
     if (lane < TILE_TOKENS) {
         const int j = lane;
         float x[TILE_TOKENS];
-        kda_solve::unit_lower_column(x, [&](int i, int m) { return sh.lkk[r0 + i][r0 + m]; }, j);
+        kda_solve::unit_lower_column(x, [&](int i, int m) { return lkk[r0 + i][r0 + m]; }, j);
 #pragma unroll
-        for (int i = 0; i < TILE_TOKENS; ++i) sh.inv[r0 + i][r0 + j] = x[i];
+        for (int i = 0; i < TILE_TOKENS; ++i) inv[r0 + i][r0 + j] = x[i];
     }
     // zero above the diagonal blocks (the w and u products read whole rows)
     for (int i = lane; i < TILE_TOKENS * R; i += 32) {
         const int row = r0 + i / R, col = i % R;
-        if (col >= r0 + TILE_TOKENS) sh.inv[row][col] = 0.f;
+        if (col >= r0 + TILE_TOKENS) inv[row][col] = 0.f;
     }
     __syncthreads();
     // the blocks below, stage by stage: block (I, J) = -INV_II sum_{J <= m < I} L_Im INV_mJ needs only rows
@@ -324,24 +342,24 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
             for (int e = 0; e < 8; ++e) acc[e] = 0.f;
 #pragma unroll 1
             for (int m = TILE_TOKENS * J; m < TILE_TOKENS * I; ++m) {
-                const float l = sh.lkk[TILE_TOKENS * I + i][m];
+                const float l = lkk[TILE_TOKENS * I + i][m];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[e] = fmaf(l, sh.inv[m][TILE_TOKENS * J + j0 + e], acc[e]);
+                for (int e = 0; e < 8; ++e) acc[e] = fmaf(l, inv[m][TILE_TOKENS * J + j0 + e], acc[e]);
             }
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sh.part[warp][i][j0 + e] = acc[e];
+            for (int e = 0; e < 8; ++e) part[warp][i][j0 + e] = acc[e];
             __syncwarp();
             float out[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) out[e] = 0.f;
 #pragma unroll 4
             for (int m = 0; m < TILE_TOKENS; ++m) {
-                const float d = sh.inv[TILE_TOKENS * I + i][TILE_TOKENS * I + m];
+                const float d = inv[TILE_TOKENS * I + i][TILE_TOKENS * I + m];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) out[e] = fmaf(d, sh.part[warp][m][j0 + e], out[e]);
+                for (int e = 0; e < 8; ++e) out[e] = fmaf(d, part[warp][m][j0 + e], out[e]);
             }
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sh.inv[TILE_TOKENS * I + i][TILE_TOKENS * J + j0 + e] = -out[e];
+            for (int e = 0; e < 8; ++e) inv[TILE_TOKENS * I + i][TILE_TOKENS * J + j0 + e] = -out[e];
         }
         __syncthreads();
     }
@@ -352,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
             const int row = r0 + i / (TILE_TOKENS / 2), col = r0 + 2 * (i % (TILE_TOKENS / 2));
             if (row < L)
                 *reinterpret_cast<u32*>(inv_blocks + ((tok0 + row) * HV + hv) * R + col) =
-                    pair(sh.inv[row][col], sh.inv[row][col + 1]);
+                    pair(inv[row][col], inv[row][col + 1]);
         }
 
     // ---- w = bf16(INV) bk, u = bf16(INV) bv: warp I's 16 rows, all 128 columns; k-steps past the diagonal
@@ -362,10 +380,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS) kda_forward_products(
 #pragma unroll
     for (int kk = 0; kk < TILES_PER_CHUNK; ++kk) {
         const int cc = 16 * kk + 2 * t;
-        a[kk][0] = pair(sh.inv[ra][cc], sh.inv[ra][cc + 1]);
-        a[kk][1] = pair(sh.inv[rb][cc], sh.inv[rb][cc + 1]);
-        a[kk][2] = pair(sh.inv[ra][cc + 8], sh.inv[ra][cc + 9]);
-        a[kk][3] = pair(sh.inv[rb][cc + 8], sh.inv[rb][cc + 9]);
+        a[kk][0] = pair(inv[ra][cc], inv[ra][cc + 1]);
+        a[kk][1] = pair(inv[rb][cc], inv[rb][cc + 1]);
+        a[kk][2] = pair(inv[ra][cc + 8], inv[ra][cc + 9]);
+        a[kk][3] = pair(inv[rb][cc + 8], inv[rb][cc + 9]);
     }
 #pragma unroll
     for (int which = 0; which < 2; ++which) {

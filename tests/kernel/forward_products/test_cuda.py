@@ -30,18 +30,17 @@ LANE = np.arange(32)
 GR, T = LANE // 4, LANE % 4
 OP_STRIDE, G_STRIDE, L_STRIDE = D + 8, D + 8, R + 4   # forward_products.cu's row strides (elements)
 
-# struct Shared, in bytes: q, k, bv, bk [64][136] bf16; g [64][136], lkk, inv [64][68] fp32; part [4][16][17] and
-# beta [64] fp32
+# struct Shared, in bytes: q, k, bv, bk [64][136] bf16; g [64][136] and beta [64] fp32. After the products'
+# barrier Lkk [64][68] fp32 takes q's bytes, INV k's and the inverse's scratch [4][16][17] gc's.
 Q = 0
 K = Q + 2 * R * OP_STRIDE
 BV = K + 2 * R * OP_STRIDE
 BK = BV + 2 * R * OP_STRIDE
 GT = BK + 2 * R * OP_STRIDE
-LKK = GT + 4 * R * G_STRIDE
-INV = LKK + 4 * R * L_STRIDE
-PART = INV + 4 * R * L_STRIDE
-BETA = PART + 4 * WARPS * TILE_TOKENS * (TILE_TOKENS + 1)
+BETA = GT + 4 * R * G_STRIDE
 SMEM_BYTES = BETA + 4 * R
+LKK, INV, PART = Q, K, GT
+assert 4 * R * L_STRIDE == 2 * R * OP_STRIDE and 4 * WARPS * TILE_TOKENS * (TILE_TOKENS + 1) <= 4 * R * G_STRIDE
 
 
 def b_row(kk: int, np_: int):

@@ -9,10 +9,12 @@ Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
   l2norm of q and k with their rstd, the beta sigmoid), FLA's 64-chunk cumsum of the gate in log2
   (``kda_gate_chunk_cumsum`` where the op activates the gate, else ``chunk_local_cumsum``, both with
   scale 1/ln 2, as ``chunk_kda_fwd`` calls them), then :func:`kernel.forward.forward` in training mode
-  on torch's current stream: o, the final state, the states entering every 64-token chunk and Aqk's
-  and Akk's 16 x 16 diagonal blocks (the rest of their rows unwritten: our backward reads nothing
-  else); out of training mode (``call.training`` False) o and the final state alone. Every call the
-  boundary admits is within it: nothing falls back to FLA's forward.
+  on torch's current stream (for few long sequences, where its serial chain of tiles binds, the same
+  outputs from :func:`kernel.three_pass_forward.three_pass_forward`): o, the final state, the states
+  entering every 64-token chunk and Aqk's and Akk's 16 x 16 diagonal blocks (the rest of their rows
+  unwritten: our backward reads nothing else); out of training mode (``call.training`` False) o and
+  the final state alone. Every call the boundary admits is within it: nothing falls back to FLA's
+  forward.
 * ``"fla"`` (:func:`fla_forward`): the same preprocessing, then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``
   with every setting of the call, so that o and the final state are FLA's to the bit.
 
@@ -172,10 +174,13 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
 
 def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
     """Our forward on q's current device: FLA's preprocessing and the gate's cumsum (kept for the
-    backward), then :func:`kernel.forward.forward` in the call's mode on torch's current stream, every
-    output from torch's allocator. ``state_v_first``: the initial state goes in as [K, V] and the final
-    state comes out as [V, K]; the states (h) stay [K, V], as our backward reads them."""
+    backward), then :func:`kernel.forward.forward`, or for few long sequences its three passes
+    (:func:`kernel.three_pass_forward.three_passes_pay`), in the call's mode on torch's current
+    stream, every output from torch's allocator. ``state_v_first``: the initial state goes in as
+    [K, V] and the final state comes out as [V, K]; the states (h) stay [K, V], as our backward reads
+    them."""
     from .. import forward as kernel_forward
+    from .. import three_pass_forward as three_passes
 
     fla = _preprocessing()
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
@@ -184,10 +189,11 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     kernels_beta = (beta if beta_activated is None else beta_activated).float()   # bf16 widened by torch, not CuPy
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     inputs = [_aligned(x) for x in (q, k, v, g_cumsum, kernels_beta, h0)]
+    pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
+    run = three_passes.three_pass_forward if pays else kernel_forward.forward
     with _torch_stream():
-        out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
-                                     cu_seqlens=call.offsets, output_final_state=call.output_final_state,
-                                     training=call.training)
+        out = run(*inputs[:5], scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
+                  output_final_state=call.output_final_state, training=call.training)
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
     normed = call.use_qk_l2norm_in_kernel
     return dict(o=out.o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 
 import numpy as np
@@ -202,15 +203,34 @@ class _DeviceArray:
 
 @pytest.fixture
 def our_kernel_stubbed(fla_without_launches, monkeypatch):
-    """kernel.forward.forward replaced by its plan (every host check of what it is handed) and outputs
-    of the plan's shapes from torch (the final state 0, 1, 2, ..., to follow its layout); CuPy's stream
-    not touched. Returns the list of (arguments, plan, outputs) of each launch."""
+    """FLA's preprocessing with its launches stubbed, our kernels as :func:`_stub_our_kernels` stubs them."""
+    return _stub_our_kernels(monkeypatch)
+
+
+@pytest.fixture
+def our_kernel_stubbed_without_fla(monkeypatch):
+    """fla-core unimportable for the op (its preprocessing in torch), our kernels as
+    :func:`_stub_our_kernels` stubs them: runs where triton does not."""
+    def no_fla():
+        raise ImportError("No module named 'fla' (made unimportable by the test)")
+
+    monkeypatch.setattr(function, "_fla", no_fla)
+    return _stub_our_kernels(monkeypatch)
+
+
+def _stub_our_kernels(monkeypatch) -> list:
+    """kernel.forward.forward and kernel.three_pass_forward.three_pass_forward (the same contract)
+    replaced by the plan (every host check of what they are handed) and outputs of the plan's shapes
+    from torch (the final state 0, 1, 2, ..., to follow its layout); CuPy's stream not touched. Returns
+    the list of (arguments, plan, outputs) of each launch; the arguments' "ran" names the forward."""
     import kernel.forward as kernel_forward
+    import kernel.three_pass_forward as three_passes
     from kernel.forward import ForwardOutputs, plan_forward
 
     launches = []
 
-    def planned(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, training):
+    def planned(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, training,
+                ran="one pass"):
         plan = plan_forward(*(_DeviceArray(x) for x in (q, k, v, g, beta)), scale=scale,
                             initial_state=None if initial_state is None else _DeviceArray(initial_state),
                             cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training)
@@ -223,11 +243,12 @@ def our_kernel_stubbed(fla_without_launches, monkeypatch):
         out = ForwardOutputs(o=empty(plan.o_shape, torch.bfloat16), final_state=final,
                              states=empty(plan.states_shape, torch.bfloat16),
                              Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16))
-        launches.append((dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, training=training), plan,
-                         out))
+        launches.append((dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, training=training,
+                              ran=ran), plan, out))
         return out
 
     monkeypatch.setattr(kernel_forward, "forward", planned)
+    monkeypatch.setattr(three_passes, "three_pass_forward", functools.partial(planned, ran="three passes"))
     monkeypatch.setattr(function, "_torch_stream", contextlib.nullcontext)
     return launches
 
@@ -314,6 +335,21 @@ def test_our_forward_passes_the_checked_host_offsets(our_kernel_stubbed):
     (_, plan, _), = our_kernel_stubbed
     assert plan.cu_seqlens.tolist() == [0, 1, 65, 130, 160] and plan.N == 4
     assert ours["h"].shape[:2] == (1, 1 + 1 + 2 + 1)
+
+
+@pytest.mark.parametrize("sizes, HV, ran", [
+    (dict(B=1, T=70), 4, "three passes"),                       # 4 pairs: the one pass's chain would bind
+    (dict(B=2, T=70), 16, "three passes"),                      # 32 pairs, the rule's last
+    (dict(B=3, T=70), 16, "one pass"),                          # 48
+    (dict(lengths=[200, 10, 10, 10, 10]), 16, "three passes"),  # 16 x 240 / 200 = 19.2 pairs
+    (dict(lengths=[50, 50, 50, 50, 50]), 8, "one pass"),        # 40
+], ids=["1x70-hv4", "2x70-hv16", "3x70-hv16", "varlen-one-long", "varlen-even"])
+def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pay(sizes, HV, ran,
+                                                                                  our_kernel_stubbed_without_fla):
+    x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours"))
+    function.our_forward(call, *_forward_arguments(x))
+    (handed, plan, _), = our_kernel_stubbed_without_fla
+    assert handed["ran"] == ran and plan.HV == HV
 
 
 @pytest.mark.parametrize("forward", FORWARDS)

@@ -68,3 +68,19 @@ def test_the_one_passs_checks_come_first():
     a, kw = FORWARD.args(B=1, T=100, H=2)
     with pytest.raises(ValueError, match="scale must be finite"):
         FORWARD.call(three_pass_forward, a, kw, scale=-1.0)
+
+
+@pytest.mark.parametrize("HV, B, T, offsets, pays", [
+    (16, 1, 131072, None, True),                      # the measured win: 16 pairs, 0.58x the one pass
+    (32, 1, 131072, None, True),                      # the rule's last: 32 pairs
+    (16, 4, 8192, None, False),                       # the measured loss: 64 pairs, 1.46x
+    (33, 1, 4096, None, False),
+    (16, 1, 240, [0, 200, 210, 220, 230, 240], True),  # one long sequence among short ones: 19.2 pairs
+    (8, 1, 250, [0, 50, 100, 150, 200, 250], False),   # five even ones: 40 pairs
+    (4, 1, 0, [0, 0], False),                         # no tokens: the one pass's plan answers it
+])
+def test_the_three_passes_run_while_the_batchs_pairs_are_few(HV, B, T, offsets, pays):
+    from kernel.three_pass_forward import THREE_PASS_MAX_PAIRS, three_passes_pay
+
+    assert THREE_PASS_MAX_PAIRS == 32
+    assert three_passes_pay(HV, B, T, None if offsets is None else np.asarray(offsets)) is pays

@@ -7,11 +7,12 @@ reaching it, if the source gains a default again, or if config.py and the source
 import dataclasses
 import re
 import shutil
-import subprocess
 
 import pytest
 
 from kernel.ds_scan import config
+
+from ..ptx_build import compile_ptx
 
 SOURCES = sorted(config.SOURCE_DIR.glob("*.cu")) + sorted(config.SOURCE_DIR.glob("*.cuh"))
 TEXT = {p.name: p.read_text() for p in SOURCES}
@@ -68,11 +69,8 @@ def test_the_enum_values_agree_with_build_py():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_a_build_without_a_knob_stops_and_says_who_sets_it(tmp_path):
-    from ptx_lab import CUDA_INCLUDE_DIR
-
     opts = [o for o in config.options(config.Config()) if not o.startswith("-DSPREAD_EXTRA=")]
-    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
-                           str(config.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
+    proc = compile_ptx(config.SOURCE_PATH, opts, tmp_path / "x.ptx")
     assert proc.returncode != 0
     assert "SPREAD_EXTRA is not set: kernel/ds_scan/config.py sets every knob" in proc.stderr
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 
 import pytest
 
 from kernel import forward as kf
 from kernel import registry
 from kernel.forward_states import choose_warps
+
+from ..ptx_build import compile_ptx
 
 SRC = kf.SOURCE_PATH.read_text()
 
@@ -109,12 +110,9 @@ def test_the_digest_follows_kernel_s_headers_which_the_source_includes(tmp_path,
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_the_source_refuses_a_ring_too_deep_for_the_product_warps_barriers(tmp_path):
     # what Config refuses (nstage 6 with product warps), the source refuses too, by a static_assert
-    from ptx_lab import CUDA_INCLUDE_DIR
-
     opts = [o.replace("-DKF_NSTAGE=5", "-DKF_NSTAGE=6") for o in kf.options(kf.auto_config(1))]
     assert "-DKF_NSTAGE=6" in opts and "-DKF_PRODUCT_WARPS=2" in opts
-    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
-                           str(kf.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
+    proc = compile_ptx(kf.SOURCE_PATH, opts, tmp_path / "x.ptx")
     assert proc.returncode != 0
     assert "KF_NSTAGE must be 2 .. 7, and 2 .. 5 with product warps" in proc.stderr
     assert "with product warps KF_NSTAGE must be at most 5" in proc.stderr

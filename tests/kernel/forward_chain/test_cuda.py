@@ -17,9 +17,7 @@ What comes out is held to two models of the step's arithmetic:
 """
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -27,8 +25,9 @@ import pytest
 from kernel.forward_chain import SOURCE_PATH, VGROUPS, Config, all_variants, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM
+from ..ptx_build import ptx_constant, ptx_of
 from ..three_pass_model import chain_step
-from ptx_lab import CUDA_INCLUDE_DIR, banks, model
+from ptx_lab import banks, model
 from ptx_lab.fragments import x4_lane_row_col
 from ptx_lab.tensormap import TensorMap2D
 
@@ -466,11 +465,7 @@ def test_a_ctas_steps_are_chain_step_within_the_summation_orders_bound(nstage):
 def test_the_source_lays_out_the_shared_memory_modelled_here(tmp_path, cfg):
     # the .cu's own constants: Shared's size is shared_layout's (stages, staging tiles, exchange, ring), the
     # threads are the chain warps and the producer, and the grid has VGROUPS CTAs a (sequence, value head)
-    ptx = tmp_path / "fc.ptx"
-    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *options(cfg), "-ptx",
-                           str(SOURCE_PATH), "-o", str(ptx)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    text = ptx.read_text()
-    assert int(re.search(r"fc_smem_bytes\s*=\s*(\d+)", text).group(1)) == shared_layout(cfg.nstage)["size"]
-    assert int(re.search(r"fc_threads\s*=\s*(\d+)", text).group(1)) == 32 * (CHAIN_WARPS + 1)
-    assert int(re.search(r"fc_vgroups\s*=\s*(\d+)", text).group(1)) == VGROUPS == D // V_CTA
+    text = ptx_of(SOURCE_PATH, options(cfg), tmp_path / "fc.ptx")
+    assert ptx_constant(text, "fc_smem_bytes") == shared_layout(cfg.nstage)["size"]
+    assert ptx_constant(text, "fc_threads") == 32 * (CHAIN_WARPS + 1)
+    assert ptx_constant(text, "fc_vgroups") == VGROUPS == D // V_CTA

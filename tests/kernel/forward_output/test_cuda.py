@@ -9,17 +9,16 @@ and then (the bound is the GPU test's, test_forward_output_gpu.within_rounding);
 k-steps in the same order for every element and give the same bits."""
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 from kernel.forward_output import SOURCE_PATH, WARPS, Config, all_variants, options
 from kernel.forward_products.launch import chunk_table
+from ..ptx_build import compile_ptx, ptx_constant, ptx_of
 from ..three_pass_model import o_pass
-from ptx_lab import CUDA_INCLUDE_DIR, banks, model
+from ptx_lab import banks, model
 from ptx_lab.fragments import x4_lane_offsets
 
 from ..chain_fragments import bf16, image, mma, pack_a
@@ -135,20 +134,15 @@ def test_both_warp_counts_give_the_same_bits():
 def test_the_source_lays_out_the_tiles_modelled_here(tmp_path, cfg):
     # the .cu's own constants (kernel.tools.resources reads them so): Shared's size is the four padded tiles
     # above, which leave room for the launch bounds' two CTAs an SM (228 KB, 1 KB reserved a CTA)
-    ptx = tmp_path / "o.ptx"
-    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *options(cfg), "-ptx",
-                           str(SOURCE_PATH), "-o", str(ptx)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    text = ptx.read_text()
-    assert int(re.search(r"fo_smem_bytes\s*=\s*(\d+)", text).group(1)) == SMEM_BYTES
-    assert int(re.search(r"fo_threads\s*=\s*(\d+)", text).group(1)) == cfg.threads
+    text = ptx_of(SOURCE_PATH, options(cfg), tmp_path / "o.ptx")
+    assert ptx_constant(text, "fo_smem_bytes") == SMEM_BYTES
+    assert ptx_constant(text, "fo_threads") == cfg.threads
     assert 2 * (SMEM_BYTES + 1024) <= 228 * 1024
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_a_build_without_the_knob_stops_and_names_it(tmp_path):
     opts = [o for o in options(Config()) if not o.startswith("-DFO_WARPS=")]
-    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
-                           str(SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
+    proc = compile_ptx(SOURCE_PATH, opts, tmp_path / "x.ptx")
     assert proc.returncode != 0
     assert "FO_WARPS is not set: kernel/forward_output/config.py sets every knob" in proc.stderr

@@ -9,9 +9,7 @@ and every ldmatrix at its fewest wavefronts (ptx_lab.banks), which is what the r
 """
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,8 +17,9 @@ import pytest
 from kernel.forward_products import SOURCE_PATH, Config, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK
+from ..ptx_build import ptx_constant, ptx_of
 from ..three_pass_model import bf16, mm
-from ptx_lab import CUDA_INCLUDE_DIR, banks, model
+from ptx_lab import banks, model
 
 from ..chain_fragments import mma
 
@@ -143,8 +142,5 @@ def test_w_and_u_are_the_studys_product_within_the_summation_orders_bound():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_the_source_lays_out_the_shared_memory_modelled_here(tmp_path):
-    ptx = tmp_path / "fp.ptx"
-    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *options(Config()), "-ptx",
-                           str(SOURCE_PATH), "-o", str(ptx)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert int(re.search(r"fp_smem_bytes\s*=\s*(\d+)", ptx.read_text()).group(1)) == SMEM_BYTES
+    text = ptx_of(SOURCE_PATH, options(Config()), tmp_path / "fp.ptx")
+    assert ptx_constant(text, "fp_smem_bytes") == SMEM_BYTES

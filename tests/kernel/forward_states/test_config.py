@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import subprocess
 
 import pytest
 
 from kernel import forward as kf
 from kernel import forward_states as fs
 from kernel.forward_states import Config, choose_warps
+
+from ..ptx_build import compile_ptx
 
 SRC = fs.SOURCE_PATH.read_text()
 # each scan's room: its config module, the prefix of its source's macros, and what the source says sets them
@@ -90,10 +91,7 @@ def test_the_source_carries_the_header_digest():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @ROOMS
 def test_a_build_without_a_knob_stops_and_names_it(tmp_path, room, prefix, config_py):
-    from ptx_lab import CUDA_INCLUDE_DIR
-
     opts = [o for o in room.options(room.Config()) if not o.startswith(f"-D{prefix}_NSTAGE=")]
-    proc = subprocess.run(["nvcc", "-arch=sm_90a", "-std=c++17", f"-I{CUDA_INCLUDE_DIR}", *opts, "-ptx",
-                           str(room.SOURCE_PATH), "-o", str(tmp_path / "x.ptx")], capture_output=True, text=True)
+    proc = compile_ptx(room.SOURCE_PATH, opts, tmp_path / "x.ptx")
     assert proc.returncode != 0
     assert f"{prefix}_NSTAGE is not set: {config_py} sets every knob" in proc.stderr

@@ -3,6 +3,8 @@ import pytest
 
 from kernel.tools import profile
 
+from ..ptx_build import ptx_constant
+
 
 # ----------------------------------------------------------------- profile
 
@@ -121,15 +123,6 @@ def test_store_and_load_knobs_are_checked(knobs, message):
 
     with pytest.raises(ValueError, match=message):
         config.Config(**knobs)
-
-
-def ptx_constant(ptx: str, name: str) -> int:
-    """An `extern "C" __constant__ int` of a PTX file (a zero one is written without "= 0")."""
-    import re
-
-    m = re.search(rf"\.u32 {name}(?:\s*=\s*(\d+))?;", ptx)
-    assert m, f"{name} not in the PTX"
-    return int(m.group(1) or 0)
 
 
 def test_the_kernel_built_from_build_options_has_build_configs_shape(tmp_path):

@@ -67,6 +67,14 @@ def _nvcc_cmd(source: Path, options, out: Path, kind: str) -> list[str]:
             *options, kind, str(source), "-o", str(out)]
 
 
+def ptx_constant(ptx: str, name: str) -> int:
+    """An ``extern "C" __constant__`` integer of a PTX text (a zero one is written without "= 0")."""
+    m = re.search(rf"\.u32 {name}(?:\s*=\s*(\d+))?;", ptx)
+    if m is None:
+        raise ValueError(f"{name} is not in the PTX")
+    return int(m.group(1) or 0)
+
+
 def _sass(cubin: Path) -> subprocess.CompletedProcess:
     """`cuobjdump -sass` of a cubin (cuobjdump found by _tool; nvdisasm, which it runs, beside it)."""
     cuobjdump = _tool("cuobjdump")
@@ -84,8 +92,8 @@ def compile_variant(kernel: KernelBuild, cfg, workdir: Path) -> dict:
     if ptx.returncode:
         return {"kernel": kernel, "cfg": cfg, "error": ptx.stderr.strip()}
     ptx_text = stem.with_suffix(".ptx").read_text()
-    smem = int(re.search(rf"{prefix}_smem_bytes\s*=\s*(\d+)", ptx_text).group(1))
-    threads = int(re.search(rf"{prefix}_threads\s*=\s*(\d+)", ptx_text).group(1))
+    smem = ptx_constant(ptx_text, f"{prefix}_smem_bytes")
+    threads = ptx_constant(ptx_text, f"{prefix}_threads")
     cub = subprocess.run(_nvcc_cmd(kernel.entry, options, stem.with_suffix(".cubin"), "-cubin") + ["-Xptxas", "-v"],
                          capture_output=True, text=True)
     if cub.returncode:

@@ -25,13 +25,14 @@ import pytest
 from kernel.forward_chain import SOURCE_PATH, VGROUPS, Config, all_variants, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM
-from ..ptx_build import ptx_constant, ptx_of
-from ..three_pass_model import chain_step
 from ptx_lab import banks, model
 from ptx_lab.fragments import x4_lane_row_col
 from ptx_lab.tensormap import TensorMap2D
 
 from ..chain_fragments import bf16, mma, pack_a
+from ..ptx_build import ptx_constant, ptx_of
+from ..three_pass_model import chain_step
+
 
 D, R = HEAD_DIM, CHUNK_TOKENS
 LANE = np.arange(32)

@@ -16,13 +16,14 @@ import pytest
 
 from kernel.forward_output import SOURCE_PATH, WARPS, Config, all_variants, options
 from kernel.forward_products.launch import chunk_table
-from ..ptx_build import compile_ptx, ptx_constant, ptx_of
-from ..three_pass_model import o_pass
 from ptx_lab import banks, model
 from ptx_lab.fragments import x4_lane_offsets
 
-from ..chain_fragments import bf16, image, mma, pack_a
 from .test_forward_output_gpu import within_rounding
+
+from ..chain_fragments import bf16, image, mma, pack_a
+from ..ptx_build import compile_ptx, ptx_constant, ptx_of
+from ..three_pass_model import o_pass
 
 D, R = 128, 64
 WIDE, NARROW = D + 8, R + 8                      # forward_output.cu's padded rows (elements)

@@ -17,11 +17,12 @@ import pytest
 from kernel.forward_products import SOURCE_PATH, Config, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK
-from ..ptx_build import ptx_constant, ptx_of
-from ..three_pass_model import bf16, mm
 from ptx_lab import banks, model
 
 from ..chain_fragments import mma
+from ..ptx_build import ptx_constant, ptx_of
+from ..three_pass_model import bf16, mm
+
 
 D, R = HEAD_DIM, CHUNK_TOKENS
 WARPS = TILES_PER_CHUNK

@@ -2,8 +2,7 @@
 import pytest
 
 from kernel.tools import profile
-
-from ..ptx_build import ptx_constant
+from kernel.tools.resources import ptx_constant
 
 
 # ----------------------------------------------------------------- profile

@@ -497,10 +497,11 @@ def test_inference_mode_peaks_lower_than_training_by_what_training_keeps(B, T, H
     # states for their o pass in either mode, so there the peak drops by at least Aqk's and Akk's bytes
     skip_without_fla_gpu()
     from kernel import using_forward
+    from kernel.shapes import CHUNK_TOKENS
     from kernel.three_pass_forward import three_passes_pay
 
     assert three_passes_pay(HV, B, T, None) is three_passes
-    kept = 2 * B * T * HV * 64 * 2 if three_passes else B * math.ceil(T / 64) * HV * K * V * 2
+    kept = 2 * B * T * HV * CHUNK_TOKENS * 2 if three_passes else B * math.ceil(T / CHUNK_TOKENS) * HV * K * V * 2
     x = _inputs(B=B, T=T, H=H, HV=HV, layer=True, seed=7)
     call = lambda: _call(x, **LAYER)   # noqa: E731
     with using_forward("ours"):

@@ -124,12 +124,17 @@ def test_auto_counts_split_only_where_each_head_has_its_slots():
     assert split.slots(32, sm) == 4 and split.slots(64, sm) == 2 and split.slots(1024, sm) == 1
     assert split.auto_counts([8192] * 32, 32, sm).tolist() == [1] * 32
     assert split.auto_counts([65536] * 2, 32, sm).tolist() == [1, 1]          # 2 SMs a head
-    assert split.auto_counts([131072], 32, sm).tolist() == [split.SEGMENTS]
-    assert split.auto_counts([524288], 32, sm).tolist() == [split.SEGMENTS]
-    short = split.SEGMENTS * split.MIN_SEGMENT
-    assert split.auto_counts([short - 1], 2, sm).tolist() == [1]
-    # varlen: a long sequence splits, short ones beside it do not
-    assert split.auto_counts([100_000, 500, 3000], 8, sm).tolist() == [split.SEGMENTS, 1, 1]
+    # one segment more than the slots: the measured best at 4, 8 and 16 slots
+    assert split.auto_counts([131072], 32, sm).tolist() == [5]
+    assert split.auto_counts([131072], 16, sm).tolist() == [9]
+    assert split.auto_counts([131072], 8, sm).tolist() == [17]
+    assert split.auto_counts([524288], 32, sm).tolist() == [5]
+    assert split.auto_counts([65536] * 2, 16, sm).tolist() == [5, 5]          # 4 slots a (sequence, head)
+    assert split.auto_counts([524288], 2, sm).tolist() == [split.MAX_SEGMENTS]   # 66 slots: at most 17
+    assert split.auto_counts([9 * split.MIN_SEGMENT - 1], 16, sm).tolist() == [1]
+    assert split.auto_counts([9 * split.MIN_SEGMENT], 16, sm).tolist() == [9]
+    # varlen: a long sequence splits, short ones beside it do not (5 slots: 6 segments)
+    assert split.auto_counts([100_000, 500, 3000], 8, sm).tolist() == [6, 1, 1]
 
 
 def test_each_pass_fits_the_slots():
@@ -157,7 +162,7 @@ def test_segment_starts_are_64_token_edges_with_the_last_weighted(length, count,
 def test_forced_counts_and_their_errors():
     assert split.forced_counts([1, 64, 65, 1000], 4).tolist() == [1, 1, 2, 4]
     assert split.counts_for(4, [1, 64, 65, 1000], 32, 132).tolist() == [1, 1, 2, 4]
-    assert split.counts_for("auto", [131072], 32, 132).tolist() == [split.SEGMENTS]
+    assert split.counts_for("auto", [131072], 32, 132).tolist() == [5]
     for bad in (0, -1, 2.5, True, "4"):
         with pytest.raises(ValueError, match="segments must be 'auto' or an integer >= 1"):
             split.forced_counts([100], bad)

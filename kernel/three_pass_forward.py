@@ -17,8 +17,14 @@ chain)"; docs/log/45):
 3. ``kernel.forward_output``: o from the states, v_new, qg and Aqk, across all SMs.
 
 They move more bytes than the one pass (about 6.7 KB a token and head against 3.1), so they pay only where
-the one pass's chain binds: :func:`three_passes_pay` is the rule ``kernel.chunk_kda`` follows. The arguments and outputs are :func:`kernel.forward.forward`'s, checked by
-its plan; the outputs come in its layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]),
+the one pass's chain binds: :func:`three_passes_pay` is the rule ``kernel.chunk_kda`` follows.
+
+The chain uses a few SMs (four CTAs a sequence and value head), so one long sequence runs in pieces of
+chunks (:func:`piece_count`): the chain walks piece i on a side stream while the products pass builds
+piece i + 1 and the o pass finishes piece i - 1 on the caller's stream. The state crosses from piece to
+piece in fp32, so any cut gives the same bits.
+
+The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan; the outputs come in its layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]),
 Aqk's and INV's diagonal blocks as it writes them (the same bits), o and the final state within their
 roundings of the same values. The numpy statement of each pass is tests/kernel/three_pass_model.py.
 """
@@ -27,8 +33,10 @@ from __future__ import annotations
 import numpy as np
 
 from .forward.launch import ForwardOutputs, plan_forward
+from .shapes import CHUNK_TOKENS, HEAD_DIM
 
-__all__ = ["three_pass_forward", "three_passes_pay", "THREE_PASS_MAX_PAIRS"]
+__all__ = ["three_pass_forward", "three_passes_pay", "THREE_PASS_MAX_PAIRS", "piece_count", "piece_edges",
+           "MIN_PIECE_CHUNKS", "MAX_PIECES"]
 
 # The rule's one knob. Both forwards' times, per token of the longest sequence, on the H200 (log 46):
 # - the one pass walks 16-token tiles at about 1.25 us a tile while its CTAs are fewer than the SMs,
@@ -40,6 +48,15 @@ __all__ = ["three_pass_forward", "three_passes_pay", "THREE_PASS_MAX_PAIRS"]
 # about 33. At 1x131072 with 16 value heads (P = 16) they took 5.89 ms against 10.10 (0.58x); at 4x8192
 # with 16 (P = 64), 1.29 against 0.89 ms.
 THREE_PASS_MAX_PAIRS = 32
+
+# One sequence runs in pieces, so that the chain of a piece runs beside the products of the next and the o
+# pass of the one before (module docstring). At 1x131072 with 16 value heads (2,048 chunks, log 47) the
+# passes in turn took 5.84 ms; in 2, 4, 8 and 16 pieces 5.64, 5.53, 5.43 and 5.59. The gain is small
+# because each chain CTA fills an SM (its ring is 167 KB of shared memory), so its 64 CTAs take half the
+# SMs from the products pass while it runs. Each piece costs about 0.2 ms of host time (8 pieces: 2.5 ms a
+# call against 0.9), so pieces stay long: 256 chunks at 1x131072.
+MIN_PIECE_CHUNKS = 256
+MAX_PIECES = 8
 
 
 def three_passes_pay(HV: int, B: int, T: int, offsets: np.ndarray | None) -> bool:
@@ -54,9 +71,28 @@ def three_passes_pay(HV: int, B: int, T: int, offsets: np.ndarray | None) -> boo
     return longest > 0 and HV * tokens <= THREE_PASS_MAX_PAIRS * longest
 
 
+def piece_count(chunks: int, N: int) -> int:
+    """How many pieces the passes run a batch in (:func:`three_pass_forward`, module docstring): one sequence
+    of ``chunks`` 64-token chunks in pieces of at least :data:`MIN_PIECE_CHUNKS`, at most :data:`MAX_PIECES`;
+    a batch of several sequences in one."""
+    if N != 1:
+        return 1
+    return max(1, min(MAX_PIECES, chunks // MIN_PIECE_CHUNKS))
+
+
+def piece_edges(chunks: int, count: int) -> list[int]:
+    """The chunks where ``count`` pieces of as near equal length start, and ``chunks`` last."""
+    if not 1 <= count <= chunks:
+        raise ValueError(f"pieces must be between 1 and the chunks ({chunks}), got {count}")
+    return [(i * chunks) // count for i in range(count + 1)]
+
+
 def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
-                       output_final_state: bool = False, training: bool = False) -> ForwardOutputs:
-    """:func:`kernel.forward.forward`'s call and outputs (its docstring), in three passes (module docstring)."""
+                       output_final_state: bool = False, training: bool = False,
+                       pieces: int | None = None) -> ForwardOutputs:
+    """:func:`kernel.forward.forward`'s call and outputs (its docstring), in three passes (module docstring).
+    ``pieces``: how many pieces one sequence runs in (None: :func:`piece_count`; 1: each pass once, in turn);
+    a batch of several sequences runs in one. The outputs are the same bits for any count."""
     from .forward_chain import forward_chain
     from .forward_output import forward_output
     from .forward_products import forward_products
@@ -64,12 +100,88 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         output_final_state=output_final_state, training=training)
     keep = plan.states_shape is not None   # training: the states and the blocks our backward reads
-    # a batch of B > 1 is B sequences of T to every pass; the o pass takes the token offsets either way
-    p = forward_products(q, k, v, g, beta, scale=plan.scale, cu_seqlens=plan.cu_seqlens if plan.B == 1 else None,
-                         training=keep)
-    walked = forward_chain(p.w, p.u, p.kg, p.decay, cu_chunks=p.cu_chunks, initial_state=initial_state,
-                           output_final_state=plan.final_shape is not None)
-    o = forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=plan.cu_seqlens)
-    return ForwardOutputs(o=o.reshape(plan.o_shape), final_state=walked.final_state,
-                          states=walked.states.reshape(plan.states_shape) if keep else None,
+    chunks = int(np.sum(-(-np.diff(plan.cu_seqlens) // CHUNK_TOKENS)))
+    if pieces is None:
+        count = piece_count(chunks, plan.N)
+    elif isinstance(pieces, (bool, np.bool_)) or not isinstance(pieces, (int, np.integer)) or pieces < 1:
+        raise ValueError(f"pieces must be None or an integer >= 1, got {pieces!r}")
+    elif pieces > 1 and plan.N != 1:
+        raise ValueError(f"pieces: only one sequence runs in pieces, this batch has {plan.N}: pass 1 or None")
+    else:
+        count = min(int(pieces), chunks)
+    if count > 1:
+        o, final_state, states, p = _in_pieces(plan, q, k, v, g, beta, initial_state, piece_edges(chunks, count))
+    else:
+        # a batch of B > 1 is B sequences of T to every pass; the o pass takes the token offsets either way
+        p = forward_products(q, k, v, g, beta, scale=plan.scale,
+                             cu_seqlens=plan.cu_seqlens if plan.B == 1 else None, training=keep)
+        walked = forward_chain(p.w, p.u, p.kg, p.decay, cu_chunks=p.cu_chunks, initial_state=initial_state,
+                               output_final_state=plan.final_shape is not None)
+        o = forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=plan.cu_seqlens)
+        final_state, states = walked.final_state, walked.states
+    return ForwardOutputs(o=o.reshape(plan.o_shape), final_state=final_state,
+                          states=states.reshape(plan.states_shape) if keep else None,
                           Aqk=p.Aqk if keep else None, Akk=p.Akk if keep else None)
+
+
+def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
+    """The passes over one sequence in pieces (chunks edges[i] .. edges[i + 1] - 1): products and o on the
+    caller's stream, the chain beside them on the device's side stream, each piece's chain after its
+    products and each piece's o after its chain. The state goes from piece to piece through two fp32
+    buffers in turn; the last piece writes the final state (or into one of them). Everything is allocated
+    before the fork, on the caller's stream, which has waited for the last chain when this returns.
+    -> (o, final_state, states, the products pass's outputs)."""
+    import cupy
+
+    from .forward_chain import launch as chain
+    from .forward_output import launch as output
+    from .forward_products import launch as products
+    from .runtime import builds
+    from .runtime.arrays import beta_f32, cupy_view, require_cupy, require_gpu, to_cupy
+
+    require_cupy("kernel.three_pass_forward")
+    require_gpu("kernel.three_pass_forward")
+    keep = plan.states_shape is not None
+    pp = products.plan_products(q, k, v, g, beta, scale=plan.scale, cu_seqlens=plan.cu_seqlens, training=keep)
+    device = q.device if plan.torch_out else None
+    q_c, k_c, v_c = (to_cupy(n, x, "bf16") for n, x in (("q", q), ("k", k), ("v", v)))
+    g_c, beta_c = to_cupy("g", g, "f32"), beta_f32(beta)
+    h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
+    p_t, p_c = products.allocate(pp, device)
+    cp = chain.plan_chain(p_t["w"], p_t["u"], p_t["kg"], p_t["decay"], initial_state=initial_state,
+                          output_final_state=plan.final_shape is not None)
+    c_t, c_c = chain.allocate(cp, device)
+    op = output.plan_output(p_t["qg"], c_t["states"], p_t["aqk"], c_t["v_new"], cu_seqlens=plan.cu_seqlens)
+    o_t, o_c = output.allocate(op, device)
+    shape = (1, cp.HV, HEAD_DIM, HEAD_DIM)
+    if device is not None:   # torch's memory for a torch caller (cupy_view keeps the tensor alive)
+        import torch
+
+        carry = [cupy_view(torch.empty(shape, dtype=torch.float32, device=device)) for _ in range(2)]
+    else:
+        carry = [cupy.empty(shape, dtype=np.float32) for _ in range(2)]
+    ranges = list(zip(edges[:-1], edges[1:]))
+    plans = [chain.piece(cp, r) for r in ranges]
+    for pl in plans:   # the chunk offsets' device copies, made on this stream before the fork
+        chain.device_cu_chunks(pl.cu_chunks.tobytes())
+    main = cupy.cuda.get_current_stream()
+    side = builds.side_stream(cupy.cuda.Device().id)
+    products.launch_planned(pp, q_c, k_c, v_c, g_c, beta_c, p_c, chunks=ranges[0])
+    made = main.record()
+    last = len(ranges) - 1
+    for i, (c0, c1) in enumerate(ranges):
+        side.wait_event(made)
+        src = h0 if i == 0 else carry[(i - 1) % 2]
+        dst = c_c["final_state"] if i == last and c_c["final_state"] is not None else carry[i % 2]
+        with side:
+            chain.launch_planned(plans[i], p_c["w"][c0:c1], p_c["u"][c0:c1], p_c["kg"][c0:c1], p_c["decay"][c0:c1],
+                                 src, c_c["states"][c0:c1], c_c["v_new"][c0:c1], dst)
+        walked = side.record()
+        if i < last:
+            products.launch_planned(pp, q_c, k_c, v_c, g_c, beta_c, p_c, chunks=ranges[i + 1])
+            made = main.record()
+        main.wait_event(walked)
+        output.launch_planned(op, p_c["qg"], c_c["states"], p_c["aqk"], c_c["v_new"], o_c, chunks=(c0, c1))
+    outputs = products.ProductsOutputs(**{n: p_t[n] for n in products.CHUNK_MAJOR}, cu_chunks=pp.cu_chunks,
+                                       Aqk=p_t["Aqk"], Akk=p_t["Akk"])
+    return o_t, c_t["final_state"], c_t["states"], outputs

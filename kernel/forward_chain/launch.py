@@ -49,7 +49,8 @@ from ..runtime.arrays import ArrayInfo, cupy_view, describe, expect, require_cup
 from ..shapes import CHUNK_TOKENS, HEAD_DIM
 from .config import BUILD, Config
 
-__all__ = ["forward_chain", "plan_chain", "ChainPlan", "ChainOutputs", "launch_planned", "kernel", "VGROUPS"]
+__all__ = ["forward_chain", "plan_chain", "ChainPlan", "ChainOutputs", "launch_planned", "allocate", "piece",
+           "device_cu_chunks", "kernel", "VGROUPS"]
 
 VGROUPS = 4            # CTAs per (sequence, value head), 32 of the 128 v columns each (checked against the
                        # build's fc_vgroups)
@@ -152,7 +153,9 @@ def kernel(cfg: Config):
 
 
 @functools.lru_cache(maxsize=64)
-def _cu_on_device(cu_bytes: bytes):
+def device_cu_chunks(cu_bytes: bytes):
+    """The chunk offsets (host int32 bytes) on the device, copied once per value: a caller that launches on
+    another stream makes them here first, on its own."""
     import cupy
 
     return cupy.asarray(np.frombuffer(cu_bytes, dtype=np.int32))
@@ -173,6 +176,19 @@ def _maps(plan: ChainPlan, w, u, kg, states, v_new) -> list[np.ndarray]:
             bf16_map(v_new, rows, (CHUNK_TOKENS, 16), 32)]
 
 
+def piece(plan: ChainPlan, chunks: tuple[int, int]) -> ChainPlan:
+    """The plan of chunks c0 .. c1 - 1 of a one-sequence plan, walked on their own from a state given
+    (:func:`launch_planned` on the chunk-major arrays' rows c0 .. c1 - 1): a caller walks a long
+    sequence in pieces, each from the state the one before left."""
+    c0, c1 = chunks
+    if plan.N != 1:
+        raise ValueError(f"a chain is walked in pieces only for one sequence, the plan has {plan.N}")
+    if not 0 <= c0 < c1 <= plan.chunks:
+        raise ValueError(f"chunks must be a range (c0, c1) with 0 <= c0 < c1 <= {plan.chunks}, got {chunks}")
+    return dataclasses.replace(plan, chunks=c1 - c0, cu_chunks=np.array([0, c1 - c0], dtype=np.int32),
+                               output_final_state=True)
+
+
 def launch_planned(plan: ChainPlan, w, u, kg, decay, initial_state, states, v_new, final_state) -> None:
     """The chain on checked CuPy arrays (bf16 as uint16 bits) into ``states``, ``v_new`` and ``final_state``
     (None unless plan.output_final_state): the launch alone."""
@@ -182,9 +198,32 @@ def launch_planned(plan: ChainPlan, w, u, kg, decay, initial_state, states, v_ne
     # the maps come first: CuPy lays parameters out by their numpy alignment (8 bytes), and a map must
     # sit 64-byte aligned in the parameter space, as it does at offsets 0, 128, .. 512
     fn((plan.ctas,), (threads,),
-       (*maps, decay, _cu_on_device(plan.cu_chunks.tobytes()), np.int32(plan.HV),
+       (*maps, decay, device_cu_chunks(plan.cu_chunks.tobytes()), np.int32(plan.HV),
         initial_state if initial_state is not None else null, final_state if final_state is not None else null),
        shared_mem=smem)
+
+
+def allocate(plan: ChainPlan, device=None) -> tuple[dict, dict]:
+    """The chain's outputs for ``plan``, uninitialised: (as returned, as CuPy views), keyed states, v_new and
+    final_state (None unless plan.output_final_state). Torch tensors on ``device`` (torch's allocator, on
+    torch's current stream) where the plan's operands are torch, else CuPy arrays."""
+    import cupy
+
+    shapes = {"states": ((plan.chunks, plan.HV, HEAD_DIM, HEAD_DIM), "bf16"),
+              "v_new": ((plan.chunks, plan.HV, CHUNK_TOKENS, HEAD_DIM), "bf16"),
+              "final_state": ((plan.N, plan.HV, HEAD_DIM, HEAD_DIM), "f32")}
+    out_t, out_c = {}, {}
+    for name, (shape, dt) in shapes.items():
+        if name == "final_state" and not plan.output_final_state:
+            out_t[name] = out_c[name] = None
+        elif plan.torch_out:
+            import torch
+
+            out_t[name] = torch.empty(shape, dtype=torch.bfloat16 if dt == "bf16" else torch.float32, device=device)
+            out_c[name] = cupy_view(out_t[name])
+        else:
+            out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
+    return out_t, out_c
 
 
 def forward_chain(w, u, kg, decay, *, cu_chunks=None, initial_state=None, output_final_state: bool = True,
@@ -192,24 +231,11 @@ def forward_chain(w, u, kg, decay, *, cu_chunks=None, initial_state=None, output
     """The states entering every chunk, each chunk's v_new and the final state (module docstring)."""
     plan = plan_chain(w, u, kg, decay, cu_chunks=cu_chunks, initial_state=initial_state,
                       output_final_state=output_final_state, config=config)
-    cupy = require_cupy("kernel.forward_chain")
+    require_cupy("kernel.forward_chain")
     require_gpu("kernel.forward_chain")
     w_c, u_c, kg_c = (to_cupy(n, x, "bf16") for n, x in (("w", w), ("u", u), ("kg", kg)))
     decay_c = to_cupy("decay", decay, "f32")
     h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
-    shapes = {"states": ((plan.chunks, plan.HV, HEAD_DIM, HEAD_DIM), "bf16"),
-              "v_new": ((plan.chunks, plan.HV, CHUNK_TOKENS, HEAD_DIM), "bf16"),
-              "final_state": ((plan.N, plan.HV, HEAD_DIM, HEAD_DIM), "f32")}
-    out_t, out_c = {}, {}
-    for name, (shape, dt) in shapes.items():
-        if name == "final_state" and not output_final_state:
-            out_t[name] = out_c[name] = None
-        elif plan.torch_out:
-            import torch
-
-            out_t[name] = torch.empty(shape, dtype=torch.bfloat16 if dt == "bf16" else torch.float32, device=w.device)
-            out_c[name] = cupy_view(out_t[name])
-        else:
-            out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
+    out_t, out_c = allocate(plan, w.device if plan.torch_out else None)
     launch_planned(plan, w_c, u_c, kg_c, decay_c, h0, out_c["states"], out_c["v_new"], out_c["final_state"])
     return ChainOutputs(states=out_t["states"], v_new=out_t["v_new"], final_state=out_t["final_state"])

@@ -46,7 +46,7 @@ from ..runtime.arrays import ArrayInfo, cupy_view, describe, expect, require_cup
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_cu_seqlens, host_offsets
 from .config import BUILD, Config
 
-__all__ = ["forward_output", "plan_output", "OutputPlan", "launch_planned", "kernel"]
+__all__ = ["forward_output", "plan_output", "OutputPlan", "launch_planned", "allocate", "kernel"]
 
 INT32_MAX = 2**31 - 1  # the grid's x (one CTA a chunk and value head) and the chunk table's tokens are int32
                        # (kernel.forward_products.launch.chunk_table: each chunk's first token and real rows)
@@ -143,28 +143,42 @@ def _table_on_device(cu_bytes: bytes):
     return cupy.asarray(chunk_table(np.frombuffer(cu_bytes, dtype=np.int64)))
 
 
-def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o) -> None:
-    """The o pass on checked CuPy arrays (bf16 as uint16 bits) into ``o``: the launch alone."""
+def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o, chunks: tuple[int, int] | None = None) -> None:
+    """The o pass on checked CuPy arrays (bf16 as uint16 bits) into ``o``: the launch alone. ``chunks``: only
+    chunks c0 .. c1 - 1 of the plan's (None: all), for a caller that runs the pass in pieces: their rows of the
+    chunk table and of the chunk-major operands; o is taken whole, addressed by the table's tokens."""
     fn, smem, threads = kernel(plan.config)
-    fn((plan.ctas,), (threads,),
-       (qg, states, aqk, v_new, _table_on_device(plan.cu_seqlens.tobytes()), np.int32(plan.HV), o),
+    c0, c1 = (0, plan.chunks) if chunks is None else chunks
+    if not 0 <= c0 < c1 <= plan.chunks:
+        raise ValueError(f"chunks must be a range (c0, c1) with 0 <= c0 < c1 <= {plan.chunks}, got {chunks}")
+    table = _table_on_device(plan.cu_seqlens.tobytes())[c0:c1]
+    fn(((c1 - c0) * plan.HV,), (threads,),
+       (qg[c0:c1], states[c0:c1], aqk[c0:c1], v_new[c0:c1], table, np.int32(plan.HV), o),
        shared_mem=smem)
+
+
+def allocate(plan: OutputPlan, device=None):
+    """o for ``plan``, uninitialised: (as returned, as a CuPy view); a torch tensor on ``device`` (torch's
+    allocator, on torch's current stream) where the plan's operands are torch, else a CuPy array."""
+    import cupy
+
+    shape = (plan.tokens, plan.HV, HEAD_DIM)
+    if plan.torch_out:
+        import torch
+
+        o = torch.empty(shape, dtype=torch.bfloat16, device=device)
+        return o, cupy_view(o)
+    o = cupy.empty(shape, dtype=np.uint16)
+    return o, o
 
 
 def forward_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | None = None):
     """o [tokens, HV, 128] bf16 (module docstring)."""
     plan = plan_output(qg, states, aqk, v_new, cu_seqlens=cu_seqlens, config=config)
-    cupy = require_cupy("kernel.forward_output")
+    require_cupy("kernel.forward_output")
     require_gpu("kernel.forward_output")
     qg_c, states_c, aqk_c, vn_c = (to_cupy(n, x, "bf16") for n, x in
                                    (("qg", qg), ("states", states), ("aqk", aqk), ("v_new", v_new)))
-    shape = (plan.tokens, plan.HV, HEAD_DIM)
-    if plan.torch_out:
-        import torch
-
-        o = torch.empty(shape, dtype=torch.bfloat16, device=qg.device)
-        o_c = cupy_view(o)
-    else:
-        o = o_c = cupy.empty(shape, dtype=np.uint16)
+    o, o_c = allocate(plan, qg.device if plan.torch_out else None)
     launch_planned(plan, qg_c, states_c, aqk_c, vn_c, o_c)
     return o

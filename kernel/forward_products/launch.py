@@ -47,7 +47,11 @@ from ..runtime.arrays import beta_f32, cupy_view, require_cupy, require_gpu, to_
 from ..shapes import CHUNK_TOKENS, HEAD_DIM
 from .config import BUILD, Config
 
-__all__ = ["forward_products", "plan_products", "ProductsPlan", "ProductsOutputs", "chunk_table", "launch_planned"]
+__all__ = ["forward_products", "plan_products", "ProductsPlan", "ProductsOutputs", "chunk_table", "launch_planned",
+           "allocate", "CHUNK_MAJOR"]
+
+# the outputs indexed by chunk (the rest, Aqk's and INV's blocks, by token)
+CHUNK_MAJOR = ("w", "u", "kg", "qg", "aqk", "decay")
 
 
 class ProductsOutputs(NamedTuple):
@@ -115,16 +119,49 @@ def kernel(cfg: Config):
     return builds.kernel_function(BUILD, BUILD.module(cfg), label="the forward's products pass")
 
 
-def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, config: Config | None = None) -> None:
-    """The pass on checked CuPy arrays (bf16 as uint16 bits, beta fp32) into ``out``'s arrays."""
+def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, config: Config | None = None,
+                   chunks: tuple[int, int] | None = None) -> None:
+    """The pass on checked CuPy arrays (bf16 as uint16 bits, beta fp32) into ``out``'s arrays (as
+    :func:`allocate` makes them). ``chunks``: only chunks c0 .. c1 - 1 of the plan's (None: all), for a
+    caller that runs the pass in pieces: their rows of the chunk table and of the chunk-major outputs; the
+    inputs and Aqk's and INV's token-major blocks are taken whole, addressed by the table's tokens."""
     fn, smem, threads = kernel(config if config is not None else Config())
+    c0, c1 = (0, plan.chunks) if chunks is None else chunks
+    if not 0 <= c0 < c1 <= plan.chunks:
+        raise ValueError(f"chunks must be a range (c0, c1) with 0 <= c0 < c1 <= {plan.chunks}, got {chunks}")
     null = np.uint64(0)
-    table = _table_on_device(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes())
-    fn((plan.chunks * plan.HV,), (threads,),
-       (q, k, v, g, beta, table, np.int32(plan.H), np.int32(plan.HV), np.float32(plan.scale), out["w"], out["u"],
-        out["kg"], out["qg"], out["aqk"], out["decay"], out["Aqk"] if out["Aqk"] is not None else null,
+    table = _table_on_device(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes())[c0:c1]
+    part = {n: out[n][c0:c1] for n in CHUNK_MAJOR}
+    fn(((c1 - c0) * plan.HV,), (threads,),
+       (q, k, v, g, beta, table, np.int32(plan.H), np.int32(plan.HV), np.float32(plan.scale), part["w"], part["u"],
+        part["kg"], part["qg"], part["aqk"], part["decay"], out["Aqk"] if out["Aqk"] is not None else null,
         out["Akk"] if out["Akk"] is not None else null),
        shared_mem=smem)
+
+
+def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
+    """The pass's outputs for ``plan``, uninitialised: (as returned, as CuPy views). Torch tensors on
+    ``device`` (torch's allocator, on torch's current stream) where the plan's inputs are torch, else CuPy
+    arrays; Aqk and Akk None unless the plan trains."""
+    import cupy
+
+    C, HV, D = plan.chunks, plan.HV, HEAD_DIM
+    shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "bf16"),
+              "kg": ((C, HV, CHUNK_TOKENS, D), "bf16"), "qg": ((C, HV, CHUNK_TOKENS, D), "bf16"),
+              "aqk": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"), "decay": ((C, HV, D), "f32")}
+    if plan.training:
+        blocks = (plan.B, plan.T, HV, CHUNK_TOKENS)
+        shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))
+    out_t, out_c = {"Aqk": None, "Akk": None}, {"Aqk": None, "Akk": None}
+    for name, (shape, dt) in shapes.items():
+        if plan.torch_out:
+            import torch
+
+            out_t[name] = torch.empty(shape, dtype=torch.bfloat16 if dt == "bf16" else torch.float32, device=device)
+            out_c[name] = cupy_view(out_t[name])
+        else:
+            out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
+    return out_t, out_c
 
 
 def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None, training: bool = True,
@@ -133,27 +170,12 @@ def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a kernel.forward_products.Config or None, got {type(config).__name__}")
     plan = plan_products(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training)
-    cupy = require_cupy("kernel.forward_products")
+    require_cupy("kernel.forward_products")
     require_gpu("kernel.forward_products")
     q_c, k_c, v_c = (to_cupy(n, x, "bf16") for n, x in (("q", q), ("k", k), ("v", v)))
     g_c = to_cupy("g", g, "f32")
     beta_c = beta_f32(beta)
-    C, HV, D = plan.chunks, plan.HV, HEAD_DIM
-    shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "bf16"),
-              "kg": ((C, HV, CHUNK_TOKENS, D), "bf16"), "qg": ((C, HV, CHUNK_TOKENS, D), "bf16"),
-              "aqk": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"), "decay": ((C, HV, D), "f32")}
-    if training:
-        blocks = (plan.B, plan.T, HV, CHUNK_TOKENS)
-        shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))
-    out_t, out_c = {"Aqk": None, "Akk": None}, {"Aqk": None, "Akk": None}
-    for name, (shape, dt) in shapes.items():
-        if plan.torch_out:
-            import torch
-
-            out_t[name] = torch.empty(shape, dtype=torch.bfloat16 if dt == "bf16" else torch.float32, device=q.device)
-            out_c[name] = cupy_view(out_t[name])
-        else:
-            out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
+    out_t, out_c = allocate(plan, q.device if plan.torch_out else None)
     launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, out_c, config)
     return ProductsOutputs(w=out_t["w"], u=out_t["u"], kg=out_t["kg"], qg=out_t["qg"], aqk=out_t["aqk"],
                            decay=out_t["decay"], cu_chunks=plan.cu_chunks, Aqk=out_t["Aqk"], Akk=out_t["Akk"])

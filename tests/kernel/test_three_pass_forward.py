@@ -84,3 +84,36 @@ def test_the_three_passes_run_while_the_batchs_pairs_are_few(HV, B, T, offsets, 
 
     assert THREE_PASS_MAX_PAIRS == 32
     assert three_passes_pay(HV, B, T, None if offsets is None else np.asarray(offsets)) is pays
+
+
+def test_one_long_sequence_runs_in_pieces_and_a_batch_in_one():
+    from kernel.three_pass_forward import MAX_PIECES, MIN_PIECE_CHUNKS, piece_count
+
+    assert piece_count(2048, 1) == min(MAX_PIECES, 2048 // MIN_PIECE_CHUNKS)   # 1x131072
+    assert piece_count(2 * MIN_PIECE_CHUNKS - 1, 1) == 1         # too short for two pieces
+    assert piece_count(2 * MIN_PIECE_CHUNKS, 1) == 2
+    assert piece_count(2048, 2) == 1                             # two sequences: one launch of each pass
+
+
+@pytest.mark.parametrize("chunks, count", [(1, 1), (7, 3), (2048, 8), (37, 7)])
+def test_piece_edges_cover_every_chunk_once(chunks, count):
+    from kernel.three_pass_forward import piece_edges
+
+    edges = piece_edges(chunks, count)
+    assert edges[0] == 0 and edges[-1] == chunks and len(edges) == count + 1
+    lengths = np.diff(edges)
+    assert lengths.min() >= 1 and lengths.max() - lengths.min() <= 1
+
+
+def test_pieces_are_refused_by_name_where_they_cannot_run():
+    from kernel.three_pass_forward import piece_edges
+
+    with pytest.raises(ValueError, match="between 1 and the chunks"):
+        piece_edges(3, 4)
+    a, kw = FORWARD.args(B=2, T=300, H=2)
+    with pytest.raises(ValueError, match="only one sequence runs in pieces, this batch has 2"):
+        FORWARD.call(three_pass_forward, a, kw, pieces=2)
+    a, kw = FORWARD.args(B=1, T=300, H=2)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="pieces must be None or an integer"):
+            FORWARD.call(three_pass_forward, a, kw, pieces=bad)

@@ -65,3 +65,58 @@ def test_torch_in_torch_out():
     assert np.array_equal(out_t.o.view(torch.int16).cpu().numpy().view(np.uint16), out_c.o.get())
     assert np.array_equal(out_t.states.view(torch.int16).cpu().numpy().view(np.uint16), out_c.states.get())
     assert np.array_equal(out_t.final_state.cpu().numpy(), out_c.final_state.get())
+
+
+PIECES_CASES = {
+    "one sequence, h0": dict(lengths=[64 * 37 + 5], H=2, seed=21, initial_state=True),
+    "GVA, past fp32's range": dict(lengths=[64 * 11 + 40], H=6, group=3, seed=22, out_of_range=True),
+}
+
+
+def _pieces(case: dict, pieces: int, *, training: bool = True, final: bool = True):
+    import cupy
+
+    dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
+    return three_pass_forward(dev(case["q"]), dev(case["k"]), dev(case["v"]), dev(case["g"]), dev(case["beta"]),
+                              scale=case["scale"], initial_state=dev(case["initial_state"]),
+                              cu_seqlens=case["cu_seqlens"], output_final_state=final, training=training,
+                              pieces=pieces)
+
+
+@pytest.mark.parametrize("name", list(PIECES_CASES))
+def test_one_sequence_in_pieces_gives_the_same_bits_as_in_one(name):
+    # the chain hands its fp32 state from piece to piece through memory, and the products and o passes
+    # compute each chunk on its own, so any cut gives the bits of the whole: a cut that lost or reordered
+    # a chunk, or a chain that ran before its products, would not
+    case = make_case(**PIECES_CASES[name])
+    whole = _host(_pieces(case, 1))
+    _check(_pieces(case, 1), case, f"{name}, one piece")
+    for count in (2, 3, 7):
+        cut = _host(_pieces(case, count))
+        for field in ("o", "final", "states", "Aqk", "Akk"):
+            # Aqk's and INV's rows are written in their diagonal blocks' columns alone
+            x, y = (np.where(case["blocks"], a[field], 0) if field in ("Aqk", "Akk") else a[field] for a in (cut, whole))
+            assert np.array_equal(x, y), f"{name}, {count} pieces: {field} differs from one piece's"
+
+
+def test_pieces_without_the_final_state_or_training():
+    case = make_case(**PIECES_CASES["one sequence, h0"])
+    whole = _pieces(case, 1)
+    cut = _pieces(case, 4, training=False, final=False)
+    assert (cut.states, cut.Aqk, cut.Akk, cut.final_state) == (None, None, None, None)
+    assert np.array_equal(cut.o.get(), whole.o.get())
+
+
+def test_pieces_torch_in_torch_out():
+    torch = pytest.importorskip("torch")
+    case = make_case(**PIECES_CASES["one sequence, h0"])
+    t = lambda x, bits: as_torch(case[x], bits)   # noqa: E731
+    out_t = three_pass_forward(t("q", True), t("k", True), t("v", True), t("g", False), t("beta", False),
+                               scale=case["scale"], initial_state=t("initial_state", False),
+                               cu_seqlens=torch.from_numpy(case["cu_seqlens"]).cuda(), output_final_state=True,
+                               training=True, pieces=3)
+    assert all(isinstance(x, torch.Tensor) and x.is_cuda for x in out_t)
+    whole = _pieces(case, 1)
+    assert np.array_equal(out_t.o.view(torch.int16).cpu().numpy().view(np.uint16), whole.o.get())
+    assert np.array_equal(out_t.states.view(torch.int16).cpu().numpy().view(np.uint16), whole.states.get())
+    assert np.array_equal(out_t.final_state.cpu().numpy(), whole.final_state.get())

@@ -26,21 +26,31 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--configs", default="1x131072", help="comma-separated bench configurations (default 1x131072)")
     p.add_argument("--heads", type=int, default=16, help="heads (default 16, the layer's)")
     p.add_argument("--reps", type=int, default=7, help="timed calls a side (default 7)")
+    p.add_argument("--pieces", default="",
+                   help="comma-separated piece counts: also time kernel.three_pass_forward with each (one sequence "
+                        "only; e.g. 4,8,16)")
     p.add_argument("--json", type=Path, help="write the rows here")
     args = p.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
+    try:
+        args.pieces = [int(x) for x in args.pieces.split(",") if x]
+    except ValueError:
+        p.error(f"--pieces takes comma-separated integers, got {args.pieces!r}")
+    if any(n < 1 for n in args.pieces):
+        p.error("--pieces must be >= 1")
     if args.heads < 1 or args.reps < 1:
         p.error("--heads and --reps must be >= 1")
     return args
 
 
-def measure(config: str, heads: int, reps: int) -> dict:
+def measure(config: str, heads: int, reps: int, pieces: Sequence[int] = ()) -> dict:
     import torch
 
     from kernel.forward import forward
     from kernel.forward_chain import forward_chain
     from kernel.forward_output import forward_output
     from kernel.forward_products import forward_products
+    from kernel.three_pass_forward import three_pass_forward
     from kernel.tools.bench.configs import parse_config
     from kernel.tools.bench.inputs import chunk_gate, cu_for_kernel_a, make_inputs
     from kernel.tools.bench.timing import cupy_on_torch_stream, time_alternating
@@ -73,17 +83,29 @@ def measure(config: str, heads: int, reps: int) -> dict:
             ww = forward_chain(pp.w, pp.u, pp.kg, pp.decay, cu_chunks=pp.cu_chunks)
             return forward_output(pp.qg, ww.states, pp.aqk, ww.v_new, cu_seqlens=cu_host)
 
+        def in_pieces(n):
+            return lambda: three_pass_forward(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True, training=True,
+                                              pieces=n)
+
         ref = one_pass()
         o3 = output()
+        whole = in_pieces(1)()
+        same = {}
+        for n in pieces:   # the same bits as one piece (tests/kernel/test_three_pass_forward_gpu.py)
+            cut = in_pieces(n)()
+            same[n] = bool(torch.equal(cut.o, whole.o) and torch.equal(cut.states, whole.states)
+                           and torch.equal(cut.final_state, whole.final_state))
         torch.cuda.synchronize()
         rel = lambda a, b: float(torch.linalg.vector_norm((a.float() - b.float())) / torch.linalg.vector_norm(b.float()))  # noqa: E731
         diff = {"o": rel(o3.reshape(ref.o.shape), ref.o), "final": rel(walked.final_state, ref.final_state),
                 "states": rel(walked.states.reshape(ref.states.shape), ref.states)}
-        times = time_alternating({"one pass": one_pass, "products": products, "chain": chain, "o pass": output,
-                                  "three passes": three}, warmup=2, reps=reps)
+        fns = {"one pass": one_pass, "products": products, "chain": chain, "o pass": output, "three passes": three}
+        fns.update({f"{n} pieces": in_pieces(n) for n in pieces})
+        times = time_alternating(fns, warmup=2, reps=reps)
     row = {"config": config, "heads": heads, **{f"{n} ms": t["median_ms"] for n, t in times.items()},
            "three / one": times["three passes"]["median_ms"] / times["one pass"]["median_ms"],
-           "differs from the one pass": diff}
+           "differs from the one pass": diff, "pieces": list(pieces),
+           "same bits in pieces": {str(n): same[n] for n in pieces}}
     return row
 
 
@@ -92,13 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for c in args.configs:
         print(f"three-pass timing: {c}, {args.heads} heads ...", file=sys.stderr, flush=True)
-        rows.append(measure(c, args.heads, args.reps))
+        rows.append(measure(c, args.heads, args.reps, args.pieces))
     names = ("one pass", "products", "chain", "o pass", "three passes")
     print(f"{'config':>16} {'heads':>5} " + " ".join(f"{n + ' ms':>16}" for n in names) + f" {'three / one':>11}  o, final, states vs one pass")
     for r in rows:
         d = r["differs from the one pass"]
         print(f"{r['config']:>16} {r['heads']:>5} " + " ".join(f"{r[n + ' ms']:16.3f}" for n in names)
               + f" {r['three / one']:11.3f}  {d['o']:.2e}, {d['final']:.2e}, {d['states']:.2e}")
+    for r in rows:
+        for n in r["pieces"]:
+            t = r[f"{n} pieces ms"]
+            print(f"{r['config']:>16} {r['heads']:>5} in {n:>2} pieces: {t:8.3f} ms, {t / r['three passes ms']:.3f} of the "
+                  f"passes in turn, {t / r['one pass ms']:.3f} of the one pass; one piece's bits: "
+                  f"{r['same bits in pieces'][str(n)]}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -46,27 +46,29 @@ import numpy as np
 
 from ..shapes import TILE_TOKENS, snapshot_offsets
 
-__all__ = ["ALIGN", "MAX_SEGMENTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
+__all__ = ["ALIGN", "SEGMENTS", "MAX_SEGMENTS", "MANY_SLOTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
            "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "check_summaries", "run", "phase_marks"]
 
 ALIGN = 64          # cuts at multiples of this many tokens from the sequence's start (see above)
 # The auto rule and the plan's shape, measured on the H200 (docs/log/32-sequence-split.md, 47).
 # Kernel A runs one CTA per SM, and a CTA's tile costs about the same time (1.0-1.4 us) whether
 # the grid is large or not: a (sequence, head) gets SMs // (sequences x heads) SMs at once, its
-# slots. One segment more than the slots measured fastest at 4, 8 and 16 slots (1 x 131072 at
-# H = 32, 16 and 8): pass 3 then scans every segment but the last at one CTA each, one wave on
-# the slots. 0.69x, 0.43x and 0.27x the unsplit scan; one segment more (6 at 4 slots, 10 at 8)
-# takes a second wave in pass 3 and lost 0.3-0.4x of it back. The last segment, twice as long as
-# each of the others, scans in pass 1 beside the summaries, whose tiles cost more than its own,
-# and waits for no fold, so it takes the longest share (1.5x and 2.5x measured slower at 8 and 9
-# segments).
+# slots. With 4 slots (1 x T at H = 32 on 132 SMs), 5 segments with the last one twice as long
+# as each of the others measured fastest: 0.68-0.69x the unsplit scan at 1 x 131072, 0.76x at
+# 1 x 32768, against 0.84x for 3 segments and 0.85-1.10x for 4, 6 or 7. With 8 slots (H = 16,
+# FLA's layer) the whole backward on the layer's own call took 15.34 ms unsplit, 14.15 at 5
+# segments, 14.88 at 7, 13.72 at 9, 13.90 at 12 and 13.18 at 17 (log 47): MAX_SEGMENTS from 8
+# slots on. The last segment scans in pass 1 beside the summaries, whose tiles cost more than its
+# own, and it waits for no fold, so it takes the longest share.
+SEGMENTS = 5
 END_WEIGHT = 2.0
 MIN_SLOTS = 4
-# the most segments: the fold walks them one after another, about 17 us each (0.28 ms at 17), and
-# more than 17 (16 slots) was not measured
+MANY_SLOTS = 8
+# the most segments: the fold walks them one after another (0.28 ms at 17), and more than 17 was
+# not measured
 MAX_SEGMENTS = 17
-# tokens: a sequence shorter than its segments x MIN_SEGMENT is not split (a guard, not measured:
-# a short segment's scan is mostly its start-up)
+# tokens: a sequence shorter than its segments x MIN_SEGMENT is not split so (a guard, not
+# measured: a short segment's scan is mostly its start-up)
 MIN_SEGMENT = 2048
 
 Array = Any
@@ -78,15 +80,17 @@ def slots(sequences_x_heads: int, sm_count: int) -> int:
 
 
 def auto_counts(lengths, H: int, sm_count: int) -> np.ndarray:
-    """Segments per sequence for the auto rule: one more than the slots of a (sequence, head), at
-    most MAX_SEGMENTS, where it has MIN_SLOTS slots or more and the sequence at least MIN_SEGMENT
-    tokens a segment; else 1."""
+    """Segments per sequence for the auto rule, where each (sequence, head) has MIN_SLOTS SMs or
+    more: MAX_SEGMENTS from MANY_SLOTS on, else SEGMENTS, each for sequences of at least that many
+    times MIN_SEGMENT tokens (a shorter one takes SEGMENTS where it is long enough for them); else 1."""
     n = np.asarray(lengths, dtype=np.int64)
     have = slots(len(n) * H, sm_count)
     if have < MIN_SLOTS:
         return np.ones(len(n), dtype=np.int64)
-    count = min(have + 1, MAX_SEGMENTS)
-    return np.where(n >= count * MIN_SEGMENT, count, 1).astype(np.int64)
+    counts = np.where(n >= SEGMENTS * MIN_SEGMENT, SEGMENTS, 1)
+    if have >= MANY_SLOTS:
+        counts = np.where(n >= MAX_SEGMENTS * MIN_SEGMENT, MAX_SEGMENTS, counts)
+    return counts.astype(np.int64)
 
 
 def pass_vsplits(counts, slot_count: int, vsplits=(1, 2, 4, 8)) -> tuple[int, int, int]:

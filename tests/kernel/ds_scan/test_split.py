@@ -124,17 +124,16 @@ def test_auto_counts_split_only_where_each_head_has_its_slots():
     assert split.slots(32, sm) == 4 and split.slots(64, sm) == 2 and split.slots(1024, sm) == 1
     assert split.auto_counts([8192] * 32, 32, sm).tolist() == [1] * 32
     assert split.auto_counts([65536] * 2, 32, sm).tolist() == [1, 1]          # 2 SMs a head
-    # one segment more than the slots: the measured best at 4, 8 and 16 slots
+    # 5 segments at 4 slots, 17 from 8 slots on (the measured best of each)
     assert split.auto_counts([131072], 32, sm).tolist() == [5]
-    assert split.auto_counts([131072], 16, sm).tolist() == [9]
-    assert split.auto_counts([131072], 8, sm).tolist() == [17]
+    assert split.auto_counts([131072], 16, sm).tolist() == [17]
     assert split.auto_counts([524288], 32, sm).tolist() == [5]
     assert split.auto_counts([65536] * 2, 16, sm).tolist() == [5, 5]          # 4 slots a (sequence, head)
-    assert split.auto_counts([524288], 2, sm).tolist() == [split.MAX_SEGMENTS]   # 66 slots: at most 17
-    assert split.auto_counts([9 * split.MIN_SEGMENT - 1], 16, sm).tolist() == [1]
-    assert split.auto_counts([9 * split.MIN_SEGMENT], 16, sm).tolist() == [9]
-    # varlen: a long sequence splits, short ones beside it do not (5 slots: 6 segments)
-    assert split.auto_counts([100_000, 500, 3000], 8, sm).tolist() == [6, 1, 1]
+    assert split.auto_counts([32768], 16, sm).tolist() == [5]                 # too short for 17
+    assert split.auto_counts([17 * split.MIN_SEGMENT], 16, sm).tolist() == [17]
+    assert split.auto_counts([5 * split.MIN_SEGMENT - 1], 16, sm).tolist() == [1]
+    # varlen: a long sequence splits, short ones beside it do not (5 slots)
+    assert split.auto_counts([100_000, 500, 3000], 8, sm).tolist() == [5, 1, 1]
 
 
 def test_each_pass_fits_the_slots():

@@ -87,12 +87,11 @@ def test_auto_leaves_a_full_batch_unsplit_and_splits_a_long_sequence():
     a = dstate_scan(*(kern[n] for n in names), dht=kern["dht"])
     b = dstate_scan(*(kern[n] for n in names), dht=kern["dht"], segments=1)
     assert all(bool((x == y).all()) for x, y in zip(a, b))
-    count = min(split.slots(2, builds.sm_count()) + 1, split.MAX_SEGMENTS)   # the rule's, for one sequence
-    T = count * split.MIN_SEGMENT
-    assert split.auto_counts([T], 2, builds.sm_count()).tolist() == [count]
+    T = split.SEGMENTS * split.MIN_SEGMENT
+    assert split.auto_counts([T], 2, builds.sm_count()).tolist() == [split.SEGMENTS]
     kern, _ = check.inputs(check.Case("auto-long", B=1, T=T, H=2, seed=43))
     s_auto, d_auto = dstate_scan(*(kern[n] for n in names), dht=kern["dht"])
-    s_forced, d_forced = dstate_scan(*(kern[n] for n in names), dht=kern["dht"], segments=count)
+    s_forced, d_forced = dstate_scan(*(kern[n] for n in names), dht=kern["dht"], segments=split.SEGMENTS)
     s_whole, _ = dstate_scan(*(kern[n] for n in names), dht=kern["dht"], segments=1)
     assert bool((s_auto == s_forced).all()) and bool((d_auto == d_forced).all())
     assert not bool((s_auto == s_whole).all())      # the split ran: its rounding differs somewhere

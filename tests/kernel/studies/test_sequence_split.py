@@ -33,3 +33,21 @@ def test_without_a_gpu_it_says_why(capsys):
         pytest.skip("a GPU is usable here: the sweep would run")
     assert sweep.run(["--configs", "1x1024"]) == 2
     assert "the sweep needs a GPU" in capsys.readouterr().out
+
+
+def test_the_op_study_without_a_gpu_says_why(capsys):
+    from kernel.studies.sequence_split import op
+    from ptx_lab.gpu import gpu_reason
+
+    if gpu_reason() is None:
+        pytest.skip("a GPU is usable here: the study would run")
+    assert op.run(["--segments", "1,17"]) == 2
+    assert "the study needs a GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--reps", "0"], ["--ahead-ms", "0"], ["--segments", "0"]])
+def test_the_op_studys_bad_arguments_are_refused(argv):
+    from kernel.studies.sequence_split import op
+
+    with pytest.raises(SystemExit):
+        op.run(argv)

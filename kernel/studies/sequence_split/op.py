@@ -56,19 +56,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     if bench_layer.OP_OURS not in calls:
         print(f"our op's backward could not run: {failures}")
         return 1
-    handed: dict = {}
-    real = kda_backward.run
-
-    def recording(*a, **k):
-        handed["a"], handed["k"] = a, k
-        return real(*a, **k)
-
-    kda_backward.run = recording
-    try:
-        calls[bench_layer.OP_OURS]()
-    finally:
-        kda_backward.run = real
-    fns = {str(s): (lambda s=s: real(*handed["a"], **{**handed["k"], "segments": s})) for s in args.segments}
+    handed_args, handed_kwargs = bench_layer.recorded_backward(calls[bench_layer.OP_OURS])
+    run_backward = kda_backward.run
+    fns = {str(s): (lambda s=s: run_backward(*handed_args, **{**handed_kwargs, "segments": s}))
+           for s in args.segments}
     timing.HOST_AHEAD_CYCLES = int(args.ahead_ms * 2e6)   # torch.cuda._sleep's cycles at about 2 GHz
     times = timing.time_alternating(fns, warmup=2, reps=args.reps)
     host = {}

@@ -213,6 +213,16 @@ def _op_backward_calls(call: dict, original, routed, seed: int, out: dict) -> di
                                 OP_OURS: (lambda: routed(**call)[0], leaves)}, do, out)
     if OP_OURS not in calls:
         return calls
+    args, kwargs = recorded_backward(calls[OP_OURS])
+    run = kda_backward.run
+    calls[OP_BARE] = lambda: run(*args, **kwargs)
+    return calls
+
+
+def recorded_backward(call: Callable) -> tuple[tuple, dict]:
+    """The arguments ``call`` (our op's backward) hands ``kernel.kda_backward.run``, recorded in one call."""
+    import kernel.kda_backward as kda_backward
+
     handed: dict = {}
     real_run = kda_backward.run
 
@@ -222,10 +232,9 @@ def _op_backward_calls(call: dict, original, routed, seed: int, out: dict) -> di
 
     kda_backward.run = recording_run
     try:
-        calls[OP_OURS]()
+        call()
     finally:
         kda_backward.run = real_run
     if not handed:
         raise RuntimeError("the route's backward did not run kernel.kda_backward.run")
-    calls[OP_BARE] = lambda: real_run(*handed["args"], **handed["kwargs"])
-    return calls
+    return handed["args"], handed["kwargs"]

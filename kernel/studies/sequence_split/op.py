@@ -51,7 +51,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     lay, x, _, kw = bench_layer.layer_and_inputs(cfg, args.heads, 2048, 0)
     original, routed, module = bench_layer.routes()
     failures: dict = {}
-    calls = bench_layer._op_backward_calls(bench_layer._layers_call(lay, x, kw, module, original), original, routed, 0,
+    calls = bench_layer.op_backward_calls(bench_layer.layers_call(lay, x, kw, module, original), original, routed, 0,
                                            failures)
     if bench_layer.OP_OURS not in calls:
         print(f"our op's backward could not run: {failures}")

@@ -153,7 +153,7 @@ def _bench_layer_config(cfg: Config, args, flush) -> dict:
 
     res["op_backward"] = {}
     try:
-        op_calls = _op_backward_calls(_layers_call(layer, x, kw, layer_module, original), original, routed,
+        op_calls = op_backward_calls(layers_call(layer, x, kw, layer_module, original), original, routed,
                                       args.seed, res["op_backward"])
     except Exception as exc:
         res["op_backward"] = {name: {"error": error_text(exc)} for name in (OP_FLA, OP_OURS, OP_BARE)}
@@ -171,7 +171,7 @@ def _bench_layer_config(cfg: Config, args, flush) -> dict:
     return res
 
 
-def _layers_call(layer, x, kw: dict, layer_module, original) -> dict:
+def layers_call(layer, x, kw: dict, layer_module, original) -> dict:
     """The keyword arguments of the layer's chunk_kda call on x, each tensor a fresh leaf; the
     floating ones require a gradient, as in training (the layer's q, k, v, gate and beta come from
     its projections, A_log and dt_bias are its parameters)."""
@@ -197,7 +197,7 @@ def _layers_call(layer, x, kw: dict, layer_module, original) -> dict:
             for name, t in seen.items()}
 
 
-def _op_backward_calls(call: dict, original, routed, seed: int, out: dict) -> dict[str, Callable]:
+def op_backward_calls(call: dict, original, routed, seed: int, out: dict) -> dict[str, Callable]:
     """FLA's op's backward, ours and our bare backward (kernel.kda_backward.run on the arguments the
     op hands it, recorded in one call), each a zero-argument call (:func:`.backward.retained_backwards`:
     the forwards run here, once; one that raises is recorded in ``out``)."""

@@ -136,12 +136,12 @@ def test_the_op_backward_part_records_the_layers_call_and_our_bare_backward(monk
         return module.chunk_kda(q=q_proj(x), v=v_proj(x), A_log=a_log, cu_seqlens=torch.tensor([0, 3]),
                                 use_gate_in_kernel=True)
 
-    call = layer._layers_call(the_layer, torch.randn(3, 4), {}, module, fla_op)
+    call = layer.layers_call(the_layer, torch.randn(3, 4), {}, module, fla_op)
     assert module.chunk_kda is fla_op
     assert call["q"].is_leaf and call["q"].requires_grad and call["A_log"].requires_grad
     assert not call["cu_seqlens"].requires_grad and call["use_gate_in_kernel"] is True
     out = {}
-    calls = layer._op_backward_calls(call, fla_op, routed, seed=0, out=out)
+    calls = layer.op_backward_calls(call, fla_op, routed, seed=0, out=out)
     assert set(calls) == {layer.OP_FLA, layer.OP_OURS, layer.OP_BARE} and out == {}
     assert kernel.kda_backward.run is stub_run and len(bare_calls) == 1   # recorded once, then put back
     dq_fla, _, da_fla = calls[layer.OP_FLA]()
@@ -155,7 +155,7 @@ def test_the_op_backward_part_records_the_layers_call_and_our_bare_backward(monk
         raise ValueError("refused")
 
     out = {}
-    calls = layer._op_backward_calls(call, fla_op, broken, seed=0, out=out)
+    calls = layer.op_backward_calls(call, fla_op, broken, seed=0, out=out)
     assert set(calls) == {layer.OP_FLA} and "ValueError: refused" in out[layer.OP_OURS]["error"]
     with pytest.raises(RuntimeError, match="never called"):
-        layer._layers_call(lambda x: None, torch.randn(3, 4), {}, module, fla_op)
+        layer.layers_call(lambda x: None, torch.randn(3, 4), {}, module, fla_op)

@@ -47,7 +47,8 @@ import numpy as np
 from .ds_scan import fla, launch as ds_scan
 from .token_gradients import launch as token_gradients
 from .runtime import builds
-from .runtime.arrays import bf16_bits, beta_f32, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
+from .runtime.arrays import (bf16_bits, beta_f32, cupy_view, describe, empty_output, expect, require_cupy, require_gpu,
+                             to_cupy)
 from .shapes import CHUNK_TOKENS, HEAD_DIM, host_offsets
 
 __all__ = ["kda_backward", "plan_kda_backward", "checked_batch", "run", "Batch", "Gate", "plan_scans", "ScanPlan",
@@ -247,13 +248,7 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
 def _empty_bf16(batch: Batch, like):
     """An uninitialised bf16 array of the states' shape, as a CuPy array (uint16 bits); from torch's
     caching allocator when the caller passed torch tensors (the CuPy view keeps the tensor alive)."""
-    import cupy
-
-    if batch.torch_out:
-        import torch
-
-        return cupy_view(torch.empty(batch.states_shape, dtype=torch.bfloat16, device=like.device))
-    return cupy.empty(batch.states_shape, dtype=np.uint16)
+    return empty_output(batch.states_shape, True, like.device if batch.torch_out else None)[1]
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,

@@ -34,7 +34,7 @@ TILES_PER_CHUNK = CHUNK_TOKENS // TILE_TOKENS
 SPAN_LIMIT = 110.0    # the widest gate span (log2) of a tile whose products are factorised (why not 126: shapes.cuh)
 
 __all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT", "qk_head",
-           "snapshot_offsets", "check_cu_seqlens", "host_offsets"]
+           "snapshot_offsets", "check_cu_seqlens", "host_offsets", "check_chunk_range"]
 
 
 def qk_head(hv: int, HV: int, H: int) -> int:
@@ -55,6 +55,15 @@ def snapshot_offsets(lengths: np.ndarray, tile: int, snapshot_every: int) -> np.
     n_tiles = -(-n // tile)
     n_snap = -(-n_tiles // snapshot_every)
     return np.concatenate([[0], np.cumsum(n_snap)]).astype(np.int64)
+
+
+def check_chunk_range(chunks: Any, total: int) -> tuple[int, int]:
+    """(c0, c1) of a launch over chunks c0 .. c1 - 1 of ``total`` (None: all of them), refused unless
+    0 <= c0 < c1 <= total."""
+    c0, c1 = (0, total) if chunks is None else chunks
+    if not 0 <= c0 < c1 <= total:
+        raise ValueError(f"chunks must be a range (c0, c1) with 0 <= c0 < c1 <= {total}, got {chunks}")
+    return c0, c1
 
 
 def _is_torch(x: Any) -> bool:

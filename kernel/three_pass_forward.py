@@ -24,16 +24,17 @@ chunks (:func:`piece_count`): the chain walks piece i on a side stream while the
 piece i + 1 and the o pass finishes piece i - 1 on the caller's stream. The state crosses from piece to
 piece in fp32, so any cut gives the same bits.
 
-The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan; the outputs come in its layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]),
-Aqk's and INV's diagonal blocks as it writes them (the same bits), o and the final state within their
-roundings of the same values. The numpy statement of each pass is tests/kernel/three_pass_model.py.
+The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan; the outputs come in its
+layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]), Aqk's and INV's diagonal blocks as it writes
+them (the same bits), o and the final state within their roundings of the same values. The numpy statement of
+each pass is tests/kernel/three_pass_model.py.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .forward.launch import ForwardOutputs, plan_forward
-from .shapes import CHUNK_TOKENS, HEAD_DIM
+from .shapes import CHUNK_TOKENS, HEAD_DIM, snapshot_offsets
 
 __all__ = ["three_pass_forward", "three_passes_pay", "THREE_PASS_MAX_PAIRS", "piece_count", "piece_edges",
            "MIN_PIECE_CHUNKS", "MAX_PIECES"]
@@ -100,7 +101,7 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         output_final_state=output_final_state, training=training)
     keep = plan.states_shape is not None   # training: the states and the blocks our backward reads
-    chunks = int(np.sum(-(-np.diff(plan.cu_seqlens) // CHUNK_TOKENS)))
+    chunks = int(snapshot_offsets(np.diff(plan.cu_seqlens), CHUNK_TOKENS, 1)[-1])   # FLA's chunk offsets' last
     if pieces is None:
         count = piece_count(chunks, plan.N)
     elif isinstance(pieces, (bool, np.bool_)) or not isinstance(pieces, (int, np.integer)) or pieces < 1:
@@ -137,7 +138,7 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
     from .forward_output import launch as output
     from .forward_products import launch as products
     from .runtime import builds
-    from .runtime.arrays import beta_f32, cupy_view, require_cupy, require_gpu, to_cupy
+    from .runtime.arrays import beta_f32, empty_output, require_cupy, require_gpu, to_cupy
 
     require_cupy("kernel.three_pass_forward")
     require_gpu("kernel.three_pass_forward")
@@ -153,13 +154,8 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
     c_t, c_c = chain.allocate(cp, device)
     op = output.plan_output(p_t["qg"], c_t["states"], p_t["aqk"], c_t["v_new"], cu_seqlens=plan.cu_seqlens)
     o_t, o_c = output.allocate(op, device)
-    shape = (1, cp.HV, HEAD_DIM, HEAD_DIM)
-    if device is not None:   # torch's memory for a torch caller (cupy_view keeps the tensor alive)
-        import torch
-
-        carry = [cupy_view(torch.empty(shape, dtype=torch.float32, device=device)) for _ in range(2)]
-    else:
-        carry = [cupy.empty(shape, dtype=np.float32) for _ in range(2)]
+    # torch's memory for a torch caller (the CuPy view keeps the tensor alive)
+    carry = [empty_output((1, cp.HV, HEAD_DIM, HEAD_DIM), False, device)[1] for _ in range(2)]
     ranges = list(zip(edges[:-1], edges[1:]))
     plans = [chain.piece(cp, r) for r in ranges]
     for pl in plans:   # the chunk offsets' device copies, made on this stream before the fork

@@ -46,7 +46,8 @@ import numpy as np
 
 from ..shapes import TILE_TOKENS, snapshot_offsets
 
-__all__ = ["ALIGN", "SEGMENTS", "MAX_SEGMENTS", "MANY_SLOTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots", "auto_counts", "pass_vsplits",
+__all__ = ["ALIGN", "SEGMENTS", "MAX_SEGMENTS", "MANY_SLOTS", "MIN_SLOTS", "MIN_SEGMENT", "END_WEIGHT", "slots",
+           "auto_counts", "pass_vsplits",
            "forced_counts", "counts_for", "segment_starts", "Plan", "plan", "check_summaries", "run", "phase_marks"]
 
 ALIGN = 64          # cuts at multiples of this many tokens from the sequence's start (see above)

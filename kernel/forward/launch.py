@@ -55,7 +55,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..runtime.arrays import ArrayInfo, beta_f32, check_scale, cupy_view, describe, expect, leading, to_cupy, value_heads
+from ..runtime.arrays import (ArrayInfo, beta_f32, check_scale, describe, empty_output, expect, leading, to_cupy,
+                              value_heads)
 from ..shapes import CHUNK_TOKENS, HEAD_DIM
 from ..forward_states.launch import (H200_SM_COUNT, ScanPlan, check_batch, host_advice, on_this_gpu, planned_tables,
                                      scan_kernel, states_shape)
@@ -166,7 +167,7 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         output_final_state=output_final_state, training=training, config=config,
                         sm_count=H200_SM_COUNT)
-    cupy, plan = on_this_gpu(plan, config, auto_config, "kernel.forward")
+    _, plan = on_this_gpu(plan, config, auto_config, "kernel.forward")
 
     q_c = to_cupy("q", q, "bf16")
     k_c = to_cupy("k", k, "bf16")
@@ -179,13 +180,7 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
         """(what the caller gets, its CuPy view) of an uninitialised output, or (None, None)."""
         if shape is None:
             return None, None
-        if plan.torch_out:
-            import torch
-
-            t = torch.empty(shape, dtype=torch.bfloat16 if bf16 else torch.float32, device=q.device)
-            return t, cupy_view(t)
-        c = cupy.empty(shape, dtype=np.uint16 if bf16 else np.float32)
-        return c, c
+        return empty_output(shape, bf16, q.device if plan.torch_out else None)
 
     o_t, o_c = empty(plan.o_shape, True)
     final_t, final_c = empty(plan.final_shape, False)

@@ -45,8 +45,8 @@ from ptx_lab import tensormap
 from ptx_lab.tensormap import TensorMap2D
 
 from ..runtime import builds
-from ..runtime.arrays import ArrayInfo, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
-from ..shapes import CHUNK_TOKENS, HEAD_DIM
+from ..runtime.arrays import ArrayInfo, describe, empty_output, expect, require_cupy, require_gpu, to_cupy
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_chunk_range
 from .config import BUILD, Config
 
 __all__ = ["forward_chain", "plan_chain", "ChainPlan", "ChainOutputs", "launch_planned", "allocate", "piece",
@@ -180,11 +180,9 @@ def piece(plan: ChainPlan, chunks: tuple[int, int]) -> ChainPlan:
     """The plan of chunks c0 .. c1 - 1 of a one-sequence plan, walked on their own from a state given
     (:func:`launch_planned` on the chunk-major arrays' rows c0 .. c1 - 1): a caller walks a long
     sequence in pieces, each from the state the one before left."""
-    c0, c1 = chunks
     if plan.N != 1:
         raise ValueError(f"a chain is walked in pieces only for one sequence, the plan has {plan.N}")
-    if not 0 <= c0 < c1 <= plan.chunks:
-        raise ValueError(f"chunks must be a range (c0, c1) with 0 <= c0 < c1 <= {plan.chunks}, got {chunks}")
+    c0, c1 = check_chunk_range(chunks, plan.chunks)
     return dataclasses.replace(plan, chunks=c1 - c0, cu_chunks=np.array([0, c1 - c0], dtype=np.int32),
                                output_final_state=True)
 
@@ -207,8 +205,6 @@ def allocate(plan: ChainPlan, device=None) -> tuple[dict, dict]:
     """The chain's outputs for ``plan``, uninitialised: (as returned, as CuPy views), keyed states, v_new and
     final_state (None unless plan.output_final_state). Torch tensors on ``device`` (torch's allocator, on
     torch's current stream) where the plan's operands are torch, else CuPy arrays."""
-    import cupy
-
     shapes = {"states": ((plan.chunks, plan.HV, HEAD_DIM, HEAD_DIM), "bf16"),
               "v_new": ((plan.chunks, plan.HV, CHUNK_TOKENS, HEAD_DIM), "bf16"),
               "final_state": ((plan.N, plan.HV, HEAD_DIM, HEAD_DIM), "f32")}
@@ -216,13 +212,8 @@ def allocate(plan: ChainPlan, device=None) -> tuple[dict, dict]:
     for name, (shape, dt) in shapes.items():
         if name == "final_state" and not plan.output_final_state:
             out_t[name] = out_c[name] = None
-        elif plan.torch_out:
-            import torch
-
-            out_t[name] = torch.empty(shape, dtype=torch.bfloat16 if dt == "bf16" else torch.float32, device=device)
-            out_c[name] = cupy_view(out_t[name])
         else:
-            out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
+            out_t[name], out_c[name] = empty_output(shape, dt == "bf16", device if plan.torch_out else None)
     return out_t, out_c
 
 

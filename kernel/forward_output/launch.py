@@ -42,8 +42,8 @@ import numpy as np
 
 from ..forward_products.launch import chunk_table
 from ..runtime import builds
-from ..runtime.arrays import ArrayInfo, cupy_view, describe, expect, require_cupy, require_gpu, to_cupy
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_cu_seqlens, host_offsets
+from ..runtime.arrays import ArrayInfo, describe, empty_output, expect, require_cupy, require_gpu, to_cupy
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_chunk_range, check_cu_seqlens, host_offsets, snapshot_offsets
 from .config import BUILD, Config
 
 __all__ = ["forward_output", "plan_output", "OutputPlan", "launch_planned", "allocate", "kernel"]
@@ -90,7 +90,7 @@ def _check_cu_seqlens(cu_seqlens, chunks: int) -> np.ndarray:
     if cu[-1] > INT32_MAX:
         raise ValueError(f"cu_seqlens ends at {int(cu[-1])} tokens: the chunk table holds tokens as int32, at most "
                          f"{INT32_MAX}")
-    want = int(np.sum(-(-np.diff(cu) // CHUNK_TOKENS)))
+    want = int(snapshot_offsets(np.diff(cu), CHUNK_TOKENS, 1)[-1])
     if want != chunks:
         raise ValueError(f"cu_seqlens lays out {want} chunks of {CHUNK_TOKENS} tokens (ceil(len / {CHUNK_TOKENS}) a "
                          f"sequence), the operands have {chunks}")
@@ -148,9 +148,7 @@ def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o, chunks: tuple[in
     chunks c0 .. c1 - 1 of the plan's (None: all), for a caller that runs the pass in pieces: their rows of the
     chunk table and of the chunk-major operands; o is taken whole, addressed by the table's tokens."""
     fn, smem, threads = kernel(plan.config)
-    c0, c1 = (0, plan.chunks) if chunks is None else chunks
-    if not 0 <= c0 < c1 <= plan.chunks:
-        raise ValueError(f"chunks must be a range (c0, c1) with 0 <= c0 < c1 <= {plan.chunks}, got {chunks}")
+    c0, c1 = check_chunk_range(chunks, plan.chunks)
     table = _table_on_device(plan.cu_seqlens.tobytes())[c0:c1]
     fn(((c1 - c0) * plan.HV,), (threads,),
        (qg[c0:c1], states[c0:c1], aqk[c0:c1], v_new[c0:c1], table, np.int32(plan.HV), o),
@@ -160,16 +158,7 @@ def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o, chunks: tuple[in
 def allocate(plan: OutputPlan, device=None):
     """o for ``plan``, uninitialised: (as returned, as a CuPy view); a torch tensor on ``device`` (torch's
     allocator, on torch's current stream) where the plan's operands are torch, else a CuPy array."""
-    import cupy
-
-    shape = (plan.tokens, plan.HV, HEAD_DIM)
-    if plan.torch_out:
-        import torch
-
-        o = torch.empty(shape, dtype=torch.bfloat16, device=device)
-        return o, cupy_view(o)
-    o = cupy.empty(shape, dtype=np.uint16)
-    return o, o
+    return empty_output((plan.tokens, plan.HV, HEAD_DIM), True, device if plan.torch_out else None)
 
 
 def forward_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | None = None):

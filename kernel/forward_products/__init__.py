@@ -11,4 +11,5 @@ from .launch import (CHUNK_MAJOR, ProductsOutputs, ProductsPlan, allocate, chunk
                      plan_products)
 
 __all__ = ["forward_products", "plan_products", "launch_planned", "allocate", "CHUNK_MAJOR", "chunk_table",
-           "ProductsPlan", "ProductsOutputs", "Config", "all_variants", "options", "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME"]
+           "ProductsPlan", "ProductsOutputs", "Config", "all_variants", "options", "BUILD", "SOURCE_DIR", "SOURCE_PATH",
+           "KERNEL_NAME"]

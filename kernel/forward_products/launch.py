@@ -43,8 +43,8 @@ import numpy as np
 
 from ..forward.launch import plan_forward
 from ..runtime import builds
-from ..runtime.arrays import beta_f32, cupy_view, require_cupy, require_gpu, to_cupy
-from ..shapes import CHUNK_TOKENS, HEAD_DIM
+from ..runtime.arrays import beta_f32, empty_output, require_cupy, require_gpu, to_cupy
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_chunk_range, snapshot_offsets
 from .config import BUILD, Config
 
 __all__ = ["forward_products", "plan_products", "ProductsPlan", "ProductsOutputs", "chunk_table", "launch_planned",
@@ -80,7 +80,7 @@ class ProductsPlan:
 
     @property
     def cu_chunks(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(-(-np.diff(self.cu_seqlens) // CHUNK_TOKENS))]).astype(np.int64)
+        return snapshot_offsets(np.diff(self.cu_seqlens), CHUNK_TOKENS, 1)   # FLA's chunk offsets
 
     @property
     def chunks(self) -> int:
@@ -126,9 +126,7 @@ def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, config: Conf
     caller that runs the pass in pieces: their rows of the chunk table and of the chunk-major outputs; the
     inputs and Aqk's and INV's token-major blocks are taken whole, addressed by the table's tokens."""
     fn, smem, threads = kernel(config if config is not None else Config())
-    c0, c1 = (0, plan.chunks) if chunks is None else chunks
-    if not 0 <= c0 < c1 <= plan.chunks:
-        raise ValueError(f"chunks must be a range (c0, c1) with 0 <= c0 < c1 <= {plan.chunks}, got {chunks}")
+    c0, c1 = check_chunk_range(chunks, plan.chunks)
     null = np.uint64(0)
     table = _table_on_device(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes())[c0:c1]
     part = {n: out[n][c0:c1] for n in CHUNK_MAJOR}
@@ -143,8 +141,6 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
     """The pass's outputs for ``plan``, uninitialised: (as returned, as CuPy views). Torch tensors on
     ``device`` (torch's allocator, on torch's current stream) where the plan's inputs are torch, else CuPy
     arrays; Aqk and Akk None unless the plan trains."""
-    import cupy
-
     C, HV, D = plan.chunks, plan.HV, HEAD_DIM
     shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "bf16"),
               "kg": ((C, HV, CHUNK_TOKENS, D), "bf16"), "qg": ((C, HV, CHUNK_TOKENS, D), "bf16"),
@@ -154,13 +150,7 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
         shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))
     out_t, out_c = {"Aqk": None, "Akk": None}, {"Aqk": None, "Akk": None}
     for name, (shape, dt) in shapes.items():
-        if plan.torch_out:
-            import torch
-
-            out_t[name] = torch.empty(shape, dtype=torch.bfloat16 if dt == "bf16" else torch.float32, device=device)
-            out_c[name] = cupy_view(out_t[name])
-        else:
-            out_t[name] = out_c[name] = cupy.empty(shape, dtype=np.uint16 if dt == "bf16" else np.float32)
+        out_t[name], out_c[name] = empty_output(shape, dt == "bf16", device if plan.torch_out else None)
     return out_t, out_c
 
 

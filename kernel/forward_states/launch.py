@@ -50,7 +50,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime import builds
-from ..runtime.arrays import (ArrayInfo, beta_f32, cupy_view, describe, expect, leading, require_cupy, require_gpu,
+from ..runtime.arrays import (ArrayInfo, beta_f32, describe, empty_output, expect, leading, require_cupy, require_gpu,
                               to_cupy, value_heads)
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
 from .config import BUILD, Config, ScanShape, auto_config, choose_warps
@@ -265,13 +265,8 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
                              f"{plan.states_shape}, got {type(out).__name__} {getattr(out, 'dtype', '')} "
                              f"{tuple(getattr(out, 'shape', ()))}")
         out_t = out
-    elif plan.torch_out:
-        import torch
-
-        out_t = torch.empty(plan.states_shape, dtype=torch.bfloat16, device=k.device)
-        out = cupy_view(out_t)
     else:
-        out = out_t = cupy.empty(plan.states_shape, dtype=np.uint16)
+        out_t, out = empty_output(plan.states_shape, True, k.device if plan.torch_out else None)
     launch_planned(plan, k_c, v_c, g_c, beta_c, akk_c, h0, out)
     return out_t
 

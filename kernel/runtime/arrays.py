@@ -26,7 +26,8 @@ CUDA_INSTALL = "pip install -e '.[cuda]'"   # pyproject's cuda extra: cupy-cuda1
 DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)", "float32": "float32"}
 
 __all__ = ["ArrayInfo", "describe", "leading", "expect", "value_heads", "check_scale", "is_torch", "require_cupy",
-           "require_gpu", "cupy_view", "to_cupy", "torch_allocations", "beta_f32", "bf16_bits", "bits_to_f32", "CUDA_INSTALL"]
+           "require_gpu", "cupy_view", "empty_output", "to_cupy", "torch_allocations", "beta_f32", "bf16_bits",
+           "bits_to_f32", "CUDA_INSTALL"]
 
 
 def is_torch(x: Any) -> bool:
@@ -183,6 +184,21 @@ def cupy_view(x):
         raise ValueError("a CuPy view needs a contiguous tensor")
     mem = cupy.cuda.UnownedMemory(x.data_ptr(), x.numel() * x.element_size(), x, x.device.index)
     return cupy.ndarray(tuple(x.shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def empty_output(shape: tuple, bf16: bool, device=None):
+    """An uninitialised output: (what the caller gets, its CuPy view). A torch tensor on ``device`` from
+    torch's caching allocator (on torch's current stream) where ``device`` is given, else a CuPy array;
+    bf16 (uint16 bits in CuPy) or fp32."""
+    import cupy
+
+    if device is not None:
+        import torch
+
+        t = torch.empty(shape, dtype=torch.bfloat16 if bf16 else torch.float32, device=device)
+        return t, cupy_view(t)
+    c = cupy.empty(shape, dtype=np.uint16 if bf16 else np.float32)
+    return c, c
 
 
 @contextlib.contextmanager

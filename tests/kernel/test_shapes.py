@@ -125,3 +125,14 @@ def test_cu_seqlens_is_checked_by_name(cu, match):
 def test_cu_seqlens_needs_a_packed_batch():
     with pytest.raises(ValueError, match="packed batch of size 1"):
         shapes.check_cu_seqlens([0, 8], 2, 8)
+
+
+def test_a_chunk_range_is_all_chunks_or_a_nonempty_range_inside_them():
+    from kernel.shapes import check_chunk_range
+
+    assert check_chunk_range(None, 7) == (0, 7)
+    assert check_chunk_range((2, 5), 7) == (2, 5)
+    assert check_chunk_range((6, 7), 7) == (6, 7)
+    for bad in ((3, 3), (5, 2), (-1, 2), (0, 8)):
+        with pytest.raises(ValueError, match=r"chunks must be a range \(c0, c1\) with 0 <= c0 < c1 <= 7"):
+            check_chunk_range(bad, 7)

@@ -47,7 +47,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     from kernel.tools.bench.configs import parse_config
 
     cfg = parse_config(args.config, 0)
-    print(f"{args.config}, {args.heads} heads: building the layer and recording its call ...", file=sys.stderr, flush=True)
+    print(f"{args.config}, {args.heads} heads: building the layer and recording its call ...", file=sys.stderr,
+          flush=True)
     lay, x, _, kw = bench_layer.layer_and_inputs(cfg, args.heads, 2048, 0)
     original, routed, module = bench_layer.routes()
     failures: dict = {}

@@ -124,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         for n in r["pieces"]:
             t = r[f"{n} pieces ms"]
-            print(f"{r['config']:>16} {r['heads']:>5} in {n:>2} pieces: {t:8.3f} ms, {t / r['three passes ms']:.3f} of the "
+            print(f"{r['config']:>16} {r['heads']:>5} in {n:>2} pieces: {t:8.3f} ms, "
+                  f"{t / r['three passes ms']:.3f} of the "
                   f"passes in turn, {t / r['one pass ms']:.3f} of the one pass; one piece's bits: "
                   f"{r['same bits in pieces'][str(n)]}")
     if args.json:

@@ -20,8 +20,8 @@ They move more bytes than the one pass (about 6.7 KB a token and head against 3.
 the one pass's chain binds: :func:`three_passes_pay` is the rule ``kernel.chunk_kda`` follows.
 
 The chain uses a few SMs (four CTAs a sequence and value head), so one long sequence runs in pieces of
-chunks (:func:`piece_count`): the chain walks piece i on a side stream while the products pass builds
-piece i + 1 and the o pass finishes piece i - 1 on the caller's stream. The state crosses from piece to
+chunks (:func:`piece_count`): the chain walks piece i on a stream of the highest priority while the products
+pass builds piece i + 1 and the o pass finishes piece i - 1 on the caller's stream. The state crosses from piece to
 piece in fp32, so any cut gives the same bits.
 
 The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan; the outputs come in its
@@ -53,9 +53,12 @@ THREE_PASS_MAX_PAIRS = 32
 # One sequence runs in pieces, so that the chain of a piece runs beside the products of the next and the o
 # pass of the one before (module docstring). At 1x131072 with 16 value heads (2,048 chunks, log 47) the
 # passes in turn took 5.84 ms; in 2, 4, 8 and 16 pieces 5.64, 5.53, 5.43 and 5.59. The gain is small
-# because each chain CTA fills an SM (its ring is 167 KB of shared memory), so its 64 CTAs take half the
-# SMs from the products pass while it runs. Each piece costs about 0.2 ms of host time (8 pieces: 2.5 ms a
-# call against 0.9), so pieces stay long: 256 chunks at 1x131072.
+# because each chain CTA fills an SM (180 KB of shared memory), so its 64 CTAs take half the SMs from the
+# products pass while it runs; a build small enough to share an SM with a products CTA (115 KB: a ring of
+# two stages) walks 20% slower and lost (log 48). The chain is the serial path, so its stream has the
+# highest priority: its CTAs take the SMs that free up before the products pass's next ones (8 pieces:
+# 5.27 ms against 5.46 at the default priority, log 48). Each piece costs about 0.2 ms of host time (8
+# pieces: 2.5 ms a call against 0.9), so pieces stay long: 256 chunks at 1x131072.
 MIN_PIECE_CHUNKS = 256
 MAX_PIECES = 8
 
@@ -127,10 +130,11 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
 
 def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
     """The passes over one sequence in pieces (chunks edges[i] .. edges[i + 1] - 1): products and o on the
-    caller's stream, the chain beside them on the device's side stream, each piece's chain after its
-    products and each piece's o after its chain. The state goes from piece to piece through two fp32
-    buffers in turn; the last piece writes the final state (or into one of them). Everything is allocated
-    before the fork, on the caller's stream, which has waited for the last chain when this returns.
+    caller's stream, the chain beside them on the device's serial stream (the highest priority), each
+    piece's chain after its products and each piece's o after its chain. The state goes from piece to piece
+    through two fp32 buffers in turn; the last piece writes the final state (or into one of them).
+    Everything is allocated before the fork, on the caller's stream, which has waited for the last chain
+    when this returns.
     -> (o, final_state, states, the products pass's outputs)."""
     import cupy
 
@@ -161,7 +165,7 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
     for pl in plans:   # the chunk offsets' device copies, made on this stream before the fork
         chain.device_cu_chunks(pl.cu_chunks.tobytes())
     main = cupy.cuda.get_current_stream()
-    side = builds.side_stream(cupy.cuda.Device().id)
+    side = builds.serial_stream(cupy.cuda.Device().id)
     products.launch_planned(pp, q_c, k_c, v_c, g_c, beta_c, p_c, chunks=ranges[0])
     made = main.record()
     last = len(ranges) - 1

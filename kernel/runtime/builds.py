@@ -29,7 +29,7 @@ from ptx_lab import CUDA_INCLUDE_DIR
 from ..shapes import TILE_TOKENS, snapshot_offsets
 
 __all__ = ["KernelBuild", "SHAPES_HEADER", "read_int_constants", "kernel_function", "sm_count", "side_stream",
-           "side_by_side", "longest_first", "device_tables"]
+           "serial_stream", "HIGHEST_PRIORITY", "side_by_side", "longest_first", "device_tables"]
 
 # The shapes every kernel's device source includes (as "../../shapes.cuh" from its cuda/ folder, so
 # that nvcc on the entry file and NVRTC through the folder's -I both find it with no -I of its own)
@@ -128,6 +128,22 @@ def side_stream(device_id: int):
 
     with cupy.cuda.Device(device_id):
         return cupy.cuda.Stream(non_blocking=True)
+
+
+# CUDA clamps a stream priority outside the device's range (cudaDeviceGetStreamPriorityRange: 0 to -3 on
+# an H200; lower runs first) to the range's nearest end, so this number asks for the highest
+HIGHEST_PRIORITY = -(1 << 16)
+
+
+@functools.lru_cache(maxsize=None)
+def serial_stream(device_id: int):
+    """One non-blocking stream per device at its highest priority, beside the caller's: for a serial path
+    that other work runs around. Where both have CTAs waiting, the block scheduler gives this stream's
+    the SMs that free up first, so the serial path does not queue behind the wide work."""
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream(non_blocking=True, priority=HIGHEST_PRIORITY)
 
 
 def side_by_side(first, second) -> None:

@@ -120,3 +120,17 @@ def test_pieces_torch_in_torch_out():
     assert np.array_equal(out_t.o.view(torch.int16).cpu().numpy().view(np.uint16), whole.o.get())
     assert np.array_equal(out_t.states.view(torch.int16).cpu().numpy().view(np.uint16), whole.states.get())
     assert np.array_equal(out_t.final_state.cpu().numpy(), whole.final_state.get())
+
+
+def test_the_chain_of_pieces_runs_on_a_stream_of_the_devices_highest_priority():
+    # the chain's stream is one per device, non-blocking, at the top of the range the driver reports (torch
+    # asks it: cudaDeviceGetStreamPriorityRange), whatever number builds.HIGHEST_PRIORITY asked for
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    from kernel.runtime import builds
+
+    device = cupy.cuda.Device().id
+    stream = builds.serial_stream(device)
+    assert stream is builds.serial_stream(device) and stream is not builds.side_stream(device)
+    assert torch.cuda.ExternalStream(stream.ptr).priority == torch.cuda.Stream.priority_range()[1] < 0

@@ -30,6 +30,7 @@ op runs its forward once, and three calls are timed in turn:
 * ours bare: ``kernel.kda_backward.run`` with the arguments the op's backward handed it (recorded
   in one call), so that ours / bare - 1 is what the autograd wrapper costs.
 
+FLA's autotune choices in the process are recorded last (``fla_autotune``), as the other modes record them.
 torch, fla and the kernel's modules are imported inside the functions.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ import importlib
 import time
 from typing import Any, Callable
 
-from .backward import first_calls, in_turn, median_of, peak_memories, retained_backwards
+from .backward import first_calls, in_turn, median_of, peak_memories, record_fla_autotune, retained_backwards
 from .configs import Config
 from .report import error_text, log
 
@@ -126,7 +127,9 @@ def bench_layer_config(cfg: Config, args, flush) -> dict:
     import kernel
 
     with kernel.using_forward(args.our_forward):
-        return _bench_layer_config(cfg, args, flush)
+        res = _bench_layer_config(cfg, args, flush)
+    record_fla_autotune(res, cfg.name)   # FLA's block sizes, as the other modes record them
+    return res
 
 
 def _bench_layer_config(cfg: Config, args, flush) -> dict:

@@ -202,6 +202,8 @@ def test_the_step_and_the_layer_run_under_the_forward_asked_for(monkeypatch):
             assert kernel.forward_setting() == name
         assert kernel.forward_setting() == before
     seen = []
-    monkeypatch.setattr(layer, "_bench_layer_config", lambda cfg, args, flush: seen.append(kernel.forward_setting()))
+    monkeypatch.setattr(layer, "_bench_layer_config",
+                        lambda cfg, args, flush: seen.append(kernel.forward_setting()) or {})
+    monkeypatch.setattr(layer, "record_fla_autotune", lambda res, tag: res.update(fla_autotune={}))
     layer.bench_layer_config(configs.parse_config("2x256"), cli.parse_args(["--layer", "--our-forward", "fla"]), None)
     assert seen == ["fla"] and kernel.forward_setting() == before

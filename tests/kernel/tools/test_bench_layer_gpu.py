@@ -38,6 +38,7 @@ def test_one_small_configuration_is_measured(config):
     assert res["wrapper"] == pytest.approx(res["op_backward"][layer.OP_OURS]["median_ms"]
                                            / res["op_backward"][layer.OP_BARE]["median_ms"] - 1)
     assert layer_module.chunk_kda is original      # the route was put back after every call
+    assert res["fla_autotune"], "FLA's autotune choices were not recorded"
     import kernel.kda_backward
     assert kernel.kda_backward.run.__name__ == "run"   # the recording wrapper was taken out
     assert len(layer_report.layer_row(res)) == len(layer_report.LAYER_COLUMNS)

@@ -20,9 +20,9 @@ They move more bytes than the one pass (about 6.7 KB a token and head against 3.
 the one pass's chain binds: :func:`three_passes_pay` is the rule ``kernel.chunk_kda`` follows.
 
 The chain uses a few SMs (four CTAs a sequence and value head), so one long sequence runs in pieces of
-chunks (:func:`piece_count`): the chain walks piece i on a stream of the highest priority while the products
-pass builds piece i + 1 and the o pass finishes piece i - 1 on the caller's stream. The state crosses from piece to
-piece in fp32, so any cut gives the same bits.
+chunks (:func:`piece_count`): the chain walks piece i on a stream of the highest priority while the
+products pass builds piece i + 1 and the o pass finishes piece i - 1 on the caller's stream. The state
+crosses from piece to piece in fp32, so any cut gives the same bits.
 
 The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan; the outputs come in its
 layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]), Aqk's and INV's diagonal blocks as it writes
@@ -165,18 +165,18 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
     for pl in plans:   # the chunk offsets' device copies, made on this stream before the fork
         chain.device_cu_chunks(pl.cu_chunks.tobytes())
     main = cupy.cuda.get_current_stream()
-    side = builds.serial_stream(cupy.cuda.Device().id)
+    serial = builds.serial_stream(cupy.cuda.Device().id)
     products.launch_planned(pp, q_c, k_c, v_c, g_c, beta_c, p_c, chunks=ranges[0])
     made = main.record()
     last = len(ranges) - 1
     for i, (c0, c1) in enumerate(ranges):
-        side.wait_event(made)
+        serial.wait_event(made)
         src = h0 if i == 0 else carry[(i - 1) % 2]
         dst = c_c["final_state"] if i == last and c_c["final_state"] is not None else carry[i % 2]
-        with side:
+        with serial:
             chain.launch_planned(plans[i], p_c["w"][c0:c1], p_c["u"][c0:c1], p_c["kg"][c0:c1], p_c["decay"][c0:c1],
                                  src, c_c["states"][c0:c1], c_c["v_new"][c0:c1], dst)
-        walked = side.record()
+        walked = serial.record()
         if i < last:
             products.launch_planned(pp, q_c, k_c, v_c, g_c, beta_c, p_c, chunks=ranges[i + 1])
             made = main.record()

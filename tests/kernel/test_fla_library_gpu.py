@@ -346,17 +346,32 @@ def _loss(model, x, target):
     return (model(x).float() - target).square().mean()
 
 
+# (B, T, H, HV): a small batch, and one sequence long enough that our forward runs the three passes in
+# pieces (the chain on a second stream) and our backward splits Kernel A's scan (the summaries on a second
+# stream, the fold between the passes)
+GRAPH_SHAPES = {"B 2 x T 256": (2, 256, 2, 4), "one sequence of 32768": (1, 32768, 2, 4)}
+
+
+@pytest.mark.parametrize("shape", GRAPH_SHAPES)
 @pytest.mark.parametrize("forward", FORWARDS)
-def test_a_training_step_captured_in_a_cuda_graph_replays_as_eager_steps(forward):
+def test_a_training_step_captured_in_a_cuda_graph_replays_as_eager_steps(forward, shape):
     skip_without_fla_gpu()
     from kernel import using_forward
 
+    B, T, H, HV = GRAPH_SHAPES[shape]
+    if B == 1:   # the case covers the pieces and the split only while the rules take them here
+        from kernel.ds_scan.split import auto_counts
+        from kernel.runtime.builds import sm_count
+        from kernel.three_pass_forward import piece_count, three_passes_pay
+
+        assert three_passes_pay(HV, B, T, None) and piece_count(T // 64, 1) > 1
+        assert auto_counts([T], HV, sm_count())[0] > 1
     with using_forward(forward):
-        _training_step_in_a_cuda_graph()
+        _training_step_in_a_cuda_graph(B, T, H, HV)
 
 
-def _training_step_in_a_cuda_graph():
-    B, T, hidden, H, HV, steps, warmup = 2, 256, 256, 2, 4, 6, 3
+def _training_step_in_a_cuda_graph(B: int, T: int, H: int, HV: int):
+    hidden, steps, warmup = 256, 6, 3
     torch.manual_seed(0)
     graphed = _KDALayer(hidden, H, HV).cuda()
     eager = copy.deepcopy(graphed)

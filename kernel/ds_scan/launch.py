@@ -390,7 +390,7 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
         # for a torch caller, which torch then counts and reuses
         with torch_allocations(dev) if torch_in else contextlib.nullcontext():
             dh0[...] = _split_scan(inputs, dht, snapshots, cu, counts, H=H, HV=HV, scale=s, sm=sm, vsplit=vsplit,
-                                   base=base, knobs=knobs)
+                                   base=base, knobs=knobs, torch_device=dev if torch_in else None)
     else:
         fn, smem, threads, tma_dims = kernel(cfg)
         null = np.uint64(0)
@@ -475,9 +475,17 @@ def summaries(q, k, gc, beta, mqk, inv, do, *, cu_seqlens=None, scale: float | N
 
 
 def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H: int, HV: int, scale: float,
-                sm: int, vsplit, base: dict, knobs: dict):
-    """The three passes of :func:`kernel.ds_scan.split.run` with Kernel A's launches; returns dh0."""
+                sm: int, vsplit, base: dict, knobs: dict, torch_device=None):
+    """The three passes of :func:`kernel.ds_scan.split.run` with Kernel A's launches; returns dh0. For a
+    torch caller (``torch_device``) the fold runs in torch on views of the buffers, so that a training step
+    through the split can be captured in a CUDA graph."""
     import cupy
+
+    fold_view = None
+    if torch_device is not None:
+        import torch
+
+        fold_view = lambda a: torch.as_tensor(a, device=torch_device)   # noqa: E731 (no copy)
 
     p, seg_cu, seg_offs = _split_tables(cu.tobytes(), counts.astype(np.int64).tobytes(), base["snap_every"],
                                         float(split.END_WEIGHT))
@@ -500,7 +508,8 @@ def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H
         _launch_summaries(inputs, M, d, seg_cu, seg_offs, _launch_order(p.cu.tobytes(), segs.tobytes()),
                           H=H, HV=HV, scale=scale, vsplit=v_sum, base=base)
 
-    return split.run(p, dht, scan, summarise, xp=cupy, H=HV, K=HEAD_DIM, V=HEAD_DIM, side_by_side=builds.side_by_side)
+    return split.run(p, dht, scan, summarise, xp=cupy, H=HV, K=HEAD_DIM, V=HEAD_DIM, side_by_side=builds.side_by_side,
+                     fold_view=fold_view)
 
 
 __all__ = ["dstate_scan", "summaries", "run", "ScanInputs", "scan_inputs_of", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel", "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

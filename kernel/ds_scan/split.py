@@ -280,6 +280,11 @@ def plan(cu_seqlens, counts, *, tile: int = TILE_TOKENS, snapshot_every: int = 1
                 snap_offsets=np.array(snap + [int(offs[-1])], dtype=np.int64), first=first)
 
 
+def _float64(a):
+    """a in float64: numpy's and CuPy's astype, torch's double."""
+    return a.astype(np.float64) if hasattr(a, "astype") else a.double()
+
+
 _MARK: contextvars.ContextVar = contextvars.ContextVar("kernel_split_mark", default=None)
 
 
@@ -304,13 +309,16 @@ SummaryFn = Callable[[np.ndarray, Array, Array], None]
 
 
 def run(p: Plan, dht, scan: ScanFn, summarise: SummaryFn, *, xp, H: int, K: int, V: int,
-        side_by_side: Callable | None = None):
+        side_by_side: Callable | None = None, fold_view: Callable[[Array], Array] | None = None):
     """The three passes; returns dh0 [N, H, K, V] (fp32), the snapshots having gone where
     ``scan`` writes them.
 
     ``dht`` [N, H, K, V] or None. Segment-indexed buffers ([n_seg, H, K, V] fp32) carry
     each segment's incoming dS and its dS leaving. ``side_by_side(a, b)`` runs the two
-    calls of pass 1 concurrently (two streams); None runs them in turn.
+    calls of pass 1 concurrently (two streams); None runs them in turn. ``fold_view(a)``, if
+    given, is the buffer ``a`` as the library that folds sees it (for a torch caller, a torch
+    view: CuPy refuses its matmul while torch captures a CUDA graph, torch's runs there); else
+    the fold runs on ``xp``'s arrays.
     """
     mark = _MARK.get() or (lambda name: None)
     mark("start")
@@ -340,14 +348,15 @@ def run(p: Plan, dht, scan: ScanFn, summarise: SummaryFn, *, xp, H: int, K: int,
 
     if rest.size:
         # pass 2, per split sequence: incoming[j] for its segments 0 .. m-2 (the end's is known)
-        f64 = np.float64
+        view = fold_view if fold_view is not None else (lambda a: a)
+        M_f, d_f, out_f, seg_dht_f = (None if a is None else view(a) for a in (M, d, out, seg_dht))
         for n in np.flatnonzero(p.count > 1):
             base, m = int(p.first[n]), int(p.count[n])
-            row = [None] + [(M[base + j].astype(f64), d[base + j].astype(f64)) for j in range(1, m - 1)]
-            row.append((None, out[base + m - 1].astype(f64)))
+            row = [None] + [(_float64(M_f[base + j]), _float64(d_f[base + j])) for j in range(1, m - 1)]
+            row.append((None, _float64(out_f[base + m - 1])))
             incoming = fold_summaries(row, None)
             for j in range(m - 1):
-                seg_dht[base + j] = incoming[j]
+                seg_dht_f[base + j] = incoming[j]
         mark("fold")
         scan(rest, seg_dht, out, last=False)
         mark("pass 3")

@@ -66,9 +66,16 @@ def _reference_launchers(inp: dict, p: dict, plan: split.Plan, snapshots: np.nda
     return scan, summarise
 
 
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(split_cases())
-def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
+@given(split_cases(), st.booleans() if torch is not None else st.just(False))
+def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p, torch_fold):
+    # torch_fold: the fold on torch views of the buffers, as a torch caller's runs (a CUDA graph can hold it)
     inp = scan_inputs(p)
     from kernel.reference import prepare_tiles
 
@@ -87,7 +94,8 @@ def test_the_passes_with_reference_launches_equal_the_unsplit_scan(p):
     scan, summarise = _reference_launchers(inp, p, plan, snapshots)
     calls = []
     dh0 = split.run(plan, inp["dht"], scan, summarise, xp=np, H=H, K=K, V=V,
-                    side_by_side=lambda a, b: (calls.append("side"), a(), b()))
+                    side_by_side=lambda a, b: (calls.append("side"), a(), b()),
+                    fold_view=torch.from_numpy if torch_fold else None)
     assert not np.isnan(snapshots).any(), "a snapshot was not written"
     assert _rel(snapshots, ref_snaps[0]) < RTOL
     assert _rel(dh0, ref_dh0) < RTOL

@@ -130,7 +130,7 @@ def side_stream(device_id: int):
         return cupy.cuda.Stream(non_blocking=True)
 
 
-# CUDA clamps a stream priority outside the device's range (cudaDeviceGetStreamPriorityRange: 0 to -3 on
+# CUDA clamps a stream priority outside the device's range (cudaDeviceGetStreamPriorityRange: 0 to -5 on
 # an H200; lower runs first) to the range's nearest end, so this number asks for the highest
 HIGHEST_PRIORITY = -(1 << 16)
 

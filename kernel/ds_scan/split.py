@@ -352,7 +352,11 @@ def run(p: Plan, dht, scan: ScanFn, summarise: SummaryFn, *, xp, H: int, K: int,
         M_f, d_f, out_f, seg_dht_f = (None if a is None else view(a) for a in (M, d, out, seg_dht))
         for n in np.flatnonzero(p.count > 1):
             base, m = int(p.first[n]), int(p.count[n])
-            row = [None] + [(_float64(M_f[base + j]), _float64(d_f[base + j])) for j in range(1, m - 1)]
+            # the middles' summaries in float64, one conversion a kind: the fold is a chain of small
+            # launches between pass 1 and pass 3, each a few microseconds
+            if m > 2:
+                M64, d64 = _float64(M_f[base + 1:base + m - 1]), _float64(d_f[base + 1:base + m - 1])
+            row = [None] + [(M64[j - 1], d64[j - 1]) for j in range(1, m - 1)]
             row.append((None, _float64(out_f[base + m - 1])))
             incoming = fold_summaries(row, None)
             for j in range(m - 1):

@@ -14,7 +14,8 @@ Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, g
   any gate. A diagonal block is factorised about its own last row, as the one pass's tile products
   are, or formed pairwise in fp32 where a channel spans past ``kernel.shapes.SPAN_LIMIT``. Then
   INV = (I + Akk)^-1 in fp32 (forward substitution on the diagonal blocks, the blocks below from them),
-  w = INV (beta k 2^gc), u = INV (beta v) and kg = k 2^(gT - gc), each stored bf16;
+  w = INV (beta k 2^gc), u = INV (beta v) and kg = k 2^(gT - gc), each stored bf16 (u also in fp16 with
+  a power-of-two scale a chunk and head, or in fp32: ``U_FORMATS``, the study's alternatives);
 * **the chain** in 64-token steps: v_new = u - w S, S <- 2^gT S + kg^T v_new (S fp32; bf16 as an
   operand; v_new stored bf16), the state entering the chunk stored bf16 (``kernel.forward_chain`` is
   its kernel: :func:`chain` here is its arithmetic, up to the order its MMAs sum in);
@@ -47,6 +48,36 @@ def ftz(x) -> np.ndarray:
     """fp32 with subnormals flushed to zero."""
     x = np.asarray(x, dtype=np.float32)
     return np.where(np.abs(x) < FP32_TINY, np.float32(0), x).astype(np.float32)
+
+
+def fp16(x) -> np.ndarray:
+    """x rounded to fp16 (nearest even, subnormals kept), as float32 values."""
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+
+
+# How u leaves the products pass for the chain: "bf16" (today's kernels), "fp16" with a power-of-two scale
+# a chunk and head (8 more bits of mantissa in the same bytes), "fp32" (512 B a token and head more)
+U_FORMATS = ("bf16", "fp16", "fp32")
+# fp16's u is scaled so that a bound on its entries is at most 2^15: half fp16's largest finite value (65504),
+# which leaves room for bf16(INV)'s rounding up (at most 2^-8 relative) and the MMA's fp32 sums
+U_FP16_TOP_EXP = 15
+
+
+def u_bound(inv, bv) -> np.float32:
+    """A bound on |u| = |INV bv| entry by entry: INV's largest row sum of magnitudes times bv's largest
+    magnitude, in fp32 (INV fp32 [64, 64], bv bf16 values [64, 128])."""
+    rows = np.abs(np.asarray(inv, dtype=np.float32)).sum(axis=1, dtype=np.float32)
+    return np.float32(rows.max()) * np.float32(np.abs(bv).max())
+
+
+def fp16_scale(bound) -> np.float32:
+    """2^e with bound / 2^e at most 2^U_FP16_TOP_EXP and more than half that (bound > 0; 1 for a zero chunk):
+    u / 2^e then uses fp16's whole normal range from the top, whatever the magnitude of v. e stays within
+    [-100, 100], where 2^e and 2^-e are normal fp32."""
+    if not bound > 0:
+        return np.float32(1)
+    _, e = np.frexp(np.float32(bound))             # bound = m 2^e, m in [0.5, 1): bound <= 2^e
+    return np.float32(2.0 ** int(np.clip(int(e) - U_FP16_TOP_EXP, -100, 100)))
 
 
 def mm(a, b) -> np.ndarray:
@@ -121,22 +152,33 @@ def unit_lower_inverse(lkk: np.ndarray) -> np.ndarray:
     return inv
 
 
-def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_fp32: bool = False) -> dict:
+def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_format: str = "bf16") -> dict:
     """The products pass on one chunk (rows >= L padded as the module docstring says): w, u, kg, qg [64, 128]
-    (bf16 values; u fp32 with ``u_fp32``), Aqk [64, 64] (fp32), decay = 2^gT [128] (fp32) and the count of
-    blocks formed pairwise."""
+    (bf16 values; u as ``u_format`` stores it, :data:`U_FORMATS`), u_scale (the power of two u was stored
+    divided by: 1 but in fp16), Aqk [64, 64] (fp32), decay = 2^gT [128] (fp32) and the count of blocks
+    formed pairwise."""
     f32 = np.float32
+    if u_format not in U_FORMATS:
+        raise ValueError(f"u_format must be one of {U_FORMATS}, got {u_format!r}")
     gT = gc[L - 1]
     aqk, lkk, pairwise = chunk_products(qc, kc, gc, bc, L, scale)
-    inv = bf16(unit_lower_inverse(lkk))
+    inv32 = unit_lower_inverse(lkk)
+    inv = bf16(inv32)
+    u_scale = f32(1)
     with np.errstate(under="ignore"):
         start = ftz(np.exp2(gc))
         w = bf16(mm(inv, bf16(ftz(bc[:, None] * kc * start))))
-        u = mm(inv, bf16(bc[:, None] * vc))
-        u = u if u_fp32 else bf16(u)
+        bv = bf16(bc[:, None] * vc)
+        u = mm(inv, bv)
+        if u_format == "fp16":
+            u_scale = fp16_scale(u_bound(inv32, bv))
+            u = fp16(u / u_scale)
+        elif u_format == "bf16":
+            u = bf16(u)
         kg = bf16(ftz(kc * ftz(np.exp2(gT[None, :] - gc))))
         qg = bf16(ftz(f32(scale) * qc * start))
-    return {"w": w, "u": u, "kg": kg, "qg": qg, "aqk": aqk, "decay": np.exp2(gT).astype(f32), "pairwise": pairwise}
+    return {"w": w, "u": u, "u_scale": u_scale, "kg": kg, "qg": qg, "aqk": aqk, "decay": np.exp2(gT).astype(f32),
+            "pairwise": pairwise}
 
 
 def chain_step(S, w, u, kg, decay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -146,10 +188,11 @@ def chain_step(S, w, u, kg, decay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return Sb, v_new, (decay[:, None] * S + mm(kg.T, v_new)).astype(np.float32)
 
 
-def chain(w, u, kg, decay, cu_chunks, initial_state=None) -> dict:
+def chain(w, u, kg, decay, cu_chunks, initial_state=None, u_scale=None) -> dict:
     """The chain over stacked operands (w, u, kg [chunks, H, 64, 128], decay [chunks, H, 128]; sequence n's
-    chunks cu_chunks[n] .. cu_chunks[n + 1] - 1): states (bf16 values) [chunks, H, 128, 128], v_new (bf16
-    values) [chunks, H, 64, 128] and the final state (fp32) [N, H, 128, 128], as ``kernel.forward_chain``
+    chunks cu_chunks[n] .. cu_chunks[n + 1] - 1; u_scale [chunks, H], u's power-of-two scale where u is
+    stored in fp16, else None): states (bf16 values) [chunks, H, 128, 128], v_new (bf16 values)
+    [chunks, H, 64, 128] and the final state (fp32) [N, H, 128, 128], as ``kernel.forward_chain``
     computes them."""
     chunks, H = w.shape[:2]
     N = len(cu_chunks) - 1
@@ -161,15 +204,16 @@ def chain(w, u, kg, decay, cu_chunks, initial_state=None) -> dict:
             S = (np.asarray(initial_state[n, h], dtype=np.float32) if initial_state is not None
                  else np.zeros((D, D), dtype=np.float32))
             for c in range(int(cu_chunks[n]), int(cu_chunks[n + 1])):
-                states[c, h], v_new[c, h], S = chain_step(S, w[c, h], u[c, h], kg[c, h], decay[c, h])
+                uc = u[c, h] if u_scale is None else u[c, h] * u_scale[c, h]   # a power of two: exact
+                states[c, h], v_new[c, h], S = chain_step(S, w[c, h], uc, kg[c, h], decay[c, h])
             final[n, h] = S
     return {"states": states, "v_new": v_new, "final": final}
 
 
-def operands(q, k, v, g, beta, lengths, *, scale: float, u_fp32: bool = False) -> dict:
+def operands(q, k, v, g, beta, lengths, *, scale: float, u_format: str = "bf16") -> dict:
     """The products pass over a batch (``kernel.forward``'s inputs, module docstring): w, u, kg, qg [chunks,
-    H, 64, 128], Aqk [chunks, H, 64, 64], decay [chunks, H, 128], cu_chunks [N + 1] (host int64) and the
-    pairwise blocks' count."""
+    H, 64, 128] (u as ``u_format`` stores it), u_scale [chunks, H], Aqk [chunks, H, 64, 64], decay [chunks,
+    H, 128], cu_chunks [N + 1] (host int64) and the pairwise blocks' count."""
     f32 = np.float32
     H = q.shape[1]
     bos = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -178,6 +222,7 @@ def operands(q, k, v, g, beta, lengths, *, scale: float, u_fp32: bool = False) -
     out = {name: np.zeros((chunks, H, BT, D), dtype=f32) for name in ("w", "u", "kg", "qg")}
     out["aqk"] = np.zeros((chunks, H, BT, BT), dtype=f32)
     out["decay"] = np.zeros((chunks, H, D), dtype=f32)
+    out["u_scale"] = np.ones((chunks, H), dtype=f32)
     pairwise = 0
     for n, length in enumerate(lengths):
         for c in range(int(cu_chunks[n + 1] - cu_chunks[n])):
@@ -189,7 +234,7 @@ def operands(q, k, v, g, beta, lengths, *, scale: float, u_fp32: bool = False) -
                 gc = np.empty((BT, D), dtype=f32)
                 gc[:L] = g[t0:t0 + L, h]
                 gc[L:] = gc[L - 1]
-                ops = chunk_operands(qc, kc, vc, bc, gc, L, scale, u_fp32=u_fp32)
+                ops = chunk_operands(qc, kc, vc, bc, gc, L, scale, u_format=u_format)
                 pairwise += ops.pop("pairwise")
                 for name, value in ops.items():
                     out[name][int(cu_chunks[n]) + c, h] = value
@@ -212,12 +257,13 @@ def o_pass(qg, aqk, states, v_new, lengths) -> np.ndarray:
     return o
 
 
-def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_fp32: bool = False) -> dict:
+def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_format: str = "bf16") -> dict:
     """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
     entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count.
-    ``u_fp32``: the products pass stores u in fp32 (512 B a token more, written and read) instead of bf16."""
-    ops = operands(q, k, v, g, beta, lengths, scale=scale, u_fp32=u_fp32)
-    walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], initial_state)
+    ``u_format``: how the products pass stores u for the chain (:data:`U_FORMATS`; fp32 costs 512 B a token and
+    head more, written and read; fp16 the same bytes as bf16, and 4 a chunk and head for its scale)."""
+    ops = operands(q, k, v, g, beta, lengths, scale=scale, u_format=u_format)
+    walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], initial_state, ops["u_scale"])
     o = o_pass(ops["qg"], ops["aqk"], walked["states"], walked["v_new"], lengths)
     return {"o": o, "final": walked["final"], "states": walked["states"], "pairwise_blocks": ops["pairwise_blocks"]}
 

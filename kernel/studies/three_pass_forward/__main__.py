@@ -8,7 +8,8 @@ and tests/kernel/three_pass_model.py). Each recipe is one case of ``make_case``:
 ``kernel.forward`` takes them, the float64 outputs of ``kernel.reference.kda_forward_reference``. Printed:
 the relative Frobenius error of o, the final state and the states (every 64 tokens) for the one pass's
 model (``forward_cases.emulate``, the kernel's arithmetic) and for the three passes' (``three_pass_model.emulate``),
-with u stored in bf16 and in fp32.
+with u stored in each of ``three_pass_model.U_FORMATS``: bf16 (today's kernels), fp16 with a power-of-two scale
+a chunk and head, fp32.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from tests.kernel.three_pass_model import RECIPES, case_of
+from tests.kernel.three_pass_model import RECIPES, U_FORMATS, case_of
 
 OUTPUTS = ("o", "final", "states")
 
@@ -34,7 +35,7 @@ def parse_args(argv: Sequence[str] | None):
 
 
 def compare(case: dict) -> dict:
-    """{output: (one pass's error, three passes' error, three passes' error with u in fp32)} against the
+    """{output: (one pass's error, then the three passes' with u stored in each of U_FORMATS)} against the
     case's float64 outputs, and the pairwise tiles and blocks."""
     from tests.kernel.forward_cases import D, emulate as one_pass, rel
 
@@ -46,17 +47,18 @@ def compare(case: dict) -> dict:
     a = one_pass(case)
     args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
             case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
-    b, c = (three_passes(*args, scale=case["scale"], initial_state=case["initial_state"], u_fp32=u32)
-            for u32 in (False, True))
-    out = {name: (rel(a[name], case[name]), rel(b[name].reshape(a[name].shape), case[name]),
-                  rel(c[name].reshape(a[name].shape), case[name])) for name in OUTPUTS}
-    out["pairwise"] = (a["pairwise_tiles"], b["pairwise_blocks"])
+    three = [three_passes(*args, scale=case["scale"], initial_state=case["initial_state"], u_format=f)
+             for f in U_FORMATS]
+    out = {name: (rel(a[name], case[name]), *(rel(b[name].reshape(a[name].shape), case[name]) for b in three))
+           for name in OUTPUTS}
+    out["pairwise"] = (a["pairwise_tiles"], three[0]["pairwise_blocks"])
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    print("| recipe | " + " | ".join(f"{n}: one pass, three, three with u fp32" for n in OUTPUTS)
+    formats = ", ".join(f"three (u {f})" for f in U_FORMATS)
+    print("| recipe | " + " | ".join(f"{n}: one pass, {formats}" for n in OUTPUTS)
           + " | pairwise tiles / blocks |")
     print("|---|" + "---|" * len(OUTPUTS) + "---|")
     for recipe in args.recipes:

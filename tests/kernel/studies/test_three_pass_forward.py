@@ -7,7 +7,8 @@ import pytest
 
 from kernel.studies.three_pass_forward.__main__ import compare, parse_args
 
-from ..three_pass_model import BT, C, case_of, chunk_products, unit_lower_inverse
+from ..three_pass_model import BT, C, U_FORMATS, case_of, chunk_operands, chunk_products, fp16_scale, u_bound, \
+    unit_lower_inverse
 
 from ..forward.test_model import BOUNDS
 
@@ -43,15 +44,67 @@ def test_the_chunks_products_are_the_pairwise_sums(span):
 
 @pytest.mark.parametrize("recipe", ["ragged", "past fp32's range", "trained-layer gate"])
 def test_three_passes_keep_the_one_pass_precision(recipe):
-    # measured (README): every output within 1.17x the one pass's error, within 1.03x with u in fp32, and the
-    # pairwise blocks where the one pass's tiles are
+    # measured (README): every output within 1.17x the one pass's error with u in bf16, within 1.03x with u in
+    # fp32 and within 1.04x in fp16 (at most 1% above fp32's), and the pairwise blocks where the one pass's
+    # tiles are
     pytest.importorskip("torch")   # the trained-layer gate is drawn with torch
+    assert U_FORMATS == ("bf16", "fp16", "fp32")
     r = compare(case_of(recipe))
     for name in ("o", "final", "states"):
-        one, three, three_u32 = r[name]
+        one, three, three_u16, three_u32 = r[name]
         assert three < 1.25 * one and three < BOUNDS[name], (name, one, three)
         assert three_u32 < 1.06 * one and three_u32 < three, (name, one, three_u32)
+        assert three_u16 < 1.06 * one and three_u16 < three and three_u16 < 1.02 * three_u32, (name, three_u16)
     assert r["pairwise"][0] == r["pairwise"][1]
+
+
+def _chunk(rng, v_magnitude: float, k_norm: float):
+    """One chunk's inputs (no padding): unit-norm k times ``k_norm`` (above 1, INV can grow), v of
+    ``v_magnitude``, gates in [-1, 0] a token."""
+    q = (rng.standard_normal((BT, 128)) / 11.3).astype(np.float32)
+    k = rng.standard_normal((BT, 128))
+    k = (k_norm * k / np.linalg.norm(k, axis=1, keepdims=True)).astype(np.float32)
+    v = (v_magnitude * rng.standard_normal((BT, 128))).astype(np.float32)
+    beta = rng.uniform(0, 1, BT).astype(np.float32)
+    gc = -np.cumsum(rng.uniform(0, 1, (BT, 128)), axis=0).astype(np.float32)
+    from ..three_pass_model import bf16
+
+    return bf16(q), bf16(k), bf16(v), beta, gc
+
+
+@pytest.mark.parametrize("v_magnitude", [1e-30, 1e-6, 1.0, 1e4, 1e30])
+@pytest.mark.parametrize("k_norm", [1.0, 3.0])
+def test_fp16_u_keeps_its_precision_at_any_magnitude_of_v(v_magnitude, k_norm):
+    # u in fp16 is scaled by a power of two a chunk, so it neither overflows (fp16's largest is 65504) nor
+    # loses bits to fp16's subnormals, from v near bf16's smallest to near its largest: u_scale u16 is u in
+    # fp32 within fp16's rounding of the chunk's largest entry. (The bound is loose, by up to about 2^13 where
+    # INV's rows cancel, so the largest stored entry can sit far below 2^15; entries 2^16 below it still keep
+    # fp16's 11 bits.)
+    rng = np.random.default_rng(int(np.log10(v_magnitude)) + 40 + int(k_norm))
+    q, k, v, beta, gc = _chunk(rng, v_magnitude, k_norm)
+    want = chunk_operands(q, k, v, beta, gc, BT, 0.1, u_format="fp32")["u"].astype(np.float64)
+    got = chunk_operands(q, k, v, beta, gc, BT, 0.1, u_format="fp16")
+    u = got["u"].astype(np.float64) * float(got["u_scale"])
+    assert np.isfinite(got["u"]).all() and np.abs(got["u"]).max() <= 65504
+    assert np.abs(u - want).max() <= 2.0 ** -11 * np.abs(want).max()
+    u_bf16 = chunk_operands(q, k, v, beta, gc, BT, 0.1, u_format="bf16")["u"].astype(np.float64)
+    err, err_bf16 = (np.linalg.norm(x - want) / np.linalg.norm(want) for x in (u, u_bf16))
+    assert err < 3e-4 and err < err_bf16 / 6, (err, err_bf16)   # fp16 rounds 8x finer than bf16
+
+
+def test_the_bound_bounds_u_and_the_scale_keeps_it_within_fp16():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        inv = np.tril(rng.standard_normal((BT, BT)), -1).astype(np.float32) + np.eye(BT, dtype=np.float32)
+        bv = rng.standard_normal((BT, 128)).astype(np.float32) * np.float32(10.0 ** rng.uniform(-20, 20))
+        from ..three_pass_model import bf16, mm
+
+        bv = bf16(bv)
+        bound = u_bound(inv, bv)
+        assert np.abs(mm(bf16(inv), bv)).max() <= bound * (1 + 2.0 ** -7)
+        s = fp16_scale(bound)
+        assert 2.0 ** 14 < bound / s <= 2.0 ** 15
+    assert fp16_scale(np.float32(0)) == 1
 
 
 def test_unknown_recipes_are_named():

@@ -71,10 +71,10 @@ def u_bound(inv, bv) -> np.float32:
 
 
 def fp16_scale(bound) -> np.float32:
-    """2^e with bound / 2^e at most 2^U_FP16_TOP_EXP and more than half that (bound > 0; 1 for a zero chunk):
-    u / 2^e then uses fp16's whole normal range from the top, whatever the magnitude of v. e stays within
-    [-100, 100], where 2^e and 2^-e are normal fp32."""
-    if not bound > 0:
+    """2^e with bound / 2^e at most 2^U_FP16_TOP_EXP and more than half that: u / 2^e then uses fp16's whole
+    normal range from the top, whatever the magnitude of v. 1 where the bound is zero (a chunk of zeros) or
+    not finite (u is then past fp32 already). e stays within [-100, 100], where 2^e and 2^-e are normal fp32."""
+    if not (bound > 0 and np.isfinite(bound)):
         return np.float32(1)
     _, e = np.frexp(np.float32(bound))             # bound = m 2^e, m in [0.5, 1): bound <= 2^e
     return np.float32(2.0 ** int(np.clip(int(e) - U_FP16_TOP_EXP, -100, 100)))
@@ -261,7 +261,8 @@ def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_fo
     """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
     entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count.
     ``u_format``: how the products pass stores u for the chain (:data:`U_FORMATS`; fp32 costs 512 B a token and
-    head more, written and read; fp16 the same bytes as bf16, and 4 a chunk and head for its scale)."""
+    head more, written and read; fp16 the same bytes as bf16, and 16 a chunk and head for its scale, the
+    chain's smallest bulk copy)."""
     ops = operands(q, k, v, g, beta, lengths, scale=scale, u_format=u_format)
     walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], initial_state, ops["u_scale"])
     o = o_pass(ops["qg"], ops["aqk"], walked["states"], walked["v_new"], lengths)

@@ -7,8 +7,8 @@ import pytest
 
 from kernel.studies.three_pass_forward.__main__ import compare, parse_args
 
-from ..three_pass_model import BT, C, U_FORMATS, case_of, chunk_operands, chunk_products, fp16_scale, u_bound, \
-    unit_lower_inverse
+from ..three_pass_model import BT, C, U_FORMATS, bf16, case_of, chunk_operands, chunk_products, fp16_scale, mm, \
+    u_bound, unit_lower_inverse
 
 from ..forward.test_model import BOUNDS
 
@@ -67,8 +67,6 @@ def _chunk(rng, v_magnitude: float, k_norm: float):
     v = (v_magnitude * rng.standard_normal((BT, 128))).astype(np.float32)
     beta = rng.uniform(0, 1, BT).astype(np.float32)
     gc = -np.cumsum(rng.uniform(0, 1, (BT, 128)), axis=0).astype(np.float32)
-    from ..three_pass_model import bf16
-
     return bf16(q), bf16(k), bf16(v), beta, gc
 
 
@@ -96,15 +94,12 @@ def test_the_bound_bounds_u_and_the_scale_keeps_it_within_fp16():
     rng = np.random.default_rng(3)
     for _ in range(20):
         inv = np.tril(rng.standard_normal((BT, BT)), -1).astype(np.float32) + np.eye(BT, dtype=np.float32)
-        bv = rng.standard_normal((BT, 128)).astype(np.float32) * np.float32(10.0 ** rng.uniform(-20, 20))
-        from ..three_pass_model import bf16, mm
-
-        bv = bf16(bv)
+        bv = bf16(rng.standard_normal((BT, 128)).astype(np.float32) * np.float32(10.0 ** rng.uniform(-20, 20)))
         bound = u_bound(inv, bv)
         assert np.abs(mm(bf16(inv), bv)).max() <= bound * (1 + 2.0 ** -7)
         s = fp16_scale(bound)
         assert 2.0 ** 14 < bound / s <= 2.0 ** 15
-    assert fp16_scale(np.float32(0)) == 1
+    assert all(fp16_scale(np.float32(x)) == 1 for x in (0, np.inf, np.nan))
 
 
 def test_unknown_recipes_are_named():

@@ -9,7 +9,8 @@ address recipe of ``ldmatrix.cuh`` (the twin of ``ptx_lab.fragments.x4_lane_row_
 ``tests/ptx_lab/test_x4_lanes.py``). The register steps of ``fragments.cuh`` and the .x4
 addresses run from ``operand_probes.cu`` (:func:`acc_to_a`, :func:`a_to_acc`,
 :func:`acc_to_a_two_parts`, :func:`two_part_bf16x2`, :func:`bf16_scalars`,
-:func:`x4_lane_offsets`: twins of ``ptx_lab.fragments``'; ``tests/ptx_lab/test_operand_fragments.py``),
+:func:`x4_lane_offsets`: twins of ``ptx_lab.fragments``'; :func:`unpack_f16x2`, the f16 widening, twin
+of ``ptx_lab.model``'s; ``tests/ptx_lab/test_operand_fragments.py``),
 and ``ring.cuh`` from ``ring_probes.cu`` (:func:`ring_ids`, :func:`ring_walk`,
 :func:`mbarrier_ring_parities`, :func:`mbarrier_ring_walk`: twins of
 ``ptx_lab.ring``; ``tests/ptx_lab/test_ring.py``).
@@ -35,7 +36,7 @@ from .gpu import gpu_reason, load_module
 
 __all__ = ["ldmatrix", "stmatrix", "movmatrix_trans", "mma_m16n8k16", "cp_async", "wgmma_m64nNk16_rs",
            "x4_lane_row_col", "x4_lane_offsets", "acc_to_a", "a_to_acc", "acc_to_a_two_parts", "two_part_bf16x2",
-           "bf16_scalars", "ring_ids", "ring_walk",
+           "bf16_scalars", "unpack_f16x2", "ring_ids", "ring_walk",
            "mbarrier_ring_parities", "mbarrier_ring_walk"]
 
 WARP = 32
@@ -368,6 +369,14 @@ def bf16_scalars(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     bits, back, rest = _run_operand_probe("probe_bf16_scalars", (x,),
                                           (((WARP,), np.uint32), ((WARP,), np.float32), ((WARP,), np.float32)))
     return bits.astype(np.uint16), back, rest
+
+
+def unpack_f16x2(pairs) -> tuple[np.ndarray, np.ndarray]:
+    """fragments.cuh's f16_lo and f16_hi on the GPU, the twin of model.unpack_f16x2: pairs uint32 (32,),
+    one b32 of two f16 a lane -> (lo, hi) float32 (32,), lo from bits 0..15."""
+    pairs = _array("pairs", pairs, (WARP,), np.uint32)
+    lo, hi = _run_operand_probe("probe_unpack_f16x2", (pairs,), (((WARP,), np.float32),) * 2)
+    return lo, hi
 
 
 def x4_lane_offsets(order: str, row_bytes: int, row0: int = 0, col0: int = 0) -> dict[str, np.ndarray]:

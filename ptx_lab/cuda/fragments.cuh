@@ -50,6 +50,22 @@ __device__ __forceinline__ unsigned short f32_to_bf16(float x) {
 // part before its own rounding).
 __device__ __forceinline__ float bf16_rest(float x) { return x - bf16_to_f32(f32_to_bf16(x)); }
 
+// ---- f16 -> fp32, one half of a b32 pair ----
+// Exact: every f16, subnormals included, is a normal fp32. Unlike bf16 an f16 is not the top of
+// an fp32 (5 exponent bits, not 8), so widening is a cvt, which takes a 16-bit register: the pair
+// is split into its halves first (the low half is the element with the lower index, as
+// pack_f16x2 packs it).
+__device__ __forceinline__ float f16_lo(u32 pair) {
+    float f;
+    asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.f32.f16 %0, lo;\n\t}" : "=f"(f) : "r"(pair));
+    return f;
+}
+__device__ __forceinline__ float f16_hi(u32 pair) {
+    float f;
+    asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.f32.f16 %0, hi;\n\t}" : "=f"(f) : "r"(pair));
+    return f;
+}
+
 // ---- accumulators -> A fragment ----
 // The A fragment of [left | right] from the accumulators of two adjacent n-tiles (above).
 __device__ __forceinline__ void acc_to_a(u32 (&a)[4], const float (&left)[4], const float (&right)[4]) {

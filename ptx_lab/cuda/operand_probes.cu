@@ -107,6 +107,14 @@ probe_bf16_scalars(const float* x_in, u32* bits_out, float* back_out, float* res
     rest_out[lane] = bf16_rest(x);
 }
 
+// f16_lo and f16_hi of one b32 pair a lane: in (32,) u32 -> lo, hi (32,) fp32.
+extern "C" __global__ void __launch_bounds__(WARP)
+probe_unpack_f16x2(const u32* pairs_in, float* lo_out, float* hi_out) {
+    const int lane = threadIdx.x;
+    lo_out[lane] = f16_lo(pairs_in[lane]);
+    hi_out[lane] = f16_hi(pairs_in[lane]);
+}
+
 // The .x4 addresses of the 16x16 block at (row0, col0) of a b16 tile with rows `stride`
 // elements apart, as byte offsets from the tile's start: out (32, 4) u32 per lane,
 // x4_addr_rows_first, x4_addr_cols_first, then x4_lane_bytes_rows_first / _cols_first plus the

@@ -222,6 +222,43 @@ def test_device_bf16_scalars(x):
     assert np.array_equal(rest.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.gpu
+@DEVICE
+@given(pairs=hnp.arrays(np.uint32, WARP, elements=st.integers(0, 2**32 - 1)))
+def test_device_unpack_f16x2(pairs):
+    # every bit pattern: normals, subnormals (exact in fp32), zeros, infinities and NaNs (the ISA leaves a
+    # NaN's payload to the hardware: only NaN-ness is compared there)
+    from ptx_lab import device
+
+    for got, want in zip(device.unpack_f16x2(pairs), model.unpack_f16x2(pairs)):
+        nan = np.isnan(want)
+        assert (np.isnan(got) == nan).all()
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.gpu
+def test_device_unpack_f16x2_on_every_half():
+    # all 65,536 f16 bit patterns in each half, 64 a launch (1,024 launches): subnormals are 3% of them
+    from ptx_lab import device
+
+    halves = np.arange(2**16, dtype=np.uint32)
+    pairs = (halves | (halves[::-1] << 16)).reshape(-1, WARP)
+    got = [np.concatenate(x) for x in zip(*(device.unpack_f16x2(p) for p in pairs))]
+    for g, w in zip(got, model.unpack_f16x2(pairs.reshape(-1))):
+        nan = np.isnan(w)
+        assert (np.isnan(g) == nan).all() and np.array_equal(g[~nan].view(np.uint32), w[~nan].view(np.uint32))
+
+
+def test_unpack_f16x2_widens_every_f16_exactly():
+    # the model of f16_lo / f16_hi on all 65,536 halves: numpy's float16 widening, lo from bits 0..15
+    halves = np.arange(2**16, dtype=np.uint32)
+    lo, hi = model.unpack_f16x2(halves | (halves[::-1] << 16))
+    want = halves.astype(np.uint16).view(np.float16).astype(np.float32)
+    finite = np.isfinite(want)
+    assert np.array_equal(lo[finite], want[finite]) and np.array_equal(hi[::-1][finite], want[finite])
+    assert np.array_equal(np.isnan(lo), np.isnan(want)) and lo[0x7C00] == np.inf and lo[1] == 2.0 ** -24
+
+
 def test_the_device_twins_check_their_arguments_before_looking_for_a_gpu():
     from ptx_lab import device
 
@@ -232,5 +269,7 @@ def test_the_device_twins_check_their_arguments_before_looking_for_a_gpu():
         device.acc_to_a(ok, ok, "float32")
     with pytest.raises(ValueError, match=r"x must be float32 \(32, 8\)"):
         device.two_part_bf16x2(np.zeros((WARP, 4), np.float32))
+    with pytest.raises(ValueError, match=r"pairs must be uint32 \(32,\)"):
+        device.unpack_f16x2(np.zeros((WARP, 2), np.uint32))
     with pytest.raises(ValueError, match="row_bytes must be even"):
         device.x4_lane_offsets("rows_first", 33)

@@ -1,8 +1,10 @@
 """What binds each kernel of the whole backward: one ncu run over ``kernel.kda_backward`` (with
-``--forward``, over our forward, ``kernel.forward.forward``, instead).
+``--forward``, over our forward, ``kernel.forward.forward``, instead; with ``--three-pass``, over
+``kernel.three_pass_forward``, each pass once over the whole batch).
 
     ptx-lab stalls [--config 4x8192] [--heads 32] [--json FILE]   (or python -m kernel.tools.stalls)
     ptx-lab stalls --forward --config 32x8192 --heads 16           # the forward at the layer's size
+    ptx-lab stalls --three-pass --config 1x131072 --heads 16       # the three passes, where the op runs them
 
 The tool runs itself again as a child under Nsight Compute (``ncu --clock-control none``,
 so the clocks stay where an unprofiled run has them). The child makes one whole backward
@@ -16,6 +18,9 @@ time:
     Kernel A            kda_dstate_scan      the backward dS scan
     Kernel B            kda_token_gradients  the per-token gradients
     (--forward) the forward  kda_forward     o, the final state, and what the backward reads
+    (--three-pass) products pass  kda_forward_products   every chunk's w, u, kg, qg, Aqk, decay
+                   chain          kda_forward_chain      the states and v_new, 64 tokens a step
+                   o pass         kda_forward_output     o from the states
 
 For each, the table gives its time under ncu, registers, dynamic shared memory, grid,
 warps resident per scheduler, instructions issued per scheduler and cycle, DRAM and
@@ -39,9 +44,12 @@ from ptx_lab import ncu
 BACKWARD_KERNELS = {"kda_forward_states": "forward-state scan", "kda_dstate_scan": "Kernel A",
                     "kda_token_gradients": "Kernel B"}
 FORWARD_KERNELS = {"kda_forward": "the forward"}
-KERNELS = {**BACKWARD_KERNELS, **FORWARD_KERNELS}
+THREE_PASS_KERNELS = {"kda_forward_products": "products pass", "kda_forward_chain": "chain",
+                      "kda_forward_output": "o pass"}
+KERNELS = {**BACKWARD_KERNELS, **FORWARD_KERNELS, **THREE_PASS_KERNELS}
 KERNEL_REGEX = "|".join(BACKWARD_KERNELS)
 FORWARD_REGEX = "^kda_forward$"   # whole: kda_forward_states starts with the same name
+THREE_PASS_REGEX = "^(" + "|".join(THREE_PASS_KERNELS) + ")$"
 
 # ncu's stall reasons on sm_90 (the WarpStateStats section's), each as warps stalled per issued instruction
 STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
@@ -162,7 +170,21 @@ def _forward_child(raw: dict, cu_host) -> None:
     torch.cuda.synchronize()
 
 
-def _child(config: str, heads: int, seed: int, inputs: str, forward: bool = False) -> None:
+def _three_pass_child(raw: dict, cu_host) -> None:
+    """The three passes in training mode on _forward_child's inputs, each pass once over the whole batch (no
+    pieces: ncu replays each launch alone, so pieces would only multiply the launches)."""
+    import torch
+
+    from kernel.three_pass_forward import three_pass_forward
+    from kernel.tools.bench.inputs import chunk_gate
+
+    q, k = (torch.nn.functional.normalize(raw[n].float(), dim=-1).to(torch.bfloat16) for n in ("q", "k"))
+    three_pass_forward(q, k, raw["v"], chunk_gate(raw["g"]), raw["beta"], cu_seqlens=cu_host,
+                       output_final_state=True, training=True, pieces=1)
+    torch.cuda.synchronize()
+
+
+def _child(config: str, heads: int, seed: int, inputs: str, forward: bool = False, three_pass: bool = False) -> None:
     import cupy
     import torch
 
@@ -173,8 +195,8 @@ def _child(config: str, heads: int, seed: int, inputs: str, forward: bool = Fals
     cfg = parse_config(config, seed)
     raw = make_inputs(cfg, heads, seed=seed, gate_strength=1.0)
     cu_fla, cu_host = cu_for_fla(raw["cu_seqlens"]), cu_for_kernel_a(raw["cu_seqlens"])
-    if forward:
-        _forward_child(raw, cu_host)
+    if forward or three_pass:
+        (_three_pass_child if three_pass else _forward_child)(raw, cu_host)
         return
     tensors = None
     if inputs in ("auto", "fla"):
@@ -207,6 +229,9 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.s
     ap.add_argument("--forward", action="store_true",
                     help="profile our forward (kernel.forward.forward, training mode) instead of the backward's "
                          "three kernels; --inputs does not apply (the forward reads the inputs drawn here)")
+    ap.add_argument("--three-pass", action="store_true",
+                    help="profile the three-pass forward (kernel.three_pass_forward, training mode, each pass once) "
+                         "instead; --inputs does not apply")
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds ncu may run")
     ap.add_argument("--json", default=None, help="write the rows and ncu's command here")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -219,19 +244,21 @@ def parse_args(argv: Sequence[str] | None, prog: str = "python -m kernel.tools.s
         ap.error(str(exc))
     if args.heads < 1:
         ap.error("--heads must be at least 1")
+    if args.forward and args.three_pass:
+        ap.error("--forward and --three-pass: one forward a run (the one pass, or the three passes)")
     return args
 
 
 def child_command(args) -> list[str]:
     return [sys.executable, "-m", "kernel.tools.stalls", "--child", "--config", args.config,
             "--heads", str(args.heads), "--seed", str(args.seed), "--inputs", args.inputs,
-            *(("--forward",) if args.forward else ())]
+            *(("--forward",) if args.forward else ()), *(("--three-pass",) if args.three_pass else ())]
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.stalls") -> int:
     args = parse_args(argv, prog)
     if args.child:
-        _child(args.config, args.heads, args.seed, args.inputs, args.forward)
+        _child(args.config, args.heads, args.seed, args.inputs, args.forward, args.three_pass)
         return 0
     if ncu.ncu_path() is None:
         print("stalls: ncu is not on PATH (Nsight Compute, part of the CUDA toolkit)", file=sys.stderr)
@@ -242,14 +269,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if problem:
         print(f"stalls: needs a GPU ({problem})", file=sys.stderr)
         return 2
-    what = "one forward (kernel.forward.forward)" if args.forward else "one kda_backward"
+    what, regex = "one kda_backward", KERNEL_REGEX
+    if args.forward:
+        what, regex = "one forward (kernel.forward.forward)", FORWARD_REGEX
+    elif args.three_pass:
+        what, regex = "one three-pass forward (kernel.three_pass_forward, each pass once)", THREE_PASS_REGEX
     print(f"stalls: {args.config}, H = {args.heads}: {what} under ncu --clock-control none "
           f"({len(METRICS)} metrics; each kernel is replayed once per counter group)", flush=True)
     # the child imports this checkout's kernel package wherever ncu starts it
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    prof = ncu.profile(child_command(args), METRICS, FORWARD_REGEX if args.forward else KERNEL_REGEX,
-                       timeout=args.timeout, env=env)
+    prof = ncu.profile(child_command(args), METRICS, regex, timeout=args.timeout, env=env)
     if prof.error:
         print(f"stalls: {prof.error}", file=sys.stderr)
         return 1
@@ -263,6 +293,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"config": args.config, "heads": args.heads, "forward": args.forward,
+                       "three_pass": args.three_pass,
                        "ncu_command": list(prof.command),
                        "dropped": prof.dropped, "rows": rows}, fh, indent=1)
         print(f"wrote {args.json}")

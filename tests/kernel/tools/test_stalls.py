@@ -113,6 +113,18 @@ def test_rows_come_from_ncu_and_go_to_json(monkeypatch, tmp_path, capsys):
     assert seen["regex"] == stalls.FORWARD_REGEX and "--forward" in seen["command"]
     assert re.fullmatch(seen["regex"], "kda_forward") and not re.fullmatch(seen["regex"], "kda_forward_states")
     assert re.search(seen["regex"], "kda_forward") and not re.search(seen["regex"], "kda_forward_states")
+    # --three-pass: the child runs the three passes, and ncu profiles their three kernels alone
+    assert stalls.main(["--three-pass", "--config", "1x131072", "--heads", "16"]) == 0
+    assert "one three-pass forward" in capsys.readouterr().out
+    assert seen["regex"] == stalls.THREE_PASS_REGEX and "--three-pass" in seen["command"]
+    for name in ("kda_forward_products", "kda_forward_chain", "kda_forward_output"):
+        assert re.search(seen["regex"], name)
+    assert not any(re.search(seen["regex"], n) for n in ("kda_forward", "kda_forward_states", "kda_dstate_scan"))
+
+
+def test_one_forward_a_run():
+    with pytest.raises(SystemExit):
+        stalls.parse_args(["--forward", "--three-pass"])
 
 
 @pytest.mark.gpu
@@ -125,6 +137,18 @@ def test_stalls_on_the_gpu_name_each_kernel(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {r["kernel"] for r in rows} == set(stalls.BACKWARD_KERNELS.values())
     for r in rows:
+        assert r["time_ns"] and r["binding"] in stalls.STALL_REASONS, r
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not on PATH")
+def test_stalls_of_the_three_passes_name_each_pass(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "stalls.json"
+    assert stalls.main(["--three-pass", "--config", "1x4096", "--heads", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["three_pass"] and [r["kernel"] for r in data["rows"]] == ["products pass", "chain", "o pass"]
+    for r in data["rows"]:
         assert r["time_ns"] and r["binding"] in stalls.STALL_REASONS, r
 
 

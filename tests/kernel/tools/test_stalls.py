@@ -142,22 +142,15 @@ def test_stalls_on_the_gpu_name_each_kernel(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not on PATH")
-def test_stalls_of_the_three_passes_name_each_pass(tmp_path):
+@pytest.mark.parametrize("flag, config, kernels", [
+    ("--forward", "varlen5x1000", ["the forward"]),                      # kda_forward alone, not kda_forward_states
+    ("--three-pass", "1x4096", ["products pass", "chain", "o pass"]),
+], ids=["forward", "three-pass"])
+def test_stalls_of_a_forward_name_its_kernels_alone(tmp_path, flag, config, kernels):
     pytest.importorskip("torch")
     out = tmp_path / "stalls.json"
-    assert stalls.main(["--three-pass", "--config", "1x4096", "--heads", "2", "--json", str(out)]) == 0
+    assert stalls.main([flag, "--config", config, "--heads", "2", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["three_pass"] and [r["kernel"] for r in data["rows"]] == ["products pass", "chain", "o pass"]
+    assert data[flag[2:].replace("-", "_")] and [r["kernel"] for r in data["rows"]] == kernels
     for r in data["rows"]:
         assert r["time_ns"] and r["binding"] in stalls.STALL_REASONS, r
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(shutil.which("ncu") is None, reason="ncu is not on PATH")
-def test_stalls_of_the_forward_name_the_forward_alone(tmp_path):
-    pytest.importorskip("torch")
-    out = tmp_path / "stalls.json"
-    assert stalls.main(["--forward", "--config", "varlen5x1000", "--heads", "2", "--json", str(out)]) == 0
-    data = json.loads(out.read_text())
-    assert data["forward"] and [r["kernel"] for r in data["rows"]] == ["the forward"]
-    assert data["rows"][0]["time_ns"] and data["rows"][0]["binding"] in stalls.STALL_REASONS

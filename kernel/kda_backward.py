@@ -248,7 +248,7 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
 def _empty_bf16(batch: Batch, like):
     """An uninitialised bf16 array of the states' shape, as a CuPy array (uint16 bits); from torch's
     caching allocator when the caller passed torch tensors (the CuPy view keeps the tensor alive)."""
-    return empty_output(batch.states_shape, True, like.device if batch.torch_out else None)[1]
+    return empty_output(batch.states_shape, "bf16", like.device if batch.torch_out else None)[1]
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,

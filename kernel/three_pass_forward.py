@@ -11,8 +11,8 @@ its own INV and products on the way: 8,192 tiles of 1.26 us at 1x131072. These t
 products off the chain and walk 64-token steps (docs/kda_forward.md, the design "three passes (64-token
 chain)"; docs/log/45):
 
-1. ``kernel.forward_products``: every chunk's w, u, kg, qg, Aqk and decay at once, across all SMs, and
-   Aqk's and INV's diagonal blocks for our backward;
+1. ``kernel.forward_products``: every chunk's w, u (fp16, with a power-of-two scale a chunk), kg, qg, Aqk and
+   decay at once, across all SMs, and Aqk's and INV's diagonal blocks for our backward;
 2. ``kernel.forward_chain``: the chain, one step of two GEMMs a chunk: the states and v_new;
 3. ``kernel.forward_output``: o from the states, v_new, qg and Aqk, across all SMs.
 
@@ -119,7 +119,7 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
         # a batch of B > 1 is B sequences of T to every pass; the o pass takes the token offsets either way
         p = forward_products(q, k, v, g, beta, scale=plan.scale,
                              cu_seqlens=plan.cu_seqlens if plan.B == 1 else None, training=keep)
-        walked = forward_chain(p.w, p.u, p.kg, p.decay, cu_chunks=p.cu_chunks, initial_state=initial_state,
+        walked = forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks, initial_state=initial_state,
                                output_final_state=plan.final_shape is not None)
         o = forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=plan.cu_seqlens)
         final_state, states = walked.final_state, walked.states
@@ -153,13 +153,13 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
     g_c, beta_c = to_cupy("g", g, "f32"), beta_f32(beta)
     h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
     p_t, p_c = products.allocate(pp, device)
-    cp = chain.plan_chain(p_t["w"], p_t["u"], p_t["kg"], p_t["decay"], initial_state=initial_state,
+    cp = chain.plan_chain(p_t["w"], p_t["u"], p_t["kg"], p_t["decay"], p_t["u_scale"], initial_state=initial_state,
                           output_final_state=plan.final_shape is not None)
     c_t, c_c = chain.allocate(cp, device)
     op = output.plan_output(p_t["qg"], c_t["states"], p_t["aqk"], c_t["v_new"], cu_seqlens=plan.cu_seqlens)
     o_t, o_c = output.allocate(op, device)
     # torch's memory for a torch caller (the CuPy view keeps the tensor alive)
-    carry = [empty_output((1, cp.HV, HEAD_DIM, HEAD_DIM), False, device)[1] for _ in range(2)]
+    carry = [empty_output((1, cp.HV, HEAD_DIM, HEAD_DIM), "f32", device)[1] for _ in range(2)]
     ranges = list(zip(edges[:-1], edges[1:]))
     plans = [chain.piece(cp, r) for r in ranges]
     for pl in plans:   # the chunk offsets' device copies, made on this stream before the fork
@@ -175,7 +175,7 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
         dst = c_c["final_state"] if i == last and c_c["final_state"] is not None else carry[i % 2]
         with serial:
             chain.launch_planned(plans[i], p_c["w"][c0:c1], p_c["u"][c0:c1], p_c["kg"][c0:c1], p_c["decay"][c0:c1],
-                                 src, c_c["states"][c0:c1], c_c["v_new"][c0:c1], dst)
+                                 p_c["u_scale"][c0:c1], src, c_c["states"][c0:c1], c_c["v_new"][c0:c1], dst)
         walked = serial.record()
         if i < last:
             products.launch_planned(pp, q_c, k_c, v_c, g_c, beta_c, p_c, chunks=ranges[i + 1])

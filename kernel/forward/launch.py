@@ -176,17 +176,17 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
     beta_c = beta_f32(beta)
     h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
 
-    def empty(shape, bf16: bool):
+    def empty(shape, dtype: str):
         """(what the caller gets, its CuPy view) of an uninitialised output, or (None, None)."""
         if shape is None:
             return None, None
-        return empty_output(shape, bf16, q.device if plan.torch_out else None)
+        return empty_output(shape, dtype, q.device if plan.torch_out else None)
 
-    o_t, o_c = empty(plan.o_shape, True)
-    final_t, final_c = empty(plan.final_shape, False)
-    states_t, states_c = empty(plan.states_shape, True)
-    aqk_t, aqk_c = empty(plan.blocks_shape, True)
-    akk_t, akk_c = empty(plan.blocks_shape, True)
+    o_t, o_c = empty(plan.o_shape, "bf16")
+    final_t, final_c = empty(plan.final_shape, "f32")
+    states_t, states_c = empty(plan.states_shape, "bf16")
+    aqk_t, aqk_c = empty(plan.blocks_shape, "bf16")
+    akk_t, akk_c = empty(plan.blocks_shape, "bf16")
     launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, h0, o_c, final_c, states_c, aqk_c, akk_c)
     return ForwardOutputs(o=o_t, final_state=final_t, states=states_t, Aqk=aqk_t, Akk=akk_t)
 

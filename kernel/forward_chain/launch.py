@@ -1,7 +1,7 @@
 """The forward chain: the state entering every 64-token chunk and each chunk's v_new, from the chunks'
 products, one step of two GEMMs per chunk.
 
-    out = forward_chain(w, u, kg, decay, cu_chunks=cu, initial_state=h0, output_final_state=True)
+    out = forward_chain(w, u, kg, decay, u_scale, cu_chunks=cu, initial_state=h0, output_final_state=True)
     out.states, out.v_new, out.final_state
 
 What and why
@@ -11,7 +11,7 @@ chain)"): the first pass builds every chunk's products at once, across all SMs; 
 (sequence, value head) chunk by chunk; the third forms o from the states and v_new. Per chunk
 (kernel/forward_chain/cuda/forward_chain.cu)::
 
-    states[c] = bf16(S);  v_new[c] = bf16(u - w bf16(S));  S <- diag(decay) S + kg^T v_new[c]
+    states[c] = bf16(S);  v_new[c] = bf16(u_scale[c] u - w bf16(S));  S <- diag(decay) S + kg^T v_new[c]
 
 with S fp32 from ``initial_state`` (or zeros) to ``final_state``. The numpy statement of the same
 arithmetic is ``chain`` of tests/kernel/three_pass_model.py (the kernel sums its MMAs in another
@@ -20,8 +20,11 @@ order, so the two agree to fp32 rounding, not bit for bit).
 Tensors (chunk-major: a sequence's chunks one after another, sequence after sequence; rows of a chunk
 past its sequence's end are zero in w, u and kg)::
 
-    w, kg, u       bf16 [chunks, HV, 64, 128]    w = INV (beta k 2^gc), kg = k 2^(gT - gc), u = INV (beta v)
+    w, kg          bf16 [chunks, HV, 64, 128]    w = INV (beta k 2^gc), kg = k 2^(gT - gc)
+    u              fp16 [chunks, HV, 64, 128]    INV (beta v) / u_scale (kernel.forward_products writes it so:
+                                                 fp16 rounds 8x finer than bf16, and the scale keeps it in range)
     decay          fp32 [chunks, HV, 128]        2^gT, gT the chunk's gate sum (log2)
+    u_scale        fp32 [chunks, HV, 4]          a power of two a chunk in element 0 (16 bytes: one bulk copy)
     cu_chunks      host ints [N + 1]             sequence n's chunks are cu_chunks[n] .. cu_chunks[n + 1] - 1
                                                  (None: one sequence of every chunk)
     initial_state  fp32 [N, HV, 128, 128] ([K, V]) or None (zeros)
@@ -29,7 +32,8 @@ past its sequence's end are zero in w, u and kg)::
     -> v_new       bf16 [chunks, HV, 64, 128]
     -> final_state fp32 [N, HV, 128, 128] (output_final_state)
 
-CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out (allocated by torch). The
+CuPy arrays (bf16 as uint16 bits, fp16 as float16) or torch CUDA tensors; torch in, torch out (allocated
+by torch). The
 kernel runs on CuPy's current stream. :func:`plan_chain` does every check on the host (no GPU, no
 allocation); :func:`forward_chain` plans, compiles (once per :class:`Config`) and launches.
 """
@@ -100,7 +104,7 @@ def _check_cu_chunks(cu_chunks, chunks: int) -> np.ndarray:
     return cu.astype(np.int32)
 
 
-def plan_chain(w, u, kg, decay, *, cu_chunks=None, initial_state=None, output_final_state: bool = True,
+def plan_chain(w, u, kg, decay, u_scale, *, cu_chunks=None, initial_state=None, output_final_state: bool = True,
                config: Config | None = None) -> ChainPlan:
     """Every check of a call, on the host: shapes, dtypes, contiguity, one device, cu_chunks, the
     config. No GPU needed, nothing allocated."""
@@ -116,11 +120,13 @@ def plan_chain(w, u, kg, decay, *, cu_chunks=None, initial_state=None, output_fi
     chunks, HV = wa.shape[:2]
     layout = f"[chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}] as w"
     expect("w", wa, wa.shape, layout, ("bfloat16",))
-    for name, x in (("u", u), ("kg", kg)):
+    for name, x, dtype in (("u", u, "float16"), ("kg", kg, "bfloat16")):
         arrays[name] = describe(name, x, HOST_ADVICE)
-        expect(name, arrays[name], wa.shape, layout, ("bfloat16",))
+        expect(name, arrays[name], wa.shape, layout, (dtype,))
     arrays["decay"] = describe("decay", decay, HOST_ADVICE)
     expect("decay", arrays["decay"], (chunks, HV, HEAD_DIM), "[chunks, HV, 128]", ("float32",))
+    arrays["u_scale"] = describe("u_scale", u_scale, HOST_ADVICE)
+    expect("u_scale", arrays["u_scale"], (chunks, HV, 4), "[chunks, HV, 4]: u's scale in element 0", ("float32",))
     cu = _check_cu_chunks(cu_chunks, chunks)
     if initial_state is not None:
         arrays["initial_state"] = describe("initial_state", initial_state, HOST_ADVICE)
@@ -130,7 +136,7 @@ def plan_chain(w, u, kg, decay, *, cu_chunks=None, initial_state=None, output_fi
     kinds = {a.torch for a in arrays.values()}
     if len(devices) > 1 or len(kinds) > 1:
         got = ", ".join(f"{n}: device {a.device} ({'torch' if a.torch else 'cupy'})" for n, a in arrays.items())
-        raise ValueError(f"w, u, kg, decay and initial_state must be on one device and all CuPy arrays or all torch "
+        raise ValueError(f"w, u, kg, decay, u_scale and initial_state must be on one device and all CuPy arrays or all torch "
                          f"tensors, got {got}")
     if chunks * HV * HEAD_DIM > INT32_MAX:
         raise ValueError(f"the tensor copies address rows with 32-bit coordinates: chunks * HV * 128 = "
@@ -163,17 +169,18 @@ def device_cu_chunks(cu_bytes: bytes):
 
 def _maps(plan: ChainPlan, w, u, kg, states, v_new) -> list[np.ndarray]:
     """The five tensor maps, in the kernel's parameter order: w, kg (boxes [64][64], SW128), u ([64][32],
-    SW64), states ([128][16], SW32) and v_new ([64][16], SW32), each tensor seen as [rows, 128]."""
+    SW64), states ([128][16], SW32) and v_new ([64][16], SW32), each tensor seen as [rows, 128]. u's map
+    moves fp16 as 16-bit words (uint16): a copy does not look at the values."""
     rows = plan.chunks * plan.HV * CHUNK_TOKENS
     row_bytes = HEAD_DIM * 2
 
-    def bf16_map(x, nrows, box, swizzle):
-        return tensormap.encode(TensorMap2D(x.data.ptr, "bfloat16", (nrows, HEAD_DIM), row_bytes, box=box,
+    def map16(x, nrows, box, swizzle, dtype="bfloat16"):
+        return tensormap.encode(TensorMap2D(x.data.ptr, dtype, (nrows, HEAD_DIM), row_bytes, box=box,
                                             swizzle=swizzle))
 
-    return [bf16_map(w, rows, (CHUNK_TOKENS, 64), 128), bf16_map(kg, rows, (CHUNK_TOKENS, 64), 128),
-            bf16_map(u, rows, (CHUNK_TOKENS, 32), 64), bf16_map(states, 2 * rows, (HEAD_DIM, 16), 32),
-            bf16_map(v_new, rows, (CHUNK_TOKENS, 16), 32)]
+    return [map16(w, rows, (CHUNK_TOKENS, 64), 128), map16(kg, rows, (CHUNK_TOKENS, 64), 128),
+            map16(u, rows, (CHUNK_TOKENS, 32), 64, "uint16"), map16(states, 2 * rows, (HEAD_DIM, 16), 32),
+            map16(v_new, rows, (CHUNK_TOKENS, 16), 32)]
 
 
 def piece(plan: ChainPlan, chunks: tuple[int, int]) -> ChainPlan:
@@ -187,7 +194,7 @@ def piece(plan: ChainPlan, chunks: tuple[int, int]) -> ChainPlan:
                                output_final_state=True)
 
 
-def launch_planned(plan: ChainPlan, w, u, kg, decay, initial_state, states, v_new, final_state) -> None:
+def launch_planned(plan: ChainPlan, w, u, kg, decay, u_scale, initial_state, states, v_new, final_state) -> None:
     """The chain on checked CuPy arrays (bf16 as uint16 bits) into ``states``, ``v_new`` and ``final_state``
     (None unless plan.output_final_state): the launch alone."""
     fn, smem, threads = kernel(plan.config)
@@ -196,7 +203,7 @@ def launch_planned(plan: ChainPlan, w, u, kg, decay, initial_state, states, v_ne
     # the maps come first: CuPy lays parameters out by their numpy alignment (8 bytes), and a map must
     # sit 64-byte aligned in the parameter space, as it does at offsets 0, 128, .. 512
     fn((plan.ctas,), (threads,),
-       (*maps, decay, device_cu_chunks(plan.cu_chunks.tobytes()), np.int32(plan.HV),
+       (*maps, decay, u_scale, device_cu_chunks(plan.cu_chunks.tobytes()), np.int32(plan.HV),
         initial_state if initial_state is not None else null, final_state if final_state is not None else null),
        shared_mem=smem)
 
@@ -213,20 +220,21 @@ def allocate(plan: ChainPlan, device=None) -> tuple[dict, dict]:
         if name == "final_state" and not plan.output_final_state:
             out_t[name] = out_c[name] = None
         else:
-            out_t[name], out_c[name] = empty_output(shape, dt == "bf16", device if plan.torch_out else None)
+            out_t[name], out_c[name] = empty_output(shape, dt, device if plan.torch_out else None)
     return out_t, out_c
 
 
-def forward_chain(w, u, kg, decay, *, cu_chunks=None, initial_state=None, output_final_state: bool = True,
+def forward_chain(w, u, kg, decay, u_scale, *, cu_chunks=None, initial_state=None, output_final_state: bool = True,
                   config: Config | None = None) -> ChainOutputs:
     """The states entering every chunk, each chunk's v_new and the final state (module docstring)."""
-    plan = plan_chain(w, u, kg, decay, cu_chunks=cu_chunks, initial_state=initial_state,
+    plan = plan_chain(w, u, kg, decay, u_scale, cu_chunks=cu_chunks, initial_state=initial_state,
                       output_final_state=output_final_state, config=config)
     require_cupy("kernel.forward_chain")
     require_gpu("kernel.forward_chain")
-    w_c, u_c, kg_c = (to_cupy(n, x, "bf16") for n, x in (("w", w), ("u", u), ("kg", kg)))
-    decay_c = to_cupy("decay", decay, "f32")
+    w_c, kg_c = (to_cupy(n, x, "bf16") for n, x in (("w", w), ("kg", kg)))
+    u_c = to_cupy("u", u, "f16")
+    decay_c, scale_c = to_cupy("decay", decay, "f32"), to_cupy("u_scale", u_scale, "f32")
     h0 = to_cupy("initial_state", initial_state, "f32") if initial_state is not None else None
     out_t, out_c = allocate(plan, w.device if plan.torch_out else None)
-    launch_planned(plan, w_c, u_c, kg_c, decay_c, h0, out_c["states"], out_c["v_new"], out_c["final_state"])
+    launch_planned(plan, w_c, u_c, kg_c, decay_c, scale_c, h0, out_c["states"], out_c["v_new"], out_c["final_state"])
     return ChainOutputs(states=out_t["states"], v_new=out_t["v_new"], final_state=out_t["final_state"])

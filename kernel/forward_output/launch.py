@@ -158,7 +158,7 @@ def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o, chunks: tuple[in
 def allocate(plan: OutputPlan, device=None):
     """o for ``plan``, uninitialised: (as returned, as a CuPy view); a torch tensor on ``device`` (torch's
     allocator, on torch's current stream) where the plan's operands are torch, else a CuPy array."""
-    return empty_output((plan.tokens, plan.HV, HEAD_DIM), True, device if plan.torch_out else None)
+    return empty_output((plan.tokens, plan.HV, HEAD_DIM), "bf16", device if plan.torch_out else None)
 
 
 def forward_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | None = None):

@@ -2,7 +2,7 @@
 three-pass forward (docs/kda_forward.md, the design "three passes (64-token chain)").
 
     out = forward_products(q, k, v, g, beta, scale=s, cu_seqlens=cu, training=True)
-    out.w, out.u, out.kg, out.qg, out.aqk, out.decay, out.cu_chunks, out.Aqk, out.Akk
+    out.w, out.u, out.u_scale, out.kg, out.qg, out.aqk, out.decay, out.cu_chunks, out.Aqk, out.Akk
 
 What and why
 ------------
@@ -15,6 +15,11 @@ from the states. Per chunk (kernel/forward_products/cuda/forward_products.cu)::
     INV = (I + Lkk)^-1;  w = INV (beta k 2^gc);  u = INV (beta v);  kg = k 2^(gT - gc);  qg = s q 2^gc
     decay = 2^gT
 
+u goes out in fp16 divided by a power of two a chunk, u_scale: the chain subtracts w S from u, so u's
+rounding goes straight into v_new, and fp16 keeps 8 more bits than bf16 in the same bytes. The scale puts a
+bound on |u| (INV's largest row sum of magnitudes times the largest |beta v|) in (2^14, 2^15], within
+fp16's range for any v (docs/log/49).
+
 The numpy statement, rounding for rounding, is ``chunk_operands`` of tests/kernel/three_pass_model.py
 (its ``operands`` over a batch); the kernel's MMAs and exp2 differ from numpy's in their last bits.
 
@@ -23,14 +28,16 @@ Tensors: the inputs as :func:`kernel.forward.forward` takes them (q, k bf16 [..,
 ``1, total`` with cu_seqlens). Out, chunk-major (a sequence's chunks one after another, sequence after
 sequence; rows past a sequence's end zero)::
 
-    w, u, kg, qg   bf16 [chunks, HV, 64, 128]
+    w, kg, qg      bf16 [chunks, HV, 64, 128]
+    u              fp16 [chunks, HV, 64, 128]   u / u_scale
+    u_scale        fp32 [chunks, HV, 4]         (2^e, 0, 0, 0): 16 bytes, the chain's smallest bulk copy
     aqk            bf16 [chunks, HV, 64, 64]    (zero above the diagonal)
     decay          fp32 [chunks, HV, 128]
     cu_chunks      host int64 [N + 1]           sequence n's chunks
     Aqk, Akk       bf16 [.., HV, 64] (training): the 16 x 16 diagonal blocks of Aqk and of INV in FLA's
                    layout, as kernel.forward writes them for our backward (the rest of a row is not written)
 
-CuPy arrays (bf16 as uint16 bits) or torch CUDA tensors; torch in, torch out. The kernel runs on CuPy's
+CuPy arrays (bf16 as uint16 bits, fp16 as float16) or torch CUDA tensors; torch in, torch out. The kernel runs on CuPy's
 current stream.
 """
 from __future__ import annotations
@@ -51,12 +58,13 @@ __all__ = ["forward_products", "plan_products", "ProductsPlan", "ProductsOutputs
            "allocate", "CHUNK_MAJOR"]
 
 # the outputs indexed by chunk (the rest, Aqk's and INV's blocks, by token)
-CHUNK_MAJOR = ("w", "u", "kg", "qg", "aqk", "decay")
+CHUNK_MAJOR = ("w", "u", "u_scale", "kg", "qg", "aqk", "decay")
 
 
 class ProductsOutputs(NamedTuple):
     w: Any
     u: Any
+    u_scale: Any
     kg: Any
     qg: Any
     aqk: Any
@@ -132,7 +140,8 @@ def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, config: Conf
     part = {n: out[n][c0:c1] for n in CHUNK_MAJOR}
     fn(((c1 - c0) * plan.HV,), (threads,),
        (q, k, v, g, beta, table, np.int32(plan.H), np.int32(plan.HV), np.float32(plan.scale), part["w"], part["u"],
-        part["kg"], part["qg"], part["aqk"], part["decay"], out["Aqk"] if out["Aqk"] is not None else null,
+        part["kg"], part["qg"], part["aqk"], part["decay"], part["u_scale"],
+        out["Aqk"] if out["Aqk"] is not None else null,
         out["Akk"] if out["Akk"] is not None else null),
        shared_mem=smem)
 
@@ -142,7 +151,8 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
     ``device`` (torch's allocator, on torch's current stream) where the plan's inputs are torch, else CuPy
     arrays; Aqk and Akk None unless the plan trains."""
     C, HV, D = plan.chunks, plan.HV, HEAD_DIM
-    shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "bf16"),
+    shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "f16"),
+              "u_scale": ((C, HV, 4), "f32"),
               "kg": ((C, HV, CHUNK_TOKENS, D), "bf16"), "qg": ((C, HV, CHUNK_TOKENS, D), "bf16"),
               "aqk": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"), "decay": ((C, HV, D), "f32")}
     if plan.training:
@@ -150,7 +160,7 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
         shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))
     out_t, out_c = {"Aqk": None, "Akk": None}, {"Aqk": None, "Akk": None}
     for name, (shape, dt) in shapes.items():
-        out_t[name], out_c[name] = empty_output(shape, dt == "bf16", device if plan.torch_out else None)
+        out_t[name], out_c[name] = empty_output(shape, dt, device if plan.torch_out else None)
     return out_t, out_c
 
 
@@ -167,5 +177,5 @@ def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens
     beta_c = beta_f32(beta)
     out_t, out_c = allocate(plan, q.device if plan.torch_out else None)
     launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, out_c, config)
-    return ProductsOutputs(w=out_t["w"], u=out_t["u"], kg=out_t["kg"], qg=out_t["qg"], aqk=out_t["aqk"],
-                           decay=out_t["decay"], cu_chunks=plan.cu_chunks, Aqk=out_t["Aqk"], Akk=out_t["Akk"])
+    return ProductsOutputs(**{n: out_t[n] for n in CHUNK_MAJOR}, cu_chunks=plan.cu_chunks, Aqk=out_t["Aqk"],
+                           Akk=out_t["Akk"])

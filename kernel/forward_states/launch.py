@@ -266,7 +266,7 @@ def forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=None, c
                              f"{tuple(getattr(out, 'shape', ()))}")
         out_t = out
     else:
-        out_t, out = empty_output(plan.states_shape, True, k.device if plan.torch_out else None)
+        out_t, out = empty_output(plan.states_shape, "bf16", k.device if plan.torch_out else None)
     launch_planned(plan, k_c, v_c, g_c, beta_c, akk_c, h0, out)
     return out_t
 

@@ -23,7 +23,8 @@ import numpy as np
 from ..shapes import HEAD_DIM
 
 CUDA_INSTALL = "pip install -e '.[cuda]'"   # pyproject's cuda extra: cupy-cuda13x
-DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)", "float32": "float32"}
+DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)", "float16": "float16",
+               "float32": "float32"}
 
 __all__ = ["ArrayInfo", "describe", "leading", "expect", "value_heads", "check_scale", "is_torch", "require_cupy",
            "require_gpu", "cupy_view", "empty_output", "to_cupy", "torch_allocations", "beta_f32", "bf16_bits",
@@ -186,18 +187,24 @@ def cupy_view(x):
     return cupy.ndarray(tuple(x.shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
-def empty_output(shape: tuple, bf16: bool, device=None):
+OUTPUT_DTYPES = ("bf16", "f16", "f32")   # empty_output's
+
+
+def empty_output(shape: tuple, dtype: str, device=None):
     """An uninitialised output: (what the caller gets, its CuPy view). A torch tensor on ``device`` from
     torch's caching allocator (on torch's current stream) where ``device`` is given, else a CuPy array;
-    bf16 (uint16 bits in CuPy) or fp32."""
+    ``dtype`` one of :data:`OUTPUT_DTYPES` (bf16 as uint16 bits in CuPy)."""
     import cupy
 
+    if dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype!r}")
     if device is not None:
         import torch
 
-        t = torch.empty(shape, dtype=torch.bfloat16 if bf16 else torch.float32, device=device)
+        t = torch.empty(shape, dtype={"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype],
+                        device=device)
         return t, cupy_view(t)
-    c = cupy.empty(shape, dtype=np.uint16 if bf16 else np.float32)
+    c = cupy.empty(shape, dtype={"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[dtype])
     return c, c
 
 
@@ -221,7 +228,7 @@ def torch_allocations(device) -> Iterator[None]:
 
 
 def to_cupy(name: str, x: Any, want: str):
-    """-> cupy array; `want` is 'bf16', 'f32', 'f32|bf16' or 'int'. bf16 comes back as uint16 bits."""
+    """-> cupy array; `want` is 'bf16', 'f16', 'f32', 'f32|bf16' or 'int'. bf16 comes back as uint16 bits."""
     import cupy
 
     if is_torch(x):
@@ -235,11 +242,12 @@ def to_cupy(name: str, x: Any, want: str):
     if x.device.id != cupy.cuda.Device().id:
         raise ValueError(f"{name} is on device {x.device.id}, the current device is {cupy.cuda.Device().id}")
     ok = {"bf16": x.dtype == np.uint16,
+          "f16": x.dtype == np.float16,
           "f32": x.dtype == np.float32,
           "f32|bf16": x.dtype in (np.float32, np.uint16),
           "int": x.dtype in (np.int32, np.int64)}[want]
     if not ok:
-        expected = {"bf16": "bf16 (uint16 bits in CuPy, torch.bfloat16)", "f32": "float32",
+        expected = {"bf16": "bf16 (uint16 bits in CuPy, torch.bfloat16)", "f16": "float16", "f32": "float32",
                     "f32|bf16": "float32 or bf16", "int": "int32 or int64"}[want]
         raise TypeError(f"{name} must be {expected}, got {x.dtype}")
     if not x.flags.c_contiguous:

@@ -312,7 +312,7 @@ def _three_passes() -> str:
                                           cp.asarray(bf16_bits(raw["v"])), cp.asarray(f.g64.astype(np.float32)),
                                           cp.asarray(raw["beta"].astype(np.float32)), cu_seqlens=cu, training=True,
                                           config=forward_products.Config(lineinfo=True))
-    walked = forward_chain.forward_chain(p.w, p.u, p.kg, p.decay, cu_chunks=p.cu_chunks,
+    walked = forward_chain.forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks,
                                          config=forward_chain.Config(lineinfo=True))
     o = forward_output.forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=cu,
                                       config=forward_output.Config(lineinfo=True))

@@ -14,8 +14,8 @@ Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, g
   any gate. A diagonal block is factorised about its own last row, as the one pass's tile products
   are, or formed pairwise in fp32 where a channel spans past ``kernel.shapes.SPAN_LIMIT``. Then
   INV = (I + Akk)^-1 in fp32 (forward substitution on the diagonal blocks, the blocks below from them),
-  w = INV (beta k 2^gc), u = INV (beta v) and kg = k 2^(gT - gc), each stored bf16 (u also in fp16 with
-  a power-of-two scale a chunk and head, or in fp32: ``U_FORMATS``, the study's alternatives);
+  w = INV (beta k 2^gc) and kg = k 2^(gT - gc) stored bf16, u = INV (beta v) stored fp16 divided by a
+  power of two a chunk and head (``u_format``: also bf16 or fp32, the study's alternatives);
 * **the chain** in 64-token steps: v_new = u - w S, S <- 2^gT S + kg^T v_new (S fp32; bf16 as an
   operand; v_new stored bf16), the state entering the chunk stored bf16 (``kernel.forward_chain`` is
   its kernel: :func:`chain` here is its arithmetic, up to the order its MMAs sum in);
@@ -55,8 +55,9 @@ def fp16(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
 
 
-# How u leaves the products pass for the chain: "bf16" (today's kernels), "fp16" with a power-of-two scale
-# a chunk and head (8 more bits of mantissa in the same bytes), "fp32" (512 B a token and head more)
+# How u leaves the products pass for the chain: "fp16" with a power-of-two scale a chunk and head (the kernels';
+# 8 more bits of mantissa than bf16 in the same bytes), "bf16" (the kernels' before log 49), "fp32" (512 B a
+# token and head more)
 U_FORMATS = ("bf16", "fp16", "fp32")
 # fp16's u is scaled so that a bound on its entries is at most 2^15: half fp16's largest finite value (65504),
 # which leaves room for bf16(INV)'s rounding up (at most 2^-8 relative) and the MMA's fp32 sums
@@ -65,9 +66,11 @@ U_FP16_TOP_EXP = 15
 
 def u_bound(inv, bv) -> np.float32:
     """A bound on |u| = |INV bv| entry by entry: INV's largest row sum of magnitudes times bv's largest
-    magnitude, in fp32 (INV fp32 [64, 64], bv bf16 values [64, 128])."""
+    magnitude, in fp32 (INV fp32 [64, 64], bv bf16 values [64, 128]). Each largest starts from 0 and passes
+    over a NaN, as the kernel's fmaxf does."""
     rows = np.abs(np.asarray(inv, dtype=np.float32)).sum(axis=1, dtype=np.float32)
-    return np.float32(rows.max()) * np.float32(np.abs(bv).max())
+    top = lambda x: np.fmax.reduce(np.append(np.ravel(x), np.float32(0)))   # noqa: E731
+    return np.float32(top(rows)) * np.float32(top(np.abs(np.asarray(bv, dtype=np.float32))))
 
 
 def fp16_scale(bound) -> np.float32:
@@ -152,7 +155,7 @@ def unit_lower_inverse(lkk: np.ndarray) -> np.ndarray:
     return inv
 
 
-def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_format: str = "bf16") -> dict:
+def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_format: str = "fp16") -> dict:
     """The products pass on one chunk (rows >= L padded as the module docstring says): w, u, kg, qg [64, 128]
     (bf16 values; u as ``u_format`` stores it, :data:`U_FORMATS`), u_scale (the power of two u was stored
     divided by: 1 but in fp16), Aqk [64, 64] (fp32), decay = 2^gT [128] (fp32) and the count of blocks
@@ -210,7 +213,7 @@ def chain(w, u, kg, decay, cu_chunks, initial_state=None, u_scale=None) -> dict:
     return {"states": states, "v_new": v_new, "final": final}
 
 
-def operands(q, k, v, g, beta, lengths, *, scale: float, u_format: str = "bf16") -> dict:
+def operands(q, k, v, g, beta, lengths, *, scale: float, u_format: str = "fp16") -> dict:
     """The products pass over a batch (``kernel.forward``'s inputs, module docstring): w, u, kg, qg [chunks,
     H, 64, 128] (u as ``u_format`` stores it), u_scale [chunks, H], Aqk [chunks, H, 64, 64], decay [chunks,
     H, 128], cu_chunks [N + 1] (host int64) and the pairwise blocks' count."""
@@ -257,7 +260,7 @@ def o_pass(qg, aqk, states, v_new, lengths) -> np.ndarray:
     return o
 
 
-def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_format: str = "bf16") -> dict:
+def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_format: str = "fp16") -> dict:
     """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
     entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count.
     ``u_format``: how the products pass stores u for the chain (:data:`U_FORMATS`; fp32 costs 512 B a token and

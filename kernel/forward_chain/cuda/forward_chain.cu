@@ -2,7 +2,8 @@
 // the three-pass forward (docs/kda_forward.md, the design "three passes (64-token chain)").
 //
 // Per sequence, value head and 64-token chunk c, from the chunk's products (the first pass's outputs):
-//     v_new = u - w bf16(S)                          [64 x V]   w, u [64 x K], [64 x V] bf16
+//     v_new = 2^e u - w bf16(S)                      [64 x V]   w [64 x K] bf16, u [64 x V] fp16 (2^e its
+//                                                               chunk's scale: kernel/forward_products)
 //     S    <- diag(decay) S + kg^T bf16(v_new)       [K x V]    kg [64 x K] bf16, decay = 2^gT [K] fp32
 // with bf16(S), the state entering the chunk, and bf16(v_new) written out (the o pass and the backward
 // read them), and S in fp32 from start to end (chain_step of tests/kernel/three_pass_model.py is the
@@ -16,10 +17,10 @@
 // (64 k), so that all four SM sub-partitions' tensor cores work on the chain.
 //     X^T   = bf16(S^T) w^T           A: S^T's accumulators repacked; B: w [r][k] rows, ldmatrix
 //                                     (each warp over its k half; the halves meet in shared memory)
-//     Vn^T  = u^T - X^T               u [r][v] by ldmatrix .trans, in the accumulators' layout
+//     Vn^T  = 2^e u^T - X^T           u [r][v] by ldmatrix .trans, in the accumulators' layout
 //     S^T   = S^T diag(decay) + bf16(Vn^T) kg     B: kg [r][k] by ldmatrix .trans
 // The fifth warp is the producer: one lane issues each step's tensor copies (w and kg as two [64 x 64]
-// boxes each, u's [64 x 32] box, decay's 512 bytes) into a ring of FC_NSTAGE stages on mbarriers
+// boxes each, u's [64 x 32] box, decay's 512 bytes, u's scale's 16) into a ring of FC_NSTAGE stages on mbarriers
 // (ring.cuh's MbarrierRing), FC_NSTAGE - 1 steps ahead of the chain.
 // Out: each k-half pair of warps writes bf16(S) [128 k x 16 v] into a staging tile by stmatrix .trans,
 // and warp (mv, kh 0) bf16(Vn) [64 r x 16 v]; after the pair's exchange barrier one lane stores both
@@ -28,8 +29,11 @@
 //
 // Tensors (chunk-major: a sequence's chunks one after another, sequence after sequence; per chunk and
 // value head 64 rows; the first pass writes them so):
-//     w, kg, u     bf16 [chunks * HV * 64, 128] (rows: (chunk HV + hv) 64 + r)
+//     w, kg        bf16 [chunks * HV * 64, 128] (rows: (chunk HV + hv) 64 + r)
+//     u            fp16 [chunks * HV * 64, 128], divided by u_scale (the chain's copies move its 16-bit
+//                  elements as they are)
 //     decay        fp32 [chunks, HV, 128]       2^gT, gT the gate's sum over the chunk's real rows
+//     u_scale      fp32 [chunks, HV, 4]         2^e, 0, 0, 0 (16 bytes: a bulk copy's smallest)
 //     states       bf16 [chunks * HV * 128, 128] = [chunks, HV, K, V]: the state entering every chunk
 //     v_new        bf16 [chunks * HV * 64, 128]
 //     h0, final    fp32 [N, HV, K, V] or null
@@ -60,16 +64,18 @@ constexpr int K_HALF = HEAD_DIM / 2;
 constexpr int STAGING = 3;                         // staging tiles a kind (see the header)
 
 // A ring stage: w's and kg's two k-half boxes [64 r][64 k] (128-byte rows, SW128), u's box
-// [64 r][32 v] (64-byte rows, SW64), decay [128]
+// [64 r][32 v] (64-byte rows, SW64), decay [128], u's scale [4]
 constexpr int HALF_BOX_BYTES = R * K_HALF * 2;     // 8192
 constexpr int U_BOX_BYTES = R * V_CTA * 2;         // 4096
 constexpr int DECAY_BYTES = HEAD_DIM * 4;          // 512
-constexpr int STAGE_TX_BYTES = 4 * HALF_BOX_BYTES + U_BOX_BYTES + DECAY_BYTES;
+constexpr int U_SCALE_BYTES = 16;
+constexpr int STAGE_TX_BYTES = 4 * HALF_BOX_BYTES + U_BOX_BYTES + DECAY_BYTES + U_SCALE_BYTES;
 struct alignas(1024) Stage {
     unsigned char w[2][HALF_BOX_BYTES];
     unsigned char kg[2][HALF_BOX_BYTES];
     unsigned char u[U_BOX_BYTES];
     float decay[HEAD_DIM];
+    float u_scale[4];
 };
 
 // Staging for the tensor stores, per mv: bf16(S) [128 k][16 v] and bf16(Vn) [64 r][16 v], 32-byte rows
@@ -101,10 +107,10 @@ extern "C" __constant__ int fc_vgroups = fc::VGROUPS;   // the launch's grid has
 extern "C" __global__ void __launch_bounds__(fc::THREADS, 1) kda_forward_chain(
         const __grid_constant__ TensorMap w_map,       // box [64 r][64 k], SW128
         const __grid_constant__ TensorMap kg_map,      // box [64 r][64 k], SW128
-        const __grid_constant__ TensorMap u_map,       // box [64 r][32 v], SW64
+        const __grid_constant__ TensorMap u_map,       // box [64 r][32 v], SW64 (16-bit elements: fp16)
         const __grid_constant__ TensorMap states_map,  // box [128 k][16 v], SW32 (stores)
         const __grid_constant__ TensorMap vnew_map,    // box [64 r][16 v], SW32 (stores)
-        const float* __restrict__ decay, const int* __restrict__ chunk_start, int HV,
+        const float* __restrict__ decay, const float* __restrict__ u_scale, const int* __restrict__ chunk_start, int HV,
         const float* __restrict__ h0, float* __restrict__ final_state) {
     using namespace fc;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -139,6 +145,7 @@ extern "C" __global__ void __launch_bounds__(fc::THREADS, 1) kda_forward_chain(
             }
             cp_async_bulk_tensor_2d_g2s(smem_addr(st.u), &u_map, V_CTA * vg, row, full);
             cp_async_bulk_g2s(smem_addr(st.decay), decay + ch * HEAD_DIM, DECAY_BYTES, full);
+            cp_async_bulk_g2s(smem_addr(st.u_scale), u_scale + ch * 4, U_SCALE_BYTES, full);
         }
         return;
     }
@@ -197,18 +204,20 @@ extern "C" __global__ void __launch_bounds__(fc::THREADS, 1) kda_forward_chain(
 #pragma unroll
         for (int i = 0; i < 8; ++i) mine[32 * i] = make_float4(x[i][0], x[i][1], x[i][2], x[i][3]);
 
-        // while the partner finishes its half: u^T in the accumulators' layout (ldmatrix .trans of u's
-        // [r][v] rows: matrix i = lane / 8 is v block i & 1, r block 2 np' + (i >> 1)), and S^T diag(decay)
+        // while the partner finishes its half: 2^e u^T in the accumulators' layout (ldmatrix .trans of u's
+        // [r][v] rows: matrix i = lane / 8 is v block i & 1, r block 2 np' + (i >> 1); fp16 widened, times a
+        // power of two: exact), and S^T diag(decay)
         float un[8][4];
+        const float sc = stg.u_scale[0];
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
             const int r = 8 * (2 * np + (lane >> 4)) + (lane & 7);
             u32 m[4];
             ldmatrix_x4_trans(m, smem_addr(stg.u + swizzled<64>(r, 2 * mv + ((lane >> 3) & 1))));
-            un[2 * np][0] = bf16_lo(m[0]); un[2 * np][1] = bf16_hi(m[0]);
-            un[2 * np][2] = bf16_lo(m[1]); un[2 * np][3] = bf16_hi(m[1]);
-            un[2 * np + 1][0] = bf16_lo(m[2]); un[2 * np + 1][1] = bf16_hi(m[2]);
-            un[2 * np + 1][2] = bf16_lo(m[3]); un[2 * np + 1][3] = bf16_hi(m[3]);
+            un[2 * np][0] = sc * f16_lo(m[0]); un[2 * np][1] = sc * f16_hi(m[0]);
+            un[2 * np][2] = sc * f16_lo(m[1]); un[2 * np][3] = sc * f16_hi(m[1]);
+            un[2 * np + 1][0] = sc * f16_lo(m[2]); un[2 * np + 1][1] = sc * f16_hi(m[2]);
+            un[2 * np + 1][2] = sc * f16_lo(m[3]); un[2 * np + 1][3] = sc * f16_hi(m[3]);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {

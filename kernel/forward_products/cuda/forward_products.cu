@@ -7,9 +7,15 @@
 //     Lkk  = strict_tril(diag(beta) k k^T weighted the same)                     [64 x 64]
 //     INV  = (I + Lkk)^-1 (fp32)
 //     w    = INV bf16(beta k 2^gc),  u = INV bf16(beta v),  kg = k 2^(gT - gc),  qg = s q 2^gc,  decay = 2^gT
-// w, u, kg, qg and Aqk go out in bf16 (the chain and the o pass read them), decay in fp32; in training mode
-// also the 16 x 16 diagonal blocks of Aqk and of INV in FLA's [tokens, HV, 64] layout, which our backward
-// reads. chunk_operands of tests/kernel/three_pass_model.py is the arithmetic, rounding for rounding.
+// w, kg, qg and Aqk go out in bf16 (the chain and the o pass read them), decay in fp32; u in fp16, divided by
+// a power of two 2^e a chunk (u_scale, fp32): the chain subtracts w S from u, so u's rounding goes straight
+// into v_new, and fp16 rounds 8x finer than bf16 in the same bytes. fp16 tops out at 65504 and u has no
+// bound of its own (v is any bf16), so e is chosen from a bound on |u|: INV's largest row sum of magnitudes
+// times the largest |bf16(beta v)|, put in (2^14, 2^15] (half fp16's top: room for bf16(INV) rounding up
+// and the MMA's sums), which also lifts a chunk of small values clear of fp16's subnormals. In training
+// mode also the 16 x 16 diagonal blocks of Aqk and of INV in FLA's [tokens, HV, 64] layout, which our
+// backward reads. chunk_operands of tests/kernel/three_pass_model.py (u_format "fp16") is the arithmetic,
+// rounding for rounding.
 //
 // Every factorised product stays within fp32 for any gate. Warp I owns sub-chunk I (rows 16 I ..):
 // * below the diagonal, block (I, J < I) pairs rows of I with rows of J through 2^(gc_i - gc_j), factorised
@@ -23,9 +29,10 @@
 // bf16(beta v), staged once.
 //
 // Tensors: q, k bf16 [tokens, H, 128]; v bf16 [tokens, HV, 128]; g fp32 [tokens, HV, 128]; beta fp32
-// [tokens, HV]; chunk table int2 [chunks] (first token, real rows L); out: w, u, kg, qg bf16 [chunks, HV,
-// 64, 128], aqk bf16 [chunks, HV, 64, 64], decay fp32 [chunks, HV, 128]; training: aqk_blocks, inv_blocks
-// bf16 [tokens, HV, 64] (only the 16 columns of each row's own block are written), or null.
+// [tokens, HV]; chunk table int2 [chunks] (first token, real rows L); out: w, kg, qg bf16 [chunks, HV,
+// 64, 128], u fp16 [chunks, HV, 64, 128], u_scale fp32 [chunks, HV, 4] (2^e, 0, 0, 0: 16 bytes, the chain's
+// smallest bulk copy), aqk bf16 [chunks, HV, 64, 64], decay fp32 [chunks, HV, 128]; training: aqk_blocks,
+// inv_blocks bf16 [tokens, HV, 64] (only the 16 columns of each row's own block are written), or null.
 #include "../../shapes.cuh"   // HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK, SPAN_LIMIT, qk_head
 #include "cp_async.cuh"
 #include "fragments.cuh"
@@ -43,6 +50,8 @@ constexpr int R = CHUNK_TOKENS;
 constexpr int OP_STRIDE = HEAD_DIM + 8;     // bf16 rows of 272 bytes: ldmatrix rows in distinct bank groups
 constexpr int G_STRIDE = HEAD_DIM + 8;      // fp32 rows: a half-warp's float2 reads of 4 rows x 4 lanes hit 32 banks
 constexpr int L_STRIDE = R + 4;             // fp32 rows of Lkk and INV
+constexpr int U_TOP_EXP = 15;               // u's bound is put in (2^14, 2^15] (U_FP16_TOP_EXP of the model)
+constexpr int U_EXP_LIMIT = 100;            // |e| at most this: 2^e and 2^-e normal fp32
 
 // q, k and gc are read until Aqk's and Lkk's row blocks are in registers (the pairwise entries and the
 // diagonal's s q . k included); after a barrier q's bytes hold Lkk, k's INV and gc's the inverse's
@@ -55,6 +64,7 @@ struct Shared {
     unsigned short bk[R][OP_STRIDE];        // bf16(beta k 2^gc)
     float g[R][G_STRIDE];
     float beta[R];
+    float u_bound_parts[2][WARPS];          // per warp: the largest |bf16(beta v)|, INV's largest row sum
 };
 using LTile = float[R][L_STRIDE];
 using PartTile = float[WARPS][TILE_TOKENS][TILE_TOKENS + 1];   // a warp's block product, between its halves
@@ -110,7 +120,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         const float* __restrict__ g, const float* __restrict__ beta, const int2* __restrict__ chunk_table, int H, int HV,
         float scale, unsigned short* __restrict__ w_out, unsigned short* __restrict__ u_out,
         unsigned short* __restrict__ kg_out, unsigned short* __restrict__ qg_out, unsigned short* __restrict__ aqk_out,
-        float* __restrict__ decay_out, unsigned short* __restrict__ aqk_blocks, unsigned short* __restrict__ inv_blocks) {
+        float* __restrict__ decay_out, float* __restrict__ u_scale_out, unsigned short* __restrict__ aqk_blocks,
+        unsigned short* __restrict__ inv_blocks) {
     using namespace fp;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -145,6 +156,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
     __syncthreads();
 
     // ---- elementwise: bk, bv (shared), kg, qg, decay (out); each thread 4 consecutive channels of a row ----
+    float bv_max = 0.f;   // fmaxf drops a NaN, as the model's np.fmax does
     for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
         const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
         const float4 gc = *reinterpret_cast<const float4*>(&sh.g[row][col]);
@@ -172,8 +184,14 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         *reinterpret_cast<uint2*>(qg_out + o) = make_uint2(pair(qg[0], qg[1]), pair(qg[2], qg[3]));
         if (row == R - 1) *reinterpret_cast<float4*>(decay_out + ch * HEAD_DIM + col) =
             make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
-        *reinterpret_cast<uint2*>(&sh.bv[row][col]) = make_uint2(pair(bv[0], bv[1]), pair(bv[2], bv[3]));
+        const u32 bv01 = pair(bv[0], bv[1]), bv23 = pair(bv[2], bv[3]);
+        *reinterpret_cast<uint2*>(&sh.bv[row][col]) = make_uint2(bv01, bv23);
+        bv_max = fmaxf(bv_max, fmaxf(fmaxf(fabsf(bf16_lo(bv01)), fabsf(bf16_hi(bv01))),   // of bf16(bv), as the MMA reads it
+                                     fmaxf(fabsf(bf16_lo(bv23)), fabsf(bf16_hi(bv23)))));
     }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) bv_max = fmaxf(bv_max, __shfl_xor_sync(0xffffffffu, bv_max, off));
+    if (lane == 0) sh.u_bound_parts[0][warp] = bv_max;   // read after the barriers below
 
     // ---- the diagonal block's span, per warp (NaN counts as past): the same in every lane, as the MMAs
     // below need (a warp's lanes must all take or all skip them) ----
@@ -364,6 +382,35 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         __syncthreads();
     }
 
+    // ---- u's scale 2^e: the bound on |u| = INV's largest row sum of magnitudes (warp I its 16 rows, lane i < 16
+    // row r0 + i) times the largest |bf16(beta v)|, put in (2^14, 2^15]; 1 where the bound is zero or not
+    // finite (u is past fp32 already) ----
+    float row_sum = 0.f;
+    if (lane < TILE_TOKENS)
+#pragma unroll 8
+        for (int c = 0; c < R; ++c) row_sum += fabsf(inv[r0 + lane][c]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) row_sum = fmaxf(row_sum, __shfl_xor_sync(0xffffffffu, row_sum, off));
+    if (lane == 0) sh.u_bound_parts[1][warp] = row_sum;
+    __syncthreads();
+    float bv_top = 0.f, row_top = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) {
+        bv_top = fmaxf(bv_top, sh.u_bound_parts[0][i]);
+        row_top = fmaxf(row_top, sh.u_bound_parts[1][i]);
+    }
+    const float bound = row_top * bv_top;
+    int u_exp = 0;
+    if (bound > 0.f && bound <= 3.4028234663852886e38f) {   // normal (row_top >= 1, bv_top 0 or normal):
+        // bound = m 2^f with m in [0.5, 1), as frexp, f = the biased exponent - 126
+        const int f = static_cast<int>((__float_as_uint(bound) >> 23) & 0xffu) - 126;
+        u_exp = min(max(f - U_TOP_EXP, -U_EXP_LIMIT), U_EXP_LIMIT);
+    }
+    const float u_div = __uint_as_float(static_cast<u32>(127 - u_exp) << 23);   // 2^-e, exact
+    if (tid == 0)
+        *reinterpret_cast<float4*>(u_scale_out + ch * 4) =
+            make_float4(__uint_as_float(static_cast<u32>(127 + u_exp) << 23), 0.f, 0.f, 0.f);
+
     // the diagonal block of INV to FLA's layout for the backward (bf16)
     if (inv_blocks != nullptr)
         for (int i = lane; i < TILE_TOKENS * (TILE_TOKENS / 2); i += 32) {
@@ -374,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         }
 
     // ---- w = bf16(INV) bk, u = bf16(INV) bv: warp I's 16 rows, all 128 columns; k-steps past the diagonal
-    // block are zero and skipped ----
+    // block are zero and skipped; w out in bf16, u divided by 2^e (exact) in fp16 ----
     const X4Lane xl = x4_lane(lane);
     u32 a[TILES_PER_CHUNK][4];
 #pragma unroll
@@ -406,8 +453,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
 #pragma unroll
             for (int n = 0; n < 2; ++n) {
                 const int col = 16 * np + 8 * n + 2 * t;
-                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + ra) * HEAD_DIM + col) = pair(acc[n][0], acc[n][1]);
-                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + rb) * HEAD_DIM + col) = pair(acc[n][2], acc[n][3]);
+                const u32 lo = which == 0 ? pair(acc[n][0], acc[n][1]) : pack_f16x2(acc[n][0] * u_div, acc[n][1] * u_div);
+                const u32 hi = which == 0 ? pair(acc[n][2], acc[n][3]) : pack_f16x2(acc[n][2] * u_div, acc[n][3] * u_div);
+                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + ra) * HEAD_DIM + col) = lo;
+                *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + rb) * HEAD_DIM + col) = hi;
             }
         }
     }

@@ -8,8 +8,8 @@ and tests/kernel/three_pass_model.py). Each recipe is one case of ``make_case``:
 ``kernel.forward`` takes them, the float64 outputs of ``kernel.reference.kda_forward_reference``. Printed:
 the relative Frobenius error of o, the final state and the states (every 64 tokens) for the one pass's
 model (``forward_cases.emulate``, the kernel's arithmetic) and for the three passes' (``three_pass_model.emulate``),
-with u stored in each of ``three_pass_model.U_FORMATS``: bf16 (today's kernels), fp16 with a power-of-two scale
-a chunk and head, fp32.
+with u stored in each of ``three_pass_model.U_FORMATS``: bf16 (the kernels' before log 49), fp16 with a
+power-of-two scale a chunk and head (the kernels' since), fp32.
 """
 from __future__ import annotations
 

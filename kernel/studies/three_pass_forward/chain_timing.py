@@ -61,11 +61,13 @@ def operands(B: int, T: int, H: int, seed: int = 0) -> dict:
     kg = (0.01 * torch.randn(shape, generator=gen, device="cuda")).bfloat16()
     u = torch.randn(shape, generator=gen, device="cuda").bfloat16()
     decay = 0.9 + 0.1 * torch.rand((chunks, H, HEAD_DIM), generator=gen, device="cuda")
+    u_scale = torch.zeros((chunks, H, 4), device="cuda")   # ours reads u in fp16 times a power of two a chunk: 1
+    u_scale[..., 0] = 1
     # FLA's gk: the chunk-local cumsum (log2), its last row log2(decay), spread evenly over the chunk
     steps = torch.arange(1, CHUNK_TOKENS + 1, device="cuda", dtype=torch.float32) / CHUNK_TOKENS
     gk = torch.log2(decay)[:, None, :, :] * steps[None, :, None, None]              # [chunks, 64, H, 128]
     token_major = lambda x: x.permute(0, 2, 1, 3).reshape(B, T, H, HEAD_DIM).contiguous()   # noqa: E731
-    return {"ours": (w, u, kg, decay, [n * (T // CHUNK_TOKENS) for n in range(B + 1)]),
+    return {"ours": (w, u.half(), kg, decay, u_scale, [n * (T // CHUNK_TOKENS) for n in range(B + 1)]),
             "fla": (token_major(kg), token_major(w), token_major(u), gk.reshape(B, T, H, HEAD_DIM).contiguous())}
 
 
@@ -76,8 +78,8 @@ def time_config(B: int, T: int, H: int, *, reps: int, fla: bool) -> dict:
     from kernel.tools.bench.timing import cupy_on_torch_stream, time_alternating
 
     ops = operands(B, T, H)
-    w, u, kg, decay, cu = ops["ours"]
-    fns = {"ours": lambda: forward_chain(w, u, kg, decay, cu_chunks=cu)}
+    w, u, kg, decay, u_scale, cu = ops["ours"]
+    fns = {"ours": lambda: forward_chain(w, u, kg, decay, u_scale, cu_chunks=cu)}
     if fla:
         from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
 

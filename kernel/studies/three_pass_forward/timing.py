@@ -70,17 +70,17 @@ def measure(config: str, heads: int, reps: int, pieces: Sequence[int] = ()) -> d
 
     with cupy_on_torch_stream():
         p = products()
-        walked = forward_chain(p.w, p.u, p.kg, p.decay, cu_chunks=p.cu_chunks)
+        walked = forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks)
 
         def chain():
-            return forward_chain(p.w, p.u, p.kg, p.decay, cu_chunks=p.cu_chunks)
+            return forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks)
 
         def output():
             return forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=cu_host)
 
         def three():
             pp = products()
-            ww = forward_chain(pp.w, pp.u, pp.kg, pp.decay, cu_chunks=pp.cu_chunks)
+            ww = forward_chain(pp.w, pp.u, pp.kg, pp.decay, pp.u_scale, cu_chunks=pp.cu_chunks)
             return forward_output(pp.qg, ww.states, pp.aqk, ww.v_new, cu_seqlens=cu_host)
 
         def in_pieces(n):

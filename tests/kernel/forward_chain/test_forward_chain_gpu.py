@@ -3,7 +3,8 @@ and, with the numpy products and o passes around it, against float64 (kernel.ref
 the case's outputs).
 
 The operands are the numpy products pass's on tests/kernel/forward_cases' inputs (the study's recipes: ragged
-with an initial state, past fp32's range, the trained-layer gate). The kernel sums its MMAs in another order
+with an initial state, past fp32's range, the trained-layer gate), u in fp16 with its scale as
+kernel.forward_products stores it. The kernel sums its MMAs in another order
 than numpy's float64-then-round, so a bf16 rounding of S or v_new can land on the other side now and then, and
 the chain carries that on: the GPU is held to its model within 2e-3 (relative Frobenius; measured far below),
 and its three-pass o, states and final state to float64 within 1.25x the model's own error, as the CPU study
@@ -32,15 +33,22 @@ def _operands(recipe: str) -> tuple[dict, dict]:
     H = case["H"]
     args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
             case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
-    return case, operands(*args, scale=case["scale"])
+    return case, operands(*args, scale=case["scale"], u_format="fp16")
+
+
+def _u_scale(ops: dict) -> np.ndarray:
+    """[chunks, HV, 4]: the model's scale in element 0, as the chain reads it."""
+    out = np.zeros((*ops["u_scale"].shape, 4), np.float32)
+    out[..., 0] = ops["u_scale"]
+    return out
 
 
 def _run(ops: dict, h0, config: Config | None = None, *, final: bool = True) -> dict:
     import cupy
 
     dev = lambda x: cupy.asarray(bf16_bits(x))   # noqa: E731  bf16 values -> their bits on the GPU
-    out = forward_chain(dev(ops["w"]), dev(ops["u"]), dev(ops["kg"]), cupy.asarray(ops["decay"]),
-                        cu_chunks=ops["cu_chunks"], initial_state=None if h0 is None else cupy.asarray(h0),
+    out = forward_chain(dev(ops["w"]), cupy.asarray(ops["u"].astype(np.float16)), dev(ops["kg"]),
+                        cupy.asarray(ops["decay"]), cupy.asarray(_u_scale(ops)), cu_chunks=ops["cu_chunks"], initial_state=None if h0 is None else cupy.asarray(h0),
                         output_final_state=final, config=config)
     return {"states": bits_to_f32(out.states.get()), "v_new": bits_to_f32(out.v_new.get()),
             "final": None if out.final_state is None else out.final_state.get()}
@@ -50,7 +58,7 @@ def _run(ops: dict, h0, config: Config | None = None, *, final: bool = True) -> 
 def recipe(request):
     pytest.importorskip("torch")   # the trained-layer gate is drawn with torch
     case, ops = _operands(request.param)
-    model = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], case["initial_state"])
+    model = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], case["initial_state"], ops["u_scale"])
     return request.param, case, ops, model, _run(ops, case["initial_state"])
 
 
@@ -97,8 +105,8 @@ def test_torch_in_torch_out():
     torch = pytest.importorskip("torch")
     case, ops = _operands("ragged")
     t = lambda x: torch.from_numpy(np.asarray(x, dtype=np.float32)).cuda()   # noqa: E731
-    out = forward_chain(t(ops["w"]).bfloat16(), t(ops["u"]).bfloat16(), t(ops["kg"]).bfloat16(), t(ops["decay"]),
-                        cu_chunks=ops["cu_chunks"], initial_state=t(case["initial_state"]))
+    out = forward_chain(t(ops["w"]).bfloat16(), t(ops["u"]).half(), t(ops["kg"]).bfloat16(), t(ops["decay"]),
+                        t(_u_scale(ops)), cu_chunks=ops["cu_chunks"], initial_state=t(case["initial_state"]))
     assert out.states.dtype == torch.bfloat16 and out.final_state.dtype == torch.float32
     ref = _run(ops, case["initial_state"])
     np.testing.assert_array_equal(out.states.float().cpu().numpy(), ref["states"])

@@ -14,15 +14,17 @@ BF16 = np.uint16
 
 
 def _args(chunks=5, HV=3, *, N=1, h0=False):
-    a = {name: DeviceArray((chunks, HV, R, D), BF16) for name in ("w", "u", "kg")}
+    a = {name: DeviceArray((chunks, HV, R, D), BF16) for name in ("w", "kg")}
+    a["u"] = DeviceArray((chunks, HV, R, D), np.float16)
     a["decay"] = DeviceArray((chunks, HV, D), np.float32)
+    a["u_scale"] = DeviceArray((chunks, HV, 4), np.float32)
     kw = {"initial_state": DeviceArray((N, HV, D, D), np.float32) if h0 else None}
     return a, kw
 
 
 def _plan(a, kw, **over):
     args = {**a, **kw, **over}
-    return plan_chain(args.pop("w"), args.pop("u"), args.pop("kg"), args.pop("decay"), **args)
+    return plan_chain(args.pop("w"), args.pop("u"), args.pop("kg"), args.pop("decay"), args.pop("u_scale"), **args)
 
 
 def test_one_sequence_of_every_chunk_by_default():
@@ -63,7 +65,9 @@ def test_cu_chunks_on_the_device_are_refused_with_why():
 
 @pytest.mark.parametrize("name, bad, words", [
     ("w", DeviceArray((5, 3, 16, D), BF16), "w must be [chunks, HV, 64, 128]"),
-    ("u", DeviceArray((5, 3, R, D), np.float32), "u must be bf16"),
+    ("u", DeviceArray((5, 3, R, D), BF16), "u must be float16"),
+    ("u_scale", DeviceArray((5, 3), np.float32), "u_scale must have shape (5, 3, 4)"),
+    ("u_scale", DeviceArray((5, 3, 4), np.float16), "u_scale must be float32"),
     ("kg", DeviceArray((5, 2, R, D), BF16), "kg must have shape (5, 3, 64, 128)"),
     ("decay", DeviceArray((5, 3, R), np.float32), "decay must have shape (5, 3, 128)"),
     ("initial_state", DeviceArray((2, 3, D, D), np.float32), "initial_state must have shape (1, 3, 128, 128)"),
@@ -84,7 +88,7 @@ def test_host_arrays_are_refused_with_advice():
 
 def test_arrays_on_two_devices_are_refused():
     a, kw = _args()
-    a["u"] = DeviceArray((5, 3, R, D), BF16, device=1)
+    a["u"] = DeviceArray((5, 3, R, D), np.float16, device=1)
     with pytest.raises(ValueError, match="one device"):
         _plan(a, kw)
 

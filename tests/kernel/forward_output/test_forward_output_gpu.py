@@ -73,8 +73,8 @@ def _operands(recipe: str) -> tuple[tuple, list[int]]:
     H = case["H"]
     args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
             case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
-    ops = operands(*args, scale=case["scale"])
-    walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], case["initial_state"])
+    ops = operands(*args, scale=case["scale"], u_format="fp16")   # u as kernel.forward_products stores it
+    walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], case["initial_state"], ops["u_scale"])
     return (ops["qg"], walked["states"], bf16(ops["aqk"]), walked["v_new"]), [int(n) for n in case["lengths"]]
 
 

@@ -2,10 +2,11 @@
 model of the instructions. w = bf16(INV) bk and u = bf16(INV) bv, each warp its 16 rows: the A fragments from
 INV in shared memory, the B operand from the row-padded bk / bv tiles by ldmatrix .trans at the address
 forward_products.cu computes (b_row below, the source's index arithmetic transcribed), the k-steps past the
-diagonal block skipped, the bf16 pairs written out as the .cu writes them. Held bit for bit to the product
-summed in the warps' order (each m16n8k16 rounded once to fp32, as model.mma_m16n8k16 rounds it), within the
-summation orders' bound to the study's arithmetic (tests/kernel/three_pass_model.py: bf16(mm(INV, bk))),
-and every ldmatrix at its fewest wavefronts (ptx_lab.banks), which is what the rows' 16 bytes of padding are for.
+diagonal block skipped, w's bf16 pairs and u's fp16 pairs (divided by u's scale 2^e, whose e u_exponent finds
+as the CTA does) written out as the .cu writes them. Held bit for bit to the product summed in the warps' order
+(each m16n8k16 rounded once to fp32, as model.mma_m16n8k16 rounds it), within the summation orders' bound to the
+study's arithmetic (tests/kernel/three_pass_model.py: bf16(mm(INV, bk)), fp16(mm(INV, bv) / 2^e)), and every
+ldmatrix at its fewest wavefronts (ptx_lab.banks), which is what the rows' 16 bytes of padding are for.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from ptx_lab import banks, model
 
 from ..chain_fragments import mma
 from ..ptx_build import ptx_constant, ptx_of
-from ..three_pass_model import bf16, mm
+from ..three_pass_model import bf16, fp16, fp16_scale, mm, u_bound
 
 
 D, R = HEAD_DIM, CHUNK_TOKENS
@@ -38,7 +39,8 @@ BV = K + 2 * R * OP_STRIDE
 BK = BV + 2 * R * OP_STRIDE
 GT = BK + 2 * R * OP_STRIDE
 BETA = GT + 4 * R * G_STRIDE
-SMEM_BYTES = BETA + 4 * R
+U_BOUND = BETA + 4 * R                                 # u_bound_parts [2][4] fp32
+SMEM_BYTES = U_BOUND + 4 * 2 * WARPS
 LKK, INV, PART = Q, K, GT
 assert 4 * R * L_STRIDE == 2 * R * OP_STRIDE and 4 * WARPS * TILE_TOKENS * (TILE_TOKENS + 1) <= 4 * R * G_STRIDE
 
@@ -49,16 +51,32 @@ def b_row(kk: int, np_: int):
     return 2 * (r * OP_STRIDE + col)
 
 
+def u_exponent(inv, bv) -> int:
+    """e of u's scale 2^e, as the CTA finds it: each lane i < 16 of warp I sums |INV| along row 16 I + i in
+    column order (fp32), the warps' largest row sum times the largest |bv| (both from 0, passing over NaN),
+    the bound's frexp exponent less 15, within [-100, 100]; 0 where the bound is 0 or not finite."""
+    rows = np.zeros(R, np.float32)
+    for c in range(R):
+        rows = (rows + np.abs(inv[:, c]).astype(np.float32)).astype(np.float32)
+    bound = np.float32(np.fmax.reduce(np.append(rows, np.float32(0)))) \
+        * np.float32(np.fmax.reduce(np.append(np.abs(bv).ravel(), np.float32(0))))
+    if not (bound > 0 and np.isfinite(bound)):
+        return 0
+    f = int((np.float32(bound).view(np.uint32) >> 23) & 0xFF) - 126
+    return min(max(f - 15, -100), 100)
+
+
 def products(inv, bk, bv, *, ch: int, chunks_hv: int):
     """The w / u stage of kda_forward_products's CTA for (chunk, value head) ch: INV (fp32 [64][64], sh.inv) and
-    bk, bv (bf16 values [64][128]) in their shared tiles; returns the w and u outputs' bits
-    [chunks_hv * 64, 128], all ones where the CTA wrote nothing."""
+    bk, bv (bf16 values [64][128]) in their shared tiles; returns the w (bf16) and u (fp16, divided by 2^e,
+    e = u_exponent) outputs' bits [chunks_hv * 64, 128], all ones where the CTA wrote nothing."""
     smem = np.zeros(SMEM_BYTES, np.uint8)
     for off, tile in ((BK, bk), (BV, bv)):
         rows = np.zeros((R, OP_STRIDE), np.uint16)
         rows[:, :D] = bf16_bits(tile)
         smem[off:off + rows.nbytes] = rows.view(np.uint8).reshape(-1)
     sh_inv = inv.astype(np.float32)
+    u_div = np.float32(2.0 ** -u_exponent(sh_inv, bv))
     outs = [np.full((chunks_hv * R, D), 0xFFFF, np.uint16) for _ in range(2)]
     for warp in range(WARPS):
         r0 = TILE_TOKENS * warp
@@ -86,14 +104,16 @@ def products(inv, bk, bv, *, ch: int, chunks_hv: int):
                 for n in range(2):
                     col = 16 * np_ + 8 * n + 2 * T
                     for row, e in ((ra, 0), (rb, 2)):
-                        pair = model.pack_bf16x2(acc[n][:, e], acc[n][:, e + 1]).astype(np.uint32)
+                        pair = (model.pack_bf16x2(acc[n][:, e], acc[n][:, e + 1]) if which == 0 else
+                                model.pack_f16x2(acc[n][:, e] * u_div, acc[n][:, e + 1] * u_div)).astype(np.uint32)
                         out[ch * R + row, col] = pair & 0xFFFF
                         out[ch * R + row, col + 1] = pair >> 16
     return outs
 
 
 def _in_the_warps_order(inv, b):
-    """bf16(INV) b as the warps sum it: warp I's rows over the 16-row k-steps 0..I, each rounded once to fp32."""
+    """bf16(INV) b as the warps sum it: warp I's rows over the 16-row k-steps 0..I, each rounded once to fp32
+    (before its store's rounding)."""
     f64 = np.float64
     ib = bf16(inv)
     out = np.zeros((R, D), np.float32)
@@ -102,7 +122,11 @@ def _in_the_warps_order(inv, b):
         for kk in range(I + 1):
             k = slice(16 * kk, 16 * kk + 16)
             out[rows] = (out[rows].astype(f64) + ib[rows, k].astype(f64) @ b[k].astype(f64)).astype(np.float32)
-    return bf16(out)
+    return out
+
+
+def fp16_bits(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
 
 
 def _case(seed: int):
@@ -112,29 +136,45 @@ def _case(seed: int):
     return inv, bk, bv
 
 
-def test_w_and_u_lane_by_lane_are_the_product_summed_in_the_warps_order():
+@pytest.mark.parametrize("v_magnitude", [1.0, 1e-20, 1e20])
+def test_w_and_u_lane_by_lane_are_the_product_summed_in_the_warps_order(v_magnitude):
     inv, bk, bv = _case(3)
+    bv = bf16(bv * np.float32(v_magnitude))
     ch, chunks_hv = 2, 3
     w, u = products(inv, bk, bv, ch=ch, chunks_hv=chunks_hv)
-    for name, got, b in (("w", w, bk), ("u", u, bv)):
-        np.testing.assert_array_equal(got[ch * R:ch * R + R], bf16_bits(_in_the_warps_order(inv, b)), err_msg=name)
+    u_div = np.float32(2.0 ** -u_exponent(inv, bv))
+    want = {"w": bf16_bits(_in_the_warps_order(inv, bk)), "u": fp16_bits(_in_the_warps_order(inv, bv) * u_div)}
+    for name, got in (("w", w), ("u", u)):
+        np.testing.assert_array_equal(got[ch * R:ch * R + R], want[name], err_msg=name)
         assert np.all(np.delete(got, np.s_[ch * R:ch * R + R], axis=0) == 0xFFFF), f"{name}: rows of another chunk"
+    # the scale uses fp16's range from the top, for v of any magnitude
+    top = np.abs(u[ch * R:ch * R + R].view(np.float16)).max()
+    assert 2.0 ** 6 < top <= 2.0 ** 15, top
+
+
+def test_u_exponent_is_the_models_scale():
+    # the model's fp16_scale(u_bound(..)) (numpy's pairwise sums) and the CTA's column-order sums agree here
+    for seed in range(5):
+        inv, _, bv = _case(seed)
+        assert 2.0 ** u_exponent(inv, bv) == fp16_scale(u_bound(inv, bv))
 
 
 def test_w_and_u_are_the_studys_product_within_the_summation_orders_bound():
     # warp I rounds I + 1 <= 4 partial sums, mm once (the k-steps it skips are INV's zero blocks, exact in
-    # both), each at most A = |bf16(INV)| |b| in size: 5 eps A apart (eps = 2^-24) before the bf16 rounding,
-    # which is monotone and can then put them one bf16 spacing apart; 1% for the second-order terms. The case
-    # (seed 3) has one element of u on the neighbouring bf16 value.
+    # both), each at most A = |bf16(INV)| |b| in size: 5 eps A apart (eps = 2^-24) before the store's rounding
+    # (bf16 for w, fp16 of u / 2^e for u: 8 and 11 significant bits), which is monotone and can then put them
+    # one spacing apart; 1% for the second-order terms. The model's u is chunk_operands' with u_format
+    # "fp16": fp16(mm(bf16(INV), bv) / 2^e). The case (seed 3) has elements on the neighbouring value.
     inv, bk, bv = _case(3)
     w, u = products(inv, bk, bv, ch=0, chunks_hv=1)
+    scale = fp16_scale(u_bound(inv, bv))
     differ = 0
-    for name, got, b in (("w", w, bk), ("u", u, bv)):
-        ref = bf16(mm(bf16(inv), b))
-        got = bits_to_f32(got)
-        A = np.abs(bf16(inv)).astype(np.float64) @ np.abs(b).astype(np.float64)
+    cases = (("w", bits_to_f32(w), bk, bf16(mm(bf16(inv), bk)), 8, -126),   # bits, the smallest normal's exponent
+             ("u", u.view(np.float16).astype(np.float32), bv, fp16(mm(bf16(inv), bv) / scale), 11, -14))
+    for name, got, b, ref, bits, low in cases:
+        A = np.abs(bf16(inv)).astype(np.float64) @ np.abs(b).astype(np.float64) / (scale if name == "u" else 1)
         big = np.maximum(np.abs(got), np.abs(ref))
-        spacing = np.exp2(np.floor(np.log2(np.maximum(big, 2.0 ** -126))) - 7)
+        spacing = np.exp2(np.floor(np.log2(np.maximum(big, 2.0 ** low))) - (bits - 1))
         bound = 1.01 * 5 * 2.0 ** -24 * A + spacing
         assert np.all(np.abs(got.astype(np.float64) - ref) <= bound), name
         differ += int(np.count_nonzero(got != ref))

@@ -33,8 +33,7 @@ past its sequence's end are zero in w, u and kg)::
     -> final_state fp32 [N, HV, 128, 128] (output_final_state)
 
 CuPy arrays (bf16 as uint16 bits, fp16 as float16) or torch CUDA tensors; torch in, torch out (allocated
-by torch). The
-kernel runs on CuPy's current stream. :func:`plan_chain` does every check on the host (no GPU, no
+by torch). The kernel runs on CuPy's current stream. :func:`plan_chain` does every check on the host (no GPU, no
 allocation); :func:`forward_chain` plans, compiles (once per :class:`Config`) and launches.
 """
 from __future__ import annotations
@@ -136,8 +135,8 @@ def plan_chain(w, u, kg, decay, u_scale, *, cu_chunks=None, initial_state=None, 
     kinds = {a.torch for a in arrays.values()}
     if len(devices) > 1 or len(kinds) > 1:
         got = ", ".join(f"{n}: device {a.device} ({'torch' if a.torch else 'cupy'})" for n, a in arrays.items())
-        raise ValueError(f"w, u, kg, decay, u_scale and initial_state must be on one device and all CuPy arrays or all torch "
-                         f"tensors, got {got}")
+        raise ValueError(f"w, u, kg, decay, u_scale and initial_state must be on one device and all CuPy arrays or "
+                         f"all torch tensors, got {got}")
     if chunks * HV * HEAD_DIM > INT32_MAX:
         raise ValueError(f"the tensor copies address rows with 32-bit coordinates: chunks * HV * 128 = "
                          f"{chunks * HV * HEAD_DIM} is more than {INT32_MAX}")

@@ -186,7 +186,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
             make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
         const u32 bv01 = pair(bv[0], bv[1]), bv23 = pair(bv[2], bv[3]);
         *reinterpret_cast<uint2*>(&sh.bv[row][col]) = make_uint2(bv01, bv23);
-        bv_max = fmaxf(bv_max, fmaxf(fmaxf(fabsf(bf16_lo(bv01)), fabsf(bf16_hi(bv01))),   // of bf16(bv), as the MMA reads it
+        // the largest |bf16(beta v)|, of the values the MMA reads
+        bv_max = fmaxf(bv_max, fmaxf(fmaxf(fabsf(bf16_lo(bv01)), fabsf(bf16_hi(bv01))),
                                      fmaxf(fabsf(bf16_lo(bv23)), fabsf(bf16_hi(bv23)))));
     }
 #pragma unroll

@@ -48,7 +48,8 @@ def _run(ops: dict, h0, config: Config | None = None, *, final: bool = True) -> 
 
     dev = lambda x: cupy.asarray(bf16_bits(x))   # noqa: E731  bf16 values -> their bits on the GPU
     out = forward_chain(dev(ops["w"]), cupy.asarray(ops["u"].astype(np.float16)), dev(ops["kg"]),
-                        cupy.asarray(ops["decay"]), cupy.asarray(_u_scale(ops)), cu_chunks=ops["cu_chunks"], initial_state=None if h0 is None else cupy.asarray(h0),
+                        cupy.asarray(ops["decay"]), cupy.asarray(_u_scale(ops)), cu_chunks=ops["cu_chunks"],
+                        initial_state=None if h0 is None else cupy.asarray(h0),
                         output_final_state=final, config=config)
     return {"states": bits_to_f32(out.states.get()), "v_new": bits_to_f32(out.v_new.get()),
             "final": None if out.final_state is None else out.final_state.get()}

@@ -22,11 +22,12 @@ def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True) -> tup
 
     def products(q, k, v, g, beta, *, scale, cu_seqlens, training):
         calls["products"] = dict(cu_seqlens=cu_seqlens, training=training, scale=scale)
-        return types.SimpleNamespace(w="w", u="u", kg="kg", decay="decay", qg="qg", aqk="aqk", cu_chunks="cu_chunks",
-                                     Aqk="Aqk" if training else None, Akk="Akk" if training else None)
+        return types.SimpleNamespace(w="w", u="u", u_scale="u_scale", kg="kg", decay="decay", qg="qg", aqk="aqk",
+                                     cu_chunks="cu_chunks", Aqk="Aqk" if training else None,
+                                     Akk="Akk" if training else None)
 
-    def chain(w, u, kg, decay, *, cu_chunks, initial_state, output_final_state):
-        calls["chain"] = (w, u, kg, decay, cu_chunks, initial_state, output_final_state)
+    def chain(w, u, kg, decay, u_scale, *, cu_chunks, initial_state, output_final_state):
+        calls["chain"] = (w, u, kg, decay, u_scale, cu_chunks, initial_state, output_final_state)
         return types.SimpleNamespace(states=np.zeros((chunks, HV, D, D)), v_new="v_new",
                                      final_state="final" if output_final_state else None)
 
@@ -45,7 +46,7 @@ def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True) -> tup
 def test_a_batch_goes_through_as_b_sequences_in_the_one_passs_layouts(monkeypatch):
     out, calls, h0 = _wired(monkeypatch, 2, 130, None)
     assert calls["products"]["cu_seqlens"] is None and calls["products"]["training"]
-    assert calls["chain"] == ("w", "u", "kg", "decay", "cu_chunks", h0, True)
+    assert calls["chain"] == ("w", "u", "kg", "decay", "u_scale", "cu_chunks", h0, True)
     assert calls["output"] == ("qg", (6, HV, D, D), "aqk", "v_new", (0, 130, 260))
     assert out.o.shape == (2, 130, HV, D) and out.states.shape == (2, 3, HV, D, D)
     assert (out.final_state, out.Aqk, out.Akk) == ("final", "Aqk", "Akk")

@@ -157,6 +157,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
 
     // ---- elementwise: bk, bv (shared), kg, qg, decay (out); each thread 4 consecutive channels of a row ----
     float bv_max = 0.f;   // fmaxf drops a NaN, as the model's np.fmax does
+#pragma unroll 4
     for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
         const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
         const float4 gc = *reinterpret_cast<const float4*>(&sh.g[row][col]);
@@ -285,19 +286,25 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
                 dk[n][e] = sk;
             }
     }
-    // the diagonal of Aqk: s q . k of each row (lanes over channels, a fixed butterfly); lane i keeps row i's
-    float diag = 0.f;
-#pragma unroll 1
+    // the diagonal of Aqk: s q . k of each row (lanes over channels, a fixed butterfly); lane i keeps row i's.
+    // All 16 rows' lane sums first, then each butterfly step over the 16 at once: a step's shuffles are
+    // independent of each other, so the warp waits out a shuffle's latency 5 times rather than 80.
+    float dot[TILE_TOKENS];
+#pragma unroll
     for (int i = 0; i < TILE_TOKENS; ++i) {
-        const int row = r0 + i;
-        float dot = 0.f;
+        dot[i] = 0.f;
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            dot += bf16_to_f32(sh.q[row][4 * lane + e]) * bf16_to_f32(sh.k[row][4 * lane + e]);
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        if (lane == i) diag = scale * dot;
+            dot[i] += bf16_to_f32(sh.q[r0 + i][4 * lane + e]) * bf16_to_f32(sh.k[r0 + i][4 * lane + e]);
     }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2)
+#pragma unroll
+        for (int i = 0; i < TILE_TOKENS; ++i) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], off);
+    float diag = 0.f;
+#pragma unroll
+    for (int i = 0; i < TILE_TOKENS; ++i)
+        if (lane == i) diag = scale * dot[i];
     __syncthreads();   // q, k and gc are read for good: their bytes become Lkk, INV and the scratch
     LTile& lkk = lkk_tile(sh);
     LTile& inv = inv_tile(sh);
@@ -326,6 +333,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
     __syncwarp();
     // Aqk's rows of this warp out in bf16 [64 x 64] (zero right of the diagonal); the diagonal block also
     // to FLA's layout for the backward
+#pragma unroll 4
     for (int i = lane; i < TILE_TOKENS * (R / 2); i += 32) {
         const int row = r0 + i / (R / 2), col = 2 * (i % (R / 2));
         const float a0 = col <= row ? aqk_row[row * L_STRIDE + col] : 0.f;
@@ -345,6 +353,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         for (int i = 0; i < TILE_TOKENS; ++i) inv[r0 + i][r0 + j] = x[i];
     }
     // zero above the diagonal blocks (the w and u products read whole rows)
+#pragma unroll 4
     for (int i = lane; i < TILE_TOKENS * R; i += 32) {
         const int row = r0 + i / R, col = i % R;
         if (col >= r0 + TILE_TOKENS) inv[row][col] = 0.f;
@@ -359,7 +368,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
             float acc[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-#pragma unroll 1
+            // unrolled so that the loads of several m are in flight at once (the FMAs' order is m's either way)
+#pragma unroll 4
             for (int m = TILE_TOKENS * J; m < TILE_TOKENS * I; ++m) {
                 const float l = lkk[TILE_TOKENS * I + i][m];
 #pragma unroll

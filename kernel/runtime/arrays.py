@@ -187,7 +187,8 @@ def cupy_view(x):
     return cupy.ndarray(tuple(x.shape), dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
-OUTPUT_DTYPES = ("bf16", "f16", "f32")   # empty_output's
+# empty_output's dtypes: the word -> (torch's dtype name, CuPy's dtype; bf16 as its uint16 bits)
+OUTPUT_DTYPES = {"bf16": ("bfloat16", np.uint16), "f16": ("float16", np.float16), "f32": ("float32", np.float32)}
 
 
 def empty_output(shape: tuple, dtype: str, device=None):
@@ -197,14 +198,14 @@ def empty_output(shape: tuple, dtype: str, device=None):
     import cupy
 
     if dtype not in OUTPUT_DTYPES:
-        raise ValueError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {tuple(OUTPUT_DTYPES)}, got {dtype!r}")
+    torch_name, cupy_dtype = OUTPUT_DTYPES[dtype]
     if device is not None:
         import torch
 
-        t = torch.empty(shape, dtype={"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dtype],
-                        device=device)
+        t = torch.empty(shape, dtype=getattr(torch, torch_name), device=device)
         return t, cupy_view(t)
-    c = cupy.empty(shape, dtype={"bf16": np.uint16, "f16": np.float16, "f32": np.float32}[dtype])
+    c = cupy.empty(shape, dtype=cupy_dtype)
     return c, c
 
 

@@ -62,6 +62,8 @@ U_FORMATS = ("bf16", "fp16", "fp32")
 # fp16's u is scaled so that a bound on its entries is at most 2^15: half fp16's largest finite value (65504),
 # which leaves room for bf16(INV)'s rounding up (at most 2^-8 relative) and the MMA's fp32 sums
 U_FP16_TOP_EXP = 15
+# the scale's exponent stays within +-U_EXP_LIMIT, where 2^e and 2^-e are both normal fp32
+U_EXP_LIMIT = 100
 
 
 def u_bound(inv, bv) -> np.float32:
@@ -76,11 +78,11 @@ def u_bound(inv, bv) -> np.float32:
 def fp16_scale(bound) -> np.float32:
     """2^e with bound / 2^e at most 2^U_FP16_TOP_EXP and more than half that: u / 2^e then uses fp16's whole
     normal range from the top, whatever the magnitude of v. 1 where the bound is zero (a chunk of zeros) or
-    not finite (u is then past fp32 already). e stays within [-100, 100], where 2^e and 2^-e are normal fp32."""
+    not finite (u is then past fp32 already). e stays within +-U_EXP_LIMIT."""
     if not (bound > 0 and np.isfinite(bound)):
         return np.float32(1)
     _, e = np.frexp(np.float32(bound))             # bound = m 2^e, m in [0.5, 1): bound <= 2^e
-    return np.float32(2.0 ** int(np.clip(int(e) - U_FP16_TOP_EXP, -100, 100)))
+    return np.float32(2.0 ** int(np.clip(int(e) - U_FP16_TOP_EXP, -U_EXP_LIMIT, U_EXP_LIMIT)))
 
 
 def mm(a, b) -> np.ndarray:

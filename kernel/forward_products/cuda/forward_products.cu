@@ -51,7 +51,7 @@ constexpr int OP_STRIDE = HEAD_DIM + 8;     // bf16 rows of 272 bytes: ldmatrix 
 constexpr int G_STRIDE = HEAD_DIM + 8;      // fp32 rows: a half-warp's float2 reads of 4 rows x 4 lanes hit 32 banks
 constexpr int L_STRIDE = R + 4;             // fp32 rows of Lkk and INV
 constexpr int U_TOP_EXP = 15;               // u's bound is put in (2^14, 2^15] (U_FP16_TOP_EXP of the model)
-constexpr int U_EXP_LIMIT = 100;            // |e| at most this: 2^e and 2^-e normal fp32
+constexpr int U_EXP_LIMIT = 100;            // |e| at most this: 2^e and 2^-e normal fp32 (the model's U_EXP_LIMIT)
 
 // q, k and gc are read until Aqk's and Lkk's row blocks are in registers (the pairwise entries and the
 // diagonal's s q . k included); after a barrier q's bytes hold Lkk, k's INV and gc's the inverse's

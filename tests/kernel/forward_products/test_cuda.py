@@ -22,7 +22,7 @@ from ptx_lab import banks, model
 
 from ..chain_fragments import mma
 from ..ptx_build import ptx_constant, ptx_of
-from ..three_pass_model import bf16, fp16, fp16_scale, mm, u_bound
+from ..three_pass_model import U_EXP_LIMIT, U_FP16_TOP_EXP, bf16, fp16, fp16_scale, mm, u_bound
 
 
 D, R = HEAD_DIM, CHUNK_TOKENS
@@ -54,7 +54,7 @@ def b_row(kk: int, np_: int):
 def u_exponent(inv, bv) -> int:
     """e of u's scale 2^e, as the CTA finds it: each lane i < 16 of warp I sums |INV| along row 16 I + i in
     column order (fp32), the warps' largest row sum times the largest |bv| (both from 0, passing over NaN),
-    the bound's frexp exponent less 15, within [-100, 100]; 0 where the bound is 0 or not finite."""
+    the bound's frexp exponent less U_FP16_TOP_EXP, within +-U_EXP_LIMIT; 0 where the bound is 0 or not finite."""
     rows = np.zeros(R, np.float32)
     for c in range(R):
         rows = (rows + np.abs(inv[:, c]).astype(np.float32)).astype(np.float32)
@@ -63,7 +63,7 @@ def u_exponent(inv, bv) -> int:
     if not (bound > 0 and np.isfinite(bound)):
         return 0
     f = int((np.float32(bound).view(np.uint32) >> 23) & 0xFF) - 126
-    return min(max(f - 15, -100), 100)
+    return min(max(f - U_FP16_TOP_EXP, -U_EXP_LIMIT), U_EXP_LIMIT)
 
 
 def products(inv, bk, bv, *, ch: int, chunks_hv: int):

@@ -8,8 +8,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # What CPU tests skip without: matplotlib for the PNG pictures (tests/ptx_lab/test_render.py)
-# and the image commands of the docs (tests/test_docs.py).
-CPU_TEST_NEEDS = {"pytest", "hypothesis", "matplotlib"}
+# and the image commands of the docs (tests/test_docs.py); pytest-xdist for the test ledger's
+# run in several processes (tests/kernel/tools/test_pytest_ledger.py).
+CPU_TEST_NEEDS = {"pytest", "hypothesis", "matplotlib", "pytest-xdist"}
 
 
 def _extra(name: str) -> set[str]:

@@ -15,8 +15,11 @@ tuning key and a default. This module writes those files from the cache:
 
 The choices are the card's own, measured by Triton on it. Only the tests use them
 (``.ci/gpu-checks``); the benchmarks let FLA tune, as its users do, and record what it chose.
+``tests/fla_autotune`` keeps the H200's choices for the specialisations the GPU tests reach, so that a
+fresh machine, with no cache yet, also compiles one config a kernel: ``--over`` starts from those files
+and adds the cache's choices, which win where both hold a key.
 
-    python -m kernel.tools.fla_configs TRITON_CACHE_DIR OUT_DIR
+    python -m kernel.tools.fla_configs TRITON_CACHE_DIR OUT_DIR [--over tests/fla_autotune]
 """
 from __future__ import annotations
 
@@ -69,11 +72,27 @@ def tuned_configs(triton_cache: Path) -> dict[str, dict[str, Any]]:
     return files
 
 
-def write_configs(triton_cache: Path, out_dir: Path) -> list[str]:
-    """Write one ``<kernel>.json`` per tuned kernel into ``out_dir``; returns the kernels' names."""
+def merged(files: dict[str, dict[str, Any]], base_dir: Path) -> dict[str, dict[str, Any]]:
+    """``files`` over the config files in ``base_dir``: a kernel's entries are the union, the cache's
+    winning where both hold a key; its default is the cache's where the cache tuned it."""
+    out = {}
+    for path in sorted(Path(base_dir).glob("*.json")):
+        content = json.loads(path.read_text())
+        out[content["kernel_name"]] = content
+    for kernel, content in files.items():
+        base = out.get(kernel, {"autotune_entries": {}})
+        out[kernel] = {**content, "autotune_entries": {**base["autotune_entries"], **content["autotune_entries"]}}
+    return dict(sorted(out.items()))
+
+
+def write_configs(triton_cache: Path, out_dir: Path, base_dir: Path | None = None) -> list[str]:
+    """Write one ``<kernel>.json`` per tuned kernel into ``out_dir`` (over ``base_dir``'s files where
+    given: ``merged``); returns the kernels' names."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = tuned_configs(triton_cache)
+    if base_dir is not None:
+        files = merged(files, base_dir)
     for kernel, content in files.items():
         (out_dir / f"{kernel}.json").write_text(json.dumps(content, indent=1, sort_keys=True) + "\n")
     return list(files)
@@ -83,10 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernel.tools.fla_configs", description=__doc__.split("\n\n")[0])
     parser.add_argument("triton_cache", type=Path, help="Triton's cache directory (TRITON_CACHE_DIR, ~/.triton/cache)")
     parser.add_argument("out_dir", type=Path, help="where the config files go (FLA_CONFIG_DIR)")
+    parser.add_argument("--over", type=Path, metavar="DIR",
+                        help="config files to start from (e.g. tests/fla_autotune): the cache's choices are "
+                             "added to them, and win where both have a key")
     args = parser.parse_args(argv)
-    if not args.triton_cache.is_dir():
+    if not args.triton_cache.is_dir() and args.over is None:   # with --over, a fresh machine's missing cache is empty
         parser.error(f"triton_cache: {args.triton_cache} is not a directory")
-    kernels = write_configs(args.triton_cache, args.out_dir)
+    if args.over is not None and not args.over.is_dir():
+        parser.error(f"--over: {args.over} is not a directory")
+    kernels = write_configs(args.triton_cache, args.out_dir, args.over)
     print(f"fla_configs: {len(kernels)} kernels' autotune choices written to {args.out_dir}"
           + (f" ({', '.join(kernels)})" if kernels else " (no autotune records: FLA will tune)"))
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,47 @@ def test_the_command_says_what_it_wrote(cache, tmp_path, capsys):
     with pytest.raises(SystemExit):
         fla_configs.main([str(tmp_path / "missing"), str(tmp_path / "out3")])
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_the_cache_adds_to_the_files_it_is_merged_over_and_wins_where_both_hold_a_key(cache, tmp_path):
+    base = tmp_path / "base"
+    fla_configs.write_configs(cache, base)
+    content = json.loads((base / "kern.json").read_text())
+    exact = fla_configs._key_hash([64, False, "torch.bfloat16"])
+    content["autotune_entries"][exact]["config"] = _config(16, 2)   # a choice the cache will replace
+    only_base = fla_configs._key_hash([8, False, "torch.bfloat16"])
+    content["autotune_entries"][only_base] = {"autotune_key": [8, False, "torch.bfloat16"], "config": _config(16, 2)}
+    (base / "kern.json").write_text(json.dumps(content))
+    (base / "other.json").write_text(json.dumps({"kernel_name": "other", "autotune_entries": {},
+                                                 "default_config": _config(16, 2)}))
+    files = fla_configs.merged(fla_configs.tuned_configs(cache), base)
+    assert list(files) == ["kern", "other"]
+    entries = files["kern"]["autotune_entries"]
+    assert entries[exact]["config"]["kwargs"] == {"BK": 32}        # the cache's winner
+    assert entries[only_base]["config"]["kwargs"] == {"BK": 16}    # kept from the base
+    assert len(entries) == 4
+    assert files["other"]["default_config"]["kwargs"] == {"BK": 16}
+
+
+def test_with_over_a_machine_without_a_cache_gets_the_files_alone(tmp_path, capsys):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "other.json").write_text(json.dumps({"kernel_name": "other", "autotune_entries": {},
+                                                 "default_config": _config(16, 2)}))
+    assert fla_configs.main([str(tmp_path / "no-cache"), str(tmp_path / "out"), "--over", str(base)]) == 0
+    assert "1 kernels' autotune choices written" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "other.json").read_text())["kernel_name"] == "other"
+
+
+COMMITTED = Path(__file__).resolve().parents[2] / "fla_autotune"
+
+
+@pytest.mark.parametrize("path", sorted(COMMITTED.glob("*.json")), ids=lambda p: p.stem)
+def test_the_committed_choices_are_fla_config_files(path):
+    content = json.loads(path.read_text())
+    assert content["kernel_name"] == path.stem
+    assert content["autotune_entries"], "a kernel file with no tuned key"
+    for key_hash, entry in content["autotune_entries"].items():
+        assert fla_configs._key_hash(entry["autotune_key"]) == key_hash   # FLA finds an exact key by this hash
+        assert entry["config"]["num_warps"] in (1, 2, 4, 8, 16, 32)
+    assert "num_warps" in content["default_config"] and "pre_hook" not in content["default_config"]

@@ -48,7 +48,7 @@ from .ds_scan import fla, launch as ds_scan
 from .token_gradients import launch as token_gradients
 from .runtime import builds
 from .runtime.arrays import (bf16_bits, beta_f32, cupy_view, describe, empty_output, expect, require_cupy, require_gpu,
-                             to_cupy)
+                             to_cupy, torch_stream_for_cupy)
 from .shapes import CHUNK_TOKENS, HEAD_DIM, host_offsets
 
 __all__ = ["kda_backward", "plan_kda_backward", "checked_batch", "run", "Batch", "Gate", "plan_scans", "ScanPlan",
@@ -226,7 +226,7 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per 64-token chunk in
     the kernel and then over chunks in a fixed order (two calls give the same bits). ``segments``: as
     :func:`kda_backward`'s (checked by the caller)."""
-    cupy = require_cupy("kernel.kda_backward")
+    require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     if _forces_split(segments) and side_by_side is None:
         side_by_side = False   # a forced split needs the GPU to itself
@@ -236,9 +236,7 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     # scan (half the SMs each) there are no idle SMs for the segments to fill
     segments = 1 if scans.side_by_side else segments
     if batch.torch_out:
-        import torch
-
-        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        with torch_stream_for_cupy("kernel.kda_backward"):
             return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16,
                         gate, segments)
     return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate,

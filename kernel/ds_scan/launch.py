@@ -10,8 +10,8 @@ refused with a TypeError that says so. The launch goes through CuPy, for torch
 tensors too: without CuPy the call raises ModuleNotFoundError naming the install
 (``pip install -e '.[cuda]'``, i.e. cupy-cuda13x, and a CUDA GPU).
 The kernel runs on CuPy's current stream: when torch works on a stream other than
-the default one, point CuPy at it first (``with cupy.cuda.ExternalStream(
-torch.cuda.current_stream().cuda_stream): ...``, as kernel.bench does).
+the default one, point CuPy at it first (``with kernel.runtime.arrays.torch_stream_for_cupy():
+...``, as kernel.bench does).
 """
 from __future__ import annotations
 

@@ -222,10 +222,9 @@ def _aligned(x: torch.Tensor | None) -> torch.Tensor | None:
 def _torch_stream():
     """CuPy on torch's current stream, so that our kernel is ordered with torch's work and a CUDA
     graph capture takes it in (as kernel.kda_backward.run does for a torch caller)."""
-    from ..runtime.arrays import require_cupy
+    from ..runtime.arrays import torch_stream_for_cupy
 
-    cupy = require_cupy("kernel.chunk_kda's forward (kernel.forward; kernel.use_forward('fla') runs FLA's)")
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    return torch_stream_for_cupy("kernel.chunk_kda's forward (kernel.forward; kernel.use_forward('fla') runs FLA's)")
 
 
 def _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu):

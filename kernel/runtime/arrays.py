@@ -27,8 +27,8 @@ DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)",
                "float32": "float32"}
 
 __all__ = ["ArrayInfo", "describe", "leading", "expect", "value_heads", "check_scale", "is_torch", "require_cupy",
-           "require_gpu", "cupy_view", "empty_output", "to_cupy", "torch_allocations", "beta_f32", "bf16_bits",
-           "bits_to_f32", "CUDA_INSTALL"]
+           "require_gpu", "cupy_view", "empty_output", "to_cupy", "torch_allocations", "torch_stream_for_cupy",
+           "beta_f32", "bf16_bits", "bits_to_f32", "CUDA_INSTALL"]
 
 
 def is_torch(x: Any) -> bool:
@@ -226,6 +226,31 @@ def torch_allocations(device) -> Iterator[None]:
 
     with cupy.cuda.using_allocator(allocate):
         yield
+
+
+class _StreamHandle:
+    """A raw stream handle in the CUDA stream protocol (``__cuda_stream__``: version 0 and the handle), the
+    form CuPy's ``Stream.from_external`` takes; torch's own streams implement it only in recent releases."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = int(handle)
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.handle
+
+
+def torch_stream_for_cupy(what: str = "this call"):
+    """torch's current stream as a CuPy stream (a context manager: inside it CuPy launches there), so that a
+    kernel is ordered with torch's work and a CUDA graph capture on that stream takes it in. The stream
+    stays torch's: CuPy neither creates nor destroys it."""
+    cupy = require_cupy(what)
+    import torch
+
+    handle = torch.cuda.current_stream().cuda_stream
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:   # CuPy before 14: ExternalStream, which 14 deprecates for from_external
+        return cupy.cuda.ExternalStream(handle)
+    return from_external(_StreamHandle(handle))
 
 
 def to_cupy(name: str, x: Any, want: str):

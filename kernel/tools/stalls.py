@@ -185,10 +185,10 @@ def _three_pass_child(raw: dict, cu_host) -> None:
 
 
 def _child(config: str, heads: int, seed: int, inputs: str, forward: bool = False, three_pass: bool = False) -> None:
-    import cupy
     import torch
 
     from kernel.kda_backward import kda_backward
+    from kernel.runtime.arrays import torch_stream_for_cupy
     from kernel.tools.bench.configs import parse_config
     from kernel.tools.bench.inputs import cu_for_fla, cu_for_kernel_a, make_inputs
 
@@ -213,7 +213,7 @@ def _child(config: str, heads: int, seed: int, inputs: str, forward: bool = Fals
             print(f"stalls: fla-core is not importable ({exc}); inputs drawn here", flush=True)
     if tensors is None:
         tensors = _drawn_forward_tensors(raw, seed)
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+    with torch_stream_for_cupy("ptx-lab stalls"):
         kda_backward(*tensors, raw["do"], dht=raw["dht"], cu_seqlens=cu_host)
     torch.cuda.synchronize()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc as _gc
+import importlib.util
 import sys
 import time
 import traceback
@@ -80,13 +81,12 @@ def run_configs(configs, bench_one: Callable, progress: Callable, *, failed: dic
 @contextlib.contextmanager
 def cupy_on_torch_stream():
     """Make CuPy launch on torch's current stream, so torch's events bracket Kernel A."""
-    try:
-        import cupy
-    except ImportError:
+    if importlib.util.find_spec("cupy") is None:
         yield
         return
-    import torch
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+    from kernel.runtime.arrays import torch_stream_for_cupy
+
+    with torch_stream_for_cupy("the bench"):
         yield
 
 

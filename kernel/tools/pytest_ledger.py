@@ -112,9 +112,7 @@ class _Ledger:
         if report.when != "teardown":
             return
         found = self._phases.pop(report.nodeid)
-        outcome = next((o for o in ("error", "failed", "skipped") if o in found), "passed")
-        if outcome == "error" and "failed" in found:
-            outcome = "failed"
+        outcome = next((o for o in ("failed", "error", "skipped") if o in found), "passed")
         self.now[report.nodeid] = outcome
         self._writer.write(f"{outcome} {report.nodeid}\n")
 

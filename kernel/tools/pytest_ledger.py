@@ -15,8 +15,11 @@ call. With ``--ledger FILE``:
   earlier calls.
 
 It works under pytest-xdist: the workers deselect from the same file, and only the controller writes.
+Give the file as ``--ledger=FILE``. Written ``--ledger FILE`` with no test path on the command line,
+xdist's workers take FILE for the test path, and their rootdir (so their node ids) is then FILE's folder;
+a worker whose rootdir is not the controller's stops with an error that says so.
 
-    python -m pytest -m gpu -p kernel.tools.pytest_ledger --ledger FILE
+    python -m pytest -m gpu -p kernel.tools.pytest_ledger --ledger=FILE
 """
 from __future__ import annotations
 
@@ -75,7 +78,15 @@ def _is_worker(config: pytest.Config) -> bool:
 class _Ledger:
     def __init__(self, config: pytest.Config, path: Path) -> None:
         self.path = path
-        self.tree = tree_fingerprint(Path(config.rootpath))
+        self.rootpath = Path(config.rootpath)
+        if _is_worker(config):
+            controller = config.workerinput.get("ledger_rootpath")
+            if controller is not None and Path(controller) != self.rootpath:
+                raise pytest.UsageError(
+                    f"--ledger: this pytest-xdist worker's rootdir is {self.rootpath} and the controller's "
+                    f"{controller}, so their node ids differ. Write --ledger={path} (with '='): written "
+                    "apart, with no test path given, the workers take the file for the test path.")
+        self.tree = tree_fingerprint(self.rootpath)
         self.earlier: dict[str, str] = {}
         if path.exists() and path.stat().st_size:
             tree, self.earlier = read_ledger(path)
@@ -115,6 +126,11 @@ class _Ledger:
         outcome = next((o for o in ("failed", "error", "skipped") if o in found), "passed")
         self.now[report.nodeid] = outcome
         self._writer.write(f"{outcome} {report.nodeid}\n")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        # the controller tells each worker its rootdir, which the worker's must match (see __init__)
+        node.workerinput["ledger_rootpath"] = str(self.rootpath)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:

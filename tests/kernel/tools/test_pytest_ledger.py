@@ -43,7 +43,7 @@ def test_stops_the_run():
 
 
 def _tree(tmp_path: Path) -> Path:
-    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests").mkdir(parents=True)
     (tmp_path / "tests" / "test_suite.py").write_text(SUITE)
     (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
     return tmp_path
@@ -133,3 +133,18 @@ def test_under_xdist_the_controller_writes_each_test_once(tmp_path):
     again = _pytest(root, "--ledger", str(ledger), "-n", "2")
     assert "this run 1 failed, 1 error, 1 skipped; 3 of the 3 tests this run selected have not passed" in again.stdout, \
         again.stdout
+
+
+def test_under_xdist_a_ledger_outside_the_tree_needs_the_equals_form(tmp_path):
+    # with no test path on the command line, xdist's workers read "--ledger FILE"'s FILE as the test path
+    # (their rootdir then FILE's folder): the equals form works, and the other stops with the cause named
+    pytest.importorskip("xdist")
+    root = _tree(tmp_path / "tree")
+    ledger = tmp_path / "out" / "ledger.txt"
+    apart = _pytest(root, "--ledger", str(ledger), "-n", "2")
+    assert apart.returncode != 0 and f"Write --ledger={ledger} (with '=')" in apart.stdout + apart.stderr, \
+        apart.stdout + apart.stderr
+    ledger.unlink()
+    joined = _pytest(root, f"--ledger={ledger}", "-n", "2")
+    lines = [line for line in ledger.read_text().splitlines() if not line.startswith("#")]
+    assert len(lines) == 7, joined.stdout + joined.stderr

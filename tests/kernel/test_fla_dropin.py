@@ -261,6 +261,56 @@ def test_inconsistent_inputs_name_the_argument(case, match):
         _chunk_kda()(q, k, v, g, beta, **kw)
 
 
+def _counting_reads(monkeypatch) -> list:
+    """Every copy of a cu_seqlens tensor's values to the host at the boundary, as a list of the tensors."""
+    from kernel.fla_dropin import arguments
+
+    reads, read = [], arguments.host_offsets
+
+    def counted(cu):
+        reads.append(cu)
+        return read(cu)
+
+    monkeypatch.setattr(arguments, "host_offsets", counted)
+    monkeypatch.setattr(arguments, "_offsets_kept", type(arguments._offsets_kept)())
+    return reads
+
+
+def test_the_offsets_are_read_once_per_tensor_until_it_is_written(monkeypatch):
+    # reading a device tensor's values is a host sync: a model's layers share one offsets tensor a
+    # batch, so its values are read once, and again only after an in-place write
+    reads = _counting_reads(monkeypatch)
+    q, k, v, g, beta = _cpu_inputs(B=1, T=8)
+    cu = torch.tensor([0, 2, 5, 8])
+    for _ in range(3):
+        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+            _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
+    assert len(reads) == 1
+    cu[1] = 6   # an in-place write: read again, and refused on its new values
+    with pytest.raises(ValueError, match=r"cu_seqlens must be strictly increasing"):
+        _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
+    assert len(reads) == 2
+    with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):   # equal values, another tensor
+        _chunk_kda()(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 2, 5, 8]))
+    assert len(reads) == 3
+    q2, k2, v2, g2, beta2 = _cpu_inputs(B=1, T=9)   # the kept copy is still checked against each call
+    with pytest.raises(ValueError, match=r"cu_seqlens must end at the total length 9, got 8"):
+        _chunk_kda()(q2, k2, v2, g2, beta2, cu_seqlens=torch.tensor([0, 2, 5, 8]))
+
+
+def test_only_the_last_offsets_tensors_keep_their_host_copy(monkeypatch):
+    from kernel.fla_dropin.arguments import OFFSETS_KEPT
+
+    reads = _counting_reads(monkeypatch)
+    q, k, v, g, beta = _cpu_inputs(B=1, T=8)
+    tensors = [torch.tensor([0, 1 + i % 7, 8]) for i in range(OFFSETS_KEPT + 1)]
+    for cu in tensors + tensors[1:] + tensors[:1]:
+        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+            _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
+    # the first pass reads each; the second finds the last OFFSETS_KEPT kept, the first evicted
+    assert [id(x) for x in reads] == [id(x) for x in tensors + tensors[:1]]
+
+
 def test_every_covered_call_gets_past_the_checks():
     # FLA's defaults passed explicitly (as code written for FLA may), the covered options on:
     # the only complaint left is that CPU tensors cannot run FLA's forward

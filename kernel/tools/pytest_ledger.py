@@ -3,7 +3,7 @@ limit can be finished by later calls on the same tree.
 
 A call to the GPU machine runs for at most 10 minutes. On a fresh machine the GPU tests compile every CuPy
 module and autotune every FLA kernel first, and the whole ``pytest -m gpu`` then takes longer than one
-call. With ``--ledger FILE``:
+call. With ``--ledger=FILE``:
 
 * each test's outcome is appended to FILE as soon as the test has finished (``passed``, ``failed``,
   ``error`` or ``skipped``, then its node id), so that a run interrupted at a deadline still says which

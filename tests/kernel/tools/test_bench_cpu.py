@@ -452,3 +452,18 @@ def test_a_modes_outputs_write_the_json_and_log_a_plot_that_fails(tmp_path, caps
                                             "runs": [{"file": "a.json"}], "results": results}
     report.write_outputs(results[1:], [], str(tmp_path / "none.png"), None, draw)
     assert drawn == [["4x8192"]] and not (tmp_path / "none.png").exists()
+
+
+@pytest.mark.parametrize("host_ms, gpu_ms, warned", [
+    (296.0, 54.2, True),    # the varlen step's host sync (log 52)
+    (4.3, 52.8, False),     # a long call: the queue ahead grows, the GPU never waits
+    (0.7, 0.55, False),     # a short call the 2 ms sleep ahead covers
+    (4.0, 0.5, True),       # a host slower than the GPU
+])
+def test_a_host_gap_is_named_only_where_the_gpu_can_have_waited(host_ms, gpu_ms, warned):
+    from kernel.tools.bench.timing import host_gap_warning
+
+    warning = host_gap_warning("side", host_ms, gpu_ms)
+    assert (warning is not None) == warned
+    if warned:
+        assert f"{host_ms:.2f} ms of host time a call, more than its {gpu_ms:.2f} ms on the GPU" in warning

@@ -121,8 +121,9 @@ def title(results: Sequence[dict]) -> str:
 
 def log_backward_table(results: Sequence[dict]) -> None:
     report.log_mode_table(results, backward_row, BACKWARD_COLUMNS, LEGEND, problems(results), verdict(results),
-                          "targets (the whole backward at most 0.5x FLA's safe_gate=True backward; peak memory "
-                          f"no more; through autograd at most {CUDNN_TARGET}x cuDNN's where it runs):",
+                          f"targets (the whole backward at most {TIME_TARGET}x FLA's safe_gate=True backward; peak "
+                          f"memory no more; through autograd at most {CUDNN_TARGET}x cuDNN's where it runs; the "
+                          f"layer's settings: ptx-lab bench --layer):",
                           title=title(results))
 
 

@@ -72,8 +72,9 @@ torch.compile: the op is registered with torch.library (``torch.ops.ptx_lab.chun
 ``chunk_kda_bwd``, fake implementations, the autograd formula), so a model calling
 :func:`chunk_kda` compiles with ``fullgraph=True``, FLA's own being compiler-disabled. A uniform
 batch (B x T, no ``cu_seqlens``) traces with no host sync. With ``cu_seqlens`` the trace copies
-them to the host (``cu_seqlens.cpu()``, one sync) unless ``cu_seqlens_cpu`` is given, and their
-values are checked when the forward op runs rather than at the call; the states the forward keeps
+them to the host (``torch.ops.ptx_lab.offsets_on_host``: one sync the first time a tensor is read, as
+in eager calls) unless ``cu_seqlens_cpu`` is given, and their values are checked when the forward op
+runs rather than at the call; the states the forward keeps
 then have a data-dependent chunk count (an unbacked size in the trace): in training mode always
 with our forward, with ``disable_recompute`` with FLA's.
 

@@ -25,7 +25,7 @@ from .setting import check_forward
 
 FLA_CALL = "fla.ops.kda.chunk_kda"
 
-__all__ = ["Call", "check_arguments", "training_mode", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
+__all__ = ["Call", "check_arguments", "training_mode", "offsets_on_host", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
 
 # (argument, FLA's default, what to do instead) for every argument we do not cover
 NOT_COVERED = (
@@ -40,12 +40,12 @@ BOOL_ARGUMENTS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_
                   "allow_neg_eigval", "safe_gate", "disable_recompute", "state_v_first")
 
 
-# how many cu_seqlens tensors keep their host copy (_offsets_on_host)
+# how many cu_seqlens tensors keep their host copy (offsets_on_host)
 OFFSETS_KEPT = 8
 _offsets_kept: collections.OrderedDict = collections.OrderedDict()   # id -> (tensor, its version, host copy)
 
 
-def _offsets_on_host(cu_seqlens: torch.Tensor) -> np.ndarray:
+def offsets_on_host(cu_seqlens: torch.Tensor) -> np.ndarray:
     """The host copy of a cu_seqlens tensor, read from the device once per tensor.
 
     Reading a device tensor's values is a host sync: the host waits until every kernel queued before
@@ -264,11 +264,11 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"cu_seqlens: expected an integer dtype (torch.long), got {cu_seqlens.dtype}")
         # its values: 0 first, strictly increasing, T last (from cu_seqlens_cpu where the caller has it,
-        # else a copy of N + 1 integers to the host, once per tensor: _offsets_on_host); the backward
+        # else a copy of N + 1 integers to the host, once per tensor: offsets_on_host); the backward
         # reuses this host copy. torch.compile traces no reading of values: there the forward op
         # checks them when it runs
         if not torch.compiler.is_compiling():
-            offsets = check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else _offsets_on_host(cu_seqlens),
+            offsets = check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else offsets_on_host(cu_seqlens),
                                        B, T)
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None:

@@ -1,5 +1,5 @@
-"""``kernel.chunk_kda``'s op, registered with torch.library: two custom ops and the autograd formula
-that joins them, so that torch.compile traces a model through it and autograd runs through
+"""``kernel.chunk_kda``'s op, registered with torch.library: three custom ops and the autograd formula
+that joins the first two, so that torch.compile traces a model through it and autograd runs through
 torch's registration.
 
 * ``torch.ops.ptx_lab.chunk_kda_fwd``: our forward or FLA's, as its ``forward`` argument says
@@ -13,14 +13,18 @@ torch's registration.
   rest whatever memory held: compare them only where written.
 * ``torch.ops.ptx_lab.chunk_kda_bwd``: our backward (:func:`.function.backward`): the gradients of
   :data:`~.function.GRADIENT_INPUTS` in that order, an empty tensor for one nobody asked for.
+* ``torch.ops.ptx_lab.offsets_on_host``: cu_seqlens' values as a host int64 tensor, read from the
+  device once per offsets tensor (:func:`.arguments.offsets_on_host`), as the boundary reads them in
+  eager mode. Reading a device tensor is a host sync; a compiled model's KDA layers share one offsets
+  tensor a batch, and a traced ``cu_seqlens.cpu()`` would sync at every layer's call.
 
 The call's settings (:class:`~.arguments.Call` less its sizes, ``forward`` among them: "ours" or
 "fla", and ``training``, each a constant of a torch.compile trace) are the ops' scalar arguments. The
 varlen offsets reach the ops as ``offsets``, a host int64 tensor of cu_seqlens (the backward's
 launch tables are built from it): :func:`chunk_kda_op` passes the copy that the boundary checked,
 or, under torch.compile, where the boundary cannot read values, ``cu_seqlens_cpu`` or
-``cu_seqlens.cpu()`` as a traced copy. The forward op checks the offsets it reads (cheap: N + 1
-integers on the host), because it can be called on its own through ``torch.ops``.
+``offsets_on_host``'s result. The forward op checks the offsets it reads (cheap: N + 1 integers on
+the host), because it can be called on its own through ``torch.ops``.
 
 Each op has a fake implementation: its outputs' shapes and dtypes from the inputs alone, as the
 forward allocates them: FLA's code (``chunk_kda_fwd``, ``chunk_kda_fwd_intra``, ``recompute_w_u_fwd``,
@@ -39,15 +43,17 @@ the data-dependent one above).
 import dataclasses
 from typing import Optional, Sequence
 
+import numpy as np
+
 import torch
 from torch import Tensor
 
 from ..shapes import CHUNK_TOKENS, check_cu_seqlens, host_offsets
-from .arguments import Call
+from .arguments import Call, offsets_on_host
 from . import function
 from .function import FORWARD_OUTPUTS, GRADIENT_INPUTS
 
-__all__ = ["chunk_kda_op", "chunk_kda_fwd", "chunk_kda_bwd", "NAMESPACE", "SETTINGS", "TENSOR_ARGUMENTS", "SAVED",
+__all__ = ["chunk_kda_op", "chunk_kda_fwd", "chunk_kda_bwd", "offsets_on_host_op", "NAMESPACE", "SETTINGS", "TENSOR_ARGUMENTS", "SAVED",
            "RETURNED"]
 
 NAMESPACE = "ptx_lab"
@@ -237,17 +243,30 @@ def _backward(ctx, do, dht, *_residuals):
 chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+@torch.library.custom_op(f"{NAMESPACE}::offsets_on_host", mutates_args=())
+def offsets_on_host_op(cu_seqlens: Tensor) -> Tensor:
+    """cu_seqlens' values as a new host int64 tensor, read from the device once per offsets tensor
+    (:func:`.arguments.offsets_on_host`): what a torch.compile trace calls for the offsets, where eager
+    calls have the boundary's copy."""
+    return torch.from_numpy(offsets_on_host(cu_seqlens).astype(np.int64))
+
+
+@offsets_on_host_op.register_fake
+def _offsets_on_host_fake(cu_seqlens: Tensor) -> Tensor:
+    return torch.empty(cu_seqlens.shape, dtype=torch.int64, device="cpu")
+
+
 def chunk_kda_op(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                  cu_seqlens_cpu) -> tuple[Tensor, Optional[Tensor]]:
     """(o, final_state or None) of a checked call through the forward op (autograd through the
     backward op). The varlen offsets: the boundary's checked host copy, or, where the boundary could
-    not read them (torch.compile), ``cu_seqlens_cpu`` or a traced copy of ``cu_seqlens`` to the host."""
+    not read them (torch.compile), ``cu_seqlens_cpu`` or :func:`offsets_on_host_op`'s."""
     offsets = None
     if cu_seqlens is not None:
         if call.offsets is not None:
             offsets = torch.from_numpy(call.offsets)
         else:
-            offsets = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
+            offsets = cu_seqlens_cpu if cu_seqlens_cpu is not None else offsets_on_host_op(cu_seqlens)
     out = chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, offsets,
                         *(getattr(call, name) for name in SETTINGS))
     return out[0], (out[1] if call.output_final_state else None)

@@ -581,8 +581,9 @@ def test_fullgraph_with_dynamic_shapes_serves_two_lengths_from_one_trace():
 
 
 def test_a_varlen_call_without_host_offsets_traces_their_copy_to_the_host():
-    # the boundary cannot read cu_seqlens in a trace: it copies them to the host inside the graph
-    # (one sync when it runs) and the op reads that copy; torch.export's strict trace admits no break
+    # the boundary cannot read cu_seqlens in a trace: the graph copies them to the host through the
+    # offsets op (a sync the first time a tensor is read) and the op reads that copy; torch.export's
+    # strict trace admits no break
     class Model(torch.nn.Module):
         def forward(self, q, k, v, g, beta, cu_seqlens):
             return chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)[0]
@@ -594,6 +595,26 @@ def test_a_varlen_call_without_host_offsets_traces_their_copy_to_the_host():
     op = next(node for node in calls if str(node.target) == "ptx_lab.chunk_kda_fwd.default")
     offsets = op.args[library.TENSOR_ARGUMENTS.index("offsets")]
     assert offsets.meta["val"].device.type == "cpu" and offsets.args[0].name == "cu_seqlens"
+    assert str(offsets.target) == "ptx_lab.offsets_on_host.default"
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_compiled_model_reads_an_offsets_tensor_once_as_eager_calls_do(backend, monkeypatch):
+    # a compiled graph calls the offsets op with the model's own tensor: it is read from the device
+    # once (a host sync on a GPU), again only after an in-place write, as at the eager boundary
+    from kernel.fla_dropin import arguments
+
+    reads, read = [], arguments.host_offsets
+    monkeypatch.setattr(arguments, "host_offsets", lambda cu: reads.append(cu) or read(cu))
+    monkeypatch.setattr(arguments, "_offsets_kept", type(arguments._offsets_kept)())
+    step = torch.compile(lambda x, cu: x + library.offsets_on_host_op(cu).to(x.dtype), backend=backend,
+                         fullgraph=True)
+    x, cu = torch.zeros(3), torch.tensor([0, 3, 8])
+    for _ in range(3):
+        assert step(x, cu).tolist() == [0.0, 3.0, 8.0]
+    assert len(reads) == 1 and reads[0] is cu
+    cu[1] = 5
+    assert step(x, cu).tolist() == [0.0, 5.0, 8.0] and len(reads) == 2
 
 
 def test_the_patched_fla_route_compiles_with_fullgraph():

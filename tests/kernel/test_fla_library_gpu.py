@@ -23,7 +23,8 @@ the ops' ``forward`` argument); the gate tests under the default.
   replay's loss and every parameter after it equal eager's steps on the same data, bit for bit. A
   host sync anywhere in the step would fail the capture.
 * A varlen call reads its offsets from the device once per offsets tensor: a second call with the
-  same tensor, forward and backward, makes no host sync that torch's sync debug mode sees.
+  same tensor, forward and backward, eager or compiled, makes no host sync that torch's sync debug
+  mode sees.
 * Inference mode (a call no gradient can be asked of: under ``torch.no_grad``, under
   ``torch.inference_mode``, or with no input requiring grad): the op's forward runs with
   ``training=False`` and gives the training call's o and final state, bit for bit; with our forward
@@ -661,18 +662,22 @@ def test_our_forward_and_backward_run_without_fla_at_its_precision(monkeypatch, 
         assert err < 2e-3, f"{case[0]}: {name} {err:.2e} from the run with FLA's preprocessing"
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("varlen", "varlen-layer-gva")], ids=lambda c: c[0])
-def test_a_varlen_call_reads_its_offsets_from_the_device_once(case):
+def test_a_varlen_call_reads_its_offsets_from_the_device_once(case, compiled):
     # reading cu_seqlens' values is a host sync (the host waits for every queued kernel, then the GPU
-    # idles while it queues the rest): only a tensor's first call reads them
-    # (kernel.fla_dropin.arguments), so a second call with it, forward and backward, makes no sync that
-    # torch can see (its sync debug mode raises on any). CuPy's own calls are outside that mode: the
-    # benchmarks' host time per call is their witness
+    # idles while it queues the rest): only a tensor's first call reads them (the boundary in eager
+    # mode, the offsets op in a torch.compile graph), so a second call with it, forward and backward,
+    # makes no sync that torch can see (its sync debug mode raises on any). CuPy's own calls are
+    # outside that mode: the benchmarks' host time per call is their witness
     skip_without_fla_gpu()
     from kernel import chunk_kda
 
     _, sizes, call = case
     x = _inputs(**sizes)
+    if compiled:
+        torch._dynamo.reset()
+        chunk_kda = torch.compile(chunk_kda, backend="aot_eager", fullgraph=True)
 
     def step():
         o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],

@@ -54,7 +54,11 @@ def offsets_on_host(cu_seqlens: torch.Tensor) -> np.ndarray:
     enough (FLA's own chunk index is cached by the tensor in the same way). The last OFFSETS_KEPT
     tensors are kept, each with a strong reference (so that its id cannot be reused while it is here)
     and its version counter, which every in-place write through torch bumps; a write that bypasses
-    torch (a raw kernel on its pointer) is not seen, as in FLA."""
+    torch (a raw kernel on its pointer) is not seen, as in FLA. A tensor made under
+    ``torch.inference_mode`` has no version counter, so a write to it could not be seen: its values
+    are read at every call (``cu_seqlens_cpu`` spares the read)."""
+    if cu_seqlens.is_inference():
+        return host_offsets(cu_seqlens)
     key = id(cu_seqlens)
     kept = _offsets_kept.get(key)
     if kept is not None and kept[0] is cu_seqlens and kept[1] == cu_seqlens._version:

@@ -298,6 +298,21 @@ def test_the_offsets_are_read_once_per_tensor_until_it_is_written(monkeypatch):
         _chunk_kda()(q2, k2, v2, g2, beta2, cu_seqlens=torch.tensor([0, 2, 5, 8]))
 
 
+def test_an_inference_tensors_offsets_are_read_at_every_call(monkeypatch):
+    # made under torch.inference_mode, a tensor has no version counter to show an in-place write
+    reads = _counting_reads(monkeypatch)
+    q, k, v, g, beta = _cpu_inputs(B=1, T=8)
+    with torch.inference_mode():
+        cu = torch.tensor([0, 2, 5, 8])
+        for _ in range(2):
+            with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
+                _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
+        cu[1] = 6
+        with pytest.raises(ValueError, match=r"cu_seqlens must be strictly increasing"):
+            _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
+    assert len(reads) == 3
+
+
 def test_only_the_last_offsets_tensors_keep_their_host_copy(monkeypatch):
     from kernel.fla_dropin.arguments import OFFSETS_KEPT
 

@@ -19,10 +19,12 @@ products are factorised rather than formed pairwise.
 Every sequence is cut into tiles and chunks from its own start, so a varlen batch (``cu_seqlens``)
 packs each sequence's snapshots and states one after the other: :func:`snapshot_offsets`.
 :func:`check_cu_seqlens` is the one check of a ``cu_seqlens`` argument, for every entry point
-and for the float64 references, which import this module (never the other way round).
+and for the float64 references, which import this module (never the other way round); the host copy
+it checks is read from a device tensor once per tensor (:func:`host_offsets`).
 """
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import numpy as np
@@ -32,9 +34,10 @@ TILE_TOKENS = 16      # tokens per tile
 CHUNK_TOKENS = 64     # tokens per chunk (FLA's chunk_size)
 TILES_PER_CHUNK = CHUNK_TOKENS // TILE_TOKENS
 SPAN_LIMIT = 110.0    # the widest gate span (log2) of a tile whose products are factorised (why not 126: shapes.cuh)
+OFFSETS_KEPT = 8      # how many torch cu_seqlens tensors keep their host copy (host_offsets)
 
 __all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT", "qk_head",
-           "snapshot_offsets", "check_cu_seqlens", "host_offsets", "check_chunk_range"]
+           "snapshot_offsets", "check_cu_seqlens", "host_offsets", "check_chunk_range", "OFFSETS_KEPT"]
 
 
 def qk_head(hv: int, HV: int, H: int) -> int:
@@ -70,11 +73,49 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+# id -> (a torch cu_seqlens tensor, its version counter then, its host copy): the last OFFSETS_KEPT read
+_offsets_kept: collections.OrderedDict = collections.OrderedDict()
+
+
+def _read_torch(cu_seqlens: Any) -> np.ndarray:
+    """A torch tensor's values on the host, read-only (a device tensor's copy waits for the device)."""
+    host = cu_seqlens.detach().cpu().numpy()
+    host.setflags(write=False)   # kept and handed to every later call: nobody writes into it
+    return host
+
+
+def _torch_offsets(cu_seqlens: Any) -> np.ndarray:
+    """A torch cu_seqlens tensor's host copy, read from the device once per tensor.
+
+    Reading a device tensor's values is a host sync: the host waits until every kernel queued before
+    it has run, and the GPU then idles while the host queues the rest of the call. A model's KDA
+    layers, and their backward, all take the same offsets tensor for a batch, so one read a batch is
+    enough (FLA's own chunk index is cached by the tensor in the same way). The last OFFSETS_KEPT
+    tensors are kept, each with a strong reference (so that its id cannot be reused while it is here)
+    and its version counter, which every in-place write through torch bumps; a write that bypasses
+    torch (a raw kernel on its pointer) is not seen, as in FLA. A tensor made under
+    ``torch.inference_mode`` has no version counter, so a write to it could not be seen: its values
+    are read at every call (the drop-in's ``cu_seqlens_cpu`` spares the read)."""
+    if cu_seqlens.is_inference():
+        return _read_torch(cu_seqlens)
+    key = id(cu_seqlens)
+    kept = _offsets_kept.get(key)
+    if kept is not None and kept[0] is cu_seqlens and kept[1] == cu_seqlens._version:
+        _offsets_kept.move_to_end(key)
+        return kept[2]
+    host = _read_torch(cu_seqlens)
+    _offsets_kept[key] = (cu_seqlens, cu_seqlens._version, host)
+    while len(_offsets_kept) > OFFSETS_KEPT:
+        _offsets_kept.popitem(last=False)
+    return host
+
+
 def host_offsets(cu_seqlens: Any) -> np.ndarray:
     """A host numpy copy of a cu_seqlens given as a list, a numpy / CuPy array or a torch tensor
-    (a device one is copied to the host: N + 1 integers)."""
+    (a device one is copied to the host: N + 1 integers; a torch tensor's once, then kept, read-only:
+    :func:`_torch_offsets`)."""
     if _is_torch(cu_seqlens):
-        return cu_seqlens.detach().cpu().numpy()
+        return _torch_offsets(cu_seqlens)
     if hasattr(cu_seqlens, "__cuda_array_interface__"):
         if not hasattr(cu_seqlens, "get"):
             raise TypeError(f"cu_seqlens must be a list, a numpy array, a CuPy array or a torch tensor, "

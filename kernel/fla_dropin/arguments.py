@@ -10,7 +10,6 @@ grad mode and each input's ``requires_grad`` are constants of the trace, guarded
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import warnings
@@ -20,12 +19,12 @@ import numpy as np
 import torch
 
 from ..runtime.arrays import check_scale
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_cu_seqlens, host_offsets
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_cu_seqlens
 from .setting import check_forward
 
 FLA_CALL = "fla.ops.kda.chunk_kda"
 
-__all__ = ["Call", "check_arguments", "training_mode", "offsets_on_host", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
+__all__ = ["Call", "check_arguments", "training_mode", "FLA_CALL", "BOOL_ARGUMENTS", "NOT_COVERED"]
 
 # (argument, FLA's default, what to do instead) for every argument we do not cover
 NOT_COVERED = (
@@ -38,38 +37,6 @@ NOT_COVERED = (
 # chunk_kda's switches: each must be a real bool ('yes' or 1 would be read as True)
 BOOL_ARGUMENTS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel",
                   "allow_neg_eigval", "safe_gate", "disable_recompute", "state_v_first")
-
-
-# how many cu_seqlens tensors keep their host copy (offsets_on_host)
-OFFSETS_KEPT = 8
-_offsets_kept: collections.OrderedDict = collections.OrderedDict()   # id -> (tensor, its version, host copy)
-
-
-def offsets_on_host(cu_seqlens: torch.Tensor) -> np.ndarray:
-    """The host copy of a cu_seqlens tensor, read from the device once per tensor.
-
-    Reading a device tensor's values is a host sync: the host waits until every kernel queued before
-    it has run, and the GPU then idles while the host queues the rest of the call. A model's KDA
-    layers, and their backward, all take the same offsets tensor for a batch, so one read a batch is
-    enough (FLA's own chunk index is cached by the tensor in the same way). The last OFFSETS_KEPT
-    tensors are kept, each with a strong reference (so that its id cannot be reused while it is here)
-    and its version counter, which every in-place write through torch bumps; a write that bypasses
-    torch (a raw kernel on its pointer) is not seen, as in FLA. A tensor made under
-    ``torch.inference_mode`` has no version counter, so a write to it could not be seen: its values
-    are read at every call (``cu_seqlens_cpu`` spares the read)."""
-    if cu_seqlens.is_inference():
-        return host_offsets(cu_seqlens)
-    key = id(cu_seqlens)
-    kept = _offsets_kept.get(key)
-    if kept is not None and kept[0] is cu_seqlens and kept[1] == cu_seqlens._version:
-        _offsets_kept.move_to_end(key)
-        return kept[2]
-    host = host_offsets(cu_seqlens)
-    _offsets_kept[key] = (cu_seqlens, cu_seqlens._version, host)
-    _offsets_kept.move_to_end(key)
-    while len(_offsets_kept) > OFFSETS_KEPT:
-        _offsets_kept.popitem(last=False)
-    return host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,12 +235,11 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"cu_seqlens: expected an integer dtype (torch.long), got {cu_seqlens.dtype}")
         # its values: 0 first, strictly increasing, T last (from cu_seqlens_cpu where the caller has it,
-        # else a copy of N + 1 integers to the host, once per tensor: offsets_on_host); the backward
+        # else a copy of N + 1 integers to the host, once per tensor: kernel.shapes.host_offsets); the backward
         # reuses this host copy. torch.compile traces no reading of values: there the forward op
         # checks them when it runs
         if not torch.compiler.is_compiling():
-            offsets = check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else offsets_on_host(cu_seqlens),
-                                       B, T)
+            offsets = check_cu_seqlens(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens, B, T)
         N = cu_seqlens.shape[0] - 1
     if initial_state is not None:
         layout = "[N, HV, V, K]" if switches["state_v_first"] else "[N, HV, K, V]"

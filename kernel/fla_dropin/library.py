@@ -14,7 +14,7 @@ torch's registration.
 * ``torch.ops.ptx_lab.chunk_kda_bwd``: our backward (:func:`.function.backward`): the gradients of
   :data:`~.function.GRADIENT_INPUTS` in that order, an empty tensor for one nobody asked for.
 * ``torch.ops.ptx_lab.offsets_on_host``: cu_seqlens' values as a host int64 tensor, read from the
-  device once per offsets tensor (:func:`.arguments.offsets_on_host`), as the boundary reads them in
+  device once per offsets tensor (:func:`kernel.shapes.host_offsets`), as the boundary reads them in
   eager mode. Reading a device tensor is a host sync; a compiled model's KDA layers share one offsets
   tensor a batch, and a traced ``cu_seqlens.cpu()`` would sync at every layer's call.
 
@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from ..shapes import CHUNK_TOKENS, check_cu_seqlens, host_offsets
-from .arguments import Call, offsets_on_host
+from .arguments import Call
 from . import function
 from .function import FORWARD_OUTPUTS, GRADIENT_INPUTS
 
@@ -246,9 +246,9 @@ chunk_kda_fwd.register_autograd(_backward, setup_context=_setup_context)
 @torch.library.custom_op(f"{NAMESPACE}::offsets_on_host", mutates_args=())
 def offsets_on_host_op(cu_seqlens: Tensor) -> Tensor:
     """cu_seqlens' values as a new host int64 tensor, read from the device once per offsets tensor
-    (:func:`.arguments.offsets_on_host`): what a torch.compile trace calls for the offsets, where eager
+    (:func:`kernel.shapes.host_offsets`): what a torch.compile trace calls for the offsets, where eager
     calls have the boundary's copy."""
-    return torch.from_numpy(offsets_on_host(cu_seqlens).astype(np.int64))
+    return torch.from_numpy(host_offsets(cu_seqlens).astype(np.int64))
 
 
 @offsets_on_host_op.register_fake

@@ -262,17 +262,17 @@ def test_inconsistent_inputs_name_the_argument(case, match):
 
 
 def _counting_reads(monkeypatch) -> list:
-    """Every copy of a cu_seqlens tensor's values to the host at the boundary, as a list of the tensors."""
-    from kernel.fla_dropin import arguments
+    """Every copy of a cu_seqlens tensor's values to the host (kernel.shapes), as a list of the tensors."""
+    from kernel import shapes
 
-    reads, read = [], arguments.host_offsets
+    reads, read = [], shapes._read_torch
 
     def counted(cu):
         reads.append(cu)
         return read(cu)
 
-    monkeypatch.setattr(arguments, "host_offsets", counted)
-    monkeypatch.setattr(arguments, "_offsets_kept", type(arguments._offsets_kept)())
+    monkeypatch.setattr(shapes, "_read_torch", counted)
+    monkeypatch.setattr(shapes, "_offsets_kept", type(shapes._offsets_kept)())
     return reads
 
 
@@ -296,34 +296,6 @@ def test_the_offsets_are_read_once_per_tensor_until_it_is_written(monkeypatch):
     q2, k2, v2, g2, beta2 = _cpu_inputs(B=1, T=9)   # the kept copy is still checked against each call
     with pytest.raises(ValueError, match=r"cu_seqlens must end at the total length 9, got 8"):
         _chunk_kda()(q2, k2, v2, g2, beta2, cu_seqlens=torch.tensor([0, 2, 5, 8]))
-
-
-def test_an_inference_tensors_offsets_are_read_at_every_call(monkeypatch):
-    # made under torch.inference_mode, a tensor has no version counter to show an in-place write
-    reads = _counting_reads(monkeypatch)
-    q, k, v, g, beta = _cpu_inputs(B=1, T=8)
-    with torch.inference_mode():
-        cu = torch.tensor([0, 2, 5, 8])
-        for _ in range(2):
-            with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
-                _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
-        cu[1] = 6
-        with pytest.raises(ValueError, match=r"cu_seqlens must be strictly increasing"):
-            _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
-    assert len(reads) == 3
-
-
-def test_only_the_last_offsets_tensors_keep_their_host_copy(monkeypatch):
-    from kernel.fla_dropin.arguments import OFFSETS_KEPT
-
-    reads = _counting_reads(monkeypatch)
-    q, k, v, g, beta = _cpu_inputs(B=1, T=8)
-    tensors = [torch.tensor([0, 1 + i % 7, 8]) for i in range(OFFSETS_KEPT + 1)]
-    for cu in tensors + tensors[1:] + tensors[:1]:
-        with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor"):
-            _chunk_kda()(q, k, v, g, beta, cu_seqlens=cu)
-    # the first pass reads each; the second finds the last OFFSETS_KEPT kept, the first evicted
-    assert [id(x) for x in reads] == [id(x) for x in tensors + tensors[:1]]
 
 
 def test_every_covered_call_gets_past_the_checks():

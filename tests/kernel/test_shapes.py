@@ -136,3 +136,48 @@ def test_a_chunk_range_is_all_chunks_or_a_nonempty_range_inside_them():
     for bad in ((3, 3), (5, 2), (-1, 2), (0, 8)):
         with pytest.raises(ValueError, match=r"chunks must be a range \(c0, c1\) with 0 <= c0 < c1 <= 7"):
             check_chunk_range(bad, 7)
+
+
+def _counting_torch_reads(monkeypatch) -> list:
+    reads, read = [], shapes._read_torch
+    monkeypatch.setattr(shapes, "_read_torch", lambda cu: reads.append(cu) or read(cu))
+    monkeypatch.setattr(shapes, "_offsets_kept", type(shapes._offsets_kept)())
+    return reads
+
+
+def test_a_torch_tensors_offsets_are_read_once_until_it_is_written(monkeypatch):
+    # a device tensor's read is a host sync: once per tensor, again after an in-place write
+    torch = pytest.importorskip("torch")
+    reads = _counting_torch_reads(monkeypatch)
+    cu = torch.tensor([0, 2, 5, 8])
+    first = shapes.host_offsets(cu)
+    assert shapes.host_offsets(cu) is first and len(reads) == 1
+    with pytest.raises(ValueError, match="read-only"):   # the kept copy is every later call's
+        first[1] = 3
+    cu[1] = 3
+    assert shapes.host_offsets(cu).tolist() == [0, 3, 5, 8] and len(reads) == 2
+    assert shapes.check_cu_seqlens(cu, 1, 8).tolist() == [0, 3, 5, 8] and len(reads) == 2
+    shapes.host_offsets(torch.tensor([0, 3, 5, 8]))   # equal values, another tensor
+    assert len(reads) == 3
+
+
+def test_only_the_last_offsets_tensors_keep_their_host_copy(monkeypatch):
+    torch = pytest.importorskip("torch")
+    reads = _counting_torch_reads(monkeypatch)
+    tensors = [torch.tensor([0, 1 + i % 7, 8]) for i in range(shapes.OFFSETS_KEPT + 1)]
+    for cu in tensors + tensors[1:] + tensors[:1]:
+        shapes.host_offsets(cu)
+    # the first pass reads each; the second finds the last OFFSETS_KEPT kept, the first evicted
+    assert [id(x) for x in reads] == [id(x) for x in tensors + tensors[:1]]
+
+
+def test_an_inference_tensors_offsets_are_read_at_every_call(monkeypatch):
+    # made under torch.inference_mode, a tensor has no version counter to show an in-place write
+    torch = pytest.importorskip("torch")
+    reads = _counting_torch_reads(monkeypatch)
+    with torch.inference_mode():
+        cu = torch.tensor([0, 2, 5, 8])
+        shapes.host_offsets(cu)
+        cu[1] = 6
+        assert shapes.host_offsets(cu).tolist() == [0, 6, 5, 8]
+    assert len(reads) == 2

@@ -98,16 +98,14 @@ def _torch_offsets(cu_seqlens: Any) -> np.ndarray:
     are read at every call (the drop-in's ``cu_seqlens_cpu`` spares the read)."""
     if cu_seqlens.is_inference():
         return _read_torch(cu_seqlens)
-    key = id(cu_seqlens)
-    kept = _offsets_kept.get(key)
-    if kept is not None and kept[0] is cu_seqlens and kept[1] == cu_seqlens._version:
-        _offsets_kept.move_to_end(key)
-        return kept[2]
-    host = _read_torch(cu_seqlens)
-    _offsets_kept[key] = (cu_seqlens, cu_seqlens._version, host)
+    key = id(cu_seqlens)   # unique while kept: the entry holds the tensor
+    kept = _offsets_kept.pop(key, None)
+    if kept is None or kept[1] != cu_seqlens._version:
+        kept = (cu_seqlens, cu_seqlens._version, _read_torch(cu_seqlens))
+    _offsets_kept[key] = kept   # the last used at the end, where eviction comes last
     while len(_offsets_kept) > OFFSETS_KEPT:
         _offsets_kept.popitem(last=False)
-    return host
+    return kept[2]
 
 
 def host_offsets(cu_seqlens: Any) -> np.ndarray:

@@ -181,3 +181,16 @@ def test_an_inference_tensors_offsets_are_read_at_every_call(monkeypatch):
         cu[1] = 6
         assert shapes.host_offsets(cu).tolist() == [0, 6, 5, 8]
     assert len(reads) == 2
+
+
+def test_a_tensor_read_again_after_a_write_is_the_last_to_go(monkeypatch):
+    torch = pytest.importorskip("torch")
+    reads = _counting_torch_reads(monkeypatch)
+    first, *others = [torch.tensor([0, 1 + i % 7, 8]) for i in range(shapes.OFFSETS_KEPT + 1)]
+    for cu in [first, *others[:-1]]:   # OFFSETS_KEPT kept, the first one oldest
+        shapes.host_offsets(cu)
+    first[1] = 2
+    shapes.host_offsets(first)         # read again, and now the newest
+    shapes.host_offsets(others[-1])    # one more: the oldest other one goes, not the first
+    shapes.host_offsets(first)
+    assert [id(x) for x in reads] == [id(x) for x in [first, *others[:-1], first, others[-1]]]

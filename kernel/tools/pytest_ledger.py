@@ -86,7 +86,9 @@ class _Ledger:
                     f"--ledger: this pytest-xdist worker's rootdir is {self.rootpath} and the controller's "
                     f"{controller}, so their node ids differ. Write --ledger={path} (with '='): written "
                     "apart, with no test path given, the workers take the file for the test path.")
-        self.tree = tree_fingerprint(self.rootpath)
+        # a worker takes the controller's fingerprint rather than hashing the tree again
+        self.tree = (config.workerinput.get("ledger_tree") if _is_worker(config) else None) \
+            or tree_fingerprint(self.rootpath)
         self.earlier: dict[str, str] = {}
         if path.exists() and path.stat().st_size:
             tree, self.earlier = read_ledger(path)
@@ -129,8 +131,10 @@ class _Ledger:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
-        # the controller tells each worker its rootdir, which the worker's must match (see __init__)
+        # the controller tells each worker its rootdir, which the worker's must match (see __init__), and
+        # the tree's fingerprint
         node.workerinput["ledger_rootpath"] = str(self.rootpath)
+        node.workerinput["ledger_tree"] = self.tree
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:

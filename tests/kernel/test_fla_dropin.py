@@ -261,25 +261,11 @@ def test_inconsistent_inputs_name_the_argument(case, match):
         _chunk_kda()(q, k, v, g, beta, **kw)
 
 
-def _counting_reads(monkeypatch) -> list:
-    """Every copy of a cu_seqlens tensor's values to the host (kernel.shapes), as a list of the tensors."""
-    from kernel import shapes
 
-    reads, read = [], shapes._read_torch
-
-    def counted(cu):
-        reads.append(cu)
-        return read(cu)
-
-    monkeypatch.setattr(shapes, "_read_torch", counted)
-    monkeypatch.setattr(shapes, "_offsets_kept", type(shapes._offsets_kept)())
-    return reads
-
-
-def test_the_offsets_are_read_once_per_tensor_until_it_is_written(monkeypatch):
+def test_the_offsets_are_read_once_per_tensor_until_it_is_written(offsets_reads):
     # reading a device tensor's values is a host sync: a model's layers share one offsets tensor a
     # batch, so its values are read once, and again only after an in-place write
-    reads = _counting_reads(monkeypatch)
+    reads = offsets_reads
     q, k, v, g, beta = _cpu_inputs(B=1, T=8)
     cu = torch.tensor([0, 2, 5, 8])
     for _ in range(3):

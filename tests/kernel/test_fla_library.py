@@ -599,14 +599,10 @@ def test_a_varlen_call_without_host_offsets_traces_their_copy_to_the_host():
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_a_compiled_model_reads_an_offsets_tensor_once_as_eager_calls_do(backend, monkeypatch):
+def test_a_compiled_model_reads_an_offsets_tensor_once_as_eager_calls_do(backend, offsets_reads):
     # a compiled graph calls the offsets op with the model's own tensor: it is read from the device
     # once (a host sync on a GPU), again only after an in-place write, as at the eager boundary
-    from kernel import shapes
-
-    reads, read = [], shapes._read_torch
-    monkeypatch.setattr(shapes, "_read_torch", lambda cu: reads.append(cu) or read(cu))
-    monkeypatch.setattr(shapes, "_offsets_kept", type(shapes._offsets_kept)())
+    reads = offsets_reads
     step = torch.compile(lambda x, cu: x + library.offsets_on_host_op(cu).to(x.dtype), backend=backend,
                          fullgraph=True)
     x, cu = torch.zeros(3), torch.tensor([0, 3, 8])

@@ -138,17 +138,11 @@ def test_a_chunk_range_is_all_chunks_or_a_nonempty_range_inside_them():
             check_chunk_range(bad, 7)
 
 
-def _counting_torch_reads(monkeypatch) -> list:
-    reads, read = [], shapes._read_torch
-    monkeypatch.setattr(shapes, "_read_torch", lambda cu: reads.append(cu) or read(cu))
-    monkeypatch.setattr(shapes, "_offsets_kept", type(shapes._offsets_kept)())
-    return reads
 
-
-def test_a_torch_tensors_offsets_are_read_once_until_it_is_written(monkeypatch):
+def test_a_torch_tensors_offsets_are_read_once_until_it_is_written(offsets_reads):
     # a device tensor's read is a host sync: once per tensor, again after an in-place write
     torch = pytest.importorskip("torch")
-    reads = _counting_torch_reads(monkeypatch)
+    reads = offsets_reads
     cu = torch.tensor([0, 2, 5, 8])
     first = shapes.host_offsets(cu)
     assert shapes.host_offsets(cu) is first and len(reads) == 1
@@ -161,9 +155,9 @@ def test_a_torch_tensors_offsets_are_read_once_until_it_is_written(monkeypatch):
     assert len(reads) == 3
 
 
-def test_only_the_last_offsets_tensors_keep_their_host_copy(monkeypatch):
+def test_only_the_last_offsets_tensors_keep_their_host_copy(offsets_reads):
     torch = pytest.importorskip("torch")
-    reads = _counting_torch_reads(monkeypatch)
+    reads = offsets_reads
     tensors = [torch.tensor([0, 1 + i % 7, 8]) for i in range(shapes.OFFSETS_KEPT + 1)]
     for cu in tensors + tensors[1:] + tensors[:1]:
         shapes.host_offsets(cu)
@@ -171,10 +165,10 @@ def test_only_the_last_offsets_tensors_keep_their_host_copy(monkeypatch):
     assert [id(x) for x in reads] == [id(x) for x in tensors + tensors[:1]]
 
 
-def test_an_inference_tensors_offsets_are_read_at_every_call(monkeypatch):
+def test_an_inference_tensors_offsets_are_read_at_every_call(offsets_reads):
     # made under torch.inference_mode, a tensor has no version counter to show an in-place write
     torch = pytest.importorskip("torch")
-    reads = _counting_torch_reads(monkeypatch)
+    reads = offsets_reads
     with torch.inference_mode():
         cu = torch.tensor([0, 2, 5, 8])
         shapes.host_offsets(cu)
@@ -183,9 +177,9 @@ def test_an_inference_tensors_offsets_are_read_at_every_call(monkeypatch):
     assert len(reads) == 2
 
 
-def test_a_tensor_read_again_after_a_write_is_the_last_to_go(monkeypatch):
+def test_a_tensor_read_again_after_a_write_is_the_last_to_go(offsets_reads):
     torch = pytest.importorskip("torch")
-    reads = _counting_torch_reads(monkeypatch)
+    reads = offsets_reads
     first, *others = [torch.tensor([0, 1 + i % 7, 8]) for i in range(shapes.OFFSETS_KEPT + 1)]
     for cu in [first, *others[:-1]]:   # OFFSETS_KEPT kept, the first one oldest
         shapes.host_offsets(cu)

@@ -3,12 +3,16 @@ FLA's layer hands ``kernel.chunk_kda`` (through ``kernel.patch_fla()``), timed o
 torch, fla-core and flash-linear-attention).
 
     python -m kernel.studies.sequence_split.op --config 1x131072 --heads 16 --segments 1,5,9,17
+    python -m kernel.studies.sequence_split.op --call bench --config 1x131072 --heads 32 --segments 5,9,17
 
 The sweep beside it (``sweep.py``) times Kernel A alone, built for tiles made beforehand; the op runs the
 build that reads FLA's Aqk and Akk blocks and our forward's states, whose tiles cost more, so its best count
 can differ. The layer is the layer bench's (hidden 2048, 128 a head, seed 0); its call is recorded once,
 then each count is timed in turn (median of --reps, a cold L2, the GPU kept --ahead-ms ahead of the host),
 and one call of each is timed on the host.
+
+``--call bench`` takes instead the backward bench's call (``ptx-lab bench --backward``: its inputs, gates in
+[-5, 0], FLA's forward with safe_gate), whose ratio to cuDNN's backward is a target at 32 heads.
 """
 from __future__ import annotations
 
@@ -22,8 +26,50 @@ from typing import Sequence
 from .sweep import parse_segments
 
 
+def layer_calls(cfg, heads: int, segments):
+    """``kernel.kda_backward.run`` on the arguments FLA's layer hands our op, one call per segment count."""
+    import kernel.kda_backward as kda_backward
+    from kernel.tools.bench import layer as bench_layer
+
+    lay, x, _, kw = bench_layer.layer_and_inputs(cfg, heads, 2048, 0)
+    original, routed, module = bench_layer.routes()
+    failures: dict = {}
+    calls = bench_layer.op_backward_calls(bench_layer.layers_call(lay, x, kw, module, original), original, routed, 0,
+                                           failures)
+    if bench_layer.OP_OURS not in calls:
+        print(f"our op's backward could not run: {failures}")
+        return None
+    handed_args, handed_kwargs = bench_layer.recorded_backward(calls[bench_layer.OP_OURS])
+    run_backward = kda_backward.run
+    return {str(s): (lambda s=s: run_backward(*handed_args, **{**handed_kwargs, "segments": s})) for s in segments}
+
+
+def bench_calls(cfg, heads: int, segments):
+    """``kernel.kda_backward`` on the backward bench's inputs (seed 0, gates in [-5, 0]) and FLA's forward of them,
+    as the bench times it, one call per segment count."""
+    import torch
+
+    from kernel.kda_backward import kda_backward
+    from kernel.tools import fla_kda
+    from kernel.tools.bench.inputs import cu_for_fla, cu_for_kernel_a, make_inputs
+    from kernel.tools.bench.timing import cupy_on_torch_stream
+
+    raw = make_inputs(cfg, heads, seed=0, gate_strength=1.0)
+    f = fla_kda.forward(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"], h0=torch.zeros_like(raw["dht"]),
+                        cu_seqlens=cu_for_fla(raw["cu_seqlens"]), safe_gate=True, lower_bound=fla_kda.GATE_LOWER_BOUND)
+    cu = cu_for_kernel_a(raw["cu_seqlens"])
+
+    def call(s):
+        with cupy_on_torch_stream():
+            return kda_backward(f.q, f.k, f.v, f.g, f.beta, f.Aqk, f.Akk, raw["do"], scale=f.scale,
+                                initial_state=f.h0, dht=raw["dht"], cu_seqlens=cu, segments=s)
+    return {str(s): (lambda s=s: call(s)) for s in segments}
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernel.studies.sequence_split.op", description=__doc__.split("\n")[0])
+    ap.add_argument("--call", choices=("layer", "bench"), default="layer",
+                    help="whose backward call: FLA's layer's (default) or the backward bench's")
     ap.add_argument("--config", default="1x131072")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--segments", default="1,5,9,17", type=parse_segments)
@@ -41,26 +87,14 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 2
     import torch
 
-    import kernel.kda_backward as kda_backward
     import kernel.tools.bench.timing as timing
-    from kernel.tools.bench import layer as bench_layer
     from kernel.tools.bench.configs import parse_config
 
     cfg = parse_config(args.config, 0)
-    print(f"{args.config}, {args.heads} heads: building the layer and recording its call ...", file=sys.stderr,
-          flush=True)
-    lay, x, _, kw = bench_layer.layer_and_inputs(cfg, args.heads, 2048, 0)
-    original, routed, module = bench_layer.routes()
-    failures: dict = {}
-    calls = bench_layer.op_backward_calls(bench_layer.layers_call(lay, x, kw, module, original), original, routed, 0,
-                                           failures)
-    if bench_layer.OP_OURS not in calls:
-        print(f"our op's backward could not run: {failures}")
+    print(f"{args.config}, {args.heads} heads: building the {args.call}'s call ...", file=sys.stderr, flush=True)
+    fns = (bench_calls if args.call == "bench" else layer_calls)(cfg, args.heads, args.segments)
+    if fns is None:
         return 1
-    handed_args, handed_kwargs = bench_layer.recorded_backward(calls[bench_layer.OP_OURS])
-    run_backward = kda_backward.run
-    fns = {str(s): (lambda s=s: run_backward(*handed_args, **{**handed_kwargs, "segments": s}))
-           for s in args.segments}
     timing.HOST_AHEAD_CYCLES = int(args.ahead_ms * 2e6)   # torch.cuda._sleep's cycles at about 2 GHz
     times = timing.time_alternating(fns, warmup=2, reps=args.reps)
     host = {}
@@ -78,7 +112,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"| {args.config} | {args.heads} | {name} | {t['median_ms']:.3f} | {t['median_ms'] / base:.3f} | "
               f"{host[name]:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps({"config": args.config, "heads": args.heads, "ahead_ms": args.ahead_ms,
+        args.json.write_text(json.dumps({"call": args.call, "config": args.config, "heads": args.heads, "ahead_ms": args.ahead_ms,
                                          "times": times, "host_ms": host}, indent=1))
     return 0
 

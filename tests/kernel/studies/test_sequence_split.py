@@ -51,3 +51,29 @@ def test_the_op_studys_bad_arguments_are_refused(argv):
 
     with pytest.raises(SystemExit):
         op.run(argv)
+
+
+def test_the_op_study_refuses_an_unknown_call():
+    from kernel.studies.sequence_split import op
+
+    with pytest.raises(SystemExit):
+        op.run(["--call", "model"])
+
+
+@pytest.mark.gpu
+@pytest.mark.fla
+def test_the_op_study_times_the_backward_benchs_call(tmp_path, capsys):
+    """One short sequence, two counts: the table and the JSON name both, each with a time."""
+    import json
+
+    from kernel.studies.sequence_split import op
+
+    pytest.importorskip("fla")
+    out = tmp_path / "split.json"
+    assert op.run(["--call", "bench", "--config", "1x4096", "--heads", "2", "--segments", "1,2", "--reps", "1",
+                   "--ahead-ms", "1", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| 1x4096 | 2 | 1 |" in table and "| 1x4096 | 2 | 2 |" in table
+    got = json.loads(out.read_text())
+    assert got["call"] == "bench" and sorted(got["times"]) == ["1", "2"]
+    assert all(t["median_ms"] > 0 for t in got["times"].values())

@@ -11,8 +11,9 @@ can differ. The layer is the layer bench's (hidden 2048, 128 a head, seed 0); it
 then each count is timed in turn (median of --reps, a cold L2, the GPU kept --ahead-ms ahead of the host),
 and one call of each is timed on the host.
 
-``--call bench`` takes instead the backward bench's call (``ptx-lab bench --backward``: its inputs, gates in
-[-5, 0], FLA's forward with safe_gate), whose ratio to cuDNN's backward is a target at 32 heads.
+``--call bench`` takes instead the call of the backward bench's training step (``ptx-lab bench --backward``: its
+inputs, gates in [-5, 0], ``kernel.chunk_kda`` on our forward), whose ratio to cuDNN's backward through autograd
+is a target at 32 heads.
 """
 from __future__ import annotations
 
@@ -45,25 +46,32 @@ def layer_calls(cfg, heads: int, segments):
 
 
 def bench_calls(cfg, heads: int, segments):
-    """``kernel.kda_backward`` on the backward bench's inputs (seed 0, gates in [-5, 0]) and FLA's forward of them,
-    as the bench times it, one call per segment count."""
+    """``kernel.kda_backward.run`` on the arguments ``kernel.chunk_kda``'s backward hands it in the backward
+    bench's training step (its inputs, seed 0, gates in [-5, 0]; our forward, whose saved states spare the
+    backward its forward-state scan), recorded in one call, one call per segment count."""
     import torch
 
-    from kernel.kda_backward import kda_backward
+    import kernel.kda_backward as kda_backward
+    from kernel import chunk_kda
     from kernel.tools import fla_kda
-    from kernel.tools.bench.inputs import cu_for_fla, cu_for_kernel_a, make_inputs
-    from kernel.tools.bench.timing import cupy_on_torch_stream
+    from kernel.tools.bench.backward import retained_backwards
+    from kernel.tools.bench.inputs import cu_for_fla, make_inputs
+    from kernel.tools.bench.layer import recorded_backward
 
     raw = make_inputs(cfg, heads, seed=0, gate_strength=1.0)
-    f = fla_kda.forward(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"], h0=torch.zeros_like(raw["dht"]),
-                        cu_seqlens=cu_for_fla(raw["cu_seqlens"]), safe_gate=True, lower_bound=fla_kda.GATE_LOWER_BOUND)
-    cu = cu_for_kernel_a(raw["cu_seqlens"])
-
-    def call(s):
-        with cupy_on_torch_stream():
-            return kda_backward(f.q, f.k, f.v, f.g, f.beta, f.Aqk, f.Akk, raw["do"], scale=f.scale,
-                                initial_state=f.h0, dht=raw["dht"], cu_seqlens=cu, segments=s)
-    return {str(s): (lambda s=s: call(s)) for s in segments}
+    inp = fla_kda.chunk_kda_step_inputs(raw, h0=torch.zeros_like(raw["dht"]), cu_seqlens=cu_for_fla(raw["cu_seqlens"]),
+                                        safe_gate=True)
+    leaves, kwargs = inp["leaves"], inp["kwargs"]
+    forward = lambda: chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                                initial_state=leaves["initial_state"], **kwargs)
+    failures: dict = {}
+    calls = retained_backwards({"ours": (forward, list(leaves.values()))}, (raw["do"], raw["dht"]), failures)
+    if "ours" not in calls:
+        print(f"kernel.chunk_kda's forward could not run: {failures}")
+        return None
+    handed_args, handed_kwargs = recorded_backward(calls["ours"])
+    run_backward = kda_backward.run
+    return {str(s): (lambda s=s: run_backward(*handed_args, **{**handed_kwargs, "segments": s})) for s in segments}
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -62,7 +62,7 @@ def test_the_op_study_refuses_an_unknown_call():
 
 @pytest.mark.gpu
 @pytest.mark.fla
-def test_the_op_study_times_the_backward_benchs_call(tmp_path, capsys):
+def test_the_op_study_times_the_backward_bench_steps_call(tmp_path, capsys):
     """One short sequence, two counts: the table and the JSON name both, each with a time."""
     import json
 

@@ -2,6 +2,7 @@
 
     python -m kernel.studies.layer_profile --configs 1x131072
     python -m kernel.studies.layer_profile --configs 4x8192,32x8192 --sides ours --top 12 --json prof.json
+    python -m kernel.studies.layer_profile --step op --heads 32 --configs 1x131072 --sides ours
 
 The step is the layer bench's (``ptx-lab bench --layer``: ``fla.layers.kda.KimiDeltaAttention`` at its
 defaults, hidden 2048, 16 heads of 128, bf16; forward, then the gradients of x and of every parameter).
@@ -13,6 +14,11 @@ this package (its function one of ``kernel.registry.KERNELS``'; FLA too names so
 tagged ``ours``; the others are FLA's, torch's and cuBLAS's. The kernels both sides run (the
 projections, the short convolutions, the norms) take the same time on both, so the difference between
 the sides is the KDA op's.
+
+``--step op`` profiles instead the op's own training step as ``ptx-lab bench --backward`` times it (FLA's
+``chunk_kda`` against ``kernel.chunk_kda``: the bench's inputs at ``--heads`` heads, gates in [-5, 0], the
+l2norm in the op; forward, then the gradients of q, k, v, g, beta and the initial state), where the
+backward's targets against cuDNN's are set at 32 heads.
 
 Needs a CUDA GPU, torch, fla-core and flash-linear-attention.
 """
@@ -26,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 SIDES = ("fla", "ours")
+STEPS = ("layer", "op")
 
 
 def our_kernels() -> frozenset[str]:
@@ -40,6 +47,10 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--configs", default="1x131072", help="comma-separated BxT or varlenNxT, as ptx-lab bench takes "
                                                           "them (default 1x131072)")
     ap.add_argument("--sides", default=",".join(SIDES), help="fla, ours or both (default both)")
+    ap.add_argument("--step", choices=STEPS, default="layer",
+                    help="layer: FLA's KDA layer's training step (default); op: the backward bench's chunk_kda step")
+    ap.add_argument("--heads", type=int, default=None,
+                    help="heads of 128 (default: the layer bench's for --step layer, the backward bench's for op)")
     ap.add_argument("--steps", type=int, default=3, help="steps profiled, and then timed (default 3)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed a side (default 25)")
     ap.add_argument("--json", type=Path, help="also write every kernel's time here")
@@ -50,6 +61,8 @@ def parse_args(argv: Sequence[str] | None):
         ap.error(f"--sides: expected names from {', '.join(SIDES)}, got {args.sides!r}")
     if args.steps < 1:
         ap.error(f"--steps must be at least 1, got {args.steps}")
+    if args.heads is not None and args.heads < 1:
+        ap.error(f"--heads must be at least 1, got {args.heads}")
     args.sides = sides
     return args
 
@@ -65,35 +78,63 @@ def kernel_times(events, steps: int) -> dict[str, float]:
     return dict(times)
 
 
-def profile_config(config: str, sides: Sequence[str], steps: int) -> dict:
+def layer_steps(cfg, heads: int | None, sides: Sequence[str]) -> dict:
+    """side -> one training step of FLA's layer with that side's chunk_kda (the layer bench's)."""
+    from kernel.tools.bench.layer import HIDDEN, LAYER_HEADS, layer_and_inputs, layer_step, routes
+
+    layer, x, dout, kw = layer_and_inputs(cfg, heads or LAYER_HEADS, HIDDEN, seed=0)
+    original, routed, layer_module = routes()
+    ops = {"fla": original, "ours": routed}
+    return {side: layer_step(layer, x, dout, kw, ops[side], layer_module, original) for side in sides}
+
+
+def op_steps(cfg, heads: int | None, sides: Sequence[str]) -> dict:
+    """side -> one training step of the op as the backward bench times it: FLA's chunk_kda or kernel.chunk_kda
+    on the bench's inputs (seed 0, gates in [-5, 0], safe_gate), forward and the gradients of every input."""
+    import torch
+
+    import kernel
+    from kernel.tools import fla_kda
+    from kernel.tools.bench.cli import BENCH_HEADS
+    from kernel.tools.bench.inputs import cu_for_fla, make_inputs
+
+    raw = make_inputs(cfg, heads or BENCH_HEADS, seed=0, gate_strength=1.0)
+    inp = fla_kda.chunk_kda_step_inputs(raw, h0=torch.zeros_like(raw["dht"]), cu_seqlens=cu_for_fla(raw["cu_seqlens"]),
+                                        safe_gate=True)
+    leaves, kwargs = inp["leaves"], inp["kwargs"]
+    xs = list(leaves.values())
+    ops = {"fla": fla_kda.import_fla()["chunk_kda"], "ours": kernel.chunk_kda}
+
+    def step_of(op):
+        return lambda: torch.autograd.grad(op(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                                              initial_state=leaves["initial_state"], **kwargs), xs,
+                                           (raw["do"], raw["dht"]))
+    return {side: step_of(ops[side]) for side in sides}
+
+
+def profile_config(config: str, sides: Sequence[str], steps: int, step: str = "layer", heads: int | None = None) -> dict:
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from kernel.tools.bench.configs import parse_config
-    from kernel.tools.bench.layer import HIDDEN, LAYER_HEADS, layer_and_inputs, layer_step, routes
 
     cfg = parse_config(config, 0)
-    layer, x, dout, kw = layer_and_inputs(cfg, LAYER_HEADS, HIDDEN, seed=0)
-    original, routed, layer_module = routes()
-    ops = {"fla": original, "ours": routed}
-
     res = {}
-    for side in sides:
-        step = layer_step(layer, x, dout, kw, ops[side], layer_module, original)
+    for side, step_fn in (op_steps if step == "op" else layer_steps)(cfg, heads, sides).items():
         for _ in range(2):   # FLA compiles and tunes in its first call on a shape
-            step()
+            step_fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
-                step()
+                step_fn()
             torch.cuda.synchronize()
         kernels = kernel_times(prof.events(), steps)
         walls = []
         for _ in range(steps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            step()
+            step_fn()
             end.record()
             torch.cuda.synchronize()
             walls.append(start.elapsed_time(end))
@@ -126,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = {}
     for config in [c.strip() for c in args.configs.split(",") if c.strip()]:
-        out[config] = profile_config(config, args.sides, args.steps)
+        out[config] = profile_config(config, args.sides, args.steps, args.step, args.heads)
         report(config, out[config], args.top)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -33,6 +33,7 @@ from .timing import L2_FLUSH_BYTES, log_failure, run_configs
 
 PROG = "python -m kernel.tools.bench"
 SNAPSHOT_CHOICES = ("both", *MODES)
+BENCH_HEADS = 32   # the heads of 128 every mode but --layer times at
 
 
 def _snapshot_mode(text: str) -> str:
@@ -79,7 +80,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     p.add_argument("--quick", action="store_true",
                    help="small subset (" + ",".join(QUICK_CONFIGS) + "), few repetitions")
     p.add_argument("--heads", type=int, default=None,
-                   help=f"H (default 32; --layer {LAYER_HEADS}, FLA's layer's); HEAD_DIM is fixed at {HEAD_DIM}")
+                   help=f"H (default {BENCH_HEADS}; --layer {LAYER_HEADS}, FLA's layer's); HEAD_DIM is fixed at {HEAD_DIM}")
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3, quick 1)")
     p.add_argument("--reps", type=int, default=None, help="timed calls, median reported "
                                                          "(default 20, quick 5)")
@@ -133,7 +134,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     if args.our_forward != "ours" and not (args.backward or args.layer):
         p.error("--our-forward picks kernel.chunk_kda's forward in --backward's step and --layer: add one of them")
     if args.heads is None:
-        args.heads = LAYER_HEADS if args.layer else 32
+        args.heads = LAYER_HEADS if args.layer else BENCH_HEADS
     if args.hidden < 1 or (args.hidden != LAYER_HIDDEN and not args.layer):
         p.error("--hidden takes an integer >= 1, with --layer")
     if args.configs is None:

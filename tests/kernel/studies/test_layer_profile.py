@@ -9,7 +9,8 @@ from kernel.studies.layer_profile.__main__ import SIDES, main, our_kernels, pars
 def test_sides_and_steps_are_checked():
     assert parse_args([]).sides == list(SIDES)
     assert parse_args(["--sides", "ours"]).sides == ["ours"]
-    for bad in (["--sides", "cudnn"], ["--sides", ","], ["--steps", "0"]):
+    assert parse_args([]).step == "layer" and parse_args(["--step", "op", "--heads", "4"]).heads == 4
+    for bad in (["--sides", "cudnn"], ["--sides", ","], ["--steps", "0"], ["--step", "model"], ["--heads", "0"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
@@ -26,3 +27,15 @@ def test_without_a_gpu_it_says_why(capsys):
         pytest.skip("a GPU is present")
     assert main(["--configs", "1x8192"]) == 2
     assert "layer_profile: needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.fla
+def test_the_op_step_lists_our_three_backward_kernels_and_the_forwards(capsys):
+    """--step op on a small call: our side's kernels include Kernel A, Kernel B and the forward's."""
+    from kernel.studies.layer_profile.__main__ import profile_config
+
+    res = profile_config("2x1024", ["ours"], steps=1, step="op", heads=2)
+    names = set(res["ours"]["kernels"])
+    assert {"kda_dstate_scan", "kda_token_gradients"} <= names
+    assert res["ours"]["wall_ms"] > 0 and res["ours"]["kernel_sum_ms"] > 0

@@ -1,5 +1,6 @@
 """The three-pass forward in numpy, in the precision its kernels would keep: fp32 where they would
-accumulate, bf16 where they would store or take an MMA operand, subnormals flushed as -ftz leaves them.
+accumulate, bf16 where they would store or take an MMA operand (Aqk's factorised operands two bf16 each),
+subnormals flushed as -ftz leaves them.
 Each pass's function is the arithmetic its kernel is held to (kernel.forward_products: ``chunk_operands``
 and ``operands``; kernel.forward_chain: ``chain_step`` and ``chain``; kernel.forward_output: ``o_pass``),
 as tests/kernel/forward_cases.py's ``emulate`` is the one pass's; ``RECIPES`` and ``case_of`` are the
@@ -12,10 +13,13 @@ Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, g
   diagonal, rows in sub-chunk I, columns in J < I, is factorised about the row before sub-chunk I
   (g_ref): x_i 2^(gc_i - g_ref) and k_j 2^(g_ref - gc_j), both at most 1, so nothing overflows for
   any gate. A diagonal block is factorised about its own last row, as the one pass's tile products
-  are, or formed pairwise in fp32 where a channel spans past ``kernel.shapes.SPAN_LIMIT``. Then
-  INV = (I + Akk)^-1 in fp32 (forward substitution on the diagonal blocks, the blocks below from them),
-  w = INV (beta k 2^gc) and kg = k 2^(gT - gc) stored bf16, u = INV (beta v) stored fp16 divided by a
-  power of two a chunk and head (``u_format``: also bf16 or fp32, the study's alternatives);
+  are, or formed pairwise in fp32 where a channel spans past ``kernel.shapes.SPAN_LIMIT``. Aqk's
+  factorised operands go to the MMAs in two bf16 each (:func:`mm_split`, about 16 bits): in one bf16 they
+  make 15% of o's error (docs/log/50). Akk's keep one bf16 (:func:`mm`): their rounding is lost among
+  INV's and the chain's. Then INV = (I + Akk)^-1 in fp32 (forward substitution on the diagonal blocks, the
+  blocks below from them), w = INV (beta k 2^gc) and kg = k 2^(gT - gc) stored bf16, u = INV (beta v)
+  stored fp16 divided by a power of two a chunk and head (``u_format``: also bf16 or fp32, the study's
+  alternatives);
 * **the chain** in 64-token steps: v_new = u - w S, S <- 2^gT S + kg^T v_new (S fp32; bf16 as an
   operand; v_new stored bf16), the state entering the chunk stored bf16 (``kernel.forward_chain`` is
   its kernel: :func:`chain` here is its arithmetic, up to the order its MMAs sum in);
@@ -90,9 +94,31 @@ def mm(a, b) -> np.ndarray:
     return (np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)).astype(np.float32)
 
 
+def split_bf16(x) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 x in two bf16 an element (bf16 values): hi = bf16(x), lo = bf16(x - hi). x - hi is exact in fp32,
+    flushed where it is subnormal as -ftz leaves the kernel's subtraction, so for normal x hi + lo is x within
+    2^-16 of itself (each rounding keeps 8 significant bits): ptx_lab/cuda/fragments.cuh's two-part operand."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = bf16(x)
+    with np.errstate(invalid="ignore"):   # inf - inf: a NaN lo, as the kernel's subtraction gives
+        return hi, bf16(ftz(x - hi))
+
+
+def mm_split(a, b) -> np.ndarray:
+    """An MMA of fp32 operands each in two bf16 (:func:`split_bf16`): hi_a hi_b + hi_a lo_b + lo_a hi_b, three
+    MMAs into one fp32 accumulator, summed as :func:`mm` sums (the exact products, rounded once). lo_a lo_b is
+    left out: at most 2^-16 of a product, as much as the split leaves out of each operand. About 16 bits an
+    operand where mm of bf16 operands reads 8."""
+    (ha, la), (hb, lb) = split_bf16(a), split_bf16(b)
+    f64 = lambda x: x.astype(np.float64)   # noqa: E731
+    return (f64(ha) @ f64(hb) + f64(ha) @ f64(lb) + f64(la) @ f64(hb)).astype(np.float32)
+
+
 def chunk_products(q, k, gc, beta, L: int, s: float) -> tuple[np.ndarray, np.ndarray, int]:
     """(Aqk, Akk, pairwise blocks) of one chunk in fp32: Aqk lower with its diagonal s q . k, Akk strictly
-    lower with beta's rows; q, k [64, 128] bf16 values, gc [64, 128], beta [64]."""
+    lower with beta's rows; q, k [64, 128] bf16 values, gc [64, 128], beta [64]. The factorised blocks' operands
+    are formed in fp32; Aqk's go to the MMAs in two bf16 each, Akk's in one (the k 2^(.. - gc_j) both read:
+    its hi part)."""
     f32 = np.float32
     aqk = np.zeros((BT, BT), dtype=f32)
     akk = np.zeros((BT, BT), dtype=f32)
@@ -102,19 +128,19 @@ def chunk_products(q, k, gc, beta, L: int, s: float) -> tuple[np.ndarray, np.nda
             rows = slice(C * I, C * (I + 1))
             g_ref = gc[C * I - 1] if I else np.zeros(D, dtype=f32)
             up = ftz(np.exp2(gc[rows] - g_ref[None, :]))                     # <= 1
-            Qi, Ki = bf16(ftz(f32(s) * q[rows] * up)), bf16(ftz(k[rows] * up))
+            Qi, Ki = ftz(f32(s) * q[rows] * up), bf16(ftz(k[rows] * up))
             for J in range(I):                                               # below the diagonal
                 cols = slice(C * J, C * (J + 1))
-                Kj = bf16(ftz(k[cols] * ftz(np.exp2(g_ref[None, :] - gc[cols]))))   # <= 1
-                aqk[rows, cols] = mm(Qi, Kj.T)
-                akk[rows, cols] = mm(Ki, Kj.T)
+                Kj = ftz(k[cols] * ftz(np.exp2(g_ref[None, :] - gc[cols])))   # <= 1
+                aqk[rows, cols] = mm_split(Qi, Kj.T)
+                akk[rows, cols] = mm(Ki, bf16(Kj).T)
             gT = gc[C * I + C - 1]                                           # the diagonal block's last row
             g_blk = gc[rows]
             strict = np.tril(np.ones((C, C), dtype=bool), -1)
             if np.all(g_blk - gT[None, :] <= SPAN_LIMIT):
                 e_up, e_down = ftz(np.exp2(g_blk - gT[None, :])), ftz(np.exp2(gT[None, :] - g_blk))
-                Qe, Ke, Kr = bf16(ftz(f32(s) * q[rows] * e_up)), bf16(ftz(k[rows] * e_up)), bf16(ftz(k[rows] * e_down))
-                a1, a2 = mm(Qe, Kr.T), mm(Ke, Kr.T)
+                Qe, Ke, Kr = ftz(f32(s) * q[rows] * e_up), bf16(ftz(k[rows] * e_up)), ftz(k[rows] * e_down)
+                a1, a2 = mm_split(Qe, Kr.T), mm(Ke, bf16(Kr).T)
             else:
                 pairwise += 1
                 decay = np.exp2((g_blk[:, None, :] - g_blk[None, :, :]).astype(f32))

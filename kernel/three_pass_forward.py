@@ -26,8 +26,9 @@ crosses from piece to piece in fp32, so any cut gives the same bits.
 
 The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan; the outputs come in its
 layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]), Aqk's and INV's diagonal blocks as it writes
-them (the same bits), o and the final state within their roundings of the same values. The numpy statement of
-each pass is tests/kernel/three_pass_model.py.
+them (INV's the same bits; Aqk's from operands in two bf16 each, nearer float64 than the one pass's one bf16), o
+and the final state within their roundings of the same values. The numpy statement of each pass is
+tests/kernel/three_pass_model.py.
 """
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ sequence; rows past a sequence's end zero)::
     decay          fp32 [chunks, HV, 128]
     cu_chunks      host int64 [N + 1]           sequence n's chunks
     Aqk, Akk       bf16 [.., HV, 64] (training): the 16 x 16 diagonal blocks of Aqk and of INV in FLA's
-                   layout, as kernel.forward writes them for our backward (the rest of a row is not written)
+                   layout, as kernel.forward writes them for our backward (the rest of a row is not written;
+                   INV's the one pass's bits, Aqk's nearer float64: its operands are two bf16 each)
 
 CuPy arrays (bf16 as uint16 bits, fp16 as float16) or torch CUDA tensors; torch in, torch out. The kernel runs on CuPy's
 current stream.

@@ -1,6 +1,7 @@
 """kernel.three_pass_forward on the GPU: kernel.forward's contract, held to the same float64 bounds as the one
-pass (tests/kernel/forward/test_launch_gpu.py's _check), Aqk's and INV's diagonal blocks the one pass's bits,
-inference, torch in and out. Each pass is tested in its own room; this is their composition."""
+pass (tests/kernel/forward/test_launch_gpu.py's _check), INV's diagonal blocks the one pass's bits and Aqk's
+nearer float64 than the one pass's, inference, torch in and out. Each pass is tested in its own room; this is
+their composition."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,15 +39,24 @@ def test_the_three_passes_match_float64_and_write_the_one_passs_blocks(name):
     three = _run(case)
     _check(three, case, f"three passes, {name}")
     one = _host(_run(case, forward))
-    for block in ("Aqk", "Akk"):   # our backward reads them: the same bits as the one pass writes
-        x, y = np.where(case["blocks"], _host(three)[block], 0), np.where(case["blocks"], one[block], 0)
-        assert np.array_equal(x, y), f"{name}: {block}'s diagonal blocks differ from the one pass's"
+    # our backward reads them. INV's: the same bits as the one pass writes (Lkk's operands are one bf16 in both).
+    # Aqk's: the products pass's operands are two bf16 each where the one pass's are one, so its blocks are the
+    # float64 values within little more than their bf16 store (the model: 0.62-0.64x the one pass's error on
+    # these cases)
+    m, got = case["blocks"], _host(three)
+    x, y = np.where(m, got["Akk"], 0), np.where(m, one["Akk"], 0)
+    assert np.array_equal(x, y), f"{name}: Akk's diagonal blocks differ from the one pass's"
+    want = np.where(m, case["Aqk"], 0)
+    e3, e1 = (rel(np.where(m, out["Aqk"], 0), want) for out in (got, one))
+    print(f"{name}: Aqk's diagonal blocks {e3:.3e} against float64, the one pass's {e1:.3e}")
+    assert e3 < 0.8 * e1, f"{name}: Aqk's diagonal blocks {e3:.3e} against float64, the one pass's {e1:.3e}"
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_three_passes_keep_the_one_passs_precision(name):
-    # u leaves the products pass in fp16 (log 49): in the model the three passes' errors are then within 1.04x
-    # the one pass's on every output (1.17x with u in bf16); on the GPU they are held to 1.08x
+    # u leaves the products pass in fp16 (log 49) and Aqk's operands are two bf16 each: in the model the three
+    # passes' o is then 0.87-0.91x the one pass's error and the states within 1.04x (1.17x with u in bf16); on
+    # the GPU they are held to 1.08x
     case = make_case(**CASES[name])
     three, one = _host(_run(case)), _host(_run(case, forward))
     for out in ("o", "final", "states"):

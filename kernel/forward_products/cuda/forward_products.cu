@@ -23,10 +23,12 @@
 // * the diagonal block is factorised about its own last row, as the one pass's tiles are, or formed
 //   pairwise in fp32 where a channel of the block spans past SPAN_LIMIT (kernel/shapes.cuh).
 // The MMA operands are built in registers, lane by lane, from q, k and gc in shared memory: each element
-// of a fragment is one exp2 and one rounding to bf16, so no operand tile is staged. INV's diagonal blocks
-// are solved by forward substitution (a lane a column), the blocks below in three stages of fp32 products,
-// each stage's blocks on as many warps; w and u are MMAs of bf16(INV) against bf16(beta k 2^gc) and
-// bf16(beta v), staged once.
+// of a fragment is one exp2 and its rounding to bf16, so no operand tile is staged. Aqk's operands go in two
+// bf16 each (hi + lo, three MMAs, about 16 bits): o reads Aqk directly, and in the model one bf16 an operand
+// makes 15% of o's error (docs/log/50). Lkk's k e keeps one bf16: its rounding is lost among INV's and the
+// chain's. INV's diagonal blocks are solved by forward substitution (a lane a column), the blocks below in
+// three stages of fp32 products, each stage's blocks on as many warps; w and u are MMAs of bf16(INV) against
+// bf16(beta k 2^gc) and bf16(beta v), staged once.
 //
 // Tensors: q, k bf16 [tokens, H, 128]; v bf16 [tokens, HV, 128]; g fp32 [tokens, HV, 128]; beta fp32
 // [tokens, HV]; chunk table int2 [chunks] (first token, real rows L); out: w, kg, qg bf16 [chunks, HV,
@@ -77,6 +79,24 @@ __device__ __forceinline__ PartTile& part_tile(Shared& sh) { return *reinterpret
 // bf16(x) as the low / high half of an MMA operand register
 __device__ __forceinline__ u32 pair(float lo, float hi) { return pack_bf16x2(lo, hi); }
 
+// (x0, x1) in two bf16 an element, as the low / high halves of two operand registers: hi = bf16(x),
+// lo = bf16(x - hi) (exact in fp32; flushed where subnormal, as the model's ftz), together x within 2^-16.
+// The subtraction is __fsub_rn so that it is never contracted with the product x came from into an FMA:
+// lo is then the rest of x as rounded to fp32, the model's split_bf16, not of the exact product.
+__device__ __forceinline__ void split_pair(u32& hi, u32& lo, float x0, float x1) {
+    hi = pack_bf16x2(x0, x1);
+    lo = pack_bf16x2(__fsub_rn(x0, bf16_lo(hi)), __fsub_rn(x1, bf16_hi(hi)));
+}
+
+// d += a b with both operands in two bf16 (split_pair): hi hi + hi lo + lo hi into the one accumulator, about
+// 16 bits an operand where one MMA reads 8; lo lo (at most 2^-16 of a product) is left out.
+__device__ __forceinline__ void mma_split(float (&d)[4], const u32 (&a)[4], const u32 (&a_lo)[4], const u32 (&b)[2],
+                                          const u32 (&b_lo)[2]) {
+    mma_m16n8k16_bf16(d, a, b, d);
+    mma_m16n8k16_bf16(d, a, b_lo, d);
+    mma_m16n8k16_bf16(d, a_lo, b, d);
+}
+
 // Four fp32 values at (row, c), (row, c + 1), (row, c + 8), (row, c + 9) of a bf16 tile: a lane's share of an
 // m16n8k16 fragment's row (A: a0/a2 or a1/a3; B: b0/b1) at k-step columns c = 16 ks + 2 t
 struct Quad { float v[4]; };
@@ -90,24 +110,27 @@ __device__ __forceinline__ Quad g_quad(const Shared& sh, int row, int c) {
 }
 
 
-// The A fragments of s q e and k e for this lane's two rows (q, k and the factor e of row gr: *a; of row
-// gr + 8: *b), each element rounded once to bf16
-__device__ __forceinline__ void scaled_a(u32 (&aq)[4], u32 (&ak)[4], const Quad& qa, const Quad& qb, const Quad& ka,
-                                         const Quad& kb, const float (&ea)[4], const float (&eb)[4], float scale) {
-    aq[0] = pair(scale * qa.v[0] * ea[0], scale * qa.v[1] * ea[1]);
-    aq[1] = pair(scale * qb.v[0] * eb[0], scale * qb.v[1] * eb[1]);
-    aq[2] = pair(scale * qa.v[2] * ea[2], scale * qa.v[3] * ea[3]);
-    aq[3] = pair(scale * qb.v[2] * eb[2], scale * qb.v[3] * eb[3]);
+// The A fragments of s q e (in two bf16: aq, aq_lo) and of k e (one bf16: ak) for this lane's two rows (q, k
+// and the factor e of row gr: *a; of row gr + 8: *b). s q e feeds only Aqk, whose operand rounding o reads
+// directly; k e feeds only Lkk, whose rounding INV and the chain lose among their own.
+__device__ __forceinline__ void scaled_a(u32 (&aq)[4], u32 (&aq_lo)[4], u32 (&ak)[4], const Quad& qa, const Quad& qb,
+                                         const Quad& ka, const Quad& kb, const float (&ea)[4], const float (&eb)[4],
+                                         float scale) {
+    split_pair(aq[0], aq_lo[0], scale * qa.v[0] * ea[0], scale * qa.v[1] * ea[1]);
+    split_pair(aq[1], aq_lo[1], scale * qb.v[0] * eb[0], scale * qb.v[1] * eb[1]);
+    split_pair(aq[2], aq_lo[2], scale * qa.v[2] * ea[2], scale * qa.v[3] * ea[3]);
+    split_pair(aq[3], aq_lo[3], scale * qb.v[2] * eb[2], scale * qb.v[3] * eb[3]);
     ak[0] = pair(ka.v[0] * ea[0], ka.v[1] * ea[1]);
     ak[1] = pair(kb.v[0] * eb[0], kb.v[1] * eb[1]);
     ak[2] = pair(ka.v[2] * ea[2], ka.v[3] * ea[3]);
     ak[3] = pair(kb.v[2] * eb[2], kb.v[3] * eb[3]);
 }
 
-// The B fragment of k f for one row of the product's columns (the lane's row gr of an n-tile)
-__device__ __forceinline__ void scaled_b(u32 (&b)[2], const Quad& k, const float (&f)[4]) {
-    b[0] = pair(k.v[0] * f[0], k.v[1] * f[1]);
-    b[1] = pair(k.v[2] * f[2], k.v[3] * f[3]);
+// The B fragment of k f for one row of the product's columns (the lane's row gr of an n-tile), in two bf16:
+// Aqk reads b and b_lo, Lkk b alone (which is bf16(k f), the same as one rounding)
+__device__ __forceinline__ void scaled_b(u32 (&b)[2], u32 (&b_lo)[2], const Quad& k, const float (&f)[4]) {
+    split_pair(b[0], b_lo[0], k.v[0] * f[0], k.v[1] * f[1]);
+    split_pair(b[1], b_lo[1], k.v[2] * f[2], k.v[3] * f[3]);
 }
 
 }  // namespace fp
@@ -232,11 +255,11 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
                 ea[e] = exp2f(ga.v[e] - gT.v[e]); eb[e] = exp2f(gb.v[e] - gT.v[e]);
                 fa[e] = exp2f(gT.v[e] - ga.v[e]); fb[e] = exp2f(gT.v[e] - gb.v[e]);
             }
-            u32 aq[4], ak[4], b0[2], b1[2];
-            scaled_a(aq, ak, qa, qb, ka, kb, ea, eb, scale);
-            scaled_b(b0, ka, fa);
-            scaled_b(b1, kb, fb);
-            mma_m16n8k16_bf16(dq[0], aq, b0, dq[0]); mma_m16n8k16_bf16(dq[1], aq, b1, dq[1]);
+            u32 aq[4], aq_lo[4], ak[4], b0[2], b0_lo[2], b1[2], b1_lo[2];
+            scaled_a(aq, aq_lo, ak, qa, qb, ka, kb, ea, eb, scale);
+            scaled_b(b0, b0_lo, ka, fa);
+            scaled_b(b1, b1_lo, kb, fb);
+            mma_split(dq[0], aq, aq_lo, b0, b0_lo); mma_split(dq[1], aq, aq_lo, b1, b1_lo);
             mma_m16n8k16_bf16(dk[0], ak, b0, dk[0]); mma_m16n8k16_bf16(dk[1], ak, b1, dk[1]);
         }
         if (warp > 0) {   // below the diagonal: about g_ref, the row before the sub-chunk
@@ -244,8 +267,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
             float ua[4], ub[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) { ua[e] = exp2f(ga.v[e] - gref.v[e]); ub[e] = exp2f(gb.v[e] - gref.v[e]); }
-            u32 aq[4], ak[4];
-            scaled_a(aq, ak, qa, qb, ka, kb, ua, ub, scale);
+            u32 aq[4], aq_lo[4], ak[4];
+            scaled_a(aq, aq_lo, ak, qa, qb, ka, kb, ua, ub, scale);
 #pragma unroll
             for (int J = 0; J < 3; ++J) {
                 if (J >= warp) break;
@@ -255,10 +278,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
                 float da[4], db[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e) { da[e] = exp2f(gref.v[e] - gja.v[e]); db[e] = exp2f(gref.v[e] - gjb.v[e]); }
-                u32 b0[2], b1[2];
-                scaled_b(b0, kja, da);
-                scaled_b(b1, kjb, db);
-                mma_m16n8k16_bf16(oq[J][0], aq, b0, oq[J][0]); mma_m16n8k16_bf16(oq[J][1], aq, b1, oq[J][1]);
+                u32 b0[2], b0_lo[2], b1[2], b1_lo[2];
+                scaled_b(b0, b0_lo, kja, da);
+                scaled_b(b1, b1_lo, kjb, db);
+                mma_split(oq[J][0], aq, aq_lo, b0, b0_lo); mma_split(oq[J][1], aq, aq_lo, b1, b1_lo);
                 mma_m16n8k16_bf16(ok[J][0], ak, b0, ok[J][0]); mma_m16n8k16_bf16(ok[J][1], ak, b1, ok[J][1]);
             }
         }

@@ -90,10 +90,12 @@ __device__ __forceinline__ void a_to_acc(float (&left)[4], float (&right)[4], co
 }
 
 // ---- the two-part operand ----
-// One pair: hi = (bf16(x0), bf16(x1)), lo = what that rounding left, read back from hi.
+// One pair: hi = (bf16(x0), bf16(x1)), lo = what that rounding left, read back from hi. The subtraction is
+// __fsub_rn so that it is never contracted into an FMA with a product that x came from: lo is then the rest of
+// x as rounded to fp32, as the CPU models have it, wherever the caller computes x inline.
 __device__ __forceinline__ void two_part_bf16x2(u32& hi, u32& lo, float x0, float x1) {
     hi = pack_bf16x2(x0, x1);
-    lo = pack_bf16x2(x0 - bf16_lo(hi), x1 - bf16_hi(hi));
+    lo = pack_bf16x2(__fsub_rn(x0, bf16_lo(hi)), __fsub_rn(x1, bf16_hi(hi)));
 }
 // The A fragment of [left | right] in two parts: hi its rounding, lo the rounding of the rest.
 __device__ __forceinline__ void acc_to_a_two_parts(u32 (&hi)[4], u32 (&lo)[4], const float (&left)[4],

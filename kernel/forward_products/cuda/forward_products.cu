@@ -79,16 +79,7 @@ __device__ __forceinline__ PartTile& part_tile(Shared& sh) { return *reinterpret
 // bf16(x) as the low / high half of an MMA operand register
 __device__ __forceinline__ u32 pair(float lo, float hi) { return pack_bf16x2(lo, hi); }
 
-// (x0, x1) in two bf16 an element, as the low / high halves of two operand registers: hi = bf16(x),
-// lo = bf16(x - hi) (exact in fp32; flushed where subnormal, as the model's ftz), together x within 2^-16.
-// The subtraction is __fsub_rn so that it is never contracted with the product x came from into an FMA:
-// lo is then the rest of x as rounded to fp32, the model's split_bf16, not of the exact product.
-__device__ __forceinline__ void split_pair(u32& hi, u32& lo, float x0, float x1) {
-    hi = pack_bf16x2(x0, x1);
-    lo = pack_bf16x2(__fsub_rn(x0, bf16_lo(hi)), __fsub_rn(x1, bf16_hi(hi)));
-}
-
-// d += a b with both operands in two bf16 (split_pair): hi hi + hi lo + lo hi into the one accumulator, about
+// d += a b with both operands in two bf16 (two_part_bf16x2): hi hi + hi lo + lo hi into the one accumulator, about
 // 16 bits an operand where one MMA reads 8; lo lo (at most 2^-16 of a product) is left out.
 __device__ __forceinline__ void mma_split(float (&d)[4], const u32 (&a)[4], const u32 (&a_lo)[4], const u32 (&b)[2],
                                           const u32 (&b_lo)[2]) {
@@ -116,10 +107,10 @@ __device__ __forceinline__ Quad g_quad(const Shared& sh, int row, int c) {
 __device__ __forceinline__ void scaled_a(u32 (&aq)[4], u32 (&aq_lo)[4], u32 (&ak)[4], const Quad& qa, const Quad& qb,
                                          const Quad& ka, const Quad& kb, const float (&ea)[4], const float (&eb)[4],
                                          float scale) {
-    split_pair(aq[0], aq_lo[0], scale * qa.v[0] * ea[0], scale * qa.v[1] * ea[1]);
-    split_pair(aq[1], aq_lo[1], scale * qb.v[0] * eb[0], scale * qb.v[1] * eb[1]);
-    split_pair(aq[2], aq_lo[2], scale * qa.v[2] * ea[2], scale * qa.v[3] * ea[3]);
-    split_pair(aq[3], aq_lo[3], scale * qb.v[2] * eb[2], scale * qb.v[3] * eb[3]);
+    two_part_bf16x2(aq[0], aq_lo[0], scale * qa.v[0] * ea[0], scale * qa.v[1] * ea[1]);
+    two_part_bf16x2(aq[1], aq_lo[1], scale * qb.v[0] * eb[0], scale * qb.v[1] * eb[1]);
+    two_part_bf16x2(aq[2], aq_lo[2], scale * qa.v[2] * ea[2], scale * qa.v[3] * ea[3]);
+    two_part_bf16x2(aq[3], aq_lo[3], scale * qb.v[2] * eb[2], scale * qb.v[3] * eb[3]);
     ak[0] = pair(ka.v[0] * ea[0], ka.v[1] * ea[1]);
     ak[1] = pair(kb.v[0] * eb[0], kb.v[1] * eb[1]);
     ak[2] = pair(ka.v[2] * ea[2], ka.v[3] * ea[3]);
@@ -129,8 +120,8 @@ __device__ __forceinline__ void scaled_a(u32 (&aq)[4], u32 (&aq_lo)[4], u32 (&ak
 // The B fragment of k f for one row of the product's columns (the lane's row gr of an n-tile), in two bf16:
 // Aqk reads b and b_lo, Lkk b alone (which is bf16(k f), the same as one rounding)
 __device__ __forceinline__ void scaled_b(u32 (&b)[2], u32 (&b_lo)[2], const Quad& k, const float (&f)[4]) {
-    split_pair(b[0], b_lo[0], k.v[0] * f[0], k.v[1] * f[1]);
-    split_pair(b[1], b_lo[1], k.v[2] * f[2], k.v[3] * f[3]);
+    two_part_bf16x2(b[0], b_lo[0], k.v[0] * f[0], k.v[1] * f[1]);
+    two_part_bf16x2(b[1], b_lo[1], k.v[2] * f[2], k.v[3] * f[3]);
 }
 
 }  // namespace fp

@@ -103,7 +103,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     fns = (bench_calls if args.call == "bench" else layer_calls)(cfg, args.heads, args.segments)
     if fns is None:
         return 1
-    timing.HOST_AHEAD_CYCLES = int(args.ahead_ms * 2e6)   # torch.cuda._sleep's cycles at about 2 GHz
+    timing.HOST_AHEAD_CYCLES = int(args.ahead_ms * timing.SLEEP_CYCLES_PER_MS)
     times = timing.time_alternating(fns, warmup=2, reps=args.reps)
     host = {}
     for name, fn in fns.items():

@@ -20,10 +20,10 @@ import numpy as np
 from .report import error_text, log
 
 L2_FLUSH_BYTES = 512 << 20          # >> the H200's 60 MB L2
-# GPU work queued before each timed call (torch.cuda._sleep, ~2 ms at 1980 MHz): longer than a
-# call's host time, so that the GPU, not Python, is timed (time_cuda)
+SLEEP_CYCLES_PER_MS = 1.98e6        # torch.cuda._sleep's cycles a millisecond at the H200's 1980 MHz
+# GPU work queued before each timed call (torch.cuda._sleep, ~2 ms): longer than a call's host time,
+# so that the GPU, not Python, is timed (time_cuda). A study may set it for its own calls.
 HOST_AHEAD_CYCLES = 4_000_000
-HOST_AHEAD_MS = HOST_AHEAD_CYCLES / 1.98e6
 COPY_CAP_BYTES = 16 << 30           # largest buffer for the floor copy; larger counts are scaled
 
 
@@ -157,16 +157,17 @@ def time_alternating(fns: dict[str, Callable[[], Any]], *, warmup: int, reps: in
 def host_gap_warning(name: str, host_ms: float, gpu_ms: float) -> str | None:
     """A warning where a timed call's GPU time may include the GPU waiting for the host, else None.
 
-    The calls are queued without a sync between them, each after HOST_AHEAD_MS of GPU work, so the
+    The calls are queued without a sync between them, each after HOST_AHEAD_CYCLES of GPU work, so the
     queue ahead of a call grows by its GPU time plus that sleep and shrinks by its host time: a call
     whose host time is below the sum never leaves the GPU idle (its first rep aside, which the median
     drops). Above it, the call either waits for the GPU inside (a host sync, which empties the queue, so
     that the GPU idles while the host queues the rest of the call) or queues work more slowly than the
     GPU runs it."""
-    if host_ms <= gpu_ms + HOST_AHEAD_MS:
+    ahead_ms = HOST_AHEAD_CYCLES / SLEEP_CYCLES_PER_MS   # read now: a study may have changed it
+    if host_ms <= gpu_ms + ahead_ms:
         return None
     return (f"warning: {name} took {host_ms:.2f} ms of host time a call, more than its {gpu_ms:.2f} ms on the GPU "
-            f"and the {HOST_AHEAD_MS:.0f} ms queued ahead of it: it waits for the GPU (a host sync) or the host "
+            f"and the {ahead_ms:.0f} ms queued ahead of it: it waits for the GPU (a host sync) or the host "
             f"is slower than the GPU, and its time includes the GPU's idle gaps")
 
 

@@ -467,3 +467,13 @@ def test_a_host_gap_is_named_only_where_the_gpu_can_have_waited(host_ms, gpu_ms,
     assert (warning is not None) == warned
     if warned:
         assert f"{host_ms:.2f} ms of host time a call, more than its {gpu_ms:.2f} ms on the GPU" in warning
+
+
+def test_a_host_gap_is_judged_against_the_work_queued_ahead_now(monkeypatch):
+    """A study that queues more GPU work ahead of each call (sequence_split.op's --ahead-ms) moves the line."""
+    from kernel.tools.bench import timing
+
+    assert timing.host_gap_warning("side", 10.0, 1.0) is not None
+    monkeypatch.setattr(timing, "HOST_AHEAD_CYCLES", int(20 * timing.SLEEP_CYCLES_PER_MS))
+    assert timing.host_gap_warning("side", 10.0, 1.0) is None
+    assert "the 20 ms queued ahead of it" in timing.host_gap_warning("side", 30.0, 1.0)

@@ -32,7 +32,7 @@ from kernel.shapes import CHUNK_TOKENS
 
 from .fla_adapter import set_import_env
 
-__all__ = ["import_fla", "FlaForward", "forward", "backward", "chunk_kda_step_inputs", "l2norm_backward"]
+__all__ = ["import_fla", "FlaForward", "forward", "backward", "chunk_kda_step_inputs", "step_forward", "l2norm_backward"]
 
 
 def import_fla() -> dict:
@@ -130,3 +130,11 @@ def chunk_kda_step_inputs(raw: dict, *, h0, cu_seqlens, safe_gate: bool = True) 
     kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, safe_gate=safe_gate,
                   lower_bound=GATE_LOWER_BOUND if safe_gate else None, cu_seqlens=cu_seqlens)
     return {"leaves": leaves, "kwargs": kwargs}
+
+
+def step_forward(chunk_kda, inp: dict):
+    """A zero-argument call of ``chunk_kda`` (FLA's or kernel.chunk_kda) on :func:`chunk_kda_step_inputs`'s
+    leaves and keyword arguments: the step's forward, (o, final state)."""
+    leaves, kwargs = inp["leaves"], inp["kwargs"]
+    return lambda: chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                             initial_state=leaves["initial_state"], **kwargs)

@@ -95,20 +95,16 @@ def op_steps(cfg, heads: int | None, sides: Sequence[str]) -> dict:
 
     import kernel
     from kernel.tools import fla_kda
+    from kernel.tools.bench.backward import clamped_step_inputs
     from kernel.tools.bench.cli import BENCH_HEADS
-    from kernel.tools.bench.inputs import cu_for_fla, make_inputs
 
-    raw = make_inputs(cfg, heads or BENCH_HEADS, seed=0, gate_strength=1.0)
-    inp = fla_kda.chunk_kda_step_inputs(raw, h0=torch.zeros_like(raw["dht"]), cu_seqlens=cu_for_fla(raw["cu_seqlens"]),
-                                        safe_gate=True)
-    leaves, kwargs = inp["leaves"], inp["kwargs"]
-    xs = list(leaves.values())
+    raw, inp = clamped_step_inputs(cfg, heads or BENCH_HEADS)
+    xs = list(inp["leaves"].values())
     ops = {"fla": fla_kda.import_fla()["chunk_kda"], "ours": kernel.chunk_kda}
 
     def step_of(op):
-        return lambda: torch.autograd.grad(op(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
-                                              initial_state=leaves["initial_state"], **kwargs), xs,
-                                           (raw["do"], raw["dht"]))
+        forward = fla_kda.step_forward(op, inp)
+        return lambda: torch.autograd.grad(forward(), xs, (raw["do"], raw["dht"]))
     return {side: step_of(ops[side]) for side in sides}
 
 

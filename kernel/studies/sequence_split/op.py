@@ -27,9 +27,16 @@ from typing import Sequence
 from .sweep import parse_segments
 
 
+def per_count(handed: tuple[tuple, dict], segments) -> dict:
+    """One call of ``kernel.kda_backward.run`` on the recorded (args, kwargs) for each segment count."""
+    import kernel.kda_backward as kda_backward
+
+    (args, kwargs), run_backward = handed, kda_backward.run
+    return {str(s): (lambda s=s: run_backward(*args, **{**kwargs, "segments": s})) for s in segments}
+
+
 def layer_calls(cfg, heads: int, segments):
     """``kernel.kda_backward.run`` on the arguments FLA's layer hands our op, one call per segment count."""
-    import kernel.kda_backward as kda_backward
     from kernel.tools.bench import layer as bench_layer
 
     lay, x, _, kw = bench_layer.layer_and_inputs(cfg, heads, 2048, 0)
@@ -40,38 +47,26 @@ def layer_calls(cfg, heads: int, segments):
     if bench_layer.OP_OURS not in calls:
         print(f"our op's backward could not run: {failures}")
         return None
-    handed_args, handed_kwargs = bench_layer.recorded_backward(calls[bench_layer.OP_OURS])
-    run_backward = kda_backward.run
-    return {str(s): (lambda s=s: run_backward(*handed_args, **{**handed_kwargs, "segments": s})) for s in segments}
+    return per_count(bench_layer.recorded_backward(calls[bench_layer.OP_OURS]), segments)
 
 
 def bench_calls(cfg, heads: int, segments):
     """``kernel.kda_backward.run`` on the arguments ``kernel.chunk_kda``'s backward hands it in the backward
     bench's training step (its inputs, seed 0, gates in [-5, 0]; our forward, whose saved states spare the
     backward its forward-state scan), recorded in one call, one call per segment count."""
-    import torch
-
-    import kernel.kda_backward as kda_backward
     from kernel import chunk_kda
     from kernel.tools import fla_kda
-    from kernel.tools.bench.backward import retained_backwards
-    from kernel.tools.bench.inputs import cu_for_fla, make_inputs
+    from kernel.tools.bench.backward import clamped_step_inputs, retained_backwards
     from kernel.tools.bench.layer import recorded_backward
 
-    raw = make_inputs(cfg, heads, seed=0, gate_strength=1.0)
-    inp = fla_kda.chunk_kda_step_inputs(raw, h0=torch.zeros_like(raw["dht"]), cu_seqlens=cu_for_fla(raw["cu_seqlens"]),
-                                        safe_gate=True)
-    leaves, kwargs = inp["leaves"], inp["kwargs"]
-    forward = lambda: chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
-                                initial_state=leaves["initial_state"], **kwargs)
+    raw, inp = clamped_step_inputs(cfg, heads)
     failures: dict = {}
-    calls = retained_backwards({"ours": (forward, list(leaves.values()))}, (raw["do"], raw["dht"]), failures)
+    calls = retained_backwards({"ours": (fla_kda.step_forward(chunk_kda, inp), list(inp["leaves"].values()))},
+                               (raw["do"], raw["dht"]), failures)
     if "ours" not in calls:
         print(f"kernel.chunk_kda's forward could not run: {failures}")
         return None
-    handed_args, handed_kwargs = recorded_backward(calls["ours"])
-    run_backward = kda_backward.run
-    return {str(s): (lambda s=s: run_backward(*handed_args, **{**handed_kwargs, "segments": s})) for s in segments}
+    return per_count(recorded_backward(calls["ours"]), segments)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

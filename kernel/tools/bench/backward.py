@@ -325,6 +325,17 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
     return res
 
 
+def clamped_step_inputs(cfg: Config, heads: int, seed: int = 0) -> tuple[dict, dict]:
+    """(the raw inputs, fla_kda.chunk_kda_step_inputs) of this bench's training step at the default recipe
+    (gates in [-5, 0], FLA's safe_gate, a zero initial state), for the studies that time or profile that step
+    outside the bench."""
+    import torch
+
+    raw = make_inputs(cfg, heads, seed=seed, gate_strength=1.0)
+    return raw, fla_kda.chunk_kda_step_inputs(raw, h0=torch.zeros_like(raw["dht"]),
+                                              cu_seqlens=cu_for_fla(raw["cu_seqlens"]), safe_gate=True)
+
+
 def record_fla_autotune(res: dict, tag: str) -> None:
     """FLA's autotune choices in this process into ``res["fla_autotune"]`` (its kernels' block sizes for
     the shape), and a line naming the kernels."""
@@ -339,13 +350,10 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
     import torch
 
     inp = fla_kda.chunk_kda_step_inputs(raw, h0=h0, cu_seqlens=cu_fla, safe_gate=args.gates == "clamped")
-    leaves, kwargs = inp["leaves"], inp["kwargs"]
+    leaves = inp["leaves"]
     order = list(leaves.values())
     upstream = (raw["do"], raw["dht"])
-
-    def forward_of(chunk_kda):
-        return lambda: chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
-                                 initial_state=leaves["initial_state"], **kwargs)
+    forward_of = lambda chunk_kda: fla_kda.step_forward(chunk_kda, inp)   # noqa: E731
 
     sides: dict[str, tuple[Callable, list]] = {}   # name -> (its forward: () -> (o, ht), the leaves it reads)
     if not args.no_fla:

@@ -91,6 +91,7 @@ def test_the_off_diagonal_blocks_need_their_own_reference():
 
 @pytest.fixture(scope="module")
 def trained_8x():
+    pytest.importorskip("torch", reason="the trained-layer gate is drawn with torch (an optional dependency)")
     return cases.tile_gc(cases.trained_layer_tiles(1024, 4, 8.0))   # 256 tiles, about 60% past the limit
 
 
@@ -170,6 +171,7 @@ def test_bad_arguments_are_refused(capsys):
 
 
 def test_main_prints_both_tables(capsys):
+    pytest.importorskip("torch", reason="its trained-layer rows draw the gate with torch (an optional dependency)")
     assert main(["--T", "64", "--heads", "2", "--eval", "2"]) == 0
     out = capsys.readouterr().out
     assert "| trained-layer 8x, in range (largest spans) | 2 |" in out

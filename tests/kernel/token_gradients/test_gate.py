@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from kernel.activations import gate, gate_backward
+torch = pytest.importorskip("torch", reason="kernel.activations' reference is torch's (an optional dependency)")
+
+from kernel.activations import gate, gate_backward  # noqa: E402  (after the skip: it imports torch)
 from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS
 from kernel.token_gradients import tables

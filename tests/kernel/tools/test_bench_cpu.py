@@ -242,7 +242,7 @@ def test_main_without_torch_says_so(capsys):
     import importlib.util
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here")
-    assert cli.main(["--quick"]) == 1
+    assert cli.main(["--quick"]) == 2   # a run that cannot start here, as every GPU tool of ptx-lab
     assert "torch is not installed" in capsys.readouterr().out
 
 

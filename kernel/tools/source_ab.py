@@ -31,9 +31,10 @@ with the old layout).
 
 Kernel A runs as kernel.kda_backward launches it (FLA's tensors, bf16 dS after every tile, dht),
 at the v-split given after the configuration (``1x131072:2``) or the API's choice. Kernel S runs
-kernel.forward_states.forward_states at its auto configuration, Kernel B
-token_gradients.launch. The forward runs kernel.forward.forward in training mode with the final
-state (what the bench times as "ours raw"), at its auto configuration or at
+kernel.forward_states.forward_states at its auto configuration, Kernel B token_gradients.launch as
+``kernel.chunk_kda``'s backward calls it on bf16 inputs (the l2norm's backward in its epilogue from q's
+and k's rstd, dq and dk rounded to bf16 there). The forward runs kernel.forward.forward in training mode
+with the final state (what the bench times as "ours raw"), at its auto configuration or at
 kernel.forward.auto_config(warps) for the consumer warps given after the configuration
 (``32x8192:w4``). The inputs are random (unit-norm q and k, gates in [-0.05, 0] a token);
 their values do not change the work.
@@ -300,11 +301,13 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
     t = token_gradients.tables(cu)
     ds = cupy.full((t["tiles"], H, D, D), 0x3c24, dtype=np.uint16)      # bf16 0.01: values do not change the work
     states = cupy.full((t["chunks"], H, D, D), 0x3ca4, dtype=np.uint16)
-    out = {"dq": cupy.empty((B, T, H, D), np.float32), "dk": cupy.empty((B, T, H, D), np.float32),
+    # the l2norm's rstd of the (already unit) q and k rows: the values do not change the work
+    rstd = tuple(cupy.full((B, T, H), 1.0, dtype=np.float32) for _ in range(2))
+    out = {"dq": cupy.empty((B, T, H, D), np.uint16), "dk": cupy.empty((B, T, H, D), np.uint16),
            "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
            "dbeta": cupy.empty((B, T, H), np.float32)}
     return (lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"],
-                                           ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out),
+                                           ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out, rstd=rstd),
             lambda: out)
 
 

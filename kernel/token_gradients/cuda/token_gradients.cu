@@ -100,6 +100,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
     const int v0 = 16 * warp;   // V phase: this warp's v rows
     const int k0 = 16 * warp;   // K phase: this warp's k columns
+#if KDB_GATE
+    // the gate's rows split between the warp's halves (GATE_ROWS): this lane's channel and first row
+    const int gk = k0 + (lane & 15), gi0 = GATE_ROWS * (lane >> 4);
+    const float gate_b = gate_bias(ga, h * HEAD_DIM + gk);   // dt_bias, once a CTA
+#endif
     // lane parts of the ldmatrix / stmatrix addresses (rows first / cols first, 272- and 32-byte rows),
     // with this warp's v columns (V phase) and k rows or columns (K phase) folded in
     const u32 lr = x4_lane_bytes_rows_first(ROW, xl), lc = x4_lane_bytes_cols_first(ROW, xl);
@@ -119,6 +124,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                                                              // [tokens, HV, HEAD_DIM]
         const long long qk_row0 = (tok0 * H + qh) * HEAD_DIM;   // ... of (tok0, qh) in q's [tokens, H, HEAD_DIM]
         const int lt = min(TILE_TOKENS, l64 - TILE_TOKENS * it);
+        // the l2norm's rstd of this thread's two rows (rows g and g + 8), for the K phase's last step. Loaded
+        // here, before this tile's barriers, so that R1, the V phase and the K phase's products hide their
+        // latency: loaded after the K phase's barrier, every warp of the SM's one CTA waited on them at once
+        float rq[2] = {0.f, 0.f}, rk[2] = {0.f, 0.f};
+        if (a.q_rstd != nullptr) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = g + 8 * r;
+                if (i < lt) {
+                    rq[r] = a.q_rstd[(tok0 + i) * H + qh];
+                    rk[r] = a.k_rstd[(tok0 + i) * H + qh];
+                }
+            }
+        }
+#if KDB_GATE
+        unsigned short graw[GATE_ROWS];   // g_raw of this lane's channel and rows, for the epilogue (as rq, rk)
+        gate_raw_rows(ga, row0 + gi0 * RS + gk, RS, lt - gi0, graw);
+#endif
         if (it + 1 < ntile) {
             load_tile(a, cps, smem, st ^ 1, it + 1, row0 + TILE_TOKENS * RS, qk_row0 + TILE_TOKENS * QK_RS, RS,
                       min(TILE_TOKENS, l64 - TILE_TOKENS * (it + 1)), snap0 + it + 1, chunk, h, tid);
@@ -314,8 +337,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                         dot_q += l2part[w * TILE_TOKENS + i];
                         dot_k += l2part[(WARPS + w) * TILE_TOKENS + i];
                     }
-                    const float rq = i < lt ? a.q_rstd[(tok0 + i) * H + qh] : 0.f;
-                    const float rk = i < lt ? a.k_rstd[(tok0 + i) * H + qh] : 0.f;
 #pragma unroll
                     for (int nt = 0; nt < 2; ++nt) {
                         const int kk = k0 + 8 * nt + 2 * t;
@@ -324,8 +345,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                         const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
-                            dqo[nt][r][e] = rq * (dqo[nt][r][e] - qv[e] * dot_q);
-                            dko[nt][r][e] = rk * (dko[nt][r][e] - kv[e] * dot_k);
+                            dqo[nt][r][e] = rq[r] * (dqo[nt][r][e] - qv[e] * dot_q);
+                            dko[nt][r][e] = rk[r] * (dko[nt][r][e] - kv[e] * dot_k);
                         }
                     }
                 }
@@ -359,10 +380,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma
             {
 #if KDB_GATE
-                // the gate's rows split between the warp's halves (GATE_ROWS): this lane's channel and first row
-                const int gk = k0 + (lane & 15), gi0 = GATE_ROWS * (lane >> 4);
                 float gx[GATE_ROWS];
-                gate_inputs(ga, row0 + gi0 * RS + gk, RS, h * HEAD_DIM + gk, lt - gi0, gx);
+                gate_inputs(graw, gate_b, gx);
                 float dgv[TILE_TOKENS] = {};   // lanes 0..15: dg of their channel's 16 rows
 #endif
                 if (lane < TILE_TOKENS) {

@@ -74,15 +74,23 @@ __device__ __forceinline__ GateGrad gate_grad(const GateArgs& ga, float a, float
 // 16 warp + l, lane l + 16 its rows 8..15, so the whole warp shares the transcendental work.
 constexpr int GATE_ROWS = TILE_TOKENS / 2;
 
-// x = g_raw + dt_bias of one channel (hc: its index in dt_bias [HV, 128]) for GATE_ROWS rows j < lt at
-// off0 + j rs in [tokens, HV, 128]. Every load is issued before any is used: one global latency a tile
-// instead of one a row, which the row loop's stores to dg_raw would otherwise keep in series.
-__device__ __forceinline__ void gate_inputs(const GateArgs& ga, long long off0, long long rs, int hc, int lt,
-                                            float (&x)[GATE_ROWS]) {
-    const float bias = ga.dt_bias != nullptr ? ga.dt_bias[hc] : 0.f;
-    unsigned short raw[GATE_ROWS];
+// g_raw of one channel for GATE_ROWS rows j < lt at off0 + j rs in [tokens, HV, 128] (0 from lt on). Every
+// load is issued before any is used, at the tile's start: the tile's phases then hide their one latency,
+// which loaded beside the epilogue every warp of the SM's one CTA waited out together.
+__device__ __forceinline__ void gate_raw_rows(const GateArgs& ga, long long off0, long long rs, int lt,
+                                              unsigned short (&raw)[GATE_ROWS]) {
 #pragma unroll
     for (int j = 0; j < GATE_ROWS; ++j) raw[j] = j < lt ? ga.g_raw[off0 + j * rs] : 0;
+}
+
+// dt_bias of one channel (hc: its index in dt_bias [HV, 128]), 0 without it: read once per CTA
+__device__ __forceinline__ float gate_bias(const GateArgs& ga, int hc) {
+    return ga.dt_bias != nullptr ? ga.dt_bias[hc] : 0.f;
+}
+
+// x = g_raw + dt_bias of those rows
+__device__ __forceinline__ void gate_inputs(const unsigned short (&raw)[GATE_ROWS], float bias,
+                                            float (&x)[GATE_ROWS]) {
 #pragma unroll
     for (int j = 0; j < GATE_ROWS; ++j) x[j] = bf16_to_f32(raw[j]) + bias;
 }

@@ -10,6 +10,7 @@ each depth and what the hierarchy costs in MMAs.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -87,6 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.T < TILE_TOKENS or a.T % TILE_TOKENS or min(a.heads, a.n_eval) < 1 or a.seed < 0:
         ap.error(f"--T must be a positive multiple of {TILE_TOKENS}; --heads, --eval >= 1; --seed >= 0")
+    try:   # the trained-layer recipe is FLA's layer's draw, made with torch (an optional dependency)
+        import torch  # noqa: F401
+    except ImportError as exc:
+        print(f"this study draws the trained-layer gate with torch, which cannot be imported here ({exc}); "
+              "pip install torch", file=sys.stderr)
+        return 2
 
     recipes = {f"trained-layer {s:g}x": cases.tile_gc(cases.trained_layer_tiles(a.T, a.heads, s, a.seed))
                for s in SCALES}

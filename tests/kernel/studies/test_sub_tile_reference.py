@@ -4,6 +4,7 @@ hierarchy itself within it, and the depth and MMA counts of hand-checked plans."
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -177,3 +178,9 @@ def test_main_prints_both_tables(capsys):
     assert "| trained-layer 8x, in range (largest spans) | 2 |" in out
     assert f"| token {cases.HUGE_GATE_TOKEN} gate {cases.HUGE_GATE:g} | 1 | 4 | 1 |" in out
     assert "| one channel 2^-200 | 1 | 0 | 1 | 0 | 0 | 0 | 2x (max 2x) |" in out
+
+
+def test_main_without_torch_says_so(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)   # import torch raises ImportError
+    assert main(["--T", "64", "--heads", "2", "--eval", "2"]) == 2
+    assert "draws the trained-layer gate with torch" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""The gate formed by its readers (docs/kda_forward.md, section 8, fold A), in the forward's numpy model.
+
+Today the forward, Kernel A and Kernel B take FLA's 64-token chunk cumsum of the log2 gate and use it within
+a 16-token tile as ``g - g[row before the tile]``. Folded, each reader would take every token's log2 gate
+in fp32 and sum it in fp32 within the tile. The two round differently; these tests hold the folded form's
+o, final state and states to today's errors against float64 on every recipe of the three-pass model, so
+that the fold can be judged on its time alone.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from . import forward_cases as fc
+from .three_pass_model import RECIPES, case_of
+
+RCP_LN2 = np.float32(1.0 / math.log(2.0))   # FLA's scale of the natural-log gate to log2, in fp32
+
+
+def folded_scan(case: dict, g: np.ndarray, step):
+    """forward_states_cases.scan_tiles with each tile's gc the fp32 running sum of its tokens' log2 gates
+    (fp32 natural-log gate times RCP_LN2, rounded to fp32), restarted at every tile; ``g`` is unused."""
+    H, lens, D, TILE = case["H"], case["lengths"], fc.D, fc.TILE
+    gate = (case["g_natural"].reshape(-1, H, D).astype(np.float32) * RCP_LN2).astype(np.float32)
+    bos = np.concatenate([[0], np.cumsum(lens)])
+    entries = np.zeros((int(case["offsets"][-1]), H, D, D), dtype=np.float32)
+    final = np.zeros((len(lens), H, D, D), dtype=np.float32)
+    for n, length in enumerate(lens):
+        for h in range(H):
+            S = (case["initial_state"][n, h].astype(np.float32) if case["initial_state"] is not None
+                 else np.zeros((D, D), dtype=np.float32))
+            for i in range(math.ceil(length / TILE)):
+                t0, L = bos[n] + TILE * i, min(TILE, length - TILE * i)
+                if i % fc.EVERY == 0:
+                    entries[case["offsets"][n] + i // fc.EVERY, h] = fc.bf16(S)
+                gc = np.empty((TILE, D), dtype=np.float32)
+                gc[:L] = np.cumsum(gate[t0:t0 + L, h], axis=0, dtype=np.float32)   # one add a row, in order
+                gT = gc[L - 1].copy()
+                gc[L:] = gT
+                S = step(S, n, h, i, t0, L, gc, gT)
+            final[n, h] = S
+    return entries, final
+
+
+def errors(case: dict) -> np.ndarray:
+    e = fc.emulate(case)
+    return np.array([fc.rel(e["o"], case["o"]), fc.rel(e["final"], case["final"]),
+                     fc.rel(e["states"], case["states"])])
+
+
+def test_the_folded_scan_is_the_scan_on_a_gate_of_exact_tile_sums():
+    # where every tile's sums are exact in fp32 (gates of -1/8, a multiple of a power of two), today's
+    # difference of chunk sums and the folded sum agree to the bit: the two forms differ by rounding only
+    gate = np.full((1, 200, 2, fc.D), -0.125 * math.log(2.0))
+    case = fc.make_case(lengths=[200], H=2, seed=5, gate=gate)
+    today = fc.emulate(case)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fc, "scan_tiles", folded_scan)
+        folded = fc.emulate(case)
+    for key in ("o", "final", "states"):
+        assert np.array_equal(today[key], folded[key]), key
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_the_folded_gate_keeps_todays_errors(recipe, monkeypatch):
+    if recipe == "trained-layer gate":
+        pytest.importorskip("torch", reason="the trained-layer gate is drawn with torch (an optional dependency)")
+    case = case_of(recipe)
+    today = errors(case)
+    monkeypatch.setattr(fc, "scan_tiles", folded_scan)
+    folded = errors(case)
+    # measured on the CPU: every ratio within 0.9996-1.0006 (o, final state, states; five recipes)
+    assert np.all(folded <= today * 1.003), (recipe, today, folded)
+    assert np.all(folded >= today * 0.997), (recipe, today, folded)

@@ -88,12 +88,20 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, see
             "ref": ref, "offsets": entries, "B": Bq, "T": Tq, "H": H}
 
 
-def scan_tiles(case: dict, g: np.ndarray, step: Callable) -> tuple[np.ndarray, np.ndarray]:
+def chunk_tile_gate(g: np.ndarray, h: int, i: int, t0: int, L: int) -> np.ndarray:
+    """A tile's real rows of gc as the kernels form them from FLA's g (the 64-chunk-local cumsum, fp32
+    [tokens, H, 128]): g less g at the token before the tile, where that token is in the same chunk."""
+    base = g[t0 - 1, h] if i % EVERY else np.zeros(D, dtype=np.float32)
+    return g[t0:t0 + L, h] - base
+
+
+def scan_tiles(case: dict, g: np.ndarray, step: Callable,
+               tile_gate: Callable = chunk_tile_gate) -> tuple[np.ndarray, np.ndarray]:
     """The walk over every sequence, head and tile that Kernel S and the forward share, in numpy: S from
     the initial state (or zeros), bf16 S kept as the entry of every EVERY-th tile, then S = step(S, n, h,
     i, t0, L, gc, gT) for tile i (tokens t0 .. t0 + L of ``g`` [tokens, H, 128]; gc: its chunk-local
-    gate, rows >= L = gT, its last real row). Returns the entries [entries, H, 128, 128] and the final
-    states [N, H, 128, 128], float32."""
+    gate, ``tile_gate(g, h, i, t0, L)`` for its real rows, rows >= L = gT, its last real row). Returns the
+    entries [entries, H, 128, 128] and the final states [N, H, 128, 128], float32."""
     H, lens = case["H"], case["lengths"]
     bos = np.concatenate([[0], np.cumsum(lens)])
     entries = np.zeros((int(case["offsets"][-1]), H, D, D), dtype=np.float32)
@@ -106,9 +114,8 @@ def scan_tiles(case: dict, g: np.ndarray, step: Callable) -> tuple[np.ndarray, n
                 t0, L = bos[n] + TILE * i, min(TILE, length - TILE * i)
                 if i % EVERY == 0:
                     entries[case["offsets"][n] + i // EVERY, h] = bf16(S)
-                base = g[t0 - 1, h] if i % EVERY else np.zeros(D, dtype=np.float32)
                 gc = np.empty((TILE, D), dtype=np.float32)
-                gc[:L] = g[t0:t0 + L, h] - base
+                gc[:L] = tile_gate(g, h, i, t0, L)
                 gT = gc[L - 1].copy()
                 gc[L:] = gT
                 S = step(S, n, h, i, t0, L, gc, gT)

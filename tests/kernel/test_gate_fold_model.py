@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from . import forward_cases as fc
+from .forward_states_cases import scan_tiles
 from .three_pass_model import RECIPES, case_of
 
 RCP_LN2 = np.float32(1.0 / math.log(2.0))   # FLA's scale of the natural-log gate to log2, in fp32
@@ -22,26 +23,12 @@ RCP_LN2 = np.float32(1.0 / math.log(2.0))   # FLA's scale of the natural-log gat
 def folded_scan(case: dict, g: np.ndarray, step):
     """forward_states_cases.scan_tiles with each tile's gc the fp32 running sum of its tokens' log2 gates
     (fp32 natural-log gate times RCP_LN2, rounded to fp32), restarted at every tile; ``g`` is unused."""
-    H, lens, D, TILE = case["H"], case["lengths"], fc.D, fc.TILE
-    gate = (case["g_natural"].reshape(-1, H, D).astype(np.float32) * RCP_LN2).astype(np.float32)
-    bos = np.concatenate([[0], np.cumsum(lens)])
-    entries = np.zeros((int(case["offsets"][-1]), H, D, D), dtype=np.float32)
-    final = np.zeros((len(lens), H, D, D), dtype=np.float32)
-    for n, length in enumerate(lens):
-        for h in range(H):
-            S = (case["initial_state"][n, h].astype(np.float32) if case["initial_state"] is not None
-                 else np.zeros((D, D), dtype=np.float32))
-            for i in range(math.ceil(length / TILE)):
-                t0, L = bos[n] + TILE * i, min(TILE, length - TILE * i)
-                if i % fc.EVERY == 0:
-                    entries[case["offsets"][n] + i // fc.EVERY, h] = fc.bf16(S)
-                gc = np.empty((TILE, D), dtype=np.float32)
-                gc[:L] = np.cumsum(gate[t0:t0 + L, h], axis=0, dtype=np.float32)   # one add a row, in order
-                gT = gc[L - 1].copy()
-                gc[L:] = gT
-                S = step(S, n, h, i, t0, L, gc, gT)
-            final[n, h] = S
-    return entries, final
+    gate = (case["g_natural"].reshape(-1, case["H"], fc.D).astype(np.float32) * RCP_LN2).astype(np.float32)
+
+    def tile_gate(_g, h, i, t0, L):
+        return np.cumsum(gate[t0:t0 + L, h], axis=0, dtype=np.float32)   # one add a row, in order
+
+    return scan_tiles(case, g, step, tile_gate=tile_gate)
 
 
 def errors(case: dict) -> np.ndarray:

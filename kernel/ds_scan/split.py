@@ -60,8 +60,9 @@ ALIGN = 64          # cuts at multiples of this many tokens from the sequence's 
 # FLA's layer) the whole backward on the layer's own call took 15.34 ms unsplit, 14.15 at 5
 # segments, 14.88 at 7, 13.72 at 9, 13.90 at 12 and 13.18 at 17 (log 47): MAX_SEGMENTS from 8
 # slots on. At 4 slots the whole backward on the training step's own call (1 x 131072, H = 32)
-# took 22.34 ms at 5 segments against 22.83 unsplit, 22.43 at 9 and 22.73 at 17 (log 53): 5 stays. The last segment scans in pass 1 beside the summaries, whose tiles cost more than its
-# own, and it waits for no fold, so it takes the longest share.
+# took 22.34 ms at 5 segments against 22.83 unsplit, 22.43 at 9 and 22.73 at 17 (log 53): 5 stays.
+# The last segment scans in pass 1 beside the summaries, whose tiles cost more than its own, and it
+# waits for no fold, so it takes the longest share.
 SEGMENTS = 5
 END_WEIGHT = 2.0
 MIN_SLOTS = 4

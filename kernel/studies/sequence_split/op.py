@@ -115,8 +115,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"| {args.config} | {args.heads} | {name} | {t['median_ms']:.3f} | {t['median_ms'] / base:.3f} | "
               f"{host[name]:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps({"call": args.call, "config": args.config, "heads": args.heads, "ahead_ms": args.ahead_ms,
-                                         "times": times, "host_ms": host}, indent=1))
+        args.json.write_text(json.dumps({"call": args.call, "config": args.config, "heads": args.heads,
+                                         "ahead_ms": args.ahead_ms, "times": times, "host_ms": host}, indent=1))
     return 0
 
 

@@ -30,3 +30,11 @@ constexpr float SPAN_LIMIT = 110.f;
 // beta, Aqk, Akk, the states and their gradients) HV = G H, and value head hv reads query / key head
 // hv / G, as FLA maps them. Without GVA, HV = H and every head reads its own.
 __host__ __device__ constexpr int qk_head(int hv, int HV, int H) { return hv / (HV / H); }
+
+// The tile's gate from each token's own gate (the 64-chunk cumsum folded into its readers,
+// docs/kda_forward.md section 8): a reader given each token's natural-log gate g forms the tile-local
+// cumsum in log2 units itself, over the tile's rows in order from its first, each term g / ln 2
+// rounded before it is added (no fma). Every reader sums by this one step, so all of them, and the
+// models (kernel/shapes.py's tile_gate_sums), hold the same bits.
+constexpr float RCP_LN2 = 1.4426950408889634f;              // 1 / ln 2 in fp32, FLA's scale of the log gate
+__device__ __forceinline__ float add_token_gate(float run, float g) { return __fadd_rn(run, __fmul_rn(g, RCP_LN2)); }

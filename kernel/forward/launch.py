@@ -27,7 +27,9 @@ Tensors (FLA 0.6.0's ``chunk_kda_fwd`` conventions, chunk_size 64; ``..`` = ``B,
 
     q, k           bf16 [.., H, 128]    as the caller wants them used (l2-normalise first if so)
     v              bf16 [.., HV, 128]
-    g              fp32 [.., HV, 128]   FLA's g: the 64-chunk-local cumsum of the log gate / ln 2
+    g              fp32 [.., HV, 128]   FLA's g: the 64-chunk-local cumsum of the log gate / ln 2; with
+                                        token_gate=True each token's own natural-log gate, which the
+                                        kernel sums within each tile (kernel.shapes.tile_gate_sums)
     beta           fp32 or bf16 [.., HV]
     initial_state  fp32 [N, HV, 128, 128] ([K, V]) or None (zeros)
     -> o           bf16 [.., HV, 128]
@@ -104,8 +106,8 @@ def _flag(name: str, value: Any) -> bool:
 
 
 def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
-                 output_final_state: bool = False, training: bool = False, config: Config | None = None,
-                 sm_count: int = H200_SM_COUNT) -> ForwardPlan:
+                 output_final_state: bool = False, training: bool = False, token_gate: bool = False,
+                 config: Config | None = None, sm_count: int = H200_SM_COUNT) -> ForwardPlan:
     """Every check of :func:`forward` and the launch it would make; host only (nothing is allocated or
     run on the GPU; a device cu_seqlens is copied to the host). ``config`` None: the auto rule
     (:func:`kernel.forward_states.choose_warps` for ``sm_count`` SMs; the launch passes the GPU's)."""
@@ -113,6 +115,10 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
         raise TypeError(f"config must be a kernel.forward.Config or None, got {type(config).__name__}")
     output_final_state = _flag("output_final_state", output_final_state)
     training = _flag("training", training)
+    token_gate = _flag("token_gate", token_gate)
+    if config is not None and config.token_gate != token_gate:
+        raise ValueError(f"config {config.name()} is the build for token_gate={config.token_gate}, but the call "
+                         f"passes token_gate={token_gate}: g's form must be the build's")
     scale = check_scale(scale)
     qa = _device_array("q", q)
     B, T, H = leading("q", qa)
@@ -122,13 +128,14 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
     HV = value_heads("v", arrays["v"], B, T, H, qk_name="q")   # FLA's GVA where more than q's
     wide = (B, T, HV, HEAD_DIM)
     specs = (("v", v, wide, "[B, T, HV, V], V = 128, B, T as q", ("bfloat16",)),
-             ("g", g, wide, "[B, T, HV, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
+             ("g", g, wide, "[B, T, HV, K], each token's natural-log gate" if token_gate else
+              "[B, T, HV, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
              ("beta", beta, (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")))
     cu, offsets = check_batch(arrays, specs, initial_state=initial_state, cu_seqlens=cu_seqlens, B=B, T=T, HV=HV,
                               anchor="q", advice=HOST_ADVICE)
     N = cu.shape[0] - 1
     shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None) if training else None
-    cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
+    cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count), token_gate)
     return ForwardPlan(B=B, T=T, H=H, HV=HV, N=N, scale=scale if scale is not None else HEAD_DIM ** -0.5,
                        cu_seqlens=cu, snapshot_offsets=offsets, o_shape=wide,
                        final_shape=(N, HV, HEAD_DIM, HEAD_DIM) if output_final_state else None,
@@ -153,21 +160,23 @@ def kernel(cfg: Config):
 
 
 def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
-            output_final_state: bool = False, training: bool = False, config: Config | None = None) -> ForwardOutputs:
+            output_final_state: bool = False, training: bool = False, token_gate: bool = False,
+            config: Config | None = None) -> ForwardOutputs:
     """KDA's forward in one pass: o, and the final state (``output_final_state``), and in ``training``
     mode the states entering every 64-token chunk and Aqk's and Akk's diagonal blocks (what
     kernel.kda_backward reads: its ``states``, ``Aqk`` and ``Akk``).
 
     q, k: bf16 [B, T, H, 128]; v: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's chunk-local cumsum /
-    ln 2); beta: fp32 or bf16 [B, T, HV]; scale: q's scale (None: 128**-0.5); initial_state: fp32
+    ln 2, or with ``token_gate`` each token's natural-log gate: the cumsum pass folded into the kernel); beta: fp32 or bf16 [B, T, HV]; scale: q's scale (None: 128**-0.5); initial_state: fp32
     [N, HV, 128, 128] or None (zeros). HV = H or a multiple of it (FLA's grouped value heads).
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
     ``config``: the build (None: the auto rule for this GPU). Returns :class:`ForwardOutputs`.
     """
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                        output_final_state=output_final_state, training=training, config=config,
-                        sm_count=H200_SM_COUNT)
-    _, plan = on_this_gpu(plan, config, auto_config, "kernel.forward")
+                        output_final_state=output_final_state, training=training, token_gate=token_gate,
+                        config=config, sm_count=H200_SM_COUNT)
+    _, plan = on_this_gpu(plan, config, functools.partial(auto_config, token_gate=plan.config.token_gate),
+                          "kernel.forward")
 
     q_c = to_cupy("q", q, "bf16")
     k_c = to_cupy("k", k, "bf16")

@@ -22,6 +22,7 @@ from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import fla_forward_tensors, kda_forward_reference
 from kernel.reference.checks import l2norm
 from kernel.shapes import SPAN_LIMIT   # a tile whose gc - gT passes it takes the pairwise products
+from kernel.shapes import tile_gate_sums
 
 from .forward_states_cases import random_batch, scan_tiles, state_entries
 
@@ -89,7 +90,8 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     [B, T, H, 128] in place of the recipe's (e.g. the trained-layer gate). beta_bf16: beta rounded to
     bf16 and passed as bf16 bits.
 
-    Returns dict: q, k, v (uint16 bits), g (fp32 FLA g), beta, initial_state (fp32 [N, H, 128, 128] or
+    Returns dict: q, k, v (uint16 bits), g (fp32 FLA g), g_token (fp32: each token's natural-log gate, what
+    the token-gate build reads), beta, initial_state (fp32 [N, H, 128, 128] or
     None), cu_seqlens, lengths, scale, and the float64 references: o [.., H, 128], final [N, H, 128, 128],
     states [entries, H, 128, 128] (FLA's packing, offsets), Aqk, Akk [.., H, 64] (zero above the diagonal),
     blocks (bool [.., H, 64]: the diagonal blocks' columns of each token's row).
@@ -114,7 +116,7 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     ref_states, entries = state_entries(states, lens, H)
     return {"q": bf16_bits(np.ascontiguousarray(q[:, :, ::group])), "k": bf16_bits(np.ascontiguousarray(k[:, :, ::group])),
             "q_repeated": bf16_bits(q), "k_repeated": bf16_bits(k), "v": bf16_bits(v),
-            "g": F.g64.astype(np.float32), "g_natural": g,
+            "g": F.g64.astype(np.float32), "g_natural": g, "g_token": g.astype(np.float32),
             "beta": bf16_bits(beta) if beta_bf16 else beta, "beta_values": beta,
             "initial_state": h0, "cu_seqlens": cu, "lengths": [int(n) for n in lens], "scale": s,
             "o": o, "final": final, "states": ref_states, "Aqk": F.Aqk, "Akk": F.Akk,
@@ -178,11 +180,20 @@ def intra_products(q, k, gc, gT, beta, L: int, s: float, *, pairwise: bool | Non
     return mqk, inv, past
 
 
-def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float = SPAN_LIMIT) -> dict:
+def token_tile_gate(case: dict):
+    """scan_tiles' ``tile_gate`` of the token-gate build: each tile's gc summed from its tokens' own gates
+    (case["g_token"]) as the kernels sum them (kernel.shapes.tile_gate_sums), restarted at every tile."""
+    gate = case["g_token"].reshape(-1, case["H"], D)
+    return lambda _g, h, i, t0, L: tile_gate_sums(gate[t0:t0 + L, h])
+
+
+def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float = SPAN_LIMIT,
+            token_gate: bool = False) -> dict:
     """The kernel's forward in numpy, in its precision: o (bf16 values) [.., H, 128], final (fp32),
     states (bf16 values) [entries, H, 128, 128], Aqk and Akk (bf16 values, zero outside the diagonal
     blocks) [.., H, 64], and the number of tiles that took the pairwise products (``span_limit``: the
-    decision's limit, kernel.shapes' by default)."""
+    decision's limit, kernel.shapes' by default). ``token_gate``: the build that sums each token's gate
+    within the tile (:func:`token_tile_gate`) in place of FLA's chunk cumsum."""
     H = case["H"]
     q = bits_to_f32(case["q_repeated"]).reshape(-1, H, D)
     k = bits_to_f32(case["k_repeated"]).reshape(-1, H, D)
@@ -221,7 +232,8 @@ def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float
         o[t0:t0 + L, h] = bf16(_mm(Qd, S0) + _mm(mqk, Ub))[:L]
         return (np.exp2(gT).astype(np.float32)[:, None] * S + _mm(Kr.T, Ub)).astype(np.float32)
 
-    states, final = scan_tiles(case, g, step)   # Kernel S's walk over the tiles
+    tile_gate = {"tile_gate": token_tile_gate(case)} if token_gate else {}
+    states, final = scan_tiles(case, g, step, **tile_gate)   # Kernel S's walk over the tiles
     shape = (case["B"], case["T"], H)
     return {"o": o.reshape(*shape, D), "final": final, "states": states, "Aqk": aqk.reshape(*shape, C64),
             "Akk": akk.reshape(*shape, C64), "pairwise_tiles": int(pairwise_tiles)}

@@ -4,7 +4,8 @@
 //
 // Math per 16-token tile of one sequence and head (rows c < L real, the rest zero):
 //     gc = g - g[row before the tile]   (FLA's g restarts every 64 tokens: nothing to subtract
-//                                        at a 64-chunk's first tile)
+//                                        at a 64-chunk's first tile; in the token-gate build g is
+//                                        each token's gate, and gc its sum over the tile's rows so far)
 //     gT = gc[L-1];  rows >= L: gc = gT, q = k = v = beta = 0
 //     Kd = k 2^gc  Kr = k 2^(gT-gc)  Qd = s q 2^gc  Qe = s q 2^(gc-gT)  Ke = k 2^(gc-gT)  gamma = 2^gT
 //     Mqk = strict_tril(Qe Kr^T) + diag(s q . k);  INV = (I + diag(beta) strict_tril(Ke Kr^T))^-1
@@ -64,6 +65,9 @@
 #ifndef KF_MBARRIER_RING
 #error "KF_MBARRIER_RING is not set: kernel/forward/config.py sets every knob (Config.mbarrier_ring)"
 #endif
+#ifndef KF_TOKEN_GATE
+#error "KF_TOKEN_GATE is not set: kernel/forward/config.py sets every knob (Config.token_gate)"
+#endif
 
 namespace kf {
 using namespace ptx_lab;
@@ -76,6 +80,7 @@ constexpr int PREFETCH = NSTAGE - 1;    // tiles whose loads are in flight ahead
 constexpr int G6_SPLIT = KF_G6_SPLIT;
 constexpr int PRODUCT_WARPS = KF_PRODUCT_WARPS;   // warps of Mqk and INV alone, a tile behind R1 (0: the producers')
 constexpr bool MBARRIER_RING = KF_MBARRIER_RING != 0;   // the checking build: every hand-off on mbarriers
+constexpr bool TOKEN_GATE = KF_TOKEN_GATE != 0;   // g is each token's natural-log gate, summed in R1
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
 constexpr int PRODUCT_THREADS = 32 * PRODUCT_WARPS;
@@ -169,6 +174,18 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             issue_tile(sh.stage[i % NSTAGE], q, k, v, g, beta, bos + (long long)TILE_TOKENS * i,
                        min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
         };
+        // the producers' own barrier: after R1 without product warps, and before it in the token-gate build
+        // (the checking build counts its phases: one or two a tile)
+        u32 producer_phase = 0;
+        auto producers_sync = [&]() {
+            if constexpr (MBARRIER_RING) {
+                mbarrier_arrive(smem_addr(&mb.producers));
+                mbarrier_wait_parity(smem_addr(&mb.producers), producer_phase & 1);
+                ++producer_phase;
+            } else {
+                named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);
+            }
+        };
         kda_walk::prefetch<PREFETCH>(ntiles, issue);
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {   // R1, then Mqk and INV after a barrier of the producers alone, or
@@ -177,6 +194,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
             Stage& st = sh.stage[s];
             kda_walk::copies_landed<PREFETCH>();
+            if constexpr (TOKEN_GATE) producers_sync();   // every producer's gate rows are in: R1 sums them all
             if constexpr (PRODUCT_WARPS > 0) {   // tile i - 2's products have read the scratch of this parity
                 if (i >= 2) {
                     if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.products_done[parity]), (i / 2 - 1) & 1);
@@ -189,12 +207,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.r1_done[parity]));
                 else named_barrier_arrive(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
             } else {
-                if constexpr (MBARRIER_RING) {
-                    mbarrier_arrive(smem_addr(&mb.producers));
-                    mbarrier_wait_parity(smem_addr(&mb.producers), i & 1);
-                } else {
-                    named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
-                }
+                producers_sync();   // every row's R1 (and copies) are in
                 tile_products(st, sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, pw, lane);
             }
             if constexpr (MBARRIER_RING) {   // kda_walk::hand_over on the mbarrier ring, which counts tiles

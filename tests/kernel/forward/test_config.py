@@ -67,12 +67,22 @@ def test_the_grid_rule_is_kernel_s():
 def test_the_registry_builds_the_forward():
     assert kf.BUILD in registry.KERNELS
     assert [kf.BUILD.label(c) for c in kf.BUILD.variants()] == [
-        "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4"]
+        "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4",
+        "forward-w1-p4-st5-g4-pw2-tg", "forward-w2-p4-st5-g4-pw2-tg", "forward-w4-p2-st5-g4-pw2-tg",
+        "forward-w8-p2-st4-g4-tg"]
     assert kf.BUILD.default() == kf.auto_config(8)
     assert kf.BUILD.function == "kda_forward" and kf.BUILD.constants == "kf"
     assert set(kf.BUILD.required_sass(kf.BUILD.default())) >= {"HMMA", "LDSM", "LDGSTS", "STSM"}
     assert re.search(r'extern "C" __constant__ int kf_smem_bytes = SMEM_BYTES;', SRC)
     assert re.search(r'extern "C" __constant__ int kf_threads = THREADS;', SRC)
+
+
+def test_the_token_gate_build_is_named_and_set_by_its_macro():
+    cfg = kf.auto_config(8, token_gate=True)
+    assert cfg.name() == "w8-p2-st4-g4-tg" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
+    assert "-DKF_TOKEN_GATE=1" in kf.options(cfg) and "-DKF_TOKEN_GATE=0" in kf.options(kf.Config())
+    with pytest.raises(ValueError, match="Config.token_gate must be True or False, got 1"):
+        kf.Config(token_gate=1)
 
 
 def test_the_source_carries_the_header_digest():

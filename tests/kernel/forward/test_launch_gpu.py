@@ -30,15 +30,18 @@ BOUNDS = {"o": 1e-2, "final": 1e-2, "states": 1e-2, "Aqk": 1e-2, "Akk": 2e-3}
 
 
 def _run(case: dict, config: Config | None = None, *, training: bool = True, final: bool = True,
-         repeated: bool = False):
+         repeated: bool = False, token_gate: bool = False):
+    """The forward on the case; ``token_gate`` (or a config of that build): on each token's gate."""
     import cupy
 
     dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
     q = case["q_repeated"] if repeated else case["q"]
     k = case["k_repeated"] if repeated else case["k"]
-    return forward(dev(q), dev(k), dev(case["v"]), dev(case["g"]), dev(case["beta"]), scale=case["scale"],
+    token_gate = token_gate or (config is not None and config.token_gate)
+    g = case["g_token"] if token_gate else case["g"]
+    return forward(dev(q), dev(k), dev(case["v"]), dev(g), dev(case["beta"]), scale=case["scale"],
                    initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"], output_final_state=final,
-                   training=training, config=config)
+                   training=training, token_gate=token_gate, config=config)
 
 
 def _host(out) -> dict:
@@ -47,8 +50,9 @@ def _host(out) -> dict:
     return {"o": f(out.o), "final": f(out.final_state), "states": f(out.states), "Aqk": f(out.Aqk), "Akk": f(out.Akk)}
 
 
-def _check(out, case: dict, label: str) -> dict:
-    """Every output within its bound of float64; the message says which, where, and the emulation's distance."""
+def _check(out, case: dict, label: str, token_gate: bool = False) -> dict:
+    """Every output within its bound of float64; the message says which, where, and the emulation's distance
+    (``token_gate``: the token-gate build's emulation)."""
     got = _host(out)
     m = case["blocks"]
     errs, bad = {}, []
@@ -73,7 +77,7 @@ def _check(out, case: dict, label: str) -> dict:
         if not max(errs[name], worst[0] if name in ("states", "final") else 0.0) < bound:
             bad.append(f"{name}: rel {errs[name]:.3e}, worst {worst[1]} (bound {bound:g})")
     if bad:
-        emu = emulate(case)
+        emu = emulate(case, token_gate=token_gate)
         dist = {n: rel(np.where(m, got[n], 0) if n in ("Aqk", "Akk") else got[n].reshape(emu[n].shape),
                        np.where(m, emu[n], 0) if n in ("Aqk", "Akk") else emu[n])
                 for n in BOUNDS if got[n] is not None and np.isfinite(got[n]).all()}
@@ -213,6 +217,64 @@ def test_product_warps_give_the_bits_of_the_build_without_them(config):
 def test_the_checking_build_on_mbarriers_gives_the_bits_of_the_named_barriers(config):
     # the checking build changes how the warps wait for each other, nothing they compute
     _same_bits(dataclasses.replace(config, mbarrier_ring=True), config)
+
+
+# ----------------------------------------------------------------------------
+# the token-gate build: each token's gate summed in R1 (the chunk cumsum folded into the forward)
+# ----------------------------------------------------------------------------
+
+TOKEN_GATE_VARIANTS = [c for c in all_variants() if c.token_gate]
+
+
+@pytest.mark.parametrize("config", TOKEN_GATE_VARIANTS, ids=lambda c: c.name())
+def test_the_token_gate_build_matches_float64_on_a_ragged_batch(config):
+    # ragged lengths, a tile past fp32's range: every producer's rows are summed across the producers' barrier
+    case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True)
+    _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=True)
+
+
+@pytest.mark.parametrize("recipe", ["edge of range", "trained-layer gate"])
+def test_the_token_gate_build_on_the_hard_gates_matches_float64(recipe):
+    if recipe == "trained-layer gate":
+        pytest.importorskip("torch", reason="the trained-layer gate recipe draws with torch")
+        from kernel.tools.trained_layer_gate import trained_layer_gate
+
+        lengths = RAGGED + [300, 1000]
+        gate = trained_layer_gate(None, None, 2, 2, lengths=lengths, seed=3, hidden=256)["g"].float().numpy()
+        case = make_case(lengths=lengths, H=2, seed=5, gate=gate, initial_state=True)
+    else:
+        case = make_case(lengths=RAGGED, H=2, seed=4, edge_of_range=True, initial_state=True)
+    assert emulate(case, token_gate=True)["pairwise_tiles"] >= (1 if recipe == "edge of range" else 0)
+    _check(_run(case, token_gate=True), case, recipe, token_gate=True)
+
+
+def test_the_token_gate_build_is_close_to_its_emulation_and_to_the_cumsum_build():
+    # the two forms differ only by the gate's fp32 rounding (~1e-6 relative in 2^gc), far below the bf16
+    # operands' 4e-3: o within 1e-2 of the cumsum build's, and the emulation of each form nearer still
+    case = make_case(lengths=RAGGED + [1000], H=2, seed=11, initial_state=True)
+    token, cumsum = _host(_run(case, token_gate=True)), _host(_run(case))
+    emu = emulate(case, token_gate=True)
+    for name in ("o", "final", "states"):
+        x = token[name].reshape(emu[name].shape)
+        assert rel(x, cumsum[name].reshape(x.shape)) < 1e-2, name
+        assert rel(x, emu[name]) < 5e-3, (name, rel(x, emu[name]))
+
+
+@pytest.mark.parametrize("config", [auto_config(1, token_gate=True), auto_config(8, token_gate=True)],
+                         ids=lambda c: c.name())
+def test_the_token_gate_builds_checking_build_gives_its_bits(config):
+    # the producers' barrier before R1 on an mbarrier: a second phase a tile beside the one after R1
+    _same_bits(dataclasses.replace(config, mbarrier_ring=True), config)
+
+
+def test_the_token_gate_build_repeats_bit_for_bit():
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True, out_of_range=True)
+    a, b = _host(_run(case, token_gate=True)), _host(_run(case, token_gate=True))
+    for name in a:
+        x, y = a[name], b[name]
+        if name in ("Aqk", "Akk"):   # only the diagonal blocks are written
+            x, y = np.where(case["blocks"], x, 0), np.where(case["blocks"], y, 0)
+        assert np.array_equal(x, y), f"{name}: {int((x != y).sum())} of {x.size} values differ between two calls"
 
 
 # ----------------------------------------------------------------------------

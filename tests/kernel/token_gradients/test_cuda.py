@@ -66,7 +66,8 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     edits the gates (natural log, [1, T, H, K]) in place first. ``with_l2norm``: the kernel also gets the
     forward's rstd of q and k (1 / sqrt(|x|^2 + 1e-6) of the raw rows, fp32, as FLA's l2norm_fwd), and
     the reference's dq, dk go through the l2norm's backward in float64, r (dy - y (y . dy)), y the
-    normalised rows the kernel reads."""
+    normalised rows the kernel reads. "g_natural": each token's gate (natural log, fp32 [tokens, H, K]), what
+    Kernel B's token-gate build reads in place of inputs.g."""
     raw = _recipe(recipe, T, seed)
     if wide is not None:
         wide(raw["g"])
@@ -123,7 +124,7 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
                 grads[n] = r[:, None] * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
         ref.append({"rows": rows, "S1": S1, **{n: grads[n][:L] for n in GRADS}})
         S0 = S1
-    return {"inputs": inp, "ref": ref}
+    return {"inputs": inp, "ref": ref, "g_natural": g[0].astype(np.float32)}   # each token's gate, natural log
 
 
 def _rel(out, ref) -> float:

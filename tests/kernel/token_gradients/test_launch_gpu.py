@@ -20,8 +20,9 @@ pytestmark = pytest.mark.gpu
 WIDE_SPAN = 120.0
 
 
-def _device(case: dict) -> dict:
-    """Kernel B's gradients of the case's one chunk, both heads, on the host (dv as fp32 values)."""
+def _device(case: dict, token_gate: bool = False) -> dict:
+    """Kernel B's gradients of the case's one chunk, both heads, on the host (dv as fp32 values); with
+    ``token_gate``, its token-gate build on each token's natural-log gate (case["g_natural"])."""
     import cupy
 
     from kernel.token_gradients import launch
@@ -33,8 +34,10 @@ def _device(case: dict) -> dict:
            "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
            "dbeta": cupy.empty((tokens, H), np.float32)}
     dev = cupy.asarray
-    launch.launch(*(dev(getattr(inp, n)) for n in ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")),
-                  cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out)
+    arrays = {n: dev(getattr(inp, n)) for n in ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")}
+    if token_gate:
+        arrays["g"] = dev(case["g_natural"])
+    launch.launch(*arrays.values(), cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out, token_gate=token_gate)
     cupy.cuda.get_current_stream().synchronize()
     got = {n: x.get() for n, x in out.items()}
     got["dv"] = kb.dv_values(got["dv"])
@@ -59,3 +62,19 @@ def test_a_tile_within_fp32s_range_but_past_the_span_limit_matches_float64(monke
         print(f"tile {t}: " + "  ".join(f"{n} {e:.2e}" for n, e in errs.items()))
         assert all(np.isfinite(got[n][case["ref"][t]["rows"], HEAD]).all() for n in GRADS), t
         assert all(e < BOUND for e in errs.values()), (t, errs)
+
+
+@pytest.mark.parametrize("T, recipe, wide", [(64, "random_inputs", False), (21, "unit", False),
+                                             (48, "random_inputs", True)])
+def test_the_token_gate_build_gives_the_cumsum_builds_gradients(T, recipe, wide):
+    """The cumsum folded into Kernel B (docs/kda_forward.md, section 8): summed in R1 from each token's gate,
+    the gradients keep the cumsum build's errors against float64 (the two differ by the gate's fp32 rounding:
+    within 1.0006x on the forward's model, tests/kernel/test_gate_fold_model.py), on whole and partial tiles
+    and on a tile past the span limit (the pairwise path)."""
+    case = make_case(T, seed=3, recipe=recipe, wide=edge_tile(WIDE_SPAN, slice(None)) if wide else None)
+    cumsum, token = _device(case), _device(case, token_gate=True)
+    for t in range(len(case["ref"])):
+        before, after = _tile_errors(case, cumsum, t), _tile_errors(case, token, t)
+        print(f"tile {t}: " + "  ".join(f"{n} {before[n]:.3e} -> {after[n]:.3e}" for n in GRADS))
+        assert all(np.isfinite(token[n][case["ref"][t]["rows"], HEAD]).all() for n in GRADS), t
+        assert all(after[n] < BOUND and 0.9 * before[n] < after[n] < 1.1 * before[n] for n in GRADS), (t, before, after)

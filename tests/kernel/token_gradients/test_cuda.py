@@ -10,6 +10,7 @@ a missing .trans or a wrong address gives O(1) errors instead (the last test sho
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -131,8 +132,11 @@ def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None):
-    out = kb.CtaModel(case["inputs"], chunk=0, h=HEAD, swaps=swaps).run(tiles)
+def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None, token_gate: bool = False):
+    """The lane model's gradients of the case (with ``token_gate``, its KDB_TOKEN_GATE=1 build on each
+    token's natural-log gate, case["g_natural"])."""
+    inp = dataclasses.replace(case["inputs"], g=case["g_natural"]) if token_gate else case["inputs"]
+    out = kb.CtaModel(inp, chunk=0, h=HEAD, swaps=swaps, token_gate=token_gate).run(tiles)
     got = {"dq": out.dq.reshape(-1, H, HEAD_DIM), "dk": out.dk.reshape(-1, H, HEAD_DIM),
            "dg": out.dg.reshape(-1, H, HEAD_DIM),
            "dv": kb.dv_values(out.dv).reshape(-1, H, HEAD_DIM), "dbeta": out.dbeta.reshape(-1, H)}
@@ -439,3 +443,20 @@ def test_a_wrong_recipe_of_u_s_remainder_is_caught(site):
     recipe = OTHER[kb.SITE[site].recipe]
     errs = _unit_errors_inside_a_sequence(["dq", "dk"], swaps={site: recipe})
     assert not all(errs[n] < UNIT_TWO_PART_U_BOUNDS[n] for n in errs), errs
+
+
+@pytest.mark.parametrize("T, recipe, wide", [(64, "random_inputs", False), (21, "unit", False),
+                                             (48, "random_inputs", True)])
+def test_the_token_gate_build_keeps_the_cumsum_builds_errors(T, recipe, wide):
+    """Kernel B's token-gate build in the lane model (R1 sums each token's gate itself: docs/kda_forward.md,
+    section 8): on whole, partial and past-the-span tiles its gradients keep the cumsum build's errors against
+    float64, and the carried states too (the GPU test of the build holds the device to the same)."""
+    # the GPU test's wide tile: 120 (log2) in every channel, past SPAN_LIMIT, within fp32's range
+    case = make_case(T, seed=3, recipe=recipe, wide=edge_tile(120.0, slice(None)) if wide else None)
+    tiles = len(case["ref"])
+    before = errors(case, *emulate(case), tiles)
+    out, got = emulate(case, token_gate=True)
+    after = errors(case, out, got, tiles)
+    print("  ".join(f"{n} {before[n]:.3e} -> {after[n]:.3e}" for n in before))
+    assert all(after[n] < BOUND and 0.9 * before[n] < after[n] < 1.1 * before[n] for n in before), (before, after)
+    assert out.pairwise == emulate(case)[0].pairwise

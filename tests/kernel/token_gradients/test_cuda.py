@@ -316,6 +316,10 @@ def test_the_factorised_products_fail_on_that_tile(wide_case, monkeypatch):
 
 
 EDGE_SPAN, EDGE_CHANNEL = 124.0, 5
+# a tile spanning 120 (log2) in every channel of head HEAD: past kernel.shapes.SPAN_LIMIT (110), within
+# fp32's 126. At 126 it would run the factorised G14-G17 with Kr = k 2^-120 flushed for |k| < 2^-6: the
+# lane model puts tile 1's dq 3.0e-2 and dg 2.4e-2 from float64 there, past BOUND
+WIDE_SPAN = 120.0
 
 
 def edge_tile(span: float = EDGE_SPAN, channels=EDGE_CHANNEL):
@@ -445,14 +449,21 @@ def test_a_wrong_recipe_of_u_s_remainder_is_caught(site):
     assert not all(errs[n] < UNIT_TWO_PART_U_BOUNDS[n] for n in errs), errs
 
 
-@pytest.mark.parametrize("T, recipe, wide", [(64, "random_inputs", False), (21, "unit", False),
-                                             (48, "random_inputs", True)])
+# the token-gate build's cases, in the lane model here and on the device (test_launch_gpu): whole tiles,
+# a partial one, and the wide tile above (the pairwise path)
+TOKEN_GATE_CASES = [(64, "random_inputs", False), (21, "unit", False), (48, "random_inputs", True)]
+
+
+def token_gate_case(T: int, recipe: str, wide: bool) -> dict:
+    return make_case(T, seed=3, recipe=recipe, wide=edge_tile(WIDE_SPAN, slice(None)) if wide else None)
+
+
+@pytest.mark.parametrize("T, recipe, wide", TOKEN_GATE_CASES)
 def test_the_token_gate_build_keeps_the_cumsum_builds_errors(T, recipe, wide):
     """Kernel B's token-gate build in the lane model (R1 sums each token's gate itself: docs/kda_forward.md,
     section 8): on whole, partial and past-the-span tiles its gradients keep the cumsum build's errors against
     float64, and the carried states too (the GPU test of the build holds the device to the same)."""
-    # the GPU test's wide tile: 120 (log2) in every channel, past SPAN_LIMIT, within fp32's range
-    case = make_case(T, seed=3, recipe=recipe, wide=edge_tile(120.0, slice(None)) if wide else None)
+    case = token_gate_case(T, recipe, wide)
     tiles = len(case["ref"])
     before = errors(case, *emulate(case), tiles)
     out, got = emulate(case, token_gate=True)

@@ -97,7 +97,12 @@ def test_every_build_passes_its_gate_macros_and_each_is_a_variant():
 
 def test_the_token_gate_build_is_launched_on_request_and_never_with_the_gate_epilogue(monkeypatch):
     builds = []
-    monkeypatch.setattr(launch, "kernel", lambda build: (builds.append(build), (lambda *c, **k: None), 1, 256)[1:])
+
+    def kernel(build):
+        builds.append(build)
+        return (lambda *call, **kw: None), 1, 256
+
+    monkeypatch.setattr(launch, "kernel", kernel)
     monkeypatch.setattr(launch, "_device_tables",
                         lambda b: ("cu", "tile", "chunk", "seq", tables(np.frombuffer(b, np.int64))["chunks"]))
     out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}

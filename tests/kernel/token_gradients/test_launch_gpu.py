@@ -10,14 +10,11 @@ import pytest
 from kernel.shapes import HEAD_DIM
 
 from .. import token_gradients_model as kb
-from .test_cuda import BOUND, GRADS, HEAD, H, _rel, edge_tile, emulate, make_case
+from .test_cuda import (BOUND, GRADS, HEAD, TOKEN_GATE_CASES, WIDE_SPAN, H, _rel, edge_tile, emulate, make_case,
+                        token_gate_case)
 
 pytestmark = pytest.mark.gpu
 
-# a tile spanning 120 (log2) in every channel of head HEAD: past kernel.shapes.SPAN_LIMIT (110), within
-# fp32's 126. At 126 it would run the factorised G14-G17 with Kr = k 2^-120 flushed for |k| < 2^-6: the
-# lane model puts tile 1's dq 3.0e-2 and dg 2.4e-2 from float64 there, past BOUND
-WIDE_SPAN = 120.0
 
 
 def _device(case: dict, token_gate: bool = False) -> dict:
@@ -64,14 +61,13 @@ def test_a_tile_within_fp32s_range_but_past_the_span_limit_matches_float64(monke
         assert all(e < BOUND for e in errs.values()), (t, errs)
 
 
-@pytest.mark.parametrize("T, recipe, wide", [(64, "random_inputs", False), (21, "unit", False),
-                                             (48, "random_inputs", True)])
+@pytest.mark.parametrize("T, recipe, wide", TOKEN_GATE_CASES)
 def test_the_token_gate_build_gives_the_cumsum_builds_gradients(T, recipe, wide):
     """The cumsum folded into Kernel B (docs/kda_forward.md, section 8): summed in R1 from each token's gate,
     the gradients keep the cumsum build's errors against float64 (the two differ by the gate's fp32 rounding:
     within 1.0006x on the forward's model, tests/kernel/test_gate_fold_model.py), on whole and partial tiles
     and on a tile past the span limit (the pairwise path)."""
-    case = make_case(T, seed=3, recipe=recipe, wide=edge_tile(WIDE_SPAN, slice(None)) if wide else None)
+    case = token_gate_case(T, recipe, wide)
     cumsum, token = _device(case), _device(case, token_gate=True)
     for t in range(len(case["ref"])):
         before, after = _tile_errors(case, cumsum, t), _tile_errors(case, token, t)

@@ -40,16 +40,20 @@ GATE_FORMS = {"softplus": 1, "sigmoid": 2}
 @dataclasses.dataclass(frozen=True)
 class Build:
     """One build of Kernel B: what ``ptx-lab resources`` and CI compile. ``gate``: the gate activation's
-    backward in the epilogue (``KDB_GATE``)."""
+    backward in the epilogue (``KDB_GATE``). ``token_gate``: g is each token's natural-log gate, which R1
+    sums within the tile itself (``KDB_TOKEN_GATE``), instead of FLA's 64-chunk-local cumsum of the log2
+    gate (docs/kda_forward.md, section 8: the cumsum folded into its readers)."""
     gate: bool = False
+    token_gate: bool = False
 
     def name(self) -> str:
-        return "token-gradients-gate" if self.gate else "token-gradients"
+        return "token-gradients" + ("-gate" if self.gate else "") + ("-token-gate" if self.token_gate else "")
 
 
 def all_variants() -> list[Build]:
-    """Every build the API can launch: the plain one and the gate epilogue's."""
-    return [Build(), Build(gate=True)]
+    """Every build the API can launch: the plain one and the gate epilogue's; and the plain one on each
+    token's gate (launched only by its tests and ``ptx-lab source-ab`` until the other readers take it too)."""
+    return [Build(), Build(gate=True), Build(token_gate=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +82,10 @@ def source() -> str:
 def options(build: Build | None = None) -> tuple[str, ...]:
     """What a build passes (CI's nvcc check, ``ptx-lab resources`` and the launch alike): -ftz=true, the
     entry file's directory, where its token_gradients_*.cuh sit (NVRTC compiles the text and has no file
-    to look beside), and KDB_GATE (the source has no default)."""
+    to look beside), KDB_GATE and KDB_TOKEN_GATE (the source has no default)."""
     build = build or Build()
-    return (*FAST_MATH, f"-I{SOURCE_PATH.parent}", f"-DKDB_GATE={int(build.gate)}")
+    return (*FAST_MATH, f"-I{SOURCE_PATH.parent}", f"-DKDB_GATE={int(build.gate)}",
+            f"-DKDB_TOKEN_GATE={int(build.token_gate)}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,7 +124,7 @@ def chunk_count(cu: np.ndarray) -> int:
 
 
 def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, HV: int, scale: float,
-           out: dict, rstd: tuple | None = None, gate: GateOut | None = None) -> None:
+           out: dict, rstd: tuple | None = None, gate: GateOut | None = None, token_gate: bool = False) -> None:
     """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
     preallocated CuPy arrays of ``out``: dq, dk (fp32, or bf16 bits: rounded once in the kernel), dg
     (fp32), dv (bf16 bits), dbeta (fp32). q and k (and their rstd) have ``H`` heads, every other array
@@ -128,12 +133,15 @@ def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int
     each group. With ``rstd`` (q's and k's fp32 [tokens, H] 1 / |x| from the forward's l2norm, q and k
     then the normalised rows), dq and dk come out through the l2norm's backward: with respect to the
     raw q and k. With ``gate`` (:class:`GateOut`), the gate build runs: it writes gate's dg_raw and
-    partial sums instead of out["dg"] (which it ignores)."""
+    partial sums instead of out["dg"] (which it ignores). With ``token_gate``, g is each token's natural-log
+    gate (fp32 [tokens, HV, 128]) instead of FLA's 64-chunk-local cumsum of it in log2 (not with ``gate``)."""
     bf16_out = out["dq"].dtype == np.uint16
     if out["dk"].dtype != out["dq"].dtype or not (bf16_out or out["dq"].dtype == np.float32):
         raise ValueError(f"out: dq and dk must both be float32 or both bf16 bits (uint16), got {out['dq'].dtype} "
                          f"and {out['dk'].dtype}")
-    fn, smem, threads = kernel(Build(gate=gate is not None))
+    if token_gate and gate is not None:
+        raise ValueError("token_gate: Kernel B has no build of the gate epilogue on each token's gate")
+    fn, smem, threads = kernel(Build(gate=gate is not None, token_gate=token_gate))
     cu_d, tile_d, chunk_d, seq_d, chunks = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes())
     null = np.uint64(0)
     q_rstd, k_rstd = rstd if rstd is not None else (null, null)   # null pointers: no l2norm

@@ -120,6 +120,8 @@ LAYOUT = _layout(CU)
 # a test may set another here)
 SPAN_LIMIT = np.float32(_SPAN_LIMIT)
 FP32_TINY = np.float32(2.0 ** -126)   # fp32's smallest normal: -ftz=true flushes what falls below it
+# R1's 1 / ln 2 (the token-gate build's scale of each token's natural-log gate to log2), read from the kernel
+RCP_LN2 = np.float32(float(re.search(r"constexpr float RCP_LN2 = ([0-9.e+-]+)f;", CU).group(1)))
 HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS = LAYOUT["HEAD_DIM"], LAYOUT["TILE_TOKENS"], LAYOUT["CHUNK_TOKENS"]
 WARPS, ROW, STAGE, SMEM_BYTES = LAYOUT["WARPS"], LAYOUT["ROW"], LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"]
 PS, GC_ROW = LAYOUT["PS"], LAYOUT["GC_ROW"]
@@ -407,8 +409,11 @@ class Outputs:
 class CtaModel:
     """One CTA of Kernel B: blockIdx = (chunk, h), h a value head (q and k read at qk_head's)."""
 
-    def __init__(self, inp: Inputs, chunk: int, h: int, *, swaps: dict[str, str] | None = None):
+    def __init__(self, inp: Inputs, chunk: int, h: int, *, swaps: dict[str, str] | None = None,
+                 token_gate: bool = False):
+        """``token_gate``: the KDB_TOKEN_GATE=1 build, inp.g each token's natural-log gate."""
         self.inp = inp
+        self.token_gate = token_gate
         self.swaps = dict(swaps or {})
         for site, recipe in self.swaps.items():
             kinds = (RECIPES if SITE[site].recipe in RECIPES else STORES) if site in SITE else FRAG_ORDERS
@@ -504,8 +509,8 @@ class CtaModel:
             copies.append((every, base + L["ST_G"] + r * HEAD_DIM * 4 + cp.gcol * 16, 4 * offg, 16,
                            np.where(okg, 16, 0), "cg", "g"))
         okb = it > 0
-        copies.append((tid < 32, base + L["ST_GB"] + tid * 16, 4 * (row0 - (RS if okb else 0) + tid * 4), 16,
-                       16 if okb else 0, "cg", "g"))
+        copies.append((tid < 32 if not self.token_gate else np.zeros(THREADS, bool), base + L["ST_GB"] + tid * 16,
+                       4 * (row0 - (RS if okb else 0) + tid * 4), 16, 16 if okb else 0, "cg", "g"))
         r = cp.beta_row
         okr = r < lt
         copies.append(((tid >= 32) & (tid < 48), base + L["ST_BETA"] + r * 4,
@@ -586,9 +591,19 @@ class CtaModel:
         kk, i0 = 2 * (tid & 63), tid >> 6
         gbs, gs = self.f32(stb + L["ST_GB"]), self.f32(stb + L["ST_G"])
         betas = self.f32(stb + L["ST_BETA"])
-        base = [gbs[kk], gbs[kk + 1]]
-        last = [gs[(lt - 1) * HEAD_DIM + kk], gs[(lt - 1) * HEAD_DIM + kk + 1]]
-        gT = [_f32(last[c] - base[c]) for c in range(2)]
+        if self.token_gate:   # each thread sums its columns over all 16 rows in order; rows past lt are zeros
+            run = [np.zeros(THREADS, np.float32) for _ in range(2)]
+            mine = [[np.zeros(THREADS, np.float32) for _ in range(2)] for _ in range(4)]   # at rows i0 + 4 e
+            for i in range(TILE_TOKENS):
+                for c in range(2):
+                    run[c] = _ftz(_f32(run[c] + _ftz(_f32(gs[i * HEAD_DIM + kk + c] * RCP_LN2))))
+                    for e in range(4):
+                        mine[e][c] = np.where(i0 + 4 * e == i, run[c], mine[e][c])
+            gT = run
+        else:
+            base = [gbs[kk], gbs[kk + 1]]
+            last = [gs[(lt - 1) * HEAD_DIM + kk], gs[(lt - 1) * HEAD_DIM + kk + 1]]
+            gT = [_f32(last[c] - base[c]) for c in range(2)]
         first = i0 == 0
         gt_s, gamma_s = self.f32(L["SM_GT"]), self.f32(L["SM_GAMMA"])
         for c in range(2):
@@ -600,7 +615,10 @@ class CtaModel:
         for e in range(4):
             i = i0 + 4 * e
             o = i * (ROW // 2) + kk
-            gc = [np.where(i < lt, _f32(gs[i * HEAD_DIM + kk + c] - base[c]), gT[c]) for c in range(2)]
+            if self.token_gate:
+                gc = list(mine[e])
+            else:
+                gc = [np.where(i < lt, _f32(gs[i * HEAD_DIM + kk + c] - base[c]), gT[c]) for c in range(2)]
             qv = model.unpack_bf16x2(self.u32(stb + L["ST_Q"])[o // 2])
             kv = model.unpack_bf16x2(self.u32(stb + L["ST_K"])[o // 2])
             be = betas[i]

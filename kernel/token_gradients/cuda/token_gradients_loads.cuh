@@ -95,8 +95,10 @@ __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsig
         cp_async_cg16_zfill(base + ST_G + r * HEAD_DIM * 4 + cp.gcol * 16, a.g + off, ok ? 16u : 0u);
     }
     if (tid < 32) {   // g at the token before the tile: the tile's base, within the same 64-chunk
+#if !KDB_TOKEN_GATE   // (each token's own gate needs none)
         const bool ok = it > 0;
         cp_async_cg16_zfill(base + ST_GB + tid * 16, a.g + row0 - (ok ? RS : 0) + tid * 4, ok ? 16u : 0u);
+#endif
     } else if (tid < 48) {   // beta, 4 bytes a token (its tokens are HV * 4 bytes apart)
         const int r = cp.beta_row;
         const bool ok = r < lt;

@@ -10,6 +10,7 @@ a missing .trans or a wrong address gives O(1) errors instead (the last test sho
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -66,7 +67,8 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     edits the gates (natural log, [1, T, H, K]) in place first. ``with_l2norm``: the kernel also gets the
     forward's rstd of q and k (1 / sqrt(|x|^2 + 1e-6) of the raw rows, fp32, as FLA's l2norm_fwd), and
     the reference's dq, dk go through the l2norm's backward in float64, r (dy - y (y . dy)), y the
-    normalised rows the kernel reads."""
+    normalised rows the kernel reads. "g_natural": each token's gate (natural log, fp32 [tokens, H, K]), what
+    Kernel B's token-gate build reads in place of inputs.g."""
     raw = _recipe(recipe, T, seed)
     if wide is not None:
         wide(raw["g"])
@@ -123,15 +125,18 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
                 grads[n] = r[:, None] * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
         ref.append({"rows": rows, "S1": S1, **{n: grads[n][:L] for n in GRADS}})
         S0 = S1
-    return {"inputs": inp, "ref": ref}
+    return {"inputs": inp, "ref": ref, "g_natural": g[0].astype(np.float32)}   # each token's gate, natural log
 
 
 def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None):
-    out = kb.CtaModel(case["inputs"], chunk=0, h=HEAD, swaps=swaps).run(tiles)
+def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None, token_gate: bool = False):
+    """The lane model's gradients of the case (with ``token_gate``, its KDB_TOKEN_GATE=1 build on each
+    token's natural-log gate, case["g_natural"])."""
+    inp = dataclasses.replace(case["inputs"], g=case["g_natural"]) if token_gate else case["inputs"]
+    out = kb.CtaModel(inp, chunk=0, h=HEAD, swaps=swaps, token_gate=token_gate).run(tiles)
     got = {"dq": out.dq.reshape(-1, H, HEAD_DIM), "dk": out.dk.reshape(-1, H, HEAD_DIM),
            "dg": out.dg.reshape(-1, H, HEAD_DIM),
            "dv": kb.dv_values(out.dv).reshape(-1, H, HEAD_DIM), "dbeta": out.dbeta.reshape(-1, H)}
@@ -311,6 +316,10 @@ def test_the_factorised_products_fail_on_that_tile(wide_case, monkeypatch):
 
 
 EDGE_SPAN, EDGE_CHANNEL = 124.0, 5
+# a tile spanning 120 (log2) in every channel of head HEAD: past kernel.shapes.SPAN_LIMIT (110), within
+# fp32's 126. At 126 it would run the factorised G14-G17 with Kr = k 2^-120 flushed for |k| < 2^-6: the
+# lane model puts tile 1's dq 3.0e-2 and dg 2.4e-2 from float64 there, past BOUND
+WIDE_SPAN = 120.0
 
 
 def edge_tile(span: float = EDGE_SPAN, channels=EDGE_CHANNEL):
@@ -438,3 +447,27 @@ def test_a_wrong_recipe_of_u_s_remainder_is_caught(site):
     recipe = OTHER[kb.SITE[site].recipe]
     errs = _unit_errors_inside_a_sequence(["dq", "dk"], swaps={site: recipe})
     assert not all(errs[n] < UNIT_TWO_PART_U_BOUNDS[n] for n in errs), errs
+
+
+# the token-gate build's cases, in the lane model here and on the device (test_launch_gpu): whole tiles,
+# a partial one, and the wide tile above (the pairwise path)
+TOKEN_GATE_CASES = [(64, "random_inputs", False), (21, "unit", False), (48, "random_inputs", True)]
+
+
+def token_gate_case(T: int, recipe: str, wide: bool) -> dict:
+    return make_case(T, seed=3, recipe=recipe, wide=edge_tile(WIDE_SPAN, slice(None)) if wide else None)
+
+
+@pytest.mark.parametrize("T, recipe, wide", TOKEN_GATE_CASES)
+def test_the_token_gate_build_keeps_the_cumsum_builds_errors(T, recipe, wide):
+    """Kernel B's token-gate build in the lane model (R1 sums each token's gate itself: docs/kda_forward.md,
+    section 8): on whole, partial and past-the-span tiles its gradients keep the cumsum build's errors against
+    float64, and the carried states too (the GPU test of the build holds the device to the same)."""
+    case = token_gate_case(T, recipe, wide)
+    tiles = len(case["ref"])
+    before = errors(case, *emulate(case), tiles)
+    out, got = emulate(case, token_gate=True)
+    after = errors(case, out, got, tiles)
+    print("  ".join(f"{n} {before[n]:.3e} -> {after[n]:.3e}" for n in before))
+    assert all(after[n] < BOUND and 0.9 * before[n] < after[n] < 1.1 * before[n] for n in before), (before, after)
+    assert out.pairwise == emulate(case)[0].pairwise

@@ -86,9 +86,32 @@ def test_the_gate_build_gets_its_inputs_outputs_and_form_and_writes_no_dg(monkey
     assert got["lower_bound"] == (0.0 if lower_bound is None else lower_bound)
 
 
-def test_every_build_passes_its_gate_macro_and_both_are_variants():
-    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True)]
-    assert "-DKDB_GATE=0" in launch.options() and "-DKDB_GATE=1" in launch.options(launch.Build(gate=True))
+def test_every_build_passes_its_gate_macros_and_each_is_a_variant():
+    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True), launch.Build(token_gate=True)]
+    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=0"} <= set(launch.options())
+    assert {"-DKDB_GATE=1", "-DKDB_TOKEN_GATE=0"} <= set(launch.options(launch.Build(gate=True)))
+    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=1"} <= set(launch.options(launch.Build(token_gate=True)))
+    assert [b.name() for b in launch.all_variants()] == [
+        "token-gradients", "token-gradients-gate", "token-gradients-token-gate"]
+
+
+def test_the_token_gate_build_is_launched_on_request_and_never_with_the_gate_epilogue(monkeypatch):
+    builds = []
+
+    def kernel(build):
+        builds.append(build)
+        return (lambda *call, **kw: None), 1, 256
+
+    monkeypatch.setattr(launch, "kernel", kernel)
+    monkeypatch.setattr(launch, "_device_tables",
+                        lambda b: ("cu", "tile", "chunk", "seq", tables(np.frombuffer(b, np.int64))["chunks"]))
+    out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    args = "q k v g beta aqk akk do ds states".split()
+    launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, token_gate=True)
+    assert builds == [launch.Build(token_gate=True)]
+    gate = launch.GateOut("g_raw", "A_log", "dt_bias", None, "dg_raw", "da", "ddt")
+    with pytest.raises(ValueError, match="no build of the gate epilogue on each token's gate"):
+        launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, gate=gate, token_gate=True)
 
 
 def test_the_gate_forms_are_the_kernel_s():

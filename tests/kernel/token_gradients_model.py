@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernel.shapes import SPAN_LIMIT as _SPAN_LIMIT, qk_head
+from kernel.shapes import RCP_LN2 as _RCP_LN2, SPAN_LIMIT as _SPAN_LIMIT, qk_head
 from kernel.token_gradients import SOURCE_PATH, tables
 from ptx_lab import fragments, model
 
@@ -120,8 +120,8 @@ LAYOUT = _layout(CU)
 # a test may set another here)
 SPAN_LIMIT = np.float32(_SPAN_LIMIT)
 FP32_TINY = np.float32(2.0 ** -126)   # fp32's smallest normal: -ftz=true flushes what falls below it
-# R1's 1 / ln 2 (the token-gate build's scale of each token's natural-log gate to log2), read from the kernel
-RCP_LN2 = np.float32(float(re.search(r"constexpr float RCP_LN2 = ([0-9.e+-]+)f;", CU).group(1)))
+# R1's 1 / ln 2 (the token-gate build's scale of each token's natural-log gate to log2: kernel/shapes.cuh's)
+RCP_LN2 = np.float32(_RCP_LN2)
 HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS = LAYOUT["HEAD_DIM"], LAYOUT["TILE_TOKENS"], LAYOUT["CHUNK_TOKENS"]
 WARPS, ROW, STAGE, SMEM_BYTES = LAYOUT["WARPS"], LAYOUT["ROW"], LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"]
 PS, GC_ROW = LAYOUT["PS"], LAYOUT["GC_ROW"]

@@ -12,8 +12,6 @@
 
 namespace kdb {
 
-constexpr float RCP_LN2 = 1.4426950408889634f;   // 1 / ln 2 in fp32, FLA's scale of the natural-log gate to log2
-
 // Every thread: a pair of columns kk = 2 (tid & 63) and every 4th row from tid >> 6 (4-byte bf16
 // pairs, 8-byte gate pairs). gs, gbs, betas, qs, ks: the stage's g, g before the tile (not read with
 // KDB_TOKEN_GATE), beta, q, k; rows at or past lt take gc = gT (their q and k are zero-filled). Returns
@@ -25,15 +23,15 @@ __device__ __forceinline__ bool rebuild_operands(unsigned char* smem, const floa
     const int kk = 2 * (tid & 63), i0 = tid >> 6;
 #if KDB_TOKEN_GATE
     // gs holds each token's natural-log gate: the thread sums its column pair over all of the tile's
-    // rows, in order, each gate times 1 / ln 2 rounded before it is added (no fma: the bits of
-    // tests/kernel/test_gate_fold_model.py's model), and keeps the sums at its own rows. Rows past lt
-    // were zero-filled and add nothing, so they end at gT as the cumsum form sets them
+    // rows, in order (kernel/shapes.cuh's add_token_gate, the step every reader sums by), and keeps the
+    // sums at its own rows. Rows past lt were zero-filled and add nothing, so they end at gT as the
+    // cumsum form sets them
     float run[2] = {0.f, 0.f}, mine[4][2];
 #pragma unroll
     for (int i = 0; i < TILE_TOKENS; ++i) {
         const float2 x = *reinterpret_cast<const float2*>(gs + i * HEAD_DIM + kk);
-        run[0] = __fadd_rn(run[0], __fmul_rn(x.x, RCP_LN2));
-        run[1] = __fadd_rn(run[1], __fmul_rn(x.y, RCP_LN2));
+        run[0] = add_token_gate(run[0], x.x);
+        run[1] = add_token_gate(run[1], x.y);
         if ((i & 3) == i0) {
             mine[i >> 2][0] = run[0];
             mine[i >> 2][1] = run[1];

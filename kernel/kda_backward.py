@@ -214,7 +214,7 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
         side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False,
-        gate: Gate | None = None, segments: int | str = "auto") -> dict:
+        gate: Gate | None = None, segments: int | str = "auto", token_gate: bool = False) -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
     by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
     ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
@@ -225,7 +225,14 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     "dg", :data:`GATE_GRADIENTS`: dg_raw (bf16, g_raw's), dA_log (fp32 [HV], None without A_log) and
     ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per 64-token chunk in
     the kernel and then over chunks in a fixed order (two calls give the same bits). ``segments``: as
-    :func:`kda_backward`'s (checked by the caller)."""
+    :func:`kda_backward`'s (checked by the caller). ``token_gate``: g is each token's natural-log gate
+    (fp32 [B, T, HV, 128]) instead of FLA's chunk cumsum, which Kernels A and B sum within each tile
+    themselves (kernel.shapes.tile_gate_sums: the cumsum pass folded into its readers); the states must
+    then be given (the forward-state scan reads the cumsum), and not with ``gate``."""
+    if token_gate and states is None:
+        raise ValueError("token_gate needs the states (our forward's): the forward-state scan reads FLA's cumsum")
+    if token_gate and gate is not None:
+        raise ValueError("token_gate: Kernel B has no build of the gate epilogue on each token's gate")
     require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     if _forces_split(segments) and side_by_side is None:
@@ -238,9 +245,9 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     if batch.torch_out:
         with torch_stream_for_cupy("kernel.kda_backward"):
             return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16,
-                        gate, segments)
+                        gate, segments, token_gate)
     return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate,
-                segments)
+                segments, token_gate)
 
 
 def _empty_bf16(batch: Batch, like):
@@ -250,7 +257,7 @@ def _empty_bf16(batch: Batch, like):
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,
-         dqk_bf16: bool, gate: Gate | None, segments: int | str) -> dict:
+         dqk_bf16: bool, gate: Gate | None, segments: int | str, token_gate: bool = False) -> dict:
     import cupy
 
     B, T, H, HV = batch.B, batch.T, batch.H, batch.HV
@@ -297,7 +304,7 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
                                  batch.cu_seqlens, q.device if batch.torch_out else None)
     ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=False,
                           snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=segments, knobs={},
-                          fla_inputs=True)
+                          fla_inputs=True, token_gate=token_gate)
     ds_c = to_cupy("dS", ds, "bf16")
     if side is not None:
         main.wait_event(states_ready)
@@ -324,7 +331,8 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
     gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q)
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
-                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out)
+                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out,
+                           token_gate=token_gate)
     grads = {**(out_t if batch.torch_out else out), "dh0": dh0}
     if gate is not None:
         del grads["dg"]   # never written: the gate build writes dg_raw instead

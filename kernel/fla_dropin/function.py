@@ -112,7 +112,8 @@ def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
 # forward's tensors, in the order the op returns them (each one the call does not make is absent):
 # the output, the final state, and what the backward reads: q and k as the kernels read them (after
 # the l2norm) with their rstd, beta after the sigmoid, the 64-chunk cumsum of the gate in log2 (absent
-# where FLA's forward frees it: the gate activated in the op, without disable_recompute), Aqk, Akk,
+# where FLA's forward frees it: the gate activated in the op, without disable_recompute; and from ours
+# where the op does not activate the gate: our kernels then read the call's own, token_gate), Aqk, Akk,
 # and the states entering every chunk h (our forward's always, FLA's kept with disable_recompute)
 FORWARD_OUTPUTS = ("o", "final_state", "q", "q_rstd", "k", "k_rstd", "beta", "g_cumsum", "Aqk", "Akk", "h")
 # the inputs that have a gradient, in the order the backward returns them
@@ -185,20 +186,39 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     fla = _preprocessing()
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
                                                                                    initial_state)
-    g_cumsum = _gate_cumsum(fla, call, g, A_log, dt_bias, cu_seqlens, _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu))
+    pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
+    tokens = token_gate(call) and not pays
+    if tokens:   # each token's gate as the call passed it, fp32 (a copy only where it is not)
+        g_read = g.float()
+    else:
+        g_read = _gate_cumsum(fla, call, g, A_log, dt_bias, cu_seqlens, _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu))
     kernels_beta = (beta if beta_activated is None else beta_activated).float()   # bf16 widened by torch, not CuPy
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
-    inputs = [_aligned(x) for x in (q, k, v, g_cumsum, kernels_beta, h0)]
-    pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
-    run = three_passes.three_pass_forward if pays else kernel_forward.forward
+    inputs = [_aligned(x) for x in (q, k, v, g_read, kernels_beta, h0)]
     with _torch_stream():
-        out = run(*inputs[:5], scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
-                  output_final_state=call.output_final_state, training=call.training)
+        if pays:
+            out = three_passes.three_pass_forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
+                                                  cu_seqlens=call.offsets, output_final_state=call.output_final_state,
+                                                  training=call.training)
+        else:
+            out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
+                                         output_final_state=call.output_final_state, training=call.training,
+                                         token_gate=tokens)
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
     normed = call.use_qk_l2norm_in_kernel
+    # the cumsum goes to the backward only where the op activated the gate (else it reads the call's own)
     return dict(o=out.o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
-                k=k if normed else None, k_rstd=k_rstd, beta=beta_activated, g_cumsum=g_cumsum, Aqk=out.Aqk,
-                Akk=out.Akk, h=out.states)
+                k=k if normed else None, k_rstd=k_rstd, beta=beta_activated,
+                g_cumsum=None if token_gate(call) else g_read, Aqk=out.Aqk, Akk=out.Akk, h=out.states)
+
+
+def token_gate(call: Call) -> bool:
+    """Whether our kernels read the call's own gate, each token's, and sum it within each 16-token tile
+    themselves (the chunk cumsum pass folded into its readers, docs/kda_forward.md section 8): our forward
+    and our backward on a gate the call passes as is. Not with FLA's forward (it makes the cumsum itself),
+    nor where the op activates the gate (the activation's pass would write as many bytes as the cumsum's).
+    The three passes' products pass reads the cumsum: where they run, the forward makes it for them alone."""
+    return call.forward == "ours" and not call.use_gate_in_kernel
 
 
 def _gate_cumsum(fla, call: Call, g, A_log, dt_bias, cu_seqlens, chunk_indices):
@@ -241,7 +261,8 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
     """The gradients of :data:`GRADIENT_INPUTS` (None for one that ``need`` leaves out or the call has
     not), each in its input's dtype (g's is ``g_dtype``), from the forward's tensors: q and k as the
     kernels read them, ``beta`` the call's and ``beta_activated`` the sigmoid's (or None), ``g_raw`` the
-    call's gate where the op activated it. ``do`` and ``dht`` may be None (no gradient reached them)."""
+    call's gate where the op activated it or our kernels read it as it came (:func:`token_gate`; then
+    ``g_cumsum`` is None). ``do`` and ``dht`` may be None (no gradient reached them)."""
     fla = _preprocessing()
     if do is None:
         do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
@@ -250,7 +271,10 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
         q, k, v, do = (x.contiguous() for x in (q, k, v, do))
         initial_state = None if initial_state is None else initial_state.contiguous()
         chunk_indices = _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu)
-        if g_cumsum is None:   # FLA's forward freed it (the gate activated in the op): recomputed as it made it
+        tokens = token_gate(call)
+        if tokens:   # our kernels sum each token's gate themselves
+            g_cumsum = g_raw.float().contiguous()
+        elif g_cumsum is None:   # FLA's forward freed it (the gate activated in the op): recomputed as it made it
             g_cumsum = _gate_cumsum(fla, call, g_raw, A_log, dt_bias, cu_seqlens, chunk_indices)
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
@@ -258,7 +282,7 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
         # skipped where no gradient of the raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
         gate_wanted = any(need[GRADIENT_INPUTS.index(name)] for name in ("g", "A_log", "dt_bias"))
         dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
-                                                      Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted)
+                                                      Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted, tokens)
     if beta_activated is not None and need[4]:
         from ..activations import beta_backward
 
@@ -270,11 +294,12 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
 
 
 def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht, rstd,
-          gate_wanted: bool = True):
+          gate_wanted: bool = True, token_gate: bool = False):
     """Our backward and the layouts around it; the gradients as FLA's chunk_kda_bwd returns them
     (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias), dq and dk
     through the l2norm's backward where ``rstd`` (q's and k's) is given; the gate's activation backward
-    only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None)."""
+    only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None).
+    ``token_gate``: ``g_cumsum`` is each token's gate, which Kernels A and B sum within each tile."""
     from ..kda_backward import Gate, checked_batch, run
 
     if rstd is not None:   # Kernel B reads them at each value head's query / key head, as q and k
@@ -290,7 +315,8 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     gate = Gate(g_raw.contiguous(), A_log, dt_bias, call.lower_bound) if in_kernel else None
     # bf16 dq, dk where the caller's are: rounded once (in Kernel B, or with GVA after the group sum)
     grads = run(batch, q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
-                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16, gate=gate)
+                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16, gate=gate,
+                token_gate=token_gate)
     dq, dk = grads["dq"], grads["dk"]
     dh0 = grads["dh0"]
     if call.state_v_first and dh0 is not None:

@@ -230,10 +230,11 @@ def _stub_our_kernels(monkeypatch) -> list:
     launches = []
 
     def planned(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, training,
-                ran="one pass"):
+                token_gate=False, ran="one pass"):
         plan = plan_forward(*(_DeviceArray(x) for x in (q, k, v, g, beta)), scale=scale,
                             initial_state=None if initial_state is None else _DeviceArray(initial_state),
-                            cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training)
+                            cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training,
+                            token_gate=token_gate)
         def empty(shape, dtype):
             return None if shape is None else torch.empty(shape, dtype=dtype, device=q.device)
 
@@ -244,7 +245,7 @@ def _stub_our_kernels(monkeypatch) -> list:
                              states=empty(plan.states_shape, torch.bfloat16),
                              Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16))
         launches.append((dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, training=training,
-                              ran=ran), plan, out))
+                              token_gate=token_gate, ran=ran), plan, out))
         return out
 
     monkeypatch.setattr(kernel_forward, "forward", planned)
@@ -282,8 +283,13 @@ def test_the_forward_fake_is_what_our_forward_allocates(case, our_kernel_stubbed
     (handed, plan, out), = our_kernel_stubbed
     assert list(ours) == list(FORWARD_OUTPUTS)
     assert handed["training"] and plan.config is not None
-    # the gate's cumsum is kept for the backward (no recompute there), the states are the backward's h
-    assert ours["g_cumsum"] is handed["g"] and ours["h"] is out.states
+    # the gate's cumsum is kept for the backward (no recompute there) where the op activates the gate; else
+    # our kernels read the call's own gate (function.token_gate) and the op keeps none; the states are h
+    if settings["use_gate_in_kernel"]:
+        assert ours["g_cumsum"] is handed["g"] and not handed["token_gate"]
+    else:
+        assert ours["g_cumsum"] is None and handed["token_gate"] == (handed["ran"] == "one pass")
+    assert ours["h"] is out.states
     fake = _fake_outputs(x, settings)
     for name, theirs in ours.items():
         faked = fake[name]
@@ -379,7 +385,8 @@ def test_the_backward_fake_gives_each_gradient_like_its_input(need, gate_in_kern
     out = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(x, settings))))
     saved = dict(x, q=out["q"], k=out["k"], q_rstd=out["q_rstd"], k_rstd=out["k_rstd"],
                  g_cumsum=out["g_cumsum"] if out["g_cumsum"].numel() else None,
-                 g_raw=x["g"] if gate_in_kernel else None, beta_activated=out["beta"] if gate_in_kernel else None,
+                 g_raw=x["g"] if gate_in_kernel or forward == "ours" else None,   # as _setup_context keeps it
+                 beta_activated=out["beta"] if gate_in_kernel else None,
                  Aqk=out["Aqk"], Akk=out["Akk"], h=out["h"] if out["h"].numel() else None, offsets=None)
     do, dht = torch.empty_like(out["o"]), torch.empty_like(out["final_state"])
     grads = OPS.chunk_kda_bwd(do, dht, *(saved[name] for name in library.SAVED), x["g"].dtype, list(need),

@@ -145,7 +145,8 @@ def test_opcheck_of_the_backward_op(case, forward):
     normed, gate_in = settings["use_qk_l2norm_in_kernel"], settings["use_gate_in_kernel"]
     saved = dict(x, offsets=x["cu_seqlens_cpu"], q=out["q"] if normed else x["q"], k=out["k"] if normed else x["k"],
                  q_rstd=present("q_rstd"), k_rstd=present("k_rstd"), g_cumsum=present("g_cumsum"),
-                 g_raw=x["g"] if gate_in else None, beta_activated=present("beta"), Aqk=out["Aqk"], Akk=out["Akk"],
+                 g_raw=x["g"] if gate_in or forward == "ours" else None, beta_activated=present("beta"),
+                 Aqk=out["Aqk"], Akk=out["Akk"],
                  h=present("h"))
     gen = torch.Generator(device="cuda").manual_seed(1)
     do = torch.randn(out["o"].shape, generator=gen, device="cuda").to(out["o"].dtype)

@@ -7,6 +7,12 @@
 
 namespace kda_gate {
 
+// gamma = 2^gT at columns col .. col + 3 (producer warp 0 writes it)
+template <class StageT>
+__device__ __forceinline__ void write_gamma(StageT& st, int col, const float (&gT)[4]) {
+    *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+}
+
 // Producer warp pw's gate ends at columns col .. col + 3: base (g at the row before the tile, zeros at
 // a 64-chunk's start) and gT = g at the tile's last real row - base; warp 0 writes gamma = 2^gT.
 template <class StageT>
@@ -17,8 +23,7 @@ __device__ __forceinline__ float4 ends(StageT& st, int pw, int col, float (&gT)[
     gT[1] = last.y - base.y;
     gT[2] = last.z - base.z;
     gT[3] = last.w - base.w;
-    if (pw == 0)
-        *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+    if (pw == 0) write_gamma(st, col, gT);
     return base;
 }
 
@@ -61,8 +66,7 @@ __device__ __forceinline__ void token_sums(StageT& st, int pw, int col, float (&
         if (c >= c0 + Rows) add(c);
 #pragma unroll
     for (int e = 0; e < 4; ++e) gT[e] = run[e];
-    if (pw == 0)
-        *reinterpret_cast<float4*>(&st.gamma[col]) = make_float4(exp2f(gT[0]), exp2f(gT[1]), exp2f(gT[2]), exp2f(gT[3]));
+    if (pw == 0) write_gamma(st, col, gT);
 }
 
 }  // namespace kda_gate

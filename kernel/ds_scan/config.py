@@ -278,7 +278,8 @@ FAST_MATH = ("-ftz=true",)
 # has no defaults (tests/kernel/ds_scan/test_config.py checks both directions).
 KNOB_MACROS: dict[str, str] = {
     "vsplit": "VSPLIT", "snap_bf16": "SNAP_BF16", "snap_every": "SNAP_EVERY", "has_dht": "HAS_DHT",
-    "l2norm": "L2NORM", "fla_inputs": "FLA_INPUTS", "token_gate": "TOKEN_GATE", "nstage": "NSTAGE", "g2_split": "G2_SPLIT", "producers": "PRODUCERS", "mt": "MT",
+    "l2norm": "L2NORM", "fla_inputs": "FLA_INPUTS", "token_gate": "TOKEN_GATE", "nstage": "NSTAGE",
+    "g2_split": "G2_SPLIT", "producers": "PRODUCERS", "mt": "MT",
     "ksplit": "KSPLIT", "loads": "LOADS", "snap_store": "SNAP_STORE", "wgmma": "WGMMA",
     "g4_with_g5": "G4_WITH_G5", "snap_late_issue": "SNAP_LATE_ISSUE", "gt_shared": "GT_SHARED",
     "spread_extra": "SPREAD_EXTRA", "r1_lanes": "R1_LANES", "regsplit": "REGSPLIT",

@@ -201,9 +201,9 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
                                                   cu_seqlens=call.offsets, output_final_state=call.output_final_state,
                                                   training=call.training)
         else:
-            out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
-                                         output_final_state=call.output_final_state, training=call.training,
-                                         token_gate=tokens)
+            out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
+                                         cu_seqlens=call.offsets, output_final_state=call.output_final_state,
+                                         training=call.training, token_gate=tokens)
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
     normed = call.use_qk_l2norm_in_kernel
     # the cumsum goes to the backward only where the op activated the gate (else it reads the call's own)

@@ -167,7 +167,8 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
     kernel.kda_backward reads: its ``states``, ``Aqk`` and ``Akk``).
 
     q, k: bf16 [B, T, H, 128]; v: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's chunk-local cumsum /
-    ln 2, or with ``token_gate`` each token's natural-log gate: the cumsum pass folded into the kernel); beta: fp32 or bf16 [B, T, HV]; scale: q's scale (None: 128**-0.5); initial_state: fp32
+    ln 2, or with ``token_gate`` each token's natural-log gate: the cumsum pass folded into the kernel);
+    beta: fp32 or bf16 [B, T, HV]; scale: q's scale (None: 128**-0.5); initial_state: fp32
     [N, HV, 128, 128] or None (zeros). HV = H or a multiple of it (FLA's grouped value heads).
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
     ``config``: the build (None: the auto rule for this GPU). Returns :class:`ForwardOutputs`.

@@ -174,7 +174,7 @@ def checked_batch(B: int, T: int, H: int, cu_seqlens=None, *, scale: float, torc
 
 def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
                  dht=None, cu_seqlens=None, states=None, side_by_side: bool | None = None,
-                 segments: int | str = "auto") -> dict:
+                 segments: int | str = "auto", token_gate: bool = False) -> dict:
     """KDA's gradients from FLA's forward tensors, on the GPU.
 
     q, k: bf16 [B, T, H, 128]; v, do: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's
@@ -191,7 +191,8 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     or the two scans in turn): "auto" splits long sequences where few sequences x heads would leave
     SMs idle; an integer S cuts each sequence into up to S segments and runs the scans in turn (1:
     never split). A split scan is the same algebra rounded in another order: not the unsplit scan's
-    bits, but the same bits from call to call.
+    bits, but the same bits from call to call. ``token_gate``: g is each token's natural-log gate in place
+    of FLA's cumsum (our forward's tensors, :func:`run`'s ``token_gate``); the states must be given.
 
     Returns {"dq", "dk": fp32 [B, T, H, 128] w.r.t. the q, k given (with GVA summed over the value
     heads that read each); "dv": bf16 [B, T, HV, 128]; "dg": fp32 [B, T, HV, 128] w.r.t. the per-token
@@ -208,8 +209,10 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
                          f"or False, or segments=1)")
     batch = Batch(plan.B, plan.T, plan.H, plan.HV, plan.cu_seqlens, cu_seqlens is not None, plan.scale,
                   plan.torch_out, plan.dh_shape)
+    if not isinstance(token_gate, (bool, np.bool_)):
+        raise TypeError(f"token_gate must be True or False, got {token_gate!r}")
     return run(batch, q, k, v, g, beta, Aqk, Akk, do, initial_state=initial_state, dht=dht, states=states,
-               side_by_side=side_by_side, segments=segments)
+               side_by_side=side_by_side, segments=segments, token_gate=bool(token_gate))
 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,

@@ -31,10 +31,9 @@ template <> struct BF16Row<8> { using type = uint4; };
 // loads above this token's shared stores), and R1 became the per-tile bottleneck,
 // its time proportional to the tokens per producer warp (logs 3 and 4).
 // TOKEN_GATE: gc holds each token's natural-log gate: every lane sums its columns over the tile's rows in
-// order from the first (kernel/shapes.cuh's add_token_gate; the producers' mbarrier let every warp's rows
-// in), keeping the sums at its own rows, gT at the end. The rows before and after the warp's own are added
-// under a predicate (no array indexed by pw). Rows past L were zero-filled: they add nothing, and their gc
-// is 0, as in the other builds (their q and k are zero).
+// order from the first (kernel/shapes.cuh's add_token_gate and tile_rows_in_order; the producers' mbarrier
+// let every warp's rows in), keeping the sums at its own rows, gT at the end. Rows past L were zero-filled:
+// they add nothing, and their gc is 0, as in the other builds (their q and k are zero).
 template <int EPL, int R>
 __device__ __forceinline__ void token_sums(const Stage& st, int L, int pw, int sub, int k0, float (&gt)[EPL],
                                            float (&sums)[R][EPL]) {
@@ -45,29 +44,17 @@ __device__ __forceinline__ void token_sums(const Stage& st, int L, int pw, int s
     for (int e = 0; e < EPL; ++e) run[e] = 0.f;
     auto add = [&](int c) {
 #pragma unroll
-        for (int e = 0; e < EPL; e += 4) {
-            const float4 x = *reinterpret_cast<const float4*>(gc_at(st, c, k0 + e));
-            run[e] = add_token_gate(run[e], x.x);
-            run[e + 1] = add_token_gate(run[e + 1], x.y);
-            run[e + 2] = add_token_gate(run[e + 2], x.z);
-            run[e + 3] = add_token_gate(run[e + 3], x.w);
-        }
+        for (int e = 0; e < EPL; e += 4)
+            add_token_gates(&run[e], *reinterpret_cast<const float4*>(gc_at(st, c, k0 + e)));
     };
-#pragma unroll
-    for (int c = 0; c < TILE_TOKENS - TOKENS_PER_PRODUCER; ++c)   // the rows before the warp's own
-        if (c < cw) add(c);
-#pragma unroll
-    for (int rr = 0; rr < TOKENS_PER_PRODUCER; ++rr) {
+    tile_rows_in_order<TOKENS_PER_PRODUCER>(cw, add, [&](int rr) {
         add(cw + rr);
         if (rr % TPP == sub) {   // this lane's token cw + sub + TPP r
             const bool real = cw + rr < L;
 #pragma unroll
             for (int e = 0; e < EPL; ++e) sums[rr / TPP][e] = real ? run[e] : 0.f;
         }
-    }
-#pragma unroll
-    for (int c = TOKENS_PER_PRODUCER; c < TILE_TOKENS; ++c)       // the rows after them
-        if (c >= cw + TOKENS_PER_PRODUCER) add(c);
+    });
 #pragma unroll
     for (int e = 0; e < EPL; ++e) gt[e] = run[e];
 }

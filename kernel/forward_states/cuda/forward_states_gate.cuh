@@ -37,33 +37,19 @@ __device__ __forceinline__ void chunk_local(float (&gc)[4], float4 row, float4 b
 
 // From each token's natural-log gate in st.g (every row of the tile, all producer warps' copies in): gT
 // and gc of producer warp pw's Rows rows, summed by each lane over the tile's rows in order from the
-// first (kernel/shapes.cuh's add_token_gate); warp 0 writes gamma = 2^gT. The rows before and after the
-// warp's own are added under a predicate, so the sum runs in row order and no array is indexed by pw.
-// Rows past the tile's L were zero-filled and add nothing: they and gT end at the last real row's sum,
-// as chunk_local sets them.
+// first (kernel/shapes.cuh's add_token_gate and tile_rows_in_order); warp 0 writes gamma = 2^gT. Rows past
+// the tile's L were zero-filled and add nothing: they and gT end at the last real row's sum, as
+// chunk_local sets them.
 template <int Rows, class StageT>
 __device__ __forceinline__ void token_sums(StageT& st, int pw, int col, float (&gT)[4], float (&gc)[Rows][4]) {
     const int c0 = pw * Rows;
     float run[4] = {0.f, 0.f, 0.f, 0.f};
-    auto add = [&](int c) {
-        const float4 x = *reinterpret_cast<const float4*>(&st.g[c][col]);
-        run[0] = add_token_gate(run[0], x.x);
-        run[1] = add_token_gate(run[1], x.y);
-        run[2] = add_token_gate(run[2], x.z);
-        run[3] = add_token_gate(run[3], x.w);
-    };
-#pragma unroll
-    for (int c = 0; c < TILE_TOKENS - Rows; ++c)   // the rows before the warp's own
-        if (c < c0) add(c);
-#pragma unroll
-    for (int r = 0; r < Rows; ++r) {
+    auto add = [&](int c) { add_token_gates(run, *reinterpret_cast<const float4*>(&st.g[c][col])); };
+    tile_rows_in_order<Rows>(c0, add, [&](int r) {
         add(c0 + r);
 #pragma unroll
         for (int e = 0; e < 4; ++e) gc[r][e] = run[e];
-    }
-#pragma unroll
-    for (int c = Rows; c < TILE_TOKENS; ++c)       // the rows after them
-        if (c >= c0 + Rows) add(c);
+    });
 #pragma unroll
     for (int e = 0; e < 4; ++e) gT[e] = run[e];
     if (pw == 0) write_gamma(st, col, gT);

@@ -80,13 +80,15 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
                                   # compute-sanitizer's racecheck follows (not a launch's choice: slower)
     token_gate: bool = False   # g is each token's natural-log gate, which R1 sums within the tile itself
                                # (kernel.shapes.tile_gate_sums), instead of FLA's 64-chunk cumsum in log2
+    l2norm: bool = False       # q and k as the caller has them: R1 l2-normalises them (FLA's l2norm_fwd) and one
+                               # CTA a (sequence, query head) writes them normalised with each row's rstd
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
         pw = self.product_warps
         if isinstance(pw, (bool, np.bool_)) or not isinstance(pw, (int, np.integer)) or pw not in PRODUCT_WARPS:
             raise ValueError(f"Config.product_warps must be one of {PRODUCT_WARPS}, got {pw!r}")
-        for name in ("mbarrier_ring", "token_gate"):
+        for name in ("mbarrier_ring", "token_gate", "l2norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         # the barriers before the shared memory (check_knobs), which a ring too deep may also overflow
@@ -102,7 +104,8 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
 
     def name(self) -> str:
         return (super().name() + (f"-pw{self.product_warps}" if self.product_warps else "")
-                + ("-mb" if self.mbarrier_ring else "") + ("-tg" if self.token_gate else ""))
+                + ("-mb" if self.mbarrier_ring else "") + ("-tg" if self.token_gate else "")
+                + ("-l2" if self.l2norm else ""))
 
     @property
     def smem_bytes(self) -> int:
@@ -111,7 +114,8 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
 KNOB_MACROS = {"warps": "KF_WARPS", "producers": "KF_PRODUCERS", "nstage": "KF_NSTAGE", "g6_split": "KF_G6_SPLIT",
-               "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING", "token_gate": "KF_TOKEN_GATE"}
+               "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING", "token_gate": "KF_TOKEN_GATE",
+               "l2norm": "KF_L2NORM"}
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 
@@ -131,7 +135,7 @@ def source() -> str:
     return BUILD.source()
 
 
-def auto_config(warps: int, token_gate: bool = False) -> Config:
+def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False) -> Config:
     """The launch's configuration for `warps` consumer warps, the G6 split by 4, and the deepest ring of at
     most MAX_STAGES that fits (and whose barriers fit):
     - beside 1 or 2 consumer warps, 4 producers and 2 product warps: with few consumers R1 and the
@@ -143,20 +147,22 @@ def auto_config(warps: int, token_gate: bool = False) -> Config:
       faster than on 4 producers without product warps (4 x 8192, 16 heads: 1.053 against 1.116 ms);
     - beside 8, 2 producers and no product warps: 10 warps cap a thread at 168 registers, which the
       build fits without product warps; there the consumers' chain binds the tile, not the producers.
-    ``token_gate``: the build that reads each token's gate (Config.token_gate)."""
+    ``token_gate``: the build that reads each token's gate (Config.token_gate); ``l2norm``: the build that
+    normalises q and k itself (Config.l2norm)."""
     producers = 4 if warps <= 2 else 2
     product_warps = 2 if warps <= 4 else 0
     for nstage in range(min(MAX_STAGES, max_stages(product_warps)), 1, -1):
         if smem_bytes(warps, producers, nstage) <= SMEM_OPTIN:
             return Config(warps=warps, producers=producers, nstage=nstage, g6_split=4, product_warps=product_warps,
-                          token_gate=token_gate)
+                          token_gate=token_gate, l2norm=l2norm)
     raise AssertionError(f"no ring fits {warps} consumer warps")   # unreachable: 2 stages always fit
 
 
 def all_variants() -> list[Config]:
     """Every configuration the forward launches (the auto rule picks warps, the rest follows), on either
-    form of the gate."""
-    return [auto_config(w, token_gate) for token_gate in (False, True) for w in WARPS]
+    form of the gate, with q and k normalised by the caller or by the forward."""
+    return [auto_config(w, token_gate, l2norm) for l2norm in (False, True) for token_gate in (False, True)
+            for w in WARPS]
 
 
 # its own headers, and the four of Kernel S's it includes (its copies, gate, step of the chain and walk over

@@ -80,7 +80,7 @@ def edge_range(g: np.ndarray, cu: np.ndarray | None) -> np.ndarray:
 def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, group: int = 1, seed: int = 0,
               initial_state: bool = False, gate_strength: float = 1.0, beta_bf16: bool = False,
               out_of_range: bool = False, edge_of_range: bool = False, gate=None,
-              scale: float | None = None) -> dict:
+              scale: float | None = None, raw_qk: bool = False) -> dict:
     """Host inputs of kernel.forward (bf16 as uint16 bits) and the float64 outputs they must give.
 
     H: value heads; group: FLA's grouped value heads, q and k with H / group heads (value head hv
@@ -88,7 +88,9 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     out_of_range: two tiles decay past fp32's range (:func:`past_range`). edge_of_range: a tile decays
     by 2^-124 at its last token (:func:`edge_range`). gate: a natural-log gate
     [B, T, H, 128] in place of the recipe's (e.g. the trained-layer gate). beta_bf16: beta rounded to
-    bf16 and passed as bf16 bits.
+    bf16 and passed as bf16 bits. raw_qk: q and k also as the l2norm build reads them, not normalised
+    ("q_raw", "k_raw": the recipe's rows rounded to bf16), the references on their normalised rows rounded
+    to bf16 ("q", "k"; the build's own rounding of them differs in a last bit at most).
 
     Returns dict: q, k, v (uint16 bits), g (fp32 FLA g), g_token (fp32: each token's natural-log gate, what
     the token-gate build reads), beta, initial_state (fp32 [N, H, 128, 128] or
@@ -97,8 +99,9 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     blocks (bool [.., H, 64]: the diagonal blocks' columns of each token's row).
     """
     inp, cu, Bq, Tq, lens = random_batch(B, T, lengths, H, seed, gate_strength, initial_state)
-    q = bf16(l2norm(np, inp["q"].astype(np.float64)))
-    k = bf16(l2norm(np, inp["k"].astype(np.float64)))
+    raw = {name: bf16(inp[name]) for name in ("q", "k")} if raw_qk else {name: inp[name] for name in ("q", "k")}
+    q = bf16(l2norm(np, raw["q"].astype(np.float64)))
+    k = bf16(l2norm(np, raw["k"].astype(np.float64)))
     q = np.repeat(q[:, :, ::group], group, axis=2)
     k = np.repeat(k[:, :, ::group], group, axis=2)
     v = bf16(inp["v"])
@@ -120,7 +123,9 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
             "beta": bf16_bits(beta) if beta_bf16 else beta, "beta_values": beta,
             "initial_state": h0, "cu_seqlens": cu, "lengths": [int(n) for n in lens], "scale": s,
             "o": o, "final": final, "states": ref_states, "Aqk": F.Aqk, "Akk": F.Akk,
-            "blocks": diagonal_blocks(lens, Bq, Tq, H), "offsets": entries, "B": Bq, "T": Tq, "H": H}
+            "blocks": diagonal_blocks(lens, Bq, Tq, H), "offsets": entries, "B": Bq, "T": Tq, "H": H,
+            **({f"{n}_raw": bf16_bits(np.ascontiguousarray(raw[n][:, :, ::group])) for n in ("q", "k")}
+               if raw_qk else {})}
 
 
 def diagonal_blocks(lens, B: int, T: int, H: int) -> np.ndarray:

@@ -68,6 +68,9 @@
 #ifndef KF_TOKEN_GATE
 #error "KF_TOKEN_GATE is not set: kernel/forward/config.py sets every knob (Config.token_gate)"
 #endif
+#ifndef KF_L2NORM
+#error "KF_L2NORM is not set: kernel/forward/config.py sets every knob (Config.l2norm)"
+#endif
 
 namespace kf {
 using namespace ptx_lab;
@@ -81,6 +84,7 @@ constexpr int G6_SPLIT = KF_G6_SPLIT;
 constexpr int PRODUCT_WARPS = KF_PRODUCT_WARPS;   // warps of Mqk and INV alone, a tile behind R1 (0: the producers')
 constexpr bool MBARRIER_RING = KF_MBARRIER_RING != 0;   // the checking build: every hand-off on mbarriers
 constexpr bool TOKEN_GATE = KF_TOKEN_GATE != 0;   // g is each token's natural-log gate, summed in R1
+constexpr bool L2NORM = KF_L2NORM != 0;           // q and k as the caller has them, l2-normalised in R1
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
 constexpr int PRODUCT_THREADS = 32 * PRODUCT_WARPS;
@@ -124,11 +128,14 @@ extern "C" __constant__ int kf_threads = THREADS;
 //   final_state  fp32 [N, HV, K, V]
 //   states       bf16 [sum of entries, HV, K, V]       entry snap_offsets[n] + c: the state entering tile 4c
 //   aqk, akk     bf16 [tokens, HV, 64]                 only the 16 x 16 diagonal blocks are written
+//   q_norm, k_norm  bf16 [tokens, H, 128]             the l2norm build's q and k normalised (null: not written)
+//   q_rstd, k_rstd  fp32 [tokens, H]                  ... and each row's 1 / sqrt(sum x^2 + 1e-6)
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
             const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ h0, float scale,
             u16* __restrict__ o, float* __restrict__ final_state, u16* __restrict__ states, u16* __restrict__ aqk,
-            u16* __restrict__ akk, const long long* __restrict__ cu_seqlens,
+            u16* __restrict__ akk, u16* __restrict__ q_norm, u16* __restrict__ k_norm, float* __restrict__ q_rstd,
+            float* __restrict__ k_rstd, const long long* __restrict__ cu_seqlens,
             const long long* __restrict__ snap_offsets, const int* __restrict__ order, int HV, int H) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -201,7 +208,12 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                     else named_barrier_sync(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
                 }
             }
-            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane);
+            // the l2norm build's outputs at the tile's first row of query head kh, written by v group 0 of the
+            // first value head that reads it (made here from the parameters: held across the loop, they spilled)
+            const long long row0 = (bos + (long long)TILE_TOKENS * i) * H + kh;
+            const NormOut norm{q_norm + row0 * HEAD_DIM, k_norm + row0 * HEAD_DIM, q_rstd + row0, k_rstd + row0,
+                               (long long)H * HEAD_DIM, H, L2NORM && q_norm != nullptr && vg == 0 && h % (HV / H) == 0};
+            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane, norm);
             if (lane == 0) sh.scratch.past[parity][pw] = past;
             if constexpr (PRODUCT_WARPS > 0) {   // the product warps take over
                 if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.r1_done[parity]));

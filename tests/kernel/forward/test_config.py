@@ -69,12 +69,25 @@ def test_the_registry_builds_the_forward():
     assert [kf.BUILD.label(c) for c in kf.BUILD.variants()] == [
         "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4",
         "forward-w1-p4-st5-g4-pw2-tg", "forward-w2-p4-st5-g4-pw2-tg", "forward-w4-p2-st5-g4-pw2-tg",
-        "forward-w8-p2-st4-g4-tg"]
+        "forward-w8-p2-st4-g4-tg",
+        "forward-w1-p4-st5-g4-pw2-l2", "forward-w2-p4-st5-g4-pw2-l2", "forward-w4-p2-st5-g4-pw2-l2",
+        "forward-w8-p2-st4-g4-l2",
+        "forward-w1-p4-st5-g4-pw2-tg-l2", "forward-w2-p4-st5-g4-pw2-tg-l2", "forward-w4-p2-st5-g4-pw2-tg-l2",
+        "forward-w8-p2-st4-g4-tg-l2"]
     assert kf.BUILD.default() == kf.auto_config(8)
     assert kf.BUILD.function == "kda_forward" and kf.BUILD.constants == "kf"
     assert set(kf.BUILD.required_sass(kf.BUILD.default())) >= {"HMMA", "LDSM", "LDGSTS", "STSM"}
     assert re.search(r'extern "C" __constant__ int kf_smem_bytes = SMEM_BYTES;', SRC)
     assert re.search(r'extern "C" __constant__ int kf_threads = THREADS;', SRC)
+
+
+def test_the_l2norm_build_is_named_and_set_by_its_macro():
+    cfg = kf.auto_config(8, l2norm=True)
+    assert cfg.name() == "w8-p2-st4-g4-l2" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
+    assert "-DKF_L2NORM=1" in kf.options(cfg) and "-DKF_L2NORM=0" in kf.options(kf.Config())
+    assert kf.auto_config(1, token_gate=True, l2norm=True).name() == "w1-p4-st5-g4-pw2-tg-l2"
+    with pytest.raises(ValueError, match="Config.l2norm must be True or False, got 1"):
+        kf.Config(l2norm=1)
 
 
 def test_the_token_gate_build_is_named_and_set_by_its_macro():

@@ -30,18 +30,20 @@ BOUNDS = {"o": 1e-2, "final": 1e-2, "states": 1e-2, "Aqk": 1e-2, "Akk": 2e-3}
 
 
 def _run(case: dict, config: Config | None = None, *, training: bool = True, final: bool = True,
-         repeated: bool = False, token_gate: bool = False):
-    """The forward on the case; ``token_gate`` (or a config of that build): on each token's gate."""
+         repeated: bool = False, token_gate: bool = False, l2norm: bool = False):
+    """The forward on the case; ``token_gate`` (or a config of that build): on each token's gate;
+    ``l2norm`` (or a config of that build): on q and k not normalised (a case made with raw_qk)."""
     import cupy
 
     dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
-    q = case["q_repeated"] if repeated else case["q"]
-    k = case["k_repeated"] if repeated else case["k"]
     token_gate = token_gate or (config is not None and config.token_gate)
+    l2norm = l2norm or (config is not None and config.l2norm)
+    q = case["q_raw"] if l2norm else case["q_repeated"] if repeated else case["q"]
+    k = case["k_raw"] if l2norm else case["k_repeated"] if repeated else case["k"]
     g = case["g_token"] if token_gate else case["g"]
     return forward(dev(q), dev(k), dev(case["v"]), dev(g), dev(case["beta"]), scale=case["scale"],
                    initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"], output_final_state=final,
-                   training=training, token_gate=token_gate, config=config)
+                   training=training, token_gate=token_gate, l2norm=l2norm, config=config)
 
 
 def _host(out) -> dict:
@@ -275,6 +277,66 @@ def test_the_token_gate_build_repeats_bit_for_bit():
         if name in ("Aqk", "Akk"):   # only the diagonal blocks are written
             x, y = np.where(case["blocks"], x, 0), np.where(case["blocks"], y, 0)
         assert np.array_equal(x, y), f"{name}: {int((x != y).sum())} of {x.size} values differ between two calls"
+
+
+# ----------------------------------------------------------------------------
+# the l2norm build: q and k normalised in R1, written out for the backward (the l2norm pass folded in)
+# ----------------------------------------------------------------------------
+
+L2NORM_VARIANTS = [c for c in all_variants() if c.l2norm]
+
+
+def _check_normalised(out, case: dict, label: str) -> None:
+    """q and k as the build wrote them: the float64 l2norm of the raw rows rounded to bf16, but for a last bit
+    where the fp32 sum lands the other side of a rounding boundary; rstd within fp32 rounding of float64's."""
+    from kernel.reference.checks import l2norm as l2norm_rows
+
+    for name in ("q", "k"):
+        raw = bits_to_f32(case[f"{name}_raw"]).astype(np.float64)
+        want = bits_to_f32(case[name])                     # bf16 of the float64 l2norm of the raw rows
+        got = bits_to_f32(getattr(out, name).get())
+        ulp = np.abs(want) * 2.0 ** -7
+        off = np.abs(got - want) > 0
+        assert np.all(np.abs(got - want) <= ulp + 1e-30), f"{label}: {name} off by more than a bf16 ulp"
+        assert off.mean() < 1e-3, f"{label}: {name}: {off.mean():.2e} of its values differ from float64's rounding"
+        rstd = 1.0 / np.sqrt((raw * raw).sum(-1) + 1e-6)
+        got_rstd = getattr(out, f"{name}_rstd").get()
+        assert np.allclose(got_rstd, rstd, rtol=4e-6, atol=0), f"{label}: {name}_rstd"   # fp32 sums of 128
+        assert np.allclose(l2norm_rows(np, raw), want, rtol=2.0 ** -8, atol=0), name   # the case's own check
+
+
+@pytest.mark.parametrize("config", L2NORM_VARIANTS, ids=lambda c: c.name())
+def test_the_l2norm_build_matches_float64_and_writes_q_and_k_normalised(config):
+    # ragged lengths, one tile past fp32's range (its pairwise Mqk and Akk read the rows R1 normalised)
+    case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True, raw_qk=True)
+    out = _run(case, config)
+    _check(out, case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=config.token_gate)
+    _check_normalised(out, case, config.name())
+
+
+def test_the_l2norm_build_writes_every_query_heads_rows_once_under_grouped_value_heads():
+    # 4 value heads on 2 query heads: the first value head of each group and v group 0 write them
+    case = make_case(lengths=[1, 17, 200], H=4, group=2, seed=6, initial_state=True, raw_qk=True)
+    out = _run(case, l2norm=True)
+    _check(out, case, "grouped value heads, l2norm")
+    _check_normalised(out, case, "grouped value heads")
+
+
+def test_the_l2norm_build_repeats_bit_for_bit_and_its_checking_build_gives_its_bits():
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True, out_of_range=True, raw_qk=True)
+    cfg = auto_config(8, l2norm=True)
+    a, b = _run(case, cfg), _run(case, cfg)
+    c = _run(case, dataclasses.replace(cfg, mbarrier_ring=True))
+    for name in ("o", "final_state", "q", "k", "q_rstd", "k_rstd"):
+        x, y, z = (getattr(r, name).get() for r in (a, b, c))
+        assert np.array_equal(x, y) and np.array_equal(x, z), name
+
+
+def test_the_l2norm_build_in_inference_writes_o_alone_with_the_training_bits():
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True, raw_qk=True)
+    train, infer = _run(case, l2norm=True), _run(case, l2norm=True, training=False)
+    assert (infer.q, infer.k, infer.q_rstd, infer.k_rstd, infer.states) == (None,) * 5
+    assert np.array_equal(infer.o.get(), train.o.get())
 
 
 # ----------------------------------------------------------------------------

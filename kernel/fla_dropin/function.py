@@ -138,13 +138,14 @@ def forward_here(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu
     return run(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
 
 
-def _preprocess(fla, call: Call, q, k, v, g, beta, initial_state):
+def _preprocess(fla, call: Call, q, k, v, g, beta, initial_state, l2norm_here: bool = True):
     """What FLA's autograd function does before its kernels: (q, q_rstd, k, k_rstd, v, g, beta,
-    beta_activated or None, initial_state), contiguous; q and k l2-normalised where the call asks."""
+    beta_activated or None, initial_state), contiguous; q and k l2-normalised where the call asks (and
+    ``l2norm_here``: not where our forward normalises them itself)."""
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     initial_state = None if initial_state is None else initial_state.contiguous()
     q_rstd = k_rstd = None
-    if call.use_qk_l2norm_in_kernel:
+    if call.use_qk_l2norm_in_kernel and l2norm_here:
         q, q_rstd = fla["l2norm_fwd"](q)
         k, k_rstd = fla["l2norm_fwd"](k)
     beta_activated = None
@@ -175,7 +176,8 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
 
 def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
     """Our forward on q's current device: FLA's preprocessing and the gate's cumsum (kept for the
-    backward), then :func:`kernel.forward.forward`, or for few long sequences its three passes
+    backward) where our kernels do not take their place (:func:`token_gate`; the l2norm in the one pass's
+    l2norm build), then :func:`kernel.forward.forward`, or for few long sequences its three passes
     (:func:`kernel.three_pass_forward.three_passes_pay`), in the call's mode on torch's current
     stream, every output from torch's allocator. ``state_v_first``: the initial state goes in as
     [K, V] and the final state comes out as [V, K]; the states (h) stay [K, V], as our backward reads
@@ -184,9 +186,13 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     from .. import three_pass_forward as three_passes
 
     fla = _preprocessing()
-    q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
-                                                                                   initial_state)
+    o_dtype = q.dtype   # o in q's dtype, as FLA's
     pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
+    # the l2norm in the one pass (its l2norm build writes q, k normalised and their rstd for the backward):
+    # the l2norm pass goes; the three passes read q and k normalised
+    l2norm = call.use_qk_l2norm_in_kernel and not pays and q.dtype == k.dtype == torch.bfloat16
+    q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
+                                                                                   initial_state, not l2norm)
     tokens = token_gate(call) and not pays
     if tokens:   # each token's gate as the call passed it, fp32 (a copy only where it is not)
         g_read = g.float()
@@ -203,11 +209,13 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
         else:
             out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
                                          cu_seqlens=call.offsets, output_final_state=call.output_final_state,
-                                         training=call.training, token_gate=tokens)
+                                         training=call.training, token_gate=tokens, l2norm=l2norm)
+    if l2norm:
+        q, k, q_rstd, k_rstd = out.q, out.k, out.q_rstd, out.k_rstd   # None out of training
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
     normed = call.use_qk_l2norm_in_kernel
     # the cumsum goes to the backward only where the op activated the gate (else it reads the call's own)
-    return dict(o=out.o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
+    return dict(o=out.o.to(o_dtype), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
                 k=k if normed else None, k_rstd=k_rstd, beta=beta_activated,
                 g_cumsum=None if token_gate(call) else g_read, Aqk=out.Aqk, Akk=out.Akk, h=out.states)
 

@@ -230,22 +230,26 @@ def _stub_our_kernels(monkeypatch) -> list:
     launches = []
 
     def planned(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, training,
-                token_gate=False, ran="one pass"):
+                token_gate=False, l2norm=False, ran="one pass"):
         plan = plan_forward(*(_DeviceArray(x) for x in (q, k, v, g, beta)), scale=scale,
                             initial_state=None if initial_state is None else _DeviceArray(initial_state),
                             cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training,
-                            token_gate=token_gate)
+                            token_gate=token_gate, l2norm=l2norm)
         def empty(shape, dtype):
             return None if shape is None else torch.empty(shape, dtype=dtype, device=q.device)
 
         final = None
         if plan.final_shape is not None:
             final = torch.arange(float(np.prod(plan.final_shape)), device=q.device).view(plan.final_shape)
+        norm = plan.norm_shape
         out = ForwardOutputs(o=empty(plan.o_shape, torch.bfloat16), final_state=final,
                              states=empty(plan.states_shape, torch.bfloat16),
-                             Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16))
+                             Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16),
+                             q=empty(norm, torch.bfloat16), k=empty(norm, torch.bfloat16),
+                             q_rstd=empty(None if norm is None else norm[:-1], torch.float32),
+                             k_rstd=empty(None if norm is None else norm[:-1], torch.float32))
         launches.append((dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, training=training,
-                              token_gate=token_gate, ran=ran), plan, out))
+                              token_gate=token_gate, l2norm=l2norm, ran=ran), plan, out))
         return out
 
     monkeypatch.setattr(kernel_forward, "forward", planned)

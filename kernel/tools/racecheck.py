@@ -321,7 +321,8 @@ def _forward() -> str:
     raw, f = _fla_case()
     cu = raw["cu_seqlens"]
     # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}, or {"mbarrier_ring": true}
-    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows
+    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows, or {"l2norm": true} (q and k
+    # normalised again in R1, which leaves them as they are but for rounding, and written out)
     token_gate = _token_gate()
     cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())),
                               lineinfo=True, token_gate=token_gate,
@@ -329,7 +330,8 @@ def _forward() -> str:
     g = raw["g"] if token_gate else f.g64   # each token's gate, or FLA's cumsum
     out = forward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
                   cp.asarray(g.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
-                  cu_seqlens=cu, output_final_state=True, training=True, token_gate=token_gate, config=cfg)
+                  cu_seqlens=cu, output_final_state=True, training=True, token_gate=token_gate, l2norm=cfg.l2norm,
+                  config=cfg)
     cp.cuda.Device().synchronize()
     return f"configuration {cfg.name()}, final state finite {bool(cp.isfinite(out.final_state).all())}"
 

@@ -442,7 +442,7 @@ def _launch_summaries(inputs, M, d, cu_d, offs_d, order, *, H: int, HV: int, sca
     """The summary build over the sequences ``order`` names (of the batch ``cu_d`` packs): two CTAs
     of each (sequence, value head, v part), grid y 0 computing d into ``d``, 1 computing M into ``M``
     (passed as the snapshots pointer, which a summary build never stores snapshots to)."""
-    cfg = config.summary_config(vsplit, base["l2norm"], base["fla_inputs"], base.get("token_gate", False))
+    cfg = config.summary_config(vsplit, base["l2norm"], base["fla_inputs"], base["token_gate"])
     fn, smem, threads, _ = kernel(cfg)
     fn((order.size * HV * cfg.vsplit, 2), (threads,),
        (*inputs, np.uint64(0), M, d, cu_d, offs_d, order, np.int32(HV), np.int32(H), np.float32(scale), _NO_MAPS),

@@ -116,7 +116,6 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
         // j - 1 passes that barrier, before which the owner waits for them
         constexpr int GT_OWNER = (TILE_TOKENS - 1) / TOKENS_PER_PRODUCER;
         auto gt_shared = [&](int j) { return GT_SHARED && j >= 1 && empty_wait_at(j - 1); };
-        const bool own_gt = !TOKEN_GATE;   // TOKEN_GATE: R1 sums gT over the tile's rows
         if (TMA_LOADS && ptid == 0) {
             prefetch_tensormap(&maps.q); prefetch_tensormap(&maps.k); prefetch_tensormap(&maps.gc);
             prefetch_tensormap(&maps.dO); prefetch_tensormap(&maps.mqk); prefetch_tensormap(&maps.inv);
@@ -132,7 +131,8 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                     copy_beta(stages[j % NSTAGE], p, tok0, L, h, ptid);
                 } else {
 #if FLA_INPUTS && TOKEN_GATE   // (a preprocessor branch: the lambda of the other builds captures exactly what it did)
-                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, qh, vs, pw, lane, ptid, own_gt, n);
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, qh, vs, pw, lane, ptid,
+                                     false, n);   // no gT copy: R1 sums gT over the tile's rows
 #elif FLA_INPUTS
                     issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, qh, vs, pw, lane, ptid, !gt_shared(j),
                                      n, smem_addr(gate_base(smem, j % NSTAGE, pw)));

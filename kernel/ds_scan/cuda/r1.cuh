@@ -79,19 +79,18 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     if constexpr (TOKEN_GATE) token_sums(st, L, pw, sub, k0, gt, sums);
 #pragma unroll
     for (int e = 0; e < EPL; e += 4) {
-        if constexpr (TOKEN_GATE) {
-            if (pw == EGT_WARP && sub == 0)
-                *reinterpret_cast<float4*>(&st.egT[k0 + e]) =
-                    make_float4(exp2f(gt[e]), exp2f(gt[e + 1]), exp2f(gt[e + 2]), exp2f(gt[e + 3]));
-            continue;
+        if constexpr (!TOKEN_GATE) {   // (TOKEN_GATE: token_sums made gt)
+            const float4 b = FLA_INPUTS ? *reinterpret_cast<const float4*>(&gbase[k0 + e])
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+            base[e] = b.x; base[e + 1] = b.y; base[e + 2] = b.z; base[e + 3] = b.w;
+            float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e)
+                                                                              : &st.gT[pw][k0 + e]);
+            if constexpr (FLA_INPUTS) { g.x -= b.x; g.y -= b.y; g.z -= b.z; g.w -= b.w; }
+            gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
         }
-        const float4 b = FLA_INPUTS ? *reinterpret_cast<const float4*>(&gbase[k0 + e]) : make_float4(0.f, 0.f, 0.f, 0.f);
-        base[e] = b.x; base[e + 1] = b.y; base[e + 2] = b.z; base[e + 3] = b.w;
-        float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
-        if constexpr (FLA_INPUTS) { g.x -= b.x; g.y -= b.y; g.z -= b.z; g.w -= b.w; }
-        gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
         if (pw == EGT_WARP && sub == 0)
-            *reinterpret_cast<float4*>(&st.egT[k0 + e]) = make_float4(exp2f(g.x), exp2f(g.y), exp2f(g.z), exp2f(g.w));
+            *reinterpret_cast<float4*>(&st.egT[k0 + e]) =
+                make_float4(exp2f(gt[e]), exp2f(gt[e + 1]), exp2f(gt[e + 2]), exp2f(gt[e + 3]));
     }
     float qv[R][EPL], kv[R][EPL], gv[R][EPL];
 #pragma unroll

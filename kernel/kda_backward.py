@@ -211,6 +211,8 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
                   plan.torch_out, plan.dh_shape)
     if not isinstance(token_gate, (bool, np.bool_)):
         raise TypeError(f"token_gate must be True or False, got {token_gate!r}")
+    if token_gate and states is None:
+        raise ValueError("token_gate needs the states (our forward's): the forward-state scan reads FLA's cumsum")
     return run(batch, q, k, v, g, beta, Aqk, Akk, do, initial_state=initial_state, dht=dht, states=states,
                side_by_side=side_by_side, segments=segments, token_gate=bool(token_gate))
 
@@ -231,11 +233,8 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     :func:`kda_backward`'s (checked by the caller). ``token_gate``: g is each token's natural-log gate
     (fp32 [B, T, HV, 128]) instead of FLA's chunk cumsum, which Kernels A and B sum within each tile
     themselves (kernel.shapes.tile_gate_sums: the cumsum pass folded into its readers); the states must
-    then be given (the forward-state scan reads the cumsum), and not with ``gate``."""
-    if token_gate and states is None:
-        raise ValueError("token_gate needs the states (our forward's): the forward-state scan reads FLA's cumsum")
-    if token_gate and gate is not None:
-        raise ValueError("token_gate: Kernel B has no build of the gate epilogue on each token's gate")
+    then be given (the forward-state scan reads the cumsum), and not with ``gate`` (Kernel B's launch
+    refuses that pair)."""
     require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     if _forces_split(segments) and side_by_side is None:

@@ -185,6 +185,24 @@ def intra_products(q, k, gc, gT, beta, L: int, s: float, *, pairwise: bool | Non
     return mqk, inv, past
 
 
+def check_normalised(out, case: dict, label: str) -> None:
+    """q and k as an l2norm build wrote them (``out``'s q, k, q_rstd, k_rstd: CuPy arrays; ``case`` made with
+    raw_qk): the float64 l2norm of the raw rows rounded to bf16, but for a last bit
+    where the fp32 sum lands the other side of a rounding boundary; rstd within fp32 rounding of float64's."""
+    for name in ("q", "k"):
+        raw = bits_to_f32(case[f"{name}_raw"]).astype(np.float64)
+        want = bits_to_f32(case[name])                     # bf16 of the float64 l2norm of the raw rows
+        got = bits_to_f32(getattr(out, name).get())
+        ulp = np.abs(want) * 2.0 ** -7
+        off = np.abs(got - want) > 0
+        assert np.all(np.abs(got - want) <= ulp + 1e-30), f"{label}: {name} off by more than a bf16 ulp"
+        assert off.mean() < 1e-3, f"{label}: {name}: {off.mean():.2e} of its values differ from float64's rounding"
+        rstd = 1.0 / np.sqrt((raw * raw).sum(-1) + 1e-6)
+        got_rstd = getattr(out, f"{name}_rstd").get()
+        assert np.allclose(got_rstd, rstd, rtol=4e-6, atol=0), f"{label}: {name}_rstd"   # fp32 sums of 128
+        assert np.allclose(l2norm(np, raw), want, rtol=2.0 ** -8, atol=0), name   # the case's own check
+
+
 def token_tile_gate(case: dict):
     """scan_tiles' ``tile_gate`` of the token-gate build: each tile's gc summed from its tokens' own gates
     (case["g_token"]) as the kernels sum them (kernel.shapes.tile_gate_sums), restarted at every tile."""

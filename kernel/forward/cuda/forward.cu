@@ -211,8 +211,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             // the l2norm build's outputs at the tile's first row of query head kh, written by v group 0 of the
             // first value head that reads it
             const long long row0 = (bos + (long long)TILE_TOKENS * i) * H + kh;
-            const NormOut norm{q_norm + row0 * HEAD_DIM, k_norm + row0 * HEAD_DIM, q_rstd + row0, k_rstd + row0,
-                               (long long)H * HEAD_DIM, H, L2NORM && q_norm != nullptr && vg == 0 && h % (HV / H) == 0};
+            const kda_l2norm::NormOut norm{q_norm + row0 * HEAD_DIM, k_norm + row0 * HEAD_DIM, q_rstd + row0,
+                                           k_rstd + row0, (long long)H * HEAD_DIM, H,
+                                           L2NORM && q_norm != nullptr && vg == 0 && h % (HV / H) == 0};
             const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane, norm);
             if (lane == 0) sh.scratch.past[parity][pw] = past;
             if constexpr (PRODUCT_WARPS > 0) {   // the product warps take over

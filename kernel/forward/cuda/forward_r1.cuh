@@ -8,88 +8,21 @@
 #include "fragments.cuh"
 #include "forward_layout.cuh"
 #include "../../forward_states/cuda/forward_states_gate.cuh"   // Kernel S's gate ends and gc
+#include "forward_l2norm.cuh"   // l2norm_rows, NormOut
 
 namespace kf {
-
-// The l2norm build's outputs (KF_L2NORM): q and k normalised, bf16, and each row's rstd, fp32, FLA's
-// l2norm_fwd's tensors, for the backward. One CTA of those that read a (sequence, query head) writes them
-// (write: v group 0, the first value head of the group).
-struct NormOut {
-    u16* q;          // row c of the tile at q + c * row; null: no l2norm
-    u16* k;
-    float* q_rstd;   // row c at q_rstd + c * H
-    float* k_rstd;
-    long long row;   // H * HEAD_DIM
-    int H;
-    bool write;
-};
-
-// The l2norm of the warp's rows in the stage, in place, before R1 reads them (x / sqrt(sum x^2 + 1e-6) in
-// fp32, rounded to bf16, as FLA's l2norm_fwd): the rows' sums of squares reduced together (a butterfly
-// each, interleaved), the rows normalised where R1 and the pairwise Mqk and Akk read them, and written out
-// for the backward. A pass of its own, so that its registers are free before R1's. Rows past L are zero and
-// stay zero.
-template <int Rows>
-__device__ __forceinline__ void l2norm_some_rows(Stage& st, int c0, int col, int L, int lane, const NormOut& out) {
-    uint2 qb[Rows], kb[Rows];
-    float qs[Rows], ks[Rows];
-#pragma unroll
-    for (int r = 0; r < Rows; ++r) {
-        qb[r] = *reinterpret_cast<const uint2*>(&st.q[c0 + r][col]);
-        kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
-        const float q[4] = {bf16_lo(qb[r].x), bf16_hi(qb[r].x), bf16_lo(qb[r].y), bf16_hi(qb[r].y)};
-        const float k[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
-        qs[r] = q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3];
-        ks[r] = k[0] * k[0] + k[1] * k[1] + k[2] * k[2] + k[3] * k[3];
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2)
-#pragma unroll
-        for (int r = 0; r < Rows; ++r) {
-            qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], off);
-            ks[r] += __shfl_xor_sync(0xffffffffu, ks[r], off);
-        }
-#pragma unroll
-    for (int r = 0; r < Rows; ++r) {
-        const int c = c0 + r;
-        const float qr = 1.f / sqrtf(qs[r] + 1e-6f), kr = 1.f / sqrtf(ks[r] + 1e-6f);
-        const uint2 qn = make_uint2(pack_bf16x2(bf16_lo(qb[r].x) * qr, bf16_hi(qb[r].x) * qr),
-                                    pack_bf16x2(bf16_lo(qb[r].y) * qr, bf16_hi(qb[r].y) * qr));
-        const uint2 kn = make_uint2(pack_bf16x2(bf16_lo(kb[r].x) * kr, bf16_hi(kb[r].x) * kr),
-                                    pack_bf16x2(bf16_lo(kb[r].y) * kr, bf16_hi(kb[r].y) * kr));
-        *reinterpret_cast<uint2*>(&st.q[c][col]) = qn;   // each lane rewrites the columns it read
-        *reinterpret_cast<uint2*>(&st.k[c][col]) = kn;
-        if (out.write && c < L) {
-            *reinterpret_cast<uint2*>(out.q + c * out.row + col) = qn;
-            *reinterpret_cast<uint2*>(out.k + c * out.row + col) = kn;
-            if (lane == 0) {
-                out.q_rstd[(long long)c * out.H] = qr;
-                out.k_rstd[(long long)c * out.H] = kr;
-            }
-        }
-    }
-}
-
-// ... two rows at a time: beside 8 consumer warps (168 registers a thread) four or eight at once spilled, and
-// so, through ptxas's allocation, did one
-template <int Rows>
-__device__ __forceinline__ void l2norm_rows(Stage& st, int c0, int col, int L, int lane, const NormOut& out) {
-    constexpr int AT_ONCE = Rows < 2 ? Rows : 2;
-#pragma unroll
-    for (int r = 0; r < Rows; r += AT_ONCE) l2norm_some_rows<AT_ONCE>(st, c0 + r, col, L, lane, out);
-}
 
 // R1 of producer warp pw for tile rows c0 .. c0 + ROWS_PER_PRODUCER - 1 (lane l: columns 4l .. 4l+3),
 // gamma from warp 0; Qe and Ke go to the scratch of the tile's parity. The token-gate build sums each
 // token's gate over the tile first (kda_gate::token_sums: it reads every producer's rows, which a
-// producers' barrier before R1 lets in); the l2norm build normalises q and k first (l2norm_rows, into
-// ``norm``). Returns whether a channel of
-// the warp's rows spans past SPAN_LIMIT (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the
-// same in every lane; NaN counts as past).
+// producers' barrier before R1 lets in); the l2norm build normalises q and k first (forward_l2norm.cuh's
+// l2norm_rows, into ``norm``). Returns whether a channel of the warp's rows spans past SPAN_LIMIT
+// (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the same in every lane; NaN counts as past).
 __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane,
-                                       const NormOut& norm) {
+                                       const kda_l2norm::NormOut& norm) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
-    if constexpr (L2NORM) l2norm_rows<ROWS_PER_PRODUCER>(st, c0, col, L, lane, norm);
+    if constexpr (L2NORM)   // two rows at a time: more spilled (forward_l2norm.cuh)
+        kda_l2norm::l2norm_rows<ROWS_PER_PRODUCER, 2>(st.q, st.k, c0, col, L, lane, norm);
     float gT[4];
     float4 base, row[ROWS_PER_PRODUCER];
     float sums[ROWS_PER_PRODUCER][4];   // the token-gate build's gc

@@ -20,7 +20,7 @@ from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward import Config, all_variants, auto_config, forward
 
 from ..fla_requirements import skip_without_fla_gpu
-from ..forward_cases import RAGGED, emulate, make_case, rel, worst_rows
+from ..forward_cases import RAGGED, check_normalised, emulate, make_case, rel, worst_rows
 from ..forward_states_cases import as_torch
 
 pytestmark = pytest.mark.gpu
@@ -286,32 +286,13 @@ def test_the_token_gate_build_repeats_bit_for_bit():
 L2NORM_VARIANTS = [c for c in all_variants() if c.l2norm]
 
 
-def _check_normalised(out, case: dict, label: str) -> None:
-    """q and k as the build wrote them: the float64 l2norm of the raw rows rounded to bf16, but for a last bit
-    where the fp32 sum lands the other side of a rounding boundary; rstd within fp32 rounding of float64's."""
-    from kernel.reference.checks import l2norm as l2norm_rows
-
-    for name in ("q", "k"):
-        raw = bits_to_f32(case[f"{name}_raw"]).astype(np.float64)
-        want = bits_to_f32(case[name])                     # bf16 of the float64 l2norm of the raw rows
-        got = bits_to_f32(getattr(out, name).get())
-        ulp = np.abs(want) * 2.0 ** -7
-        off = np.abs(got - want) > 0
-        assert np.all(np.abs(got - want) <= ulp + 1e-30), f"{label}: {name} off by more than a bf16 ulp"
-        assert off.mean() < 1e-3, f"{label}: {name}: {off.mean():.2e} of its values differ from float64's rounding"
-        rstd = 1.0 / np.sqrt((raw * raw).sum(-1) + 1e-6)
-        got_rstd = getattr(out, f"{name}_rstd").get()
-        assert np.allclose(got_rstd, rstd, rtol=4e-6, atol=0), f"{label}: {name}_rstd"   # fp32 sums of 128
-        assert np.allclose(l2norm_rows(np, raw), want, rtol=2.0 ** -8, atol=0), name   # the case's own check
-
-
 @pytest.mark.parametrize("config", L2NORM_VARIANTS, ids=lambda c: c.name())
 def test_the_l2norm_build_matches_float64_and_writes_q_and_k_normalised(config):
     # ragged lengths, one tile past fp32's range (its pairwise Mqk and Akk read the rows R1 normalised)
     case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True, raw_qk=True)
     out = _run(case, config)
     _check(out, case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=config.token_gate)
-    _check_normalised(out, case, config.name())
+    check_normalised(out, case, config.name())
 
 
 def test_the_l2norm_build_writes_every_query_heads_rows_once_under_grouped_value_heads():
@@ -319,7 +300,7 @@ def test_the_l2norm_build_writes_every_query_heads_rows_once_under_grouped_value
     case = make_case(lengths=[1, 17, 200], H=4, group=2, seed=6, initial_state=True, raw_qk=True)
     out = _run(case, l2norm=True)
     _check(out, case, "grouped value heads, l2norm")
-    _check_normalised(out, case, "grouped value heads")
+    check_normalised(out, case, "grouped value heads")
 
 
 def test_the_l2norm_build_repeats_bit_for_bit_and_its_checking_build_gives_its_bits():

@@ -54,7 +54,8 @@ def tile_gate_sums(g: np.ndarray) -> np.ndarray:
     """The tile-local inclusive cumsum in log2 units of natural-log gates ``g`` [rows, ...] (one tile's rows
     first), as every kernel forms it from each token's gate (kernel/shapes.cuh's add_token_gate): in fp32,
     each g / ln 2 rounded before it is added, in row order from the first. Rows past a tile's last token
-    hold zeros and leave the sum at its last value."""
+    hold zeros and leave the sum at its last value. The three passes' products pass sums a 64-token chunk's
+    rows by the same rule: ``g`` is then the chunk's rows."""
     terms = (np.asarray(g, dtype=np.float32) * np.float32(RCP_LN2)).astype(np.float32)
     return np.cumsum(terms, axis=0, dtype=np.float32)
 

@@ -94,7 +94,8 @@ kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config
 
 KDA_RACECHECK_TOKEN_GATE=1 runs the token-gate builds instead (each token's gate summed in R1 across a
 producers' barrier, kernel.shapes.tile_gate_sums): the forward's, Kernel A's on FLA's tensors (the
-backward's case) and Kernel B's (its kda_backward on the states of the forward-state scan).
+backward's case), Kernel B's (its kda_backward on the states of the forward-state scan) and the products
+pass's (each channel's sums over its chunk).
 """
 from __future__ import annotations
 
@@ -339,7 +340,12 @@ def _forward() -> str:
 def _three_passes() -> str:
     """The three-pass forward on the backward's case, its two tiles past fp32's range included (the
     products pass's pairwise blocks): the products pass, the chain on its outputs, the o pass on the
-    chain's, each built with -lineinfo. Each pass's run checks only its own kernel."""
+    chain's, each built with -lineinfo. Each pass's run checks only its own kernel. The products pass takes
+    its token-gate build with KDA_RACECHECK_TOKEN_GATE=1 and its l2norm build where KDA_RACECHECK_TUNING
+    says {"l2norm": true} (q and k normalised again, and written out)."""
+    import json
+    import os
+
     import cupy as cp
     import numpy as np
 
@@ -349,10 +355,15 @@ def _three_passes() -> str:
 
     raw, f = _fla_case()
     cu = raw["cu_seqlens"]
+    token_gate = _token_gate()
+    l2norm = bool(json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")).get("l2norm", False))
+    g = raw["g"] if token_gate else f.g64   # each token's gate, or FLA's cumsum
     p = forward_products.forward_products(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)),
-                                          cp.asarray(bf16_bits(raw["v"])), cp.asarray(f.g64.astype(np.float32)),
+                                          cp.asarray(bf16_bits(raw["v"])), cp.asarray(g.astype(np.float32)),
                                           cp.asarray(raw["beta"].astype(np.float32)), cu_seqlens=cu, training=True,
-                                          config=forward_products.Config(lineinfo=True))
+                                          token_gate=token_gate, l2norm=l2norm,
+                                          config=forward_products.Config(token_gate=token_gate, l2norm=l2norm,
+                                                                         lineinfo=True))
     walked = forward_chain.forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks,
                                          config=forward_chain.Config(lineinfo=True))
     o = forward_output.forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=cu,

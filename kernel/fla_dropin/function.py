@@ -5,17 +5,20 @@ implementations and the autograd formula that joins them); this module holds no 
 
 Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
 
-* ``"ours"`` (:func:`our_forward`): FLA's preprocessing as FLA's own autograd function runs it (the
-  l2norm of q and k with their rstd, the beta sigmoid), FLA's 64-chunk cumsum of the gate in log2
-  (``kda_gate_chunk_cumsum`` where the op activates the gate, else ``chunk_local_cumsum``, both with
-  scale 1/ln 2, as ``chunk_kda_fwd`` calls them), then :func:`kernel.forward.forward` in training mode
-  on torch's current stream (for few long sequences, where its serial chain of tiles binds, the same
-  outputs from :func:`kernel.three_pass_forward.three_pass_forward`): o, the final state, the states
-  entering every 64-token chunk and Aqk's and Akk's 16 x 16 diagonal blocks (the rest of their rows
-  unwritten: our backward reads nothing else); out of training mode (``call.training`` False) o and
-  the final state alone. Every call the boundary admits is within it: nothing falls back to FLA's
-  forward.
-* ``"fla"`` (:func:`fla_forward`): the same preprocessing, then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``
+* ``"ours"`` (:func:`our_forward`): FLA's beta sigmoid where the call asks for it, then
+  :func:`kernel.forward.forward` in training mode on torch's current stream (for few long sequences,
+  where its serial chain of tiles binds, the same outputs from
+  :func:`kernel.three_pass_forward.three_pass_forward`). Both take the two passes FLA runs first into
+  their kernels (docs/kda_forward.md, section 8): they read each token's own gate and sum it themselves
+  (:func:`token_gate`; where the op activates the gate, FLA's ``kda_gate_chunk_cumsum`` still makes the
+  activated gate's 64-chunk cumsum in log2 first), and they l2-normalise bf16 q and k themselves, writing
+  them out with their rstd for the backward (FLA's ``l2norm_fwd`` for another dtype). Out come o, the final
+  state, the states entering every 64-token chunk and Aqk's and Akk's 16 x 16 diagonal blocks (the rest
+  of their rows unwritten: our backward reads nothing else); out of training mode (``call.training``
+  False) o and the final state alone. Every call the boundary admits is within it: nothing falls back to
+  FLA's forward.
+* ``"fla"`` (:func:`fla_forward`): FLA's preprocessing as FLA's own autograd function runs it (the l2norm
+  of q and k with their rstd, the beta sigmoid), then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``
   with every setting of the call, so that o and the final state are FLA's to the bit.
 
 Either returns every tensor the backward reads (:data:`FORWARD_OUTPUTS`).
@@ -176,8 +179,8 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
 
 def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
     """Our forward on q's current device: FLA's preprocessing and the gate's cumsum (kept for the
-    backward) where our kernels do not take their place (:func:`token_gate`; the l2norm in the one pass's
-    l2norm build), then :func:`kernel.forward.forward`, or for few long sequences its three passes
+    backward) where our kernels do not take their place (:func:`token_gate`; the l2norm in the forward's
+    l2norm builds), then :func:`kernel.forward.forward`, or for few long sequences its three passes
     (:func:`kernel.three_pass_forward.three_passes_pay`), in the call's mode on torch's current
     stream, every output from torch's allocator. ``state_v_first``: the initial state goes in as
     [K, V] and the final state comes out as [V, K]; the states (h) stay [K, V], as our backward reads
@@ -188,12 +191,12 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     fla = _preprocessing()
     o_dtype = q.dtype   # o in q's dtype, as FLA's
     pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
-    # the l2norm in the one pass (its l2norm build writes q, k normalised and their rstd for the backward):
-    # the l2norm pass goes; the three passes read q and k normalised
-    l2norm = call.use_qk_l2norm_in_kernel and not pays and q.dtype == k.dtype == torch.bfloat16
+    # the l2norm in the forward (the l2norm builds of the one pass and of the three passes' products pass
+    # write q, k normalised and their rstd for the backward): the l2norm pass goes
+    l2norm = call.use_qk_l2norm_in_kernel and q.dtype == k.dtype == torch.bfloat16
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
                                                                                    initial_state, not l2norm)
-    tokens = token_gate(call) and not pays
+    tokens = token_gate(call)
     if tokens:   # each token's gate as the call passed it, fp32 (a copy only where it is not)
         g_read = g.float()
     else:
@@ -205,7 +208,7 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
         if pays:
             out = three_passes.three_pass_forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
                                                   cu_seqlens=call.offsets, output_final_state=call.output_final_state,
-                                                  training=call.training)
+                                                  training=call.training, token_gate=tokens, l2norm=l2norm)
         else:
             out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
                                          cu_seqlens=call.offsets, output_final_state=call.output_final_state,
@@ -225,7 +228,7 @@ def token_gate(call: Call) -> bool:
     themselves (the chunk cumsum pass folded into its readers, docs/kda_forward.md section 8): our forward
     and our backward on a gate the call passes as is. Not with FLA's forward (it makes the cumsum itself),
     nor where the op activates the gate (the activation's pass would write as many bytes as the cumsum's).
-    The three passes' products pass reads the cumsum: where they run, the forward makes it for them alone."""
+    Either forward takes it: the one pass's R1 sums each tile, the three passes' products pass each chunk."""
     return call.forward == "ours" and not call.use_gate_in_kernel
 
 

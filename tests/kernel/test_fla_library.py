@@ -292,7 +292,7 @@ def test_the_forward_fake_is_what_our_forward_allocates(case, our_kernel_stubbed
     if settings["use_gate_in_kernel"]:
         assert ours["g_cumsum"] is handed["g"] and not handed["token_gate"]
     else:
-        assert ours["g_cumsum"] is None and handed["token_gate"] == (handed["ran"] == "one pass")
+        assert ours["g_cumsum"] is None and handed["token_gate"]
     assert ours["h"] is out.states
     fake = _fake_outputs(x, settings)
     for name, theirs in ours.items():
@@ -357,9 +357,13 @@ def test_our_forward_passes_the_checked_host_offsets(our_kernel_stubbed):
 def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pay(sizes, HV, ran,
                                                                                   our_kernel_stubbed_without_fla):
     x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours"))
-    function.our_forward(call, *_forward_arguments(x))
-    (handed, plan, _), = our_kernel_stubbed_without_fla
+    ours = function.our_forward(call, *_forward_arguments(x))
+    (handed, plan, out), = our_kernel_stubbed_without_fla
     assert handed["ran"] == ran and plan.HV == HV
+    # either forward reads the call's own gate and q, k as they came (the cumsum and l2norm passes folded in),
+    # and hands the backward the q, k and rstd it wrote
+    assert handed["token_gate"] and handed["l2norm"] and handed["g"] is x["g"] and handed["q"] is x["q"]
+    assert ours["q"] is out.q and ours["k_rstd"] is out.k_rstd and ours["g_cumsum"] is None
 
 
 @pytest.mark.parametrize("forward", FORWARDS)

@@ -12,7 +12,9 @@ in the source, which exports the shared memory and thread count it was built wit
 (``kdb_smem_bytes``, ``kdb_threads``). It has two builds: the plain one writes dg; the gate build
 (``KDB_GATE=1``, :class:`GateOut`) applies, where dg is formed, the backward of the gate activation
 FLA's layer asks the op for (``kernel.activations``), and writes dg_raw and per-CTA partial sums of
-dA_log and ddt_bias instead (a build of its own, so that the plain one's code stays as it was).
+dA_log and ddt_bias instead (a build of its own, so that the plain one's code stays as it was). Each
+has a timing build (``KDB_TIMING=1``) for ``ptx-lab profile --kernel b``: the clock cycles of every
+phase of a tile, per warp and CTA (``token_gradients_timing.cuh``).
 """
 from __future__ import annotations
 
@@ -42,18 +44,22 @@ class Build:
     """One build of Kernel B: what ``ptx-lab resources`` and CI compile. ``gate``: the gate activation's
     backward in the epilogue (``KDB_GATE``). ``token_gate``: g is each token's natural-log gate, which R1
     sums within the tile itself (``KDB_TOKEN_GATE``), instead of FLA's 64-chunk-local cumsum of the log2
-    gate (docs/kda_forward.md, section 8: the cumsum folded into its readers)."""
+    gate (docs/kda_forward.md, section 8: the cumsum folded into its readers). ``timing``: the clock
+    accounting of each phase of a tile (``KDB_TIMING``, kernel.tools.profile's; the same arithmetic)."""
     gate: bool = False
     token_gate: bool = False
+    timing: bool = False
 
     def name(self) -> str:
-        return "token-gradients" + ("-gate" if self.gate else "") + ("-token-gate" if self.token_gate else "")
+        return ("token-gradients" + ("-gate" if self.gate else "") + ("-token-gate" if self.token_gate else "")
+                + ("-timing" if self.timing else ""))
 
 
 def all_variants() -> list[Build]:
     """Every build the API can launch: the plain one and the gate epilogue's; and the plain one on each
-    token's gate (launched only by its tests and ``ptx-lab source-ab`` until the other readers take it too)."""
-    return [Build(), Build(gate=True), Build(token_gate=True)]
+    token's gate (launched only by its tests and ``ptx-lab source-ab`` until the other readers take it too);
+    and the timing build of the training step's (``ptx-lab profile --kernel b``)."""
+    return [Build(), Build(gate=True), Build(token_gate=True), Build(timing=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +88,10 @@ def source() -> str:
 def options(build: Build | None = None) -> tuple[str, ...]:
     """What a build passes (CI's nvcc check, ``ptx-lab resources`` and the launch alike): -ftz=true, the
     entry file's directory, where its token_gradients_*.cuh sit (NVRTC compiles the text and has no file
-    to look beside), KDB_GATE and KDB_TOKEN_GATE (the source has no default)."""
+    to look beside), KDB_GATE, KDB_TOKEN_GATE and KDB_TIMING (the source has no default)."""
     build = build or Build()
     return (*FAST_MATH, f"-I{SOURCE_PATH.parent}", f"-DKDB_GATE={int(build.gate)}",
-            f"-DKDB_TOKEN_GATE={int(build.token_gate)}")
+            f"-DKDB_TOKEN_GATE={int(build.token_gate)}", f"-DKDB_TIMING={int(build.timing)}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +130,8 @@ def chunk_count(cu: np.ndarray) -> int:
 
 
 def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, HV: int, scale: float,
-           out: dict, rstd: tuple | None = None, gate: GateOut | None = None, token_gate: bool = False) -> None:
+           out: dict, rstd: tuple | None = None, gate: GateOut | None = None, token_gate: bool = False,
+           timing: bool = False) -> None:
     """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
     preallocated CuPy arrays of ``out``: dq, dk (fp32, or bf16 bits: rounded once in the kernel), dg
     (fp32), dv (bf16 bits), dbeta (fp32). q and k (and their rstd) have ``H`` heads, every other array
@@ -134,14 +141,16 @@ def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int
     then the normalised rows), dq and dk come out through the l2norm's backward: with respect to the
     raw q and k. With ``gate`` (:class:`GateOut`), the gate build runs: it writes gate's dg_raw and
     partial sums instead of out["dg"] (which it ignores). With ``token_gate``, g is each token's natural-log
-    gate (fp32 [tokens, HV, 128]) instead of FLA's 64-chunk-local cumsum of it in log2 (not with ``gate``)."""
+    gate (fp32 [tokens, HV, 128]) instead of FLA's 64-chunk-local cumsum of it in log2 (not with ``gate``).
+    ``timing``: the timing build, which also writes each warp's cycles a phase into the buffer whose address
+    the caller stored in its module's ``kdb_timing`` (kernel.tools.profile)."""
     bf16_out = out["dq"].dtype == np.uint16
     if out["dk"].dtype != out["dq"].dtype or not (bf16_out or out["dq"].dtype == np.float32):
         raise ValueError(f"out: dq and dk must both be float32 or both bf16 bits (uint16), got {out['dq'].dtype} "
                          f"and {out['dk'].dtype}")
     if token_gate and gate is not None:
         raise ValueError("token_gate: Kernel B has no build of the gate epilogue on each token's gate")
-    fn, smem, threads = kernel(Build(gate=gate is not None, token_gate=token_gate))
+    fn, smem, threads = kernel(Build(gate=gate is not None, token_gate=token_gate, timing=timing))
     cu_d, tile_d, chunk_d, seq_d, chunks = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes())
     null = np.uint64(0)
     q_rstd, k_rstd = rstd if rstd is not None else (null, null)   # null pointers: no l2norm

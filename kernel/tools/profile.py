@@ -1,7 +1,8 @@
-"""Where Kernel A's cycles go: per-warp clock64 accounting of each phase of a tile.
+"""Where Kernel A's and Kernel B's cycles go: per-warp clock64 accounting of each phase of a tile.
 
     ptx-lab profile [--shape 1x16384] [--H 32] [--vsplit 4 1] [--mode bf16x4]
                     [--tune nstage=3 producers=4 ...]      (or python -m kernel.tools.profile)
+    ptx-lab profile --kernel b [--configs 32x8192,1x131072] [--H 32]
 
 Builds the kernel with KDA_TIMING=1 (config.Config.timing): lane 0 of every warp
 of the first 8 CTAs adds clock64 deltas per phase into `kda_timing`. Printed per
@@ -17,6 +18,14 @@ configuration, in cycles per tile (mean over those warps):
 A role that waits most of the tile is not the bottleneck; the other one is.
 The uninstrumented time of the same launch is printed beside it, so the cost
 of the accounting itself is visible. Needs a GPU.
+
+Kernel B (``--kernel b``) is built with KDB_TIMING=1 (its ``timing`` build) and run in the
+training step's form (kernel.tools.source_ab's inputs: rstd given, bf16 dq and dk). Every warp
+of every CTA charges each phase of its tiles (token_gradients_timing.cuh's TimingPhase, in the
+order of KERNEL_B_PHASES); the report gives, per configuration and phase, the cycles per tile
+(the mean over warps and CTAs), its share of the tile, and the fastest and slowest warp's mean.
+A phase that ends at a CTA barrier holds the wait there: where the slowest warp's work sets the
+pace, the fastest warp's "barrier" phase is long.
 """
 from __future__ import annotations
 
@@ -31,6 +40,9 @@ from kernel.ds_scan import config
 PRODUCER_SLOTS = ("total", "wait loads", "R1", "wait EMPTY", "issue loads")
 CONSUMER_SLOTS = ("total", "snapshot", "wait FULL", "G1..G5")
 PAIR_SLOT = 4        # consumers: the ksplit-2 pair barrier, a part of G1..G5
+# Kernel B's phases of a tile, token_gradients_timing.cuh's TimingPhase in order
+KERNEL_B_PHASES = ("issue loads", "wait loads + barrier", "R1 + barrier", "V phase", "V barrier",
+                   "reduce + barrier", "K products", "K elementwise", "l2norm + stores", "dg", "end + stores")
 
 
 def _inputs(B: int, T: int, H: int, seed: int = 0):
@@ -117,8 +129,80 @@ def format_result(r: dict) -> str:
     return "\n".join((head, cons, prod))
 
 
+# ----------------------------------------------------------------------------
+# Kernel B
+# ----------------------------------------------------------------------------
+
+def kernel_b_tiles(B: int, T: int, H: int) -> np.ndarray:
+    """The tiles of each of Kernel B's CTAs on B sequences of T tokens and H heads, in the order
+    kdb_timing holds them (cta = head x chunks + chunk: the grid is (chunks, heads))."""
+    from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
+
+    starts = np.arange(0, T, CHUNK_TOKENS)
+    per_chunk = -(-np.minimum(CHUNK_TOKENS, T - starts) // TILE_TOKENS)
+    return np.tile(np.tile(per_chunk, B), H)
+
+
+def summarize_kernel_b(cycles: np.ndarray, tiles: np.ndarray) -> dict:
+    """Per phase of KERNEL_B_PHASES, from ``cycles`` [CTAs, warps, phases] (kdb_timing) and ``tiles`` [CTAs]:
+    the cycles per tile (mean over warps and tiles), the share of the tile, and the fastest and slowest warp's
+    (each warp's cycles over all CTAs, per tile)."""
+    c = np.asarray(cycles, dtype=np.float64)
+    if c.ndim != 3 or c.shape[2] != len(KERNEL_B_PHASES) or c.shape[0] != len(tiles):
+        raise ValueError(f"cycles must be [CTAs ({len(tiles)}), warps, {len(KERNEL_B_PHASES)} phases], "
+                         f"got {c.shape}")
+    n = float(np.sum(tiles))
+    per_warp = c.sum(axis=0) / n                     # [warps, phases]: each warp's cycles per tile
+    mean = per_warp.mean(axis=0)
+    total = float(mean.sum())
+    return {"tile_cycles": total, "tiles": int(n), "ctas": int(c.shape[0]), "warps": int(c.shape[1]),
+            "phases": [dict(phase=name, cycles=float(mean[i]), share=float(mean[i] / total) if total else 0.0,
+                            fastest=float(per_warp[:, i].min()), slowest=float(per_warp[:, i].max()))
+                       for i, name in enumerate(KERNEL_B_PHASES)]}
+
+
+def format_kernel_b(r: dict) -> str:
+    """The report of one configuration: a head line and a table of the phases."""
+    head = (f"Kernel B {r['config']} H{r['H']}: {r['plain_ms']:.3f} ms plain, {r['timed_ms']:.3f} ms instrumented; "
+            f"{r['ctas']:,} CTAs of {r['warps']} warps, {r['tiles']:,} tiles, {r['tile_cycles']:,.0f} cycles a tile "
+            f"(the mean warp's)")
+    rows = ["| phase | cycles / tile | share | fastest warp | slowest warp |", "|---|---:|---:|---:|---:|"]
+    rows += [f"| {p['phase']} | {p['cycles']:,.0f} | {100 * p['share']:.1f}% | {p['fastest']:,.0f} | "
+             f"{p['slowest']:,.0f} |" for p in r["phases"]]
+    return "\n".join((head, *rows))
+
+
+def profile_kernel_b(config: str, H: int) -> dict:
+    """Kernel B's timing build on one configuration (BxT) against its plain build, on the GPU."""
+    import cupy as cp
+
+    from kernel.runtime import builds
+    from kernel.token_gradients.launch import BUILD, Build
+    from kernel.tools import source_ab
+
+    spec = source_ab.parse_spec(config, "b")
+    x = source_ab._inputs(spec, H)
+    plain, _ = source_ab.kernel_b_call(spec, H, x)
+    timed, _ = source_ab.kernel_b_call(spec, H, x, timing=True)
+    tiles = kernel_b_tiles(spec.B, spec.T, H)
+    mod = BUILD.module(Build(timing=True))   # the module the timed launch runs (load_module caches it)
+    warps, phases = builds.read_int_constants(mod, "kdb_timing_dims", 2)
+    if phases != len(KERNEL_B_PHASES):
+        raise RuntimeError(f"the timing build has {phases} phases, KERNEL_B_PHASES names {len(KERNEL_B_PHASES)}")
+    cycles = cp.zeros((tiles.size, warps, phases), dtype=cp.uint32)
+    cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global("kdb_timing"))[0] = cycles.data.ptr
+    plain_ms = source_ab._median_ms(plain, 5)
+    timed_ms = source_ab._median_ms(timed, 5)   # each run writes every CTA's sums again
+    cp.cuda.get_current_stream().synchronize()
+    return {"config": config, "H": H, "plain_ms": plain_ms, "timed_ms": timed_ms,
+            **summarize_kernel_b(cycles.get(), tiles)}
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.profile") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", choices=("a", "b"), default="a", help="Kernel A (default) or Kernel B")
+    ap.add_argument("--configs", default="32x8192,1x131072",
+                    help="Kernel B: BxT configurations, comma-separated (default 32x8192,1x131072)")
     ap.add_argument("--shape", default="1x16384", help="BxT (default 1x16384)")
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--vsplit", type=int, nargs="+", default=[4, 1])
@@ -130,6 +214,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if gpu_reason() is not None:
         print(f"{prog} needs a GPU ({gpu_reason()})", file=sys.stderr)
         return 2
+    if args.kernel == "b":
+        for shape in args.configs.split(","):
+            print(format_kernel_b(profile_kernel_b(shape.strip(), args.H)), flush=True)
+        return 0
     B, T = (int(v) for v in args.shape.lower().split("x"))
     for vs in args.vsplit:
         print(format_result(profile(B, T, args.H, vs, args.mode, config.parse_knobs(args.tune))), flush=True)

@@ -287,8 +287,6 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
                                         snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
                                         vsplit=spec.vsplit)
         return run, lambda: last["out"]
-    B, T = spec.B, spec.T
-    cu = np.arange(B + 1, dtype=np.int64) * T
     if kernel == "s":
         from kernel.forward_states import launch as forward_states
 
@@ -296,8 +294,20 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
         states = cupy.empty(plan.states_shape, dtype=np.uint16)
         return (lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], out=states),
                 lambda: states)
+    return kernel_b_call(spec, H, x)
+
+
+def kernel_b_call(spec: Spec, H: int, x: dict, **launch_kw):
+    """(a function that runs Kernel B once on ``x`` (:func:`_inputs`), a function that returns what the last
+    run wrote), in the training step's form: rstd given, dq and dk in bf16; dS and the states constants (the
+    values do not change the work); the outputs allocated once. ``launch_kw``: more keywords of
+    ``kernel.token_gradients.launch`` (``timing=True``: kernel.tools.profile's build)."""
+    import cupy
+
     from kernel.token_gradients import launch as token_gradients
 
+    B, T = spec.B, spec.T
+    cu = np.arange(B + 1, dtype=np.int64) * T
     t = token_gradients.tables(cu)
     ds = cupy.full((t["tiles"], H, D, D), 0x3c24, dtype=np.uint16)      # bf16 0.01: values do not change the work
     states = cupy.full((t["chunks"], H, D, D), 0x3ca4, dtype=np.uint16)
@@ -307,7 +317,8 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
            "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
            "dbeta": cupy.empty((B, T, H), np.float32)}
     return (lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"],
-                                           ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out, rstd=rstd),
+                                           ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out, rstd=rstd,
+                                           **launch_kw),
             lambda: out)
 
 

@@ -31,7 +31,8 @@
 // token_gradients_v_phase.cuh (the V phase, G9 / G10 and G8), token_gradients_reduce.cuh (the
 // fixed-order sums between the phases), token_gradients_pairwise.cuh (G14-G17 of a tile whose gates
 // span past fp32's range), token_gradients_gate.cuh (the gate build's epilogue, KDB_GATE=1: the gate
-// activation's backward where dg is formed); ptx_lab's fragments.cuh packs accumulators into operands.
+// activation's backward where dg is formed), token_gradients_timing.cuh (the clock accounting of a tile's
+// phases, KDB_TIMING=1, empty otherwise); ptx_lab's fragments.cuh packs accumulators into operands.
 // This file holds the kernel: the prologue, the walk over the chunk's tiles, and the K phase,
 // written out here: as a function of its own it compiled to other SASS.
 #include "fragments.cuh"
@@ -43,6 +44,7 @@
 #include "token_gradients_pairwise.cuh"
 #include "token_gradients_r1.cuh"
 #include "token_gradients_reduce.cuh"
+#include "token_gradients_timing.cuh"
 #include "token_gradients_v_phase.cuh"
 
 using namespace kdb;
@@ -113,6 +115,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const u32 ncv = nc + 2 * v0, nrv = nr + 2 * v0, nck = nc + k0 * ROW, nrk = nr + 2 * k0;
     float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
 
+    TileTimer timer;
+    timer.start();
     const Copies cps = copies_of(tid, RS, QK_RS);
     load_tile(a, cps, smem, 0, 0, (tok_chunk * HV + h) * HEAD_DIM, (tok_chunk * H + qh) * HEAD_DIM, RS,
               min(TILE_TOKENS, l64), snap0, chunk, h, tid);
@@ -145,11 +149,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         if (it + 1 < ntile) {
             load_tile(a, cps, smem, st ^ 1, it + 1, row0 + TILE_TOKENS * RS, qk_row0 + TILE_TOKENS * QK_RS, RS,
                       min(TILE_TOKENS, l64 - TILE_TOKENS * (it + 1)), snap0 + it + 1, chunk, h, tid);
+            timer.lap(T_ISSUE);
             cp_async_wait<1>();
         } else {
+            timer.lap(T_ISSUE);
             cp_async_wait<0>();
         }
         __syncthreads();   // tile it's inputs (and S0) are in; the previous tile is done with everything
+        timer.lap(T_WAIT_LOADS);
 
         unsigned char* const stg = smem + st * STAGE;
         const u32 stb = sb + st * STAGE;
@@ -174,6 +181,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // R1 is in; a tile with a channel past SPAN_LIMIT takes the pairwise G14-G17 (the same for
         // every thread: the branch below never diverges)
         const bool pairwise = __syncthreads_or(past);
+        timer.lap(T_R1);
 
         // ================= V phase: v rows v0..v0+15, tokens as N =================
         float U[2][4];
@@ -185,7 +193,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         // G8: S1^T = gamma S0^T + U^T Kr, kept in registers until the K phase has read S0
         if (it + 1 < ntile) next_state(S, U, nr, gamma_s, t);
+        timer.lap(T_V_PHASE);
         __syncthreads();   // partials, U, dW complete
+        timer.lap(T_V_BARRIER);
 
         // The partial sums over v, added in a fixed order (deterministic). dMqk and dLkk (strictly
         // lower) go out as bf16 A fragments, each element written to its (lane, register, half)
@@ -194,6 +204,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // them to about 2^-17 (in one bf16 fragment they carry about a tenth of dq's and dk's error).
         reduce_partials(frag16, part, dpart, b1part, dvec, b1, tid);
         __syncthreads();
+        timer.lap(T_REDUCE);
 
         // ================= K phase: k columns k0..k0+15, tokens as M =================
         {
@@ -251,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 const float from_lo = __shfl_sync(0xffffffffu, lo, src), from_hi = __shfl_sync(0xffffffffu, hi, src);
                 dgc = (lane & 8) ? from_hi : from_lo;   // lanes 0..15: column k0 + lane
             }
+            timer.lap(T_K_PRODUCTS);
             // back to q, k and the gate, with fp32 factors from gc (as R1). The gate's products
             // pair each gated operand an MMA read (Kd, Qe, beta Ke, Kr) with its gradient at the
             // bf16 value that MMA used: the cancellations between a tile's gated halves then hold
@@ -310,6 +322,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     yk[r] += kv[0] * dk2[0] + kv[1] * dk2[1];
                 }
             }
+            timer.lap(T_K_ELEMENTWISE);
             // dq and dk out. Where the op normalised q and k (their rstd given), through the l2norm's
             // backward first: dx = rstd (dy - y (y . dy)), y the normalised row this kernel read. A row's
             // y . dy over its 128 columns: this warp's 16 (the row's 4 lanes), then the 8 warps' in
@@ -377,6 +390,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 if (t == 0) b2part[warp * TILE_TOKENS + g + 8 * r] = x;
             }
             __syncwarp();
+            timer.lap(T_L2NORM_STORES);
             // dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma
             {
 #if KDB_GATE
@@ -412,6 +426,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 }
 #endif
             }
+            timer.lap(T_DG);
         }
         __syncthreads();   // the K phase has read S0, dS1, U, dW; the dbeta partials are in
 
@@ -435,7 +450,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 stmatrix_x4_trans(ncv + SM_S + at(16 * b, 0), x[0], x[1], x[2], x[3]);
             }
         }
+        timer.lap(T_END);
     }
+    timer.flush(warp, lane);
 #if KDB_GATE
     // l2part is free: the last tile's K phase read it before that tile's last barrier
     gate_partials(ga, gate_dt, gate_da, chunk * HV + h, warp, lane, l2part);

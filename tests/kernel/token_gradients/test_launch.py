@@ -87,12 +87,14 @@ def test_the_gate_build_gets_its_inputs_outputs_and_form_and_writes_no_dg(monkey
 
 
 def test_every_build_passes_its_gate_macros_and_each_is_a_variant():
-    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True), launch.Build(token_gate=True)]
-    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=0"} <= set(launch.options())
+    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True), launch.Build(token_gate=True),
+                                     launch.Build(timing=True)]
+    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=0", "-DKDB_TIMING=0"} <= set(launch.options())
     assert {"-DKDB_GATE=1", "-DKDB_TOKEN_GATE=0"} <= set(launch.options(launch.Build(gate=True)))
     assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=1"} <= set(launch.options(launch.Build(token_gate=True)))
+    assert {"-DKDB_GATE=0", "-DKDB_TIMING=1"} <= set(launch.options(launch.Build(timing=True)))
     assert [b.name() for b in launch.all_variants()] == [
-        "token-gradients", "token-gradients-gate", "token-gradients-token-gate"]
+        "token-gradients", "token-gradients-gate", "token-gradients-token-gate", "token-gradients-timing"]
 
 
 def test_the_token_gate_build_is_launched_on_request_and_never_with_the_gate_epilogue(monkeypatch):

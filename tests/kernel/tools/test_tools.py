@@ -1,4 +1,7 @@
 """kernel.tools.profile and Kernel A's config knobs: their pure parts on the CPU, the launches on the GPU."""
+import re
+
+import numpy as np
 import pytest
 
 from kernel.tools import profile
@@ -61,6 +64,53 @@ def test_tuning_knobs_are_checked():
     # vsplit 1 with mt 2, two warps per band and fp32 staging: more shared memory than a CTA may have
     with pytest.raises(ValueError, match="B of shared memory per CTA"):
         dstate_scan(*args, vsplit=1, tuning={"mt": 2, "ksplit": 2})
+
+
+# ----------------------------------------------------------------- profile --kernel b
+
+def test_kernel_b_phases_are_the_timing_headers_in_its_order():
+    from kernel.token_gradients.launch import SOURCE_PATH
+
+    text = (SOURCE_PATH.parent / "token_gradients_timing.cuh").read_text()
+    body = text[text.index("enum TimingPhase {"):text.index("TIMING_PHASES\n")]
+    names = re.findall(r"^\s+(T_[A-Z0-9_]+),", body, flags=re.M)
+    assert len(names) == len(profile.KERNEL_B_PHASES) == 11
+    assert names[0] == "T_ISSUE" and names[-1] == "T_END"
+
+
+def test_kernel_b_tiles_follow_the_grid():
+    # grid (chunks, heads): CTA h x chunks + c; a sequence of 130 tokens has chunks of 4, 4 and 1 tiles (2 tokens)
+    np.testing.assert_array_equal(profile.kernel_b_tiles(2, 130, 2), [4, 4, 1] * 4)
+    assert profile.kernel_b_tiles(32, 8192, 32).sum() == 32 * 32 * 512
+
+
+def test_kernel_b_summary_is_per_tile_and_names_the_slowest_warp():
+    phases = len(profile.KERNEL_B_PHASES)
+    cycles = np.zeros((3, 2, phases), dtype=np.uint32)
+    cycles[:, 0, 3] = 400      # the V phase: warp 0 400 cycles a CTA, warp 1 800
+    cycles[:, 1, 3] = 800
+    cycles[:, 0, 4] = 400      # ... and warp 0 waits 400 at the barrier after it
+    tiles = np.array([4, 4, 2])
+    r = profile.summarize_kernel_b(cycles, tiles)
+    v, barrier = r["phases"][3], r["phases"][4]
+    assert (r["tiles"], r["ctas"], r["warps"]) == (10, 3, 2)
+    assert (v["phase"], v["cycles"], v["fastest"], v["slowest"]) == ("V phase", 180.0, 120.0, 240.0)
+    assert barrier["cycles"] == 60.0 and r["tile_cycles"] == 240.0 and v["share"] == 0.75
+    text = profile.format_kernel_b(dict(r, config="2x130", H=2, plain_ms=1.0, timed_ms=1.05))
+    assert "Kernel B 2x130 H2: 1.000 ms plain, 1.050 ms instrumented" in text
+    assert "| V phase | 180 | 75.0% | 120 | 240 |" in text
+    with pytest.raises(ValueError, match="cycles must be"):
+        profile.summarize_kernel_b(cycles[:, :, :4], tiles)
+
+
+@pytest.mark.gpu
+def test_kernel_b_timing_build_charges_every_phase_and_costs_little():
+    pytest.importorskip("torch")   # the bench's timer runs CuPy on torch's stream
+    r = profile.profile_kernel_b("2x1000", 4)
+    assert r["tiles"] == 2 * 4 * 63
+    assert all(p["cycles"] > 0 for p in r["phases"]), r["phases"]
+    # the accounting adds a clock read a phase: a few percent at most
+    assert r["timed_ms"] < 1.25 * r["plain_ms"], (r["timed_ms"], r["plain_ms"])
 
 
 # ----------------------------------------------------------------- config.Config

@@ -94,7 +94,7 @@ def _fla():
                 gate_bwd=kda_gate_bwd, rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
 
 
-def _preprocessing() -> dict:
+def around_our_kernels() -> dict:
     """What the op runs around our kernels (l2norm, beta's sigmoid, the gate's chunk cumsum, the gate's
     backward where Kernel B's epilogue does not take it): FLA's Triton kernels where fla-core imports, so
     that its tensors stay FLA's to the bit, else the same math in torch (:mod:`.preprocess`), so that our
@@ -188,7 +188,7 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     from .. import forward as kernel_forward
     from .. import three_pass_forward as three_passes
 
-    fla = _preprocessing()
+    fla = around_our_kernels()
     o_dtype = q.dtype   # o in q's dtype, as FLA's
     pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
     # the l2norm in the forward (the l2norm builds of the one pass and of the three passes' products pass
@@ -274,7 +274,7 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
     kernels read them, ``beta`` the call's and ``beta_activated`` the sigmoid's (or None), ``g_raw`` the
     call's gate where the op activated it or our kernels read it as it came (:func:`token_gate`; then
     ``g_cumsum`` is None). ``do`` and ``dht`` may be None (no gradient reached them)."""
-    fla = _preprocessing()
+    fla = around_our_kernels()
     if do is None:
         do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
     kernels_beta = beta if beta_activated is None else beta_activated
@@ -340,6 +340,6 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     if call.use_gate_in_kernel and gate_wanted:
         # FLA's fused gate backward (one pass, dA_log and dt_bias summed per block of 32 tokens, then
         # over blocks): kernel.activations.gate_backward is the same math in torch, in float64 in the tests
-        dg, dA, dbias = _preprocessing()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,
+        dg, dA, dbias = around_our_kernels()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,
                                                      lower_bound=call.lower_bound)
     return dq, dk, grads["dv"], grads["dbeta"], dg, dh0, dA, dbias

@@ -181,7 +181,7 @@ def profile_kernel_b(config: str, H: int) -> dict:
     from kernel.tools import source_ab
 
     spec = source_ab.parse_spec(config, "b")
-    x = source_ab._inputs(spec, H)
+    x = source_ab.drawn_inputs(spec, H)
     plain, _ = source_ab.kernel_b_call(spec, H, x)
     timed, _ = source_ab.kernel_b_call(spec, H, x, timing=True)
     tiles = kernel_b_tiles(spec.B, spec.T, H)
@@ -191,8 +191,8 @@ def profile_kernel_b(config: str, H: int) -> dict:
         raise RuntimeError(f"the timing build has {phases} phases, KERNEL_B_PHASES names {len(KERNEL_B_PHASES)}")
     cycles = cp.zeros((tiles.size, warps, phases), dtype=cp.uint32)
     cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global("kdb_timing"))[0] = cycles.data.ptr
-    plain_ms = source_ab._median_ms(plain, 5)
-    timed_ms = source_ab._median_ms(timed, 5)   # each run writes every CTA's sums again
+    plain_ms = source_ab.median_ms(plain, 5)
+    timed_ms = source_ab.median_ms(timed, 5)   # each run writes every CTA's sums again
     cp.cuda.get_current_stream().synchronize()
     return {"config": config, "H": H, "plain_ms": plain_ms, "timed_ms": timed_ms,
             **summarize_kernel_b(cycles.get(), tiles)}

@@ -223,7 +223,10 @@ def use_source(kernel: str, source: Path) -> None:
         getattr(importlib.import_module(module), function).cache_clear()
 
 
-def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
+def drawn_inputs(spec: Spec, H: int, seed: int = 0) -> dict:
+    """Every kernel's inputs at the spec's B x T and H heads, drawn on the GPU (CuPy; bf16 as bits): q and k unit
+    rows, v, do, the gate as FLA's 64-chunk cumsum in log2 of gates in [-0.05, 0], beta, Aqk's and Akk's blocks and
+    dht. The values set no branch of the kernels timed on them (their gates stay within every tile's span)."""
     import cupy
 
     from kernel.ds_scan import launch
@@ -298,8 +301,8 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
 
 
 def kernel_b_call(spec: Spec, H: int, x: dict, **launch_kw):
-    """(a function that runs Kernel B once on ``x`` (:func:`_inputs`), a function that returns what the last
-    run wrote), in the training step's form: rstd given, dq and dk in bf16; dS and the states constants (the
+    """(a function that runs Kernel B once on ``x`` (:func:`drawn_inputs`), a function that returns what the
+    last run wrote), in the training step's form: rstd given, dq and dk in bf16; dS and the states constants (the
     values do not change the work); the outputs allocated once. ``launch_kw``: more keywords of
     ``kernel.token_gradients.launch`` (``timing=True``: kernel.tools.profile's build)."""
     import cupy
@@ -346,7 +349,7 @@ def digest(outputs) -> str:
     return h.hexdigest()
 
 
-def _median_ms(fn, reps: int) -> float:
+def median_ms(fn, reps: int) -> float:
     """The bench's timer (kernel.tools.bench.timing.time_cuda: GPU work queued ahead of each call, so
     the events time the GPU and not the call's Python), with CuPy on torch's stream; median ms."""
     from .bench.timing import cupy_on_torch_stream, time_cuda
@@ -368,7 +371,7 @@ def time_sides(kernel: str, spec: Spec, H: int, reps: int, sides: Sequence[tuple
     import cupy
 
     before = source_dir(kernel)
-    x = _inputs(spec, H)
+    x = drawn_inputs(spec, H)
     run, outputs = _call(kernel, spec, H, x)
     rows = []
     try:
@@ -378,7 +381,7 @@ def time_sides(kernel: str, spec: Spec, H: int, reps: int, sides: Sequence[tuple
             run()
             cupy.cuda.Device().synchronize()
             first = time.perf_counter() - t0
-            ms = _median_ms(run, reps)
+            ms = median_ms(run, reps)
             bits = digest(outputs()) if hashed is None or label in hashed else None
             rows.append(dict(label=label, source=str(source), first_call_s=first, ms=ms, digest=bits))
             if on_side is not None:

@@ -20,39 +20,73 @@ struct NormOut {
     bool write;          // this CTA writes them (the others of the (sequence, query head) only normalise)
 };
 
-// Rows c0 .. c0 + Rows - 1 of the q and k tiles (bf16 [rows][at least HEAD_DIM]; lane l: columns col .. col + 3,
-// col = 4 l), in place: x / sqrt(sum x^2 + 1e-6) in fp32, rounded to bf16, as FLA's l2norm_fwd. The rows' sums
-// of squares are reduced together (a butterfly each, interleaved), the rows rewritten where the kernel's later
-// reads find them, and those below L written out where ``out.write``. Rows past L are zero and stay zero.
-template <int Rows, class Tile>
-__device__ __forceinline__ void l2norm_some_rows(Tile& q_tile, Tile& k_tile, int c0, int col, int L, int lane,
-                                                 const NormOut& out) {
-    uint2 qb[Rows], kb[Rows];
-    float qs[Rows], ks[Rows];
+// A lane's sum of squares of the 4 columns it holds of a row (bf16 pairs lo, hi)
+__device__ __forceinline__ float square_sum(uint2 x) {
+    const float v[4] = {bf16_lo(x.x), bf16_hi(x.x), bf16_lo(x.y), bf16_hi(x.y)};
+    return v[0] * v[0] + v[1] * v[1] + v[2] * v[2] + v[3] * v[3];
+}
+
+// The 4 columns of a row (bf16 pairs) times r, rounded to bf16 pairs
+__device__ __forceinline__ uint2 scaled(uint2 x, float r) {
+    return make_uint2(pack_bf16x2(bf16_lo(x.x) * r, bf16_hi(x.x) * r), pack_bf16x2(bf16_lo(x.y) * r, bf16_hi(x.y) * r));
+}
+
+// 1 / sqrt(sum + 1e-6) of row lane / (32 / Group) of a group of rows, in every lane, from each lane's partial sums
+// ``sums`` of the Group rows, reduced over the warp together: at each of the first log2(Group) levels a lane keeps
+// half of the rows it holds and sends its partner the other half (lanes with bit ``off`` set keep the upper half),
+// then plain butterfly levels to the fifth: Group - 1 + 5 - log2(Group) shuffles (and Group more to hand each row
+// its 1 / sqrt), against 5 Group for a butterfly a row, and one 1 / sqrt a lane against one a row. Every level adds
+// the partner's partial sum to the lane's own, over lane bits 16, 8, 4, 2 and 1 in that order: the tree, and so the
+// bits, of a butterfly a row.
+template <int Group>
+__device__ __forceinline__ float group_rstd(float (&sums)[Group], int lane) {
+    static_assert(Group == 1 || Group == 2 || Group == 4 || Group == 8 || Group == 16 || Group == 32,
+                  "the rows are reduced by halving: a power of two, at most the warp's lanes");
+    int held = Group;   // rows a lane still holds a partial sum of (0 .. held - 1, renumbered at each halving)
 #pragma unroll
-    for (int r = 0; r < Rows; ++r) {
+    for (int off = 16; off > 0; off /= 2) {
+        if (held > 1) {
+            const bool upper = (lane & off) != 0;
+            const int half = held / 2;
+#pragma unroll
+            for (int i = 0; i < half; ++i) {
+                const float keep = upper ? sums[i + half] : sums[i], send = upper ? sums[i] : sums[i + half];
+                sums[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+            }
+            held = half;
+        } else {
+            sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], off);
+        }
+    }
+    return 1.f / sqrtf(sums[0] + 1e-6f);
+}
+
+// Rows c0 .. c0 + Group - 1 of the q and k tiles (bf16 [rows][at least HEAD_DIM]; lane l: columns col .. col + 3,
+// col = 4 l), in place: x / sqrt(sum x^2 + 1e-6) in fp32, rounded to bf16, as FLA's l2norm_fwd (group_rstd; each
+// row's 1 / sqrt read from its first lane); the rows rewritten where the kernel's later reads find them, and those
+// below L written out where ``out.write``. Rows past L are zero and stay zero. The forward's producers and the
+// products pass each take all of a warp's rows at once (8 or 4; 16): the fewest shuffles and 1 / sqrt's, and, with
+// the rows kept in registers between the sums and the scaling, no spill beside the forward's 8 consumer warps (168
+// registers a thread), where groups of 2 or 4, or rows read again from shared memory, made ptxas spill a pointer.
+template <int Group, class Tile>
+__device__ __forceinline__ void l2norm_rows(Tile& q_tile, Tile& k_tile, int c0, int col, int L, int lane,
+                                            const NormOut& out) {
+    uint2 qb[Group], kb[Group];
+    float qs[Group], ks[Group];
+#pragma unroll
+    for (int r = 0; r < Group; ++r) {
         qb[r] = *reinterpret_cast<const uint2*>(&q_tile[c0 + r][col]);
         kb[r] = *reinterpret_cast<const uint2*>(&k_tile[c0 + r][col]);
-        const float q[4] = {bf16_lo(qb[r].x), bf16_hi(qb[r].x), bf16_lo(qb[r].y), bf16_hi(qb[r].y)};
-        const float k[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
-        qs[r] = q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3];
-        ks[r] = k[0] * k[0] + k[1] * k[1] + k[2] * k[2] + k[3] * k[3];
+        qs[r] = square_sum(qb[r]);
+        ks[r] = square_sum(kb[r]);
     }
+    const float q_rstd = group_rstd<Group>(qs, lane), k_rstd = group_rstd<Group>(ks, lane);
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2)
-#pragma unroll
-        for (int r = 0; r < Rows; ++r) {
-            qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], off);
-            ks[r] += __shfl_xor_sync(0xffffffffu, ks[r], off);
-        }
-#pragma unroll
-    for (int r = 0; r < Rows; ++r) {
+    for (int r = 0; r < Group; ++r) {
         const int c = c0 + r;
-        const float qr = 1.f / sqrtf(qs[r] + 1e-6f), kr = 1.f / sqrtf(ks[r] + 1e-6f);
-        const uint2 qn = make_uint2(pack_bf16x2(bf16_lo(qb[r].x) * qr, bf16_hi(qb[r].x) * qr),
-                                    pack_bf16x2(bf16_lo(qb[r].y) * qr, bf16_hi(qb[r].y) * qr));
-        const uint2 kn = make_uint2(pack_bf16x2(bf16_lo(kb[r].x) * kr, bf16_hi(kb[r].x) * kr),
-                                    pack_bf16x2(bf16_lo(kb[r].y) * kr, bf16_hi(kb[r].y) * kr));
+        const float qr = __shfl_sync(0xffffffffu, q_rstd, r * (32 / Group));
+        const float kr = __shfl_sync(0xffffffffu, k_rstd, r * (32 / Group));
+        const uint2 qn = scaled(qb[r], qr), kn = scaled(kb[r], kr);
         *reinterpret_cast<uint2*>(&q_tile[c][col]) = qn;   // each lane rewrites the columns it read
         *reinterpret_cast<uint2*>(&k_tile[c][col]) = kn;
         if (out.write && c < L) {
@@ -64,17 +98,6 @@ __device__ __forceinline__ void l2norm_some_rows(Tile& q_tile, Tile& k_tile, int
             }
         }
     }
-}
-
-// ... AtOnce rows at a time: the forward takes 2 (beside its 8 consumer warps, 168 registers a thread, four or
-// eight at once spilled, and so, through ptxas's allocation, did one), the products pass 8. The bits are the
-// same for any AtOnce: each row's arithmetic is its own.
-template <int Rows, int AtOnce, class Tile>
-__device__ __forceinline__ void l2norm_rows(Tile& q_tile, Tile& k_tile, int c0, int col, int L, int lane,
-                                            const NormOut& out) {
-    static_assert(Rows % AtOnce == 0, "the rows go AtOnce at a time");
-#pragma unroll
-    for (int r = 0; r < Rows; r += AtOnce) l2norm_some_rows<AtOnce>(q_tile, k_tile, c0 + r, col, L, lane, out);
 }
 
 }  // namespace kda_l2norm

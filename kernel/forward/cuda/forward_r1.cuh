@@ -21,8 +21,8 @@ namespace kf {
 __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane,
                                        const kda_l2norm::NormOut& norm) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
-    if constexpr (L2NORM)   // two rows at a time: more spilled (forward_l2norm.cuh)
-        kda_l2norm::l2norm_rows<ROWS_PER_PRODUCER, 2>(st.q, st.k, c0, col, L, lane, norm);
+    if constexpr (L2NORM)
+        kda_l2norm::l2norm_rows<ROWS_PER_PRODUCER>(st.q, st.k, c0, col, L, lane, norm);
     float gT[4];
     float4 base, row[ROWS_PER_PRODUCER];
     float sums[ROWS_PER_PRODUCER][4];   // the token-gate build's gc

@@ -42,18 +42,17 @@ template <int Group>
 __device__ __forceinline__ float group_rstd(float (&sums)[Group], int lane) {
     static_assert(Group == 1 || Group == 2 || Group == 4 || Group == 8 || Group == 16 || Group == 32,
                   "the rows are reduced by halving: a power of two, at most the warp's lanes");
-    int held = Group;   // rows a lane still holds a partial sum of (0 .. held - 1, renumbered at each halving)
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
+    for (int level = 0; level < 5; ++level) {
+        const int off = 16 >> level;
+        const int held = Group >> level;   // rows a lane holds a partial sum of (0 .. held - 1, renumbered each level)
         if (held > 1) {
             const bool upper = (lane & off) != 0;
-            const int half = held / 2;
 #pragma unroll
-            for (int i = 0; i < half; ++i) {
-                const float keep = upper ? sums[i + half] : sums[i], send = upper ? sums[i] : sums[i + half];
+            for (int i = 0; i < held / 2; ++i) {
+                const float keep = upper ? sums[i + held / 2] : sums[i], send = upper ? sums[i] : sums[i + held / 2];
                 sums[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
             }
-            held = half;
         } else {
             sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], off);
         }
@@ -64,10 +63,11 @@ __device__ __forceinline__ float group_rstd(float (&sums)[Group], int lane) {
 // Rows c0 .. c0 + Group - 1 of the q and k tiles (bf16 [rows][at least HEAD_DIM]; lane l: columns col .. col + 3,
 // col = 4 l), in place: x / sqrt(sum x^2 + 1e-6) in fp32, rounded to bf16, as FLA's l2norm_fwd (group_rstd; each
 // row's 1 / sqrt read from its first lane); the rows rewritten where the kernel's later reads find them, and those
-// below L written out where ``out.write``. Rows past L are zero and stay zero. The forward's producers and the
-// products pass each take all of a warp's rows at once (8 or 4; 16): the fewest shuffles and 1 / sqrt's, and, with
-// the rows kept in registers between the sums and the scaling, no spill beside the forward's 8 consumer warps (168
-// registers a thread), where groups of 2 or 4, or rows read again from shared memory, made ptxas spill a pointer.
+// below L written out where ``out.write``. Rows past L are zero and stay zero. The forward's producers take all of a
+// warp's rows at once (8 or 4): the fewest shuffles and 1 / sqrt's, and, with the rows kept in registers between
+// the sums and the scaling, no spill beside the forward's 8 consumer warps (168 registers a thread), where groups
+// of 2 or 4, or rows read again from shared memory, made ptxas spill a pointer. The products pass takes its 16
+// rows 8 at a time: 16 at once put 128 bytes on the stack.
 template <int Group, class Tile>
 __device__ __forceinline__ void l2norm_rows(Tile& q_tile, Tile& k_tile, int c0, int col, int L, int lane,
                                             const NormOut& out) {

@@ -206,7 +206,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         const kda_l2norm::NormOut norm{q_norm + first * HEAD_DIM, k_norm + first * HEAD_DIM, q_rstd + first,
                                        k_rstd + first, static_cast<long long>(H) * HEAD_DIM, H,
                                        q_norm != nullptr && hv % (HV / H) == 0};
-        kda_l2norm::l2norm_rows<TILE_TOKENS>(sh.q, sh.k, TILE_TOKENS * warp, 4 * lane, L, lane, norm);
+        constexpr int AT_ONCE = 8;   // the warp's 16 rows 8 at a time (forward_l2norm.cuh: 16 went to the stack)
+#pragma unroll
+        for (int r = 0; r < TILE_TOKENS; r += AT_ONCE)
+            kda_l2norm::l2norm_rows<AT_ONCE>(sh.q, sh.k, TILE_TOKENS * warp + r, 4 * lane, L, lane, norm);
     }
     if constexpr (TOKEN_GATE || L2NORM) __syncthreads();   // every row's gc, q and k as the rest reads them
 

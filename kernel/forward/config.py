@@ -82,13 +82,15 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
                                # (kernel.shapes.tile_gate_sums), instead of FLA's 64-chunk cumsum in log2
     l2norm: bool = False       # q and k as the caller has them: R1 l2-normalises them (FLA's l2norm_fwd) and one
                                # CTA a (sequence, query head) writes them normalised with each row's rstd
+    timing: bool = False       # the clock accounting of each role's slots of a tile (forward_timing.cuh, for
+                               # kernel.tools.profile --kernel f; the same arithmetic)
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
         pw = self.product_warps
         if isinstance(pw, (bool, np.bool_)) or not isinstance(pw, (int, np.integer)) or pw not in PRODUCT_WARPS:
             raise ValueError(f"Config.product_warps must be one of {PRODUCT_WARPS}, got {pw!r}")
-        for name in ("mbarrier_ring", "token_gate", "l2norm"):
+        for name in ("mbarrier_ring", "token_gate", "l2norm", "timing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         # the barriers before the shared memory (check_knobs), which a ring too deep may also overflow
@@ -105,7 +107,7 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
     def name(self) -> str:
         return (super().name() + (f"-pw{self.product_warps}" if self.product_warps else "")
                 + ("-mb" if self.mbarrier_ring else "") + ("-tg" if self.token_gate else "")
-                + ("-l2" if self.l2norm else ""))
+                + ("-l2" if self.l2norm else "") + ("-timing" if self.timing else ""))
 
     @property
     def smem_bytes(self) -> int:
@@ -115,7 +117,7 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
 KNOB_MACROS = {"warps": "KF_WARPS", "producers": "KF_PRODUCERS", "nstage": "KF_NSTAGE", "g6_split": "KF_G6_SPLIT",
                "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING", "token_gate": "KF_TOKEN_GATE",
-               "l2norm": "KF_L2NORM"}
+               "l2norm": "KF_L2NORM", "timing": "KF_TIMING"}
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 
@@ -160,15 +162,16 @@ def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False) -> C
 
 def all_variants() -> list[Config]:
     """Every configuration the forward launches (the auto rule picks warps, the rest follows), on either
-    form of the gate, with q and k normalised by the caller or by the forward."""
-    return [auto_config(w, token_gate, l2norm) for l2norm in (False, True) for token_gate in (False, True)
-            for w in WARPS]
+    form of the gate, with q and k normalised by the caller or by the forward; and the timing build of each
+    plain one (``ptx-lab profile --kernel f``)."""
+    return ([auto_config(w, token_gate, l2norm) for l2norm in (False, True) for token_gate in (False, True)
+             for w in WARPS] + [dataclasses.replace(auto_config(w), timing=True) for w in WARPS])
 
 
-# its own headers, and the four of Kernel S's it includes (its copies, gate, step of the chain and walk over
-# the tiles): the digest must follow them all
+# its own headers, the four of Kernel S's it includes (its copies, gate, step of the chain and walk over the
+# tiles) and the kernels' lap timer: the digest must follow them all
 HEADERS = ("forward_*.cuh", *(f"../../forward_states/cuda/forward_states_{name}.cuh"
-                              for name in ("copies", "gate", "chain", "walk")))
+                              for name in ("copies", "gate", "chain", "walk")), "../../lap_timer.cuh")
 
 BUILD = builds.KernelBuild(title="the forward (kda_forward)", entry=SOURCE_PATH, headers=HEADERS,
                            function=KERNEL_NAME, constants="kf", default=Config, options=options, variants=all_variants,

@@ -170,6 +170,7 @@ def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int
 
 
 BUILD = builds.KernelBuild(title="Kernel B (the per-token gradients)", entry=SOURCE_PATH,
-                           headers="token_gradients_*.cuh", function=KERNEL_NAME, constants="kdb", default=Build, options=options,
-                           variants=all_variants, label=lambda build: build.name(),
+                           headers=("token_gradients_*.cuh", "../../lap_timer.cuh"), function=KERNEL_NAME,
+                           constants="kdb", default=Build, options=options, variants=all_variants,
+                           label=lambda build: build.name(),
                            required_sass=lambda build: ("HMMA", "LDSM", "LDGSTS", "STSM"))

@@ -1,8 +1,9 @@
-"""Where Kernel A's and Kernel B's cycles go: per-warp clock64 accounting of each phase of a tile.
+"""Where Kernel A's, Kernel B's and the forward's cycles go: per-warp clock64 accounting of each phase of a tile.
 
     ptx-lab profile [--shape 1x16384] [--H 32] [--vsplit 4 1] [--mode bf16x4]
                     [--tune nstage=3 producers=4 ...]      (or python -m kernel.tools.profile)
     ptx-lab profile --kernel b [--configs 32x8192,1x131072] [--H 32]
+    ptx-lab profile --kernel f [--configs 32x8192,1x131072] [--H 32]
 
 Builds the kernel with KDA_TIMING=1 (config.Config.timing): lane 0 of every warp
 of the first 8 CTAs adds clock64 deltas per phase into `kda_timing`. Printed per
@@ -26,6 +27,13 @@ order of KERNEL_B_PHASES); the report gives, per configuration and phase, the cy
 (the mean over warps and CTAs), its share of the tile, and the fastest and slowest warp's mean.
 A phase that ends at a CTA barrier holds the wait there: where the slowest warp's work sets the
 pace, the fastest warp's "barrier" phase is long.
+
+The forward (``--kernel f``) is built with KF_TIMING=1 (its ``timing`` builds, one a consumer-warp
+count), in the configuration its launch picks for the inputs, training mode, on the bench's kind of
+inputs (q and k unit rows, FLA's cumsum gate). Each role's warps charge four slots of every tile
+(forward_timing.cuh): what they wait on, their work, the hand-off after it, and the refill or store.
+Printed per role, in cycles per tile (the mean over its warps and the CTAs): the role that waits
+least sets the pace.
 """
 from __future__ import annotations
 
@@ -43,6 +51,11 @@ PAIR_SLOT = 4        # consumers: the ksplit-2 pair barrier, a part of G1..G5
 # Kernel B's phases of a tile, token_gradients_timing.cuh's TimingPhase in order
 KERNEL_B_PHASES = ("issue loads", "wait loads + barrier", "R1 + barrier", "V phase", "V barrier",
                    "reduce + barrier", "K products", "K elementwise", "l2norm + stores", "dg", "end + stores")
+# the forward's slots of a tile (forward_timing.cuh's TimingSlot, in order), and what each means to each role
+FORWARD_SLOTS = ("wait", "work", "pass", "refill")
+FORWARD_ROLES = {"consumers": ("FULL", "chain + F2", "release + state store", "o store"),
+                 "producers": ("copies landed", "R1", "products or hand-over", "publish + EMPTY + issue"),
+                 "product warps": ("R1 handed over", "Mqk, Akk, INV", "hand-back + publish", "")}
 
 
 def _inputs(B: int, T: int, H: int, seed: int = 0):
@@ -198,11 +211,81 @@ def profile_kernel_b(config: str, H: int) -> dict:
             **summarize_kernel_b(cycles.get(), tiles)}
 
 
+# ----------------------------------------------------------------------------
+# the forward
+# ----------------------------------------------------------------------------
+
+def summarize_forward(cycles: np.ndarray, tiles_per_cta: int, warps: int, producers: int, product_warps: int) -> dict:
+    """Per role, from ``cycles`` [CTAs, warps, FORWARD_SLOTS] (kf_timing; warps in the kernel's order: consumers,
+    producers, product warps): each slot's cycles per tile, the mean over the role's warps and the CTAs."""
+    c = np.asarray(cycles, dtype=np.float64)
+    total = warps + producers + product_warps
+    if c.ndim != 3 or c.shape[1:] != (total, len(FORWARD_SLOTS)):
+        raise ValueError(f"cycles must be [CTAs, {total} warps, {len(FORWARD_SLOTS)} slots], got {c.shape}")
+    spans = {"consumers": (0, warps), "producers": (warps, warps + producers),
+             "product warps": (warps + producers, total)}
+    roles = {}
+    for role, (a, b) in spans.items():
+        if b > a:
+            per_tile = c[:, a:b].mean(axis=(0, 1)) / tiles_per_cta
+            roles[role] = dict(zip(FORWARD_SLOTS, (float(x) for x in per_tile)))
+    return {"ctas": int(c.shape[0]), "tiles_per_cta": int(tiles_per_cta), "roles": roles}
+
+
+def format_forward(r: dict) -> str:
+    """The report of one configuration: a head line and a row a role, each slot's cycles a tile named for it."""
+    head = (f"the forward {r['config']} H{r['H']} ({r['build']}): {r['plain_ms']:.3f} ms plain, "
+            f"{r['timed_ms']:.3f} ms instrumented; {r['ctas']:,} CTAs of {r['tiles_per_cta']:,} tiles")
+    rows = ["| role | " + " | ".join(FORWARD_SLOTS) + " | tile |", "|---|" + "---:|" * (len(FORWARD_SLOTS) + 1)]
+    for role, slots in r["roles"].items():
+        cells = [f"{slots[s]:,.0f} ({name})" if name else f"{slots[s]:,.0f}"
+                 for s, name in zip(FORWARD_SLOTS, FORWARD_ROLES[role])]
+        rows.append(f"| {role} | " + " | ".join(cells) + f" | {sum(slots.values()):,.0f} |")
+    return "\n".join((head, *rows))
+
+
+def profile_forward(config: str, H: int) -> dict:
+    """The forward's timing build on one configuration (BxT), in the build its launch picks, beside that build."""
+    import dataclasses
+
+    import cupy as cp
+
+    from kernel.forward import forward, plan_forward
+    from kernel.forward.launch import module
+    from kernel.runtime import builds
+    from kernel.shapes import TILE_TOKENS
+    from kernel.tools import source_ab
+
+    spec = source_ab.parse_spec(config, "f")
+    x = source_ab.drawn_inputs(spec, H)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    plain = plan_forward(*args, output_final_state=True, training=True, sm_count=builds.sm_count()).config
+    timed = dataclasses.replace(plain, timing=True)
+    plan = plan_forward(*args, output_final_state=True, training=True, config=timed)
+    mod = module(timed)
+    (slots,) = builds.read_int_constants(mod, "kf_timing_slots", 1)
+    if slots != len(FORWARD_SLOTS):
+        raise RuntimeError(f"the timing build has {slots} slots, FORWARD_SLOTS names {len(FORWARD_SLOTS)}")
+    cycles = cp.zeros((plan.ctas, timed.threads // 32, slots), dtype=cp.uint32)
+    cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global("kf_timing"))[0] = cycles.data.ptr
+
+    def run(cfg):
+        return lambda: forward(*args, output_final_state=True, training=True, config=cfg)
+
+    plain_ms = source_ab.median_ms(run(plain), 5)
+    timed_ms = source_ab.median_ms(run(timed), 5)   # each run writes every CTA's sums again
+    cp.cuda.get_current_stream().synchronize()
+    tiles = -(-spec.T // TILE_TOKENS)
+    return {"config": config, "H": H, "build": plain.name(), "plain_ms": plain_ms, "timed_ms": timed_ms,
+            **summarize_forward(cycles.get(), tiles, timed.warps, timed.producers, timed.product_warps)}
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.profile") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernel", choices=("a", "b"), default="a", help="Kernel A (default) or Kernel B")
+    ap.add_argument("--kernel", choices=("a", "b", "f"), default="a",
+                    help="Kernel A (default), Kernel B or the forward (f)")
     ap.add_argument("--configs", default="32x8192,1x131072",
-                    help="Kernel B: BxT configurations, comma-separated (default 32x8192,1x131072)")
+                    help="Kernel B and the forward: BxT configurations, comma-separated (default 32x8192,1x131072)")
     ap.add_argument("--shape", default="1x16384", help="BxT (default 1x16384)")
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--vsplit", type=int, nargs="+", default=[4, 1])
@@ -214,9 +297,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if gpu_reason() is not None:
         print(f"{prog} needs a GPU ({gpu_reason()})", file=sys.stderr)
         return 2
-    if args.kernel == "b":
+    if args.kernel in ("b", "f"):
+        run, report = ((profile_kernel_b, format_kernel_b) if args.kernel == "b" else (profile_forward, format_forward))
         for shape in args.configs.split(","):
-            print(format_kernel_b(profile_kernel_b(shape.strip(), args.H)), flush=True)
+            print(report(run(shape.strip(), args.H)), flush=True)
         return 0
     B, T = (int(v) for v in args.shape.lower().split("x"))
     for vs in args.vsplit:

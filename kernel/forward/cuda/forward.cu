@@ -112,6 +112,7 @@ static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "KF_G6_SPLIT must
 #include "forward_loads.cuh"
 #include "forward_r1.cuh"
 #include "forward_intra.cuh"
+#include "forward_timing.cuh"
 #include "../../forward_states/cuda/forward_states_chain.cuh"   // Kernel S's step of the chain
 #include "../../forward_states/cuda/forward_states_walk.cuh"    // ... and its walk over the tiles
 
@@ -153,6 +154,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
         if (warp >= WARPS + PRODUCERS) {
             // ------- product warps: Mqk (the first) and Akk with INV (the second), a tile behind R1 -------
             const int xw = warp - WARPS - PRODUCERS;   // MQK_WARP or INV_WARP
+            WarpTimer timer;
+            timer.start();
 #pragma unroll 1
             for (int i = 0; i < ntiles; ++i) {
                 const int s = i % NSTAGE, parity = i % 2;
@@ -160,7 +163,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 // tile i's R1 and copies are in (tile i is its parity's use i / 2)
                 if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.r1_done[parity]), (i / 2) & 1);
                 else named_barrier_sync(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
+                timer.lap(T_WAIT);
                 tile_products(sh.stage[s], sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, xw, lane);
+                timer.lap(T_WORK);
                 // the scratch of this parity is read: R1 of tile i + 2 may write it
                 if (i + 2 < ntiles) {
                     if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.products_done[parity]));
@@ -169,7 +174,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 // Mqk and INV of tile i are in its stage
                 if constexpr (MBARRIER_RING) mb.ring.publish(i);
                 else Ring::publish(s);
+                timer.lap(T_PASS);
             }
+            timer.flush(timing_row(warp), lane);
             return;
         }
     }
@@ -193,6 +200,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);
             }
         };
+        WarpTimer timer;
+        timer.start();
         kda_walk::prefetch<PREFETCH>(ntiles, issue);
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {   // R1, then Mqk and INV after a barrier of the producers alone, or
@@ -214,8 +223,10 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             const kda_l2norm::NormOut norm{q_norm + row0 * HEAD_DIM, k_norm + row0 * HEAD_DIM, q_rstd + row0,
                                            k_rstd + row0, (long long)H * HEAD_DIM, H,
                                            L2NORM && q_norm != nullptr && vg == 0 && h % (HV / H) == 0};
+            timer.lap(T_WAIT);
             const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane, norm);
             if (lane == 0) sh.scratch.past[parity][pw] = past;
+            timer.lap(T_WORK);
             if constexpr (PRODUCT_WARPS > 0) {   // the product warps take over
                 if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.r1_done[parity]));
                 else named_barrier_arrive(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
@@ -223,6 +234,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 producers_sync();   // every row's R1 (and copies) are in
                 tile_products(st, sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, pw, lane);
             }
+            timer.lap(T_PASS);
             if constexpr (MBARRIER_RING) {   // kda_walk::hand_over on the mbarrier ring, which counts tiles
                 mb.ring.publish(i);
                 const int j = i + PREFETCH;
@@ -231,8 +243,10 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             } else {
                 kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
             }
+            timer.lap(T_REFILL);
         }
         cp_async_wait<0>();
+        timer.flush(timing_row(warp), lane);
         return;
     }
 
@@ -245,6 +259,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
     // S^T [16 v x 128 k] of this warp, in the chain's accumulators (Kernel S's forward_states_walk.cuh)
     float acc[HEAD_DIM / 8][4];
     const long long v0 = vg * VW + vrow + gr;
+    WarpTimer timer;
+    timer.start();
     kda_walk::load_state(acc, h0, n, HV, h, v0, t);
 
 #pragma unroll 1
@@ -255,6 +271,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
         else Ring::wait_full(s);
         const Stage& st = sh.stage[s];
         __syncwarp();         // the last tile's o left the staging tile before the snapshot reuses it
+        timer.lap(T_WAIT);
 
         // Kernel S's step of the chain (forward_states_chain.cuh): G6 (every 4th tile staging S for its
         // store first), G7, G8; F1, O^T = S^T Qd^T, beside each G6 k-step on its A fragment
@@ -278,6 +295,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             mma_m16n8k16_bf16(out[0], ua, b0, out[0]);
             mma_m16n8k16_bf16(out[1], ua, b1, out[1]);
         }
+        timer.lap(T_WORK);
         if (Ring::releases(i, ntiles)) {   // the producers refill stage s
             if constexpr (MBARRIER_RING) mb.ring.release(i);
             else Ring::release(s);
@@ -288,6 +306,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             kda_walk::store_snapshot(states, sh.snap[warp], snap0, i, HV, h, vg * VW, vrow, lane);
             __syncwarp();
         }
+        timer.lap(T_PASS);
 
         // o [token][v]: O^T's A fragment by stmatrix .trans into the staging tile's first 16 rows,
         // then 16 rows of 32 bytes, one 16-byte half a lane, rows < L
@@ -304,7 +323,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                                           + vg * VW + vrow + half * 8) =
                     *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
         }
+        timer.lap(T_REFILL);
     }
+    timer.flush(timing_row(warp), lane);
 
     // the state after the sequence's last token, fp32 [K][V]
     if (final_state != nullptr) {

@@ -452,7 +452,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         }
         timer.lap(T_END);
     }
-    timer.flush(warp, lane);
+    timer.flush(timing_row(warp), lane);
 #if KDB_GATE
     // l2part is free: the last tile's K phase read it before that tile's last barrier
     gate_partials(ga, gate_dt, gate_da, chunk * HV + h, warp, lane, l2part);

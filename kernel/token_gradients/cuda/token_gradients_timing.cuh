@@ -1,13 +1,14 @@
 // kernel/token_gradients/cuda/token_gradients_timing.cuh -- where a Kernel B tile's cycles go (KDB_TIMING 1,
 // kernel.tools.profile --kernel b).
 //
-// Every thread sums the clock64 deltas of each phase of its tiles in registers (a TileTimer: each lap() charges
-// the cycles since the last one to a phase); at the CTA's end lane 0 of each warp writes its sums to
-// kdb_timing[cta][warp][phase], cta = blockIdx.y gridDim.x + blockIdx.x, into the buffer whose address the host
-// stores in kdb_timing. A phase that ends at a CTA barrier holds the barrier's wait: the warps that finished early
+// Every thread sums the clock64 deltas of each phase of its tiles in registers (a TileTimer, kernel/lap_timer.cuh's
+// LapTimer: each lap() charges the cycles since the last one to a phase); at the CTA's end lane 0 of each warp
+// writes its sums to kdb_timing[cta][warp][phase], cta = blockIdx.y gridDim.x + blockIdx.x, into the buffer whose
+// address the host stores in kdb_timing. A phase that ends at a CTA barrier holds the barrier's wait: the warps that finished early
 // wait there for the slowest. With KDB_TIMING 0 every call is empty, and the builds the API launches hold no clock
 // read.
 #pragma once
+#include "../../lap_timer.cuh"
 #include "token_gradients_layout.cuh"
 
 #ifndef KDB_TIMING
@@ -36,34 +37,24 @@ enum TimingPhase {
 
 #if KDB_TIMING
 extern "C" __constant__ int kdb_timing_dims[2] = {kdb::WARPS, kdb::TIMING_PHASES};   // kdb_timing's [warp][phase]
-extern "C" __device__ unsigned int* kdb_timing;   // [CTAs][WARPS][TIMING_PHASES] cycles: the host's buffer
+extern "C" {
+__device__ unsigned int* kdb_timing;   // [CTAs][WARPS][TIMING_PHASES] cycles: the host's buffer
+}
 #endif
 
 namespace kdb {
 
+using TileTimer = LapTimer<TIMING_PHASES, KDB_TIMING != 0>;
+
+// This warp's row of kdb_timing (cta = blockIdx.y gridDim.x + blockIdx.x); null in the other builds, whose
+// TileTimer writes nothing
+__device__ __forceinline__ unsigned int* timing_row(int warp) {
 #if KDB_TIMING
-struct TileTimer {
-    long long last = 0;
-    unsigned int t[TIMING_PHASES] = {};
-    __device__ __forceinline__ void start() { last = clock64(); }
-    __device__ __forceinline__ void lap(int phase) {   // the cycles since the last lap, to ``phase``
-        const long long now = clock64();
-        t[phase] += static_cast<unsigned int>(now - last);
-        last = now;
-    }
-    __device__ __forceinline__ void flush(int warp, int lane) const {
-        if (lane != 0) return;
-        const long long cta = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
-#pragma unroll
-        for (int p = 0; p < TIMING_PHASES; ++p) kdb_timing[(cta * WARPS + warp) * TIMING_PHASES + p] = t[p];
-    }
-};
+    const long long cta = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
+    return kdb_timing + (cta * WARPS + warp) * TIMING_PHASES;
 #else
-struct TileTimer {
-    __device__ __forceinline__ void start() {}
-    __device__ __forceinline__ void lap(int) {}
-    __device__ __forceinline__ void flush(int, int) const {}
-};
+    return nullptr;
 #endif
+}
 
 }  // namespace kdb

@@ -73,7 +73,9 @@ def test_the_registry_builds_the_forward():
         "forward-w1-p4-st5-g4-pw2-l2", "forward-w2-p4-st5-g4-pw2-l2", "forward-w4-p2-st5-g4-pw2-l2",
         "forward-w8-p2-st4-g4-l2",
         "forward-w1-p4-st5-g4-pw2-tg-l2", "forward-w2-p4-st5-g4-pw2-tg-l2", "forward-w4-p2-st5-g4-pw2-tg-l2",
-        "forward-w8-p2-st4-g4-tg-l2"]
+        "forward-w8-p2-st4-g4-tg-l2",
+        "forward-w1-p4-st5-g4-pw2-timing", "forward-w2-p4-st5-g4-pw2-timing", "forward-w4-p2-st5-g4-pw2-timing",
+        "forward-w8-p2-st4-g4-timing"]
     assert kf.BUILD.default() == kf.auto_config(8)
     assert kf.BUILD.function == "kda_forward" and kf.BUILD.constants == "kf"
     assert set(kf.BUILD.required_sass(kf.BUILD.default())) >= {"HMMA", "LDSM", "LDGSTS", "STSM"}
@@ -119,10 +121,11 @@ def test_the_digest_follows_kernel_s_headers_which_the_source_includes(tmp_path,
     assert shared.resolve() in {p.resolve() for p in kf.BUILD.header_paths()}
     assert shared.resolve() in {p.resolve() for p in fs.BUILD.header_paths()}
     room = tmp_path / "kernel"
-    for sub in ("forward/cuda", "forward_states/cuda"):
-        (room / sub).mkdir(parents=True)
+    package = kf.SOURCE_PATH.resolve().parents[2]   # kernel/: each file at its place under it
     for p in (kf.SOURCE_PATH, *kf.BUILD.header_paths()):
-        (room / p.resolve().parent.parent.name / "cuda" / p.name).write_text(p.read_text())
+        copy = room / p.resolve().relative_to(package)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(p.read_text())
     moved = builds.KernelBuild(**{**{f: getattr(kf.BUILD, f) for f in kf.BUILD.__dataclass_fields__},
                                   "entry": room / "forward/cuda" / kf.SOURCE_PATH.name})
     before = moved.header_digest()

@@ -1,4 +1,5 @@
 """kernel.tools.profile and Kernel A's config knobs: their pure parts on the CPU, the launches on the GPU."""
+import dataclasses
 import re
 
 import numpy as np
@@ -110,6 +111,51 @@ def test_kernel_b_timing_build_charges_every_phase_and_costs_little():
     assert r["tiles"] == 2 * 4 * 63
     assert all(p["cycles"] > 0 for p in r["phases"]), r["phases"]
     # the accounting adds a clock read a phase: a few percent at most
+    assert r["timed_ms"] < 1.25 * r["plain_ms"], (r["timed_ms"], r["plain_ms"])
+
+
+# ----------------------------------------------------------------- profile --kernel f
+
+def test_forward_slots_are_the_timing_headers_in_its_order():
+    from kernel.forward.config import SOURCE_DIR
+
+    text = (SOURCE_DIR / "forward_timing.cuh").read_text()
+    body = text[text.index("enum TimingSlot {"):text.index("TIMING_SLOTS\n")]
+    assert re.findall(r"^\s+(T_[A-Z]+),", body, flags=re.M) == ["T_WAIT", "T_WORK", "T_PASS", "T_REFILL"]
+    assert len(profile.FORWARD_SLOTS) == 4 and all(len(v) == 4 for v in profile.FORWARD_ROLES.values())
+
+
+def test_forward_summary_is_per_role_and_tile():
+    # 2 CTAs of 8 consumer and 2 producer warps (no product warps), 10 tiles each
+    cycles = np.zeros((2, 10, 4), dtype=np.uint32)
+    cycles[:, :8] = [3000, 6000, 500, 500]      # consumers: wait, chain, pass, o store
+    cycles[:, 8:] = [1000, 7000, 1500, 500]     # producers: copies, R1, products, refill
+    r = profile.summarize_forward(cycles, 10, 8, 2, 0)
+    assert set(r["roles"]) == {"consumers", "producers"} and (r["ctas"], r["tiles_per_cta"]) == (2, 10)
+    assert r["roles"]["consumers"] == {"wait": 300.0, "work": 600.0, "pass": 50.0, "refill": 50.0}
+    assert r["roles"]["producers"]["work"] == 700.0
+    text = profile.format_forward(dict(r, config="1x160", H=2, build="w8-p2-st4-g4", plain_ms=1.0, timed_ms=1.02))
+    assert "the forward 1x160 H2 (w8-p2-st4-g4): 1.000 ms plain, 1.020 ms instrumented; 2 CTAs of 10 tiles" in text
+    assert "| producers | 100 (copies landed) | 700 (R1) | 150 (products or hand-over) | 50 (publish + EMPTY" in text
+    assert "| 1,000 |" in text
+    with pytest.raises(ValueError, match="cycles must be"):
+        profile.summarize_forward(cycles, 10, 8, 4, 0)
+
+
+def test_every_consumer_warp_count_has_a_timing_build():
+    from kernel.forward import WARPS, all_variants, auto_config
+
+    timed = [c for c in all_variants() if c.timing]
+    assert [c.warps for c in timed] == list(WARPS) and all(c.name().endswith("-timing") for c in timed)
+    assert all(dataclasses.replace(c, timing=False) == auto_config(c.warps) for c in timed)
+
+
+@pytest.mark.gpu
+def test_forward_timing_build_charges_every_role_and_costs_little():
+    pytest.importorskip("torch")   # the bench's timer runs CuPy on torch's stream
+    r = profile.profile_forward("2x1000", 4)
+    assert r["tiles_per_cta"] == 63 and "consumers" in r["roles"] and "producers" in r["roles"]
+    assert all(v > 0 for v in r["roles"]["consumers"].values())
     assert r["timed_ms"] < 1.25 * r["plain_ms"], (r["timed_ms"], r["plain_ms"])
 
 

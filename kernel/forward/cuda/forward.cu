@@ -71,6 +71,9 @@
 #ifndef KF_L2NORM
 #error "KF_L2NORM is not set: kernel/forward/config.py sets every knob (Config.l2norm)"
 #endif
+#ifndef KF_TIMING
+#error "KF_TIMING is not set: kernel/forward/config.py sets every knob (Config.timing)"
+#endif
 
 namespace kf {
 using namespace ptx_lab;
@@ -85,6 +88,7 @@ constexpr int PRODUCT_WARPS = KF_PRODUCT_WARPS;   // warps of Mqk and INV alone,
 constexpr bool MBARRIER_RING = KF_MBARRIER_RING != 0;   // the checking build: every hand-off on mbarriers
 constexpr bool TOKEN_GATE = KF_TOKEN_GATE != 0;   // g is each token's natural-log gate, summed in R1
 constexpr bool L2NORM = KF_L2NORM != 0;           // q and k as the caller has them, l2-normalised in R1
+constexpr bool TIMING = KF_TIMING != 0;           // the clock accounting of each role's slots (forward_timing.cuh)
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
 constexpr int PRODUCT_THREADS = 32 * PRODUCT_WARPS;

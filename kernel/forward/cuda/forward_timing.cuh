@@ -6,16 +6,11 @@
 // into the buffer whose address the host stores in kf_timing. A slot means what its warp's role does there. A role
 // that waits most of a tile does not set the pace; the one it waits for does. With KF_TIMING 0 every call is empty,
 // and the builds the API launches hold no clock read.
+// Included by forward.cu after its configuration (TIMING, THREADS).
 #pragma once
 #include "../../lap_timer.cuh"
 
-#ifndef KF_TIMING
-#error "KF_TIMING is not set: kernel/forward/config.py sets every knob (Config.timing)"
-#endif
-
 namespace kf {
-
-constexpr bool TIMING = KF_TIMING != 0;
 
 // The slots of a tile, by role (kernel.tools.profile.FORWARD_SLOTS names them)
 enum TimingSlot {

@@ -225,8 +225,9 @@ def use_source(kernel: str, source: Path) -> None:
 
 def drawn_inputs(spec: Spec, H: int, seed: int = 0) -> dict:
     """Every kernel's inputs at the spec's B x T and H heads, drawn on the GPU (CuPy; bf16 as bits): q and k unit
-    rows, v, do, the gate as FLA's 64-chunk cumsum in log2 of gates in [-0.05, 0], beta, Aqk's and Akk's blocks and
-    dht. The values set no branch of the kernels timed on them (their gates stay within every tile's span)."""
+    rows, v, do, each token's natural-log gate in [-0.05, 0] (g_token, the token-gate builds') and its 64-chunk
+    cumsum in log2 (g, FLA's), beta, Aqk's and Akk's blocks and dht. The values set no branch of the kernels timed
+    on them (their gates stay within every tile's span)."""
     import cupy
 
     from kernel.ds_scan import launch
@@ -235,11 +236,12 @@ def drawn_inputs(spec: Spec, H: int, seed: int = 0) -> dict:
     rs = cupy.random.RandomState(seed)
     n = lambda *s: rs.standard_normal(s, dtype=np.float32)   # noqa: E731
     unit = lambda x: x / cupy.linalg.norm(x, axis=-1, keepdims=True)   # noqa: E731
-    g = -0.05 * rs.random_sample((B, -(-T // 64) * 64, H, D), dtype=np.float32)
-    g = g.reshape(B, -1, 64, H, D).cumsum(axis=2).reshape(B, -1, H, D)[:, :T] / np.float32(np.log(2))
+    g_token = -0.05 * rs.random_sample((B, -(-T // 64) * 64, H, D), dtype=np.float32)
+    g = g_token.reshape(B, -1, 64, H, D).cumsum(axis=2).reshape(B, -1, H, D)[:, :T] / np.float32(np.log(2))
     return dict(q=launch.bf16_bits(unit(n(B, T, H, D))), k=launch.bf16_bits(unit(n(B, T, H, D))),
                 v=launch.bf16_bits(n(B, T, H, D)), do=launch.bf16_bits(0.1 * n(B, T, H, D)),
-                g=cupy.ascontiguousarray(g), beta=rs.random_sample((B, T, H), dtype=np.float32),
+                g=cupy.ascontiguousarray(g), g_token=cupy.ascontiguousarray(g_token[:, :T]),
+                beta=rs.random_sample((B, T, H), dtype=np.float32),
                 Aqk=launch.bf16_bits(0.01 * n(B, T, H, 64)), Akk=launch.bf16_bits(0.01 * n(B, T, H, 64)),
                 dht=0.01 * n(B, H, D, D))
 

@@ -130,8 +130,7 @@ def plan_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=No
             raise ValueError(f"config {cfg.name()} is the build for {name}={getattr(cfg, name)}, but the call passes "
                              f"{name}={getattr(fp.config, name)}: the inputs' form must be the build's")
     return ProductsPlan(B=fp.B, T=fp.T, H=fp.H, HV=fp.HV, scale=fp.scale, cu_seqlens=fp.cu_seqlens,
-                        training=fp.blocks_shape is not None, torch_out=fp.torch_out,
-                        beta_bf16=fp.beta_bf16,
+                        training=fp.blocks_shape is not None, torch_out=fp.torch_out, beta_bf16=fp.beta_bf16,
                         config=cfg)
 
 

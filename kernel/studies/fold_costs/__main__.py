@@ -176,12 +176,11 @@ def measure(config: str, heads: int, reps: int, kernels: Sequence[str]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise ImportError("no CUDA device")
-    except ImportError as exc:
-        print(f"fold_costs: needs torch with a CUDA GPU and CuPy ({exc})", file=sys.stderr)
+    from kernel.runtime.arrays import torch_gpu_reason
+
+    why = torch_gpu_reason()
+    if why is not None:
+        print(f"fold_costs: needs torch with a CUDA GPU and CuPy ({why})", file=sys.stderr)
         return 2
     rows = []
     for config in args.configs:

@@ -128,12 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"forward_builds: {exc}", file=sys.stderr)
         return 2
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise ImportError("no CUDA device")
-    except ImportError as exc:
-        print(f"forward_builds: needs torch with a CUDA GPU and CuPy ({exc})", file=sys.stderr)
+    from kernel.runtime.arrays import torch_gpu_reason
+
+    why = torch_gpu_reason()
+    if why is not None:
+        print(f"forward_builds: needs torch with a CUDA GPU and CuPy ({why})", file=sys.stderr)
         return 2
     rows = []
     for config in [c.strip() for c in args.configs.split(",") if c.strip()]:

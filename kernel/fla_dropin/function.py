@@ -205,14 +205,10 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     inputs = [_aligned(x) for x in (q, k, v, g_read, kernels_beta, h0)]
     with _torch_stream():
-        if pays:
-            out = three_passes.three_pass_forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
-                                                  cu_seqlens=call.offsets, output_final_state=call.output_final_state,
-                                                  training=call.training, token_gate=tokens, l2norm=l2norm)
-        else:
-            out = kernel_forward.forward(*inputs[:5], scale=call.scale, initial_state=inputs[5],
-                                         cu_seqlens=call.offsets, output_final_state=call.output_final_state,
-                                         training=call.training, token_gate=tokens, l2norm=l2norm)
+        run = three_passes.three_pass_forward if pays else kernel_forward.forward   # the same call and outputs
+        out = run(*inputs[:5], scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
+                  output_final_state=call.output_final_state, training=call.training, token_gate=tokens,
+                  l2norm=l2norm)
     if l2norm:
         q, k, q_rstd, k_rstd = out.q, out.k, out.q_rstd, out.k_rstd   # None out of training
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
@@ -220,7 +216,7 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     # the cumsum goes to the backward only where the op activated the gate (else it reads the call's own)
     return dict(o=out.o.to(o_dtype), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
                 k=k if normed else None, k_rstd=k_rstd, beta=beta_activated,
-                g_cumsum=None if token_gate(call) else g_read, Aqk=out.Aqk, Akk=out.Akk, h=out.states)
+                g_cumsum=None if tokens else g_read, Aqk=out.Aqk, Akk=out.Akk, h=out.states)
 
 
 def token_gate(call: Call) -> bool:

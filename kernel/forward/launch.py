@@ -68,7 +68,8 @@ from ..forward_states.launch import (H200_SM_COUNT, ScanPlan, check_batch, host_
                                      scan_kernel, states_shape)
 from .config import BUILD, Config, auto_config, choose_warps
 
-__all__ = ["forward", "plan_forward", "launch_planned", "module", "kernel", "ForwardPlan", "ForwardOutputs"]
+__all__ = ["forward", "plan_forward", "check_forms", "launch_planned", "module", "kernel", "ForwardPlan",
+           "ForwardOutputs"]
 
 
 class ForwardOutputs(NamedTuple):
@@ -115,6 +116,15 @@ def _flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def check_forms(config, **forms: bool) -> None:
+    """ValueError where ``config`` (a build of the forward or of the products pass) is not the build for the
+    inputs' forms the call passes (``token_gate``, ``l2norm``: each a field of the build)."""
+    for name, value in forms.items():
+        if getattr(config, name) != value:
+            raise ValueError(f"config {config.name()} is the build for {name}={getattr(config, name)}, but the call "
+                             f"passes {name}={value}: the inputs' form must be the build's")
+
+
 def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
                  output_final_state: bool = False, training: bool = False, token_gate: bool = False,
                  l2norm: bool = False, config: Config | None = None, sm_count: int = H200_SM_COUNT) -> ForwardPlan:
@@ -127,10 +137,8 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
     training = _flag("training", training)
     token_gate = _flag("token_gate", token_gate)
     l2norm = _flag("l2norm", l2norm)
-    for name, value in (("token_gate", token_gate), ("l2norm", l2norm)):
-        if config is not None and getattr(config, name) != value:
-            raise ValueError(f"config {config.name()} is the build for {name}={getattr(config, name)}, but the call "
-                             f"passes {name}={value}: the inputs' form must be the build's")
+    if config is not None:
+        check_forms(config, token_gate=token_gate, l2norm=l2norm)
     scale = check_scale(scale)
     qa = _device_array("q", q)
     B, T, H = leading("q", qa)

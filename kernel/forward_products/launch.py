@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..forward.launch import plan_forward
+from ..forward.launch import check_forms, plan_forward
 from ..runtime import builds
 from ..runtime.arrays import beta_f32, empty_output, require_cupy, require_gpu, to_cupy
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_chunk_range, snapshot_offsets
@@ -125,10 +125,7 @@ def plan_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=No
     fp = plan_forward(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training,
                       token_gate=token_gate, l2norm=l2norm)
     cfg = config if config is not None else Config(token_gate=fp.config.token_gate, l2norm=fp.config.l2norm)
-    for name in ("token_gate", "l2norm"):
-        if getattr(cfg, name) != getattr(fp.config, name):
-            raise ValueError(f"config {cfg.name()} is the build for {name}={getattr(cfg, name)}, but the call passes "
-                             f"{name}={getattr(fp.config, name)}: the inputs' form must be the build's")
+    check_forms(cfg, token_gate=fp.config.token_gate, l2norm=fp.config.l2norm)
     return ProductsPlan(B=fp.B, T=fp.T, H=fp.H, HV=fp.HV, scale=fp.scale, cu_seqlens=fp.cu_seqlens,
                         training=fp.blocks_shape is not None, torch_out=fp.torch_out, beta_bf16=fp.beta_bf16,
                         config=cfg)

@@ -15,10 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from kernel.runtime.arrays import bits_to_f32
-
 from . import forward_cases as fc
-from .three_pass_model import RECIPES, case_of
+from .three_pass_model import RECIPES, case_inputs, case_of
 from .three_pass_model import emulate as three_passes
 
 
@@ -40,11 +38,8 @@ def test_the_folded_scan_is_the_scan_on_a_gate_of_exact_tile_sums():
 
 
 def three_pass_errors(case: dict, token_gate: bool = False) -> np.ndarray:
-    H = case["H"]
-    args = (*(bits_to_f32(case[n]).reshape(-1, H, fc.D) for n in ("q_repeated", "k_repeated", "v")),
-            (case["g_token"] if token_gate else case["g"]).reshape(-1, H, fc.D), case["beta_values"].reshape(-1, H),
-            case["lengths"])
-    e = three_passes(*args, scale=case["scale"], initial_state=case["initial_state"], token_gate=token_gate)
+    e = three_passes(*case_inputs(case, token_gate), scale=case["scale"], initial_state=case["initial_state"],
+                     token_gate=token_gate)
     return np.array([fc.rel(e[name].reshape(case[name].shape), case[name]) for name in ("o", "final", "states")])
 
 

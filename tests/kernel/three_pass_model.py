@@ -38,6 +38,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from kernel.runtime.arrays import bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS, tile_gate_sums
 
 D, C, BT = HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS
@@ -307,6 +308,16 @@ def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_fo
     walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], initial_state, ops["u_scale"])
     o = o_pass(ops["qg"], ops["aqk"], walked["states"], walked["v_new"], lengths)
     return {"o": o, "final": walked["final"], "states": walked["states"], "pairwise_blocks": ops["pairwise_blocks"]}
+
+
+def case_inputs(case: dict, token_gate: bool = False) -> tuple:
+    """The positional inputs of :func:`operands` and :func:`emulate` from a forward_cases.make_case case: q, k (as
+    every value head reads them), v, the gate (FLA's cumsum, or with ``token_gate`` each token's own), beta and
+    the sequences' lengths, per value head."""
+    H = case["H"]
+    gate = case["g_token"] if token_gate else case["g"]
+    return (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
+            gate.reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
 
 
 # The recipes the three passes are checked on: forward_cases.make_case's keywords, and the trained layer's gate

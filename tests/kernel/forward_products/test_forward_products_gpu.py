@@ -27,8 +27,8 @@ from kernel.forward_products import forward_products
 
 from kernel.forward_products import CHUNK_MAJOR
 
-from ..forward_cases import RAGGED, D, check_normalised, make_case, rel
-from ..three_pass_model import bf16, case_of, chain, o_pass, operands
+from ..forward_cases import RAGGED, check_normalised, make_case, rel
+from ..three_pass_model import bf16, case_inputs, case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -49,11 +49,7 @@ def _run(case: dict, *, token_gate: bool = False, l2norm: bool = False, training
 
 
 def _model(case: dict, token_gate: bool = False) -> dict:
-    H = case["H"]
-    args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
-            (case["g_token"] if token_gate else case["g"]).reshape(-1, H, D), case["beta_values"].reshape(-1, H),
-            case["lengths"])
-    return operands(*args, scale=case["scale"], u_format="fp16", token_gate=token_gate)
+    return operands(*case_inputs(case, token_gate), scale=case["scale"], u_format="fp16", token_gate=token_gate)
 
 
 def _host(x) -> np.ndarray:

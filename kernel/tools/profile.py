@@ -146,6 +146,19 @@ def format_result(r: dict) -> str:
 # Kernel B
 # ----------------------------------------------------------------------------
 
+def _time_with_buffer(mod, pointer: str, cycles, plain, timed) -> tuple[float, float]:
+    """(plain ms, timed ms), median of 5 calls each, after pointing the timing build's ``pointer`` (a device
+    global of ``mod``) at ``cycles``; the timed calls each write every CTA's sums there again."""
+    import cupy as cp
+
+    from kernel.tools import source_ab
+
+    cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global(pointer))[0] = cycles.data.ptr
+    plain_ms, timed_ms = source_ab.median_ms(plain, 5), source_ab.median_ms(timed, 5)
+    cp.cuda.get_current_stream().synchronize()
+    return plain_ms, timed_ms
+
+
 def kernel_b_tiles(B: int, T: int, H: int) -> np.ndarray:
     """The tiles of each of Kernel B's CTAs on B sequences of T tokens and H heads, in the order
     kdb_timing holds them (cta = head x chunks + chunk: the grid is (chunks, heads))."""
@@ -203,10 +216,7 @@ def profile_kernel_b(config: str, H: int) -> dict:
     if phases != len(KERNEL_B_PHASES):
         raise RuntimeError(f"the timing build has {phases} phases, KERNEL_B_PHASES names {len(KERNEL_B_PHASES)}")
     cycles = cp.zeros((tiles.size, warps, phases), dtype=cp.uint32)
-    cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global("kdb_timing"))[0] = cycles.data.ptr
-    plain_ms = source_ab.median_ms(plain, 5)
-    timed_ms = source_ab.median_ms(timed, 5)   # each run writes every CTA's sums again
-    cp.cuda.get_current_stream().synchronize()
+    plain_ms, timed_ms = _time_with_buffer(mod, "kdb_timing", cycles, plain, timed)
     return {"config": config, "H": H, "plain_ms": plain_ms, "timed_ms": timed_ms,
             **summarize_kernel_b(cycles.get(), tiles)}
 
@@ -267,14 +277,11 @@ def profile_forward(config: str, H: int) -> dict:
     if slots != len(FORWARD_SLOTS):
         raise RuntimeError(f"the timing build has {slots} slots, FORWARD_SLOTS names {len(FORWARD_SLOTS)}")
     cycles = cp.zeros((plan.ctas, timed.threads // 32, slots), dtype=cp.uint32)
-    cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global("kf_timing"))[0] = cycles.data.ptr
 
     def run(cfg):
         return lambda: forward(*args, output_final_state=True, training=True, config=cfg)
 
-    plain_ms = source_ab.median_ms(run(plain), 5)
-    timed_ms = source_ab.median_ms(run(timed), 5)   # each run writes every CTA's sums again
-    cp.cuda.get_current_stream().synchronize()
+    plain_ms, timed_ms = _time_with_buffer(mod, "kf_timing", cycles, run(plain), run(timed))
     tiles = -(-spec.T // TILE_TOKENS)
     return {"config": config, "H": H, "build": plain.name(), "plain_ms": plain_ms, "timed_ms": timed_ms,
             **summarize_forward(cycles.get(), tiles, timed.warps, timed.producers, timed.product_warps)}

@@ -228,8 +228,8 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     gradients are bf16): in Kernel B, or with GVA after the group sum in fp32. ``gate`` (:class:`Gate`):
     Kernel B applies the gate activation's backward where it forms dg, and the result has, instead of
     "dg", :data:`GATE_GRADIENTS`: dg_raw (bf16, g_raw's), dA_log (fp32 [HV], None without A_log) and
-    ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per 64-token chunk in
-    the kernel and then over chunks in a fixed order (two calls give the same bits). ``segments``: as
+    ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per CTA (a run of
+    64-token chunks) in the kernel and then over the runs in a fixed order (two calls give the same bits). ``segments``: as
     :func:`kda_backward`'s (checked by the caller). ``token_gate``: g is each token's natural-log gate
     (fp32 [B, T, HV, 128]) instead of FLA's chunk cumsum, which Kernels A and B sum within each tile
     themselves (kernel.shapes.tile_gate_sums: the cumsum pass folded into its readers); the states must
@@ -331,10 +331,11 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
                "dbeta": cupy.empty(row, np.float32)}
     rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
-    gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q)
+    runs = token_gradients.run_plan(batch.cu_seqlens, HV)
+    gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q, runs.runs)
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
                            cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out,
-                           token_gate=token_gate)
+                           token_gate=token_gate, run_chunks=runs.run_chunks)
     grads = {**(out_t if batch.torch_out else out), "dh0": dh0}
     if gate is not None:
         del grads["dg"]   # never written: the gate build writes dg_raw instead
@@ -345,16 +346,16 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     return grads
 
 
-def _gate_out(batch: Batch, gate: Gate, like):
+def _gate_out(batch: Batch, gate: Gate, like, runs: int):
     """Kernel B's gate epilogue arguments (token_gradients.GateOut), with, for a torch caller, the torch
-    tensors behind its outputs ({name: tensor}); A_log and dt_bias go in as fp32."""
+    tensors behind its outputs ({name: tensor}); A_log and dt_bias go in as fp32. ``runs``: Kernel B's CTAs a
+    head (token_gradients.run_plan), a row each of the partial sums."""
     import cupy
 
     if gate.lower_bound is None and gate.A_log is None:
         raise ValueError("gate: A_log is None with lower_bound None: the softplus form g = -exp(A_log) softplus(x) "
                          "needs A_log (only the sigmoid form, lower_bound = L, takes A_log None)")
     B, T, HV = batch.B, batch.T, batch.HV
-    chunks = token_gradients.chunk_count(batch.cu_seqlens)
     wide = (B, T, HV, HEAD_DIM)
     if batch.torch_out:
         import torch
@@ -363,8 +364,8 @@ def _gate_out(batch: Batch, gate: Gate, like):
         a_log = None if gate.A_log is None else gate.A_log.float().contiguous().reshape(-1)
         dt_bias = None if gate.dt_bias is None else gate.dt_bias.float().contiguous().reshape(-1)
         t = {"dg_raw": torch.empty(wide, dtype=torch.bfloat16, device=dev),
-             "da_part": None if a_log is None else torch.empty((chunks, HV), dtype=torch.float32, device=dev),
-             "ddt_part": None if dt_bias is None else torch.empty((chunks, HV, HEAD_DIM), dtype=torch.float32,
+             "da_part": None if a_log is None else torch.empty((runs, HV), dtype=torch.float32, device=dev),
+             "ddt_part": None if dt_bias is None else torch.empty((runs, HV, HEAD_DIM), dtype=torch.float32,
                                                                  device=dev)}
         views = {name: None if x is None else cupy_view(x) for name, x in t.items()}
         inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else cupy_view(a_log),
@@ -373,8 +374,8 @@ def _gate_out(batch: Batch, gate: Gate, like):
         t = None
         a_log, dt_bias = gate.A_log, gate.dt_bias
         views = {"dg_raw": cupy.empty(wide, np.uint16),
-                 "da_part": None if a_log is None else cupy.empty((chunks, HV), np.float32),
-                 "ddt_part": None if dt_bias is None else cupy.empty((chunks, HV, HEAD_DIM), np.float32)}
+                 "da_part": None if a_log is None else cupy.empty((runs, HV), np.float32),
+                 "ddt_part": None if dt_bias is None else cupy.empty((runs, HV, HEAD_DIM), np.float32)}
         inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else to_cupy("A_log", a_log, "f32").reshape(-1),
                   None if dt_bias is None else to_cupy("dt_bias", dt_bias, "f32").reshape(-1))
     return token_gradients.GateOut(*inputs, gate.lower_bound, views["dg_raw"], views["da_part"],
@@ -382,7 +383,7 @@ def _gate_out(batch: Batch, gate: Gate, like):
 
 
 def _gate_sums(out, t, torch_out: bool) -> dict:
-    """dg_raw, and dA_log and ddt_bias: the per-chunk partial sums added over the chunks (a reduction
+    """dg_raw, and dA_log and ddt_bias: Kernel B's per-run partial sums added over the runs (a reduction
     of each element's terms, no atomics: the same bits every call), fp32."""
     src = t if torch_out else {"dg_raw": out.dg_raw, "da_part": out.da_part, "ddt_part": out.ddt_part}
     da, ddt = src["da_part"], src["ddt_part"]

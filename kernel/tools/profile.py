@@ -159,14 +159,15 @@ def _time_with_buffer(mod, pointer: str, cycles, plain, timed) -> tuple[float, f
     return plain_ms, timed_ms
 
 
-def kernel_b_tiles(B: int, T: int, H: int) -> np.ndarray:
-    """The tiles of each of Kernel B's CTAs on B sequences of T tokens and H heads, in the order
-    kdb_timing holds them (cta = head x chunks + chunk: the grid is (chunks, heads))."""
+def kernel_b_tiles(B: int, T: int, H: int, run_chunks: int = 1) -> np.ndarray:
+    """The tiles of each of Kernel B's CTAs on B sequences of T tokens and H heads, a CTA a run of ``run_chunks``
+    chunks, in the order kdb_timing holds them (cta = head x runs + run: the grid is (runs, heads))."""
     from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
 
-    starts = np.arange(0, T, CHUNK_TOKENS)
-    per_chunk = -(-np.minimum(CHUNK_TOKENS, T - starts) // TILE_TOKENS)
-    return np.tile(np.tile(per_chunk, B), H)
+    span = CHUNK_TOKENS * run_chunks
+    starts = np.arange(0, T, span)
+    per_run = -(-np.minimum(span, T - starts) // TILE_TOKENS)
+    return np.tile(np.tile(per_run, B), H)
 
 
 def summarize_kernel_b(cycles: np.ndarray, tiles: np.ndarray) -> dict:
@@ -189,35 +190,37 @@ def summarize_kernel_b(cycles: np.ndarray, tiles: np.ndarray) -> dict:
 
 def format_kernel_b(r: dict) -> str:
     """The report of one configuration: a head line and a table of the phases."""
-    head = (f"Kernel B {r['config']} H{r['H']}: {r['plain_ms']:.3f} ms plain, {r['timed_ms']:.3f} ms instrumented; "
-            f"{r['ctas']:,} CTAs of {r['warps']} warps, {r['tiles']:,} tiles, {r['tile_cycles']:,.0f} cycles a tile "
-            f"(the mean warp's)")
+    head = (f"Kernel B {r['config']} H{r['H']}, {r['run_chunks']} chunks a CTA: {r['plain_ms']:.3f} ms plain, "
+            f"{r['timed_ms']:.3f} ms instrumented; {r['ctas']:,} CTAs of {r['warps']} warps, {r['tiles']:,} tiles, "
+            f"{r['tile_cycles']:,.0f} cycles a tile (the mean warp's)")
     rows = ["| phase | cycles / tile | share | fastest warp | slowest warp |", "|---|---:|---:|---:|---:|"]
     rows += [f"| {p['phase']} | {p['cycles']:,.0f} | {100 * p['share']:.1f}% | {p['fastest']:,.0f} | "
              f"{p['slowest']:,.0f} |" for p in r["phases"]]
     return "\n".join((head, *rows))
 
 
-def profile_kernel_b(config: str, H: int) -> dict:
-    """Kernel B's timing build on one configuration (BxT) against its plain build, on the GPU."""
+def profile_kernel_b(config: str, H: int, run_chunks: int | str = "auto") -> dict:
+    """Kernel B's timing build on one configuration (BxT) against its plain build, on the GPU, a CTA a run of
+    ``run_chunks`` chunks (kernel.token_gradients.run_plan's choice for "auto")."""
     import cupy as cp
 
     from kernel.runtime import builds
-    from kernel.token_gradients.launch import BUILD, Build
+    from kernel.token_gradients.launch import BUILD, Build, run_plan
     from kernel.tools import source_ab
 
     spec = source_ab.parse_spec(config, "b")
     x = source_ab.drawn_inputs(spec, H)
-    plain, _ = source_ab.kernel_b_call(spec, H, x)
-    timed, _ = source_ab.kernel_b_call(spec, H, x, timing=True)
-    tiles = kernel_b_tiles(spec.B, spec.T, H)
+    chunks = run_plan(np.arange(spec.B + 1, dtype=np.int64) * spec.T, H, run_chunks).run_chunks
+    plain, _ = source_ab.kernel_b_call(spec, H, x, run_chunks=chunks)
+    timed, _ = source_ab.kernel_b_call(spec, H, x, timing=True, run_chunks=chunks)
+    tiles = kernel_b_tiles(spec.B, spec.T, H, chunks)
     mod = BUILD.module(Build(timing=True))   # the module the timed launch runs (load_module caches it)
     warps, phases = builds.read_int_constants(mod, "kdb_timing_dims", 2)
     if phases != len(KERNEL_B_PHASES):
         raise RuntimeError(f"the timing build has {phases} phases, KERNEL_B_PHASES names {len(KERNEL_B_PHASES)}")
     cycles = cp.zeros((tiles.size, warps, phases), dtype=cp.uint32)
     plain_ms, timed_ms = _time_with_buffer(mod, "kdb_timing", cycles, plain, timed)
-    return {"config": config, "H": H, "plain_ms": plain_ms, "timed_ms": timed_ms,
+    return {"config": config, "H": H, "run_chunks": chunks, "plain_ms": plain_ms, "timed_ms": timed_ms,
             **summarize_kernel_b(cycles.get(), tiles)}
 
 
@@ -287,6 +290,16 @@ def profile_forward(config: str, H: int) -> dict:
             **summarize_forward(cycles.get(), tiles, timed.warps, timed.producers, timed.product_warps)}
 
 
+def _run_chunks(text: str) -> int | str:
+    from kernel.token_gradients.launch import RUN_CHUNKS
+
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) not in RUN_CHUNKS:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or one of {RUN_CHUNKS}, got {text!r}")
+    return int(text)
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.profile") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernel", choices=("a", "b", "f"), default="a",
@@ -298,16 +311,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap.add_argument("--vsplit", type=int, nargs="+", default=[4, 1])
     ap.add_argument("--mode", default="bf16x4", choices=("bf16x4", "f32x1", "bf16x1", "f32x4"))
     ap.add_argument("--tune", nargs="*", default=[], help="config.Config knobs, e.g. nstage=3 producers=4")
+    ap.add_argument("--run-chunks", default="auto", type=_run_chunks,
+                    help="Kernel B: the chunks a CTA walks, 'auto' (the launch's choice) or one of "
+                         "kernel.token_gradients.RUN_CHUNKS")
     args = ap.parse_args(argv)
     from ptx_lab.gpu import gpu_reason
 
     if gpu_reason() is not None:
         print(f"{prog} needs a GPU ({gpu_reason()})", file=sys.stderr)
         return 2
-    if args.kernel in ("b", "f"):
-        run, report = ((profile_kernel_b, format_kernel_b) if args.kernel == "b" else (profile_forward, format_forward))
+    if args.kernel == "b":
         for shape in args.configs.split(","):
-            print(report(run(shape.strip(), args.H)), flush=True)
+            print(format_kernel_b(profile_kernel_b(shape.strip(), args.H, args.run_chunks)), flush=True)
+        return 0
+    if args.kernel == "f":
+        for shape in args.configs.split(","):
+            print(format_forward(profile_forward(shape.strip(), args.H)), flush=True)
         return 0
     B, T = (int(v) for v in args.shape.lower().split("x"))
     for vs in args.vsplit:

@@ -1,14 +1,18 @@
 // kernel/token_gradients/cuda/token_gradients.cu -- Kernel B: KDA's per-token gradients.
 //
-// One CTA per 64-token chunk and (value) head walks the chunk's (up to) four 16-token tiles in
-// order (FLA's grouped value heads: q, k and their rstd are read at the head qk_head gives, in place).
+// One CTA per run of consecutive 64-token chunks of one sequence (run_chunks of them, fewer at the
+// sequence's end) and (value) head walks the run's 16-token tiles in order (FLA's grouped value heads:
+// q, k and their rstd are read at the head qk_head gives, in place).
 // For each tile it has, from global memory, the forward's tensors as FLA's
 // chunk_kda forward leaves them (q, k, v, its 64-chunk-local log2 gate cumsum g, beta,
 // the 16 x 16 diagonal blocks of Aqk (Mqk) and Akk (INV)), do, and Kernel A's bf16 dS1
 // (dL/dS after the tile). The forward state entering the tile, S0, comes from the
-// forward-state scan's bf16 state at the chunk start (tile 0) and is carried on chip in
-// fp32 across the chunk's tiles (S1 = diag(gamma) S0 + Kr^T U). The math, GEMM by GEMM
-// (G1..G17), is kernel/reference/kda.py's _tile_backward; docs/kda_backward.md counts it.
+// forward's bf16 state at the run's start (its first tile) and is carried on chip in fp32
+// across the run's tiles (S1 = diag(gamma) S0 + Kr^T U), chunk boundaries included: a run
+// pays one CTA's start (its first loads, with S0's 32 KB, wait with nothing else on the SM)
+// for run_chunks chunks, and the next chunk's first tile is prefetched like any other. The
+// math, GEMM by GEMM (G1..G17), is kernel/reference/kda.py's _tile_backward;
+// docs/kda_backward.md counts it.
 //
 // Two phases per tile, 8 warps:
 //   V phase: warp w owns v rows 16w..16w+15 and computes, transposed (v as the MMA's M),
@@ -33,7 +37,7 @@
 // span past fp32's range), token_gradients_gate.cuh (the gate build's epilogue, KDB_GATE=1: the gate
 // activation's backward where dg is formed), token_gradients_timing.cuh (the clock accounting of a tile's
 // phases, KDB_TIMING=1, empty otherwise); ptx_lab's fragments.cuh packs accumulators into operands.
-// This file holds the kernel: the prologue, the walk over the chunk's tiles, and the K phase,
+// This file holds the kernel: the prologue, the walk over the run's tiles, and the K phase,
 // written out here: as a function of its own it compiled to other SASS.
 #include "fragments.cuh"
 #include "stmatrix.cuh"
@@ -57,14 +61,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const float* gate, const float* beta, const unsigned short* aqk, const unsigned short* akk,
         const unsigned short* ds, const unsigned short* states, void* dq, void* dk, unsigned short* dv,
         float* dg, float* dbeta, const float* q_rstd, const float* k_rstd, const long long* cu,
-        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int HV_, int H_,
+        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, const long long* run_chunk0,
+        int run_chunks, int HV_, int H_,
         float scale, int dqk_bf16, const unsigned short* g_raw, const float* a_log, const float* dt_bias,
         unsigned short* dg_raw, float* da_part, float* ddt_part, int gate_form, float lower_bound) {
     const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, q_rstd, k_rstd, cu,
-                 tile_offs, chunk_offs, chunk_seq, HV_, H_, scale, dqk_bf16};
+                 tile_offs, chunk_offs, chunk_seq, run_chunk0, run_chunks, HV_, H_, scale, dqk_bf16};
 #if KDB_GATE
     const GateArgs ga{g_raw, a_log, dt_bias, dg_raw, da_part, ddt_part, gate_form, lower_bound};
-    float gate_dt = 0.f, gate_da = 0.f;   // this thread's partial sums over the chunk: its channel's rows (GATE_ROWS)
+    float gate_dt = 0.f, gate_da = 0.f;   // this thread's partial sums over the run: its channel's rows (GATE_ROWS)
 #endif
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -74,14 +79,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const float gate_a = gate_scale(ga, h);   // exp(A_log), once a CTA
 #endif
     const int qh = qk_head(h, a.HV, a.H);   // q's and k's head
-    const long long chunk = blockIdx.x;
-    const int n = a.chunk_seq[chunk];
-    const long long j = chunk - a.chunk_offs[n];
+    const long long run = blockIdx.x;
+    const long long chunk0 = a.run_chunk0[run];   // the run's first chunk
+    const int n = a.chunk_seq[chunk0];
+    const long long j0 = chunk0 - a.chunk_offs[n];   // ... within its sequence
     const long long len = a.cu[n + 1] - a.cu[n];
-    const long long tok_chunk = a.cu[n] + CHUNK_TOKENS * j;
-    const int l64 = static_cast<int>(min(static_cast<long long>(CHUNK_TOKENS), len - CHUNK_TOKENS * j));
-    const int ntile = (l64 + TILE_TOKENS - 1) / TILE_TOKENS;
-    const long long snap0 = a.tile_offs[n] + 4 * j;
+    const long long tok_run = a.cu[n] + CHUNK_TOKENS * j0;
+    const int run_len = static_cast<int>(min(static_cast<long long>(CHUNK_TOKENS) * a.run_chunks,
+                                             len - CHUNK_TOKENS * j0));   // tokens
+    const int ntile = (run_len + TILE_TOKENS - 1) / TILE_TOKENS;
+    const long long snap0 = a.tile_offs[n] + TILES_PER_CHUNK * j0;
     const long long HV = a.HV, RS = HV * HEAD_DIM;   // RS: elements from one token's row of a head to the next
                                                      // token's
     const long long H = a.H, QK_RS = H * HEAD_DIM;   // ... of q and k
@@ -118,16 +125,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     TileTimer timer;
     timer.start();
     const Copies cps = copies_of(tid, RS, QK_RS);
-    load_tile(a, cps, smem, 0, 0, (tok_chunk * HV + h) * HEAD_DIM, (tok_chunk * H + qh) * HEAD_DIM, RS,
-              min(TILE_TOKENS, l64), snap0, chunk, h, tid);
+    load_tile(a, cps, smem, 0, 0, (tok_run * HV + h) * HEAD_DIM, (tok_run * H + qh) * HEAD_DIM, RS,
+              min(TILE_TOKENS, run_len), snap0, chunk0, h, tid);
 
-    for (int it = 0; it < ntile; ++it) {
+    for (int it = 0; it < ntile; ++it) {   // it: the tile within the run
         const int st = it & 1;
-        const long long tok0 = tok_chunk + TILE_TOKENS * it;
+        const long long tok0 = tok_run + TILE_TOKENS * it;
         const long long row0 = (tok0 * HV + h) * HEAD_DIM;   // element offset of (token tok0, head h) in
                                                              // [tokens, HV, HEAD_DIM]
         const long long qk_row0 = (tok0 * H + qh) * HEAD_DIM;   // ... of (tok0, qh) in q's [tokens, H, HEAD_DIM]
-        const int lt = min(TILE_TOKENS, l64 - TILE_TOKENS * it);
+        const int lt = min(TILE_TOKENS, run_len - TILE_TOKENS * it);
         // the l2norm's rstd of this thread's two rows (rows g and g + 8), for the K phase's last step. Loaded
         // here, before this tile's barriers, so that R1, the V phase and the K phase's products hide their
         // latency: loaded after the K phase's barrier, every warp of the SM's one CTA waited on them at once
@@ -147,8 +154,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         gate_raw_rows(ga, row0 + gi0 * RS + gk, RS, lt - gi0, graw);
 #endif
         if (it + 1 < ntile) {
-            load_tile(a, cps, smem, st ^ 1, it + 1, row0 + TILE_TOKENS * RS, qk_row0 + TILE_TOKENS * QK_RS, RS,
-                      min(TILE_TOKENS, l64 - TILE_TOKENS * (it + 1)), snap0 + it + 1, chunk, h, tid);
+            load_tile(a, cps, smem, st ^ 1, (it + 1) % TILES_PER_CHUNK, row0 + TILE_TOKENS * RS,
+                      qk_row0 + TILE_TOKENS * QK_RS, RS, min(TILE_TOKENS, run_len - TILE_TOKENS * (it + 1)),
+                      snap0 + it + 1, -1, h, tid);
             timer.lap(T_ISSUE);
             cp_async_wait<1>();
         } else {
@@ -170,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16; gc kept in fp32 ----
         const bool past = rebuild_operands(smem, gs, gbs, betas, qs, ks, gt_s, gamma_s, gcs, lt, s, tid);
-        if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state
+        if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state (the run's first tile only)
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
                 u32 x[4];
@@ -455,6 +463,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     timer.flush(timing_row(warp), lane);
 #if KDB_GATE
     // l2part is free: the last tile's K phase read it before that tile's last barrier
-    gate_partials(ga, gate_dt, gate_da, chunk * HV + h, warp, lane, l2part);
+    gate_partials(ga, gate_dt, gate_da, run * HV + h, warp, lane, l2part);
 #endif
 }

@@ -32,6 +32,8 @@ struct Args {
     const long long* tile_offs;   // [N + 1] first dS snapshot (tile) of each sequence
     const long long* chunk_offs;  // [N + 1] first state (64-chunk) of each sequence
     const int* chunk_seq;         // [chunks] the sequence of each chunk
+    const long long* run_chunk0;  // [runs] the first chunk of each run (a CTA's consecutive chunks of one sequence)
+    int run_chunks;               // chunks a run (the last of a sequence may have fewer)
     int HV;                       // value heads: the grid's
     int H;                        // query / key heads
     float scale;
@@ -68,12 +70,13 @@ __device__ __forceinline__ Copies copies_of(int tid, long long RS, long long QK_
     return c;
 }
 
-// cp.async the inputs of tile `it` of this CTA's chunk into stage `st` (and, for tile 0, S0).
-// row0: element offset of (token tok0, head h) in [tokens, HV, 128]; RS = HV * 128; qk_row0: of
-// (token tok0, h's query / key head) in q's and k's [tokens, H, 128].
+// cp.async the inputs of a tile into stage `st`: `it` is its place in its 64-token chunk (0..3), which
+// sets g's base and its column block of Aqk and Akk; with `state_chunk` >= 0, also that chunk's
+// entry state S0 (the run's first tile). row0: element offset of (token tok0, head h) in [tokens, HV,
+// 128]; RS = HV * 128; qk_row0: of (token tok0, h's query / key head) in q's and k's [tokens, H, 128].
 __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsigned char* smem, int st, int it,
                                           long long row0, long long qk_row0, long long RS, int lt, long long snap,
-                                          long long chunk, int h, int tid) {
+                                          long long state_chunk, int h, int tid) {
     const u32 base = smem_addr(smem) + st * STAGE;
     const long long HV = a.HV;
     {   // q, k, v, do: 16 rows of 256 bytes, one 16-byte copy per thread and tensor
@@ -120,8 +123,8 @@ __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsig
 #pragma unroll
         for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * HEAD_DIM);
     }
-    if (it == 0) {   // S0 at the chunk's start
-        const unsigned short* src = a.states + (chunk * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM
+    if (state_chunk >= 0) {   // S0 at the run's start
+        const unsigned short* src = a.states + (state_chunk * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM
                                     + cp.col16 * 8;
         const u32 dst = smem_addr(smem) + SM_S + cp.row16 * ROW + cp.col16 * 16;
 #pragma unroll

@@ -23,7 +23,7 @@ from kernel.reference.checks import l2norm
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla
 from kernel.reference.kda import rebuild, _tile_backward, _tile_forward
 from kernel.runtime.builds import SHAPES_HEADER
-from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS, TILES_PER_CHUNK
 from kernel.tools.kda_precision import recipe_inputs
 
 from .. import token_gradients_model as kb
@@ -58,8 +58,9 @@ def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.nd
 
 def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0, wide=None,
               with_l2norm: bool = False) -> dict:
-    """One sequence of T <= 64 tokens (one 64-token chunk), H heads: the kernel's inputs and the
-    float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, tile 1 from tile 0's S1).
+    """One sequence of T tokens (a 64-token chunk, or a run of several), H heads: the kernel's inputs and the
+    float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, every later tile from the tile
+    before's S1; the states entering later chunks are those S1 rounded to bf16, as the forward keeps them).
     recipe: kernel.reference.random_inputs, or "unit" (kernel.tools.kda_precision's: q, k, v, do
     ~ N(0, 1), gates logsigmoid(N(0, 1)) clamped to [-5, 0]). With `context`, the chunk's entry
     state and the dS entering it from the right are those of a chunk in the middle of a sequence
@@ -87,7 +88,9 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     snaps, _ = dstate_scan_reference(q, k, gc, beta, mqk, inv, do, dht=raw["dht"], cu_seqlens=cu,
                                      qk_l2norm=False, snapshot_every=1)
     ds = bf16_bits(snaps[0].astype(np.float32))                                # [tiles, H, K, V]
-    states = bf16_bits(h0.astype(np.float32))                                  # [chunks, H, K, V]
+    n_chunks = -(-T // CHUNK_TOKENS)
+    states = np.zeros((n_chunks, H, HEAD_DIM, HEAD_DIM), np.uint16)            # [chunks, H, K, V]
+    states[0] = bf16_bits(h0[0].astype(np.float32))
     s = HEAD_DIM ** -0.5
     rstd = {}
     if with_l2norm:
@@ -125,6 +128,8 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
                 grads[n] = r[:, None] * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
         ref.append({"rows": rows, "S1": S1, **{n: grads[n][:L] for n in GRADS}})
         S0 = S1
+        if (t + 1) % TILES_PER_CHUNK == 0 and (t + 1) // TILES_PER_CHUNK < n_chunks:   # the next chunk's entry
+            states[(t + 1) // TILES_PER_CHUNK, HEAD] = bf16_bits(S1.astype(np.float32))
     return {"inputs": inp, "ref": ref, "g_natural": g[0].astype(np.float32)}   # each token's gate, natural log
 
 
@@ -132,11 +137,12 @@ def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None, token_gate: bool = False):
+def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None, token_gate: bool = False,
+            run: int = 0, run_chunks: int = 1):
     """The lane model's gradients of the case (with ``token_gate``, its KDB_TOKEN_GATE=1 build on each
-    token's natural-log gate, case["g_natural"])."""
+    token's natural-log gate, case["g_natural"]): the CTA of run ``run`` of ``run_chunks`` chunks."""
     inp = dataclasses.replace(case["inputs"], g=case["g_natural"]) if token_gate else case["inputs"]
-    out = kb.CtaModel(inp, chunk=0, h=HEAD, swaps=swaps, token_gate=token_gate).run(tiles)
+    out = kb.CtaModel(inp, run=run, h=HEAD, run_chunks=run_chunks, swaps=swaps, token_gate=token_gate).run(tiles)
     got = {"dq": out.dq.reshape(-1, H, HEAD_DIM), "dk": out.dk.reshape(-1, H, HEAD_DIM),
            "dg": out.dg.reshape(-1, H, HEAD_DIM),
            "dv": kb.dv_values(out.dv).reshape(-1, H, HEAD_DIM), "dbeta": out.dbeta.reshape(-1, H)}
@@ -228,6 +234,42 @@ def test_a_partial_tile_after_the_carried_state_matches(partial_case):
     out, got = emulate(partial_case)
     assert len(out.S1_fp32) == 1                            # no S1 after the chunk's last tile
     _check(partial_case, out, got, 2)
+
+
+@pytest.fixture(scope="module")
+def two_chunk_case():
+    return make_case(100, seed=3)     # a whole chunk, then one of 36 tokens (tiles of 16, 16 and 4)
+
+
+def _poisoned_states(case: dict, chunk: int) -> dict:
+    """The case with chunk `chunk`'s entry state all NaN: a CTA that reads it shows it."""
+    states = case["inputs"].states.copy()
+    states[chunk] = 0x7FC0                                        # bf16 NaN
+    return {**case, "inputs": dataclasses.replace(case["inputs"], states=states)}
+
+
+def test_a_run_of_two_chunks_carries_the_state_across_their_boundary(two_chunk_case):
+    """run_chunks 2: one CTA walks all 7 tiles, the second chunk's from the state it carried in fp32 (that
+    chunk's stored state is never read: NaN there changes nothing), every gradient and carried state within
+    the bound of float64; with one chunk a run, the second CTA starts from the stored bf16 state (NaN shows)."""
+    case = two_chunk_case
+    poisoned = _poisoned_states(case, 1)
+    out, got = emulate(poisoned, run_chunks=2)
+    assert len(out.S1_fp32) == 6                                  # after every tile but the run's last
+    _check(case, out, got, 7)
+    second = case["ref"][4:]   # one chunk a run: the second chunk's CTA, from the bf16 state the forward kept
+    out1, got1 = emulate(case, run=1, run_chunks=1)
+    assert len(out1.S1_fp32) == 2
+    for n in GRADS:
+        e = np.concatenate([got1[n][r["rows"], HEAD].reshape(-1) for r in second])
+        assert _rel(e, np.concatenate([r[n].reshape(-1) for r in second])) < BOUND, n
+    _, nan = emulate(poisoned, run=1, run_chunks=1)
+    assert np.isnan(nan["dq"][second[0]["rows"], HEAD]).all()
+    # the two runs agree where they share a start: chunk 0's CTA at one chunk a run is the run's first 4 tiles
+    _, first = emulate(case, run=0, run_chunks=1)
+    rows = np.arange(64)
+    for n in GRADS:
+        assert np.array_equal(first[n][rows, HEAD], got[n][rows, HEAD]), n
 
 
 def test_the_l2norms_backward_in_the_epilogue_matches_float64():

@@ -10,16 +10,16 @@ import pytest
 from kernel.shapes import HEAD_DIM
 
 from .. import token_gradients_model as kb
-from .test_cuda import (BOUND, GRADS, HEAD, TOKEN_GATE_CASES, WIDE_SPAN, H, _rel, edge_tile, emulate, make_case,
-                        token_gate_case)
+from .test_cuda import (BOUND, GRADS, HEAD, TOKEN_GATE_CASES, WIDE_SPAN, H, _poisoned_states, _rel, edge_tile,
+                        emulate, make_case, token_gate_case)
 
 pytestmark = pytest.mark.gpu
 
 
 
-def _device(case: dict, token_gate: bool = False) -> dict:
-    """Kernel B's gradients of the case's one chunk, both heads, on the host (dv as fp32 values); with
-    ``token_gate``, its token-gate build on each token's natural-log gate (case["g_natural"])."""
+def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto") -> dict:
+    """Kernel B's gradients of the case, both heads, on the host (dv as fp32 values); with ``token_gate``, its
+    token-gate build on each token's natural-log gate (case["g_natural"]); ``run_chunks``: launch's."""
     import cupy
 
     from kernel.token_gradients import launch
@@ -34,7 +34,8 @@ def _device(case: dict, token_gate: bool = False) -> dict:
     arrays = {n: dev(getattr(inp, n)) for n in ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")}
     if token_gate:
         arrays["g"] = dev(case["g_natural"])
-    launch.launch(*arrays.values(), cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out, token_gate=token_gate)
+    launch.launch(*arrays.values(), cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out, token_gate=token_gate,
+                  run_chunks=run_chunks)
     cupy.cuda.get_current_stream().synchronize()
     got = {n: x.get() for n, x in out.items()}
     got["dv"] = kb.dv_values(got["dv"])
@@ -74,3 +75,30 @@ def test_the_token_gate_build_gives_the_cumsum_builds_gradients(T, recipe, wide)
         print(f"tile {t}: " + "  ".join(f"{n} {before[n]:.3e} -> {after[n]:.3e}" for n in GRADS))
         assert all(np.isfinite(token[n][case["ref"][t]["rows"], HEAD]).all() for n in GRADS), t
         assert all(after[n] < BOUND and 0.9 * before[n] < after[n] < 1.1 * before[n] for n in GRADS), (t, before, after)
+
+
+@pytest.mark.parametrize("T", [100, 256])
+def test_runs_of_chunks_carry_the_state_and_match_float64(T):
+    """Two chunks (the second partial) and four: at every run length the gradients are within the bound of
+    float64 on every tile; a run never reads the stored state of a chunk it entered by carrying (NaN there
+    changes nothing); the walk at one chunk a run reads it (NaN shows); two calls give the same bits."""
+    case = make_case(T, seed=3)
+    chunks = len(case["inputs"].states)
+    for run_chunks in (1, 2, 4):
+        got = _device(case, run_chunks=run_chunks)
+        for t in range(len(case["ref"])):
+            errs = _tile_errors(case, got, t)
+            assert all(e < BOUND for e in errs.values()), (run_chunks, t, errs)
+        print(f"run_chunks {run_chunks}: last tile " + "  ".join(f"{n} {e:.2e}" for n, e in errs.items()))
+        assert _bits(got) == _bits(_device(case, run_chunks=run_chunks))
+        carried = [c for c in range(1, chunks) if c % run_chunks]   # chunks a run enters by carrying
+        for c in carried:
+            poisoned = _device(_poisoned_states(case, c), run_chunks=run_chunks)
+            assert _bits(poisoned) == _bits(got), (run_chunks, c)
+    poisoned = _device(_poisoned_states(case, 1), run_chunks=1)
+    assert np.isnan(poisoned["dq"][64:80, HEAD]).all()
+
+
+def _bits(got: dict) -> list[bytes]:
+    return [got[n].tobytes() for n in GRADS]
+

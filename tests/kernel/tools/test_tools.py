@@ -80,9 +80,12 @@ def test_kernel_b_phases_are_the_timing_headers_in_its_order():
 
 
 def test_kernel_b_tiles_follow_the_grid():
-    # grid (chunks, heads): CTA h x chunks + c; a sequence of 130 tokens has chunks of 4, 4 and 1 tiles (2 tokens)
+    # grid (runs, heads): CTA h x runs + r; a sequence of 130 tokens has chunks of 4, 4 and 1 tiles (2 tokens)
     np.testing.assert_array_equal(profile.kernel_b_tiles(2, 130, 2), [4, 4, 1] * 4)
+    np.testing.assert_array_equal(profile.kernel_b_tiles(2, 130, 2, run_chunks=2), [8, 1] * 4)
+    np.testing.assert_array_equal(profile.kernel_b_tiles(1, 600, 1, run_chunks=4), [16, 16, 6])   # 256, 256, 88
     assert profile.kernel_b_tiles(32, 8192, 32).sum() == 32 * 32 * 512
+    assert profile.kernel_b_tiles(32, 8192, 32, run_chunks=8).sum() == 32 * 32 * 512
 
 
 def test_kernel_b_summary_is_per_tile_and_names_the_slowest_warp():
@@ -97,8 +100,8 @@ def test_kernel_b_summary_is_per_tile_and_names_the_slowest_warp():
     assert (r["tiles"], r["ctas"], r["warps"]) == (10, 3, 2)
     assert (v["phase"], v["cycles"], v["fastest"], v["slowest"]) == ("V phase", 180.0, 120.0, 240.0)
     assert barrier["cycles"] == 60.0 and r["tile_cycles"] == 240.0 and v["share"] == 0.75
-    text = profile.format_kernel_b(dict(r, config="2x130", H=2, plain_ms=1.0, timed_ms=1.05))
-    assert "Kernel B 2x130 H2: 1.000 ms plain, 1.050 ms instrumented" in text
+    text = profile.format_kernel_b(dict(r, config="2x130", H=2, run_chunks=2, plain_ms=1.0, timed_ms=1.05))
+    assert "Kernel B 2x130 H2, 2 chunks a CTA: 1.000 ms plain, 1.050 ms instrumented" in text
     assert "| V phase | 180 | 75.0% | 120 | 240 |" in text
     with pytest.raises(ValueError, match="cycles must be"):
         profile.summarize_kernel_b(cycles[:, :, :4], tiles)
@@ -107,8 +110,8 @@ def test_kernel_b_summary_is_per_tile_and_names_the_slowest_warp():
 @pytest.mark.gpu
 def test_kernel_b_timing_build_charges_every_phase_and_costs_little():
     pytest.importorskip("torch")   # the bench's timer runs CuPy on torch's stream
-    r = profile.profile_kernel_b("2x1000", 4)
-    assert r["tiles"] == 2 * 4 * 63
+    r = profile.profile_kernel_b("2x1000", 4, run_chunks=2)
+    assert r["tiles"] == 2 * 4 * 63 and r["ctas"] == 2 * 4 * 8 and r["run_chunks"] == 2
     assert all(p["cycles"] > 0 for p in r["phases"]), r["phases"]
     # the accounting adds a clock read a phase: a few percent at most
     assert r["timed_ms"] < 1.25 * r["plain_ms"], (r["timed_ms"], r["plain_ms"])

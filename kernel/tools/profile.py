@@ -148,14 +148,21 @@ def format_result(r: dict) -> str:
 
 def _time_with_buffer(mod, pointer: str, cycles, plain, timed) -> tuple[float, float]:
     """(plain ms, timed ms), median of 5 calls each, after pointing the timing build's ``pointer`` (a device
-    global of ``mod``) at ``cycles``; the timed calls each write every CTA's sums there again."""
+    global of ``mod``) at ``cycles``; the timed calls each write every CTA's sums there again. The pointer goes
+    back to null after (a later launch of the build, say by a test, then writes nothing rather than into memory
+    ``cycles`` no longer owns)."""
     import cupy as cp
 
     from kernel.tools import source_ab
 
-    cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global(pointer))[0] = cycles.data.ptr
-    plain_ms, timed_ms = source_ab.median_ms(plain, 5), source_ab.median_ms(timed, 5)
-    cp.cuda.get_current_stream().synchronize()
+    slot = cp.ndarray((1,), dtype=cp.uint64, memptr=mod.get_global(pointer))
+    slot[0] = cycles.data.ptr
+    try:
+        plain_ms, timed_ms = source_ab.median_ms(plain, 5), source_ab.median_ms(timed, 5)
+        cp.cuda.get_current_stream().synchronize()
+    finally:
+        slot[0] = 0
+        cp.cuda.get_current_stream().synchronize()
     return plain_ms, timed_ms
 
 

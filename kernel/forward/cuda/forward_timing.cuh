@@ -32,16 +32,17 @@ using WarpTimer = LapTimer<TIMING_SLOTS, TIMING>;
 #if KF_TIMING
 extern "C" __constant__ int kf_timing_slots = kf::TIMING_SLOTS;   // kf_timing's [slot] (its warps: kf_threads / 32)
 extern "C" {
-__device__ unsigned int* kf_timing;   // [CTAs][warps][TIMING_SLOTS] cycles: the host's buffer
+__device__ unsigned int* kf_timing = nullptr;   // [CTAs][warps][TIMING_SLOTS] cycles: the host's buffer, or none
 }
 #endif
 
 namespace kf {
 
-// This warp's row of kf_timing (the grid is one-dimensional); null in the other builds, whose WarpTimer writes
-// nothing
+// This warp's row of kf_timing (the grid is one-dimensional); null where the host pointed no buffer, and in the
+// other builds, whose WarpTimer writes nothing
 __device__ __forceinline__ unsigned int* timing_row(int warp) {
 #if KF_TIMING
+    if (kf_timing == nullptr) return nullptr;
     return kf_timing + (static_cast<long long>(blockIdx.x) * (THREADS / 32) + warp) * TIMING_SLOTS;
 #else
     return nullptr;

@@ -38,7 +38,7 @@ enum TimingPhase {
 #if KDB_TIMING
 extern "C" __constant__ int kdb_timing_dims[2] = {kdb::WARPS, kdb::TIMING_PHASES};   // kdb_timing's [warp][phase]
 extern "C" {
-__device__ unsigned int* kdb_timing;   // [CTAs][WARPS][TIMING_PHASES] cycles: the host's buffer
+__device__ unsigned int* kdb_timing = nullptr;   // [CTAs][WARPS][TIMING_PHASES] cycles: the host's buffer, or none
 }
 #endif
 
@@ -46,10 +46,11 @@ namespace kdb {
 
 using TileTimer = LapTimer<TIMING_PHASES, KDB_TIMING != 0>;
 
-// This warp's row of kdb_timing (cta = blockIdx.y gridDim.x + blockIdx.x); null in the other builds, whose
-// TileTimer writes nothing
+// This warp's row of kdb_timing (cta = blockIdx.y gridDim.x + blockIdx.x); null where the host pointed no buffer,
+// and in the other builds, whose TileTimer writes nothing
 __device__ __forceinline__ unsigned int* timing_row(int warp) {
 #if KDB_TIMING
+    if (kdb_timing == nullptr) return nullptr;
     const long long cta = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
     return kdb_timing + (cta * WARPS + warp) * TIMING_PHASES;
 #else

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.gpu
 
 
 
-def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto") -> dict:
+def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto", timing: bool = False) -> dict:
     """Kernel B's gradients of the case, both heads, on the host (dv as fp32 values); with ``token_gate``, its
-    token-gate build on each token's natural-log gate (case["g_natural"]); ``run_chunks``: launch's."""
+    token-gate build on each token's natural-log gate (case["g_natural"]); ``run_chunks``, ``timing``: launch's."""
     import cupy
 
     from kernel.token_gradients import launch
@@ -35,7 +35,7 @@ def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto"
     if token_gate:
         arrays["g"] = dev(case["g_natural"])
     launch.launch(*arrays.values(), cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out, token_gate=token_gate,
-                  run_chunks=run_chunks)
+                  run_chunks=run_chunks, timing=timing)
     cupy.cuda.get_current_stream().synchronize()
     got = {n: x.get() for n, x in out.items()}
     got["dv"] = kb.dv_values(got["dv"])
@@ -101,4 +101,15 @@ def test_runs_of_chunks_carry_the_state_and_match_float64(T):
 
 def _bits(got: dict) -> list[bytes]:
     return [got[n].tobytes() for n in GRADS]
+
+
+def test_the_timing_build_without_a_buffer_gives_the_plain_bits_and_writes_no_cycles():
+    """Its clock reads change no arithmetic, and with no buffer pointed (kdb_timing null, as after a profile) its
+    flush writes nothing: the run is clean and its gradients are the plain build's bits."""
+    import cupy
+
+    case = make_case(100, seed=3)
+    timed = _device(case, timing=True, run_chunks=2)
+    cupy.cuda.Device().synchronize()
+    assert _bits(timed) == _bits(_device(case, run_chunks=2))
 

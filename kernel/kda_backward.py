@@ -229,12 +229,15 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     Kernel B applies the gate activation's backward where it forms dg, and the result has, instead of
     "dg", :data:`GATE_GRADIENTS`: dg_raw (bf16, g_raw's), dA_log (fp32 [HV], None without A_log) and
     ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per CTA (a run of
-    64-token chunks) in the kernel and then over the runs in a fixed order (two calls give the same bits). ``segments``: as
-    :func:`kda_backward`'s (checked by the caller). ``token_gate``: g is each token's natural-log gate
+    64-token chunks) in the kernel and then over the runs in a fixed order (two calls on one GPU give the same
+    bits; the run length follows the GPU's SM count, so another card may differ in the last bits). ``segments``:
+    as :func:`kda_backward`'s (checked by the caller). ``token_gate``: g is each token's natural-log gate
     (fp32 [B, T, HV, 128]) instead of FLA's chunk cumsum, which Kernels A and B sum within each tile
     themselves (kernel.shapes.tile_gate_sums: the cumsum pass folded into its readers); the states must
-    then be given (the forward-state scan reads the cumsum), and not with ``gate`` (Kernel B's launch
-    refuses that pair)."""
+    then be given (the forward-state scan reads the cumsum), and not with ``gate`` (Kernel B has no build of
+    that pair: refused here, before any kernel runs)."""
+    if token_gate and gate is not None:
+        raise ValueError("token_gate with gate: Kernel B has no build of the gate epilogue on each token's gate")
     require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     if _forces_split(segments) and side_by_side is None:

@@ -55,7 +55,9 @@ def tile_gate_sums(g: np.ndarray) -> np.ndarray:
     first), as every kernel forms it from each token's gate (kernel/shapes.cuh's add_token_gate): in fp32,
     each g / ln 2 rounded before it is added, in row order from the first. Rows past a tile's last token
     hold zeros and leave the sum at its last value. The three passes' products pass sums a 64-token chunk's
-    rows by the same rule: ``g`` is then the chunk's rows."""
+    rows by the same rule: ``g`` is then the chunk's rows. The kernels build with -ftz=true, which flushes a
+    subnormal gate or term (|g| below 2^-126) to zero where this keeps it: the sums differ there by less than
+    2^-126, below the last bit of any sum that is not itself that small."""
     terms = (np.asarray(g, dtype=np.float32) * np.float32(RCP_LN2)).astype(np.float32)
     return np.cumsum(terms, axis=0, dtype=np.float32)
 

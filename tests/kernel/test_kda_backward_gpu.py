@@ -263,6 +263,29 @@ def test_the_scans_side_by_side_give_the_in_turn_gradients():
         assert _rel(s, a) < 1e-5, f"{name}: side by side vs in turn, relative difference {_rel(s, a):.2e}"
 
 
+def force_runs(monkeypatch, run_chunks: int) -> None:
+    """Kernel B's CTAs walk runs of ``run_chunks`` chunks in every kda_backward call (the auto choice keeps one
+    chunk a run at these tests' sizes: too few CTAs to fill a GPU's waves)."""
+    from kernel.token_gradients import launch
+
+    real = launch.run_plan
+    monkeypatch.setattr(launch, "run_plan", lambda cu, HV, _="auto", sms=None: real(cu, HV, run_chunks))
+
+
+@pytest.mark.parametrize("run_chunks", [2, 8])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_runs_of_chunks_match_float64(case, run_chunks, monkeypatch):
+    """Kernel B's CTAs walking several chunks (the state carried across their boundaries), on the batch, the
+    varlen layouts (runs ending in a sequence's partial chunk) and the tiles past fp32's range, with the states
+    given and recomputed: within the bound of float64, as one chunk a run is."""
+    from kernel.kda_backward import kda_backward
+
+    force_runs(monkeypatch, run_chunks)
+    inputs, kw, states, ref, cu = make_case(case)
+    _check(kda_backward(**inputs, **kw, states=states), ref, cu, f"runs of {run_chunks}, given states")
+    _check(kda_backward(**inputs, **kw), ref, cu, f"runs of {run_chunks}, recomputed states")
+
+
 # ----------------------------------------------------------------------------
 # FLA's grouped value heads: q and k (and their rstd) read in place, dq and dk summed over each group
 # ----------------------------------------------------------------------------
@@ -281,6 +304,15 @@ def test_grouped_value_heads_match_float64(case, HV, group):
     assert inputs["q"].shape[2] == inputs["k"].shape[2] == HV // group and inputs["v"].shape[2] == HV
     _check(kda_backward(**inputs, **kw), ref, cu, f"GVA {group}, recomputed states")
     _check(kda_backward(**inputs, **kw, states=states), ref, cu, f"GVA {group}, given states")
+
+
+@pytest.mark.parametrize("case, HV, group", GVA[1:], ids=GVA_IDS[1:])
+def test_grouped_value_heads_in_runs_of_chunks_match_float64(case, HV, group, monkeypatch):
+    from kernel.kda_backward import kda_backward
+
+    force_runs(monkeypatch, 4)
+    inputs, kw, states, ref, cu = make_case(case, H=HV, group=group)
+    _check(kda_backward(**inputs, **kw), ref, cu, f"GVA {group} in runs of 4, recomputed states")
 
 
 def test_grouped_value_heads_through_the_l2norm_s_backward_match_float64():

@@ -15,7 +15,8 @@ struct Args {
     const unsigned short* k;
     const unsigned short* v;      // bf16 [tokens, HV, 128]
     const unsigned short* dout;   // do
-    const float* g;               // fp32 [tokens, HV, 128]: FLA's 64-chunk-local cumsum of the gate / ln 2
+    const float* g;               // fp32 [tokens, HV, 128]: FLA's 64-chunk-local cumsum of the gate / ln 2, or each
+                                  // token's natural-log gate (KDB_TOKEN_GATE)
     const float* beta;            // fp32 [tokens, HV]
     const unsigned short* aqk;    // bf16 [tokens, HV, 64]
     const unsigned short* akk;    // bf16 [tokens, HV, 64]

@@ -21,7 +21,7 @@ namespace kdb {
 enum TimingPhase {
     T_ISSUE,            // the rstd and g_raw loads, the next tile's cp.async issue
     T_WAIT_LOADS,       // this tile's copies landed, and the CTA barrier after them
-    T_R1,               // the gate-weighted operands (and S0 into registers at the chunk's first tile), the barrier
+    T_R1,               // the gate-weighted operands (and S0 into registers at the run's first tile), the barrier
     T_V_PHASE,          // G6, G7, G1-G3, the partial sums, G9 / G10, G8 (next_state)
     T_V_BARRIER,        // the CTA barrier after the V phase
     T_REDUCE,           // the fixed-order sums over the warps, the barrier after them

@@ -21,10 +21,11 @@ k (docs/kda_forward.md section 8, "Folds A and B in the three passes"). GPU, CuP
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from ..timed_configs import parse_configs, run_configs
 
 # the builds of the forward kernels, by their forms (token_gate, l2norm), the plain one first; the backward's
 # readers have the first two
@@ -51,15 +52,11 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--kernels", default=",".join(KERNELS), help=f"comma-separated, of {', '.join(KERNELS)}")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
-    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    args.configs = parse_configs(p, args.configs)
     args.kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     bad = [k for k in args.kernels if k not in KERNELS]
     if bad:
         p.error(f"--kernels: unknown {bad}, expected some of {list(KERNELS)}")
-    for c in args.configs:
-        B, sep, T = c.lower().partition("x")
-        if not (sep and B.isdigit() and T.isdigit() and int(B) > 0 and int(T) > 0):
-            p.error(f"--configs: expected BxT, got {c!r}")
     if args.heads < 1 or args.reps < 1:
         p.error("--heads and --reps must be >= 1")
     return args
@@ -176,20 +173,8 @@ def measure(config: str, heads: int, reps: int, kernels: Sequence[str]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from kernel.runtime.arrays import torch_gpu_reason
-
-    why = torch_gpu_reason()
-    if why is not None:
-        print(f"fold_costs: needs torch with a CUDA GPU and CuPy ({why})", file=sys.stderr)
-        return 2
-    rows = []
-    for config in args.configs:
-        print(f"fold_costs: {config}, {args.heads} heads ...", file=sys.stderr, flush=True)
-        rows.append(measure(config, args.heads, args.reps, args.kernels))
-        print(report(rows[-1]), flush=True)
-        if args.json:   # after each configuration: a run cut off later keeps the ones it finished
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
+    return run_configs("fold_costs", args.configs, args.heads,
+                       lambda c: measure(c, args.heads, args.reps, args.kernels), report, args.json)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ torch.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from ..timed_configs import parse_configs, run_configs
 
 
 def parse_args(argv: Sequence[str] | None):
@@ -29,11 +30,7 @@ def parse_args(argv: Sequence[str] | None):
     p.add_argument("--reps", type=int, default=7, help="timed calls a run length, in turn (median; default 7)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
-    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    for c in args.configs:
-        B, sep, T = c.lower().partition("x")
-        if not (sep and B.isdigit() and T.isdigit() and int(B) > 0 and int(T) > 0):
-            p.error(f"--configs: expected BxT, got {c!r}")
+    args.configs = parse_configs(p, args.configs)
     if args.heads < 1 or args.reps < 1:
         p.error("--heads and --reps must be >= 1")
     return args
@@ -98,20 +95,8 @@ def measure(config: str, heads: int, reps: int) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from kernel.runtime.arrays import torch_gpu_reason
-
-    why = torch_gpu_reason()
-    if why is not None:
-        print(f"kernel_b_runs: needs torch with a CUDA GPU and CuPy ({why})", file=sys.stderr)
-        return 2
-    rows = []
-    for config in args.configs:
-        print(f"kernel_b_runs: {config}, {args.heads} heads ...", file=sys.stderr, flush=True)
-        rows.append(measure(config, args.heads, args.reps))
-        print(report(rows[-1]), flush=True)
-        if args.json:   # after each configuration: a run cut off later keeps the ones it finished
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
+    return run_configs("kernel_b_runs", args.configs, args.heads, lambda c: measure(c, args.heads, args.reps), report,
+                       args.json)
 
 
 if __name__ == "__main__":

@@ -53,22 +53,20 @@ __device__ __forceinline__ float pairwise_entry(const Stage& st, const u16 (*x)[
     float sum = 0.f;
 #pragma unroll 4
     for (int d = 0; d < HEAD_DIM; ++d) {
-        float gi, gj;
+        float f;
         if constexpr (TOKEN_GATE) {
-            float run = 0.f;
-            gj = 0.f;
+            float run = 0.f, gj = 0.f;
 #pragma unroll 1
             for (int r = 0; r <= i; ++r) {
                 run = add_token_gate(run, st.g[r][d]);
                 if (r == j) gj = run;
             }
-            gi = run;
+            f = exp2f(run - gj);
         } else {
             const float b = st.gbase[0][d];
-            gi = st.g[i][d] - b;
-            gj = st.g[j][d] - b;
+            f = exp2f((st.g[i][d] - b) - (st.g[j][d] - b));
         }
-        sum += bf16_to_f32(x[i][d]) * bf16_to_f32(st.k[j][d]) * exp2f(gi - gj);
+        sum += bf16_to_f32(x[i][d]) * bf16_to_f32(st.k[j][d]) * f;
     }
     return sum;
 }

@@ -275,12 +275,13 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
         do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
     kernels_beta = beta if beta_activated is None else beta_activated
     with torch.cuda.device(q.device):
-        q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+        # contiguous and 16-byte aligned, as the kernels' copies read them (the forward's inputs likewise)
+        q, k, v, do = (_aligned(x.contiguous()) for x in (q, k, v, do))
         initial_state = None if initial_state is None else initial_state.contiguous()
         chunk_indices = _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu)
         tokens = token_gate(call)
         if tokens:   # our kernels sum each token's gate themselves
-            g_cumsum = g_raw.float().contiguous()
+            g_cumsum = _aligned(g_raw.float().contiguous())
         elif g_cumsum is None:   # FLA's forward freed it (the gate activated in the op): recomputed as it made it
             g_cumsum = _gate_cumsum(fla, call, g_raw, A_log, dt_bias, cu_seqlens, chunk_indices)
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)

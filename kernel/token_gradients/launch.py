@@ -67,9 +67,10 @@ class Build:
 
 
 def all_variants() -> list[Build]:
-    """Every build the API can launch: the plain one and the gate epilogue's; and the plain one on each
-    token's gate (launched only by its tests and ``ptx-lab source-ab`` until the other readers take it too);
-    and the timing build of the training step's (``ptx-lab profile --kernel b``)."""
+    """Every build the API can launch: the plain one and the gate epilogue's; the plain one on each token's gate
+    (``kernel.chunk_kda``'s backward on our forward, where the call's gate is not activated in the op); and the
+    plain one's timing build (``ptx-lab profile --kernel b``: its phases stand for the other builds', which differ
+    in R1's gate sums or dg's epilogue only)."""
     return [Build(), Build(gate=True), Build(token_gate=True), Build(timing=True)]
 
 

@@ -852,3 +852,35 @@ def test_the_patched_fla_route_compiles_a_no_grad_call_through_our_op():
     with torch.no_grad():
         o, ht = torch.compile(_inference_model(patch._route(flas_own), **LAYER), backend="eager", fullgraph=True)(x)
     assert o.shape == x["v"].shape and ht.shape == x["initial_state"].shape
+
+
+def test_the_backward_hands_our_kernels_aligned_inputs(monkeypatch):
+    """A contiguous v and gate starting 4 bytes into their storage (slices of larger buffers): the backward's
+    kernels copy 16 bytes at a time, so our backward gets aligned copies of the same values, as the forward does;
+    an aligned input goes as it is. The call reads each token's gate itself (our forward, the gate not activated
+    in the op: the token gate)."""
+    import contextlib
+
+    x = _call_inputs(B=1, T=70, device="cpu", grad=False)
+    call = _meta_call(dict(B=1, T=70), _settings(forward="ours"))[1]
+    assert function.token_gate(call)
+    shift = lambda t: torch.rand(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)   # noqa: E731
+    v, g = x["v"].bfloat16(), shift(x["g"])
+    v = torch.rand(v.numel() + 1).bfloat16()[1:].view(v.shape)
+    assert v.data_ptr() % 16 and g.data_ptr() % 16 and v.is_contiguous() and g.is_contiguous()
+    handed = {}
+
+    def ours(call, q, k, v, g_cumsum, *rest, **kw):
+        handed.update(q=q, v=v, g=g_cumsum)
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros(v.shape[:3]),
+                torch.zeros_like(g_cumsum), None, None, None)
+
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(function, "_ours", ours)
+    q = x["q"].bfloat16()
+    rstd = torch.ones(q.shape[:3])
+    function.backward(call, (True,) * 8, g.dtype, torch.zeros(v.shape, dtype=torch.bfloat16), None, q, rstd, q, rstd,
+                      v, None, g, x["beta"], None, None, None, None, None, None, None, None, None)
+    assert handed["v"].data_ptr() % 16 == 0 and torch.equal(handed["v"], v)
+    assert handed["g"].data_ptr() % 16 == 0 and torch.equal(handed["g"], g)
+    assert handed["q"] is q   # aligned already: no copy

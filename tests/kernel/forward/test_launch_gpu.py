@@ -109,7 +109,7 @@ def test_one_chunk_and_a_token():
 
 @pytest.mark.parametrize("config", all_variants(), ids=lambda c: c.name())
 def test_every_variant_matches_float64_on_a_ragged_batch(config):
-    case = make_case(lengths=RAGGED, H=2, seed=4, initial_state=True)
+    case = make_case(lengths=RAGGED, H=2, seed=4, initial_state=True, raw_qk=config.l2norm)
     _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED}")
 
 
@@ -192,8 +192,10 @@ def test_every_knob_setting_matches_float64(config):
 
 def _same_bits(config: Config, other: Config) -> None:
     """Every output of `config` bit for bit `other`'s, in training (the blocks too) and in inference, on ragged
-    lengths (sequences of 1 and 2 tiles: the hand-offs' first and last tiles) with one tile past fp32's range."""
-    case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True)
+    lengths (sequences of 1 and 2 tiles: the hand-offs' first and last tiles) with one tile past fp32's range; an
+    l2norm build's pair on q and k as the caller has them."""
+    case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True,
+                     raw_qk=config.l2norm)
     for training in (True, False):
         got, want = _host(_run(case, config, training=training)), _host(_run(case, other, training=training))
         for name, x in got.items():
@@ -231,7 +233,8 @@ TOKEN_GATE_VARIANTS = [c for c in all_variants() if c.token_gate]
 @pytest.mark.parametrize("config", TOKEN_GATE_VARIANTS, ids=lambda c: c.name())
 def test_the_token_gate_build_matches_float64_on_a_ragged_batch(config):
     # ragged lengths, a tile past fp32's range: every producer's rows are summed across the producers' barrier
-    case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True)
+    case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True,
+                     raw_qk=config.l2norm)
     _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=True)
 
 

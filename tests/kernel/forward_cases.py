@@ -200,7 +200,6 @@ def check_normalised(out, case: dict, label: str) -> None:
         rstd = 1.0 / np.sqrt((raw * raw).sum(-1) + 1e-6)
         got_rstd = getattr(out, f"{name}_rstd").get()
         assert np.allclose(got_rstd, rstd, rtol=4e-6, atol=0), f"{label}: {name}_rstd"   # fp32 sums of 128
-        assert np.allclose(l2norm(np, raw), want, rtol=2.0 ** -8, atol=0), name   # the case's own check
 
 
 def token_tile_gate(case: dict):

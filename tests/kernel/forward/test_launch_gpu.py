@@ -110,7 +110,7 @@ def test_one_chunk_and_a_token():
 @pytest.mark.parametrize("config", all_variants(), ids=lambda c: c.name())
 def test_every_variant_matches_float64_on_a_ragged_batch(config):
     case = make_case(lengths=RAGGED, H=2, seed=4, initial_state=True, raw_qk=config.l2norm)
-    _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED}")
+    _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED}", token_gate=config.token_gate)
 
 
 @pytest.mark.parametrize("initial_state", [False, True], ids=["h0 None", "h0"])
@@ -249,7 +249,8 @@ def test_the_token_gate_build_on_the_hard_gates_matches_float64(recipe):
         case = make_case(lengths=lengths, H=2, seed=5, gate=gate, initial_state=True)
     else:
         case = make_case(lengths=RAGGED, H=2, seed=4, edge_of_range=True, initial_state=True)
-    assert emulate(case, token_gate=True)["pairwise_tiles"] >= (1 if recipe == "edge of range" else 0)
+    if recipe == "edge of range":   # its tile takes the pairwise path (the trained-layer gate's may not)
+        assert emulate(case, token_gate=True)["pairwise_tiles"] >= 1
     _check(_run(case, token_gate=True), case, recipe, token_gate=True)
 
 

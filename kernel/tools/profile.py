@@ -49,8 +49,9 @@ PRODUCER_SLOTS = ("total", "wait loads", "R1", "wait EMPTY", "issue loads")
 CONSUMER_SLOTS = ("total", "snapshot", "wait FULL", "G1..G5")
 PAIR_SLOT = 4        # consumers: the ksplit-2 pair barrier, a part of G1..G5
 # Kernel B's phases of a tile, token_gradients_timing.cuh's TimingPhase in order
-KERNEL_B_PHASES = ("issue loads", "wait loads + barrier", "R1 + barrier", "V phase", "V barrier",
-                   "reduce + barrier", "K products", "K elementwise", "l2norm + stores", "dg", "end + stores")
+KERNEL_B_PHASES = ("issue loads", "wait first loads + barrier", "wait loads + barrier", "R1 + barrier", "V phase",
+                   "V barrier", "reduce + barrier", "K products", "K elementwise", "l2norm + stores", "dg",
+                   "end + stores")
 # the forward's slots of a tile (forward_timing.cuh's TimingSlot, in order), and what each means to each role
 FORWARD_SLOTS = ("wait", "work", "pass", "refill")
 FORWARD_ROLES = {"consumers": ("FULL", "chain + F2", "release + state store", "o store"),

@@ -20,7 +20,8 @@ namespace kdb {
 // The phases of a tile, in the order they run (kernel.tools.profile.KERNEL_B_PHASES names them in this order)
 enum TimingPhase {
     T_ISSUE,            // the rstd and g_raw loads, the next tile's cp.async issue
-    T_WAIT_LOADS,       // this tile's copies landed, and the CTA barrier after them
+    T_WAIT_FIRST,       // the run's first tile: its copies (with S0, issued at the CTA's start) landed, the barrier
+    T_WAIT_LOADS,       // every later tile: its copies (issued a tile ahead) landed, and the CTA barrier after them
     T_R1,               // the gate-weighted operands (and S0 into registers at the run's first tile), the barrier
     T_V_PHASE,          // G6, G7, G1-G3, the partial sums, G9 / G10, G8 (next_state)
     T_V_BARRIER,        // the CTA barrier after the V phase

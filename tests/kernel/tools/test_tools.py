@@ -75,7 +75,8 @@ def test_kernel_b_phases_are_the_timing_headers_in_its_order():
     text = (SOURCE_PATH.parent / "token_gradients_timing.cuh").read_text()
     body = text[text.index("enum TimingPhase {"):text.index("TIMING_PHASES\n")]
     names = re.findall(r"^\s+(T_[A-Z0-9_]+),", body, flags=re.M)
-    assert len(names) == len(profile.KERNEL_B_PHASES) == 11
+    assert len(names) == len(profile.KERNEL_B_PHASES) == 12
+    assert names[1:3] == ["T_WAIT_FIRST", "T_WAIT_LOADS"]
     assert names[0] == "T_ISSUE" and names[-1] == "T_END"
 
 
@@ -91,12 +92,13 @@ def test_kernel_b_tiles_follow_the_grid():
 def test_kernel_b_summary_is_per_tile_and_names_the_slowest_warp():
     phases = len(profile.KERNEL_B_PHASES)
     cycles = np.zeros((3, 2, phases), dtype=np.uint32)
-    cycles[:, 0, 3] = 400      # the V phase: warp 0 400 cycles a CTA, warp 1 800
-    cycles[:, 1, 3] = 800
-    cycles[:, 0, 4] = 400      # ... and warp 0 waits 400 at the barrier after it
+    V = profile.KERNEL_B_PHASES.index("V phase")
+    cycles[:, 0, V] = 400      # the V phase: warp 0 400 cycles a CTA, warp 1 800
+    cycles[:, 1, V] = 800
+    cycles[:, 0, V + 1] = 400  # ... and warp 0 waits 400 at the barrier after it
     tiles = np.array([4, 4, 2])
     r = profile.summarize_kernel_b(cycles, tiles)
-    v, barrier = r["phases"][3], r["phases"][4]
+    v, barrier = r["phases"][V], r["phases"][V + 1]
     assert (r["tiles"], r["ctas"], r["warps"]) == (10, 3, 2)
     assert (v["phase"], v["cycles"], v["fastest"], v["slowest"]) == ("V phase", 180.0, 120.0, 240.0)
     assert barrier["cycles"] == 60.0 and r["tile_cycles"] == 240.0 and v["share"] == 0.75

@@ -306,7 +306,8 @@ def kernel_b_call(spec: Spec, H: int, x: dict, **launch_kw):
     """(a function that runs Kernel B once on ``x`` (:func:`drawn_inputs`), a function that returns what the
     last run wrote), in the training step's form: rstd given, dq and dk in bf16; dS and the states constants (the
     values do not change the work); the outputs allocated once. ``launch_kw``: more keywords of
-    ``kernel.token_gradients.launch`` (``timing=True``: kernel.tools.profile's build)."""
+    ``kernel.token_gradients.launch`` (``timing=True``: kernel.tools.profile's build); the run function takes more
+    (``run(run_chunks=4)``), so that several launches share one set of arrays (at 32x8192 dS alone is 17 GB)."""
     import cupy
 
     from kernel.token_gradients import launch as token_gradients
@@ -321,9 +322,9 @@ def kernel_b_call(spec: Spec, H: int, x: dict, **launch_kw):
     out = {"dq": cupy.empty((B, T, H, D), np.uint16), "dk": cupy.empty((B, T, H, D), np.uint16),
            "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
            "dbeta": cupy.empty((B, T, H), np.float32)}
-    return (lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"],
-                                           ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out, rstd=rstd,
-                                           **launch_kw),
+    return (lambda **more: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"],
+                                                  x["do"], ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out,
+                                                  rstd=rstd, **{**launch_kw, **more}),
             lambda: out)
 
 

@@ -45,9 +45,9 @@ GATE_FORMS = {"softplus": 1, "sigmoid": 2}
 # read from the forward's.
 RUN_CHUNKS = (1, 2, 4, 8)
 # What a CTA's start costs, in chunks of work: its first tile's loads (with S0, 90 KB) and the CTA's launch, with
-# nothing else on the SM (one CTA an SM). A prediction (docs/log/57): about 2.5 us of a chunk's 27 us at
-# 32x8192; kernel.studies.kernel_b_runs measures it.
-RUN_START_CHUNKS = 0.1
+# nothing else on the SM (one CTA an SM). kernel.studies.kernel_b_runs fits it to the times of every run length:
+# 0.048 at 4x8192 and 0.055 at 1x131072 on the H200 (docs/log/57; predicted 0.1).
+RUN_START_CHUNKS = 0.05
 
 
 @dataclasses.dataclass(frozen=True)

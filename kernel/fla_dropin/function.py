@@ -191,9 +191,10 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     fla = around_our_kernels()
     o_dtype = q.dtype   # o in q's dtype, as FLA's
     pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
-    # the l2norm in the forward (the l2norm builds of the one pass and of the three passes' products pass
-    # write q, k normalised and their rstd for the backward): the l2norm pass goes
-    l2norm = call.use_qk_l2norm_in_kernel and q.dtype == k.dtype == torch.bfloat16
+    # the l2norm in the three passes' products pass (its l2norm build writes q, k normalised and their rstd for
+    # the backward): the l2norm pass goes. Not in the one pass: its l2norm build cost 6.5 ms at 32x8192 where the
+    # pass it removes costs 2.0 (the producers bind it; docs/log/57)
+    l2norm = call.use_qk_l2norm_in_kernel and q.dtype == k.dtype == torch.bfloat16 and pays
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
                                                                                    initial_state, not l2norm)
     tokens = token_gate(call)

@@ -174,7 +174,7 @@ def checked_batch(B: int, T: int, H: int, cu_seqlens=None, *, scale: float, torc
 
 def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, initial_state=None,
                  dht=None, cu_seqlens=None, states=None, side_by_side: bool | None = None,
-                 segments: int | str = "auto") -> dict:
+                 segments: int | str = "auto", token_gate: bool = False) -> dict:
     """KDA's gradients from FLA's forward tensors, on the GPU.
 
     q, k: bf16 [B, T, H, 128]; v, do: bf16 [B, T, HV, 128]; g: fp32 [B, T, HV, 128] (FLA's
@@ -191,7 +191,8 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
     or the two scans in turn): "auto" splits long sequences where few sequences x heads would leave
     SMs idle; an integer S cuts each sequence into up to S segments and runs the scans in turn (1:
     never split). A split scan is the same algebra rounded in another order: not the unsplit scan's
-    bits, but the same bits from call to call.
+    bits, but the same bits from call to call. ``token_gate``: g is each token's natural-log gate in place
+    of FLA's cumsum (our forward's tensors, :func:`run`'s ``token_gate``); the states must be given.
 
     Returns {"dq", "dk": fp32 [B, T, H, 128] w.r.t. the q, k given (with GVA summed over the value
     heads that read each); "dv": bf16 [B, T, HV, 128]; "dg": fp32 [B, T, HV, 128] w.r.t. the per-token
@@ -208,13 +209,17 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
                          f"or False, or segments=1)")
     batch = Batch(plan.B, plan.T, plan.H, plan.HV, plan.cu_seqlens, cu_seqlens is not None, plan.scale,
                   plan.torch_out, plan.dh_shape)
+    if not isinstance(token_gate, (bool, np.bool_)):
+        raise TypeError(f"token_gate must be True or False, got {token_gate!r}")
+    if token_gate and states is None:
+        raise ValueError("token_gate needs the states (our forward's): the forward-state scan reads FLA's cumsum")
     return run(batch, q, k, v, g, beta, Aqk, Akk, do, initial_state=initial_state, dht=dht, states=states,
-               side_by_side=side_by_side, segments=segments)
+               side_by_side=side_by_side, segments=segments, token_gate=bool(token_gate))
 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
         side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False,
-        gate: Gate | None = None, segments: int | str = "auto") -> dict:
+        gate: Gate | None = None, segments: int | str = "auto", token_gate: bool = False) -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
     by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
     ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
@@ -223,9 +228,16 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     gradients are bf16): in Kernel B, or with GVA after the group sum in fp32. ``gate`` (:class:`Gate`):
     Kernel B applies the gate activation's backward where it forms dg, and the result has, instead of
     "dg", :data:`GATE_GRADIENTS`: dg_raw (bf16, g_raw's), dA_log (fp32 [HV], None without A_log) and
-    ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per 64-token chunk in
-    the kernel and then over chunks in a fixed order (two calls give the same bits). ``segments``: as
-    :func:`kda_backward`'s (checked by the caller)."""
+    ddt_bias (fp32 [HV * 128], None without dt_bias), each sum over tokens taken per CTA (a run of
+    64-token chunks) in the kernel and then over the runs in a fixed order (two calls on one GPU give the same
+    bits; the run length follows the GPU's SM count, so another card may differ in the last bits). ``segments``:
+    as :func:`kda_backward`'s (checked by the caller). ``token_gate``: g is each token's natural-log gate
+    (fp32 [B, T, HV, 128]) instead of FLA's chunk cumsum, which Kernels A and B sum within each tile
+    themselves (kernel.shapes.tile_gate_sums: the cumsum pass folded into its readers); the states must
+    then be given (the forward-state scan reads the cumsum), and not with ``gate`` (Kernel B has no build of
+    that pair: refused here, before any kernel runs)."""
+    if token_gate and gate is not None:
+        raise ValueError("token_gate with gate: Kernel B has no build of the gate epilogue on each token's gate")
     require_cupy("kernel.kda_backward")
     require_gpu("kernel.kda_backward")
     if _forces_split(segments) and side_by_side is None:
@@ -238,9 +250,9 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     if batch.torch_out:
         with torch_stream_for_cupy("kernel.kda_backward"):
             return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16,
-                        gate, segments)
+                        gate, segments, token_gate)
     return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate,
-                segments)
+                segments, token_gate)
 
 
 def _empty_bf16(batch: Batch, like):
@@ -250,7 +262,7 @@ def _empty_bf16(batch: Batch, like):
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,
-         dqk_bf16: bool, gate: Gate | None, segments: int | str) -> dict:
+         dqk_bf16: bool, gate: Gate | None, segments: int | str, token_gate: bool = False) -> dict:
     import cupy
 
     B, T, H, HV = batch.B, batch.T, batch.H, batch.HV
@@ -297,7 +309,7 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
                                  batch.cu_seqlens, q.device if batch.torch_out else None)
     ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=False,
                           snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=segments, knobs={},
-                          fla_inputs=True)
+                          fla_inputs=True, token_gate=token_gate)
     ds_c = to_cupy("dS", ds, "bf16")
     if side is not None:
         main.wait_event(states_ready)
@@ -322,9 +334,11 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
                "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
                "dbeta": cupy.empty(row, np.float32)}
     rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
-    gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q)
+    runs = token_gradients.run_plan(batch.cu_seqlens, HV)
+    gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q, runs.runs)
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
-                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out)
+                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out,
+                           token_gate=token_gate, run_chunks=runs.run_chunks)
     grads = {**(out_t if batch.torch_out else out), "dh0": dh0}
     if gate is not None:
         del grads["dg"]   # never written: the gate build writes dg_raw instead
@@ -335,16 +349,16 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     return grads
 
 
-def _gate_out(batch: Batch, gate: Gate, like):
+def _gate_out(batch: Batch, gate: Gate, like, runs: int):
     """Kernel B's gate epilogue arguments (token_gradients.GateOut), with, for a torch caller, the torch
-    tensors behind its outputs ({name: tensor}); A_log and dt_bias go in as fp32."""
+    tensors behind its outputs ({name: tensor}); A_log and dt_bias go in as fp32. ``runs``: Kernel B's CTAs a
+    head (token_gradients.run_plan), a row each of the partial sums."""
     import cupy
 
     if gate.lower_bound is None and gate.A_log is None:
         raise ValueError("gate: A_log is None with lower_bound None: the softplus form g = -exp(A_log) softplus(x) "
                          "needs A_log (only the sigmoid form, lower_bound = L, takes A_log None)")
     B, T, HV = batch.B, batch.T, batch.HV
-    chunks = token_gradients.chunk_count(batch.cu_seqlens)
     wide = (B, T, HV, HEAD_DIM)
     if batch.torch_out:
         import torch
@@ -353,8 +367,8 @@ def _gate_out(batch: Batch, gate: Gate, like):
         a_log = None if gate.A_log is None else gate.A_log.float().contiguous().reshape(-1)
         dt_bias = None if gate.dt_bias is None else gate.dt_bias.float().contiguous().reshape(-1)
         t = {"dg_raw": torch.empty(wide, dtype=torch.bfloat16, device=dev),
-             "da_part": None if a_log is None else torch.empty((chunks, HV), dtype=torch.float32, device=dev),
-             "ddt_part": None if dt_bias is None else torch.empty((chunks, HV, HEAD_DIM), dtype=torch.float32,
+             "da_part": None if a_log is None else torch.empty((runs, HV), dtype=torch.float32, device=dev),
+             "ddt_part": None if dt_bias is None else torch.empty((runs, HV, HEAD_DIM), dtype=torch.float32,
                                                                  device=dev)}
         views = {name: None if x is None else cupy_view(x) for name, x in t.items()}
         inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else cupy_view(a_log),
@@ -363,8 +377,8 @@ def _gate_out(batch: Batch, gate: Gate, like):
         t = None
         a_log, dt_bias = gate.A_log, gate.dt_bias
         views = {"dg_raw": cupy.empty(wide, np.uint16),
-                 "da_part": None if a_log is None else cupy.empty((chunks, HV), np.float32),
-                 "ddt_part": None if dt_bias is None else cupy.empty((chunks, HV, HEAD_DIM), np.float32)}
+                 "da_part": None if a_log is None else cupy.empty((runs, HV), np.float32),
+                 "ddt_part": None if dt_bias is None else cupy.empty((runs, HV, HEAD_DIM), np.float32)}
         inputs = (to_cupy("g_raw", gate.g_raw, "bf16"), None if a_log is None else to_cupy("A_log", a_log, "f32").reshape(-1),
                   None if dt_bias is None else to_cupy("dt_bias", dt_bias, "f32").reshape(-1))
     return token_gradients.GateOut(*inputs, gate.lower_bound, views["dg_raw"], views["da_part"],
@@ -372,7 +386,7 @@ def _gate_out(batch: Batch, gate: Gate, like):
 
 
 def _gate_sums(out, t, torch_out: bool) -> dict:
-    """dg_raw, and dA_log and ddt_bias: the per-chunk partial sums added over the chunks (a reduction
+    """dg_raw, and dA_log and ddt_bias: Kernel B's per-run partial sums added over the runs (a reduction
     of each element's terms, no atomics: the same bits every call), fp32."""
     src = t if torch_out else {"dg_raw": out.dg_raw, "da_part": out.da_part, "ddt_part": out.ddt_part}
     da, ddt = src["da_part"], src["ddt_part"]

@@ -30,3 +30,33 @@ constexpr float SPAN_LIMIT = 110.f;
 // beta, Aqk, Akk, the states and their gradients) HV = G H, and value head hv reads query / key head
 // hv / G, as FLA maps them. Without GVA, HV = H and every head reads its own.
 __host__ __device__ constexpr int qk_head(int hv, int HV, int H) { return hv / (HV / H); }
+
+// The tile's gate from each token's own gate (the 64-chunk cumsum folded into its readers,
+// docs/kda_forward.md section 8): a reader given each token's natural-log gate g forms the tile-local
+// cumsum in log2 units itself, over the tile's rows in order from its first, each term g / ln 2
+// rounded before it is added (no fma). Every reader sums by this one step, so all of them, and the
+// models (kernel/shapes.py's tile_gate_sums), hold the same bits.
+constexpr float RCP_LN2 = 1.4426950408889634f;              // 1 / ln 2 in fp32, FLA's scale of the log gate
+__device__ __forceinline__ float add_token_gate(float run, float g) { return __fadd_rn(run, __fmul_rn(g, RCP_LN2)); }
+__device__ __forceinline__ void add_token_gates(float* run, float4 g) {   // 4 adjacent columns
+    run[0] = add_token_gate(run[0], g.x);
+    run[1] = add_token_gate(run[1], g.y);
+    run[2] = add_token_gate(run[2], g.z);
+    run[3] = add_token_gate(run[3], g.w);
+}
+
+// A tile's rows in order, for a reader (a producer warp) whose own rows are first .. first + Own - 1: other(c)
+// for each row before and after them, own(r) for each of its own. The others are visited under a predicate
+// on a row known at compile time, so that no array is indexed by the warp (a runtime index puts an array in
+// local memory).
+template <int Own, class Other, class OwnRow>
+__device__ __forceinline__ void tile_rows_in_order(int first, Other&& other, OwnRow&& own) {
+#pragma unroll
+    for (int c = 0; c < TILE_TOKENS - Own; ++c)
+        if (c < first) other(c);
+#pragma unroll
+    for (int r = 0; r < Own; ++r) own(r);
+#pragma unroll
+    for (int c = Own; c < TILE_TOKENS; ++c)
+        if (c >= first + Own) other(c);
+}

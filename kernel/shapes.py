@@ -14,7 +14,8 @@ FLA's grouped value heads give q and k H heads and everything else HV = G H, val
 q and k at hv // G. The float64 references take any tile that
 divides the chunk, by their ``tile`` keyword; the kernels are built for ``TILE_TOKENS``. Beside the
 shapes, one numeric limit the kernels share: ``SPAN_LIMIT``, the widest gate span of a tile whose
-products are factorised rather than formed pairwise.
+products are factorised rather than formed pairwise; and one rule of arithmetic, :func:`tile_gate_sums`:
+how a kernel given each token's own gate forms the tile's cumsum, so that every reader gets its bits.
 
 Every sequence is cut into tiles and chunks from its own start, so a varlen batch (``cu_seqlens``)
 packs each sequence's snapshots and states one after the other: :func:`snapshot_offsets`.
@@ -34,9 +35,11 @@ TILE_TOKENS = 16      # tokens per tile
 CHUNK_TOKENS = 64     # tokens per chunk (FLA's chunk_size)
 TILES_PER_CHUNK = CHUNK_TOKENS // TILE_TOKENS
 SPAN_LIMIT = 110.0    # the widest gate span (log2) of a tile whose products are factorised (why not 126: shapes.cuh)
+RCP_LN2 = 1.4426950408889634   # 1 / ln 2: FLA's scale of the natural-log gate to log2 (fp32 in the kernels)
 OFFSETS_KEPT = 8      # how many torch cu_seqlens tensors keep their host copy (host_offsets)
 
-__all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT", "qk_head",
+__all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT", "RCP_LN2", "qk_head",
+           "tile_gate_sums",
            "snapshot_offsets", "check_cu_seqlens", "host_offsets", "check_chunk_range", "OFFSETS_KEPT"]
 
 
@@ -45,6 +48,18 @@ def qk_head(hv: int, HV: int, H: int) -> int:
     have ``H`` heads, every other per-head array ``HV`` = G H, and value head hv reads q, k at hv // G
     (kernel/shapes.cuh's qk_head; without GVA, HV = H and every head reads its own)."""
     return hv // (HV // H)
+
+
+def tile_gate_sums(g: np.ndarray) -> np.ndarray:
+    """The tile-local inclusive cumsum in log2 units of natural-log gates ``g`` [rows, ...] (one tile's rows
+    first), as every kernel forms it from each token's gate (kernel/shapes.cuh's add_token_gate): in fp32,
+    each g / ln 2 rounded before it is added, in row order from the first. Rows past a tile's last token
+    hold zeros and leave the sum at its last value. The three passes' products pass sums a 64-token chunk's
+    rows by the same rule: ``g`` is then the chunk's rows. The kernels build with -ftz=true, which flushes a
+    subnormal gate or term (|g| below 2^-126) to zero where this keeps it: the sums differ there by less than
+    2^-126, below the last bit of any sum that is not itself that small."""
+    terms = (np.asarray(g, dtype=np.float32) * np.float32(RCP_LN2)).astype(np.float32)
+    return np.cumsum(terms, axis=0, dtype=np.float32)
 
 
 def snapshot_offsets(lengths: np.ndarray, tile: int, snapshot_every: int) -> np.ndarray:

@@ -3,6 +3,8 @@
     out = three_pass_forward(q, k, v, g, beta, scale=s, initial_state=h0, cu_seqlens=cu,
                              output_final_state=True, training=True)
     out.o, out.final_state, out.states, out.Aqk, out.Akk      # kernel.forward.ForwardOutputs
+    out = three_pass_forward(..., token_gate=True, l2norm=True)   # each token's gate, q and k as they come
+    out.q, out.k, out.q_rstd, out.k_rstd                      # ... and q, k normalised for the backward
 
 What and why
 ------------
@@ -24,8 +26,9 @@ chunks (:func:`piece_count`): the chain walks piece i on a stream of the highest
 products pass builds piece i + 1 and the o pass finishes piece i - 1 on the caller's stream. The state
 crosses from piece to piece in fp32, so any cut gives the same bits.
 
-The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan; the outputs come in its
-layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]), Aqk's and INV's diagonal blocks as it writes
+The arguments and outputs are :func:`kernel.forward.forward`'s, checked by its plan, with its two forms of
+the inputs (``token_gate``, ``l2norm``: the products pass is the one pass that reads g, q and k); the outputs
+come in its layouts: the states [B, NT, HV, K, V] (varlen [1, sum NT_n, ...]), Aqk's and INV's diagonal blocks as it writes
 them (INV's the same bits; Aqk's from operands in two bf16 each, nearer float64 than the one pass's one bf16), o
 and the final state within their roundings of the same values. The numpy statement of each pass is
 tests/kernel/three_pass_model.py.
@@ -93,17 +96,21 @@ def piece_edges(chunks: int, count: int) -> list[int]:
 
 
 def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
-                       output_final_state: bool = False, training: bool = False,
-                       pieces: int | None = None) -> ForwardOutputs:
+                       output_final_state: bool = False, training: bool = False, token_gate: bool = False,
+                       l2norm: bool = False, pieces: int | None = None) -> ForwardOutputs:
     """:func:`kernel.forward.forward`'s call and outputs (its docstring), in three passes (module docstring).
-    ``pieces``: how many pieces one sequence runs in (None: :func:`piece_count`; 1: each pass once, in turn);
-    a batch of several sequences runs in one. The outputs are the same bits for any count."""
+    ``token_gate``, ``l2norm``: the forms of g and of q and k, as kernel.forward takes them (the products pass
+    sums the gate over each chunk and normalises q and k). ``pieces``: how many pieces one sequence runs in
+    (None: :func:`piece_count`; 1: each pass once, in turn); a batch of several sequences runs in one. The
+    outputs are the same bits for any count."""
     from .forward_chain import forward_chain
     from .forward_output import forward_output
     from .forward_products import forward_products
 
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                        output_final_state=output_final_state, training=training)
+                        output_final_state=output_final_state, training=training, token_gate=token_gate,
+                        l2norm=l2norm)
+    forms = dict(token_gate=plan.config.token_gate, l2norm=plan.config.l2norm)
     keep = plan.states_shape is not None   # training: the states and the blocks our backward reads
     chunks = int(snapshot_offsets(np.diff(plan.cu_seqlens), CHUNK_TOKENS, 1)[-1])   # FLA's chunk offsets' last
     if pieces is None:
@@ -115,27 +122,29 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
     else:
         count = min(int(pieces), chunks)
     if count > 1:
-        o, final_state, states, p = _in_pieces(plan, q, k, v, g, beta, initial_state, piece_edges(chunks, count))
+        o, final_state, states, p = _in_pieces(plan, q, k, v, g, beta, initial_state, piece_edges(chunks, count),
+                                               forms)
     else:
         # a batch of B > 1 is B sequences of T to every pass; the o pass takes the token offsets either way
         p = forward_products(q, k, v, g, beta, scale=plan.scale,
-                             cu_seqlens=plan.cu_seqlens if plan.B == 1 else None, training=keep)
+                             cu_seqlens=plan.cu_seqlens if plan.B == 1 else None, training=keep, **forms)
         walked = forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks, initial_state=initial_state,
                                output_final_state=plan.final_shape is not None)
         o = forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=plan.cu_seqlens)
         final_state, states = walked.final_state, walked.states
     return ForwardOutputs(o=o.reshape(plan.o_shape), final_state=final_state,
                           states=states.reshape(plan.states_shape) if keep else None,
-                          Aqk=p.Aqk if keep else None, Akk=p.Akk if keep else None)
+                          Aqk=p.Aqk if keep else None, Akk=p.Akk if keep else None, q=p.q, k=p.k, q_rstd=p.q_rstd,
+                          k_rstd=p.k_rstd)
 
 
-def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
+def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int], forms: dict):
     """The passes over one sequence in pieces (chunks edges[i] .. edges[i + 1] - 1): products and o on the
     caller's stream, the chain beside them on the device's serial stream (the highest priority), each
     piece's chain after its products and each piece's o after its chain. The state goes from piece to piece
     through two fp32 buffers in turn; the last piece writes the final state (or into one of them).
     Everything is allocated before the fork, on the caller's stream, which has waited for the last chain
-    when this returns.
+    when this returns. ``forms``: the products pass's token_gate and l2norm.
     -> (o, final_state, states, the products pass's outputs)."""
     import cupy
 
@@ -148,7 +157,8 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
     require_cupy("kernel.three_pass_forward")
     require_gpu("kernel.three_pass_forward")
     keep = plan.states_shape is not None
-    pp = products.plan_products(q, k, v, g, beta, scale=plan.scale, cu_seqlens=plan.cu_seqlens, training=keep)
+    pp = products.plan_products(q, k, v, g, beta, scale=plan.scale, cu_seqlens=plan.cu_seqlens, training=keep,
+                                **forms)
     device = q.device if plan.torch_out else None
     q_c, k_c, v_c = (to_cupy(n, x, "bf16") for n, x in (("q", q), ("k", k), ("v", v)))
     g_c, beta_c = to_cupy("g", g, "f32"), beta_f32(beta)
@@ -183,6 +193,6 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int]):
             made = main.record()
         main.wait_event(walked)
         output.launch_planned(op, p_c["qg"], c_c["states"], p_c["aqk"], c_c["v_new"], o_c, chunks=(c0, c1))
-    outputs = products.ProductsOutputs(**{n: p_t[n] for n in products.CHUNK_MAJOR}, cu_chunks=pp.cu_chunks,
-                                       Aqk=p_t["Aqk"], Akk=p_t["Akk"])
+    outputs = products.ProductsOutputs(**{n: p_t[n] for n in (*products.CHUNK_MAJOR, *products.TOKEN_MAJOR)},
+                                       cu_chunks=pp.cu_chunks)
     return o_t, c_t["final_state"], c_t["states"], outputs

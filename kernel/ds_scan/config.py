@@ -44,6 +44,9 @@ class Config:
     fla_inputs: bool = False # gc, mqk, inv are FLA's forward tensors as stored: its 64-chunk-local g and
                              # the 64-wide Aqk / Akk, whose 16 x 16 diagonal blocks are read in place
                              # (lower triangle only) and whose gate is rebased per tile on chip
+    token_gate: bool = False # with fla_inputs: gc holds each token's natural-log gate instead of FLA's cumsum,
+                             # and R1 sums it over the tile (kernel.shapes.tile_gate_sums) after a producers'
+                             # barrier
     summary: bool = False    # pass 1 of the sequence split (kernel.ds_scan.split): no snapshots; the grid's y
                              # index is the CTA's role, 0 = the segment's scan from dS = 0 (its d, out
                              # to dh0), 1 = its scan of the identity with do = 0 (its M, out over the
@@ -108,6 +111,9 @@ class Config:
             raise ValueError(f"loads must be {LOADS_CP_ASYNC} (cp.async) or {LOADS_TMA} (tensor copies), got {self.loads}")
         if self.summary and self.loads != LOADS_CP_ASYNC:
             raise ValueError("summary needs loads 1 (cp.async): its M zero-fills do, which tensor copies cannot")
+        if self.token_gate and not self.fla_inputs:
+            raise ValueError("token_gate needs fla_inputs: it is FLA's tensors with each token's gate in place of "
+                             "the gate's chunk cumsum")
         if self.fla_inputs and self.loads != LOADS_CP_ASYNC:
             raise ValueError("fla_inputs needs loads 1 (cp.async): its lower-triangle block copies are "
                              "cp.async zero-fills, which tensor copies have no form of")
@@ -155,6 +161,8 @@ class Config:
         auto("gt_shared", self._auto_gt_shared(), unset=-1)
         if self.gt_shared not in (0, 1):
             raise ValueError(f"gt_shared must be -1 (auto), 0 or 1, got {self.gt_shared}")
+        if self.gt_shared and self.token_gate:
+            raise ValueError("gt_shared 1 shares a copy of gT, which token_gate does not make (R1 sums it)")
         if self.gt_shared and not self._gt_shared_fits:
             raise ValueError(f"gt_shared 1 needs cp.async loads (loads {LOADS_CP_ASYNC}) and nstage 3 or more "
                              f"(the gc rows land two tiles ahead); got loads {self.loads}, nstage {self.nstage}")
@@ -185,7 +193,8 @@ class Config:
     def _auto_gt_shared(self) -> int:
         # bf16 snapshots at vsplit 1: 7 of 8 gT copies gone; at B = 1 the owner's wait delays the
         # barrier every producer passes (log 22)
-        return int(self.vsplit == 1 and self.snap_bf16 and self._gt_shared_fits)
+        # (token_gate sums gT in R1: no copy to share)
+        return int(self.vsplit == 1 and self.snap_bf16 and self._gt_shared_fits and not self.token_gate)
 
     def _auto_spread_extra(self) -> int:
         # vsplit 1 with bf16 snapshots: warp 0 issued 9 copies a tile to the others' 6; at B = 1 the
@@ -193,8 +202,11 @@ class Config:
         return int(self.vsplit == 1 and self.snap_bf16)
 
     def _auto_r1_lanes(self) -> int:
-        # 16 at vsplit 1 with bf16 snapshots (where the producers pace the tile), 32 elsewhere (logs 20, 23)
-        return 16 if self.vsplit == 1 and self.snap_bf16 and self.tokens_per_producer % 2 == 0 else 32
+        # 16 at vsplit 1 with bf16 snapshots (where the producers pace the tile), 32 elsewhere (logs 20, 23);
+        # 32 with token_gate, where each lane sums its columns over all 16 rows (at 16, 8 columns a lane: twice
+        # the adds, and the regsplit producer spills)
+        return (16 if self.vsplit == 1 and self.snap_bf16 and self.tokens_per_producer % 2 == 0 and not self.token_gate
+                else 32)
 
     @property
     def _regsplit_fits(self) -> bool:
@@ -240,7 +252,7 @@ class Config:
     def name(self) -> str:
         return (f"vs{self.vsplit}-{'bf16' if self.snap_bf16 else 'f32'}x{self.snap_every}"
                 f"{'-dht' if self.has_dht else ''}{'' if self.l2norm else '-nonorm'}{'-fla' if self.fla_inputs else ''}"
-                f"{'-summary' if self.summary else ''}"
+                f"{'-tg' if self.token_gate else ''}{'-summary' if self.summary else ''}"
                 f"-st{self.nstage}-g2s{self.g2_split}-p{self.producers}"
                 f"{'-tmaload' if self.loads == LOADS_TMA else ''}"
                 f"{ {SNAP_DIRECT: '-direct', SNAP_STAGED: '', SNAP_TMA: '-tmastore'}[self.snap_store] }"
@@ -266,7 +278,8 @@ FAST_MATH = ("-ftz=true",)
 # has no defaults (tests/kernel/ds_scan/test_config.py checks both directions).
 KNOB_MACROS: dict[str, str] = {
     "vsplit": "VSPLIT", "snap_bf16": "SNAP_BF16", "snap_every": "SNAP_EVERY", "has_dht": "HAS_DHT",
-    "l2norm": "L2NORM", "fla_inputs": "FLA_INPUTS", "nstage": "NSTAGE", "g2_split": "G2_SPLIT", "producers": "PRODUCERS", "mt": "MT",
+    "l2norm": "L2NORM", "fla_inputs": "FLA_INPUTS", "token_gate": "TOKEN_GATE", "nstage": "NSTAGE",
+    "g2_split": "G2_SPLIT", "producers": "PRODUCERS", "mt": "MT",
     "ksplit": "KSPLIT", "loads": "LOADS", "snap_store": "SNAP_STORE", "wgmma": "WGMMA",
     "g4_with_g5": "G4_WITH_G5", "snap_late_issue": "SNAP_LATE_ISSUE", "gt_shared": "GT_SHARED",
     "spread_extra": "SPREAD_EXTRA", "r1_lanes": "R1_LANES", "regsplit": "REGSPLIT",
@@ -315,26 +328,27 @@ def source() -> str:
     return BUILD.source()
 
 
-def summary_config(vsplit: int, l2norm: bool, fla_inputs: bool) -> Config:
+def summary_config(vsplit: int, l2norm: bool, fla_inputs: bool, token_gate: bool = False) -> Config:
     """The sequence split's pass-1 build (kernel.ds_scan.split) for these inputs: snapshot settings fixed,
     since it stores none."""
     return Config(vsplit=vsplit, snap_bf16=True, snap_every=4, has_dht=False, l2norm=l2norm,
-                  fla_inputs=fla_inputs, summary=True)
+                  fla_inputs=fla_inputs, token_gate=token_gate, summary=True)
 
 
 def all_variants() -> list[Config]:
     """Every configuration the API can launch (with the default tuning knobs): kernel.dstate_scan's
     64, kernel.ds_scan.fla's 16 (FLA's tensors: snapshots every 64 tokens, q and k as FLA stored
-    them, so no l2norm), then kernel.kda_backward's 8 (FLA's tensors, bf16 dS after every tile),
-    then the sequence split's summary builds (kernel.ds_scan.split): 8 for dstate_scan, 4 for FLA's tensors."""
+    them, so no l2norm), then kernel.kda_backward's 8 (FLA's tensors, bf16 dS after every tile)
+    and the same 8 on each token's gate (token_gate), then the sequence split's summary builds
+    (kernel.ds_scan.split): 8 for dstate_scan, 4 for FLA's tensors, 4 for them on each token's gate."""
     tiles = [Config(vsplit=v, snap_bf16=b, snap_every=e, has_dht=d, l2norm=n)
              for v, b, e, d, n in itertools.product(VSPLITS, (False, True), (1, 4), (False, True), (False, True))]
     fla = [Config(vsplit=v, snap_bf16=b, snap_every=4, has_dht=d, l2norm=False, fla_inputs=True)
            for v, b, d in itertools.product(VSPLITS, (False, True), (False, True))]
-    backward = [Config(vsplit=v, snap_bf16=True, snap_every=1, has_dht=d, l2norm=False, fla_inputs=True)
-                for v, d in itertools.product(VSPLITS, (False, True))]
+    backward = [Config(vsplit=v, snap_bf16=True, snap_every=1, has_dht=d, l2norm=False, fla_inputs=True, token_gate=t)
+                for t, v, d in itertools.product((False, True), VSPLITS, (False, True))]
     summaries = [summary_config(v, n, False) for v, n in itertools.product(VSPLITS, (False, True))]
-    summaries += [summary_config(v, False, True) for v in VSPLITS]
+    summaries += [summary_config(v, False, True, t) for t, v in itertools.product((False, True), VSPLITS)]
     return tiles + fla + backward + summaries
 
 

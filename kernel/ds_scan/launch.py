@@ -298,7 +298,8 @@ def check_vsplit(vsplit) -> None:
 
 
 # Config fields that the arguments of a call decide: a tuning dict may not set them
-ARGUMENT_FIELDS = frozenset({"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm", "fla_inputs", "summary"})
+ARGUMENT_FIELDS = frozenset({"vsplit", "snap_bf16", "snap_every", "has_dht", "l2norm", "fla_inputs", "token_gate",
+                             "summary"})
 
 
 def check_tuning(tuning) -> dict:
@@ -326,10 +327,11 @@ def check_segments(segments) -> None:
 def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None, cu_seqlens=None,
            qk_l2norm: bool = True, snapshot_dtype: str = "float32", snapshot_every: int = 1,
            vsplit: int | str = "auto", segments: int | str = "auto", tuning: dict | None = None,
-           fla_inputs: bool = False):
+           fla_inputs: bool = False, token_gate: bool = False):
     """:func:`dstate_scan`'s checks and launch. With ``fla_inputs`` the kernel reads gc, mqk
     and inv as FLA's forward stored them (kernel.ds_scan.fla: its g, and Aqk / Akk with 64
-    columns, whose 16 x 16 diagonal blocks are Kernel A's Mqk / INV)."""
+    columns, whose 16 x 16 diagonal blocks are Kernel A's Mqk / INV); with ``token_gate`` too, gc is
+    each token's natural-log gate, which the kernel sums within each tile (kernel.shapes.tile_gate_sums)."""
     small = CHUNK_TOKENS if fla_inputs else TILE_TOKENS   # columns of mqk / inv
     if snapshot_dtype not in SNAPSHOT_DTYPES:
         raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
@@ -338,6 +340,10 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
         raise ValueError(f"snapshot_every must be 1 or 4, got {snapshot_every!r}")
     if not isinstance(qk_l2norm, (bool, np.bool_)):
         raise TypeError(f"qk_l2norm must be a bool (True or False), got {qk_l2norm!r}")
+    if not isinstance(token_gate, (bool, np.bool_)):
+        raise TypeError(f"token_gate must be a bool (True or False), got {token_gate!r}")
+    if token_gate and not fla_inputs:
+        raise ValueError("token_gate needs fla_inputs=True: each token's gate in place of FLA's chunk cumsum")
     check_scale(scale)
     check_vsplit(vsplit)
     check_segments(segments)
@@ -345,11 +351,12 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
     c = _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small)
     return run(c, scale=scale, varlen=cu_seqlens is not None, qk_l2norm=bool(qk_l2norm),
                snapshot_dtype=snapshot_dtype, snapshot_every=snapshot_every, vsplit=vsplit, segments=segments,
-               knobs=knobs, fla_inputs=bool(fla_inputs))
+               knobs=knobs, fla_inputs=bool(fla_inputs), token_gate=bool(token_gate))
 
 
 def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, snapshot_dtype: str,
-        snapshot_every: int, vsplit: int | str, segments: int | str, knobs: dict, fla_inputs: bool):
+        snapshot_every: int, vsplit: int | str, segments: int | str, knobs: dict, fla_inputs: bool,
+        token_gate: bool = False):
     """Kernel A on checked inputs (:class:`ScanInputs`) and checked options: allocation and launch, no
     check of its own. Returns (snapshots, dh0), torch tensors where ``c.torch_device`` is set."""
     cupy = require_cupy(WHAT)
@@ -367,7 +374,7 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
 
     sm = builds.sm_count()
     base = dict(snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every, l2norm=bool(qk_l2norm),
-                fla_inputs=bool(fla_inputs))
+                fla_inputs=bool(fla_inputs), token_gate=bool(token_gate))
     counts = split.counts_for(segments, lengths, HV, sm)
     # the unsplit scan's configuration: its knobs checked before anything is allocated (a split's
     # scans take the same ones), its module built only where it runs
@@ -435,7 +442,7 @@ def _launch_summaries(inputs, M, d, cu_d, offs_d, order, *, H: int, HV: int, sca
     """The summary build over the sequences ``order`` names (of the batch ``cu_d`` packs): two CTAs
     of each (sequence, value head, v part), grid y 0 computing d into ``d``, 1 computing M into ``M``
     (passed as the snapshots pointer, which a summary build never stores snapshots to)."""
-    cfg = config.summary_config(vsplit, base["l2norm"], base["fla_inputs"])
+    cfg = config.summary_config(vsplit, base["l2norm"], base["fla_inputs"], base["token_gate"])
     fn, smem, threads, _ = kernel(cfg)
     fn((order.size * HV * cfg.vsplit, 2), (threads,),
        (*inputs, np.uint64(0), M, d, cu_d, offs_d, order, np.int32(HV), np.int32(H), np.float32(scale), _NO_MAPS),
@@ -470,7 +477,7 @@ def summaries(q, k, gc, beta, mqk, inv, do, *, cu_seqlens=None, scale: float | N
     v = choose_vsplit(2 * N * HV, builds.sm_count()) if vsplit == "auto" else int(vsplit)
     _launch_summaries(c.arrays, M, d, cu_d, offs_d, order, H=H, HV=HV,
                       scale=float(scale) if scale is not None else HEAD_DIM ** -0.5, vsplit=v,
-                      base=dict(l2norm=bool(qk_l2norm), fla_inputs=bool(fla_inputs)))
+                      base=dict(l2norm=bool(qk_l2norm), fla_inputs=bool(fla_inputs), token_gate=False))
     return (M_t, d_t) if torch_in else (M, d)
 
 

@@ -5,17 +5,20 @@ implementations and the autograd formula that joins them); this module holds no 
 
 Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
 
-* ``"ours"`` (:func:`our_forward`): FLA's preprocessing as FLA's own autograd function runs it (the
-  l2norm of q and k with their rstd, the beta sigmoid), FLA's 64-chunk cumsum of the gate in log2
-  (``kda_gate_chunk_cumsum`` where the op activates the gate, else ``chunk_local_cumsum``, both with
-  scale 1/ln 2, as ``chunk_kda_fwd`` calls them), then :func:`kernel.forward.forward` in training mode
-  on torch's current stream (for few long sequences, where its serial chain of tiles binds, the same
-  outputs from :func:`kernel.three_pass_forward.three_pass_forward`): o, the final state, the states
-  entering every 64-token chunk and Aqk's and Akk's 16 x 16 diagonal blocks (the rest of their rows
-  unwritten: our backward reads nothing else); out of training mode (``call.training`` False) o and
-  the final state alone. Every call the boundary admits is within it: nothing falls back to FLA's
-  forward.
-* ``"fla"`` (:func:`fla_forward`): the same preprocessing, then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``
+* ``"ours"`` (:func:`our_forward`): FLA's beta sigmoid where the call asks for it, then
+  :func:`kernel.forward.forward` in training mode on torch's current stream (for few long sequences,
+  where its serial chain of tiles binds, the same outputs from
+  :func:`kernel.three_pass_forward.three_pass_forward`). Both take the two passes FLA runs first into
+  their kernels (docs/kda_forward.md, section 8): they read each token's own gate and sum it themselves
+  (:func:`token_gate`; where the op activates the gate, FLA's ``kda_gate_chunk_cumsum`` still makes the
+  activated gate's 64-chunk cumsum in log2 first), and they l2-normalise bf16 q and k themselves, writing
+  them out with their rstd for the backward (FLA's ``l2norm_fwd`` for another dtype). Out come o, the final
+  state, the states entering every 64-token chunk and Aqk's and Akk's 16 x 16 diagonal blocks (the rest
+  of their rows unwritten: our backward reads nothing else); out of training mode (``call.training``
+  False) o and the final state alone. Every call the boundary admits is within it: nothing falls back to
+  FLA's forward.
+* ``"fla"`` (:func:`fla_forward`): FLA's preprocessing as FLA's own autograd function runs it (the l2norm
+  of q and k with their rstd, the beta sigmoid), then ``fla.ops.kda.chunk_fwd.chunk_kda_fwd``
   with every setting of the call, so that o and the final state are FLA's to the bit.
 
 Either returns every tensor the backward reads (:data:`FORWARD_OUTPUTS`).
@@ -91,7 +94,7 @@ def _fla():
                 gate_bwd=kda_gate_bwd, rcp_ln2=RCP_LN2, chunk_indices=prepare_chunk_indices)
 
 
-def _preprocessing() -> dict:
+def around_our_kernels() -> dict:
     """What the op runs around our kernels (l2norm, beta's sigmoid, the gate's chunk cumsum, the gate's
     backward where Kernel B's epilogue does not take it): FLA's Triton kernels where fla-core imports, so
     that its tensors stay FLA's to the bit, else the same math in torch (:mod:`.preprocess`), so that our
@@ -112,7 +115,8 @@ def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
 # forward's tensors, in the order the op returns them (each one the call does not make is absent):
 # the output, the final state, and what the backward reads: q and k as the kernels read them (after
 # the l2norm) with their rstd, beta after the sigmoid, the 64-chunk cumsum of the gate in log2 (absent
-# where FLA's forward frees it: the gate activated in the op, without disable_recompute), Aqk, Akk,
+# where FLA's forward frees it: the gate activated in the op, without disable_recompute; and from ours
+# where the op does not activate the gate: our kernels then read the call's own, token_gate), Aqk, Akk,
 # and the states entering every chunk h (our forward's always, FLA's kept with disable_recompute)
 FORWARD_OUTPUTS = ("o", "final_state", "q", "q_rstd", "k", "k_rstd", "beta", "g_cumsum", "Aqk", "Akk", "h")
 # the inputs that have a gradient, in the order the backward returns them
@@ -137,13 +141,14 @@ def forward_here(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu
     return run(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
 
 
-def _preprocess(fla, call: Call, q, k, v, g, beta, initial_state):
+def _preprocess(fla, call: Call, q, k, v, g, beta, initial_state, l2norm_here: bool = True):
     """What FLA's autograd function does before its kernels: (q, q_rstd, k, k_rstd, v, g, beta,
-    beta_activated or None, initial_state), contiguous; q and k l2-normalised where the call asks."""
+    beta_activated or None, initial_state), contiguous; q and k l2-normalised where the call asks (and
+    ``l2norm_here``: not where our forward normalises them itself)."""
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     initial_state = None if initial_state is None else initial_state.contiguous()
     q_rstd = k_rstd = None
-    if call.use_qk_l2norm_in_kernel:
+    if call.use_qk_l2norm_in_kernel and l2norm_here:
         q, q_rstd = fla["l2norm_fwd"](q)
         k, k_rstd = fla["l2norm_fwd"](k)
     beta_activated = None
@@ -174,7 +179,8 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
 
 def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
     """Our forward on q's current device: FLA's preprocessing and the gate's cumsum (kept for the
-    backward), then :func:`kernel.forward.forward`, or for few long sequences its three passes
+    backward) where our kernels do not take their place (:func:`token_gate`; the l2norm in the forward's
+    l2norm builds), then :func:`kernel.forward.forward`, or for few long sequences its three passes
     (:func:`kernel.three_pass_forward.three_passes_pay`), in the call's mode on torch's current
     stream, every output from torch's allocator. ``state_v_first``: the initial state goes in as
     [K, V] and the final state comes out as [V, K]; the states (h) stay [K, V], as our backward reads
@@ -182,23 +188,45 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     from .. import forward as kernel_forward
     from .. import three_pass_forward as three_passes
 
-    fla = _preprocessing()
+    fla = around_our_kernels()
+    o_dtype = q.dtype   # o in q's dtype, as FLA's
+    pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
+    # the l2norm in the three passes' products pass (its l2norm build writes q, k normalised and their rstd for
+    # the backward): the l2norm pass goes. Not in the one pass: its l2norm build cost 6.5 ms at 32x8192 where the
+    # pass it removes costs 2.0 (the producers bind it; docs/log/57)
+    l2norm = call.use_qk_l2norm_in_kernel and q.dtype == k.dtype == torch.bfloat16 and pays
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
-                                                                                   initial_state)
-    g_cumsum = _gate_cumsum(fla, call, g, A_log, dt_bias, cu_seqlens, _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu))
+                                                                                   initial_state, not l2norm)
+    tokens = token_gate(call)
+    if tokens:   # each token's gate as the call passed it, fp32 (a copy only where it is not)
+        g_read = g.float()
+    else:
+        g_read = _gate_cumsum(fla, call, g, A_log, dt_bias, cu_seqlens, _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu))
     kernels_beta = (beta if beta_activated is None else beta_activated).float()   # bf16 widened by torch, not CuPy
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
-    inputs = [_aligned(x) for x in (q, k, v, g_cumsum, kernels_beta, h0)]
-    pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
-    run = three_passes.three_pass_forward if pays else kernel_forward.forward
+    inputs = [_aligned(x) for x in (q, k, v, g_read, kernels_beta, h0)]
     with _torch_stream():
+        run = three_passes.three_pass_forward if pays else kernel_forward.forward   # the same call and outputs
         out = run(*inputs[:5], scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
-                  output_final_state=call.output_final_state, training=call.training)
+                  output_final_state=call.output_final_state, training=call.training, token_gate=tokens,
+                  l2norm=l2norm)
+    if l2norm:
+        q, k, q_rstd, k_rstd = out.q, out.k, out.q_rstd, out.k_rstd   # None out of training
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
     normed = call.use_qk_l2norm_in_kernel
-    return dict(o=out.o.type_as(q), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
-                k=k if normed else None, k_rstd=k_rstd, beta=beta_activated, g_cumsum=g_cumsum, Aqk=out.Aqk,
-                Akk=out.Akk, h=out.states)
+    # the cumsum goes to the backward only where the op activated the gate (else it reads the call's own)
+    return dict(o=out.o.to(o_dtype), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
+                k=k if normed else None, k_rstd=k_rstd, beta=beta_activated,
+                g_cumsum=None if tokens else g_read, Aqk=out.Aqk, Akk=out.Akk, h=out.states)
+
+
+def token_gate(call: Call) -> bool:
+    """Whether our kernels read the call's own gate, each token's, and sum it within each 16-token tile
+    themselves (the chunk cumsum pass folded into its readers, docs/kda_forward.md section 8): our forward
+    and our backward on a gate the call passes as is. Not with FLA's forward (it makes the cumsum itself),
+    nor where the op activates the gate (the activation's pass would write as many bytes as the cumsum's).
+    Either forward takes it: the one pass's R1 sums each tile, the three passes' products pass each chunk."""
+    return call.forward == "ours" and not call.use_gate_in_kernel
 
 
 def _gate_cumsum(fla, call: Call, g, A_log, dt_bias, cu_seqlens, chunk_indices):
@@ -241,16 +269,21 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
     """The gradients of :data:`GRADIENT_INPUTS` (None for one that ``need`` leaves out or the call has
     not), each in its input's dtype (g's is ``g_dtype``), from the forward's tensors: q and k as the
     kernels read them, ``beta`` the call's and ``beta_activated`` the sigmoid's (or None), ``g_raw`` the
-    call's gate where the op activated it. ``do`` and ``dht`` may be None (no gradient reached them)."""
-    fla = _preprocessing()
+    call's gate where the op activated it or our kernels read it as it came (:func:`token_gate`; then
+    ``g_cumsum`` is None). ``do`` and ``dht`` may be None (no gradient reached them)."""
+    fla = around_our_kernels()
     if do is None:
         do = torch.zeros(v.shape, dtype=q.dtype, device=v.device)
     kernels_beta = beta if beta_activated is None else beta_activated
     with torch.cuda.device(q.device):
-        q, k, v, do = (x.contiguous() for x in (q, k, v, do))
+        # contiguous and 16-byte aligned, as the kernels' copies read them (the forward's inputs likewise)
+        q, k, v, do = (_aligned(x.contiguous()) for x in (q, k, v, do))
         initial_state = None if initial_state is None else initial_state.contiguous()
         chunk_indices = _chunk_indices(fla, cu_seqlens, cu_seqlens_cpu)
-        if g_cumsum is None:   # FLA's forward freed it (the gate activated in the op): recomputed as it made it
+        tokens = token_gate(call)
+        if tokens:   # our kernels sum each token's gate themselves
+            g_cumsum = _aligned(g_raw.float().contiguous())
+        elif g_cumsum is None:   # FLA's forward freed it (the gate activated in the op): recomputed as it made it
             g_cumsum = _gate_cumsum(fla, call, g_raw, A_log, dt_bias, cu_seqlens, chunk_indices)
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
@@ -258,7 +291,7 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
         # skipped where no gradient of the raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
         gate_wanted = any(need[GRADIENT_INPUTS.index(name)] for name in ("g", "A_log", "dt_bias"))
         dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
-                                                      Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted)
+                                                      Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted, tokens)
     if beta_activated is not None and need[4]:
         from ..activations import beta_backward
 
@@ -270,11 +303,12 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
 
 
 def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht, rstd,
-          gate_wanted: bool = True):
+          gate_wanted: bool = True, token_gate: bool = False):
     """Our backward and the layouts around it; the gradients as FLA's chunk_kda_bwd returns them
     (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias), dq and dk
     through the l2norm's backward where ``rstd`` (q's and k's) is given; the gate's activation backward
-    only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None)."""
+    only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None).
+    ``token_gate``: ``g_cumsum`` is each token's gate, which Kernels A and B sum within each tile."""
     from ..kda_backward import Gate, checked_batch, run
 
     if rstd is not None:   # Kernel B reads them at each value head's query / key head, as q and k
@@ -290,7 +324,8 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     gate = Gate(g_raw.contiguous(), A_log, dt_bias, call.lower_bound) if in_kernel else None
     # bf16 dq, dk where the caller's are: rounded once (in Kernel B, or with GVA after the group sum)
     grads = run(batch, q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
-                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16, gate=gate)
+                rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16, gate=gate,
+                token_gate=token_gate)
     dq, dk = grads["dq"], grads["dk"]
     dh0 = grads["dh0"]
     if call.state_v_first and dh0 is not None:
@@ -303,6 +338,6 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     if call.use_gate_in_kernel and gate_wanted:
         # FLA's fused gate backward (one pass, dA_log and dt_bias summed per block of 32 tokens, then
         # over blocks): kernel.activations.gate_backward is the same math in torch, in float64 in the tests
-        dg, dA, dbias = _preprocessing()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,
+        dg, dA, dbias = around_our_kernels()["gate_bwd"](g=g_raw.contiguous(), A_log=A_log, dt_bias=dt_bias, dyg=dg,
                                                      lower_bound=call.lower_bound)
     return dq, dk, grads["dv"], grads["dbeta"], dg, dh0, dA, dbias

@@ -64,7 +64,8 @@ SETTINGS = tuple(f.name for f in dataclasses.fields(Call) if f.name not in SIZES
 TENSOR_ARGUMENTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens", "cu_seqlens_cpu",
                     "offsets")
 # what the autograd formula keeps for the backward op, its arguments after do and dht: q and k as the
-# kernels read them, the raw gate where the op activated it, the call's beta and the sigmoid's
+# kernels read them, the call's gate where the op activated it or our kernels read it as it came
+# (function.token_gate), the call's beta and the sigmoid's
 SAVED = ("q", "q_rstd", "k", "k_rstd", "v", "g_cumsum", "g_raw", "beta", "beta_activated", "A_log", "dt_bias", "Aqk",
          "Akk", "h", "initial_state", "cu_seqlens", "cu_seqlens_cpu", "offsets")
 # the forward's outputs that are the user's (the rest exist for the backward)
@@ -80,12 +81,14 @@ def _forward_made(output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_g
                   use_beta_sigmoid_in_kernel: bool, disable_recompute: bool, forward: str,
                   training: bool) -> tuple[bool, ...]:
     """Which of FORWARD_OUTPUTS a call makes: FLA's forward frees its gate cumsum where the op activated
-    the gate, unless disable_recompute keeps everything, h included; ours keeps both always. Out of
-    training mode: only what is RETURNED."""
+    the gate, unless disable_recompute keeps everything, h included; ours keeps h always and the cumsum
+    where the op activates the gate (else our kernels read the call's own gate, which the op keeps:
+    function.token_gate). Out of training mode: only what is RETURNED."""
     ours = forward == "ours"
     made = dict(o=True, final_state=output_final_state, q=use_qk_l2norm_in_kernel,
                 q_rstd=use_qk_l2norm_in_kernel, k=use_qk_l2norm_in_kernel, k_rstd=use_qk_l2norm_in_kernel,
-                beta=use_beta_sigmoid_in_kernel, g_cumsum=ours or disable_recompute or not use_gate_in_kernel,
+                beta=use_beta_sigmoid_in_kernel,
+                g_cumsum=use_gate_in_kernel if ours else disable_recompute or not use_gate_in_kernel,
                 Aqk=True, Akk=True, h=ours or disable_recompute)
     return tuple(made[name] and (training or name in RETURNED) for name in FORWARD_OUTPUTS)
 
@@ -221,7 +224,8 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
     normed = s["use_qk_l2norm_in_kernel"]
     keep = dict(a, q=out["q"] if normed else a["q"], k=out["k"] if normed else a["k"], q_rstd=out["q_rstd"],
-                k_rstd=out["k_rstd"], g_cumsum=out["g_cumsum"], g_raw=a["g"] if s["use_gate_in_kernel"] else None,
+                k_rstd=out["k_rstd"], g_cumsum=out["g_cumsum"],
+                g_raw=a["g"] if s["use_gate_in_kernel"] or s["forward"] == "ours" else None,
                 beta_activated=out["beta"], Aqk=out["Aqk"], Akk=out["Akk"], h=out["h"])
     ctx.save_for_backward(*(keep[name] for name in SAVED))
     ctx.settings = s

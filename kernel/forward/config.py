@@ -78,14 +78,21 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
                              # tile overlaps them (0: two producer warps form them after R1); nstage then <= 5
     mbarrier_ring: bool = False   # the checking build: every hand-off between warps on mbarriers, which
                                   # compute-sanitizer's racecheck follows (not a launch's choice: slower)
+    token_gate: bool = False   # g is each token's natural-log gate, which R1 sums within the tile itself
+                               # (kernel.shapes.tile_gate_sums), instead of FLA's 64-chunk cumsum in log2
+    l2norm: bool = False       # q and k as the caller has them: R1 l2-normalises them (FLA's l2norm_fwd) and one
+                               # CTA a (sequence, query head) writes them normalised with each row's rstd
+    timing: bool = False       # the clock accounting of each role's slots of a tile (forward_timing.cuh, for
+                               # kernel.tools.profile --kernel f; the same arithmetic)
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
         pw = self.product_warps
         if isinstance(pw, (bool, np.bool_)) or not isinstance(pw, (int, np.integer)) or pw not in PRODUCT_WARPS:
             raise ValueError(f"Config.product_warps must be one of {PRODUCT_WARPS}, got {pw!r}")
-        if not isinstance(self.mbarrier_ring, bool):
-            raise ValueError(f"Config.mbarrier_ring must be True or False, got {self.mbarrier_ring!r}")
+        for name in ("mbarrier_ring", "token_gate", "l2norm", "timing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         # the barriers before the shared memory (check_knobs), which a ring too deep may also overflow
         if self.nstage in NSTAGES and not isinstance(self.nstage, (bool, np.bool_)) and self.nstage > max_stages(pw):
             raise ValueError(f"Config.nstage must be at most {max_stages(pw)} with {pw} product warps, got "
@@ -99,7 +106,8 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
 
     def name(self) -> str:
         return (super().name() + (f"-pw{self.product_warps}" if self.product_warps else "")
-                + ("-mb" if self.mbarrier_ring else ""))
+                + ("-mb" if self.mbarrier_ring else "") + ("-tg" if self.token_gate else "")
+                + ("-l2" if self.l2norm else "") + ("-timing" if self.timing else ""))
 
     @property
     def smem_bytes(self) -> int:
@@ -108,7 +116,8 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
 KNOB_MACROS = {"warps": "KF_WARPS", "producers": "KF_PRODUCERS", "nstage": "KF_NSTAGE", "g6_split": "KF_G6_SPLIT",
-               "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING"}
+               "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING", "token_gate": "KF_TOKEN_GATE",
+               "l2norm": "KF_L2NORM", "timing": "KF_TIMING"}
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 
@@ -128,7 +137,7 @@ def source() -> str:
     return BUILD.source()
 
 
-def auto_config(warps: int) -> Config:
+def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False) -> Config:
     """The launch's configuration for `warps` consumer warps, the G6 split by 4, and the deepest ring of at
     most MAX_STAGES that fits (and whose barriers fit):
     - beside 1 or 2 consumer warps, 4 producers and 2 product warps: with few consumers R1 and the
@@ -139,24 +148,30 @@ def auto_config(warps: int) -> Config:
       ceil(warps / 4) warps) and spill; with R1 on 2 warps and the products off it the tile is still
       faster than on 4 producers without product warps (4 x 8192, 16 heads: 1.053 against 1.116 ms);
     - beside 8, 2 producers and no product warps: 10 warps cap a thread at 168 registers, which the
-      build fits without product warps; there the consumers' chain binds the tile, not the producers."""
+      build fits without product warps; there the consumers' chain binds the tile, not the producers.
+    ``token_gate``: the build that reads each token's gate (Config.token_gate); ``l2norm``: the build that
+    normalises q and k itself (Config.l2norm)."""
     producers = 4 if warps <= 2 else 2
     product_warps = 2 if warps <= 4 else 0
     for nstage in range(min(MAX_STAGES, max_stages(product_warps)), 1, -1):
         if smem_bytes(warps, producers, nstage) <= SMEM_OPTIN:
-            return Config(warps=warps, producers=producers, nstage=nstage, g6_split=4, product_warps=product_warps)
+            return Config(warps=warps, producers=producers, nstage=nstage, g6_split=4, product_warps=product_warps,
+                          token_gate=token_gate, l2norm=l2norm)
     raise AssertionError(f"no ring fits {warps} consumer warps")   # unreachable: 2 stages always fit
 
 
 def all_variants() -> list[Config]:
-    """Every configuration the forward launches (the auto rule picks warps, the rest follows)."""
-    return [auto_config(w) for w in WARPS]
+    """Every configuration the forward launches (the auto rule picks warps, the rest follows), on either
+    form of the gate, with q and k normalised by the caller or by the forward; and the timing build of each
+    plain one (``ptx-lab profile --kernel f``)."""
+    return ([auto_config(w, token_gate, l2norm) for l2norm in (False, True) for token_gate in (False, True)
+             for w in WARPS] + [dataclasses.replace(auto_config(w), timing=True) for w in WARPS])
 
 
-# its own headers, and the four of Kernel S's it includes (its copies, gate, step of the chain and walk over
-# the tiles): the digest must follow them all
+# its own headers, the four of Kernel S's it includes (its copies, gate, step of the chain and walk over the
+# tiles) and the kernels' lap timer: the digest must follow them all
 HEADERS = ("forward_*.cuh", *(f"../../forward_states/cuda/forward_states_{name}.cuh"
-                              for name in ("copies", "gate", "chain", "walk")))
+                              for name in ("copies", "gate", "chain", "walk")), "../../lap_timer.cuh")
 
 BUILD = builds.KernelBuild(title="the forward (kda_forward)", entry=SOURCE_PATH, headers=HEADERS,
                            function=KERNEL_NAME, constants="kf", default=Config, options=options, variants=all_variants,

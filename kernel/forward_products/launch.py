@@ -3,6 +3,8 @@ three-pass forward (docs/kda_forward.md, the design "three passes (64-token chai
 
     out = forward_products(q, k, v, g, beta, scale=s, cu_seqlens=cu, training=True)
     out.w, out.u, out.u_scale, out.kg, out.qg, out.aqk, out.decay, out.cu_chunks, out.Aqk, out.Akk
+    out = forward_products(q, k, v, g, beta, ..., token_gate=True, l2norm=True)   # the gate, q and k as they come
+    out.q, out.k, out.q_rstd, out.k_rstd                                          # ... and q, k normalised
 
 What and why
 ------------
@@ -25,8 +27,11 @@ The numpy statement, rounding for rounding, is ``chunk_operands`` of tests/kerne
 
 Tensors: the inputs as :func:`kernel.forward.forward` takes them (q, k bf16 [.., H, 128]; v bf16 [.., HV,
 128]; g fp32 [.., HV, 128], FLA's 64-chunk-local cumsum / ln 2; beta fp32 [.., HV]; ``..`` = ``B, T`` or
-``1, total`` with cu_seqlens). Out, chunk-major (a sequence's chunks one after another, sequence after
-sequence; rows past a sequence's end zero)::
+``1, total`` with cu_seqlens), with its two forms: ``token_gate`` (g each token's natural-log gate, which the
+pass sums over each chunk by kernel.shapes.tile_gate_sums' rule: the gate's cumsum pass folded in) and
+``l2norm`` (q and k as the caller has them, normalised here as FLA's l2norm_fwd normalises them: its pass
+folded in). Out, chunk-major (a sequence's chunks one after another, sequence after sequence; rows past a
+sequence's end zero)::
 
     w, kg, qg      bf16 [chunks, HV, 64, 128]
     u              fp16 [chunks, HV, 64, 128]   u / u_scale
@@ -37,6 +42,8 @@ sequence; rows past a sequence's end zero)::
     Aqk, Akk       bf16 [.., HV, 64] (training): the 16 x 16 diagonal blocks of Aqk and of INV in FLA's
                    layout, as kernel.forward writes them for our backward (the rest of a row is not written;
                    INV's the one pass's bits, Aqk's nearer float64: its operands are two bf16 each)
+    q, k           bf16 [.., H, 128] (l2norm, training): q and k normalised, the backward's q and k
+    q_rstd, k_rstd fp32 [.., H] (l2norm, training): each row's 1 / sqrt(sum x^2 + 1e-6), the backward's rstd
 
 CuPy arrays (bf16 as uint16 bits, fp16 as float16) or torch CUDA tensors; torch in, torch out. The kernel runs on CuPy's
 current stream.
@@ -49,17 +56,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..forward.launch import plan_forward
+from ..forward.launch import check_forms, plan_forward
 from ..runtime import builds
 from ..runtime.arrays import beta_f32, empty_output, require_cupy, require_gpu, to_cupy
 from ..shapes import CHUNK_TOKENS, HEAD_DIM, check_chunk_range, snapshot_offsets
 from .config import BUILD, Config
 
 __all__ = ["forward_products", "plan_products", "ProductsPlan", "ProductsOutputs", "chunk_table", "launch_planned",
-           "allocate", "CHUNK_MAJOR"]
+           "allocate", "CHUNK_MAJOR", "TOKEN_MAJOR"]
 
-# the outputs indexed by chunk (the rest, Aqk's and INV's blocks, by token)
+# the outputs indexed by chunk, and those indexed by token (None where the plan writes none), each in the
+# kernel's argument order
 CHUNK_MAJOR = ("w", "u", "u_scale", "kg", "qg", "aqk", "decay")
+TOKEN_MAJOR = ("Aqk", "Akk", "q", "k", "q_rstd", "k_rstd")
 
 
 class ProductsOutputs(NamedTuple):
@@ -73,6 +82,10 @@ class ProductsOutputs(NamedTuple):
     cu_chunks: np.ndarray
     Aqk: Any     # None unless training
     Akk: Any
+    q: Any = None        # the l2norm build's, in training (else None)
+    k: Any = None
+    q_rstd: Any = None
+    k_rstd: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +99,12 @@ class ProductsPlan:
     training: bool
     torch_out: bool
     beta_bf16: bool
+    config: Config = Config()   # the build: the form of the gate and of q and k (token_gate, l2norm)
+
+    @property
+    def writes_norms(self) -> bool:
+        """Whether the pass writes q and k normalised and their rstd (the l2norm build, in training)."""
+        return self.config.l2norm and self.training
 
     @property
     def cu_chunks(self) -> np.ndarray:
@@ -96,14 +115,20 @@ class ProductsPlan:
         return int(self.cu_chunks[-1])
 
 
-def plan_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None,
-                  training: bool = True) -> ProductsPlan:
+def plan_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None, training: bool = True,
+                  token_gate: bool = False, l2norm: bool = False, config: Config | None = None) -> ProductsPlan:
     """Every check of :func:`forward_products`, on the host: those of :func:`kernel.forward.plan_forward`,
-    whose inputs this pass takes."""
-    fp = plan_forward(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training)
+    whose inputs this pass takes in the same two forms (``token_gate``, ``l2norm``), and that ``config`` (None:
+    the build for those forms) is the build for them."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a kernel.forward_products.Config or None, got {type(config).__name__}")
+    fp = plan_forward(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training,
+                      token_gate=token_gate, l2norm=l2norm)
+    cfg = config if config is not None else Config(token_gate=fp.config.token_gate, l2norm=fp.config.l2norm)
+    check_forms(cfg, token_gate=fp.config.token_gate, l2norm=fp.config.l2norm)
     return ProductsPlan(B=fp.B, T=fp.T, H=fp.H, HV=fp.HV, scale=fp.scale, cu_seqlens=fp.cu_seqlens,
-                        training=fp.blocks_shape is not None, torch_out=fp.torch_out,
-                        beta_bf16=fp.beta_bf16)
+                        training=fp.blocks_shape is not None, torch_out=fp.torch_out, beta_bf16=fp.beta_bf16,
+                        config=cfg)
 
 
 def chunk_table(cu_seqlens: np.ndarray) -> np.ndarray:
@@ -128,13 +153,13 @@ def kernel(cfg: Config):
     return builds.kernel_function(BUILD, BUILD.module(cfg), label="the forward's products pass")
 
 
-def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, config: Config | None = None,
-                   chunks: tuple[int, int] | None = None) -> None:
+def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, chunks: tuple[int, int] | None = None) -> None:
     """The pass on checked CuPy arrays (bf16 as uint16 bits, beta fp32) into ``out``'s arrays (as
-    :func:`allocate` makes them). ``chunks``: only chunks c0 .. c1 - 1 of the plan's (None: all), for a
-    caller that runs the pass in pieces: their rows of the chunk table and of the chunk-major outputs; the
-    inputs and Aqk's and INV's token-major blocks are taken whole, addressed by the table's tokens."""
-    fn, smem, threads = kernel(config if config is not None else Config())
+    :func:`allocate` makes them), in the plan's build. ``chunks``: only chunks c0 .. c1 - 1 of the plan's
+    (None: all), for a caller that runs the pass in pieces: their rows of the chunk table and of the
+    chunk-major outputs; the inputs and the token-major outputs (Aqk's and INV's blocks, q and k normalised and
+    their rstd) are taken whole, addressed by the table's tokens."""
+    fn, smem, threads = kernel(plan.config)
     c0, c1 = check_chunk_range(chunks, plan.chunks)
     null = np.uint64(0)
     table = _table_on_device(np.ascontiguousarray(plan.cu_seqlens, dtype=np.int64).tobytes())[c0:c1]
@@ -142,15 +167,14 @@ def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, config: Conf
     fn(((c1 - c0) * plan.HV,), (threads,),
        (q, k, v, g, beta, table, np.int32(plan.H), np.int32(plan.HV), np.float32(plan.scale), part["w"], part["u"],
         part["kg"], part["qg"], part["aqk"], part["decay"], part["u_scale"],
-        out["Aqk"] if out["Aqk"] is not None else null,
-        out["Akk"] if out["Akk"] is not None else null),
+        *(out[n] if out[n] is not None else null for n in TOKEN_MAJOR)),
        shared_mem=smem)
 
 
 def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
     """The pass's outputs for ``plan``, uninitialised: (as returned, as CuPy views). Torch tensors on
     ``device`` (torch's allocator, on torch's current stream) where the plan's inputs are torch, else CuPy
-    arrays; Aqk and Akk None unless the plan trains."""
+    arrays; Aqk and Akk None unless the plan trains, q, k and their rstd None unless it writes them."""
     C, HV, D = plan.chunks, plan.HV, HEAD_DIM
     shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "f16"),
               "u_scale": ((C, HV, 4), "f32"),
@@ -159,24 +183,26 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
     if plan.training:
         blocks = (plan.B, plan.T, HV, CHUNK_TOKENS)
         shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))
-    out_t, out_c = {"Aqk": None, "Akk": None}, {"Aqk": None, "Akk": None}
+    if plan.writes_norms:
+        rows = (plan.B, plan.T, plan.H)
+        shapes.update(q=((*rows, D), "bf16"), k=((*rows, D), "bf16"), q_rstd=(rows, "f32"), k_rstd=(rows, "f32"))
+    out_t, out_c = dict.fromkeys(TOKEN_MAJOR), dict.fromkeys(TOKEN_MAJOR)
     for name, (shape, dt) in shapes.items():
         out_t[name], out_c[name] = empty_output(shape, dt, device if plan.torch_out else None)
     return out_t, out_c
 
 
 def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None, training: bool = True,
-                     config: Config | None = None) -> ProductsOutputs:
-    """Every chunk's products (module docstring); ``config``: the build (None: the only one, without -lineinfo)."""
-    if config is not None and not isinstance(config, Config):
-        raise TypeError(f"config must be a kernel.forward_products.Config or None, got {type(config).__name__}")
-    plan = plan_products(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training)
+                     token_gate: bool = False, l2norm: bool = False, config: Config | None = None) -> ProductsOutputs:
+    """Every chunk's products (module docstring); ``token_gate``, ``l2norm``: the inputs' forms; ``config``: the
+    build (None: the one for those forms, without -lineinfo)."""
+    plan = plan_products(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training,
+                         token_gate=token_gate, l2norm=l2norm, config=config)
     require_cupy("kernel.forward_products")
     require_gpu("kernel.forward_products")
     q_c, k_c, v_c = (to_cupy(n, x, "bf16") for n, x in (("q", q), ("k", k), ("v", v)))
     g_c = to_cupy("g", g, "f32")
     beta_c = beta_f32(beta)
     out_t, out_c = allocate(plan, q.device if plan.torch_out else None)
-    launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, out_c, config)
-    return ProductsOutputs(**{n: out_t[n] for n in CHUNK_MAJOR}, cu_chunks=plan.cu_chunks, Aqk=out_t["Aqk"],
-                           Akk=out_t["Akk"])
+    launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, out_c)
+    return ProductsOutputs(**{n: out_t[n] for n in (*CHUNK_MAJOR, *TOKEN_MAJOR)}, cu_chunks=plan.cu_chunks)

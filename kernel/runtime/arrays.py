@@ -27,7 +27,7 @@ DTYPE_WORDS = {"bfloat16": "bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy)",
                "float32": "float32"}
 
 __all__ = ["ArrayInfo", "describe", "leading", "expect", "value_heads", "check_scale", "is_torch", "require_cupy",
-           "require_gpu", "cupy_view", "empty_output", "to_cupy", "torch_allocations", "torch_stream_for_cupy",
+           "require_gpu", "torch_gpu_reason", "cupy_view", "empty_output", "to_cupy", "torch_allocations", "torch_stream_for_cupy",
            "beta_f32", "bf16_bits", "bits_to_f32", "CUDA_INSTALL"]
 
 
@@ -157,6 +157,16 @@ def require_gpu(what: str) -> None:
     reason = gpu_reason()
     if reason is not None:
         raise RuntimeError(f"{what} needs a CUDA GPU: {reason}")
+
+
+def torch_gpu_reason() -> str | None:
+    """None when torch imports and sees a CUDA device, else why not (one line): for a study or tool that times
+    through torch's events and allocator."""
+    try:
+        import torch
+    except ImportError as exc:
+        return f"torch is not installed ({exc})"
+    return None if torch.cuda.is_available() else "torch sees no CUDA device"
 
 
 def _torch_numpy_dtype(torch_dtype):

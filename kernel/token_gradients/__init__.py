@@ -1,4 +1,5 @@
-"""Kernel B, the per-token gradients: dq, dk, dv, dg and dbeta, one CTA per 64-token chunk and head.
+"""Kernel B, the per-token gradients: dq, dk, dv, dg and dbeta, one CTA per run of consecutive 64-token chunks
+of a sequence (``launch.run_plan``: the chunks a run) and head.
 
 * ``launch``: its two builds (``BUILD``, :func:`options`, :func:`source`): the plain one, which
   writes dg, and the gate build, which applies the backward of the gate activation FLA's layer asks
@@ -9,6 +10,8 @@
 
 The launch function is not re-exported here: ``kernel.token_gradients.launch`` stays the module.
 """
-from .launch import BUILD, KERNEL_NAME, SOURCE_PATH, Build, all_variants, kernel, options, source, tables
+from .launch import (BUILD, KERNEL_NAME, RUN_CHUNKS, SOURCE_PATH, Build, RunPlan, all_variants, kernel, options,
+                     run_plan, source, tables)
 
-__all__ = ["BUILD", "KERNEL_NAME", "SOURCE_PATH", "Build", "all_variants", "kernel", "options", "source", "tables"]
+__all__ = ["BUILD", "KERNEL_NAME", "RUN_CHUNKS", "SOURCE_PATH", "Build", "RunPlan", "all_variants", "kernel", "options",
+           "run_plan", "source", "tables"]

@@ -91,6 +91,11 @@ pairwise path): kernel-b runs one kda_backward with compute-sanitizer told to ch
 only Kernel B; forward-states runs the forward-state scan alone, built with -lineinfo, in
 kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config fields, e.g.
 {"producers": 1}). .ci/gpu-checks' memcheck step runs these two workloads under memcheck.
+
+KDA_RACECHECK_TOKEN_GATE=1 runs the token-gate builds instead (each token's gate summed in R1 across a
+producers' barrier, kernel.shapes.tile_gate_sums): the forward's, Kernel A's on FLA's tensors (the
+backward's case), Kernel B's (its kda_backward on the states of the forward-state scan) and the products
+pass's (each channel's sums over its chunk).
 """
 from __future__ import annotations
 
@@ -185,8 +190,16 @@ KERNEL_A_LENGTHS = (1, 17, 200)
 BACKWARD_LENGTHS = (1, 17, 200, 700)
 
 
+def _token_gate() -> bool:
+    """Whether the runs take the token-gate builds (KDA_RACECHECK_TOKEN_GATE=1)."""
+    import os
+
+    return os.environ.get("KDA_RACECHECK_TOKEN_GATE", "0") == "1"
+
+
 def _kernel_a() -> str:
-    """Kernel A on kernel.tools.check's small case with KERNEL_A_LENGTHS, built with -lineinfo."""
+    """Kernel A on kernel.tools.check's small case with KERNEL_A_LENGTHS, built with -lineinfo; the token-gate
+    build on the backward's case (FLA's tensors, each token's gate)."""
     import json
     import os
 
@@ -195,6 +208,21 @@ def _kernel_a() -> str:
     from kernel.ds_scan.launch import dstate_scan
 
     from . import check
+
+    if _token_gate():
+        import numpy as np
+
+        from kernel.ds_scan.launch import bf16_bits, launch
+
+        raw, f = _fla_case()
+        dev = cp.asarray
+        snaps, dh0 = launch(dev(bf16_bits(f.q)), dev(bf16_bits(f.k)), dev(raw["g"].astype(np.float32)),
+                            dev(raw["beta"].astype(np.float32)), dev(bf16_bits(f.Aqk)), dev(bf16_bits(f.Akk)),
+                            dev(bf16_bits(raw["do"])), dht=dev(raw["dht"].astype(np.float32)),
+                            cu_seqlens=raw["cu_seqlens"], qk_l2norm=False, snapshot_dtype="bfloat16",
+                            snapshot_every=1, tuning={"lineinfo": True}, fla_inputs=True, token_gate=True)
+        cp.cuda.Device().synchronize()
+        return f"token gate: dh0 finite {bool(cp.isfinite(dh0).all())}"
 
     # kernel.tools.check's small case with KERNEL_A_LENGTHS, its inputs and all; the environment
     # can change the lengths, the v-split and config.Config knobs.
@@ -260,12 +288,21 @@ def _kernel_b() -> str:
     from kernel.kda_backward import kda_backward
 
     raw, f = _fla_case()
-    out = kda_backward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
-                       cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
-                       cp.asarray(bf16_bits(f.Aqk)), cp.asarray(bf16_bits(f.Akk)), cp.asarray(bf16_bits(raw["do"])),
-                       dht=cp.asarray(raw["dht"].astype(np.float32)), cu_seqlens=raw["cu_seqlens"])
+    dev = cp.asarray
+    beta = dev(raw["beta"].astype(np.float32))
+    g, states, token_gate = dev(f.g64.astype(np.float32)), None, _token_gate()
+    if token_gate:   # each token's gate; the states from the forward-state scan (which reads the cumsum)
+        from kernel.forward_states import forward_states
+
+        states = forward_states(dev(bf16_bits(f.k)), dev(bf16_bits(raw["v"])), g, beta, dev(bf16_bits(f.Akk)),
+                                cu_seqlens=raw["cu_seqlens"])
+        g = dev(raw["g"].astype(np.float32))
+    out = kda_backward(dev(bf16_bits(f.q)), dev(bf16_bits(f.k)), dev(bf16_bits(raw["v"])), g, beta,
+                       dev(bf16_bits(f.Aqk)), dev(bf16_bits(f.Akk)), dev(bf16_bits(raw["do"])),
+                       dht=dev(raw["dht"].astype(np.float32)), cu_seqlens=raw["cu_seqlens"], states=states,
+                       token_gate=token_gate)
     cp.cuda.Device().synchronize()
-    return f"dq finite {bool(cp.isfinite(out['dq']).all())}"
+    return f"{'token gate: ' if token_gate else ''}dq finite {bool(cp.isfinite(out['dq']).all())}"
 
 
 def _forward() -> str:
@@ -285,12 +322,17 @@ def _forward() -> str:
     raw, f = _fla_case()
     cu = raw["cu_seqlens"]
     # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}, or {"mbarrier_ring": true}
-    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows
+    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows, or {"l2norm": true} (q and k
+    # normalised again in R1, which leaves them as they are but for rounding, and written out)
+    token_gate = _token_gate()
     cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())),
-                              lineinfo=True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
+                              lineinfo=True, token_gate=token_gate,
+                              **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
+    g = raw["g"] if token_gate else f.g64   # each token's gate, or FLA's cumsum
     out = forward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
-                  cp.asarray(f.g64.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
-                  cu_seqlens=cu, output_final_state=True, training=True, config=cfg)
+                  cp.asarray(g.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
+                  cu_seqlens=cu, output_final_state=True, training=True, token_gate=token_gate, l2norm=cfg.l2norm,
+                  config=cfg)
     cp.cuda.Device().synchronize()
     return f"configuration {cfg.name()}, final state finite {bool(cp.isfinite(out.final_state).all())}"
 
@@ -298,7 +340,12 @@ def _forward() -> str:
 def _three_passes() -> str:
     """The three-pass forward on the backward's case, its two tiles past fp32's range included (the
     products pass's pairwise blocks): the products pass, the chain on its outputs, the o pass on the
-    chain's, each built with -lineinfo. Each pass's run checks only its own kernel."""
+    chain's, each built with -lineinfo. Each pass's run checks only its own kernel. The products pass takes
+    its token-gate build with KDA_RACECHECK_TOKEN_GATE=1 and its l2norm build where KDA_RACECHECK_TUNING
+    says {"l2norm": true} (q and k normalised again, and written out)."""
+    import json
+    import os
+
     import cupy as cp
     import numpy as np
 
@@ -308,10 +355,15 @@ def _three_passes() -> str:
 
     raw, f = _fla_case()
     cu = raw["cu_seqlens"]
+    token_gate = _token_gate()
+    l2norm = bool(json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")).get("l2norm", False))
+    g = raw["g"] if token_gate else f.g64   # each token's gate, or FLA's cumsum
     p = forward_products.forward_products(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)),
-                                          cp.asarray(bf16_bits(raw["v"])), cp.asarray(f.g64.astype(np.float32)),
+                                          cp.asarray(bf16_bits(raw["v"])), cp.asarray(g.astype(np.float32)),
                                           cp.asarray(raw["beta"].astype(np.float32)), cu_seqlens=cu, training=True,
-                                          config=forward_products.Config(lineinfo=True))
+                                          token_gate=token_gate, l2norm=l2norm,
+                                          config=forward_products.Config(token_gate=token_gate, l2norm=l2norm,
+                                                                         lineinfo=True))
     walked = forward_chain.forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks,
                                          config=forward_chain.Config(lineinfo=True))
     o = forward_output.forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=cu,

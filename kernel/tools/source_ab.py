@@ -223,7 +223,11 @@ def use_source(kernel: str, source: Path) -> None:
         getattr(importlib.import_module(module), function).cache_clear()
 
 
-def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
+def drawn_inputs(spec: Spec, H: int, seed: int = 0) -> dict:
+    """Every kernel's inputs at the spec's B x T and H heads, drawn on the GPU (CuPy; bf16 as bits): q and k unit
+    rows, v, do, each token's natural-log gate in [-0.05, 0] (g_token, the token-gate builds') and its 64-chunk
+    cumsum in log2 (g, FLA's), beta, Aqk's and Akk's blocks and dht. The values set no branch of the kernels timed
+    on them (their gates stay within every tile's span)."""
     import cupy
 
     from kernel.ds_scan import launch
@@ -232,11 +236,12 @@ def _inputs(spec: Spec, H: int, seed: int = 0) -> dict:
     rs = cupy.random.RandomState(seed)
     n = lambda *s: rs.standard_normal(s, dtype=np.float32)   # noqa: E731
     unit = lambda x: x / cupy.linalg.norm(x, axis=-1, keepdims=True)   # noqa: E731
-    g = -0.05 * rs.random_sample((B, -(-T // 64) * 64, H, D), dtype=np.float32)
-    g = g.reshape(B, -1, 64, H, D).cumsum(axis=2).reshape(B, -1, H, D)[:, :T] / np.float32(np.log(2))
+    g_token = -0.05 * rs.random_sample((B, -(-T // 64) * 64, H, D), dtype=np.float32)
+    g = g_token.reshape(B, -1, 64, H, D).cumsum(axis=2).reshape(B, -1, H, D)[:, :T] / np.float32(np.log(2))
     return dict(q=launch.bf16_bits(unit(n(B, T, H, D))), k=launch.bf16_bits(unit(n(B, T, H, D))),
                 v=launch.bf16_bits(n(B, T, H, D)), do=launch.bf16_bits(0.1 * n(B, T, H, D)),
-                g=cupy.ascontiguousarray(g), beta=rs.random_sample((B, T, H), dtype=np.float32),
+                g=cupy.ascontiguousarray(g), g_token=cupy.ascontiguousarray(g_token[:, :T]),
+                beta=rs.random_sample((B, T, H), dtype=np.float32),
                 Aqk=launch.bf16_bits(0.01 * n(B, T, H, 64)), Akk=launch.bf16_bits(0.01 * n(B, T, H, 64)),
                 dht=0.01 * n(B, H, D, D))
 
@@ -287,8 +292,6 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
                                         snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
                                         vsplit=spec.vsplit)
         return run, lambda: last["out"]
-    B, T = spec.B, spec.T
-    cu = np.arange(B + 1, dtype=np.int64) * T
     if kernel == "s":
         from kernel.forward_states import launch as forward_states
 
@@ -296,8 +299,21 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
         states = cupy.empty(plan.states_shape, dtype=np.uint16)
         return (lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], out=states),
                 lambda: states)
+    return kernel_b_call(spec, H, x)
+
+
+def kernel_b_call(spec: Spec, H: int, x: dict, **launch_kw):
+    """(a function that runs Kernel B once on ``x`` (:func:`drawn_inputs`), a function that returns what the
+    last run wrote), in the training step's form: rstd given, dq and dk in bf16; dS and the states constants (the
+    values do not change the work); the outputs allocated once. ``launch_kw``: more keywords of
+    ``kernel.token_gradients.launch`` (``timing=True``: kernel.tools.profile's build); the run function takes more
+    (``run(run_chunks=4)``), so that several launches share one set of arrays (at 32x8192 dS alone is 17 GB)."""
+    import cupy
+
     from kernel.token_gradients import launch as token_gradients
 
+    B, T = spec.B, spec.T
+    cu = np.arange(B + 1, dtype=np.int64) * T
     t = token_gradients.tables(cu)
     ds = cupy.full((t["tiles"], H, D, D), 0x3c24, dtype=np.uint16)      # bf16 0.01: values do not change the work
     states = cupy.full((t["chunks"], H, D, D), 0x3ca4, dtype=np.uint16)
@@ -306,8 +322,9 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
     out = {"dq": cupy.empty((B, T, H, D), np.uint16), "dk": cupy.empty((B, T, H, D), np.uint16),
            "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
            "dbeta": cupy.empty((B, T, H), np.float32)}
-    return (lambda: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"], x["do"],
-                                           ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out, rstd=rstd),
+    return (lambda **more: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"],
+                                                  x["do"], ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out,
+                                                  rstd=rstd, **{**launch_kw, **more}),
             lambda: out)
 
 
@@ -335,7 +352,7 @@ def digest(outputs) -> str:
     return h.hexdigest()
 
 
-def _median_ms(fn, reps: int) -> float:
+def median_ms(fn, reps: int) -> float:
     """The bench's timer (kernel.tools.bench.timing.time_cuda: GPU work queued ahead of each call, so
     the events time the GPU and not the call's Python), with CuPy on torch's stream; median ms."""
     from .bench.timing import cupy_on_torch_stream, time_cuda
@@ -357,7 +374,7 @@ def time_sides(kernel: str, spec: Spec, H: int, reps: int, sides: Sequence[tuple
     import cupy
 
     before = source_dir(kernel)
-    x = _inputs(spec, H)
+    x = drawn_inputs(spec, H)
     run, outputs = _call(kernel, spec, H, x)
     rows = []
     try:
@@ -367,7 +384,7 @@ def time_sides(kernel: str, spec: Spec, H: int, reps: int, sides: Sequence[tuple
             run()
             cupy.cuda.Device().synchronize()
             first = time.perf_counter() - t0
-            ms = _median_ms(run, reps)
+            ms = median_ms(run, reps)
             bits = digest(outputs()) if hashed is None or label in hashed else None
             rows.append(dict(label=label, source=str(source), first_call_s=first, ms=ms, digest=bits))
             if on_side is not None:

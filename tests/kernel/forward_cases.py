@@ -22,6 +22,7 @@ from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import fla_forward_tensors, kda_forward_reference
 from kernel.reference.checks import l2norm
 from kernel.shapes import SPAN_LIMIT   # a tile whose gc - gT passes it takes the pairwise products
+from kernel.shapes import tile_gate_sums
 
 from .forward_states_cases import random_batch, scan_tiles, state_entries
 
@@ -79,7 +80,7 @@ def edge_range(g: np.ndarray, cu: np.ndarray | None) -> np.ndarray:
 def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, group: int = 1, seed: int = 0,
               initial_state: bool = False, gate_strength: float = 1.0, beta_bf16: bool = False,
               out_of_range: bool = False, edge_of_range: bool = False, gate=None,
-              scale: float | None = None) -> dict:
+              scale: float | None = None, raw_qk: bool = False) -> dict:
     """Host inputs of kernel.forward (bf16 as uint16 bits) and the float64 outputs they must give.
 
     H: value heads; group: FLA's grouped value heads, q and k with H / group heads (value head hv
@@ -87,16 +88,20 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     out_of_range: two tiles decay past fp32's range (:func:`past_range`). edge_of_range: a tile decays
     by 2^-124 at its last token (:func:`edge_range`). gate: a natural-log gate
     [B, T, H, 128] in place of the recipe's (e.g. the trained-layer gate). beta_bf16: beta rounded to
-    bf16 and passed as bf16 bits.
+    bf16 and passed as bf16 bits. raw_qk: q and k also as the l2norm build reads them, not normalised
+    ("q_raw", "k_raw": the recipe's rows rounded to bf16), the references on their normalised rows rounded
+    to bf16 ("q", "k"; the build's own rounding of them differs in a last bit at most).
 
-    Returns dict: q, k, v (uint16 bits), g (fp32 FLA g), beta, initial_state (fp32 [N, H, 128, 128] or
+    Returns dict: q, k, v (uint16 bits), g (fp32 FLA g), g_token (fp32: each token's natural-log gate, what
+    the token-gate build reads), beta, initial_state (fp32 [N, H, 128, 128] or
     None), cu_seqlens, lengths, scale, and the float64 references: o [.., H, 128], final [N, H, 128, 128],
     states [entries, H, 128, 128] (FLA's packing, offsets), Aqk, Akk [.., H, 64] (zero above the diagonal),
     blocks (bool [.., H, 64]: the diagonal blocks' columns of each token's row).
     """
     inp, cu, Bq, Tq, lens = random_batch(B, T, lengths, H, seed, gate_strength, initial_state)
-    q = bf16(l2norm(np, inp["q"].astype(np.float64)))
-    k = bf16(l2norm(np, inp["k"].astype(np.float64)))
+    raw = {name: bf16(inp[name]) for name in ("q", "k")} if raw_qk else {name: inp[name] for name in ("q", "k")}
+    q = bf16(l2norm(np, raw["q"].astype(np.float64)))
+    k = bf16(l2norm(np, raw["k"].astype(np.float64)))
     q = np.repeat(q[:, :, ::group], group, axis=2)
     k = np.repeat(k[:, :, ::group], group, axis=2)
     v = bf16(inp["v"])
@@ -114,11 +119,13 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
     ref_states, entries = state_entries(states, lens, H)
     return {"q": bf16_bits(np.ascontiguousarray(q[:, :, ::group])), "k": bf16_bits(np.ascontiguousarray(k[:, :, ::group])),
             "q_repeated": bf16_bits(q), "k_repeated": bf16_bits(k), "v": bf16_bits(v),
-            "g": F.g64.astype(np.float32), "g_natural": g,
+            "g": F.g64.astype(np.float32), "g_natural": g, "g_token": g.astype(np.float32),
             "beta": bf16_bits(beta) if beta_bf16 else beta, "beta_values": beta,
             "initial_state": h0, "cu_seqlens": cu, "lengths": [int(n) for n in lens], "scale": s,
             "o": o, "final": final, "states": ref_states, "Aqk": F.Aqk, "Akk": F.Akk,
-            "blocks": diagonal_blocks(lens, Bq, Tq, H), "offsets": entries, "B": Bq, "T": Tq, "H": H}
+            "blocks": diagonal_blocks(lens, Bq, Tq, H), "offsets": entries, "B": Bq, "T": Tq, "H": H,
+            **({f"{n}_raw": bf16_bits(np.ascontiguousarray(raw[n][:, :, ::group])) for n in ("q", "k")}
+               if raw_qk else {})}
 
 
 def diagonal_blocks(lens, B: int, T: int, H: int) -> np.ndarray:
@@ -178,11 +185,37 @@ def intra_products(q, k, gc, gT, beta, L: int, s: float, *, pairwise: bool | Non
     return mqk, inv, past
 
 
-def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float = SPAN_LIMIT) -> dict:
+def check_normalised(out, case: dict, label: str) -> None:
+    """q and k as an l2norm build wrote them (``out``'s q, k, q_rstd, k_rstd: CuPy arrays; ``case`` made with
+    raw_qk): the float64 l2norm of the raw rows rounded to bf16, but for a last bit
+    where the fp32 sum lands the other side of a rounding boundary; rstd within fp32 rounding of float64's."""
+    for name in ("q", "k"):
+        raw = bits_to_f32(case[f"{name}_raw"]).astype(np.float64)
+        want = bits_to_f32(case[name])                     # bf16 of the float64 l2norm of the raw rows
+        got = bits_to_f32(getattr(out, name).get())
+        ulp = np.abs(want) * 2.0 ** -7
+        off = np.abs(got - want) > 0
+        assert np.all(np.abs(got - want) <= ulp + 1e-30), f"{label}: {name} off by more than a bf16 ulp"
+        assert off.mean() < 1e-3, f"{label}: {name}: {off.mean():.2e} of its values differ from float64's rounding"
+        rstd = 1.0 / np.sqrt((raw * raw).sum(-1) + 1e-6)
+        got_rstd = getattr(out, f"{name}_rstd").get()
+        assert np.allclose(got_rstd, rstd, rtol=4e-6, atol=0), f"{label}: {name}_rstd"   # fp32 sums of 128
+
+
+def token_tile_gate(case: dict):
+    """scan_tiles' ``tile_gate`` of the token-gate build: each tile's gc summed from its tokens' own gates
+    (case["g_token"]) as the kernels sum them (kernel.shapes.tile_gate_sums), restarted at every tile."""
+    gate = case["g_token"].reshape(-1, case["H"], D)
+    return lambda _g, h, i, t0, L: tile_gate_sums(gate[t0:t0 + L, h])
+
+
+def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float = SPAN_LIMIT,
+            token_gate: bool = False) -> dict:
     """The kernel's forward in numpy, in its precision: o (bf16 values) [.., H, 128], final (fp32),
     states (bf16 values) [entries, H, 128, 128], Aqk and Akk (bf16 values, zero outside the diagonal
     blocks) [.., H, 64], and the number of tiles that took the pairwise products (``span_limit``: the
-    decision's limit, kernel.shapes' by default)."""
+    decision's limit, kernel.shapes' by default). ``token_gate``: the build that sums each token's gate
+    within the tile (:func:`token_tile_gate`) in place of FLA's chunk cumsum."""
     H = case["H"]
     q = bits_to_f32(case["q_repeated"]).reshape(-1, H, D)
     k = bits_to_f32(case["k_repeated"]).reshape(-1, H, D)
@@ -221,7 +254,8 @@ def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float
         o[t0:t0 + L, h] = bf16(_mm(Qd, S0) + _mm(mqk, Ub))[:L]
         return (np.exp2(gT).astype(np.float32)[:, None] * S + _mm(Kr.T, Ub)).astype(np.float32)
 
-    states, final = scan_tiles(case, g, step)   # Kernel S's walk over the tiles
+    tile_gate = {"tile_gate": token_tile_gate(case)} if token_gate else {}
+    states, final = scan_tiles(case, g, step, **tile_gate)   # Kernel S's walk over the tiles
     shape = (case["B"], case["T"], H)
     return {"o": o.reshape(*shape, D), "final": final, "states": states, "Aqk": aqk.reshape(*shape, C64),
             "Akk": akk.reshape(*shape, C64), "pairwise_tiles": int(pairwise_tiles)}

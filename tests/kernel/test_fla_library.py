@@ -230,21 +230,26 @@ def _stub_our_kernels(monkeypatch) -> list:
     launches = []
 
     def planned(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, training,
-                ran="one pass"):
+                token_gate=False, l2norm=False, ran="one pass"):
         plan = plan_forward(*(_DeviceArray(x) for x in (q, k, v, g, beta)), scale=scale,
                             initial_state=None if initial_state is None else _DeviceArray(initial_state),
-                            cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training)
+                            cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training,
+                            token_gate=token_gate, l2norm=l2norm)
         def empty(shape, dtype):
             return None if shape is None else torch.empty(shape, dtype=dtype, device=q.device)
 
         final = None
         if plan.final_shape is not None:
             final = torch.arange(float(np.prod(plan.final_shape)), device=q.device).view(plan.final_shape)
+        norm = plan.norm_shape
         out = ForwardOutputs(o=empty(plan.o_shape, torch.bfloat16), final_state=final,
                              states=empty(plan.states_shape, torch.bfloat16),
-                             Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16))
+                             Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16),
+                             q=empty(norm, torch.bfloat16), k=empty(norm, torch.bfloat16),
+                             q_rstd=empty(None if norm is None else norm[:-1], torch.float32),
+                             k_rstd=empty(None if norm is None else norm[:-1], torch.float32))
         launches.append((dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, training=training,
-                              ran=ran), plan, out))
+                              token_gate=token_gate, l2norm=l2norm, ran=ran), plan, out))
         return out
 
     monkeypatch.setattr(kernel_forward, "forward", planned)
@@ -282,8 +287,13 @@ def test_the_forward_fake_is_what_our_forward_allocates(case, our_kernel_stubbed
     (handed, plan, out), = our_kernel_stubbed
     assert list(ours) == list(FORWARD_OUTPUTS)
     assert handed["training"] and plan.config is not None
-    # the gate's cumsum is kept for the backward (no recompute there), the states are the backward's h
-    assert ours["g_cumsum"] is handed["g"] and ours["h"] is out.states
+    # the gate's cumsum is kept for the backward (no recompute there) where the op activates the gate; else
+    # our kernels read the call's own gate (function.token_gate) and the op keeps none; the states are h
+    if settings["use_gate_in_kernel"]:
+        assert ours["g_cumsum"] is handed["g"] and not handed["token_gate"]
+    else:
+        assert ours["g_cumsum"] is None and handed["token_gate"]
+    assert ours["h"] is out.states
     fake = _fake_outputs(x, settings)
     for name, theirs in ours.items():
         faked = fake[name]
@@ -347,9 +357,19 @@ def test_our_forward_passes_the_checked_host_offsets(our_kernel_stubbed):
 def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pay(sizes, HV, ran,
                                                                                   our_kernel_stubbed_without_fla):
     x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours"))
-    function.our_forward(call, *_forward_arguments(x))
-    (handed, plan, _), = our_kernel_stubbed_without_fla
+    ours = function.our_forward(call, *_forward_arguments(x))
+    (handed, plan, out), = our_kernel_stubbed_without_fla
     assert handed["ran"] == ran and plan.HV == HV
+    # either forward reads the call's own gate (the cumsum pass folded in); the three passes also q and k as they
+    # came and hand the backward the q, k and rstd they wrote, the one pass q and k from the l2norm pass (its
+    # l2norm build cost more than the pass, log 57)
+    assert handed["token_gate"] and handed["g"] is x["g"] and ours["g_cumsum"] is None
+    three = ran == "three passes"
+    assert handed["l2norm"] == three and (handed["q"] is x["q"]) == three
+    if three:
+        assert ours["q"] is out.q and ours["k_rstd"] is out.k_rstd
+    else:
+        assert ours["q"] is handed["q"] and ours["q_rstd"] is not None and out.q is None
 
 
 @pytest.mark.parametrize("forward", FORWARDS)
@@ -379,7 +399,8 @@ def test_the_backward_fake_gives_each_gradient_like_its_input(need, gate_in_kern
     out = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(x, settings))))
     saved = dict(x, q=out["q"], k=out["k"], q_rstd=out["q_rstd"], k_rstd=out["k_rstd"],
                  g_cumsum=out["g_cumsum"] if out["g_cumsum"].numel() else None,
-                 g_raw=x["g"] if gate_in_kernel else None, beta_activated=out["beta"] if gate_in_kernel else None,
+                 g_raw=x["g"] if gate_in_kernel or forward == "ours" else None,   # as _setup_context keeps it
+                 beta_activated=out["beta"] if gate_in_kernel else None,
                  Aqk=out["Aqk"], Akk=out["Akk"], h=out["h"] if out["h"].numel() else None, offsets=None)
     do, dht = torch.empty_like(out["o"]), torch.empty_like(out["final_state"])
     grads = OPS.chunk_kda_bwd(do, dht, *(saved[name] for name in library.SAVED), x["g"].dtype, list(need),
@@ -837,3 +858,35 @@ def test_the_patched_fla_route_compiles_a_no_grad_call_through_our_op():
     with torch.no_grad():
         o, ht = torch.compile(_inference_model(patch._route(flas_own), **LAYER), backend="eager", fullgraph=True)(x)
     assert o.shape == x["v"].shape and ht.shape == x["initial_state"].shape
+
+
+def test_the_backward_hands_our_kernels_aligned_inputs(monkeypatch):
+    """A contiguous v and gate starting 4 bytes into their storage (slices of larger buffers): the backward's
+    kernels copy 16 bytes at a time, so our backward gets aligned copies of the same values, as the forward does;
+    an aligned input goes as it is. The call reads each token's gate itself (our forward, the gate not activated
+    in the op: the token gate)."""
+    import contextlib
+
+    x = _call_inputs(B=1, T=70, device="cpu", grad=False)
+    call = _meta_call(dict(B=1, T=70), _settings(forward="ours"))[1]
+    assert function.token_gate(call)
+    shift = lambda t: torch.rand(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)   # noqa: E731
+    v, g = x["v"].bfloat16(), shift(x["g"])
+    v = torch.rand(v.numel() + 1).bfloat16()[1:].view(v.shape)
+    assert v.data_ptr() % 16 and g.data_ptr() % 16 and v.is_contiguous() and g.is_contiguous()
+    handed = {}
+
+    def ours(call, q, k, v, g_cumsum, *rest, **kw):
+        handed.update(q=q, v=v, g=g_cumsum)
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros(v.shape[:3]),
+                torch.zeros_like(g_cumsum), None, None, None)
+
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(function, "_ours", ours)
+    q = x["q"].bfloat16()
+    rstd = torch.ones(q.shape[:3])
+    function.backward(call, (True,) * 8, g.dtype, torch.zeros(v.shape, dtype=torch.bfloat16), None, q, rstd, q, rstd,
+                      v, None, g, x["beta"], None, None, None, None, None, None, None, None, None)
+    assert handed["v"].data_ptr() % 16 == 0 and torch.equal(handed["v"], v)
+    assert handed["g"].data_ptr() % 16 == 0 and torch.equal(handed["g"], g)
+    assert handed["q"] is q   # aligned already: no copy

@@ -145,7 +145,8 @@ def test_opcheck_of_the_backward_op(case, forward):
     normed, gate_in = settings["use_qk_l2norm_in_kernel"], settings["use_gate_in_kernel"]
     saved = dict(x, offsets=x["cu_seqlens_cpu"], q=out["q"] if normed else x["q"], k=out["k"] if normed else x["k"],
                  q_rstd=present("q_rstd"), k_rstd=present("k_rstd"), g_cumsum=present("g_cumsum"),
-                 g_raw=x["g"] if gate_in else None, beta_activated=present("beta"), Aqk=out["Aqk"], Akk=out["Akk"],
+                 g_raw=x["g"] if gate_in or forward == "ours" else None, beta_activated=present("beta"),
+                 Aqk=out["Aqk"], Akk=out["Akk"],
                  h=present("h"))
     gen = torch.Generator(device="cuda").manual_seed(1)
     do = torch.randn(out["o"].shape, generator=gen, device="cuda").to(out["o"].dtype)
@@ -263,13 +264,22 @@ def _gate_grads(x: dict, settings: dict) -> dict:
     return {name: None if x[name] is None else x[name].grad.clone() for name in ("g", "A_log", "dt_bias")}
 
 
+@pytest.mark.parametrize("run_chunks", [None, 2], ids=["auto-runs", "runs-of-2"])
 @pytest.mark.parametrize("lengths", [None, [17, 64, 200]], ids=["uniform", "varlen"])
 @pytest.mark.parametrize("form", list(GATE_FORMS))
-def test_the_gate_epilogue_gives_fla_s_gate_backward_on_our_dg_and_the_float64_one(monkeypatch, form, lengths):
+def test_the_gate_epilogue_gives_fla_s_gate_backward_on_our_dg_and_the_float64_one(monkeypatch, form, lengths,
+                                                                                  run_chunks):
+    """``run_chunks`` 2: Kernel B's CTAs each walk two chunks, so each partial-sum row of dA_log and ddt_bias
+    holds a run's tokens."""
     skip_without_fla_gpu()
     from kernel import kda_backward
     from kernel.activations import gate
     from kernel.fla_dropin import function
+
+    if run_chunks is not None:
+        from .test_kda_backward_gpu import force_runs
+
+        force_runs(monkeypatch, run_chunks)
 
     edits, call = GATE_FORMS[form]
     settings = dict(call, output_final_state=False)

@@ -71,8 +71,8 @@ def test_the_op_takes_flas_preprocessing_where_it_imports_and_torchs_where_not(m
         raise ImportError("No module named 'fla'")
 
     monkeypatch.setattr(function, "_fla", no_fla)
-    torch_side = function._preprocessing()
+    torch_side = function.around_our_kernels()
     assert torch_side["l2norm_fwd"] is preprocess.l2norm_fwd and torch_side["chunk_indices"]() is None
     fla = pytest.importorskip("fla", reason="fla-core is not installed")
     monkeypatch.undo()
-    assert set(function._preprocessing()) == set(torch_side) | {"chunk_kda_fwd"} and fla
+    assert set(function.around_our_kernels()) == set(torch_side) | {"chunk_kda_fwd"} and fla

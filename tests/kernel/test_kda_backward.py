@@ -197,3 +197,22 @@ def test_a_forced_split_is_refused_beside_the_forward_state_scan():
     a, kw = _args()
     with pytest.raises(ValueError, match=r"segments=3 splits Kernel A's scan.*side_by_side=True"):
         kda_backward(**a, **kw, segments=3, side_by_side=True)
+
+
+def test_each_tokens_gate_needs_the_states_and_is_a_bool():
+    # the forward-state scan reads FLA's cumsum: on each token's gate the states must come with the call
+    a, kw = _args()
+    with pytest.raises(ValueError, match=r"token_gate needs the states \(our forward's\)"):
+        kda_backward(**a, **kw, token_gate=True)
+    with pytest.raises(TypeError, match="token_gate must be True or False, got 1"):
+        kda_backward(**a, **kw, token_gate=1)
+
+
+def test_the_token_gate_with_the_gate_epilogue_is_refused_before_any_kernel():
+    """Kernel B has no build of the pair: run() names it before the scans run (no GPU needed to see it)."""
+    from kernel.kda_backward import Gate, run
+
+    batch = checked_batch(1, 64, 1, None, scale=0.125, torch_out=False)
+    gate = Gate(g_raw=None, A_log=None, dt_bias=None, lower_bound=-5.0)
+    with pytest.raises(ValueError, match="token_gate with gate: Kernel B has no build"):
+        run(batch, *[None] * 8, gate=gate, token_gate=True)

@@ -56,7 +56,7 @@ def _worst(out, ref, cu, axis_h=2):
     return worst
 
 
-def make_case(case, H=2, seed=11, with_l2norm=False, group=1):
+def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False):
     """Host float64 inputs, the device inputs in FLA's layout, and the reference gradients. With
     ``with_l2norm``, q and k go in normalised (bf16) with their fp32 rstd in the inputs' "rstd", and
     the reference's dq, dk are with respect to the raw rows (its own l2norm in float64).
@@ -104,7 +104,8 @@ def make_case(case, H=2, seed=11, with_l2norm=False, group=1):
     every64 = np.concatenate([flat[t["tile_offs"][n]:t["tile_offs"][n + 1]:4] for n in range(N)])
     states_shape = (B, t["chunks"] // B, H, 128, 128)
     dev = cupy.asarray
-    inputs = dict(q=dev(bf16_bits(q)), k=dev(bf16_bits(k)), v=dev(bf16_bits(v)), g=dev(F.g64.astype(np.float32)),
+    g_in = g.astype(np.float32) if token_gate else F.g64.astype(np.float32)   # each token's gate, or FLA's cumsum
+    inputs = dict(q=dev(bf16_bits(q)), k=dev(bf16_bits(k)), v=dev(bf16_bits(v)), g=dev(g_in),
                   beta=dev(beta.astype(np.float32)), Aqk=dev(bf16_bits(F.Aqk)), Akk=dev(bf16_bits(F.Akk)),
                   do=dev(bf16_bits(do)))
     kw = dict(initial_state=None if h0 is None else dev(h0.astype(np.float32)),
@@ -263,6 +264,29 @@ def test_the_scans_side_by_side_give_the_in_turn_gradients():
         assert _rel(s, a) < 1e-5, f"{name}: side by side vs in turn, relative difference {_rel(s, a):.2e}"
 
 
+def force_runs(monkeypatch, run_chunks: int) -> None:
+    """Kernel B's CTAs walk runs of ``run_chunks`` chunks in every kda_backward call (the auto choice keeps one
+    chunk a run at these tests' sizes: too few CTAs to fill a GPU's waves)."""
+    from kernel.token_gradients import launch
+
+    real = launch.run_plan
+    monkeypatch.setattr(launch, "run_plan", lambda cu, HV, _="auto", sms=None: real(cu, HV, run_chunks))
+
+
+@pytest.mark.parametrize("run_chunks", [2, 8])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_runs_of_chunks_match_float64(case, run_chunks, monkeypatch):
+    """Kernel B's CTAs walking several chunks (the state carried across their boundaries), on the batch, the
+    varlen layouts (runs ending in a sequence's partial chunk) and the tiles past fp32's range, with the states
+    given and recomputed: within the bound of float64, as one chunk a run is."""
+    from kernel.kda_backward import kda_backward
+
+    force_runs(monkeypatch, run_chunks)
+    inputs, kw, states, ref, cu = make_case(case)
+    _check(kda_backward(**inputs, **kw, states=states), ref, cu, f"runs of {run_chunks}, given states")
+    _check(kda_backward(**inputs, **kw), ref, cu, f"runs of {run_chunks}, recomputed states")
+
+
 # ----------------------------------------------------------------------------
 # FLA's grouped value heads: q and k (and their rstd) read in place, dq and dk summed over each group
 # ----------------------------------------------------------------------------
@@ -281,6 +305,37 @@ def test_grouped_value_heads_match_float64(case, HV, group):
     assert inputs["q"].shape[2] == inputs["k"].shape[2] == HV // group and inputs["v"].shape[2] == HV
     _check(kda_backward(**inputs, **kw), ref, cu, f"GVA {group}, recomputed states")
     _check(kda_backward(**inputs, **kw, states=states), ref, cu, f"GVA {group}, given states")
+
+
+@pytest.mark.parametrize("run_chunks", [1, 8])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_token_gate_backward_matches_float64(case, run_chunks, monkeypatch):
+    """kda_backward on each token's natural-log gate, as kernel.chunk_kda calls it on our forward (Kernel A's and
+    Kernel B's token-gate builds sum it within each tile; the states given), one chunk a run and runs of 8: within
+    the bound of float64, as on FLA's cumsum."""
+    from kernel.kda_backward import kda_backward
+
+    force_runs(monkeypatch, run_chunks)
+    inputs, kw, states, ref, cu = make_case(case, token_gate=True)
+    _check(kda_backward(**inputs, **kw, states=states, token_gate=True), ref, cu, f"token gate, runs of {run_chunks}")
+
+
+@pytest.mark.parametrize("case, HV, group", GVA[1:], ids=GVA_IDS[1:])
+def test_the_token_gate_backward_with_grouped_value_heads_matches_float64(case, HV, group, monkeypatch):
+    from kernel.kda_backward import kda_backward
+
+    force_runs(monkeypatch, 4)
+    inputs, kw, states, ref, cu = make_case(case, H=HV, group=group, token_gate=True)
+    _check(kda_backward(**inputs, **kw, states=states, token_gate=True), ref, cu, f"GVA {group}, token gate, runs of 4")
+
+
+@pytest.mark.parametrize("case, HV, group", GVA[1:], ids=GVA_IDS[1:])
+def test_grouped_value_heads_in_runs_of_chunks_match_float64(case, HV, group, monkeypatch):
+    from kernel.kda_backward import kda_backward
+
+    force_runs(monkeypatch, 4)
+    inputs, kw, states, ref, cu = make_case(case, H=HV, group=group)
+    _check(kda_backward(**inputs, **kw), ref, cu, f"GVA {group} in runs of 4, recomputed states")
 
 
 def test_grouped_value_heads_through_the_l2norm_s_backward_match_float64():

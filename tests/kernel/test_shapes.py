@@ -14,7 +14,7 @@ import pytest
 from kernel import registry, shapes
 from kernel.runtime import builds
 
-NAMES = ("HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT")
+NAMES = ("HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT", "RCP_LN2")
 CONSTEXPR = re.compile(r"^\s*constexpr (int|float) (\w+) = ([^;]+);", flags=re.M)
 FLOAT_LITERAL = re.compile(r"(\d+\.\d*)f")
 INCLUDE = '#include "../../shapes.cuh"'

@@ -16,15 +16,17 @@ from .scan_stand_ins import FORWARD, D
 HV = 2
 
 
-def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True) -> tuple:
+def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True, **forms) -> tuple:
     calls = {}
     chunks = int(np.sum(-(-np.diff(cu if cu is not None else np.arange(B + 1) * T) // 64)))
 
-    def products(q, k, v, g, beta, *, scale, cu_seqlens, training):
-        calls["products"] = dict(cu_seqlens=cu_seqlens, training=training, scale=scale)
+    def products(q, k, v, g, beta, *, scale, cu_seqlens, training, token_gate, l2norm):
+        calls["products"] = dict(cu_seqlens=cu_seqlens, training=training, scale=scale, token_gate=token_gate,
+                                 l2norm=l2norm)
+        norms = {n: f"{n} normalised" if l2norm and training else None for n in ("q", "k", "q_rstd", "k_rstd")}
         return types.SimpleNamespace(w="w", u="u", u_scale="u_scale", kg="kg", decay="decay", qg="qg", aqk="aqk",
                                      cu_chunks="cu_chunks", Aqk="Aqk" if training else None,
-                                     Akk="Akk" if training else None)
+                                     Akk="Akk" if training else None, **norms)
 
     def chain(w, u, kg, decay, u_scale, *, cu_chunks, initial_state, output_final_state):
         calls["chain"] = (w, u, kg, decay, u_scale, cu_chunks, initial_state, output_final_state)
@@ -39,7 +41,8 @@ def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True) -> tup
     monkeypatch.setattr(forward_chain, "forward_chain", chain)
     monkeypatch.setattr(forward_output, "forward_output", output)
     a, kw = FORWARD.args(B=B, T=T, H=HV, h0=True, N=B if cu is None else len(cu) - 1)
-    out = FORWARD.call(three_pass_forward, a, kw, cu_seqlens=cu, training=training, output_final_state=final)
+    out = FORWARD.call(three_pass_forward, a, kw, cu_seqlens=cu, training=training, output_final_state=final,
+                       **forms)
     return out, calls, kw["initial_state"]
 
 
@@ -57,6 +60,17 @@ def test_varlen_passes_the_token_offsets_to_the_products_and_the_o_pass(monkeypa
     out, calls, _ = _wired(monkeypatch, 1, 330, cu)
     np.testing.assert_array_equal(calls["products"]["cu_seqlens"], cu)
     assert calls["output"][-1] == (0, 1, 66, 330) and out.states.shape == (1, 8, HV, D, D)
+
+
+@pytest.mark.parametrize("token_gate", [False, True])
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_the_forms_of_the_gate_and_of_q_and_k_go_to_the_products_pass(monkeypatch, token_gate, l2norm):
+    # the products pass is the one pass that reads g, q and k; its normalised q, k and rstd come back as the one
+    # pass's l2norm build returns them
+    out, calls, _ = _wired(monkeypatch, 2, 130, None, token_gate=token_gate, l2norm=l2norm)
+    assert (calls["products"]["token_gate"], calls["products"]["l2norm"]) == (token_gate, l2norm)
+    want = ("q normalised", "k normalised", "q_rstd normalised", "k_rstd normalised") if l2norm else (None,) * 4
+    assert (out.q, out.k, out.q_rstd, out.k_rstd) == want
 
 
 def test_inference_keeps_no_states_and_no_blocks(monkeypatch):

@@ -26,8 +26,10 @@ Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, g
 * **o**: (s q 2^gc) S + Aqk v_new, from the stored state and v_new, stored bf16.
 
 The inputs and outputs follow ``kernel.forward``'s: q, k, v bf16 values [tokens, H, 128], FLA's g (the
-64-chunk-local cumsum, log2) [tokens, H, 128], beta [tokens, H]; o [tokens, H, 128], the final state
-[N, H, 128, 128] and the state entering every chunk [chunks, H, 128, 128].
+64-chunk-local cumsum, log2) [tokens, H, 128], or with ``token_gate`` each token's natural-log gate, which the
+products pass sums over each chunk (kernel.shapes.tile_gate_sums' rule, over the chunk's 64 rows), beta
+[tokens, H]; o [tokens, H, 128], the final state [N, H, 128, 128] and the state entering every chunk
+[chunks, H, 128, 128].
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS
+from kernel.runtime.arrays import bits_to_f32
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS, tile_gate_sums
 
 D, C, BT = HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS
 SUB = BT // C                          # sub-chunks (16-token blocks) a chunk
@@ -241,10 +244,11 @@ def chain(w, u, kg, decay, cu_chunks, initial_state=None, u_scale=None) -> dict:
     return {"states": states, "v_new": v_new, "final": final}
 
 
-def operands(q, k, v, g, beta, lengths, *, scale: float, u_format: str = "fp16") -> dict:
+def operands(q, k, v, g, beta, lengths, *, scale: float, u_format: str = "fp16", token_gate: bool = False) -> dict:
     """The products pass over a batch (``kernel.forward``'s inputs, module docstring): w, u, kg, qg [chunks,
     H, 64, 128] (u as ``u_format`` stores it), u_scale [chunks, H], Aqk [chunks, H, 64, 64], decay [chunks,
-    H, 128], cu_chunks [N + 1] (host int64) and the pairwise blocks' count."""
+    H, 128], cu_chunks [N + 1] (host int64) and the pairwise blocks' count. ``token_gate``: g is each token's
+    natural-log gate, summed over each chunk's rows (rows past L add zero: their gc is row L - 1's)."""
     f32 = np.float32
     H = q.shape[1]
     bos = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -262,9 +266,14 @@ def operands(q, k, v, g, beta, lengths, *, scale: float, u_format: str = "fp16")
                 qc, kc, vc = (np.zeros((BT, D), dtype=f32) for _ in range(3))
                 bc = np.zeros(BT, dtype=f32)
                 qc[:L], kc[:L], vc[:L], bc[:L] = q[t0:t0 + L, h], k[t0:t0 + L, h], v[t0:t0 + L, h], beta[t0:t0 + L, h]
-                gc = np.empty((BT, D), dtype=f32)
-                gc[:L] = g[t0:t0 + L, h]
-                gc[L:] = gc[L - 1]
+                if token_gate:
+                    terms = np.zeros((BT, D), dtype=f32)
+                    terms[:L] = g[t0:t0 + L, h]
+                    gc = tile_gate_sums(terms)
+                else:
+                    gc = np.empty((BT, D), dtype=f32)
+                    gc[:L] = g[t0:t0 + L, h]
+                    gc[L:] = gc[L - 1]
                 ops = chunk_operands(qc, kc, vc, bc, gc, L, scale, u_format=u_format)
                 pairwise += ops.pop("pairwise")
                 for name, value in ops.items():
@@ -288,16 +297,27 @@ def o_pass(qg, aqk, states, v_new, lengths) -> np.ndarray:
     return o
 
 
-def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_format: str = "fp16") -> dict:
+def emulate(q, k, v, g, beta, lengths, *, scale: float, initial_state=None, u_format: str = "fp16",
+            token_gate: bool = False) -> dict:
     """o (bf16 values) [tokens, H, 128], final (fp32) [N, H, 128, 128], states (bf16 values, the state
     entering every chunk, sequence after sequence) [chunks, H, 128, 128], and the pairwise blocks' count.
     ``u_format``: how the products pass stores u for the chain (:data:`U_FORMATS`; fp32 costs 512 B a token and
     head more, written and read; fp16 the same bytes as bf16, and 16 a chunk and head for its scale, the
-    chain's smallest bulk copy)."""
-    ops = operands(q, k, v, g, beta, lengths, scale=scale, u_format=u_format)
+    chain's smallest bulk copy). ``token_gate``: g is each token's gate (:func:`operands`)."""
+    ops = operands(q, k, v, g, beta, lengths, scale=scale, u_format=u_format, token_gate=token_gate)
     walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], initial_state, ops["u_scale"])
     o = o_pass(ops["qg"], ops["aqk"], walked["states"], walked["v_new"], lengths)
     return {"o": o, "final": walked["final"], "states": walked["states"], "pairwise_blocks": ops["pairwise_blocks"]}
+
+
+def case_inputs(case: dict, token_gate: bool = False) -> tuple:
+    """The positional inputs of :func:`operands` and :func:`emulate` from a forward_cases.make_case case: q, k (as
+    every value head reads them), v, the gate (FLA's cumsum, or with ``token_gate`` each token's own), beta and
+    the sequences' lengths, per value head."""
+    H = case["H"]
+    gate = case["g_token"] if token_gate else case["g"]
+    return (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
+            gate.reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
 
 
 # The recipes the three passes are checked on: forward_cases.make_case's keywords, and the trained layer's gate

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernel.shapes import SPAN_LIMIT as _SPAN_LIMIT, qk_head
+from kernel.shapes import RCP_LN2 as _RCP_LN2, SPAN_LIMIT as _SPAN_LIMIT, qk_head
 from kernel.token_gradients import SOURCE_PATH, tables
 from ptx_lab import fragments, model
 
@@ -120,7 +120,10 @@ LAYOUT = _layout(CU)
 # a test may set another here)
 SPAN_LIMIT = np.float32(_SPAN_LIMIT)
 FP32_TINY = np.float32(2.0 ** -126)   # fp32's smallest normal: -ftz=true flushes what falls below it
+# R1's 1 / ln 2 (the token-gate build's scale of each token's natural-log gate to log2: kernel/shapes.cuh's)
+RCP_LN2 = np.float32(_RCP_LN2)
 HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS = LAYOUT["HEAD_DIM"], LAYOUT["TILE_TOKENS"], LAYOUT["CHUNK_TOKENS"]
+TILES_PER_CHUNK = LAYOUT["TILES_PER_CHUNK"]
 WARPS, ROW, STAGE, SMEM_BYTES = LAYOUT["WARPS"], LAYOUT["ROW"], LAYOUT["STAGE"], LAYOUT["SMEM_BYTES"]
 PS, GC_ROW = LAYOUT["PS"], LAYOUT["GC_ROW"]
 THREADS = WARPS * WARP
@@ -405,10 +408,14 @@ class Outputs:
 
 
 class CtaModel:
-    """One CTA of Kernel B: blockIdx = (chunk, h), h a value head (q and k read at qk_head's)."""
+    """One CTA of Kernel B: blockIdx = (run, h), h a value head (q and k read at qk_head's), the run one of
+    ``run_chunks`` consecutive chunks of a sequence (kernel.token_gradients.tables' run_chunk0)."""
 
-    def __init__(self, inp: Inputs, chunk: int, h: int, *, swaps: dict[str, str] | None = None):
+    def __init__(self, inp: Inputs, run: int, h: int, *, run_chunks: int = 1, swaps: dict[str, str] | None = None,
+                 token_gate: bool = False):
+        """``token_gate``: the KDB_TOKEN_GATE=1 build, inp.g each token's natural-log gate."""
         self.inp = inp
+        self.token_gate = token_gate
         self.swaps = dict(swaps or {})
         for site, recipe in self.swaps.items():
             kinds = (RECIPES if SITE[site].recipe in RECIPES else STORES) if site in SITE else FRAG_ORDERS
@@ -419,15 +426,15 @@ class CtaModel:
         self.H = inp.q.shape[1]
         HV = self.HV
         self.h, self.qh, self.s = h, qk_head(h, HV, self.H), np.float32(inp.scale)
-        tab = tables(np.asarray(inp.cu, dtype=np.int64))
-        n = int(tab["chunk_seq"][chunk])
-        j = chunk - int(tab["chunk_offs"][n])
+        tab = tables(np.asarray(inp.cu, dtype=np.int64), run_chunks)
+        chunk0 = int(tab["run_chunk0"][run])
+        n = int(tab["chunk_seq"][chunk0])
+        j0 = chunk0 - int(tab["chunk_offs"][n])
         length = int(inp.cu[n + 1] - inp.cu[n])
-        self.tok_chunk = int(inp.cu[n]) + CHUNK_TOKENS * j
-        self.l64 = min(CHUNK_TOKENS, length - CHUNK_TOKENS * j)
-        self.ntile = (self.l64 + TILE_TOKENS - 1) // TILE_TOKENS
-        self.snap0 = int(tab["tile_offs"][n]) + 4 * j
-        self.chunk = chunk
+        self.tok_run = int(inp.cu[n]) + CHUNK_TOKENS * j0
+        self.run_len = min(CHUNK_TOKENS * run_chunks, length - CHUNK_TOKENS * j0)
+        self.ntile = (self.run_len + TILE_TOKENS - 1) // TILE_TOKENS
+        self.snap0 = int(tab["tile_offs"][n]) + TILES_PER_CHUNK * j0
         self.RS, self.QK_RS = HV * HEAD_DIM, self.H * HEAD_DIM
         self.smem = np.zeros(SMEM_BYTES + SCRATCH, np.uint8)
         self.glob = {name: inp.image(name) for name in ("q", "k", "v", "do", "g", "beta", "aqk", "akk", "ds",
@@ -439,8 +446,8 @@ class CtaModel:
         self.out = Outputs(dq=np.full(size, np.nan, np.float32), dk=np.full(size, np.nan, np.float32),
                            dv=np.full(size, 0xFFFF, np.uint16), dg=np.full(size, np.nan, np.float32),
                            dbeta=np.full(tokens * HV, np.nan, np.float32), S1_fp32=[], S1_bf16=[])
-        self.load_tile(0, 0, (self.tok_chunk * HV + h) * HEAD_DIM, (self.tok_chunk * self.H + self.qh) * HEAD_DIM,
-                       min(TILE_TOKENS, self.l64), self.snap0)
+        self.load_tile(0, 0, (self.tok_run * HV + h) * HEAD_DIM, (self.tok_run * self.H + self.qh) * HEAD_DIM,
+                       min(TILE_TOKENS, self.run_len), self.snap0, chunk0)
 
     # ---- shared memory views (the image is replaced by every store the model makes)
     def f32(self, byte_off: int) -> np.ndarray:
@@ -482,8 +489,9 @@ class CtaModel:
         self.smem = model.cp_async(self.smem, self.glob[gname], d.astype(np.int64), s_.astype(np.int64), size,
                                    n.astype(np.int64), cache)
 
-    def load_tile(self, st: int, it: int, row0: int, qk_row0: int, lt: int, snap: int) -> None:
-        """The kernel's load_tile (every thread's copies, warp by warp)."""
+    def load_tile(self, st: int, it: int, row0: int, qk_row0: int, lt: int, snap: int, state_chunk: int = -1) -> None:
+        """The kernel's load_tile (every thread's copies, warp by warp): `it` the tile's place in its chunk,
+        and with ``state_chunk`` >= 0 that chunk's entry state too."""
         cp, RS, HV, h = self.cps, self.RS, self.HV, self.h
         tid = np.arange(THREADS)
         base = st * STAGE
@@ -504,8 +512,8 @@ class CtaModel:
             copies.append((every, base + L["ST_G"] + r * HEAD_DIM * 4 + cp.gcol * 16, 4 * offg, 16,
                            np.where(okg, 16, 0), "cg", "g"))
         okb = it > 0
-        copies.append((tid < 32, base + L["ST_GB"] + tid * 16, 4 * (row0 - (RS if okb else 0) + tid * 4), 16,
-                       16 if okb else 0, "cg", "g"))
+        copies.append((tid < 32 if not self.token_gate else np.zeros(THREADS, bool), base + L["ST_GB"] + tid * 16,
+                       4 * (row0 - (RS if okb else 0) + tid * 4), 16, 16 if okb else 0, "cg", "g"))
         r = cp.beta_row
         okr = r < lt
         copies.append(((tid >= 32) & (tid < 48), base + L["ST_BETA"] + r * 4,
@@ -523,8 +531,8 @@ class CtaModel:
         dst = base + L["ST_DS"] + cp.row16 * ROW + cp.col16 * 16
         for e in range(8):
             copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * HEAD_DIM), 16, 16, "cg", "ds"))
-        if it == 0:
-            src = (self.chunk * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
+        if state_chunk >= 0:
+            src = (state_chunk * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
             dst = L["SM_S"] + cp.row16 * ROW + cp.col16 * 16
             for e in range(8):
                 copies.append((every, dst + 16 * e * ROW, 2 * (src + 16 * e * HEAD_DIM), 16, 16, "cg", "states"))
@@ -534,17 +542,18 @@ class CtaModel:
 
     # ---- the tile loop
     def run(self, tiles: int | None = None) -> Outputs:
-        """Walk the chunk's tiles (the first `tiles` of them), as the kernel's loop."""
+        """Walk the run's tiles (the first `tiles` of them), as the kernel's loop."""
         HV, h, RS = self.HV, self.h, self.RS
         for it in range(self.ntile if tiles is None else min(tiles, self.ntile)):
             st = it & 1
-            tok0 = self.tok_chunk + TILE_TOKENS * it
+            tok0 = self.tok_run + TILE_TOKENS * it
             row0 = (tok0 * HV + h) * HEAD_DIM
             qk_row0 = (tok0 * self.H + self.qh) * HEAD_DIM
-            lt = min(TILE_TOKENS, self.l64 - TILE_TOKENS * it)
+            lt = min(TILE_TOKENS, self.run_len - TILE_TOKENS * it)
             if it + 1 < self.ntile:
-                self.load_tile(st ^ 1, it + 1, row0 + TILE_TOKENS * RS, qk_row0 + TILE_TOKENS * self.QK_RS,
-                               min(TILE_TOKENS, self.l64 - TILE_TOKENS * (it + 1)), self.snap0 + it + 1)
+                self.load_tile(st ^ 1, (it + 1) % TILES_PER_CHUNK, row0 + TILE_TOKENS * RS,
+                               qk_row0 + TILE_TOKENS * self.QK_RS,
+                               min(TILE_TOKENS, self.run_len - TILE_TOKENS * (it + 1)), self.snap0 + it + 1)
             self._tile(it, st, tok0, row0, lt)
         return self.out
 
@@ -586,9 +595,19 @@ class CtaModel:
         kk, i0 = 2 * (tid & 63), tid >> 6
         gbs, gs = self.f32(stb + L["ST_GB"]), self.f32(stb + L["ST_G"])
         betas = self.f32(stb + L["ST_BETA"])
-        base = [gbs[kk], gbs[kk + 1]]
-        last = [gs[(lt - 1) * HEAD_DIM + kk], gs[(lt - 1) * HEAD_DIM + kk + 1]]
-        gT = [_f32(last[c] - base[c]) for c in range(2)]
+        if self.token_gate:   # each thread sums its columns over all 16 rows in order; rows past lt are zeros
+            run = [np.zeros(THREADS, np.float32) for _ in range(2)]
+            mine = [[np.zeros(THREADS, np.float32) for _ in range(2)] for _ in range(4)]   # at rows i0 + 4 e
+            for i in range(TILE_TOKENS):
+                for c in range(2):
+                    run[c] = _ftz(_f32(run[c] + _ftz(_f32(gs[i * HEAD_DIM + kk + c] * RCP_LN2))))
+                    for e in range(4):
+                        mine[e][c] = np.where(i0 + 4 * e == i, run[c], mine[e][c])
+            gT = run
+        else:
+            base = [gbs[kk], gbs[kk + 1]]
+            last = [gs[(lt - 1) * HEAD_DIM + kk], gs[(lt - 1) * HEAD_DIM + kk + 1]]
+            gT = [_f32(last[c] - base[c]) for c in range(2)]
         first = i0 == 0
         gt_s, gamma_s = self.f32(L["SM_GT"]), self.f32(L["SM_GAMMA"])
         for c in range(2):
@@ -600,7 +619,10 @@ class CtaModel:
         for e in range(4):
             i = i0 + 4 * e
             o = i * (ROW // 2) + kk
-            gc = [np.where(i < lt, _f32(gs[i * HEAD_DIM + kk + c] - base[c]), gT[c]) for c in range(2)]
+            if self.token_gate:
+                gc = list(mine[e])
+            else:
+                gc = [np.where(i < lt, _f32(gs[i * HEAD_DIM + kk + c] - base[c]), gT[c]) for c in range(2)]
             qv = model.unpack_bf16x2(self.u32(stb + L["ST_Q"])[o // 2])
             kv = model.unpack_bf16x2(self.u32(stb + L["ST_K"])[o // 2])
             be = betas[i]

@@ -76,6 +76,9 @@
 #ifndef SUMMARY
 #error "SUMMARY is not set: kernel/ds_scan/config.py sets every knob (config.defines)"
 #endif
+#ifndef TOKEN_GATE
+#error "TOKEN_GATE is not set: kernel/ds_scan/config.py sets every knob (config.defines)"
+#endif
 
 // The values of LOADS and SNAP_STORE (config.py's LOADS_* and SNAP_* name the same numbers)
 #define LOADS_CP_ASYNC 1
@@ -149,6 +152,10 @@ static_assert(SUMMARY == 0 || (SUMMARY == 1 && !TMA_LOADS && !HAS_DHT),
               "SUMMARY must be 0, or 1 with cp.async loads (do's zero-fill) and no dht (its start is 0 or I)");
 static_assert(FLA_INPUTS == 0 || (FLA_INPUTS == 1 && !TMA_LOADS),
               "FLA_INPUTS must be 0, or 1 with cp.async loads (the lower-triangle copies are cp.async zero-fills)");
+// TOKEN_GATE: gc holds each token's natural-log gate (FLA's tensors otherwise), summed over the tile in R1
+// (kernel/shapes.cuh's add_token_gate) once every producer warp's rows are in: a producers' mbarrier
+static_assert(TOKEN_GATE == 0 || (TOKEN_GATE == 1 && FLA_INPUTS && !GT_SHARED),
+              "TOKEN_GATE must be 0, or 1 with FLA_INPUTS and without GT_SHARED (R1 sums gT itself)");
 
 // REGSPLIT: the launch gives every thread LAUNCH_REGS (__launch_bounds__(THREADS, 1): the
 // register file's 65536 over THREADS, in steps of 8); the consumers raise theirs to

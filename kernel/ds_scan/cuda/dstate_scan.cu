@@ -76,10 +76,18 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     PhaseTimer timer;
     const long long t_start = PhaseTimer::now();
+    const u32 producers_mbar = smem_addr(smem + PRODUCERS_MBAR_OFFSET);   // TOKEN_GATE's
     if constexpr (TMA_LOADS) {
         if (threadIdx.x == 0) {
 #pragma unroll 1
             for (int s = 0; s < NSTAGE; ++s) mbarrier_init(mbar0 + 8 * s, 1);   // one arrive (with the bytes) per use
+            fence_mbarrier_init();
+        }
+        __syncthreads();
+    }
+    if constexpr (TOKEN_GATE) {
+        if (threadIdx.x == 0) {
+            mbarrier_init(producers_mbar, PRODUCER_THREADS);
             fence_mbarrier_init();
         }
         __syncthreads();
@@ -122,7 +130,10 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
                     if (ptid == 0) issue_tile_tma(stages[j % NSTAGE], p, mbar0 + 8 * (j % NSTAGE), tok0, h, qh, vs);
                     copy_beta(stages[j % NSTAGE], p, tok0, L, h, ptid);
                 } else {
-#if FLA_INPUTS   // (a preprocessor branch: the lambda of the other builds captures exactly what it did)
+#if FLA_INPUTS && TOKEN_GATE   // (a preprocessor branch: the lambda of the other builds captures exactly what it did)
+                    issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, qh, vs, pw, lane, ptid,
+                                     false, n);   // no gT copy: R1 sums gT over the tile's rows
+#elif FLA_INPUTS
                     issue_tile_loads(stages[j % NSTAGE], p, tok0, L, do_rows, h, qh, vs, pw, lane, ptid, !gt_shared(j),
                                      n, smem_addr(gate_base(smem, j % NSTAGE, pw)));
 #else
@@ -141,12 +152,18 @@ kda_dstate_scan(const unsigned short* q, const unsigned short* k, const float* g
             cp_async_wait<PREFETCH - 1>();   // this thread's copies for tile i landed
             if constexpr (TMA_LOADS) mbarrier_wait_parity(mbar0 + 8 * s, (i / NSTAGE) & 1);   // the tile's tensor copies
             __syncwarp();                    // ... and its warp's: the rows this warp's R1 reads
+            if constexpr (TOKEN_GATE) {      // ... and every producer warp's: R1 sums all the tile's gate rows
+                mbarrier_arrive(producers_mbar);
+                mbarrier_wait_parity(producers_mbar, i & 1);
+            }
             timer.add(T_P_WAIT_LOADS, t0);
             const long long t1 = PhaseTimer::now();
             const int L = tile_len(nt - 1 - i);
             // before this warp's FULL arrive
             if (TMA_LOADS && L < TILE_TOKENS && pw == 0) zero_tail_rows(stages[s], L, lane);
-#if FLA_INPUTS
+#if FLA_INPUTS && TOKEN_GATE
+            rebuild_operands(stages[s], L, p.scale, pw, lane, false);
+#elif FLA_INPUTS
             rebuild_operands(stages[s], L, p.scale, pw, lane, gt_shared(i), gate_base(smem, s, pw));
 #else
             rebuild_operands(stages[s], L, p.scale, pw, lane, gt_shared(i));

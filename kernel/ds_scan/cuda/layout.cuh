@@ -124,8 +124,12 @@ constexpr int MBAR_OFFSET = XCHG_OFFSET + XCHG_BYTES;   // TMA loads: one mbarri
 // chunk's first tile): R1 subtracts it, which makes FLA's chunk-local gate tile-local. A copy per
 // warp, like gT, so that R1 waits for its own warp's copies only.
 constexpr int GBASE_OFFSET = MBAR_OFFSET + (TMA_LOADS ? NSTAGE * 8 : 0);
-constexpr int GBASE_BYTES = FLA_INPUTS ? NSTAGE * NUM_PRODUCERS * HEAD_DIM * 4 : 0;
-constexpr int SMEM_BYTES = GBASE_OFFSET + GBASE_BYTES
+constexpr int GBASE_BYTES = FLA_INPUTS && !TOKEN_GATE ? NSTAGE * NUM_PRODUCERS * HEAD_DIM * 4 : 0;
+// TOKEN_GATE: the producers' mbarrier (every producer thread arrives once a tile, after its copies landed), so
+// that R1 may read every warp's gate rows. An mbarrier, not a named barrier: compute-sanitizer's racecheck
+// follows its arrivals and waits (a producers-only named barrier made it report the ring's hand-offs)
+constexpr int PRODUCERS_MBAR_OFFSET = GBASE_OFFSET + GBASE_BYTES;
+constexpr int SMEM_BYTES = PRODUCERS_MBAR_OFFSET + (TOKEN_GATE ? 8 : 0)
                          + (ALIGN_SMEM ? TMA_ALIGN : 0);   // slack to align the dynamic shared base
 __device__ __forceinline__ float* gate_base(unsigned char* smem, int s, int pw) {
     return reinterpret_cast<float*>(smem + GBASE_OFFSET) + (s * NUM_PRODUCERS + pw) * HEAD_DIM;

@@ -66,7 +66,8 @@ __device__ __forceinline__ void copy_beta(Stage& st, const Params& p, long long 
 // producers-only one).
 // FLA_INPUTS: tile n of its sequence (FLA's 64-token chunks restart at every sequence start) reads
 // the diagonal block at column 16 (n mod 4) of the 64-wide Aqk / Akk rows, lower triangle only,
-// and this warp's copy of g at the token before the tile into gbase (zeros at a chunk's start).
+// and this warp's copy of g at the token before the tile into gbase (zeros at a chunk's start; not with
+// TOKEN_GATE, whose R1 sums each token's gate over the tile, nor gT: the caller passes own_gt false).
 // do and Mqk rows at or past do_rows are zero-filled (L, or 0 for a SUMMARY build's M: Mqk only
 // ever multiplies do, so neither is read from global memory there). q and k are read at head qh, rows
 // of their own H heads apart; everything else at head h, rows of HV heads apart.
@@ -96,7 +97,7 @@ __device__ __forceinline__ void issue_tile_loads(Stage& st, const Params& p, lon
         smem_addr(st.mqk), reinterpret_cast<const char*>(p.mqk + sfirst), srow_bytes, do_rows, from_warp(ptid, MQK_WARP), 0);
     copy_rows<TILE_TOKENS * 2, SMALL_STRIDE * 2, TILE_TOKENS, PRODUCER_THREADS, FLA_INPUTS>(
         smem_addr(st.inv), reinterpret_cast<const char*>(p.inv + sfirst), srow_bytes, L, from_warp(ptid, INV_WARP), 0);
-    if constexpr (FLA_INPUTS) {
+    if constexpr (FLA_INPUTS && !TOKEN_GATE) {
         const bool chunk_start = n % TILES_PER_CHUNK == 0;
         copy_rows<HEAD_DIM * 4, HEAD_DIM * 4, 1, 32>(gbase, chunk_start ? gc : gc - row_elems * 4, 0u,
                                                      chunk_start ? 0 : 1, lane, 0);

@@ -30,6 +30,35 @@ template <> struct BF16Row<8> { using type = uint4; };
 // sqrt/div ran back to back (the compiler cannot hoist the next token's shared
 // loads above this token's shared stores), and R1 became the per-tile bottleneck,
 // its time proportional to the tokens per producer warp (logs 3 and 4).
+// TOKEN_GATE: gc holds each token's natural-log gate: every lane sums its columns over the tile's rows in
+// order from the first (kernel/shapes.cuh's add_token_gate and tile_rows_in_order; the producers' mbarrier
+// let every warp's rows in), keeping the sums at its own rows, gT at the end. Rows past L were zero-filled:
+// they add nothing, and their gc is 0, as in the other builds (their q and k are zero).
+template <int EPL, int R>
+__device__ __forceinline__ void token_sums(const Stage& st, int L, int pw, int sub, int k0, float (&gt)[EPL],
+                                           float (&sums)[R][EPL]) {
+    constexpr int TPP = 32 / R1_LANE_COUNT;   // tokens per warp-wide pass
+    const int cw = pw * TOKENS_PER_PRODUCER;  // the warp's first row
+    float run[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) run[e] = 0.f;
+    auto add = [&](int c) {
+#pragma unroll
+        for (int e = 0; e < EPL; e += 4)
+            add_token_gates(&run[e], *reinterpret_cast<const float4*>(gc_at(st, c, k0 + e)));
+    };
+    tile_rows_in_order<TOKENS_PER_PRODUCER>(cw, add, [&](int rr) {
+        add(cw + rr);
+        if (rr % TPP == sub) {   // this lane's token cw + sub + TPP r
+            const bool real = cw + rr < L;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) sums[rr / TPP][e] = real ? run[e] : 0.f;
+        }
+    });
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) gt[e] = run[e];
+}
+
 // FLA_INPUTS: gc holds FLA's chunk-local gate and gbase this warp's copy of it at the token
 // before the tile; R1 subtracts gbase from the rows of real tokens and from gT, which gives the
 // tile-local gate exactly as the tile inputs carry it. Rows past L stay zero: their q and k are
@@ -46,15 +75,22 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
     const int c0 = pw * TOKENS_PER_PRODUCER + sub;
     // gc stops at the last real token
     float gt[EPL], base[EPL];
+    float sums[R][EPL];   // TOKEN_GATE: gc of this lane's rows
+    if constexpr (TOKEN_GATE) token_sums(st, L, pw, sub, k0, gt, sums);
 #pragma unroll
     for (int e = 0; e < EPL; e += 4) {
-        const float4 b = FLA_INPUTS ? *reinterpret_cast<const float4*>(&gbase[k0 + e]) : make_float4(0.f, 0.f, 0.f, 0.f);
-        base[e] = b.x; base[e + 1] = b.y; base[e + 2] = b.z; base[e + 3] = b.w;
-        float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e) : &st.gT[pw][k0 + e]);
-        if constexpr (FLA_INPUTS) { g.x -= b.x; g.y -= b.y; g.z -= b.z; g.w -= b.w; }
-        gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
+        if constexpr (!TOKEN_GATE) {   // (TOKEN_GATE: token_sums made gt)
+            const float4 b = FLA_INPUTS ? *reinterpret_cast<const float4*>(&gbase[k0 + e])
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+            base[e] = b.x; base[e + 1] = b.y; base[e + 2] = b.z; base[e + 3] = b.w;
+            float4 g = *reinterpret_cast<const float4*>(TMA_LOADS || gt_in_gc ? gc_at(st, L - 1, k0 + e)
+                                                                              : &st.gT[pw][k0 + e]);
+            if constexpr (FLA_INPUTS) { g.x -= b.x; g.y -= b.y; g.z -= b.z; g.w -= b.w; }
+            gt[e] = g.x; gt[e + 1] = g.y; gt[e + 2] = g.z; gt[e + 3] = g.w;
+        }
         if (pw == EGT_WARP && sub == 0)
-            *reinterpret_cast<float4*>(&st.egT[k0 + e]) = make_float4(exp2f(g.x), exp2f(g.y), exp2f(g.z), exp2f(g.w));
+            *reinterpret_cast<float4*>(&st.egT[k0 + e]) =
+                make_float4(exp2f(gt[e]), exp2f(gt[e + 1]), exp2f(gt[e + 2]), exp2f(gt[e + 3]));
     }
     float qv[R][EPL], kv[R][EPL], gv[R][EPL];
 #pragma unroll
@@ -72,6 +108,11 @@ __device__ __forceinline__ void rebuild_operands(Stage& st, int L, float scale, 
         }
 #pragma unroll
         for (int e = 0; e < EPL; e += 4) {
+            if constexpr (TOKEN_GATE) {
+#pragma unroll
+                for (int u = 0; u < 4; ++u) gv[r][e + u] = sums[r][e + u];
+                continue;
+            }
             float4 g = *reinterpret_cast<const float4*>(gc_at(st, c, k0 + e));
             if (FLA_INPUTS && c < L) { g.x -= base[e]; g.y -= base[e + 1]; g.z -= base[e + 2]; g.w -= base[e + 3]; }
             gv[r][e] = tail ? 0.f : g.x; gv[r][e + 1] = tail ? 0.f : g.y;

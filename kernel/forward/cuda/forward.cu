@@ -4,7 +4,8 @@
 //
 // Math per 16-token tile of one sequence and head (rows c < L real, the rest zero):
 //     gc = g - g[row before the tile]   (FLA's g restarts every 64 tokens: nothing to subtract
-//                                        at a 64-chunk's first tile)
+//                                        at a 64-chunk's first tile; in the token-gate build g is
+//                                        each token's gate, and gc its sum over the tile's rows so far)
 //     gT = gc[L-1];  rows >= L: gc = gT, q = k = v = beta = 0
 //     Kd = k 2^gc  Kr = k 2^(gT-gc)  Qd = s q 2^gc  Qe = s q 2^(gc-gT)  Ke = k 2^(gc-gT)  gamma = 2^gT
 //     Mqk = strict_tril(Qe Kr^T) + diag(s q . k);  INV = (I + diag(beta) strict_tril(Ke Kr^T))^-1
@@ -64,6 +65,15 @@
 #ifndef KF_MBARRIER_RING
 #error "KF_MBARRIER_RING is not set: kernel/forward/config.py sets every knob (Config.mbarrier_ring)"
 #endif
+#ifndef KF_TOKEN_GATE
+#error "KF_TOKEN_GATE is not set: kernel/forward/config.py sets every knob (Config.token_gate)"
+#endif
+#ifndef KF_L2NORM
+#error "KF_L2NORM is not set: kernel/forward/config.py sets every knob (Config.l2norm)"
+#endif
+#ifndef KF_TIMING
+#error "KF_TIMING is not set: kernel/forward/config.py sets every knob (Config.timing)"
+#endif
 
 namespace kf {
 using namespace ptx_lab;
@@ -76,6 +86,9 @@ constexpr int PREFETCH = NSTAGE - 1;    // tiles whose loads are in flight ahead
 constexpr int G6_SPLIT = KF_G6_SPLIT;
 constexpr int PRODUCT_WARPS = KF_PRODUCT_WARPS;   // warps of Mqk and INV alone, a tile behind R1 (0: the producers')
 constexpr bool MBARRIER_RING = KF_MBARRIER_RING != 0;   // the checking build: every hand-off on mbarriers
+constexpr bool TOKEN_GATE = KF_TOKEN_GATE != 0;   // g is each token's natural-log gate, summed in R1
+constexpr bool L2NORM = KF_L2NORM != 0;           // q and k as the caller has them, l2-normalised in R1
+constexpr bool TIMING = KF_TIMING != 0;           // the clock accounting of each role's slots (forward_timing.cuh)
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
 constexpr int PRODUCT_THREADS = 32 * PRODUCT_WARPS;
@@ -103,6 +116,7 @@ static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "KF_G6_SPLIT must
 #include "forward_loads.cuh"
 #include "forward_r1.cuh"
 #include "forward_intra.cuh"
+#include "forward_timing.cuh"
 #include "../../forward_states/cuda/forward_states_chain.cuh"   // Kernel S's step of the chain
 #include "../../forward_states/cuda/forward_states_walk.cuh"    // ... and its walk over the tiles
 
@@ -119,11 +133,14 @@ extern "C" __constant__ int kf_threads = THREADS;
 //   final_state  fp32 [N, HV, K, V]
 //   states       bf16 [sum of entries, HV, K, V]       entry snap_offsets[n] + c: the state entering tile 4c
 //   aqk, akk     bf16 [tokens, HV, 64]                 only the 16 x 16 diagonal blocks are written
+//   q_norm, k_norm  bf16 [tokens, H, 128]             the l2norm build's q and k normalised (null: not written)
+//   q_rstd, k_rstd  fp32 [tokens, H]                  ... and each row's 1 / sqrt(sum x^2 + 1e-6)
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
             const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ h0, float scale,
             u16* __restrict__ o, float* __restrict__ final_state, u16* __restrict__ states, u16* __restrict__ aqk,
-            u16* __restrict__ akk, const long long* __restrict__ cu_seqlens,
+            u16* __restrict__ akk, u16* __restrict__ q_norm, u16* __restrict__ k_norm, float* __restrict__ q_rstd,
+            float* __restrict__ k_rstd, const long long* __restrict__ cu_seqlens,
             const long long* __restrict__ snap_offsets, const int* __restrict__ order, int HV, int H) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -141,6 +158,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
         if (warp >= WARPS + PRODUCERS) {
             // ------- product warps: Mqk (the first) and Akk with INV (the second), a tile behind R1 -------
             const int xw = warp - WARPS - PRODUCERS;   // MQK_WARP or INV_WARP
+            WarpTimer timer;
+            timer.start();
 #pragma unroll 1
             for (int i = 0; i < ntiles; ++i) {
                 const int s = i % NSTAGE, parity = i % 2;
@@ -148,7 +167,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 // tile i's R1 and copies are in (tile i is its parity's use i / 2)
                 if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.r1_done[parity]), (i / 2) & 1);
                 else named_barrier_sync(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
+                timer.lap(T_WAIT);
                 tile_products(sh.stage[s], sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, xw, lane);
+                timer.lap(T_WORK);
                 // the scratch of this parity is read: R1 of tile i + 2 may write it
                 if (i + 2 < ntiles) {
                     if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.products_done[parity]));
@@ -157,7 +178,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 // Mqk and INV of tile i are in its stage
                 if constexpr (MBARRIER_RING) mb.ring.publish(i);
                 else Ring::publish(s);
+                timer.lap(T_PASS);
             }
+            timer.flush(timing_row(warp), lane);
             return;
         }
     }
@@ -169,6 +192,20 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             issue_tile(sh.stage[i % NSTAGE], q, k, v, g, beta, bos + (long long)TILE_TOKENS * i,
                        min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
         };
+        // the producers' own barrier: after R1 without product warps, and before it in the token-gate build
+        // (the checking build counts its phases: one or two a tile)
+        u32 producer_phase = 0;
+        auto producers_sync = [&]() {
+            if constexpr (MBARRIER_RING) {
+                mbarrier_arrive(smem_addr(&mb.producers));
+                mbarrier_wait_parity(smem_addr(&mb.producers), producer_phase & 1);
+                ++producer_phase;
+            } else {
+                named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);
+            }
+        };
+        WarpTimer timer;
+        timer.start();
         kda_walk::prefetch<PREFETCH>(ntiles, issue);
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {   // R1, then Mqk and INV after a barrier of the producers alone, or
@@ -177,26 +214,31 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             const int L = min(TILE_TOKENS, len - TILE_TOKENS * i);
             Stage& st = sh.stage[s];
             kda_walk::copies_landed<PREFETCH>();
+            if constexpr (TOKEN_GATE) producers_sync();   // every producer's gate rows are in: R1 sums them all
             if constexpr (PRODUCT_WARPS > 0) {   // tile i - 2's products have read the scratch of this parity
                 if (i >= 2) {
                     if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.products_done[parity]), (i / 2 - 1) & 1);
                     else named_barrier_sync(PRODUCTS_DONE_BARRIER + parity, HANDOFF_THREADS);
                 }
             }
-            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane);
+            // the l2norm build's outputs at the tile's first row of query head kh, written by v group 0 of the
+            // first value head that reads it
+            const long long row0 = (bos + (long long)TILE_TOKENS * i) * H + kh;
+            const kda_l2norm::NormOut norm{q_norm + row0 * HEAD_DIM, k_norm + row0 * HEAD_DIM, q_rstd + row0,
+                                           k_rstd + row0, (long long)H * HEAD_DIM, H,
+                                           L2NORM && q_norm != nullptr && vg == 0 && h % (HV / H) == 0};
+            timer.lap(T_WAIT);
+            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane, norm);
             if (lane == 0) sh.scratch.past[parity][pw] = past;
+            timer.lap(T_WORK);
             if constexpr (PRODUCT_WARPS > 0) {   // the product warps take over
                 if constexpr (MBARRIER_RING) mbarrier_arrive(smem_addr(&mb.r1_done[parity]));
                 else named_barrier_arrive(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
             } else {
-                if constexpr (MBARRIER_RING) {
-                    mbarrier_arrive(smem_addr(&mb.producers));
-                    mbarrier_wait_parity(smem_addr(&mb.producers), i & 1);
-                } else {
-                    named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
-                }
+                producers_sync();   // every row's R1 (and copies) are in
                 tile_products(st, sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, pw, lane);
             }
+            timer.lap(T_PASS);
             if constexpr (MBARRIER_RING) {   // kda_walk::hand_over on the mbarrier ring, which counts tiles
                 mb.ring.publish(i);
                 const int j = i + PREFETCH;
@@ -205,8 +247,10 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             } else {
                 kda_walk::hand_over<Ring, PREFETCH>(i, s, ntiles, issue);
             }
+            timer.lap(T_REFILL);
         }
         cp_async_wait<0>();
+        timer.flush(timing_row(warp), lane);
         return;
     }
 
@@ -219,6 +263,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
     // S^T [16 v x 128 k] of this warp, in the chain's accumulators (Kernel S's forward_states_walk.cuh)
     float acc[HEAD_DIM / 8][4];
     const long long v0 = vg * VW + vrow + gr;
+    WarpTimer timer;
+    timer.start();
     kda_walk::load_state(acc, h0, n, HV, h, v0, t);
 
 #pragma unroll 1
@@ -229,6 +275,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
         else Ring::wait_full(s);
         const Stage& st = sh.stage[s];
         __syncwarp();         // the last tile's o left the staging tile before the snapshot reuses it
+        timer.lap(T_WAIT);
 
         // Kernel S's step of the chain (forward_states_chain.cuh): G6 (every 4th tile staging S for its
         // store first), G7, G8; F1, O^T = S^T Qd^T, beside each G6 k-step on its A fragment
@@ -252,6 +299,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             mma_m16n8k16_bf16(out[0], ua, b0, out[0]);
             mma_m16n8k16_bf16(out[1], ua, b1, out[1]);
         }
+        timer.lap(T_WORK);
         if (Ring::releases(i, ntiles)) {   // the producers refill stage s
             if constexpr (MBARRIER_RING) mb.ring.release(i);
             else Ring::release(s);
@@ -262,6 +310,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
             kda_walk::store_snapshot(states, sh.snap[warp], snap0, i, HV, h, vg * VW, vrow, lane);
             __syncwarp();
         }
+        timer.lap(T_PASS);
 
         // o [token][v]: O^T's A fragment by stmatrix .trans into the staging tile's first 16 rows,
         // then 16 rows of 32 bytes, one 16-byte half a lane, rows < L
@@ -278,7 +327,9 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                                           + vg * VW + vrow + half * 8) =
                     *reinterpret_cast<const uint4*>(&sh.snap[warp][row][half * 8]);
         }
+        timer.lap(T_REFILL);
     }
+    timer.flush(timing_row(warp), lane);
 
     // the state after the sequence's last token, fp32 [K][V]
     if (final_state != nullptr) {

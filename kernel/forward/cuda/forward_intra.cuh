@@ -45,13 +45,27 @@ __device__ __forceinline__ void tile_product(float (&acc)[2][4], const u16 (*x)[
     }
 }
 
-// Pairwise: sum_d x_i[d] k_j[d] 2^(gc_i[d] - gc_j[d]) for a real row i > j, gc = g - gbase as R1 forms it.
+// Pairwise: sum_d x_i[d] k_j[d] 2^(gc_i[d] - gc_j[d]) for a real row i > j, gc as R1 forms it: g - gbase from
+// the chunk cumsum, or in the token-gate build (st.g each token's own gate, no gbase loaded) the tile's running
+// sum, formed again here row by row from the first in R1's order (kda_gate::token_sums), so the same bits. The
+// producers keep their sums in registers; this path is taken by the rare tile past SPAN_LIMIT alone.
 __device__ __forceinline__ float pairwise_entry(const Stage& st, const u16 (*x)[HEAD_DIM], int i, int j) {
     float sum = 0.f;
 #pragma unroll 4
     for (int d = 0; d < HEAD_DIM; ++d) {
-        const float b = st.gbase[0][d];
-        const float f = exp2f((st.g[i][d] - b) - (st.g[j][d] - b));
+        float f;
+        if constexpr (TOKEN_GATE) {
+            float run = 0.f, gj = 0.f;
+#pragma unroll 1
+            for (int r = 0; r <= i; ++r) {
+                run = add_token_gate(run, st.g[r][d]);
+                if (r == j) gj = run;
+            }
+            f = exp2f(run - gj);
+        } else {
+            const float b = st.gbase[0][d];
+            f = exp2f((st.g[i][d] - b) - (st.g[j][d] - b));
+        }
         sum += bf16_to_f32(x[i][d]) * bf16_to_f32(st.k[j][d]) * f;
     }
     return sum;

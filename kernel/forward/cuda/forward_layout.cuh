@@ -17,9 +17,10 @@ constexpr int AMAT_STRIDE = TILE_TOKENS + 1;   // the fp32 Lkk of the solve
 
 // One tile: its inputs as copied (rows past the tile's L are zero-filled) and what the producers build.
 struct Stage {
-    float g[TILE_TOKENS][HEAD_DIM];     // FLA's chunk-local g (log2), fp32
-    float glast[PRODUCERS][HEAD_DIM];   // per producer warp: g at the tile's last real row
+    float g[TILE_TOKENS][HEAD_DIM];     // FLA's chunk-local g (log2), fp32; the token-gate build: each token's gate
+    float glast[PRODUCERS][HEAD_DIM];   // per producer warp: g at the tile's last real row (not the token-gate build's)
     float gbase[PRODUCERS][HEAD_DIM];   // per producer warp: g at the row before the tile; zeros at a 64-chunk's start
+                                        // (not the token-gate build's)
     u16 q[TILE_TOKENS][HEAD_DIM];       // bf16
     u16 k[TILE_TOKENS][HEAD_DIM];       // bf16
     u16 kd[TILE_TOKENS][OP_STRIDE];     // R1: bf16 k 2^gc
@@ -59,7 +60,8 @@ static_assert(sizeof(Shared) % 16 == 0, "the checking build's mbarriers follow S
 //     ring              FULL(s): the producers' and the product warps' threads; EMPTY(s): the consumers'
 //     r1_done[p]        the producers' threads a phase; tile i is use i / 2 of its parity's
 //     products_done[p]  the product warps' threads a phase
-//     producers         the producers' threads, one phase a tile (without product warps)
+//     producers         the producers' threads: a phase after R1 (without product warps), and one
+//                       before it in the token-gate build
 struct Mbarriers {
     MbarrierRing<NSTAGE, PRODUCER_THREADS + PRODUCT_THREADS, CONSUMER_THREADS> ring;
     u64 r1_done[2];
@@ -83,7 +85,8 @@ constexpr int SMEM_BYTES = (int)sizeof(Shared) + (MBARRIER_RING ? (int)sizeof(Mb
 // only add Mqk and INV to a stage, and they reach a stage's next tile only through R1_DONE from the
 // producers, who waited on EMPTY for it; on EMPTY they would wait for the consumers too, and R1 could
 // not run a tile ahead of them.
-// The producers' own barrier (R1 done, the products may read every row) takes the next id. With
+// The producers' own barrier (R1 done, the products may read every row; in the token-gate build also
+// every row's gate copied, before R1) takes the next id. With
 // product warps the scratch goes between them and the producers by tile parity p on two more pairs:
 //     R1_DONE(p)       producers arrive once R1 of a tile of parity p is in the scratch and its
 //                      stage; the product warps sync before they read it

@@ -24,7 +24,7 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ q,
     const long long qk0 = (tok0 * H + kh) * HEAD_DIM;
     const u16* qt = q + qk0;
     const u16* kt = k + qk0;
-    kda_copies::issue_shared<ROWS_PER_PRODUCER, VW, PRODUCER_THREADS>(
+    kda_copies::issue_shared<ROWS_PER_PRODUCER, VW, PRODUCER_THREADS, !TOKEN_GATE>(
         st, g, v, row0, tok, L, i, vg, pw, lane, ptid, [&](int c, int ch, bool valid) {
             const u32 off = (valid ? (u32)c * ktok : 0u) + ch * 8;
             cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + off, valid ? 16u : 0u);

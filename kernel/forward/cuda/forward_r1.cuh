@@ -8,22 +8,30 @@
 #include "fragments.cuh"
 #include "forward_layout.cuh"
 #include "../../forward_states/cuda/forward_states_gate.cuh"   // Kernel S's gate ends and gc
+#include "forward_l2norm.cuh"   // l2norm_rows, NormOut
 
 namespace kf {
 
 // R1 of producer warp pw for tile rows c0 .. c0 + ROWS_PER_PRODUCER - 1 (lane l: columns 4l .. 4l+3),
-// gamma from warp 0; Qe and Ke go to the scratch of the tile's parity. Returns whether a channel of
-// the warp's rows spans past SPAN_LIMIT (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the
-// same in every lane; NaN counts as past).
-__device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane) {
+// gamma from warp 0; Qe and Ke go to the scratch of the tile's parity. The token-gate build sums each
+// token's gate over the tile first (kda_gate::token_sums: it reads every producer's rows, which a
+// producers' barrier before R1 lets in); the l2norm build normalises q and k first (forward_l2norm.cuh's
+// l2norm_rows, into ``norm``). Returns whether a channel of the warp's rows spans past SPAN_LIMIT
+// (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the same in every lane; NaN counts as past).
+__device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane,
+                                       const kda_l2norm::NormOut& norm) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
+    if constexpr (L2NORM)
+        kda_l2norm::l2norm_rows<ROWS_PER_PRODUCER>(st.q, st.k, c0, col, L, lane, norm);
     float gT[4];
-    const float4 base = kda_gate::ends(st, pw, col, gT);   // and gamma, from warp 0
-    float4 row[ROWS_PER_PRODUCER];
+    float4 base, row[ROWS_PER_PRODUCER];
+    float sums[ROWS_PER_PRODUCER][4];   // the token-gate build's gc
+    if constexpr (TOKEN_GATE) kda_gate::token_sums<ROWS_PER_PRODUCER>(st, pw, col, gT, sums);   // and gamma
+    else base = kda_gate::ends(st, pw, col, gT);                                             // and gamma
     uint2 kb[ROWS_PER_PRODUCER], qb[ROWS_PER_PRODUCER];
 #pragma unroll
     for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
-        row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
+        if constexpr (!TOKEN_GATE) row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
         kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
         qb[r] = *reinterpret_cast<const uint2*>(&st.q[c0 + r][col]);
     }
@@ -33,7 +41,12 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
         const int c = c0 + r;
         const bool real = c < L;
         float gc[4];
-        kda_gate::chunk_local(gc, row[r], base, gT, real);
+        if constexpr (TOKEN_GATE) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) gc[e] = sums[r][e];
+        } else {
+            kda_gate::chunk_local(gc, row[r], base, gT, real);
+        }
         const float kf[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
         const float qf[4] = {bf16_lo(qb[r].x), bf16_hi(qb[r].x), bf16_lo(qb[r].y), bf16_hi(qb[r].y)};
         float kd[4], kr[4], qd[4], qe[4], ke[4], dot = 0.f;

@@ -2,7 +2,9 @@
 // 64-token chunk's state-free products at once, one CTA a (chunk, value head), all chunks in parallel.
 //
 // Per chunk (rows c < L real; rows >= L: q = k = v = beta = 0, gc = gc[L-1]; gc is FLA's g, the chunk-local
-// cumsum of the log2 gate, gT = gc[L-1]):
+// cumsum of the log2 gate, gT = gc[L-1]; the token-gate build, FP_TOKEN_GATE, takes each token's natural-log
+// gate and forms gc itself, each channel's 64 rows summed in order by kernel/shapes.cuh's add_token_gate; the
+// l2norm build, FP_L2NORM, takes q and k as the caller has them and normalises them first):
 //     Aqk  = tril(s q k^T weighted 2^(gc_i - gc_j)), its diagonal s q . k      [64 x 64]
 //     Lkk  = strict_tril(diag(beta) k k^T weighted the same)                     [64 x 64]
 //     INV  = (I + Lkk)^-1 (fp32)
@@ -34,13 +36,24 @@
 // [tokens, HV]; chunk table int2 [chunks] (first token, real rows L); out: w, kg, qg bf16 [chunks, HV,
 // 64, 128], u fp16 [chunks, HV, 64, 128], u_scale fp32 [chunks, HV, 4] (2^e, 0, 0, 0: 16 bytes, the chain's
 // smallest bulk copy), aqk bf16 [chunks, HV, 64, 64], decay fp32 [chunks, HV, 128]; training: aqk_blocks,
-// inv_blocks bf16 [tokens, HV, 64] (only the 16 columns of each row's own block are written), or null.
+// inv_blocks bf16 [tokens, HV, 64] (only the 16 columns of each row's own block are written), or null; the
+// l2norm build in training: q_norm, k_norm bf16 [tokens, H, 128] and q_rstd, k_rstd fp32 [tokens, H], q and k
+// as normalised and each row's rstd, written by the CTA of the first value head of the query head's group,
+// or null.
 #include "../../shapes.cuh"   // HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK, SPAN_LIMIT, qk_head
 #include "cp_async.cuh"
 #include "fragments.cuh"
 #include "ldmatrix.cuh"
 #include "mma.cuh"
 #include "../../forward/cuda/forward_solve.cuh"   // the diagonal blocks' forward substitution, the one pass's
+#include "../../forward/cuda/forward_l2norm.cuh"  // the l2norm of q and k rows in shared memory, the one pass's
+
+#ifndef FP_TOKEN_GATE
+#error "FP_TOKEN_GATE is not set: kernel/forward_products/config.py sets every knob (Config.token_gate)"
+#endif
+#ifndef FP_L2NORM
+#error "FP_L2NORM is not set: kernel/forward_products/config.py sets every knob (Config.l2norm)"
+#endif
 
 using namespace ptx_lab;
 
@@ -48,6 +61,9 @@ namespace fp {
 
 constexpr int WARPS = TILES_PER_CHUNK;      // warp I owns sub-chunk I
 constexpr int THREADS = 32 * WARPS;
+constexpr bool TOKEN_GATE = FP_TOKEN_GATE != 0;   // g is each token's natural-log gate, summed here
+constexpr bool L2NORM = FP_L2NORM != 0;           // q and k as the caller has them, l2-normalised here
+static_assert(THREADS == HEAD_DIM, "the token-gate build's sums: a thread a channel");
 constexpr int R = CHUNK_TOKENS;
 constexpr int OP_STRIDE = HEAD_DIM + 8;     // bf16 rows of 272 bytes: ldmatrix rows in distinct bank groups
 constexpr int G_STRIDE = HEAD_DIM + 8;      // fp32 rows: a half-warp's float2 reads of 4 rows x 4 lanes hit 32 banks
@@ -135,7 +151,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         float scale, unsigned short* __restrict__ w_out, unsigned short* __restrict__ u_out,
         unsigned short* __restrict__ kg_out, unsigned short* __restrict__ qg_out, unsigned short* __restrict__ aqk_out,
         float* __restrict__ decay_out, float* __restrict__ u_scale_out, unsigned short* __restrict__ aqk_blocks,
-        unsigned short* __restrict__ inv_blocks) {
+        unsigned short* __restrict__ inv_blocks, unsigned short* __restrict__ q_norm,
+        unsigned short* __restrict__ k_norm, float* __restrict__ q_rstd, float* __restrict__ k_rstd) {
     using namespace fp;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -146,7 +163,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gr = lane / 4, t = lane % 4;
     const long long ch = static_cast<long long>(c) * HV + hv;   // (chunk, value head): the outputs' index
 
-    // ---- loads: rows < L by cp.async (16 bytes a copy), the rest zero; gc past L = gc[L - 1] ----
+    // ---- loads: rows < L by cp.async (16 bytes a copy), the rest zero; gc past L = gc[L - 1] (the token-gate
+    // build: each token's gate past L zero, so that its sum stays at row L - 1's) ----
     for (int i = tid; i < R * (HEAD_DIM / 8); i += THREADS) {
         const int row = i / (HEAD_DIM / 8), col = 8 * (i % (HEAD_DIM / 8));
         if (row < L) {
@@ -162,12 +180,38 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
     }
     for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
         const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
-        cp_async_cg16(smem_addr(&sh.g[row][col]), g + ((tok0 + min(row, L - 1)) * HV + hv) * HEAD_DIM + col);
+        if (TOKEN_GATE && row >= L)
+            *reinterpret_cast<float4*>(&sh.g[row][col]) = make_float4(0.f, 0.f, 0.f, 0.f);
+        else
+            cp_async_cg16(smem_addr(&sh.g[row][col]), g + ((tok0 + min(row, L - 1)) * HV + hv) * HEAD_DIM + col);
     }
     cp_async_commit();
     if (tid < R) sh.beta[tid] = tid < L ? beta[(tok0 + tid) * HV + hv] : 0.f;
     cp_async_wait<0>();
     __syncthreads();
+
+    // ---- the token-gate build: gc = each channel's sum over the chunk's rows in order (a thread a channel);
+    // the l2norm build: each warp normalises its sub-chunk's q and k rows, and the CTA of the query head's
+    // first value head writes them with their rstd for the backward ----
+    if constexpr (TOKEN_GATE) {
+        float run = 0.f;
+#pragma unroll 16
+        for (int row = 0; row < R; ++row) {
+            run = add_token_gate(run, sh.g[row][tid]);
+            sh.g[row][tid] = run;
+        }
+    }
+    if constexpr (L2NORM) {
+        const long long first = tok0 * H + hq;   // (the chunk's first token, query head hq)'s row
+        const kda_l2norm::NormOut norm{q_norm + first * HEAD_DIM, k_norm + first * HEAD_DIM, q_rstd + first,
+                                       k_rstd + first, static_cast<long long>(H) * HEAD_DIM, H,
+                                       q_norm != nullptr && hv % (HV / H) == 0};
+        constexpr int AT_ONCE = 8;   // the warp's 16 rows 8 at a time (forward_l2norm.cuh: 16 went to the stack)
+#pragma unroll
+        for (int r = 0; r < TILE_TOKENS; r += AT_ONCE)
+            kda_l2norm::l2norm_rows<AT_ONCE>(sh.q, sh.k, TILE_TOKENS * warp + r, 4 * lane, L, lane, norm);
+    }
+    if constexpr (TOKEN_GATE || L2NORM) __syncthreads();   // every row's gc, q and k as the rest reads them
 
     // ---- elementwise: bk, bv (shared), kg, qg, decay (out); each thread 4 consecutive channels of a row ----
     float bv_max = 0.f;   // fmaxf drops a NaN, as the model's np.fmax does

@@ -15,10 +15,11 @@ constexpr int ROW_CHUNKS = HEAD_DIM * 2 / 16;   // 16: a bf16 row of k (or q), 1
 // Tile i's shared copies into st by producer warp pw (ptid = 32 pw + lane of the ProducerThreads): the
 // warp's own g rows and bf16 rows, glast and gbase (lane l: columns 4l .. 4l+3 of g, the rows' 16-byte
 // chunks: copy_row_chunk(c, ch, valid) copies chunk ch of row c, zero-filled where not valid, c >= L),
-// and its share of the tile's v columns vg VW ... Addresses are the tile's first (token, value head)
-// row0 plus 32-bit element offsets (row c at c tok, tok = HV HEAD_DIM): the per-row parts stay in
-// registers across tiles, so a copy costs a select, one 64-bit add and the LDGSTS.
-template <int RowsPerProducer, int VW, int ProducerThreads, class StageT, class CopyRowChunk>
+// and its share of the tile's v columns vg VW ... (Ends false: no glast and gbase, for a reader that sums
+// each token's gate over the tile itself, kernel/shapes.cuh's add_token_gate). Addresses are the tile's
+// first (token, value head) row0 plus 32-bit element offsets (row c at c tok, tok = HV HEAD_DIM): the
+// per-row parts stay in registers across tiles, so a copy costs a select, one 64-bit add and the LDGSTS.
+template <int RowsPerProducer, int VW, int ProducerThreads, bool Ends, class StageT, class CopyRowChunk>
 __device__ __forceinline__ void issue_shared(StageT& st, const float* __restrict__ g,
                                              const unsigned short* __restrict__ v, long long row0, u32 tok, int L,
                                              int i, int vg, int pw, int lane, int ptid,
@@ -43,8 +44,8 @@ __device__ __forceinline__ void issue_shared(StageT& st, const float* __restrict
             copy_row_chunk(c, ch, c < L);
         }
     }
-    cp_async_cg16(smem_addr(&st.glast[pw][4 * lane]), gt + ((u32)(L - 1) * tok + 4 * lane));
-    {
+    if constexpr (Ends) {
+        cp_async_cg16(smem_addr(&st.glast[pw][4 * lane]), gt + ((u32)(L - 1) * tok + 4 * lane));
         const bool rebase = i % TILES_PER_CHUNK != 0;   // the token before is in the same 64-chunk
         cp_async_cg16_zfill(smem_addr(&st.gbase[pw][4 * lane]), (rebase ? gt - tok : gt) + 4 * lane,
                             rebase ? 16u : 0u);

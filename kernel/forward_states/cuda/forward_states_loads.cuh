@@ -21,7 +21,7 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ k,
     const u32 tok = (u32)HV * HEAD_DIM;                  // elements between tokens of v and g
     const u32 ktok = (u32)H * HEAD_DIM;                  // ... of k
     const u16* kt = k + (tok0 * H + kh) * HEAD_DIM;
-    kda_copies::issue_shared<ROWS_PER_PRODUCER, VW, PRODUCER_THREADS>(
+    kda_copies::issue_shared<ROWS_PER_PRODUCER, VW, PRODUCER_THREADS, true>(
         st, g, v, row0, tok, L, i, vg, pw, lane, ptid, [&](int c, int ch, bool valid) {
             cp_async_cg16_zfill(smem_addr(&st.k[c][ch * 8]), kt + ((valid ? (u32)c * ktok : 0u) + ch * 8),
                                 valid ? 16u : 0u);

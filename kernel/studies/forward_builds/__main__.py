@@ -28,7 +28,7 @@ from typing import Sequence
 
 AUTO, WITHOUT = "auto", "auto-without-products"
 COMPARED = ("o", "final_state", "states")
-_NAME = re.compile(r"^w(\d+)-p(\d+)-st(\d+)-g(\d+)(?:-pw(\d+))?$")
+_NAME = re.compile(r"^w(\d+)-p(\d+)-st(\d+)-g(\d+)(?:-pw(\d+))?(-tg)?(-l2)?(-timing)?$")
 
 
 def parse_build(name: str, auto):
@@ -42,8 +42,9 @@ def parse_build(name: str, auto):
     m = _NAME.match(name)
     if m is None:
         raise ValueError(f"build {name!r}: expected {AUTO}, {WITHOUT} or a Config name such as w1-p4-st5-g4-pw2")
-    w, p, st, g, pw = m.groups()
-    return Config(warps=int(w), producers=int(p), nstage=int(st), g6_split=int(g), product_warps=int(pw or 0))
+    w, p, st, g, pw, tg, l2, timing = m.groups()
+    return Config(warps=int(w), producers=int(p), nstage=int(st), g6_split=int(g), product_warps=int(pw or 0),
+                  token_gate=tg is not None, l2norm=l2 is not None, timing=timing is not None)
 
 
 def launch_choice(q, k, v, g, beta, cu_seqlens, sm_count: int):
@@ -127,12 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"forward_builds: {exc}", file=sys.stderr)
         return 2
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise ImportError("no CUDA device")
-    except ImportError as exc:
-        print(f"forward_builds: needs torch with a CUDA GPU and CuPy ({exc})", file=sys.stderr)
+    from kernel.runtime.arrays import torch_gpu_reason
+
+    why = torch_gpu_reason()
+    if why is not None:
+        print(f"forward_builds: needs torch with a CUDA GPU and CuPy ({why})", file=sys.stderr)
         return 2
     rows = []
     for config in [c.strip() for c in args.configs.split(",") if c.strip()]:

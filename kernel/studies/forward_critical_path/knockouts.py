@@ -110,8 +110,8 @@ R1_EXP2 = Knockout(
 
 PRODUCER_BARRIER = Knockout(
     "producer-barrier", "the producers' named barrier before Mqk and INV",
-    (Edit(FORWARD, """                    named_barrier_sync(PRODUCER_BARRIER, PRODUCER_THREADS);   // every row's R1 (and copies) are in
-""", """                    // KNOCKOUT producer-barrier: no barrier; Mqk and INV may read rows R1 has not written yet
+    (Edit(FORWARD, """                producers_sync();   // every row's R1 (and copies) are in
+""", """                // KNOCKOUT producer-barrier: no barrier; Mqk and INV may read rows R1 has not written yet
 """),),
     removes=(("BAR.SYNC", 1),))
 

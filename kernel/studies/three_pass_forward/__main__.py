@@ -37,16 +37,12 @@ def parse_args(argv: Sequence[str] | None):
 def compare(case: dict) -> dict:
     """{output: (one pass's error, then the three passes' with u stored in each of U_FORMATS)} against the
     case's float64 outputs, and the pairwise tiles and blocks."""
-    from tests.kernel.forward_cases import D, emulate as one_pass, rel
-
-    from kernel.ds_scan.launch import bits_to_f32
-
+    from tests.kernel.forward_cases import emulate as one_pass, rel
+    from tests.kernel.three_pass_model import case_inputs
     from tests.kernel.three_pass_model import emulate as three_passes
 
-    H = case["H"]
     a = one_pass(case)
-    args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
-            case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
+    args = case_inputs(case)
     three = [three_passes(*args, scale=case["scale"], initial_state=case["initial_state"], u_format=f)
              for f in U_FORMATS]
     out = {name: (rel(a[name], case[name]), *(rel(b[name].reshape(a[name].shape), case[name]) for b in three))

@@ -1,14 +1,18 @@
 // kernel/token_gradients/cuda/token_gradients.cu -- Kernel B: KDA's per-token gradients.
 //
-// One CTA per 64-token chunk and (value) head walks the chunk's (up to) four 16-token tiles in
-// order (FLA's grouped value heads: q, k and their rstd are read at the head qk_head gives, in place).
+// One CTA per run of consecutive 64-token chunks of one sequence (run_chunks of them, fewer at the
+// sequence's end) and (value) head walks the run's 16-token tiles in order (FLA's grouped value heads:
+// q, k and their rstd are read at the head qk_head gives, in place).
 // For each tile it has, from global memory, the forward's tensors as FLA's
 // chunk_kda forward leaves them (q, k, v, its 64-chunk-local log2 gate cumsum g, beta,
 // the 16 x 16 diagonal blocks of Aqk (Mqk) and Akk (INV)), do, and Kernel A's bf16 dS1
 // (dL/dS after the tile). The forward state entering the tile, S0, comes from the
-// forward-state scan's bf16 state at the chunk start (tile 0) and is carried on chip in
-// fp32 across the chunk's tiles (S1 = diag(gamma) S0 + Kr^T U). The math, GEMM by GEMM
-// (G1..G17), is kernel/reference/kda.py's _tile_backward; docs/kda_backward.md counts it.
+// forward's bf16 state at the run's start (its first tile) and is carried on chip in fp32
+// across the run's tiles (S1 = diag(gamma) S0 + Kr^T U), chunk boundaries included: a run
+// pays one CTA's start (its first loads, with S0's 32 KB, wait with nothing else on the SM)
+// for run_chunks chunks, and the next chunk's first tile is prefetched like any other. The
+// math, GEMM by GEMM (G1..G17), is kernel/reference/kda.py's _tile_backward;
+// docs/kda_backward.md counts it.
 //
 // Two phases per tile, 8 warps:
 //   V phase: warp w owns v rows 16w..16w+15 and computes, transposed (v as the MMA's M),
@@ -31,8 +35,9 @@
 // token_gradients_v_phase.cuh (the V phase, G9 / G10 and G8), token_gradients_reduce.cuh (the
 // fixed-order sums between the phases), token_gradients_pairwise.cuh (G14-G17 of a tile whose gates
 // span past fp32's range), token_gradients_gate.cuh (the gate build's epilogue, KDB_GATE=1: the gate
-// activation's backward where dg is formed); ptx_lab's fragments.cuh packs accumulators into operands.
-// This file holds the kernel: the prologue, the walk over the chunk's tiles, and the K phase,
+// activation's backward where dg is formed), token_gradients_timing.cuh (the clock accounting of a tile's
+// phases, KDB_TIMING=1, empty otherwise); ptx_lab's fragments.cuh packs accumulators into operands.
+// This file holds the kernel: the prologue, the walk over the run's tiles, and the K phase,
 // written out here: as a function of its own it compiled to other SASS.
 #include "fragments.cuh"
 #include "stmatrix.cuh"
@@ -43,6 +48,7 @@
 #include "token_gradients_pairwise.cuh"
 #include "token_gradients_r1.cuh"
 #include "token_gradients_reduce.cuh"
+#include "token_gradients_timing.cuh"
 #include "token_gradients_v_phase.cuh"
 
 using namespace kdb;
@@ -55,14 +61,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const float* gate, const float* beta, const unsigned short* aqk, const unsigned short* akk,
         const unsigned short* ds, const unsigned short* states, void* dq, void* dk, unsigned short* dv,
         float* dg, float* dbeta, const float* q_rstd, const float* k_rstd, const long long* cu,
-        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, int HV_, int H_,
+        const long long* tile_offs, const long long* chunk_offs, const int* chunk_seq, const long long* run_chunk0,
+        int run_chunks, int HV_, int H_,
         float scale, int dqk_bf16, const unsigned short* g_raw, const float* a_log, const float* dt_bias,
         unsigned short* dg_raw, float* da_part, float* ddt_part, int gate_form, float lower_bound) {
     const Args a{q, k, v, dout, gate, beta, aqk, akk, ds, states, dq, dk, dv, dg, dbeta, q_rstd, k_rstd, cu,
-                 tile_offs, chunk_offs, chunk_seq, HV_, H_, scale, dqk_bf16};
+                 tile_offs, chunk_offs, chunk_seq, run_chunk0, run_chunks, HV_, H_, scale, dqk_bf16};
 #if KDB_GATE
     const GateArgs ga{g_raw, a_log, dt_bias, dg_raw, da_part, ddt_part, gate_form, lower_bound};
-    float gate_dt = 0.f, gate_da = 0.f;   // this thread's partial sums over the chunk: its channel's rows (GATE_ROWS)
+    float gate_dt = 0.f, gate_da = 0.f;   // this thread's partial sums over the run: its channel's rows (GATE_ROWS)
 #endif
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -72,14 +79,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const float gate_a = gate_scale(ga, h);   // exp(A_log), once a CTA
 #endif
     const int qh = qk_head(h, a.HV, a.H);   // q's and k's head
-    const long long chunk = blockIdx.x;
-    const int n = a.chunk_seq[chunk];
-    const long long j = chunk - a.chunk_offs[n];
+    const long long run = blockIdx.x;
+    const long long chunk0 = a.run_chunk0[run];   // the run's first chunk
+    const int n = a.chunk_seq[chunk0];
+    const long long j0 = chunk0 - a.chunk_offs[n];   // ... within its sequence
     const long long len = a.cu[n + 1] - a.cu[n];
-    const long long tok_chunk = a.cu[n] + CHUNK_TOKENS * j;
-    const int l64 = static_cast<int>(min(static_cast<long long>(CHUNK_TOKENS), len - CHUNK_TOKENS * j));
-    const int ntile = (l64 + TILE_TOKENS - 1) / TILE_TOKENS;
-    const long long snap0 = a.tile_offs[n] + 4 * j;
+    const long long tok_run = a.cu[n] + CHUNK_TOKENS * j0;
+    const int run_len = static_cast<int>(min(static_cast<long long>(CHUNK_TOKENS) * a.run_chunks,
+                                             len - CHUNK_TOKENS * j0));   // tokens
+    const int ntile = (run_len + TILE_TOKENS - 1) / TILE_TOKENS;
+    const long long snap0 = a.tile_offs[n] + TILES_PER_CHUNK * j0;
     const long long HV = a.HV, RS = HV * HEAD_DIM;   // RS: elements from one token's row of a head to the next
                                                      // token's
     const long long H = a.H, QK_RS = H * HEAD_DIM;   // ... of q and k
@@ -113,17 +122,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
     const u32 ncv = nc + 2 * v0, nrv = nr + 2 * v0, nck = nc + k0 * ROW, nrk = nr + 2 * k0;
     float S[16][4];             // S0^T [v0..v0+15][all k], fp32, 16 n-tiles of 8 k
 
+    TileTimer timer;
+    timer.start();
     const Copies cps = copies_of(tid, RS, QK_RS);
-    load_tile(a, cps, smem, 0, 0, (tok_chunk * HV + h) * HEAD_DIM, (tok_chunk * H + qh) * HEAD_DIM, RS,
-              min(TILE_TOKENS, l64), snap0, chunk, h, tid);
+    load_tile(a, cps, smem, 0, 0, (tok_run * HV + h) * HEAD_DIM, (tok_run * H + qh) * HEAD_DIM, RS,
+              min(TILE_TOKENS, run_len), snap0, chunk0, h, tid);
 
-    for (int it = 0; it < ntile; ++it) {
+    for (int it = 0; it < ntile; ++it) {   // it: the tile within the run
         const int st = it & 1;
-        const long long tok0 = tok_chunk + TILE_TOKENS * it;
+        const long long tok0 = tok_run + TILE_TOKENS * it;
         const long long row0 = (tok0 * HV + h) * HEAD_DIM;   // element offset of (token tok0, head h) in
                                                              // [tokens, HV, HEAD_DIM]
         const long long qk_row0 = (tok0 * H + qh) * HEAD_DIM;   // ... of (tok0, qh) in q's [tokens, H, HEAD_DIM]
-        const int lt = min(TILE_TOKENS, l64 - TILE_TOKENS * it);
+        const int lt = min(TILE_TOKENS, run_len - TILE_TOKENS * it);
         // the l2norm's rstd of this thread's two rows (rows g and g + 8), for the K phase's last step. Loaded
         // here, before this tile's barriers, so that R1, the V phase and the K phase's products hide their
         // latency: loaded after the K phase's barrier, every warp of the SM's one CTA waited on them at once
@@ -143,13 +154,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         gate_raw_rows(ga, row0 + gi0 * RS + gk, RS, lt - gi0, graw);
 #endif
         if (it + 1 < ntile) {
-            load_tile(a, cps, smem, st ^ 1, it + 1, row0 + TILE_TOKENS * RS, qk_row0 + TILE_TOKENS * QK_RS, RS,
-                      min(TILE_TOKENS, l64 - TILE_TOKENS * (it + 1)), snap0 + it + 1, chunk, h, tid);
+            load_tile(a, cps, smem, st ^ 1, (it + 1) % TILES_PER_CHUNK, row0 + TILE_TOKENS * RS,
+                      qk_row0 + TILE_TOKENS * QK_RS, RS, min(TILE_TOKENS, run_len - TILE_TOKENS * (it + 1)),
+                      snap0 + it + 1, -1, h, tid);
+            timer.lap(T_ISSUE);
             cp_async_wait<1>();
         } else {
+            timer.lap(T_ISSUE);
             cp_async_wait<0>();
         }
         __syncthreads();   // tile it's inputs (and S0) are in; the previous tile is done with everything
+        if (it == 0) timer.lap(T_WAIT_FIRST);   // what a run of more chunks pays once for all of them
+        else timer.lap(T_WAIT_LOADS);
 
         unsigned char* const stg = smem + st * STAGE;
         const u32 stb = sb + st * STAGE;
@@ -163,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16; gc kept in fp32 ----
         const bool past = rebuild_operands(smem, gs, gbs, betas, qs, ks, gt_s, gamma_s, gcs, lt, s, tid);
-        if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state
+        if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state (the run's first tile only)
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
                 u32 x[4];
@@ -174,6 +190,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // R1 is in; a tile with a channel past SPAN_LIMIT takes the pairwise G14-G17 (the same for
         // every thread: the branch below never diverges)
         const bool pairwise = __syncthreads_or(past);
+        timer.lap(T_R1);
 
         // ================= V phase: v rows v0..v0+15, tokens as N =================
         float U[2][4];
@@ -185,7 +202,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
 
         // G8: S1^T = gamma S0^T + U^T Kr, kept in registers until the K phase has read S0
         if (it + 1 < ntile) next_state(S, U, nr, gamma_s, t);
+        timer.lap(T_V_PHASE);
         __syncthreads();   // partials, U, dW complete
+        timer.lap(T_V_BARRIER);
 
         // The partial sums over v, added in a fixed order (deterministic). dMqk and dLkk (strictly
         // lower) go out as bf16 A fragments, each element written to its (lane, register, half)
@@ -194,6 +213,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // them to about 2^-17 (in one bf16 fragment they carry about a tenth of dq's and dk's error).
         reduce_partials(frag16, part, dpart, b1part, dvec, b1, tid);
         __syncthreads();
+        timer.lap(T_REDUCE);
 
         // ================= K phase: k columns k0..k0+15, tokens as M =================
         {
@@ -251,6 +271,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 const float from_lo = __shfl_sync(0xffffffffu, lo, src), from_hi = __shfl_sync(0xffffffffu, hi, src);
                 dgc = (lane & 8) ? from_hi : from_lo;   // lanes 0..15: column k0 + lane
             }
+            timer.lap(T_K_PRODUCTS);
             // back to q, k and the gate, with fp32 factors from gc (as R1). The gate's products
             // pair each gated operand an MMA read (Kd, Qe, beta Ke, Kr) with its gradient at the
             // bf16 value that MMA used: the cancellations between a tile's gated halves then hold
@@ -310,6 +331,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                     yk[r] += kv[0] * dk2[0] + kv[1] * dk2[1];
                 }
             }
+            timer.lap(T_K_ELEMENTWISE);
             // dq and dk out. Where the op normalised q and k (their rstd given), through the l2norm's
             // backward first: dx = rstd (dy - y (y . dy)), y the normalised row this kernel read. A row's
             // y . dy over its 128 columns: this warp's 16 (the row's 4 lanes), then the 8 warps' in
@@ -377,6 +399,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 if (t == 0) b2part[warp * TILE_TOKENS + g + 8 * r] = x;
             }
             __syncwarp();
+            timer.lap(T_L2NORM_STORES);
             // dg[i] = sum_{c >= i} from_start[c] - sum_{c < i} from_end[c] + gamma dgamma
             {
 #if KDB_GATE
@@ -412,6 +435,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 }
 #endif
             }
+            timer.lap(T_DG);
         }
         __syncthreads();   // the K phase has read S0, dS1, U, dW; the dbeta partials are in
 
@@ -435,9 +459,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
                 stmatrix_x4_trans(ncv + SM_S + at(16 * b, 0), x[0], x[1], x[2], x[3]);
             }
         }
+        timer.lap(T_END);
     }
+    timer.flush(timing_row(warp), lane);
 #if KDB_GATE
     // l2part is free: the last tile's K phase read it before that tile's last barrier
-    gate_partials(ga, gate_dt, gate_da, chunk * HV + h, warp, lane, l2part);
+    gate_partials(ga, gate_dt, gate_da, run * HV + h, warp, lane, l2part);
 #endif
 }

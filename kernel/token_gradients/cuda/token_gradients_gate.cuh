@@ -4,7 +4,7 @@
 // Built with KDB_GATE=1 (the "token-gradients-gate" variant), the kernel writes, instead of dg,
 // dg_raw = dg * dg/dx (bf16, g_raw's dtype) with x = g_raw + dt_bias[h, c], and per CTA the partial sums
 // of ddt_bias (per channel, over the CTA's tokens) and dA_log (over its tokens and channels), for the
-// caller to add over chunks in a fixed order. KDB_GATE=0 is the plain kernel, its SASS untouched.
+// caller to add over the CTAs (runs) in a fixed order. KDB_GATE=0 is the plain kernel, its SASS untouched.
 #pragma once
 #include "fragments.cuh"
 #include "token_gradients_layout.cuh"
@@ -24,8 +24,8 @@ struct GateArgs {
     const float* a_log;            // fp32 [HV], or null (the sigmoid form only: a = 1)
     const float* dt_bias;          // fp32 [HV, 128], or null
     unsigned short* dg_raw;        // bf16 [tokens, HV, 128]
-    float* da_part;                // fp32 [chunks, HV]: this CTA's share of dA_log, or null (no A_log)
-    float* ddt_part;               // fp32 [chunks, HV, 128]: ... of ddt_bias, or null (no dt_bias)
+    float* da_part;                // fp32 [runs, HV]: this CTA's share of dA_log, or null (no A_log)
+    float* ddt_part;               // fp32 [runs, HV, 128]: ... of ddt_bias, or null (no dt_bias)
     int form;                      // GATE_SOFTPLUS or GATE_SIGMOID
     float lower_bound;             // L of the sigmoid form
 };

@@ -3,6 +3,10 @@
 // offsets (tests/kernel/token_gradients_model.py reads every constexpr line here and in the shapes
 // header).
 #pragma once
+
+#ifndef KDB_TOKEN_GATE
+#error "KDB_TOKEN_GATE must be defined: 0 (g: FLA's 64-chunk-local cumsum of the log2 gate) or 1 (each token's own)"
+#endif
 #include "../../shapes.cuh"   // HEAD_DIM (K = V), TILE_TOKENS, CHUNK_TOKENS (a CTA's tokens), TILES_PER_CHUNK,
                               // SPAN_LIMIT (R1's choice of the pairwise G14-G17)
 #include "common.cuh"

@@ -15,7 +15,8 @@ struct Args {
     const unsigned short* k;
     const unsigned short* v;      // bf16 [tokens, HV, 128]
     const unsigned short* dout;   // do
-    const float* g;               // fp32 [tokens, HV, 128]: FLA's 64-chunk-local cumsum of the gate / ln 2
+    const float* g;               // fp32 [tokens, HV, 128]: FLA's 64-chunk-local cumsum of the gate / ln 2, or each
+                                  // token's natural-log gate (KDB_TOKEN_GATE)
     const float* beta;            // fp32 [tokens, HV]
     const unsigned short* aqk;    // bf16 [tokens, HV, 64]
     const unsigned short* akk;    // bf16 [tokens, HV, 64]
@@ -32,6 +33,8 @@ struct Args {
     const long long* tile_offs;   // [N + 1] first dS snapshot (tile) of each sequence
     const long long* chunk_offs;  // [N + 1] first state (64-chunk) of each sequence
     const int* chunk_seq;         // [chunks] the sequence of each chunk
+    const long long* run_chunk0;  // [runs] the first chunk of each run (a CTA's consecutive chunks of one sequence)
+    int run_chunks;               // chunks a run (the last of a sequence may have fewer)
     int HV;                       // value heads: the grid's
     int H;                        // query / key heads
     float scale;
@@ -68,12 +71,13 @@ __device__ __forceinline__ Copies copies_of(int tid, long long RS, long long QK_
     return c;
 }
 
-// cp.async the inputs of tile `it` of this CTA's chunk into stage `st` (and, for tile 0, S0).
-// row0: element offset of (token tok0, head h) in [tokens, HV, 128]; RS = HV * 128; qk_row0: of
-// (token tok0, h's query / key head) in q's and k's [tokens, H, 128].
+// cp.async the inputs of a tile into stage `st`: `it` is its place in its 64-token chunk (0..3), which
+// sets g's base and its column block of Aqk and Akk; with `state_chunk` >= 0, also that chunk's
+// entry state S0 (the run's first tile). row0: element offset of (token tok0, head h) in [tokens, HV,
+// 128]; RS = HV * 128; qk_row0: of (token tok0, h's query / key head) in q's and k's [tokens, H, 128].
 __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsigned char* smem, int st, int it,
                                           long long row0, long long qk_row0, long long RS, int lt, long long snap,
-                                          long long chunk, int h, int tid) {
+                                          long long state_chunk, int h, int tid) {
     const u32 base = smem_addr(smem) + st * STAGE;
     const long long HV = a.HV;
     {   // q, k, v, do: 16 rows of 256 bytes, one 16-byte copy per thread and tensor
@@ -95,8 +99,10 @@ __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsig
         cp_async_cg16_zfill(base + ST_G + r * HEAD_DIM * 4 + cp.gcol * 16, a.g + off, ok ? 16u : 0u);
     }
     if (tid < 32) {   // g at the token before the tile: the tile's base, within the same 64-chunk
+#if !KDB_TOKEN_GATE   // (each token's own gate needs none)
         const bool ok = it > 0;
         cp_async_cg16_zfill(base + ST_GB + tid * 16, a.g + row0 - (ok ? RS : 0) + tid * 4, ok ? 16u : 0u);
+#endif
     } else if (tid < 48) {   // beta, 4 bytes a token (its tokens are HV * 4 bytes apart)
         const int r = cp.beta_row;
         const bool ok = r < lt;
@@ -118,8 +124,8 @@ __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsig
 #pragma unroll
         for (int e = 0; e < 8; ++e) cp_async_cg16(dst + 16 * e * ROW, src + 16 * e * HEAD_DIM);
     }
-    if (it == 0) {   // S0 at the chunk's start
-        const unsigned short* src = a.states + (chunk * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM
+    if (state_chunk >= 0) {   // S0 at the run's start
+        const unsigned short* src = a.states + (state_chunk * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM
                                     + cp.col16 * 8;
         const u32 dst = smem_addr(smem) + SM_S + cp.row16 * ROW + cp.col16 * 16;
 #pragma unroll

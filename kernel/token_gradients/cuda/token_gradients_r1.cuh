@@ -13,17 +13,36 @@
 namespace kdb {
 
 // Every thread: a pair of columns kk = 2 (tid & 63) and every 4th row from tid >> 6 (4-byte bf16
-// pairs, 8-byte gate pairs). gs, gbs, betas, qs, ks: the stage's g, g before the tile, beta, q, k;
-// rows at or past lt take gc = gT (their q and k are zero-filled). Returns whether one of this
-// thread's rows and columns spans more than SPAN_LIMIT.
+// pairs, 8-byte gate pairs). gs, gbs, betas, qs, ks: the stage's g, g before the tile (not read with
+// KDB_TOKEN_GATE), beta, q, k; rows at or past lt take gc = gT (their q and k are zero-filled). Returns
+// whether one of this thread's rows and columns spans more than SPAN_LIMIT.
 __device__ __forceinline__ bool rebuild_operands(unsigned char* smem, const float* gs, const float* gbs,
                                                  const float* betas, const unsigned short* qs,
                                                  const unsigned short* ks, float* gt_s, float* gamma_s, float* gcs,
                                                  int lt, float s, int tid) {
     const int kk = 2 * (tid & 63), i0 = tid >> 6;
+#if KDB_TOKEN_GATE
+    // gs holds each token's natural-log gate: the thread sums its column pair over all of the tile's
+    // rows, in order (kernel/shapes.cuh's add_token_gate, the step every reader sums by), and keeps the
+    // sums at its own rows. Rows past lt were zero-filled and add nothing, so they end at gT as the
+    // cumsum form sets them
+    float run[2] = {0.f, 0.f}, mine[4][2];
+#pragma unroll
+    for (int i = 0; i < TILE_TOKENS; ++i) {
+        const float2 x = *reinterpret_cast<const float2*>(gs + i * HEAD_DIM + kk);
+        run[0] = add_token_gate(run[0], x.x);
+        run[1] = add_token_gate(run[1], x.y);
+        if ((i & 3) == i0) {
+            mine[i >> 2][0] = run[0];
+            mine[i >> 2][1] = run[1];
+        }
+    }
+    const float gT[2] = {run[0], run[1]};
+#else
     const float2 base = *reinterpret_cast<const float2*>(gbs + kk);
     const float2 last = *reinterpret_cast<const float2*>(gs + (lt - 1) * HEAD_DIM + kk);
     const float gT[2] = {last.x - base.x, last.y - base.y};
+#endif
     if (i0 == 0) {
         *reinterpret_cast<float2*>(gt_s + kk) = make_float2(gT[0], gT[1]);
         *reinterpret_cast<float2*>(gamma_s + kk) = make_float2(exp2f(gT[0]), exp2f(gT[1]));
@@ -32,8 +51,12 @@ __device__ __forceinline__ bool rebuild_operands(unsigned char* smem, const floa
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int i = i0 + 4 * e, o = i * (ROW / 2) + kk;
+#if KDB_TOKEN_GATE
+        const float gc[2] = {mine[e][0], mine[e][1]};
+#else
         const float2 graw = *reinterpret_cast<const float2*>(gs + i * HEAD_DIM + kk);
         const float gc[2] = {i < lt ? graw.x - base.x : gT[0], i < lt ? graw.y - base.y : gT[1]};
+#endif
         const u32 q2 = *reinterpret_cast<const u32*>(qs + o), k2 = *reinterpret_cast<const u32*>(ks + o);
         const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
         const float be = betas[i];

@@ -418,3 +418,40 @@ def test_dh_matches_flas_own_backward():
     assert tuple(dh.shape) == tuple(fla_dh.shape) == ref_dh.shape
     assert _rel(host64(dh), ref_dh) < check.BOUND and _rel(host64(dh0), ref_dh0) < check.BOUND
     assert _rel(host64(dh), host64(fla_dh)) < check.BOUND and _rel(host64(dh0), host64(fla_dh0)) < check.BOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=["batch", "varlen", "split"])
+def test_the_token_gate_build_gives_the_cumsum_builds_dh_and_float64s(case):
+    # each token's natural-log gate in place of FLA's chunk cumsum, summed in R1 across the producers'
+    # mbarrier (kernel.shapes.tile_gate_sums): the two builds differ by the gate's fp32 rounding alone, far
+    # below the bf16 snapshots' (the split's summary builds take it too)
+    import cupy
+
+    from kernel.ds_scan.launch import bf16_bits, bits_to_f32, launch
+    from kernel.reference import dstate_scan_reference, fla_forward_tensors, prepare_tiles, random_inputs
+    from kernel.reference.checks import l2norm
+    from kernel.tools import check
+
+    raw = random_inputs(case["B"], case["T"], 2, lengths=list(case["lengths"]) if case["lengths"] else None,
+                        seed=7, with_dht=case["dht"])
+    cu = raw["cu_seqlens"]
+    q_r = bits_to_f32(bf16_bits(l2norm(np, raw["q"].astype(np.float64)))).astype(np.float64)
+    k_r = bits_to_f32(bf16_bits(l2norm(np, raw["k"].astype(np.float64)))).astype(np.float64)
+    F = fla_forward_tensors(q_r, k_r, raw["g"], raw["beta"], cu_seqlens=cu, qk_l2norm=False)
+    dev = cupy.asarray
+    common = (dev(bf16_bits(q_r)), dev(bf16_bits(k_r)))
+    rest = (dev(raw["beta"]), dev(bf16_bits(F.Aqk)), dev(bf16_bits(F.Akk)), dev(bf16_bits(raw["do"])))
+    kw = dict(dht=None if raw["dht"] is None else dev(raw["dht"]), cu_seqlens=cu, qk_l2norm=False,
+              snapshot_dtype="bfloat16", snapshot_every=4, segments=case.get("segments", "auto"), fla_inputs=True)
+    dh_t, d0_t = launch(*common, dev(raw["g"].astype(np.float32)), *rest, token_gate=True, **kw)
+    dh_c, d0_c = launch(*common, dev(F.g64.astype(np.float32)), *rest, **kw)
+    dh_t, dh_c = (bits_to_f32(x.get()).astype(np.float64) for x in (dh_t, dh_c))
+    assert np.isfinite(dh_t).all() and np.isfinite(d0_t.get()).all()
+    assert _rel(dh_t, dh_c) < BF16_ULP and _rel(d0_t.get(), d0_c.get()) < BF16_ULP, \
+        (_rel(dh_t, dh_c), _rel(d0_t.get(), d0_c.get()))
+    gc, mqk, inv = prepare_tiles(q_r, k_r, raw["g"], raw["beta"], cu_seqlens=cu, qk_l2norm=False)
+    ref_s, ref_d0 = dstate_scan_reference(q_r, k_r, gc.astype(np.float32), raw["beta"], bits_to_f32(bf16_bits(mqk)),
+                                          bits_to_f32(bf16_bits(inv)), bits_to_f32(bf16_bits(raw["do"])),
+                                          dht=raw["dht"], cu_seqlens=cu, qk_l2norm=False, snapshot_every=4)
+    assert _rel(dh_t, ref_s) < check.BOUND and _rel(d0_t.get(), ref_d0) < check.BOUND

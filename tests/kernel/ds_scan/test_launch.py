@@ -143,7 +143,7 @@ def test_the_summary_launch_passes_value_heads_and_q_s_heads_where_the_kernel_ta
     monkeypatch.setattr(launch, "kernel", lambda cfg: (lambda *call, **kw: calls.append((call, kw)), 99, cfg.threads, ()))
     inputs = ("q", "k", "gc", "beta", "mqk", "inv", "do")
     launch._launch_summaries(inputs, "M", "d", "cu", "offs", np.arange(3, dtype=np.int32), H=2, HV=6, scale=0.5,
-                             vsplit=2, base=dict(l2norm=False, fla_inputs=True))
+                             vsplit=2, base=dict(l2norm=False, fla_inputs=True, token_gate=False))
     (grid, block, args), opts = calls[0]
     assert grid == (3 * 6 * 2, 2) and opts == {"shared_mem": 99}   # (sequence, value head, v part) x 2 roles
     got = launched(config.SOURCE_PATH, config.KERNEL_NAME, args)

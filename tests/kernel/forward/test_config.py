@@ -67,12 +67,37 @@ def test_the_grid_rule_is_kernel_s():
 def test_the_registry_builds_the_forward():
     assert kf.BUILD in registry.KERNELS
     assert [kf.BUILD.label(c) for c in kf.BUILD.variants()] == [
-        "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4"]
+        "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4",
+        "forward-w1-p4-st5-g4-pw2-tg", "forward-w2-p4-st5-g4-pw2-tg", "forward-w4-p2-st5-g4-pw2-tg",
+        "forward-w8-p2-st4-g4-tg",
+        "forward-w1-p4-st5-g4-pw2-l2", "forward-w2-p4-st5-g4-pw2-l2", "forward-w4-p2-st5-g4-pw2-l2",
+        "forward-w8-p2-st4-g4-l2",
+        "forward-w1-p4-st5-g4-pw2-tg-l2", "forward-w2-p4-st5-g4-pw2-tg-l2", "forward-w4-p2-st5-g4-pw2-tg-l2",
+        "forward-w8-p2-st4-g4-tg-l2",
+        "forward-w1-p4-st5-g4-pw2-timing", "forward-w2-p4-st5-g4-pw2-timing", "forward-w4-p2-st5-g4-pw2-timing",
+        "forward-w8-p2-st4-g4-timing"]
     assert kf.BUILD.default() == kf.auto_config(8)
     assert kf.BUILD.function == "kda_forward" and kf.BUILD.constants == "kf"
     assert set(kf.BUILD.required_sass(kf.BUILD.default())) >= {"HMMA", "LDSM", "LDGSTS", "STSM"}
     assert re.search(r'extern "C" __constant__ int kf_smem_bytes = SMEM_BYTES;', SRC)
     assert re.search(r'extern "C" __constant__ int kf_threads = THREADS;', SRC)
+
+
+def test_the_l2norm_build_is_named_and_set_by_its_macro():
+    cfg = kf.auto_config(8, l2norm=True)
+    assert cfg.name() == "w8-p2-st4-g4-l2" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
+    assert "-DKF_L2NORM=1" in kf.options(cfg) and "-DKF_L2NORM=0" in kf.options(kf.Config())
+    assert kf.auto_config(1, token_gate=True, l2norm=True).name() == "w1-p4-st5-g4-pw2-tg-l2"
+    with pytest.raises(ValueError, match="Config.l2norm must be True or False, got 1"):
+        kf.Config(l2norm=1)
+
+
+def test_the_token_gate_build_is_named_and_set_by_its_macro():
+    cfg = kf.auto_config(8, token_gate=True)
+    assert cfg.name() == "w8-p2-st4-g4-tg" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
+    assert "-DKF_TOKEN_GATE=1" in kf.options(cfg) and "-DKF_TOKEN_GATE=0" in kf.options(kf.Config())
+    with pytest.raises(ValueError, match="Config.token_gate must be True or False, got 1"):
+        kf.Config(token_gate=1)
 
 
 def test_the_source_carries_the_header_digest():
@@ -96,10 +121,11 @@ def test_the_digest_follows_kernel_s_headers_which_the_source_includes(tmp_path,
     assert shared.resolve() in {p.resolve() for p in kf.BUILD.header_paths()}
     assert shared.resolve() in {p.resolve() for p in fs.BUILD.header_paths()}
     room = tmp_path / "kernel"
-    for sub in ("forward/cuda", "forward_states/cuda"):
-        (room / sub).mkdir(parents=True)
+    package = kf.SOURCE_PATH.resolve().parents[2]   # kernel/: each file at its place under it
     for p in (kf.SOURCE_PATH, *kf.BUILD.header_paths()):
-        (room / p.resolve().parent.parent.name / "cuda" / p.name).write_text(p.read_text())
+        copy = room / p.resolve().relative_to(package)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(p.read_text())
     moved = builds.KernelBuild(**{**{f: getattr(kf.BUILD, f) for f in kf.BUILD.__dataclass_fields__},
                                   "entry": room / "forward/cuda" / kf.SOURCE_PATH.name})
     before = moved.header_digest()

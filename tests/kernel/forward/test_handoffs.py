@@ -3,6 +3,9 @@ semantics) over hypothesis's interleavings: the producers (loads, R1), the produ
 with INV) and the consumers, as kernel/forward/cuda/forward.cu's loops run them, on the barriers
 forward_layout.cuh numbers (kernel.forward.barrier_ids) with the counts it gives them.
 
+The token-gate build (Config.token_gate) adds the producers' barrier before R1 as well; its walks run
+beside the others'.
+
 Every tile must reach the consumers whole (its copies, R1 and both products in its stage), no stage or
 scratch parity may be overwritten before it is read, and no walk may hang, for 1..8 tiles and rings of
 2..5 stages. Two changes show what the protocol's parts are for: without PRODUCTS_DONE, R1 overwrites
@@ -31,17 +34,20 @@ WARP = 32
 
 
 def programs(nstage: int, ntiles: int, product_warps: int, *, products_done: bool = True,
-             products_on_empty: bool = False) -> dict[str, list[tuple]]:
+             products_on_empty: bool = False, token_gate: bool = False) -> dict[str, list[tuple]]:
     """Each role's steps as forward.cu runs them (the ring's from ptx_lab.ring's predicates). Non-barrier
     steps: ("load", stage, tile), ("r1", stage, parity, tile), ("product", which, stage, parity, tile),
     ("read", stage, tile). `products_done` False drops PRODUCTS_DONE; `products_on_empty` puts the product
-    warps on EMPTY, each waiting for the refill that its tile's producers wait for."""
+    warps on EMPTY, each waiting for the refill that its tile's producers wait for. `token_gate`: the
+    token-gate build's producers' barrier before R1 too."""
     ids = barrier_ids(nstage, product_warps)
     full, empty = ids["full"], ids["empty"]
     prefetch = nstage - 1
     producers = [("load", j % nstage, j) for j in range(min(prefetch, ntiles))]   # kda_walk::prefetch
     for i in range(ntiles):
         s, p = i % nstage, i % 2
+        if token_gate:   # every producer's gate rows in before R1 sums them
+            producers.append(("sync", ids["producers"]))
         if product_warps and products_done and i >= 2:
             producers.append(("sync", ids["products_done"][p]))
         producers.append(("r1", s, p, i))
@@ -152,16 +158,17 @@ class Tiles:
 def run(cfg: Config, ntiles: int, order=(), roles=None, **change) -> Tiles:
     tiles = Tiles(cfg.nstage)
     threads, bars = counts(cfg, products_on_empty=change.get("products_on_empty", False))
-    progs = programs(cfg.nstage, ntiles, cfg.product_warps, **change)
+    progs = programs(cfg.nstage, ntiles, cfg.product_warps, token_gate=cfg.token_gate, **change)
     if roles is not None:   # another order of preference among the roles
         progs = {r: progs[r] for r in roles}
     ring.run_roles(progs, bars, tiles, order, threads)
     return tiles
 
 
-def config(warps: int, product_warps: int, nstage: int) -> Config:
+def config(warps: int, product_warps: int, nstage: int, token_gate: bool = False) -> Config:
     auto = auto_config(warps)
-    return Config(warps=warps, producers=auto.producers, nstage=nstage, product_warps=product_warps)
+    return Config(warps=warps, producers=auto.producers, nstage=nstage, product_warps=product_warps,
+                  token_gate=token_gate)
 
 
 # ----------------------------------------------------------------------------
@@ -170,9 +177,10 @@ def config(warps: int, product_warps: int, nstage: int) -> Config:
 
 @CPU
 @given(warps=st.sampled_from([1, 2, 4]), product_warps=st.sampled_from([0, 2]), nstage=st.integers(2, 5),
-       ntiles=st.integers(1, 8), order=st.lists(st.integers(0, 3), max_size=300))
-def test_every_tile_reaches_the_consumers_whole_in_any_interleaving(warps, product_warps, nstage, ntiles, order):
-    tiles = run(config(warps, product_warps, nstage), ntiles, order)
+       ntiles=st.integers(1, 8), order=st.lists(st.integers(0, 3), max_size=300), token_gate=st.booleans())
+def test_every_tile_reaches_the_consumers_whole_in_any_interleaving(warps, product_warps, nstage, ntiles, order,
+                                                                    token_gate):
+    tiles = run(config(warps, product_warps, nstage, token_gate), ntiles, order)
     assert tiles.seen == list(range(ntiles))
     assert all(tiles.finished[i] == set(PRODUCTS) for i in range(ntiles))
     # the scratch is double-buffered: R1 never runs more than one tile ahead of the products
@@ -262,21 +270,32 @@ def test_on_empty_without_its_count_the_product_warps_stand_in_for_the_consumers
 # the checking build: the same hand-offs on mbarriers
 # ----------------------------------------------------------------------------
 
-def mbarrier_programs(nstage: int, ntiles: int, product_warps: int) -> dict[str, list[tuple]]:
+def mbarrier_programs(nstage: int, ntiles: int, product_warps: int, token_gate: bool = False) -> dict[str, list[tuple]]:
     """Each role's steps in the checking build (forward.cu with KF_MBARRIER_RING): programs()' hand-offs
-    on mbarriers; a wait is ("wait", barrier, the parity forward.cu waits by, the phase it means)."""
+    on mbarriers; a wait is ("wait", barrier, the parity forward.cu waits by, the phase it means). The
+    producers' mbarrier counts its phases as forward.cu's producers_sync does (producer_phase): one or, with
+    the token gate's before R1, two a tile."""
     prefetch = nstage - 1
     producers = [("load", j % nstage, j) for j in range(min(prefetch, ntiles))]
+    producer_phase = 0
+
+    def producers_sync():
+        nonlocal producer_phase
+        steps = [("arrive", "producers"), ("wait", "producers", producer_phase & 1, producer_phase)]
+        producer_phase += 1
+        return steps
+
     for i in range(ntiles):
         s, p = i % nstage, i % 2
+        if token_gate:
+            producers += producers_sync()
         if product_warps and i >= 2:   # tile i - 2's arrivals: use i / 2 - 1 of the parity's barrier
             producers.append(("wait", ("products_done", p), (i // 2 - 1) & 1, i // 2 - 1))
         producers.append(("r1", s, p, i))
         if product_warps:
             producers.append(("arrive", ("r1_done", p)))
         else:
-            producers += [("arrive", "producers"), ("wait", "producers", i & 1, i),
-                          *(("product", w, s, p, i) for w in PRODUCTS)]
+            producers += [*producers_sync(), *(("product", w, s, p, i) for w in PRODUCTS)]
         producers.append(("arrive", ("full", s)))
         j = i + prefetch
         if ring.refill_waits(j, ntiles, nstage):
@@ -317,13 +336,14 @@ def mbarriers(cfg: Config) -> tuple[dict[str, int], dict]:
 
 @CPU
 @given(warps=st.sampled_from([1, 2, 4]), product_warps=st.sampled_from([0, 2]), nstage=st.integers(2, 5),
-       ntiles=st.integers(1, 8), order=st.lists(st.integers(0, 3), max_size=300))
+       ntiles=st.integers(1, 8), order=st.lists(st.integers(0, 3), max_size=300), token_gate=st.booleans())
 def test_the_checking_build_hands_every_tile_over_whole_by_the_right_parities(warps, product_warps, nstage, ntiles,
-                                                                             order):
-    cfg = dataclasses.replace(config(warps, product_warps, nstage), mbarrier_ring=True)
+                                                                             order, token_gate):
+    cfg = dataclasses.replace(config(warps, product_warps, nstage, token_gate), mbarrier_ring=True)
     threads, bars = mbarriers(cfg)
     tiles = Tiles(nstage)
-    stuck = ring.run_mbarrier_roles(mbarrier_programs(nstage, ntiles, product_warps), bars, tiles, order, threads)
+    stuck = ring.run_mbarrier_roles(mbarrier_programs(nstage, ntiles, product_warps, token_gate), bars, tiles, order,
+                                    threads)
     part_full = [f"{k} holds {b.count - b.pending} of {b.count}" for k, b in bars.items() if b.pending != b.count]
     assert not stuck and not part_full, (stuck, part_full)
     assert tiles.seen == list(range(ntiles)) and max(tiles.lead.values()) <= 1
@@ -343,4 +363,17 @@ def test_the_checking_build_catches_a_parity_of_another_use(wrong):
     threads, bars = mbarriers(dataclasses.replace(config(1, 2, 4), mbarrier_ring=True))
     with pytest.raises(ring.RingError, match=rf"waits on {wrong.upper()}\(\d\) for its phase \d+ by parity \d, "
                                              rf"which is another phase's"):
+        ring.run_mbarrier_roles(progs, bars, Tiles(4), (), threads)
+
+
+def test_the_checking_build_counts_the_producers_phases_in_the_token_gate_build():
+    # without product warps the token-gate build passes the producers' mbarrier twice a tile: waited by the
+    # tile's parity (as the build without the token gate may), the second wait names another phase
+    progs = mbarrier_programs(4, 8, 0, token_gate=True)
+    waits = [op for op in progs["producers"] if op[0] == "wait" and op[1] == "producers"]
+    assert [w[3] for w in waits] == list(range(16)) and [w[2] for w in waits] == [n & 1 for n in range(16)]
+    progs["producers"] = [("wait", "producers", (op[3] // 2) & 1, op[3]) if op[0] == "wait" and op[1] == "producers"
+                          else op for op in progs["producers"]]
+    threads, bars = mbarriers(dataclasses.replace(config(1, 0, 4, True), mbarrier_ring=True))
+    with pytest.raises(ring.RingError, match=r"waits on PRODUCERS for its phase \d+ by parity \d, which is another"):
         ring.run_mbarrier_roles(progs, bars, Tiles(4), (), threads)

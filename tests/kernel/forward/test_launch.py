@@ -56,11 +56,31 @@ def test_the_scale_defaults_to_flas_and_is_checked():
         _call(plan_forward, a, kw, scale="x")
 
 
-@pytest.mark.parametrize("name", ["training", "output_final_state"])
+@pytest.mark.parametrize("name", ["training", "output_final_state", "token_gate", "l2norm"])
 def test_the_flags_are_booleans(name):
     a, kw = _args()
     with pytest.raises(TypeError, match=rf"{name} must be True or False, got 1"):
         _call(plan_forward, a, kw, **{name: 1})
+
+
+def test_the_l2norm_build_writes_q_and_k_normalised_in_training_alone():
+    a, kw = _args(B=2, T=130, H=3)
+    plan = _call(plan_forward, a, kw, l2norm=True, training=True)
+    assert plan.config.l2norm and plan.norm_shape == (2, 130, 3, D)
+    assert _call(plan_forward, a, kw, l2norm=True).norm_shape is None   # inference: q and k used, not kept
+    assert _call(plan_forward, a, kw, training=True).norm_shape is None
+    with pytest.raises(ValueError, match=r"is the build for l2norm=False, but the call passes l2norm=True"):
+        _call(plan_forward, a, kw, l2norm=True, config=Config(warps=2))
+
+
+def test_the_token_gate_picks_its_build_and_a_config_must_agree():
+    a, kw = _args()
+    assert _call(plan_forward, a, kw, token_gate=True).config.token_gate
+    assert not _call(plan_forward, a, kw).config.token_gate
+    with pytest.raises(ValueError, match=r"config w2-p2-st4-g4 is the build for token_gate=False, but the call "
+                                         r"passes token_gate=True: the inputs' form must be the build's"):
+        _call(plan_forward, a, kw, token_gate=True, config=Config(warps=2))
+    assert _call(plan_forward, a, kw, token_gate=True, config=Config(warps=2, token_gate=True)).config.token_gate
 
 
 def test_varlen_states_are_packed_by_flas_chunk_offsets():

@@ -20,7 +20,7 @@ from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward import Config, all_variants, auto_config, forward
 
 from ..fla_requirements import skip_without_fla_gpu
-from ..forward_cases import RAGGED, emulate, make_case, rel, worst_rows
+from ..forward_cases import RAGGED, check_normalised, emulate, make_case, rel, worst_rows
 from ..forward_states_cases import as_torch
 
 pytestmark = pytest.mark.gpu
@@ -30,15 +30,20 @@ BOUNDS = {"o": 1e-2, "final": 1e-2, "states": 1e-2, "Aqk": 1e-2, "Akk": 2e-3}
 
 
 def _run(case: dict, config: Config | None = None, *, training: bool = True, final: bool = True,
-         repeated: bool = False):
+         repeated: bool = False, token_gate: bool = False, l2norm: bool = False):
+    """The forward on the case; ``token_gate`` (or a config of that build): on each token's gate;
+    ``l2norm`` (or a config of that build): on q and k not normalised (a case made with raw_qk)."""
     import cupy
 
     dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
-    q = case["q_repeated"] if repeated else case["q"]
-    k = case["k_repeated"] if repeated else case["k"]
-    return forward(dev(q), dev(k), dev(case["v"]), dev(case["g"]), dev(case["beta"]), scale=case["scale"],
+    token_gate = token_gate or (config is not None and config.token_gate)
+    l2norm = l2norm or (config is not None and config.l2norm)
+    q = case["q_raw"] if l2norm else case["q_repeated"] if repeated else case["q"]
+    k = case["k_raw"] if l2norm else case["k_repeated"] if repeated else case["k"]
+    g = case["g_token"] if token_gate else case["g"]
+    return forward(dev(q), dev(k), dev(case["v"]), dev(g), dev(case["beta"]), scale=case["scale"],
                    initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"], output_final_state=final,
-                   training=training, config=config)
+                   training=training, token_gate=token_gate, l2norm=l2norm, config=config)
 
 
 def _host(out) -> dict:
@@ -47,8 +52,9 @@ def _host(out) -> dict:
     return {"o": f(out.o), "final": f(out.final_state), "states": f(out.states), "Aqk": f(out.Aqk), "Akk": f(out.Akk)}
 
 
-def _check(out, case: dict, label: str) -> dict:
-    """Every output within its bound of float64; the message says which, where, and the emulation's distance."""
+def _check(out, case: dict, label: str, token_gate: bool = False) -> dict:
+    """Every output within its bound of float64; the message says which, where, and the emulation's distance
+    (``token_gate``: the token-gate build's emulation)."""
     got = _host(out)
     m = case["blocks"]
     errs, bad = {}, []
@@ -73,7 +79,7 @@ def _check(out, case: dict, label: str) -> dict:
         if not max(errs[name], worst[0] if name in ("states", "final") else 0.0) < bound:
             bad.append(f"{name}: rel {errs[name]:.3e}, worst {worst[1]} (bound {bound:g})")
     if bad:
-        emu = emulate(case)
+        emu = emulate(case, token_gate=token_gate)
         dist = {n: rel(np.where(m, got[n], 0) if n in ("Aqk", "Akk") else got[n].reshape(emu[n].shape),
                        np.where(m, emu[n], 0) if n in ("Aqk", "Akk") else emu[n])
                 for n in BOUNDS if got[n] is not None and np.isfinite(got[n]).all()}
@@ -103,8 +109,8 @@ def test_one_chunk_and_a_token():
 
 @pytest.mark.parametrize("config", all_variants(), ids=lambda c: c.name())
 def test_every_variant_matches_float64_on_a_ragged_batch(config):
-    case = make_case(lengths=RAGGED, H=2, seed=4, initial_state=True)
-    _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED}")
+    case = make_case(lengths=RAGGED, H=2, seed=4, initial_state=True, raw_qk=config.l2norm)
+    _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED}", token_gate=config.token_gate)
 
 
 @pytest.mark.parametrize("initial_state", [False, True], ids=["h0 None", "h0"])
@@ -173,8 +179,9 @@ KNOB_CONFIGS = [Config(warps=2, producers=1, nstage=2, g6_split=1), Config(warps
                 Config(warps=1, producers=2, nstage=5, g6_split=2, product_warps=2),
                 Config(warps=4, producers=4, nstage=3, g6_split=4, product_warps=2),
                 Config(warps=8, producers=2, nstage=4, g6_split=4, product_warps=2)]
-# every build with product warps the tests run, each against the same build without them
-PRODUCT_CONFIGS = [c for c in all_variants() + KNOB_CONFIGS if c.product_warps]
+# every build with product warps the tests run, each against the same build without them (the timing builds' clock
+# reads change no arithmetic: test_every_variant_matches_float64_on_a_ragged_batch runs them; six compiles fewer)
+PRODUCT_CONFIGS = [c for c in all_variants() + KNOB_CONFIGS if c.product_warps and not c.timing]
 
 
 @pytest.mark.parametrize("config", KNOB_CONFIGS, ids=lambda c: c.name())
@@ -186,8 +193,10 @@ def test_every_knob_setting_matches_float64(config):
 
 def _same_bits(config: Config, other: Config) -> None:
     """Every output of `config` bit for bit `other`'s, in training (the blocks too) and in inference, on ragged
-    lengths (sequences of 1 and 2 tiles: the hand-offs' first and last tiles) with one tile past fp32's range."""
-    case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True)
+    lengths (sequences of 1 and 2 tiles: the hand-offs' first and last tiles) with one tile past fp32's range; an
+    l2norm build's pair on q and k as the caller has them."""
+    case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True,
+                     raw_qk=config.l2norm)
     for training in (True, False):
         got, want = _host(_run(case, config, training=training)), _host(_run(case, other, training=training))
         for name, x in got.items():
@@ -213,6 +222,107 @@ def test_product_warps_give_the_bits_of_the_build_without_them(config):
 def test_the_checking_build_on_mbarriers_gives_the_bits_of_the_named_barriers(config):
     # the checking build changes how the warps wait for each other, nothing they compute
     _same_bits(dataclasses.replace(config, mbarrier_ring=True), config)
+
+
+# ----------------------------------------------------------------------------
+# the token-gate build: each token's gate summed in R1 (the chunk cumsum folded into the forward)
+# ----------------------------------------------------------------------------
+
+TOKEN_GATE_VARIANTS = [c for c in all_variants() if c.token_gate]
+
+
+@pytest.mark.parametrize("config", TOKEN_GATE_VARIANTS, ids=lambda c: c.name())
+def test_the_token_gate_build_matches_float64_on_a_ragged_batch(config):
+    # ragged lengths, a tile past fp32's range: every producer's rows are summed across the producers' barrier
+    case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True,
+                     raw_qk=config.l2norm)
+    _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=True)
+
+
+@pytest.mark.parametrize("recipe", ["edge of range", "trained-layer gate"])
+def test_the_token_gate_build_on_the_hard_gates_matches_float64(recipe):
+    if recipe == "trained-layer gate":
+        pytest.importorskip("torch", reason="the trained-layer gate recipe draws with torch")
+        from kernel.tools.trained_layer_gate import trained_layer_gate
+
+        lengths = RAGGED + [300, 1000]
+        gate = trained_layer_gate(None, None, 2, 2, lengths=lengths, seed=3, hidden=256)["g"].float().numpy()
+        case = make_case(lengths=lengths, H=2, seed=5, gate=gate, initial_state=True)
+    else:
+        case = make_case(lengths=RAGGED, H=2, seed=4, edge_of_range=True, initial_state=True)
+    if recipe == "edge of range":   # its tile takes the pairwise path (the trained-layer gate's may not)
+        assert emulate(case, token_gate=True)["pairwise_tiles"] >= 1
+    _check(_run(case, token_gate=True), case, recipe, token_gate=True)
+
+
+def test_the_token_gate_build_is_close_to_its_emulation_and_to_the_cumsum_build():
+    # the two forms differ only by the gate's fp32 rounding (~1e-6 relative in 2^gc), far below the bf16
+    # operands' 4e-3: o within 1e-2 of the cumsum build's, and the emulation of each form nearer still
+    case = make_case(lengths=RAGGED + [1000], H=2, seed=11, initial_state=True)
+    token, cumsum = _host(_run(case, token_gate=True)), _host(_run(case))
+    emu = emulate(case, token_gate=True)
+    for name in ("o", "final", "states"):
+        x = token[name].reshape(emu[name].shape)
+        assert rel(x, cumsum[name].reshape(x.shape)) < 1e-2, name
+        assert rel(x, emu[name]) < 5e-3, (name, rel(x, emu[name]))
+
+
+@pytest.mark.parametrize("config", [auto_config(1, token_gate=True), auto_config(8, token_gate=True)],
+                         ids=lambda c: c.name())
+def test_the_token_gate_builds_checking_build_gives_its_bits(config):
+    # the producers' barrier before R1 on an mbarrier: a second phase a tile beside the one after R1
+    _same_bits(dataclasses.replace(config, mbarrier_ring=True), config)
+
+
+def test_the_token_gate_build_repeats_bit_for_bit():
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True, out_of_range=True)
+    a, b = _host(_run(case, token_gate=True)), _host(_run(case, token_gate=True))
+    for name in a:
+        x, y = a[name], b[name]
+        if name in ("Aqk", "Akk"):   # only the diagonal blocks are written
+            x, y = np.where(case["blocks"], x, 0), np.where(case["blocks"], y, 0)
+        assert np.array_equal(x, y), f"{name}: {int((x != y).sum())} of {x.size} values differ between two calls"
+
+
+# ----------------------------------------------------------------------------
+# the l2norm build: q and k normalised in R1, written out for the backward (the l2norm pass folded in)
+# ----------------------------------------------------------------------------
+
+L2NORM_VARIANTS = [c for c in all_variants() if c.l2norm]
+
+
+@pytest.mark.parametrize("config", L2NORM_VARIANTS, ids=lambda c: c.name())
+def test_the_l2norm_build_matches_float64_and_writes_q_and_k_normalised(config):
+    # ragged lengths, one tile past fp32's range (its pairwise Mqk and Akk read the rows R1 normalised)
+    case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True, raw_qk=True)
+    out = _run(case, config)
+    _check(out, case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=config.token_gate)
+    check_normalised(out, case, config.name())
+
+
+def test_the_l2norm_build_writes_every_query_heads_rows_once_under_grouped_value_heads():
+    # 4 value heads on 2 query heads: the first value head of each group and v group 0 write them
+    case = make_case(lengths=[1, 17, 200], H=4, group=2, seed=6, initial_state=True, raw_qk=True)
+    out = _run(case, l2norm=True)
+    _check(out, case, "grouped value heads, l2norm")
+    check_normalised(out, case, "grouped value heads")
+
+
+def test_the_l2norm_build_repeats_bit_for_bit_and_its_checking_build_gives_its_bits():
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True, out_of_range=True, raw_qk=True)
+    cfg = auto_config(8, l2norm=True)
+    a, b = _run(case, cfg), _run(case, cfg)
+    c = _run(case, dataclasses.replace(cfg, mbarrier_ring=True))
+    for name in ("o", "final_state", "q", "k", "q_rstd", "k_rstd"):
+        x, y, z = (getattr(r, name).get() for r in (a, b, c))
+        assert np.array_equal(x, y) and np.array_equal(x, z), name
+
+
+def test_the_l2norm_build_in_inference_writes_o_alone_with_the_training_bits():
+    case = make_case(lengths=RAGGED, H=2, seed=8, initial_state=True, raw_qk=True)
+    train, infer = _run(case, l2norm=True), _run(case, l2norm=True, training=False)
+    assert (infer.q, infer.k, infer.q_rstd, infer.k_rstd, infer.states) == (None,) * 5
+    assert np.array_equal(infer.o.get(), train.o.get())
 
 
 # ----------------------------------------------------------------------------
@@ -261,7 +371,9 @@ def test_torch_in_torch_out():
                     as_torch(case["g"], False), as_torch(case["beta"], False), scale=case["scale"],
                     initial_state=as_torch(case["initial_state"], False),
                     cu_seqlens=torch.from_numpy(case["cu_seqlens"]).cuda(), output_final_state=True, training=True)
-    assert all(isinstance(x, torch.Tensor) and x.is_cuda for x in out_t)
+    # every output asked for comes back a torch CUDA tensor; the l2norm build's q, k and rstd are not asked for
+    assert all(isinstance(x, torch.Tensor) and x.is_cuda for x in out_t[:5])
+    assert (out_t.q, out_t.k, out_t.q_rstd, out_t.k_rstd) == (None,) * 4
     assert out_t.o.dtype == out_t.states.dtype == out_t.Aqk.dtype == torch.bfloat16
     assert out_t.final_state.dtype == torch.float32
     out_c = _run(case)

@@ -19,8 +19,8 @@ from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward_chain import Config, NSTAGES, forward_chain
 from kernel.runtime.arrays import bf16_bits
 
-from ..forward_cases import D, rel
-from ..three_pass_model import case_of, chain, o_pass, operands
+from ..forward_cases import rel
+from ..three_pass_model import case_inputs, case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -30,10 +30,7 @@ MODEL_BOUND = 2e-3
 
 def _operands(recipe: str) -> tuple[dict, dict]:
     case = case_of(recipe)
-    H = case["H"]
-    args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
-            case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
-    return case, operands(*args, scale=case["scale"], u_format="fp16")
+    return case, operands(*case_inputs(case), scale=case["scale"], u_format="fp16")
 
 
 def _u_scale(ops: dict) -> np.ndarray:

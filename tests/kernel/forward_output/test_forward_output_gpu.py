@@ -31,7 +31,7 @@ from kernel.forward_output import WARPS, Config, forward_output, launch_planned,
 from kernel.runtime.arrays import bf16_bits
 
 from ..forward_cases import D, rel
-from ..three_pass_model import bf16, case_of, chain, o_pass, operands
+from ..three_pass_model import bf16, case_inputs, case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -70,10 +70,7 @@ def within_rounding(got, want, ops, lengths) -> None:
 def _operands(recipe: str) -> tuple[tuple, list[int]]:
     """((qg, states, aqk, v_new) as bf16 values, the sequences' lengths) of a recipe."""
     case = case_of(recipe)
-    H = case["H"]
-    args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
-            case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
-    ops = operands(*args, scale=case["scale"], u_format="fp16")   # u as kernel.forward_products stores it
+    ops = operands(*case_inputs(case), scale=case["scale"], u_format="fp16")   # u as kernel.forward_products stores it
     walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], case["initial_state"], ops["u_scale"])
     return (ops["qg"], walked["states"], bf16(ops["aqk"]), walked["v_new"]), [int(n) for n in case["lengths"]]
 

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from kernel.forward_products import SOURCE_PATH, Config, options
+from kernel.forward_products import SOURCE_PATH, all_variants, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK
 from ptx_lab import banks, model
@@ -182,6 +182,9 @@ def test_w_and_u_are_the_studys_product_within_the_summation_orders_bound():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-def test_the_source_lays_out_the_shared_memory_modelled_here(tmp_path):
-    text = ptx_of(SOURCE_PATH, options(Config()), tmp_path / "fp.ptx")
+@pytest.mark.parametrize("cfg", all_variants(), ids=lambda cfg: cfg.name())
+def test_the_source_lays_out_the_shared_memory_modelled_here(tmp_path, cfg):
+    # the token-gate build sums the gate in gc's own rows, the l2norm build normalises q and k in theirs: no
+    # build adds shared memory
+    text = ptx_of(SOURCE_PATH, options(cfg), tmp_path / "fp.ptx")
     assert ptx_constant(text, "fp_smem_bytes") == SMEM_BYTES

@@ -10,6 +10,10 @@ to the model within MODEL_BOUNDS (relative Frobenius), and the three passes on t
 split arithmetic (mm_split: its factorised operands two bf16 each, three MMAs). Aqk's and INV's diagonal
 blocks, which our backward reads, are held to the one-pass forward's (kernel.forward) within 1e-2 (Aqk's
 operands are one bf16 each there: in the models the two are about 3e-3 apart).
+
+The folds: the token-gate build (each token's gate, summed over the chunk here) is held to its model the same
+way; the l2norm build writes q and k as float64 normalises them (within a last bf16 bit) and, on the rows it
+wrote, gives the bits the plain build gives.
 """
 from __future__ import annotations
 
@@ -21,8 +25,10 @@ from kernel.forward import forward
 from kernel.forward_chain import forward_chain
 from kernel.forward_products import forward_products
 
-from ..forward_cases import D, rel
-from ..three_pass_model import bf16, case_of, chain, o_pass, operands
+from kernel.forward_products import CHUNK_MAJOR
+
+from ..forward_cases import RAGGED, check_normalised, make_case, rel
+from ..three_pass_model import bf16, case_inputs, case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -30,12 +36,20 @@ RECIPES = ["ragged", "past fp32's range", "trained-layer gate"]
 MODEL_BOUNDS = {"w": 3e-3, "u": 3e-3, "kg": 1e-3, "qg": 1e-3, "aqk": 2e-3, "decay": 1e-5}
 
 
-def _run(case: dict):
+def _run(case: dict, *, token_gate: bool = False, l2norm: bool = False, training: bool = True):
+    """The pass on the case; ``token_gate``: on each token's gate; ``l2norm``: on q and k not normalised (a case
+    made with raw_qk)."""
     import cupy
 
     dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
-    return forward_products(dev(case["q"]), dev(case["k"]), dev(case["v"]), dev(case["g"]), dev(case["beta"]),
-                            scale=case["scale"], cu_seqlens=case["cu_seqlens"], training=True)
+    q, k = (case["q_raw"], case["k_raw"]) if l2norm else (case["q"], case["k"])
+    return forward_products(dev(q), dev(k), dev(case["v"]), dev(case["g_token"] if token_gate else case["g"]),
+                            dev(case["beta"]), scale=case["scale"], cu_seqlens=case["cu_seqlens"], training=training,
+                            token_gate=token_gate, l2norm=l2norm)
+
+
+def _model(case: dict, token_gate: bool = False) -> dict:
+    return operands(*case_inputs(case, token_gate), scale=case["scale"], u_format="fp16", token_gate=token_gate)
 
 
 def _host(x) -> np.ndarray:
@@ -47,16 +61,17 @@ def _host(x) -> np.ndarray:
 def recipe(request):
     pytest.importorskip("torch")   # the trained-layer gate is drawn with torch
     case = case_of(request.param)
-    H = case["H"]
-    args = (*(bits_to_f32(case[n]).reshape(-1, H, D) for n in ("q_repeated", "k_repeated", "v")),
-            case["g"].reshape(-1, H, D), case["beta_values"].reshape(-1, H), case["lengths"])
-    return request.param, case, operands(*args, scale=case["scale"], u_format="fp16"), _run(case)
+    return request.param, case, _model(case), _run(case)
 
 
 def test_the_products_are_their_model(recipe):
+    name, _, model, gpu = recipe
+    _held_to_model(name, model, gpu)
+
+
+def _held_to_model(name: str, model: dict, gpu) -> None:
     # u (fp16) as the chain reads it, times its scale: the kernel sums INV's row magnitudes in another order
     # than numpy, so where a chunk's bound sits on a power of two its scale may be the model's times 2
-    name, _, model, gpu = recipe
     np.testing.assert_array_equal(gpu.cu_chunks, model["cu_chunks"])
     scale = _host(gpu.u_scale)
     assert (scale[..., 1:] == 0).all() and np.all(np.log2(scale[..., 0]) == np.round(np.log2(scale[..., 0])))
@@ -74,9 +89,13 @@ def test_the_products_are_their_model(recipe):
 
 
 def test_three_passes_on_the_gpu_keep_the_models_precision(recipe):
+    name, case, model, gpu = recipe
+    _three_passes_keep_the_models_precision(name, case, model, gpu)
+
+
+def _three_passes_keep_the_models_precision(name: str, case: dict, model: dict, gpu) -> None:
     import cupy
 
-    name, case, model, gpu = recipe
     h0 = case["initial_state"]
     walked = forward_chain(gpu.w, gpu.u, gpu.kg, gpu.decay, gpu.u_scale, cu_chunks=gpu.cu_chunks,
                            initial_state=None if h0 is None else cupy.asarray(h0))
@@ -123,3 +142,64 @@ def test_two_calls_give_the_same_bits():
         x, y = _host(getattr(a, out)), _host(getattr(b, out))
         mask = np.broadcast_to(_own_blocks(case), x.shape)
         np.testing.assert_array_equal(x[mask], y[mask], err_msg=out)
+
+
+# ----------------------------------------------------------------------------
+# the folds: each token's gate summed over the chunk (token_gate), q and k normalised here (l2norm)
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_the_token_gate_build_is_its_model_and_keeps_its_precision(name):
+    pytest.importorskip("torch")   # the trained-layer gate is drawn with torch
+    case = case_of(name)
+    model, gpu = _model(case, token_gate=True), _run(case, token_gate=True)
+    _held_to_model(f"{name}, token gate", model, gpu)
+    _three_passes_keep_the_models_precision(f"{name}, token gate", case, model, gpu)
+
+
+L2NORM_CASES = {
+    "ragged, past fp32's range": dict(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True),
+    "GVA, 2 value heads a q head": dict(lengths=[1, 17, 200], H=4, group=2, seed=6, initial_state=True),
+}
+
+
+@pytest.mark.parametrize("token_gate", [False, True], ids=["cumsum", "token gate"])
+@pytest.mark.parametrize("name", list(L2NORM_CASES))
+def test_the_l2norm_build_normalises_as_float64_and_gives_the_plain_builds_bits_on_its_rows(name, token_gate):
+    # under GVA the CTA of each query head's first value head writes its rows: every row written once
+    case = make_case(**L2NORM_CASES[name], raw_qk=True)
+    label = f"{name}, {'token gate' if token_gate else 'cumsum'}"
+    out = _run(case, token_gate=token_gate, l2norm=True)
+    check_normalised(out, case, label)
+    plain = forward_products(out.q, out.k, *_same_inputs(case, token_gate), scale=case["scale"],
+                             cu_seqlens=case["cu_seqlens"], training=True, token_gate=token_gate)
+    for field in CHUNK_MAJOR:
+        np.testing.assert_array_equal(_host(getattr(out, field)), _host(getattr(plain, field)),
+                                      err_msg=f"{label}: {field}")
+    for field in ("Aqk", "Akk"):
+        x, y = _host(getattr(out, field)), _host(getattr(plain, field))
+        mask = np.broadcast_to(_own_blocks(case), x.shape)
+        np.testing.assert_array_equal(x[mask], y[mask], err_msg=f"{label}: {field}")
+
+
+def _same_inputs(case: dict, token_gate: bool) -> tuple:
+    """v, g (the build's form), beta on the device."""
+    import cupy
+
+    return (cupy.asarray(case["v"]), cupy.asarray(case["g_token"] if token_gate else case["g"]),
+            cupy.asarray(case["beta"]))
+
+
+def test_the_folded_builds_in_inference_write_the_training_bits_and_no_rows():
+    case = make_case(**L2NORM_CASES["ragged, past fp32's range"], raw_qk=True)
+    train, infer = (_run(case, token_gate=True, l2norm=True, training=t) for t in (True, False))
+    assert (infer.q, infer.k, infer.q_rstd, infer.k_rstd, infer.Aqk, infer.Akk) == (None,) * 6
+    for field in CHUNK_MAJOR:
+        np.testing.assert_array_equal(_host(getattr(infer, field)), _host(getattr(train, field)), err_msg=field)
+
+
+def test_the_folded_builds_give_the_same_bits_twice():
+    case = make_case(**L2NORM_CASES["GVA, 2 value heads a q head"], raw_qk=True)
+    a, b = (_run(case, token_gate=True, l2norm=True) for _ in range(2))
+    for field in (*CHUNK_MAJOR, "q", "k", "q_rstd", "k_rstd"):
+        np.testing.assert_array_equal(_host(getattr(a, field)), _host(getattr(b, field)), err_msg=field)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel.forward_products import chunk_table, plan_products
+from kernel.forward_products import Config, all_variants, chunk_table, plan_products
 
 from ..ds_scan.test_fla import DeviceArray
 
@@ -42,3 +42,32 @@ def test_the_forwards_checks_name_the_argument():
     q, k, v, g, beta = _args()
     with pytest.raises(ValueError, match="g must have shape"):
         plan_products(q, k, v, DeviceArray((1, 441, 2, 64), np.float32), beta)
+
+
+@pytest.mark.parametrize("token_gate", [False, True])
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_the_build_follows_the_inputs_forms(token_gate, l2norm):
+    plan = plan_products(*_args(), token_gate=token_gate, l2norm=l2norm)
+    assert plan.config == Config(token_gate=token_gate, l2norm=l2norm)
+    # q and k normalised and their rstd go out for the backward in training only
+    assert plan.writes_norms == l2norm
+    assert not plan_products(*_args(), training=False, token_gate=token_gate, l2norm=l2norm).writes_norms
+
+
+def test_a_build_for_other_inputs_is_refused_by_name():
+    with pytest.raises(ValueError, match="config products-tg is the build for token_gate=True, but the call passes "
+                                         "token_gate=False"):
+        plan_products(*_args(), config=Config(token_gate=True))
+    with pytest.raises(ValueError, match="config products is the build for l2norm=False, but the call passes "
+                                         "l2norm=True"):
+        plan_products(*_args(), l2norm=True, config=Config())
+    with pytest.raises(TypeError, match="config must be a kernel.forward_products.Config"):
+        plan_products(*_args(), config="products")
+    # -lineinfo is not a form of the inputs: any call takes it
+    assert plan_products(*_args(), token_gate=True, config=Config(token_gate=True, lineinfo=True)).config.lineinfo
+
+
+def test_the_config_takes_booleans_only():
+    with pytest.raises(ValueError, match="Config.token_gate must be True or False, got 1"):
+        Config(token_gate=1)
+    assert [c.name() for c in all_variants()] == ["products", "products-tg", "products-l2", "products-tg-l2"]

@@ -49,11 +49,11 @@ def test_a_knockout_keeps_the_parameters_and_every_barrier(name, tmp_path):
     entry = "kernel/forward/cuda/forward.cu"
     assert source_ab.kernel_parameters(_text(tmp_path, entry)) == source_ab.kernel_parameters(_text(REPO, entry))
     files = [p.relative_to(REPO).as_posix() for p in (REPO / "kernel/forward/cuda").iterdir()]
-    for call in RING_CALLS + ("named_barrier_sync",):
+    for call in RING_CALLS + ("named_barrier_sync", "producers_sync()"):
         before = sum(_text(REPO, f).count(call) for f in files)
         after = sum(_text(tmp_path, f).count(call) for f in files)
-        # the producer barrier's knockout removes its one call, which only the producers made
-        expected = before - 1 if (name, call) == ("producer-barrier", "named_barrier_sync") else before
+        # the producer barrier's knockout removes its call after R1, which only the producers made
+        expected = before - 1 if (name, call) == ("producer-barrier", "producers_sync()") else before
         assert after == expected, (call, before, after)
 
 
@@ -127,7 +127,9 @@ def intact_sass(tmp_path_factory):
 def test_each_knockout_compiles_without_spills_and_loses_its_sass(name, tmp_path, intact_sass):
     k = knockouts.BY_NAME[name]
     cuda = knockouts.build_tree(k, tmp_path / "tree")
-    for cfg in forward_config.all_variants():
+    # the study's knockouts patch the plain builds' code paths (the token-gate, l2norm and timing builds are not its
+    # subject)
+    for cfg in (c for c in forward_config.all_variants() if not (c.token_gate or c.l2norm or c.timing)):
         cubin = tmp_path / f"{cfg.name()}.cubin"
         log = _ptxas(cuda, cfg, cubin)
         assert re.search(r"\b0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", log), (cfg.name(), log)

@@ -10,6 +10,7 @@ a missing .trans or a wrong address gives O(1) errors instead (the last test sho
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -22,7 +23,7 @@ from kernel.reference.checks import l2norm
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla
 from kernel.reference.kda import rebuild, _tile_backward, _tile_forward
 from kernel.runtime.builds import SHAPES_HEADER
-from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS
+from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, SPAN_LIMIT, TILE_TOKENS, TILES_PER_CHUNK
 from kernel.tools.kda_precision import recipe_inputs
 
 from .. import token_gradients_model as kb
@@ -57,8 +58,9 @@ def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.nd
 
 def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0, wide=None,
               with_l2norm: bool = False) -> dict:
-    """One sequence of T <= 64 tokens (one 64-token chunk), H heads: the kernel's inputs and the
-    float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, tile 1 from tile 0's S1).
+    """One sequence of T tokens (a 64-token chunk, or a run of several), H heads: the kernel's inputs and the
+    float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, every later tile from the tile
+    before's S1; the states entering later chunks are those S1 rounded to bf16, as the forward keeps them).
     recipe: kernel.reference.random_inputs, or "unit" (kernel.tools.kda_precision's: q, k, v, do
     ~ N(0, 1), gates logsigmoid(N(0, 1)) clamped to [-5, 0]). With `context`, the chunk's entry
     state and the dS entering it from the right are those of a chunk in the middle of a sequence
@@ -66,7 +68,8 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     edits the gates (natural log, [1, T, H, K]) in place first. ``with_l2norm``: the kernel also gets the
     forward's rstd of q and k (1 / sqrt(|x|^2 + 1e-6) of the raw rows, fp32, as FLA's l2norm_fwd), and
     the reference's dq, dk go through the l2norm's backward in float64, r (dy - y (y . dy)), y the
-    normalised rows the kernel reads."""
+    normalised rows the kernel reads. "g_natural": each token's gate (natural log, fp32 [tokens, H, K]), what
+    Kernel B's token-gate build reads in place of inputs.g."""
     raw = _recipe(recipe, T, seed)
     if wide is not None:
         wide(raw["g"])
@@ -85,7 +88,9 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     snaps, _ = dstate_scan_reference(q, k, gc, beta, mqk, inv, do, dht=raw["dht"], cu_seqlens=cu,
                                      qk_l2norm=False, snapshot_every=1)
     ds = bf16_bits(snaps[0].astype(np.float32))                                # [tiles, H, K, V]
-    states = bf16_bits(h0.astype(np.float32))                                  # [chunks, H, K, V]
+    n_chunks = -(-T // CHUNK_TOKENS)
+    states = np.zeros((n_chunks, H, HEAD_DIM, HEAD_DIM), np.uint16)            # [chunks, H, K, V]
+    states[0] = bf16_bits(h0[0].astype(np.float32))
     s = HEAD_DIM ** -0.5
     rstd = {}
     if with_l2norm:
@@ -123,15 +128,21 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
                 grads[n] = r[:, None] * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
         ref.append({"rows": rows, "S1": S1, **{n: grads[n][:L] for n in GRADS}})
         S0 = S1
-    return {"inputs": inp, "ref": ref}
+        if (t + 1) % TILES_PER_CHUNK == 0 and (t + 1) // TILES_PER_CHUNK < n_chunks:   # the next chunk's entry
+            states[(t + 1) // TILES_PER_CHUNK, HEAD] = bf16_bits(S1.astype(np.float32))
+    return {"inputs": inp, "ref": ref, "g_natural": g[0].astype(np.float32)}   # each token's gate, natural log
 
 
 def _rel(out, ref) -> float:
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
-def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None):
-    out = kb.CtaModel(case["inputs"], chunk=0, h=HEAD, swaps=swaps).run(tiles)
+def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None, token_gate: bool = False,
+            run: int = 0, run_chunks: int = 1):
+    """The lane model's gradients of the case (with ``token_gate``, its KDB_TOKEN_GATE=1 build on each
+    token's natural-log gate, case["g_natural"]): the CTA of run ``run`` of ``run_chunks`` chunks."""
+    inp = dataclasses.replace(case["inputs"], g=case["g_natural"]) if token_gate else case["inputs"]
+    out = kb.CtaModel(inp, run=run, h=HEAD, run_chunks=run_chunks, swaps=swaps, token_gate=token_gate).run(tiles)
     got = {"dq": out.dq.reshape(-1, H, HEAD_DIM), "dk": out.dk.reshape(-1, H, HEAD_DIM),
            "dg": out.dg.reshape(-1, H, HEAD_DIM),
            "dv": kb.dv_values(out.dv).reshape(-1, H, HEAD_DIM), "dbeta": out.dbeta.reshape(-1, H)}
@@ -225,6 +236,42 @@ def test_a_partial_tile_after_the_carried_state_matches(partial_case):
     _check(partial_case, out, got, 2)
 
 
+@pytest.fixture(scope="module")
+def two_chunk_case():
+    return make_case(100, seed=3)     # a whole chunk, then one of 36 tokens (tiles of 16, 16 and 4)
+
+
+def _poisoned_states(case: dict, chunk: int) -> dict:
+    """The case with chunk `chunk`'s entry state all NaN: a CTA that reads it shows it."""
+    states = case["inputs"].states.copy()
+    states[chunk] = 0x7FC0                                        # bf16 NaN
+    return {**case, "inputs": dataclasses.replace(case["inputs"], states=states)}
+
+
+def test_a_run_of_two_chunks_carries_the_state_across_their_boundary(two_chunk_case):
+    """run_chunks 2: one CTA walks all 7 tiles, the second chunk's from the state it carried in fp32 (that
+    chunk's stored state is never read: NaN there changes nothing), every gradient and carried state within
+    the bound of float64; with one chunk a run, the second CTA starts from the stored bf16 state (NaN shows)."""
+    case = two_chunk_case
+    poisoned = _poisoned_states(case, 1)
+    out, got = emulate(poisoned, run_chunks=2)
+    assert len(out.S1_fp32) == 6                                  # after every tile but the run's last
+    _check(case, out, got, 7)
+    second = case["ref"][4:]   # one chunk a run: the second chunk's CTA, from the bf16 state the forward kept
+    out1, got1 = emulate(case, run=1, run_chunks=1)
+    assert len(out1.S1_fp32) == 2
+    for n in GRADS:
+        e = np.concatenate([got1[n][r["rows"], HEAD].reshape(-1) for r in second])
+        assert _rel(e, np.concatenate([r[n].reshape(-1) for r in second])) < BOUND, n
+    _, nan = emulate(poisoned, run=1, run_chunks=1)
+    assert np.isnan(nan["dq"][second[0]["rows"], HEAD]).all()
+    # the two runs agree where they share a start: chunk 0's CTA at one chunk a run is the run's first 4 tiles
+    _, first = emulate(case, run=0, run_chunks=1)
+    rows = np.arange(64)
+    for n in GRADS:
+        assert np.array_equal(first[n][rows, HEAD], got[n][rows, HEAD]), n
+
+
 def test_the_l2norms_backward_in_the_epilogue_matches_float64():
     # a chunk of two full tiles and a partial one, q and k through the forward's l2norm; its backward
     # runs after the 8 warps' row sums meet
@@ -311,6 +358,10 @@ def test_the_factorised_products_fail_on_that_tile(wide_case, monkeypatch):
 
 
 EDGE_SPAN, EDGE_CHANNEL = 124.0, 5
+# a tile spanning 120 (log2) in every channel of head HEAD: past kernel.shapes.SPAN_LIMIT (110), within
+# fp32's 126. At 126 it would run the factorised G14-G17 with Kr = k 2^-120 flushed for |k| < 2^-6: the
+# lane model puts tile 1's dq 3.0e-2 and dg 2.4e-2 from float64 there, past BOUND
+WIDE_SPAN = 120.0
 
 
 def edge_tile(span: float = EDGE_SPAN, channels=EDGE_CHANNEL):
@@ -438,3 +489,27 @@ def test_a_wrong_recipe_of_u_s_remainder_is_caught(site):
     recipe = OTHER[kb.SITE[site].recipe]
     errs = _unit_errors_inside_a_sequence(["dq", "dk"], swaps={site: recipe})
     assert not all(errs[n] < UNIT_TWO_PART_U_BOUNDS[n] for n in errs), errs
+
+
+# the token-gate build's cases, in the lane model here and on the device (test_launch_gpu): whole tiles,
+# a partial one, and the wide tile above (the pairwise path)
+TOKEN_GATE_CASES = [(64, "random_inputs", False), (21, "unit", False), (48, "random_inputs", True)]
+
+
+def token_gate_case(T: int, recipe: str, wide: bool) -> dict:
+    return make_case(T, seed=3, recipe=recipe, wide=edge_tile(WIDE_SPAN, slice(None)) if wide else None)
+
+
+@pytest.mark.parametrize("T, recipe, wide", TOKEN_GATE_CASES)
+def test_the_token_gate_build_keeps_the_cumsum_builds_errors(T, recipe, wide):
+    """Kernel B's token-gate build in the lane model (R1 sums each token's gate itself: docs/kda_forward.md,
+    section 8): on whole, partial and past-the-span tiles its gradients keep the cumsum build's errors against
+    float64, and the carried states too (the GPU test of the build holds the device to the same)."""
+    case = token_gate_case(T, recipe, wide)
+    tiles = len(case["ref"])
+    before = errors(case, *emulate(case), tiles)
+    out, got = emulate(case, token_gate=True)
+    after = errors(case, out, got, tiles)
+    print("  ".join(f"{n} {before[n]:.3e} -> {after[n]:.3e}" for n in before))
+    assert all(after[n] < BOUND and 0.9 * before[n] < after[n] < 1.1 * before[n] for n in before), (before, after)
+    assert out.pairwise == emulate(case)[0].pairwise

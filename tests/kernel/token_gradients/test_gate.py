@@ -57,21 +57,21 @@ def _cta_sum(lo: np.ndarray, hi: np.ndarray) -> np.float32:
     return total
 
 
-def epilogue_model(dg, g_bits, A_log, dt_bias, lower_bound, cu):
-    """(dg_raw bits, da_part [chunks, HV] or None, ddt_part [chunks, HV, K] or None) as Kernel B's gate
-    build writes them; dg fp32 [tokens, HV, K], g_bits bf16 bits of g_raw."""
+def epilogue_model(dg, g_bits, A_log, dt_bias, lower_bound, cu, run_chunks: int = 1):
+    """(dg_raw bits, da_part [runs, HV] or None, ddt_part [runs, HV, K] or None) as Kernel B's gate
+    build writes them, a CTA a run of ``run_chunks`` chunks; dg fp32 [tokens, HV, K], g_bits bf16 bits of g_raw."""
     HV = dg.shape[1]
-    t = tables(cu)
+    t = tables(cu, run_chunks)
     x = bits_to_f32(g_bits)
     if dt_bias is not None:
         x = (x + dt_bias.astype(f32).reshape(HV, HEAD_DIM)).astype(f32)
     dg_raw = np.zeros(dg.shape, np.uint16)
-    da_part = np.zeros((t["chunks"], HV), f32)
-    ddt_part = np.zeros((t["chunks"], HV, HEAD_DIM), f32)
-    for c in range(t["chunks"]):
-        n = t["chunk_seq"][c]
-        first = cu[n] + CHUNK_TOKENS * (c - t["chunk_offs"][n])
-        last = min(first + CHUNK_TOKENS, cu[n + 1])
+    da_part = np.zeros((t["runs"], HV), f32)
+    ddt_part = np.zeros((t["runs"], HV, HEAD_DIM), f32)
+    for c, chunk0 in enumerate(t["run_chunk0"]):
+        n = t["chunk_seq"][chunk0]
+        first = cu[n] + CHUNK_TOKENS * (chunk0 - t["chunk_offs"][n])
+        last = min(first + CHUNK_TOKENS * run_chunks, cu[n + 1])
         for h in range(HV):
             dt_sum, da_sum = np.zeros((2, HEAD_DIM), f32), np.zeros((2, HEAD_DIM), f32)   # [half, channel]
             for i in range(first, last):   # token order, as the tiles and their rows go
@@ -99,11 +99,13 @@ CASES = [(0, 2, [0, 200], False, True, True), (1, 3, [0, 64, 70, 199], True, Tru
          (4, 1, [0, 90], False, True, False)]
 
 
+@pytest.mark.parametrize("run_chunks", [1, 2])
 @pytest.mark.parametrize("seed, HV, cu, sigmoid, with_a_log, with_bias", CASES)
-def test_the_epilogue_and_the_sum_over_chunks_give_gate_backward(seed, HV, cu, sigmoid, with_a_log, with_bias):
+def test_the_epilogue_and_the_sum_over_runs_give_gate_backward(seed, HV, cu, sigmoid, with_a_log, with_bias,
+                                                               run_chunks):
     cu = np.array(cu, np.int64)
     dg, g_bits, A_log, dt_bias, L = _case(seed, HV, cu, sigmoid, with_a_log, with_bias)
-    dg_raw, da_part, ddt_part = epilogue_model(dg, g_bits, A_log, dt_bias, L, cu)
+    dg_raw, da_part, ddt_part = epilogue_model(dg, g_bits, A_log, dt_bias, L, cu, run_chunks)
     g_raw = torch.from_numpy(bits_to_f32(g_bits)).to(torch.bfloat16)
     as_t = (lambda x: None if x is None else torch.from_numpy(x))
     want_raw, want_dA, want_ddt = gate_backward(torch.from_numpy(dg), g_raw, as_t(A_log), as_t(dt_bias), L)

@@ -1,5 +1,6 @@
 """kernel.token_gradients.launch on the CPU: Kernel B's batch tables (first tile, first chunk and
-sequence of every chunk), and the launch's grid and arguments against the kernel's parameters."""
+sequence of every chunk, first chunk of every run), the choice of the chunks a run, and the launch's grid and
+arguments against the kernel's parameters."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,24 +23,59 @@ def test_tables_name_every_chunk_s_sequence_and_first_tile():
         assert t["tile_offs"][n] + 4 * (c - t["chunk_offs"][n]) < t["tile_offs"][n + 1]
 
 
-def _launch(monkeypatch, *, H: int, HV: int, rstd=None, dqk=np.float32):
+def test_runs_start_every_run_chunks_chunks_within_each_sequence():
+    cu = np.array([0, 1, 65, 130, 330, 700], dtype=np.int64)   # 1, 1, 2, 4 and 6 chunks
+    assert tables(cu)["run_chunk0"].tolist() == list(range(14))   # one chunk a run: every chunk
+    t = tables(cu, 4)
+    assert t["run_chunk0"].tolist() == [0, 1, 2, 4, 8, 12]      # a sequence's last run has what is left
+    assert t["runs"] == 6 and t["chunks"] == 14
+    assert (tables(cu, 2)["run_chunk0"].tolist(), tables(cu, 8)["runs"]) == ([0, 1, 2, 4, 6, 8, 10, 12], 5)
+
+
+def test_the_auto_run_length_minimises_waves_times_the_chunks_a_cta_walks():
+    """waves = ceil(runs x HV / SMs), each of (chunks a run + RUN_START_CHUNKS) chunks' time, by hand."""
+    start = launch.RUN_START_CHUNKS
+    cu = np.arange(5, dtype=np.int64) * 8192      # 4 sequences of 128 chunks
+    # 32 heads, 132 SMs: 16384 / 8192 / 4096 / 2048 CTAs -> 125 / 63 / 32 / 16 waves
+    costs = {1: 125 * (1 + start), 2: 63 * (2 + start), 4: 32 * (4 + start), 8: 16 * (8 + start)}
+    best = min(costs, key=lambda c: (costs[c], c))
+    assert launch.run_plan(cu, 32, sms=132) == launch.RunPlan(best, 512 // best)
+    # a small problem keeps one chunk a run: 32 CTAs fill one wave already
+    small = np.array([0, 1024], dtype=np.int64)
+    assert launch.run_plan(small, 2, sms=132) == launch.RunPlan(1, 16)
+    assert launch.run_plan(cu, 32, 2) == launch.RunPlan(2, 256)    # given: no device asked
+    for bad in (3, 0, True, "4"):
+        with pytest.raises(ValueError, match="run_chunks must be 'auto' or one of"):
+            launch.run_plan(cu, 32, bad)
+
+
+def _device_tables(b: bytes, run_chunks: int):
+    t = tables(np.frombuffer(b, np.int64), run_chunks)
+    return "cu", "tile", "chunk", "seq", "run", t["runs"]
+
+
+def _launch(monkeypatch, *, H: int, HV: int, rstd=None, dqk=np.float32, run_chunks=1):
     """One launch of 1 + 2 chunks with the kernel and the device tables stood in for: (grid, block,
     {parameter: argument}, shared memory)."""
     calls = []
     monkeypatch.setattr(launch, "kernel", lambda build: (lambda *call, **kw: calls.append((call, kw)), 4321, 256))
-    monkeypatch.setattr(launch, "_device_tables",
-                        lambda b: ("cu", "tile", "chunk", "seq", tables(np.frombuffer(b, np.int64))["chunks"]))
+    monkeypatch.setattr(launch, "_device_tables", _device_tables)
     out = {"dq": np.zeros(1, dqk), "dk": np.zeros(1, dqk), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
     names = ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")
-    launch.launch(*names, cu=np.array([0, 60, 130]), H=H, HV=HV, scale=0.25, out=out, rstd=rstd)
+    plan = launch.launch(*names, cu=np.array([0, 60, 130]), H=H, HV=HV, scale=0.25, out=out, rstd=rstd,
+                         run_chunks=run_chunks)
     (grid, block, args), opts = calls[0]
+    assert grid[0] == plan.runs
     return grid, block, launched(SOURCE_PATH, KERNEL_NAME, args), opts["shared_mem"]
 
 
 @pytest.mark.parametrize("H, HV", [(3, 3), (2, 8)])
-def test_one_cta_per_chunk_and_value_head_and_both_head_counts_where_the_kernel_takes_them(monkeypatch, H, HV):
+def test_one_cta_per_run_and_value_head_and_both_head_counts_where_the_kernel_takes_them(monkeypatch, H, HV):
     grid, block, got, smem = _launch(monkeypatch, H=H, HV=HV)
     assert grid == (3, HV) and block == (256,) and smem == 4321
+    assert (got["run_chunk0"], got["run_chunks"]) == ("run", 1)
+    grid, _, got, _ = _launch(monkeypatch, H=H, HV=HV, run_chunks=2)   # chunks 0 | 1, 2
+    assert grid == (2, HV) and got["run_chunks"] == 2
     assert (got["HV_"], got["H_"], got["scale"], got["dqk_bf16"]) == (HV, H, 0.25, 0)
     assert (got["q"], got["k"], got["v"], got["dout"], got["gate"], got["ds"]) == ("q", "k", "v", "do", "g", "ds")
     assert (got["q_rstd"], got["k_rstd"]) == (0, 0)            # null: no l2norm backward
@@ -70,25 +106,51 @@ def test_the_gate_build_gets_its_inputs_outputs_and_form_and_writes_no_dg(monkey
         return (lambda *call, **kw: calls.append(call)), 4321, 256
 
     monkeypatch.setattr(launch, "kernel", kernel)
-    monkeypatch.setattr(launch, "_device_tables",
-                        lambda b: ("cu", "tile", "chunk", "seq", tables(np.frombuffer(b, np.int64))["chunks"]))
+    monkeypatch.setattr(launch, "_device_tables", _device_tables)
     out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
-    gate = launch.GateOut("g_raw", "A_log" if form == 1 else None, "dt_bias", lower_bound, "dg_raw", "da", "ddt")
-    launch.launch(*"q k v g beta aqk akk do ds states".split(), cu=np.array([0, 60, 130]), H=1, HV=2, scale=0.5,
-                  out=out, gate=gate)
+    da, ddt = np.zeros((3, 2), np.float32), np.zeros((3, 2, 128), np.float32)   # a row a run: 3 at one chunk a run
+    gate = launch.GateOut("g_raw", "A_log" if form == 1 else None, "dt_bias", lower_bound, "dg_raw", da, ddt)
+    args = "q k v g beta aqk akk do ds states".split()
+    launch.launch(*args, cu=np.array([0, 60, 130]), H=1, HV=2, scale=0.5, out=out, gate=gate, run_chunks=1)
+    with pytest.raises(ValueError, match=r"gate.da_part has 3 rows; Kernel B writes one a run: 2 at 2 chunks a run"):
+        launch.launch(*args, cu=np.array([0, 60, 130]), H=1, HV=2, scale=0.5, out=out, gate=gate, run_chunks=2)
     got = launched(SOURCE_PATH, KERNEL_NAME, calls[0][2])
     assert builds == [launch.Build(gate=True)] and builds[0].name() == "token-gradients-gate"
     assert got["dg"] == 0                                          # never written in this build
-    assert (got["g_raw"], got["dt_bias"], got["dg_raw"], got["da_part"], got["ddt_part"]) == (
-        "g_raw", "dt_bias", "dg_raw", "da", "ddt")
+    assert (got["g_raw"], got["dt_bias"], got["dg_raw"]) == ("g_raw", "dt_bias", "dg_raw")
+    assert got["da_part"] is da and got["ddt_part"] is ddt
     assert got["a_log"] == ("A_log" if form == 1 else 0)
     assert got["gate_form"] == form == launch.GATE_FORMS["softplus" if lower_bound is None else "sigmoid"]
     assert got["lower_bound"] == (0.0 if lower_bound is None else lower_bound)
 
 
-def test_every_build_passes_its_gate_macro_and_both_are_variants():
-    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True)]
-    assert "-DKDB_GATE=0" in launch.options() and "-DKDB_GATE=1" in launch.options(launch.Build(gate=True))
+def test_every_build_passes_its_gate_macros_and_each_is_a_variant():
+    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True), launch.Build(token_gate=True),
+                                     launch.Build(timing=True)]
+    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=0", "-DKDB_TIMING=0"} <= set(launch.options())
+    assert {"-DKDB_GATE=1", "-DKDB_TOKEN_GATE=0"} <= set(launch.options(launch.Build(gate=True)))
+    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=1"} <= set(launch.options(launch.Build(token_gate=True)))
+    assert {"-DKDB_GATE=0", "-DKDB_TIMING=1"} <= set(launch.options(launch.Build(timing=True)))
+    assert [b.name() for b in launch.all_variants()] == [
+        "token-gradients", "token-gradients-gate", "token-gradients-token-gate", "token-gradients-timing"]
+
+
+def test_the_token_gate_build_is_launched_on_request_and_never_with_the_gate_epilogue(monkeypatch):
+    builds = []
+
+    def kernel(build):
+        builds.append(build)
+        return (lambda *call, **kw: None), 1, 256
+
+    monkeypatch.setattr(launch, "kernel", kernel)
+    monkeypatch.setattr(launch, "_device_tables", _device_tables)
+    out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    args = "q k v g beta aqk akk do ds states".split()
+    launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, token_gate=True, run_chunks=1)
+    assert builds == [launch.Build(token_gate=True)]
+    gate = launch.GateOut("g_raw", "A_log", "dt_bias", None, "dg_raw", "da", "ddt")
+    with pytest.raises(ValueError, match="no build of the gate epilogue on each token's gate"):
+        launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, gate=gate, token_gate=True)
 
 
 def test_the_gate_forms_are_the_kernel_s():

@@ -10,18 +10,16 @@ import pytest
 from kernel.shapes import HEAD_DIM
 
 from .. import token_gradients_model as kb
-from .test_cuda import BOUND, GRADS, HEAD, H, _rel, edge_tile, emulate, make_case
+from .test_cuda import (BOUND, GRADS, HEAD, TOKEN_GATE_CASES, WIDE_SPAN, H, _poisoned_states, _rel, edge_tile,
+                        emulate, make_case, token_gate_case)
 
 pytestmark = pytest.mark.gpu
 
-# a tile spanning 120 (log2) in every channel of head HEAD: past kernel.shapes.SPAN_LIMIT (110), within
-# fp32's 126. At 126 it would run the factorised G14-G17 with Kr = k 2^-120 flushed for |k| < 2^-6: the
-# lane model puts tile 1's dq 3.0e-2 and dg 2.4e-2 from float64 there, past BOUND
-WIDE_SPAN = 120.0
 
 
-def _device(case: dict) -> dict:
-    """Kernel B's gradients of the case's one chunk, both heads, on the host (dv as fp32 values)."""
+def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto", timing: bool = False) -> dict:
+    """Kernel B's gradients of the case, both heads, on the host (dv as fp32 values); with ``token_gate``, its
+    token-gate build on each token's natural-log gate (case["g_natural"]); ``run_chunks``, ``timing``: launch's."""
     import cupy
 
     from kernel.token_gradients import launch
@@ -33,8 +31,11 @@ def _device(case: dict) -> dict:
            "dv": cupy.empty(wide, np.uint16), "dg": cupy.empty(wide, np.float32),
            "dbeta": cupy.empty((tokens, H), np.float32)}
     dev = cupy.asarray
-    launch.launch(*(dev(getattr(inp, n)) for n in ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")),
-                  cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out)
+    arrays = {n: dev(getattr(inp, n)) for n in ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")}
+    if token_gate:
+        arrays["g"] = dev(case["g_natural"])
+    launch.launch(*arrays.values(), cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out, token_gate=token_gate,
+                  run_chunks=run_chunks, timing=timing)
     cupy.cuda.get_current_stream().synchronize()
     got = {n: x.get() for n, x in out.items()}
     got["dv"] = kb.dv_values(got["dv"])
@@ -59,3 +60,56 @@ def test_a_tile_within_fp32s_range_but_past_the_span_limit_matches_float64(monke
         print(f"tile {t}: " + "  ".join(f"{n} {e:.2e}" for n, e in errs.items()))
         assert all(np.isfinite(got[n][case["ref"][t]["rows"], HEAD]).all() for n in GRADS), t
         assert all(e < BOUND for e in errs.values()), (t, errs)
+
+
+@pytest.mark.parametrize("T, recipe, wide", TOKEN_GATE_CASES)
+def test_the_token_gate_build_gives_the_cumsum_builds_gradients(T, recipe, wide):
+    """The cumsum folded into Kernel B (docs/kda_forward.md, section 8): summed in R1 from each token's gate,
+    the gradients keep the cumsum build's errors against float64 (the two differ by the gate's fp32 rounding:
+    within 1.0006x on the forward's model, tests/kernel/test_gate_fold_model.py), on whole and partial tiles
+    and on a tile past the span limit (the pairwise path)."""
+    case = token_gate_case(T, recipe, wide)
+    cumsum, token = _device(case), _device(case, token_gate=True)
+    for t in range(len(case["ref"])):
+        before, after = _tile_errors(case, cumsum, t), _tile_errors(case, token, t)
+        print(f"tile {t}: " + "  ".join(f"{n} {before[n]:.3e} -> {after[n]:.3e}" for n in GRADS))
+        assert all(np.isfinite(token[n][case["ref"][t]["rows"], HEAD]).all() for n in GRADS), t
+        assert all(after[n] < BOUND and 0.9 * before[n] < after[n] < 1.1 * before[n] for n in GRADS), (t, before, after)
+
+
+@pytest.mark.parametrize("T", [100, 256])
+def test_runs_of_chunks_carry_the_state_and_match_float64(T):
+    """Two chunks (the second partial) and four: at every run length the gradients are within the bound of
+    float64 on every tile; a run never reads the stored state of a chunk it entered by carrying (NaN there
+    changes nothing); the walk at one chunk a run reads it (NaN shows); two calls give the same bits."""
+    case = make_case(T, seed=3)
+    chunks = len(case["inputs"].states)
+    for run_chunks in (1, 2, 4):
+        got = _device(case, run_chunks=run_chunks)
+        for t in range(len(case["ref"])):
+            errs = _tile_errors(case, got, t)
+            assert all(e < BOUND for e in errs.values()), (run_chunks, t, errs)
+        print(f"run_chunks {run_chunks}: last tile " + "  ".join(f"{n} {e:.2e}" for n, e in errs.items()))
+        assert _bits(got) == _bits(_device(case, run_chunks=run_chunks))
+        carried = [c for c in range(1, chunks) if c % run_chunks]   # chunks a run enters by carrying
+        for c in carried:
+            poisoned = _device(_poisoned_states(case, c), run_chunks=run_chunks)
+            assert _bits(poisoned) == _bits(got), (run_chunks, c)
+    poisoned = _device(_poisoned_states(case, 1), run_chunks=1)
+    assert np.isnan(poisoned["dq"][64:80, HEAD]).all()
+
+
+def _bits(got: dict) -> list[bytes]:
+    return [got[n].tobytes() for n in GRADS]
+
+
+def test_the_timing_build_without_a_buffer_runs_clean_and_gives_the_plain_bits():
+    """Its clock reads change no arithmetic, and with no buffer pointed (kdb_timing null, as after a profile) its
+    flush stores nothing: before the guard, lane 0 stored to address 0 and the context faulted at the sync."""
+    import cupy
+
+    case = make_case(100, seed=3)
+    timed = _device(case, timing=True, run_chunks=2)
+    cupy.cuda.Device().synchronize()
+    assert _bits(timed) == _bits(_device(case, run_chunks=2))
+

@@ -53,8 +53,10 @@ def test_arguments_need_exactly_one_old_source(capsys):
 def test_a_rooms_shared_headers_are_what_its_build_includes_from_outside():
     # the forward includes Kernel S's shared pieces from its room: a copy or an old tree must carry them
     shared = [Path(f"kernel/forward_states/cuda/forward_states_{name}.cuh") for name in ("chain", "copies", "gate", "walk")]
-    assert source_ab.shared_headers("f") == [*shared, Path("kernel/shapes.cuh")]
-    for kernel in ("a", "s", "b"):
+    timer = Path("kernel/lap_timer.cuh")   # the timing builds' (Kernel B's and the forward's)
+    assert source_ab.shared_headers("f") == [*shared, timer, Path("kernel/shapes.cuh")]
+    assert source_ab.shared_headers("b") == [timer, Path("kernel/shapes.cuh")]
+    for kernel in ("a", "s"):
         assert source_ab.shared_headers(kernel) == [Path("kernel/shapes.cuh")]
 
 
@@ -143,7 +145,7 @@ def test_an_old_forward_with_other_arguments_is_refused(tmp_path):
     text = entry.read_text()
     assert text.count("int HV, int H)") == 1
     entry.write_text(text.replace("int HV, int H)", "int HV)", 1))
-    with pytest.raises(ValueError, match=r"takes other arguments.*old 16 parameters, new 17"):
+    with pytest.raises(ValueError, match=r"takes other arguments.*old 20 parameters, new 21"):
         source_ab.check_old(old, "f")
 
 

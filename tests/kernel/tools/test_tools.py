@@ -1,4 +1,8 @@
 """kernel.tools.profile and Kernel A's config knobs: their pure parts on the CPU, the launches on the GPU."""
+import dataclasses
+import re
+
+import numpy as np
 import pytest
 
 from kernel.tools import profile
@@ -61,6 +65,103 @@ def test_tuning_knobs_are_checked():
     # vsplit 1 with mt 2, two warps per band and fp32 staging: more shared memory than a CTA may have
     with pytest.raises(ValueError, match="B of shared memory per CTA"):
         dstate_scan(*args, vsplit=1, tuning={"mt": 2, "ksplit": 2})
+
+
+# ----------------------------------------------------------------- profile --kernel b
+
+def test_kernel_b_phases_are_the_timing_headers_in_its_order():
+    from kernel.token_gradients.launch import SOURCE_PATH
+
+    text = (SOURCE_PATH.parent / "token_gradients_timing.cuh").read_text()
+    body = text[text.index("enum TimingPhase {"):text.index("TIMING_PHASES\n")]
+    names = re.findall(r"^\s+(T_[A-Z0-9_]+),", body, flags=re.M)
+    assert len(names) == len(profile.KERNEL_B_PHASES) == 12
+    assert names[1:3] == ["T_WAIT_FIRST", "T_WAIT_LOADS"]
+    assert names[0] == "T_ISSUE" and names[-1] == "T_END"
+
+
+def test_kernel_b_tiles_follow_the_grid():
+    # grid (runs, heads): CTA h x runs + r; a sequence of 130 tokens has chunks of 4, 4 and 1 tiles (2 tokens)
+    np.testing.assert_array_equal(profile.kernel_b_tiles(2, 130, 2), [4, 4, 1] * 4)
+    np.testing.assert_array_equal(profile.kernel_b_tiles(2, 130, 2, run_chunks=2), [8, 1] * 4)
+    np.testing.assert_array_equal(profile.kernel_b_tiles(1, 600, 1, run_chunks=4), [16, 16, 6])   # 256, 256, 88
+    assert profile.kernel_b_tiles(32, 8192, 32).sum() == 32 * 32 * 512
+    assert profile.kernel_b_tiles(32, 8192, 32, run_chunks=8).sum() == 32 * 32 * 512
+
+
+def test_kernel_b_summary_is_per_tile_and_names_the_slowest_warp():
+    phases = len(profile.KERNEL_B_PHASES)
+    cycles = np.zeros((3, 2, phases), dtype=np.uint32)
+    V = profile.KERNEL_B_PHASES.index("V phase")
+    cycles[:, 0, V] = 400      # the V phase: warp 0 400 cycles a CTA, warp 1 800
+    cycles[:, 1, V] = 800
+    cycles[:, 0, V + 1] = 400  # ... and warp 0 waits 400 at the barrier after it
+    tiles = np.array([4, 4, 2])
+    r = profile.summarize_kernel_b(cycles, tiles)
+    v, barrier = r["phases"][V], r["phases"][V + 1]
+    assert (r["tiles"], r["ctas"], r["warps"]) == (10, 3, 2)
+    assert (v["phase"], v["cycles"], v["fastest"], v["slowest"]) == ("V phase", 180.0, 120.0, 240.0)
+    assert barrier["cycles"] == 60.0 and r["tile_cycles"] == 240.0 and v["share"] == 0.75
+    text = profile.format_kernel_b(dict(r, config="2x130", H=2, run_chunks=2, plain_ms=1.0, timed_ms=1.05))
+    assert "Kernel B 2x130 H2, 2 chunks a CTA: 1.000 ms plain, 1.050 ms instrumented" in text
+    assert "| V phase | 180 | 75.0% | 120 | 240 |" in text
+    with pytest.raises(ValueError, match="cycles must be"):
+        profile.summarize_kernel_b(cycles[:, :, :4], tiles)
+
+
+@pytest.mark.gpu
+def test_kernel_b_timing_build_charges_every_phase_and_costs_little():
+    pytest.importorskip("torch")   # the bench's timer runs CuPy on torch's stream
+    r = profile.profile_kernel_b("2x1000", 4, run_chunks=2)
+    assert r["tiles"] == 2 * 4 * 63 and r["ctas"] == 2 * 4 * 8 and r["run_chunks"] == 2
+    assert all(p["cycles"] > 0 for p in r["phases"]), r["phases"]
+    # the accounting adds a clock read a phase: a few percent at most
+    assert r["timed_ms"] < 1.25 * r["plain_ms"], (r["timed_ms"], r["plain_ms"])
+
+
+# ----------------------------------------------------------------- profile --kernel f
+
+def test_forward_slots_are_the_timing_headers_in_its_order():
+    from kernel.forward.config import SOURCE_DIR
+
+    text = (SOURCE_DIR / "forward_timing.cuh").read_text()
+    body = text[text.index("enum TimingSlot {"):text.index("TIMING_SLOTS\n")]
+    assert re.findall(r"^\s+(T_[A-Z]+),", body, flags=re.M) == ["T_WAIT", "T_WORK", "T_PASS", "T_REFILL"]
+    assert len(profile.FORWARD_SLOTS) == 4 and all(len(v) == 4 for v in profile.FORWARD_ROLES.values())
+
+
+def test_forward_summary_is_per_role_and_tile():
+    # 2 CTAs of 8 consumer and 2 producer warps (no product warps), 10 tiles each
+    cycles = np.zeros((2, 10, 4), dtype=np.uint32)
+    cycles[:, :8] = [3000, 6000, 500, 500]      # consumers: wait, chain, pass, o store
+    cycles[:, 8:] = [1000, 7000, 1500, 500]     # producers: copies, R1, products, refill
+    r = profile.summarize_forward(cycles, 10, 8, 2, 0)
+    assert set(r["roles"]) == {"consumers", "producers"} and (r["ctas"], r["tiles_per_cta"]) == (2, 10)
+    assert r["roles"]["consumers"] == {"wait": 300.0, "work": 600.0, "pass": 50.0, "refill": 50.0}
+    assert r["roles"]["producers"]["work"] == 700.0
+    text = profile.format_forward(dict(r, config="1x160", H=2, build="w8-p2-st4-g4", plain_ms=1.0, timed_ms=1.02))
+    assert "the forward 1x160 H2 (w8-p2-st4-g4): 1.000 ms plain, 1.020 ms instrumented; 2 CTAs of 10 tiles" in text
+    assert "| producers | 100 (copies landed) | 700 (R1) | 150 (products or hand-over) | 50 (publish + EMPTY" in text
+    assert "| 1,000 |" in text
+    with pytest.raises(ValueError, match="cycles must be"):
+        profile.summarize_forward(cycles, 10, 8, 4, 0)
+
+
+def test_every_consumer_warp_count_has_a_timing_build():
+    from kernel.forward import WARPS, all_variants, auto_config
+
+    timed = [c for c in all_variants() if c.timing]
+    assert [c.warps for c in timed] == list(WARPS) and all(c.name().endswith("-timing") for c in timed)
+    assert all(dataclasses.replace(c, timing=False) == auto_config(c.warps) for c in timed)
+
+
+@pytest.mark.gpu
+def test_forward_timing_build_charges_every_role_and_costs_little():
+    pytest.importorskip("torch")   # the bench's timer runs CuPy on torch's stream
+    r = profile.profile_forward("2x1000", 4)
+    assert r["tiles_per_cta"] == 63 and "consumers" in r["roles"] and "producers" in r["roles"]
+    assert all(v > 0 for v in r["roles"]["consumers"].values())
+    assert r["timed_ms"] < 1.25 * r["plain_ms"], (r["timed_ms"], r["plain_ms"])
 
 
 # ----------------------------------------------------------------- config.Config

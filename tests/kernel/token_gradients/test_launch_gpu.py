@@ -105,7 +105,7 @@ def _bits(got: dict) -> list[bytes]:
 
 def test_the_timing_build_without_a_buffer_runs_clean_and_gives_the_plain_bits():
     """Its clock reads change no arithmetic, and with no buffer pointed (kdb_timing null, as after a profile) its
-    flush stores nothing: before the guard, lane 0 stored to address 0 and the context faulted at the sync."""
+    flush stores nothing (without the guard, lane 0 would store to address 0 and fault the context)."""
     import cupy
 
     case = make_case(100, seed=3)

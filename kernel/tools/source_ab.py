@@ -280,17 +280,11 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
                         Aqk=written_blocks(out.Aqk, cupy), Akk=written_blocks(out.Akk, cupy))
         return run, written
     if kernel == "a":
-        from kernel.ds_scan import launch
-
-        flat = {n: x[n].reshape(1, spec.B * spec.T, *x[n].shape[2:]) for n in ("q", "k", "g", "beta", "Aqk", "Akk", "do")}
-        cu = np.arange(spec.B + 1, dtype=np.int64) * spec.T
+        scan = kernel_a_call(spec, x)
         last = {}
 
         def run():
-            last["out"] = launch.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"],
-                                        flat["do"], scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
-                                        snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True,
-                                        vsplit=spec.vsplit)
+            last["out"] = scan()
         return run, lambda: last["out"]
     if kernel == "s":
         from kernel.forward_states import launch as forward_states
@@ -300,6 +294,19 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
         return (lambda: forward_states.forward_states(x["k"], x["v"], x["g"], x["beta"], x["Akk"], out=states),
                 lambda: states)
     return kernel_b_call(spec, H, x)
+
+
+def kernel_a_call(spec: Spec, x: dict):
+    """A function that runs Kernel A once on ``x`` (:func:`drawn_inputs`) in the training step's form (bf16 dS
+    after every tile, FLA's inputs, the whole sequence in one scan: no split) and returns its outputs, allocated
+    by the call (dS, dh0)."""
+    from kernel.ds_scan import launch
+
+    flat = {n: x[n].reshape(1, spec.B * spec.T, *x[n].shape[2:]) for n in ("q", "k", "g", "beta", "Aqk", "Akk", "do")}
+    cu = np.arange(spec.B + 1, dtype=np.int64) * spec.T
+    return lambda: launch.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"], flat["do"],
+                                 scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
+                                 snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit)
 
 
 def kernel_b_call(spec: Spec, H: int, x: dict, **launch_kw):

@@ -1,0 +1,171 @@
+"""Kernel A and Kernel B side by side on SMs split between them, against one after the other on every SM.
+
+    python -m kernel.studies.backward_overlap --configs 32x8192 [--heads 32] [--sm-counts 16,24,32,48] [--reps 5]
+                                               [--groups 8] [--json FILE]
+
+At each configuration (its own process per call keeps each configuration in its own process: run one a call), on
+one set of inputs (kernel.tools.source_ab's, in the training step's form), timed in turn (``time_alternating``):
+Kernel A alone, Kernel B alone, A then B on one stream, A and B at once on two streams (A's at the highest
+priority), and for each SM count k of ``--sm-counts`` A alone on a green context of k SMs, B alone on one of the
+rest, and both at once on the two. B's outputs after a run on the rest's stream are checked against a run on
+torch's stream (a launch that ran nowhere would leave zeros). The report models a backward that pipelines groups of
+sequences through the split (:func:`pipelined_ms`). GPU, CuPy, torch and cuda-bindings.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ..timed_configs import parse_configs, run_configs
+
+
+def parse_args(argv: Sequence[str] | None):
+    p = argparse.ArgumentParser(prog="python -m kernel.studies.backward_overlap", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default="32x8192", help="comma-separated BxT (default %(default)s)")
+    p.add_argument("--heads", type=int, default=32, help="heads, H = HV (default 32, the bench's)")
+    p.add_argument("--sm-counts", default="16,24,32,48",
+                   help="Kernel A's side of each split, in SMs (the driver rounds up; default %(default)s)")
+    p.add_argument("--groups", type=int, default=8, help="groups of sequences the modelled pipeline runs (default 8)")
+    p.add_argument("--reps", type=int, default=5, help="timed calls a variant, in turn (median; default 5)")
+    p.add_argument("--json", type=Path, help="also write the rows here")
+    args = p.parse_args(argv)
+    args.configs = parse_configs(p, args.configs)
+    try:
+        args.sm_counts = [int(s) for s in args.sm_counts.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--sm-counts: expected comma-separated integers, got {args.sm_counts!r}")
+    if not args.sm_counts or min(args.sm_counts) < 1:
+        p.error("--sm-counts: at least one count, each >= 1")
+    if args.heads < 1 or args.reps < 1 or args.groups < 2:
+        p.error("--heads and --reps must be >= 1, --groups >= 2")
+    return args
+
+
+def pipelined_ms(a_all: float, b_all: float, a_part: float, b_rest: float, groups: int) -> float:
+    """A backward that cuts the batch into ``groups`` groups of sequences: the first group's Kernel A on every SM,
+    then each later group's A on the split's first side beside the group before's B on the rest, then the last
+    group's B on every SM. Each group does 1 / groups of the work; the middle's time is its slower side's.
+    Interference between the sides (the memory both share) is not modelled: the measured 'both' row shows it."""
+    return (a_all + b_all) / groups + (groups - 1) / groups * max(a_part, b_rest)
+
+
+def _checksum(arrays) -> int:
+    """A sum of every output's 32-bit words on the device (enough to tell outputs written from zeros)."""
+    import cupy
+
+    return sum(int(cupy.sum(a.view(cupy.uint32), dtype=cupy.uint64)) for a in arrays)
+
+
+def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups: int) -> dict:
+    import cupy
+    import torch
+
+    from kernel.runtime.builds import HIGHEST_PRIORITY
+    from kernel.tools import source_ab
+    from kernel.tools.bench.timing import time_alternating
+
+    from .green_contexts import device_sms, split
+
+    spec = source_ab.parse_spec(config, "a")
+    x = source_ab.drawn_inputs(spec, heads)
+    scan = source_ab.kernel_a_call(spec, x)
+    gradients, b_out = source_ab.kernel_b_call(spec, heads, x)
+    here = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)   # the timer's events' stream
+
+    def side_by_side(*jobs):
+        """Each (stream, kernel) launched on its stream after the work queued on torch's, which then waits for all."""
+        ready = here.record()
+        done = []
+        for stream, fn in jobs:
+            stream.wait_event(ready)
+            with stream:
+                fn()   # Kernel A's outputs go back to the pool on its stream as soon as they are dropped
+            done.append(stream.record())
+        for event in done:
+            here.wait_event(event)
+
+    a_only, b_only = (lambda: scan()), (lambda: gradients())
+    high = cupy.cuda.Stream(non_blocking=True, priority=HIGHEST_PRIORITY)
+    low = cupy.cuda.Stream(non_blocking=True)
+    variants = {"A": lambda: side_by_side((here, a_only)), "B": lambda: side_by_side((here, b_only)),
+                "A then B": lambda: side_by_side((here, a_only), (here, b_only)),
+                "A | B, two streams": lambda: side_by_side((high, a_only), (low, b_only))}
+    total, smallest, align = device_sms()
+    splits, used = [], []   # every split made (to close), and (row, split) of those timed
+    try:
+        for k in sm_counts:
+            sp = split(k, priority_first=HIGHEST_PRIORITY)
+            splits.append(sp)
+            ka, kb = sp.first.sms, sp.rest.sms
+            if any(r["a_sms"] == ka for r, _ in used):   # the driver rounded two counts to one split
+                continue
+            variants[f"A on {ka}"] = lambda sp=sp: side_by_side((sp.first.stream, a_only))
+            variants[f"B on {kb}"] = lambda sp=sp: side_by_side((sp.rest.stream, b_only))
+            variants[f"A on {ka} | B on {kb}"] = lambda sp=sp: side_by_side((sp.first.stream, a_only),
+                                                                            (sp.rest.stream, b_only))
+            used.append(({"asked": k, "a_sms": ka, "b_sms": kb}, sp))
+        # B's outputs from a run on a split's stream, against torch's stream's
+        b_arrays = lambda: list(b_out().values())   # noqa: E731
+        side_by_side((here, b_only))
+        with here:   # the zeros and the sums in order with the runs (a split's streams do not wait for CuPy's own)
+            want = _checksum(b_arrays())
+        same = []
+        for _, sp in used:
+            with here:
+                for a in b_arrays():
+                    a.fill(0)
+            side_by_side((sp.rest.stream, b_only))
+            with here:
+                same.append(_checksum(b_arrays()) == want)
+        torch.cuda.synchronize()
+        times = time_alternating(variants, warmup=1, reps=reps)
+    finally:
+        torch.cuda.synchronize()
+        for sp in splits:
+            sp.close()
+    ms = {name: t["median_ms"] for name, t in times.items()}
+    serial = ms["A then B"]
+    rows = [row for row, _ in used]
+    for row, ok in zip(rows, same):
+        ka, kb = row["a_sms"], row["b_sms"]
+        row.update(a_ms=ms[f"A on {ka}"], b_ms=ms[f"B on {kb}"], both_ms=ms[f"A on {ka} | B on {kb}"],
+                   b_same_bits=ok, pipelined_ms=pipelined_ms(ms["A"], ms["B"], ms[f"A on {ka}"], ms[f"B on {kb}"],
+                                                             groups))
+    return {"config": config, "heads": heads, "reps": reps, "groups": groups, "device_sms": total,
+            "smallest_partition": smallest, "alignment": align, "a_ms": ms["A"], "b_ms": ms["B"], "serial_ms": serial,
+            "two_streams_ms": ms["A | B, two streams"], "splits": rows, "times": times}
+
+
+def report(row: dict) -> str:
+    """One configuration's table: each variant's ms against A then B, and the modelled pipeline at each split."""
+    serial = row["serial_ms"]
+    lines = [f"{row['config']}, H = {row['heads']}, {row['device_sms']} SMs (partitions of at least "
+             f"{row['smallest_partition']}, in steps of {row['alignment']}); median of {row['reps']}",
+             "| Kernel A on | Kernel B on | A alone ms | B alone ms | both ms | both / A then B | "
+             f"pipeline of {row['groups']} groups, modelled ms | modelled / A then B | B's bits |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|",
+             f"| {row['device_sms']} SMs, then | {row['device_sms']} SMs | {row['a_ms']:.3f} | {row['b_ms']:.3f} | "
+             f"{serial:.3f} | 1.000 | | | |",
+             f"| {row['device_sms']} SMs, at once | {row['device_sms']} SMs | | | {row['two_streams_ms']:.3f} | "
+             f"{row['two_streams_ms'] / serial:.3f} | | | |"]
+    for s in row["splits"]:
+        lines.append(f"| {s['a_sms']} SMs | {s['b_sms']} SMs | {s['a_ms']:.3f} | {s['b_ms']:.3f} | {s['both_ms']:.3f} "
+                     f"| {s['both_ms'] / serial:.3f} | {s['pipelined_ms']:.3f} | {s['pipelined_ms'] / serial:.3f} | "
+                     f"{'same' if s['b_same_bits'] else 'DIFFERENT'} |")
+    best = min(row["splits"], key=lambda s: s["pipelined_ms"], default=None)
+    if best is not None:
+        lines.append(f"best modelled split: Kernel A on {best['a_sms']} SMs, {best['pipelined_ms']:.3f} ms against "
+                     f"{serial:.3f} one after the other ({serial - best['pipelined_ms']:+.3f} ms saved)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_configs("backward_overlap", args.configs, args.heads,
+                       lambda c: measure(c, args.heads, args.sm_counts, args.reps, args.groups), report, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -309,30 +309,39 @@ def kernel_a_call(spec: Spec, x: dict):
                                  snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit)
 
 
-def kernel_b_call(spec: Spec, H: int, x: dict, **launch_kw):
-    """(a function that runs Kernel B once on ``x`` (:func:`drawn_inputs`), a function that returns what the
-    last run wrote), in the training step's form: rstd given, dq and dk in bf16; dS and the states constants (the
-    values do not change the work); the outputs allocated once. ``launch_kw``: more keywords of
-    ``kernel.token_gradients.launch`` (``timing=True``: kernel.tools.profile's build); the run function takes more
-    (``run(run_chunks=4)``), so that several launches share one set of arrays (at 32x8192 dS alone is 17 GB)."""
+def kernel_b_arrays(spec: Spec, H: int) -> dict:
+    """What Kernel B reads besides :func:`drawn_inputs` and what it writes, at the spec's B x T and H heads, on the
+    GPU: dS after every tile and the states (constants: the values do not change the work), the l2norm's rstd of
+    the (already unit) q and k rows, and the outputs (dq and dk in bf16, the training step's form)."""
     import cupy
 
     from kernel.token_gradients import launch as token_gradients
 
     B, T = spec.B, spec.T
-    cu = np.arange(B + 1, dtype=np.int64) * T
-    t = token_gradients.tables(cu)
-    ds = cupy.full((t["tiles"], H, D, D), 0x3c24, dtype=np.uint16)      # bf16 0.01: values do not change the work
-    states = cupy.full((t["chunks"], H, D, D), 0x3ca4, dtype=np.uint16)
-    # the l2norm's rstd of the (already unit) q and k rows: the values do not change the work
-    rstd = tuple(cupy.full((B, T, H), 1.0, dtype=np.float32) for _ in range(2))
-    out = {"dq": cupy.empty((B, T, H, D), np.uint16), "dk": cupy.empty((B, T, H, D), np.uint16),
-           "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
-           "dbeta": cupy.empty((B, T, H), np.float32)}
+    t = token_gradients.tables(np.arange(B + 1, dtype=np.int64) * T)
+    return {"ds": cupy.full((t["tiles"], H, D, D), 0x3c24, dtype=np.uint16),        # bf16 0.01
+            "states": cupy.full((t["chunks"], H, D, D), 0x3ca4, dtype=np.uint16),
+            "rstd": tuple(cupy.full((B, T, H), 1.0, dtype=np.float32) for _ in range(2)),
+            "out": {"dq": cupy.empty((B, T, H, D), np.uint16), "dk": cupy.empty((B, T, H, D), np.uint16),
+                    "dv": cupy.empty((B, T, H, D), np.uint16), "dg": cupy.empty((B, T, H, D), np.float32),
+                    "dbeta": cupy.empty((B, T, H), np.float32)}}
+
+
+def kernel_b_call(spec: Spec, H: int, x: dict, arrays: dict | None = None, **launch_kw):
+    """(a function that runs Kernel B once on ``x`` (:func:`drawn_inputs`), a function that returns what the
+    last run wrote), in the training step's form: rstd given, dq and dk in bf16; dS and the states constants (the
+    values do not change the work); the outputs allocated once. ``arrays``: :func:`kernel_b_arrays`' (default:
+    made here), so that calls on parts of a batch can share one set. ``launch_kw``: more keywords of
+    ``kernel.token_gradients.launch`` (``timing=True``: kernel.tools.profile's build); the run function takes more
+    (``run(run_chunks=4)``), so that several launches share one set of arrays (at 32x8192 dS alone is 17 GB)."""
+    from kernel.token_gradients import launch as token_gradients
+
+    a = kernel_b_arrays(spec, H) if arrays is None else arrays
+    cu = np.arange(spec.B + 1, dtype=np.int64) * spec.T
     return (lambda **more: token_gradients.launch(x["q"], x["k"], x["v"], x["g"], x["beta"], x["Aqk"], x["Akk"],
-                                                  x["do"], ds, states, cu=cu, H=H, HV=H, scale=D ** -0.5, out=out,
-                                                  rstd=rstd, **{**launch_kw, **more}),
-            lambda: out)
+                                                  x["do"], a["ds"], a["states"], cu=cu, H=H, HV=H, scale=D ** -0.5,
+                                                  out=a["out"], rstd=a["rstd"], **{**launch_kw, **more}),
+            lambda: a["out"])
 
 
 def digest(outputs) -> str:

@@ -3,20 +3,29 @@
     python -m kernel.studies.backward_overlap --configs 32x8192 [--heads 32] [--sm-counts 16,24,32,48] [--reps 5]
                                                [--groups 8] [--json FILE]
 
-At each configuration (its own process per call keeps each configuration in its own process: run one a call), on
-one set of inputs (kernel.tools.source_ab's, in the training step's form), timed in turn (``time_alternating``):
-Kernel A alone, Kernel B alone, A then B on one stream, A and B at once on two streams (A's at the highest
-priority), and for each SM count k of ``--sm-counts`` A alone on a green context of k SMs, B alone on one of the
-rest, and both at once on the two. B's outputs after a run on the rest's stream are checked against a run on
-torch's stream (a launch that ran nowhere would leave zeros). The report models a backward that pipelines groups of
-sequences through the split (:func:`pipelined_ms`). GPU, CuPy, torch and cuda-bindings.
+At each configuration (run one a call: each configuration in its own process), on one set of inputs
+(kernel.tools.source_ab's, in the training step's form), timed in turn (``time_alternating``):
+
+* on every SM: Kernel A alone, Kernel B alone, A then B on one stream, A and B at once on two streams (A's at the
+  highest priority), the batch as ``--groups`` groups of whole sequences in turn, and those groups pipelined on the
+  two streams (:func:`pipeline_order`: each B after its group's A, the next group's A beside it);
+* for each SM count k of ``--sm-counts``: A alone on a green context of k SMs, B alone on one of the rest, both
+  at once on the two, and the groups pipelined through them, the first group's A and the last group's B on every
+  SM.
+
+The groups are views of the same arrays (:func:`group_views`). B's outputs after a run on each split's rest are
+checked against a run on torch's stream, from zeroed outputs (a launch that ran nowhere would leave zeros). The
+report puts each pipeline beside its model (:func:`pipelined_ms`). GPU, CuPy, torch and cuda-bindings.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
 
 from ..timed_configs import parse_configs, run_configs
 
@@ -51,6 +60,34 @@ def pipelined_ms(a_all: float, b_all: float, a_part: float, b_rest: float, group
     return (a_all + b_all) / groups + (groups - 1) / groups * max(a_part, b_rest)
 
 
+def pipeline_order(groups: int) -> list[tuple[str, str, int]]:
+    """The launches of a pipeline of ``groups`` groups, in order, as (where, kernel, group): where "all" (every SM,
+    torch's stream), "a" or "b" (the split's two sides); kernel "A" or "B". The first group's A runs on every SM (no
+    B has work yet), then every later group's A on side a, every B but the last on side b after its group's A, and
+    the last group's B on every SM (no A is left to run beside it)."""
+    return ([("all", "A", 0)] + [("a", "A", j) for j in range(1, groups)] + [("b", "B", j) for j in range(groups - 1)]
+            + [("all", "B", groups - 1)])
+
+
+def group_bounds(B: int, groups: int) -> list[tuple[int, int]]:
+    """The sequences [b0, b1) of each of ``groups`` groups of a batch of B, as even as whole sequences allow."""
+    if not 2 <= groups <= B:
+        raise ValueError(f"groups: between 2 and the batch's {B} sequences, got {groups}")
+    edges = [B * j // groups for j in range(groups + 1)]
+    return list(zip(edges, edges[1:]))
+
+
+def group_views(T: int, x: dict, arrays: dict, b0: int, b1: int) -> tuple[dict, dict]:
+    """Sequences b0 .. b1 - 1 of Kernel A's and B's inputs ``x`` (sequences first) and of Kernel B's ``arrays``
+    (kernel.tools.source_ab.kernel_b_arrays: dS a tile, the states a 64-token chunk, each sequence's rows in
+    order): views, no copy. Each sequence holds T tokens."""
+    tiles, chunks = -(-T // TILE_TOKENS), -(-T // CHUNK_TOKENS)
+    return ({name: a[b0:b1] for name, a in x.items()},
+            {"ds": arrays["ds"][b0 * tiles:b1 * tiles], "states": arrays["states"][b0 * chunks:b1 * chunks],
+             "rstd": tuple(r[b0:b1] for r in arrays["rstd"]),
+             "out": {name: o[b0:b1] for name, o in arrays["out"].items()}})
+
+
 def _checksum(arrays) -> int:
     """A sum of every output's 32-bit words on the device (enough to tell outputs written from zeros)."""
     import cupy
@@ -71,7 +108,14 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
     spec = source_ab.parse_spec(config, "a")
     x = source_ab.drawn_inputs(spec, heads)
     scan = source_ab.kernel_a_call(spec, x)
-    gradients, b_out = source_ab.kernel_b_call(spec, heads, x)
+    arrays = source_ab.kernel_b_arrays(spec, heads)
+    gradients, b_out = source_ab.kernel_b_call(spec, heads, x, arrays)
+    # the same work in groups of whole sequences, on views of the same arrays: (Kernel A, Kernel B) a group
+    parts = []
+    for b0, b1 in group_bounds(spec.B, groups):
+        part = dataclasses.replace(spec, B=b1 - b0)
+        x_g, arrays_g = group_views(spec.T, x, arrays, b0, b1)
+        parts.append((source_ab.kernel_a_call(part, x_g), source_ab.kernel_b_call(part, heads, x_g, arrays_g)[0]))
     here = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)   # the timer's events' stream
 
     def side_by_side(*jobs):
@@ -86,12 +130,40 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
         for event in done:
             here.wait_event(event)
 
+    def pipeline(a_side, b_side):
+        """:func:`pipeline_order` on torch's stream ("all") and the two sides: each B waits for its group's A;
+        the last B, on torch's, for every B before it."""
+        on = {"all": here, "a": a_side, "b": b_side}
+        a_done, b_done = {}, None
+        for where, kernel, j in pipeline_order(len(parts)):
+            stream = on[where]
+            if kernel == "A" and j > 0:
+                stream.wait_event(a_done[0])   # after the first group's A, and so after the timer's start
+            if kernel == "B":
+                stream.wait_event(a_done[j])
+                if where == "all" and b_done is not None:
+                    stream.wait_event(b_done)
+            with stream:
+                parts[j][0 if kernel == "A" else 1]()
+            if kernel == "A":
+                a_done[j] = stream.record()
+            else:
+                b_done = stream.record()
+
+    def groups_in_turn():
+        with here:
+            for a, b in parts:
+                a()
+                b()
+
     a_only, b_only = (lambda: scan()), (lambda: gradients())
     high = cupy.cuda.Stream(non_blocking=True, priority=HIGHEST_PRIORITY)
     low = cupy.cuda.Stream(non_blocking=True)
     variants = {"A": lambda: side_by_side((here, a_only)), "B": lambda: side_by_side((here, b_only)),
                 "A then B": lambda: side_by_side((here, a_only), (here, b_only)),
-                "A | B, two streams": lambda: side_by_side((high, a_only), (low, b_only))}
+                "A | B, two streams": lambda: side_by_side((high, a_only), (low, b_only)),
+                "groups in turn": groups_in_turn,
+                "groups, two streams": lambda: pipeline(high, low)}
     total, smallest, align = device_sms()
     splits, used = [], []   # every split made (to close), and (row, split) of those timed
     try:
@@ -105,6 +177,7 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
             variants[f"B on {kb}"] = lambda sp=sp: side_by_side((sp.rest.stream, b_only))
             variants[f"A on {ka} | B on {kb}"] = lambda sp=sp: side_by_side((sp.first.stream, a_only),
                                                                             (sp.rest.stream, b_only))
+            variants[f"groups, A on {ka} | B on {kb}"] = lambda sp=sp: pipeline(sp.first.stream, sp.rest.stream)
             used.append(({"asked": k, "a_sms": ka, "b_sms": kb}, sp))
         # B's outputs from a run on a split's stream, against torch's stream's
         b_arrays = lambda: list(b_out().values())   # noqa: E731
@@ -131,33 +204,38 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
     for row, ok in zip(rows, same):
         ka, kb = row["a_sms"], row["b_sms"]
         row.update(a_ms=ms[f"A on {ka}"], b_ms=ms[f"B on {kb}"], both_ms=ms[f"A on {ka} | B on {kb}"],
-                   b_same_bits=ok, pipelined_ms=pipelined_ms(ms["A"], ms["B"], ms[f"A on {ka}"], ms[f"B on {kb}"],
-                                                             groups))
+                   b_same_bits=ok, modelled_ms=pipelined_ms(ms["A"], ms["B"], ms[f"A on {ka}"], ms[f"B on {kb}"],
+                                                             groups),
+                   pipeline_ms=ms[f"groups, A on {ka} | B on {kb}"])
     return {"config": config, "heads": heads, "reps": reps, "groups": groups, "device_sms": total,
             "smallest_partition": smallest, "alignment": align, "a_ms": ms["A"], "b_ms": ms["B"], "serial_ms": serial,
-            "two_streams_ms": ms["A | B, two streams"], "splits": rows, "times": times}
+            "two_streams_ms": ms["A | B, two streams"], "groups_in_turn_ms": ms["groups in turn"],
+            "groups_two_streams_ms": ms["groups, two streams"], "splits": rows, "times": times}
 
 
 def report(row: dict) -> str:
-    """One configuration's table: each variant's ms against A then B, and the modelled pipeline at each split."""
-    serial = row["serial_ms"]
+    """One configuration's tables: the variants on every SM, then each split, against A then B."""
+    serial, G = row["serial_ms"], row["groups"]
+    whole = [("Kernel A alone", row["a_ms"]), ("Kernel B alone", row["b_ms"]), ("A then B", serial),
+             ("A and B at once on two streams, A's first", row["two_streams_ms"]),
+             (f"{G} groups of sequences in turn", row["groups_in_turn_ms"]),
+             (f"{G} groups pipelined on two streams, A's first", row["groups_two_streams_ms"])]
     lines = [f"{row['config']}, H = {row['heads']}, {row['device_sms']} SMs (partitions of at least "
              f"{row['smallest_partition']}, in steps of {row['alignment']}); median of {row['reps']}",
-             "| Kernel A on | Kernel B on | A alone ms | B alone ms | both ms | both / A then B | "
-             f"pipeline of {row['groups']} groups, modelled ms | modelled / A then B | B's bits |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|",
-             f"| {row['device_sms']} SMs, then | {row['device_sms']} SMs | {row['a_ms']:.3f} | {row['b_ms']:.3f} | "
-             f"{serial:.3f} | 1.000 | | | |",
-             f"| {row['device_sms']} SMs, at once | {row['device_sms']} SMs | | | {row['two_streams_ms']:.3f} | "
-             f"{row['two_streams_ms'] / serial:.3f} | | | |"]
+             f"| on every SM | ms | / A then B |", "|---|---:|---:|"]
+    lines += [f"| {name} | {ms:.3f} | {ms / serial:.3f} |" for name, ms in whole]
+    lines += ["", f"| Kernel A on | Kernel B on | A alone ms | B alone ms | both ms | both / A then B | "
+              f"{G} groups pipelined ms | / A then B | modelled ms | B's bits |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for s in row["splits"]:
         lines.append(f"| {s['a_sms']} SMs | {s['b_sms']} SMs | {s['a_ms']:.3f} | {s['b_ms']:.3f} | {s['both_ms']:.3f} "
-                     f"| {s['both_ms'] / serial:.3f} | {s['pipelined_ms']:.3f} | {s['pipelined_ms'] / serial:.3f} | "
-                     f"{'same' if s['b_same_bits'] else 'DIFFERENT'} |")
-    best = min(row["splits"], key=lambda s: s["pipelined_ms"], default=None)
+                     f"| {s['both_ms'] / serial:.3f} | {s['pipeline_ms']:.3f} | {s['pipeline_ms'] / serial:.3f} | "
+                     f"{s['modelled_ms']:.3f} | {'same' if s['b_same_bits'] else 'DIFFERENT'} |")
+    best = min(row["splits"], key=lambda s: s["pipeline_ms"], default=None)
     if best is not None:
-        lines.append(f"best modelled split: Kernel A on {best['a_sms']} SMs, {best['pipelined_ms']:.3f} ms against "
-                     f"{serial:.3f} one after the other ({serial - best['pipelined_ms']:+.3f} ms saved)")
+        lines.append(f"fastest pipeline: Kernel A on {best['a_sms']} SMs, {best['pipeline_ms']:.3f} ms against "
+                     f"{serial:.3f} one after the other ({serial - best['pipeline_ms']:+.3f} ms saved; the model said "
+                     f"{best['modelled_ms']:.3f})")
     return "\n".join(lines)
 
 

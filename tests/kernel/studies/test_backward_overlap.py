@@ -2,10 +2,12 @@
 contexts' split and a Kernel B run on one of its sides on the GPU."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from kernel.studies.backward_overlap.__main__ import parse_args, pipelined_ms, report
+from kernel.studies.backward_overlap.__main__ import (group_bounds, group_views, parse_args, pipeline_order,
+                                                      pipelined_ms, report)
 
 SMS = 132
 
@@ -29,21 +31,24 @@ def test_a_kernel_a_that_keeps_its_time_on_fewer_sms_is_hidden_behind_b():
 
 def _row():
     splits = [{"asked": 16, "a_sms": 16, "b_sms": 116, "a_ms": 30.0, "b_ms": 29.0, "both_ms": 31.0,
-               "b_same_bits": True, "pipelined_ms": 30.5},
+               "b_same_bits": True, "pipeline_ms": 31.0, "modelled_ms": 30.5},
               {"asked": 24, "a_sms": 24, "b_sms": 108, "a_ms": 22.0, "b_ms": 31.0, "both_ms": 32.0,
-               "b_same_bits": False, "pipelined_ms": 31.4}]
+               "b_same_bits": False, "pipeline_ms": 32.5, "modelled_ms": 31.4}]
     return {"config": "32x8192", "heads": 32, "reps": 5, "groups": 8, "device_sms": SMS, "smallest_partition": 8,
-            "alignment": 8, "a_ms": 8.0, "b_ms": 26.0, "serial_ms": 34.0, "two_streams_ms": 33.5, "splits": splits}
+            "alignment": 8, "a_ms": 8.0, "b_ms": 26.0, "serial_ms": 34.0, "two_streams_ms": 33.5,
+            "groups_in_turn_ms": 34.5, "groups_two_streams_ms": 33.0, "splits": splits}
 
 
-def test_the_report_gives_each_split_against_a_then_b_and_the_best_model():
+def test_the_report_gives_every_variant_and_split_against_a_then_b():
     text = report(_row())
-    assert "| 132 SMs, then | 132 SMs | 8.000 | 26.000 | 34.000 | 1.000 |" in text
-    assert "| 132 SMs, at once | 132 SMs | | | 33.500 | 0.985 |" in text
-    assert "| 16 SMs | 116 SMs | 30.000 | 29.000 | 31.000 | 0.912 | 30.500 | 0.897 | same |" in text
+    assert "| A then B | 34.000 | 1.000 |" in text
+    assert "| A and B at once on two streams, A's first | 33.500 | 0.985 |" in text
+    assert "| 8 groups of sequences in turn | 34.500 | 1.015 |" in text
+    assert "| 8 groups pipelined on two streams, A's first | 33.000 | 0.971 |" in text
+    assert "| 16 SMs | 116 SMs | 30.000 | 29.000 | 31.000 | 0.912 | 31.000 | 0.912 | 30.500 | same |" in text
     assert "| 24 SMs | 108 SMs |" in text and "| DIFFERENT |" in text
-    assert "best modelled split: Kernel A on 16 SMs, 30.500 ms against 34.000 one after the other (+3.500 ms saved)" \
-        in text
+    assert ("fastest pipeline: Kernel A on 16 SMs, 31.000 ms against 34.000 one after the other (+3.000 ms saved; "
+            "the model said 30.500)") in text
 
 
 def test_arguments_are_checked():
@@ -85,3 +90,53 @@ def test_a_split_gives_disjoint_sides_and_kernel_b_the_same_bits_on_either():
     finally:
         torch.cuda.synchronize()
         sp.close()
+
+
+@pytest.mark.parametrize("groups", [2, 3, 8])
+def test_the_pipeline_runs_each_group_once_and_each_b_after_its_a(groups):
+    order = pipeline_order(groups)
+    assert sorted((k, j) for _, k, j in order) == sorted([("A", j) for j in range(groups)] +
+                                                        [("B", j) for j in range(groups)])
+    place = {(k, j): n for n, (_, k, j) in enumerate(order)}
+    assert all(place[("A", j)] < place[("B", j)] for j in range(groups))
+    assert order[0] == ("all", "A", 0) and order[-1] == ("all", "B", groups - 1)
+    assert {w for w, k, _ in order[1:-1] if k == "A"} == {"a"} and {w for w, k, _ in order[1:-1] if k == "B"} == {"b"}
+
+
+def test_groups_split_the_batch_into_even_runs_of_whole_sequences():
+    assert group_bounds(32, 8) == [(4 * j, 4 * j + 4) for j in range(8)]
+    assert group_bounds(5, 2) == [(0, 2), (2, 5)]
+    for bad in (1, 6):
+        with pytest.raises(ValueError, match="groups"):
+            group_bounds(5, bad)
+
+
+def test_group_views_are_the_groups_rows_of_every_array_with_no_copy():
+    B, T, H = 4, 100, 2   # 7 tiles and 2 chunks a sequence (partial ones included)
+    x = {"q": np.arange(B * T * H).reshape(B, T, H), "dht": np.arange(B * 3).reshape(B, 3)}
+    arrays = {"ds": np.arange(B * 7 * 2).reshape(B * 7, 2), "states": np.arange(B * 2).reshape(B * 2, 1),
+              "rstd": (np.arange(B * T).reshape(B, T),) * 2, "out": {"dq": np.zeros((B, T, H))}}
+    xs, parts = zip(*(group_views(T, x, arrays, b0, b1) for b0, b1 in group_bounds(B, 2)))
+    for name in x:
+        np.testing.assert_array_equal(np.concatenate([g[name] for g in xs]), x[name])
+    for name in ("ds", "states"):
+        np.testing.assert_array_equal(np.concatenate([p[name] for p in parts]), arrays[name])
+    np.testing.assert_array_equal(np.concatenate([p["rstd"][1] for p in parts]), arrays["rstd"][1])
+    assert all(np.shares_memory(p["out"]["dq"], arrays["out"]["dq"]) for p in parts)
+    assert parts[1]["ds"][0, 0] == arrays["ds"][2 * 7, 0]
+
+
+@pytest.mark.gpu
+def test_the_study_runs_every_variant_on_a_small_batch():
+    pytest.importorskip("cuda.bindings")
+    from kernel.studies.backward_overlap.__main__ import measure
+    from kernel.studies.backward_overlap.green_contexts import device_sms
+
+    _, smallest, _ = device_sms()
+    row = measure("4x1024", heads=2, sm_counts=[smallest], reps=1, groups=2)
+    (split,) = row["splits"]
+    assert split["b_same_bits"] and split["a_sms"] >= smallest
+    for ms in (row["serial_ms"], row["groups_in_turn_ms"], row["groups_two_streams_ms"], split["pipeline_ms"],
+               split["both_ms"]):
+        assert 0 < ms < 1e3
+    assert "fastest pipeline" in report(row)

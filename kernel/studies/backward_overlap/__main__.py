@@ -156,12 +156,11 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
                 a()
                 b()
 
-    a_only, b_only = (lambda: scan()), (lambda: gradients())
     high = cupy.cuda.Stream(non_blocking=True, priority=HIGHEST_PRIORITY)
     low = cupy.cuda.Stream(non_blocking=True)
-    variants = {"A": lambda: side_by_side((here, a_only)), "B": lambda: side_by_side((here, b_only)),
-                "A then B": lambda: side_by_side((here, a_only), (here, b_only)),
-                "A | B, two streams": lambda: side_by_side((high, a_only), (low, b_only)),
+    variants = {"A": lambda: side_by_side((here, scan)), "B": lambda: side_by_side((here, gradients)),
+                "A then B": lambda: side_by_side((here, scan), (here, gradients)),
+                "A | B, two streams": lambda: side_by_side((high, scan), (low, gradients)),
                 "groups in turn": groups_in_turn,
                 "groups, two streams": lambda: pipeline(high, low)}
     total, smallest, align = device_sms()
@@ -173,15 +172,15 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
             ka, kb = sp.first.sms, sp.rest.sms
             if any(r["a_sms"] == ka for r, _ in used):   # the driver rounded two counts to one split
                 continue
-            variants[f"A on {ka}"] = lambda sp=sp: side_by_side((sp.first.stream, a_only))
-            variants[f"B on {kb}"] = lambda sp=sp: side_by_side((sp.rest.stream, b_only))
-            variants[f"A on {ka} | B on {kb}"] = lambda sp=sp: side_by_side((sp.first.stream, a_only),
-                                                                            (sp.rest.stream, b_only))
+            variants[f"A on {ka}"] = lambda sp=sp: side_by_side((sp.first.stream, scan))
+            variants[f"B on {kb}"] = lambda sp=sp: side_by_side((sp.rest.stream, gradients))
+            variants[f"A on {ka} | B on {kb}"] = lambda sp=sp: side_by_side((sp.first.stream, scan),
+                                                                            (sp.rest.stream, gradients))
             variants[f"groups, A on {ka} | B on {kb}"] = lambda sp=sp: pipeline(sp.first.stream, sp.rest.stream)
             used.append(({"asked": k, "a_sms": ka, "b_sms": kb}, sp))
         # B's outputs from a run on a split's stream, against torch's stream's
         b_arrays = lambda: list(b_out().values())   # noqa: E731
-        side_by_side((here, b_only))
+        side_by_side((here, gradients))
         with here:   # the zeros and the sums in order with the runs (a split's streams do not wait for CuPy's own)
             want = _checksum(b_arrays())
         same = []
@@ -189,7 +188,7 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
             with here:
                 for a in b_arrays():
                     a.fill(0)
-            side_by_side((sp.rest.stream, b_only))
+            side_by_side((sp.rest.stream, gradients))
             with here:
                 same.append(_checksum(b_arrays()) == want)
         torch.cuda.synchronize()

@@ -39,31 +39,35 @@ class Side:
     handle: object      # the CUstream
     stream: object
 
+    def close(self) -> None:
+        """Destroy the stream, then the context (the driver's order: a context outlives its streams)."""
+        driver = _driver()
+        _checked(driver, "cuStreamDestroy", driver.cuStreamDestroy(self.handle))
+        _checked(driver, "cuGreenCtxDestroy", driver.cuGreenCtxDestroy(self.context))
+
 
 @dataclasses.dataclass
 class Split:
     """Two green contexts over disjoint SMs: ``first`` (at least the SMs asked for) and ``rest``."""
     first: Side
     rest: Side
-    device_sms: int
-    granularity: int    # the partition's smallest step (smCoscheduledAlignment)
 
     def close(self) -> None:
-        """Destroy both streams, then both contexts (the driver's order: a context outlives its streams)."""
-        driver = _driver()
-        for side in (self.first, self.rest):
-            _checked(driver, "cuStreamDestroy", driver.cuStreamDestroy(side.handle))
-        for side in (self.first, self.rest):
-            _checked(driver, "cuGreenCtxDestroy", driver.cuGreenCtxDestroy(side.context))
+        self.first.close()
+        self.rest.close()
+
+
+def _sm_resource(driver, device_id: int):
+    """(the CUdevice, its SM resource) of ``device_id``: what a split divides."""
+    _checked(driver, "cuInit", driver.cuInit(0))
+    dev = _checked(driver, "cuDeviceGet", driver.cuDeviceGet(device_id))
+    return dev, _checked(driver, "cuDeviceGetDevResource",
+                         driver.cuDeviceGetDevResource(dev, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
 
 
 def device_sms(device_id: int = 0) -> tuple[int, int, int]:
     """(the device's SMs, the smallest partition, its alignment) as the driver reports them for green contexts."""
-    driver = _driver()
-    _checked(driver, "cuInit", driver.cuInit(0))
-    dev = _checked(driver, "cuDeviceGet", driver.cuDeviceGet(device_id))
-    res = _checked(driver, "cuDeviceGetDevResource",
-                   driver.cuDeviceGetDevResource(dev, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
+    _, res = _sm_resource(_driver(), device_id)
     return int(res.sm.smCount), int(res.sm.minSmPartitionSize), int(res.sm.smCoscheduledAlignment)
 
 
@@ -85,21 +89,19 @@ def split(sms: int, device_id: int = 0, priority_first: int = 0, priority_rest: 
     cuStreamCreateWithPriority's: lower runs first). The primary context must be current (CuPy's or torch's first
     call makes it so), so that the green contexts share its memory."""
     driver = _driver()
-    total, smallest, align = device_sms(device_id)
+    dev, res = _sm_resource(driver, device_id)
+    total, smallest = int(res.sm.smCount), int(res.sm.minSmPartitionSize)
     if not smallest <= sms <= total - smallest:
         raise ValueError(f"sms: each side of a split needs at least {smallest} of the device's {total} SMs, "
                          f"got {sms}")
-    dev = _checked(driver, "cuDeviceGet", driver.cuDeviceGet(device_id))
-    res = _checked(driver, "cuDeviceGetDevResource",
-                   driver.cuDeviceGetDevResource(dev, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
-    groups, n, rest = _checked(driver, "cuDevSmResourceSplitByCount", driver.cuDevSmResourceSplitByCount(1, res, 0, sms))
+    groups, n, rest = _checked(driver, "cuDevSmResourceSplitByCount",
+                               driver.cuDevSmResourceSplitByCount(1, res, 0, sms))
     if n != 1:
         raise GreenContextError(f"cuDevSmResourceSplitByCount made {n} groups of at least {sms} SMs, not 1")
     first = _side(driver, dev, groups[0], priority_first)
     try:
         second = _side(driver, dev, rest, priority_rest)
     except Exception:
-        _checked(driver, "cuStreamDestroy", driver.cuStreamDestroy(first.handle))
-        _checked(driver, "cuGreenCtxDestroy", driver.cuGreenCtxDestroy(first.context))
+        first.close()
         raise
-    return Split(first, second, total, align)
+    return Split(first, second)

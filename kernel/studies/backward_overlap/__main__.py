@@ -221,7 +221,7 @@ def report(row: dict) -> str:
              (f"{G} groups pipelined on two streams, A's first", row["groups_two_streams_ms"])]
     lines = [f"{row['config']}, H = {row['heads']}, {row['device_sms']} SMs (partitions of at least "
              f"{row['smallest_partition']}, in steps of {row['alignment']}); median of {row['reps']}",
-             f"| on every SM | ms | / A then B |", "|---|---:|---:|"]
+             "| on every SM | ms | / A then B |", "|---|---:|---:|"]
     lines += [f"| {name} | {ms:.3f} | {ms / serial:.3f} |" for name, ms in whole]
     lines += ["", f"| Kernel A on | Kernel B on | A alone ms | B alone ms | both ms | both / A then B | "
               f"{G} groups pipelined ms | / A then B | modelled ms | B's bits |",

@@ -30,18 +30,20 @@ __all__ = ["Config", "options", "header_digest", "source", "all_variants", "choo
            "WARPS", "PRODUCERS", "NSTAGES", "G6_SPLITS", "SMEM_OPTIN"]
 
 
-def smem_bytes(warps: int, producers: int, nstage: int, mbarrier_ring: bool = False) -> int:
+def smem_bytes(warps: int, producers: int, nstage: int, mbarrier_ring: bool = False, qk_rstd: bool = False) -> int:
     """Dynamic shared memory per CTA, as the source's Shared lays it out (kf_smem_bytes): the stages,
     the producers' scratch (Qe, Ke by tile parity, the solve's Lkk, the span flags) and the consumers'
     staging tiles; in the checking build (``mbarrier_ring``) its mbarriers after them (the ring's
-    2 nstage, R1_DONE's and PRODUCTS_DONE's 2 each and the producers' one, 8 bytes each)."""
+    2 nstage, R1_DONE's and PRODUCTS_DONE's 2 each and the producers' one, 8 bytes each); in the qk_rstd
+    build each stage's 16 rstd of q and of k after those (fp32)."""
     op = TILE_TOKENS * (HEAD_DIM + 8) * 2            # a bf16 [16][136] operand
     blk = TILE_TOKENS * (TILE_TOKENS + 8) * 2        # a bf16 [16][24] block
     stage = (TILE_TOKENS * HEAD_DIM * 4 + 2 * producers * HEAD_DIM * 4 + 2 * TILE_TOKENS * HEAD_DIM * 2 + 3 * op
              + HEAD_DIM * 4 + TILE_TOKENS * 16 * warps * 2 + 2 * blk + 2 * TILE_TOKENS * 4)
     scratch = 4 * op + TILE_TOKENS * (TILE_TOKENS + 1) * 4 + 2 * producers * 4
     scratch = -(-scratch // 16) * 16
-    return nstage * stage + scratch + warps * HEAD_DIM * (16 + 8) * 2 + (8 * (2 * nstage + 5) if mbarrier_ring else 0)
+    return (nstage * stage + scratch + warps * HEAD_DIM * (16 + 8) * 2 + (8 * (2 * nstage + 5) if mbarrier_ring else 0)
+            + (2 * nstage * TILE_TOKENS * 4 if qk_rstd else 0))
 
 
 def barrier_ids(nstage: int, product_warps: int) -> dict[str, list[int] | int]:
@@ -82,6 +84,8 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
                                # (kernel.shapes.tile_gate_sums), instead of FLA's 64-chunk cumsum in log2
     l2norm: bool = False       # q and k as the caller has them: R1 l2-normalises them (FLA's l2norm_fwd) and one
                                # CTA a (sequence, query head) writes them normalised with each row's rstd
+    qk_rstd: bool = False      # q and k as the caller has them, with each row's rstd given (kernel.row_rstd's):
+                               # copied with the tile, R1 scales each row by it; no norm is formed here
     timing: bool = False       # the clock accounting of each role's slots of a tile (forward_timing.cuh, for
                                # kernel.tools.profile --kernel f; the same arithmetic)
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
@@ -90,9 +94,11 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
         pw = self.product_warps
         if isinstance(pw, (bool, np.bool_)) or not isinstance(pw, (int, np.integer)) or pw not in PRODUCT_WARPS:
             raise ValueError(f"Config.product_warps must be one of {PRODUCT_WARPS}, got {pw!r}")
-        for name in ("mbarrier_ring", "token_gate", "l2norm", "timing"):
+        for name in ("mbarrier_ring", "token_gate", "l2norm", "qk_rstd", "timing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.l2norm and self.qk_rstd:
+            raise ValueError("Config.l2norm and Config.qk_rstd are two forms of raw q and k: at most one")
         # the barriers before the shared memory (check_knobs), which a ring too deep may also overflow
         if self.nstage in NSTAGES and not isinstance(self.nstage, (bool, np.bool_)) and self.nstage > max_stages(pw):
             raise ValueError(f"Config.nstage must be at most {max_stages(pw)} with {pw} product warps, got "
@@ -107,17 +113,18 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
     def name(self) -> str:
         return (super().name() + (f"-pw{self.product_warps}" if self.product_warps else "")
                 + ("-mb" if self.mbarrier_ring else "") + ("-tg" if self.token_gate else "")
-                + ("-l2" if self.l2norm else "") + ("-timing" if self.timing else ""))
+                + ("-l2" if self.l2norm else "") + ("-rs" if self.qk_rstd else "")
+                + ("-timing" if self.timing else ""))
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.warps, self.producers, self.nstage, self.mbarrier_ring)
+        return smem_bytes(self.warps, self.producers, self.nstage, self.mbarrier_ring, self.qk_rstd)
 
 
 # Config field -> the device source's macro; the source stops with an #error naming a missing one.
 KNOB_MACROS = {"warps": "KF_WARPS", "producers": "KF_PRODUCERS", "nstage": "KF_NSTAGE", "g6_split": "KF_G6_SPLIT",
                "product_warps": "KF_PRODUCT_WARPS", "mbarrier_ring": "KF_MBARRIER_RING", "token_gate": "KF_TOKEN_GATE",
-               "l2norm": "KF_L2NORM", "timing": "KF_TIMING"}
+               "l2norm": "KF_L2NORM", "qk_rstd": "KF_QK_RSTD", "timing": "KF_TIMING"}
 COMPILER_FLAGS = ("lineinfo",)   # Config fields that are nvcc options, not knobs of the source
 
 
@@ -137,7 +144,7 @@ def source() -> str:
     return BUILD.source()
 
 
-def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False) -> Config:
+def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False, qk_rstd: bool = False) -> Config:
     """The launch's configuration for `warps` consumer warps, the G6 split by 4, and the deepest ring of at
     most MAX_STAGES that fits (and whose barriers fit):
     - beside 1 or 2 consumer warps, 4 producers and 2 product warps: with few consumers R1 and the
@@ -150,22 +157,24 @@ def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False) -> C
     - beside 8, 2 producers and no product warps: 10 warps cap a thread at 168 registers, which the
       build fits without product warps; there the consumers' chain binds the tile, not the producers.
     ``token_gate``: the build that reads each token's gate (Config.token_gate); ``l2norm``: the build that
-    normalises q and k itself (Config.l2norm)."""
+    normalises q and k itself (Config.l2norm); ``qk_rstd``: the build that scales them by rstd it is given
+    (Config.qk_rstd)."""
     producers = 4 if warps <= 2 else 2
     product_warps = 2 if warps <= 4 else 0
     for nstage in range(min(MAX_STAGES, max_stages(product_warps)), 1, -1):
-        if smem_bytes(warps, producers, nstage) <= SMEM_OPTIN:
+        if smem_bytes(warps, producers, nstage, qk_rstd=qk_rstd) <= SMEM_OPTIN:
             return Config(warps=warps, producers=producers, nstage=nstage, g6_split=4, product_warps=product_warps,
-                          token_gate=token_gate, l2norm=l2norm)
+                          token_gate=token_gate, l2norm=l2norm, qk_rstd=qk_rstd)
     raise AssertionError(f"no ring fits {warps} consumer warps")   # unreachable: 2 stages always fit
 
 
 def all_variants() -> list[Config]:
     """Every configuration the forward launches (the auto rule picks warps, the rest follows), on either
-    form of the gate, with q and k normalised by the caller or by the forward; and the timing build of each
-    plain one (``ptx-lab profile --kernel f``)."""
-    return ([auto_config(w, token_gate, l2norm) for l2norm in (False, True) for token_gate in (False, True)
-             for w in WARPS] + [dataclasses.replace(auto_config(w), timing=True) for w in WARPS])
+    form of the gate, with q and k normalised by the caller, by the forward, or by the rstd it is given; and
+    the timing build of each plain one (``ptx-lab profile --kernel f``)."""
+    forms = (dict(), dict(l2norm=True), dict(qk_rstd=True))
+    return ([auto_config(w, token_gate, **form) for form in forms for token_gate in (False, True) for w in WARPS]
+            + [dataclasses.replace(auto_config(w), timing=True) for w in WARPS])
 
 
 # its own headers, the four of Kernel S's it includes (its copies, gate, step of the chain and walk over the

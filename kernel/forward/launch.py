@@ -44,6 +44,10 @@ Tensors (FLA 0.6.0's ``chunk_kda_fwd`` conventions, chunk_size 64; ``..`` = ``B,
                    them (FLA's l2norm_fwd: x / sqrt(sum x^2 + 1e-6) in fp32, rounded), the backward's q and k
     -> q_rstd, k_rstd  fp32 [.., H]: ... and each row's 1 / sqrt(sum x^2 + 1e-6), the backward's rstd
 
+or, with ``rstd=(q_rstd, k_rstd)`` (fp32 [.., H], :func:`kernel.row_rstd.row_rstd`'s), q and k as the caller
+has them: the kernel uses each row times its rstd, rounded to bf16 as FLA's l2norm_fwd rounds its output (the
+normalised copies are never written; the backward reads the raw rows and the same rstd).
+
 HV = H, or a multiple of it: FLA's grouped value heads (GVA), value head hv reading q and k at head
 hv // (HV / H) (kernel.shapes.qk_head), in place (never repeated in memory).
 
@@ -127,7 +131,8 @@ def check_forms(config, **forms: bool) -> None:
 
 def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
                  output_final_state: bool = False, training: bool = False, token_gate: bool = False,
-                 l2norm: bool = False, config: Config | None = None, sm_count: int = H200_SM_COUNT) -> ForwardPlan:
+                 l2norm: bool = False, rstd: tuple | None = None, config: Config | None = None,
+                 sm_count: int = H200_SM_COUNT) -> ForwardPlan:
     """Every check of :func:`forward` and the launch it would make; host only (nothing is allocated or
     run on the GPU; a device cu_seqlens is copied to the host). ``config`` None: the auto rule
     (:func:`kernel.forward_states.choose_warps` for ``sm_count`` SMs; the launch passes the GPU's)."""
@@ -137,8 +142,14 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
     training = _flag("training", training)
     token_gate = _flag("token_gate", token_gate)
     l2norm = _flag("l2norm", l2norm)
+    qk_rstd = rstd is not None
+    if qk_rstd and (not isinstance(rstd, (tuple, list)) or len(rstd) != 2):
+        raise TypeError(f"rstd must be a pair (q_rstd, k_rstd) or None, got {type(rstd).__name__}")
+    if qk_rstd and l2norm:
+        raise ValueError("rstd and l2norm=True are two ways of normalising q and k: pass rstd (the rows' rstd, "
+                         "computed before) or l2norm=True (the kernel forms them), not both")
     if config is not None:
-        check_forms(config, token_gate=token_gate, l2norm=l2norm)
+        check_forms(config, token_gate=token_gate, l2norm=l2norm, qk_rstd=qk_rstd)
     scale = check_scale(scale)
     qa = _device_array("q", q)
     B, T, H = leading("q", qa)
@@ -151,11 +162,16 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
              ("g", g, wide, "[B, T, HV, K], each token's natural-log gate" if token_gate else
               "[B, T, HV, K], FLA's 64-chunk-local cumsum of the gate / ln 2", ("float32",)),
              ("beta", beta, (B, T, HV), "[B, T, HV]", ("float32", "bfloat16")))
+    if qk_rstd:
+        for name, x in zip(("q_rstd", "k_rstd"), rstd):
+            arrays[name] = _device_array(name, x)
+            expect(name, arrays[name], (B, T, H), "[B, T, H], fp32: each row's 1 / sqrt(sum x^2 + 1e-6)",
+                   ("float32",))
     cu, offsets = check_batch(arrays, specs, initial_state=initial_state, cu_seqlens=cu_seqlens, B=B, T=T, HV=HV,
                               anchor="q", advice=HOST_ADVICE)
     N = cu.shape[0] - 1
     shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None) if training else None
-    cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count), token_gate, l2norm)
+    cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count), token_gate, l2norm, qk_rstd)
     return ForwardPlan(B=B, T=T, H=H, HV=HV, N=N, scale=scale if scale is not None else HEAD_DIM ** -0.5,
                        cu_seqlens=cu, snapshot_offsets=offsets, o_shape=wide,
                        final_shape=(N, HV, HEAD_DIM, HEAD_DIM) if output_final_state else None,
@@ -182,7 +198,7 @@ def kernel(cfg: Config):
 
 def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
             output_final_state: bool = False, training: bool = False, token_gate: bool = False,
-            l2norm: bool = False, config: Config | None = None) -> ForwardOutputs:
+            l2norm: bool = False, rstd: tuple | None = None, config: Config | None = None) -> ForwardOutputs:
     """KDA's forward in one pass: o, and the final state (``output_final_state``), and in ``training``
     mode the states entering every 64-token chunk and Aqk's and Akk's diagonal blocks (what
     kernel.kda_backward reads: its ``states``, ``Aqk`` and ``Akk``).
@@ -192,13 +208,16 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
     beta: fp32 or bf16 [B, T, HV]; scale: q's scale (None: 128**-0.5); initial_state: fp32
     [N, HV, 128, 128] or None (zeros). HV = H or a multiple of it (FLA's grouped value heads).
     Varlen: B == 1 and cu_seqlens (N+1 int offsets, 0 first, strictly increasing, T last).
+    ``l2norm``: q and k raw, normalised by the kernel, which writes them normalised with their rstd (in
+    training); ``rstd``: q and k raw, with each row's rstd (fp32 [B, T, H] each) given.
     ``config``: the build (None: the auto rule for this GPU). Returns :class:`ForwardOutputs`.
     """
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         output_final_state=output_final_state, training=training, token_gate=token_gate,
-                        l2norm=l2norm, config=config, sm_count=H200_SM_COUNT)
+                        l2norm=l2norm, rstd=rstd, config=config, sm_count=H200_SM_COUNT)
     _, plan = on_this_gpu(plan, config, functools.partial(auto_config, token_gate=plan.config.token_gate,
-                                                          l2norm=plan.config.l2norm), "kernel.forward")
+                                                          l2norm=plan.config.l2norm, qk_rstd=plan.config.qk_rstd),
+                          "kernel.forward")
 
     q_c = to_cupy("q", q, "bf16")
     k_c = to_cupy("k", k, "bf16")
@@ -221,17 +240,24 @@ def forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None,
     norm = plan.norm_shape
     (qn_t, qn_c), (kn_t, kn_c) = empty(norm, "bf16"), empty(norm, "bf16")
     (qr_t, qr_c), (kr_t, kr_c) = (empty(None if norm is None else norm[:-1], "f32") for _ in range(2))
+    given = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
     launch_planned(plan, q_c, k_c, v_c, g_c, beta_c, h0, o_c, final_c, states_c, aqk_c, akk_c,
-                   normed=None if norm is None else (qn_c, kn_c, qr_c, kr_c))
+                   normed=None if norm is None else (qn_c, kn_c, qr_c, kr_c), rstd=given)
     return ForwardOutputs(o=o_t, final_state=final_t, states=states_t, Aqk=aqk_t, Akk=akk_t, q=qn_t, k=kn_t,
                           q_rstd=qr_t, k_rstd=kr_t)
 
 
 def launch_planned(plan: ForwardPlan, q, k, v, g, beta, initial_state, o, final_state, states, Aqk, Akk,
-                   normed: tuple | None = None) -> None:
+                   normed: tuple | None = None, rstd: tuple | None = None) -> None:
     """The forward on checked CuPy arrays (bf16 as uint16 bits; beta fp32) into the outputs the plan
     names (CuPy arrays of its shapes; None where the plan writes none): the launch alone. ``normed``:
-    the l2norm build's (q, k, q_rstd, k_rstd) outputs, where the plan writes them."""
+    the l2norm build's (q, k, q_rstd, k_rstd) outputs, where the plan writes them; ``rstd``: the qk_rstd
+    build's (q_rstd, k_rstd) inputs (the kernel reads them where the l2norm build writes its rstd)."""
+    if (rstd is not None) != plan.config.qk_rstd:
+        raise ValueError(f"the build {plan.config.name()} {'reads' if plan.config.qk_rstd else 'takes no'} rstd, "
+                         f"but rstd is {'missing' if rstd is None else 'given'}")
+    if rstd is not None:
+        normed = (None, None, *rstd)
     cu_d, offs_d, order = planned_tables(plan)
     fn, smem, threads = kernel(plan.config)
     null = np.uint64(0)

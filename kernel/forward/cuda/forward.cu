@@ -71,6 +71,9 @@
 #ifndef KF_L2NORM
 #error "KF_L2NORM is not set: kernel/forward/config.py sets every knob (Config.l2norm)"
 #endif
+#ifndef KF_QK_RSTD
+#error "KF_QK_RSTD is not set: kernel/forward/config.py sets every knob (Config.qk_rstd)"
+#endif
 #ifndef KF_TIMING
 #error "KF_TIMING is not set: kernel/forward/config.py sets every knob (Config.timing)"
 #endif
@@ -88,6 +91,7 @@ constexpr int PRODUCT_WARPS = KF_PRODUCT_WARPS;   // warps of Mqk and INV alone,
 constexpr bool MBARRIER_RING = KF_MBARRIER_RING != 0;   // the checking build: every hand-off on mbarriers
 constexpr bool TOKEN_GATE = KF_TOKEN_GATE != 0;   // g is each token's natural-log gate, summed in R1
 constexpr bool L2NORM = KF_L2NORM != 0;           // q and k as the caller has them, l2-normalised in R1
+constexpr bool QK_RSTD = KF_QK_RSTD != 0;         // q and k as the caller has them, scaled in R1 by the rstd given
 constexpr bool TIMING = KF_TIMING != 0;           // the clock accounting of each role's slots (forward_timing.cuh)
 constexpr int CONSUMER_THREADS = 32 * WARPS;
 constexpr int PRODUCER_THREADS = 32 * PRODUCERS;
@@ -107,6 +111,7 @@ static_assert(PRODUCT_WARPS == 0 || PRODUCT_WARPS == 2, "KF_PRODUCT_WARPS must b
 // and with product warps R1_DONE and PRODUCTS_DONE the four after it (forward_layout.cuh)
 static_assert(NSTAGE >= 2 && NSTAGE <= (PRODUCT_WARPS > 0 ? 5 : 7),
               "KF_NSTAGE must be 2 .. 7, and 2 .. 5 with product warps");
+static_assert(!(L2NORM && QK_RSTD), "KF_L2NORM and KF_QK_RSTD are two forms of raw q and k: at most one");
 static_assert(G6_SPLIT == 1 || G6_SPLIT == 2 || G6_SPLIT == 4, "KF_G6_SPLIT must be 1, 2 or 4");
 
 }  // namespace kf
@@ -134,7 +139,8 @@ extern "C" __constant__ int kf_threads = THREADS;
 //   states       bf16 [sum of entries, HV, K, V]       entry snap_offsets[n] + c: the state entering tile 4c
 //   aqk, akk     bf16 [tokens, HV, 64]                 only the 16 x 16 diagonal blocks are written
 //   q_norm, k_norm  bf16 [tokens, H, 128]             the l2norm build's q and k normalised (null: not written)
-//   q_rstd, k_rstd  fp32 [tokens, H]                  ... and each row's 1 / sqrt(sum x^2 + 1e-6)
+//   q_rstd, k_rstd  fp32 [tokens, H]                  ... and each row's 1 / sqrt(sum x^2 + 1e-6); in the qk_rstd
+//                                                     build an input: the rstd of the raw q and k it reads
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __restrict__ v,
             const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ h0, float scale,
@@ -146,6 +152,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     Mbarriers& mb = *reinterpret_cast<Mbarriers*>(smem_raw + sizeof(Shared));   // the checking build's alone
+    RstdStages& rstd = *reinterpret_cast<RstdStages*>(smem_raw + RSTD_OFFSET);   // the qk_rstd build's alone
     if constexpr (MBARRIER_RING) {
         if (tid == 0) mb.init();
         __syncthreads();
@@ -189,7 +196,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
         const int pw = warp - WARPS, ptid = tid - CONSUMER_THREADS;
         const int kh = qk_head(h, HV, H);
         auto issue = [&](int i) {
-            issue_tile(sh.stage[i % NSTAGE], q, k, v, g, beta, bos + (long long)TILE_TOKENS * i,
+            issue_tile(sh.stage[i % NSTAGE], q, k, v, g, beta, q_rstd, k_rstd, rstd.q[i % NSTAGE],
+                       rstd.k[i % NSTAGE], bos + (long long)TILE_TOKENS * i,
                        min(TILE_TOKENS, len - TILE_TOKENS * i), i, HV, H, h, kh, vg, pw, lane, ptid);
         };
         // the producers' own barrier: after R1 without product warps, and before it in the token-gate build
@@ -228,7 +236,7 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                                            k_rstd + row0, (long long)H * HEAD_DIM, H,
                                            L2NORM && q_norm != nullptr && vg == 0 && h % (HV / H) == 0};
             timer.lap(T_WAIT);
-            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane, norm);
+            const bool past = rebuild(st, sh.scratch, parity, L, scale, pw, lane, norm, rstd.q[s], rstd.k[s]);
             if (lane == 0) sh.scratch.past[parity][pw] = past;
             timer.lap(T_WORK);
             if constexpr (PRODUCT_WARPS > 0) {   // the product warps take over

@@ -78,7 +78,15 @@ struct Mbarriers {
         mbarrier_init(smem_addr(&producers), PRODUCER_THREADS);
     }
 };
-constexpr int SMEM_BYTES = (int)sizeof(Shared) + (MBARRIER_RING ? (int)sizeof(Mbarriers) : 0);
+// The qk_rstd build's rstd of each stage's rows of q and of k, copied with the tile's inputs (rows past the
+// tile's L zero-filled). They lie after Shared and the checking build's mbarriers, so that the other builds keep
+// their layout.
+struct RstdStages {
+    float q[NSTAGE][TILE_TOKENS];
+    float k[NSTAGE][TILE_TOKENS];
+};
+constexpr int RSTD_OFFSET = (int)sizeof(Shared) + (MBARRIER_RING ? (int)sizeof(Mbarriers) : 0);
+constexpr int SMEM_BYTES = RSTD_OFFSET + (QK_RSTD ? (int)sizeof(RstdStages) : 0);
 
 // The stages' hand-off (ptx_lab's ring.cuh): FULL(s) and EMPTY(s) take named barriers 1 .. 2 NSTAGE.
 // FULL counts every thread of the CTA. EMPTY counts the consumers and the producers: the product warps

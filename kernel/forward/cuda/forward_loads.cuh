@@ -12,12 +12,15 @@ namespace kf {
 
 // Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): Kernel S's shared copies
 // (forward_states_copies.cuh: its own g rows and, chunk by chunk, q's beside k's, glast, gbase and its
-// share of v), and beta. q and k are read at their head kh of H (row stride H HEAD_DIM), everything
-// else at value head h of HV.
+// share of v), and beta; in the qk_rstd build the rows' rstd of q and k into rq, rk (the first producer
+// warp: a row a lane). q, k and their rstd are read at their head kh of H (row stride H HEAD_DIM, H),
+// everything else at value head h of HV.
 __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ q, const u16* __restrict__ k,
                                            const u16* __restrict__ v, const float* __restrict__ g,
-                                           const float* __restrict__ beta, long long tok0, int L, int i,
-                                           int HV, int H, int h, int kh, int vg, int pw, int lane, int ptid) {
+                                           const float* __restrict__ beta, const float* __restrict__ q_rstd,
+                                           const float* __restrict__ k_rstd, float* rq, float* rk, long long tok0,
+                                           int L, int i, int HV, int H, int h, int kh, int vg, int pw, int lane,
+                                           int ptid) {
     const long long row0 = tok0 * HV + h;                // (token, head) row of the tile's first token
     const u32 tok = (u32)HV * HEAD_DIM;                  // elements between tokens of v and g
     const u32 ktok = (u32)H * HEAD_DIM;                  // ... of q and k
@@ -37,6 +40,14 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ q,
         const bool bvalid = tail < L;
         cp_async_ca_zfill<4>(smem_addr(&st.beta[tail]), beta + row0 + (bvalid ? (u32)tail * HV : 0u),
                              bvalid ? 4u : 0u);
+    }
+    if constexpr (QK_RSTD) {
+        if (ptid < 2 * TILE_TOKENS) {
+            const int c = ptid % TILE_TOKENS;
+            const bool valid = c < L;
+            const float* src = (ptid < TILE_TOKENS ? q_rstd : k_rstd) + tok0 * H + kh + (valid ? (u32)c * H : 0u);
+            cp_async_ca_zfill<4>(smem_addr(ptid < TILE_TOKENS ? &rq[c] : &rk[c]), src, valid ? 4u : 0u);
+        }
     }
 }
 

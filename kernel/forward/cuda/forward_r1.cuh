@@ -16,10 +16,12 @@ namespace kf {
 // gamma from warp 0; Qe and Ke go to the scratch of the tile's parity. The token-gate build sums each
 // token's gate over the tile first (kda_gate::token_sums: it reads every producer's rows, which a
 // producers' barrier before R1 lets in); the l2norm build normalises q and k first (forward_l2norm.cuh's
-// l2norm_rows, into ``norm``). Returns whether a channel of the warp's rows spans past SPAN_LIMIT
+// l2norm_rows, into ``norm``); the qk_rstd build scales each row by its rstd (``rq``, ``rk``: the stage's),
+// rounded once to bf16 as FLA's l2norm_fwd rounds its output, and writes the rows back for the pairwise
+// products (forward_intra.cuh), the other reader of the stage's q and k. Returns whether a channel of the warp's rows spans past SPAN_LIMIT
 // (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the same in every lane; NaN counts as past).
 __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane,
-                                       const kda_l2norm::NormOut& norm) {
+                                       const kda_l2norm::NormOut& norm, const float* rq, const float* rk) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;
     if constexpr (L2NORM)
         kda_l2norm::l2norm_rows<ROWS_PER_PRODUCER>(st.q, st.k, c0, col, L, lane, norm);
@@ -34,6 +36,12 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
         if constexpr (!TOKEN_GATE) row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
         kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
         qb[r] = *reinterpret_cast<const uint2*>(&st.q[c0 + r][col]);
+        if constexpr (QK_RSTD) {
+            kb[r] = kda_l2norm::scaled(kb[r], rk[c0 + r]);
+            qb[r] = kda_l2norm::scaled(qb[r], rq[c0 + r]);
+            *reinterpret_cast<uint2*>(&st.k[c0 + r][col]) = kb[r];
+            *reinterpret_cast<uint2*>(&st.q[c0 + r][col]) = qb[r];
+        }
     }
     bool past = false;
 #pragma unroll

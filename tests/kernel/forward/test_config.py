@@ -74,6 +74,10 @@ def test_the_registry_builds_the_forward():
         "forward-w8-p2-st4-g4-l2",
         "forward-w1-p4-st5-g4-pw2-tg-l2", "forward-w2-p4-st5-g4-pw2-tg-l2", "forward-w4-p2-st5-g4-pw2-tg-l2",
         "forward-w8-p2-st4-g4-tg-l2",
+        "forward-w1-p4-st5-g4-pw2-rs", "forward-w2-p4-st5-g4-pw2-rs", "forward-w4-p2-st5-g4-pw2-rs",
+        "forward-w8-p2-st4-g4-rs",
+        "forward-w1-p4-st5-g4-pw2-tg-rs", "forward-w2-p4-st5-g4-pw2-tg-rs", "forward-w4-p2-st5-g4-pw2-tg-rs",
+        "forward-w8-p2-st4-g4-tg-rs",
         "forward-w1-p4-st5-g4-pw2-timing", "forward-w2-p4-st5-g4-pw2-timing", "forward-w4-p2-st5-g4-pw2-timing",
         "forward-w8-p2-st4-g4-timing"]
     assert kf.BUILD.default() == kf.auto_config(8)
@@ -90,6 +94,20 @@ def test_the_l2norm_build_is_named_and_set_by_its_macro():
     assert kf.auto_config(1, token_gate=True, l2norm=True).name() == "w1-p4-st5-g4-pw2-tg-l2"
     with pytest.raises(ValueError, match="Config.l2norm must be True or False, got 1"):
         kf.Config(l2norm=1)
+
+
+def test_the_qk_rstd_build_is_named_set_by_its_macro_and_holds_each_stages_rstd():
+    cfg = kf.auto_config(8, qk_rstd=True)
+    assert cfg.name() == "w8-p2-st4-g4-rs" and "-DKF_QK_RSTD=1" in kf.options(cfg)
+    assert "-DKF_QK_RSTD=0" in kf.options(kf.Config())
+    # 16 fp32 rstd of q and 16 of k a stage, after everything the other builds lay out
+    assert cfg.smem_bytes == kf.auto_config(8).smem_bytes + 2 * cfg.nstage * 16 * 4
+    assert kf.auto_config(1, token_gate=True, qk_rstd=True).name() == "w1-p4-st5-g4-pw2-tg-rs"
+    with pytest.raises(ValueError, match="Config.qk_rstd must be True or False, got 1"):
+        kf.Config(qk_rstd=1)
+    with pytest.raises(ValueError, match="Config.l2norm and Config.qk_rstd are two forms of raw q and k"):
+        kf.Config(l2norm=True, qk_rstd=True)
+    assert sum(c.qk_rstd for c in kf.all_variants()) == 2 * len(kf.WARPS)   # either gate, each warp count
 
 
 def test_the_token_gate_build_is_named_and_set_by_its_macro():

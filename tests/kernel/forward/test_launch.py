@@ -14,6 +14,7 @@ from kernel.forward import Config, launch, plan_forward
 from kernel.forward.config import KERNEL_NAME, SOURCE_PATH
 from kernel.runtime import builds
 
+from ..ds_scan.test_fla import DeviceArray
 from ..kernel_signature import launched
 from ..scan_stand_ins import BF16, C64, FORWARD, D
 
@@ -71,6 +72,44 @@ def test_the_l2norm_build_writes_q_and_k_normalised_in_training_alone():
     assert _call(plan_forward, a, kw, training=True).norm_shape is None
     with pytest.raises(ValueError, match=r"is the build for l2norm=False, but the call passes l2norm=True"):
         _call(plan_forward, a, kw, l2norm=True, config=Config(warps=2))
+
+
+def _rstd(B=2, T=130, H=3, dtype=np.float32):
+    """Stand-ins for q's and k's rstd."""
+    return DeviceArray((B, T, H), dtype), DeviceArray((B, T, H), dtype)
+
+
+def test_rstd_picks_the_qk_rstd_build_and_is_checked():
+    a, kw = _args(B=2, T=130, H=3)
+    plan = _call(plan_forward, a, kw, rstd=_rstd(), training=True)
+    assert plan.config.qk_rstd and not plan.config.l2norm and plan.norm_shape is None   # no copies written
+    assert not _call(plan_forward, a, kw).config.qk_rstd
+    with pytest.raises(TypeError, match=r"rstd must be a pair \(q_rstd, k_rstd\) or None, got DeviceArray"):
+        _call(plan_forward, a, kw, rstd=_rstd()[0])
+    with pytest.raises(ValueError, match="rstd and l2norm=True are two ways of normalising q and k"):
+        _call(plan_forward, a, kw, rstd=_rstd(), l2norm=True)
+    with pytest.raises(ValueError, match=r"k_rstd must have shape \(2, 130, 3\) \(\[B, T, H\], fp32"):
+        _call(plan_forward, a, kw, rstd=(_rstd()[0], _rstd(T=129)[1]))
+    with pytest.raises(TypeError, match="q_rstd must be float32"):
+        _call(plan_forward, a, kw, rstd=_rstd(dtype=BF16))
+    with pytest.raises(ValueError, match=r"is the build for qk_rstd=False, but the call passes qk_rstd=True"):
+        _call(plan_forward, a, kw, rstd=_rstd(), config=Config(warps=2))
+
+
+def test_the_launch_passes_the_given_rstd_where_the_l2norm_build_writes_its_own(monkeypatch):
+    a, kw = _args(B=1, T=200, H=2, HV=2)
+    cfg = Config(warps=2, qk_rstd=True)
+    plan = _call(plan_forward, a, kw, rstd=_rstd(B=1, T=200, H=2), config=cfg, training=True)
+    calls = []
+    monkeypatch.setattr(builds, "device_tables", lambda cu, every: ("cu", "offs", "order", int(plan.snapshot_offsets[-1])))
+    monkeypatch.setattr(launch, "kernel", lambda cfg: (lambda *call, **kw: calls.append((call, kw)), 123, cfg.threads))
+    outs = ("o", "final", "states", "aqk", "akk")
+    launch.launch_planned(plan, "q", "k", "v", "g", "beta", "h0", *outs, rstd=("qr", "kr"))
+    got = launched(SOURCE_PATH, KERNEL_NAME, calls[0][0][2])
+    assert (got["q_rstd"], got["k_rstd"]) == ("qr", "kr")
+    assert got["q_norm"] == got["k_norm"] == np.uint64(0)   # null: no copies
+    with pytest.raises(ValueError, match="reads rstd, but rstd is missing"):
+        launch.launch_planned(plan, "q", "k", "v", "g", "beta", "h0", *outs)
 
 
 def test_the_token_gate_picks_its_build_and_a_config_must_agree():

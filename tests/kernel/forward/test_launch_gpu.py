@@ -326,6 +326,37 @@ def test_the_l2norm_build_in_inference_writes_o_alone_with_the_training_bits():
 
 
 # ----------------------------------------------------------------------------
+# the qk_rstd build: q and k raw, each row scaled in R1 by the rstd it is given (no copies written)
+# ----------------------------------------------------------------------------
+
+QK_RSTD_VARIANTS = [c for c in all_variants() if c.qk_rstd]
+
+
+@pytest.mark.parametrize("config", QK_RSTD_VARIANTS, ids=lambda c: c.name())
+def test_the_qk_rstd_build_gives_the_l2norm_builds_bits_on_its_rstd(config):
+    # The l2norm build forms each row's rstd and scales the row by it; given those rstd, the qk_rstd build scales
+    # the same rows by the same numbers, so every output must be the same bits (ragged lengths, a tile past
+    # fp32's range: its pairwise Mqk and Akk read the rows R1 wrote back)
+    import cupy
+
+    case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True, raw_qk=True)
+    normed = _run(case, dataclasses.replace(config, qk_rstd=False, l2norm=True))
+    dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
+    g = case["g_token"] if config.token_gate else case["g"]
+    given = forward(dev(case["q_raw"]), dev(case["k_raw"]), dev(case["v"]), dev(g), dev(case["beta"]),
+                    scale=case["scale"], initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"],
+                    output_final_state=True, training=True, token_gate=config.token_gate,
+                    rstd=(normed.q_rstd, normed.k_rstd), config=config)
+    assert (given.q, given.k, given.q_rstd, given.k_rstd) == (None,) * 4   # nothing normalised is written
+    for name in ("o", "final_state", "states", "Aqk", "Akk"):
+        x, y = getattr(normed, name).get(), getattr(given, name).get()
+        if name in ("Aqk", "Akk"):   # only the diagonal blocks are written
+            x, y = np.where(case["blocks"], x, 0), np.where(case["blocks"], y, 0)
+        assert np.array_equal(x, y), f"{config.name()} {name}: {int((x != y).sum())} of {x.size} values differ"
+    _check(given, case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=config.token_gate)
+
+
+# ----------------------------------------------------------------------------
 # bits: two calls, the modes, Kernel S
 # ----------------------------------------------------------------------------
 

@@ -12,8 +12,7 @@ namespace kf {
 
 // Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): Kernel S's shared copies
 // (forward_states_copies.cuh: its own g rows and, chunk by chunk, q's beside k's, glast, gbase and its
-// share of v), and beta; in the qk_rstd build the rows' rstd of q and k into rq, rk (the first producer
-// warp: a row a lane). q, k and their rstd are read at their head kh of H (row stride H HEAD_DIM, H),
+// share of v), and beta; in the qk_rstd build its rows' rstd of q and k into rq, rk (a row a lane). q, k and their rstd are read at their head kh of H (row stride H HEAD_DIM, H),
 // everything else at value head h of HV.
 __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ q, const u16* __restrict__ k,
                                            const u16* __restrict__ v, const float* __restrict__ g,
@@ -42,11 +41,14 @@ __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ q,
                              bvalid ? 4u : 0u);
     }
     if constexpr (QK_RSTD) {
-        if (ptid < 2 * TILE_TOKENS) {
-            const int c = ptid % TILE_TOKENS;
+        // each producer warp copies the rstd of the rows its R1 scales: copies_landed() opens a warp's own
+        // copies to it, and R1 has no barrier between the producer warps (the plain-gate builds)
+        if (lane < 2 * ROWS_PER_PRODUCER) {
+            const bool of_k = lane >= ROWS_PER_PRODUCER;
+            const int c = pw * ROWS_PER_PRODUCER + lane % ROWS_PER_PRODUCER;
             const bool valid = c < L;
-            const float* src = (ptid < TILE_TOKENS ? q_rstd : k_rstd) + tok0 * H + kh + (valid ? (u32)c * H : 0u);
-            cp_async_ca_zfill<4>(smem_addr(ptid < TILE_TOKENS ? &rq[c] : &rk[c]), src, valid ? 4u : 0u);
+            const float* src = (of_k ? k_rstd : q_rstd) + tok0 * H + kh + (valid ? (u32)c * H : 0u);
+            cp_async_ca_zfill<4>(smem_addr(of_k ? &rk[c] : &rq[c]), src, valid ? 4u : 0u);
         }
     }
 }

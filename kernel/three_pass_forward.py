@@ -97,10 +97,11 @@ def piece_edges(chunks: int, count: int) -> list[int]:
 
 def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=None, cu_seqlens=None,
                        output_final_state: bool = False, training: bool = False, token_gate: bool = False,
-                       l2norm: bool = False, pieces: int | None = None) -> ForwardOutputs:
+                       l2norm: bool = False, norm_copies: bool = True, pieces: int | None = None) -> ForwardOutputs:
     """:func:`kernel.forward.forward`'s call and outputs (its docstring), in three passes (module docstring).
     ``token_gate``, ``l2norm``: the forms of g and of q and k, as kernel.forward takes them (the products pass
-    sums the gate over each chunk and normalises q and k). ``pieces``: how many pieces one sequence runs in
+    sums the gate over each chunk and normalises q and k); ``norm_copies`` False: with ``l2norm`` in training
+    the rows' rstd alone come out (q and k None), for a backward that reads the raw rows. ``pieces``: how many pieces one sequence runs in
     (None: :func:`piece_count`; 1: each pass once, in turn); a batch of several sequences runs in one. The
     outputs are the same bits for any count."""
     from .forward_chain import forward_chain
@@ -110,7 +111,7 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
     plan = plan_forward(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         output_final_state=output_final_state, training=training, token_gate=token_gate,
                         l2norm=l2norm)
-    forms = dict(token_gate=plan.config.token_gate, l2norm=plan.config.l2norm)
+    forms = dict(token_gate=plan.config.token_gate, l2norm=plan.config.l2norm, norm_copies=norm_copies)
     keep = plan.states_shape is not None   # training: the states and the blocks our backward reads
     chunks = int(snapshot_offsets(np.diff(plan.cu_seqlens), CHUNK_TOKENS, 1)[-1])   # FLA's chunk offsets' last
     if pieces is None:
@@ -144,7 +145,7 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int], forms: d
     piece's chain after its products and each piece's o after its chain. The state goes from piece to piece
     through two fp32 buffers in turn; the last piece writes the final state (or into one of them).
     Everything is allocated before the fork, on the caller's stream, which has waited for the last chain
-    when this returns. ``forms``: the products pass's token_gate and l2norm.
+    when this returns. ``forms``: the products pass's token_gate, l2norm and norm_copies.
     -> (o, final_state, states, the products pass's outputs)."""
     import cupy
 

@@ -100,10 +100,13 @@ class ProductsPlan:
     torch_out: bool
     beta_bf16: bool
     config: Config = Config()   # the build: the form of the gate and of q and k (token_gate, l2norm)
+    norm_copies: bool = True    # the l2norm build in training writes q and k normalised beside their rstd (False:
+                                # the rstd alone, for a backward that reads the raw rows)
 
     @property
     def writes_norms(self) -> bool:
-        """Whether the pass writes q and k normalised and their rstd (the l2norm build, in training)."""
+        """Whether the pass writes the rows' rstd (the l2norm build, in training), and with ``norm_copies`` q and
+        k normalised."""
         return self.config.l2norm and self.training
 
     @property
@@ -116,19 +119,22 @@ class ProductsPlan:
 
 
 def plan_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None, training: bool = True,
-                  token_gate: bool = False, l2norm: bool = False, config: Config | None = None) -> ProductsPlan:
+                  token_gate: bool = False, l2norm: bool = False, config: Config | None = None,
+                  norm_copies: bool = True) -> ProductsPlan:
     """Every check of :func:`forward_products`, on the host: those of :func:`kernel.forward.plan_forward`,
     whose inputs this pass takes in the same two forms (``token_gate``, ``l2norm``), and that ``config`` (None:
-    the build for those forms) is the build for them."""
+    the build for those forms) is the build for them. ``norm_copies``: :attr:`ProductsPlan.norm_copies`."""
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config must be a kernel.forward_products.Config or None, got {type(config).__name__}")
+    if not isinstance(norm_copies, (bool, np.bool_)):
+        raise TypeError(f"norm_copies must be True or False, got {norm_copies!r}")
     fp = plan_forward(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training,
                       token_gate=token_gate, l2norm=l2norm)
     cfg = config if config is not None else Config(token_gate=fp.config.token_gate, l2norm=fp.config.l2norm)
     check_forms(cfg, token_gate=fp.config.token_gate, l2norm=fp.config.l2norm)
     return ProductsPlan(B=fp.B, T=fp.T, H=fp.H, HV=fp.HV, scale=fp.scale, cu_seqlens=fp.cu_seqlens,
                         training=fp.blocks_shape is not None, torch_out=fp.torch_out, beta_bf16=fp.beta_bf16,
-                        config=cfg)
+                        config=cfg, norm_copies=bool(norm_copies))
 
 
 def chunk_table(cu_seqlens: np.ndarray) -> np.ndarray:
@@ -185,7 +191,9 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
         shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))
     if plan.writes_norms:
         rows = (plan.B, plan.T, plan.H)
-        shapes.update(q=((*rows, D), "bf16"), k=((*rows, D), "bf16"), q_rstd=(rows, "f32"), k_rstd=(rows, "f32"))
+        shapes.update(q_rstd=(rows, "f32"), k_rstd=(rows, "f32"))
+        if plan.norm_copies:
+            shapes.update(q=((*rows, D), "bf16"), k=((*rows, D), "bf16"))
     out_t, out_c = dict.fromkeys(TOKEN_MAJOR), dict.fromkeys(TOKEN_MAJOR)
     for name, (shape, dt) in shapes.items():
         out_t[name], out_c[name] = empty_output(shape, dt, device if plan.torch_out else None)
@@ -193,11 +201,13 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
 
 
 def forward_products(q, k, v, g, beta, *, scale: float | None = None, cu_seqlens=None, training: bool = True,
-                     token_gate: bool = False, l2norm: bool = False, config: Config | None = None) -> ProductsOutputs:
+                     token_gate: bool = False, l2norm: bool = False, config: Config | None = None,
+                     norm_copies: bool = True) -> ProductsOutputs:
     """Every chunk's products (module docstring); ``token_gate``, ``l2norm``: the inputs' forms; ``config``: the
-    build (None: the one for those forms, without -lineinfo)."""
+    build (None: the one for those forms, without -lineinfo); ``norm_copies`` False: the l2norm build writes the
+    rows' rstd alone (q and k None)."""
     plan = plan_products(q, k, v, g, beta, scale=scale, cu_seqlens=cu_seqlens, training=training,
-                         token_gate=token_gate, l2norm=l2norm, config=config)
+                         token_gate=token_gate, l2norm=l2norm, config=config, norm_copies=norm_copies)
     require_cupy("kernel.forward_products")
     require_gpu("kernel.forward_products")
     q_c, k_c, v_c = (to_cupy(n, x, "bf16") for n, x in (("q", q), ("k", k), ("v", v)))

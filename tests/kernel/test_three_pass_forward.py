@@ -20,10 +20,11 @@ def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True, **form
     calls = {}
     chunks = int(np.sum(-(-np.diff(cu if cu is not None else np.arange(B + 1) * T) // 64)))
 
-    def products(q, k, v, g, beta, *, scale, cu_seqlens, training, token_gate, l2norm):
+    def products(q, k, v, g, beta, *, scale, cu_seqlens, training, token_gate, l2norm, norm_copies):
         calls["products"] = dict(cu_seqlens=cu_seqlens, training=training, scale=scale, token_gate=token_gate,
-                                 l2norm=l2norm)
-        norms = {n: f"{n} normalised" if l2norm and training else None for n in ("q", "k", "q_rstd", "k_rstd")}
+                                 l2norm=l2norm, norm_copies=norm_copies)
+        norms = {n: f"{n} normalised" if l2norm and training and (norm_copies or n.endswith("rstd")) else None
+                 for n in ("q", "k", "q_rstd", "k_rstd")}
         return types.SimpleNamespace(w="w", u="u", u_scale="u_scale", kg="kg", decay="decay", qg="qg", aqk="aqk",
                                      cu_chunks="cu_chunks", Aqk="Aqk" if training else None,
                                      Akk="Akk" if training else None, **norms)
@@ -71,6 +72,12 @@ def test_the_forms_of_the_gate_and_of_q_and_k_go_to_the_products_pass(monkeypatc
     assert (calls["products"]["token_gate"], calls["products"]["l2norm"]) == (token_gate, l2norm)
     want = ("q normalised", "k normalised", "q_rstd normalised", "k_rstd normalised") if l2norm else (None,) * 4
     assert (out.q, out.k, out.q_rstd, out.k_rstd) == want
+
+
+def test_without_norm_copies_the_rstd_alone_come_back(monkeypatch):
+    out, calls, _ = _wired(monkeypatch, 2, 130, None, l2norm=True, norm_copies=False)
+    assert calls["products"]["norm_copies"] is False
+    assert (out.q, out.k, out.q_rstd, out.k_rstd) == (None, None, "q_rstd normalised", "k_rstd normalised")
 
 
 def test_inference_keeps_no_states_and_no_blocks(monkeypatch):

@@ -11,7 +11,7 @@ using namespace ptx_lab;
 
 // The outputs: q and k normalised, bf16, and each row's rstd, fp32.
 struct NormOut {
-    unsigned short* q;   // row c of the tile at q + c * row; null: no l2norm
+    unsigned short* q;   // row c of the tile at q + c * row; null: no l2norm (with MayOmitRows: the rstd alone)
     unsigned short* k;
     float* q_rstd;       // row c at q_rstd + c * H
     float* k_rstd;
@@ -67,8 +67,10 @@ __device__ __forceinline__ float group_rstd(float (&sums)[Group], int lane) {
 // warp's rows at once (8 or 4): the fewest shuffles and 1 / sqrt's, and, with the rows kept in registers between
 // the sums and the scaling, no spill beside the forward's 8 consumer warps (168 registers a thread), where groups
 // of 2 or 4, or rows read again from shared memory, made ptxas spill a pointer. The products pass takes its 16
-// rows 8 at a time: 16 at once put 128 bytes on the stack.
-template <int Group, class Tile>
+// rows 8 at a time: 16 at once put 128 bytes on the stack. ``MayOmitRows``: a null ``out.q`` writes the rstd
+// alone (the products pass, where the backward reads the raw rows); a template flag, because the test on the
+// pointer made the one pass's l2norm build spill.
+template <int Group, bool MayOmitRows = false, class Tile>
 __device__ __forceinline__ void l2norm_rows(Tile& q_tile, Tile& k_tile, int c0, int col, int L, int lane,
                                             const NormOut& out) {
     uint2 qb[Group], kb[Group];
@@ -90,8 +92,10 @@ __device__ __forceinline__ void l2norm_rows(Tile& q_tile, Tile& k_tile, int c0, 
         *reinterpret_cast<uint2*>(&q_tile[c][col]) = qn;   // each lane rewrites the columns it read
         *reinterpret_cast<uint2*>(&k_tile[c][col]) = kn;
         if (out.write && c < L) {
-            *reinterpret_cast<uint2*>(out.q + c * out.row + col) = qn;
-            *reinterpret_cast<uint2*>(out.k + c * out.row + col) = kn;
+            if (!MayOmitRows || out.q != nullptr) {
+                *reinterpret_cast<uint2*>(out.q + c * out.row + col) = qn;
+                *reinterpret_cast<uint2*>(out.k + c * out.row + col) = kn;
+            }
             if (lane == 0) {
                 out.q_rstd[(long long)c * out.H] = qr;
                 out.k_rstd[(long long)c * out.H] = kr;

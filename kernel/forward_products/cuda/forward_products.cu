@@ -39,7 +39,7 @@
 // inv_blocks bf16 [tokens, HV, 64] (only the 16 columns of each row's own block are written), or null; the
 // l2norm build in training: q_norm, k_norm bf16 [tokens, H, 128] and q_rstd, k_rstd fp32 [tokens, H], q and k
 // as normalised and each row's rstd, written by the CTA of the first value head of the query head's group,
-// or null.
+// or null (q_norm and k_norm null with the rstd given: the rstd alone).
 #include "../../shapes.cuh"   // HEAD_DIM, TILE_TOKENS, CHUNK_TOKENS, TILES_PER_CHUNK, SPAN_LIMIT, qk_head
 #include "cp_async.cuh"
 #include "fragments.cuh"
@@ -203,13 +203,15 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
     }
     if constexpr (L2NORM) {
         const long long first = tok0 * H + hq;   // (the chunk's first token, query head hq)'s row
-        const kda_l2norm::NormOut norm{q_norm + first * HEAD_DIM, k_norm + first * HEAD_DIM, q_rstd + first,
+        // q_norm null and q_rstd given: the rstd alone (the backward then reads the raw rows)
+        const kda_l2norm::NormOut norm{q_norm != nullptr ? q_norm + first * HEAD_DIM : nullptr,
+                                       k_norm != nullptr ? k_norm + first * HEAD_DIM : nullptr, q_rstd + first,
                                        k_rstd + first, static_cast<long long>(H) * HEAD_DIM, H,
-                                       q_norm != nullptr && hv % (HV / H) == 0};
+                                       q_rstd != nullptr && hv % (HV / H) == 0};
         constexpr int AT_ONCE = 8;   // the warp's 16 rows 8 at a time (forward_l2norm.cuh: 16 went to the stack)
 #pragma unroll
         for (int r = 0; r < TILE_TOKENS; r += AT_ONCE)
-            kda_l2norm::l2norm_rows<AT_ONCE>(sh.q, sh.k, TILE_TOKENS * warp + r, 4 * lane, L, lane, norm);
+            kda_l2norm::l2norm_rows<AT_ONCE, true>(sh.q, sh.k, TILE_TOKENS * warp + r, 4 * lane, L, lane, norm);
     }
     if constexpr (TOKEN_GATE || L2NORM) __syncthreads();   // every row's gc, q and k as the rest reads them
 

@@ -198,6 +198,20 @@ def test_the_folded_builds_in_inference_write_the_training_bits_and_no_rows():
         np.testing.assert_array_equal(_host(getattr(infer, field)), _host(getattr(train, field)), err_msg=field)
 
 
+@pytest.mark.parametrize("token_gate", [False, True], ids=["cumsum", "token gate"])
+def test_without_norm_copies_the_l2norm_build_writes_the_same_rstd_and_products_and_no_rows(token_gate):
+    case = make_case(**L2NORM_CASES["GVA, 2 value heads a q head"], raw_qk=True)
+    full = _run(case, token_gate=token_gate, l2norm=True)
+    import cupy
+
+    alone = forward_products(cupy.asarray(case["q_raw"]), cupy.asarray(case["k_raw"]), *_same_inputs(case, token_gate),
+                             scale=case["scale"], cu_seqlens=case["cu_seqlens"], training=True, token_gate=token_gate,
+                             l2norm=True, norm_copies=False)
+    assert alone.q is None and alone.k is None
+    for field in (*CHUNK_MAJOR, "q_rstd", "k_rstd"):
+        np.testing.assert_array_equal(_host(getattr(alone, field)), _host(getattr(full, field)), err_msg=field)
+
+
 def test_the_folded_builds_give_the_same_bits_twice():
     case = make_case(**L2NORM_CASES["GVA, 2 value heads a q head"], raw_qk=True)
     a, b = (_run(case, token_gate=True, l2norm=True) for _ in range(2))

@@ -54,14 +54,15 @@ def test_the_build_follows_the_inputs_forms(token_gate, l2norm):
     assert not plan_products(*_args(), training=False, token_gate=token_gate, l2norm=l2norm).writes_norms
 
 
-def test_without_norm_copies_the_l2norm_build_writes_the_rstd_alone():
-    from kernel.forward_products.launch import allocate
+def test_without_norm_copies_the_l2norm_build_writes_the_rstd_alone(monkeypatch):
+    from kernel.forward_products import launch
 
+    monkeypatch.setattr(launch, "empty_output", lambda shape, dtype, device: (shape, shape))   # no GPU memory
     plan = plan_products(*_args(B=2, T=70, H=3), l2norm=True, norm_copies=False)
     assert plan.writes_norms and not plan.norm_copies
-    shapes = {n: None if x is None else x.shape for n, x in allocate(plan)[0].items()}
+    shapes = launch.allocate(plan)[0]
     assert shapes["q_rstd"] == shapes["k_rstd"] == (2, 70, 3) and shapes["q"] is shapes["k"] is None
-    assert allocate(plan_products(*_args(B=2, T=70, H=3), l2norm=True))[0]["q"].shape == (2, 70, 3, D)
+    assert launch.allocate(plan_products(*_args(B=2, T=70, H=3), l2norm=True))[0]["q"] == (2, 70, 3, D)
     with pytest.raises(TypeError, match="norm_copies must be True or False, got 0"):
         plan_products(*_args(), l2norm=True, norm_copies=0)
 

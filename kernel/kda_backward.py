@@ -219,7 +219,8 @@ def kda_backward(q, k, v, g, beta, Aqk, Akk, do, *, scale: float | None = None, 
 
 def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht=None, states=None,
         side_by_side: bool | None = None, rstd: tuple | None = None, dqk_bf16: bool = False,
-        gate: Gate | None = None, segments: int | str = "auto", token_gate: bool = False) -> dict:
+        gate: Gate | None = None, segments: int | str = "auto", token_gate: bool = False,
+        qk_raw: bool = False) -> dict:
     """:func:`kda_backward` on arguments a caller's boundary checked (kernel.chunk_kda's backward), described
     by ``batch`` (:func:`checked_batch`): the launches, and no check of their own beyond the CuPy views'.
     ``rstd``: (q_rstd, k_rstd), fp32 [B, T, H], the forward's l2norm (FLA's l2norm_fwd): q and k are then
@@ -235,7 +236,19 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     (fp32 [B, T, HV, 128]) instead of FLA's chunk cumsum, which Kernels A and B sum within each tile
     themselves (kernel.shapes.tile_gate_sums: the cumsum pass folded into its readers); the states must
     then be given (the forward-state scan reads the cumsum), and not with ``gate`` (Kernel B has no build of
-    that pair: refused here, before any kernel runs)."""
+    that pair: refused here, before any kernel runs). ``qk_raw``: q and k are the rows before the l2norm and
+    ``rstd`` (required) their l2norm's, so that the op needs no normalised copies: Kernel A's l2norm build
+    normalises them in its R1 (with its own 1 / sqrt, not ``rstd``), Kernel B's qk_rstd build as bf16(x rstd),
+    FLA's l2norm_fwd's rows; dq and dk come out with respect to the raw rows as with ``rstd`` alone. The states
+    must be given: the forward-state scan reads normalised k."""
+    if not isinstance(qk_raw, (bool, np.bool_)):
+        raise TypeError(f"qk_raw must be True or False, got {qk_raw!r}")
+    if qk_raw and rstd is None:
+        raise ValueError("qk_raw: q and k are the raw rows, and Kernel B needs their l2norm's rstd "
+                         "(rstd=(q_rstd, k_rstd)) to normalise them")
+    if qk_raw and states is None:
+        raise ValueError("qk_raw needs the forward's states: the forward-state scan (Kernel S) reads k normalised "
+                         "and has no build on the raw rows")
     if token_gate and gate is not None:
         raise ValueError("token_gate with gate: Kernel B has no build of the gate epilogue on each token's gate")
     require_cupy("kernel.kda_backward")
@@ -250,9 +263,9 @@ def run(batch: Batch, q, k, v, g, beta, Aqk, Akk, do, *, initial_state=None, dht
     if batch.torch_out:
         with torch_stream_for_cupy("kernel.kda_backward"):
             return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16,
-                        gate, segments, token_gate)
+                        gate, segments, token_gate, bool(qk_raw))
     return _run(batch, scans, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd, dqk_bf16, gate,
-                segments, token_gate)
+                segments, token_gate, bool(qk_raw))
 
 
 def _empty_bf16(batch: Batch, like):
@@ -262,7 +275,8 @@ def _empty_bf16(batch: Batch, like):
 
 
 def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_state, dht, states, rstd,
-         dqk_bf16: bool, gate: Gate | None, segments: int | str, token_gate: bool = False) -> dict:
+         dqk_bf16: bool, gate: Gate | None, segments: int | str, token_gate: bool = False,
+         qk_raw: bool = False) -> dict:
     import cupy
 
     B, T, H, HV = batch.B, batch.T, batch.H, batch.HV
@@ -307,7 +321,8 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     dht_c = to_cupy("dht", dht, "f32") if dht is not None else None
     checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dht_c, B, T, H, HV,
                                  batch.cu_seqlens, q.device if batch.torch_out else None)
-    ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=False,
+    # raw q and k: Kernel A's l2norm build normalises them in its R1
+    ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=qk_raw,
                           snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=segments, knobs={},
                           fla_inputs=True, token_gate=token_gate)
     ds_c = to_cupy("dS", ds, "bf16")
@@ -338,7 +353,7 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q, runs.runs)
     token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
                            cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out,
-                           token_gate=token_gate, run_chunks=runs.run_chunks)
+                           token_gate=token_gate, run_chunks=runs.run_chunks, qk_rstd=qk_raw)
     grads = {**(out_t if batch.torch_out else out), "dh0": dh0}
     if gate is not None:
         del grads["dg"]   # never written: the gate build writes dg_raw instead

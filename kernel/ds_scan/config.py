@@ -340,16 +340,23 @@ def all_variants() -> list[Config]:
     64, kernel.ds_scan.fla's 16 (FLA's tensors: snapshots every 64 tokens, q and k as FLA stored
     them, so no l2norm), then kernel.kda_backward's 8 (FLA's tensors, bf16 dS after every tile)
     and the same 8 on each token's gate (token_gate), then the sequence split's summary builds
-    (kernel.ds_scan.split): 8 for dstate_scan, 4 for FLA's tensors, 4 for them on each token's gate."""
+    (kernel.ds_scan.split): 8 for dstate_scan, 4 for FLA's tensors, 4 for them on each token's gate;
+    last, the backward's 16 and their 8 summary builds on the raw q and k (l2norm: kernel.kda_backward.run's
+    ``qk_raw``, where R1 normalises the rows no pass wrote normalised)."""
     tiles = [Config(vsplit=v, snap_bf16=b, snap_every=e, has_dht=d, l2norm=n)
              for v, b, e, d, n in itertools.product(VSPLITS, (False, True), (1, 4), (False, True), (False, True))]
     fla = [Config(vsplit=v, snap_bf16=b, snap_every=4, has_dht=d, l2norm=False, fla_inputs=True)
            for v, b, d in itertools.product(VSPLITS, (False, True), (False, True))]
-    backward = [Config(vsplit=v, snap_bf16=True, snap_every=1, has_dht=d, l2norm=False, fla_inputs=True, token_gate=t)
-                for t, v, d in itertools.product((False, True), VSPLITS, (False, True))]
+    def backward_of(l2norm: bool) -> list[Config]:
+        return [Config(vsplit=v, snap_bf16=True, snap_every=1, has_dht=d, l2norm=l2norm, fla_inputs=True,
+                       token_gate=t) for t, v, d in itertools.product((False, True), VSPLITS, (False, True))]
+
+    backward = backward_of(False)
     summaries = [summary_config(v, n, False) for v, n in itertools.product(VSPLITS, (False, True))]
     summaries += [summary_config(v, False, True, t) for t, v in itertools.product((False, True), VSPLITS)]
-    return tiles + fla + backward + summaries
+    raw_qk = backward_of(True)
+    raw_qk += [summary_config(v, True, True, t) for t, v in itertools.product((False, True), VSPLITS)]
+    return tiles + fla + backward + summaries + raw_qk
 
 
 def required_sass(cfg: Config) -> tuple[str, ...]:

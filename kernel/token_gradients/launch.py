@@ -17,7 +17,8 @@ in the source, which exports the shared memory and thread count it was built wit
 FLA's layer asks the op for (``kernel.activations``), and writes dg_raw and per-CTA partial sums of
 dA_log and ddt_bias instead (a build of its own, so that the plain one's code stays as it was). Each
 has a timing build (``KDB_TIMING=1``) for ``ptx-lab profile --kernel b``: the clock cycles of every
-phase of a tile, per warp and CTA (``token_gradients_timing.cuh``).
+phase of a tile, per warp and CTA (``token_gradients_timing.cuh``), and a qk_rstd build (``KDB_QK_RSTD=1``,
+:class:`Build`) that reads q and k before the l2norm and normalises them on chip with their rstd.
 """
 from __future__ import annotations
 
@@ -56,22 +57,28 @@ class Build:
     backward in the epilogue (``KDB_GATE``). ``token_gate``: g is each token's natural-log gate, which R1
     sums within the tile itself (``KDB_TOKEN_GATE``), instead of FLA's 64-chunk-local cumsum of the log2
     gate (docs/kda_forward.md, section 8: the cumsum folded into its readers). ``timing``: the clock
-    accounting of each phase of a tile (``KDB_TIMING``, kernel.tools.profile's; the same arithmetic)."""
+    accounting of each phase of a tile (``KDB_TIMING``, kernel.tools.profile's; the same arithmetic).
+    ``qk_rstd``: q and k are the rows before the forward's l2norm and their rstd is required (``KDB_QK_RSTD``):
+    each tile's rstd rows are staged with its inputs and R1 normalises q and k on chip, so that no pass writes
+    normalised copies of them."""
     gate: bool = False
     token_gate: bool = False
     timing: bool = False
+    qk_rstd: bool = False
 
     def name(self) -> str:
         return ("token-gradients" + ("-gate" if self.gate else "") + ("-token-gate" if self.token_gate else "")
-                + ("-timing" if self.timing else ""))
+                + ("-qk-rstd" if self.qk_rstd else "") + ("-timing" if self.timing else ""))
 
 
 def all_variants() -> list[Build]:
     """Every build the API can launch: the plain one and the gate epilogue's; the plain one on each token's gate
-    (``kernel.chunk_kda``'s backward on our forward, where the call's gate is not activated in the op); and the
-    plain one's timing build (``ptx-lab profile --kernel b``: its phases stand for the other builds', which differ
-    in R1's gate sums or dg's epilogue only)."""
-    return [Build(), Build(gate=True), Build(token_gate=True), Build(timing=True)]
+    (``kernel.chunk_kda``'s backward on our forward, where the call's gate is not activated in the op); the same
+    three on the raw q and k (qk_rstd: the backward's ``qk_raw``); and the plain one's timing build (``ptx-lab
+    profile --kernel b``: its phases stand for the other builds', which differ in R1's gate sums, its
+    normalisation or dg's epilogue only)."""
+    launched = [Build(), Build(gate=True), Build(token_gate=True)]
+    return [*launched, *(dataclasses.replace(b, qk_rstd=True) for b in launched), Build(timing=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +107,11 @@ def source() -> str:
 def options(build: Build | None = None) -> tuple[str, ...]:
     """What a build passes (CI's nvcc check, ``ptx-lab resources`` and the launch alike): -ftz=true, the
     entry file's directory, where its token_gradients_*.cuh sit (NVRTC compiles the text and has no file
-    to look beside), KDB_GATE, KDB_TOKEN_GATE and KDB_TIMING (the source has no default)."""
+    to look beside), KDB_GATE, KDB_TOKEN_GATE, KDB_TIMING and KDB_QK_RSTD (the source has no default)."""
     build = build or Build()
     return (*FAST_MATH, f"-I{SOURCE_PATH.parent}", f"-DKDB_GATE={int(build.gate)}",
-            f"-DKDB_TOKEN_GATE={int(build.token_gate)}", f"-DKDB_TIMING={int(build.timing)}")
+            f"-DKDB_TOKEN_GATE={int(build.token_gate)}", f"-DKDB_TIMING={int(build.timing)}",
+            f"-DKDB_QK_RSTD={int(build.qk_rstd)}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -181,7 +189,7 @@ def _device_tables(cu_bytes: bytes, run_chunks: int):
 
 def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int, HV: int, scale: float,
            out: dict, rstd: tuple | None = None, gate: GateOut | None = None, token_gate: bool = False,
-           timing: bool = False, run_chunks: int | str = "auto") -> RunPlan:
+           timing: bool = False, run_chunks: int | str = "auto", qk_rstd: bool = False) -> RunPlan:
     """Kernel B on CuPy arrays (bf16 as uint16 bits; beta fp32), checked by the caller, into the
     preallocated CuPy arrays of ``out``: dq, dk (fp32, or bf16 bits: rounded once in the kernel), dg
     (fp32), dv (bf16 bits), dbeta (fp32). q and k (and their rstd) have ``H`` heads, every other array
@@ -194,7 +202,14 @@ def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int
     gate (fp32 [tokens, HV, 128]) instead of FLA's 64-chunk-local cumsum of it in log2 (not with ``gate``).
     ``timing``: the timing build, which also writes each warp's cycles a phase into the buffer whose address
     the caller stored in its module's ``kdb_timing`` (kernel.tools.profile). ``run_chunks``: the chunks a CTA
-    walks (:func:`run_plan`; the gate's partial sums have a row per run). Returns the plan it ran."""
+    walks (:func:`run_plan`; the gate's partial sums have a row per run). ``qk_rstd``: q and k are the rows before
+    the l2norm whose rstd ``rstd`` gives (required): the qk_rstd build normalises them on chip, to the bits of
+    ``bf16(x rstd)``, and gives what the other builds give on those rows. Returns the plan it ran."""
+    if not isinstance(qk_rstd, (bool, np.bool_)):
+        raise TypeError(f"qk_rstd must be True or False, got {qk_rstd!r}")
+    if qk_rstd and rstd is None:
+        raise ValueError("qk_rstd: q and k are the raw rows, and their l2norm's rstd (rstd=(q_rstd, k_rstd)) is "
+                         "required to normalise them")
     bf16_out = out["dq"].dtype == np.uint16
     if out["dk"].dtype != out["dq"].dtype or not (bf16_out or out["dq"].dtype == np.float32):
         raise ValueError(f"out: dq and dk must both be float32 or both bf16 bits (uint16), got {out['dq'].dtype} "
@@ -208,7 +223,8 @@ def launch(q, k, v, g, beta, aqk, akk, do, ds, states, *, cu: np.ndarray, H: int
             if part is not None and part.shape[0] != plan.runs:
                 raise ValueError(f"gate.{name} has {part.shape[0]} rows; Kernel B writes one a run: {plan.runs} at "
                                  f"{plan.run_chunks} chunks a run (run_plan(cu, HV, run_chunks))")
-    fn, smem, threads = kernel(Build(gate=gate is not None, token_gate=token_gate, timing=timing))
+    fn, smem, threads = kernel(Build(gate=gate is not None, token_gate=token_gate, timing=timing,
+                                     qk_rstd=bool(qk_rstd)))
     cu_d, tile_d, chunk_d, seq_d, run_d, runs = _device_tables(np.ascontiguousarray(cu, dtype=np.int64).tobytes(),
                                                                 plan.run_chunks)
     null = np.uint64(0)

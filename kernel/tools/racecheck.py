@@ -96,6 +96,11 @@ KDA_RACECHECK_TOKEN_GATE=1 runs the token-gate builds instead (each token's gate
 producers' barrier, kernel.shapes.tile_gate_sums): the forward's, Kernel A's on FLA's tensors (the
 backward's case), Kernel B's (its kda_backward on the states of the forward-state scan) and the products
 pass's (each channel's sums over its chunk).
+
+KDA_RACECHECK_QK_RAW=1 runs kernel-b's qk_rstd build instead: the backward (kernel.kda_backward.run with
+qk_raw) on the raw q and k rows with their rstd and the forward-state scan's states, so that Kernel B stages
+each tile's rstd rows and R1 writes the normalised rows back over the stage (with KDA_RACECHECK_TOKEN_GATE=1,
+on each token's gate).
 """
 from __future__ import annotations
 
@@ -197,6 +202,13 @@ def _token_gate() -> bool:
     return os.environ.get("KDA_RACECHECK_TOKEN_GATE", "0") == "1"
 
 
+def _qk_raw() -> bool:
+    """Whether kernel-b takes Kernel B's qk_rstd build on the raw q and k (KDA_RACECHECK_QK_RAW=1)."""
+    import os
+
+    return os.environ.get("KDA_RACECHECK_QK_RAW", "0") == "1"
+
+
 def _kernel_a() -> str:
     """Kernel A on kernel.tools.check's small case with KERNEL_A_LENGTHS, built with -lineinfo; the token-gate
     build on the backward's case (FLA's tensors, each token's gate)."""
@@ -280,29 +292,42 @@ def _forward_states() -> str:
 
 
 def _kernel_b() -> str:
-    """One whole kda_backward: compute-sanitizer is told to check only Kernel B."""
+    """One whole kda_backward: compute-sanitizer is told to check only Kernel B. With KDA_RACECHECK_QK_RAW=1, its
+    run(qk_raw=True) on the raw q and k rows with their rstd (Kernel B's qk_rstd build)."""
     import cupy as cp
     import numpy as np
 
     from kernel.ds_scan.launch import bf16_bits
-    from kernel.kda_backward import kda_backward
+    from kernel.kda_backward import checked_batch, kda_backward, run
 
     raw, f = _fla_case()
     dev = cp.asarray
     beta = dev(raw["beta"].astype(np.float32))
-    g, states, token_gate = dev(f.g64.astype(np.float32)), None, _token_gate()
-    if token_gate:   # each token's gate; the states from the forward-state scan (which reads the cumsum)
+    g, states, token_gate, qk_raw = dev(f.g64.astype(np.float32)), None, _token_gate(), _qk_raw()
+    if token_gate or qk_raw:   # the states from the forward-state scan (which reads the cumsum and normalised k)
         from kernel.forward_states import forward_states
 
         states = forward_states(dev(bf16_bits(f.k)), dev(bf16_bits(raw["v"])), g, beta, dev(bf16_bits(f.Akk)),
                                 cu_seqlens=raw["cu_seqlens"])
+    if token_gate:   # each token's gate
         g = dev(raw["g"].astype(np.float32))
-    out = kda_backward(dev(bf16_bits(f.q)), dev(bf16_bits(f.k)), dev(bf16_bits(raw["v"])), g, beta,
-                       dev(bf16_bits(f.Aqk)), dev(bf16_bits(f.Akk)), dev(bf16_bits(raw["do"])),
-                       dht=dev(raw["dht"].astype(np.float32)), cu_seqlens=raw["cu_seqlens"], states=states,
-                       token_gate=token_gate)
+    rest = (dev(bf16_bits(raw["v"])), g, beta, dev(bf16_bits(f.Aqk)), dev(bf16_bits(f.Akk)), dev(bf16_bits(raw["do"])))
+    dht = dev(raw["dht"].astype(np.float32))
+    if qk_raw:   # the rows before the l2norm, and their rstd as FLA's l2norm_fwd forms it (fp32)
+        from kernel.ds_scan.launch import bits_to_f32
+
+        q, k = (bf16_bits(raw[n]) for n in ("q", "k"))
+        rows = (bits_to_f32(x) for x in (q, k))
+        rstd = tuple(dev(np.float32(1) / np.sqrt(np.sum(x * x, axis=-1) + np.float32(1e-6))) for x in rows)
+        B, T, H = q.shape[:3]
+        batch = checked_batch(B, T, H, raw["cu_seqlens"], scale=128 ** -0.5, torch_out=False)
+        out = run(batch, dev(q), dev(k), *rest, dht=dht, states=states, rstd=rstd, token_gate=token_gate, qk_raw=True)
+    else:
+        out = kda_backward(dev(bf16_bits(f.q)), dev(bf16_bits(f.k)), *rest, dht=dht, cu_seqlens=raw["cu_seqlens"],
+                           states=states, token_gate=token_gate)
     cp.cuda.Device().synchronize()
-    return f"{'token gate: ' if token_gate else ''}dq finite {bool(cp.isfinite(out['dq']).all())}"
+    return (f"{'token gate: ' if token_gate else ''}{'raw q and k: ' if qk_raw else ''}"
+            f"dq finite {bool(cp.isfinite(out['dq']).all())}")
 
 
 def _forward() -> str:

@@ -216,3 +216,32 @@ def test_the_token_gate_with_the_gate_epilogue_is_refused_before_any_kernel():
     gate = Gate(g_raw=None, A_log=None, dt_bias=None, lower_bound=-5.0)
     with pytest.raises(ValueError, match="token_gate with gate: Kernel B has no build"):
         run(batch, *[None] * 8, gate=gate, token_gate=True)
+
+
+def test_raw_q_and_k_need_their_rstd_and_the_states_and_a_bool():
+    """run(qk_raw=True): Kernel B normalises the raw rows with the call's rstd, and the forward-state scan has no
+    build on raw k: each refused by name before any kernel runs (no GPU needed to see it)."""
+    from kernel.kda_backward import run
+
+    batch = checked_batch(1, 64, 1, None, scale=0.125, torch_out=False)
+    with pytest.raises(ValueError, match=r"qk_raw: q and k are the raw rows, and Kernel B needs their l2norm's rstd"):
+        run(batch, *[None] * 8, states="states", qk_raw=True)
+    with pytest.raises(ValueError, match=r"qk_raw needs the forward's states: the forward-state scan \(Kernel S\)"):
+        run(batch, *[None] * 8, rstd=("rq", "rk"), qk_raw=True)
+    with pytest.raises(TypeError, match="qk_raw must be True or False, got 'yes'"):
+        run(batch, *[None] * 8, rstd=("rq", "rk"), states="states", qk_raw="yes")
+
+
+def test_qk_raw_reaches_the_launches_as_a_bool(monkeypatch):
+    """run() hands qk_raw (numpy's bool too) to the launches, which pick Kernel A's l2norm build and Kernel B's
+    qk_rstd build by it (the GPU tests hold their results to float64)."""
+    import kernel.kda_backward as kb
+
+    seen = {}
+    monkeypatch.setattr(kb, "require_cupy", lambda what: None)
+    monkeypatch.setattr(kb, "require_gpu", lambda what: None)
+    monkeypatch.setattr(kb, "_run", lambda *a: seen.setdefault("qk_raw", []).append(a[-1]))
+    batch = checked_batch(1, 64, 1, None, scale=0.125, torch_out=False)
+    kb.run(batch, *[None] * 8, rstd=("rq", "rk"), states="states", qk_raw=np.bool_(True))
+    kb.run(batch, *[None] * 8, rstd=("rq", "rk"), states="states")
+    assert seen["qk_raw"] == [True, False] and all(type(x) is bool for x in seen["qk_raw"])

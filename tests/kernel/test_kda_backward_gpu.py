@@ -56,10 +56,16 @@ def _worst(out, ref, cu, axis_h=2):
     return worst
 
 
-def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False):
+# the norms the raw q and k rows take in turn by token in the qk_raw cases (k's one token later)
+RAW_NORMS = (3.0, 0.2, 17.0, 1.0)
+
+
+def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False, qk_raw=False):
     """Host float64 inputs, the device inputs in FLA's layout, and the reference gradients. With
     ``with_l2norm``, q and k go in normalised (bf16) with their fp32 rstd in the inputs' "rstd", and
-    the reference's dq, dk are with respect to the raw rows (its own l2norm in float64).
+    the reference's dq, dk are with respect to the raw rows (its own l2norm in float64). ``qk_raw``
+    (implies ``with_l2norm``): the raw rows take the norms RAW_NORMS, q and k go in raw (bf16) with that
+    rstd, and every gradient's reference is float64's l2norm on those raw rows.
 
     ``group``: FLA's grouped value heads. H is then the value heads, and q and k (and rstd) have
     H / group: value head hv reads q's and k's head hv // group. The float64 reference runs on q and k
@@ -78,6 +84,11 @@ def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False):
         _widen(raw["g"])
     rb = lambda x: bits_to_f32(bf16_bits(x)).astype(np.float64)  # noqa: E731  (bf16 rounding)
     q_raw, k_raw = (rb(raw[n][:, :, ::group]) for n in ("q", "k"))      # one q, k head a group of value heads
+    with_l2norm = with_l2norm or qk_raw
+    if qk_raw:
+        T_all = q_raw.shape[1]
+        q_raw, k_raw = (rb(l2norm(np, x) * np.asarray(RAW_NORMS)[(np.arange(T_all) + j) % len(RAW_NORMS)][
+            None, :, None, None]) for j, x in enumerate((q_raw, k_raw)))
     q, k = rb(l2norm(np, q_raw)), rb(l2norm(np, k_raw))
     rep = lambda x: np.repeat(x, group, axis=2)  # noqa: E731  (value head hv reads head hv // group)
     gsum = lambda x: x.reshape(*x.shape[:2], -1, group, x.shape[3]).sum(3)  # noqa: E731  (its adjoint)
@@ -95,7 +106,7 @@ def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False):
     if with_l2norm:   # dq, dk with respect to the raw rows: the reference's l2norm, on those
         raw_ref = kda_backward_reference(rep(q_raw), rep(k_raw), v, g, beta, do, initial_state=h0, dht=raw["dht"],
                                          cu_seqlens=cu, qk_l2norm=True)
-        ref = {**ref, "dq": raw_ref["dq"], "dk": raw_ref["dk"]}
+        ref = raw_ref if qk_raw else {**ref, "dq": raw_ref["dq"], "dk": raw_ref["dk"]}
     ref = {**ref, "dq": gsum(ref["dq"]), "dk": gsum(ref["dk"])}
     _, _, tile_states = kda_forward_reference(rep(q), rep(k), v, g, beta, initial_state=h0, cu_seqlens=cu,
                                               qk_l2norm=False)
@@ -105,7 +116,8 @@ def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False):
     states_shape = (B, t["chunks"] // B, H, 128, 128)
     dev = cupy.asarray
     g_in = g.astype(np.float32) if token_gate else F.g64.astype(np.float32)   # each token's gate, or FLA's cumsum
-    inputs = dict(q=dev(bf16_bits(q)), k=dev(bf16_bits(k)), v=dev(bf16_bits(v)), g=dev(g_in),
+    q_in, k_in = (q_raw, k_raw) if qk_raw else (q, k)
+    inputs = dict(q=dev(bf16_bits(q_in)), k=dev(bf16_bits(k_in)), v=dev(bf16_bits(v)), g=dev(g_in),
                   beta=dev(beta.astype(np.float32)), Aqk=dev(bf16_bits(F.Aqk)), Akk=dev(bf16_bits(F.Akk)),
                   do=dev(bf16_bits(do)))
     kw = dict(initial_state=None if h0 is None else dev(h0.astype(np.float32)),
@@ -172,6 +184,34 @@ def test_kernel_b_applies_the_l2norms_backward(case):
     out = run(batch, inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"], inputs["Aqk"],
               inputs["Akk"], inputs["do"], states=states, rstd=rstd, **kw)
     _check(out, ref, cu, "the l2norm's backward in Kernel B")
+
+
+def _run_raw(case, **make):
+    """run(qk_raw=True) on the case's raw q and k rows with their rstd and the forward's states: (out, ref, cu)."""
+    from kernel.kda_backward import checked_batch, run
+
+    inputs, kw, states, ref, cu = make_case(case, qk_raw=True, **make)
+    rstd, cu_seqlens = kw.pop("rstd"), kw.pop("cu_seqlens")
+    B, T, H = inputs["q"].shape[:3]
+    batch = checked_batch(B, T, H, cu_seqlens, scale=128 ** -0.5, torch_out=False, HV=inputs["v"].shape[2])
+    out = run(batch, *(inputs[n] for n in ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")), states=states,
+              rstd=rstd, qk_raw=True, **kw)
+    return out, ref, cu
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_raw_q_and_k_match_float64(case):
+    """run(qk_raw=True): q and k the raw rows (norms 3, 0.2, 17 and 1 in turn) with their rstd, no normalised
+    copies: Kernel A's l2norm build and Kernel B's qk_rstd build normalise them on chip; every gradient within
+    the bound of float64's l2norm on the raw rows, on the batch, the varlen layouts and the tiles past fp32's
+    range."""
+    out, ref, cu = _run_raw(case)
+    _check(out, ref, cu, "raw q and k")
+
+
+def test_raw_q_and_k_on_each_tokens_gate_match_float64():
+    out, ref, cu = _run_raw(CASES[1], token_gate=True)
+    _check(out, ref, cu, "token gate, raw q and k")
 
 
 def test_bf16_dq_dk_are_the_fp32_ones_rounded_once():
@@ -379,6 +419,13 @@ def test_grouped_value_heads_give_the_bits_of_q_and_k_repeated():
     for n in ("dq", "dk"):
         assert cupy.array_equal(again[n], native[n]), f"{n}: two calls differ"
         assert b16[n].dtype == np.uint16 and cupy.array_equal(b16[n], bf16_bits(native[n])), n
+
+
+@pytest.mark.parametrize("case, HV, group", GVA[:2], ids=GVA_IDS[:2])
+def test_raw_q_and_k_with_grouped_value_heads_match_float64(case, HV, group):
+    out, ref, cu = _run_raw(case, H=HV, group=group)
+    assert out["dq"].shape[2] == HV // group
+    _check(out, ref, cu, f"GVA {group}, raw q and k")
 
 
 def test_grouped_value_heads_torch_in_torch_out():

@@ -17,7 +17,9 @@ The kernel's text (:data:`CU`) is the entry file with each of its ``#include
 read from it rather than copied, so that they cannot drift:
 
 * the shared-memory layout: every ``constexpr int NAME = expr;`` line (:data:`LAYOUT`; ROW = 272-byte
-  bf16 rows, 32-byte rows for Mqk / INV, PS = 24, GC_ROW = 136);
+  bf16 rows, 32-byte rows for Mqk / INV, PS = 24, GC_ROW = 136), with the build macros it names set to the
+  qk_rstd build's (:data:`LAYOUT_MACROS`: the image then has room for its rstd stage; no other offset depends
+  on them);
 * every fragment load and store: :data:`SITES` holds the kernel's statement verbatim (``a_of``,
   ``a_of_t``, ``b_of``, ``b_of_t``, ``stmatrix_x4_trans``); the emulation evaluates the
   statement's address expression (``nc + SM_KR + at(0, 16 * ks2)``) with the lane parts of
@@ -33,7 +35,7 @@ function or marker of the kernel it mirrors (checked to be there, as SITES are):
     CtaModel.__init__       the kernel's prologue: tables, lane parts, the first load_tile
     CtaModel.run, _tile     the tile loop, tile it + 1 prefetched into stage st ^ 1
     CtaModel._r1            rebuild_operands (token_gradients_r1.cuh): Kd, Kr, Qe, beta Ke in bf16,
-                            gc in fp32; gamma, gT
+                            gc in fp32; gamma, gT; the qk_rstd build's normalised q, k written back
     CtaModel._load_state    it == 0: S0^T into the fp32 accumulators (a_to_acc)
     CtaModel._v_phase       v_phase and g9_g10_partials (token_gradients_v_phase.cuh): G6, G7 (beta
                             Vn in two parts), G1 + G2, G3 (dU in two parts), the U / dW / dv stores
@@ -103,16 +105,21 @@ G, T = LANE >> 2, LANE & 3          # the kernel's g = lane >> 2, t = lane & 3
 # the layout, read from the kernel's constexpr lines
 # ----------------------------------------------------------------------------
 
-def _layout(src: str) -> dict[str, int]:
+# the build macros a layout line reads, at the build whose shared memory is the largest (the qk_rstd build's
+# stage of the rstd rows lies past every other offset)
+LAYOUT_MACROS = {"KDB_QK_RSTD": 1}
+
+
+def _layout(src: str, macros: dict[str, int] = LAYOUT_MACROS) -> dict[str, int]:
     """Every ``constexpr int NAME = expr;`` of the kernel, evaluated in order (integer +, -, * and C's
-    integer /)."""
-    out: dict[str, int] = {}
+    integer /), with ``macros`` the values of the build macros they read."""
+    out: dict[str, int] = dict(macros)
     for name, expr in re.findall(r"^\s*constexpr int (\w+) = ([^;]+);", src, flags=re.M):
         if not re.fullmatch(r"[\w\s+*/()-]+", expr):
             raise ValueError(f"token_gradients.cu: constexpr {name} = {expr}: not integer arithmetic")
         value = eval(expr.replace("/", "//"), {"__builtins__": {}}, dict(out))   # noqa: S307 (the kernel's own text)
         out[name] = int(value)
-    return out
+    return {name: value for name, value in out.items() if name not in macros}
 
 
 LAYOUT = _layout(CU)
@@ -300,6 +307,7 @@ class Inputs:
     q_rstd: np.ndarray | None = None
     k_rstd: np.ndarray | None = None
     dqk_bf16: bool = False    # dq, dk stored as bf16 (Outputs then hold their bf16 values as fp32)
+    # (the qk_rstd build, CtaModel's qk_rstd: q and k the raw rows, q_rstd and k_rstd required)
 
     def image(self, name: str) -> np.ndarray:
         """The array as a flat byte image (the model's global memory)."""
@@ -407,15 +415,28 @@ class Outputs:
     pairwise: list = dataclasses.field(default_factory=list)   # per tile walked: G14-G17 formed pairwise
 
 
+# The qk_rstd build's uses of the staged rstd, which CtaModel's ``leave_out`` can each leave out (the proof that
+# the tests see each): R1's operands from the normalised q or k rows, the normalised rows R1 writes back to the
+# stage (for the K phase, the pairwise path and the l2norm's backward), the rstd factor of the l2norm's backward.
+RSTD_USES = ("r1 q", "r1 k", "stage q", "stage k", "epilogue q", "epilogue k")
+
+
 class CtaModel:
     """One CTA of Kernel B: blockIdx = (run, h), h a value head (q and k read at qk_head's), the run one of
     ``run_chunks`` consecutive chunks of a sequence (kernel.token_gradients.tables' run_chunk0)."""
 
     def __init__(self, inp: Inputs, run: int, h: int, *, run_chunks: int = 1, swaps: dict[str, str] | None = None,
-                 token_gate: bool = False):
-        """``token_gate``: the KDB_TOKEN_GATE=1 build, inp.g each token's natural-log gate."""
+                 token_gate: bool = False, qk_rstd: bool = False, leave_out: str | None = None):
+        """``token_gate``: the KDB_TOKEN_GATE=1 build, inp.g each token's natural-log gate. ``qk_rstd``: the
+        KDB_QK_RSTD=1 build, inp.q and inp.k the raw rows and their rstd required; ``leave_out``: one of
+        :data:`RSTD_USES`, which that build then does without (the row left raw, the factor 1)."""
+        if qk_rstd and (inp.q_rstd is None or inp.k_rstd is None):
+            raise ValueError("qk_rstd: the build reads q_rstd and k_rstd")
+        if leave_out is not None and (not qk_rstd or leave_out not in RSTD_USES):
+            raise ValueError(f"leave_out: one of {RSTD_USES}, with qk_rstd; got {leave_out!r}")
         self.inp = inp
         self.token_gate = token_gate
+        self.qk_rstd, self.leave_out = qk_rstd, leave_out
         self.swaps = dict(swaps or {})
         for site, recipe in self.swaps.items():
             kinds = (RECIPES if SITE[site].recipe in RECIPES else STORES) if site in SITE else FRAG_ORDERS
@@ -438,7 +459,7 @@ class CtaModel:
         self.RS, self.QK_RS = HV * HEAD_DIM, self.H * HEAD_DIM
         self.smem = np.zeros(SMEM_BYTES + SCRATCH, np.uint8)
         self.glob = {name: inp.image(name) for name in ("q", "k", "v", "do", "g", "beta", "aqk", "akk", "ds",
-                                                        "states")}
+                                                        "states") + (("q_rstd", "k_rstd") if qk_rstd else ())}
         self.cps = copies_of(np.arange(THREADS), self.RS, self.QK_RS)
         self.S = np.zeros((WARPS, WARP, 16, 4), np.float32)   # every warp's float S[16][4]
         self.pending: dict = {}   # warp -> the K phase's dq, dk before their stores (_k_out)
@@ -527,6 +548,14 @@ class CtaModel:
         for which, name, at_ in ((0, "aqk", "ST_MQK"), (1, "akk", "ST_INV")):
             copies.append((blk & (cp.blk_which == which), base + L[at_] + r * 32 + half * 16, 2 * src, 16, nb,
                            "cg", name))
+        if self.qk_rstd:   # threads 112.. 143: q's rstd rows, then k's (4 bytes a token, H * 4 apart)
+            which, r = (tid - 112) // TILE_TOKENS, (tid - 112) % TILE_TOKENS
+            okr = r < lt
+            src = qk_row0 // HEAD_DIM + np.where(okr, r * self.H, 0)
+            for w, name in ((0, "q_rstd"), (1, "k_rstd")):
+                copies.append(((tid >= 112) & (tid < 112 + 2 * TILE_TOKENS) & (which == w),
+                               L["SM_RSTD"] + st * L["RSTD_STAGE"] + (which * TILE_TOKENS + r) * 4, 4 * src, 4,
+                               np.where(okr, 4, 0), "ca", name))
         src = (snap * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM + cp.col16 * 8
         dst = base + L["ST_DS"] + cp.row16 * ROW + cp.col16 * 16
         for e in range(8):
@@ -558,7 +587,7 @@ class CtaModel:
         return self.out
 
     def _tile(self, it: int, st: int, tok0: int, row0: int, lt: int) -> None:
-        self.stb = st * STAGE
+        self.st, self.stb = st, st * STAGE
         self._r1(lt)
         self.out.pairwise.append(self.pairwise)
         if it == 0:
@@ -625,6 +654,8 @@ class CtaModel:
                 gc = [np.where(i < lt, _f32(gs[i * HEAD_DIM + kk + c] - base[c]), gT[c]) for c in range(2)]
             qv = model.unpack_bf16x2(self.u32(stb + L["ST_Q"])[o // 2])
             kv = model.unpack_bf16x2(self.u32(stb + L["ST_K"])[o // 2])
+            if self.qk_rstd:   # the raw rows normalised, bf16(x rstd), and written back over the pairs read
+                qv, kv = self._normalise(i, o, qv, kv)
             be = betas[i]
             kd, kr, qe, bke = [], [], [], []
             for c in range(2):
@@ -642,6 +673,22 @@ class CtaModel:
             gcs[i * GC_ROW + kk] = gc[0]
             gcs[i * GC_ROW + kk + 1] = gc[1]
         self.pairwise = bool(past.any())   # __syncthreads_or
+
+    def _normalise(self, i: np.ndarray, o: np.ndarray, qv: list, kv: list) -> tuple[list, list]:
+        """The qk_rstd build's R1: each thread's pairs (row i, word o // 2 of the q and k tiles) times its row's
+        staged rstd, rounded once to bf16 (pack_bf16x2), written back to the stage; returns the values R1 forms
+        its operands from. ``leave_out`` takes a use away: the raw row stays in the operands or in the stage."""
+        L = LAYOUT
+        rstds = self.f32(L["SM_RSTD"] + self.st * L["RSTD_STAGE"])
+        stage = {"q": self.u32(self.stb + L["ST_Q"]), "k": self.u32(self.stb + L["ST_K"])}
+        out = []
+        for which, (name, x) in enumerate((("q", qv), ("k", kv))):
+            rstd = rstds[which * TILE_TOKENS + i]
+            word = model.pack_bf16x2(_f32(x[0] * rstd), _f32(x[1] * rstd))
+            if self.leave_out != f"stage {name}":
+                stage[name][o // 2] = word
+            out.append(list(x) if self.leave_out == f"r1 {name}" else [_f32(y) for y in model.unpack_bf16x2(word)])
+        return out[0], out[1]
 
     def _load_state(self, w: int) -> None:
         env = self.env(w)
@@ -917,9 +964,16 @@ class CtaModel:
                     for ww in range(WARPS):
                         d = _f32(d + l2part[(which * WARPS + ww) * TILE_TOKENS + i])
                     dots.append(d)
-                tok = np.minimum(tok0 + i, self.inp.q_rstd.shape[0] - 1)   # rows past the tile read nothing
-                rq = np.where(ok, self.inp.q_rstd[tok, self.qh], 0).astype(np.float32)
-                rk = np.where(ok, self.inp.k_rstd[tok, self.qh], 0).astype(np.float32)
+                if self.qk_rstd:   # from the stage (zero-filled past the tile, as the plain build's 0)
+                    rstds = self.f32(L["SM_RSTD"] + self.st * L["RSTD_STAGE"])
+                    rq, rk = rstds[i].astype(np.float32), rstds[TILE_TOKENS + i].astype(np.float32)
+                    one = np.ones(WARP, np.float32)
+                    rq = one if self.leave_out == "epilogue q" else rq
+                    rk = one if self.leave_out == "epilogue k" else rk
+                else:
+                    tok = np.minimum(tok0 + i, self.inp.q_rstd.shape[0] - 1)   # rows past the tile read nothing
+                    rq = np.where(ok, self.inp.q_rstd[tok, self.qh], 0).astype(np.float32)
+                    rk = np.where(ok, self.inp.k_rstd[tok, self.qh], 0).astype(np.float32)
                 scale = (rq, rk, dots)
             for nt in range(2):
                 kk = k0 + 8 * nt + 2 * T

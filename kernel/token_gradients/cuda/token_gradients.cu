@@ -29,6 +29,11 @@
 // runs give the same bits. Inputs of the next tile are prefetched by cp.async into the
 // second of two stages while this tile computes.
 //
+// The qk_rstd build (KDB_QK_RSTD=1) reads q and k as they were before the forward's l2norm, so that no pass
+// writes normalised copies: each tile's rstd rows are staged with its other inputs, R1 normalises its rows in
+// the stage (bf16(x rstd), the bits of FLA's l2norm_fwd) and the rest reads them as the other builds read the
+// rows they are given.
+//
 // The rooms: token_gradients_layout.cuh (the shape, the shared-memory layout),
 // token_gradients_loads.cuh (the arguments, the tile loads), token_gradients_operands.cuh (block
 // offsets, the fragments an ldmatrix .x4 gives, mma), token_gradients_r1.cuh (R1),
@@ -39,6 +44,9 @@
 // phases, KDB_TIMING=1, empty otherwise); ptx_lab's fragments.cuh packs accumulators into operands.
 // This file holds the kernel: the prologue, the walk over the run's tiles, and the K phase,
 // written out here: as a function of its own it compiled to other SASS.
+#ifndef KDB_QK_RSTD
+#error "KDB_QK_RSTD must be defined: 0 (q and k as the forward used them) or 1 (raw q and k, normalised in R1 by rstd)"
+#endif
 #include "fragments.cuh"
 #include "stmatrix.cuh"
 #include "token_gradients_gate.cuh"
@@ -52,6 +60,8 @@
 #include "token_gradients_v_phase.cuh"
 
 using namespace kdb;
+
+constexpr bool QK_RSTD = KDB_QK_RSTD;   // raw q and k: the rstd is required, and staged with the tile
 
 extern "C" __constant__ int kdb_smem_bytes = SMEM_BYTES;
 extern "C" __constant__ int kdb_threads = THREADS;
@@ -138,8 +148,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         // the l2norm's rstd of this thread's two rows (rows g and g + 8), for the K phase's last step. Loaded
         // here, before this tile's barriers, so that R1, the V phase and the K phase's products hide their
         // latency: loaded after the K phase's barrier, every warp of the SM's one CTA waited on them at once
+        // (the qk_rstd build reads them from the stage, where R1 found them)
         float rq[2] = {0.f, 0.f}, rk[2] = {0.f, 0.f};
-        if (a.q_rstd != nullptr) {
+        if (!QK_RSTD && a.q_rstd != nullptr) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int i = g + 8 * r;
@@ -174,11 +185,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
         const float* const gs = reinterpret_cast<const float*>(stg + ST_G);
         const float* const gbs = reinterpret_cast<const float*>(stg + ST_GB);
         const float* const betas = reinterpret_cast<const float*>(stg + ST_BETA);
-        const unsigned short* const qs = reinterpret_cast<const unsigned short*>(stg + ST_Q);
-        const unsigned short* const ks = reinterpret_cast<const unsigned short*>(stg + ST_K);
+        unsigned short* const qs = reinterpret_cast<unsigned short*>(stg + ST_Q);
+        unsigned short* const ks = reinterpret_cast<unsigned short*>(stg + ST_K);
+        const float* const rstds = reinterpret_cast<const float*>(smem + SM_RSTD + st * RSTD_STAGE);
 
         // ---- R1: the gate-weighted operands, in fp32, rounded once to bf16; gc kept in fp32 ----
-        const bool past = rebuild_operands(smem, gs, gbs, betas, qs, ks, gt_s, gamma_s, gcs, lt, s, tid);
+        const bool past = rebuild_operands(smem, gs, gbs, betas, qs, ks, rstds, gt_s, gamma_s, gcs, lt, s, tid);
         if (it == 0) {   // this warp's S0^T rows, fp32 from the bf16 state (the run's first tile only)
 #pragma unroll
             for (int b = 0; b < 8; ++b) {
@@ -336,7 +348,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) kda_token_gradients(
             // backward first: dx = rstd (dy - y (y . dy)), y the normalised row this kernel read. A row's
             // y . dy over its 128 columns: this warp's 16 (the row's 4 lanes), then the 8 warps' in
             // shared memory, added in a fixed order.
-            if (a.q_rstd != nullptr) {
+            if (QK_RSTD || a.q_rstd != nullptr) {
+#if KDB_QK_RSTD
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    rq[r] = rstds[g + 8 * r];
+                    rk[r] = rstds[TILE_TOKENS + g + 8 * r];
+                }
+#endif
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
 #pragma unroll

@@ -60,7 +60,11 @@ constexpr int SM_B2PART = SM_B1PART + WARPS * TILE_TOKENS * 4;   // fp32 [8][16]
 constexpr int SM_DVEC = SM_B2PART + WARPS * TILE_TOKENS * 4;     // fp32 [16] d
 constexpr int SM_B1 = SM_DVEC + TILE_TOKENS * 4;                 // fp32 [16] rowsum(dW . Vn)
 constexpr int SM_L2PART = SM_B1 + TILE_TOKENS * 4;              // fp32 [2][8][16] per-warp y . dy of q, k rows
-constexpr int SMEM_BYTES = SM_L2PART + 2 * WARPS * TILE_TOKENS * 4;
+// The qk_rstd build's (KDB_QK_RSTD) stage of the tile's rstd rows, fp32 [2 stages][q, k][16], past the rest: the
+// other builds' offsets and shared memory stay as they are
+constexpr int RSTD_STAGE = 2 * TILE_TOKENS * 4;
+constexpr int SM_RSTD = SM_L2PART + 2 * WARPS * TILE_TOKENS * 4;
+constexpr int SMEM_BYTES = SM_RSTD + 2 * RSTD_STAGE * KDB_QK_RSTD;
 static_assert(WARPS * TILE_TOKENS * TILE_TOKENS * 2 <= SM_DPART - SM_FRAG,
               "the U remainders must fit in the fragment area");
 static_assert(SMEM_BYTES <= 232448, "more shared memory than an H200 SM lends one CTA");

@@ -11,7 +11,7 @@ namespace kdb {
 // k and their rstd at head qk_head(h, HV, H); HV = H without them). dq and dk are per value head: with
 // HV > H the caller sums each group (kernel.kda_backward).
 struct Args {
-    const unsigned short* q;      // bf16 [tokens, H, 128] (as the forward used them)
+    const unsigned short* q;      // bf16 [tokens, H, 128]: as the forward used them (KDB_QK_RSTD: before its l2norm)
     const unsigned short* k;
     const unsigned short* v;      // bf16 [tokens, HV, 128]
     const unsigned short* dout;   // do
@@ -28,7 +28,8 @@ struct Args {
     float* dg;                    // fp32 [tokens, HV, 128]: w.r.t. the per-token natural-log gate
     float* dbeta;                 // fp32 [tokens, HV]
     const float* q_rstd;          // fp32 [tokens, H], or null: 1 / |q| of the forward's l2norm (dq, dk then
-    const float* k_rstd;          // come out with respect to the raw q, k), as FLA's l2norm_fwd returns it
+    const float* k_rstd;          // come out with respect to the raw q, k), as FLA's l2norm_fwd returns it;
+                                  // required by the qk_rstd build (KDB_QK_RSTD), whose q and k are the raw rows
     const long long* cu;          // [N + 1] sequence offsets
     const long long* tile_offs;   // [N + 1] first dS snapshot (tile) of each sequence
     const long long* chunk_offs;  // [N + 1] first state (64-chunk) of each sequence
@@ -117,6 +118,15 @@ __device__ __forceinline__ void load_tile(const Args& a, const Copies& cp, unsig
         cp_async_cg16_zfill(base + (cp.blk_which ? ST_INV : ST_MQK) + r * 32 + half * 16, src,
                             static_cast<u32>(bytes));
     }
+#if KDB_QK_RSTD
+    else if (tid < 112 + 2 * TILE_TOKENS) {   // q's (threads 112..127) and k's rstd, 4 bytes a token (H * 4 apart)
+        const int which = (tid - 112) / TILE_TOKENS, r = (tid - 112) % TILE_TOKENS;
+        const bool ok = r < lt;
+        const float* src = (which ? a.k_rstd : a.q_rstd) + qk_row0 / HEAD_DIM + (ok ? r * a.H : 0);
+        cp_async_ca_zfill<4>(smem_addr(smem) + SM_RSTD + st * RSTD_STAGE + (which * TILE_TOKENS + r) * 4, src,
+                             ok ? 4u : 0u);
+    }
+#endif
     {   // dS1: 128 rows of 256 bytes, rows row16 + 16 e
         const unsigned short* src = a.ds + (snap * HV + h) * (HEAD_DIM * HEAD_DIM) + cp.row16 * HEAD_DIM
                                     + cp.col16 * 8;

@@ -5,7 +5,8 @@
 // Qe and beta Ke hold 2^(gc - gT) >= 1 and Kr 2^(gT - gc) <= 1: exact while a channel's tile span
 // |gc - gT| is within SPAN_LIMIT (kernel/shapes.cuh). Past it the small k of Kr are flushed to zero
 // (-ftz=true), past 126 Qe overflows too, and the K phase forms G14-G17's products pairwise instead
-// (docs/kda_backward.md, "Gates of any size").
+// (docs/kda_backward.md, "Gates of any size"). In the qk_rstd build (KDB_QK_RSTD) the stage holds q and k
+// before the l2norm: R1 normalises its pairs with the stage's rstd first, in place.
 #pragma once
 #include "fragments.cuh"
 #include "token_gradients_layout.cuh"
@@ -14,11 +15,12 @@ namespace kdb {
 
 // Every thread: a pair of columns kk = 2 (tid & 63) and every 4th row from tid >> 6 (4-byte bf16
 // pairs, 8-byte gate pairs). gs, gbs, betas, qs, ks: the stage's g, g before the tile (not read with
-// KDB_TOKEN_GATE), beta, q, k; rows at or past lt take gc = gT (their q and k are zero-filled). Returns
-// whether one of this thread's rows and columns spans more than SPAN_LIMIT.
+// KDB_TOKEN_GATE), beta, q, k; rows at or past lt take gc = gT (their q and k are zero-filled). rstds: the
+// stage's rstd of q's and k's rows ([q, k][16], read by the qk_rstd build only). Returns whether one of this
+// thread's rows and columns spans more than SPAN_LIMIT.
 __device__ __forceinline__ bool rebuild_operands(unsigned char* smem, const float* gs, const float* gbs,
-                                                 const float* betas, const unsigned short* qs,
-                                                 const unsigned short* ks, float* gt_s, float* gamma_s, float* gcs,
+                                                 const float* betas, unsigned short* qs, unsigned short* ks,
+                                                 const float* rstds, float* gt_s, float* gamma_s, float* gcs,
                                                  int lt, float s, int tid) {
     const int kk = 2 * (tid & 63), i0 = tid >> 6;
 #if KDB_TOKEN_GATE
@@ -57,7 +59,19 @@ __device__ __forceinline__ bool rebuild_operands(unsigned char* smem, const floa
         const float2 graw = *reinterpret_cast<const float2*>(gs + i * HEAD_DIM + kk);
         const float gc[2] = {i < lt ? graw.x - base.x : gT[0], i < lt ? graw.y - base.y : gT[1]};
 #endif
+#if KDB_QK_RSTD
+        // q and k are the raw rows: their l2norm's output y = bf16(x rstd), an fp32 product rounded once (FLA's
+        // l2norm_fwd: the bits the plain build reads for the same rstd), written back over the pairs this thread
+        // read, so that the K phase, the pairwise path and the l2norm's backward read y after R1's barrier
+        const float rq = rstds[i], rk = rstds[TILE_TOKENS + i];
+        const u32 qx = *reinterpret_cast<const u32*>(qs + o), kx = *reinterpret_cast<const u32*>(ks + o);
+        const u32 q2 = pack_bf16x2(bf16_lo(qx) * rq, bf16_hi(qx) * rq);
+        const u32 k2 = pack_bf16x2(bf16_lo(kx) * rk, bf16_hi(kx) * rk);
+        *reinterpret_cast<u32*>(qs + o) = q2;
+        *reinterpret_cast<u32*>(ks + o) = k2;
+#else
         const u32 q2 = *reinterpret_cast<const u32*>(qs + o), k2 = *reinterpret_cast<const u32*>(ks + o);
+#endif
         const float qv[2] = {bf16_lo(q2), bf16_hi(q2)}, kv[2] = {bf16_lo(k2), bf16_hi(k2)};
         const float be = betas[i];
         float kd[2], kr[2], qe[2], bke[2];

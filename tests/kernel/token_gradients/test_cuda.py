@@ -57,7 +57,7 @@ def _inside_a_long_sequence(recipe: str, context: int, seed: int) -> tuple[np.nd
 
 
 def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0, wide=None,
-              with_l2norm: bool = False) -> dict:
+              with_l2norm: bool = False, raw_norms: tuple | None = None) -> dict:
     """One sequence of T tokens (a 64-token chunk, or a run of several), H heads: the kernel's inputs and the
     float64 tile algebra's per tile (its tile 0 starts from the bf16 S0, every later tile from the tile
     before's S1; the states entering later chunks are those S1 rounded to bf16, as the forward keeps them).
@@ -69,12 +69,25 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     forward's rstd of q and k (1 / sqrt(|x|^2 + 1e-6) of the raw rows, fp32, as FLA's l2norm_fwd), and
     the reference's dq, dk go through the l2norm's backward in float64, r (dy - y (y . dy)), y the
     normalised rows the kernel reads. "g_natural": each token's gate (natural log, fp32 [tokens, H, K]), what
-    Kernel B's token-gate build reads in place of inputs.g."""
+    Kernel B's token-gate build reads in place of inputs.g. ``raw_norms`` (implies ``with_l2norm``): q's and k's
+    raw rows get these norms in turn by token (k's one token later) and are rounded to bf16; the rstd is theirs,
+    in fp32, and the normalised rows every build and the reference read are bf16(x rstd), FLA's l2norm_fwd's on
+    those rows. "raw": those raw rows (bf16 bits, [tokens, H, K]), what the qk_rstd build reads as q and k."""
     raw = _recipe(recipe, T, seed)
     if wide is not None:
         wide(raw["g"])
     cu = raw["cu_seqlens"]
     q, k = _rb(l2norm(np, raw["q"].astype(np.float64))), _rb(l2norm(np, raw["k"].astype(np.float64)))
+    raw_rows, raw_rstd = {}, {}
+    if raw_norms is not None:
+        with_l2norm = True
+        for j, n in enumerate(("q", "k")):
+            norms = np.asarray(raw_norms, np.float64)[(np.arange(T) + j) % len(raw_norms)]
+            x = _rb(l2norm(np, raw[n].astype(np.float64)) * norms[None, :, None, None])       # [1, T, H, K]
+            raw_rstd[n] = (1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)).astype(np.float32)   # [1, T, H]
+            raw_rows[n] = bf16_bits(x[0].astype(np.float32))
+            y = bits_to_f32(bf16_bits(x.astype(np.float32) * raw_rstd[n][..., None])).astype(np.float64)
+            q, k = (y, k) if n == "q" else (q, y)
     v, do = _rb(raw["v"]), _rb(raw["do"])
     g, beta = raw["g"].astype(np.float64), raw["beta"].astype(np.float64)
     h0 = 0.1 * np.random.default_rng(seed + 1).standard_normal((1, H, HEAD_DIM, HEAD_DIM))
@@ -97,6 +110,8 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
         for n in ("q", "k"):
             x = raw[n][0].astype(np.float64)
             rstd[n] = 1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)                 # [tokens, H]
+            if raw_norms is not None:
+                rstd[n] = raw_rstd[n][0].astype(np.float64)
     inp = kb.Inputs(q=bf16_bits(q[0].astype(np.float32)), k=bf16_bits(k[0].astype(np.float32)),
                     v=bf16_bits(v[0].astype(np.float32)), do=bf16_bits(do[0].astype(np.float32)),
                     g=g64[0], beta=beta[0].astype(np.float32), aqk=aqk[0], akk=akk[0], ds=ds, states=states,
@@ -130,7 +145,7 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
         S0 = S1
         if (t + 1) % TILES_PER_CHUNK == 0 and (t + 1) // TILES_PER_CHUNK < n_chunks:   # the next chunk's entry
             states[(t + 1) // TILES_PER_CHUNK, HEAD] = bf16_bits(S1.astype(np.float32))
-    return {"inputs": inp, "ref": ref, "g_natural": g[0].astype(np.float32)}   # each token's gate, natural log
+    return {"inputs": inp, "ref": ref, "g_natural": g[0].astype(np.float32), "raw": raw_rows}
 
 
 def _rel(out, ref) -> float:
@@ -138,11 +153,15 @@ def _rel(out, ref) -> float:
 
 
 def emulate(case: dict, *, tiles: int | None = None, swaps: dict | None = None, token_gate: bool = False,
-            run: int = 0, run_chunks: int = 1):
+            run: int = 0, run_chunks: int = 1, qk_rstd: bool = False, leave_out: str | None = None):
     """The lane model's gradients of the case (with ``token_gate``, its KDB_TOKEN_GATE=1 build on each
-    token's natural-log gate, case["g_natural"]): the CTA of run ``run`` of ``run_chunks`` chunks."""
+    token's natural-log gate, case["g_natural"]; with ``qk_rstd``, its KDB_QK_RSTD=1 build on the raw rows,
+    case["raw"], leaving out ``leave_out`` of kb.RSTD_USES): the CTA of run ``run`` of ``run_chunks`` chunks."""
     inp = dataclasses.replace(case["inputs"], g=case["g_natural"]) if token_gate else case["inputs"]
-    out = kb.CtaModel(inp, run=run, h=HEAD, run_chunks=run_chunks, swaps=swaps, token_gate=token_gate).run(tiles)
+    if qk_rstd:
+        inp = dataclasses.replace(inp, q=case["raw"]["q"], k=case["raw"]["k"])
+    out = kb.CtaModel(inp, run=run, h=HEAD, run_chunks=run_chunks, swaps=swaps, token_gate=token_gate,
+                      qk_rstd=qk_rstd, leave_out=leave_out).run(tiles)
     got = {"dq": out.dq.reshape(-1, H, HEAD_DIM), "dk": out.dk.reshape(-1, H, HEAD_DIM),
            "dg": out.dg.reshape(-1, H, HEAD_DIM),
            "dv": kb.dv_values(out.dv).reshape(-1, H, HEAD_DIM), "dbeta": out.dbeta.reshape(-1, H)}
@@ -199,7 +218,8 @@ def _check(case, out, got, tiles):
 def test_the_layout_is_the_cus():
     L = kb.LAYOUT
     assert (L["ROW"], L["PS"], L["GC_ROW"], L["THREADS"]) == (272, 24, 136, 256)
-    assert L["SMEM_BYTES"] == 230_400                      # ptx-lab resources' count of the build
+    assert L["SMEM_BYTES"] == 230_656                      # ptx-lab resources' count of the qk_rstd build
+    assert kb._layout(kb.CU, {"KDB_QK_RSTD": 0})["SMEM_BYTES"] == 230_400   # ... and of the others
     assert L["ST_MQK"] + TILE_TOKENS * 32 == L["ST_INV"]              # 32-byte rows for the 16 x 16 blocks
     missing = kb.CU.replace(kb.SITES["G2 B Kr^T"], "b_of(b0, b1f, nc + SM_KR + at(0, 16 * ks2));")
     with pytest.raises(LookupError, match=r"SITES\['G2 B Kr\^T'\].*not in token_gradients.cu"):
@@ -513,3 +533,59 @@ def test_the_token_gate_build_keeps_the_cumsum_builds_errors(T, recipe, wide):
     print("  ".join(f"{n} {before[n]:.3e} -> {after[n]:.3e}" for n in before))
     assert all(after[n] < BOUND and 0.9 * before[n] < after[n] < 1.1 * before[n] for n in before), (before, after)
     assert out.pairwise == emulate(case)[0].pairwise
+
+
+# The qk_rstd build's cases: raw rows of norms 3 and 0.2 (q's and k's in turn by token) on two full tiles and a
+# partial one, and on the wide tile above (its G14-G17 pairwise, which read the stage's rows)
+QK_RAW_NORMS = (3.0, 0.2)
+
+
+@pytest.fixture(scope="module", params=["tiles", "wide"])
+def raw_case(request):
+    if request.param == "wide":
+        return make_case(48, seed=0, wide=_wide_tile, raw_norms=QK_RAW_NORMS)
+    return make_case(45, seed=2, raw_norms=QK_RAW_NORMS)
+
+
+def test_the_qk_rstd_build_normalises_raw_rows_to_the_plain_builds_bits(raw_case):
+    """The qk_rstd build on raw q and k rows with their rstd: within the bound of float64 on every tile, and the
+    plain build's bits when that is fed the rows bf16(x rstd) and the same rstd (R1 rebuilds exactly those rows,
+    and everything after it reads them)."""
+    out, got = emulate(raw_case, qk_rstd=True)
+    _check(raw_case, out, got, len(raw_case["ref"]))
+    plain_out, plain = emulate(raw_case)
+    assert out.pairwise == plain_out.pairwise
+    for n in GRADS:
+        assert np.array_equal(got[n], plain[n], equal_nan=True), n
+
+
+@pytest.mark.parametrize("use", kb.RSTD_USES)
+def test_each_use_of_the_staged_rstd_is_needed(raw_case, use):
+    """The proof that the test above sees every use of the staged rstd: the model leaving out any one of them (R1's
+    operands, the rows written back to the stage, the l2norm backward's factor; of q or of k) misses float64 by
+    more than 3 x BOUND."""
+    out, got = emulate(raw_case, qk_rstd=True, leave_out=use)
+    errs = errors(raw_case, out, got, len(raw_case["ref"]))
+    assert max(errs.values()) > 3 * BOUND, errs
+
+
+def test_the_qk_rstd_build_reads_the_rstd_at_the_query_head():
+    """GVA with one query / key head for the two value heads: the qk_rstd build's rstd rows are H (not HV) apart,
+    at qk_head's head; given there the rows head HEAD had, it writes what the CTA without GVA wrote."""
+    case = make_case(21, seed=5, raw_norms=QK_RAW_NORMS)
+    inp = case["inputs"]
+    one = lambda x: np.ascontiguousarray(x[:, HEAD:HEAD + 1])   # noqa: E731  [tokens, 1, ..]
+    gva = {**case, "inputs": dataclasses.replace(inp, q_rstd=one(inp.q_rstd), k_rstd=one(inp.k_rstd)),
+           "raw": {n: one(x) for n, x in case["raw"].items()}}
+    _, mha = emulate(case, qk_rstd=True)
+    _, got = emulate(gva, qk_rstd=True)
+    for n in GRADS:
+        assert np.array_equal(got[n], mha[n], equal_nan=True), n
+
+
+def test_the_model_refuses_a_qk_rstd_build_without_rstd():
+    case = make_case(21, seed=5)
+    with pytest.raises(ValueError, match="qk_rstd: the build reads q_rstd and k_rstd"):
+        kb.CtaModel(case["inputs"], run=0, h=HEAD, qk_rstd=True)
+    with pytest.raises(ValueError, match="leave_out: one of"):
+        kb.CtaModel(case["inputs"], run=0, h=HEAD, leave_out="r1 q")

@@ -125,14 +125,47 @@ def test_the_gate_build_gets_its_inputs_outputs_and_form_and_writes_no_dg(monkey
 
 
 def test_every_build_passes_its_gate_macros_and_each_is_a_variant():
-    assert launch.all_variants() == [launch.Build(), launch.Build(gate=True), launch.Build(token_gate=True),
-                                     launch.Build(timing=True)]
-    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=0", "-DKDB_TIMING=0"} <= set(launch.options())
-    assert {"-DKDB_GATE=1", "-DKDB_TOKEN_GATE=0"} <= set(launch.options(launch.Build(gate=True)))
-    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=1"} <= set(launch.options(launch.Build(token_gate=True)))
-    assert {"-DKDB_GATE=0", "-DKDB_TIMING=1"} <= set(launch.options(launch.Build(timing=True)))
+    B = launch.Build
+    assert launch.all_variants() == [B(), B(gate=True), B(token_gate=True), B(qk_rstd=True),
+                                     B(gate=True, qk_rstd=True), B(token_gate=True, qk_rstd=True), B(timing=True)]
+    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=0", "-DKDB_TIMING=0", "-DKDB_QK_RSTD=0"} <= set(launch.options())
+    assert {"-DKDB_GATE=1", "-DKDB_TOKEN_GATE=0"} <= set(launch.options(B(gate=True)))
+    assert {"-DKDB_GATE=0", "-DKDB_TOKEN_GATE=1"} <= set(launch.options(B(token_gate=True)))
+    assert {"-DKDB_GATE=0", "-DKDB_TIMING=1"} <= set(launch.options(B(timing=True)))
+    assert {"-DKDB_GATE=1", "-DKDB_QK_RSTD=1"} <= set(launch.options(B(gate=True, qk_rstd=True)))
     assert [b.name() for b in launch.all_variants()] == [
-        "token-gradients", "token-gradients-gate", "token-gradients-token-gate", "token-gradients-timing"]
+        "token-gradients", "token-gradients-gate", "token-gradients-token-gate", "token-gradients-qk-rstd",
+        "token-gradients-gate-qk-rstd", "token-gradients-token-gate-qk-rstd", "token-gradients-timing"]
+
+
+def test_the_entry_file_stops_without_the_qk_rstd_macro():
+    text = SOURCE_PATH.read_text()
+    assert '#ifndef KDB_QK_RSTD\n#error "KDB_QK_RSTD must be defined' in text
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_the_qk_rstd_build_is_launched_on_raw_rows_and_needs_their_rstd(monkeypatch, gate):
+    builds, calls = [], []
+
+    def kernel(build):
+        builds.append(build)
+        return (lambda *call, **kw: calls.append(call)), 1, 256
+
+    monkeypatch.setattr(launch, "kernel", kernel)
+    monkeypatch.setattr(launch, "_device_tables", _device_tables)
+    out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    args = "q k v g beta aqk akk do ds states".split()
+    epilogue = launch.GateOut("g_raw", "A_log", "dt_bias", None, "dg_raw", None, None) if gate else None
+    launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, rstd=("rq", "rk"), gate=epilogue,
+                  qk_rstd=True, run_chunks=1)
+    assert builds == [launch.Build(gate=gate, qk_rstd=True)]
+    got = launched(SOURCE_PATH, KERNEL_NAME, calls[0][2])
+    assert (got["q"], got["k"], got["q_rstd"], got["k_rstd"]) == ("q", "k", "rq", "rk")
+    with pytest.raises(ValueError, match=r"qk_rstd: q and k are the raw rows, and their l2norm's rstd"):
+        launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, gate=epilogue, qk_rstd=True)
+    with pytest.raises(TypeError, match="qk_rstd must be True or False, got 1"):
+        launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, rstd=("rq", "rk"), qk_rstd=1)
+    assert len(builds) == 1                                        # refused before any build
 
 
 def test_the_token_gate_build_is_launched_on_request_and_never_with_the_gate_epilogue(monkeypatch):

@@ -10,16 +10,19 @@ import pytest
 from kernel.shapes import HEAD_DIM
 
 from .. import token_gradients_model as kb
-from .test_cuda import (BOUND, GRADS, HEAD, TOKEN_GATE_CASES, WIDE_SPAN, H, _poisoned_states, _rel, edge_tile,
-                        emulate, make_case, token_gate_case)
+from .test_cuda import (BOUND, GRADS, HEAD, QK_RAW_NORMS, TOKEN_GATE_CASES, WIDE_SPAN, H, _poisoned_states, _rel,
+                        _wide_tile, edge_tile, emulate, make_case, token_gate_case)
 
 pytestmark = pytest.mark.gpu
 
 
 
-def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto", timing: bool = False) -> dict:
+def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto", timing: bool = False,
+            qk_rstd: bool = False) -> dict:
     """Kernel B's gradients of the case, both heads, on the host (dv as fp32 values); with ``token_gate``, its
-    token-gate build on each token's natural-log gate (case["g_natural"]); ``run_chunks``, ``timing``: launch's."""
+    token-gate build on each token's natural-log gate (case["g_natural"]); ``run_chunks``, ``timing``: launch's;
+    the case's rstd where it has one (the l2norm's backward); ``qk_rstd``: the qk_rstd build on the raw rows,
+    case["raw"]."""
     import cupy
 
     from kernel.token_gradients import launch
@@ -34,8 +37,11 @@ def _device(case: dict, token_gate: bool = False, run_chunks: int | str = "auto"
     arrays = {n: dev(getattr(inp, n)) for n in ("q", "k", "v", "g", "beta", "aqk", "akk", "do", "ds", "states")}
     if token_gate:
         arrays["g"] = dev(case["g_natural"])
+    if qk_rstd:
+        arrays["q"], arrays["k"] = dev(case["raw"]["q"]), dev(case["raw"]["k"])
+    rstd = None if inp.q_rstd is None else (dev(inp.q_rstd), dev(inp.k_rstd))
     launch.launch(*arrays.values(), cu=inp.cu, H=H, HV=H, scale=inp.scale, out=out, token_gate=token_gate,
-                  run_chunks=run_chunks, timing=timing)
+                  run_chunks=run_chunks, timing=timing, rstd=rstd, qk_rstd=qk_rstd)
     cupy.cuda.get_current_stream().synchronize()
     got = {n: x.get() for n, x in out.items()}
     got["dv"] = kb.dv_values(got["dv"])
@@ -113,3 +119,19 @@ def test_the_timing_build_without_a_buffer_runs_clean_and_gives_the_plain_bits()
     cupy.cuda.Device().synchronize()
     assert _bits(timed) == _bits(_device(case, run_chunks=2))
 
+
+
+@pytest.mark.parametrize("token_gate", [False, True])
+@pytest.mark.parametrize("shape", ["tiles", "wide"])
+def test_the_qk_rstd_build_on_raw_rows_gives_the_plain_builds_bits(shape, token_gate):
+    """Raw q and k rows of norms 3 and 0.2 with their rstd: the qk_rstd build gives the bits the plain build gives
+    on the rows bf16(x rstd) with the same rstd (R1 rebuilds exactly those rows, and everything after reads them),
+    on whole and partial tiles and through the pairwise path; and within the bound of float64 on every tile."""
+    case = (make_case(48, seed=0, wide=_wide_tile, raw_norms=QK_RAW_NORMS) if shape == "wide"
+            else make_case(45, seed=2, raw_norms=QK_RAW_NORMS))
+    raw = _device(case, token_gate=token_gate, qk_rstd=True)
+    assert _bits(raw) == _bits(_device(case, token_gate=token_gate))
+    for t in range(len(case["ref"])):
+        errs = _tile_errors(case, raw, t)
+        print(f"tile {t}: " + "  ".join(f"{n} {e:.2e}" for n, e in errs.items()))
+        assert all(e < BOUND for e in errs.values()), (t, errs)

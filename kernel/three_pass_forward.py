@@ -101,9 +101,9 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
     """:func:`kernel.forward.forward`'s call and outputs (its docstring), in three passes (module docstring).
     ``token_gate``, ``l2norm``: the forms of g and of q and k, as kernel.forward takes them (the products pass
     sums the gate over each chunk and normalises q and k); ``norm_copies`` False: with ``l2norm`` in training
-    the rows' rstd alone come out (q and k None), for a backward that reads the raw rows. ``pieces``: how many pieces one sequence runs in
-    (None: :func:`piece_count`; 1: each pass once, in turn); a batch of several sequences runs in one. The
-    outputs are the same bits for any count."""
+    the rows' rstd alone come out (q and k None), for a backward that reads the raw rows. ``pieces``: how many
+    pieces one sequence runs in (None: :func:`piece_count`; 1: each pass once, in turn); a batch of several
+    sequences runs in one. The outputs are the same bits for any count."""
     from .forward_chain import forward_chain
     from .forward_output import forward_output
     from .forward_products import forward_products

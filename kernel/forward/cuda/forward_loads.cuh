@@ -12,8 +12,9 @@ namespace kf {
 
 // Tile i's copies into st by producer warp pw (ptid = 32 pw + lane): Kernel S's shared copies
 // (forward_states_copies.cuh: its own g rows and, chunk by chunk, q's beside k's, glast, gbase and its
-// share of v), and beta; in the qk_rstd build its rows' rstd of q and k into rq, rk (a row a lane). q, k and their rstd are read at their head kh of H (row stride H HEAD_DIM, H),
-// everything else at value head h of HV.
+// share of v), and beta; in the qk_rstd build its rows' rstd of q and k into rq, rk (a row a lane). q, k
+// and their rstd are read at their head kh of H (row stride H HEAD_DIM, H), everything else at value head h
+// of HV.
 __device__ __forceinline__ void issue_tile(Stage& st, const u16* __restrict__ q, const u16* __restrict__ k,
                                            const u16* __restrict__ v, const float* __restrict__ g,
                                            const float* __restrict__ beta, const float* __restrict__ q_rstd,

@@ -18,8 +18,9 @@ namespace kf {
 // producers' barrier before R1 lets in); the l2norm build normalises q and k first (forward_l2norm.cuh's
 // l2norm_rows, into ``norm``); the qk_rstd build scales each row by its rstd (``rq``, ``rk``: the stage's),
 // rounded once to bf16 as FLA's l2norm_fwd rounds its output, and writes the rows back for the pairwise
-// products (forward_intra.cuh), the other reader of the stage's q and k. Returns whether a channel of the warp's rows spans past SPAN_LIMIT
-// (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the same in every lane; NaN counts as past).
+// products (forward_intra.cuh), the other reader of the stage's q and k. Returns whether a channel of the
+// warp's rows spans past SPAN_LIMIT (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the same in
+// every lane; NaN counts as past).
 __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane,
                                        const kda_l2norm::NormOut& norm, const float* rq, const float* rk) {
     const int col = 4 * lane, c0 = pw * ROWS_PER_PRODUCER;

@@ -27,7 +27,7 @@ from .config import Config
 from ..runtime import builds
 from ..runtime.arrays import (beta_f32, bf16_bits, bits_to_f32, check_scale, cupy_view, describe, expect, is_torch,
                              leading, require_cupy, require_gpu, to_cupy, torch_allocations, value_heads)
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens, snapshot_offsets
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
 ARRAY_KINDS = ("CuPy arrays (bf16 as uint16 bits: kernel.ds_scan.bf16_bits) or torch CUDA tensors "
@@ -324,14 +324,64 @@ def check_segments(segments) -> None:
         raise ValueError(f"segments must be 'auto' or an integer >= 1, got {segments!r}")
 
 
+OUTPUT_NAMES = ("snapshots", "dh0")   # what a call allocates, unless given its arrays (``out``)
+
+
+def _snapshot_shape(B: int, HV: int, total_snaps: int, varlen: bool) -> tuple[int, ...]:
+    return (1, total_snaps, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, total_snaps // B, HV, HEAD_DIM, HEAD_DIM)
+
+
+def output_shapes(B: int, HV: int, cu: np.ndarray, snapshot_every: int, varlen: bool) -> dict:
+    """The shapes of the arrays :func:`launch` allocates (OUTPUT_NAMES) for a batch of B sequences (varlen: one
+    packed row whose host int64 cu_seqlens is ``cu``; else ``cu`` is B sequences of equal length) at HV value
+    heads: host arithmetic, for a caller that allocates them once and passes them as ``out``."""
+    total = int(snapshot_offsets(np.diff(cu), TILE_TOKENS, snapshot_every)[-1])
+    return {"snapshots": _snapshot_shape(B, HV, total, varlen), "dh0": (cu.size - 1, HV, HEAD_DIM, HEAD_DIM)}
+
+
+def check_out(out, c: ScanInputs, *, snapshot_dtype: str, snapshot_every: int, varlen: bool) -> dict | None:
+    """``out`` (None, or a dict of the arrays a call would allocate: OUTPUT_NAMES) checked like the inputs: each
+    array's kind, its device (the inputs'), dtype, C-contiguity and shape, the error naming ``out['...']``.
+    Returns None or a copy of the dict."""
+    if out is None:
+        return None
+    if not isinstance(out, dict):
+        raise TypeError(f"out must be None or a dict of {OUTPUT_NAMES} arrays, got {type(out).__name__}")
+    missing, unknown = set(OUTPUT_NAMES) - set(out), set(out) - set(OUTPUT_NAMES)
+    if missing or unknown:
+        raise ValueError(f"out must hold exactly {OUTPUT_NAMES}; missing {sorted(missing)}, unknown {sorted(unknown)}")
+    shapes = output_shapes(c.B, c.HV, c.cu, snapshot_every, varlen)
+    layouts = {"snapshots": "[1, total snapshots, HV, K, V]" if varlen else "[B, snapshots a sequence, HV, K, V]",
+               "dh0": "[N, HV, K, V]"}
+    dtypes = {"snapshots": "bfloat16" if snapshot_dtype == "bfloat16" else "float32", "dh0": "float32"}
+    device = getattr(getattr(c.arrays[0], "device", None), "id", None)   # the inputs', as to_cupy held them
+    for name in OUTPUT_NAMES:
+        label = f"out['{name}']"
+        _check_device_arrays(**{label: out[name]})
+        a = describe(label, out[name], HOST_ADVICE)
+        expect(label, a, shapes[name], layouts[name], (dtypes[name],))
+        if device is not None and a.device is not None and a.device != device:
+            raise ValueError(f"{label} is on device {a.device}, the inputs on device {device}")
+    return dict(out)
+
+
 def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None, cu_seqlens=None,
            qk_l2norm: bool = True, snapshot_dtype: str = "float32", snapshot_every: int = 1,
            vsplit: int | str = "auto", segments: int | str = "auto", tuning: dict | None = None,
-           fla_inputs: bool = False, token_gate: bool = False):
+           fla_inputs: bool = False, token_gate: bool = False, out: dict | None = None):
     """:func:`dstate_scan`'s checks and launch. With ``fla_inputs`` the kernel reads gc, mqk
     and inv as FLA's forward stored them (kernel.ds_scan.fla: its g, and Aqk / Akk with 64
     columns, whose 16 x 16 diagonal blocks are Kernel A's Mqk / INV); with ``token_gate`` too, gc is
-    each token's natural-log gate, which the kernel sums within each tile (kernel.shapes.tile_gate_sums)."""
+    each token's natural-log gate, which the kernel sums within each tile (kernel.shapes.tile_gate_sums).
+
+    ``out``: None (the outputs are allocated by the call, as dstate_scan's are), or a dict of the arrays to write
+    into and return, {"snapshots": ..., "dh0": ...}, CuPy arrays or torch CUDA tensors of the shapes
+    :func:`output_shapes` gives, in ``snapshot_dtype`` (bf16 as uint16 bits in CuPy) and fp32, C-contiguous, on
+    the inputs' device (:func:`check_out`). Such a call allocates nothing on the device once the batch layout's
+    tables are cached (its first call), unless beta is bf16 (widened to an fp32 copy) or the sequence split
+    runs (its segment buffers, summaries and fold: pass ``segments=1`` for none). A call that allocates on a
+    stream other than the one that freed the memory gets no reuse from CuPy's pool, whose free blocks are
+    kept per stream: a timed call on a side stream would time a fresh allocation."""
     small = CHUNK_TOKENS if fla_inputs else TILE_TOKENS   # columns of mqk / inv
     if snapshot_dtype not in SNAPSHOT_DTYPES:
         raise ValueError(f"snapshot_dtype must be one of {SNAPSHOT_DTYPES}, got {snapshot_dtype!r}")
@@ -349,16 +399,19 @@ def launch(q, k, gc, beta, mqk, inv, do, *, scale: float | None = None, dht=None
     check_segments(segments)
     knobs = check_tuning(tuning)
     c = _checked_inputs(q, k, gc, beta, mqk, inv, do, dht, cu_seqlens, small)
-    return run(c, scale=scale, varlen=cu_seqlens is not None, qk_l2norm=bool(qk_l2norm),
+    varlen = cu_seqlens is not None
+    given = check_out(out, c, snapshot_dtype=snapshot_dtype, snapshot_every=snapshot_every, varlen=varlen)
+    return run(c, scale=scale, varlen=varlen, qk_l2norm=bool(qk_l2norm),
                snapshot_dtype=snapshot_dtype, snapshot_every=snapshot_every, vsplit=vsplit, segments=segments,
-               knobs=knobs, fla_inputs=bool(fla_inputs), token_gate=bool(token_gate))
+               knobs=knobs, fla_inputs=bool(fla_inputs), token_gate=bool(token_gate), out=given)
 
 
 def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, snapshot_dtype: str,
         snapshot_every: int, vsplit: int | str, segments: int | str, knobs: dict, fla_inputs: bool,
-        token_gate: bool = False):
+        token_gate: bool = False, out: dict | None = None):
     """Kernel A on checked inputs (:class:`ScanInputs`) and checked options: allocation and launch, no
-    check of its own. Returns (snapshots, dh0), torch tensors where ``c.torch_device`` is set."""
+    check of its own. Returns (snapshots, dh0), torch tensors where ``c.torch_device`` is set, or the arrays of
+    ``out`` (checked by :func:`check_out`) where given, written in place."""
     cupy = require_cupy(WHAT)
     q, k, gc, beta, mqk, inv, do = c.arrays
     dht, B, H, HV, cu = c.dht, c.B, c.H, c.HV, c.cu
@@ -367,10 +420,7 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
     N = lengths.size
 
     cu_d, offs_d, order, total_snaps = builds.device_tables(cu, snapshot_every)
-    if not varlen:
-        snap_shape = (B, total_snaps // B, HV, HEAD_DIM, HEAD_DIM)
-    else:
-        snap_shape = (1, total_snaps, HV, HEAD_DIM, HEAD_DIM)
+    snap_shape = _snapshot_shape(B, HV, total_snaps, varlen)
 
     sm = builds.sm_count()
     base = dict(snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every, l2norm=bool(qk_l2norm),
@@ -381,15 +431,21 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
     cfg = Config(vsplit=choose_vsplit(N * HV, sm) if vsplit == "auto" else int(vsplit),
                  has_dht=dht is not None, **base, **knobs)
 
-    if torch_in:   # torch's allocator and torch tensors out, CuPy views for the launch
+    if out is not None:   # the caller's arrays, returned as given; CuPy views (no copy) for the launch
+        result = out["snapshots"], out["dh0"]
+        snapshots = to_cupy("out['snapshots']", result[0], "bf16" if cfg.snap_bf16 else "f32")
+        dh0 = to_cupy("out['dh0']", result[1], "f32")
+    elif torch_in:   # torch's allocator and torch tensors out, CuPy views for the launch
         import torch
 
         snap_t = torch.empty(snap_shape, dtype=torch.bfloat16 if cfg.snap_bf16 else torch.float32, device=dev)
         dh0_t = torch.empty((N, HV, HEAD_DIM, HEAD_DIM), dtype=torch.float32, device=dev)
         snapshots, dh0 = cupy_view(snap_t), cupy_view(dh0_t)
+        result = snap_t, dh0_t
     else:
         snapshots = cupy.empty(snap_shape, dtype=np.uint16 if cfg.snap_bf16 else np.float32)
         dh0 = cupy.empty((N, HV, HEAD_DIM, HEAD_DIM), dtype=np.float32)
+        result = snapshots, dh0
     s = float(scale) if scale is not None else HEAD_DIM ** -0.5
     inputs = (q, k, gc, beta, mqk, inv, do)
     if (counts > 1).any():
@@ -406,10 +462,7 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
            (*inputs, dht if dht is not None else null, snapshots, dh0, cu_d, offs_d, order, np.int32(HV),
             np.int32(H), np.float32(s), maps),
            shared_mem=smem)
-
-    if torch_in:
-        return snap_t, dh0_t
-    return snapshots, dh0
+    return result
 
 
 # ----------------------------------------------------------------------------
@@ -519,4 +572,6 @@ def _split_scan(inputs, dht, snapshots, cu: np.ndarray, counts: np.ndarray, *, H
                      fold_view=fold_view)
 
 
-__all__ = ["dstate_scan", "summaries", "run", "ScanInputs", "scan_inputs_of", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel", "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]
+__all__ = ["dstate_scan", "summaries", "run", "output_shapes", "check_out", "OUTPUT_NAMES", "ScanInputs",
+           "scan_inputs_of", "module", "choose_vsplit", "check_vsplit", "check_segments", "check_tuning", "kernel",
+           "encode_tensor_maps", "bf16_bits", "bits_to_f32", "SNAPSHOT_DTYPES"]

@@ -296,17 +296,36 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
     return kernel_b_call(spec, H, x)
 
 
-def kernel_a_call(spec: Spec, x: dict):
+def kernel_a_call(spec: Spec, x: dict, out: dict | None = None):
     """A function that runs Kernel A once on ``x`` (:func:`drawn_inputs`) in the training step's form (bf16 dS
-    after every tile, FLA's inputs, the whole sequence in one scan: no split) and returns its outputs, allocated
-    by the call (dS, dh0)."""
+    after every tile, FLA's inputs, the whole sequence in one scan: no split) and returns its outputs (dS, dh0):
+    allocated by each call, or ``out``'s arrays (:func:`kernel_a_outputs`, or views of them of the spec's shapes)
+    written in place, so that a timed call allocates nothing."""
     from kernel.ds_scan import launch
 
     flat = {n: x[n].reshape(1, spec.B * spec.T, *x[n].shape[2:]) for n in ("q", "k", "g", "beta", "Aqk", "Akk", "do")}
     cu = np.arange(spec.B + 1, dtype=np.int64) * spec.T
     return lambda: launch.launch(flat["q"], flat["k"], flat["g"], flat["beta"], flat["Aqk"], flat["Akk"], flat["do"],
                                  scale=D ** -0.5, dht=x["dht"], cu_seqlens=cu, qk_l2norm=False,
-                                 snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit)
+                                 snapshot_dtype="bfloat16", snapshot_every=1, fla_inputs=True, vsplit=spec.vsplit,
+                                 out=out)
+
+
+def kernel_a_output_shapes(spec: Spec, H: int) -> dict:
+    """The shapes of what :func:`kernel_a_call` writes at the spec's B x T and H heads: dS after every tile (bf16,
+    [1, B x tiles a sequence, H, 128, 128]: each sequence's tiles in order) and dh0 (fp32 [B, H, 128, 128])."""
+    from kernel.ds_scan import launch
+
+    return launch.output_shapes(1, H, np.arange(spec.B + 1, dtype=np.int64) * spec.T, 1, varlen=True)
+
+
+def kernel_a_outputs(spec: Spec, H: int) -> dict:
+    """Kernel A's outputs (:func:`kernel_a_output_shapes`) allocated once on the GPU, on CuPy's current stream,
+    for :func:`kernel_a_call`'s ``out``."""
+    import cupy
+
+    dtypes = {"snapshots": np.uint16, "dh0": np.float32}   # bf16 as its bits
+    return {name: cupy.empty(shape, dtype=dtypes[name]) for name, shape in kernel_a_output_shapes(spec, H).items()}
 
 
 def kernel_b_arrays(spec: Spec, H: int) -> dict:

@@ -152,3 +152,21 @@ def test_grouped_value_heads_read_q_and_k_in_place(run):
     repeated = scan(*(cupy.repeat(kern[n], 3, axis=2) for n in ("q", "k")))
     for name, a, b in zip(("snapshots", "dh0"), native, repeated):
         assert a.shape == b.shape and cupy.array_equal(a, b), name
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_out_is_written_in_place_with_the_bits_of_a_call_that_allocates(segments):
+    import cupy
+
+    from kernel.ds_scan.launch import launch, output_shapes
+
+    kern, _ = check.inputs(check.Case("out", lengths=(17, 700, 64), H=2, seed=5))
+    args = [kern[n] for n in ("q", "k", "gc", "beta", "mqk", "inv", "do")]
+    kw = dict(dht=kern["dht"], cu_seqlens=kern["cu_seqlens"], snapshot_dtype="bfloat16", segments=segments)
+    want = launch(*args, **kw)
+    shapes = output_shapes(1, 2, cupy.asnumpy(kern["cu_seqlens"]).astype(np.int64), 1, varlen=True)
+    out = {"snapshots": cupy.zeros(shapes["snapshots"], np.uint16), "dh0": cupy.zeros(shapes["dh0"], np.float32)}
+    got = launch(*args, **kw, out=out)
+    assert got[0] is out["snapshots"] and got[1] is out["dh0"]
+    for name, a, b in zip(("snapshots", "dh0"), want, got):
+        assert a.shape == b.shape and cupy.array_equal(a, b), name

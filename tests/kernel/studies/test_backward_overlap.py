@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from kernel.studies.backward_overlap.__main__ import (group_bounds, group_views, parse_args, pipeline_order,
-                                                      pipelined_ms, report)
+from kernel.studies.backward_overlap.__main__ import (group_bounds, group_outputs, group_views, parse_args,
+                                                      pipeline_order, pipelined_ms, report)
+from kernel.tools import source_ab
 
 SMS = 132
 
@@ -126,6 +127,38 @@ def test_group_views_are_the_groups_rows_of_every_array_with_no_copy():
     assert parts[1]["ds"][0, 0] == arrays["ds"][2 * 7, 0]
 
 
+def test_each_groups_kernel_a_outputs_are_its_rows_of_one_allocation_in_the_shapes_launch_checks():
+    spec, H = source_ab.Spec(B=5, T=100), 2   # 7 tiles a sequence, the last partial
+    shapes = source_ab.kernel_a_output_shapes(spec, H)
+    assert shapes == {"snapshots": (1, 5 * 7, H, 128, 128), "dh0": (5, H, 128, 128)}
+    whole = {name: np.arange(np.prod(shape), dtype=np.int64).reshape(shape) for name, shape in shapes.items()}
+    views = []
+    for b0, b1 in group_bounds(spec.B, 2):
+        v = group_outputs(spec.T, whole, b0, b1)
+        assert {n: a.shape for n, a in v.items()} == source_ab.kernel_a_output_shapes(
+            source_ab.Spec(B=b1 - b0, T=spec.T), H)
+        assert all(a.flags.c_contiguous and np.shares_memory(a, whole[n]) for n, a in v.items())
+        views.append(v)
+    for name in shapes:
+        np.testing.assert_array_equal(np.concatenate([v[name] for v in views], axis=1 if name == "snapshots" else 0),
+                                      whole[name])
+
+
+def test_kernel_a_call_hands_its_out_to_the_launch_and_allocates_by_default(monkeypatch):
+    from kernel.ds_scan import launch
+
+    seen = []
+    monkeypatch.setattr(launch, "launch", lambda *args, **kw: seen.append(kw) or "ran")
+    spec, H = source_ab.Spec(B=2, T=32), 1
+    x = {n: np.zeros((2, 32, H, 128)) for n in ("q", "k", "g", "beta", "Aqk", "Akk", "do")}
+    x["dht"] = np.zeros((2, H, 128, 128))
+    out = {"snapshots": object(), "dh0": object()}
+    assert source_ab.kernel_a_call(spec, x, out=out)() == "ran" and seen[-1]["out"] is out
+    source_ab.kernel_a_call(spec, x)()
+    assert seen[-1]["out"] is None
+    assert seen[-1]["snapshot_dtype"] == "bfloat16" and seen[-1]["snapshot_every"] == 1
+
+
 @pytest.mark.gpu
 def test_the_study_runs_every_variant_on_a_small_batch():
     pytest.importorskip("cuda.bindings")
@@ -140,3 +173,22 @@ def test_the_study_runs_every_variant_on_a_small_batch():
                split["both_ms"]):
         assert 0 < ms < 1e3
     assert "fastest pipeline" in report(row)
+
+
+@pytest.mark.gpu
+def test_kernel_a_with_its_outputs_given_allocates_nothing_on_a_side_stream():
+    # the study's timed calls: a call that allocated would get a fresh block on a stream new to CuPy's pool
+    import cupy
+
+    spec, H = source_ab.parse_spec("2x1024", "a"), 2
+    x = source_ab.drawn_inputs(spec, H)
+    out = source_ab.kernel_a_outputs(spec, H)
+    run = source_ab.kernel_a_call(spec, x, out=out)
+    run()   # the first call builds the kernel and caches the layout's device tables
+    pool = cupy.get_default_memory_pool()
+    held = pool.total_bytes()
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        got = run()
+    side.synchronize()
+    assert pool.total_bytes() == held and got[0] is out["snapshots"] and got[1] is out["dh0"]

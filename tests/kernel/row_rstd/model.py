@@ -84,7 +84,8 @@ def ulps_apart(a, b) -> np.ndarray:
 
 def rows(shape, seed: int = 0, *, span: float = 40.0, zero_every: int = 0) -> np.ndarray:
     """bf16 values (float32) of shape [..., 128]: standard normal rows, each scaled by 2^s for s uniform in
-    [-span, span] (norms from tiny to huge), every ``zero_every``-th row zero (0: none)."""
+    [-span, span] (norms from tiny to huge), every ``zero_every``-th row zero (rows zero_every - 1, 2 zero_every - 1,
+    ...; 0: none)."""
     from kernel.runtime.arrays import bf16_bits, bits_to_f32
 
     rng = np.random.default_rng(seed)
@@ -92,5 +93,12 @@ def rows(shape, seed: int = 0, *, span: float = 40.0, zero_every: int = 0) -> np
     scale = np.exp2(rng.uniform(-span, span, size=(*shape[:-1], 1)))
     flat = (x * scale).reshape(-1, shape[-1])
     if zero_every:
-        flat[::zero_every] = 0.0
+        flat[zero_every - 1::zero_every] = 0.0
     return bits_to_f32(bf16_bits(flat.reshape(shape)))
+
+
+def bf16(x) -> np.ndarray:
+    """x rounded to bf16 values (float32), as the GPU tests' tensors hold them."""
+    from kernel.runtime.arrays import bf16_bits, bits_to_f32
+
+    return bits_to_f32(bf16_bits(x))

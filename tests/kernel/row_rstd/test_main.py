@@ -54,6 +54,7 @@ def test_without_a_gpu_it_says_why(capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.fla      # FLA's l2norm_fwd runs beside ours where fla-core is installed
 def test_a_small_configuration_is_measured():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

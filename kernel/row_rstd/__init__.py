@@ -4,8 +4,9 @@ normalised copies, both tensors in one launch.
 * ``config``: its knob (:class:`Config`: the rows in flight a thread), options, variants and ``BUILD``;
 * ``launch``: :func:`plan_row_rstd` (every check, on the host) and :func:`row_rstd`; for a caller with CuPy
   arrays of its own, :func:`launch_planned`;
-* ``cuda/``: the entry file ``row_rstd.cu``;
-* ``python -m kernel.row_rstd``: the pass timed beside FLA's l2norm pass (``__main__``).
+* ``cuda/``: the entry file ``row_rstd.cu``.
+
+``python -m kernel.studies.row_rstd`` times the pass beside FLA's l2norm pass.
 """
 from .config import BUILD, DEPTHS, KERNEL_NAME, KNOB_MACROS, SOURCE_DIR, SOURCE_PATH, WARPS, Config, all_variants, \
     options

@@ -1,4 +1,4 @@
-"""python -m kernel.row_rstd on the CPU: its arguments, its byte counts, its report, and a clean refusal without
+"""python -m kernel.studies.row_rstd on the CPU: its arguments, its byte counts, its report, and a clean refusal without
 a GPU."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kernel.row_rstd.__main__ import bytes_moved, fla_bytes_moved, main, parse_args, report
+from kernel.studies.row_rstd.__main__ import bytes_moved, fla_bytes_moved, main, parse_args, report
 
 
 def test_the_arguments_and_their_checks():
@@ -59,7 +59,7 @@ def test_a_small_configuration_is_measured():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
-    from kernel.row_rstd.__main__ import measure
+    from kernel.studies.row_rstd.__main__ import measure
 
     row = measure("2x300", 3, 2, [1, 4])
     assert row["rows"] == 1800 and row["bytes"] == bytes_moved(1800) and set(row["ours_ms"]) == {"1", "4"}

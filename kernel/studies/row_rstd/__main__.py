@@ -1,6 +1,7 @@
 """The rstd pass timed beside FLA's l2norm pass, which it replaces in the op, in one process.
 
-    python -m kernel.row_rstd --configs 32x8192,8x32768,1x131072 [--heads 32] [--reps 20] [--depths 4] [--json FILE]
+    python -m kernel.studies.row_rstd --configs 32x8192,8x32768,1x131072 [--heads 32] [--reps 20] [--depths 4]
+                                      [--json FILE]
 
 Per configuration: q and k bf16 [B, T, H, 128], standard normal (seed 0). Timed in turn (``time_alternating``:
 CUDA events around each call, a cold L2 and the GPU kept busy ahead of it, the sides alternating call by call,
@@ -19,8 +20,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..shapes import HEAD_DIM
-from ..studies.timed_configs import parse_configs, run_configs
+from kernel.shapes import HEAD_DIM
+
+from ..timed_configs import parse_configs, run_configs
 
 NAME = "row_rstd"
 RSTD_BYTES = 4     # an fp32 rstd
@@ -37,7 +39,7 @@ def fla_bytes_moved(rows: int) -> int:
 
 
 def parse_args(argv: Sequence[str] | None):
-    p = argparse.ArgumentParser(prog="python -m kernel.row_rstd", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kernel.studies.row_rstd", description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default="32x8192,8x32768,1x131072", help="comma-separated BxT (default %(default)s)")
     p.add_argument("--heads", type=int, default=32, help="heads H of q and k (default 32, the bench's)")
     p.add_argument("--reps", type=int, default=20, help="timed calls a side, in turn (median; default 20)")
@@ -47,7 +49,7 @@ def parse_args(argv: Sequence[str] | None):
     args.configs = parse_configs(p, args.configs)
     if args.heads < 1 or args.reps < 1:
         p.error("--heads and --reps must be >= 1")
-    from .config import DEPTHS
+    from kernel.row_rstd import DEPTHS
 
     try:
         args.depths = [int(d) for d in args.depths.split(",") if d.strip()]
@@ -95,8 +97,7 @@ def measure(config: str, heads: int, reps: int, depths: Sequence[int]) -> dict:
 
     from kernel.tools.bench.timing import L2_FLUSH_BYTES, time_alternating
 
-    from .config import Config
-    from .launch import row_rstd
+    from kernel.row_rstd import Config, row_rstd
 
     B, T = (int(n) for n in config.lower().split("x"))
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -7,12 +7,14 @@ its room's ``BUILD`` (a :class:`kernel.runtime.builds.KernelBuild`).
 """
 from __future__ import annotations
 
-from . import ds_scan, forward, forward_chain, forward_output, forward_products, forward_states, token_gradients
+from . import (ds_scan, forward, forward_chain, forward_output, forward_products, forward_states, row_rstd,
+               token_gradients)
 from .runtime.builds import KernelBuild
 
 KERNELS: tuple[KernelBuild, ...] = (ds_scan.BUILD, forward_states.BUILD, token_gradients.BUILD, forward.BUILD,
                                    forward_products.BUILD,
                                    forward_chain.BUILD,
-                                   forward_output.BUILD)
+                                   forward_output.BUILD,
+                                   row_rstd.BUILD)
 
 __all__ = ["KERNELS"]

@@ -92,6 +92,9 @@ only Kernel B; forward-states runs the forward-state scan alone, built with -lin
 kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config fields, e.g.
 {"producers": 1}). .ci/gpu-checks' memcheck step runs these two workloads under memcheck.
 
+The run row-rstd checks the rstd pass on q and k of 2 x 77 tokens of 3 heads: a step of its rows holds rows of
+both tensors, and its last one reaches past their end.
+
 KDA_RACECHECK_TOKEN_GATE=1 runs the token-gate builds instead (each token's gate summed in R1 across a
 producers' barrier, kernel.shapes.tile_gate_sums): the forward's, Kernel A's on FLA's tensors (the
 backward's case), Kernel B's (its kda_backward on the states of the forward-state scan) and the products
@@ -398,6 +401,24 @@ def _three_passes() -> str:
            f"{bool(cp.isfinite(walked.final_state).all())}"
 
 
+def _row_rstd() -> str:
+    """The rstd pass, built with -lineinfo, on q and k of 2 x 77 rows of 3 heads, which no step of the pass
+    divides: one step holds rows of both tensors, the last rows past their end. It shares nothing between
+    threads (no shared memory; each row's sum meets in shuffles), and racecheck is to say so."""
+    import cupy as cp
+    import numpy as np
+
+    from kernel import row_rstd
+    from kernel.runtime.arrays import bf16_bits
+
+    rng = np.random.default_rng(0)
+    q, k = (cp.asarray(bf16_bits(rng.standard_normal((2, 77, 3, 128)))) for _ in range(2))
+    q_rstd, k_rstd = row_rstd.row_rstd(q, k, config=row_rstd.Config(lineinfo=True))
+    cp.cuda.Device().synchronize()
+    finite = bool(cp.isfinite(q_rstd).all() and cp.isfinite(k_rstd).all())
+    return f"{q_rstd.size} rows of q and of k, rstd finite {finite}"
+
+
 # Each kernel of kernel.registry.KERNELS by its function's name (KernelBuild.function): its run.
 # A registry kernel missing here is reported by every run of the tool and fails
 # tests/kernel/tools/test_racecheck.py. Kernel A's run checks every kernel its child launches.
@@ -409,6 +430,7 @@ WORKLOADS: dict[str, Workload] = {
     "kda_forward_products": Workload("forward-products", _three_passes),
     "kda_forward_chain": Workload("forward-chain", _three_passes),
     "kda_forward_output": Workload("forward-output", _three_passes),
+    "kda_row_rstd": Workload("row-rstd", _row_rstd),
 }
 
 

@@ -19,8 +19,9 @@ nvidia-cuda-nvdisasm wheels, ``pip install -e '.[sass]'``, provide it where the
 CUDA toolkit lacks it; --check needs it, the plain report leaves the counts out).
 
 What the design relies on, checked with --check: the instructions each kernel's entry says a
-variant must hold (``KernelBuild.required_sass``: HMMA, LDSM, LDGSTS everywhere, STSM where
-snapshots or states are staged by stmatrix, HGMMA in Kernel A's warpgroup-MMA builds). MOVM is
+variant must hold (``KernelBuild.required_sass``: HMMA, LDSM, LDGSTS in every kernel with GEMMs, STSM
+where snapshots or states are staged by stmatrix, HGMMA in Kernel A's warpgroup-MMA builds; LDG in the rstd
+pass, which has no GEMM and loads its rows into registers). MOVM is
 counted in the table but never required or refused: the transposed formulation turns
 accumulators into A operands by packing alone, and the count shows that it stayed so.
 """
@@ -44,8 +45,9 @@ from kernel.registry import KERNELS
 from kernel.runtime.builds import KernelBuild
 from ptx_lab import CUDA_INCLUDE_DIR
 
-SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS", "SYNCS", "UTMALDG", "UTMASTG")   # SYNCS: mbarrier
-# arrivals and waits; UTMALDG, UTMASTG: tensor copies in and out
+SASS_OPS = ("HMMA", "HGMMA", "LDSM", "STSM", "MOVM", "LDGSTS", "SYNCS", "UTMALDG", "UTMASTG", "LDG")   # SYNCS:
+# mbarrier arrivals and waits; UTMALDG, UTMASTG: tensor copies in and out; LDG: loads from global memory into
+# registers (the rstd pass's; the word alone, so LDGSTS and LDGDEPBAR do not count)
 REGS_PER_SM, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, THREADS_PER_SM = 65536, 228 * 1024, 1024, 2048
 
 

@@ -114,7 +114,8 @@ def test_every_registry_kernel_has_a_workload_and_every_workload_names_one():
 
 
 # the registry's kernels' runs, in its order
-KERNEL_RUNS = ("kernel-a", "forward-states", "kernel-b", "forward", "forward-products", "forward-chain", "forward-output")
+KERNEL_RUNS = ("kernel-a", "forward-states", "kernel-b", "forward", "forward-products", "forward-chain",
+               "forward-output", "row-rstd")
 
 
 def test_a_registry_kernel_without_a_workload_is_reported_and_fails_the_run(monkeypatch, tmp_path, capsys):

@@ -11,8 +11,10 @@ Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
   :func:`kernel.three_pass_forward.three_pass_forward`). Both take the two passes FLA runs first into
   their kernels (docs/kda_forward.md, section 8): they read each token's own gate and sum it themselves
   (:func:`token_gate`; where the op activates the gate, FLA's ``kda_gate_chunk_cumsum`` still makes the
-  activated gate's 64-chunk cumsum in log2 first), and they l2-normalise bf16 q and k themselves, writing
-  them out with their rstd for the backward (FLA's ``l2norm_fwd`` for another dtype). Out come o, the final
+  activated gate's 64-chunk cumsum in log2 first), and they read bf16 q and k raw (:func:`reads_raw_qk`):
+  each row times its rstd, from :func:`kernel.row_rstd.row_rstd` (a pass that reads the rows and writes
+  their rstd alone) or, in the three passes, formed by the products pass; no normalised copy is written, and
+  the backward reads the same raw rows and rstd (FLA's ``l2norm_fwd`` for another dtype). Out come o, the final
   state, the states entering every 64-token chunk and Aqk's and Akk's 16 x 16 diagonal blocks (the rest
   of their rows unwritten: our backward reads nothing else); out of training mode (``call.training``
   False) o and the final state alone. Every call the boundary admits is within it: nothing falls back to
@@ -38,7 +40,7 @@ what lies between its gradients and the call's arguments:
 * grouped value heads: native in the kernels (each value head reads q and k at its query / key head,
   never repeated in memory), dq and dk summed over each group by :func:`kernel.kda_backward.run`, as
   FLA sums them;
-* the l2norm's backward, in Kernel B's epilogue (from FLA's rstd), and the casts to the inputs' dtypes.
+* the l2norm's backward, in Kernel B's epilogue (from the forward's rstd), and the casts to the inputs' dtypes.
 
 Every gate FLA accepts runs ours, forward and backward: a 16-token tile whose gates decay a channel
 past fp32's range for the factorised tile products has them formed pairwise, decided on the device
@@ -53,8 +55,8 @@ import torch
 from ..shapes import CHUNK_TOKENS
 from .arguments import Call
 
-__all__ = ["forward", "forward_here", "our_forward", "fla_forward", "backward", "FORWARD_OUTPUTS", "GRADIENT_INPUTS",
-           "FallbackWarning", "warn_once", "forget_warnings"]
+__all__ = ["forward", "forward_here", "our_forward", "fla_forward", "backward", "reads_raw_qk",
+           "FORWARD_OUTPUTS", "GRADIENT_INPUTS", "FallbackWarning", "warn_once", "forget_warnings"]
 
 
 class FallbackWarning(UserWarning):
@@ -113,16 +115,25 @@ def _v_first(x: torch.Tensor | None) -> torch.Tensor | None:
 
 
 # forward's tensors, in the order the op returns them (each one the call does not make is absent):
-# the output, the final state, and what the backward reads: q and k as the kernels read them (after
-# the l2norm) with their rstd, beta after the sigmoid, the 64-chunk cumsum of the gate in log2 (absent
-# where FLA's forward frees it: the gate activated in the op, without disable_recompute; and from ours
-# where the op does not activate the gate: our kernels then read the call's own, token_gate), Aqk, Akk,
-# and the states entering every chunk h (our forward's always, FLA's kept with disable_recompute)
+# the output, the final state, and what the backward reads: q and k normalised where the kernels read
+# them so (absent where they read the call's raw rows: reads_raw_qk) with their rstd, beta after the
+# sigmoid, the 64-chunk cumsum of the gate in log2 (absent where FLA's forward frees it: the gate
+# activated in the op, without disable_recompute; and from ours where the op does not activate the gate:
+# our kernels then read the call's own, token_gate), Aqk, Akk, and the states entering every chunk h
+# (our forward's always, FLA's kept with disable_recompute)
 FORWARD_OUTPUTS = ("o", "final_state", "q", "q_rstd", "k", "k_rstd", "beta", "g_cumsum", "Aqk", "Akk", "h")
 # the inputs that have a gradient, in the order the backward returns them
 GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state")
 # the kernels copy every tensor by 16-byte cp.async (kernel.forward.launch.ALIGN)
 KERNEL_ALIGN = 16
+
+
+def reads_raw_qk(forward: str, use_qk_l2norm_in_kernel: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> bool:
+    """Whether our kernels read the call's q and k as they came, with each row's rstd, where the call asks for
+    the l2norm: our forward and our backward on bf16 q and k (the builds that scale rows by their rstd round
+    as FLA's l2norm_fwd rounds its bf16 output). FLA's forward normalises them itself."""
+    return (forward == "ours" and use_qk_l2norm_in_kernel and q_dtype == torch.bfloat16
+            and k_dtype == torch.bfloat16)
 
 
 def forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
@@ -179,8 +190,8 @@ def fla_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
 
 def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
     """Our forward on q's current device: FLA's preprocessing and the gate's cumsum (kept for the
-    backward) where our kernels do not take their place (:func:`token_gate`; the l2norm in the forward's
-    l2norm builds), then :func:`kernel.forward.forward`, or for few long sequences its three passes
+    backward) where our kernels do not take their place (:func:`token_gate`; the l2norm: :func:`reads_raw_qk`),
+    then :func:`kernel.forward.forward`, or for few long sequences its three passes
     (:func:`kernel.three_pass_forward.three_passes_pay`), in the call's mode on torch's current
     stream, every output from torch's allocator. ``state_v_first``: the initial state goes in as
     [K, V] and the final state comes out as [V, K]; the states (h) stay [K, V], as our backward reads
@@ -191,12 +202,12 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     fla = around_our_kernels()
     o_dtype = q.dtype   # o in q's dtype, as FLA's
     pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
-    # the l2norm in the three passes' products pass (its l2norm build writes q, k normalised and their rstd for
-    # the backward): the l2norm pass goes. Not in the one pass: its l2norm build cost 6.5 ms at 32x8192 where the
-    # pass it removes costs 2.0 (the producers bind it; docs/log/57)
-    l2norm = call.use_qk_l2norm_in_kernel and q.dtype == k.dtype == torch.bfloat16 and pays
+    # raw q and k: the three passes' products pass forms each row's rstd itself and writes it alone; the one
+    # pass is given them by the rstd pass (its own l2norm build cost 6.5 ms at 32x8192, where a pass that writes
+    # the rstd alone moves half the bytes of FLA's l2norm, which also writes the normalised copies: docs/log/57)
+    raw = reads_raw_qk(call.forward, call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
-                                                                                   initial_state, not l2norm)
+                                                                                   initial_state, not raw)
     tokens = token_gate(call)
     if tokens:   # each token's gate as the call passed it, fp32 (a copy only where it is not)
         g_read = g.float()
@@ -205,15 +216,22 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     kernels_beta = (beta if beta_activated is None else beta_activated).float()   # bf16 widened by torch, not CuPy
     h0 = _v_first(initial_state) if call.state_v_first else initial_state
     inputs = [_aligned(x) for x in (q, k, v, g_read, kernels_beta, h0)]
+    common = dict(scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
+                  output_final_state=call.output_final_state, training=call.training, token_gate=tokens)
     with _torch_stream():
-        run = three_passes.three_pass_forward if pays else kernel_forward.forward   # the same call and outputs
-        out = run(*inputs[:5], scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
-                  output_final_state=call.output_final_state, training=call.training, token_gate=tokens,
-                  l2norm=l2norm)
-    if l2norm:
-        q, k, q_rstd, k_rstd = out.q, out.k, out.q_rstd, out.k_rstd   # None out of training
+        if pays:   # the one pass's call and outputs
+            out = three_passes.three_pass_forward(*inputs[:5], **common, l2norm=raw, norm_copies=False)
+            if raw:
+                q_rstd, k_rstd = out.q_rstd, out.k_rstd   # None out of training
+        else:
+            if raw:
+                from ..row_rstd import row_rstd
+
+                q_rstd, k_rstd = row_rstd(inputs[0], inputs[1])
+            out = kernel_forward.forward(*inputs[:5], **common, rstd=(q_rstd, k_rstd) if raw else None)
+    q, k = inputs[0], inputs[1]   # as the kernels read them (raw where ``raw``), aligned
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
-    normed = call.use_qk_l2norm_in_kernel
+    normed = call.use_qk_l2norm_in_kernel and not raw   # raw: the backward reads the call's own q and k
     # the cumsum goes to the backward only where the op activated the gate (else it reads the call's own)
     return dict(o=out.o.to(o_dtype), final_state=final_state, q=q if normed else None, q_rstd=q_rstd,
                 k=k if normed else None, k_rstd=k_rstd, beta=beta_activated,
@@ -285,13 +303,16 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
             g_cumsum = _aligned(g_raw.float().contiguous())
         elif g_cumsum is None:   # FLA's forward freed it (the gate activated in the op): recomputed as it made it
             g_cumsum = _gate_cumsum(fla, call, g_raw, A_log, dt_bias, cu_seqlens, chunk_indices)
-        # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows)
+        # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows, or the
+        # raw rows that the kernels scale by their rstd: reads_raw_qk)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
+        raw = reads_raw_qk(call.forward, call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
         # the gate's activation backward (Kernel B's gate build, or FLA's pass for a gate not in bf16):
         # skipped where no gradient of the raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
         gate_wanted = any(need[GRADIENT_INPUTS.index(name)] for name in ("g", "A_log", "dt_bias"))
         dq, dk, dv, dbeta, dg, dh0, dA, dbias = _ours(call, q, k, v, g_cumsum, g_raw, kernels_beta, A_log, dt_bias,
-                                                      Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted, tokens)
+                                                      Aqk, Akk, h, initial_state, do, dht, rstd, gate_wanted, tokens,
+                                                      raw)
     if beta_activated is not None and need[4]:
         from ..activations import beta_backward
 
@@ -303,12 +324,13 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
 
 
 def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, h, initial_state, do, dht, rstd,
-          gate_wanted: bool = True, token_gate: bool = False):
+          gate_wanted: bool = True, token_gate: bool = False, qk_raw: bool = False):
     """Our backward and the layouts around it; the gradients as FLA's chunk_kda_bwd returns them
     (dq, dk, dv, dbeta, dg with respect to the gate the call passed, dh0, dA_log, ddt_bias), dq and dk
     through the l2norm's backward where ``rstd`` (q's and k's) is given; the gate's activation backward
     only where ``gate_wanted`` (else dg stays the activated gate's, and dA_log, ddt_bias None).
-    ``token_gate``: ``g_cumsum`` is each token's gate, which Kernels A and B sum within each tile."""
+    ``token_gate``: ``g_cumsum`` is each token's gate, which Kernels A and B sum within each tile. ``qk_raw``:
+    q and k are the raw rows, which the kernels scale by ``rstd`` (:func:`reads_raw_qk`)."""
     from ..kda_backward import Gate, checked_batch, run
 
     if rstd is not None:   # Kernel B reads them at each value head's query / key head, as q and k
@@ -325,7 +347,7 @@ def _ours(call: Call, q, k, v, g_cumsum, g_raw, beta, A_log, dt_bias, Aqk, Akk, 
     # bf16 dq, dk where the caller's are: rounded once (in Kernel B, or with GVA after the group sum)
     grads = run(batch, q, k, v, g_cumsum, beta, Aqk, Akk, do.contiguous(), initial_state=h0, dht=dht, states=states,
                 rstd=rstd, dqk_bf16=q.dtype == torch.bfloat16 and k.dtype == torch.bfloat16, gate=gate,
-                token_gate=token_gate)
+                token_gate=token_gate, qk_raw=qk_raw)
     dq, dk = grads["dq"], grads["dk"]
     dh0 = grads["dh0"]
     if call.state_v_first and dh0 is not None:

@@ -79,14 +79,17 @@ def _absent(like: Tensor) -> Tensor:
 
 def _forward_made(output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                   use_beta_sigmoid_in_kernel: bool, disable_recompute: bool, forward: str,
-                  training: bool) -> tuple[bool, ...]:
+                  training: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[bool, ...]:
     """Which of FORWARD_OUTPUTS a call makes: FLA's forward frees its gate cumsum where the op activated
     the gate, unless disable_recompute keeps everything, h included; ours keeps h always and the cumsum
     where the op activates the gate (else our kernels read the call's own gate, which the op keeps:
-    function.token_gate). Out of training mode: only what is RETURNED."""
+    function.token_gate), and no normalised q and k where our kernels read the call's own with their rstd
+    (function.reads_raw_qk, from q's and k's dtypes). Out of training mode: only what is RETURNED."""
     ours = forward == "ours"
-    made = dict(o=True, final_state=output_final_state, q=use_qk_l2norm_in_kernel,
-                q_rstd=use_qk_l2norm_in_kernel, k=use_qk_l2norm_in_kernel, k_rstd=use_qk_l2norm_in_kernel,
+    copies = use_qk_l2norm_in_kernel and not function.reads_raw_qk(forward, use_qk_l2norm_in_kernel, q_dtype,
+                                                                  k_dtype)
+    made = dict(o=True, final_state=output_final_state, q=copies,
+                q_rstd=use_qk_l2norm_in_kernel, k=copies, k_rstd=use_qk_l2norm_in_kernel,
                 beta=use_beta_sigmoid_in_kernel,
                 g_cumsum=use_gate_in_kernel if ours else disable_recompute or not use_gate_in_kernel,
                 Aqk=True, Akk=True, h=ours or disable_recompute)
@@ -133,7 +136,7 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
     call = _call(q, v, cu_seqlens, _host_offsets(q, cu_seqlens, offsets), settings)
     out = function.forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training, q.dtype, k.dtype)
     return tuple(out[name] if m else _absent(q) for name, m in zip(FORWARD_OUTPUTS, made))
 
 
@@ -156,7 +159,7 @@ def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seql
         Aqk=((B, T, HV, CHUNK_TOKENS), k.dtype), Akk=((B, T, HV, CHUNK_TOKENS), k.dtype),   # chunk_kda_fwd_intra
     )
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training, q.dtype, k.dtype)
     if made[FORWARD_OUTPUTS.index("h")]:
         # one state per 64-token chunk of every sequence, bf16 (FLA's chunk_gated_delta_rule_fwd_h: in
         # kg's dtype, k's, in the state's layout; ours: [K, V] always); with cu_seqlens the chunk count
@@ -216,14 +219,16 @@ def _setup_context(ctx, inputs, output) -> None:
                            f"(with grad mode on), so no backward could run: pass training=True (kernel.chunk_kda "
                            f"decides it itself: kernel.fla_dropin.arguments.training_mode)")
     made = _forward_made(s["output_final_state"], s["use_qk_l2norm_in_kernel"], s["use_gate_in_kernel"],
-                         s["use_beta_sigmoid_in_kernel"], s["disable_recompute"], s["forward"], s["training"])
+                         s["use_beta_sigmoid_in_kernel"], s["disable_recompute"], s["forward"], s["training"],
+                         a["q"].dtype, a["k"].dtype)
     out = {name: (x if m else None) for name, x, m in zip(FORWARD_OUTPUTS, output, made)}
     ctx.mark_non_differentiable(*[x for name, x in zip(FORWARD_OUTPUTS, output)
                                   if name not in RETURNED or out[name] is None])
     # an output that no gradient reached comes as None, not as a tensor of zeros made for it
     ctx.set_materialize_grads(False)
-    normed = s["use_qk_l2norm_in_kernel"]
-    keep = dict(a, q=out["q"] if normed else a["q"], k=out["k"] if normed else a["k"], q_rstd=out["q_rstd"],
+    # q and k as the kernels read them: the normalised copies where the forward made them, else the call's own
+    keep = dict(a, q=out["q"] if made[FORWARD_OUTPUTS.index("q")] else a["q"],
+                k=out["k"] if made[FORWARD_OUTPUTS.index("k")] else a["k"], q_rstd=out["q_rstd"],
                 k_rstd=out["k_rstd"], g_cumsum=out["g_cumsum"],
                 g_raw=a["g"] if s["use_gate_in_kernel"] or s["forward"] == "ours" else None,
                 beta_activated=out["beta"], Aqk=out["Aqk"], Akk=out["Akk"], h=out["h"])

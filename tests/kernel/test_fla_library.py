@@ -224,17 +224,19 @@ def _stub_our_kernels(monkeypatch) -> list:
     from torch (the final state 0, 1, 2, ..., to follow its layout); CuPy's stream not touched. Returns
     the list of (arguments, plan, outputs) of each launch; the arguments' "ran" names the forward."""
     import kernel.forward as kernel_forward
+    import kernel.row_rstd as row_rstd
     import kernel.three_pass_forward as three_passes
     from kernel.forward import ForwardOutputs, plan_forward
 
     launches = []
 
     def planned(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, training,
-                token_gate=False, l2norm=False, ran="one pass"):
+                token_gate=False, l2norm=False, rstd=None, norm_copies=True, ran="one pass"):
         plan = plan_forward(*(_DeviceArray(x) for x in (q, k, v, g, beta)), scale=scale,
                             initial_state=None if initial_state is None else _DeviceArray(initial_state),
                             cu_seqlens=cu_seqlens, output_final_state=output_final_state, training=training,
-                            token_gate=token_gate, l2norm=l2norm)
+                            token_gate=token_gate, l2norm=l2norm,
+                            rstd=None if rstd is None else tuple(_DeviceArray(x) for x in rstd))
         def empty(shape, dtype):
             return None if shape is None else torch.empty(shape, dtype=dtype, device=q.device)
 
@@ -245,14 +247,20 @@ def _stub_our_kernels(monkeypatch) -> list:
         out = ForwardOutputs(o=empty(plan.o_shape, torch.bfloat16), final_state=final,
                              states=empty(plan.states_shape, torch.bfloat16),
                              Aqk=empty(plan.blocks_shape, torch.bfloat16), Akk=empty(plan.blocks_shape, torch.bfloat16),
-                             q=empty(norm, torch.bfloat16), k=empty(norm, torch.bfloat16),
+                             q=empty(norm if norm_copies else None, torch.bfloat16),
+                             k=empty(norm if norm_copies else None, torch.bfloat16),
                              q_rstd=empty(None if norm is None else norm[:-1], torch.float32),
                              k_rstd=empty(None if norm is None else norm[:-1], torch.float32))
         launches.append((dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, training=training,
-                              token_gate=token_gate, l2norm=l2norm, ran=ran), plan, out))
+                              token_gate=token_gate, l2norm=l2norm, rstd=rstd, norm_copies=norm_copies, ran=ran),
+                         plan, out))
         return out
 
+    def rstd_pass(q, k):   # kernel.row_rstd's outputs, from torch
+        return tuple(torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) for x in (q, k))
+
     monkeypatch.setattr(kernel_forward, "forward", planned)
+    monkeypatch.setattr(row_rstd, "row_rstd", rstd_pass)
     monkeypatch.setattr(three_passes, "three_pass_forward", functools.partial(planned, ran="three passes"))
     monkeypatch.setattr(function, "_torch_stream", contextlib.nullcontext)
     return launches
@@ -360,16 +368,17 @@ def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pa
     ours = function.our_forward(call, *_forward_arguments(x))
     (handed, plan, out), = our_kernel_stubbed_without_fla
     assert handed["ran"] == ran and plan.HV == HV
-    # either forward reads the call's own gate (the cumsum pass folded in); the three passes also q and k as they
-    # came and hand the backward the q, k and rstd they wrote, the one pass q and k from the l2norm pass (its
-    # l2norm build cost more than the pass, log 57)
+    # either forward reads the call's own gate (the cumsum pass folded in) and q and k as they came: the three
+    # passes form each row's rstd and hand the backward those alone, the one pass is given them by the rstd pass;
+    # no normalised copy goes to the backward, which reads the call's own rows
     assert handed["token_gate"] and handed["g"] is x["g"] and ours["g_cumsum"] is None
     three = ran == "three passes"
-    assert handed["l2norm"] == three and (handed["q"] is x["q"]) == three
+    assert handed["q"] is x["q"] and handed["l2norm"] == three and (handed["rstd"] is None) == three
+    assert ours["q"] is None and ours["k"] is None and out.q is None
     if three:
-        assert ours["q"] is out.q and ours["k_rstd"] is out.k_rstd
+        assert handed["norm_copies"] is False and ours["k_rstd"] is out.k_rstd
     else:
-        assert ours["q"] is handed["q"] and ours["q_rstd"] is not None and out.q is None
+        assert ours["q_rstd"] is handed["rstd"][0] and ours["k_rstd"] is handed["rstd"][1]
 
 
 @pytest.mark.parametrize("forward", FORWARDS)
@@ -397,7 +406,9 @@ def test_the_backward_fake_gives_each_gradient_like_its_input(need, gate_in_kern
     settings = _settings(use_gate_in_kernel=gate_in_kernel, use_beta_sigmoid_in_kernel=gate_in_kernel,
                          state_v_first=gate_in_kernel, forward=forward)
     out = dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(x, settings))))
-    saved = dict(x, q=out["q"], k=out["k"], q_rstd=out["q_rstd"], k_rstd=out["k_rstd"],
+    # q and k as _setup_context keeps them: the normalised copies where the forward made them, else the call's own
+    saved = dict(x, q=out["q"] if out["q"].numel() else x["q"], k=out["k"] if out["k"].numel() else x["k"],
+                 q_rstd=out["q_rstd"], k_rstd=out["k_rstd"],
                  g_cumsum=out["g_cumsum"] if out["g_cumsum"].numel() else None,
                  g_raw=x["g"] if gate_in_kernel or forward == "ours" else None,   # as _setup_context keeps it
                  beta_activated=out["beta"] if gate_in_kernel else None,

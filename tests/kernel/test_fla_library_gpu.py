@@ -142,8 +142,10 @@ def test_opcheck_of_the_backward_op(case, forward):
     settings = _settings(call, forward)
     out = dict(zip(FORWARD_OUTPUTS, torch.ops.ptx_lab.chunk_kda_fwd(*_op_arguments(x, call, forward))))
     present = lambda name: out[name] if out[name].numel() else None   # noqa: E731
-    normed, gate_in = settings["use_qk_l2norm_in_kernel"], settings["use_gate_in_kernel"]
-    saved = dict(x, offsets=x["cu_seqlens_cpu"], q=out["q"] if normed else x["q"], k=out["k"] if normed else x["k"],
+    gate_in = settings["use_gate_in_kernel"]
+    # q and k as _setup_context keeps them: the normalised copies where the forward made them, else the call's own
+    saved = dict(x, offsets=x["cu_seqlens_cpu"], q=present("q") if out["q"].numel() else x["q"],
+                 k=present("k") if out["k"].numel() else x["k"],
                  q_rstd=present("q_rstd"), k_rstd=present("k_rstd"), g_cumsum=present("g_cumsum"),
                  g_raw=x["g"] if gate_in or forward == "ours" else None, beta_activated=present("beta"),
                  Aqk=out["Aqk"], Akk=out["Akk"],

@@ -28,7 +28,7 @@ from typing import Sequence
 
 AUTO, WITHOUT = "auto", "auto-without-products"
 COMPARED = ("o", "final_state", "states")
-_NAME = re.compile(r"^w(\d+)-p(\d+)-st(\d+)-g(\d+)(?:-pw(\d+))?(-tg)?(-l2)?(-timing)?$")
+_NAME = re.compile(r"^w(\d+)-p(\d+)-st(\d+)-g(\d+)(?:-pw(\d+))?(-tg)?(-l2)?(-rs)?(-timing)?$")
 
 
 def parse_build(name: str, auto):
@@ -42,9 +42,9 @@ def parse_build(name: str, auto):
     m = _NAME.match(name)
     if m is None:
         raise ValueError(f"build {name!r}: expected {AUTO}, {WITHOUT} or a Config name such as w1-p4-st5-g4-pw2")
-    w, p, st, g, pw, tg, l2, timing = m.groups()
+    w, p, st, g, pw, tg, l2, rs, timing = m.groups()
     return Config(warps=int(w), producers=int(p), nstage=int(st), g6_split=int(g), product_warps=int(pw or 0),
-                  token_gate=tg is not None, l2norm=l2 is not None, timing=timing is not None)
+                  token_gate=tg is not None, l2norm=l2 is not None, qk_rstd=rs is not None, timing=timing is not None)
 
 
 def launch_choice(q, k, v, g, beta, cu_seqlens, sm_count: int):

@@ -170,7 +170,7 @@ def test_today_saves_what_kernel_kda_backward_reads():
 
     made_by_the_forward = {"q": ("qn",), "k": ("kn",), "g": ("gc",), "Aqk": ("Mqk",), "Akk": ("INV",),
                            "states": ("h",), "rstd": ("q_rstd", "k_rstd")}   # rstd: the l2norm's, for Kernel B
-    options = {"batch", "side_by_side", "dqk_bf16", "segments", "token_gate"}
+    options = {"batch", "side_by_side", "dqk_bf16", "segments", "token_gate", "qk_raw"}
     params = set(inspect.signature(run).parameters) - options
     assert params - set(made_by_the_forward) == {"v", "beta", "do", "initial_state", "dht", "gate"}
     assert set(floors.OUR_BACKWARD_READS) == {name for names in made_by_the_forward.values() for name in names}

@@ -195,7 +195,7 @@ def _run_raw(case, **make):
     B, T, H = inputs["q"].shape[:3]
     batch = checked_batch(B, T, H, cu_seqlens, scale=128 ** -0.5, torch_out=False, HV=inputs["v"].shape[2])
     out = run(batch, *(inputs[n] for n in ("q", "k", "v", "g", "beta", "Aqk", "Akk", "do")), states=states,
-              rstd=rstd, qk_raw=True, **kw)
+              rstd=rstd, qk_raw=True, token_gate=make.get("token_gate", False), **kw)
     return out, ref, cu
 
 

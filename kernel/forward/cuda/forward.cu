@@ -175,7 +175,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 if constexpr (MBARRIER_RING) mbarrier_wait_parity(smem_addr(&mb.r1_done[parity]), (i / 2) & 1);
                 else named_barrier_sync(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
                 timer.lap(T_WAIT);
-                tile_products(sh.stage[s], sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, xw, lane);
+                tile_products(sh.stage[s], sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, xw, lane,
+                              rstd.q[s], rstd.k[s]);
                 timer.lap(T_WORK);
                 // the scratch of this parity is read: R1 of tile i + 2 may write it
                 if (i + 2 < ntiles) {
@@ -244,7 +245,8 @@ kda_forward(const u16* __restrict__ q, const u16* __restrict__ k, const u16* __r
                 else named_barrier_arrive(R1_DONE_BARRIER + parity, HANDOFF_THREADS);
             } else {
                 producers_sync();   // every row's R1 (and copies) are in
-                tile_products(st, sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, pw, lane);
+                tile_products(st, sh.scratch, parity, L, scale, bos, i, aqk, akk, vg, HV, h, pw, lane, rstd.q[s],
+                              rstd.k[s]);
             }
             timer.lap(T_PASS);
             if constexpr (MBARRIER_RING) {   // kda_walk::hand_over on the mbarrier ring, which counts tiles

@@ -83,7 +83,7 @@ __device__ __forceinline__ void store_block(u16* __restrict__ out, const u16 (*b
 
 // Mqk of the tile into st.mqk (bf16, zero above the diagonal), by one warp.
 __device__ __forceinline__ void build_mqk(Stage& st, const Scratch& sc, int parity, bool pairwise, int L, float s,
-                                          int lane) {
+                                          int lane, const float* rq, const float* rk) {
     if (!pairwise) {
         float acc[2][4];
         tile_product(acc, sc.qe[parity], st, lane);
@@ -102,7 +102,8 @@ __device__ __forceinline__ void build_mqk(Stage& st, const Scratch& sc, int pari
     for (int e = lane; e < LOWER; e += 32) {
         int i, j;
         lower_entry(e, i, j);
-        st.mqk[i][j] = f32_to_bf16(i < L ? s * pairwise_entry(st, st.q, i, j) : 0.f);
+        const float rows = QK_RSTD ? rq[i] * rk[j] : 1.f;   // the qk_rstd build's raw rows' rstd
+        st.mqk[i][j] = f32_to_bf16(i < L ? s * pairwise_entry(st, st.q, i, j) * rows : 0.f);
     }
 #pragma unroll 1
     for (int e = lane; e < TILE_TOKENS * TILE_TOKENS; e += 32) {
@@ -114,7 +115,8 @@ __device__ __forceinline__ void build_mqk(Stage& st, const Scratch& sc, int pari
 // INV of the tile into st.inv (bf16, zero above the diagonal), by one warp: Lkk = diag(beta)
 // strict_tril(Akk) in fp32 to the scratch, then forward substitution, lane j < 16 solving column j
 // in registers (forward_solve.cuh).
-__device__ __forceinline__ void build_inv(Stage& st, Scratch& sc, int parity, bool pairwise, int L, int lane) {
+__device__ __forceinline__ void build_inv(Stage& st, Scratch& sc, int parity, bool pairwise, int L, int lane,
+                                          const float* rk) {
     if (!pairwise) {
         float acc[2][4];
         tile_product(acc, sc.ke[parity], st, lane);
@@ -131,7 +133,8 @@ __device__ __forceinline__ void build_inv(Stage& st, Scratch& sc, int parity, bo
         for (int e = lane; e < LOWER; e += 32) {
             int i, j;
             lower_entry(e, i, j);
-            sc.lkk[i][j] = i < L ? st.beta[i] * pairwise_entry(st, st.k, i, j) : 0.f;
+            const float rows = QK_RSTD ? rk[i] * rk[j] : 1.f;   // the qk_rstd build's raw rows' rstd
+            sc.lkk[i][j] = i < L ? st.beta[i] * pairwise_entry(st, st.k, i, j) * rows : 0.f;
         }
     }
     __syncwarp();
@@ -152,19 +155,19 @@ __device__ __forceinline__ void build_inv(Stage& st, Scratch& sc, int parity, bo
 // the whole tile pairwise. The blocks go out from the CTA of the first v group alone (null: not written).
 __device__ __forceinline__ void tile_products(Stage& st, Scratch& sc, int parity, int L, float scale, long long bos,
                                               int i, u16* __restrict__ aqk, u16* __restrict__ akk, int vg, int HV,
-                                              int h, int pw, int lane) {
+                                              int h, int pw, int lane, const float* rq, const float* rk) {
     if (pw == MQK_WARP || pw == INV_WARP) {
         bool pairwise = false;
 #pragma unroll
         for (int w = 0; w < PRODUCERS; ++w) pairwise |= sc.past[parity][w] != 0;
         const long long tok0 = bos + (long long)TILE_TOKENS * i;
         if (pw == MQK_WARP) {
-            build_mqk(st, sc, parity, pairwise, L, scale, lane);
+            build_mqk(st, sc, parity, pairwise, L, scale, lane, rq, rk);
             __syncwarp();
             if (aqk != nullptr && vg == 0) store_block(aqk, st.mqk, tok0, L, i, HV, h, lane);
         }
         if (pw == INV_WARP) {
-            build_inv(st, sc, parity, pairwise, L, lane);
+            build_inv(st, sc, parity, pairwise, L, lane, rk);
             if (akk != nullptr && vg == 0) store_block(akk, st.inv, tok0, L, i, HV, h, lane);
         }
     }

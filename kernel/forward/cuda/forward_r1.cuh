@@ -16,9 +16,10 @@ namespace kf {
 // gamma from warp 0; Qe and Ke go to the scratch of the tile's parity. The token-gate build sums each
 // token's gate over the tile first (kda_gate::token_sums: it reads every producer's rows, which a
 // producers' barrier before R1 lets in); the l2norm build normalises q and k first (forward_l2norm.cuh's
-// l2norm_rows, into ``norm``); the qk_rstd build scales each row by its rstd (``rq``, ``rk``: the stage's),
-// rounded once to bf16 as FLA's l2norm_fwd rounds its output, and writes the rows back for the pairwise
-// products (forward_intra.cuh), the other reader of the stage's q and k. Returns whether a channel of the
+// l2norm_rows, into ``norm``); the qk_rstd build folds each row's rstd (``rq``, ``rk``: the stage's) into the
+// factors the row already takes: k by rk once, s by rq (Qd, Qe and the diagonal), with no bf16 rounding of the
+// normalised row between (the producers bind the one pass: rounding and writing the rows back cost it 14% on
+// an H100, docs/log/60); the pairwise products scale their entries instead. Returns whether a channel of the
 // warp's rows spans past SPAN_LIMIT (kernel/shapes.cuh, which says why it is 110, not fp32's 126; the same in
 // every lane; NaN counts as past).
 __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int L, float s, int pw, int lane,
@@ -37,12 +38,6 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
         if constexpr (!TOKEN_GATE) row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
         kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
         qb[r] = *reinterpret_cast<const uint2*>(&st.q[c0 + r][col]);
-        if constexpr (QK_RSTD) {
-            kb[r] = kda_l2norm::scaled(kb[r], rk[c0 + r]);
-            qb[r] = kda_l2norm::scaled(qb[r], rq[c0 + r]);
-            *reinterpret_cast<uint2*>(&st.k[c0 + r][col]) = kb[r];
-            *reinterpret_cast<uint2*>(&st.q[c0 + r][col]) = qb[r];
-        }
     }
     bool past = false;
 #pragma unroll
@@ -56,7 +51,10 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
         } else {
             kda_gate::chunk_local(gc, row[r], base, gT, real);
         }
-        const float kf[4] = {bf16_lo(kb[r].x), bf16_hi(kb[r].x), bf16_lo(kb[r].y), bf16_hi(kb[r].y)};
+        // the qk_rstd build: k's row times its rstd, q's folded into s
+        const float kn = QK_RSTD ? rk[c] : 1.f, sq = QK_RSTD ? s * rq[c] : s;
+        const float kf[4] = {bf16_lo(kb[r].x) * kn, bf16_hi(kb[r].x) * kn, bf16_lo(kb[r].y) * kn,
+                             bf16_hi(kb[r].y) * kn};
         const float qf[4] = {bf16_lo(qb[r].x), bf16_hi(qb[r].x), bf16_lo(qb[r].y), bf16_hi(qb[r].y)};
         float kd[4], kr[4], qd[4], qe[4], ke[4], dot = 0.f;
 #pragma unroll
@@ -64,8 +62,8 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
             const float start = exp2f(gc[e]), up = exp2f(gc[e] - gT[e]);
             kd[e] = kf[e] * start;
             kr[e] = kf[e] * exp2f(gT[e] - gc[e]);
-            qd[e] = s * qf[e] * start;
-            qe[e] = s * qf[e] * up;
+            qd[e] = sq * qf[e] * start;
+            qe[e] = sq * qf[e] * up;
             ke[e] = kf[e] * up;
             dot += qf[e] * kf[e];
             past |= !(gc[e] - gT[e] <= SPAN_LIMIT);
@@ -78,7 +76,7 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
         // s q . k over the row: the lanes' partial sums in a fixed butterfly (the same bits every call)
 #pragma unroll
         for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        if (lane == 0) st.diag[c] = s * dot;
+        if (lane == 0) st.diag[c] = sq * dot;
     }
     return __any_sync(0xffffffffu, past);
 }

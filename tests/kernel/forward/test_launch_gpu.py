@@ -32,18 +32,28 @@ BOUNDS = {"o": 1e-2, "final": 1e-2, "states": 1e-2, "Aqk": 1e-2, "Akk": 2e-3}
 def _run(case: dict, config: Config | None = None, *, training: bool = True, final: bool = True,
          repeated: bool = False, token_gate: bool = False, l2norm: bool = False):
     """The forward on the case; ``token_gate`` (or a config of that build): on each token's gate;
-    ``l2norm`` (or a config of that build): on q and k not normalised (a case made with raw_qk)."""
+    ``l2norm`` (or a config of that build): on q and k not normalised (a case made with raw_qk); a config of the
+    qk_rstd build: on them with each row's rstd (float64's, in fp32)."""
     import cupy
 
     dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
     token_gate = token_gate or (config is not None and config.token_gate)
     l2norm = l2norm or (config is not None and config.l2norm)
-    q = case["q_raw"] if l2norm else case["q_repeated"] if repeated else case["q"]
-    k = case["k_raw"] if l2norm else case["k_repeated"] if repeated else case["k"]
+    qk_rstd = config is not None and config.qk_rstd
+    raw = l2norm or qk_rstd
+    q = case["q_raw"] if raw else case["q_repeated"] if repeated else case["q"]
+    k = case["k_raw"] if raw else case["k_repeated"] if repeated else case["k"]
     g = case["g_token"] if token_gate else case["g"]
+    rstd = tuple(dev(row_rstd64(x)) for x in (q, k)) if qk_rstd else None
     return forward(dev(q), dev(k), dev(case["v"]), dev(g), dev(case["beta"]), scale=case["scale"],
                    initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"], output_final_state=final,
-                   training=training, token_gate=token_gate, l2norm=l2norm, config=config)
+                   training=training, token_gate=token_gate, l2norm=l2norm, rstd=rstd, config=config)
+
+
+def row_rstd64(x_bits: np.ndarray) -> np.ndarray:
+    """Each row's 1 / sqrt(sum x^2 + 1e-6) of bf16 rows (uint16 bits), in float64, rounded to fp32."""
+    x = bits_to_f32(x_bits).astype(np.float64)
+    return (1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)).astype(np.float32)
 
 
 def _host(out) -> dict:
@@ -109,7 +119,7 @@ def test_one_chunk_and_a_token():
 
 @pytest.mark.parametrize("config", all_variants(), ids=lambda c: c.name())
 def test_every_variant_matches_float64_on_a_ragged_batch(config):
-    case = make_case(lengths=RAGGED, H=2, seed=4, initial_state=True, raw_qk=config.l2norm)
+    case = make_case(lengths=RAGGED, H=2, seed=4, initial_state=True, raw_qk=config.l2norm or config.qk_rstd)
     _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED}", token_gate=config.token_gate)
 
 
@@ -196,7 +206,7 @@ def _same_bits(config: Config, other: Config) -> None:
     lengths (sequences of 1 and 2 tiles: the hand-offs' first and last tiles) with one tile past fp32's range; an
     l2norm build's pair on q and k as the caller has them."""
     case = make_case(lengths=RAGGED + [1000], H=2, seed=10, initial_state=True, out_of_range=True,
-                     raw_qk=config.l2norm)
+                     raw_qk=config.l2norm or config.qk_rstd)
     for training in (True, False):
         got, want = _host(_run(case, config, training=training)), _host(_run(case, other, training=training))
         for name, x in got.items():
@@ -235,7 +245,7 @@ TOKEN_GATE_VARIANTS = [c for c in all_variants() if c.token_gate]
 def test_the_token_gate_build_matches_float64_on_a_ragged_batch(config):
     # ragged lengths, a tile past fp32's range: every producer's rows are summed across the producers' barrier
     case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True,
-                     raw_qk=config.l2norm)
+                     raw_qk=config.l2norm or config.qk_rstd)
     _check(_run(case, config), case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=True)
 
 
@@ -333,27 +343,20 @@ QK_RSTD_VARIANTS = [c for c in all_variants() if c.qk_rstd]
 
 
 @pytest.mark.parametrize("config", QK_RSTD_VARIANTS, ids=lambda c: c.name())
-def test_the_qk_rstd_build_gives_the_l2norm_builds_bits_on_its_rstd(config):
-    # The l2norm build forms each row's rstd and scales the row by it; given those rstd, the qk_rstd build scales
-    # the same rows by the same numbers, so every output must be the same bits (ragged lengths, a tile past
-    # fp32's range: its pairwise Mqk and Akk read the rows R1 wrote back)
-    import cupy
-
+def test_the_qk_rstd_build_matches_float64_on_raw_rows_and_writes_no_copies(config):
+    # raw rows of norms far from 1 (raw_qk), ragged lengths and a tile past fp32's range, whose pairwise Mqk and
+    # Akk scale their entries by the rows' rstd, and the same bits twice
     case = make_case(lengths=RAGGED + [300], H=2, seed=4, initial_state=True, out_of_range=True, raw_qk=True)
-    normed = _run(case, dataclasses.replace(config, qk_rstd=False, l2norm=True))
-    dev = lambda x: None if x is None else cupy.asarray(x)   # noqa: E731
-    g = case["g_token"] if config.token_gate else case["g"]
-    given = forward(dev(case["q_raw"]), dev(case["k_raw"]), dev(case["v"]), dev(g), dev(case["beta"]),
-                    scale=case["scale"], initial_state=dev(case["initial_state"]), cu_seqlens=case["cu_seqlens"],
-                    output_final_state=True, training=True, token_gate=config.token_gate,
-                    rstd=(normed.q_rstd, normed.k_rstd), config=config)
-    assert (given.q, given.k, given.q_rstd, given.k_rstd) == (None,) * 4   # nothing normalised is written
-    for name in ("o", "final_state", "states", "Aqk", "Akk"):
-        x, y = getattr(normed, name).get(), getattr(given, name).get()
-        if name in ("Aqk", "Akk"):   # only the diagonal blocks are written
-            x, y = np.where(case["blocks"], x, 0), np.where(case["blocks"], y, 0)
-        assert np.array_equal(x, y), f"{config.name()} {name}: {int((x != y).sum())} of {x.size} values differ"
-    _check(given, case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=config.token_gate)
+    out, again = _run(case, config), _run(case, config)
+    assert (out.q, out.k, out.q_rstd, out.k_rstd) == (None,) * 4   # nothing normalised is written
+    _check(out, case, f"{config.name()}, lengths {RAGGED + [300]}", token_gate=config.token_gate)
+    for name in ("o", "final_state", "states"):
+        assert np.array_equal(getattr(out, name).get(), getattr(again, name).get()), name
+
+
+def test_the_qk_rstd_build_reads_each_query_heads_rstd_under_grouped_value_heads():
+    case = make_case(lengths=[1, 17, 200], H=4, group=2, seed=6, initial_state=True, raw_qk=True)
+    _check(_run(case, auto_config(4, qk_rstd=True)), case, "grouped value heads, qk_rstd")
 
 
 # ----------------------------------------------------------------------------

@@ -11,10 +11,12 @@ Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
   :func:`kernel.three_pass_forward.three_pass_forward`). Both take the two passes FLA runs first into
   their kernels (docs/kda_forward.md, section 8): they read each token's own gate and sum it themselves
   (:func:`token_gate`; where the op activates the gate, FLA's ``kda_gate_chunk_cumsum`` still makes the
-  activated gate's 64-chunk cumsum in log2 first), and they read bf16 q and k raw (:func:`reads_raw_qk`):
-  each row times its rstd, from :func:`kernel.row_rstd.row_rstd` (a pass that reads the rows and writes
-  their rstd alone) or, in the three passes, formed by the products pass; no normalised copy is written, and
-  the backward reads the same raw rows and rstd (FLA's ``l2norm_fwd`` for another dtype). Out come o, the final
+  activated gate's 64-chunk cumsum in log2 first). The l2norm of bf16 q and k: the three passes' products
+  pass normalises them, writing them out with their rstd for the backward; the one pass reads FLA's
+  ``l2norm_fwd`` copies (as for another dtype). With :data:`RAW_QK_ROWS` (:func:`reads_raw_qk`) the kernels
+  read the raw rows instead, each with its rstd from :func:`kernel.row_rstd.row_rstd` (a pass that writes the
+  rstd alone) or from the products pass, no normalised copy is written, and the backward reads the same raw
+  rows and rstd. Out come o, the final
   state, the states entering every 64-token chunk and Aqk's and Akk's 16 x 16 diagonal blocks (the rest
   of their rows unwritten: our backward reads nothing else); out of training mode (``call.training``
   False) o and the final state alone. Every call the boundary admits is within it: nothing falls back to
@@ -128,11 +130,18 @@ GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_stat
 KERNEL_ALIGN = 16
 
 
+# Whether kernel.chunk_kda takes the raw-row path (reads_raw_qk). Off until the forward's qk_rstd build in its
+# folded form has run on a device: the rstd pass, Kernel B's qk_rstd build, the backward on raw rows and the op on
+# them passed their GPU tests, but the forward's first qk_rstd build cost it 14% (docs/log/60), and its fold is
+# not measured yet.
+RAW_QK_ROWS = False
+
+
 def reads_raw_qk(forward: str, use_qk_l2norm_in_kernel: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> bool:
     """Whether our kernels read the call's q and k as they came, with each row's rstd, where the call asks for
-    the l2norm: our forward and our backward on bf16 q and k (the builds that scale rows by their rstd round
-    as FLA's l2norm_fwd rounds its bf16 output). FLA's forward normalises them itself."""
-    return (forward == "ours" and use_qk_l2norm_in_kernel and q_dtype == torch.bfloat16
+    the l2norm (while :data:`RAW_QK_ROWS`): our forward and our backward on bf16 q and k. FLA's forward
+    normalises them itself."""
+    return (RAW_QK_ROWS and forward == "ours" and use_qk_l2norm_in_kernel and q_dtype == torch.bfloat16
             and k_dtype == torch.bfloat16)
 
 
@@ -202,12 +211,15 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     fla = around_our_kernels()
     o_dtype = q.dtype   # o in q's dtype, as FLA's
     pays = three_passes.three_passes_pay(call.HV, call.B, call.T, call.offsets)
-    # raw q and k: the three passes' products pass forms each row's rstd itself and writes it alone; the one
-    # pass is given them by the rstd pass (its own l2norm build cost 6.5 ms at 32x8192, where a pass that writes
-    # the rstd alone moves half the bytes of FLA's l2norm, which also writes the normalised copies: docs/log/57)
+    # the l2norm on bf16 q and k: in the three passes' products pass, which forms each row's rstd (and writes the
+    # normalised rows too, unless the kernels read raw ones); raw rows in the one pass come with the rstd pass's
+    # (its own l2norm build cost 6.5 ms at 32x8192, where a pass that writes the rstd alone moves half the bytes of
+    # FLA's l2norm, which also writes the normalised copies: docs/log/57); else FLA's l2norm pass
     raw = reads_raw_qk(call.forward, call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
+    in_products = pays and call.use_qk_l2norm_in_kernel and q.dtype == k.dtype == torch.bfloat16
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
-                                                                                   initial_state, not raw)
+                                                                                   initial_state,
+                                                                                   not (raw or in_products))
     tokens = token_gate(call)
     if tokens:   # each token's gate as the call passed it, fp32 (a copy only where it is not)
         g_read = g.float()
@@ -218,18 +230,20 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     inputs = [_aligned(x) for x in (q, k, v, g_read, kernels_beta, h0)]
     common = dict(scale=call.scale, initial_state=inputs[5], cu_seqlens=call.offsets,
                   output_final_state=call.output_final_state, training=call.training, token_gate=tokens)
+    q, k = inputs[0], inputs[1]   # as the kernels read them, aligned
     with _torch_stream():
         if pays:   # the one pass's call and outputs
-            out = three_passes.three_pass_forward(*inputs[:5], **common, l2norm=raw, norm_copies=False)
-            if raw:
-                q_rstd, k_rstd = out.q_rstd, out.k_rstd   # None out of training
+            out = three_passes.three_pass_forward(*inputs[:5], **common, l2norm=in_products, norm_copies=not raw)
+            if in_products:   # None out of training
+                q_rstd, k_rstd = out.q_rstd, out.k_rstd
+                if not raw:
+                    q, k = out.q, out.k
         else:
             if raw:
                 from ..row_rstd import row_rstd
 
                 q_rstd, k_rstd = row_rstd(inputs[0], inputs[1])
             out = kernel_forward.forward(*inputs[:5], **common, rstd=(q_rstd, k_rstd) if raw else None)
-    q, k = inputs[0], inputs[1]   # as the kernels read them (raw where ``raw``), aligned
     final_state = _v_first(out.final_state) if call.state_v_first else out.final_state
     normed = call.use_qk_l2norm_in_kernel and not raw   # raw: the backward reads the call's own q and k
     # the cumsum goes to the backward only where the op activated the gate (else it reads the call's own)

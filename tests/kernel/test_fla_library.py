@@ -284,10 +284,12 @@ def _fake_outputs(x: dict, settings: dict) -> dict:
         return dict(zip(FORWARD_OUTPUTS, OPS.chunk_kda_fwd(*_op_arguments(fake_x, settings))))
 
 
+@pytest.mark.parametrize("raw_rows", [False, True], ids=["copies", "raw-rows"])
 @pytest.mark.parametrize("case", FAKE_CASES, ids=[c[0] for c in FAKE_CASES])
-def test_the_forward_fake_is_what_our_forward_allocates(case, our_kernel_stubbed):
+def test_the_forward_fake_is_what_our_forward_allocates(case, raw_rows, our_kernel_stubbed, monkeypatch):
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+    monkeypatch.setattr(function, "RAW_QK_ROWS", raw_rows)   # the fake follows function.reads_raw_qk
     _, sizes, changes = case
     settings = _settings(**changes, forward="ours")
     x, call = _meta_call(sizes, settings)
@@ -368,10 +370,29 @@ def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pa
     ours = function.our_forward(call, *_forward_arguments(x))
     (handed, plan, out), = our_kernel_stubbed_without_fla
     assert handed["ran"] == ran and plan.HV == HV
-    # either forward reads the call's own gate (the cumsum pass folded in) and q and k as they came: the three
-    # passes form each row's rstd and hand the backward those alone, the one pass is given them by the rstd pass;
-    # no normalised copy goes to the backward, which reads the call's own rows
+    # either forward reads the call's own gate (the cumsum pass folded in); the three passes also q and k as they
+    # came and hand the backward the q, k and rstd they wrote, the one pass q and k from the l2norm pass (its
+    # l2norm build cost more than the pass, log 57)
     assert handed["token_gate"] and handed["g"] is x["g"] and ours["g_cumsum"] is None
+    three = ran == "three passes"
+    assert handed["l2norm"] == three and (handed["q"] is x["q"]) == three and handed["rstd"] is None
+    if three:
+        assert handed["norm_copies"] is True and ours["q"] is out.q and ours["k_rstd"] is out.k_rstd
+    else:
+        assert ours["q"] is handed["q"] and ours["q_rstd"] is not None and out.q is None
+
+
+@pytest.mark.parametrize("sizes, HV, ran", [(dict(B=1, T=70), 4, "three passes"), (dict(B=3, T=70), 16, "one pass")],
+                         ids=["1x70-hv4", "3x70-hv16"])
+def test_with_raw_rows_neither_forward_writes_normalised_copies(sizes, HV, ran, our_kernel_stubbed_without_fla,
+                                                                monkeypatch):
+    # function.RAW_QK_ROWS: the three passes form each row's rstd and hand the backward those alone, the one pass
+    # is given them by the rstd pass; the backward reads the call's own rows
+    monkeypatch.setattr(function, "RAW_QK_ROWS", True)
+    x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours"))
+    ours = function.our_forward(call, *_forward_arguments(x))
+    (handed, plan, out), = our_kernel_stubbed_without_fla
+    assert handed["ran"] == ran
     three = ran == "three passes"
     assert handed["q"] is x["q"] and handed["l2norm"] == three and (handed["rstd"] is None) == three
     assert ours["q"] is None and ours["k"] is None and out.q is None

@@ -705,3 +705,46 @@ def test_a_varlen_call_reads_its_offsets_from_the_device_once(case, compiled):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------
+# the raw-row path (function.RAW_QK_ROWS): q and k read raw with each row's rstd, no normalised copies
+# ----------------------------------------------------------------------------
+
+RAW_ROW_CASES = CASES + [("batch-one-pass", dict(B=12, T=130, H=4, HV=4), PLAIN)]   # 48 pairs: the one pass
+
+
+@pytest.mark.parametrize("case", RAW_ROW_CASES, ids=lambda c: c[0])
+def test_the_raw_row_path_gives_the_copies_paths_outputs_and_gradients(monkeypatch, case):
+    # Both paths compute the same function; they differ in where the normalised rows are rounded (FLA's copies
+    # round them to bf16, the raw-row forward folds the rstd into its fp32 factors), so within the bf16-level
+    # bound every float64 comparison here uses
+    skip_without_fla_gpu()
+    import kernel.three_pass_forward as three_passes
+    from kernel import chunk_kda
+    from kernel.fla_dropin import function
+
+    _, sizes, call = case
+
+    def run(x):
+        for t in x.values():
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.grad = None
+        o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                          initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], **call)
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        (o.float() * torch.randn(o.shape, generator=gen, device="cuda")).sum().backward()
+        return {"o": o.detach().clone(), "final": ht.detach().clone(),
+                **{n: x[n].grad.clone() for n in GRADIENT_INPUTS if x[n] is not None}}
+
+    x = _inputs(**sizes)
+    copies = run(x)
+    monkeypatch.setattr(function, "RAW_QK_ROWS", True)
+    passes, ran = three_passes.three_pass_forward, []
+    monkeypatch.setattr(three_passes, "three_pass_forward", lambda *a, **kw: ran.append(kw) or passes(*a, **kw))
+    raw = run(x)
+    if ran:   # the three passes: the products pass writes the rstd alone
+        assert ran[0]["norm_copies"] is False and ran[0]["l2norm"] is True
+    for name, ref in copies.items():
+        err = float((raw[name].double() - ref.double()).norm() / ref.double().norm())
+        assert err < 1e-2, f"{case[0]}: {name} {err:.2e} from the copies path"

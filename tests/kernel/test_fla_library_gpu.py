@@ -638,6 +638,22 @@ def test_the_patched_fla_op_runs_ours_for_a_no_grad_call(forward, modes):
 # without fla-core: the preprocessing in torch
 # ----------------------------------------------------------------------------
 
+def _step_outputs(x: dict, call: dict) -> dict:
+    """o, the final state and every gradient of one chunk_kda step on ``x`` (gradients cleared first), the loss a
+    fixed random projection of o."""
+    from kernel import chunk_kda
+
+    for t in x.values():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            t.grad = None
+    o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], **call)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    (o.float() * torch.randn(o.shape, generator=gen, device="cuda")).sum().backward()
+    return {"o": o.detach().clone(), "final": ht.detach().clone(),
+            **{n: x[n].grad.clone() for n in GRADIENT_INPUTS if x[n] is not None}}
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("layer-gva", "varlen-layer-gva", "varlen")],
                          ids=lambda c: c[0])
 def test_our_forward_and_backward_run_without_fla_at_its_precision(monkeypatch, case):
@@ -645,30 +661,17 @@ def test_our_forward_and_backward_run_without_fla_at_its_precision(monkeypatch, 
     # Kernel B does not take, its backward) run as torch ops (kernel.fla_dropin.preprocess). o, the final
     # state and every gradient are FLA-preprocessing's up to the fp32 roundings of those few ops
     skip_without_fla_gpu()
-    from kernel import chunk_kda
     from kernel.fla_dropin import function
 
     _, sizes, call = case
-
-    def run(x):
-        for t in x.values():
-            if isinstance(t, torch.Tensor) and t.requires_grad:
-                t.grad = None
-        o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-                          initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], **call)
-        gen = torch.Generator(device="cuda").manual_seed(3)
-        (o.float() * torch.randn(o.shape, generator=gen, device="cuda")).sum().backward()
-        return {"o": o.detach().clone(), "final": ht.detach().clone(),
-                **{n: x[n].grad.clone() for n in GRADIENT_INPUTS if x[n] is not None}}
-
     x = _inputs(**sizes)
-    with_fla = run(x)
+    with_fla = _step_outputs(x, call)
 
     def no_fla():
         raise ImportError("No module named 'fla' (made unimportable by the test)")
 
     monkeypatch.setattr(function, "_fla", no_fla)
-    without = run(x)
+    without = _step_outputs(x, call)
     for name, ref in with_fla.items():
         err = float((without[name].double() - ref.double()).norm() / ref.double().norm())
         assert err < 2e-3, f"{case[0]}: {name} {err:.2e} from the run with FLA's preprocessing"
@@ -721,28 +724,15 @@ def test_the_raw_row_path_gives_the_copies_paths_outputs_and_gradients(monkeypat
     # bound every float64 comparison here uses
     skip_without_fla_gpu()
     import kernel.three_pass_forward as three_passes
-    from kernel import chunk_kda
     from kernel.fla_dropin import function
 
     _, sizes, call = case
-
-    def run(x):
-        for t in x.values():
-            if isinstance(t, torch.Tensor) and t.requires_grad:
-                t.grad = None
-        o, ht = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
-                          initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"], **call)
-        gen = torch.Generator(device="cuda").manual_seed(3)
-        (o.float() * torch.randn(o.shape, generator=gen, device="cuda")).sum().backward()
-        return {"o": o.detach().clone(), "final": ht.detach().clone(),
-                **{n: x[n].grad.clone() for n in GRADIENT_INPUTS if x[n] is not None}}
-
     x = _inputs(**sizes)
-    copies = run(x)
+    copies = _step_outputs(x, call)
     monkeypatch.setattr(function, "RAW_QK_ROWS", True)
     passes, ran = three_passes.three_pass_forward, []
     monkeypatch.setattr(three_passes, "three_pass_forward", lambda *a, **kw: ran.append(kw) or passes(*a, **kw))
-    raw = run(x)
+    raw = _step_outputs(x, call)
     if ran:   # the three passes: the products pass writes the rstd alone
         assert ran[0]["norm_copies"] is False and ran[0]["l2norm"] is True
     for name, ref in copies.items():

@@ -15,6 +15,10 @@ def test_sides_and_steps_are_checked():
             parse_args(bad)
 
 
+def test_raw_rows_is_a_flag_off_by_default():
+    assert parse_args([]).raw_rows is False and parse_args(["--raw-rows"]).raw_rows is True
+
+
 def test_ours_are_the_registrys_kernels_and_not_flas_kda_named_ones():
     mine = our_kernels()
     assert {"kda_forward", "kda_dstate_scan", "kda_token_gradients"} <= mine

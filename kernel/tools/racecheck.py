@@ -103,7 +103,8 @@ pass's (each channel's sums over its chunk).
 KDA_RACECHECK_QK_RAW=1 runs kernel-b's qk_rstd build instead: the backward (kernel.kda_backward.run with
 qk_raw) on the raw q and k rows with their rstd and the forward-state scan's states, so that Kernel B stages
 each tile's rstd rows and R1 writes the normalised rows back over the stage (with KDA_RACECHECK_TOKEN_GATE=1,
-on each token's gate).
+on each token's gate); and the forward's qk_rstd build (each producer warp copies its rows' rstd with the tile,
+the pairwise products read them across warps).
 """
 from __future__ import annotations
 
@@ -206,7 +207,8 @@ def _token_gate() -> bool:
 
 
 def _qk_raw() -> bool:
-    """Whether kernel-b takes Kernel B's qk_rstd build on the raw q and k (KDA_RACECHECK_QK_RAW=1)."""
+    """Whether kernel-b takes Kernel B's qk_rstd build on the raw q and k, and the forward its qk_rstd build
+    (KDA_RACECHECK_QK_RAW=1)."""
     import os
 
     return os.environ.get("KDA_RACECHECK_QK_RAW", "0") == "1"
@@ -351,16 +353,22 @@ def _forward() -> str:
     cu = raw["cu_seqlens"]
     # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}, or {"mbarrier_ring": true}
     # for the checking build, whose hand-offs (all on mbarriers) racecheck follows, or {"l2norm": true} (q and k
-    # normalised again in R1, which leaves them as they are but for rounding, and written out)
-    token_gate = _token_gate()
+    # normalised again in R1, which leaves them as they are but for rounding, and written out).
+    # KDA_RACECHECK_QK_RAW=1: the qk_rstd build, given each (already unit) row's rstd, which each producer warp
+    # copies for its own rows and the pairwise products read across warps
+    token_gate, qk_raw = _token_gate(), _qk_raw()
     cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())),
-                              lineinfo=True, token_gate=token_gate,
+                              lineinfo=True, token_gate=token_gate, qk_rstd=qk_raw,
                               **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
     g = raw["g"] if token_gate else f.g64   # each token's gate, or FLA's cumsum
-    out = forward(cp.asarray(bf16_bits(f.q)), cp.asarray(bf16_bits(f.k)), cp.asarray(bf16_bits(raw["v"])),
-                  cp.asarray(g.astype(np.float32)), cp.asarray(raw["beta"].astype(np.float32)),
-                  cu_seqlens=cu, output_final_state=True, training=True, token_gate=token_gate, l2norm=cfg.l2norm,
-                  config=cfg)
+    q, k = (cp.asarray(bf16_bits(x)) for x in (f.q, f.k))
+    rstd = None
+    if cfg.qk_rstd:
+        rstd = tuple(cp.asarray((1.0 / np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=-1) + 1e-6)).astype(np.float32))
+                     for x in (f.q, f.k))
+    out = forward(q, k, cp.asarray(bf16_bits(raw["v"])), cp.asarray(g.astype(np.float32)),
+                  cp.asarray(raw["beta"].astype(np.float32)), cu_seqlens=cu, output_final_state=True, training=True,
+                  token_gate=token_gate, l2norm=cfg.l2norm, rstd=rstd, config=cfg)
     cp.cuda.Device().synchronize()
     return f"configuration {cfg.name()}, final state finite {bool(cp.isfinite(out.final_state).all())}"
 

@@ -128,6 +128,19 @@ def make_case(*, B: int = 1, T: int | None = None, lengths=None, H: int = 2, gro
                if raw_qk else {})}
 
 
+def folded_rows(case: dict, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The rows the forward's qk_rstd build computes with, from a case made with raw_qk: each raw bf16 row times
+    its rstd (1 / sqrt(sum x^2 + 1e-6) in float64, rounded to fp32, as the rstd pass writes it), the product in
+    fp32 and not rounded to bf16 (R1 folds the rstd into its fp32 factors), repeated to the value heads."""
+    out = []
+    for name in ("q_raw", "k_raw"):
+        x = bits_to_f32(case[name])
+        x64 = x.astype(np.float64)
+        rstd = (1.0 / np.sqrt(np.sum(x64 * x64, axis=-1) + 1e-6)).astype(np.float32)
+        out.append(np.repeat((x * rstd[..., None]).astype(np.float32), group, axis=2))
+    return out[0], out[1]
+
+
 def diagonal_blocks(lens, B: int, T: int, H: int) -> np.ndarray:
     """bool [B, T, H, 64]: the columns of each token's row in its tile's 16 x 16 diagonal block (the
     columns 16 (tile mod 4) .. + 15, tiles counted from the sequence's start)."""
@@ -210,15 +223,20 @@ def token_tile_gate(case: dict):
 
 
 def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float = SPAN_LIMIT,
-            token_gate: bool = False) -> dict:
+            token_gate: bool = False, qk_rows: tuple | None = None) -> dict:
     """The kernel's forward in numpy, in its precision: o (bf16 values) [.., H, 128], final (fp32),
     states (bf16 values) [entries, H, 128, 128], Aqk and Akk (bf16 values, zero outside the diagonal
     blocks) [.., H, 64], and the number of tiles that took the pairwise products (``span_limit``: the
     decision's limit, kernel.shapes' by default). ``token_gate``: the build that sums each token's gate
-    within the tile (:func:`token_tile_gate`) in place of FLA's chunk cumsum."""
+    within the tile (:func:`token_tile_gate`) in place of FLA's chunk cumsum. ``qk_rows``: q and k as the
+    kernel uses them, fp32 [.., H, 128] each (value heads' rows), in place of the case's bf16 rows: the
+    qk_rstd build's raw rows times their rstd (:func:`folded_rows`)."""
     H = case["H"]
-    q = bits_to_f32(case["q_repeated"]).reshape(-1, H, D)
-    k = bits_to_f32(case["k_repeated"]).reshape(-1, H, D)
+    if qk_rows is not None:
+        q, k = (np.asarray(x, dtype=np.float32).reshape(-1, H, D) for x in qk_rows)
+    else:
+        q = bits_to_f32(case["q_repeated"]).reshape(-1, H, D)
+        k = bits_to_f32(case["k_repeated"]).reshape(-1, H, D)
     v = bits_to_f32(case["v"]).reshape(-1, H, D)
     g = case["g"].reshape(-1, H, D)
     beta = case["beta_values"].reshape(-1, H)

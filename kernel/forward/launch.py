@@ -45,8 +45,9 @@ Tensors (FLA 0.6.0's ``chunk_kda_fwd`` conventions, chunk_size 64; ``..`` = ``B,
     -> q_rstd, k_rstd  fp32 [.., H]: ... and each row's 1 / sqrt(sum x^2 + 1e-6), the backward's rstd
 
 or, with ``rstd=(q_rstd, k_rstd)`` (fp32 [.., H], :func:`kernel.row_rstd.row_rstd`'s), q and k as the caller
-has them: the kernel uses each row times its rstd, rounded to bf16 as FLA's l2norm_fwd rounds its output (the
-normalised copies are never written; the backward reads the raw rows and the same rstd).
+has them: the kernel uses each row times its rstd, folded into the fp32 factors the row already takes (not rounded
+to bf16 first, as FLA's normalised copies are); the copies are never written, and the backward reads the raw rows
+and the same rstd.
 
 HV = H, or a multiple of it: FLA's grouped value heads (GVA), value head hv reading q and k at head
 hv // (HV / H) (kernel.shapes.qk_head), in place (never repeated in memory).

@@ -16,7 +16,7 @@ out) and never needs CuPy or a GPU.
 * :mod:`kernel.reference.kda`: the whole KDA forward and backward, tile by
   tile (dq, dk, dv, dg, dbeta, dh0 from Kernel A's dS and the forward states).
 """
-from .checks import L2NORM_EPS, LN2, l2norm, array_module
+from .checks import L2NORM_EPS, LN2, l2norm, l2norm_rstd, array_module
 from .dstate_scan import dstate_scan_reference, prepare_tiles, snapshot_offsets
 from .inputs import DHT_SCALE, DO_SCALE, GATE_LOGIT_MEAN, GATE_LOWER_BOUND, ragged_lengths, random_inputs
 from .fla_layout import (FlaTensors, fla_diagonal_blocks, fla_forward_tensors,

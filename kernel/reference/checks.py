@@ -216,3 +216,9 @@ def gather_tiles(xp, x, start: np.ndarray, length: np.ndarray, tile: int):
 
 def l2norm(xp, x):
     return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + L2NORM_EPS)
+
+
+def l2norm_rstd(xp, x):
+    """Each row's l2norm scale over the last axis, 1 / sqrt(sum x^2 + eps): the rstd beside :func:`l2norm`'s rows
+    (FLA's l2norm_fwd returns both), in x's precision."""
+    return 1.0 / xp.sqrt(xp.sum(x * x, axis=-1) + L2NORM_EPS)

@@ -10,7 +10,7 @@ normalised copies, both tensors in one launch.
 """
 from .config import BUILD, DEPTHS, KERNEL_NAME, KNOB_MACROS, SOURCE_DIR, SOURCE_PATH, WARPS, Config, all_variants, \
     options
-from .launch import ALIGN, EPS, RstdPlan, launch_planned, plan_row_rstd, row_rstd
+from .launch import ALIGN, RstdPlan, launch_planned, plan_row_rstd, row_rstd
 
-__all__ = ["row_rstd", "plan_row_rstd", "launch_planned", "RstdPlan", "ALIGN", "EPS", "Config", "all_variants",
+__all__ = ["row_rstd", "plan_row_rstd", "launch_planned", "RstdPlan", "ALIGN", "Config", "all_variants",
            "options", "BUILD", "SOURCE_DIR", "SOURCE_PATH", "KERNEL_NAME", "WARPS", "DEPTHS", "KNOB_MACROS"]

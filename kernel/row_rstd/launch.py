@@ -40,10 +40,9 @@ from ..runtime.arrays import ArrayInfo, describe, empty_output, require_cupy, re
 from ..shapes import HEAD_DIM
 from .config import BUILD, Config
 
-__all__ = ["row_rstd", "plan_row_rstd", "RstdPlan", "launch_planned", "kernel", "ALIGN", "EPS"]
+__all__ = ["row_rstd", "plan_row_rstd", "RstdPlan", "launch_planned", "kernel", "ALIGN"]
 
 ALIGN = 16        # bytes: each lane loads 16 of a row's 256
-EPS = 1e-6        # FLA's l2norm eps, an fp32 constant in the kernel
 HOST_ADVICE = ("row_rstd runs on the GPU and takes torch CUDA tensors or CuPy arrays (cupy.asarray({name}); bf16 "
                "in CuPy as uint16 bits, kernel.runtime.arrays.bf16_bits). The same formula in torch is "
                "kernel.fla_dropin.preprocess.l2norm_fwd")

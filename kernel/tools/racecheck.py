@@ -346,6 +346,7 @@ def _forward() -> str:
 
     from kernel.ds_scan.launch import bf16_bits
     from kernel.forward import auto_config, forward
+    from kernel.reference.checks import l2norm_rstd
     from kernel.forward_states import choose_warps
     from kernel.runtime import builds
 
@@ -364,8 +365,7 @@ def _forward() -> str:
     q, k = (cp.asarray(bf16_bits(x)) for x in (f.q, f.k))
     rstd = None
     if cfg.qk_rstd:
-        rstd = tuple(cp.asarray((1.0 / np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=-1) + 1e-6)).astype(np.float32))
-                     for x in (f.q, f.k))
+        rstd = tuple(cp.asarray(l2norm_rstd(np, x.astype(np.float64)).astype(np.float32)) for x in (f.q, f.k))
     out = forward(q, k, cp.asarray(bf16_bits(raw["v"])), cp.asarray(g.astype(np.float32)),
                   cp.asarray(raw["beta"].astype(np.float32)), cu_seqlens=cu, output_final_state=True, training=True,
                   token_gate=token_gate, l2norm=cfg.l2norm, rstd=rstd, config=cfg)

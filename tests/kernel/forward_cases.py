@@ -20,7 +20,7 @@ import numpy as np
 
 from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import fla_forward_tensors, kda_forward_reference
-from kernel.reference.checks import l2norm
+from kernel.reference.checks import l2norm, l2norm_rstd
 from kernel.shapes import SPAN_LIMIT   # a tile whose gc - gT passes it takes the pairwise products
 from kernel.shapes import tile_gate_sums
 
@@ -135,8 +135,7 @@ def folded_rows(case: dict, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
     out = []
     for name in ("q_raw", "k_raw"):
         x = bits_to_f32(case[name])
-        x64 = x.astype(np.float64)
-        rstd = (1.0 / np.sqrt(np.sum(x64 * x64, axis=-1) + 1e-6)).astype(np.float32)
+        rstd = l2norm_rstd(np, x.astype(np.float64)).astype(np.float32)
         out.append(np.repeat((x * rstd[..., None]).astype(np.float32), group, axis=2))
     return out[0], out[1]
 
@@ -210,7 +209,7 @@ def check_normalised(out, case: dict, label: str) -> None:
         off = np.abs(got - want) > 0
         assert np.all(np.abs(got - want) <= ulp + 1e-30), f"{label}: {name} off by more than a bf16 ulp"
         assert off.mean() < 1e-3, f"{label}: {name}: {off.mean():.2e} of its values differ from float64's rounding"
-        rstd = 1.0 / np.sqrt((raw * raw).sum(-1) + 1e-6)
+        rstd = l2norm_rstd(np, raw)
         got_rstd = getattr(out, f"{name}_rstd").get()
         assert np.allclose(got_rstd, rstd, rtol=4e-6, atol=0), f"{label}: {name}_rstd"   # fp32 sums of 128
 

@@ -75,7 +75,7 @@ def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False, 
 
     from kernel.ds_scan.launch import bf16_bits, bits_to_f32
     from kernel.reference import fla_forward_tensors, kda_backward_reference, kda_forward_reference, random_inputs
-    from kernel.reference.checks import l2norm
+    from kernel.reference.checks import l2norm, l2norm_rstd
     from kernel.token_gradients import tables
 
     raw = random_inputs(case["B"], case["T"], H, lengths=list(case["lengths"]) if case["lengths"] else None,
@@ -124,7 +124,7 @@ def make_case(case, H=2, seed=11, with_l2norm=False, group=1, token_gate=False, 
               dht=None if raw["dht"] is None else dev(raw["dht"].astype(np.float32)), cu_seqlens=cu)
     states = dev(bf16_bits(every64.reshape(states_shape)))
     if with_l2norm:
-        kw["rstd"] = tuple(dev((1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)).astype(np.float32)) for x in (q_raw, k_raw))
+        kw["rstd"] = tuple(dev(l2norm_rstd(np, x).astype(np.float32)) for x in (q_raw, k_raw))
     return inputs, kw, states, ref, cu
 
 

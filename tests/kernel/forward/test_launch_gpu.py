@@ -18,6 +18,7 @@ import pytest
 
 from kernel.ds_scan.launch import bits_to_f32
 from kernel.forward import Config, all_variants, auto_config, forward
+from kernel.reference.checks import l2norm_rstd
 
 from ..fla_requirements import skip_without_fla_gpu
 from ..forward_cases import RAGGED, check_normalised, emulate, make_case, rel, worst_rows
@@ -52,8 +53,7 @@ def _run(case: dict, config: Config | None = None, *, training: bool = True, fin
 
 def row_rstd64(x_bits: np.ndarray) -> np.ndarray:
     """Each row's 1 / sqrt(sum x^2 + 1e-6) of bf16 rows (uint16 bits), in float64, rounded to fp32."""
-    x = bits_to_f32(x_bits).astype(np.float64)
-    return (1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)).astype(np.float32)
+    return l2norm_rstd(np, bits_to_f32(x_bits).astype(np.float64)).astype(np.float32)
 
 
 def _host(out) -> dict:

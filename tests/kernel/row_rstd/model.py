@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernel.reference.checks import l2norm_rstd
+
 D = 128
 LANES = 16              # a row's lanes (half a warp)
 PER_LANE = D // LANES   # the columns each sums, in order
@@ -39,9 +41,9 @@ FP32_MAX = float(np.finfo(np.float32).max)
 
 
 def reference(x) -> np.ndarray:
-    """float64 1 / sqrt(sum x^2 + 1e-6) over the last axis of ``x`` (any float values)."""
-    x = np.asarray(x, dtype=np.float64)
-    return 1.0 / np.sqrt(np.einsum("...i,...i->...", x, x) + EPS)
+    """float64 1 / sqrt(sum x^2 + 1e-6) over the last axis of ``x`` (any float values): the float64 references'
+    l2norm scale."""
+    return l2norm_rstd(np, np.asarray(x, dtype=np.float64))
 
 
 def kernel_order(x) -> np.ndarray:

@@ -19,7 +19,7 @@ import pytest
 
 from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import dstate_scan_reference, fla_forward_tensors
-from kernel.reference.checks import l2norm
+from kernel.reference.checks import l2norm, l2norm_rstd
 from kernel.reference.fla_layout import kernel_a_inputs_from_fla
 from kernel.reference.kda import rebuild, _tile_backward, _tile_forward
 from kernel.runtime.builds import SHAPES_HEADER
@@ -84,7 +84,7 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
         for j, n in enumerate(("q", "k")):
             norms = np.asarray(raw_norms, np.float64)[(np.arange(T) + j) % len(raw_norms)]
             x = _rb(l2norm(np, raw[n].astype(np.float64)) * norms[None, :, None, None])       # [1, T, H, K]
-            raw_rstd[n] = (1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)).astype(np.float32)   # [1, T, H]
+            raw_rstd[n] = l2norm_rstd(np, x).astype(np.float32)                                 # [1, T, H]
             raw_rows[n] = bf16_bits(x[0].astype(np.float32))
             y = bits_to_f32(bf16_bits(x.astype(np.float32) * raw_rstd[n][..., None])).astype(np.float64)
             q, k = (y, k) if n == "q" else (q, y)
@@ -109,7 +109,7 @@ def make_case(T: int, seed: int, recipe: str = "random_inputs", context: int = 0
     if with_l2norm:
         for n in ("q", "k"):
             x = raw[n][0].astype(np.float64)
-            rstd[n] = 1.0 / np.sqrt(np.sum(x * x, axis=-1) + 1e-6)                 # [tokens, H]
+            rstd[n] = l2norm_rstd(np, x)                                            # [tokens, H]
             if raw_norms is not None:
                 rstd[n] = raw_rstd[n][0].astype(np.float64)
     inp = kb.Inputs(q=bf16_bits(q[0].astype(np.float32)), k=bf16_bits(k[0].astype(np.float32)),

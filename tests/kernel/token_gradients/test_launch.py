@@ -54,6 +54,24 @@ def _device_tables(b: bytes, run_chunks: int):
     return "cu", "tile", "chunk", "seq", "run", t["runs"]
 
 
+def _stand_in_kernel(monkeypatch, smem: int = 1) -> tuple[list, list]:
+    """The kernel and the device tables stood in for: (the builds asked for, each launch's arguments)."""
+    builds, calls = [], []
+
+    def kernel(build):
+        builds.append(build)
+        return (lambda *call, **kw: calls.append(call)), smem, 256
+
+    monkeypatch.setattr(launch, "kernel", kernel)
+    monkeypatch.setattr(launch, "_device_tables", _device_tables)
+    return builds, calls
+
+
+def _outputs() -> dict:
+    """Stand-ins for Kernel B's outputs (fp32 dq and dk, so that the launch reads their dtype)."""
+    return {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+
+
 def _launch(monkeypatch, *, H: int, HV: int, rstd=None, dqk=np.float32, run_chunks=1):
     """One launch of 1 + 2 chunks with the kernel and the device tables stood in for: (grid, block,
     {parameter: argument}, shared memory)."""
@@ -99,15 +117,8 @@ def test_the_plain_build_gets_null_gate_arguments_and_writes_dg(monkeypatch):
 
 @pytest.mark.parametrize("lower_bound, form", [(None, 1), (-5.0, 2)])
 def test_the_gate_build_gets_its_inputs_outputs_and_form_and_writes_no_dg(monkeypatch, lower_bound, form):
-    calls, builds = [], []
-
-    def kernel(build):
-        builds.append(build)
-        return (lambda *call, **kw: calls.append(call)), 4321, 256
-
-    monkeypatch.setattr(launch, "kernel", kernel)
-    monkeypatch.setattr(launch, "_device_tables", _device_tables)
-    out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    builds, calls = _stand_in_kernel(monkeypatch, smem=4321)
+    out = _outputs()
     da, ddt = np.zeros((3, 2), np.float32), np.zeros((3, 2, 128), np.float32)   # a row a run: 3 at one chunk a run
     gate = launch.GateOut("g_raw", "A_log" if form == 1 else None, "dt_bias", lower_bound, "dg_raw", da, ddt)
     args = "q k v g beta aqk akk do ds states".split()
@@ -145,15 +156,8 @@ def test_the_entry_file_stops_without_the_qk_rstd_macro():
 
 @pytest.mark.parametrize("gate", [False, True])
 def test_the_qk_rstd_build_is_launched_on_raw_rows_and_needs_their_rstd(monkeypatch, gate):
-    builds, calls = [], []
-
-    def kernel(build):
-        builds.append(build)
-        return (lambda *call, **kw: calls.append(call)), 1, 256
-
-    monkeypatch.setattr(launch, "kernel", kernel)
-    monkeypatch.setattr(launch, "_device_tables", _device_tables)
-    out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    builds, calls = _stand_in_kernel(monkeypatch)
+    out = _outputs()
     args = "q k v g beta aqk akk do ds states".split()
     epilogue = launch.GateOut("g_raw", "A_log", "dt_bias", None, "dg_raw", None, None) if gate else None
     launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, rstd=("rq", "rk"), gate=epilogue,
@@ -169,15 +173,8 @@ def test_the_qk_rstd_build_is_launched_on_raw_rows_and_needs_their_rstd(monkeypa
 
 
 def test_the_token_gate_build_is_launched_on_request_and_never_with_the_gate_epilogue(monkeypatch):
-    builds = []
-
-    def kernel(build):
-        builds.append(build)
-        return (lambda *call, **kw: None), 1, 256
-
-    monkeypatch.setattr(launch, "kernel", kernel)
-    monkeypatch.setattr(launch, "_device_tables", _device_tables)
-    out = {"dq": np.zeros(1, np.float32), "dk": np.zeros(1, np.float32), "dv": "dv", "dg": "dg", "dbeta": "dbeta"}
+    builds, _ = _stand_in_kernel(monkeypatch)
+    out = _outputs()
     args = "q k v g beta aqk akk do ds states".split()
     launch.launch(*args, cu=np.array([0, 60]), H=1, HV=1, scale=0.5, out=out, token_gate=True, run_chunks=1)
     assert builds == [launch.Build(token_gate=True)]

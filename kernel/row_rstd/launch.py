@@ -40,7 +40,7 @@ from ..runtime.arrays import ArrayInfo, describe, empty_output, require_cupy, re
 from ..shapes import HEAD_DIM
 from .config import BUILD, Config
 
-__all__ = ["row_rstd", "plan_row_rstd", "RstdPlan", "launch_planned", "kernel", "ALIGN"]
+__all__ = ["row_rstd", "plan_row_rstd", "RstdPlan", "launch_planned", "kernel", "bytes_moved", "ALIGN"]
 
 ALIGN = 16        # bytes: each lane loads 16 of a row's 256
 HOST_ADVICE = ("row_rstd runs on the GPU and takes torch CUDA tensors or CuPy arrays (cupy.asarray({name}); bf16 "
@@ -66,8 +66,13 @@ class RstdPlan:
 
     @property
     def bytes_moved(self) -> int:
-        """The pass's DRAM bytes at its floor: both tensors' rows read (256 B each), their rstd written (4 B)."""
-        return 2 * self.rows * (2 * HEAD_DIM + 4)
+        return bytes_moved(self.rows)
+
+
+def bytes_moved(rows: int) -> int:
+    """The pass's DRAM bytes at its floor for ``rows`` rows of each of q and k: both read (256 B a row), both rstd
+    written (4 B)."""
+    return 2 * rows * (2 * HEAD_DIM + 4)
 
 
 def _check_rows(name: str, a: ArrayInfo) -> None:

@@ -20,22 +20,17 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from kernel.row_rstd.launch import bytes_moved   # the rstd pass's bytes at its floor
 from kernel.shapes import HEAD_DIM
 
 from ..timed_configs import parse_configs, run_configs
 
 NAME = "row_rstd"
-RSTD_BYTES = 4     # an fp32 rstd
-
-
-def bytes_moved(rows: int) -> int:
-    """The rstd pass's bytes at its floor for ``rows`` rows of each of q and k: both read, both rstd written."""
-    return 2 * rows * (2 * HEAD_DIM + RSTD_BYTES)
 
 
 def fla_bytes_moved(rows: int) -> int:
-    """FLA's l2norm pass's on q and k: both read, both written normalised, both rstd written."""
-    return 2 * rows * (2 * HEAD_DIM + 2 * HEAD_DIM + RSTD_BYTES)
+    """FLA's l2norm pass's on q and k: the rstd pass's bytes, and both written normalised (256 B a row)."""
+    return bytes_moved(rows) + 2 * rows * 2 * HEAD_DIM
 
 
 def parse_args(argv: Sequence[str] | None):

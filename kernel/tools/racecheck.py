@@ -320,10 +320,11 @@ def _kernel_b() -> str:
     dht = dev(raw["dht"].astype(np.float32))
     if qk_raw:   # the rows before the l2norm, and their rstd as FLA's l2norm_fwd forms it (fp32)
         from kernel.ds_scan.launch import bits_to_f32
+        from kernel.reference.checks import l2norm_rstd
 
         q, k = (bf16_bits(raw[n]) for n in ("q", "k"))
         rows = (bits_to_f32(x) for x in (q, k))
-        rstd = tuple(dev(np.float32(1) / np.sqrt(np.sum(x * x, axis=-1) + np.float32(1e-6))) for x in rows)
+        rstd = tuple(dev(l2norm_rstd(np, x)) for x in rows)   # fp32 rows: fp32 arithmetic
         B, T, H = q.shape[:3]
         batch = checked_batch(B, T, H, raw["cu_seqlens"], scale=128 ** -0.5, torch_out=False)
         out = run(batch, dev(q), dev(k), *rest, dht=dht, states=states, rstd=rstd, token_gate=token_gate, qk_raw=True)

@@ -33,11 +33,18 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
     if constexpr (TOKEN_GATE) kda_gate::token_sums<ROWS_PER_PRODUCER>(st, pw, col, gT, sums);   // and gamma
     else base = kda_gate::ends(st, pw, col, gT);                                             // and gamma
     uint2 kb[ROWS_PER_PRODUCER], qb[ROWS_PER_PRODUCER];
+    float kn[ROWS_PER_PRODUCER], qn[ROWS_PER_PRODUCER];   // the qk_rstd build's rstd of each row
 #pragma unroll
     for (int r = 0; r < ROWS_PER_PRODUCER; ++r) {
         if constexpr (!TOKEN_GATE) row[r] = *reinterpret_cast<const float4*>(&st.g[c0 + r][col]);
         kb[r] = *reinterpret_cast<const uint2*>(&st.k[c0 + r][col]);
         qb[r] = *reinterpret_cast<const uint2*>(&st.q[c0 + r][col]);
+        // read here with the rows, before the loop below stores: the compiler cannot move a float load past
+        // those stores, so each row would otherwise wait on its own shared-memory load
+        if constexpr (QK_RSTD) {
+            kn[r] = rk[c0 + r];
+            qn[r] = rq[c0 + r];
+        }
     }
     bool past = false;
 #pragma unroll
@@ -52,9 +59,9 @@ __device__ __forceinline__ bool rebuild(Stage& st, Scratch& sc, int parity, int 
             kda_gate::chunk_local(gc, row[r], base, gT, real);
         }
         // the qk_rstd build: k's row times its rstd, q's folded into s
-        const float kn = QK_RSTD ? rk[c] : 1.f, sq = QK_RSTD ? s * rq[c] : s;
-        const float kf[4] = {bf16_lo(kb[r].x) * kn, bf16_hi(kb[r].x) * kn, bf16_lo(kb[r].y) * kn,
-                             bf16_hi(kb[r].y) * kn};
+        const float kn_r = QK_RSTD ? kn[r] : 1.f, sq = QK_RSTD ? s * qn[r] : s;
+        const float kf[4] = {bf16_lo(kb[r].x) * kn_r, bf16_hi(kb[r].x) * kn_r, bf16_lo(kb[r].y) * kn_r,
+                             bf16_hi(kb[r].y) * kn_r};
         const float qf[4] = {bf16_lo(qb[r].x), bf16_hi(qb[r].x), bf16_lo(qb[r].y), bf16_hi(qb[r].y)};
         float kd[4], kr[4], qd[4], qe[4], ke[4], dot = 0.f;
 #pragma unroll

@@ -13,7 +13,7 @@ Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
   (:func:`token_gate`; where the op activates the gate, FLA's ``kda_gate_chunk_cumsum`` still makes the
   activated gate's 64-chunk cumsum in log2 first). The l2norm of bf16 q and k: the three passes' products
   pass normalises them, writing them out with their rstd for the backward; the one pass reads FLA's
-  ``l2norm_fwd`` copies (as for another dtype). With :data:`RAW_QK_ROWS` (:func:`reads_raw_qk`) the kernels
+  ``l2norm_fwd`` copies (as for another dtype). With :data:`RAW_QK_ROWS` (on; :func:`reads_raw_qk`) the kernels
   read the raw rows instead, each with its rstd from :func:`kernel.row_rstd.row_rstd` (a pass that writes the
   rstd alone) or from the products pass, no normalised copy is written, and the backward reads the same raw
   rows and rstd. Out come o, the final
@@ -130,11 +130,10 @@ GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_stat
 KERNEL_ALIGN = 16
 
 
-# Whether kernel.chunk_kda takes the raw-row path (reads_raw_qk). Off until the forward's qk_rstd build in its
-# folded form has run on a device: the rstd pass, Kernel B's qk_rstd build, the backward on raw rows and the op on
-# them passed their GPU tests, but the forward's first qk_rstd build cost it 14% (docs/log/60), and its fold is
-# not measured yet.
-RAW_QK_ROWS = False
+# Whether kernel.chunk_kda takes the raw-row path (reads_raw_qk). On: the step's kernels took about 1 ms less at
+# 32x8192 and 0.1 ms less at 4x8192 than on the copies path, and the same at 1x131072 (docs/log/61). Off: the copies
+# path, for comparison (`ptx-lab bench --qk-copies`).
+RAW_QK_ROWS = True
 
 
 def reads_raw_qk(forward: str, use_qk_l2norm_in_kernel: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> bool:

@@ -365,7 +365,9 @@ def test_our_forward_passes_the_checked_host_offsets(our_kernel_stubbed):
     (dict(lengths=[50, 50, 50, 50, 50]), 8, "one pass"),        # 40
 ], ids=["1x70-hv4", "2x70-hv16", "3x70-hv16", "varlen-one-long", "varlen-even"])
 def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pay(sizes, HV, ran,
-                                                                                  our_kernel_stubbed_without_fla):
+                                                                                  our_kernel_stubbed_without_fla,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(function, "RAW_QK_ROWS", False)   # the copies path (the raw-row path: the test below)
     x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours"))
     ours = function.our_forward(call, *_forward_arguments(x))
     (handed, plan, out), = our_kernel_stubbed_without_fla

@@ -728,6 +728,7 @@ def test_the_raw_row_path_gives_the_copies_paths_outputs_and_gradients(monkeypat
 
     _, sizes, call = case
     x = _inputs(**sizes)
+    monkeypatch.setattr(function, "RAW_QK_ROWS", False)
     copies = _step_outputs(x, call)
     monkeypatch.setattr(function, "RAW_QK_ROWS", True)
     passes, ran = three_passes.three_pass_forward, []

@@ -54,9 +54,9 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--steps", type=int, default=3, help="steps profiled, and then timed (default 3)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed a side (default 25)")
     ap.add_argument("--json", type=Path, help="also write every kernel's time here")
-    ap.add_argument("--raw-rows", action="store_true",
-                    help="our side on the op's raw-row path (kernel.fla_dropin.function.RAW_QK_ROWS on: the rstd "
-                         "pass, no normalised copies), to profile it before the op takes it")
+    ap.add_argument("--qk-copies", action="store_true",
+                    help="our side on the op's copies path (kernel.fla_dropin.function.RAW_QK_ROWS off: q and k "
+                         "normalised into copies first) instead of its raw-row path, to compare the two")
     args = ap.parse_args(argv)
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     unknown = [s for s in sides if s not in SIDES]
@@ -164,10 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if why is not None:
         print(f"layer_profile: needs a CUDA GPU, torch, fla-core and flash-linear-attention ({why})", file=sys.stderr)
         return 2
-    if args.raw_rows:
+    if args.qk_copies:
         from kernel.fla_dropin import function
 
-        function.RAW_QK_ROWS = True
+        function.RAW_QK_ROWS = False
     out = {}
     for config in [c.strip() for c in args.configs.split(",") if c.strip()]:
         out[config] = profile_config(config, args.sides, args.steps, args.step, args.heads)

@@ -317,7 +317,7 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
     # 5. the training step, forward + backward, kernel.chunk_kda on the forward --our-forward names
     if not args.no_step:
         res["our_forward"] = args.our_forward
-        res["raw_rows"] = args.raw_rows   # kernel.chunk_kda's raw-row path (--raw-rows)
+        res["raw_rows"] = not args.qk_copies   # kernel.chunk_kda's raw-row path, or its copies path (--qk-copies)
         with our_forward_setting(args.our_forward):
             _step(raw, h0, cu_fla, args, flush, res, t_start, tag)
     record_fla_autotune(res, tag)

@@ -76,8 +76,8 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
             argv += ["--projection-scale", repr(args.projection_scale)]
     if mode is not MODES["forward"]:
         argv += ["--our-forward", args.our_forward]
-    if args.raw_rows:
-        argv.append("--raw-rows")
+    if args.qk_copies:
+        argv.append("--qk-copies")
     if args.no_fla:
         argv.append("--no-fla")
     if args.no_cudnn:

@@ -68,10 +68,10 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
     p.add_argument("--our-forward", choices=tuple(OUR_FORWARDS), default="ours",
                    help="--backward's step and --layer: the forward kernel.chunk_kda runs (kernel.using_forward): "
                         "ours (default) or fla (FLA's forward, our backward)")
-    p.add_argument("--raw-rows", action="store_true",
-                   help="--backward's step, --forward and --layer: kernel.chunk_kda on its raw-row path (q and k read "
-                        "raw with the rstd pass's rstd, no normalised copies: kernel.fla_dropin.function.RAW_QK_ROWS "
-                        "on), to measure it before the op takes it")
+    p.add_argument("--qk-copies", action="store_true",
+                   help="--backward's step, --forward and --layer: kernel.chunk_kda on its copies path (q and k "
+                        "normalised into bf16 copies before the kernels: kernel.fla_dropin.function.RAW_QK_ROWS off) "
+                        "instead of its raw-row path, to compare the two")
     p.add_argument("--hidden", type=int, default=LAYER_HIDDEN,
                    help=f"--layer: the layer's hidden size (default {LAYER_HIDDEN}, FLA's)")
     p.add_argument("--in-process", action="store_true",
@@ -193,11 +193,11 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         if args.backward or all(backward_report.is_backward_json(path) for path in args.from_json):
             return backward_report.report_from_json(args.from_json, args.plot, args.json)
         return report_from_json(args.from_json, args.plot, args.json)
-    if args.raw_rows:
+    if args.qk_copies:
         from kernel.fla_dropin import function
 
-        function.RAW_QK_ROWS = True
-        log("kernel.chunk_kda on its raw-row path (--raw-rows)")
+        function.RAW_QK_ROWS = False
+        log("kernel.chunk_kda on its copies path (--qk-copies)")
     if args.backward or args.layer or args.forward:
         return main_backward(args, prog)
     configs = parse_configs(args.configs, args.seed, log)

@@ -15,8 +15,8 @@ def test_sides_and_steps_are_checked():
             parse_args(bad)
 
 
-def test_raw_rows_is_a_flag_off_by_default():
-    assert parse_args([]).raw_rows is False and parse_args(["--raw-rows"]).raw_rows is True
+def test_qk_copies_is_a_flag_off_by_default():
+    assert parse_args([]).qk_copies is False and parse_args(["--qk-copies"]).qk_copies is True
 
 
 def test_ours_are_the_registrys_kernels_and_not_flas_kda_named_ones():

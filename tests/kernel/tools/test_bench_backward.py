@@ -44,9 +44,9 @@ def test_each_configuration_gets_this_runs_options():
         assert getattr(child, name) == getattr(a, name), name
     a = cli.parse_args(["--backward", "--gates", "trained-layer", "--projection-scale", "8"])
     child = cli.parse_args(backward_run.child_argv(a, "4x8192", "x.json")[3:])
-    assert (child.gates, child.projection_scale) == ("trained-layer", 8.0) and not child.raw_rows
-    child = cli.parse_args(backward_run.child_argv(cli.parse_args(["--backward", "--raw-rows"]), "4x8192", "x")[3:])
-    assert child.raw_rows   # each configuration's process takes the op's raw-row path too
+    assert (child.gates, child.projection_scale) == ("trained-layer", 8.0) and not child.qk_copies
+    child = cli.parse_args(backward_run.child_argv(cli.parse_args(["--backward", "--qk-copies"]), "4x8192", "x")[3:])
+    assert child.qk_copies   # each configuration's process takes the op's copies path too
 
 
 @pytest.mark.parametrize("argv, message", [

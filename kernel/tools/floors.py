@@ -443,6 +443,19 @@ OUR_BACKWARD_READS = ("qn", "kn", "q_rstd", "k_rstd", "gc", "Mqk", "INV", "h")
 SAVED_STATES = Design("bf16-every-tile dS, bf16 states every 64 saved", BF16, 1, True, BF16, TILES_PER_CHUNK)
 
 
+# kernel.chunk_kda's one pass today (kernel.fla_dropin.function.RAW_QK_ROWS): the rstd pass writes each row's rstd
+# alone; the one pass reads the raw rows with it and sums each token's gate itself, and the backward reads the
+# caller's q, k and g with the rstd, Mqk, INV and the states: no normalised copy and no cumsum is written
+RSTD_PASS = FwdKernel("kda_row_rstd (q and k)", (("q", 1), ("k", 1)), (("q_rstd", 1), ("k_rstd", 1)))
+
+
+def _rstd_then_one_pass() -> tuple[FwdKernel, ...]:
+    body = FwdKernel(ONE_PASS, (("q", 1), ("k", 1), ("q_rstd", 1), ("k_rstd", 1), ("v", 1), ("g", 1), ("beta", 1),
+                                ("h0", 1)),
+                     (("o", 1), ("ht", 1), ("Mqk", 1), ("INV", 1), ("h", 1)))
+    return RSTD_PASS, body
+
+
 # Two passes: the state-free products (Mqk, INV) of every tile first, across all SMs, then the chain,
 # which reads them instead of forming them. Where a (sequence, head) spans several CTAs (B = 1: 8 at
 # 16 heads) the one pass forms them in every CTA, on the producers' path of every tile.
@@ -504,6 +517,8 @@ FORWARD_DESIGNS = (
     ForwardDesign("one pass, inference, l2norm a pass before", _one_pass(l2norm_pass=True), FORWARD_GEMMS,
                   TILE_TOKENS),
     ForwardDesign("one pass, for our backward as it reads today", _one_pass(saves=OUR_BACKWARD_READS),
+                  FORWARD_GEMMS, TILE_TOKENS, SAVED_STATES),
+    ForwardDesign("the rstd pass, then one pass, for our backward on raw rows", _rstd_then_one_pass(),
                   FORWARD_GEMMS, TILE_TOKENS, SAVED_STATES),
     ForwardDesign("products a pass before, for our backward as it reads today",
                   _products_first(OUR_BACKWARD_READS), PRODUCTS_FIRST_GEMMS, TILE_TOKENS, SAVED_STATES),

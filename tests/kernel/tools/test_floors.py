@@ -105,6 +105,10 @@ def test_the_variants_by_hand():
     # today's inputs of kernel.kda_backward: qn, kn, two rstd, gc, Mqk and INV's diagonal blocks, states
     assert per_token[TODAY.name] == 1540 + 4 * K + 8 + 4 * K + 2 * 2 * C + 2 * STATE // BT
     assert per_token[floors.STATES_ONLY.name] == 1540 + 2 * STATE // BT
+    # the op's one pass on raw rows: the rstd pass reads q and k again and writes two rstd, which the one pass reads;
+    # it writes Mqk's and INV's diagonal blocks and the states, no copies of q and k and no cumsum
+    assert per_token["the rstd pass, then one pass, for our backward on raw rows"] == (
+        1540 + (2 * K + 2 * K + 8) + 8 + 2 * 2 * C + 2 * STATE // BT)
     # the products a pass before: it reads q, k, g and beta again and writes Mqk and INV, which the chain reads
     assert (per_token["products a pass before, for our backward as it reads today"]
             == per_token[TODAY.name] + (2 * K + 2 * K + 4 * K + 4) + 2 * 2 * C)

@@ -354,7 +354,10 @@ def _forward() -> str:
     raw, f = _fla_case()
     cu = raw["cu_seqlens"]
     # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}, or {"mbarrier_ring": true}
-    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows, or {"l2norm": true} (q and k
+    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows. This case's configuration has
+    # product warps, and on its named barriers racecheck reports their INV against the consumers' reads of it (200
+    # reports of that one shape and a timeout, docs/log/61): named-barrier hand-offs are what the probes above show
+    # racecheck misorders, so the checking build is the one whose answer counts. Or {"l2norm": true} (q and k
     # normalised again in R1, which leaves them as they are but for rounding, and written out).
     # KDA_RACECHECK_QK_RAW=1: the qk_rstd build, given each (already unit) row's rstd, which each producer warp
     # copies for its own rows and the pairwise products read across warps

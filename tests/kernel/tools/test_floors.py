@@ -25,7 +25,7 @@ TOKEN_HEADS = B * T * H                           # 8,388,608
 STATE = K * V                                     # elements of one state
 BY_NAME = {d.name: d for d in floors.FORWARD_DESIGNS}
 INFERENCE = BY_NAME["one pass, inference"]
-TODAY = BY_NAME["one pass, for our backward as it reads today"]
+TODAY = BY_NAME["one pass, for our backward on normalised copies"]
 
 
 def _gemm(m: int, n: int, k: int) -> int:
@@ -110,11 +110,11 @@ def test_the_variants_by_hand():
     assert per_token["the rstd pass, then one pass, for our backward on raw rows"] == (
         1540 + (2 * K + 2 * K + 8) + 8 + 2 * 2 * C + 2 * STATE // BT)
     # the products a pass before: it reads q, k, g and beta again and writes Mqk and INV, which the chain reads
-    assert (per_token["products a pass before, for our backward as it reads today"]
+    assert (per_token["products a pass before, for our backward on normalised copies"]
             == per_token[TODAY.name] + (2 * K + 2 * K + 4 * K + 4) + 2 * 2 * C)
     # three passes: the products pass writes what our backward reads (Mqk inside the whole Aqk) and w, u, kg;
     # the chain reads w, u, kg and the chunk's last gate row, writes the states and v_new; o from them
-    assert per_token["three passes (64-token chain), for our backward as it reads today"] == (
+    assert per_token["three passes (64-token chain), for our backward on normalised copies"] == (
         1540 + (4 * K + 8 + 4 * K + 2 * C) + (2 * BT + 3 * 2 * K)
         + (3 * 2 * K + 4 * K / BT + 2 * STATE // BT + 2 * V)
         + (2 * K + 4 * K + 2 * STATE // BT + 2 * V + 2 * BT)) == 6708

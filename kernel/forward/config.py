@@ -92,11 +92,8 @@ class Config(ScanShape):   # vgroups, threads and name() as Kernel S's Config
 
     def __post_init__(self):
         pw = self.product_warps
-        if isinstance(pw, (bool, np.bool_)) or not isinstance(pw, (int, np.integer)) or pw not in PRODUCT_WARPS:
-            raise ValueError(f"Config.product_warps must be one of {PRODUCT_WARPS}, got {pw!r}")
-        for name in ("mbarrier_ring", "token_gate", "l2norm", "qk_rstd", "timing"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+        builds.check_choice(self, "product_warps", PRODUCT_WARPS)
+        builds.check_flags(self, "mbarrier_ring", "token_gate", "l2norm", "qk_rstd", "timing")
         if self.l2norm and self.qk_rstd:
             raise ValueError("Config.l2norm and Config.qk_rstd are two forms of raw q and k: at most one")
         # the barriers before the shared memory (check_knobs), which a ring too deep may also overflow

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
 from ..ds_scan.config import FAST_MATH
 from ..runtime import builds
 
@@ -30,11 +28,8 @@ class Config:
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
-        if isinstance(self.warps, (bool, np.bool_)) or not isinstance(self.warps, (int, np.integer)) \
-                or self.warps not in WARPS:
-            raise ValueError(f"Config.warps must be one of {WARPS}, got {self.warps!r}")
-        if not isinstance(self.lineinfo, bool):
-            raise ValueError(f"Config.lineinfo must be True or False, got {self.lineinfo!r}")
+        builds.check_choice(self, "warps", WARPS)
+        builds.check_flags(self, "lineinfo")
 
     @property
     def threads(self) -> int:

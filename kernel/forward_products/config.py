@@ -25,9 +25,7 @@ class Config:
     lineinfo: bool = False     # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
-        for name in ("token_gate", "l2norm", "lineinfo"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+        builds.check_flags(self, "token_gate", "l2norm", "lineinfo")
 
     def name(self) -> str:
         return "products" + ("-tg" if self.token_gate else "") + ("-l2" if self.l2norm else "")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
 from ..ds_scan.config import FAST_MATH
 from ..runtime import builds
 from ..shapes import HEAD_DIM, TILE_TOKENS
@@ -77,11 +75,8 @@ def check_knobs(cfg, *, max_warps: int, registers: int, extra_warps: tuple[str, 
     and any warps of ``extra_warps``, Config fields the caller checked) within ``max_warps`` (``registers``:
     what a consumer thread needs, for the message), the shared memory within the SM's opt-in limit."""
     for name, allowed in (("warps", WARPS), ("producers", PRODUCERS), ("nstage", NSTAGES), ("g6_split", G6_SPLITS)):
-        value = getattr(cfg, name)
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
-            raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
-    if not isinstance(cfg.lineinfo, bool):
-        raise ValueError(f"Config.lineinfo must be True or False, got {cfg.lineinfo!r}")
+        builds.check_choice(cfg, name, allowed)
+    builds.check_flags(cfg, "lineinfo")
     if cfg.threads // 32 > max_warps:
         parts = ["warps", "producers", *(f for f in extra_warps if getattr(cfg, f))]
         raise ValueError(f"{' + '.join(f'Config.{f}' for f in parts)} must be at most {max_warps}, got "

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
 from ..forward_states.config import knob_options
 from ..runtime import builds
 
@@ -33,11 +31,8 @@ class Config:
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 
     def __post_init__(self):
-        if isinstance(self.depth, (bool, np.bool_)) or not isinstance(self.depth, (int, np.integer)) \
-                or self.depth not in DEPTHS:
-            raise ValueError(f"Config.depth must be one of {DEPTHS}, got {self.depth!r}")
-        if not isinstance(self.lineinfo, bool):
-            raise ValueError(f"Config.lineinfo must be True or False, got {self.lineinfo!r}")
+        builds.check_choice(self, "depth", DEPTHS)
+        builds.check_flags(self, "lineinfo")
 
     @property
     def threads(self) -> int:

@@ -29,11 +29,26 @@ from ptx_lab import CUDA_INCLUDE_DIR
 from ..shapes import TILE_TOKENS, snapshot_offsets
 
 __all__ = ["KernelBuild", "SHAPES_HEADER", "read_int_constants", "kernel_function", "sm_count", "side_stream",
-           "serial_stream", "HIGHEST_PRIORITY", "side_by_side", "longest_first", "device_tables"]
+           "serial_stream", "HIGHEST_PRIORITY", "side_by_side", "longest_first", "device_tables",
+           "check_choice", "check_flags"]
 
 # The shapes every kernel's device source includes (as "../../shapes.cuh" from its cuda/ folder, so
 # that nvcc on the entry file and NVRTC through the folder's -I both find it with no -I of its own)
 SHAPES_HEADER = Path(__file__).resolve().parents[1] / "shapes.cuh"
+
+
+def check_choice(cfg, name: str, allowed: tuple[int, ...]) -> None:
+    """A kernel Config's knob ``name``: an integer (a bool is not one) among ``allowed``, or a ValueError naming it."""
+    value = getattr(cfg, name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value not in allowed:
+        raise ValueError(f"Config.{name} must be one of {allowed}, got {value!r}")
+
+
+def check_flags(cfg, *names: str) -> None:
+    """A kernel Config's switches ``names``: each True or False, or a ValueError naming it."""
+    for name in names:
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"Config.{name} must be True or False, got {getattr(cfg, name)!r}")
 
 
 @dataclasses.dataclass(frozen=True)

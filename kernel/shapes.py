@@ -40,7 +40,7 @@ OFFSETS_KEPT = 8      # how many torch cu_seqlens tensors keep their host copy (
 
 __all__ = ["HEAD_DIM", "TILE_TOKENS", "CHUNK_TOKENS", "TILES_PER_CHUNK", "SPAN_LIMIT", "RCP_LN2", "qk_head",
            "tile_gate_sums",
-           "snapshot_offsets", "check_cu_seqlens", "host_offsets", "check_chunk_range", "OFFSETS_KEPT"]
+           "snapshot_offsets", "states_shape", "check_cu_seqlens", "host_offsets", "check_chunk_range", "OFFSETS_KEPT"]
 
 
 def qk_head(hv: int, HV: int, H: int) -> int:
@@ -73,6 +73,12 @@ def snapshot_offsets(lengths: np.ndarray, tile: int, snapshot_every: int) -> np.
     n_tiles = -(-n // tile)
     n_snap = -(-n_tiles // snapshot_every)
     return np.concatenate([[0], np.cumsum(n_snap)]).astype(np.int64)
+
+
+def states_shape(total: int, B: int, HV: int, *, varlen: bool) -> tuple[int, ...]:
+    """The shape of ``total`` [K, V] states (or snapshots) a value head over B sequences: [B, total / B, HV, K, V]
+    for equal lengths, or [1, total, HV, K, V] packed in the sequences' order for a varlen batch."""
+    return (1, total, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, total // B, HV, HEAD_DIM, HEAD_DIM)
 
 
 def check_chunk_range(chunks: Any, total: int) -> tuple[int, int]:

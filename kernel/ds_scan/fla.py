@@ -74,7 +74,8 @@ import numpy as np
 
 from . import launch
 from ..runtime.arrays import ArrayInfo, check_scale, describe, expect, leading, require_cupy, require_gpu, value_heads
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
+from ..shapes import (CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets,
+                      states_shape)
 
 FLA_OTHER_CHUNK = 32                       # KDA's only other chunk_size in fla-core 0.6.0
 SNAPSHOT_DTYPES = ("bfloat16", "float32")
@@ -155,7 +156,7 @@ def dh_shape(B: int, HV: int, cu: np.ndarray, varlen: bool) -> tuple[int, ...]:
     of the host int64 ``cu`` [N + 1] and value head, [B, NT, HV, K, V], or [1, sum of NT, HV, K, V]
     packed by FLA's chunk_offsets for ``varlen``."""
     chunks = int(snapshot_offsets(np.diff(cu), TILE_TOKENS, TILES_PER_CHUNK)[-1])
-    return (1, chunks, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, chunks // B, HV, HEAD_DIM, HEAD_DIM)
+    return states_shape(chunks, B, HV, varlen=varlen)
 
 
 def plan_fla_launch(q, k, g64, beta, Aqk, Akk, do, *, dht=None, cu_seqlens=None,

@@ -27,7 +27,7 @@ from .config import Config
 from ..runtime import builds
 from ..runtime.arrays import (beta_f32, bf16_bits, bits_to_f32, check_scale, cupy_view, describe, expect, is_torch,
                              leading, require_cupy, require_gpu, to_cupy, torch_allocations, value_heads)
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens, snapshot_offsets
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, check_cu_seqlens, snapshot_offsets, states_shape
 
 SNAPSHOT_DTYPES = ("float32", "bfloat16")
 ARRAY_KINDS = ("CuPy arrays (bf16 as uint16 bits: kernel.ds_scan.bf16_bits) or torch CUDA tensors "
@@ -327,16 +327,12 @@ def check_segments(segments) -> None:
 OUTPUT_NAMES = ("snapshots", "dh0")   # what a call allocates, unless given its arrays (``out``)
 
 
-def _snapshot_shape(B: int, HV: int, total_snaps: int, varlen: bool) -> tuple[int, ...]:
-    return (1, total_snaps, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, total_snaps // B, HV, HEAD_DIM, HEAD_DIM)
-
-
 def output_shapes(B: int, HV: int, cu: np.ndarray, snapshot_every: int, varlen: bool) -> dict:
     """The shapes of the arrays :func:`launch` allocates (OUTPUT_NAMES) for a batch of B sequences (varlen: one
     packed row whose host int64 cu_seqlens is ``cu``; else ``cu`` is B sequences of equal length) at HV value
     heads: host arithmetic, for a caller that allocates them once and passes them as ``out``."""
     total = int(snapshot_offsets(np.diff(cu), TILE_TOKENS, snapshot_every)[-1])
-    return {"snapshots": _snapshot_shape(B, HV, total, varlen), "dh0": (cu.size - 1, HV, HEAD_DIM, HEAD_DIM)}
+    return {"snapshots": states_shape(total, B, HV, varlen=varlen), "dh0": (cu.size - 1, HV, HEAD_DIM, HEAD_DIM)}
 
 
 def check_out(out, c: ScanInputs, *, snapshot_dtype: str, snapshot_every: int, varlen: bool) -> dict | None:
@@ -420,7 +416,7 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
     N = lengths.size
 
     cu_d, offs_d, order, total_snaps = builds.device_tables(cu, snapshot_every)
-    snap_shape = _snapshot_shape(B, HV, total_snaps, varlen)
+    snap_shape = states_shape(total_snaps, B, HV, varlen=varlen)
 
     sm = builds.sm_count()
     base = dict(snap_bf16=snapshot_dtype == "bfloat16", snap_every=snapshot_every, l2norm=bool(qk_l2norm),

@@ -68,9 +68,9 @@ import numpy as np
 
 from ..runtime.arrays import (ArrayInfo, beta_f32, check_scale, describe, empty_output, expect, leading, to_cupy,
                               value_heads)
-from ..shapes import CHUNK_TOKENS, HEAD_DIM
+from ..shapes import CHUNK_TOKENS, HEAD_DIM, states_shape
 from ..forward_states.launch import (H200_SM_COUNT, ScanPlan, check_batch, host_advice, on_this_gpu, planned_tables,
-                                     scan_kernel, states_shape)
+                                     scan_kernel)
 from .config import BUILD, Config, auto_config, choose_warps
 
 __all__ = ["forward", "plan_forward", "check_forms", "launch_planned", "module", "kernel", "ForwardPlan",
@@ -171,7 +171,7 @@ def plan_forward(q, k, v, g, beta, *, scale: float | None = None, initial_state=
     cu, offsets = check_batch(arrays, specs, initial_state=initial_state, cu_seqlens=cu_seqlens, B=B, T=T, HV=HV,
                               anchor="q", advice=HOST_ADVICE)
     N = cu.shape[0] - 1
-    shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None) if training else None
+    shape = states_shape(int(offsets[-1]), B, HV, varlen=cu_seqlens is not None) if training else None
     cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count), token_gate, l2norm, qk_rstd)
     return ForwardPlan(B=B, T=T, H=H, HV=HV, N=N, scale=scale if scale is not None else HEAD_DIM ** -0.5,
                        cu_seqlens=cu, snapshot_offsets=offsets, o_shape=wide,

@@ -52,7 +52,8 @@ import numpy as np
 from ..runtime import builds
 from ..runtime.arrays import (ArrayInfo, beta_f32, describe, empty_output, expect, leading, require_cupy, require_gpu,
                               to_cupy, value_heads)
-from ..shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets
+from ..shapes import (CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK, check_cu_seqlens, snapshot_offsets,
+                      states_shape)
 from .config import BUILD, Config, ScanShape, auto_config, choose_warps
 
 H200_SM_COUNT = 132     # the auto rule's SM count where no GPU is asked (plan_forward_states' and plan_forward's default)
@@ -86,11 +87,6 @@ def check_placement(arrays: dict, anchor: str, device) -> None:
             raise ValueError(f"{name} starts at address {a.ptr:#x}, not a multiple of {ALIGN} bytes: the kernel "
                              f"copies it by 16-byte cp.async (pass a fresh tensor, e.g. .clone())")
 
-
-def states_shape(offsets: np.ndarray, B: int, HV: int, *, varlen: bool) -> tuple[int, ...]:
-    """The bf16 states' shape: [B, NT, HV, K, V], or [1, sum NT_n, HV, K, V] packed for a varlen batch."""
-    total = int(offsets[-1])
-    return (1, total, HV, HEAD_DIM, HEAD_DIM) if varlen else (B, total // B, HV, HEAD_DIM, HEAD_DIM)
 
 @dataclasses.dataclass(frozen=True)
 class ScanPlan:
@@ -179,7 +175,7 @@ def plan_forward_states(k, v, g, beta, Akk, *, initial_state=None, cu_seqlens=No
     cu, offsets = check_batch(arrays, specs, initial_state=initial_state, cu_seqlens=cu_seqlens, B=B, T=T, HV=HV,
                               anchor="k", advice=HOST_ADVICE)
     N = cu.shape[0] - 1
-    shape = states_shape(offsets, B, HV, varlen=cu_seqlens is not None)
+    shape = states_shape(int(offsets[-1]), B, HV, varlen=cu_seqlens is not None)
     cfg = config if config is not None else auto_config(choose_warps(N * HV, sm_count))
     return StatesPlan(B=B, T=T, H=H, HV=HV, N=N, cu_seqlens=cu, snapshot_offsets=offsets, states_shape=shape,
                       config=cfg, torch_out=ka.torch, device=ka.device, beta_bf16=arrays["beta"].dtype == "bfloat16",

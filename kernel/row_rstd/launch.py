@@ -35,7 +35,7 @@ import functools
 import numpy as np
 
 from ..runtime import builds
-from ..runtime.arrays import ArrayInfo, describe, empty_output, require_cupy, require_gpu, to_cupy, \
+from ..runtime.arrays import ArrayInfo, describe, empty_output, expect, require_cupy, require_gpu, to_cupy, \
     torch_stream_for_cupy
 from ..shapes import HEAD_DIM
 from .config import BUILD, Config
@@ -79,10 +79,7 @@ def _check_rows(name: str, a: ArrayInfo) -> None:
     """ValueError / TypeError naming ``name`` unless it is bf16 [..., 128], C-contiguous and 16-byte aligned."""
     if len(a.shape) < 1 or a.shape[-1] != HEAD_DIM:
         raise ValueError(f"{name} must be [..., {HEAD_DIM}] (rows of the head size {HEAD_DIM}), got shape {a.shape}")
-    if a.dtype != "bfloat16":
-        raise TypeError(f"{name} must be bf16 (torch.bfloat16, or uint16 bf16 bits in CuPy), got {a.dtype}")
-    if not a.contiguous:
-        raise ValueError(f"{name} must be C-contiguous (call .contiguous() / cupy.ascontiguousarray)")
+    expect(name, a, a.shape, f"[..., {HEAD_DIM}]", ("bfloat16",))   # its dtype and layout, as every kernel's inputs
     if a.ptr % ALIGN:
         raise ValueError(f"{name}'s data must be {ALIGN}-byte aligned (the kernel loads {ALIGN} bytes a lane), its "
                          f"address is {a.ptr % ALIGN} bytes past a multiple of {ALIGN} (a view at an odd offset: "

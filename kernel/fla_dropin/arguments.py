@@ -62,6 +62,7 @@ class Call:
     state_v_first: bool
     forward: str                # whose forward runs: "ours" or "fla" (.setting); the backward is ours
     training: bool              # whether a gradient can be asked for (training_mode); else o, final state alone
+    raw_qk_rows: bool           # whether our kernels may read raw q and k with each row's rstd (.setting)
 
     @property
     def groups(self) -> int:
@@ -134,7 +135,7 @@ def _gate_parameters(kwargs: dict[str, Any], *, use_gate_in_kernel: bool, lower_
 
 def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[str, Any],
                     kwargs: dict[str, Any], switches: dict[str, Any], forward: str, grad_enabled: bool,
-                    scale: Any = None, lower_bound: Any = None, cu_seqlens_cpu=None) -> Call:
+                    raw_qk_rows: bool, scale: Any = None, lower_bound: Any = None, cu_seqlens_cpu=None) -> Call:
     """Every refusal, on shapes, dtypes, flags and the offsets alone; returns the checked :class:`Call`.
 
     ``flags``: the arguments of :data:`NOT_COVERED` as passed; ``switches``: those of
@@ -146,12 +147,17 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
     preprocessing: the gate's fp32 cumsum, beta in fp32, a copy of an input not 16-byte aligned), so
     no call falls back to FLA's forward: one asking for ours gets ours or this refusal.
     ``grad_enabled``: torch's grad mode at the call; with the inputs' ``requires_grad`` it decides
-    the call's ``training`` (:func:`training_mode`).
+    the call's ``training`` (:func:`training_mode`). ``raw_qk_rows``: the process's choice of how our
+    kernels read q and k under the l2norm (:data:`.setting.RAW_QK_ROWS`), fixed for the call's forward and
+    backward alike.
     """
     forward = check_forward(forward)
     if not isinstance(grad_enabled, bool):
         raise TypeError(f"grad_enabled must be True or False (torch.is_grad_enabled() at the call), "
                         f"got {grad_enabled!r}")
+    if not isinstance(raw_qk_rows, bool):
+        raise TypeError(f"raw_qk_rows must be True or False (kernel.fla_dropin.setting.RAW_QK_ROWS), "
+                        f"got {raw_qk_rows!r}")
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor, got {type(x).__module__}.{type(x).__name__}")
@@ -251,4 +257,5 @@ def check_arguments(q, k, v, g, beta, *, initial_state, cu_seqlens, flags: dict[
     gate = (gate_kwargs.get("A_log"), gate_kwargs.get("dt_bias")) if switches["use_gate_in_kernel"] else ()
     training = training_mode(grad_enabled, (q, k, v, g, beta, *gate, initial_state))
     return Call(B=B, T=T, H=H, HV=HV, N=N, offsets=offsets, scale=HEAD_DIM ** -0.5 if scale is None else float(scale),
-                lower_bound=lower_bound, forward=forward, training=training, **switches)
+                lower_bound=lower_bound, forward=forward, training=training, raw_qk_rows=raw_qk_rows,
+                **switches)

@@ -7,6 +7,7 @@ import torch
 
 from .arguments import BOOL_ARGUMENTS, NOT_COVERED, Call, check_arguments
 from .library import chunk_kda_op
+from . import setting
 from .setting import forward_setting
 
 __all__ = ["chunk_kda", "check_call"]
@@ -81,8 +82,8 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
     """The one check of a call given as :func:`chunk_kda`'s arguments by name (``**kwargs`` under
     "kwargs"): its :class:`Call` and the tensors :func:`~.library.chunk_kda_op` takes after it. Raises as
     :func:`chunk_kda` does, before anything touches the GPU. Tensors on the meta device pass (the
-    ops' fake implementations serve them). The call's forward is the setting now
-    (:func:`~.setting.forward_setting`), its ``training`` the grad mode now and the inputs'
+    ops' fake implementations serve them). The call's forward and ``raw_qk_rows`` are the settings now
+    (:func:`~.setting.forward_setting`, :data:`~.setting.RAW_QK_ROWS`), its ``training`` the grad mode now and the inputs'
     ``requires_grad`` (:func:`~.arguments.training_mode`)."""
     a = arguments
     flags = {name: a[name] for name, _, _ in NOT_COVERED}
@@ -91,7 +92,7 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
     kwargs, initial_state, cu_seqlens = a["kwargs"], a["initial_state"], a["cu_seqlens"]
     call = check_arguments(q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, flags=flags,
                            kwargs=kwargs, switches=given, forward=forward_setting(),
-                           grad_enabled=torch.is_grad_enabled(), scale=a["scale"],
+                           grad_enabled=torch.is_grad_enabled(), raw_qk_rows=setting.RAW_QK_ROWS, scale=a["scale"],
                            lower_bound=a["lower_bound"], cu_seqlens_cpu=a["cu_seqlens_cpu"])
     A_log, dt_bias = (kwargs.get("A_log"), kwargs.get("dt_bias")) if call.use_gate_in_kernel else (None, None)
     if q.device.type not in ("cuda", "meta"):

@@ -13,7 +13,7 @@ Forward (:func:`forward`), whose the call's ``forward`` says (:mod:`.setting`):
   (:func:`token_gate`; where the op activates the gate, FLA's ``kda_gate_chunk_cumsum`` still makes the
   activated gate's 64-chunk cumsum in log2 first). The l2norm of bf16 q and k: the three passes' products
   pass normalises them, writing them out with their rstd for the backward; the one pass reads FLA's
-  ``l2norm_fwd`` copies (as for another dtype). With :data:`RAW_QK_ROWS` (on; :func:`reads_raw_qk`) the kernels
+  ``l2norm_fwd`` copies (as for another dtype). With the call's ``raw_qk_rows`` (:func:`reads_raw_qk`) the kernels
   read the raw rows instead, each with its rstd from :func:`kernel.row_rstd.row_rstd` (a pass that writes the
   rstd alone) or from the products pass, no normalised copy is written, and the backward reads the same raw
   rows and rstd. Out come o, the final
@@ -57,7 +57,7 @@ import torch
 from ..shapes import CHUNK_TOKENS
 from .arguments import Call
 
-__all__ = ["forward", "forward_here", "our_forward", "fla_forward", "backward", "reads_raw_qk",
+__all__ = ["forward", "forward_here", "our_forward", "fla_forward", "backward", "reads_raw_qk", "normalises_bf16_rows",
            "FORWARD_OUTPUTS", "GRADIENT_INPUTS", "FallbackWarning", "warn_once", "forget_warnings"]
 
 
@@ -130,18 +130,18 @@ GRADIENT_INPUTS = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_stat
 KERNEL_ALIGN = 16
 
 
-# Whether kernel.chunk_kda takes the raw-row path (reads_raw_qk). On: the step's kernels took about 1 ms less at
-# 32x8192 and 0.1 ms less at 4x8192 than on the copies path, and the same at 1x131072 (docs/log/61). Off: the copies
-# path, for comparison (`ptx-lab bench --qk-copies`).
-RAW_QK_ROWS = True
+def reads_raw_qk(raw_qk_rows: bool, forward: str, use_qk_l2norm_in_kernel: bool, q_dtype: torch.dtype,
+                 k_dtype: torch.dtype) -> bool:
+    """Whether our kernels read the call's q and k as they came, with each row's rstd: where the call's
+    ``raw_qk_rows`` (:data:`.setting.RAW_QK_ROWS` at its boundary) lets them and our forward normalises bf16 q
+    and k (:func:`normalises_bf16_rows`). FLA's forward normalises them itself."""
+    return raw_qk_rows and forward == "ours" and normalises_bf16_rows(use_qk_l2norm_in_kernel, q_dtype, k_dtype)
 
 
-def reads_raw_qk(forward: str, use_qk_l2norm_in_kernel: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> bool:
-    """Whether our kernels read the call's q and k as they came, with each row's rstd, where the call asks for
-    the l2norm (while :data:`RAW_QK_ROWS`): our forward and our backward on bf16 q and k. FLA's forward
-    normalises them itself."""
-    return (RAW_QK_ROWS and forward == "ours" and use_qk_l2norm_in_kernel and q_dtype == torch.bfloat16
-            and k_dtype == torch.bfloat16)
+def normalises_bf16_rows(use_qk_l2norm_in_kernel: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> bool:
+    """Whether the call asks for the l2norm of bf16 q and k, which our kernels can form themselves (each row's
+    rstd; FLA's l2norm pass for another dtype)."""
+    return use_qk_l2norm_in_kernel and q_dtype == torch.bfloat16 and k_dtype == torch.bfloat16
 
 
 def forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu) -> dict:
@@ -214,8 +214,8 @@ def our_forward(call: Call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_
     # normalised rows too, unless the kernels read raw ones); raw rows in the one pass come with the rstd pass's
     # (its own l2norm build cost 6.5 ms at 32x8192, where a pass that writes the rstd alone moves half the bytes of
     # FLA's l2norm, which also writes the normalised copies: docs/log/57); else FLA's l2norm pass
-    raw = reads_raw_qk(call.forward, call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
-    in_products = pays and call.use_qk_l2norm_in_kernel and q.dtype == k.dtype == torch.bfloat16
+    raw = reads_raw_qk(call.raw_qk_rows, call.forward, call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
+    in_products = pays and normalises_bf16_rows(call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
     q, q_rstd, k, k_rstd, v, g, beta, beta_activated, initial_state = _preprocess(fla, call, q, k, v, g, beta,
                                                                                    initial_state,
                                                                                    not (raw or in_products))
@@ -319,7 +319,7 @@ def backward(call: Call, need: tuple[bool, ...], g_dtype: torch.dtype, do, dht, 
         # with the l2norm in the op, Kernel B's epilogue applies its backward (q, k the normalised rows, or the
         # raw rows that the kernels scale by their rstd: reads_raw_qk)
         rstd = (q_rstd, k_rstd) if call.use_qk_l2norm_in_kernel else None
-        raw = reads_raw_qk(call.forward, call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
+        raw = reads_raw_qk(call.raw_qk_rows, call.forward, call.use_qk_l2norm_in_kernel, q.dtype, k.dtype)
         # the gate's activation backward (Kernel B's gate build, or FLA's pass for a gate not in bf16):
         # skipped where no gradient of the raw gate, A_log or dt_bias is asked for (need: GRADIENT_INPUTS' order)
         gate_wanted = any(need[GRADIENT_INPUTS.index(name)] for name in ("g", "A_log", "dt_bias"))

@@ -78,16 +78,17 @@ def _absent(like: Tensor) -> Tensor:
 
 
 def _forward_made(output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
-                  use_beta_sigmoid_in_kernel: bool, disable_recompute: bool, forward: str,
-                  training: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[bool, ...]:
+                  use_beta_sigmoid_in_kernel: bool, disable_recompute: bool, forward: str, training: bool,
+                  raw_qk_rows: bool, q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[bool, ...]:
     """Which of FORWARD_OUTPUTS a call makes: FLA's forward frees its gate cumsum where the op activated
     the gate, unless disable_recompute keeps everything, h included; ours keeps h always and the cumsum
     where the op activates the gate (else our kernels read the call's own gate, which the op keeps:
     function.token_gate), and no normalised q and k where our kernels read the call's own with their rstd
-    (function.reads_raw_qk, from q's and k's dtypes). Out of training mode: only what is RETURNED."""
+    (function.reads_raw_qk, from the call's raw_qk_rows and q's and k's dtypes). Out of training mode: only what
+    is RETURNED."""
     ours = forward == "ours"
-    copies = use_qk_l2norm_in_kernel and not function.reads_raw_qk(forward, use_qk_l2norm_in_kernel, q_dtype,
-                                                                  k_dtype)
+    copies = use_qk_l2norm_in_kernel and not function.reads_raw_qk(raw_qk_rows, forward, use_qk_l2norm_in_kernel,
+                                                                  q_dtype, k_dtype)
     made = dict(o=True, final_state=output_final_state, q=copies,
                 q_rstd=use_qk_l2norm_in_kernel, k=copies, k_rstd=use_qk_l2norm_in_kernel,
                 beta=use_beta_sigmoid_in_kernel,
@@ -128,7 +129,7 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                   use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
                   lower_bound: Optional[float], disable_recompute: bool, state_v_first: bool,
-                  forward: str, training: bool) -> FORWARD_RETURNS:
+                  forward: str, training: bool, raw_qk_rows: bool) -> FORWARD_RETURNS:
     """The KDA forward (``forward``: "ours" or "fla") on a checked call: FORWARD_OUTPUTS, each absent one
     (all but o and the final state out of ``training`` mode) an empty tensor."""
     arguments = locals()
@@ -136,7 +137,8 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
     call = _call(q, v, cu_seqlens, _host_offsets(q, cu_seqlens, offsets), settings)
     out = function.forward(call, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training, q.dtype, k.dtype)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training, raw_qk_rows, q.dtype,
+                         k.dtype)
     return tuple(out[name] if m else _absent(q) for name, m in zip(FORWARD_OUTPUTS, made))
 
 
@@ -144,7 +146,7 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
 def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                         allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward,
-                        training):
+                        training, raw_qk_rows):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -159,7 +161,8 @@ def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seql
         Aqk=((B, T, HV, CHUNK_TOKENS), k.dtype), Akk=((B, T, HV, CHUNK_TOKENS), k.dtype),   # chunk_kda_fwd_intra
     )
     made = _forward_made(output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training, q.dtype, k.dtype)
+                         use_beta_sigmoid_in_kernel, disable_recompute, forward, training, raw_qk_rows, q.dtype,
+                         k.dtype)
     if made[FORWARD_OUTPUTS.index("h")]:
         # one state per 64-token chunk of every sequence, bf16 (FLA's chunk_gated_delta_rule_fwd_h: in
         # kg's dtype, k's, in the state's layout; ours: [K, V] always); with cu_seqlens the chunk count
@@ -179,7 +182,7 @@ def chunk_kda_bwd(do: Optional[Tensor], dht: Optional[Tensor], q: Tensor, q_rstd
                   g_dtype: torch.dtype, need: Sequence[bool], scale: float, output_final_state: bool,
                   use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                   allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float], disable_recompute: bool,
-                  state_v_first: bool, forward: str, training: bool) -> BACKWARD_RETURNS:
+                  state_v_first: bool, forward: str, training: bool, raw_qk_rows: bool) -> BACKWARD_RETURNS:
     """Our KDA backward from the forward op's tensors: the gradients of GRADIENT_INPUTS, each one
     ``need`` leaves out (or the call has not) an empty tensor."""
     arguments = locals()
@@ -198,7 +201,7 @@ def _chunk_kda_bwd_fake(do, dht, q, q_rstd, k, k_rstd, v, g_cumsum, g_raw, beta,
                         Akk, h, initial_state, cu_seqlens, cu_seqlens_cpu, offsets, g_dtype, need, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                         allow_neg_eigval, safe_gate, lower_bound, disable_recompute, state_v_first, forward,
-                        training):
+                        training, raw_qk_rows):
     g = g_raw if g_raw is not None else g_cumsum
     like = dict(q=(q, q.dtype), k=(k, k.dtype), v=(v, v.dtype), g=(g, g_dtype), beta=(beta, beta.dtype),
                 A_log=(A_log, None), dt_bias=(dt_bias, None), initial_state=(initial_state, None))
@@ -220,7 +223,7 @@ def _setup_context(ctx, inputs, output) -> None:
                            f"decides it itself: kernel.fla_dropin.arguments.training_mode)")
     made = _forward_made(s["output_final_state"], s["use_qk_l2norm_in_kernel"], s["use_gate_in_kernel"],
                          s["use_beta_sigmoid_in_kernel"], s["disable_recompute"], s["forward"], s["training"],
-                         a["q"].dtype, a["k"].dtype)
+                         s["raw_qk_rows"], a["q"].dtype, a["k"].dtype)
     out = {name: (x if m else None) for name, x, m in zip(FORWARD_OUTPUTS, output, made)}
     ctx.mark_non_differentiable(*[x for name, x in zip(FORWARD_OUTPUTS, output)
                                   if name not in RETURNED or out[name] is None])

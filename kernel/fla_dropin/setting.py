@@ -10,13 +10,17 @@ op of :func:`.patch.patch_fla` goes through too), into the call's :class:`~.argu
 ``forward`` the ops take as a string argument: the backward op knows whose tensors it reads, and
 under torch.compile the value is a constant of the trace, guarded (a change compiles again).
 :data:`DEFAULT_FORWARD` is the one place the process's default is chosen.
+
+:data:`RAW_QK_ROWS` is the other process setting, a module attribute for the tools that compare the two
+paths (``ptx-lab bench --qk-copies``); it is read the same way, once per call into the call's ``raw_qk_rows``.
 """
 from __future__ import annotations
 
 import contextlib
 from typing import Iterator
 
-__all__ = ["FORWARDS", "DEFAULT_FORWARD", "use_forward", "using_forward", "forward_setting", "check_forward"]
+__all__ = ["FORWARDS", "DEFAULT_FORWARD", "RAW_QK_ROWS", "use_forward", "using_forward", "forward_setting",
+           "check_forward"]
 
 # "ours": kernel.forward after FLA's preprocessing (the l2norm, the beta sigmoid, the gate's cumsum);
 # "fla": FLA's chunk_kda_fwd, so that o and the final state are FLA's to the bit
@@ -24,6 +28,12 @@ FORWARDS = ("ours", "fla")
 DEFAULT_FORWARD = "ours"
 
 _forward = DEFAULT_FORWARD
+
+# Where a call asks for the l2norm of bf16 q and k under our forward: True, our kernels read q and k as they came
+# with each row's rstd (kernel.fla_dropin.function.reads_raw_qk); False, normalised bf16 copies of them (the
+# copies path, for comparison). On: the step's kernels took about 1 ms less at 32x8192 and 0.1 ms less at 4x8192
+# than on the copies path, and the same at 1x131072 (docs/log/61).
+RAW_QK_ROWS = True
 
 
 def check_forward(name: object) -> str:

@@ -443,7 +443,7 @@ OUR_BACKWARD_READS = ("qn", "kn", "q_rstd", "k_rstd", "gc", "Mqk", "INV", "h")
 SAVED_STATES = Design("bf16-every-tile dS, bf16 states every 64 saved", BF16, 1, True, BF16, TILES_PER_CHUNK)
 
 
-# kernel.chunk_kda's one pass today (kernel.fla_dropin.function.RAW_QK_ROWS): the rstd pass writes each row's rstd
+# kernel.chunk_kda's one pass today (kernel.fla_dropin.setting.RAW_QK_ROWS): the rstd pass writes each row's rstd
 # alone; the one pass reads the raw rows with it and sums each token's gate itself, and the backward reads the
 # caller's q, k and g with the rstd, Mqk, INV and the states: no normalised copy and no cumsum is written
 RSTD_PASS = FwdKernel("kda_row_rstd (q and k)", (("q", 1), ("k", 1)), (("q_rstd", 1), ("k_rstd", 1)))

@@ -41,6 +41,7 @@ torch = pytest.importorskip("torch", reason="kernel.chunk_kda needs torch")
 
 from kernel.fla_dropin import Call, chunk_kda, function, library, using_forward  # noqa: E402
 from kernel.fla_dropin.function import FORWARD_OUTPUTS, GRADIENT_INPUTS  # noqa: E402
+from kernel.fla_dropin import setting  # noqa: E402
 from kernel.fla_dropin.setting import FORWARDS  # noqa: E402
 
 K = V = 128
@@ -71,7 +72,7 @@ def _call_inputs(*, B=2, T=100, H=2, HV=2, lengths=None, gate_in_kernel=False, w
 def _settings(**changes) -> dict:
     base = dict(scale=K ** -0.5, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=False,
                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-                disable_recompute=False, state_v_first=False, forward="fla", training=True)
+                disable_recompute=False, state_v_first=False, forward="fla", training=True, raw_qk_rows=True)
     return dict(base, **changes)
 
 
@@ -289,9 +290,8 @@ def _fake_outputs(x: dict, settings: dict) -> dict:
 def test_the_forward_fake_is_what_our_forward_allocates(case, raw_rows, our_kernel_stubbed, monkeypatch):
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    monkeypatch.setattr(function, "RAW_QK_ROWS", raw_rows)   # the fake follows function.reads_raw_qk
     _, sizes, changes = case
-    settings = _settings(**changes, forward="ours")
+    settings = _settings(**changes, forward="ours", raw_qk_rows=raw_rows)   # the fake follows function.reads_raw_qk
     x, call = _meta_call(sizes, settings)
     ours = function.our_forward(call, *_forward_arguments(x))
     (handed, plan, out), = our_kernel_stubbed
@@ -367,8 +367,8 @@ def test_our_forward_passes_the_checked_host_offsets(our_kernel_stubbed):
 def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pay(sizes, HV, ran,
                                                                                   our_kernel_stubbed_without_fla,
                                                                                   monkeypatch):
-    monkeypatch.setattr(function, "RAW_QK_ROWS", False)   # the copies path (the raw-row path: the test below)
-    x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours"))
+    # the copies path (the raw-row path: the test below)
+    x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours", raw_qk_rows=False))
     ours = function.our_forward(call, *_forward_arguments(x))
     (handed, plan, out), = our_kernel_stubbed_without_fla
     assert handed["ran"] == ran and plan.HV == HV
@@ -388,10 +388,9 @@ def test_our_forward_runs_the_three_passes_where_few_long_sequences_make_them_pa
                          ids=["1x70-hv4", "3x70-hv16"])
 def test_with_raw_rows_neither_forward_writes_normalised_copies(sizes, HV, ran, our_kernel_stubbed_without_fla,
                                                                 monkeypatch):
-    # function.RAW_QK_ROWS: the three passes form each row's rstd and hand the backward those alone, the one pass
-    # is given them by the rstd pass; the backward reads the call's own rows
-    monkeypatch.setattr(function, "RAW_QK_ROWS", True)
-    x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours"))
+    # raw_qk_rows: the three passes form each row's rstd and hand the backward those alone, the one pass is given
+    # them by the rstd pass; the backward reads the call's own rows
+    x, call = _meta_call(dict(sizes, HV=HV, H=HV), _settings(forward="ours", raw_qk_rows=True))
     ours = function.our_forward(call, *_forward_arguments(x))
     (handed, plan, out), = our_kernel_stubbed_without_fla
     assert handed["ran"] == ran
@@ -588,6 +587,8 @@ def test_fullgraph_compiles_the_forward_op_and_the_backward_op(case, forward):
     bwd, = _op_nodes(graphs["backward"], "ptx_lab.chunk_kda_bwd.default")
     assert fwd.args[len(library.TENSOR_ARGUMENTS) + setting] == forward
     assert bwd.args[-len(library.SETTINGS) + setting] == forward
+    raw = library.SETTINGS.index("raw_qk_rows")
+    assert fwd.args[len(library.TENSOR_ARGUMENTS) + raw] is bwd.args[-len(library.SETTINGS) + raw] is True
     assert "ptx_lab.chunk_kda_bwd.default" in _targets(graphs["backward"])
     assert "ptx_lab.chunk_kda_bwd.default" not in _targets(graphs["forward"])
     for name in GRADIENT_INPUTS:
@@ -624,6 +625,41 @@ def test_a_change_of_the_forward_setting_compiles_again():
     assert counts == [1, 2, 2]   # a change compiles again; going back reuses the first trace
     setting = len(library.TENSOR_ARGUMENTS) + library.SETTINGS.index("forward")
     assert [_op_nodes(gm, "ptx_lab.chunk_kda_fwd.default")[0].args[setting] for gm in graphs] == ["ours", "fla"]
+
+
+def test_a_change_of_the_raw_row_setting_compiles_again(monkeypatch):
+    # RAW_QK_ROWS is read at the boundary like the forward setting: a compiled model follows a change
+    compiled, graphs = _compiled_layer_recording_graphs()
+    for raw in (True, False, True):
+        monkeypatch.setattr(setting, "RAW_QK_ROWS", raw)
+        compiled(_call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True)).backward()
+    at = len(library.TENSOR_ARGUMENTS) + library.SETTINGS.index("raw_qk_rows")
+    assert [_op_nodes(gm, "ptx_lab.chunk_kda_fwd.default")[0].args[at] for gm in graphs] == [True, False]
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw-rows", "copies"])
+def test_a_backward_reads_q_and_k_as_its_forward_left_them_after_the_setting_changed(raw, monkeypatch):
+    # the boundary reads RAW_QK_ROWS once into the call, which both ops take as an argument: a change between a
+    # forward and its backward does not hand the backward rows it does not expect
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = {}
+    at = {"fwd": len(library.TENSOR_ARGUMENTS) + library.SETTINGS.index("raw_qk_rows"),
+          "bwd": library.SETTINGS.index("raw_qk_rows") - len(library.SETTINGS)}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if name.startswith("ptx_lab.chunk_kda_"):
+                seen[name] = args[at[name.split(".")[1].rsplit("_", 1)[1]]]   # chunk_kda_fwd: "fwd"
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(setting, "RAW_QK_ROWS", raw)
+    with using_forward("ours"), Record():
+        loss = _model(**LAYER)(_call_inputs(B=2, T=100, H=2, HV=4, gate_in_kernel=True))
+        monkeypatch.setattr(setting, "RAW_QK_ROWS", not raw)
+        loss.backward()
+    assert seen == {"ptx_lab.chunk_kda_fwd.default": raw, "ptx_lab.chunk_kda_bwd.default": raw}
 
 
 def test_fullgraph_with_dynamic_shapes_serves_two_lengths_from_one_trace():

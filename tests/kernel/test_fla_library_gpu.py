@@ -711,7 +711,7 @@ def test_a_varlen_call_reads_its_offsets_from_the_device_once(case, compiled):
 
 
 # ----------------------------------------------------------------------------
-# the raw-row path (function.RAW_QK_ROWS): q and k read raw with each row's rstd, no normalised copies
+# the raw-row path (setting.RAW_QK_ROWS): q and k read raw with each row's rstd, no normalised copies
 # ----------------------------------------------------------------------------
 
 RAW_ROW_CASES = CASES + [("batch-one-pass", dict(B=12, T=130, H=4, HV=4), PLAIN)]   # 48 pairs: the one pass
@@ -724,13 +724,13 @@ def test_the_raw_row_path_gives_the_copies_paths_outputs_and_gradients(monkeypat
     # bound every float64 comparison here uses
     skip_without_fla_gpu()
     import kernel.three_pass_forward as three_passes
-    from kernel.fla_dropin import function
+    from kernel.fla_dropin import setting
 
     _, sizes, call = case
     x = _inputs(**sizes)
-    monkeypatch.setattr(function, "RAW_QK_ROWS", False)
+    monkeypatch.setattr(setting, "RAW_QK_ROWS", False)
     copies = _step_outputs(x, call)
-    monkeypatch.setattr(function, "RAW_QK_ROWS", True)
+    monkeypatch.setattr(setting, "RAW_QK_ROWS", True)
     passes, ran = three_passes.three_pass_forward, []
     monkeypatch.setattr(three_passes, "three_pass_forward", lambda *a, **kw: ran.append(kw) or passes(*a, **kw))
     raw = _step_outputs(x, call)

@@ -149,7 +149,7 @@ def test_the_backward_reads_the_forwards_states_where_they_are_ours_layout(forwa
     call = Call(B=B, T=T, H=H, HV=H, N=1, offsets=None, scale=K ** -0.5, output_final_state=False,
                 use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                 allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=True,
-                state_v_first=v_first, forward=forward, training=True)
+                state_v_first=v_first, forward=forward, training=True, raw_qk_rows=True)
     x = torch.zeros(B, T, H, K, dtype=torch.bfloat16)
     h = torch.zeros(B, 2, H, K, V, dtype=torch.bfloat16)
     function._ours(call, x, x, x, x.float(), None, torch.zeros(B, T, H), None, None, x, x, h, None, x, None, None)

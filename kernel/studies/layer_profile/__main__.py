@@ -55,7 +55,7 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--top", type=int, default=25, help="kernels listed a side (default 25)")
     ap.add_argument("--json", type=Path, help="also write every kernel's time here")
     ap.add_argument("--qk-copies", action="store_true",
-                    help="our side on the op's copies path (kernel.fla_dropin.function.RAW_QK_ROWS off: q and k "
+                    help="our side on the op's copies path (kernel.fla_dropin.setting.RAW_QK_ROWS off: q and k "
                          "normalised into copies first) instead of its raw-row path, to compare the two")
     args = ap.parse_args(argv)
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
@@ -165,9 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"layer_profile: needs a CUDA GPU, torch, fla-core and flash-linear-attention ({why})", file=sys.stderr)
         return 2
     if args.qk_copies:
-        from kernel.fla_dropin import function
+        from kernel.fla_dropin import setting
 
-        function.RAW_QK_ROWS = False
+        setting.RAW_QK_ROWS = False
     out = {}
     for config in [c.strip() for c in args.configs.split(",") if c.strip()]:
         out[config] = profile_config(config, args.sides, args.steps, args.step, args.heads)

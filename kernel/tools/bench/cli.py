@@ -70,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                         "ours (default) or fla (FLA's forward, our backward)")
     p.add_argument("--qk-copies", action="store_true",
                    help="--backward's step, --forward and --layer: kernel.chunk_kda on its copies path (q and k "
-                        "normalised into bf16 copies before the kernels: kernel.fla_dropin.function.RAW_QK_ROWS off) "
+                        "normalised into bf16 copies before the kernels: kernel.fla_dropin.setting.RAW_QK_ROWS off) "
                         "instead of its raw-row path, to compare the two")
     p.add_argument("--hidden", type=int, default=LAYER_HIDDEN,
                    help=f"--layer: the layer's hidden size (default {LAYER_HIDDEN}, FLA's)")
@@ -194,9 +194,9 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             return backward_report.report_from_json(args.from_json, args.plot, args.json)
         return report_from_json(args.from_json, args.plot, args.json)
     if args.qk_copies:
-        from kernel.fla_dropin import function
+        from kernel.fla_dropin import setting
 
-        function.RAW_QK_ROWS = False
+        setting.RAW_QK_ROWS = False
         log("kernel.chunk_kda on its copies path (--qk-copies)")
     if args.backward or args.layer or args.forward:
         return main_backward(args, prog)

@@ -83,8 +83,8 @@ def check_call(arguments: dict[str, Any]) -> tuple[Call, tuple]:
     "kwargs"): its :class:`Call` and the tensors :func:`~.library.chunk_kda_op` takes after it. Raises as
     :func:`chunk_kda` does, before anything touches the GPU. Tensors on the meta device pass (the
     ops' fake implementations serve them). The call's forward and ``raw_qk_rows`` are the settings now
-    (:func:`~.setting.forward_setting`, :data:`~.setting.RAW_QK_ROWS`), its ``training`` the grad mode now and the inputs'
-    ``requires_grad`` (:func:`~.arguments.training_mode`)."""
+    (:func:`~.setting.forward_setting`, :data:`~.setting.RAW_QK_ROWS`), its ``training`` the grad mode now
+    and the inputs' ``requires_grad`` (:func:`~.arguments.training_mode`)."""
     a = arguments
     flags = {name: a[name] for name, _, _ in NOT_COVERED}
     given = {name: a[name] for name in BOOL_ARGUMENTS}

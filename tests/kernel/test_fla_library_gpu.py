@@ -98,7 +98,7 @@ FORWARDS = ("ours", "fla")
 def _settings(call: dict, forward: str) -> dict:
     base = dict(scale=K ** -0.5, output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-                disable_recompute=False, state_v_first=False, forward=forward, training=True)
+                disable_recompute=False, state_v_first=False, forward=forward, training=True, raw_qk_rows=True)
     return dict(base, **call)
 
 

@@ -20,6 +20,9 @@ of the SMs (:func:`plan_scans`). Given the states (our forward's, or FLA's h), K
 alone and, at few sequences x heads, cuts each long sequence into segments scanned side by side
 (``segments``, :mod:`kernel.ds_scan.split`): the SMs the forward-state scan would have taken.
 
+With :data:`kernel.backward_pipeline.PIPELINE` set (off by default), a batch of equal-length sequences runs in
+groups: each group's Kernel A on a few SMs beside the group before's Kernel B on the rest, the same bits.
+
 The float64 statement of all of it is :func:`kernel.reference.kda_backward_reference`
 (on the raw per-token gate and, with ``qk_l2norm``, the raw q and k);
 ``docs/kda_backward.md`` gives the tile math and counts the bytes.
@@ -44,7 +47,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .ds_scan import fla, launch as ds_scan
+from . import backward_pipeline
+from .ds_scan import fla, launch as ds_scan, split as ds_scan_split
 from .token_gradients import launch as token_gradients
 from .runtime import builds
 from .runtime.arrays import (bf16_bits, beta_f32, cupy_view, describe, empty_output, expect, require_cupy, require_gpu,
@@ -322,10 +326,21 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dht_c, B, T, H, HV,
                                  batch.cu_seqlens, q.device if batch.torch_out else None)
     # raw q and k: Kernel A's l2norm build normalises them in its R1
-    ds, dh0 = ds_scan.run(checked, scale=batch.scale, varlen=batch.varlen, qk_l2norm=qk_raw,
-                          snapshot_dtype="bfloat16", snapshot_every=1, vsplit=scans.vsplit, segments=segments, knobs={},
-                          fla_inputs=True, token_gate=token_gate)
-    ds_c = to_cupy("dS", ds, "bf16")
+    scan_options = dict(scale=batch.scale, varlen=batch.varlen, qk_l2norm=qk_raw, snapshot_dtype="bfloat16",
+                        snapshot_every=1, knobs={}, fla_inputs=True, token_gate=token_gate)
+    pipeline = backward_pipeline.PIPELINE
+    pipelined = pipeline is not None and backward_pipeline.reason_not(
+        pipeline, B=B, varlen=batch.varlen, states_given=states is not None, capturing=main.is_capturing(),
+        scan_splits=bool((ds_scan_split.counts_for(segments, np.diff(batch.cu_seqlens), HV, builds.sm_count())
+                          > 1).any())) is None
+    if pipelined:   # Kernel A's outputs, whole, before the groups write into them
+        shapes = ds_scan.output_shapes(B, HV, batch.cu_seqlens, 1, batch.varlen)
+        device = q.device if batch.torch_out else None
+        ds, ds_c = empty_output(shapes["snapshots"], "bf16", device)
+        dh0, dh0_c = empty_output(shapes["dh0"], "f32", device)
+    else:
+        ds, dh0 = ds_scan.run(checked, vsplit=scans.vsplit, segments=segments, **scan_options)
+        ds_c = to_cupy("dS", ds, "bf16")
     if side is not None:
         main.wait_event(states_ready)
 
@@ -351,9 +366,14 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     rstd_c = None if rstd is None else tuple(to_cupy(name, x, "f32") for name, x in zip(("q_rstd", "k_rstd"), rstd))
     runs = token_gradients.run_plan(batch.cu_seqlens, HV)
     gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q, runs.runs)
-    token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
-                           cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out,
-                           token_gate=token_gate, run_chunks=runs.run_chunks, qk_rstd=qk_raw)
+    if pipelined:
+        jobs = _group_jobs(pipeline.groups, checked, scan_options, c, beta_c, ds_c, dh0_c, states_c, out, rstd_c,
+                           gate_out, runs, batch, qk_raw, token_gate)
+        backward_pipeline.launch(pipeline, jobs, cupy.cuda.Device().id)
+    else:
+        token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
+                               cu=batch.cu_seqlens, H=H, HV=HV, scale=batch.scale, out=out, rstd=rstd_c, gate=gate_out,
+                               token_gate=token_gate, run_chunks=runs.run_chunks, qk_rstd=qk_raw)
     grads = {**(out_t if batch.torch_out else out), "dh0": dh0}
     if gate is not None:
         del grads["dg"]   # never written: the gate build writes dg_raw instead
@@ -362,6 +382,44 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
         for name in ("dq", "dk"):
             grads[name] = _rounded(group_sum(grads[name], H), dqk_bf16, batch.torch_out)
     return grads
+
+
+def _group_jobs(groups: int, checked, scan_options: dict, c: dict, beta_c, ds_c, dh0_c, states_c, out: dict, rstd_c,
+                gate_out, runs, batch: Batch, qk_raw: bool, token_gate: bool) -> list:
+    """Each group's (Kernel A, Kernel B) launch for :func:`kernel.backward_pipeline.launch`: views of the batch's
+    arrays (sequences first; the groups are whole sequences of equal length), Kernel A writing its group's rows of
+    dS and dh0, Kernel B reading them and writing its rows of every output and its runs' rows of the gate's partial
+    sums. Each kernel takes the batch's choices (Kernel A's vsplit, Kernel B's run length), so that it does the
+    work of its group as the batch's launch does: the same bits."""
+    B, H, HV = batch.B, batch.H, batch.HV
+    vsplit = ds_scan.choose_vsplit(batch.N * HV, builds.sm_count())
+    runs_a_sequence = runs.runs // B
+    jobs = []
+    for b0, b1 in backward_pipeline.group_bounds(B, groups):
+        part = slice(b0, b1)
+        scan = dataclasses.replace(checked, arrays=tuple(x[part] for x in checked.arrays),
+                                   dht=None if checked.dht is None else checked.dht[part], B=b1 - b0,
+                                   cu=batch.cu_seqlens[:b1 - b0 + 1])
+        scan_out = {"snapshots": ds_c[part], "dh0": dh0_c[part]}
+        gate_part = None if gate_out is None else dataclasses.replace(
+            gate_out, g_raw=gate_out.g_raw[part], dg_raw=gate_out.dg_raw[part],
+            **{name: None if getattr(gate_out, name) is None
+               else getattr(gate_out, name)[b0 * runs_a_sequence:b1 * runs_a_sequence]
+               for name in ("da_part", "ddt_part")})
+
+        def kernel_a(scan=scan, scan_out=scan_out):
+            ds_scan.run(scan, vsplit=vsplit, segments=1, out=scan_out, **scan_options)
+
+        def kernel_b(part=part, gate_part=gate_part, n=b1 - b0):
+            token_gradients.launch(
+                *(c[name][part] for name in ("q", "k", "v", "g")), beta_c[part], c["Aqk"][part], c["Akk"][part],
+                c["do"][part], ds_c[part], states_c[part], cu=batch.cu_seqlens[:n + 1], H=H, HV=HV, scale=batch.scale,
+                out={name: x[part] for name, x in out.items()},
+                rstd=None if rstd_c is None else tuple(x[part] for x in rstd_c), gate=gate_part,
+                token_gate=token_gate, run_chunks=runs.run_chunks, qk_rstd=qk_raw)
+
+        jobs.append((kernel_a, kernel_b))
+    return jobs
 
 
 def _gate_out(batch: Batch, gate: Gate, like, runs: int):

@@ -739,3 +739,33 @@ def test_the_raw_row_path_gives_the_copies_paths_outputs_and_gradients(monkeypat
     for name, ref in copies.items():
         err = float((raw[name].double() - ref.double()).norm() / ref.double().norm())
         assert err < 1e-2, f"{case[0]}: {name} {err:.2e} from the copies path"
+
+
+# ----------------------------------------------------------------------------
+# the pipelined backward (kernel.backward_pipeline): each group's Kernel A beside the group before's Kernel B
+# ----------------------------------------------------------------------------
+
+PIPELINE_CASES = [("uniform-4x200-2-groups", dict(B=4, T=200), PLAIN, 2),
+                  ("layer-gva-6x130-3-groups", dict(B=6, T=130, HV=4, layer=True), LAYER, 3)]
+
+
+@pytest.mark.parametrize("case", PIPELINE_CASES, ids=lambda c: c[0])
+def test_the_pipelined_backward_gives_the_bits_of_kernel_a_then_kernel_b(monkeypatch, case):
+    # each group's kernels do its sequences' work with the batch's choices: o, the final state and every gradient
+    # (the gate's partial sums of dA_log and ddt_bias added over the same runs in the same order) to the bit
+    pytest.importorskip("cuda.bindings")
+    skip_without_fla_gpu()
+    from kernel import backward_pipeline
+    from kernel.runtime.green_contexts import device_sms
+
+    _, sizes, call, groups = case
+    x = _inputs(**sizes)
+    want = _step_outputs(x, call)
+    launched, launch = [], backward_pipeline.launch
+    monkeypatch.setattr(backward_pipeline, "launch",
+                        lambda plan, jobs, device: launched.append(len(jobs)) or launch(plan, jobs, device))
+    monkeypatch.setattr(backward_pipeline, "PIPELINE", backward_pipeline.Pipeline(a_sms=device_sms()[1], groups=groups))
+    got = _step_outputs(x, call)
+    assert launched == [groups]
+    for name, ref in want.items():
+        assert torch.equal(got[name], ref), f"{case[0]}: {name} differs from A then B"

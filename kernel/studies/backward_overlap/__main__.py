@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from kernel.backward_pipeline import group_bounds, pipeline_order
 from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
 
 from ..timed_configs import parse_configs, run_configs
@@ -58,23 +59,6 @@ def pipelined_ms(a_all: float, b_all: float, a_part: float, b_rest: float, group
     group's B on every SM. Each group does 1 / groups of the work; the middle's time is its slower side's.
     Interference between the sides (the memory both share) is not modelled: the measured 'both' row shows it."""
     return (a_all + b_all) / groups + (groups - 1) / groups * max(a_part, b_rest)
-
-
-def pipeline_order(groups: int) -> list[tuple[str, str, int]]:
-    """The launches of a pipeline of ``groups`` groups, in order, as (where, kernel, group): where "all" (every SM,
-    torch's stream), "a" or "b" (the split's two sides); kernel "A" or "B". The first group's A runs on every SM (no
-    B has work yet), then every later group's A on side a, every B but the last on side b after its group's A, and
-    the last group's B on every SM (no A is left to run beside it)."""
-    return ([("all", "A", 0)] + [("a", "A", j) for j in range(1, groups)] + [("b", "B", j) for j in range(groups - 1)]
-            + [("all", "B", groups - 1)])
-
-
-def group_bounds(B: int, groups: int) -> list[tuple[int, int]]:
-    """The sequences [b0, b1) of each of ``groups`` groups of a batch of B, as even as whole sequences allow."""
-    if not 2 <= groups <= B:
-        raise ValueError(f"groups: between 2 and the batch's {B} sequences, got {groups}")
-    edges = [B * j // groups for j in range(groups + 1)]
-    return list(zip(edges, edges[1:]))
 
 
 def group_views(T: int, x: dict, arrays: dict, b0: int, b1: int) -> tuple[dict, dict]:
@@ -112,7 +96,7 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
     from kernel.tools import source_ab
     from kernel.tools.bench.timing import time_alternating
 
-    from .green_contexts import device_sms, split
+    from kernel.runtime.green_contexts import device_sms, split
 
     spec = source_ab.parse_spec(config, "a")
     x = source_ab.drawn_inputs(spec, heads)

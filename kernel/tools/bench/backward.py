@@ -56,7 +56,8 @@ FORWARD_STATES, KERNEL_A = "forward_states", "kernel_a"
 # where the rule runs the two scans side by side: ours with them in turn, and each on its halved grid
 OURS_IN_TURN, FORWARD_STATES_HALF, KERNEL_A_HALF = "ours_scans_in_turn", "forward_states_half", "kernel_a_half"
 STEP_FLA, STEP_OURS, STEP_CUDNN = "fla_chunk_kda", "kernel_chunk_kda", "cudnn_kda"
-STEPS = (STEP_FLA, STEP_OURS, STEP_CUDNN)
+STEP_PIPELINED = "kernel_chunk_kda_pipelined"   # kernel.chunk_kda, its backward pipelined (--backward-pipeline)
+STEPS = (STEP_FLA, STEP_OURS, STEP_PIPELINED, STEP_CUDNN)
 
 
 def missing_requirement() -> str | None:
@@ -375,11 +376,19 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
             log(f"    {tag}: no cuDNN side: {exc}")
     steps = {name: (lambda fwd=fwd, xs=xs: torch.autograd.grad(fwd(), xs, upstream))
              for name, (fwd, xs) in sides.items()}
+    pipeline = getattr(args, "backward_pipeline", None)
+    if pipeline is not None and STEP_OURS in steps:
+        res["step"]["pipeline"] = dataclasses.asdict(pipeline)
+        steps[STEP_PIPELINED] = lambda step=steps[STEP_OURS]: _pipelined(pipeline, step)
     steps = first_calls(steps, res["step"], t_start, tag)
     in_turn(steps, args, flush, res["step"])
     a, b = median_of(res["step"], STEP_OURS), median_of(res["step"], STEP_FLA)
     if a and b:
         res["step"]["ratio"] = a / b
+    piped = median_of(res["step"], STEP_PIPELINED)
+    if piped and b:
+        res["step"]["ratio_pipelined"] = piped / b
+        log(f"    {tag}: step ours {a:.3f} ms, pipelined {piped:.3f} ms ({piped / a:.3f}x), FLA {b:.3f} ms")
     c_ms = median_of(res["step"], STEP_CUDNN)
     if a and c_ms:
         res["step"]["ratio_cudnn"] = a / c_ms
@@ -391,6 +400,18 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
     leaves.clear()
     order.clear()
     free_memory()
+
+
+def _pipelined(pipeline, step: Callable):
+    """``step`` with kernel.backward_pipeline.PIPELINE set to ``pipeline`` while it runs (its backward pipelined)."""
+    from kernel import backward_pipeline
+
+    before = backward_pipeline.PIPELINE
+    backward_pipeline.PIPELINE = pipeline
+    try:
+        return step()
+    finally:
+        backward_pipeline.PIPELINE = before
 
 
 def retained_backwards(sides: dict, upstream, out: dict) -> dict[str, Callable]:

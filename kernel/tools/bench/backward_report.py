@@ -9,13 +9,14 @@ from typing import Sequence
 import numpy as np
 
 from .backward import (BACKWARDS, FLA_SAFE, FLA_UNSAFE, FORWARD_STATES, FORWARD_STATES_HALF, KERNEL_A, KERNEL_A_HALF,
-                       OURS, OURS_IN_TURN, STEP_CUDNN, STEP_FLA, STEP_OURS)
+                       OURS, OURS_IN_TURN, STEP_CUDNN, STEP_FLA, STEP_OURS, STEP_PIPELINED)
 from . import report
 from .report import against_target, cell, get, is_bench_json, num, our_forward_of, target_verdict
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
-                    "step FLA ms", "step ours ms", "step ours/FLA", "step cuDNN ms", "step ours/cuDNN",
+                    "step FLA ms", "step ours ms", "step ours/FLA", "step pipelined ms", "step pipelined/FLA",
+                    "step cuDNN ms", "step ours/cuDNN",
                     "autograd bwd FLA ms", "autograd bwd ours ms", "autograd bwd cuDNN ms", "autograd ours/FLA",
                     "autograd ours/cuDNN", "autograd over bare")
 LABELS = {OURS: "ours (kernel.kda_backward)", FLA_SAFE: "FLA chunk_kda_bwd safe_gate=True",
@@ -29,7 +30,8 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
           "(our backward; its forward the title's, --our-forward), safe_gate True, and cuDNN frontend's "
           "kimi_delta_attention (q, k normalised "
           "in torch, fp32 beta and log gate: what its Hopper engine serves); autograd bwd = each one's backward "
-          "alone through autograd (forward once, graph kept), in turn; over bare = ours through autograd over "
+          "alone through autograd (forward once, graph kept), in turn; step pipelined = kernel.chunk_kda with its "
+          "backward pipelined (--backward-pipeline; '-' without it); over bare = ours through autograd over "
           "kernel.kda_backward alone (the 'ours ms' column) - 1: the wrapper's share.")
 
 
@@ -48,6 +50,7 @@ def backward_row(res: dict) -> list[str]:
         num(get(res, "pieces", "kernel_a_share"), ".2f"),
         *(cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in BACKWARDS),
         cell(step.get(STEP_FLA), ".3f"), cell(step.get(STEP_OURS), ".3f"), num(step.get("ratio"), ".3f"),
+        cell(step.get(STEP_PIPELINED), ".3f"), num(step.get("ratio_pipelined"), ".3f"),
         cell(step.get(STEP_CUDNN), ".3f"), num(step.get("ratio_cudnn"), ".3f"),
         *(cell(ab.get(n), ".3f") for n in (STEP_FLA, STEP_OURS, STEP_CUDNN)),
         num(ab.get("ratio"), ".3f"), num(ab.get("ratio_cudnn"), ".3f"),

@@ -84,6 +84,8 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
         argv.append("--no-cudnn")
     if args.no_step:
         argv.append("--no-step")
+    if getattr(args, "backward_pipeline", None) is not None:
+        argv += ["--backward-pipeline", f"{args.backward_pipeline.a_sms},{args.backward_pipeline.groups}"]
     return argv
 
 

@@ -43,6 +43,17 @@ def _snapshot_mode(text: str) -> str:
     return text
 
 
+def _pipeline(text: str):
+    """--backward-pipeline's A_SMS,GROUPS as a kernel.backward_pipeline.Pipeline."""
+    from kernel.backward_pipeline import Pipeline
+
+    try:
+        a_sms, groups = (int(x) for x in text.split(","))
+        return Pipeline(a_sms=a_sms, groups=groups)
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"expected A_SMS,GROUPS (integers, e.g. 24,4): {exc}") from exc
+
+
 def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog=prog, description="Kernel A (dstate scan) vs flash-linear-attention dAv+dhu on one GPU.")
@@ -78,6 +89,10 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                    help="--backward, --layer, --forward: measure every configuration in this process, one after "
                         "the other")
     p.add_argument("--no-step", action="store_true", help="--backward: skip the forward + backward step")
+    p.add_argument("--backward-pipeline", type=_pipeline, metavar="A_SMS,GROUPS",
+                   help="--backward's step: also kernel.chunk_kda with its backward pipelined "
+                        "(kernel.backward_pipeline: the batch in GROUPS groups, each group's Kernel A on A_SMS SMs "
+                        "beside the group before's Kernel B on the rest), timed in turn with the others")
     p.add_argument("--configs", default=None,
                    help="comma-separated BxT or varlenNxTOTAL (default: "
                         + ",".join(DEFAULT_CONFIGS) + ")")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from kernel.studies.backward_overlap.__main__ import (group_bounds, group_outputs, group_views, parse_args,
-                                                      pipeline_order, pipelined_ms, report)
+from kernel.backward_pipeline import group_bounds
+from kernel.studies.backward_overlap.__main__ import group_outputs, group_views, parse_args, pipelined_ms, report
 from kernel.tools import source_ab
 
 SMS = 132
@@ -67,7 +67,7 @@ def test_a_split_gives_disjoint_sides_and_kernel_b_the_same_bits_on_either():
     import torch
 
     from kernel.studies.backward_overlap.__main__ import _checksum
-    from kernel.studies.backward_overlap.green_contexts import device_sms, split
+    from kernel.runtime.green_contexts import device_sms, split
     from kernel.tools import source_ab
 
     total, smallest, _ = device_sms()
@@ -91,25 +91,6 @@ def test_a_split_gives_disjoint_sides_and_kernel_b_the_same_bits_on_either():
     finally:
         torch.cuda.synchronize()
         sp.close()
-
-
-@pytest.mark.parametrize("groups", [2, 3, 8])
-def test_the_pipeline_runs_each_group_once_and_each_b_after_its_a(groups):
-    order = pipeline_order(groups)
-    assert sorted((k, j) for _, k, j in order) == sorted([("A", j) for j in range(groups)] +
-                                                        [("B", j) for j in range(groups)])
-    place = {(k, j): n for n, (_, k, j) in enumerate(order)}
-    assert all(place[("A", j)] < place[("B", j)] for j in range(groups))
-    assert order[0] == ("all", "A", 0) and order[-1] == ("all", "B", groups - 1)
-    assert {w for w, k, _ in order[1:-1] if k == "A"} == {"a"} and {w for w, k, _ in order[1:-1] if k == "B"} == {"b"}
-
-
-def test_groups_split_the_batch_into_even_runs_of_whole_sequences():
-    assert group_bounds(32, 8) == [(4 * j, 4 * j + 4) for j in range(8)]
-    assert group_bounds(5, 2) == [(0, 2), (2, 5)]
-    for bad in (1, 6):
-        with pytest.raises(ValueError, match="groups"):
-            group_bounds(5, bad)
 
 
 def test_group_views_are_the_groups_rows_of_every_array_with_no_copy():
@@ -163,7 +144,7 @@ def test_kernel_a_call_hands_its_out_to_the_launch_and_allocates_by_default(monk
 def test_the_study_runs_every_variant_on_a_small_batch():
     pytest.importorskip("cuda.bindings")
     from kernel.studies.backward_overlap.__main__ import measure
-    from kernel.studies.backward_overlap.green_contexts import device_sms
+    from kernel.runtime.green_contexts import device_sms
 
     _, smallest, _ = device_sms()
     row = measure("4x1024", heads=2, sm_counts=[smallest], reps=1, groups=2)

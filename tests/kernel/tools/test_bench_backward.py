@@ -15,7 +15,7 @@ import pytest
 
 from kernel.tools import floors
 from kernel.tools.bench import backward, backward_report, backward_run, cli, configs
-from kernel.tools.bench.backward import FLA_SAFE, FLA_UNSAFE, OURS, STEP_CUDNN, STEP_FLA, STEP_OURS
+from kernel.tools.bench.backward import FLA_SAFE, FLA_UNSAFE, OURS, STEP_CUDNN, STEP_FLA, STEP_OURS, STEP_PIPELINED
 
 from .blocked_imports import run_blocked
 
@@ -174,7 +174,12 @@ def test_rendering_a_row():
     floor = floors.byte_floor_ms([8192] * 4)
     assert len(row) == len(backward_report.BACKWARD_COLUMNS)
     assert row == ["4x8192", "6.000", "12.000", "15.000", "0.500", "0.400", f"{floor:.3f}", f"{6.0 / floor:.2f}",
-                   "0.25", "1.50", "4.25", "4.25", "20.000", "15.000", "0.750"] + ["-"] * 8   # no cuDNN, autograd
+                   "0.25", "1.50", "4.25", "4.25", "20.000", "15.000", "0.750"] + ["-"] * 10   # no pipeline,
+    # cuDNN, autograd
+    piped = _synthetic(step={STEP_FLA: {"median_ms": 20.0}, STEP_OURS: {"median_ms": 15.0}, "ratio": 0.75,
+                             STEP_PIPELINED: {"median_ms": 14.0}, "ratio_pipelined": 0.7})
+    cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(piped)))
+    assert (cells["step pipelined ms"], cells["step pipelined/FLA"]) == ("14.000", "0.700")
 
 
 def test_rendering_the_cudnn_step_and_the_backwards_through_autograd():
@@ -288,3 +293,18 @@ def test_the_progress_line_says_when_the_scans_ran_side_by_side():
         "1x131072", pieces=pieces, scans={"side_by_side": True, "vsplit": 2, "states_warps": 4}))
     assert ("the scans side by side (Kernel A vsplit 2, the forward-state scan 4 warps: 2.000 and 1.250 ms "
             "alone), in turn 7.250 ms") in line
+
+
+def test_backward_pipeline_is_parsed_checked_and_passed_to_each_configurations_process():
+    from kernel.backward_pipeline import Pipeline
+    from kernel.tools.bench import backward_run
+    from kernel.tools.bench.cli import parse_args
+
+    args = parse_args(["--backward", "--backward-pipeline", "24,4"])
+    assert args.backward_pipeline == Pipeline(a_sms=24, groups=4)
+    assert parse_args(["--backward"]).backward_pipeline is None
+    for bad in ("24", "24,1", "a,4"):
+        with pytest.raises(SystemExit):
+            parse_args(["--backward", "--backward-pipeline", bad])
+    child = parse_args(backward_run.child_argv(args, "32x8192", "x.json")[3:])
+    assert child.backward_pipeline == Pipeline(a_sms=24, groups=4)

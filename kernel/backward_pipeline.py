@@ -1,0 +1,124 @@
+"""Kernel A of one group of sequences beside Kernel B of the group before, on SMs split between them.
+
+Our backward runs Kernel A (the dS scan) and then Kernel B (the per-token gradients), each on every SM. They are
+bound by different things: A by memory bandwidth, B by latency on each SM (one CTA an SM, the memory less than half
+busy). Kernel B of a group of whole sequences needs only Kernel A of the same sequences, so a batch cut into groups
+can run A of the next group on a few SMs while B of this one runs on the rest (CUDA green contexts,
+:mod:`kernel.runtime.green_contexts`): the first group's A and the last group's B on every SM, as
+:func:`pipeline_order` lists them.
+
+Measured on an H100 at 32x8192 with 32 heads (``kernel.studies.backward_overlap``, docs/log/62): Kernel A on 32 SMs
+takes 1.55x the work a SM does on all 132, Kernel B's time grows in proportion to the SMs it loses, and 4 groups
+through a 32 | 100 split took A then B from 36.8 ms to 35.0. Whether it pays on the H200 (whose Kernel A is a
+smaller share) is not measured, so it is off: :data:`PIPELINE` None. The bits are those of A then B: each kernel
+does the same work a group as on the batch, with the batch's choices (Kernel A's vsplit, Kernel B's runs).
+
+Where it applies (:func:`reason_not`): sequences of equal length (no cu_seqlens), at least two a group, the states
+given (the forward-state scan is not run), Kernel A not splitting the batch's sequences, no CUDA graph being
+captured.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+__all__ = ["Pipeline", "PIPELINE", "group_bounds", "pipeline_order", "reason_not", "launch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """A pipelined backward: ``groups`` groups of whole sequences, Kernel A on ``a_sms`` SMs (the driver rounds them
+    up to its granularity, 8 SMs on sm_90) beside Kernel B on the rest."""
+    a_sms: int
+    groups: int
+
+    def __post_init__(self):
+        for name in ("a_sms", "groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Pipeline.{name} must be an int, got {value!r}")
+        if self.a_sms < 1 or self.groups < 2:
+            raise ValueError(f"Pipeline: a_sms >= 1 and groups >= 2, got a_sms={self.a_sms}, groups={self.groups}")
+
+
+# The process's choice for kernel.kda_backward.run: None (off), or a Pipeline. Off until a measurement on the H200
+# shows it pays there (docs/log/62 predicts 1-1.7 ms at 32x8192 at a 24-SM split and 4 groups).
+PIPELINE: Pipeline | None = None
+
+
+def group_bounds(B: int, groups: int) -> list[tuple[int, int]]:
+    """The sequences [b0, b1) of each of ``groups`` groups of a batch of B, as even as whole sequences allow."""
+    if not 2 <= groups <= B:
+        raise ValueError(f"groups: between 2 and the batch's {B} sequences, got {groups}")
+    edges = [B * j // groups for j in range(groups + 1)]
+    return list(zip(edges, edges[1:]))
+
+
+def pipeline_order(groups: int) -> list[tuple[str, str, int]]:
+    """The launches of a pipeline of ``groups`` groups, in order, as (where, kernel, group): where "all" (every SM,
+    the caller's stream), "a" or "b" (the split's two sides); kernel "A" or "B". The first group's A runs on every SM
+    (no B has work yet), then every later group's A on side a, every B but the last on side b after its group's A,
+    and the last group's B on every SM (no A is left to run beside it)."""
+    return ([("all", "A", 0)] + [("a", "A", j) for j in range(1, groups)] + [("b", "B", j) for j in range(groups - 1)]
+            + [("all", "B", groups - 1)])
+
+
+def reason_not(pipeline: Pipeline | None, *, B: int, varlen: bool, states_given: bool, capturing: bool,
+               scan_splits: bool) -> str | None:
+    """Why a call does not run ``pipeline`` (None: it runs it). ``scan_splits``: Kernel A would cut the batch's
+    sequences into segments (few sequences x heads), which a group's scan would not."""
+    if pipeline is None:
+        return "off"
+    if varlen:
+        return "cu_seqlens: the groups are of equal-length sequences"
+    if B < 2 * pipeline.groups:
+        return f"{B} sequences: fewer than two a group for {pipeline.groups} groups"
+    if not states_given:
+        return "the states are recomputed: the forward-state scan runs beside Kernel A"
+    if capturing:
+        return "a CUDA graph is being captured"
+    if scan_splits:
+        return "Kernel A splits the batch's sequences"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _split(device_id: int, a_sms: int):
+    """The device's split for ``a_sms`` SMs, made once and kept for the process (two green contexts and a stream on
+    each): Kernel A's side at the highest priority."""
+    from .runtime.builds import HIGHEST_PRIORITY
+    from .runtime.green_contexts import split
+
+    return split(a_sms, device_id, priority_first=HIGHEST_PRIORITY)
+
+
+def launch(pipeline: Pipeline, jobs: Sequence[tuple[Callable[[], None], Callable[[], None]]], device_id: int) -> None:
+    """Each group's (Kernel A, Kernel B) launch of ``jobs`` in :func:`pipeline_order`, from CuPy's current stream:
+    the first group's A and the last group's B there, the others on the split's sides, each B after its group's A,
+    and the current stream waiting for every launch before its later work. Each job writes into arrays allocated
+    before (on the current stream, so that their memory is not reused before that wait)."""
+    if len(jobs) != pipeline.groups:
+        raise ValueError(f"jobs: one (Kernel A, Kernel B) pair a group, {pipeline.groups}; got {len(jobs)}")
+    import cupy
+
+    sp = _split(device_id, pipeline.a_sms)
+    here = cupy.cuda.get_current_stream()
+    on = {"all": here, "a": sp.first.stream, "b": sp.rest.stream}
+    a_done, b_done = {}, None
+    for where, kernel, j in pipeline_order(pipeline.groups):
+        stream = on[where]
+        if kernel == "A" and j > 0:
+            stream.wait_event(a_done[0])   # the first group's A waited for the caller's work: so do these
+        if kernel == "B":
+            stream.wait_event(a_done[j])
+            if where == "all" and b_done is not None:
+                stream.wait_event(b_done)
+        with stream:
+            jobs[j][0 if kernel == "A" else 1]()
+        if kernel == "A":
+            a_done[j] = stream.record()
+        else:
+            b_done = stream.record()
+    # the last B ran here after the one before it on side b, which ran after every A: the current stream has
+    # waited for every launch

@@ -1,0 +1,62 @@
+"""kernel.backward_pipeline on the CPU: its setting, the groups, the order of the launches and where it applies
+(its GPU test, the bits of A then B through kernel.chunk_kda: tests/kernel/test_fla_library_gpu.py)."""
+from __future__ import annotations
+
+import pytest
+
+from kernel import backward_pipeline
+from kernel.backward_pipeline import Pipeline, group_bounds, pipeline_order, reason_not
+
+
+def test_it_is_off_until_measured_on_the_h200():
+    assert backward_pipeline.PIPELINE is None
+    assert reason_not(None, B=32, varlen=False, states_given=True, capturing=False, scan_splits=False) == "off"
+
+
+@pytest.mark.parametrize("bad, error", [(dict(a_sms=0, groups=4), ValueError), (dict(a_sms=24, groups=1), ValueError),
+                                        (dict(a_sms=24.0, groups=4), TypeError),
+                                        (dict(a_sms=24, groups=True), TypeError)])
+def test_a_pipeline_names_what_it_refuses(bad, error):
+    with pytest.raises(error, match="a_sms|groups"):
+        Pipeline(**bad)
+
+
+@pytest.mark.parametrize("groups", [2, 3, 8])
+def test_the_pipeline_runs_each_group_once_and_each_b_after_its_a(groups):
+    order = pipeline_order(groups)
+    assert sorted((k, j) for _, k, j in order) == sorted([("A", j) for j in range(groups)] +
+                                                        [("B", j) for j in range(groups)])
+    place = {(k, j): n for n, (_, k, j) in enumerate(order)}
+    assert all(place[("A", j)] < place[("B", j)] for j in range(groups))
+    assert order[0] == ("all", "A", 0) and order[-1] == ("all", "B", groups - 1)
+    assert {w for w, k, _ in order[1:-1] if k == "A"} == {"a"} and {w for w, k, _ in order[1:-1] if k == "B"} == {"b"}
+
+
+def test_groups_split_the_batch_into_even_runs_of_whole_sequences():
+    assert group_bounds(32, 8) == [(4 * j, 4 * j + 4) for j in range(8)]
+    assert group_bounds(5, 2) == [(0, 2), (2, 5)]
+    for bad in (1, 6):
+        with pytest.raises(ValueError, match="groups"):
+            group_bounds(5, bad)
+
+
+
+PLAN = Pipeline(a_sms=24, groups=4)
+RUNS = dict(B=32, varlen=False, states_given=True, capturing=False, scan_splits=False)
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(varlen=True), "cu_seqlens"),
+    (dict(B=7), "fewer than two a group"),
+    (dict(states_given=False), "forward-state scan"),
+    (dict(capturing=True), "CUDA graph"),
+    (dict(scan_splits=True), "splits"),
+])
+def test_it_runs_only_where_each_group_does_the_batchs_work(change, why):
+    assert reason_not(PLAN, **RUNS) is None and reason_not(PLAN, **dict(RUNS, B=8)) is None
+    assert why in reason_not(PLAN, **dict(RUNS, **change))
+
+
+def test_launch_wants_one_pair_of_jobs_a_group():
+    with pytest.raises(ValueError, match="one \\(Kernel A, Kernel B\\) pair a group"):
+        backward_pipeline.launch(PLAN, [(None, None)] * 3, 0)

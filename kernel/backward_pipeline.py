@@ -7,21 +7,23 @@ can run A of the next group on a few SMs while B of this one runs on the rest (C
 :mod:`kernel.runtime.green_contexts`): the first group's A and the last group's B on every SM, as
 :func:`pipeline_order` lists them.
 
-Measured on an H100 at 32x8192 with 32 heads (``kernel.studies.backward_overlap``, docs/log/62): Kernel A on 32 SMs
-takes 1.55x the work a SM does on all 132, Kernel B's time grows in proportion to the SMs it loses, and 4 groups
+Measured on an H100 at 32x8192 with 32 heads (``kernel.studies.backward_overlap``, docs/log/62): each SM of Kernel A
+on 32 SMs does 1.55x the work it does on all 132, Kernel B's time grows in proportion to the SMs it loses, and 4 groups
 through a 32 | 100 split took A then B from 36.8 ms to 35.0. Whether it pays on the H200 (whose Kernel A is a
 smaller share) is not measured, so it is off: :data:`PIPELINE` None. The bits are those of A then B: each kernel
 does the same work a group as on the batch, with the batch's choices (Kernel A's vsplit, Kernel B's runs).
 
-Where it applies (:func:`reason_not`): sequences of equal length (no cu_seqlens), at least two a group, the states
-given (the forward-state scan is not run), Kernel A not splitting the batch's sequences, no CUDA graph being
-captured.
+Where it applies (:func:`reason_not`): at least two sequences a group (equal lengths, or a varlen batch's, the
+groups then balanced by tokens: :func:`group_bounds`), the states given (the forward-state scan is not run), Kernel
+A not splitting the batch's sequences, no CUDA graph being captured.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 from typing import Callable, Sequence
+
+import numpy as np
 
 __all__ = ["Pipeline", "PIPELINE", "group_bounds", "pipeline_order", "reason_not", "launch"]
 
@@ -47,11 +49,22 @@ class Pipeline:
 PIPELINE: Pipeline | None = None
 
 
-def group_bounds(B: int, groups: int) -> list[tuple[int, int]]:
-    """The sequences [b0, b1) of each of ``groups`` groups of a batch of B, as even as whole sequences allow."""
-    if not 2 <= groups <= B:
-        raise ValueError(f"groups: between 2 and the batch's {B} sequences, got {groups}")
-    edges = [B * j // groups for j in range(groups + 1)]
+def group_bounds(cu: Sequence[int], groups: int) -> list[tuple[int, int]]:
+    """The sequences [s0, s1) of each of ``groups`` groups of a batch whose offsets are ``cu`` (host, N + 1
+    integers): whole sequences, each group's first edge the one nearest an even share of the tokens (the lower on
+    a tie), every group at least one sequence. Offsets 0, 1, .., B split B sequences as evenly as counts allow."""
+    cu = np.asarray(cu, dtype=np.int64)
+    N = cu.size - 1
+    if not 2 <= groups <= N:
+        raise ValueError(f"groups: between 2 and the batch's {N} sequences, got {groups}")
+    edges = [0]
+    for j in range(1, groups):
+        target = cu[-1] * j / groups
+        s = int(np.searchsorted(cu, target))   # the first edge at or past the target
+        if s > 0 and target - cu[s - 1] <= cu[s] - target:
+            s -= 1
+        edges.append(min(max(s, edges[-1] + 1), N - (groups - j)))
+    edges.append(N)
     return list(zip(edges, edges[1:]))
 
 
@@ -64,16 +77,14 @@ def pipeline_order(groups: int) -> list[tuple[str, str, int]]:
             + [("all", "B", groups - 1)])
 
 
-def reason_not(pipeline: Pipeline | None, *, B: int, varlen: bool, states_given: bool, capturing: bool,
+def reason_not(pipeline: Pipeline | None, *, N: int, states_given: bool, capturing: bool,
                scan_splits: bool) -> str | None:
-    """Why a call does not run ``pipeline`` (None: it runs it). ``scan_splits``: Kernel A would cut the batch's
-    sequences into segments (few sequences x heads), which a group's scan would not."""
+    """Why a call of N sequences does not run ``pipeline`` (None: it runs it). ``scan_splits``: Kernel A would cut
+    the batch's sequences into segments (few sequences x heads), which a group's scan would not."""
     if pipeline is None:
         return "off"
-    if varlen:
-        return "cu_seqlens: the groups are of equal-length sequences"
-    if B < 2 * pipeline.groups:
-        return f"{B} sequences: fewer than two a group for {pipeline.groups} groups"
+    if N < 2 * pipeline.groups:
+        return f"{N} sequences: fewer than two a group for {pipeline.groups} groups"
     if not states_given:
         return "the states are recomputed: the forward-state scan runs beside Kernel A"
     if capturing:

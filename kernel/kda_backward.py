@@ -20,8 +20,8 @@ of the SMs (:func:`plan_scans`). Given the states (our forward's, or FLA's h), K
 alone and, at few sequences x heads, cuts each long sequence into segments scanned side by side
 (``segments``, :mod:`kernel.ds_scan.split`): the SMs the forward-state scan would have taken.
 
-With :data:`kernel.backward_pipeline.PIPELINE` set (off by default), a batch of equal-length sequences runs in
-groups: each group's Kernel A on a few SMs beside the group before's Kernel B on the rest, the same bits.
+With :data:`kernel.backward_pipeline.PIPELINE` set (off by default), the batch runs in groups of whole sequences:
+each group's Kernel A on a few SMs beside the group before's Kernel B on the rest, the same bits.
 
 The float64 statement of all of it is :func:`kernel.reference.kda_backward_reference`
 (on the raw per-token gate and, with ``qk_l2norm``, the raw q and k);
@@ -330,7 +330,7 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
                         snapshot_every=1, knobs={}, fla_inputs=True, token_gate=token_gate)
     pipeline = backward_pipeline.PIPELINE
     pipelined = pipeline is not None and backward_pipeline.reason_not(
-        pipeline, B=B, varlen=batch.varlen, states_given=states is not None, capturing=main.is_capturing(),
+        pipeline, N=batch.N, states_given=states is not None, capturing=main.is_capturing(),
         scan_splits=bool((ds_scan_split.counts_for(segments, np.diff(batch.cu_seqlens), HV, builds.sm_count())
                           > 1).any())) is None
     if pipelined:   # Kernel A's outputs, whole, before the groups write into them
@@ -387,36 +387,46 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
 def _group_jobs(groups: int, checked, scan_options: dict, c: dict, beta_c, ds_c, dh0_c, states_c, out: dict, rstd_c,
                 gate_out, runs, batch: Batch, qk_raw: bool, token_gate: bool) -> list:
     """Each group's (Kernel A, Kernel B) launch for :func:`kernel.backward_pipeline.launch`: views of the batch's
-    arrays (sequences first; the groups are whole sequences of equal length), Kernel A writing its group's rows of
-    dS and dh0, Kernel B reading them and writing its rows of every output and its runs' rows of the gate's partial
-    sums. Each kernel takes the batch's choices (Kernel A's vsplit, Kernel B's run length), so that it does the
-    work of its group as the batch's launch does: the same bits."""
-    B, H, HV = batch.B, batch.H, batch.HV
+    arrays (whole sequences: rows of a batch of equal lengths, or token ranges of a packed varlen row), Kernel A
+    writing its group's dS and dh0, Kernel B reading them and writing its rows of every output and its runs' rows
+    of the gate's partial sums. Each kernel takes the batch's choices (Kernel A's vsplit, Kernel B's run length),
+    so that it does the work of its group as the batch's launch does: the same bits."""
+    H, HV, cu = batch.H, batch.HV, batch.cu_seqlens
     vsplit = ds_scan.choose_vsplit(batch.N * HV, builds.sm_count())
-    runs_a_sequence = runs.runs // B
+    t = token_gradients.tables(cu, runs.run_chunks)
     jobs = []
-    for b0, b1 in backward_pipeline.group_bounds(B, groups):
-        part = slice(b0, b1)
-        scan = dataclasses.replace(checked, arrays=tuple(x[part] for x in checked.arrays),
-                                   dht=None if checked.dht is None else checked.dht[part], B=b1 - b0,
-                                   cu=batch.cu_seqlens[:b1 - b0 + 1])
-        scan_out = {"snapshots": ds_c[part], "dh0": dh0_c[part]}
+    for s0, s1 in backward_pipeline.group_bounds(cu, groups):
+        if batch.varlen:   # one packed row: the group's tokens, tiles and chunks are ranges of axis 1
+            tokens, tiles, chunks = (slice(int(offs[s0]), int(offs[s1])) for offs in (cu, t["tile_offs"],
+                                                                                      t["chunk_offs"]))
+            rows = lambda x, r: x[0, r].reshape(1, -1, *x.shape[2:])   # noqa: E731  (C-contiguous, fresh strides)
+        else:   # sequences first: every range is the group's rows
+            tokens = tiles = chunks = slice(s0, s1)
+            rows = lambda x, r: x[r]   # noqa: E731
+        seqs = slice(s0, s1)
+        group_cu = cu[s0:s1 + 1] - cu[s0]
+        r0, r1 = np.searchsorted(t["run_chunk0"], [t["chunk_offs"][s0], t["chunk_offs"][s1]])   # its runs
+        scan = dataclasses.replace(checked, arrays=tuple(rows(x, tokens) for x in checked.arrays),
+                                   dht=None if checked.dht is None else checked.dht[seqs],
+                                   B=1 if batch.varlen else s1 - s0, T=batch.T if not batch.varlen
+                                   else int(group_cu[-1]), cu=group_cu)
+        scan_out = {"snapshots": rows(ds_c, tiles), "dh0": dh0_c[seqs]}
         gate_part = None if gate_out is None else dataclasses.replace(
-            gate_out, g_raw=gate_out.g_raw[part], dg_raw=gate_out.dg_raw[part],
-            **{name: None if getattr(gate_out, name) is None
-               else getattr(gate_out, name)[b0 * runs_a_sequence:b1 * runs_a_sequence]
+            gate_out, g_raw=rows(gate_out.g_raw, tokens), dg_raw=rows(gate_out.dg_raw, tokens),
+            **{name: None if getattr(gate_out, name) is None else getattr(gate_out, name)[r0:r1]
                for name in ("da_part", "ddt_part")})
+        b_inputs = (*(rows(c[name], tokens) for name in ("q", "k", "v", "g")), rows(beta_c, tokens),
+                    *(rows(c[name], tokens) for name in ("Aqk", "Akk", "do")), rows(ds_c, tiles),
+                    rows(states_c, chunks))
+        b_out = {name: rows(x, tokens) for name, x in out.items()}
+        b_rstd = None if rstd_c is None else tuple(rows(x, tokens) for x in rstd_c)
 
         def kernel_a(scan=scan, scan_out=scan_out):
             ds_scan.run(scan, vsplit=vsplit, segments=1, out=scan_out, **scan_options)
 
-        def kernel_b(part=part, gate_part=gate_part, n=b1 - b0):
-            token_gradients.launch(
-                *(c[name][part] for name in ("q", "k", "v", "g")), beta_c[part], c["Aqk"][part], c["Akk"][part],
-                c["do"][part], ds_c[part], states_c[part], cu=batch.cu_seqlens[:n + 1], H=H, HV=HV, scale=batch.scale,
-                out={name: x[part] for name, x in out.items()},
-                rstd=None if rstd_c is None else tuple(x[part] for x in rstd_c), gate=gate_part,
-                token_gate=token_gate, run_chunks=runs.run_chunks, qk_rstd=qk_raw)
+        def kernel_b(b_inputs=b_inputs, group_cu=group_cu, b_out=b_out, b_rstd=b_rstd, gate_part=gate_part):
+            token_gradients.launch(*b_inputs, cu=group_cu, H=H, HV=HV, scale=batch.scale, out=b_out, rstd=b_rstd,
+                                   gate=gate_part, token_gate=token_gate, run_chunks=runs.run_chunks, qk_rstd=qk_raw)
 
         jobs.append((kernel_a, kernel_b))
     return jobs

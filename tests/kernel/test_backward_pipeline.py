@@ -2,7 +2,9 @@
 (its GPU test, the bits of A then B through kernel.chunk_kda: tests/kernel/test_fla_library_gpu.py)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from kernel import backward_pipeline
 from kernel.backward_pipeline import Pipeline, group_bounds, pipeline_order, reason_not
@@ -10,7 +12,7 @@ from kernel.backward_pipeline import Pipeline, group_bounds, pipeline_order, rea
 
 def test_it_is_off_until_measured_on_the_h200():
     assert backward_pipeline.PIPELINE is None
-    assert reason_not(None, B=32, varlen=False, states_given=True, capturing=False, scan_splits=False) == "off"
+    assert reason_not(None, N=32, states_given=True, capturing=False, scan_splits=False) == "off"
 
 
 @pytest.mark.parametrize("bad, error", [(dict(a_sms=0, groups=4), ValueError), (dict(a_sms=24, groups=1), ValueError),
@@ -33,27 +35,40 @@ def test_the_pipeline_runs_each_group_once_and_each_b_after_its_a(groups):
 
 
 def test_groups_split_the_batch_into_even_runs_of_whole_sequences():
-    assert group_bounds(32, 8) == [(4 * j, 4 * j + 4) for j in range(8)]
-    assert group_bounds(5, 2) == [(0, 2), (2, 5)]
+    assert group_bounds(np.arange(33), 8) == [(4 * j, 4 * j + 4) for j in range(8)]
+    assert group_bounds(np.arange(6) * 100, 2) == [(0, 2), (2, 5)]   # a tie goes to the lower edge
     for bad in (1, 6):
         with pytest.raises(ValueError, match="groups"):
-            group_bounds(5, bad)
+            group_bounds(np.arange(6), bad)
+
+
+def test_a_varlen_batchs_groups_share_its_tokens_as_evenly_as_whole_sequences_allow():
+    cu = np.cumsum([0, 1000, 10, 10, 10, 1000, 1000, 5, 5])   # 3040 tokens
+    assert group_bounds(cu, 2) == [(0, 4), (4, 8)]              # the edge at 1030 tokens, the nearest to 1520
+    assert group_bounds(cu, 3) == [(0, 2), (2, 5), (5, 8)]      # at 1010 and 2030, the nearest to 1013 and 2027
+
+
+@given(lengths=st.lists(st.integers(1, 5000), min_size=2, max_size=64), data=st.data())
+def test_every_sequence_is_in_exactly_one_group_of_at_least_one(lengths, data):
+    groups = data.draw(st.integers(2, len(lengths)))
+    bounds = group_bounds(np.cumsum([0, *lengths]), groups)
+    assert len(bounds) == groups and bounds[0][0] == 0 and bounds[-1][1] == len(lengths)
+    assert all(s0 < s1 for s0, s1 in bounds) and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
 
 
 
 PLAN = Pipeline(a_sms=24, groups=4)
-RUNS = dict(B=32, varlen=False, states_given=True, capturing=False, scan_splits=False)
+RUNS = dict(N=32, states_given=True, capturing=False, scan_splits=False)
 
 
 @pytest.mark.parametrize("change, why", [
-    (dict(varlen=True), "cu_seqlens"),
-    (dict(B=7), "fewer than two a group"),
+    (dict(N=7), "fewer than two a group"),
     (dict(states_given=False), "forward-state scan"),
     (dict(capturing=True), "CUDA graph"),
     (dict(scan_splits=True), "splits"),
 ])
 def test_it_runs_only_where_each_group_does_the_batchs_work(change, why):
-    assert reason_not(PLAN, **RUNS) is None and reason_not(PLAN, **dict(RUNS, B=8)) is None
+    assert reason_not(PLAN, **RUNS) is None and reason_not(PLAN, **dict(RUNS, N=8)) is None
     assert why in reason_not(PLAN, **dict(RUNS, **change))
 
 

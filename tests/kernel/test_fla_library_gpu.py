@@ -746,7 +746,9 @@ def test_the_raw_row_path_gives_the_copies_paths_outputs_and_gradients(monkeypat
 # ----------------------------------------------------------------------------
 
 PIPELINE_CASES = [("uniform-4x200-2-groups", dict(B=4, T=200), PLAIN, 2),
-                  ("layer-gva-6x130-3-groups", dict(B=6, T=130, HV=4, layer=True), LAYER, 3)]
+                  ("layer-gva-6x130-3-groups", dict(B=6, T=130, HV=4, layer=True), LAYER, 3),
+                  ("varlen-2-groups", dict(lengths=[1, 63, 64, 65, 130, 200]), PLAIN, 2),
+                  ("varlen-layer-gva-2-groups", dict(lengths=[17, 200, 5, 130], HV=4, layer=True), LAYER, 2)]
 
 
 @pytest.mark.parametrize("case", PIPELINE_CASES, ids=lambda c: c[0])

@@ -245,3 +245,82 @@ def test_qk_raw_reaches_the_launches_as_a_bool(monkeypatch):
     kb.run(batch, *[None] * 8, rstd=("rq", "rk"), states="states", qk_raw=np.bool_(True))
     kb.run(batch, *[None] * 8, rstd=("rq", "rk"), states="states")
     assert seen["qk_raw"] == [True, False] and all(type(x) is bool for x in seen["qk_raw"])
+
+
+# ----------------------------------------------------------------------------
+# the pipelined backward's groups (kernel.backward_pipeline): what each group's kernels are handed
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lengths, B, groups", [(None, 6, 3), ([1, 200, 64, 65, 130, 17], 1, 2),
+                                                 ([70, 70, 5, 300], 1, 2)], ids=["6x100", "varlen-6", "varlen-4"])
+@pytest.mark.parametrize("gate", [False, True], ids=["plain", "gate"])
+def test_each_groups_kernels_get_its_sequences_of_every_array_and_together_the_batch(lengths, B, groups, gate,
+                                                                                     monkeypatch):
+    # host arrays standing in for the CuPy views: each token's, tile's, chunk's and run's index is its value, so
+    # the ranges the groups' kernels are handed show where they lie; together they must be the batch, once
+    import dataclasses
+
+    from kernel import kda_backward as kb
+    from kernel.ds_scan import launch as ds_scan
+    from kernel.token_gradients import launch as token_gradients
+
+    T = 100 if lengths is None else sum(lengths)
+    H, HV, run_chunks = 1, 2, 2
+    batch = checked_batch(B, T, H, None if lengths is None else np.cumsum([0, *lengths]), scale=0.1,
+                          torch_out=False, HV=HV)
+    cu, varlen = batch.cu_seqlens, batch.varlen
+    t = token_gradients.tables(cu, run_chunks)
+    runs = token_gradients.RunPlan(run_chunks, t["runs"])
+
+    def indexed(count, *rest):   # value = the row's index along the tokens (tiles, chunks) axis
+        lead = (B, count // B) if not varlen else (1, count)
+        return np.broadcast_to(np.arange(count).reshape(*lead, *([1] * len(rest))), (*lead, *rest)).copy()
+
+    tok = lambda *rest: indexed(B * T, *rest)   # noqa: E731
+    c = {n: tok(D) for n in ("q", "k", "v", "g", "do")} | {n: tok(C64) for n in ("Aqk", "Akk")}
+    c["q"], c["k"] = tok(H, D), tok(H, D)
+    beta_c = tok(HV)
+    ds_c, states_c = indexed(int(t["tiles"]), HV), indexed(int(t["chunks"]), HV)
+    dh0_c = np.arange(batch.N)[:, None]
+    out = {n: tok(HV) for n in ("dq", "dk", "dv", "dg", "dbeta")}
+    gate_out = None if not gate else token_gradients.GateOut(
+        tok(HV), None, None, -5.0, tok(HV), np.arange(runs.runs)[:, None], np.arange(runs.runs)[:, None, None])
+    checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dh0_c, B, T, H, HV,
+                                 cu, None)
+    handed = {"A": [], "B": []}
+    monkeypatch.setattr(kb.builds, "sm_count", lambda: 132)
+    monkeypatch.setattr(kb.ds_scan, "run", lambda scan, **kw: handed["A"].append((scan, kw)))
+    monkeypatch.setattr(kb.token_gradients, "launch", lambda *a, **kw: handed["B"].append((a, kw)))
+    jobs = kb._group_jobs(groups, checked, {"varlen": varlen}, c, beta_c, ds_c, dh0_c, states_c, out, None, gate_out,
+                          runs, batch, False, False)
+    assert len(jobs) == groups
+    for a, b in jobs:
+        a()
+        b()
+    scans, launches = handed["A"], handed["B"]
+    # every token, tile, chunk, sequence and run once, in order
+    for name, arrays in (("Kernel A's q", [s.arrays[0] for s, _ in scans]), ("Kernel A's do", [s.arrays[6] for s, _ in
+                                                                                               scans])):
+        got = np.concatenate([np.asarray(x).reshape(-1, *x.shape[2:]) for x in arrays])
+        np.testing.assert_array_equal(got[(slice(None),) + (0,) * (got.ndim - 1)], np.arange(B * T), err_msg=name)
+    for name, at in (("q", 0), ("beta", 4)):
+        got = np.concatenate([np.asarray(a[at]).reshape(-1, *a[at].shape[2:]) for a, _ in launches])
+        np.testing.assert_array_equal(got[(slice(None),) + (0,) * (got.ndim - 1)], np.arange(B * T), err_msg=name)
+    for name, at, total in (("dS", 8, t["tiles"]), ("states", 9, t["chunks"])):
+        got = np.concatenate([np.asarray(a[at]).reshape(-1, HV) for a, _ in launches])[:, 0]
+        np.testing.assert_array_equal(got, np.arange(total), err_msg=name)
+    got = np.concatenate([kw["out"]["snapshots"].reshape(-1, HV) for _, kw in scans])[:, 0]
+    np.testing.assert_array_equal(got, np.arange(t["tiles"]), err_msg="Kernel A's dS")
+    np.testing.assert_array_equal(np.concatenate([kw["out"]["dh0"] for _, kw in scans])[:, 0], np.arange(batch.N))
+    for _, kw in launches:   # each group's own offsets, and as many of the gate's rows as its runs
+        group_cu = kw["cu"]
+        assert group_cu[0] == 0 and kw["run_chunks"] == run_chunks
+        if gate:
+            assert kw["gate"].da_part.shape[0] == token_gradients.tables(group_cu, run_chunks)["runs"]
+    if gate:
+        rows = np.concatenate([kw["gate"].da_part[:, 0] for _, kw in launches])
+        np.testing.assert_array_equal(rows, np.arange(runs.runs))
+    for (scan, kw), (_, bkw) in zip(scans, launches):   # Kernel A of a group: its sequences, the batch's vsplit
+        np.testing.assert_array_equal(scan.cu, bkw["cu"])
+        assert kw["segments"] == 1 and kw["vsplit"] == ds_scan.choose_vsplit(batch.N * HV, 132)
+        assert dataclasses.replace(scan).B == (1 if varlen else len(scan.cu) - 1)

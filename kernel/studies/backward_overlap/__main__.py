@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from kernel.backward_pipeline import group_bounds, pipeline_order
 from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
 
@@ -113,7 +115,7 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
     gradients, b_out = source_ab.kernel_b_call(spec, heads, x, arrays)
     # the same work in groups of whole sequences, on views of the same arrays: (Kernel A, Kernel B) a group
     parts = []
-    for b0, b1 in group_bounds(spec.B, groups):
+    for b0, b1 in group_bounds(np.arange(spec.B + 1), groups):
         part = dataclasses.replace(spec, B=b1 - b0)
         x_g, arrays_g = group_views(spec.T, x, arrays, b0, b1)
         parts.append((source_ab.kernel_a_call(part, x_g, out=group_outputs(spec.T, a_out, b0, b1)),

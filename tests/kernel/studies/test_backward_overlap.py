@@ -98,7 +98,7 @@ def test_group_views_are_the_groups_rows_of_every_array_with_no_copy():
     x = {"q": np.arange(B * T * H).reshape(B, T, H), "dht": np.arange(B * 3).reshape(B, 3)}
     arrays = {"ds": np.arange(B * 7 * 2).reshape(B * 7, 2), "states": np.arange(B * 2).reshape(B * 2, 1),
               "rstd": (np.arange(B * T).reshape(B, T),) * 2, "out": {"dq": np.zeros((B, T, H))}}
-    xs, parts = zip(*(group_views(T, x, arrays, b0, b1) for b0, b1 in group_bounds(B, 2)))
+    xs, parts = zip(*(group_views(T, x, arrays, b0, b1) for b0, b1 in group_bounds(np.arange(B + 1), 2)))
     for name in x:
         np.testing.assert_array_equal(np.concatenate([g[name] for g in xs]), x[name])
     for name in ("ds", "states"):
@@ -114,7 +114,7 @@ def test_each_groups_kernel_a_outputs_are_its_rows_of_one_allocation_in_the_shap
     assert shapes == {"snapshots": (1, 5 * 7, H, 128, 128), "dh0": (5, H, 128, 128)}
     whole = {name: np.arange(np.prod(shape), dtype=np.int64).reshape(shape) for name, shape in shapes.items()}
     views = []
-    for b0, b1 in group_bounds(spec.B, 2):
+    for b0, b1 in group_bounds(np.arange(spec.B + 1), 2):
         v = group_outputs(spec.T, whole, b0, b1)
         assert {n: a.shape for n, a in v.items()} == source_ab.kernel_a_output_shapes(
             source_ab.Spec(B=b1 - b0, T=spec.T), H)

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Pipeline", "PIPELINE", "group_bounds", "pipeline_order", "reason_not", "launch"]
+__all__ = ["Pipeline", "PIPELINE", "group_bounds", "pipeline_order", "reason_not", "launch", "launch_on"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,19 +105,24 @@ def _split(device_id: int, a_sms: int):
 
 
 def launch(pipeline: Pipeline, jobs: Sequence[tuple[Callable[[], None], Callable[[], None]]], device_id: int) -> None:
-    """Each group's (Kernel A, Kernel B) launch of ``jobs`` in :func:`pipeline_order`, from CuPy's current stream:
-    the first group's A and the last group's B there, the others on the split's sides, each B after its group's A,
-    and the current stream waiting for every launch before its later work. Each job writes into arrays allocated
-    before (on the current stream, so that their memory is not reused before that wait)."""
+    """Each group's (Kernel A, Kernel B) launch of ``jobs`` through the device's split for ``pipeline.a_sms`` SMs,
+    from CuPy's current stream (:func:`launch_on`)."""
     if len(jobs) != pipeline.groups:
         raise ValueError(f"jobs: one (Kernel A, Kernel B) pair a group, {pipeline.groups}; got {len(jobs)}")
     import cupy
 
     sp = _split(device_id, pipeline.a_sms)
-    here = cupy.cuda.get_current_stream()
-    on = {"all": here, "a": sp.first.stream, "b": sp.rest.stream}
+    launch_on(jobs, cupy.cuda.get_current_stream(), sp.first.stream, sp.rest.stream)
+
+
+def launch_on(jobs: Sequence[tuple[Callable[[], None], Callable[[], None]]], here, a_side, b_side) -> None:
+    """``jobs`` in :func:`pipeline_order` on three CuPy streams: the first group's A and the last group's B on
+    ``here``, the other A's on ``a_side`` and B's on ``b_side``, each B after its group's A, and ``here`` waiting for
+    every launch before its later work. Each job writes into arrays allocated before (on ``here``, so that their
+    memory is not reused before that wait)."""
+    on = {"all": here, "a": a_side, "b": b_side}
     a_done, b_done = {}, None
-    for where, kernel, j in pipeline_order(pipeline.groups):
+    for where, kernel, j in pipeline_order(len(jobs)):
         stream = on[where]
         if kernel == "A" and j > 0:
             stream.wait_event(a_done[0])   # the first group's A waited for the caller's work: so do these
@@ -131,5 +136,5 @@ def launch(pipeline: Pipeline, jobs: Sequence[tuple[Callable[[], None], Callable
             a_done[j] = stream.record()
         else:
             b_done = stream.record()
-    # the last B ran here after the one before it on side b, which ran after every A: the current stream has
-    # waited for every launch
+    # the last B ran on ``here`` after the one before it on b_side, which ran after every A: ``here`` has waited
+    # for every launch

@@ -8,7 +8,7 @@ At each configuration (run one a call: each configuration in its own process), o
 
 * on every SM: Kernel A alone, Kernel B alone, A then B on one stream, A and B at once on two streams (A's at the
   highest priority), the batch as ``--groups`` groups of whole sequences in turn, and those groups pipelined on the
-  two streams (:func:`pipeline_order`: each B after its group's A, the next group's A beside it);
+  two streams (kernel.backward_pipeline.launch_on: each B after its group's A, the next group's A beside it);
 * for each SM count k of ``--sm-counts``: A alone on a green context of k SMs, B alone on one of the rest, both
   at once on the two, and the groups pipelined through them, the first group's A and the last group's B on every
   SM.
@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kernel.backward_pipeline import group_bounds, pipeline_order
+from kernel.backward_pipeline import group_bounds, launch_on
 from kernel.shapes import CHUNK_TOKENS, TILE_TOKENS
 
 from ..timed_configs import parse_configs, run_configs
@@ -134,24 +134,9 @@ def measure(config: str, heads: int, sm_counts: Sequence[int], reps: int, groups
             here.wait_event(event)
 
     def pipeline(a_side, b_side):
-        """:func:`pipeline_order` on torch's stream ("all") and the two sides: each B waits for its group's A;
-        the last B, on torch's, for every B before it."""
-        on = {"all": here, "a": a_side, "b": b_side}
-        a_done, b_done = {}, None
-        for where, kernel, j in pipeline_order(len(parts)):
-            stream = on[where]
-            if kernel == "A" and j > 0:
-                stream.wait_event(a_done[0])   # after the first group's A, and so after the timer's start
-            if kernel == "B":
-                stream.wait_event(a_done[j])
-                if where == "all" and b_done is not None:
-                    stream.wait_event(b_done)
-            with stream:
-                parts[j][0 if kernel == "A" else 1]()
-            if kernel == "A":
-                a_done[j] = stream.record()
-            else:
-                b_done = stream.record()
+        """The groups as the product pipelines them (kernel.backward_pipeline.launch_on) on torch's stream and the
+        two sides."""
+        launch_on(parts, here, a_side, b_side)
 
     def groups_in_turn():
         with here:

@@ -45,7 +45,7 @@ class Pipeline:
 
 
 # The process's choice for kernel.kda_backward.run: None (off), or a Pipeline. Off until a measurement on the H200
-# shows it pays there (docs/log/62 predicts 1-1.7 ms at 32x8192 at a 24-SM split and 4 groups).
+# shows it pays there (docs/log/62 predicts 1.0-1.6 ms off the step at 32x8192 at a 24-SM split and 4 groups).
 PIPELINE: Pipeline | None = None
 
 
@@ -136,5 +136,5 @@ def launch_on(jobs: Sequence[tuple[Callable[[], None], Callable[[], None]]], her
             a_done[j] = stream.record()
         else:
             b_done = stream.record()
-    # the last B ran on ``here`` after the one before it on b_side, which ran after every A: ``here`` has waited
-    # for every launch
+    # ``here`` waited for the last group's A and for the last B on b_side, which followed every earlier B there, each
+    # after its own group's A: for every launch

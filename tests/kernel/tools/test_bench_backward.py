@@ -297,7 +297,6 @@ def test_the_progress_line_says_when_the_scans_ran_side_by_side():
 
 def test_backward_pipeline_is_parsed_checked_and_passed_to_each_configurations_process():
     from kernel.backward_pipeline import Pipeline
-    from kernel.tools.bench import backward_run
     from kernel.tools.bench.cli import parse_args
 
     args = parse_args(["--backward", "--backward-pipeline", "24,4"])
@@ -308,3 +307,19 @@ def test_backward_pipeline_is_parsed_checked_and_passed_to_each_configurations_p
             parse_args(["--backward", "--backward-pipeline", bad])
     child = parse_args(backward_run.child_argv(args, "32x8192", "x.json")[3:])
     assert child.backward_pipeline == Pipeline(a_sms=24, groups=4)
+
+
+def test_the_pipelined_side_sets_the_pipeline_for_its_step_alone():
+    from kernel import backward_pipeline
+    from kernel.backward_pipeline import Pipeline
+
+    plan = Pipeline(a_sms=24, groups=4)
+    assert backward._pipelined(plan, lambda: backward_pipeline.PIPELINE) == plan
+    assert backward_pipeline.PIPELINE is None
+
+    def fails():
+        raise RuntimeError("the step failed")
+
+    with pytest.raises(RuntimeError, match="the step failed"):
+        backward._pipelined(plan, fails)
+    assert backward_pipeline.PIPELINE is None

@@ -43,6 +43,14 @@ class Pipeline:
         if self.a_sms < 1 or self.groups < 2:
             raise ValueError(f"Pipeline: a_sms >= 1 and groups >= 2, got a_sms={self.a_sms}, groups={self.groups}")
 
+    @classmethod
+    def parse(cls, text: str) -> "Pipeline":
+        """A tool's ``A_SMS,GROUPS`` (e.g. "24,4"), or a ValueError saying what was expected."""
+        parts = text.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"expected A_SMS,GROUPS (two integers, e.g. 24,4), got {text!r}")
+        return cls(a_sms=int(parts[0]), groups=int(parts[1]))
+
 
 # The process's choice for kernel.kda_backward.run: None (off), or a Pipeline. Off until a measurement on the H200
 # shows it pays there (docs/log/62 predicts 1.0-1.6 ms off the step at 32x8192 at a 24-SM split and 4 groups).

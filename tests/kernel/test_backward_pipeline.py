@@ -75,3 +75,12 @@ def test_it_runs_only_where_each_group_does_the_batchs_work(change, why):
 def test_launch_wants_one_pair_of_jobs_a_group():
     with pytest.raises(ValueError, match="one \\(Kernel A, Kernel B\\) pair a group"):
         backward_pipeline.launch(PLAN, [(None, None)] * 3, 0)
+
+
+def test_a_tool_names_a_pipeline_as_a_sms_comma_groups():
+    assert Pipeline.parse("24,4") == Pipeline(a_sms=24, groups=4)
+    for bad in ("24", "24,4,2", "a,4", "24,-4", ""):
+        with pytest.raises(ValueError, match="A_SMS,GROUPS"):
+            Pipeline.parse(bad)
+    with pytest.raises(ValueError, match="groups >= 2"):
+        Pipeline.parse("24,1")

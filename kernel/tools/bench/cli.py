@@ -44,14 +44,13 @@ def _snapshot_mode(text: str) -> str:
 
 
 def _pipeline(text: str):
-    """--backward-pipeline's A_SMS,GROUPS as a kernel.backward_pipeline.Pipeline."""
+    """--backward-pipeline's A_SMS,GROUPS (kernel.backward_pipeline.Pipeline.parse), refused as argparse refuses."""
     from kernel.backward_pipeline import Pipeline
 
     try:
-        a_sms, groups = (int(x) for x in text.split(","))
-        return Pipeline(a_sms=a_sms, groups=groups)
-    except (ValueError, TypeError) as exc:
-        raise argparse.ArgumentTypeError(f"expected A_SMS,GROUPS (integers, e.g. 24,4): {exc}") from exc
+        return Pipeline.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.Namespace:

@@ -43,3 +43,12 @@ def test_the_op_step_lists_our_three_backward_kernels_and_the_forwards(capsys):
     names = set(res["ours"]["kernels"])
     assert {"kda_dstate_scan", "kda_token_gradients"} <= names
     assert res["ours"]["wall_ms"] > 0 and res["ours"]["kernel_sum_ms"] > 0
+
+
+def test_backward_pipeline_is_parsed_and_refused_by_name():
+    from kernel.backward_pipeline import Pipeline
+
+    assert parse_args([]).backward_pipeline is None
+    assert parse_args(["--backward-pipeline", "24,4"]).backward_pipeline == Pipeline(a_sms=24, groups=4)
+    with pytest.raises(SystemExit):
+        parse_args(["--backward-pipeline", "24"])

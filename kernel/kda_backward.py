@@ -367,8 +367,9 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     runs = token_gradients.run_plan(batch.cu_seqlens, HV)
     gate_out, gate_t = (None, None) if gate is None else _gate_out(batch, gate, q, runs.runs)
     if pipelined:
-        jobs = _group_jobs(pipeline.groups, checked, scan_options, c, beta_c, ds_c, dh0_c, states_c, out, rstd_c,
-                           gate_out, runs, batch, qk_raw, token_gate)
+        vsplit = ds_scan.scan_vsplit(scans.vsplit, batch.N * HV, builds.sm_count())   # the batch's, every group's
+        jobs = _group_jobs(pipeline.groups, checked, scan_options, vsplit, c, beta_c, ds_c, dh0_c, states_c, out,
+                           rstd_c, gate_out, runs, batch, qk_raw, token_gate)
         backward_pipeline.launch(pipeline, jobs, cupy.cuda.Device().id)
     else:
         token_gradients.launch(c["q"], c["k"], c["v"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"], ds_c, states_c,
@@ -384,15 +385,14 @@ def _run(batch: Batch, scans: ScanPlan, q, k, v, g, beta, Aqk, Akk, do, initial_
     return grads
 
 
-def _group_jobs(groups: int, checked, scan_options: dict, c: dict, beta_c, ds_c, dh0_c, states_c, out: dict, rstd_c,
-                gate_out, runs, batch: Batch, qk_raw: bool, token_gate: bool) -> list:
+def _group_jobs(groups: int, checked, scan_options: dict, vsplit: int, c: dict, beta_c, ds_c, dh0_c, states_c,
+                out: dict, rstd_c, gate_out, runs, batch: Batch, qk_raw: bool, token_gate: bool) -> list:
     """Each group's (Kernel A, Kernel B) launch for :func:`kernel.backward_pipeline.launch`: views of the batch's
     arrays (whole sequences: rows of a batch of equal lengths, or token ranges of a packed varlen row), Kernel A
     writing its group's dS and dh0, Kernel B reading them and writing its rows of every output and its runs' rows
     of the gate's partial sums. Each kernel takes the batch's choices (Kernel A's vsplit, Kernel B's run length),
     so that it does the work of its group as the batch's launch does: the same bits."""
     H, HV, cu = batch.H, batch.HV, batch.cu_seqlens
-    vsplit = ds_scan.choose_vsplit(batch.N * HV, builds.sm_count())
     t = token_gradients.tables(cu, runs.run_chunks)
     jobs = []
     for s0, s1 in backward_pipeline.group_bounds(cu, groups):

@@ -147,6 +147,13 @@ def choose_vsplit(ctas: int, sm_count: int) -> int:
     return config.VSPLITS[-1]
 
 
+def scan_vsplit(vsplit: int | str, sequences_x_heads: int, sm_count: int) -> int:
+    """The v-split a scan over ``sequences_x_heads`` (sequence, value head) pairs runs: ``vsplit``, or for "auto"
+    :func:`choose_vsplit`'s (a caller that cuts the batch into parts passes the batch's pairs, so that each part
+    runs the batch's split)."""
+    return choose_vsplit(sequences_x_heads, sm_count) if vsplit == "auto" else int(vsplit)
+
+
 # ----------------------------------------------------------------------------
 # the API
 # ----------------------------------------------------------------------------
@@ -424,7 +431,7 @@ def run(c: ScanInputs, *, scale: float | None, varlen: bool, qk_l2norm: bool, sn
     counts = split.counts_for(segments, lengths, HV, sm)
     # the unsplit scan's configuration: its knobs checked before anything is allocated (a split's
     # scans take the same ones), its module built only where it runs
-    cfg = Config(vsplit=choose_vsplit(N * HV, sm) if vsplit == "auto" else int(vsplit),
+    cfg = Config(vsplit=scan_vsplit(vsplit, N * HV, sm),
                  has_dht=dht is not None, **base, **knobs)
 
     if out is not None:   # the caller's arrays, returned as given; CuPy views (no copy) for the launch

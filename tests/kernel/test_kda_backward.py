@@ -288,11 +288,11 @@ def test_each_groups_kernels_get_its_sequences_of_every_array_and_together_the_b
     checked = ds_scan.ScanInputs((c["q"], c["k"], c["g"], beta_c, c["Aqk"], c["Akk"], c["do"]), dh0_c, B, T, H, HV,
                                  cu, None)
     handed = {"A": [], "B": []}
-    monkeypatch.setattr(kb.builds, "sm_count", lambda: 132)
     monkeypatch.setattr(kb.ds_scan, "run", lambda scan, **kw: handed["A"].append((scan, kw)))
     monkeypatch.setattr(kb.token_gradients, "launch", lambda *a, **kw: handed["B"].append((a, kw)))
-    jobs = kb._group_jobs(groups, checked, {"varlen": varlen}, c, beta_c, ds_c, dh0_c, states_c, out, None, gate_out,
-                          runs, batch, False, False)
+    vsplit = ds_scan.scan_vsplit("auto", batch.N * HV, 132)
+    jobs = kb._group_jobs(groups, checked, {"varlen": varlen}, vsplit, c, beta_c, ds_c, dh0_c, states_c, out, None,
+                          gate_out, runs, batch, False, False)
     assert len(jobs) == groups
     for a, b in jobs:
         a()

@@ -19,13 +19,15 @@ A not splitting the batch's sequences, no CUDA graph being captured.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Pipeline", "PIPELINE", "group_bounds", "pipeline_order", "reason_not", "launch", "launch_on"]
+__all__ = ["Pipeline", "PIPELINE", "using_pipeline", "group_bounds", "pipeline_order", "reason_not", "launch",
+           "launch_on"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,17 @@ class Pipeline:
 # The process's choice for kernel.kda_backward.run: None (off), or a Pipeline. Off until a measurement on the H200
 # shows it pays there (docs/log/62 predicts 1.0-1.6 ms off the step at 32x8192 at a 24-SM split and 4 groups).
 PIPELINE: Pipeline | None = None
+
+
+@contextlib.contextmanager
+def using_pipeline(pipeline: Pipeline | None) -> Iterator[None]:
+    """:data:`PIPELINE` set to ``pipeline`` for a block; the setting before it comes back after, on an error too."""
+    global PIPELINE
+    before, PIPELINE = PIPELINE, pipeline
+    try:
+        yield
+    finally:
+        PIPELINE = before
 
 
 def group_bounds(cu: Sequence[int], groups: int) -> list[tuple[int, int]]:

@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from kernel.tools.bench.cli import pipeline_argument
+
 SIDES = ("fla", "ours")
 STEPS = ("layer", "op")
 
@@ -57,17 +59,10 @@ def parse_args(argv: Sequence[str] | None):
     ap.add_argument("--qk-copies", action="store_true",
                     help="our side on the op's copies path (kernel.fla_dropin.setting.RAW_QK_ROWS off: q and k "
                          "normalised into copies first) instead of its raw-row path, to compare the two")
-    ap.add_argument("--backward-pipeline", metavar="A_SMS,GROUPS",
+    ap.add_argument("--backward-pipeline", type=pipeline_argument, metavar="A_SMS,GROUPS",
                     help="our side with its backward pipelined (kernel.backward_pipeline: GROUPS groups of sequences, "
                          "each group's Kernel A on A_SMS SMs beside the group before's Kernel B)")
     args = ap.parse_args(argv)
-    if args.backward_pipeline is not None:
-        from kernel.backward_pipeline import Pipeline
-
-        try:
-            args.backward_pipeline = Pipeline.parse(args.backward_pipeline)
-        except ValueError as exc:
-            ap.error(f"--backward-pipeline: {exc}")
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     unknown = [s for s in sides if s not in SIDES]
     if unknown or not sides:

@@ -403,15 +403,11 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
 
 
 def _pipelined(pipeline, step: Callable):
-    """``step`` with kernel.backward_pipeline.PIPELINE set to ``pipeline`` while it runs (its backward pipelined)."""
-    from kernel import backward_pipeline
+    """``step`` with its backward pipelined (kernel.backward_pipeline.using_pipeline) while it runs."""
+    from kernel.backward_pipeline import using_pipeline
 
-    before = backward_pipeline.PIPELINE
-    backward_pipeline.PIPELINE = pipeline
-    try:
+    with using_pipeline(pipeline):
         return step()
-    finally:
-        backward_pipeline.PIPELINE = before
 
 
 def retained_backwards(sides: dict, upstream, out: dict) -> dict[str, Callable]:

@@ -43,8 +43,9 @@ def _snapshot_mode(text: str) -> str:
     return text
 
 
-def _pipeline(text: str):
-    """--backward-pipeline's A_SMS,GROUPS (kernel.backward_pipeline.Pipeline.parse), refused as argparse refuses."""
+def pipeline_argument(text: str):
+    """An A_SMS,GROUPS argument (kernel.backward_pipeline.Pipeline.parse), refused as argparse refuses: the bench's
+    --backward-pipeline and the layer profile's."""
     from kernel.backward_pipeline import Pipeline
 
     try:
@@ -88,7 +89,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                    help="--backward, --layer, --forward: measure every configuration in this process, one after "
                         "the other")
     p.add_argument("--no-step", action="store_true", help="--backward: skip the forward + backward step")
-    p.add_argument("--backward-pipeline", type=_pipeline, metavar="A_SMS,GROUPS",
+    p.add_argument("--backward-pipeline", type=pipeline_argument, metavar="A_SMS,GROUPS",
                    help="--backward's step: also kernel.chunk_kda with its backward pipelined "
                         "(kernel.backward_pipeline: the batch in GROUPS groups, each group's Kernel A on A_SMS SMs "
                         "beside the group before's Kernel B on the rest), timed in turn with the others")

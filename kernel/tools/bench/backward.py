@@ -381,6 +381,10 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
         res["step"]["pipeline"] = dataclasses.asdict(pipeline)
         steps[STEP_PIPELINED] = lambda step=steps[STEP_OURS]: _pipelined(pipeline, step)
     steps = first_calls(steps, res["step"], t_start, tag)
+    if STEP_PIPELINED in steps:
+        res["step"]["pipelined_same_bits"] = _same_bits(steps[STEP_OURS](), steps[STEP_PIPELINED]())
+        log(f"    {tag}: the pipelined step's gradients "
+            + ("are" if res["step"]["pipelined_same_bits"] else "are NOT") + " the plain step's bits")
     in_turn(steps, args, flush, res["step"])
     a, b = median_of(res["step"], STEP_OURS), median_of(res["step"], STEP_FLA)
     if a and b:
@@ -400,6 +404,13 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
     leaves.clear()
     order.clear()
     free_memory()
+
+
+def _same_bits(xs, ys) -> bool:
+    """Whether two calls' gradients are equal bit for bit (the pipeline promises the plain backward's bits)."""
+    import torch
+
+    return len(xs) == len(ys) and all(torch.equal(x, y) for x, y in zip(xs, ys))
 
 
 def _pipelined(pipeline, step: Callable):

@@ -323,3 +323,11 @@ def test_the_pipelined_side_sets_the_pipeline_for_its_step_alone():
     with pytest.raises(RuntimeError, match="the step failed"):
         backward._pipelined(plan, fails)
     assert backward_pipeline.PIPELINE is None
+
+
+def test_the_pipelined_steps_bits_are_compared_gradient_by_gradient():
+    torch = pytest.importorskip("torch")
+    xs = (torch.tensor([1.0, -0.0]), torch.tensor([2.0]))
+    assert backward._same_bits(xs, (xs[0].clone(), xs[1].clone()))
+    assert not backward._same_bits(xs, (xs[0], torch.tensor([2.0 + 2 ** -20])))
+    assert not backward._same_bits(xs, xs[:1])

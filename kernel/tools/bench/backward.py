@@ -289,7 +289,8 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
     res: dict[str, Any] = {"bench": "backward", "config": cfg.name, "B": cfg.B, "T": cfg.T, "H": H,
                            "N": cfg.N, "tokens": cfg.tokens, "varlen": cfg.varlen,
                            "floor": floor_entry(cfg.lengths, H), "backward": {}, "peak_memory": {},
-                           "pieces": {}, "step": {}, "autograd_backward": {}}
+                           "pieces": {}, "step": {}, "step_peak_memory": {},
+                           "autograd_backward": {}}
     if cfg.varlen:
         res["lengths"] = list(cfg.lengths)
     res["fla_autotune_reset"] = fla_adapter.reset_autotune()
@@ -396,6 +397,8 @@ def _step(raw: dict, h0, cu_fla, args, flush, res: dict, t_start: float, tag: st
     c_ms = median_of(res["step"], STEP_CUDNN)
     if a and c_ms:
         res["step"]["ratio_cudnn"] = a / c_ms
+    # the step's peak memory above its inputs, as torch counts it: the forward's saved tensors and the gradients
+    peak_memories({n: steps[n] for n in (STEP_FLA, STEP_OURS) if n in steps}, res["step_peak_memory"])
     steps.clear()
     log(f"    {tag}: training step timed [{time.perf_counter() - t_start:.0f} s]")
     _autograd_backwards({n: sides[n] for n in sides if "error" not in res["step"].get(n, {})}, upstream, args,

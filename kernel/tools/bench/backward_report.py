@@ -15,7 +15,7 @@ from .report import against_target, cell, get, is_bench_json, num, our_forward_o
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
-                    "step FLA ms", "step ours ms", "step ours/FLA", "step pipelined ms", "step pipelined/FLA",
+                    "step FLA ms", "step ours ms", "step ours/FLA", "step FLA GB", "step ours GB", "step pipelined ms", "step pipelined/FLA",
                     "step cuDNN ms", "step ours/cuDNN",
                     "autograd bwd FLA ms", "autograd bwd ours ms", "autograd bwd cuDNN ms", "autograd ours/FLA",
                     "autograd ours/cuDNN", "autograd over bare")
@@ -29,7 +29,8 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
           "included). step = chunk_kda forward + backward through autograd, FLA's against kernel.chunk_kda "
           "(our backward; its forward the title's, --our-forward), safe_gate True, and cuDNN frontend's "
           "kimi_delta_attention (q, k normalised "
-          "in torch, fp32 beta and log gate: what its Hopper engine serves); autograd bwd = each one's backward "
+          "in torch, fp32 beta and log gate: what its Hopper engine serves); step GB = peak GPU memory of one step "
+          "above its inputs (torch + CuPy's pool: the forward's saved tensors and the gradients); autograd bwd = each one's backward "
           "alone through autograd (forward once, graph kept), in turn; step pipelined = kernel.chunk_kda with its "
           "backward pipelined (--backward-pipeline; '-' without it); over bare = ours through autograd over "
           "kernel.kda_backward alone (the 'ours ms' column) - 1: the wrapper's share.")
@@ -38,6 +39,7 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
 def backward_row(res: dict) -> list[str]:
     """One row of the table; ratios are ours over the column's FLA backward, from the same run in turn."""
     bw, mem, step = res.get("backward", {}), res.get("peak_memory", {}), res.get("step", {})
+    step_mem = res.get("step_peak_memory", {})
     ab = res.get("autograd_backward", {})
     ours = get(bw, OURS, "median_ms")
     floor = get(res, "floor", "ms")
@@ -50,6 +52,7 @@ def backward_row(res: dict) -> list[str]:
         num(get(res, "pieces", "kernel_a_share"), ".2f"),
         *(cell(mem.get(n), ".2f", 1e-9, key="bytes") for n in BACKWARDS),
         cell(step.get(STEP_FLA), ".3f"), cell(step.get(STEP_OURS), ".3f"), num(step.get("ratio"), ".3f"),
+        *(cell(step_mem.get(n), ".2f", 1e-9, key="bytes") for n in (STEP_FLA, STEP_OURS)),
         cell(step.get(STEP_PIPELINED), ".3f"), num(step.get("ratio_pipelined"), ".3f"),
         cell(step.get(STEP_CUDNN), ".3f"), num(step.get("ratio_cudnn"), ".3f"),
         *(cell(ab.get(n), ".3f") for n in (STEP_FLA, STEP_OURS, STEP_CUDNN)),
@@ -77,7 +80,8 @@ def progress_line(tag: str, res: dict) -> str:
 
 def problems(results: Sequence[dict]) -> list[str]:
     """One line per error recorded anywhere in the results (a whole config, a backward, a piece, a step)."""
-    return report.problems(results, ("backward", "peak_memory", "pieces", "step", "autograd_backward"))
+    return report.problems(results, ("backward", "peak_memory", "pieces", "step", "step_peak_memory",
+                                     "autograd_backward"))
 
 
 TIME_TARGET = 0.5   # the whole backward's time over FLA's safe_gate=True backward, at most

@@ -174,8 +174,11 @@ def test_rendering_a_row():
     floor = floors.byte_floor_ms([8192] * 4)
     assert len(row) == len(backward_report.BACKWARD_COLUMNS)
     assert row == ["4x8192", "6.000", "12.000", "15.000", "0.500", "0.400", f"{floor:.3f}", f"{6.0 / floor:.2f}",
-                   "0.25", "1.50", "4.25", "4.25", "20.000", "15.000", "0.750"] + ["-"] * 10   # no pipeline,
-    # cuDNN, autograd
+                   "0.25", "1.50", "4.25", "4.25", "20.000", "15.000", "0.750"] + ["-"] * 12   # no step memory,
+    # pipeline, cuDNN, autograd
+    with_memory = _synthetic(step_peak_memory={STEP_FLA: {"bytes": 6.5e9}, STEP_OURS: {"bytes": 4.5e9}})
+    cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(with_memory)))
+    assert (cells["step FLA GB"], cells["step ours GB"]) == ("6.50", "4.50")
     piped = _synthetic(step={STEP_FLA: {"median_ms": 20.0}, STEP_OURS: {"median_ms": 15.0}, "ratio": 0.75,
                              STEP_PIPELINED: {"median_ms": 14.0}, "ratio_pipelined": 0.7})
     cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(piped)))

@@ -68,6 +68,7 @@ def test_one_small_configuration_is_measured(config):
     for name in (backward.FLA_SAFE, backward.FLA_UNSAFE):
         assert res["backward"][name]["median_ms"] > 0 and res["peak_memory"][name]["bytes"] > 0
     assert res["step"][backward.STEP_FLA]["median_ms"] > 0 and res["our_forward"] == "ours"
+    assert res["step_peak_memory"][backward.STEP_FLA]["bytes"] > 0   # its saved tensors and gradients at least
     ours = res["backward"][backward.OURS]
     assert "median_ms" in ours or "is missing" in ours["error"], ours
     if "median_ms" in ours:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from . import report
 from .forward import FWD_CUDNN, FWD_FLA, FWD_OURS, FWD_RAW, FWD_THREE, SIDES
-from .report import cell, is_bench_json, num
+from .report import against_target, cell, is_bench_json, num
 
 FORWARD_COLUMNS = ("config", "ours ms", "FLA ms", "cuDNN ms", "raw ms", "3-pass ms", "ours/FLA", "ours/cuDNN",
                    "over raw", "3-pass/raw", "ours GB", "FLA GB", "cuDNN GB", "raw GB", "3-pass GB", "ours host ms",
@@ -16,16 +16,39 @@ FORWARD_COLUMNS = ("config", "ours ms", "FLA ms", "cuDNN ms", "raw ms", "3-pass 
 LABELS = {FWD_OURS: "ours (kernel.chunk_kda)", FWD_FLA: "FLA chunk_kda", FWD_CUDNN: "cuDNN kimi_delta_attention",
           FWD_RAW: "ours raw (kernel.forward.forward)", FWD_THREE: "ours raw in three passes (kernel.three_pass_forward)"}
 TITLE = "KDA's forward as a training step runs it (inputs require a gradient), ours against FLA's and cuDNN's"
-LEGEND = ("ours = kernel.chunk_kda with our forward (kernel.using_forward('ours')): FLA's preprocessing (l2norm, "
-          "the gate's chunk cumsum) and kernel.forward.forward through the op's autograd; FLA = fla.ops.kda.chunk_kda; "
+LEGEND = ("ours = kernel.chunk_kda with our forward (kernel.using_forward('ours')) through the op's autograd: "
+          "kernel.forward.forward on raw q and k rows with each row's rstd from the rstd pass (kernel.row_rstd), or "
+          "for few long sequences the three passes, whose products pass forms the rstd; each reads each token's "
+          "gate and sums it itself; FLA = fla.ops.kda.chunk_kda; "
           "both on the same leaves (requires_grad, use_qk_l2norm_in_kernel, safe_gate True, the final state), so "
           "that each keeps what its backward reads. cuDNN = cuDNN frontend's kimi_delta_attention (q, k normalised "
-          "in torch inside the call; where installed). raw = kernel.forward.forward alone (training=True) on the "
-          "tensors our op hands it; over raw = ours / raw - 1: the preprocessing, the op and autograd; 3-pass = "
+          "in torch inside the call; where installed). raw = kernel.forward.forward alone (training=True) on "
+          "FLA's preprocessed tensors (q and k normalised, the gate's chunk cumsum: made before, not timed); over "
+          "raw = ours / raw - 1: the rstd pass, what the kernels' own normalising and gate sums cost them, the op "
+          "and autograd; 3-pass = "
           "kernel.three_pass_forward on the same tensors, 3-pass/raw its time over the one pass's. All timed in "
           "turn (same power state), one process per configuration. GB = peak GPU memory of one call above what was "
           "allocated before (torch's max_memory_allocated, reset before each side, plus CuPy's pool), outputs and "
           "saved tensors included; host ms = the CPU time of one call (the GPU is kept ahead of it).")
+
+
+FLA_TARGET = 0.5   # issue 35: our forward over FLA's chunk_kda forward, at most; and below cuDNN's (a ratio under 1)
+
+
+def verdict(results: Sequence[dict]) -> list[str]:
+    """One line per configuration: ours over FLA's against FLA_TARGET, and over cuDNN's against 1 where it ran."""
+    out = []
+    for r in results:
+        ratio = r.get("ratio") or {}
+        if "error" in r or ratio.get("ours/fla") is None:
+            continue
+        line = f"{r.get('config', '?')}: {ratio['ours/fla']:.3f}x FLA's forward: " + against_target(ratio["ours/fla"],
+                                                                                                     FLA_TARGET)
+        c = ratio.get("ours/cudnn")
+        line += "; cuDNN's not timed" if c is None else (f"; {c:.3f}x cuDNN's: "
+                                                         + ("met" if c < 1 else "NOT met (target below 1x)"))
+        out.append(line)
+    return out
 
 
 def forward_row(res: dict) -> list[str]:
@@ -59,7 +82,8 @@ def notes(results: Sequence[dict]) -> list[str]:
 
 
 def log_forward_table(results: Sequence[dict]) -> None:
-    report.log_mode_table(results, forward_row, FORWARD_COLUMNS, LEGEND, problems(results) + notes(results), [], "",
+    report.log_mode_table(results, forward_row, FORWARD_COLUMNS, LEGEND, problems(results) + notes(results),
+                          verdict(results), f"targets (ours at most {FLA_TARGET}x FLA's forward, and below cuDNN's):",
                           title=TITLE + ":")
 
 

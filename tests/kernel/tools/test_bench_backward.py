@@ -196,7 +196,7 @@ def test_rendering_the_cudnn_step_and_the_backwards_through_autograd():
     assert [cells[c] for c in backward_report.BACKWARD_COLUMNS[-6:]] == [
         "14.000", "6.300", "12.600", "0.450", "0.500", "+5.0%"]
     slow = _synthetic("1x131072", autograd_backward={"ratio_cudnn": 0.62})
-    assert backward_report.verdict([r, slow])[1::2] == [
+    assert [x for x in backward_report.verdict([r, slow]) if "autograd" in x] == [
         "4x8192: through autograd ours 0.500x cuDNN's backward: met",
         "1x131072: through autograd ours 0.620x cuDNN's backward: NOT met (target 0.5x)"]
     missing = _synthetic(step={STEP_CUDNN: {"error": "cuDNN frontend's kimi_delta_attention is missing (x)"}})
@@ -227,8 +227,8 @@ def test_trained_layer_gates_are_named_and_judged_against_flas_safe_gate_false()
     cells = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(r)))
     assert cells["config"] == "4x8192 (trained-layer gates)"
     assert (cells["FLA sg=T ms"], cells["ours/FLA sg=T"], cells["ours/FLA sg=F"]) == ("-", "-", "0.400")
-    assert backward_report.verdict([r]) == ["4x8192: time 0.400x FLA's safe_gate=False: met; memory 0.50x FLA's "
-                                            "safe_gate=False: met; FLA's dhu BV ?"]
+    assert backward_report.verdict([r])[0] == ("4x8192: time 0.400x FLA's safe_gate=False: met; memory 0.50x FLA's "
+                                               "safe_gate=False: met; FLA's dhu BV ?")
 
 
 def test_the_verdict_judges_time_and_memory_and_names_flas_dhu_choice():
@@ -237,7 +237,7 @@ def test_the_verdict_judges_time_and_memory_and_names_flas_dhu_choice():
                       peak_memory={OURS: {"bytes": 5e9}, FLA_SAFE: {"bytes": 4e9}}, fla_autotune=dhu)
     lines = backward_report.verdict([_synthetic(), slow, _synthetic(ratio={}, peak_memory={}),
                                      {"config": "8x32768", "error": "its process exited with -9"}])
-    assert lines == ["4x8192: time 0.500x FLA's: met; memory 0.35x FLA's: met; FLA's dhu BV ?",
+    assert [x for x in lines if not x.startswith("step ")] == ["4x8192: time 0.500x FLA's: met; memory 0.35x FLA's: met; FLA's dhu BV ?",
                      "1x131072: time 0.510x FLA's: NOT met (target 0.5x); memory 1.25x FLA's: NOT met; "
                      "FLA's dhu BV 32",
                      "4x8192: time not measured; memory not measured; FLA's dhu BV ?"]
@@ -334,3 +334,15 @@ def test_the_pipelined_steps_bits_are_compared_gradient_by_gradient():
     assert backward._same_bits(xs, (xs[0].clone(), xs[1].clone()))
     assert not backward._same_bits(xs, (xs[0], torch.tensor([2.0 + 2 ** -20])))
     assert not backward._same_bits(xs, xs[:1])
+
+
+def test_the_step_verdict_takes_each_configurations_target():
+    at_target = _synthetic("1x131072", step={STEP_OURS: {"median_ms": 32.0}, "ratio": 0.5},
+                           step_peak_memory={STEP_FLA: {"bytes": 4e9}, STEP_OURS: {"bytes": 3e9}})
+    above = _synthetic("32x8192", step={"ratio": 0.407})
+    assert backward_report.step_verdict(at_target) == "step 1x131072: time 0.500x FLA's step: met; memory 0.75x " \
+                                                      "FLA's step: met"
+    assert backward_report.step_verdict(above) == "step 32x8192: time 0.407x FLA's step: NOT met (target 0.4x); " \
+                                                  "memory not measured"
+    assert backward_report.step_verdict(_synthetic(step={})) is None
+    assert backward_report.step_verdict(above) in backward_report.verdict([above])

@@ -126,6 +126,16 @@ def test_rendering_what_is_missing_failed_or_skipped():
     assert forward_report.notes([r]) == ["4x8192: cudnn_kda skipped (--no-cudnn)"]
 
 
+def test_the_verdict_holds_ours_to_half_flas_forward_and_below_cudnns():
+    fast = _synthetic("32x8192", ratio={"ours/fla": 0.5, "ours/cudnn": 0.9})
+    slow = _synthetic("1x131072", ratio={"ours/fla": 0.729, "ours/cudnn": 1.0})
+    no_cudnn = _synthetic("4x8192", ratio={"ours/fla": 0.554})
+    assert forward_report.verdict([fast, slow, no_cudnn, {"config": "8x32768", "error": "x"}]) == [
+        "32x8192: 0.500x FLA's forward: met; 0.900x cuDNN's: met",
+        "1x131072: 0.729x FLA's forward: NOT met (target 0.5x); 1.000x cuDNN's: NOT met (target below 1x)",
+        "4x8192: 0.554x FLA's forward: NOT met (target 0.5x); cuDNN's not timed"]
+
+
 def _write_runs(tmp_path, results_per_file: dict[str, list[dict]]) -> list[str]:
     paths = []
     for name, results in results_per_file.items():

@@ -33,3 +33,26 @@ def test_auto_is_the_launchs_own_choice(sequences, heads, name):
     # the launch's plan on stand-ins of the study's shapes (one long sequence, or a batch of them), 132 SMs
     a, _ = FORWARD.args(B=sequences, T=131072 // sequences, H=heads)
     assert launch_choice(a["q"], a["k"], a["v"], a["g"], a["beta"], None, 132).name() == name
+
+
+def test_the_ops_form_runs_each_build_as_its_token_gate_and_rstd_build():
+    from kernel.studies.forward_builds.__main__ import in_form, parse_args
+
+    auto = auto_config(8)
+    assert in_form(parse_build("w8-p4-st4-g4", auto), "op").name() == "w8-p4-st4-g4-tg-rs"
+    assert in_form(parse_build("w8-p2-st4-g4-pw2", auto), "op").name() == "w8-p2-st4-g4-pw2-tg-rs"
+    assert in_form(auto, "normalised") == auto
+    assert parse_args(["--inputs", "op"]).inputs == "op" and parse_args([]).inputs == "normalised"
+    with pytest.raises(SystemExit):
+        parse_args(["--inputs", "raw"])
+
+
+def test_auto_on_the_ops_form_is_the_launchs_token_gate_and_rstd_build():
+    import numpy as np
+
+    from ..scan_stand_ins import DeviceArray
+
+    a, _ = FORWARD.args(B=32, T=8192, H=32)
+    rstd = tuple(DeviceArray((32, 8192, 32), np.float32) for _ in range(2))
+    assert launch_choice(a["q"], a["k"], a["v"], a["g"], a["beta"], None, 132, token_gate=True,
+                         rstd=rstd).name() == "w8-p2-st4-g4-tg-rs"

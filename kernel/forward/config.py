@@ -152,7 +152,9 @@ def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False, qk_r
       ceil(warps / 4) warps) and spill; with R1 on 2 warps and the products off it the tile is still
       faster than on 4 producers without product warps (4 x 8192, 16 heads: 1.053 against 1.116 ms);
     - beside 8, 2 producers and no product warps: 10 warps cap a thread at 168 registers, which the
-      build fits without product warps; there the consumers' chain binds the tile, not the producers.
+      build fits without product warps; there the consumers' chain bound the plain build's tile. The token
+      gate's and the rstd's builds put more on the producers, and whether they bind now is the open question
+      of kernel/studies/forward_builds/README.md (4 producers or 2 product warps fit the same 168 registers).
     ``token_gate``: the build that reads each token's gate (Config.token_gate); ``l2norm``: the build that
     normalises q and k itself (Config.l2norm); ``qk_rstd``: the build that scales them by rstd it is given
     (Config.qk_rstd)."""

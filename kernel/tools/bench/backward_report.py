@@ -15,7 +15,8 @@ from .report import against_target, cell, get, is_bench_json, num, our_forward_o
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
-                    "step FLA ms", "step ours ms", "step ours/FLA", "step FLA GB", "step ours GB", "step pipelined ms", "step pipelined/FLA",
+                    "step FLA ms", "step ours ms", "step ours/FLA", "step FLA GB", "step ours GB", "step pipelined ms",
+                    "step pipelined/FLA",
                     "step cuDNN ms", "step ours/cuDNN",
                     "autograd bwd FLA ms", "autograd bwd ours ms", "autograd bwd cuDNN ms", "autograd ours/FLA",
                     "autograd ours/cuDNN", "autograd over bare")
@@ -30,10 +31,10 @@ LEGEND = ("ours = kernel.kda_backward on FLA's forward tensors (forward-state sc
           "(our backward; its forward the title's, --our-forward), safe_gate True, and cuDNN frontend's "
           "kimi_delta_attention (q, k normalised "
           "in torch, fp32 beta and log gate: what its Hopper engine serves); step GB = peak GPU memory of one step "
-          "above its inputs (torch + CuPy's pool: the forward's saved tensors and the gradients); autograd bwd = each one's backward "
-          "alone through autograd (forward once, graph kept), in turn; step pipelined = kernel.chunk_kda with its "
-          "backward pipelined (--backward-pipeline; '-' without it); over bare = ours through autograd over "
-          "kernel.kda_backward alone (the 'ours ms' column) - 1: the wrapper's share.")
+          "above its inputs (torch + CuPy's pool: the forward's saved tensors and the gradients); autograd bwd = "
+          "each one's backward alone through autograd (forward once, graph kept), in turn; step pipelined = "
+          "kernel.chunk_kda with its backward pipelined (--backward-pipeline; '-' without it); over bare = ours "
+          "through autograd over kernel.kda_backward alone (the 'ours ms' column) - 1: the wrapper's share.")
 
 
 def backward_row(res: dict) -> list[str]:
@@ -103,6 +104,8 @@ def step_verdict(r: dict) -> str | None:
     target = STEP_TARGETS.get(config, STEP_TARGET)
     return "step " + target_verdict(config, ratio, get(mem, STEP_OURS, "bytes"), get(mem, STEP_FLA, "bytes"),
                                      target, "FLA's step")
+
+
 DHU_KERNEL = "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64"
 
 

@@ -56,3 +56,16 @@ def test_auto_on_the_ops_form_is_the_launchs_token_gate_and_rstd_build():
     rstd = tuple(DeviceArray((32, 8192, 32), np.float32) for _ in range(2))
     assert launch_choice(a["q"], a["k"], a["v"], a["g"], a["beta"], None, 132, token_gate=True,
                          rstd=rstd).name() == "w8-p2-st4-g4-tg-rs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["normalised", "op"])
+def test_each_build_is_timed_on_either_form_with_the_first_builds_bits(form):
+    pytest.importorskip("torch")
+    from kernel.studies.forward_builds.__main__ import measure
+
+    rows = measure("2x512", 2, [AUTO, WITHOUT], reps=2, form=form)
+    assert [r["build"] for r in rows] == [AUTO, WITHOUT] and all(r["inputs"] == form for r in rows)
+    assert all(r["name"].endswith("-tg-rs") == (form == "op") for r in rows), rows
+    assert all(r["ms"] > 0 for r in rows)
+    assert all(rows[1]["same_bits"].values()), rows[1]   # the product warps form the same products

@@ -9,8 +9,9 @@ can run A of the next group on a few SMs while B of this one runs on the rest (C
 
 Measured on an H100 at 32x8192 with 32 heads (``kernel.studies.backward_overlap``, docs/log/62): each SM of Kernel A
 on 32 SMs does 1.55x the work it does on all 132, Kernel B's time grows in proportion to the SMs it loses, and 4 groups
-through a 32 | 100 split took A then B from 36.8 ms to 35.0. Whether it pays on the H200 (whose Kernel A is a
-smaller share) is not measured, so it is off: :data:`PIPELINE` None. The bits are those of A then B: each kernel
+through a 32 | 100 split took A then B from 36.8 ms to 35.0. On the H200 it does not pay (docs/log/63: 24 | 108 and
+4 groups made the step 1.09-1.20x slower): there Kernel A on all SMs is already fast, and on a few SMs, by the log's
+model, as slow as on the H100, so it binds every stage. So it is off: :data:`PIPELINE` None. The bits are those of A then B: each kernel
 does the same work a group as on the batch, with the batch's choices (Kernel A's vsplit, Kernel B's runs).
 
 Where it applies (:func:`reason_not`): at least two sequences a group (equal lengths, or a varlen batch's, the
@@ -53,9 +54,13 @@ class Pipeline:
             raise ValueError(f"expected A_SMS,GROUPS (two integers, e.g. 24,4), got {text!r}")
         return cls(a_sms=int(parts[0]), groups=int(parts[1]))
 
+    def text(self) -> str:
+        """The ``A_SMS,GROUPS`` that :meth:`parse` reads back (a tool's argument to a child process)."""
+        return f"{self.a_sms},{self.groups}"
 
-# The process's choice for kernel.kda_backward.run: None (off), or a Pipeline. Off until a measurement on the H200
-# shows it pays there (docs/log/62 predicts 1.0-1.6 ms off the step at 32x8192 at a 24-SM split and 4 groups).
+
+# The process's choice for kernel.kda_backward.run: None (off), or a Pipeline. Off: it pays on an H100, not on the
+# H200 (the module's docstring).
 PIPELINE: Pipeline | None = None
 
 

@@ -10,7 +10,7 @@ from kernel import backward_pipeline
 from kernel.backward_pipeline import Pipeline, group_bounds, pipeline_order, reason_not
 
 
-def test_it_is_off_until_measured_on_the_h200():
+def test_it_is_off_by_default():
     assert backward_pipeline.PIPELINE is None
     assert reason_not(None, N=32, states_given=True, capturing=False, scan_splits=False) == "off"
 
@@ -79,6 +79,7 @@ def test_launch_wants_one_pair_of_jobs_a_group():
 
 def test_a_tool_names_a_pipeline_as_a_sms_comma_groups():
     assert Pipeline.parse("24,4") == Pipeline(a_sms=24, groups=4)
+    assert Pipeline.parse(Pipeline(a_sms=32, groups=8).text()) == Pipeline(a_sms=32, groups=8)
     for bad in ("24", "24,4,2", "a,4", "24,-4", ""):
         with pytest.raises(ValueError, match="A_SMS,GROUPS"):
             Pipeline.parse(bad)

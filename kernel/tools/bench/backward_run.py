@@ -85,7 +85,7 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
     if args.no_step:
         argv.append("--no-step")
     if getattr(args, "backward_pipeline", None) is not None:
-        argv += ["--backward-pipeline", f"{args.backward_pipeline.a_sms},{args.backward_pipeline.groups}"]
+        argv += ["--backward-pipeline", args.backward_pipeline.text()]
     return argv
 
 

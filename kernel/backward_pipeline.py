@@ -11,8 +11,9 @@ Measured on an H100 at 32x8192 with 32 heads (``kernel.studies.backward_overlap`
 on 32 SMs does 1.55x the work it does on all 132, Kernel B's time grows in proportion to the SMs it loses, and 4 groups
 through a 32 | 100 split took A then B from 36.8 ms to 35.0. On the H200 it does not pay (docs/log/63: 24 | 108 and
 4 groups made the step 1.09-1.20x slower): there Kernel A on all SMs is already fast, and on a few SMs, by the log's
-model, as slow as on the H100, so it binds every stage. So it is off: :data:`PIPELINE` None. The bits are those of A then B: each kernel
-does the same work a group as on the batch, with the batch's choices (Kernel A's vsplit, Kernel B's runs).
+model, as slow as on the H100, so it binds every stage. So it is off: :data:`PIPELINE` None. The bits are those of
+A then B: each kernel does the same work a group as on the batch, with the batch's choices (Kernel A's vsplit,
+Kernel B's runs).
 
 Where it applies (:func:`reason_not`): at least two sequences a group (equal lengths, or a varlen batch's, the
 groups then balanced by tokens: :func:`group_bounds`), the states given (the forward-state scan is not run), Kernel

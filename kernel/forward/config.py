@@ -151,15 +151,16 @@ def auto_config(warps: int, token_gate: bool = False, l2norm: bool = False, qk_r
       which cap a thread at 168 registers (ptxas gives each of the SM's 4 schedulers' 16K to its
       ceil(warps / 4) warps) and spill; with R1 on 2 warps and the products off it the tile is still
       faster than on 4 producers without product warps (4 x 8192, 16 heads: 1.053 against 1.116 ms);
-    - beside 8, 2 producers and no product warps: 10 warps cap a thread at 168 registers, which the
-      build fits without product warps; there the consumers' chain bound the plain build's tile. The token
-      gate's and the rstd's builds put more on the producers, and whether they bind now is the open question
-      of kernel/studies/forward_builds/README.md (4 producers or 2 product warps fit the same 168 registers).
+    - beside 8, 2 producers, and 2 product warps where the producers carry more than the plain build's
+      work (each token's gate, the l2norm or the rstd fold): on the op's form (each token's gate and each
+      row's rstd), 32 x 8192, 32 heads, 11.53 ms against 13.74 without product warps and 11.89 on 4
+      producers, the same bits, so there the producers bound the tile. The plain build keeps none: its
+      consumers' chain binds it, and with them it spills 4 bytes at the 168 registers 12 warps leave.
     ``token_gate``: the build that reads each token's gate (Config.token_gate); ``l2norm``: the build that
     normalises q and k itself (Config.l2norm); ``qk_rstd``: the build that scales them by rstd it is given
     (Config.qk_rstd)."""
     producers = 4 if warps <= 2 else 2
-    product_warps = 2 if warps <= 4 else 0
+    product_warps = 2 if warps <= 4 or token_gate or l2norm or qk_rstd else 0
     for nstage in range(min(MAX_STAGES, max_stages(product_warps)), 1, -1):
         if smem_bytes(warps, producers, nstage, qk_rstd=qk_rstd) <= SMEM_OPTIN:
             return Config(warps=warps, producers=producers, nstage=nstage, g6_split=4, product_warps=product_warps,

@@ -28,7 +28,8 @@ def test_the_shared_memory_count_is_the_sources(warps, producers, nstage, expect
 @pytest.mark.parametrize("warps, producers, product_warps", [(1, 4, 2), (2, 4, 2), (4, 2, 2), (8, 2, 0)])
 def test_the_auto_config_takes_the_deepest_ring_that_fits(warps, producers, product_warps):
     # product warps beside 1, 2 or 4 consumer warps (R1 on 4 producers beside 1 or 2, on 2 beside 4: 10
-    # warps would cap a thread at 168 registers); beside 8 none, and 2 producers
+    # warps would cap a thread at 168 registers); beside 8, 2 producers and none in the plain build (the
+    # token gate's, l2norm's and rstd's builds: test_the_builds_whose_producers_carry_more_get_product_warps)
     cfg = kf.auto_config(warps)
     assert (cfg.warps, cfg.producers, cfg.product_warps, cfg.g6_split) == (warps, producers, product_warps, 4)
     assert cfg.smem_bytes <= kf.SMEM_OPTIN
@@ -69,15 +70,15 @@ def test_the_registry_builds_the_forward():
     assert [kf.BUILD.label(c) for c in kf.BUILD.variants()] == [
         "forward-w1-p4-st5-g4-pw2", "forward-w2-p4-st5-g4-pw2", "forward-w4-p2-st5-g4-pw2", "forward-w8-p2-st4-g4",
         "forward-w1-p4-st5-g4-pw2-tg", "forward-w2-p4-st5-g4-pw2-tg", "forward-w4-p2-st5-g4-pw2-tg",
-        "forward-w8-p2-st4-g4-tg",
+        "forward-w8-p2-st4-g4-pw2-tg",
         "forward-w1-p4-st5-g4-pw2-l2", "forward-w2-p4-st5-g4-pw2-l2", "forward-w4-p2-st5-g4-pw2-l2",
-        "forward-w8-p2-st4-g4-l2",
+        "forward-w8-p2-st4-g4-pw2-l2",
         "forward-w1-p4-st5-g4-pw2-tg-l2", "forward-w2-p4-st5-g4-pw2-tg-l2", "forward-w4-p2-st5-g4-pw2-tg-l2",
-        "forward-w8-p2-st4-g4-tg-l2",
+        "forward-w8-p2-st4-g4-pw2-tg-l2",
         "forward-w1-p4-st5-g4-pw2-rs", "forward-w2-p4-st5-g4-pw2-rs", "forward-w4-p2-st5-g4-pw2-rs",
-        "forward-w8-p2-st4-g4-rs",
+        "forward-w8-p2-st4-g4-pw2-rs",
         "forward-w1-p4-st5-g4-pw2-tg-rs", "forward-w2-p4-st5-g4-pw2-tg-rs", "forward-w4-p2-st5-g4-pw2-tg-rs",
-        "forward-w8-p2-st4-g4-tg-rs",
+        "forward-w8-p2-st4-g4-pw2-tg-rs",
         "forward-w1-p4-st5-g4-pw2-timing", "forward-w2-p4-st5-g4-pw2-timing", "forward-w4-p2-st5-g4-pw2-timing",
         "forward-w8-p2-st4-g4-timing"]
     assert kf.BUILD.default() == kf.auto_config(8)
@@ -89,7 +90,7 @@ def test_the_registry_builds_the_forward():
 
 def test_the_l2norm_build_is_named_and_set_by_its_macro():
     cfg = kf.auto_config(8, l2norm=True)
-    assert cfg.name() == "w8-p2-st4-g4-l2" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
+    assert cfg.name() == "w8-p2-st4-g4-pw2-l2" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
     assert "-DKF_L2NORM=1" in kf.options(cfg) and "-DKF_L2NORM=0" in kf.options(kf.Config())
     assert kf.auto_config(1, token_gate=True, l2norm=True).name() == "w1-p4-st5-g4-pw2-tg-l2"
     with pytest.raises(ValueError, match="Config.l2norm must be True or False, got 1"):
@@ -98,7 +99,7 @@ def test_the_l2norm_build_is_named_and_set_by_its_macro():
 
 def test_the_qk_rstd_build_is_named_set_by_its_macro_and_holds_each_stages_rstd():
     cfg = kf.auto_config(8, qk_rstd=True)
-    assert cfg.name() == "w8-p2-st4-g4-rs" and "-DKF_QK_RSTD=1" in kf.options(cfg)
+    assert cfg.name() == "w8-p2-st4-g4-pw2-rs" and "-DKF_QK_RSTD=1" in kf.options(cfg)
     assert "-DKF_QK_RSTD=0" in kf.options(kf.Config())
     # 16 fp32 rstd of q and 16 of k a stage, after everything the other builds lay out
     assert cfg.smem_bytes == kf.auto_config(8).smem_bytes + 2 * cfg.nstage * 16 * 4
@@ -112,7 +113,7 @@ def test_the_qk_rstd_build_is_named_set_by_its_macro_and_holds_each_stages_rstd(
 
 def test_the_token_gate_build_is_named_and_set_by_its_macro():
     cfg = kf.auto_config(8, token_gate=True)
-    assert cfg.name() == "w8-p2-st4-g4-tg" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
+    assert cfg.name() == "w8-p2-st4-g4-pw2-tg" and cfg.smem_bytes == kf.auto_config(8).smem_bytes
     assert "-DKF_TOKEN_GATE=1" in kf.options(cfg) and "-DKF_TOKEN_GATE=0" in kf.options(kf.Config())
     with pytest.raises(ValueError, match="Config.token_gate must be True or False, got 1"):
         kf.Config(token_gate=1)
@@ -192,3 +193,13 @@ def test_the_checking_build_hands_over_on_mbarriers_alone(tmp_path, cfg):
 
 # a named barrier instruction's first operand: its id, a constant or a register
 BARRIER_IDS = r"\bBAR\.(?:SYNC|ARV|RED)\S*\s+([^,;\s]+)"
+
+
+@pytest.mark.parametrize("form", [dict(token_gate=True), dict(l2norm=True), dict(qk_rstd=True),
+                                  dict(token_gate=True, qk_rstd=True)])
+def test_the_builds_whose_producers_carry_more_get_product_warps(form):
+    # beside 8 consumer warps only those builds take them (measured on the op's form, each token's gate and each
+    # row's rstd); 2 producers, and the ring as deep as without them
+    cfg = kf.auto_config(8, **form)
+    assert (cfg.producers, cfg.product_warps, cfg.nstage, cfg.threads) == (2, 2, 4, 384)
+    assert kf.auto_config(8).product_warps == 0

@@ -55,7 +55,7 @@ def test_auto_on_the_ops_form_is_the_launchs_token_gate_and_rstd_build():
     a, _ = FORWARD.args(B=32, T=8192, H=32)
     rstd = tuple(DeviceArray((32, 8192, 32), np.float32) for _ in range(2))
     assert launch_choice(a["q"], a["k"], a["v"], a["g"], a["beta"], None, 132, token_gate=True,
-                         rstd=rstd).name() == "w8-p2-st4-g4-tg-rs"
+                         rstd=rstd).name() == "w8-p2-st4-g4-pw2-tg-rs"
 
 
 @pytest.mark.gpu

@@ -15,9 +15,8 @@ from .report import against_target, cell, get, is_bench_json, num, our_forward_o
 
 BACKWARD_COLUMNS = ("config", "ours ms", "FLA sg=T ms", "FLA sg=F ms", "ours/FLA sg=T", "ours/FLA sg=F",
                     "floor ms", "ours/floor", "A share", "ours GB", "FLA sg=T GB", "FLA sg=F GB",
-                    "step FLA ms", "step ours ms", "step ours/FLA", "step FLA GB", "step ours GB", "step pipelined ms",
-                    "step pipelined/FLA",
-                    "step cuDNN ms", "step ours/cuDNN",
+                    "step FLA ms", "step ours ms", "step ours/FLA", "step FLA GB", "step ours GB",
+                    "step pipelined ms", "step pipelined/FLA", "step cuDNN ms", "step ours/cuDNN",
                     "autograd bwd FLA ms", "autograd bwd ours ms", "autograd bwd cuDNN ms", "autograd ours/FLA",
                     "autograd ours/cuDNN", "autograd over bare")
 LABELS = {OURS: "ours (kernel.kda_backward)", FLA_SAFE: "FLA chunk_kda_bwd safe_gate=True",

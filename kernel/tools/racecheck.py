@@ -1,6 +1,7 @@
 """compute-sanitizer racecheck on every kernel of kernel.registry, with probes that calibrate the tool.
 
-    ptx-lab racecheck        # needs a GPU and compute-sanitizer on PATH
+    ptx-lab racecheck                    # needs a GPU and compute-sanitizer on PATH
+    ptx-lab racecheck --tool memcheck    # the kernels' workloads under memcheck
 
 (also ``python -m kernel.tools.racecheck``.)
 
@@ -90,10 +91,16 @@ The runs forward-states and kernel-b check the whole backward's other two kernel
 pairwise path): kernel-b runs one kda_backward with compute-sanitizer told to check
 only Kernel B; forward-states runs the forward-state scan alone, built with -lineinfo, in
 kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config fields, e.g.
-{"producers": 1}). .ci/gpu-checks' memcheck step runs these two workloads under memcheck.
+{"producers": 1}).
 
 The run row-rstd checks the rstd pass on q and k of 2 x 77 tokens of 3 heads: a step of its rows holds rows of
 both tensors, and its last one reaches past their end.
+
+With --tool memcheck the same workloads run under `compute-sanitizer --tool memcheck` instead: each
+distinct workload once (memcheck_runs: the three passes' three runs are one launch) and every kernel its
+child launches checked, not only the run's own (kernel-b's child is a whole kda_backward: Kernel S, Kernel A
+and Kernel B). Host API return codes are not reported: torch and CuPy probe the driver with
+cuGetProcAddress calls that fail by design. The exit status is 1 on any memory error.
 
 KDA_RACECHECK_TOKEN_GATE=1 runs the token-gate builds instead (each token's gate summed in R1 across a
 producers' barrier, kernel.shapes.tile_gate_sums): the forward's, Kernel A's on FLA's tensors (the
@@ -475,6 +482,31 @@ def sanitizer_command(sanitizer: str, run: str) -> list[str]:
     return cmd + [sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
 
 
+def memcheck_runs() -> tuple[str, ...]:
+    """The kernels' runs for memcheck, in the registry's order: one a distinct workload (a run whose launch an
+    earlier run already makes is left out), since memcheck checks every kernel a child launches."""
+    seen, names = set(), []
+    for _, workload in kernel_runs():
+        if workload.launch not in seen:
+            seen.add(workload.launch)
+            names.append(workload.run)
+    return tuple(names)
+
+
+def checked_by(run: str) -> list[str]:
+    """The registry's kernels whose workload is the run's: what memcheck checks in it at least (a child may
+    launch more, as kernel-b's whole backward does)."""
+    launch = next(w.launch for _, w in kernel_runs() if w.run == run)
+    return [k.function for k, w in kernel_runs() if w.launch is launch]
+
+
+def memcheck_command(sanitizer: str, run: str) -> list[str]:
+    """compute-sanitizer memcheck over this module's child process for one run: every kernel it launches,
+    exit status 1 on an error, host API return codes not reported (module docstring)."""
+    return [sanitizer, "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "1",
+            sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
+
+
 def _child(run: str) -> None:
     probe = next((p for p in PROBES if p.name == run), None)
     if probe is None:
@@ -545,13 +577,57 @@ def _span(warps: set) -> str:
 MAX_SHAPES = 6   # hazard shapes printed per run (the log has them all)
 
 
-def _parent(runs: Sequence[str], log_dir: Path) -> int:
-    sanitizer = shutil.which("compute-sanitizer")
-    if sanitizer is None:
+def _missing_workloads(tool: str) -> list[str]:
+    return [f"no workload for {k.title} ({k.function}): {tool} does not check it; add one to "
+            "kernel.tools.racecheck.WORKLOADS" for k in without_workload()]
+
+
+MEMCHECK_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+
+
+def _sanitizer() -> str | None:
+    path = shutil.which("compute-sanitizer")
+    if path is None:
         print("compute-sanitizer is not on PATH: nothing measured", file=sys.stderr)
+    return path
+
+
+def _memcheck(runs: Sequence[str], log_dir: Path) -> int:
+    sanitizer = _sanitizer()
+    if sanitizer is None:
         return 2
-    missing = [f"no workload for {k.title} ({k.function}): racecheck does not check it; add one to "
-               "kernel.tools.racecheck.WORKLOADS" for k in without_workload()]
+    missing = _missing_workloads("memcheck")
+    for line in missing:
+        print(line, file=sys.stderr)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for run in runs:
+        print(f"[memcheck] {run} ...", flush=True)
+        try:
+            proc = run_tree(memcheck_command(sanitizer, run), timeout=240)
+            text, rc = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            text, rc = (exc.output or "") + (exc.stderr or "") + "\ntimed out after 240 s\n", -1
+        (log_dir / f"memcheck-{run}.log").write_text(text)
+        m = MEMCHECK_SUMMARY.search(text)
+        errors = m.group(1) if m else "?"
+        rows.append((run, ", ".join(checked_by(run)), errors, rc))
+        print(f"  {errors} errors, exit status {rc}" if m else text[-1500:])
+    print(f"\n{'run':18s} {'errors':>6s} {'rc':>3s}  kernels of the registry it launches")
+    for run, kernels, errors, rc in rows:
+        print(f"{run:18s} {errors:>6s} {rc:>3d}  {kernels}")
+    print(f"logs: {log_dir}")
+    for line in missing:
+        print(line, file=sys.stderr)
+    clean = all(errors == "0" and rc == 0 for _, _, errors, rc in rows)
+    return 0 if clean and not missing else 1
+
+
+def _parent(runs: Sequence[str], log_dir: Path) -> int:
+    sanitizer = _sanitizer()
+    if sanitizer is None:
+        return 2
+    missing = _missing_workloads("racecheck")
     for line in missing:
         print(line, file=sys.stderr)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -602,15 +678,23 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", choices=names, help=argparse.SUPPRESS)
-    ap.add_argument("--runs", nargs="+", choices=names, default=list(names), metavar="RUN",
-                    help="the probes and kernels to check, in the order given (default: all of them)")
+    ap.add_argument("--runs", nargs="+", choices=names, metavar="RUN",
+                    help="the probes and kernels to check, in the order given (default: all of them; with "
+                         "--tool memcheck: each distinct kernel workload once)")
+    ap.add_argument("--tool", choices=("racecheck", "memcheck"), default="racecheck",
+                    help="compute-sanitizer's tool (default: %(default)s); memcheck runs the kernels' workloads only")
     ap.add_argument("--logs", type=Path, default=Path("racecheck-logs"),
                     help="where each run's log goes (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.child:
         _child(args.child)
         return 0
-    return _parent(args.runs, args.logs)
+    if args.tool == "racecheck":
+        return _parent(args.runs or list(names), args.logs)
+    probes = [r for r in args.runs or () if r not in {w.run for _, w in kernel_runs()}]
+    if probes:
+        ap.error(f"--tool memcheck runs the kernels' workloads only, not the probes: {' '.join(probes)}")
+    return _memcheck(args.runs or list(memcheck_runs()), args.logs)
 
 
 if __name__ == "__main__":

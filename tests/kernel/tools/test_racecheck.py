@@ -147,6 +147,76 @@ def test_the_sanitizer_command_checks_the_named_kernel_only_where_its_run_launch
     assert cmd[7:-5] == ([] if kernel is None else ["--kernel-name", f"kns={kernel}"])
 
 
+# ----------------------------------------------------------------- memcheck over the same workloads
+
+# one run a distinct workload: the three passes' runs launch the same three kernels, so memcheck runs them once
+MEMCHECK_RUNS = ("kernel-a", "forward-states", "kernel-b", "forward", "forward-products", "row-rstd")
+
+
+def test_memcheck_runs_each_workload_once_and_so_every_registry_kernel():
+    assert racecheck.memcheck_runs() == MEMCHECK_RUNS
+    checked = [f for run in MEMCHECK_RUNS for f in racecheck.checked_by(run)]
+    assert sorted(checked) == sorted(k.function for k in registry.KERNELS)
+    assert racecheck.checked_by("forward-products") == ["kda_forward_products", "kda_forward_chain",
+                                                        "kda_forward_output"]
+
+
+def test_the_memcheck_command_checks_every_kernel_its_child_launches():
+    assert racecheck.memcheck_command("/opt/cs", "kernel-b") == [
+        "/opt/cs", "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "1",
+        sys.executable, "-m", "kernel.tools.racecheck", "--child", "kernel-b"]
+
+
+def _fake_memcheck(monkeypatch, calls, answer):
+    def run(cmd, **kw):
+        calls.append(cmd)
+        return answer(cmd[-1])
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/compute-sanitizer")
+    monkeypatch.setattr(racecheck, "run_tree", run)
+
+
+def test_memcheck_prints_a_row_a_run_and_fails_on_an_error(monkeypatch, tmp_path, capsys):
+    calls = []
+    error = "========= Invalid __global__ read of size 4 bytes\n========= ERROR SUMMARY: 1 error\n"
+    _fake_memcheck(monkeypatch, calls, lambda run: types.SimpleNamespace(
+        stdout=error if run == "forward" else "========= ERROR SUMMARY: 0 errors\n", stderr="",
+        returncode=1 if run == "forward" else 0))
+    assert racecheck.main(["--tool", "memcheck", "--logs", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert [cmd[-1] for cmd in calls] == list(MEMCHECK_RUNS)
+    assert all(cmd[1:3] == ["--tool", "memcheck"] for cmd in calls)
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.split()[:1] == ["forward"]
+            or line.startswith("forward-products ")}
+    assert rows == {"forward": ["1", "1"], "forward-products": ["0", "0"]}
+    assert "kda_forward_products, kda_forward_chain, kda_forward_output" in out
+    assert (tmp_path / "memcheck-forward.log").read_text() == error
+
+
+def test_memcheck_clean_on_the_runs_asked_for(monkeypatch, tmp_path, capsys):
+    calls = []
+    _fake_memcheck(monkeypatch, calls, lambda run: types.SimpleNamespace(
+        stdout="========= ERROR SUMMARY: 0 errors\n", stderr="", returncode=0))
+    assert racecheck.main(["--tool", "memcheck", "--runs", "row-rstd", "kernel-b", "--logs", str(tmp_path)]) == 0
+    assert [cmd[-1] for cmd in calls] == ["row-rstd", "kernel-b"]
+
+
+def test_memcheck_a_timeout_is_a_failure(monkeypatch, tmp_path, capsys):
+    def timeout(run):
+        raise subprocess.TimeoutExpired(cmd=run, timeout=240, output="partial\n")
+
+    _fake_memcheck(monkeypatch, [], timeout)
+    assert racecheck.main(["--tool", "memcheck", "--runs", "row-rstd", "--logs", str(tmp_path)]) == 1
+    assert "timed out after 240 s" in (tmp_path / "memcheck-row-rstd.log").read_text()
+
+
+def test_memcheck_refuses_the_probes(capsys):
+    with pytest.raises(SystemExit) as exc:
+        racecheck.main(["--tool", "memcheck", "--runs", "ring-arrive", "kernel-b"])
+    assert exc.value.code == 2
+    assert "not the probes: ring-arrive" in capsys.readouterr().err
+
+
 def test_the_arguments(capsys):
     with pytest.raises(SystemExit) as exc:
         racecheck.main(["--runs", "ring-arive"])

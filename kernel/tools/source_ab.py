@@ -4,12 +4,14 @@
     ptx-lab source-ab --kernel s --old-rev HEAD~1 --configs 4x8192,32x8192,1x131072
     ptx-lab source-ab --kernel b --old path/to/old/cuda --configs 4x8192,32x8192
     ptx-lab source-ab --kernel f --old-rev HEAD~1 --configs 32x8192,32x8192:w4
+    ptx-lab source-ab --kernel p --old-rev HEAD~1 --configs 1x131072
 
 --kernel names a room: a (Kernel A, the dS scan, kernel/ds_scan/cuda), s (Kernel S, the
 forward-state scan, kernel/forward_states/cuda), b (Kernel B, the per-token gradients,
-kernel/token_gradients/cuda) or f (the forward, kernel/forward/cuda, which also includes Kernel S's
+kernel/token_gradients/cuda), f (the forward, kernel/forward/cuda, which also includes Kernel S's
 shared headers, forward_states_{chain,copies,gate,walk}.cuh: a header of the room's build outside its directory travels with it, at
-its place in the tree). --old-rev reads the revision from this checkout's git. Where the GPU
+its place in the tree) or p (the three-pass forward's products pass, kernel/forward_products/cuda, with the
+forward's forward_solve.cuh and forward_l2norm.cuh). --old-rev reads the revision from this checkout's git. Where the GPU
 machine has a copy of the working tree without that history, extract the old sources beforehand
 and pass the room's cuda directory: ``git archive REV kernel/shapes.cuh kernel/forward_states/cuda
 | tar x -C old/`` then ``--old old/kernel/forward_states/cuda`` (for the forward: ``git archive REV
@@ -36,7 +38,10 @@ kernel.forward_states.forward_states at its auto configuration, Kernel B token_g
 and k's rstd, dq and dk rounded to bf16 there). The forward runs kernel.forward.forward in training mode
 with the final state (what the bench times as "ours raw"), at its auto configuration or at
 kernel.forward.auto_config(warps) for the consumer warps given after the configuration
-(``32x8192:w4``). The inputs are random (unit-norm q and k, gates in [-0.05, 0] a token);
+(``32x8192:w4``). The products pass runs kernel.forward_products.forward_products as ``kernel.chunk_kda``'s
+three passes call it on the layer's inputs: each token's gate, q and k as they come (its token-gate and l2norm
+build), each row's rstd written and no normalised copies, training (Aqk's and INV's diagonal blocks out). The
+inputs are random (unit-norm q and k, gates in [-0.05, 0] a token);
 their values do not change the work.
 """
 from __future__ import annotations
@@ -114,7 +119,9 @@ ROOMS = {"a": Room("Kernel A", ("kernel.ds_scan.config",), ("kernel.ds_scan.laun
                    ("kernel.forward_states.launch:kernel",)),
          "b": Room("Kernel B", ("kernel.token_gradients.launch",), ("kernel.token_gradients.launch:kernel",)),
          "f": Room("the forward", ("kernel.forward.config", "kernel.forward.launch"),
-                   ("kernel.forward.launch:kernel",))}
+                   ("kernel.forward.launch:kernel",)),
+         "p": Room("the products pass", ("kernel.forward_products.config", "kernel.forward_products.launch"),
+                   ("kernel.forward_products.launch:kernel",))}
 
 
 def _holders(kernel: str) -> list:
@@ -278,6 +285,20 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
             out = last["out"]
             return dict(o=out.o, final_state=out.final_state, states=out.states,
                         Aqk=written_blocks(out.Aqk, cupy), Akk=written_blocks(out.Akk, cupy))
+        return run, written
+    if kernel == "p":
+        from kernel.forward_products import launch as products
+
+        last = {}
+
+        def run():
+            last["out"] = products.forward_products(x["q"], x["k"], x["v"], x["g_token"], x["beta"], scale=D ** -0.5,
+                                                    training=True, token_gate=True, l2norm=True, norm_copies=False)
+
+        def written():
+            out = last["out"]._asdict()
+            return {**{n: out[n] for n in ("w", "u", "u_scale", "kg", "qg", "aqk", "decay", "q_rstd", "k_rstd")},
+                    "Aqk": written_blocks(out["Aqk"], cupy), "Akk": written_blocks(out["Akk"], cupy)}
         return run, written
     if kernel == "a":
         scan = kernel_a_call(spec, x)
@@ -450,7 +471,7 @@ def parse_args(argv: Sequence[str] | None, prog: str):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernel", choices=tuple(ROOMS), required=True,
                     help="a: Kernel A (the dS scan); s: Kernel S (the forward-state scan); b: Kernel B; "
-                         "f: the forward")
+                         "f: the forward; p: the three-pass forward's products pass")
     old = ap.add_mutually_exclusive_group(required=True)
     old.add_argument("--old", type=Path, help="the old source: the kernel's cuda directory")
     old.add_argument("--old-rev", help="the old source at this git revision (git archive of the kernel's sources)")

@@ -58,6 +58,9 @@ def test_a_rooms_shared_headers_are_what_its_build_includes_from_outside():
     assert source_ab.shared_headers("b") == [timer, Path("kernel/shapes.cuh")]
     for kernel in ("a", "s"):
         assert source_ab.shared_headers(kernel) == [Path("kernel/shapes.cuh")]
+    # the products pass includes the one pass's diagonal-block solve and l2norm
+    assert source_ab.shared_headers("p") == [Path("kernel/forward/cuda/forward_l2norm.cuh"),
+                                             Path("kernel/forward/cuda/forward_solve.cuh"), Path("kernel/shapes.cuh")]
 
 
 @pytest.mark.parametrize("kernel", sorted(source_ab.ROOMS))
@@ -116,7 +119,7 @@ def test_a_bad_revision_or_source_is_refused_with_its_reason(tmp_path):
         source_ab.check_old(tmp_path, "b")
 
 
-@pytest.mark.parametrize("kernel", ["a", "s", "b", "f"])
+@pytest.mark.parametrize("kernel", sorted(source_ab.ROOMS))
 def test_each_rooms_kernel_parameters_are_read(kernel):
     entry = source_ab.source_dir(kernel) / source_ab._entry_name(kernel)
     params = source_ab.kernel_parameters(entry.read_text())

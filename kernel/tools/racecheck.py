@@ -577,73 +577,80 @@ def _span(warps: set) -> str:
 MAX_SHAPES = 6   # hazard shapes printed per run (the log has them all)
 
 
-def _missing_workloads(tool: str) -> list[str]:
-    return [f"no workload for {k.title} ({k.function}): {tool} does not check it; add one to "
-            "kernel.tools.racecheck.WORKLOADS" for k in without_workload()]
+def _start(tool: str, log_dir: Path) -> tuple[str, list[str]] | None:
+    """compute-sanitizer's path and the lines naming each registry kernel without a workload (printed here,
+    and again after the table), with the log directory made; None where the sanitizer is not on PATH."""
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        print("compute-sanitizer is not on PATH: nothing measured", file=sys.stderr)
+        return None
+    missing = [f"no workload for {k.title} ({k.function}): {tool} does not check it; add one to "
+               "kernel.tools.racecheck.WORKLOADS" for k in without_workload()]
+    for line in missing:
+        print(line, file=sys.stderr)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return sanitizer, missing
+
+
+def _finish(log_dir: Path, missing: list[str]) -> None:
+    print(f"logs: {log_dir}")
+    for line in missing:   # again, where the table cannot hide it
+        print(line, file=sys.stderr)
 
 
 MEMCHECK_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 
 
-def _sanitizer() -> str | None:
-    path = shutil.which("compute-sanitizer")
-    if path is None:
-        print("compute-sanitizer is not on PATH: nothing measured", file=sys.stderr)
-    return path
+SANITIZER_TIMEOUT_S = 240   # a run's limit; past it the workload compute-sanitizer started dies with it
+
+
+def _sanitized(cmd: list[str], log: Path) -> tuple[str, int, bool]:
+    """One run under compute-sanitizer: (its output, exit status, whether it timed out), the output also in
+    ``log``."""
+    try:
+        proc = run_tree(cmd, timeout=SANITIZER_TIMEOUT_S)
+        text, rc, timed_out = proc.stdout + proc.stderr, proc.returncode, False
+    except subprocess.TimeoutExpired as exc:
+        text, rc, timed_out = (exc.output or "") + (exc.stderr or ""), -1, True
+    log.write_text(text + (f"\ntimed out after {SANITIZER_TIMEOUT_S} s\n" if timed_out else ""))
+    return text, rc, timed_out
 
 
 def _memcheck(runs: Sequence[str], log_dir: Path) -> int:
-    sanitizer = _sanitizer()
-    if sanitizer is None:
+    started = _start("memcheck", log_dir)
+    if started is None:
         return 2
-    missing = _missing_workloads("memcheck")
-    for line in missing:
-        print(line, file=sys.stderr)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    sanitizer, missing = started
     rows = []
     for run in runs:
         print(f"[memcheck] {run} ...", flush=True)
-        try:
-            proc = run_tree(memcheck_command(sanitizer, run), timeout=240)
-            text, rc = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            text, rc = (exc.output or "") + (exc.stderr or "") + "\ntimed out after 240 s\n", -1
-        (log_dir / f"memcheck-{run}.log").write_text(text)
+        text, rc, timed_out = _sanitized(memcheck_command(sanitizer, run), log_dir / f"memcheck-{run}.log")
         m = MEMCHECK_SUMMARY.search(text)
-        errors = m.group(1) if m else "?"
+        errors = m.group(1) if m else "timeout" if timed_out else "?"
         rows.append((run, ", ".join(checked_by(run)), errors, rc))
-        print(f"  {errors} errors, exit status {rc}" if m else text[-1500:])
+        print(f"  {errors} errors, exit status {rc}" if m else
+              f"  timed out after {SANITIZER_TIMEOUT_S} s" if timed_out else text[-1500:])
     print(f"\n{'run':18s} {'errors':>6s} {'rc':>3s}  kernels of the registry it launches")
     for run, kernels, errors, rc in rows:
         print(f"{run:18s} {errors:>6s} {rc:>3d}  {kernels}")
-    print(f"logs: {log_dir}")
-    for line in missing:
-        print(line, file=sys.stderr)
+    _finish(log_dir, missing)
     clean = all(errors == "0" and rc == 0 for _, _, errors, rc in rows)
     return 0 if clean and not missing else 1
 
 
 def _parent(runs: Sequence[str], log_dir: Path) -> int:
-    sanitizer = _sanitizer()
-    if sanitizer is None:
+    started = _start("racecheck", log_dir)
+    if started is None:
         return 2
-    missing = _missing_workloads("racecheck")
-    for line in missing:
-        print(line, file=sys.stderr)
-    log_dir.mkdir(parents=True, exist_ok=True)
+    sanitizer, missing = started
     rows = []
     for run in runs:
         print(f"[racecheck] {run} ...", flush=True)
-        try:
-            # past the limit the workload compute-sanitizer started dies with it
-            proc = run_tree(sanitizer_command(sanitizer, run), timeout=240)
-        except subprocess.TimeoutExpired as exc:
-            (log_dir / f"racecheck-{run}.log").write_text((exc.output or "") + (exc.stderr or ""))
+        text, rc, timed_out = _sanitized(sanitizer_command(sanitizer, run), log_dir / f"racecheck-{run}.log")
+        if timed_out:
             rows.append((run, expected(run), "timeout", "-", "-", -1, []))
-            print("  timed out after 240 s")
+            print(f"  timed out after {SANITIZER_TIMEOUT_S} s")
             continue
-        text = proc.stdout + proc.stderr
-        (log_dir / f"racecheck-{run}.log").write_text(text)
         m = SUMMARY.search(text)
         if m:
             hazards, errors, warnings = m.groups()
@@ -652,7 +659,7 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
         else:
             hazards = errors = warnings = "?"
         shapes = hazard_shapes(text)
-        rows.append((run, expected(run), hazards, errors, warnings, proc.returncode, shapes))
+        rows.append((run, expected(run), hazards, errors, warnings, rc, shapes))
         print(text[-1500:] if hazards == "?" else f"  {hazards} hazards ({errors} errors, {warnings} warnings)")
     print(f"\n{'run':34s} {'by construction':16s} {'hazards':>7s} {'errors':>7s} {'warn':>5s} {'rc':>3s}")
     for r in rows:
@@ -664,9 +671,7 @@ def _parent(runs: Sequence[str], log_dir: Path) -> int:
                 print(f"  {n:4d}  {shape}  [{warps}]")
             if len(r[6]) > MAX_SHAPES:
                 print(f"  ... {len(r[6]) - MAX_SHAPES} more shapes in the log")
-    print(f"logs: {log_dir}")
-    for line in missing:   # again, where the table cannot hide it
-        print(line, file=sys.stderr)
+    _finish(log_dir, missing)
     return 1 if missing else 0
 
 

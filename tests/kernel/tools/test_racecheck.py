@@ -328,4 +328,4 @@ def test_a_run_past_its_limit_is_a_timeout_row_with_its_partial_log(monkeypatch,
     racecheck.main(["--runs", "kernel-b", "no-empty", "--logs", str(tmp_path)])
     out = capsys.readouterr().out
     assert "timed out after 240 s" in out and re.search(r"^kernel-b\s+\S+\s+timeout", out, re.M)
-    assert (tmp_path / "racecheck-kernel-b.log").read_text() == "========= partial\n"
+    assert (tmp_path / "racecheck-kernel-b.log").read_text() == "========= partial\n\ntimed out after 240 s\n"

@@ -473,12 +473,17 @@ def expected(run: str) -> str:
     return next((p.expected for p in PROBES if p.name == run), "?")
 
 
-def sanitizer_command(sanitizer: str, run: str) -> list[str]:
-    """compute-sanitizer racecheck over this module's child process for one run."""
-    cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200"]
-    kernel = next((k for k, w in kernel_runs() if w.run == run and w.only_this_kernel), None)
-    if kernel is not None:
-        cmd += ["--kernel-name", f"kns={kernel.function}"]
+def sanitizer_command(sanitizer: str, run: str, tool: str = "racecheck") -> list[str]:
+    """compute-sanitizer's ``tool`` over this module's child process for one run. racecheck: every hazard
+    reported, only the run's own kernel where its child launches others; memcheck: every kernel the child
+    launches, exit status 1 on an error, host API return codes not reported (module docstring)."""
+    if tool == "memcheck":
+        cmd = [sanitizer, "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "1"]
+    else:
+        cmd = [sanitizer, "--tool", "racecheck", "--racecheck-report", "all", "--print-limit", "200"]
+        kernel = next((k for k, w in kernel_runs() if w.run == run and w.only_this_kernel), None)
+        if kernel is not None:
+            cmd += ["--kernel-name", f"kns={kernel.function}"]
     return cmd + [sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
 
 
@@ -498,13 +503,6 @@ def checked_by(run: str) -> list[str]:
     launch more, as kernel-b's whole backward does)."""
     launch = next(w.launch for _, w in kernel_runs() if w.run == run)
     return [k.function for k, w in kernel_runs() if w.launch is launch]
-
-
-def memcheck_command(sanitizer: str, run: str) -> list[str]:
-    """compute-sanitizer memcheck over this module's child process for one run: every kernel it launches,
-    exit status 1 on an error, host API return codes not reported (module docstring)."""
-    return [sanitizer, "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "1",
-            sys.executable, "-m", "kernel.tools.racecheck", "--child", run]
 
 
 def _child(run: str) -> None:
@@ -577,9 +575,15 @@ def _span(warps: set) -> str:
 MAX_SHAPES = 6   # hazard shapes printed per run (the log has them all)
 
 
-def _start(tool: str, log_dir: Path) -> tuple[str, list[str]] | None:
-    """compute-sanitizer's path and the lines naming each registry kernel without a workload (printed here,
-    and again after the table), with the log directory made; None where the sanitizer is not on PATH."""
+SANITIZER_TIMEOUT_S = 240   # a run's limit; past it the workload compute-sanitizer started dies with it
+MEMCHECK_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+
+
+def _run_each(tool: str, runs: Sequence[str], log_dir: Path, row: Callable[[str, str, int, bool], tuple]):
+    """Each run under compute-sanitizer's ``tool``, its output in log_dir/TOOL-RUN.log (a run past
+    SANITIZER_TIMEOUT_S says so there); ``row(run, output, exit status, timed out)`` makes the run's table row
+    and prints its line as it finishes. Returns (the rows, the lines naming each registry kernel without a
+    workload: printed before the runs, and again by :func:`_finish`), or None where the sanitizer is not on PATH."""
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
         print("compute-sanitizer is not on PATH: nothing measured", file=sys.stderr)
@@ -589,7 +593,18 @@ def _start(tool: str, log_dir: Path) -> tuple[str, list[str]] | None:
     for line in missing:
         print(line, file=sys.stderr)
     log_dir.mkdir(parents=True, exist_ok=True)
-    return sanitizer, missing
+    rows = []
+    for run in runs:
+        print(f"[{tool}] {run} ...", flush=True)
+        try:
+            proc = run_tree(sanitizer_command(sanitizer, run, tool), timeout=SANITIZER_TIMEOUT_S)
+            text, rc, timed_out = proc.stdout + proc.stderr, proc.returncode, False
+        except subprocess.TimeoutExpired as exc:
+            text, rc, timed_out = (exc.output or "") + (exc.stderr or ""), -1, True
+        (log_dir / f"{tool}-{run}.log").write_text(
+            text + (f"\ntimed out after {SANITIZER_TIMEOUT_S} s\n" if timed_out else ""))
+        rows.append(row(run, text, rc, timed_out))
+    return rows, missing
 
 
 def _finish(log_dir: Path, missing: list[str]) -> None:
@@ -598,38 +613,19 @@ def _finish(log_dir: Path, missing: list[str]) -> None:
         print(line, file=sys.stderr)
 
 
-MEMCHECK_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
-
-
-SANITIZER_TIMEOUT_S = 240   # a run's limit; past it the workload compute-sanitizer started dies with it
-
-
-def _sanitized(cmd: list[str], log: Path) -> tuple[str, int, bool]:
-    """One run under compute-sanitizer: (its output, exit status, whether it timed out), the output also in
-    ``log``."""
-    try:
-        proc = run_tree(cmd, timeout=SANITIZER_TIMEOUT_S)
-        text, rc, timed_out = proc.stdout + proc.stderr, proc.returncode, False
-    except subprocess.TimeoutExpired as exc:
-        text, rc, timed_out = (exc.output or "") + (exc.stderr or ""), -1, True
-    log.write_text(text + (f"\ntimed out after {SANITIZER_TIMEOUT_S} s\n" if timed_out else ""))
-    return text, rc, timed_out
+def _memcheck_row(run: str, text: str, rc: int, timed_out: bool) -> tuple:
+    m = MEMCHECK_SUMMARY.search(text)
+    errors = m.group(1) if m else "timeout" if timed_out else "?"
+    print(f"  {errors} errors, exit status {rc}" if m else
+          f"  timed out after {SANITIZER_TIMEOUT_S} s" if timed_out else text[-1500:])
+    return run, ", ".join(checked_by(run)), errors, rc
 
 
 def _memcheck(runs: Sequence[str], log_dir: Path) -> int:
-    started = _start("memcheck", log_dir)
-    if started is None:
+    done = _run_each("memcheck", runs, log_dir, _memcheck_row)
+    if done is None:
         return 2
-    sanitizer, missing = started
-    rows = []
-    for run in runs:
-        print(f"[memcheck] {run} ...", flush=True)
-        text, rc, timed_out = _sanitized(memcheck_command(sanitizer, run), log_dir / f"memcheck-{run}.log")
-        m = MEMCHECK_SUMMARY.search(text)
-        errors = m.group(1) if m else "timeout" if timed_out else "?"
-        rows.append((run, ", ".join(checked_by(run)), errors, rc))
-        print(f"  {errors} errors, exit status {rc}" if m else
-              f"  timed out after {SANITIZER_TIMEOUT_S} s" if timed_out else text[-1500:])
+    rows, missing = done
     print(f"\n{'run':18s} {'errors':>6s} {'rc':>3s}  kernels of the registry it launches")
     for run, kernels, errors, rc in rows:
         print(f"{run:18s} {errors:>6s} {rc:>3d}  {kernels}")
@@ -638,29 +634,26 @@ def _memcheck(runs: Sequence[str], log_dir: Path) -> int:
     return 0 if clean and not missing else 1
 
 
+def _racecheck_row(run: str, text: str, rc: int, timed_out: bool) -> tuple:
+    if timed_out:
+        print(f"  timed out after {SANITIZER_TIMEOUT_S} s")
+        return run, expected(run), "timeout", "-", "-", -1, []
+    m = SUMMARY.search(text)
+    if m:
+        hazards, errors, warnings = m.groups()
+    elif "ERROR SUMMARY: 0 errors" in text:
+        hazards, errors, warnings = "0", "0", "0"
+    else:
+        hazards = errors = warnings = "?"
+    print(text[-1500:] if hazards == "?" else f"  {hazards} hazards ({errors} errors, {warnings} warnings)")
+    return run, expected(run), hazards, errors, warnings, rc, hazard_shapes(text)
+
+
 def _parent(runs: Sequence[str], log_dir: Path) -> int:
-    started = _start("racecheck", log_dir)
-    if started is None:
+    done = _run_each("racecheck", runs, log_dir, _racecheck_row)
+    if done is None:
         return 2
-    sanitizer, missing = started
-    rows = []
-    for run in runs:
-        print(f"[racecheck] {run} ...", flush=True)
-        text, rc, timed_out = _sanitized(sanitizer_command(sanitizer, run), log_dir / f"racecheck-{run}.log")
-        if timed_out:
-            rows.append((run, expected(run), "timeout", "-", "-", -1, []))
-            print(f"  timed out after {SANITIZER_TIMEOUT_S} s")
-            continue
-        m = SUMMARY.search(text)
-        if m:
-            hazards, errors, warnings = m.groups()
-        elif "ERROR SUMMARY: 0 errors" in text:
-            hazards, errors, warnings = "0", "0", "0"
-        else:
-            hazards = errors = warnings = "?"
-        shapes = hazard_shapes(text)
-        rows.append((run, expected(run), hazards, errors, warnings, rc, shapes))
-        print(text[-1500:] if hazards == "?" else f"  {hazards} hazards ({errors} errors, {warnings} warnings)")
+    rows, missing = done
     print(f"\n{'run':34s} {'by construction':16s} {'hazards':>7s} {'errors':>7s} {'warn':>5s} {'rc':>3s}")
     for r in rows:
         print(f"{r[0]:34s} {r[1]:16s} {r[2]:>7s} {r[3]:>7s} {r[4]:>5s} {r[5]:>3d}")
@@ -696,7 +689,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
         return 0
     if args.tool == "racecheck":
         return _parent(args.runs or list(names), args.logs)
-    probes = [r for r in args.runs or () if r not in {w.run for _, w in kernel_runs()}]
+    kernel_run_names = {w.run for _, w in kernel_runs()}
+    probes = [r for r in args.runs or () if r not in kernel_run_names]
     if probes:
         ap.error(f"--tool memcheck runs the kernels' workloads only, not the probes: {' '.join(probes)}")
     return _memcheck(args.runs or list(memcheck_runs()), args.logs)

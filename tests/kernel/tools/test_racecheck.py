@@ -162,7 +162,7 @@ def test_memcheck_runs_each_workload_once_and_so_every_registry_kernel():
 
 
 def test_the_memcheck_command_checks_every_kernel_its_child_launches():
-    assert racecheck.memcheck_command("/opt/cs", "kernel-b") == [
+    assert racecheck.sanitizer_command("/opt/cs", "kernel-b", "memcheck") == [
         "/opt/cs", "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "1",
         sys.executable, "-m", "kernel.tools.racecheck", "--child", "kernel-b"]
 

@@ -71,26 +71,33 @@ constexpr int L_STRIDE = R + 4;             // fp32 rows of Lkk and INV
 constexpr int U_TOP_EXP = 15;               // u's bound is put in (2^14, 2^15] (U_FP16_TOP_EXP of the model)
 constexpr int U_EXP_LIMIT = 100;            // |e| at most this: 2^e and 2^-e normal fp32 (the model's U_EXP_LIMIT)
 
-// q, k and gc are read until Aqk's and Lkk's row blocks are in registers (the pairwise entries and the
-// diagonal's s q . k included); after a barrier q's bytes hold Lkk, k's INV and gc's the inverse's
-// scratch (lkk_tile, inv_tile, part_tile), so that the CTA fits twice on an SM: two chunks' loads and
-// solves beside each other.
+// Three tiles, each reused as its contents are read for good, so that the CTA fits three times on an SM
+// (about 68 KB): the pass waits on latency, not on memory or the tensor pipe, and more chunks side by side
+// hide more of it (docs/log/65).
+//     q   q, then bf16(beta k 2^gc) (bk_tile), formed after the products' MMAs
+//     k   k, then Aqk staged on its way out, then INV (inv_tile)
+//     g   gc, then Lkk and the inverse's scratch (lkk_tile, part_tile), then v, loaded once INV is whole, and
+//         bf16(beta v) in place (bv_tile)
 struct Shared {
     unsigned short q[R][OP_STRIDE];
     unsigned short k[R][OP_STRIDE];
-    unsigned short bv[R][OP_STRIDE];        // v as loaded, then bf16(beta v) in place
-    unsigned short bk[R][OP_STRIDE];        // bf16(beta k 2^gc)
     float g[R][G_STRIDE];
     float beta[R];
     float u_bound_parts[2][WARPS];          // per warp: the largest |bf16(beta v)|, INV's largest row sum
 };
+using OpTile = unsigned short[R][OP_STRIDE];
 using LTile = float[R][L_STRIDE];
 using PartTile = float[WARPS][TILE_TOKENS][TILE_TOKENS + 1];   // a warp's block product, between its halves
-static_assert(sizeof(LTile) == sizeof(Shared::q) && sizeof(LTile) == sizeof(Shared::k), "Lkk and INV take q's and k's bytes");
-static_assert(sizeof(PartTile) <= sizeof(Shared::g), "the scratch fits in gc's bytes");
-__device__ __forceinline__ LTile& lkk_tile(Shared& sh) { return *reinterpret_cast<LTile*>(&sh.q[0][0]); }
+static_assert(sizeof(LTile) == sizeof(Shared::k), "INV takes k's bytes");
+static_assert(sizeof(LTile) + sizeof(PartTile) <= sizeof(Shared::g), "Lkk and the scratch fit in gc's bytes");
+static_assert(sizeof(OpTile) <= sizeof(Shared::g), "v fits in gc's bytes");
+__device__ __forceinline__ OpTile& bk_tile(Shared& sh) { return sh.q; }
 __device__ __forceinline__ LTile& inv_tile(Shared& sh) { return *reinterpret_cast<LTile*>(&sh.k[0][0]); }
-__device__ __forceinline__ PartTile& part_tile(Shared& sh) { return *reinterpret_cast<PartTile*>(&sh.g[0][0]); }
+__device__ __forceinline__ LTile& lkk_tile(Shared& sh) { return *reinterpret_cast<LTile*>(&sh.g[0][0]); }
+__device__ __forceinline__ PartTile& part_tile(Shared& sh) {
+    return *reinterpret_cast<PartTile*>(reinterpret_cast<unsigned char*>(&sh.g[0][0]) + sizeof(LTile));
+}
+__device__ __forceinline__ OpTile& bv_tile(Shared& sh) { return *reinterpret_cast<OpTile*>(&sh.g[0][0]); }
 
 // bf16(x) as the low / high half of an MMA operand register
 __device__ __forceinline__ u32 pair(float lo, float hi) { return pack_bf16x2(lo, hi); }
@@ -145,7 +152,7 @@ __device__ __forceinline__ void scaled_b(u32 (&b)[2], u32 (&b_lo)[2], const Quad
 extern "C" __constant__ int fp_smem_bytes = static_cast<int>(sizeof(fp::Shared));
 extern "C" __constant__ int fp_threads = fp::THREADS;
 
-extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_products(
+extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_products(
         const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
         const float* __restrict__ g, const float* __restrict__ beta, const int2* __restrict__ chunk_table, int H, int HV,
         float scale, unsigned short* __restrict__ w_out, unsigned short* __restrict__ u_out,
@@ -164,18 +171,16 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
     const long long ch = static_cast<long long>(c) * HV + hv;   // (chunk, value head): the outputs' index
 
     // ---- loads: rows < L by cp.async (16 bytes a copy), the rest zero; gc past L = gc[L - 1] (the token-gate
-    // build: each token's gate past L zero, so that its sum stays at row L - 1's) ----
+    // build: each token's gate past L zero, so that its sum stays at row L - 1's); v comes once INV is whole ----
     for (int i = tid; i < R * (HEAD_DIM / 8); i += THREADS) {
         const int row = i / (HEAD_DIM / 8), col = 8 * (i % (HEAD_DIM / 8));
         if (row < L) {
             const long long tk = tok0 + row;
             cp_async_cg16(smem_addr(&sh.q[row][col]), q + (tk * H + hq) * HEAD_DIM + col);
             cp_async_cg16(smem_addr(&sh.k[row][col]), k + (tk * H + hq) * HEAD_DIM + col);
-            cp_async_cg16(smem_addr(&sh.bv[row][col]), v + (tk * HV + hv) * HEAD_DIM + col);
         } else {
             *reinterpret_cast<uint4*>(&sh.q[row][col]) = make_uint4(0, 0, 0, 0);
             *reinterpret_cast<uint4*>(&sh.k[row][col]) = make_uint4(0, 0, 0, 0);
-            *reinterpret_cast<uint4*>(&sh.bv[row][col]) = make_uint4(0, 0, 0, 0);
         }
     }
     for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
@@ -215,8 +220,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
     }
     if constexpr (TOKEN_GATE || L2NORM) __syncthreads();   // every row's gc, q and k as the rest reads them
 
-    // ---- elementwise: bk, bv (shared), kg, qg, decay (out); each thread 4 consecutive channels of a row ----
-    float bv_max = 0.f;   // fmaxf drops a NaN, as the model's np.fmax does
+    // ---- elementwise: kg, qg, decay (out); each thread 4 consecutive channels of a row ----
 #pragma unroll 4
     for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
         const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
@@ -224,36 +228,21 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         const float4 gT = *reinterpret_cast<const float4*>(&sh.g[R - 1][col]);   // rows >= L hold gc[L - 1]
         const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
         const uint2 qb = *reinterpret_cast<const uint2*>(&sh.q[row][col]);
-        const uint2 vb = *reinterpret_cast<const uint2*>(&sh.bv[row][col]);
         const float gcv[4] = {gc.x, gc.y, gc.z, gc.w}, gTv[4] = {gT.x, gT.y, gT.z, gT.w};
         const float kf[4] = {bf16_lo(kb.x), bf16_hi(kb.x), bf16_lo(kb.y), bf16_hi(kb.y)};
         const float qf[4] = {bf16_lo(qb.x), bf16_hi(qb.x), bf16_lo(qb.y), bf16_hi(qb.y)};
-        const float vf[4] = {bf16_lo(vb.x), bf16_hi(vb.x), bf16_lo(vb.y), bf16_hi(vb.y)};
-        const float b = sh.beta[row];
-        float bk[4], bv[4], kg[4], qg[4];
+        float kg[4], qg[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float start = exp2f(gcv[e]);
-            bk[e] = b * kf[e] * start;
-            bv[e] = b * vf[e];
             kg[e] = kf[e] * exp2f(gTv[e] - gcv[e]);
-            qg[e] = scale * qf[e] * start;
+            qg[e] = scale * qf[e] * exp2f(gcv[e]);
         }
-        *reinterpret_cast<uint2*>(&sh.bk[row][col]) = make_uint2(pair(bk[0], bk[1]), pair(bk[2], bk[3]));
         const size_t o = (static_cast<size_t>(ch) * R + row) * HEAD_DIM + col;
         *reinterpret_cast<uint2*>(kg_out + o) = make_uint2(pair(kg[0], kg[1]), pair(kg[2], kg[3]));
         *reinterpret_cast<uint2*>(qg_out + o) = make_uint2(pair(qg[0], qg[1]), pair(qg[2], qg[3]));
         if (row == R - 1) *reinterpret_cast<float4*>(decay_out + ch * HEAD_DIM + col) =
             make_float4(exp2f(gT.x), exp2f(gT.y), exp2f(gT.z), exp2f(gT.w));
-        const u32 bv01 = pair(bv[0], bv[1]), bv23 = pair(bv[2], bv[3]);
-        *reinterpret_cast<uint2*>(&sh.bv[row][col]) = make_uint2(bv01, bv23);
-        // the largest |bf16(beta v)|, of the values the MMA reads
-        bv_max = fmaxf(bv_max, fmaxf(fmaxf(fabsf(bf16_lo(bv01)), fabsf(bf16_hi(bv01))),
-                                     fmaxf(fabsf(bf16_lo(bv23)), fabsf(bf16_hi(bv23)))));
     }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) bv_max = fmaxf(bv_max, __shfl_xor_sync(0xffffffffu, bv_max, off));
-    if (lane == 0) sh.u_bound_parts[0][warp] = bv_max;   // read after the barriers below
 
     // ---- the diagonal block's span, per warp (NaN counts as past): the same in every lane, as the MMAs
     // below need (a warp's lanes must all take or all skip them) ----
@@ -365,7 +354,24 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
 #pragma unroll
     for (int i = 0; i < TILE_TOKENS; ++i)
         if (lane == i) diag = scale * dot[i];
-    __syncthreads();   // q, k and gc are read for good: their bytes become Lkk, INV and the scratch
+    __syncthreads();   // q is read for good: its bytes become bk
+
+    // ---- bk = bf16(beta k 2^gc), the B operand of w, into q's bytes; each thread 4 consecutive channels ----
+    OpTile& bk_rows = bk_tile(sh);
+#pragma unroll 4
+    for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
+        const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
+        const float4 gc = *reinterpret_cast<const float4*>(&sh.g[row][col]);
+        const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
+        const float gcv[4] = {gc.x, gc.y, gc.z, gc.w};
+        const float kf[4] = {bf16_lo(kb.x), bf16_hi(kb.x), bf16_lo(kb.y), bf16_hi(kb.y)};
+        const float b = sh.beta[row];
+        float bk[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bk[e] = b * kf[e] * exp2f(gcv[e]);
+        *reinterpret_cast<uint2*>(&bk_rows[row][col]) = make_uint2(pair(bk[0], bk[1]), pair(bk[2], bk[3]));
+    }
+    __syncthreads();   // k and gc are read for good: their bytes become INV (Aqk staged first), Lkk and the scratch
     LTile& lkk = lkk_tile(sh);
     LTile& inv = inv_tile(sh);
     PartTile& part = part_tile(sh);
@@ -453,34 +459,26 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         __syncthreads();
     }
 
-    // ---- u's scale 2^e: the bound on |u| = INV's largest row sum of magnitudes (warp I its 16 rows, lane i < 16
-    // row r0 + i) times the largest |bf16(beta v)|, put in (2^14, 2^15]; 1 where the bound is zero or not
-    // finite (u is past fp32 already) ----
+    // ---- v into gc's bytes (Lkk and the scratch are read for good: the stages above end on a barrier), in
+    // flight while w is formed; rows past L zero ----
+    OpTile& bv_rows = bv_tile(sh);
+    for (int i = tid; i < R * (HEAD_DIM / 8); i += THREADS) {
+        const int row = i / (HEAD_DIM / 8), col = 8 * (i % (HEAD_DIM / 8));
+        if (row < L)
+            cp_async_cg16(smem_addr(&bv_rows[row][col]), v + ((tok0 + row) * HV + hv) * HEAD_DIM + col);
+        else
+            *reinterpret_cast<uint4*>(&bv_rows[row][col]) = make_uint4(0, 0, 0, 0);
+    }
+    cp_async_commit();
+
+    // ---- INV's largest row sum of magnitudes, for u's scale below (warp I its 16 rows, lane i < 16 row r0 + i) ----
     float row_sum = 0.f;
     if (lane < TILE_TOKENS)
 #pragma unroll 8
         for (int c = 0; c < R; ++c) row_sum += fabsf(inv[r0 + lane][c]);
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) row_sum = fmaxf(row_sum, __shfl_xor_sync(0xffffffffu, row_sum, off));
-    if (lane == 0) sh.u_bound_parts[1][warp] = row_sum;
-    __syncthreads();
-    float bv_top = 0.f, row_top = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) {
-        bv_top = fmaxf(bv_top, sh.u_bound_parts[0][i]);
-        row_top = fmaxf(row_top, sh.u_bound_parts[1][i]);
-    }
-    const float bound = row_top * bv_top;
-    int u_exp = 0;
-    if (bound > 0.f && bound <= 3.4028234663852886e38f) {   // normal (row_top >= 1, bv_top 0 or normal):
-        // bound = m 2^f with m in [0.5, 1), as frexp, f = the biased exponent - 126
-        const int f = static_cast<int>((__float_as_uint(bound) >> 23) & 0xffu) - 126;
-        u_exp = min(max(f - U_TOP_EXP, -U_EXP_LIMIT), U_EXP_LIMIT);
-    }
-    const float u_div = __uint_as_float(static_cast<u32>(127 - u_exp) << 23);   // 2^-e, exact
-    if (tid == 0)
-        *reinterpret_cast<float4*>(u_scale_out + ch * 4) =
-            make_float4(__uint_as_float(static_cast<u32>(127 + u_exp) << 23), 0.f, 0.f, 0.f);
+    if (lane == 0) sh.u_bound_parts[1][warp] = row_sum;   // read after the barriers below
 
     // the diagonal block of INV to FLA's layout for the backward (bf16)
     if (inv_blocks != nullptr)
@@ -503,10 +501,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
         a[kk][2] = pair(inv[ra][cc + 8], inv[ra][cc + 9]);
         a[kk][3] = pair(inv[rb][cc + 8], inv[rb][cc + 9]);
     }
-#pragma unroll
-    for (int which = 0; which < 2; ++which) {
-        const unsigned short (*b_tile)[OP_STRIDE] = which == 0 ? sh.bk : sh.bv;
-        unsigned short* out = which == 0 ? w_out : u_out;
+    // u_div 0: the product out in bf16 (w); else times u_div (2^-e) in fp16 (u)
+    const auto times_inv = [&](const OpTile& b_tile, unsigned short* out, float u_div) {
 #pragma unroll 2
         for (int np = 0; np < HEAD_DIM / 16; ++np) {   // 16 columns at a time: two n-tiles
             float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -524,11 +520,53 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 2) kda_forward_product
 #pragma unroll
             for (int n = 0; n < 2; ++n) {
                 const int col = 16 * np + 8 * n + 2 * t;
-                const u32 lo = which == 0 ? pair(acc[n][0], acc[n][1]) : pack_f16x2(acc[n][0] * u_div, acc[n][1] * u_div);
-                const u32 hi = which == 0 ? pair(acc[n][2], acc[n][3]) : pack_f16x2(acc[n][2] * u_div, acc[n][3] * u_div);
+                const u32 lo = u_div == 0.f ? pair(acc[n][0], acc[n][1]) : pack_f16x2(acc[n][0] * u_div, acc[n][1] * u_div);
+                const u32 hi = u_div == 0.f ? pair(acc[n][2], acc[n][3]) : pack_f16x2(acc[n][2] * u_div, acc[n][3] * u_div);
                 *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + ra) * HEAD_DIM + col) = lo;
                 *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + rb) * HEAD_DIM + col) = hi;
             }
         }
+    };
+    times_inv(bk_tile(sh), w_out, 0.f);
+
+    // ---- bv = bf16(beta v) in place, and the largest |bv| for u's scale ----
+    cp_async_wait<0>();
+    __syncthreads();   // every row of v landed
+    float bv_max = 0.f;   // fmaxf drops a NaN, as the model's np.fmax does
+#pragma unroll 4
+    for (int i = tid; i < R * (HEAD_DIM / 4); i += THREADS) {
+        const int row = i / (HEAD_DIM / 4), col = 4 * (i % (HEAD_DIM / 4));
+        const uint2 vb = *reinterpret_cast<const uint2*>(&bv_rows[row][col]);
+        const float b = sh.beta[row];
+        const u32 bv01 = pair(b * bf16_lo(vb.x), b * bf16_hi(vb.x)), bv23 = pair(b * bf16_lo(vb.y), b * bf16_hi(vb.y));
+        *reinterpret_cast<uint2*>(&bv_rows[row][col]) = make_uint2(bv01, bv23);
+        // the largest |bf16(beta v)|, of the values the MMA reads
+        bv_max = fmaxf(bv_max, fmaxf(fmaxf(fabsf(bf16_lo(bv01)), fabsf(bf16_hi(bv01))),
+                                     fmaxf(fabsf(bf16_lo(bv23)), fabsf(bf16_hi(bv23)))));
     }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) bv_max = fmaxf(bv_max, __shfl_xor_sync(0xffffffffu, bv_max, off));
+    if (lane == 0) sh.u_bound_parts[0][warp] = bv_max;
+    __syncthreads();   // bv whole, and both parts of u's bound
+
+    // ---- u's scale 2^e: the bound on |u| = INV's largest row sum of magnitudes times the largest
+    // |bf16(beta v)|, put in (2^14, 2^15]; 1 where the bound is zero or not finite (u is past fp32 already) ----
+    float bv_top = 0.f, row_top = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) {
+        bv_top = fmaxf(bv_top, sh.u_bound_parts[0][i]);
+        row_top = fmaxf(row_top, sh.u_bound_parts[1][i]);
+    }
+    const float bound = row_top * bv_top;
+    int u_exp = 0;
+    if (bound > 0.f && bound <= 3.4028234663852886e38f) {   // normal (row_top >= 1, bv_top 0 or normal):
+        // bound = m 2^f with m in [0.5, 1), as frexp, f = the biased exponent - 126
+        const int f = static_cast<int>((__float_as_uint(bound) >> 23) & 0xffu) - 126;
+        u_exp = min(max(f - U_TOP_EXP, -U_EXP_LIMIT), U_EXP_LIMIT);
+    }
+    const float u_div = __uint_as_float(static_cast<u32>(127 - u_exp) << 23);   // 2^-e, exact and never 0
+    if (tid == 0)
+        *reinterpret_cast<float4*>(u_scale_out + ch * 4) =
+            make_float4(__uint_as_float(static_cast<u32>(127 + u_exp) << 23), 0.f, 0.f, 0.f);
+    times_inv(bv_rows, u_out, u_div);
 }

@@ -31,18 +31,19 @@ LANE = np.arange(32)
 GR, T = LANE // 4, LANE % 4
 OP_STRIDE, G_STRIDE, L_STRIDE = D + 8, D + 8, R + 4   # forward_products.cu's row strides (elements)
 
-# struct Shared, in bytes: q, k, bv, bk [64][136] bf16; g [64][136] and beta [64] fp32. After the products'
-# barrier Lkk [64][68] fp32 takes q's bytes, INV k's and the inverse's scratch [4][16][17] gc's.
+# struct Shared, in bytes: q, k [64][136] bf16; g [64][136] and beta [64] fp32. bk [64][136] bf16 takes q's bytes
+# after the products' MMAs; INV [64][68] fp32 takes k's; Lkk [64][68] and the inverse's scratch [4][16][17] fp32
+# take gc's, and then v [64][136] bf16, which becomes bv in place.
 Q = 0
 K = Q + 2 * R * OP_STRIDE
-BV = K + 2 * R * OP_STRIDE
-BK = BV + 2 * R * OP_STRIDE
-GT = BK + 2 * R * OP_STRIDE
+GT = K + 2 * R * OP_STRIDE
 BETA = GT + 4 * R * G_STRIDE
 U_BOUND = BETA + 4 * R                                 # u_bound_parts [2][4] fp32
 SMEM_BYTES = U_BOUND + 4 * 2 * WARPS
-LKK, INV, PART = Q, K, GT
-assert 4 * R * L_STRIDE == 2 * R * OP_STRIDE and 4 * WARPS * TILE_TOKENS * (TILE_TOKENS + 1) <= 4 * R * G_STRIDE
+BK, INV, LKK, BV = Q, K, GT, GT
+PART = LKK + 4 * R * L_STRIDE
+assert 4 * R * L_STRIDE == 2 * R * OP_STRIDE and PART + 4 * WARPS * TILE_TOKENS * (TILE_TOKENS + 1) <= BETA
+assert 3 * (SMEM_BYTES + 1024) <= 228 * 1024   # three CTAs an SM (1 KB of each CTA's shared memory is the system's)
 
 
 def b_row(kk: int, np_: int):

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 
 from ptx_lab import model
-from ptx_lab.fragments import x4_lane_row_col
+from ptx_lab.fragments import acc_to_a_two_parts, x4_lane_row_col
 
 from .forward_states_cases import bf16
 
@@ -58,7 +58,8 @@ def chain_step(acc, kd_img, kr_img, inv_img, v, beta, gamma, g6_split: int, *, s
                each_k_step: Callable = lambda ks, a: None):
     """kda_chain::step on one warp's accumulators ``acc`` (updated in place: S^T <- gamma S^T + U^T Kr):
     P^T = S^T Kd^T in g6_split accumulator pairs (k-step ks into pair ks % g6_split, then the pairwise
-    sums), each_k_step(ks, a) on every k-step's A fragment, W^T = beta (v^T - P^T), U^T = W^T INV^T.
+    sums), each_k_step(ks, a) on every k-step's A fragment, W^T = beta (v^T - P^T), U^T = W^T INV^T with W^T
+    in two bf16 parts (the rest's product first).
     Where ``staging`` (a byte image) is given, S is staged there by stmatrix .trans of the same A
     fragments. Returns (U^T's A fragment, the staging image)."""
     pp = np.zeros((g6_split, 2, 32, 4), np.float32)
@@ -83,11 +84,12 @@ def chain_step(acc, kd_img, kr_img, inv_img, v, beta, gamma, g6_split: int, *, s
         w.append(np.stack([beta[c0] * (v[c0, GR] - p[nt2][:, 0]), beta[c0 + 1] * (v[c0 + 1, GR] - p[nt2][:, 1]),
                            beta[c0] * (v[c0, GR + 8] - p[nt2][:, 2]),
                            beta[c0 + 1] * (v[c0 + 1, GR + 8] - p[nt2][:, 3])], axis=1).astype(np.float32))
-    # U^T = W^T INV^T
-    a = pack_a(w[0], w[1])
+    # U^T = W^T INV^T, W^T in two bf16 parts, the rest first
+    hi, lo = acc_to_a_two_parts(w[0], w[1])
     b = model.ldmatrix(inv_img, addr(COLS_FIRST, 0, 0, BLK_STRIDE), 4, trans=False)
     zero = np.zeros((32, 4), np.float32)
-    u = [mma(a, b[:, :2], zero), mma(a, b[:, 2:], zero)]
+    u = [mma(lo, b[:, :2], zero), mma(lo, b[:, 2:], zero)]
+    u = [mma(hi, b[:, :2], u[0]), mma(hi, b[:, 2:], u[1])]
     # S^T <- gamma S^T + U^T Kr
     ua = pack_a(u[0], u[1])
     for j in range(8):

@@ -24,7 +24,7 @@ from kernel.reference.checks import l2norm, l2norm_rstd
 from kernel.shapes import SPAN_LIMIT   # a tile whose gc - gT passes it takes the pairwise products
 from kernel.shapes import tile_gate_sums
 
-from .forward_states_cases import random_batch, scan_tiles, state_entries
+from .forward_states_cases import random_batch, scan_tiles, state_entries, two_parts
 
 D, TILE, EVERY, C64 = 128, 16, 4, 64
 RAGGED = [1, 15, 16, 17, 63, 64, 65, 200]
@@ -266,7 +266,7 @@ def emulate(case: dict, *, force_pairwise: bool | None = None, span_limit: float
         S0 = bf16(S)
         P = _mm(Kd, S0)
         W = bt[:, None] * (vt - P)
-        U = _mm(inv, bf16(W))
+        U = _mm(inv, np.add(*two_parts(W)))   # W in two bf16 parts: hi + lo is exact in fp32
         Ub = bf16(U)
         o[t0:t0 + L, h] = bf16(_mm(Qd, S0) + _mm(mqk, Ub))[:L]
         return (np.exp2(gT).astype(np.float32)[:, None] * S + _mm(Kr.T, Ub)).astype(np.float32)

@@ -22,6 +22,7 @@ import numpy as np
 from kernel.ds_scan.launch import bf16_bits, bits_to_f32
 from kernel.reference import fla_forward_tensors, kda_forward_reference, random_inputs, snapshot_offsets
 from kernel.reference.checks import l2norm
+from ptx_lab.fragments import two_part
 
 D, TILE, EVERY = 128, 16, 4
 RAGGED = [1, 15, 16, 17, 63, 64, 65, 200]
@@ -95,6 +96,13 @@ def chunk_tile_gate(g: np.ndarray, h: int, i: int, t0: int, L: int) -> np.ndarra
     return g[t0:t0 + L, h] - base
 
 
+def two_parts(x) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 x as the two-part operand's values (ptx_lab.fragments.two_part, fragments.cuh's): hi = bf16(x), lo =
+    bf16(x - hi), float32 each; hi + lo is exact in fp32 and holds about 16 significant bits of x."""
+    hi, lo = two_part(np.asarray(x, dtype=np.float32))
+    return bits_to_f32(hi), bits_to_f32(lo)
+
+
 def scan_tiles(case: dict, g: np.ndarray, step: Callable,
                tile_gate: Callable = chunk_tile_gate) -> tuple[np.ndarray, np.ndarray]:
     """The walk over every sequence, head and tile that Kernel S and the forward share, in numpy: S from
@@ -145,7 +153,7 @@ def emulate(case: dict) -> np.ndarray:
         Kr = bf16(kt * np.exp2(gT[None, :] - gc))
         P = (Kd.astype(f64) @ bf16(S).astype(f64)).astype(np.float32)
         W = bt[:, None] * (vt - P)
-        U = (inv.astype(f64) @ bf16(W).astype(f64)).astype(np.float32)
+        U = (inv.astype(f64) @ np.add(*two_parts(W)).astype(f64)).astype(np.float32)   # W in two bf16 parts
         return (np.exp2(gT)[:, None] * S + (Kr.T.astype(f64) @ bf16(U).astype(f64))).astype(np.float32)
 
     return scan_tiles(case, g, step)[0]

@@ -21,8 +21,9 @@ Per sequence, head and 64-token chunk (rows >= L padded: q = k = v = beta = 0, g
   stored fp16 divided by a power of two a chunk and head (``u_format``: also bf16 or fp32, the study's
   alternatives);
 * **the chain** in 64-token steps: v_new = u - w S, S <- 2^gT S + kg^T v_new (S fp32; bf16 as an
-  operand; v_new stored bf16), the state entering the chunk stored bf16 (``kernel.forward_chain`` is
-  its kernel: :func:`chain` here is its arithmetic, up to the order its MMAs sum in);
+  operand; v_new stored bf16, and read by the update in two bf16 parts), the state entering the chunk
+  stored bf16 (``kernel.forward_chain`` is its kernel: :func:`chain` here is its arithmetic, up to the
+  order its MMAs sum in);
 * **o**: (s q 2^gc) S + Aqk v_new, from the stored state and v_new, stored bf16.
 
 The inputs and outputs follow ``kernel.forward``'s: q, k, v bf16 values [tokens, H, 128], FLA's g (the
@@ -216,10 +217,11 @@ def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_format: str = 
 
 
 def chain_step(S, w, u, kg, decay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One step of the chain: (bf16(S), v_new, the next S) from S (fp32 [K, V]) and the chunk's operands."""
+    """One step of the chain: (bf16(S), v_new, the next S) from S (fp32 [K, V]) and the chunk's operands. v_new
+    is stored bf16; the update reads it in two bf16 parts (:func:`split_bf16`; hi + lo is exact in fp32)."""
     Sb = bf16(S)
-    v_new = bf16((u - mm(w, Sb)).astype(np.float32))
-    return Sb, v_new, (decay[:, None] * S + mm(kg.T, v_new)).astype(np.float32)
+    v_hi, v_lo = split_bf16((u - mm(w, Sb)).astype(np.float32))
+    return Sb, v_hi, (decay[:, None] * S + mm(kg.T, v_hi + v_lo)).astype(np.float32)
 
 
 def chain(w, u, kg, decay, cu_chunks, initial_state=None, u_scale=None) -> dict:

@@ -4,7 +4,8 @@
 // Per sequence, value head and 64-token chunk c, from the chunk's products (the first pass's outputs):
 //     v_new = 2^e u - w bf16(S)                      [64 x V]   w [64 x K] bf16, u [64 x V] fp16 (2^e its
 //                                                               chunk's scale: kernel/forward_products)
-//     S    <- diag(decay) S + kg^T bf16(v_new)       [K x V]    kg [64 x K] bf16, decay = 2^gT [K] fp32
+//     S    <- diag(decay) S + kg^T v_new             [K x V]    kg [64 x K] bf16, decay = 2^gT [K] fp32,
+//                                                               v_new in two bf16 parts
 // with bf16(S), the state entering the chunk, and bf16(v_new) written out (the o pass and the backward
 // read them), and S in fp32 from start to end (chain_step of tests/kernel/three_pass_model.py is the
 // arithmetic). At one long sequence this is the forward's serial path: one step of two dependent GEMMs
@@ -18,7 +19,7 @@
 //     X^T   = bf16(S^T) w^T           A: S^T's accumulators repacked; B: w [r][k] rows, ldmatrix
 //                                     (each warp over its k half; the halves meet in shared memory)
 //     Vn^T  = 2^e u^T - X^T           u [r][v] by ldmatrix .trans, in the accumulators' layout
-//     S^T   = S^T diag(decay) + bf16(Vn^T) kg     B: kg [r][k] by ldmatrix .trans
+//     S^T   = S^T diag(decay) + Vn^T kg           A: Vn^T in two bf16; B: kg [r][k] by ldmatrix .trans
 // The fifth warp is the producer: one lane issues each step's tensor copies (w and kg as two [64 x 64]
 // boxes each, u's [64 x 32] box, decay's 512 bytes, u's scale's 16) into a ring of FC_NSTAGE stages on mbarriers
 // (ring.cuh's MbarrierRing), FC_NSTAGE - 1 steps ahead of the chain.
@@ -234,9 +235,12 @@ extern "C" __global__ void __launch_bounds__(fc::THREADS, 1) kda_forward_chain(
             const float4 o = partner[32 * i];
             un[i][0] -= x[i][0] + o.x; un[i][1] -= x[i][1] + o.y; un[i][2] -= x[i][2] + o.z; un[i][3] -= x[i][3] + o.w;
         }
-        u32 va[4][4];   // bf16(Vn^T) as the A operand of the update's 4 r-steps
+        // Vn^T in two bf16 parts (fragments.cuh) as the A operand of the update's 4 r-steps: va = bf16(Vn^T), what
+        // is written out, and vr the rest, which the state update also reads; one bf16 of Vn was the largest
+        // rounding in the final state's error
+        u32 va[4][4], vr[4][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) acc_to_a(va[kk], un[2 * kk], un[2 * kk + 1]);
+        for (int kk = 0; kk < 4; ++kk) acc_to_a_two_parts(va[kk], vr[kk], un[2 * kk], un[2 * kk + 1]);
         if (kh == 0) {   // bf16(Vn) [r][v] out, by the k-half-0 warp of each mv
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
@@ -255,7 +259,8 @@ extern "C" __global__ void __launch_bounds__(fc::THREADS, 1) kda_forward_chain(
             }
         }
 
-        // S^T += bf16(Vn^T) kg: B[r][k] = kg's rows, by ldmatrix .trans (matrix i: r block i & 1, k block i >> 1)
+        // S^T += Vn^T kg, the rest's part first: B[r][k] = kg's rows, by ldmatrix .trans (matrix i: r block i & 1,
+        // k block i >> 1)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -265,6 +270,8 @@ extern "C" __global__ void __launch_bounds__(fc::THREADS, 1) kda_forward_chain(
                 u32 b[4];
                 ldmatrix_x4_trans(b, smem_addr(stg.kg[kh] + swizzled<128>(r, chunk)));
                 const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma_m16n8k16_bf16(st[2 * np], vr[kk], b_lo, st[2 * np]);
+                mma_m16n8k16_bf16(st[2 * np + 1], vr[kk], b_hi, st[2 * np + 1]);
                 mma_m16n8k16_bf16(st[2 * np], va[kk], b_lo, st[2 * np]);
                 mma_m16n8k16_bf16(st[2 * np + 1], va[kk], b_hi, st[2 * np + 1]);
             }

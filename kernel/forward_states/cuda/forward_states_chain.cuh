@@ -7,7 +7,7 @@
 // inv [i][j], v [token][this CTA's v], beta [token] and gamma [k], as forward_states.cu describes.
 //     P^T  = S^T Kd^T            A = S^T (accumulators)  B = Kd^T: Kd [token][K], cols first, plain
 //     W^T  = beta (v^T - P^T)    per token column, in registers
-//     U^T  = W^T INV^T           A = W^T                 B = INV^T: INV [i][j], cols first, plain
+//     U^T  = W^T INV^T           A = W^T in two bf16     B = INV^T: INV [i][j], cols first, plain
 //     S^T <- gamma S^T + U^T Kr  A = U^T                 B = Kr: Kr [token][K], rows first, .trans
 // P^T's 8 k-steps go to G6_SPLIT independent accumulator pairs, summed at the end pairwise.
 // Included after a kernel's configuration; every name it uses is a parameter or ptx_lab's.
@@ -83,16 +83,19 @@ __device__ __forceinline__ void step(u32 (&ua)[4], float (&acc)[HEAD_DIM / 8][4]
         w[nt2][3] = b1 * (bf16_to_f32(st.v[c0 + 1][vrow + gr + 8]) - p[nt2][3]);
     }
 
-    // U^T = W^T INV^T [16 v x 16 tokens]
+    // U^T = W^T INV^T [16 v x 16 tokens], W^T in two bf16 parts (fragments.cuh), the rest first: W is a
+    // difference computed in fp32, and one bf16 of it was the largest rounding in the final state's error
     float u[2][4];
     {
-        u32 a[4], b[4];
-        acc_to_a(a, w[0], w[1]);
+        u32 hi[4], lo[4], b[4];
+        acc_to_a_two_parts(hi, lo, w[0], w[1]);
         const RowCol p = x4_cols_first(0, 0, xl);
         ldmatrix_x4(b, smem_addr(&st.inv[p.row][p.col]));
         const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_m16n8k16_bf16(u[0], a, b0, zero);
-        mma_m16n8k16_bf16(u[1], a, b1, zero);
+        mma_m16n8k16_bf16(u[0], lo, b0, zero);
+        mma_m16n8k16_bf16(u[1], lo, b1, zero);
+        mma_m16n8k16_bf16(u[0], hi, b0, u[0]);
+        mma_m16n8k16_bf16(u[1], hi, b1, u[1]);
     }
 
     // S^T <- gamma S^T + U^T Kr

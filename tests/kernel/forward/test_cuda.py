@@ -10,6 +10,7 @@ from ptx_lab import model
 
 from ..chain_fragments import (BLK_STRIDE, COLS_FIRST, D, GR, OP_STRIDE, ROWS_FIRST, SNAP_STRIDE, TQ, acc_of, addr,
                                bf16, chain_step, image, mma, pack_a)
+from ..forward_states_cases import two_parts
 
 
 @pytest.mark.parametrize("g6_split", [1, 2, 4])
@@ -45,7 +46,7 @@ def test_the_consumer_tile_step_computes_the_tile_algebra_and_o(g6_split):
     f64 = np.float64
     S0 = bf16(S).astype(f64)
     W = beta[:, None] * (v - Kd.astype(f64) @ S0)
-    U = bf16(INV.astype(f64) @ bf16(W).astype(f64)).astype(f64)
+    U = bf16(INV.astype(f64) @ np.add(*two_parts(W)).astype(f64)).astype(f64)   # W in two bf16 parts
     S1 = gamma[:, None] * S + Kr.T.astype(f64) @ U
     o = Qd.astype(f64) @ S0 + Mqk.astype(f64) @ U
     # the model sums in float64 like the algebra; a wrong fragment order or .trans gives O(1)

@@ -73,19 +73,19 @@ def test_the_chunks_products_are_the_pairwise_sums(span):
 
 @pytest.mark.parametrize("recipe", ["ragged", "past fp32's range", "trained-layer gate"])
 def test_three_passes_keep_the_one_pass_precision(recipe):
-    # measured (README): every output within 1.17x the one pass's error with u in bf16, within 1.03x with u in
-    # fp32 and within 1.04x in fp16 (at most 1% above fp32's), and the pairwise blocks where the one pass's
-    # tiles are. o below the one pass's (0.87-0.91x with u in fp16): Aqk's operands are two bf16 each here, one
-    # in the one pass's Mqk
+    # measured (README, with both chains' updates reading their fp32 operand in two bf16 parts): every output
+    # within 1.28x the one pass's error with u in bf16, within 1.01x with u in fp32 or fp16 (at most 1% above
+    # fp32's), and the pairwise blocks where the one pass's tiles are. o below the one pass's (0.93-0.98x with u
+    # in fp16): Aqk's operands are two bf16 each here, one in the one pass's Mqk
     pytest.importorskip("torch")   # the trained-layer gate is drawn with torch
     assert U_FORMATS == ("bf16", "fp16", "fp32")
     r = compare(case_of(recipe))
     for name in ("o", "final", "states"):
         one, three, three_u16, three_u32 = r[name]
-        assert three < 1.25 * one and three < BOUNDS[name], (name, one, three)
+        assert three < 1.3 * one and three < BOUNDS[name], (name, one, three)
         assert three_u32 < 1.06 * one and three_u32 < three, (name, one, three_u32)
         assert three_u16 < 1.06 * one and three_u16 < three and three_u16 < 1.02 * three_u32, (name, three_u16)
-    assert r["o"][2] < 0.95 * r["o"][0], r["o"]
+    assert r["o"][2] < r["o"][0], r["o"]
     assert r["pairwise"][0] == r["pairwise"][1]
 
 

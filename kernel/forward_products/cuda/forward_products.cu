@@ -501,8 +501,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
         a[kk][2] = pair(inv[ra][cc + 8], inv[ra][cc + 9]);
         a[kk][3] = pair(inv[rb][cc + 8], inv[rb][cc + 9]);
     }
-    // u_div 0: the product out in bf16 (w); else times u_div (2^-e) in fp16 (u)
-    const auto times_inv = [&](const OpTile& b_tile, unsigned short* out, float u_div) {
+    // w leaves in bf16; u leaves times u_div (2^-e) in fp16, the scale that keeps it in fp16's range
+    const auto times_inv = [&](const OpTile& b_tile, unsigned short* out, bool is_u, float u_div) {
 #pragma unroll 2
         for (int np = 0; np < HEAD_DIM / 16; ++np) {   // 16 columns at a time: two n-tiles
             float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -520,14 +520,14 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
 #pragma unroll
             for (int n = 0; n < 2; ++n) {
                 const int col = 16 * np + 8 * n + 2 * t;
-                const u32 lo = u_div == 0.f ? pair(acc[n][0], acc[n][1]) : pack_f16x2(acc[n][0] * u_div, acc[n][1] * u_div);
-                const u32 hi = u_div == 0.f ? pair(acc[n][2], acc[n][3]) : pack_f16x2(acc[n][2] * u_div, acc[n][3] * u_div);
+                const u32 lo = !is_u ? pair(acc[n][0], acc[n][1]) : pack_f16x2(acc[n][0] * u_div, acc[n][1] * u_div);
+                const u32 hi = !is_u ? pair(acc[n][2], acc[n][3]) : pack_f16x2(acc[n][2] * u_div, acc[n][3] * u_div);
                 *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + ra) * HEAD_DIM + col) = lo;
                 *reinterpret_cast<u32*>(out + (static_cast<size_t>(ch) * R + rb) * HEAD_DIM + col) = hi;
             }
         }
     };
-    times_inv(bk_tile(sh), w_out, 0.f);
+    times_inv(bk_tile(sh), w_out, false, 1.f);
 
     // ---- bv = bf16(beta v) in place, and the largest |bv| for u's scale ----
     cp_async_wait<0>();
@@ -568,5 +568,5 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
     if (tid == 0)
         *reinterpret_cast<float4*>(u_scale_out + ch * 4) =
             make_float4(__uint_as_float(static_cast<u32>(127 + u_exp) << 23), 0.f, 0.f, 0.f);
-    times_inv(bv_rows, u_out, u_div);
+    times_inv(bv_rows, u_out, true, u_div);
 }

@@ -59,7 +59,8 @@ measures our backward on FLA's tensors; ``kernel.chunk_kda``'s rows (``trained-l
 the forward ``--our-forward`` names (``kernel.using_forward``; ours by default).
 
 Every recipe also gets a row of ``kernel.chunk_kda`` (unless ``--no-ours``), our forward (or the one
-``--our-forward`` names) and our backward, so that the forward's outputs are judged too: the table's
+``--our-forward`` names; ``--passes`` picks the one pass or the three passes where the rule would pick the
+other) and our backward, so that the forward's outputs are judged too: the table's
 ``o`` and ``ht`` columns are the output and the final state against the float64 forward
 (:func:`kernel.reference.kda_forward_reference` on the same rounded inputs), for FLA's rows and the
 ``chunk_kda`` rows; the row of ``kernel.kda_backward`` on FLA's forward has none there ("-"): its
@@ -71,11 +72,12 @@ the error any bf16 output has at best.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -109,6 +111,11 @@ OURS = "ours (kda_backward)"
 # --our-forward: kernel.chunk_kda's forward in the OURS_DROPIN rows (kernel.using_forward), as the table words it
 OUR_FORWARDS = {"ours": "our forward", "fla": "FLA's forward"}
 OURS_DROPIN = "ours (chunk_kda)"
+# --passes: which of our forwards kernel.chunk_kda's rows run, as the value of the rule's knob
+# (kernel.three_pass_forward.THREE_PASS_MAX_PAIRS) that forces it: None keeps the rule, which at this table's
+# few heads and one sequence takes the three passes where a model's 32 heads at 32x8192 take the one pass
+PASSES = {"rule": None, "one": 0, "three": sys.maxsize}
+PASSES_WORDS = {"rule": "the rule's passes", "one": "the one pass", "three": "the three passes"}
 FALLBACK = "chunk_kda: FLA's backward (fallback)"
 
 
@@ -248,6 +255,21 @@ def dropin_gradients(dev: dict) -> tuple[dict, bool]:
     from kernel import chunk_kda
 
     return catching_fallback(lambda: autograd_gradients(chunk_kda, dev, safe_gate=False))
+
+
+@contextlib.contextmanager
+def forcing_passes(passes: str) -> Iterator[None]:
+    """kernel.chunk_kda's forward for a block: the rule's choice ("rule"), the one pass ("one") or the three
+    passes ("three"), through the rule's knob; the knob's value before comes back after, on an error too."""
+    import kernel.three_pass_forward as three_passes
+
+    before = three_passes.THREE_PASS_MAX_PAIRS
+    if PASSES[passes] is not None:
+        three_passes.THREE_PASS_MAX_PAIRS = PASSES[passes]
+    try:
+        yield
+    finally:
+        three_passes.THREE_PASS_MAX_PAIRS = before
 
 
 def catching_fallback(run):
@@ -417,6 +439,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                     help=f"the forward kernel.chunk_kda runs in the {TRAINED_LAYER} and {LAYER_CALL} rows "
                          "(kernel.using_forward): ours (default) or fla (FLA's forward, our backward); the other "
                          "recipes' row of ours is kernel.kda_backward on FLA's forward tensors either way")
+    ap.add_argument("--passes", choices=tuple(PASSES), default="rule",
+                    help="which of our forwards kernel.chunk_kda's rows run: the rule's choice (default; "
+                         "kernel.three_pass_forward.three_passes_pay, which at a few heads and one sequence takes "
+                         "the three passes), the one pass (kernel.forward, what 32 heads at 32x8192 run) or the "
+                         "three passes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, metavar="FILE", help="also write the table and the verdict there")
     a = ap.parse_args(argv)
@@ -427,6 +454,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     if a.projection_scale is not None and not set(LAYER_GATES) & set(a.recipes):
         ap.error(f"--projection-scale belongs to the {TRAINED_LAYER} and {LAYER_CALL} recipes, which --recipes "
                  f"leaves out")
+    if a.passes != "rule" and a.our_forward != "ours":
+        ap.error(f"--passes {a.passes} chooses among our forwards, and --our-forward {a.our_forward} runs FLA's")
     a.safe_gate = [v == "true" for v in a.safe_gate]
 
     from ptx_lab.gpu import gpu_reason
@@ -489,7 +518,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
                     elif label == OURS_DROPIN:
                         import kernel
 
-                        with kernel.using_forward(a.our_forward):
+                        with kernel.using_forward(a.our_forward), forcing_passes(a.passes):
                             grads, fallbacks[case] = dropin_gradients(dev)
                         label = FALLBACK if fallbacks[case] else label
                     else:
@@ -510,7 +539,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
     print(f"\nthe whole backward's gradients and the forward's o and ht vs float64 (relative Frobenius), H = "
           f"{a.heads}, K = V = {K}: FLA's chunk_kda (autograd) and ours: {OURS} (FLA's forward, kernel.kda_backward, "
           f"FLA's l2norm backward; not for {TRAINED_LAYER} and {LAYER_CALL}) and {OURS_DROPIN} (kernel.chunk_kda with "
-          f"{OUR_FORWARDS[a.our_forward]} and our backward); "
+          f"{OUR_FORWARDS[a.our_forward]}"
+          + (f", {PASSES_WORDS[a.passes]}" if a.our_forward == "ours" and a.passes != "rule" else "")
+          + " and our backward); "
           f"{NOT_THERE}: a gradient the recipe has not, or o and ht where the row's forward is FLA's)"
           + ("" if kda_backward is not None else f"; ours {why_not_ours}") + ":")
     print(line(header))

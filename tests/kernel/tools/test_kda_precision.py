@@ -391,3 +391,44 @@ def test_the_reference_has_the_forwards_o_and_final_state(monkeypatch):
         assert set(got) >= set(kda_precision.GRADIENTS) | set(kda_precision.OUTPUTS)
         assert np.array_equal(got["o"], o) and np.array_equal(got["ht"], ht)
         assert got["o"].shape == raw["v"].shape and got["ht"].shape == raw["dht"].shape
+
+
+@pytest.mark.parametrize("argv, pays, words", [([], True, None),
+                                               (["--passes", "one"], False, "the one pass"),
+                                               (["--passes", "three"], True, "the three passes")])
+def test_passes_forces_our_forward_in_chunk_kdas_rows(argv, pays, words, monkeypatch, capsys):
+    """--passes reaches kernel.chunk_kda's rows through the rule's knob (its value back after), and the
+    table's heading names it; at H = 2 and one sequence of 8192 the rule alone takes the three passes. The
+    GPU work replaced by stand-ins."""
+    torch = pytest.importorskip("torch")
+    import kernel.three_pass_forward as three_passes
+    import ptx_lab.gpu
+
+    seen = []
+    grads = {n: np.ones(3) for n in kda_precision.GRADIENTS}
+
+    def cpu_inputs(raw):
+        out = {n: torch.from_numpy(np.ascontiguousarray(raw[n])) for n in ("q", "k", "v", "g", "beta", "do", "dht")}
+        out["h0"], out["cu_seqlens"] = torch.zeros_like(out["dht"]), raw["cu_seqlens"]
+        return out
+
+    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))   # main only checks that it imports
+    monkeypatch.setattr(ptx_lab.gpu, "gpu_reason", lambda: None)
+    monkeypatch.setattr(kda_precision, "device_inputs", cpu_inputs)
+    monkeypatch.setattr(kda_precision, "reference_gradients", lambda seen_, cu: grads)
+    monkeypatch.setattr(kda_precision, "fla_gradients", lambda dev, safe_gate: grads)
+    monkeypatch.setattr(kda_precision, "dropin_gradients",
+                        lambda dev: seen.append(three_passes.three_passes_pay(2, 1, 8192, None)) or (grads, False))
+    before = three_passes.THREE_PASS_MAX_PAIRS
+    assert kda_precision.main(["--T", "64", "--heads", "1", "--varlen", "0", "--recipes", "trained-layer",
+                               *argv]) == 0
+    assert seen == [pays] and three_passes.THREE_PASS_MAX_PAIRS == before
+    out = capsys.readouterr().out
+    assert (f"kernel.chunk_kda with our forward, {words} and our backward" in out if words
+            else "kernel.chunk_kda with our forward and our backward" in out)
+
+
+def test_passes_belongs_to_our_forward(capsys):
+    with pytest.raises(SystemExit):
+        kda_precision.main(["--passes", "one", "--our-forward", "fla"])
+    assert "--passes one chooses among our forwards, and --our-forward fla runs FLA's" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 three-pass forward (docs/kda_forward.md, the design "three passes (64-token chain)").
 
     out = forward_products(q, k, v, g, beta, scale=s, cu_seqlens=cu, training=True)
-    out.w, out.u, out.u_scale, out.kg, out.qg, out.aqk, out.decay, out.cu_chunks, out.Aqk, out.Akk
+    out.w, out.u, out.u_scale, out.kg, out.qg, out.aqk, out.aqk_lo, out.decay, out.cu_chunks, out.Aqk, out.Akk
     out = forward_products(q, k, v, g, beta, ..., token_gate=True, l2norm=True)   # the gate, q and k as they come
     out.q, out.k, out.q_rstd, out.k_rstd                                          # ... and q, k normalised
 
@@ -20,7 +20,8 @@ from the states. Per chunk (kernel/forward_products/cuda/forward_products.cu)::
 u goes out in fp16 divided by a power of two a chunk, u_scale: the chain subtracts w S from u, so u's
 rounding goes straight into v_new, and fp16 keeps 8 more bits than bf16 in the same bytes. The scale puts a
 bound on |u| (INV's largest row sum of magnitudes times the largest |beta v|) in (2^14, 2^15], within
-fp16's range for any v (docs/log/49).
+fp16's range for any v (docs/log/49). Aqk goes out in two bf16, aqk = bf16(Aqk) and aqk_lo = bf16(Aqk - aqk),
+so that the o pass reads it to about 16 bits: in one bf16 its rounding makes 13% of o's error in the model.
 
 The numpy statement, rounding for rounding, is ``chunk_operands`` of tests/kernel/three_pass_model.py
 (its ``operands`` over a batch); the kernel's MMAs and exp2 differ from numpy's in their last bits.
@@ -36,12 +37,14 @@ sequence's end zero)::
     w, kg, qg      bf16 [chunks, HV, 64, 128]
     u              fp16 [chunks, HV, 64, 128]   u / u_scale
     u_scale        fp32 [chunks, HV, 4]         (2^e, 0, 0, 0): 16 bytes, the chain's smallest bulk copy
-    aqk            bf16 [chunks, HV, 64, 64]    (zero above the diagonal)
+    aqk, aqk_lo    bf16 [chunks, HV, 64, 64]    Aqk's two parts, hi + lo within 2^-16 of it (zero above the
+                                                diagonal)
     decay          fp32 [chunks, HV, 128]
     cu_chunks      host int64 [N + 1]           sequence n's chunks
     Aqk, Akk       bf16 [.., HV, 64] (training): the 16 x 16 diagonal blocks of Aqk and of INV in FLA's
                    layout, as kernel.forward writes them for our backward (the rest of a row is not written;
-                   INV's the one pass's bits, Aqk's nearer float64: its operands are two bf16 each)
+                   INV's the one pass's bits, Aqk's aqk's bits, nearer float64 than the one pass's: its operands
+                   are two bf16 each)
     q, k           bf16 [.., H, 128] (l2norm, training): q and k normalised, the backward's q and k
     q_rstd, k_rstd fp32 [.., H] (l2norm, training): each row's 1 / sqrt(sum x^2 + 1e-6), the backward's rstd
 
@@ -67,7 +70,7 @@ __all__ = ["forward_products", "plan_products", "ProductsPlan", "ProductsOutputs
 
 # the outputs indexed by chunk, and those indexed by token (None where the plan writes none), each in the
 # kernel's argument order
-CHUNK_MAJOR = ("w", "u", "u_scale", "kg", "qg", "aqk", "decay")
+CHUNK_MAJOR = ("w", "u", "u_scale", "kg", "qg", "aqk", "aqk_lo", "decay")
 TOKEN_MAJOR = ("Aqk", "Akk", "q", "k", "q_rstd", "k_rstd")
 
 
@@ -78,6 +81,7 @@ class ProductsOutputs(NamedTuple):
     kg: Any
     qg: Any
     aqk: Any
+    aqk_lo: Any
     decay: Any
     cu_chunks: np.ndarray
     Aqk: Any     # None unless training
@@ -172,7 +176,7 @@ def launch_planned(plan: ProductsPlan, q, k, v, g, beta, out: dict, chunks: tupl
     part = {n: out[n][c0:c1] for n in CHUNK_MAJOR}
     fn(((c1 - c0) * plan.HV,), (threads,),
        (q, k, v, g, beta, table, np.int32(plan.H), np.int32(plan.HV), np.float32(plan.scale), part["w"], part["u"],
-        part["kg"], part["qg"], part["aqk"], part["decay"], part["u_scale"],
+        part["kg"], part["qg"], part["aqk"], part["aqk_lo"], part["decay"], part["u_scale"],
         *(out[n] if out[n] is not None else null for n in TOKEN_MAJOR)),
        shared_mem=smem)
 
@@ -185,7 +189,8 @@ def allocate(plan: ProductsPlan, device=None) -> tuple[dict, dict]:
     shapes = {"w": ((C, HV, CHUNK_TOKENS, D), "bf16"), "u": ((C, HV, CHUNK_TOKENS, D), "f16"),
               "u_scale": ((C, HV, 4), "f32"),
               "kg": ((C, HV, CHUNK_TOKENS, D), "bf16"), "qg": ((C, HV, CHUNK_TOKENS, D), "bf16"),
-              "aqk": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"), "decay": ((C, HV, D), "f32")}
+              "aqk": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"),
+              "aqk_lo": ((C, HV, CHUNK_TOKENS, CHUNK_TOKENS), "bf16"), "decay": ((C, HV, D), "f32")}
     if plan.training:
         blocks = (plan.B, plan.T, HV, CHUNK_TOKENS)
         shapes.update(Aqk=(blocks, "bf16"), Akk=(blocks, "bf16"))

@@ -190,8 +190,9 @@ def unit_lower_inverse(lkk: np.ndarray) -> np.ndarray:
 def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_format: str = "fp16") -> dict:
     """The products pass on one chunk (rows >= L padded as the module docstring says): w, u, kg, qg [64, 128]
     (bf16 values; u as ``u_format`` stores it, :data:`U_FORMATS`), u_scale (the power of two u was stored
-    divided by: 1 but in fp16), Aqk [64, 64] (fp32), decay = 2^gT [128] (fp32) and the count of blocks
-    formed pairwise."""
+    divided by: 1 but in fp16), aqk [64, 64] (fp32, as formed), aqk_hi and aqk_lo (its two bf16 parts as the
+    pass stores them, :func:`split_bf16`: hi + lo is aqk within 2^-16 of itself, both zero above the diagonal
+    and past L), decay = 2^gT [128] (fp32) and the count of blocks formed pairwise."""
     f32 = np.float32
     if u_format not in U_FORMATS:
         raise ValueError(f"u_format must be one of {U_FORMATS}, got {u_format!r}")
@@ -212,8 +213,9 @@ def chunk_operands(qc, kc, vc, bc, gc, L: int, scale: float, *, u_format: str = 
             u = bf16(u)
         kg = bf16(ftz(kc * ftz(np.exp2(gT[None, :] - gc))))
         qg = bf16(ftz(f32(scale) * qc * start))
-    return {"w": w, "u": u, "u_scale": u_scale, "kg": kg, "qg": qg, "aqk": aqk, "decay": np.exp2(gT).astype(f32),
-            "pairwise": pairwise}
+    aqk_hi, aqk_lo = split_bf16(aqk)
+    return {"w": w, "u": u, "u_scale": u_scale, "kg": kg, "qg": qg, "aqk": aqk, "aqk_hi": aqk_hi, "aqk_lo": aqk_lo,
+            "decay": np.exp2(gT).astype(f32), "pairwise": pairwise}
 
 
 def chain_step(S, w, u, kg, decay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -248,16 +250,18 @@ def chain(w, u, kg, decay, cu_chunks, initial_state=None, u_scale=None) -> dict:
 
 def operands(q, k, v, g, beta, lengths, *, scale: float, u_format: str = "fp16", token_gate: bool = False) -> dict:
     """The products pass over a batch (``kernel.forward``'s inputs, module docstring): w, u, kg, qg [chunks,
-    H, 64, 128] (u as ``u_format`` stores it), u_scale [chunks, H], Aqk [chunks, H, 64, 64], decay [chunks,
-    H, 128], cu_chunks [N + 1] (host int64) and the pairwise blocks' count. ``token_gate``: g is each token's
-    natural-log gate, summed over each chunk's rows (rows past L add zero: their gc is row L - 1's)."""
+    H, 64, 128] (u as ``u_format`` stores it), u_scale [chunks, H], aqk (fp32), aqk_hi and aqk_lo (its two bf16
+    parts) [chunks, H, 64, 64], decay [chunks, H, 128], cu_chunks [N + 1] (host int64) and the pairwise blocks'
+    count. ``token_gate``: g is each token's natural-log gate, summed over each chunk's rows (rows past L add
+    zero: their gc is row L - 1's)."""
     f32 = np.float32
     H = q.shape[1]
     bos = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     cu_chunks = np.concatenate([[0], np.cumsum([math.ceil(n / BT) for n in lengths])]).astype(np.int64)
     chunks = int(cu_chunks[-1])
     out = {name: np.zeros((chunks, H, BT, D), dtype=f32) for name in ("w", "u", "kg", "qg")}
-    out["aqk"] = np.zeros((chunks, H, BT, BT), dtype=f32)
+    for name in ("aqk", "aqk_hi", "aqk_lo"):
+        out[name] = np.zeros((chunks, H, BT, BT), dtype=f32)
     out["decay"] = np.zeros((chunks, H, D), dtype=f32)
     out["u_scale"] = np.ones((chunks, H), dtype=f32)
     pairwise = 0

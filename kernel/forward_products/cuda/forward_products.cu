@@ -9,15 +9,16 @@
 //     Lkk  = strict_tril(diag(beta) k k^T weighted the same)                     [64 x 64]
 //     INV  = (I + Lkk)^-1 (fp32)
 //     w    = INV bf16(beta k 2^gc),  u = INV bf16(beta v),  kg = k 2^(gT - gc),  qg = s q 2^gc,  decay = 2^gT
-// w, kg, qg and Aqk go out in bf16 (the chain and the o pass read them), decay in fp32; u in fp16, divided by
-// a power of two 2^e a chunk (u_scale, fp32): the chain subtracts w S from u, so u's rounding goes straight
-// into v_new, and fp16 rounds 8x finer than bf16 in the same bytes. fp16 tops out at 65504 and u has no
-// bound of its own (v is any bf16), so e is chosen from a bound on |u|: INV's largest row sum of magnitudes
-// times the largest |bf16(beta v)|, put in (2^14, 2^15] (half fp16's top: room for bf16(INV) rounding up
-// and the MMA's sums), which also lifts a chunk of small values clear of fp16's subnormals. In training
-// mode also the 16 x 16 diagonal blocks of Aqk and of INV in FLA's [tokens, HV, 64] layout, which our
-// backward reads. chunk_operands of tests/kernel/three_pass_model.py (u_format "fp16") is the arithmetic,
-// rounding for rounding.
+// w, kg and qg go out in bf16 (the chain and the o pass read them), decay in fp32. Aqk goes out in two bf16,
+// aqk = bf16(Aqk) and aqk_lo = bf16(Aqk - aqk), so that the o pass reads it to about 16 bits: in one bf16 its
+// rounding makes 13% of o's error in the model. u goes out in fp16, divided by a power of two 2^e a chunk
+// (u_scale, fp32): the chain subtracts w S from u, so u's rounding goes straight into v_new, and fp16 rounds 8x
+// finer than bf16 in the same bytes. fp16 tops out at 65504 and u has no bound of its own (v is any bf16), so e
+// is chosen from a bound on |u|: INV's largest row sum of magnitudes times the largest |bf16(beta v)|, put in
+// (2^14, 2^15] (half fp16's top: room for bf16(INV) rounding up and the MMA's sums), which also lifts a chunk of
+// small values clear of fp16's subnormals. In training mode also the 16 x 16 diagonal blocks of Aqk (aqk's bits: the
+// backward reads one bf16) and of INV in FLA's [tokens, HV, 64] layout, which our backward reads.
+// chunk_operands of tests/kernel/three_pass_model.py (u_format "fp16") is the arithmetic, rounding for rounding.
 //
 // Every factorised product stays within fp32 for any gate. Warp I owns sub-chunk I (rows 16 I ..):
 // * below the diagonal, block (I, J < I) pairs rows of I with rows of J through 2^(gc_i - gc_j), factorised
@@ -35,7 +36,7 @@
 // Tensors: q, k bf16 [tokens, H, 128]; v bf16 [tokens, HV, 128]; g fp32 [tokens, HV, 128]; beta fp32
 // [tokens, HV]; chunk table int2 [chunks] (first token, real rows L); out: w, kg, qg bf16 [chunks, HV,
 // 64, 128], u fp16 [chunks, HV, 64, 128], u_scale fp32 [chunks, HV, 4] (2^e, 0, 0, 0: 16 bytes, the chain's
-// smallest bulk copy), aqk bf16 [chunks, HV, 64, 64], decay fp32 [chunks, HV, 128]; training: aqk_blocks,
+// smallest bulk copy), aqk, aqk_lo bf16 [chunks, HV, 64, 64], decay fp32 [chunks, HV, 128]; training: aqk_blocks,
 // inv_blocks bf16 [tokens, HV, 64] (only the 16 columns of each row's own block are written), or null; the
 // l2norm build in training: q_norm, k_norm bf16 [tokens, H, 128] and q_rstd, k_rstd fp32 [tokens, H], q and k
 // as normalised and each row's rstd, written by the CTA of the first value head of the query head's group,
@@ -157,9 +158,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
         const float* __restrict__ g, const float* __restrict__ beta, const int2* __restrict__ chunk_table, int H, int HV,
         float scale, unsigned short* __restrict__ w_out, unsigned short* __restrict__ u_out,
         unsigned short* __restrict__ kg_out, unsigned short* __restrict__ qg_out, unsigned short* __restrict__ aqk_out,
-        float* __restrict__ decay_out, float* __restrict__ u_scale_out, unsigned short* __restrict__ aqk_blocks,
-        unsigned short* __restrict__ inv_blocks, unsigned short* __restrict__ q_norm,
-        unsigned short* __restrict__ k_norm, float* __restrict__ q_rstd, float* __restrict__ k_rstd) {
+        unsigned short* __restrict__ aqk_lo_out, float* __restrict__ decay_out, float* __restrict__ u_scale_out,
+        unsigned short* __restrict__ aqk_blocks, unsigned short* __restrict__ inv_blocks,
+        unsigned short* __restrict__ q_norm, unsigned short* __restrict__ k_norm, float* __restrict__ q_rstd,
+        float* __restrict__ k_rstd) {
     using namespace fp;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -397,16 +399,20 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
     __syncwarp();   // the block's zeros on the diagonal are written before the diagonal itself
     if (lane < TILE_TOKENS) aqk_row[(r0 + lane) * L_STRIDE + r0 + lane] = r0 + lane < L ? diag : 0.f;
     __syncwarp();
-    // Aqk's rows of this warp out in bf16 [64 x 64] (zero right of the diagonal); the diagonal block also
-    // to FLA's layout for the backward
+    // Aqk's rows of this warp out in two bf16 [64 x 64] (zero right of the diagonal: both parts); the diagonal
+    // block also to FLA's layout for the backward, its hi part (the backward reads one bf16)
 #pragma unroll 4
     for (int i = lane; i < TILE_TOKENS * (R / 2); i += 32) {
         const int row = r0 + i / (R / 2), col = 2 * (i % (R / 2));
         const float a0 = col <= row ? aqk_row[row * L_STRIDE + col] : 0.f;
         const float a1 = col + 1 <= row ? aqk_row[row * L_STRIDE + col + 1] : 0.f;
-        *reinterpret_cast<u32*>(aqk_out + (static_cast<size_t>(ch) * R + row) * R + col) = pair(a0, a1);
+        u32 hi, lo;
+        two_part_bf16x2(hi, lo, a0, a1);
+        const size_t o = (static_cast<size_t>(ch) * R + row) * R + col;
+        *reinterpret_cast<u32*>(aqk_out + o) = hi;
+        *reinterpret_cast<u32*>(aqk_lo_out + o) = lo;
         if (aqk_blocks != nullptr && row < L && col >= r0 && col < r0 + TILE_TOKENS)
-            *reinterpret_cast<u32*>(aqk_blocks + ((tok0 + row) * HV + hv) * R + col) = pair(a0, a1);
+            *reinterpret_cast<u32*>(aqk_blocks + ((tok0 + row) * HV + hv) * R + col) = hi;
     }
     __syncthreads();   // Lkk whole; Aqk read out of the INV tile
 

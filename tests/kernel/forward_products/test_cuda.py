@@ -1,12 +1,20 @@
-"""kernel/forward_products/cuda on the CPU: the pass's one ldmatrix use, lane by lane through ptx_lab's exact CPU
-model of the instructions. w = bf16(INV) bk and u = bf16(INV) bv, each warp its 16 rows: the A fragments from
-INV in shared memory, the B operand from the row-padded bk / bv tiles by ldmatrix .trans at the address
-forward_products.cu computes (b_row below, the source's index arithmetic transcribed), the k-steps past the
-diagonal block skipped, w's bf16 pairs and u's fp16 pairs (divided by u's scale 2^e, whose e u_exponent finds
-as the CTA does) written out as the .cu writes them. Held bit for bit to the product summed in the warps' order
-(each m16n8k16 rounded once to fp32, as model.mma_m16n8k16 rounds it), within the summation orders' bound to the
-study's arithmetic (tests/kernel/three_pass_model.py: bf16(mm(INV, bk)), fp16(mm(INV, bv) / 2^e)), and every
-ldmatrix at its fewest wavefronts (ptx_lab.banks), which is what the rows' 16 bytes of padding are for.
+"""kernel/forward_products/cuda on the CPU: the pass's one ldmatrix use and its store of Aqk, lane by lane
+through ptx_lab's exact CPU model of the instructions.
+
+w = bf16(INV) bk and u = bf16(INV) bv, each warp its 16 rows: the A fragments from INV in shared memory, the B
+operand from the row-padded bk / bv tiles by ldmatrix .trans at the address forward_products.cu computes (b_row
+below, the source's index arithmetic transcribed), the k-steps past the diagonal block skipped, w's bf16 pairs
+and u's fp16 pairs (divided by u's scale 2^e, whose e u_exponent finds as the CTA does) written out as the .cu
+writes them. Held bit for bit to the product summed in the warps' order (each m16n8k16 rounded once to fp32, as
+model.mma_m16n8k16 rounds it), within the summation orders' bound to the study's arithmetic
+(tests/kernel/three_pass_model.py: bf16(mm(INV, bk)), fp16(mm(INV, bv) / 2^e)), and every ldmatrix at its
+fewest wavefronts (ptx_lab.banks), which is what the rows' 16 bytes of padding are for.
+
+Aqk's store: each warp's rows of the fp32 Aqk staged in INV's bytes go out as two bf16 parts (two_part_bf16x2,
+ptx_lab.fragments' model of it), zero right of the diagonal whatever the staging tile holds there, and the hi
+part of the warp's diagonal block to FLA's layout for the backward: held bit for bit to the model's split_bf16
+of tril(Aqk) (tests/kernel/three_pass_model.py's chunk_operands); the hi part is bf16(Aqk), the one bf16 the
+backward's blocks hold.
 """
 from __future__ import annotations
 
@@ -19,10 +27,11 @@ from kernel.forward_products import SOURCE_PATH, all_variants, options
 from kernel.runtime.arrays import bf16_bits, bits_to_f32
 from kernel.shapes import CHUNK_TOKENS, HEAD_DIM, TILE_TOKENS, TILES_PER_CHUNK
 from ptx_lab import banks, model
+from ptx_lab.fragments import two_part_bf16x2
 
 from ..chain_fragments import mma
 from ..ptx_build import ptx_constant, ptx_of
-from ..three_pass_model import U_EXP_LIMIT, U_FP16_TOP_EXP, bf16, fp16, fp16_scale, mm, u_bound
+from ..three_pass_model import U_EXP_LIMIT, U_FP16_TOP_EXP, bf16, fp16, fp16_scale, mm, split_bf16, u_bound
 
 
 D, R = HEAD_DIM, CHUNK_TOKENS
@@ -180,6 +189,60 @@ def test_w_and_u_are_the_studys_product_within_the_summation_orders_bound():
         assert np.all(np.abs(got.astype(np.float64) - ref) <= bound), name
         differ += int(np.count_nonzero(got != ref))
     assert differ >= 1
+
+
+def aqk_stores(staged, *, L: int, ch: int, chunks_hv: int, tok0: int, tokens: int, HV: int, hv: int):
+    """The Aqk store of kda_forward_products's CTA for (chunk, value head) ch = c HV + hv: from the fp32 tile
+    staged in INV's bytes (staged [64][L_STRIDE], as the warps left it), each warp's 16 rows, lane i's pair of
+    columns 2 (i % 32) of row r0 + i / 32, masked to the diagonal and below, split by two_part_bf16x2. Returns the
+    bits of aqk and aqk_lo [chunks_hv * 64, 64] and of the blocks [tokens, HV, 64], all ones where unwritten."""
+    aqk, aqk_lo = (np.full((chunks_hv * R, R), 0xFFFF, np.uint16) for _ in range(2))
+    blocks = np.full((tokens, HV, R), 0xFFFF, np.uint16)
+    for warp in range(WARPS):
+        r0 = TILE_TOKENS * warp
+        for j in range(TILE_TOKENS * (R // 2) // 32):
+            i = LANE + 32 * j
+            row, col = r0 + i // (R // 2), 2 * (i % (R // 2))
+            a0 = np.where(col <= row, staged[row, col], np.float32(0))
+            a1 = np.where(col + 1 <= row, staged[row, col + 1], np.float32(0))
+            hi, lo = (x[:, 0] for x in two_part_bf16x2(np.stack([a0, a1], axis=1).astype(np.float32)))
+            for out, pair in ((aqk, hi), (aqk_lo, lo)):
+                out[ch * R + row, col], out[ch * R + row, col + 1] = pair & 0xFFFF, pair >> 16
+            own = (row < L) & (col >= r0) & (col < r0 + TILE_TOKENS)
+            blocks[tok0 + row[own], hv, col[own]] = hi[own] & 0xFFFF
+            blocks[tok0 + row[own], hv, col[own] + 1] = hi[own] >> 16
+    return aqk, aqk_lo, blocks
+
+
+@pytest.mark.parametrize("L", [64, 37])
+def test_aqk_goes_out_in_two_parts_and_its_blocks_in_its_hi_part(L):
+    # the staging tile as the warps leave it: rows < L their blocks at and below the diagonal block (zeros
+    # above the diagonal within it), rows >= L zeros there; right of each warp's diagonal block k's bytes,
+    # never written (NaN here). Values across fp32's range, either sign, with zeros and subnormals among them.
+    rng = np.random.default_rng(L)
+    x = (rng.choice([-1.0, 1.0], (R, R)) * np.exp2(rng.uniform(-135, 20, (R, R)))).astype(np.float32)
+    x[rng.random((R, R)) < 0.05] = 0
+    block_row, block_col = np.arange(R)[:, None] // TILE_TOKENS, np.arange(R)[None, :] // TILE_TOKENS
+    lower = np.tril(np.ones((R, R), dtype=bool)) & (np.arange(R)[:, None] < L)
+    staged = np.full((R, L_STRIDE), np.nan, np.float32)
+    staged[:, :R] = np.where(block_col <= block_row, np.where(lower, x, 0), np.nan)
+    ch, chunks_hv, HV, hv, tok0 = 5, 7, 3, 2, 11
+    aqk, aqk_lo, blocks = aqk_stores(staged, L=L, ch=ch, chunks_hv=chunks_hv, tok0=tok0, tokens=tok0 + R + 3,
+                                     HV=HV, hv=hv)
+    want = np.where(lower, x, 0).astype(np.float32)
+    hi, lo = split_bf16(want)
+    mine = np.s_[ch * R:ch * R + R]
+    np.testing.assert_array_equal(bits_to_f32(aqk[mine]), hi)
+    np.testing.assert_array_equal(bits_to_f32(aqk_lo[mine]), lo)
+    np.testing.assert_array_equal(aqk[mine], bf16_bits(want))              # the hi part: bf16(Aqk)
+    assert np.count_nonzero(lo) > np.count_nonzero(want) // 2 and np.all(lo[hi == 0] == 0)
+    for out in (aqk, aqk_lo):
+        assert np.all(np.delete(out, mine, axis=0) == 0xFFFF), "rows of another chunk"
+    own = (block_col == block_row) & (np.arange(R)[:, None] < L)             # each real row's own block
+    np.testing.assert_array_equal(blocks[tok0:tok0 + R, hv][own], aqk[mine][own])
+    assert np.all(blocks[tok0:tok0 + R, hv][~own] == 0xFFFF)
+    assert np.all(np.delete(blocks, hv, axis=1) == 0xFFFF) and np.all(blocks[:tok0] == 0xFFFF)
+    assert np.all(blocks[tok0 + R:] == 0xFFFF)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

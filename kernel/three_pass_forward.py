@@ -13,10 +13,10 @@ its own INV and products on the way: 8,192 tiles of 1.26 us at 1x131072. These t
 products off the chain and walk 64-token steps (docs/kda_forward.md, the design "three passes (64-token
 chain)"; docs/log/45):
 
-1. ``kernel.forward_products``: every chunk's w, u (fp16, with a power-of-two scale a chunk), kg, qg, Aqk and
-   decay at once, across all SMs, and Aqk's and INV's diagonal blocks for our backward;
+1. ``kernel.forward_products``: every chunk's w, u (fp16, with a power-of-two scale a chunk), kg, qg, Aqk (in two
+   bf16 parts) and decay at once, across all SMs, and Aqk's and INV's diagonal blocks for our backward;
 2. ``kernel.forward_chain``: the chain, one step of two GEMMs a chunk: the states and v_new;
-3. ``kernel.forward_output``: o from the states, v_new, qg and Aqk, across all SMs.
+3. ``kernel.forward_output``: o from the states, v_new, qg and Aqk's two parts, across all SMs.
 
 They move more bytes than the one pass (about 6.7 KB a token and head against 3.1), so they pay only where
 the one pass's chain binds: :func:`three_passes_pay` is the rule ``kernel.chunk_kda`` follows.
@@ -131,7 +131,7 @@ def three_pass_forward(q, k, v, g, beta, *, scale: float | None = None, initial_
                              cu_seqlens=plan.cu_seqlens if plan.B == 1 else None, training=keep, **forms)
         walked = forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks, initial_state=initial_state,
                                output_final_state=plan.final_shape is not None)
-        o = forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=plan.cu_seqlens)
+        o = forward_output(p.qg, walked.states, p.aqk, p.aqk_lo, walked.v_new, cu_seqlens=plan.cu_seqlens)
         final_state, states = walked.final_state, walked.states
     return ForwardOutputs(o=o.reshape(plan.o_shape), final_state=final_state,
                           states=states.reshape(plan.states_shape) if keep else None,
@@ -168,7 +168,8 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int], forms: d
     cp = chain.plan_chain(p_t["w"], p_t["u"], p_t["kg"], p_t["decay"], p_t["u_scale"], initial_state=initial_state,
                           output_final_state=plan.final_shape is not None)
     c_t, c_c = chain.allocate(cp, device)
-    op = output.plan_output(p_t["qg"], c_t["states"], p_t["aqk"], c_t["v_new"], cu_seqlens=plan.cu_seqlens)
+    op = output.plan_output(p_t["qg"], c_t["states"], p_t["aqk"], p_t["aqk_lo"], c_t["v_new"],
+                            cu_seqlens=plan.cu_seqlens)
     o_t, o_c = output.allocate(op, device)
     # torch's memory for a torch caller (the CuPy view keeps the tensor alive)
     carry = [empty_output((1, cp.HV, HEAD_DIM, HEAD_DIM), "f32", device)[1] for _ in range(2)]
@@ -193,7 +194,8 @@ def _in_pieces(plan, q, k, v, g, beta, initial_state, edges: list[int], forms: d
             products.launch_planned(pp, q_c, k_c, v_c, g_c, beta_c, p_c, chunks=ranges[i + 1])
             made = main.record()
         main.wait_event(walked)
-        output.launch_planned(op, p_c["qg"], c_c["states"], p_c["aqk"], c_c["v_new"], o_c, chunks=(c0, c1))
+        output.launch_planned(op, p_c["qg"], c_c["states"], p_c["aqk"], p_c["aqk_lo"], c_c["v_new"], o_c,
+                              chunks=(c0, c1))
     outputs = products.ProductsOutputs(**{n: p_t[n] for n in (*products.CHUNK_MAJOR, *products.TOKEN_MAJOR)},
                                        cu_chunks=pp.cu_chunks)
     return o_t, c_t["final_state"], c_t["states"], outputs

@@ -23,7 +23,7 @@ __all__ = ["Config", "options", "all_variants", "BUILD", "SOURCE_DIR", "SOURCE_P
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    warps: int = 4     # a CTA's 77 KB of tiles allow two CTAs an SM either way; 4 warps load each A fragment
+    warps: int = 4     # a CTA's 86 KB of tiles allow two CTAs an SM either way; 4 warps load each A fragment
                        # (qg's, Aqk's rows) once, 8 put twice the threads on the copies (not yet measured)
     lineinfo: bool = False   # -lineinfo, so compute-sanitizer and ncu name source lines (not a knob)
 

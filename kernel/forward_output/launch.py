@@ -1,7 +1,7 @@
 """The o pass: the forward's output from the state entering every 64-token chunk and each chunk's v_new,
-two GEMMs a chunk and value head, every chunk at once.
+three GEMMs a chunk and value head, every chunk at once.
 
-    o = forward_output(qg, states, aqk, v_new, cu_seqlens=cu)
+    o = forward_output(qg, states, aqk, aqk_lo, v_new, cu_seqlens=cu)
 
 What and why
 ------------
@@ -11,19 +11,22 @@ builds every chunk's products (qg, Aqk among them), the second (``kernel.forward
 carried from chunk to chunk, so it runs every (chunk, value head) at once, one CTA each
 (kernel/forward_output/cuda/forward_output.cu)::
 
-    o[chunk's real rows] = bf16(qg S + Aqk v_new)[:L]
+    o[chunk's real rows] = bf16(qg S + Aqk_hi v_new + Aqk_lo v_new)[:L]
 
-in fp32 accumulators, L the chunk's real rows (64 but at a sequence's last chunk). The numpy statement of
-the same arithmetic is ``o_pass`` of tests/kernel/three_pass_model.py (it sums the two products apart
-and in float64, the kernel's MMAs into one fp32 accumulator, so the two agree to fp32 rounding before o's
-one bf16 rounding, not bit for bit).
+in fp32 accumulators, L the chunk's real rows (64 but at a sequence's last chunk). Aqk comes in two bf16
+parts, as the products pass writes it (hi = bf16(Aqk), lo = bf16(Aqk - hi)): in one bf16 its rounding makes
+13% of o's error in the model. The numpy statement of the same arithmetic is ``o_pass`` of
+tests/kernel/three_pass_model.py (it sums qg S and (hi + lo) v_new apart and in float64, the kernel's MMAs
+into one fp32 accumulator, so the two agree to fp32 rounding before o's one bf16 rounding, not bit for bit).
 
 Tensors (chunk-major: a sequence's chunks one after another, sequence after sequence; sequence n has
 ceil(len_n / 64) chunks)::
 
     qg          bf16 [chunks, HV, 64, 128]    s q 2^gc
     states      bf16 [chunks, HV, 128, 128]   ([K, V]) the state entering the chunk (the chain's)
-    aqk         bf16 [chunks, HV, 64, 64]     Aqk, lower triangular with its diagonal, taken whole as given
+    aqk         bf16 [chunks, HV, 64, 64]     Aqk's hi part, lower triangular with its diagonal, taken whole
+                                              as given
+    aqk_lo      bf16 [chunks, HV, 64, 64]     Aqk's lo part (zeros: Aqk in one bf16), taken whole as given
     v_new       bf16 [chunks, HV, 64, 128]    (the chain's)
     cu_seqlens  host ints [N + 1]             token offsets of the sequences: 0 first, strictly increasing
                                               (None: one sequence of chunks * 64 tokens)
@@ -97,7 +100,7 @@ def _check_cu_seqlens(cu_seqlens, chunks: int) -> np.ndarray:
     return cu
 
 
-def plan_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | None = None) -> OutputPlan:
+def plan_output(qg, states, aqk, aqk_lo, v_new, *, cu_seqlens=None, config: Config | None = None) -> OutputPlan:
     """Every check of a call, on the host: shapes, dtypes, contiguity, one device, cu_seqlens, the
     config. No GPU needed, nothing allocated."""
     if config is not None and not isinstance(config, Config):
@@ -112,6 +115,8 @@ def plan_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | Non
     for name, x, shape, layout in (
             ("states", states, (chunks, HV, HEAD_DIM, HEAD_DIM), "[chunks, HV, K, V], chunks and HV as qg's"),
             ("aqk", aqk, (chunks, HV, CHUNK_TOKENS, CHUNK_TOKENS), f"[chunks, HV, {CHUNK_TOKENS}, {CHUNK_TOKENS}]"),
+            ("aqk_lo", aqk_lo, (chunks, HV, CHUNK_TOKENS, CHUNK_TOKENS),
+             f"[chunks, HV, {CHUNK_TOKENS}, {CHUNK_TOKENS}] as aqk"),
             ("v_new", v_new, qa.shape, f"[chunks, HV, {CHUNK_TOKENS}, {HEAD_DIM}] as qg")):
         arrays[name] = describe(name, x, HOST_ADVICE)
         expect(name, arrays[name], shape, layout, ("bfloat16",))
@@ -120,8 +125,8 @@ def plan_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | Non
     kinds = {a.torch for a in arrays.values()}
     if len(devices) > 1 or len(kinds) > 1:
         got = ", ".join(f"{n}: device {a.device} ({'torch' if a.torch else 'cupy'})" for n, a in arrays.items())
-        raise ValueError(f"qg, states, aqk and v_new must be on one device and all CuPy arrays or all torch tensors, "
-                         f"got {got}")
+        raise ValueError(f"qg, states, aqk, aqk_lo and v_new must be on one device and all CuPy arrays or all torch "
+                         f"tensors, got {got}")
     if chunks * HV > INT32_MAX:
         raise ValueError(f"the grid has one CTA a chunk and value head: chunks * HV = {chunks * HV} is more than "
                          f"{INT32_MAX}")
@@ -143,7 +148,7 @@ def _table_on_device(cu_bytes: bytes):
     return cupy.asarray(chunk_table(np.frombuffer(cu_bytes, dtype=np.int64)))
 
 
-def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o, chunks: tuple[int, int] | None = None) -> None:
+def launch_planned(plan: OutputPlan, qg, states, aqk, aqk_lo, v_new, o, chunks: tuple[int, int] | None = None) -> None:
     """The o pass on checked CuPy arrays (bf16 as uint16 bits) into ``o``: the launch alone. ``chunks``: only
     chunks c0 .. c1 - 1 of the plan's (None: all), for a caller that runs the pass in pieces: their rows of the
     chunk table and of the chunk-major operands; o is taken whole, addressed by the table's tokens."""
@@ -151,7 +156,7 @@ def launch_planned(plan: OutputPlan, qg, states, aqk, v_new, o, chunks: tuple[in
     c0, c1 = check_chunk_range(chunks, plan.chunks)
     table = _table_on_device(plan.cu_seqlens.tobytes())[c0:c1]
     fn(((c1 - c0) * plan.HV,), (threads,),
-       (qg[c0:c1], states[c0:c1], aqk[c0:c1], v_new[c0:c1], table, np.int32(plan.HV), o),
+       (qg[c0:c1], states[c0:c1], aqk[c0:c1], aqk_lo[c0:c1], v_new[c0:c1], table, np.int32(plan.HV), o),
        shared_mem=smem)
 
 
@@ -161,13 +166,14 @@ def allocate(plan: OutputPlan, device=None):
     return empty_output((plan.tokens, plan.HV, HEAD_DIM), "bf16", device if plan.torch_out else None)
 
 
-def forward_output(qg, states, aqk, v_new, *, cu_seqlens=None, config: Config | None = None):
+def forward_output(qg, states, aqk, aqk_lo, v_new, *, cu_seqlens=None, config: Config | None = None):
     """o [tokens, HV, 128] bf16 (module docstring)."""
-    plan = plan_output(qg, states, aqk, v_new, cu_seqlens=cu_seqlens, config=config)
+    plan = plan_output(qg, states, aqk, aqk_lo, v_new, cu_seqlens=cu_seqlens, config=config)
     require_cupy("kernel.forward_output")
     require_gpu("kernel.forward_output")
-    qg_c, states_c, aqk_c, vn_c = (to_cupy(n, x, "bf16") for n, x in
-                                   (("qg", qg), ("states", states), ("aqk", aqk), ("v_new", v_new)))
+    qg_c, states_c, aqk_c, lo_c, vn_c = (to_cupy(n, x, "bf16") for n, x in
+                                         (("qg", qg), ("states", states), ("aqk", aqk), ("aqk_lo", aqk_lo),
+                                          ("v_new", v_new)))
     o, o_c = allocate(plan, qg.device if plan.torch_out else None)
-    launch_planned(plan, qg_c, states_c, aqk_c, vn_c, o_c)
+    launch_planned(plan, qg_c, states_c, aqk_c, lo_c, vn_c, o_c)
     return o

@@ -413,7 +413,7 @@ def _three_passes() -> str:
                                                                          lineinfo=True))
     walked = forward_chain.forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks,
                                          config=forward_chain.Config(lineinfo=True))
-    o = forward_output.forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=cu,
+    o = forward_output.forward_output(p.qg, walked.states, p.aqk, p.aqk_lo, walked.v_new, cu_seqlens=cu,
                                       config=forward_output.Config(lineinfo=True))
     cp.cuda.Device().synchronize()
     return f"o finite {bool(cp.isfinite(bits_to_f32(o)).all())}, final state finite " \

@@ -26,7 +26,7 @@ def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True, **form
         norms = {n: f"{n} normalised" if l2norm and training and (norm_copies or n.endswith("rstd")) else None
                  for n in ("q", "k", "q_rstd", "k_rstd")}
         return types.SimpleNamespace(w="w", u="u", u_scale="u_scale", kg="kg", decay="decay", qg="qg", aqk="aqk",
-                                     cu_chunks="cu_chunks", Aqk="Aqk" if training else None,
+                                     aqk_lo="aqk_lo", cu_chunks="cu_chunks", Aqk="Aqk" if training else None,
                                      Akk="Akk" if training else None, **norms)
 
     def chain(w, u, kg, decay, u_scale, *, cu_chunks, initial_state, output_final_state):
@@ -34,8 +34,8 @@ def _wired(monkeypatch, B: int, T: int, cu, *, training=True, final=True, **form
         return types.SimpleNamespace(states=np.zeros((chunks, HV, D, D)), v_new="v_new",
                                      final_state="final" if output_final_state else None)
 
-    def output(qg, states, aqk, v_new, *, cu_seqlens):
-        calls["output"] = (qg, states.shape, aqk, v_new, tuple(cu_seqlens))
+    def output(qg, states, aqk, aqk_lo, v_new, *, cu_seqlens):
+        calls["output"] = (qg, states.shape, aqk, aqk_lo, v_new, tuple(cu_seqlens))
         return np.zeros((int(cu_seqlens[-1]), HV, D))
 
     monkeypatch.setattr(forward_products, "forward_products", products)
@@ -51,7 +51,7 @@ def test_a_batch_goes_through_as_b_sequences_in_the_one_passs_layouts(monkeypatc
     out, calls, h0 = _wired(monkeypatch, 2, 130, None)
     assert calls["products"]["cu_seqlens"] is None and calls["products"]["training"]
     assert calls["chain"] == ("w", "u", "kg", "decay", "u_scale", "cu_chunks", h0, True)
-    assert calls["output"] == ("qg", (6, HV, D, D), "aqk", "v_new", (0, 130, 260))
+    assert calls["output"] == ("qg", (6, HV, D, D), "aqk", "aqk_lo", "v_new", (0, 130, 260))
     assert out.o.shape == (2, 130, HV, D) and out.states.shape == (2, 3, HV, D, D)
     assert (out.final_state, out.Aqk, out.Akk) == ("final", "Aqk", "Akk")
 

@@ -59,16 +59,17 @@ def test_the_three_passes_match_float64_and_write_the_one_passs_blocks(name):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_three_passes_keep_the_one_passs_precision(name):
-    # u leaves the products pass in fp16 (log 49) and Aqk's operands are two bf16 each: in the model the three
-    # passes' o is then 0.87-0.91x the one pass's error and the states within 1.04x (1.17x with u in bf16); on
-    # the GPU they are held to 1.08x
+    # u leaves the products pass in fp16 (log 49), Aqk's operands are two bf16 each and so is Aqk in the o pass:
+    # in the model the three passes' o is then 0.82-0.83x the one pass's error on these cases (0.94-0.95x with
+    # Aqk in one bf16 there), the final state and the states within 1.01x; on the GPU o is held to 0.9x, the
+    # others to 1.08x
     case = make_case(**CASES[name])
     three, one = _host(_run(case)), _host(_run(case, forward))
-    for out in ("o", "final", "states"):
+    for out, bound in (("o", 0.9), ("final", 1.08), ("states", 1.08)):
         want = case[out]
         e3, e1 = (rel(x[out].reshape(want.shape), want) for x in (three, one))
         print(f"{name}: {out} three passes {e3:.3e}, one pass {e1:.3e} against float64")
-        assert e3 < 1.08 * e1, f"{name}: {out}: the three passes' {e3:.3e} against the one pass's {e1:.3e}"
+        assert e3 < bound * e1, f"{name}: {out}: the three passes' {e3:.3e} against the one pass's {e1:.3e}"
 
 
 def test_inference_writes_o_and_the_final_state_alone_with_the_same_bits():

@@ -2,26 +2,29 @@
 // three-pass forward (docs/kda_forward.md, section 3, "three passes").
 //
 // Per 64-token chunk c and value head hv, from the first pass's qg and Aqk and the chain's states and v_new
-// (all bf16):
-//     o = bf16(qg S + Aqk v_new)      [64 x V]   qg [64 x K], S [K x V] (the state entering the chunk),
-//                                                Aqk [64 x 64] (lower triangular), v_new [64 x V]
+// (all bf16; Aqk in two parts, hi = bf16(Aqk) and lo = bf16(Aqk - hi)):
+//     o = bf16(qg S + Aqk_hi v_new + Aqk_lo v_new)   [64 x V]   qg [64 x K], S [K x V] (the state entering
+//                                                   the chunk), Aqk_hi, Aqk_lo [64 x 64] (lower triangular),
+//                                                   v_new [64 x V]
 // in fp32 accumulators, its rows < L written (L: the chunk's real rows, 64 but at a sequence's last
-// chunk). o_pass of tests/kernel/three_pass_model.py is the arithmetic; it sums the two products
+// chunk). Aqk goes in two parts (about 16 bits) because in one bf16 its rounding makes 13% of o's error in
+// the model. o_pass of tests/kernel/three_pass_model.py is the arithmetic; it sums qg S and (hi + lo) v_new
 // apart and in float64, the MMAs here one after the other into one fp32 accumulator, so the two agree to
 // fp32 rounding before the one bf16 rounding of o.
 //
 // Design: nothing is carried from chunk to chunk, so one CTA a (chunk, value head), in the operands'
-// chunk-major order: CTA c HV + hv reads the contiguous 16 + 32 + 8 + 16 KB of that index and writes 16 KB.
-// The pass is bound by those bytes (3 MFLOP a CTA), so the design is the copies': every thread issues
-// 16-byte cp.async copies into row-padded tiles, in two commit groups (qg and S, then Aqk and v_new), and
-// the first product runs while the second group lands; the 77 KB of tiles leave room for two CTAs an SM,
-// one's copies beside the other's MMAs and stores.
+// chunk-major order: CTA c HV + hv reads the contiguous 16 + 32 + 8 + 8 + 16 KB of that index (qg, S,
+// Aqk_hi, Aqk_lo, v_new) and writes 16 KB. The pass is bound by those bytes (4 MFLOP a CTA), so the design is
+// the copies': every thread issues 16-byte cp.async copies into row-padded tiles, in two commit groups (qg
+// and S, then Aqk's two parts and v_new), and the first product runs while the second group lands; the 86 KB
+// of tiles leave room for two CTAs an SM, one's copies beside the other's MMAs and stores.
 // Warps (FO_WARPS, 4 or 8): warp w owns o rows 16 (w % 4) .. +15 and v columns VW (w / 4) .. +VW - 1
 // (VW = 128 with 4 warps, 64 with 8), in m16n8k16 fp32 accumulators:
-//     O  = qg S          A: qg rows (ldmatrix, rows first)    B[k][v] = S's rows (ldmatrix .trans)
-//     O += Aqk v_new     A: Aqk rows                          B[r][v] = v_new's rows (.trans)
-// every element's k-steps in one order in every variant (qg S's 8, then Aqk v_new's 4, all of Aqk as
-// given), so both variants give the same bits.
+//     O  = qg S             A: qg rows (ldmatrix, rows first)    B[k][v] = S's rows (ldmatrix .trans)
+//     O += Aqk_hi v_new     A: Aqk_hi rows                       B[r][v] = v_new's rows (.trans)
+//     O += Aqk_lo v_new     A: Aqk_lo rows                       B[r][v] = v_new's rows (.trans)
+// every element's k-steps in one order in every variant (qg S's 8, then Aqk_hi v_new's 4, then Aqk_lo
+// v_new's 4, all of Aqk as given), so both variants give the same bits.
 // Out: each warp packs its O to bf16 A fragments and writes them by stmatrix into its own part of the qg
 // tile (free once every warp is past the first product: the barrier before the second), then stores its
 // rows < L, 16 bytes a lane, whole 128-byte lines.
@@ -29,7 +32,7 @@
 // Tensors (chunk-major: a sequence's chunks one after another, sequence after sequence):
 //     qg           bf16 [chunks * HV * 64, 128]    (rows: (c HV + hv) 64 + r)
 //     states       bf16 [chunks * HV * 128, 128] = [chunks, HV, K, V]
-//     aqk          bf16 [chunks * HV * 64, 64]
+//     aqk, aqk_lo  bf16 [chunks * HV * 64, 64]    (Aqk's hi and lo parts)
 //     v_new        bf16 [chunks * HV * 64, 128]
 //     table        int32 [chunks][2]: chunk c's first token and its real rows L (the products pass's table)
 //     o            bf16 [tokens, HV, 128] (FLA's layout: chunk c's row r is token table[c][0] + r)
@@ -62,12 +65,13 @@ static_assert(WARPS == 4 || WARPS == 8, "FO_WARPS must be 4 or 8");
 // 8 rows in a row then sit 16 bytes apart in the banks, all 32 banks once (272- and 144-byte rows)
 constexpr int PAD = 8;
 constexpr int WIDE = HEAD_DIM + PAD;            // qg, S, v_new
-constexpr int NARROW = R + PAD;                 // Aqk
+constexpr int NARROW = R + PAD;                 // Aqk's parts
 
 struct Shared {
     u16 qg[R][WIDE];          // and, after the first product, the staging tile of o
     u16 s[HEAD_DIM][WIDE];
     u16 aqk[R][NARROW];
+    u16 aqk_lo[R][NARROW];
     u16 vn[R][WIDE];
 };
 
@@ -114,7 +118,8 @@ extern "C" __constant__ int fo_threads = fo::THREADS;
 // Grid: one CTA per (chunk, value head), blockIdx.x = c HV + hv. Two CTAs an SM: their tiles fit twice.
 extern "C" __global__ void __launch_bounds__(fo::THREADS, 2) kda_forward_output(
         const fo::u16* __restrict__ qg, const fo::u16* __restrict__ states, const fo::u16* __restrict__ aqk,
-        const fo::u16* __restrict__ v_new, const int* __restrict__ table, int HV, fo::u16* __restrict__ o) {
+        const fo::u16* __restrict__ aqk_lo, const fo::u16* __restrict__ v_new, const int* __restrict__ table, int HV,
+        fo::u16* __restrict__ o) {
     using namespace fo;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -128,6 +133,7 @@ extern "C" __global__ void __launch_bounds__(fo::THREADS, 2) kda_forward_output(
     copy_tile<HEAD_DIM, HEAD_DIM, WIDE>(sh.s, states + ch * HEAD_DIM * HEAD_DIM, tid);
     cp_async_commit();
     copy_tile<R, R, NARROW>(sh.aqk, aqk + ch * R * R, tid);
+    copy_tile<R, R, NARROW>(sh.aqk_lo, aqk_lo + ch * R * R, tid);
     copy_tile<R, HEAD_DIM, WIDE>(sh.vn, v_new + ch * R * HEAD_DIM, tid);
     cp_async_commit();
 
@@ -143,6 +149,7 @@ extern "C" __global__ void __launch_bounds__(fo::THREADS, 2) kda_forward_output(
     cp_async_wait<0>();
     __syncthreads();      // Aqk and v_new are in, and every warp is past its reads of qg: the qg tile stages o
     product<R / 16, NARROW>(acc, sh.aqk, sh.vn, m0, v0, xl);
+    product<R / 16, NARROW>(acc, sh.aqk_lo, sh.vn, m0, v0, xl);
 
     // o: two adjacent n-tiles' accumulators packed are the A fragment of their 16 x 16 block, which
     // stmatrix (rows first, plain) writes as O [row][v]

@@ -76,12 +76,12 @@ def measure(config: str, heads: int, reps: int, pieces: Sequence[int] = ()) -> d
             return forward_chain(p.w, p.u, p.kg, p.decay, p.u_scale, cu_chunks=p.cu_chunks)
 
         def output():
-            return forward_output(p.qg, walked.states, p.aqk, walked.v_new, cu_seqlens=cu_host)
+            return forward_output(p.qg, walked.states, p.aqk, p.aqk_lo, walked.v_new, cu_seqlens=cu_host)
 
         def three():
             pp = products()
             ww = forward_chain(pp.w, pp.u, pp.kg, pp.decay, pp.u_scale, cu_chunks=pp.cu_chunks)
-            return forward_output(pp.qg, ww.states, pp.aqk, ww.v_new, cu_seqlens=cu_host)
+            return forward_output(pp.qg, ww.states, pp.aqk, pp.aqk_lo, ww.v_new, cu_seqlens=cu_host)
 
         def in_pieces(n):
             return lambda: three_pass_forward(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True, training=True,

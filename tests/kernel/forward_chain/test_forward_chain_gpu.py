@@ -70,8 +70,9 @@ def test_the_chain_is_its_model(recipe):
 def test_three_passes_on_the_gpu_chain_keep_the_models_precision(recipe):
     name, case, ops, model, gpu = recipe
     H, lengths = case["H"], case["lengths"]
-    o_gpu = o_pass(ops["qg"], ops["aqk"], gpu["states"], gpu["v_new"], lengths)
-    o_model = o_pass(ops["qg"], ops["aqk"], model["states"], model["v_new"], lengths)
+    aqk = ops["aqk_hi"], ops["aqk_lo"]
+    o_gpu = o_pass(ops["qg"], *aqk, gpu["states"], gpu["v_new"], lengths)
+    o_model = o_pass(ops["qg"], *aqk, model["states"], model["v_new"], lengths)
     for out, g, m in (("o", o_gpu, o_model), ("final", gpu["final"], model["final"]),
                       ("states", gpu["states"], model["states"])):
         ref = case[out]

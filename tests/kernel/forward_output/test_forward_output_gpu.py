@@ -1,21 +1,23 @@
 """kernel.forward_output on the GPU: against its numpy arithmetic (tests/kernel/three_pass_model.py.o_pass).
 
 The operands are the numpy first pass's and chain's on tests/kernel/forward_cases' inputs (the study's recipes:
-ragged, past fp32's range, the trained-layer gate): qg, Aqk rounded to bf16 (the products pass stores it so,
-and o_pass reads bf16(Aqk)), the states and v_new.
+ragged, past fp32's range, the trained-layer gate): qg, Aqk in its two bf16 parts (split_bf16 of the model's
+fp32 Aqk: the products pass stores them so, and o_pass reads hi + lo), the states and v_new.
 
 The bound (:func:`within_rounding`). Kernel and model take the same bf16 operands and differ only in how they
-sum their exact products in fp32: the model each product whole in float64, rounded to fp32, then their sum;
-the kernel 12 MMA k-steps (qg S's 8, Aqk v_new's 4) into one fp32 accumulator, each k-step adding 16 products
-and the accumulator with the tensor core's own alignment and rounding (at worst a truncation of every term
-below the largest one's last fp32 bit: 17 terms, 2^-23 of the largest each). So before o's one bf16 rounding
-the two differ by at most 12 * 17 * 2^-23 + 3 * 2^-24 < 2^-15 of the terms' absolute sum
-M = |qg| |S| + |Aqk| |v_new|, element by element; each bf16 rounding then moves an element by at most half a
-bf16 ulp of itself. An element may therefore differ by one bf16 ulp of the larger of the two, plus 2^-14 M (a
-2x margin over 2^-15). A wrong fragment, operand or row gives differences of the elements' own size; a
-bf16 ulp is 2^-8 of one, and the fp32 part 2^-11.7 at the recipes' median M / |o| of about 5 (more only where
-o cancels). Most elements round alike (asserted: at least 99%; the numpy model summed in the kernel's k-steps
-rounds all but fewer than 1 in 10,000 alike), and the whole o is held within 1e-3 (relative Frobenius) of it.
+sum their exact products in fp32: the model each of qg S and (hi + lo) v_new whole in float64, rounded to fp32,
+then their sum; the kernel 16 MMA k-steps (qg S's 8, Aqk_hi v_new's 4, Aqk_lo v_new's 4) into one fp32
+accumulator, each k-step adding 16 products and the accumulator with the tensor core's own alignment and
+rounding (at worst a truncation of every term below the largest one's last fp32 bit: 17 terms, 2^-23 of the
+largest each). So before o's one bf16 rounding the two differ by at most 16 * 17 * 2^-23 + 3 * 2^-24
+< 2^-14.9 of the terms' absolute sum M = |qg| |S| + (|Aqk_hi| + |Aqk_lo|) |v_new|, element by element; each
+bf16 rounding then moves an element by at most half a bf16 ulp of itself. An element may therefore differ by
+one bf16 ulp of the larger of the two, plus 2^-14 M (a 1.8x margin over 2^-14.9). A wrong fragment, operand
+or row gives differences of the elements' own size; a bf16 ulp is 2^-8 of one, and the fp32 part 2^-11.7 at
+the recipes' median M / |o| of about 5 (more only where o cancels). Most elements round alike (asserted: at
+least 99%; the numpy model summed in the kernel's k-steps rounds all but fewer than 1 in 10,000 alike), and
+the whole o is held within 1e-3 (relative Frobenius) of it. The lo part is read: without it (zeros), o moves
+off the model's by a bf16 step in a share of its elements (asserted).
 
 Rows: a sequence's last chunk has L < 64 real rows and only those are written: each length of the ragged
 recipe runs alone into an o with guard rows after it, every real row written, no guard row touched. The
@@ -31,7 +33,7 @@ from kernel.forward_output import WARPS, Config, forward_output, launch_planned,
 from kernel.runtime.arrays import bf16_bits
 
 from ..forward_cases import D, rel
-from ..three_pass_model import bf16, case_inputs, case_of, chain, o_pass, operands
+from ..three_pass_model import case_inputs, case_of, chain, o_pass, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -50,10 +52,10 @@ def bf16_ulp(x) -> np.ndarray:
 
 def within_rounding(got, want, ops, lengths) -> None:
     """got (the kernel's o) within the module docstring's bound of want (o_pass's), both [tokens, HV, 128] bf16
-    values; ops = (qg, states, aqk, v_new) as o_pass takes them, lengths the sequences'."""
-    qg, states, aqk, v_new = (np.abs(np.asarray(x, dtype=np.float32)) for x in ops)
+    values; ops = (qg, states, aqk, aqk_lo, v_new) as the kernel takes them, lengths the sequences'."""
+    qg, states, aqk, aqk_lo, v_new = (np.abs(np.asarray(x, dtype=np.float32)) for x in ops)
     # M by the o pass itself on the operands' magnitudes (its final bf16 rounding costs M 2^-9 at most)
-    M = o_pass(qg, aqk, states, v_new, lengths).astype(np.float64) * (1 + 2.0 ** -8)
+    M = o_pass(qg, aqk, aqk_lo, states, v_new, lengths).astype(np.float64) * (1 + 2.0 ** -8)
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape and np.isfinite(got).all()
     err = rel(got, want)
@@ -68,16 +70,17 @@ def within_rounding(got, want, ops, lengths) -> None:
 
 
 def _operands(recipe: str) -> tuple[tuple, list[int]]:
-    """((qg, states, aqk, v_new) as bf16 values, the sequences' lengths) of a recipe."""
+    """((qg, states, aqk, aqk_lo, v_new) as bf16 values, the sequences' lengths) of a recipe."""
     case = case_of(recipe)
     ops = operands(*case_inputs(case), scale=case["scale"], u_format="fp16")   # u as kernel.forward_products stores it
     walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], case["initial_state"], ops["u_scale"])
-    return (ops["qg"], walked["states"], bf16(ops["aqk"]), walked["v_new"]), [int(n) for n in case["lengths"]]
+    return ((ops["qg"], walked["states"], ops["aqk_hi"], ops["aqk_lo"], walked["v_new"]),
+            [int(n) for n in case["lengths"]])
 
 
 def _model(ops, lengths) -> np.ndarray:
-    qg, states, aqk, v_new = ops
-    return o_pass(qg, aqk, states, v_new, lengths)
+    qg, states, aqk, aqk_lo, v_new = ops
+    return o_pass(qg, aqk, aqk_lo, states, v_new, lengths)
 
 
 def _device(ops):
@@ -107,6 +110,17 @@ def ragged():
 def test_o_is_its_model(recipe):
     _, ops, lengths, model, gpu = recipe
     within_rounding(gpu, model, ops, lengths)
+
+
+def test_aqks_lo_part_is_read(ragged):
+    # zeros for the lo part give the o pass of Aqk in one bf16 (its model then too), a bf16 step off the
+    # two-part o in a share of the elements
+    ops, lengths, two_parts = ragged
+    one = (*ops[:3], np.zeros_like(ops[3]), ops[4])
+    alone = _run(one, lengths)
+    within_rounding(alone, _model(one, lengths), one, lengths)
+    share = float(np.mean(alone != two_parts))
+    assert share > 0.1, f"only {share:.4f} of o's elements moved without Aqk's lo part"   # 0.38-0.39 in the model
 
 
 @pytest.mark.parametrize("warps", WARPS)

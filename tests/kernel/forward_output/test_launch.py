@@ -16,12 +16,14 @@ BF16 = np.uint16
 
 def _args(chunks=5, HV=3):
     return {"qg": DeviceArray((chunks, HV, R, D), BF16), "states": DeviceArray((chunks, HV, D, D), BF16),
-            "aqk": DeviceArray((chunks, HV, R, R), BF16), "v_new": DeviceArray((chunks, HV, R, D), BF16)}
+            "aqk": DeviceArray((chunks, HV, R, R), BF16), "aqk_lo": DeviceArray((chunks, HV, R, R), BF16),
+            "v_new": DeviceArray((chunks, HV, R, D), BF16)}
 
 
 def _plan(a, **over):
     args = {**a, **over}
-    return plan_output(args.pop("qg"), args.pop("states"), args.pop("aqk"), args.pop("v_new"), **args)
+    return plan_output(args.pop("qg"), args.pop("states"), args.pop("aqk"), args.pop("aqk_lo"), args.pop("v_new"),
+                       **args)
 
 
 def test_one_sequence_of_every_chunk_by_default():
@@ -83,6 +85,10 @@ def test_cu_seqlens_on_the_device_are_refused_with_why():
     ("states", DeviceArray((5, 3, D, D), np.float32), "states must be bf16"),
     ("aqk", DeviceArray((5, 3, R, D), BF16), "aqk must have shape (5, 3, 64, 64)"),
     ("aqk", DeviceArray((5, 3, R, R), np.float32), "aqk must be bf16"),
+    ("aqk_lo", DeviceArray((5, 3, R, D), BF16), "aqk_lo must have shape (5, 3, 64, 64)"),
+    ("aqk_lo", DeviceArray((5, 2, R, R), BF16), "aqk_lo must have shape (5, 3, 64, 64)"),
+    ("aqk_lo", DeviceArray((5, 3, R, R), np.float32), "aqk_lo must be bf16"),
+    ("aqk_lo", DeviceArray((5, 3, R, R), BF16, strides=(3 * R * R * 2, R * R * 2, 2, R * 2)), "C-contiguous"),
     ("v_new", DeviceArray((5, 2, R, D), BF16), "v_new must have shape (5, 3, 64, 128)"),
     ("v_new", DeviceArray((5, 3, R, D), BF16, strides=(3 * R * D * 2, R * D * 2, 2, R * 2)), "C-contiguous"),
 ])
@@ -99,12 +105,13 @@ def test_host_arrays_are_refused_with_advice():
     assert "o_pass of tests/kernel/three_pass_model.py" in str(e.value)
 
 
-def test_arrays_on_two_devices_are_refused():
+@pytest.mark.parametrize("name", ["aqk", "aqk_lo"])
+def test_arrays_on_two_devices_are_refused(name):
     a = _args()
-    a["aqk"] = DeviceArray((5, 3, R, R), BF16, device=1)
+    a[name] = DeviceArray((5, 3, R, R), BF16, device=1)
     with pytest.raises(ValueError, match="one device") as e:
         _plan(a)
-    assert "aqk: device 1" in str(e.value)
+    assert f"{name}: device 1" in str(e.value) and "aqk, aqk_lo and v_new" in str(e.value)
 
 
 def test_the_grid_is_checked():

@@ -115,9 +115,10 @@ def _three_passes_keep_the_models_precision(name: str, case: dict, model: dict, 
     walked = forward_chain(gpu.w, gpu.u, gpu.kg, gpu.decay, gpu.u_scale, cu_chunks=gpu.cu_chunks,
                            initial_state=None if h0 is None else cupy.asarray(h0))
     states, v_new = _host(walked.states), _host(walked.v_new)
-    o = o_pass(_host(gpu.qg), _host(gpu.aqk), states, v_new, case["lengths"])
+    o = o_pass(_host(gpu.qg), _host(gpu.aqk), _host(gpu.aqk_lo), states, v_new, case["lengths"])
     ref_chain = chain(model["w"], model["u"], model["kg"], model["decay"], model["cu_chunks"], h0, model["u_scale"])
-    o_model = o_pass(model["qg"], model["aqk_hi"], ref_chain["states"], ref_chain["v_new"], case["lengths"])
+    o_model = o_pass(model["qg"], model["aqk_hi"], model["aqk_lo"], ref_chain["states"], ref_chain["v_new"],
+                     case["lengths"])
     for out, g, m in (("o", o, o_model), ("final", walked.final_state.get(), ref_chain["final"]),
                       ("states", states, ref_chain["states"])):
         ref = case[out]

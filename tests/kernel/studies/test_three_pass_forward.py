@@ -8,8 +8,9 @@ import pytest
 
 from kernel.studies.three_pass_forward.__main__ import compare, parse_args
 
-from ..three_pass_model import BT, C, U_FORMATS, bf16, case_of, chunk_operands, chunk_products, fp16_scale, mm, \
-    mm_split, split_bf16, u_bound, unit_lower_inverse
+from ..forward_cases import rel
+from ..three_pass_model import BT, C, U_FORMATS, bf16, case_inputs, case_of, chain, chunk_operands, chunk_products, \
+    fp16_scale, mm, mm_split, o_pass, operands, split_bf16, u_bound, unit_lower_inverse
 
 from ..forward.test_model import BOUNDS
 
@@ -73,10 +74,11 @@ def test_the_chunks_products_are_the_pairwise_sums(span):
 
 @pytest.mark.parametrize("recipe", ["ragged", "past fp32's range", "trained-layer gate"])
 def test_three_passes_keep_the_one_pass_precision(recipe):
-    # measured (README, with both chains' updates reading their fp32 operand in two bf16 parts): every output
-    # within 1.28x the one pass's error with u in bf16, within 1.01x with u in fp32 or fp16 (at most 1% above
-    # fp32's), and the pairwise blocks where the one pass's tiles are. o below the one pass's (0.93-0.98x with u
-    # in fp16): Aqk's operands are two bf16 each here, one in the one pass's Mqk
+    # measured (README, with both chains' updates reading their fp32 operand in two bf16 parts and Aqk read by
+    # the o pass in two): every output within 1.28x the one pass's error with u in bf16, within 1.01x with u in
+    # fp32 or fp16 (at most 1% above fp32's), and the pairwise blocks where the one pass's tiles are. o below the
+    # one pass's (0.82-0.86x with u in fp16): Aqk's operands and Aqk itself are two bf16 each here, the one
+    # pass's Mqk operands one
     pytest.importorskip("torch")   # the trained-layer gate is drawn with torch
     assert U_FORMATS == ("bf16", "fp16", "fp32")
     r = compare(case_of(recipe))
@@ -85,8 +87,24 @@ def test_three_passes_keep_the_one_pass_precision(recipe):
         assert three < 1.3 * one and three < BOUNDS[name], (name, one, three)
         assert three_u32 < 1.06 * one and three_u32 < three, (name, one, three_u32)
         assert three_u16 < 1.06 * one and three_u16 < three and three_u16 < 1.02 * three_u32, (name, three_u16)
-    assert r["o"][2] < r["o"][0], r["o"]
+    assert r["o"][2] < 0.9 * r["o"][0], r["o"]
     assert r["pairwise"][0] == r["pairwise"][1]
+
+
+def test_aqk_in_two_parts_takes_a_rounding_out_of_o():
+    # the o pass reads Aqk as hi + lo: on the ragged recipe o's error is 0.88x what it is with Aqk's one bf16
+    # (2.95e-3 against 3.36e-3), and the states are the chain's either way
+    case = case_of("ragged")
+    ops = operands(*case_inputs(case), scale=case["scale"])
+    walked = chain(ops["w"], ops["u"], ops["kg"], ops["decay"], ops["cu_chunks"], case["initial_state"],
+                   ops["u_scale"])
+    assert np.array_equal(ops["aqk_hi"], bf16(ops["aqk"]))
+    assert np.array_equal((ops["aqk_hi"], ops["aqk_lo"]), split_bf16(ops["aqk"]))
+    two, one = (o_pass(ops["qg"], ops["aqk_hi"], lo, walked["states"], walked["v_new"], case["lengths"])
+                for lo in (ops["aqk_lo"], np.zeros_like(ops["aqk_lo"])))
+    want = case["o"]
+    e2, e1 = (rel(o.reshape(want.shape), want) for o in (two, one))
+    assert e2 < 0.92 * e1, (e2, e1)
 
 
 def _chunk(rng, v_magnitude: float, k_norm: float):

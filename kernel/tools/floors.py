@@ -373,6 +373,7 @@ FORWARD_TENSORS = {t.name: t for t in (
     FwdTensor("k_rstd", "1", FP32, "1 / norm(k)"),
     FwdTensor("gc", "K", FP32, "the gate's 64-chunk-local cumsum / ln 2 (FLA's g_cumsum)"),
     FwdTensor("Aqk", "BT", BF16, "FLA's [.., 64] rows: Mqk over the chunk"),
+    FwdTensor("Aqk_lo", "BT", BF16, "bf16(Aqk - bf16(Aqk)): the three passes' o pass reads Aqk in two parts"),
     FwdTensor("Akk", "BT", BF16, "FLA's [.., 64] rows: (I + Lkk)^-1 over the chunk"),
     FwdTensor("Akkd", "C", FP32, "FLA's fp32 diagonal blocks of Akk, then of its inverse"),
     FwdTensor("Mqk", "C", BF16, "Aqk's 16 x 16 diagonal blocks only"),
@@ -490,12 +491,12 @@ def _three_passes(saves: tuple) -> tuple[FwdKernel, ...]:
     the one pass's (the states from the chain, Mqk inside Aqk)."""
     products = FwdKernel(THREE_PRODUCTS, (("q", 1), ("k", 1), ("v", 1), ("g", 1), ("beta", 1)),
                          tuple((name, 1) for name in saves if name not in ("h", "Mqk"))
-                         + (("Aqk", 1), ("w", 1), ("u", 1), ("kg", 1)),
-                         "the chunk's 64 x 64 inverse on chip; Aqk whole (the o pass reads it)")
+                         + (("Aqk", 1), ("Aqk_lo", 1), ("w", 1), ("u", 1), ("kg", 1)),
+                         "the chunk's 64 x 64 inverse on chip; Aqk whole, in two parts (the o pass reads them)")
     chain = FwdKernel(THREE_CHAIN, (("kg", 1), ("w", 1), ("u", 1), ("gc", 1 / CHUNK_TOKENS), ("h0", 1)),
                       (("h", 1), ("v_new", 1), ("ht", 1)),
                       "one CTA per V block reads all of kg and w: counted once (L2 serves the repeats)")
-    o = FwdKernel(THREE_O, (("qn", 1), ("gc", 1), ("h", 1), ("v_new", 1), ("Aqk", 1)), (("o", 1),))
+    o = FwdKernel(THREE_O, (("qn", 1), ("gc", 1), ("h", 1), ("v_new", 1), ("Aqk", 1), ("Aqk_lo", 1)), (("o", 1),))
     return products, chain, o
 
 

@@ -112,12 +112,13 @@ def test_the_variants_by_hand():
     # the products a pass before: it reads q, k, g and beta again and writes Mqk and INV, which the chain reads
     assert (per_token["products a pass before, for our backward on normalised copies"]
             == per_token[TODAY.name] + (2 * K + 2 * K + 4 * K + 4) + 2 * 2 * C)
-    # three passes: the products pass writes what our backward reads (Mqk inside the whole Aqk) and w, u, kg;
-    # the chain reads w, u, kg and the chunk's last gate row, writes the states and v_new; o from them
+    # three passes: the products pass writes what our backward reads (Mqk inside the whole Aqk), Aqk's second
+    # bf16 part and w, u, kg; the chain reads w, u, kg and the chunk's last gate row, writes the states and v_new;
+    # o from them, Aqk in two parts
     assert per_token["three passes (64-token chain), for our backward on normalised copies"] == (
-        1540 + (4 * K + 8 + 4 * K + 2 * C) + (2 * BT + 3 * 2 * K)
+        1540 + (4 * K + 8 + 4 * K + 2 * C) + (2 * BT + 2 * BT + 3 * 2 * K)
         + (3 * 2 * K + 4 * K / BT + 2 * STATE // BT + 2 * V)
-        + (2 * K + 4 * K + 2 * STATE // BT + 2 * V + 2 * BT)) == 6708
+        + (2 * K + 4 * K + 2 * STATE // BT + 2 * V + 2 * BT + 2 * BT)) == 6964
 
 
 def test_flas_forward_kernel_by_kernel():

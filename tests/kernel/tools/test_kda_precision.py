@@ -343,13 +343,10 @@ def test_the_layer_call_recipe_measures_the_gates_parameters(capsys):
     assert "[layer-call 1x256] dA_log per head: ours at least as close as FLA's in" in out
 
 
-@pytest.mark.parametrize("argv, forward, words", [([], "ours", "our forward"),
-                                                  (["--our-forward", "fla"], "fla", "FLA's forward")])
-def test_our_forward_sets_kernel_chunk_kdas_forward_in_its_rows(argv, forward, words, monkeypatch, capsys):
-    """--our-forward reaches kernel.chunk_kda's rows through kernel.using_forward (the setting is back
-    after), and the table's heading names it; the GPU work replaced by stand-ins."""
+def _stand_ins_for_the_gpu(monkeypatch, look) -> list:
+    """main's GPU work replaced by stand-ins on the CPU (fla only imported, the inputs torch tensors, every
+    gradient ones); each call of kernel.chunk_kda's rows appends ``look()`` to the list returned."""
     torch = pytest.importorskip("torch")
-    import kernel
     import ptx_lab.gpu
 
     seen = []
@@ -365,8 +362,18 @@ def test_our_forward_sets_kernel_chunk_kdas_forward_in_its_rows(argv, forward, w
     monkeypatch.setattr(kda_precision, "device_inputs", cpu_inputs)
     monkeypatch.setattr(kda_precision, "reference_gradients", lambda seen_, cu: grads)
     monkeypatch.setattr(kda_precision, "fla_gradients", lambda dev, safe_gate: grads)
-    monkeypatch.setattr(kda_precision, "dropin_gradients",
-                        lambda dev: seen.append(kernel.forward_setting()) or (grads, False))
+    monkeypatch.setattr(kda_precision, "dropin_gradients", lambda dev: seen.append(look()) or (grads, False))
+    return seen
+
+
+@pytest.mark.parametrize("argv, forward, words", [([], "ours", "our forward"),
+                                                  (["--our-forward", "fla"], "fla", "FLA's forward")])
+def test_our_forward_sets_kernel_chunk_kdas_forward_in_its_rows(argv, forward, words, monkeypatch, capsys):
+    """--our-forward reaches kernel.chunk_kda's rows through kernel.using_forward (the setting is back
+    after), and the table's heading names it; the GPU work replaced by stand-ins."""
+    import kernel
+
+    seen = _stand_ins_for_the_gpu(monkeypatch, kernel.forward_setting)
     before = kernel.forward_setting()
     assert kda_precision.main(["--T", "64", "--heads", "1", "--varlen", "0", "--recipes", "trained-layer",
                                *argv]) == 0
@@ -400,25 +407,9 @@ def test_passes_forces_our_forward_in_chunk_kdas_rows(argv, pays, words, monkeyp
     """--passes reaches kernel.chunk_kda's rows through the rule's knob (its value back after), and the
     table's heading names it; at H = 2 and one sequence of 8192 the rule alone takes the three passes. The
     GPU work replaced by stand-ins."""
-    torch = pytest.importorskip("torch")
     import kernel.three_pass_forward as three_passes
-    import ptx_lab.gpu
 
-    seen = []
-    grads = {n: np.ones(3) for n in kda_precision.GRADIENTS}
-
-    def cpu_inputs(raw):
-        out = {n: torch.from_numpy(np.ascontiguousarray(raw[n])) for n in ("q", "k", "v", "g", "beta", "do", "dht")}
-        out["h0"], out["cu_seqlens"] = torch.zeros_like(out["dht"]), raw["cu_seqlens"]
-        return out
-
-    monkeypatch.setitem(sys.modules, "fla", types.ModuleType("fla"))   # main only checks that it imports
-    monkeypatch.setattr(ptx_lab.gpu, "gpu_reason", lambda: None)
-    monkeypatch.setattr(kda_precision, "device_inputs", cpu_inputs)
-    monkeypatch.setattr(kda_precision, "reference_gradients", lambda seen_, cu: grads)
-    monkeypatch.setattr(kda_precision, "fla_gradients", lambda dev, safe_gate: grads)
-    monkeypatch.setattr(kda_precision, "dropin_gradients",
-                        lambda dev: seen.append(three_passes.three_passes_pay(2, 1, 8192, None)) or (grads, False))
+    seen = _stand_ins_for_the_gpu(monkeypatch, lambda: three_passes.three_passes_pay(2, 1, 8192, None))
     before = three_passes.THREE_PASS_MAX_PAIRS
     assert kda_precision.main(["--T", "64", "--heads", "1", "--varlen", "0", "--recipes", "trained-layer",
                                *argv]) == 0

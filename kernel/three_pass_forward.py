@@ -18,7 +18,7 @@ chain)"; docs/log/45):
 2. ``kernel.forward_chain``: the chain, one step of two GEMMs a chunk: the states and v_new;
 3. ``kernel.forward_output``: o from the states, v_new, qg and Aqk's two parts, across all SMs.
 
-They move more bytes than the one pass (about 6.7 KB a token and head against 3.1), so they pay only where
+They move more bytes than the one pass (about 7.0 KB a token and head against 3.1), so they pay only where
 the one pass's chain binds: :func:`three_passes_pay` is the rule ``kernel.chunk_kda`` follows.
 
 The chain uses a few SMs (four CTAs a sequence and value head), so one long sequence runs in pieces of

@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel.tools.
           f"{a.heads}, K = V = {K}: FLA's chunk_kda (autograd) and ours: {OURS} (FLA's forward, kernel.kda_backward, "
           f"FLA's l2norm backward; not for {TRAINED_LAYER} and {LAYER_CALL}) and {OURS_DROPIN} (kernel.chunk_kda with "
           f"{OUR_FORWARDS[a.our_forward]}"
-          + (f", {PASSES_WORDS[a.passes]}" if a.our_forward == "ours" and a.passes != "rule" else "")
+          + (f", {PASSES_WORDS[a.passes]}" if a.passes != "rule" else "")
           + " and our backward); "
           f"{NOT_THERE}: a gradient the recipe has not, or o and ht where the row's forward is FLA's)"
           + ("" if kda_backward is not None else f"; ours {why_not_ours}") + ":")

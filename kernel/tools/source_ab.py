@@ -297,8 +297,7 @@ def _call(kernel: str, spec: Spec, H: int, x: dict):
 
         def written():
             out = last["out"]._asdict()
-            return {**{n: out[n] for n in ("w", "u", "u_scale", "kg", "qg", "aqk", "aqk_lo", "decay", "q_rstd",
-                                           "k_rstd")},
+            return {**{n: out[n] for n in (*products.CHUNK_MAJOR, "q_rstd", "k_rstd")},
                     "Aqk": written_blocks(out["Aqk"], cupy), "Akk": written_blocks(out["Akk"], cupy)}
         return run, written
     if kernel == "a":

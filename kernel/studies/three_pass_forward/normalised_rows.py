@@ -19,49 +19,30 @@ from typing import Sequence
 
 import numpy as np
 
-from kernel.shapes import CHUNK_TOKENS, HEAD_DIM
+from kernel.shapes import HEAD_DIM
 
 RECIPES = ("unit", "random_inputs", "trained-layer")
 FORMS = ("rows normalised in bf16", "rstd folded (fp32)")
 
 
-def bf16(x) -> np.ndarray:
-    import ml_dtypes
-
-    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
-
-
-def normalised(x: np.ndarray) -> np.ndarray:
-    """Each row over its last axis times 1 / sqrt(sum x^2 + 1e-6) in fp32 (FLA's l2norm and ours)."""
-    x = np.asarray(x, dtype=np.float32)
-    return (x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True, dtype=np.float32) + np.float32(1e-6))).astype(np.float32)
-
-
-def chunk_cumsum_log2(g: np.ndarray) -> np.ndarray:
-    """The natural-log gate [T, H, K] as the products pass takes it: its cumsum within each 64-token chunk, log2."""
-    g2 = (np.asarray(g, dtype=np.float32) / np.float32(np.log(2.0))).astype(np.float32)
-    return np.concatenate([np.cumsum(g2[c:c + CHUNK_TOKENS], axis=0, dtype=np.float32)
-                           for c in range(0, g2.shape[0], CHUNK_TOKENS)])
-
-
 def errors(recipe: str, T: int, H: int, seed: int) -> dict:
-    """{form: (o's relative error, the final state's)} against float64 for one recipe and seed at 1 x T."""
-    from kernel.reference import kda_forward_reference
-    from kernel.tools.kda_precision import recipe_inputs
-    from tests.kernel.three_pass_model import emulate
+    """{form: (o's relative error, the final state's)} against float64 for one recipe and seed at 1 x T. The model
+    takes each token's gate and sums it over the chunk itself (``token_gate``), as ``kernel.chunk_kda`` has the
+    products pass do on these recipes."""
+    from kernel.reference import kda_forward_reference, l2norm
+    from kernel.tools.kda_precision import recipe_inputs, rel_fro
+    from tests.kernel.three_pass_model import bf16, emulate
 
     x = recipe_inputs(recipe, 1, T, H, HEAD_DIM, HEAD_DIM, None, seed)
     q, k, v, g, beta = (bf16(x[n][0]) for n in ("q", "k", "v", "g", "beta"))
     scale = HEAD_DIM ** -0.5
-    f64 = lambda a: a[None].astype(np.float64)   # noqa: E731
-    o_ref, final_ref, _ = kda_forward_reference(f64(q), f64(k), f64(v), f64(g), f64(beta), scale=scale,
-                                                qk_l2norm=True)
-    rel = lambda a, ref: float(np.linalg.norm(a - ref) / np.linalg.norm(ref))   # noqa: E731
-    gc = chunk_cumsum_log2(g)
+    o_ref, final_ref, _ = kda_forward_reference(*(a[None].astype(np.float64) for a in (q, k, v, g, beta)),
+                                                scale=scale, qk_l2norm=True)
+    q_n, k_n = l2norm(np, q), l2norm(np, k)   # fp32, as the kernels take each row's rstd
     out = {}
-    for form, (qq, kk) in zip(FORMS, ((bf16(normalised(q)), bf16(normalised(k))), (normalised(q), normalised(k)))):
-        r = emulate(qq, kk, v, gc, beta, [T], scale=scale)
-        out[form] = (rel(r["o"], o_ref[0]), rel(r["final"], final_ref))
+    for form, (qq, kk) in zip(FORMS, ((bf16(q_n), bf16(k_n)), (q_n, k_n))):
+        r = emulate(qq, kk, v, g, beta, [T], scale=scale, token_gate=True)
+        out[form] = (rel_fro(r["o"], o_ref[0]), rel_fro(r["final"], final_ref))
     return out
 
 

@@ -30,8 +30,9 @@ Tensors: the inputs as :func:`kernel.forward.forward` takes them (q, k bf16 [..,
 128]; g fp32 [.., HV, 128], FLA's 64-chunk-local cumsum / ln 2; beta fp32 [.., HV]; ``..`` = ``B, T`` or
 ``1, total`` with cu_seqlens), with its two forms: ``token_gate`` (g each token's natural-log gate, which the
 pass sums over each chunk by kernel.shapes.tile_gate_sums' rule: the gate's cumsum pass folded in) and
-``l2norm`` (q and k as the caller has them, normalised here as FLA's l2norm_fwd normalises them: its pass
-folded in). Out, chunk-major (a sequence's chunks one after another, sequence after sequence; rows past a
+``l2norm`` (q and k as the caller has them: each row's rstd taken here, as FLA's l2norm_fwd takes it, and
+folded into the fp32 operands the pass forms from the raw rows, its pass folded in; the normalised rows it writes
+for the backward are FLA's bf16 rounding of them). Out, chunk-major (a sequence's chunks one after another, sequence after sequence; rows past a
 sequence's end zero)::
 
     w, kg, qg      bf16 [chunks, HV, 64, 128]

@@ -69,10 +69,13 @@ __device__ __forceinline__ float group_rstd(float (&sums)[Group], int lane) {
 // of 2 or 4, or rows read again from shared memory, made ptxas spill a pointer. The products pass takes its 16
 // rows 8 at a time: 16 at once put 128 bytes on the stack. ``MayOmitRows``: a null ``out.q`` writes the rstd
 // alone (the products pass, where the backward reads the raw rows); a template flag, because the test on the
-// pointer made the one pass's l2norm build spill.
-template <int Group, bool MayOmitRows = false, class Tile>
+// pointer made the one pass's l2norm build spill. ``KeepRows``: the tiles keep the raw rows and each row's rstd goes
+// to ``q_rows_rstd[c]`` and ``k_rows_rstd[c]`` (shared memory) instead, for a kernel that folds it into its fp32
+// operands: the normalised rows' bf16 rounding made a fifth of the three passes' o error (docs/log/68).
+template <int Group, bool MayOmitRows = false, bool KeepRows = false, class Tile>
 __device__ __forceinline__ void l2norm_rows(Tile& q_tile, Tile& k_tile, int c0, int col, int L, int lane,
-                                            const NormOut& out) {
+                                            const NormOut& out, float* q_rows_rstd = nullptr,
+                                            float* k_rows_rstd = nullptr) {
     uint2 qb[Group], kb[Group];
     float qs[Group], ks[Group];
 #pragma unroll
@@ -89,8 +92,15 @@ __device__ __forceinline__ void l2norm_rows(Tile& q_tile, Tile& k_tile, int c0, 
         const float qr = __shfl_sync(0xffffffffu, q_rstd, r * (32 / Group));
         const float kr = __shfl_sync(0xffffffffu, k_rstd, r * (32 / Group));
         const uint2 qn = scaled(qb[r], qr), kn = scaled(kb[r], kr);
-        *reinterpret_cast<uint2*>(&q_tile[c][col]) = qn;   // each lane rewrites the columns it read
-        *reinterpret_cast<uint2*>(&k_tile[c][col]) = kn;
+        if constexpr (KeepRows) {
+            if (lane == 0) {
+                q_rows_rstd[c] = qr;
+                k_rows_rstd[c] = kr;
+            }
+        } else {
+            *reinterpret_cast<uint2*>(&q_tile[c][col]) = qn;   // each lane rewrites the columns it read
+            *reinterpret_cast<uint2*>(&k_tile[c][col]) = kn;
+        }
         if (out.write && c < L) {
             if (!MayOmitRows || out.q != nullptr) {
                 *reinterpret_cast<uint2*>(out.q + c * out.row + col) = qn;

@@ -73,7 +73,7 @@ constexpr int U_TOP_EXP = 15;               // u's bound is put in (2^14, 2^15] 
 constexpr int U_EXP_LIMIT = 100;            // |e| at most this: 2^e and 2^-e normal fp32 (the model's U_EXP_LIMIT)
 
 // Three tiles, each reused as its contents are read for good, so that the CTA fits three times on an SM
-// (about 68 KB): the pass waits on latency, not on memory or the tensor pipe, and more chunks side by side
+// (about 69 KB): the pass waits on latency, not on memory or the tensor pipe, and more chunks side by side
 // hide more of it (docs/log/65).
 //     q   q, then bf16(beta k 2^gc) (bk_tile), formed after the products' MMAs
 //     k   k, then Aqk staged on its way out, then INV (inv_tile)
@@ -84,6 +84,7 @@ struct Shared {
     unsigned short k[R][OP_STRIDE];
     float g[R][G_STRIDE];
     float beta[R];
+    float q_rstd[R], k_rstd[R];             // the l2norm build: each row's rstd, folded into the operands formed
     float u_bound_parts[2][WARPS];          // per warp: the largest |bf16(beta v)|, INV's largest row sum
 };
 using OpTile = unsigned short[R][OP_STRIDE];
@@ -99,6 +100,15 @@ __device__ __forceinline__ PartTile& part_tile(Shared& sh) {
     return *reinterpret_cast<PartTile*>(reinterpret_cast<unsigned char*>(&sh.g[0][0]) + sizeof(LTile));
 }
 __device__ __forceinline__ OpTile& bv_tile(Shared& sh) { return *reinterpret_cast<OpTile*>(&sh.g[0][0]); }
+
+// The l2norm build keeps q's and k's raw rows and scales each value by its row's rstd in fp32 as it forms an
+// operand (rows rounded to bf16 once normalised made a fifth of o's error: docs/log/68); 1 in the other builds.
+__device__ __forceinline__ float q_scale(const Shared& sh, int row) {
+    if constexpr (L2NORM) return sh.q_rstd[row]; else return 1.f;
+}
+__device__ __forceinline__ float k_scale(const Shared& sh, int row) {
+    if constexpr (L2NORM) return sh.k_rstd[row]; else return 1.f;
+}
 
 // bf16(x) as the low / high half of an MMA operand register
 __device__ __forceinline__ u32 pair(float lo, float hi) { return pack_bf16x2(lo, hi); }
@@ -118,6 +128,10 @@ struct Quad { float v[4]; };
 __device__ __forceinline__ Quad bf16_quad(const unsigned short (*tile)[OP_STRIDE], int row, int c) {
     const u32 lo = *reinterpret_cast<const u32*>(&tile[row][c]), hi = *reinterpret_cast<const u32*>(&tile[row][c + 8]);
     return {{bf16_lo(lo), bf16_hi(lo), bf16_lo(hi), bf16_hi(hi)}};
+}
+__device__ __forceinline__ Quad scaled_quad(const unsigned short (*tile)[OP_STRIDE], int row, int c, float r) {
+    const Quad x = bf16_quad(tile, row, c);
+    return {{x.v[0] * r, x.v[1] * r, x.v[2] * r, x.v[3] * r}};
 }
 __device__ __forceinline__ Quad g_quad(const Shared& sh, int row, int c) {
     const float2 lo = *reinterpret_cast<const float2*>(&sh.g[row][c]), hi = *reinterpret_cast<const float2*>(&sh.g[row][c + 8]);
@@ -198,8 +212,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
     __syncthreads();
 
     // ---- the token-gate build: gc = each channel's sum over the chunk's rows in order (a thread a channel);
-    // the l2norm build: each warp normalises its sub-chunk's q and k rows, and the CTA of the query head's
-    // first value head writes them with their rstd for the backward ----
+    // the l2norm build: each warp takes its sub-chunk's q and k rows' rstd (the rows stay raw: q_scale, k_scale),
+    // and the CTA of the query head's first value head writes them normalised with their rstd for the backward ----
     if constexpr (TOKEN_GATE) {
         float run = 0.f;
 #pragma unroll 16
@@ -218,7 +232,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
         constexpr int AT_ONCE = 8;   // the warp's 16 rows 8 at a time (forward_l2norm.cuh: 16 went to the stack)
 #pragma unroll
         for (int r = 0; r < TILE_TOKENS; r += AT_ONCE)
-            kda_l2norm::l2norm_rows<AT_ONCE, true>(sh.q, sh.k, TILE_TOKENS * warp + r, 4 * lane, L, lane, norm);
+            kda_l2norm::l2norm_rows<AT_ONCE, true, true>(sh.q, sh.k, TILE_TOKENS * warp + r, 4 * lane, L, lane, norm,
+                                                         sh.q_rstd, sh.k_rstd);
     }
     if constexpr (TOKEN_GATE || L2NORM) __syncthreads();   // every row's gc, q and k as the rest reads them
 
@@ -231,8 +246,9 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
         const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
         const uint2 qb = *reinterpret_cast<const uint2*>(&sh.q[row][col]);
         const float gcv[4] = {gc.x, gc.y, gc.z, gc.w}, gTv[4] = {gT.x, gT.y, gT.z, gT.w};
-        const float kf[4] = {bf16_lo(kb.x), bf16_hi(kb.x), bf16_lo(kb.y), bf16_hi(kb.y)};
-        const float qf[4] = {bf16_lo(qb.x), bf16_hi(qb.x), bf16_lo(qb.y), bf16_hi(qb.y)};
+        const float rk = k_scale(sh, row), rq = q_scale(sh, row);
+        const float kf[4] = {bf16_lo(kb.x) * rk, bf16_hi(kb.x) * rk, bf16_lo(kb.y) * rk, bf16_hi(kb.y) * rk};
+        const float qf[4] = {bf16_lo(qb.x) * rq, bf16_hi(qb.x) * rq, bf16_lo(qb.y) * rq, bf16_hi(qb.y) * rq};
         float kg[4], qg[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -259,6 +275,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
     // ---- warp I's row block of Aqk and Lkk ----
     // fragment rows of this lane: A rows r0 + gr, r0 + gr + 8; B rows (columns of the product) j0 + gr (+8)
     const int ra = r0 + gr, rb = r0 + gr + 8;
+    const float rqa = q_scale(sh, ra), rqb = q_scale(sh, rb), rka = k_scale(sh, ra), rkb = k_scale(sh, rb);
     float dq[2][4], dk[2][4];           // the diagonal block, factorised: Qe Kr^T, Ke Kr^T
     float oq[3][2][4], ok[3][2][4];     // blocks (I, J < I): Qi Kj^T, Ki Kj^T
 #pragma unroll
@@ -272,8 +289,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
 #pragma unroll 1
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
         const int cc = 16 * ks + 2 * t;
-        const Quad qa = bf16_quad(sh.q, ra, cc), qb = bf16_quad(sh.q, rb, cc);
-        const Quad ka = bf16_quad(sh.k, ra, cc), kb = bf16_quad(sh.k, rb, cc);
+        const Quad qa = scaled_quad(sh.q, ra, cc, rqa), qb = scaled_quad(sh.q, rb, cc, rqb);
+        const Quad ka = scaled_quad(sh.k, ra, cc, rka), kb = scaled_quad(sh.k, rb, cc, rkb);
         const Quad ga = g_quad(sh, ra, cc), gb = g_quad(sh, rb, cc);
         if (!past) {   // diagonal: about the block's last row; its rows are the B rows too (n-tile 0: gr, 1: gr + 8)
             const Quad gT = g_quad(sh, r0 + TILE_TOKENS - 1, cc);
@@ -301,7 +318,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
             for (int J = 0; J < 3; ++J) {
                 if (J >= warp) break;
                 const int ja = TILE_TOKENS * J + gr, jb = ja + 8;
-                const Quad kja = bf16_quad(sh.k, ja, cc), kjb = bf16_quad(sh.k, jb, cc);
+                const Quad kja = scaled_quad(sh.k, ja, cc, k_scale(sh, ja));
+                const Quad kjb = scaled_quad(sh.k, jb, cc, k_scale(sh, jb));
                 const Quad gja = g_quad(sh, ja, cc), gjb = g_quad(sh, jb, cc);
                 float da[4], db[4];
 #pragma unroll
@@ -325,12 +343,13 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
                 const int i = gr + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1), row = r0 + i;
                 float sq = 0.f, sk = 0.f;
                 if (j < i && row < L) {
+                    const float rq = q_scale(sh, row), rk = k_scale(sh, row), rkj = k_scale(sh, r0 + j);
 #pragma unroll 4
                     for (int d = 0; d < HEAD_DIM; ++d) {
                         const float f = exp2f(sh.g[row][d] - sh.g[r0 + j][d]);
-                        const float kj = bf16_to_f32(sh.k[r0 + j][d]);
-                        sq += bf16_to_f32(sh.q[row][d]) * kj * f;
-                        sk += bf16_to_f32(sh.k[row][d]) * kj * f;
+                        const float kj = bf16_to_f32(sh.k[r0 + j][d]) * rkj;
+                        sq += bf16_to_f32(sh.q[row][d]) * rq * kj * f;
+                        sk += bf16_to_f32(sh.k[row][d]) * rk * kj * f;
                     }
                 }
                 dq[n][e] = scale * sq;
@@ -344,9 +363,10 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
 #pragma unroll
     for (int i = 0; i < TILE_TOKENS; ++i) {
         dot[i] = 0.f;
+        const float rq = q_scale(sh, r0 + i), rk = k_scale(sh, r0 + i);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            dot[i] += bf16_to_f32(sh.q[r0 + i][4 * lane + e]) * bf16_to_f32(sh.k[r0 + i][4 * lane + e]);
+            dot[i] += (bf16_to_f32(sh.q[r0 + i][4 * lane + e]) * rq) * (bf16_to_f32(sh.k[r0 + i][4 * lane + e]) * rk);
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2)
@@ -366,7 +386,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
         const float4 gc = *reinterpret_cast<const float4*>(&sh.g[row][col]);
         const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
         const float gcv[4] = {gc.x, gc.y, gc.z, gc.w};
-        const float kf[4] = {bf16_lo(kb.x), bf16_hi(kb.x), bf16_lo(kb.y), bf16_hi(kb.y)};
+        const float rk = k_scale(sh, row);
+        const float kf[4] = {bf16_lo(kb.x) * rk, bf16_hi(kb.x) * rk, bf16_lo(kb.y) * rk, bf16_hi(kb.y) * rk};
         const float b = sh.beta[row];
         float bk[4];
 #pragma unroll

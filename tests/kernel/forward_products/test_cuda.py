@@ -40,14 +40,15 @@ LANE = np.arange(32)
 GR, T = LANE // 4, LANE % 4
 OP_STRIDE, G_STRIDE, L_STRIDE = D + 8, D + 8, R + 4   # forward_products.cu's row strides (elements)
 
-# struct Shared, in bytes: q, k [64][136] bf16; g [64][136] and beta [64] fp32. bk [64][136] bf16 takes q's bytes
+# struct Shared, in bytes: q, k [64][136] bf16; g [64][136], beta [64] and q's and k's rows' rstd [64] fp32. bk [64][136] bf16 takes q's bytes
 # after the products' MMAs; INV [64][68] fp32 takes k's; Lkk [64][68] and the inverse's scratch [4][16][17] fp32
 # take gc's, and then v [64][136] bf16, which becomes bv in place.
 Q = 0
 K = Q + 2 * R * OP_STRIDE
 GT = K + 2 * R * OP_STRIDE
 BETA = GT + 4 * R * G_STRIDE
-U_BOUND = BETA + 4 * R                                 # u_bound_parts [2][4] fp32
+RSTD = BETA + 4 * R                                    # q_rstd, k_rstd [64] fp32 (the l2norm build's)
+U_BOUND = RSTD + 4 * 2 * R                             # u_bound_parts [2][4] fp32
 SMEM_BYTES = U_BOUND + 4 * 2 * WARPS
 BK, INV, LKK, BV = Q, K, GT, GT
 PART = LKK + 4 * R * L_STRIDE
@@ -248,7 +249,7 @@ def test_aqk_goes_out_in_two_parts_and_its_blocks_in_its_hi_part(L):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("cfg", all_variants(), ids=lambda cfg: cfg.name())
 def test_the_source_lays_out_the_shared_memory_modelled_here(tmp_path, cfg):
-    # the token-gate build sums the gate in gc's own rows, the l2norm build normalises q and k in theirs: no
-    # build adds shared memory
+    # the token-gate build sums the gate in gc's own rows, the l2norm build keeps each row's rstd beside beta: every
+    # build has the same shared memory
     text = ptx_of(SOURCE_PATH, options(cfg), tmp_path / "fp.ptx")
     assert ptx_constant(text, "fp_smem_bytes") == SMEM_BYTES

@@ -32,8 +32,8 @@ Tensors: the inputs as :func:`kernel.forward.forward` takes them (q, k bf16 [..,
 pass sums over each chunk by kernel.shapes.tile_gate_sums' rule: the gate's cumsum pass folded in) and
 ``l2norm`` (q and k as the caller has them: each row's rstd taken here, as FLA's l2norm_fwd takes it, and
 folded into the fp32 operands the pass forms from the raw rows, its pass folded in; the normalised rows it writes
-for the backward are FLA's bf16 rounding of them). Out, chunk-major (a sequence's chunks one after another, sequence after sequence; rows past a
-sequence's end zero)::
+for the backward are FLA's bf16 rounding of them). Out, chunk-major (a sequence's chunks one after another,
+sequence after sequence; rows past a sequence's end zero)::
 
     w, kg, qg      bf16 [chunks, HV, 64, 128]
     u              fp16 [chunks, HV, 64, 128]   u / u_scale

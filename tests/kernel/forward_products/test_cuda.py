@@ -40,9 +40,9 @@ LANE = np.arange(32)
 GR, T = LANE // 4, LANE % 4
 OP_STRIDE, G_STRIDE, L_STRIDE = D + 8, D + 8, R + 4   # forward_products.cu's row strides (elements)
 
-# struct Shared, in bytes: q, k [64][136] bf16; g [64][136], beta [64] and q's and k's rows' rstd [64] fp32. bk [64][136] bf16 takes q's bytes
-# after the products' MMAs; INV [64][68] fp32 takes k's; Lkk [64][68] and the inverse's scratch [4][16][17] fp32
-# take gc's, and then v [64][136] bf16, which becomes bv in place.
+# struct Shared, in bytes: q, k [64][136] bf16; g [64][136], beta [64] and q's and k's rows' rstd [64] fp32.
+# bk [64][136] bf16 takes q's bytes after the products' MMAs; INV [64][68] fp32 takes k's; Lkk [64][68] and the
+# inverse's scratch [4][16][17] fp32 take gc's, and then v [64][136] bf16, which becomes bv in place.
 Q = 0
 K = Q + 2 * R * OP_STRIDE
 GT = K + 2 * R * OP_STRIDE

@@ -103,11 +103,8 @@ __device__ __forceinline__ OpTile& bv_tile(Shared& sh) { return *reinterpret_cas
 
 // The l2norm build keeps q's and k's raw rows and scales each value by its row's rstd in fp32 as it forms an
 // operand (rows rounded to bf16 once normalised made a fifth of o's error: docs/log/68); 1 in the other builds.
-__device__ __forceinline__ float q_scale(const Shared& sh, int row) {
-    if constexpr (L2NORM) return sh.q_rstd[row]; else return 1.f;
-}
-__device__ __forceinline__ float k_scale(const Shared& sh, int row) {
-    if constexpr (L2NORM) return sh.k_rstd[row]; else return 1.f;
+__device__ __forceinline__ float row_scale(const float (&rstd)[R], int row) {
+    if constexpr (L2NORM) return rstd[row]; else return 1.f;
 }
 
 // bf16(x) as the low / high half of an MMA operand register
@@ -212,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
     __syncthreads();
 
     // ---- the token-gate build: gc = each channel's sum over the chunk's rows in order (a thread a channel);
-    // the l2norm build: each warp takes its sub-chunk's q and k rows' rstd (the rows stay raw: q_scale, k_scale),
+    // the l2norm build: each warp takes its sub-chunk's q and k rows' rstd (the rows stay raw: row_scale),
     // and the CTA of the query head's first value head writes them normalised with their rstd for the backward ----
     if constexpr (TOKEN_GATE) {
         float run = 0.f;
@@ -246,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
         const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
         const uint2 qb = *reinterpret_cast<const uint2*>(&sh.q[row][col]);
         const float gcv[4] = {gc.x, gc.y, gc.z, gc.w}, gTv[4] = {gT.x, gT.y, gT.z, gT.w};
-        const float rk = k_scale(sh, row), rq = q_scale(sh, row);
+        const float rk = row_scale(sh.k_rstd, row), rq = row_scale(sh.q_rstd, row);
         const float kf[4] = {bf16_lo(kb.x) * rk, bf16_hi(kb.x) * rk, bf16_lo(kb.y) * rk, bf16_hi(kb.y) * rk};
         const float qf[4] = {bf16_lo(qb.x) * rq, bf16_hi(qb.x) * rq, bf16_lo(qb.y) * rq, bf16_hi(qb.y) * rq};
         float kg[4], qg[4];
@@ -275,7 +272,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
     // ---- warp I's row block of Aqk and Lkk ----
     // fragment rows of this lane: A rows r0 + gr, r0 + gr + 8; B rows (columns of the product) j0 + gr (+8)
     const int ra = r0 + gr, rb = r0 + gr + 8;
-    const float rqa = q_scale(sh, ra), rqb = q_scale(sh, rb), rka = k_scale(sh, ra), rkb = k_scale(sh, rb);
+    const float rqa = row_scale(sh.q_rstd, ra), rqb = row_scale(sh.q_rstd, rb);
+    const float rka = row_scale(sh.k_rstd, ra), rkb = row_scale(sh.k_rstd, rb);
     float dq[2][4], dk[2][4];           // the diagonal block, factorised: Qe Kr^T, Ke Kr^T
     float oq[3][2][4], ok[3][2][4];     // blocks (I, J < I): Qi Kj^T, Ki Kj^T
 #pragma unroll
@@ -318,8 +316,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
             for (int J = 0; J < 3; ++J) {
                 if (J >= warp) break;
                 const int ja = TILE_TOKENS * J + gr, jb = ja + 8;
-                const Quad kja = scaled_quad(sh.k, ja, cc, k_scale(sh, ja));
-                const Quad kjb = scaled_quad(sh.k, jb, cc, k_scale(sh, jb));
+                const Quad kja = scaled_quad(sh.k, ja, cc, row_scale(sh.k_rstd, ja));
+                const Quad kjb = scaled_quad(sh.k, jb, cc, row_scale(sh.k_rstd, jb));
                 const Quad gja = g_quad(sh, ja, cc), gjb = g_quad(sh, jb, cc);
                 float da[4], db[4];
 #pragma unroll
@@ -343,7 +341,8 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
                 const int i = gr + 8 * (e >> 1), j = 8 * n + 2 * t + (e & 1), row = r0 + i;
                 float sq = 0.f, sk = 0.f;
                 if (j < i && row < L) {
-                    const float rq = q_scale(sh, row), rk = k_scale(sh, row), rkj = k_scale(sh, r0 + j);
+                    const float rq = row_scale(sh.q_rstd, row), rk = row_scale(sh.k_rstd, row);
+                    const float rkj = row_scale(sh.k_rstd, r0 + j);
 #pragma unroll 4
                     for (int d = 0; d < HEAD_DIM; ++d) {
                         const float f = exp2f(sh.g[row][d] - sh.g[r0 + j][d]);
@@ -363,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
 #pragma unroll
     for (int i = 0; i < TILE_TOKENS; ++i) {
         dot[i] = 0.f;
-        const float rq = q_scale(sh, r0 + i), rk = k_scale(sh, r0 + i);
+        const float rq = row_scale(sh.q_rstd, r0 + i), rk = row_scale(sh.k_rstd, r0 + i);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             dot[i] += (bf16_to_f32(sh.q[r0 + i][4 * lane + e]) * rq) * (bf16_to_f32(sh.k[r0 + i][4 * lane + e]) * rk);
@@ -386,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(fp::THREADS, 3) kda_forward_product
         const float4 gc = *reinterpret_cast<const float4*>(&sh.g[row][col]);
         const uint2 kb = *reinterpret_cast<const uint2*>(&sh.k[row][col]);
         const float gcv[4] = {gc.x, gc.y, gc.z, gc.w};
-        const float rk = k_scale(sh, row);
+        const float rk = row_scale(sh.k_rstd, row);
         const float kf[4] = {bf16_lo(kb.x) * rk, bf16_hi(kb.x) * rk, bf16_lo(kb.y) * rk, bf16_hi(kb.y) * rk};
         const float b = sh.beta[row];
         float bk[4];

@@ -140,6 +140,18 @@ def folded_rows(case: dict, group: int = 1) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
+def exact_row_outputs(case: dict, group: int = 1) -> dict:
+    """The float64 references o, final and states of a case made with raw_qk, on its raw rows normalised in
+    float64 and not rounded to bf16: what an l2norm build that folds each row's rstd computes toward (the
+    case's own references start from the normalised rows rounded to bf16, a rounding such a build never makes)."""
+    q, k = (np.repeat(l2norm(np, bits_to_f32(case[f"{n}_raw"]).astype(np.float64)), group, axis=2) for n in "qk")
+    v = bits_to_f32(case["v"]).astype(np.float64)
+    o, final, states = kda_forward_reference(q, k, v, case["g_natural"], case["beta_values"], scale=case["scale"],
+                                             initial_state=case["initial_state"], cu_seqlens=case["cu_seqlens"],
+                                             qk_l2norm=False, tile=TILE)
+    return {"o": o, "final": final, "states": state_entries(states, case["lengths"], case["H"])[0]}
+
+
 def diagonal_blocks(lens, B: int, T: int, H: int) -> np.ndarray:
     """bool [B, T, H, 64]: the columns of each token's row in its tile's 16 x 16 diagonal block (the
     columns 16 (tile mod 4) .. + 15, tiles counted from the sequence's start)."""

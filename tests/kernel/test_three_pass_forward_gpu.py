@@ -12,7 +12,7 @@ from kernel.forward import forward
 from kernel.three_pass_forward import three_pass_forward
 
 from .forward.test_launch_gpu import D, _check, _host
-from .forward_cases import RAGGED, check_normalised, make_case, rel
+from .forward_cases import RAGGED, check_normalised, exact_row_outputs, make_case, rel
 from .forward_states_cases import as_torch
 
 pytestmark = pytest.mark.gpu
@@ -184,18 +184,23 @@ FOLDS = {"token gate": dict(token_gate=True), "l2norm": dict(l2norm=True),
 @pytest.mark.parametrize("fold", list(FOLDS))
 @pytest.mark.parametrize("name", ["ragged, h0", "GVA, 3 value heads a q head", "past fp32's range"])
 def test_the_folded_three_passes_keep_their_precision(name, fold):
-    # the gate's sums round differently (the model: 0.9999-1.0004x the cumsum form's errors) and the l2norm's
-    # rows differ from float64's rounding in a last bit now and then: held to 1.02x
+    # the gate's sums round differently (the model: 0.9999-1.0004x the cumsum form's errors): held to 1.02x.
+    # The l2norm build folds each row's rstd into its fp32 operands where the plain build reads the rows normalised
+    # and rounded to bf16, so both are measured against float64 on the raw rows normalised unrounded, toward which
+    # the fold computes. It must come nearer: 0.84x (o, final) and 0.91x (states) in the one pass's model on these
+    # cases, held to 0.95x
     case = make_case(**CASES[name], raw_qk=True)
     folded = _run(case, **FOLDS[fold])
     _check(folded, case, f"three passes, {name}, {fold}")
     got, plain = _host(folded), _host(_run(case))
+    l2norm = FOLDS[fold].get("l2norm", False)
+    refs, bound = (exact_row_outputs(case, CASES[name].get("group", 1)), 0.95) if l2norm else (case, 1.02)
     for out in ("o", "final", "states"):
-        want = case[out]
+        want = refs[out]
         e_fold, e_plain = (rel(x[out].reshape(want.shape), want) for x in (got, plain))
-        print(f"{name}, {fold}: {out} {e_fold:.3e}, the cumsum form's {e_plain:.3e} against float64")
-        assert e_fold < 1.02 * e_plain, f"{name}, {fold}: {out} {e_fold:.3e} against the cumsum form's {e_plain:.3e}"
-    if FOLDS[fold].get("l2norm"):
+        print(f"{name}, {fold}: {out} {e_fold:.3e}, the plain build's {e_plain:.3e} against float64")
+        assert e_fold < bound * e_plain, f"{name}, {fold}: {out} {e_fold:.3e} against the plain build's {e_plain:.3e}"
+    if l2norm:
         check_normalised(folded, case, f"three passes, {name}")
     else:
         assert (folded.q, folded.k, folded.q_rstd, folded.k_rstd) == (None,) * 4

@@ -1,8 +1,9 @@
 // kernel/forward/cuda/forward_l2norm.cuh -- the l2norm of q and k inside the kernels that read them raw: a
-// warp normalises rows of its q and k tiles in shared memory, in place, and one CTA of those that read a
-// (sequence, query head) writes them out with each row's rstd for the backward (FLA's l2norm_fwd's
-// tensors). Shared by the one-pass forward's R1 (forward_r1.cuh) and the three passes' products pass
-// (kernel/forward_products/cuda/forward_products.cu), so that both round as one.
+// warp normalises rows of its q and k tiles in shared memory (in place, or, with KeepRows, leaving the raw rows
+// and keeping each row's rstd beside them), and one CTA of those that read a (sequence, query head) writes them
+// out with each row's rstd for the backward (FLA's l2norm_fwd's tensors). Shared by the one-pass forward's R1
+// (forward_r1.cuh) and the three passes' products pass (kernel/forward_products/cuda/forward_products.cu), so
+// that both write the same normalised rows.
 #pragma once
 #include "fragments.cuh"   // bf16_lo, bf16_hi, pack_bf16x2
 

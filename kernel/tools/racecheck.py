@@ -93,6 +93,11 @@ only Kernel B; forward-states runs the forward-state scan alone, built with -lin
 kda_backward's configuration for that case (KDA_RACECHECK_TUNING sets its Config fields, e.g.
 {"producers": 1}).
 
+The run forward checks the one-pass forward on the same case in its checking build, every hand-off on an
+mbarrier (KDA_RACECHECK_TUNING='{"mbarrier_ring": false}' for the named-barrier build, on which racecheck
+misorders the product warps' hand-offs as the probes above show). The runs forward-products, forward-chain and
+forward-output each launch all three passes and check their own kernel.
+
 The run row-rstd checks the rstd pass on q and k of 2 x 77 tokens of 3 heads: a step of its rows holds rows of
 both tensors, and its last one reaches past their end.
 
@@ -345,7 +350,8 @@ def _kernel_b() -> str:
 
 def _forward() -> str:
     """The forward in training mode (every output written) on the backward's case, with its two tiles
-    past fp32's range (the pairwise Mqk and Akk), in its auto configuration built with -lineinfo."""
+    past fp32's range (the pairwise Mqk and Akk), in its auto configuration's checking build (every hand-off
+    on an mbarrier) built with -lineinfo."""
     import json
     import os
 
@@ -360,18 +366,19 @@ def _forward() -> str:
 
     raw, f = _fla_case()
     cu = raw["cu_seqlens"]
-    # KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4}, or {"mbarrier_ring": true}
-    # for the checking build, whose hand-offs (all on mbarriers) racecheck follows. This case's configuration has
-    # product warps, and on its named barriers racecheck reports their INV against the consumers' reads of it (200
-    # reports of that one shape and a timeout, docs/log/61): named-barrier hand-offs are what the probes above show
-    # racecheck misorders, so the checking build is the one whose answer counts. Or {"l2norm": true} (q and k
-    # normalised again in R1, which leaves them as they are but for rounding, and written out).
+    # The checking build (mbarrier_ring) by default: its hand-offs are all on mbarriers, which racecheck follows.
+    # This case's configuration has product warps, and on their named barriers racecheck reports their INV against
+    # the consumers' reads of it (200 reports of that one shape, and a run past SANITIZER_TIMEOUT_S, docs/log/61 and
+    # 68): named-barrier hand-offs are what the probes above show racecheck misorders, so the checking build is the
+    # one whose answer counts. KDA_RACECHECK_TUNING (JSON) overrides Config fields, e.g. {"nstage": 3, "warps": 4},
+    # {"mbarrier_ring": false} for the named-barrier build, or {"l2norm": true} (q and k normalised again in R1,
+    # which leaves them as they are but for rounding, and written out).
     # KDA_RACECHECK_QK_RAW=1: the qk_rstd build, given each (already unit) row's rstd, which each producer warp
     # copies for its own rows and the pairwise products read across warps
     token_gate, qk_raw = _token_gate(), _qk_raw()
+    tuning = {"mbarrier_ring": True, **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}"))}
     cfg = dataclasses.replace(auto_config(choose_warps((cu.size - 1) * raw["q"].shape[2], builds.sm_count())),
-                              lineinfo=True, token_gate=token_gate, qk_rstd=qk_raw,
-                              **json.loads(os.environ.get("KDA_RACECHECK_TUNING", "{}")))
+                              lineinfo=True, token_gate=token_gate, qk_rstd=qk_raw, **tuning)
     g = raw["g"] if token_gate else f.g64   # each token's gate, or FLA's cumsum
     q, k = (cp.asarray(bf16_bits(x)) for x in (f.q, f.k))
     rstd = None

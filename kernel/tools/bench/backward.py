@@ -306,15 +306,18 @@ def bench_backward_config(cfg: Config, args, flush) -> dict:
         log(f"    {tag}: {args.gates} gates: " + ", ".join(f"{k} {v:.3g}" for k, v in res["gate_statistics"].items()))
     cu_fla, cu_host = cu_for_fla(raw["cu_seqlens"]), cu_for_kernel_a(raw["cu_seqlens"])
     h0 = torch.zeros_like(raw["dht"])
-    t0 = time.perf_counter()
-    f = fla_kda.forward(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"], h0=h0, cu_seqlens=cu_fla,
-                        safe_gate=clamped, lower_bound=fla_kda.GATE_LOWER_BOUND if clamped else None)
-    torch.cuda.synchronize()
-    res["fla_forward_s"] = time.perf_counter() - t0
-    log(f"    {tag}: inputs and FLA's forward ready [{time.perf_counter() - t_start:.0f} s]")
-    _time_backwards(f, raw, cu_host, args, flush, res, t_start, tag)
-    del f
-    free_memory()
+    if args.step_only:
+        res["step_only"] = True
+    else:
+        t0 = time.perf_counter()
+        f = fla_kda.forward(raw["q"], raw["k"], raw["v"], raw["g"], raw["beta"], h0=h0, cu_seqlens=cu_fla,
+                            safe_gate=clamped, lower_bound=fla_kda.GATE_LOWER_BOUND if clamped else None)
+        torch.cuda.synchronize()
+        res["fla_forward_s"] = time.perf_counter() - t0
+        log(f"    {tag}: inputs and FLA's forward ready [{time.perf_counter() - t_start:.0f} s]")
+        _time_backwards(f, raw, cu_host, args, flush, res, t_start, tag)
+        del f
+        free_memory()
 
     # 5. the training step, forward + backward, kernel.chunk_kda on the forward --our-forward names
     if not args.no_step:

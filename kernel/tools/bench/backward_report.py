@@ -124,16 +124,17 @@ def verdict(results: Sequence[dict]) -> list[str]:
     for r in results:
         if "error" in r:
             continue
-        against = FLA_SAFE if r.get("gates", "clamped") == "clamped" else FLA_UNSAFE
-        ratio = get(r, "ratio", f"{OURS}/{against}")
-        mem = r.get("peak_memory", {})
-        ours_b, fla_b = get(mem, OURS, "bytes"), get(mem, against, "bytes")
-        which = "FLA's" if against == FLA_SAFE else "FLA's safe_gate=False"
-        out.append(target_verdict(r.get("config", "?"), ratio, ours_b, fla_b, TIME_TARGET, which)
-                   + f"; FLA's dhu BV {dhu_block_v(r)}")
+        if not r.get("step_only"):   # --step-only: no bare backward to judge
+            against = FLA_SAFE if r.get("gates", "clamped") == "clamped" else FLA_UNSAFE
+            ratio = get(r, "ratio", f"{OURS}/{against}")
+            mem = r.get("peak_memory", {})
+            ours_b, fla_b = get(mem, OURS, "bytes"), get(mem, against, "bytes")
+            which = "FLA's" if against == FLA_SAFE else "FLA's safe_gate=False"
+            out.append(target_verdict(r.get("config", "?"), ratio, ours_b, fla_b, TIME_TARGET, which)
+                       + f"; FLA's dhu BV {dhu_block_v(r)}")
         step = step_verdict(r)
         if step is not None:
-            out.append(step)
+            out.append(step + (f"; FLA's dhu BV {dhu_block_v(r)}" if r.get("step_only") else ""))
         ab = r.get("autograd_backward") or {}
         if ab.get("ratio_cudnn") is not None:
             c = ab["ratio_cudnn"]

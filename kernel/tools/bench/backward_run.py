@@ -84,6 +84,8 @@ def child_argv(args, config: str, json_path: str) -> list[str]:
         argv.append("--no-cudnn")
     if args.no_step:
         argv.append("--no-step")
+    if args.step_only:
+        argv.append("--step-only")
     if getattr(args, "backward_pipeline", None) is not None:
         argv += ["--backward-pipeline", args.backward_pipeline.text()]
     return argv

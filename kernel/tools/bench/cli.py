@@ -89,6 +89,10 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
                    help="--backward, --layer, --forward: measure every configuration in this process, one after "
                         "the other")
     p.add_argument("--no-step", action="store_true", help="--backward: skip the forward + backward step")
+    p.add_argument("--step-only", action="store_true",
+                   help="--backward: the forward + backward step alone (and each side's backward through autograd): "
+                        "no bare backwards, pieces or the FLA forward they read (FLA's backward kernels then "
+                        "compile in the step's first call)")
     p.add_argument("--backward-pipeline", type=pipeline_argument, metavar="A_SMS,GROUPS",
                    help="--backward's step: also kernel.chunk_kda with its backward pipelined "
                         "(kernel.backward_pipeline: the batch in GROUPS groups, each group's Kernel A on A_SMS SMs "
@@ -164,6 +168,8 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> argparse.
         args.reps = 5 if args.quick else 20
     if args.heads < 1 or args.reps < 1 or args.warmup < 0 or args.precision_heads < 1:
         p.error("--heads, --reps, --precision-heads must be >= 1 and --warmup >= 0")
+    if args.step_only and (args.no_step or not (args.backward or args.from_json)):
+        p.error("--step-only times --backward's step alone: add --backward, without --no-step")
     if args.gates != GATE_RECIPES[0] and not (args.backward or args.from_json):
         p.error(f"--gates {args.gates} times the whole backward: add --backward")
     if args.projection_scale is not None and (args.gates != "trained-layer" or not args.projection_scale > 0):

@@ -49,7 +49,15 @@ def test_each_configuration_gets_this_runs_options():
     assert child.qk_copies   # each configuration's process takes the op's copies path too
 
 
+def test_step_only_is_checked_and_passed_to_each_configurations_process():
+    a = cli.parse_args(["--backward", "--step-only"])
+    assert a.step_only and not a.no_step and not cli.parse_args(["--backward"]).step_only
+    assert cli.parse_args(backward_run.child_argv(a, "32x8192", "x.json")[3:]).step_only
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--step-only"], "--step-only times --backward's step alone: add --backward, without --no-step"),
+    (["--backward", "--step-only", "--no-step"], "--step-only times --backward's step alone"),
     (["--gates", "trained-layer"], "--gates trained-layer times the whole backward: add --backward"),
     (["--backward", "--projection-scale", "8"], "--projection-scale takes a number > 0, with --gates trained-layer"),
     (["--backward", "--gates", "trained-layer", "--projection-scale", "0"], "--projection-scale takes a number > 0"),
@@ -334,6 +342,20 @@ def test_the_pipelined_steps_bits_are_compared_gradient_by_gradient():
     assert backward._same_bits(xs, (xs[0].clone(), xs[1].clone()))
     assert not backward._same_bits(xs, (xs[0], torch.tensor([2.0 + 2 ** -20])))
     assert not backward._same_bits(xs, xs[:1])
+
+
+def test_a_step_only_result_is_judged_on_its_step_alone_and_renders(tmp_path):
+    # no bare backward ran: no backward verdict ("not measured" would read as a miss), the step's with FLA's dhu BV
+    r = _synthetic("32x8192", backward={}, ratio={}, peak_memory={}, pieces={}, step_only=True,
+                   step={STEP_FLA: {"median_ms": 120.0}, STEP_OURS: {"median_ms": 46.8}, "ratio": 0.39},
+                   fla_autotune={backward_report.DHU_KERNEL: {"k": "BV: 64, num_warps: 4"}})
+    assert backward_report.verdict([r]) == ["step 32x8192: time 0.390x FLA's step: met; memory not measured; "
+                                            "FLA's dhu BV 64"]
+    row = dict(zip(backward_report.BACKWARD_COLUMNS, backward_report.backward_row(r)))
+    assert (row["ours ms"], row["step ours ms"], row["step ours/FLA"]) == ("-", "46.800", "0.390")
+    pytest.importorskip("matplotlib")
+    backward_report.plot_backward([r], str(tmp_path / "step.png"))
+    assert (tmp_path / "step.png").stat().st_size > 0
 
 
 def test_the_step_verdict_takes_each_configurations_target():

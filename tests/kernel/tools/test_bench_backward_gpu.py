@@ -88,6 +88,24 @@ def test_one_small_configuration_is_measured(config):
     assert "median_ms" in cudnn or "missing" in cudnn["error"], cudnn
 
 
+def test_step_only_times_the_step_and_no_bare_backward():
+    _need_stack()
+    import torch
+
+    from kernel.tools.bench import backward, cli
+    from kernel.tools.bench.configs import parse_config
+    from kernel.tools.bench.timing import L2_FLUSH_BYTES
+
+    args = cli.parse_args(["--backward", "--step-only", "--in-process", "--configs", "2x256", "--heads", "2",
+                           "--reps", "2", "--warmup", "1", "--no-cudnn"])
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    res = backward.bench_backward_config(parse_config("2x256"), args, flush)
+    assert res["step_only"] and res["backward"] == {} and res["pieces"] == {} and "fla_forward_s" not in res
+    assert res["step"][backward.STEP_FLA]["median_ms"] > 0 and res["step"][backward.STEP_OURS]["median_ms"] > 0
+    assert res["step"]["ratio"] > 0 and res["step_peak_memory"][backward.STEP_OURS]["bytes"] > 0
+    assert res["autograd_backward"][backward.STEP_OURS]["median_ms"] > 0 and res["fla_autotune"]
+
+
 def test_trained_layer_gates_leave_flas_safe_gate_out():
     _need_stack()
     import torch
